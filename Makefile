@@ -1,0 +1,90 @@
+# xingmai: one Makefile for installing, testing, running and benchmarking.
+#   make run      the main job (see README)
+#   make test     installs what is missing, then runs the test suite
+#   make install  apt packages + virtual environment + pinned pip packages (idempotent)
+#   make bench    benchmarks, written to results/bench.json
+#   make p4       recompile p4src/ where p4c is installed, refresh p4src/build/ and its stamp
+#   make proto    generate the gRPC stubs of controller/proto/*.proto
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+# Debian packages the project uses: mnexec for Mininet, bcc for the eBPF NIC, kernel headers
+# for bcc, traffic tools, and the tools the tests drive (ip, tc, ethtool, tcpdump).
+APT_PACKAGES := mininet python3-bpfcc bpfcc-tools libbpfcc linux-headers-amd64 iproute2 \
+	ethtool iperf3 tcpdump kmod procps psmisc
+# bcc compiles against kernel headers; when the running kernel ships none, Debian's headers
+# are merged into this folder and the agent points BCC_KERNEL_SOURCE at it.
+KERNEL_HEADERS := /var/cache/xingmai/kernel-headers
+PROTOS := $(wildcard controller/proto/*.proto)
+PROTO_OUT := $(PROTOS:.proto=_pb2.py)
+
+.PHONY: install apt venv kernel-headers proto test run bench p4 lint clean
+
+install: $(STAMP) proto
+
+$(STAMP): pyproject.toml Makefile
+	$(MAKE) apt
+	$(MAKE) kernel-headers
+	$(MAKE) venv
+	touch $@
+
+apt:
+	@missing=""; for p in $(APT_PACKAGES); do \
+		dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+		echo "apt: installing$$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	else echo "apt: all packages present"; fi
+
+kernel-headers:
+	@if [ -e /lib/modules/$$(uname -r)/build/include ]; then \
+		echo "kernel headers: /lib/modules/$$(uname -r)/build"; \
+	elif [ -f $(KERNEL_HEADERS)/.merged ]; then \
+		echo "kernel headers: $(KERNEL_HEADERS)"; \
+	else \
+		common=$$(ls -d /usr/src/linux-headers-*-common | sort -V | tail -1); \
+		arch=$${common%-common}-amd64; \
+		rm -rf $(KERNEL_HEADERS) && mkdir -p $(KERNEL_HEADERS) && \
+		cp -a $$common/. $(KERNEL_HEADERS)/ && cp -a $$arch/. $(KERNEL_HEADERS)/ && \
+		basename $$arch > $(KERNEL_HEADERS)/.merged && \
+		echo "kernel headers: merged $$common and $$arch into $(KERNEL_HEADERS)"; \
+	fi
+
+venv:
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@# bcc's Python module comes from Debian (python3-bpfcc) and is pure Python over libbcc:
+	@# expose just that module to the venv, not all of Debian's dist-packages.
+	mkdir -p $(VENV)/debian-bcc
+	ln -sfn /usr/lib/python3/dist-packages/bcc $(VENV)/debian-bcc/bcc
+	echo "$(abspath $(VENV))/debian-bcc" > $$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/debian-bcc.pth
+
+proto: $(PROTO_OUT)
+
+controller/proto/%_pb2.py: controller/proto/%.proto $(STAMP)
+	$(PY) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. --pyi_out=. $<
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+run: install
+	$(PY) -m testbed.demo
+
+bench: install
+	mkdir -p results
+	$(PY) -m testbed.bench --out results/bench.json
+
+p4: install
+	$(PY) -m testbed.p4build
+
+lint: install
+	$(VENV)/bin/ruff check controller testbed tests
+	$(VENV)/bin/mypy controller testbed
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info
