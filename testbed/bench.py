@@ -1,0 +1,92 @@
+"""`make bench`: run every component's benchmark and write one results file.
+
+Each benchmark is a module under `testbed.benchmarks` with a function
+`run(quick: bool) -> dict` returning JSON-serialisable figures (and the conditions they were
+measured under). The machine is shared and noisy: benchmarks compare ratios measured in the
+same run rather than absolute timings against fixed thresholds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+from pathlib import Path
+
+# Benchmark modules, in the order they run. Add a component's module here.
+BENCHMARKS: tuple[str, ...] = ()
+
+
+def machine_description() -> dict[str, object]:
+    """What the figures were measured on."""
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_kib = 0
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem_kib = int(line.split()[1])
+    except OSError:
+        pass
+    return {
+        "hostname": platform.node(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": round(mem_kib / 2**20, 1),
+        "load_avg": os.getloadavg(),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="results/bench.json", help="results file (JSON)")
+    ap.add_argument("--only", action="append", default=[], help="run only these benchmarks")
+    ap.add_argument("--quick", action="store_true", help="shorter runs (smoke test)")
+    args = ap.parse_args(argv)
+
+    names = [n for n in BENCHMARKS if not args.only or n in args.only]
+    out_path = Path(args.out)
+    results: dict[str, object] = {}
+    if out_path.exists() and args.only:
+        # Keep the figures of benchmarks not re-run this time.
+        results = json.loads(out_path.read_text()).get("benchmarks", {})
+    failed = []
+    for name in names:
+        print(f"== bench {name}", flush=True)
+        t0 = time.monotonic()
+        try:
+            mod = importlib.import_module(f"testbed.benchmarks.{name}")
+            fig = mod.run(quick=args.quick)
+            fig["elapsed_s"] = round(time.monotonic() - t0, 1)
+            results[name] = fig
+            print(json.dumps(fig, indent=2), flush=True)
+        except Exception as exc:  # a failed benchmark is reported, the others still run
+            traceback.print_exc()
+            results[name] = {"error": f"{type(exc).__name__}: {exc}"}
+            failed.append(name)
+    doc = {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": machine_description(),
+        "benchmarks": results,
+    }
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"results written to {out_path}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

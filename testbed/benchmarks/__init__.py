@@ -1,0 +1,1 @@
+"""Benchmarks run by `make bench` (see testbed/bench.py)."""
