@@ -1,0 +1,136 @@
+"""Per-packet state of the built-in switch and the helpers the generated pipeline code calls.
+
+A packet's header vector is kept as plain Python lists so that the code generated from the bmv2
+JSON can index it directly: `h[header_id][field_index]` for field values and `v[header_id]`
+for validity. Metadata headers are always valid. Arithmetic follows bmv2: expressions are
+computed with unbounded integers and truncated (two's complement) only when stored in a field.
+"""
+
+from __future__ import annotations
+
+# Instance types of v1model's standard_metadata.instance_type (simple_switch.h).
+PKT_INSTANCE_TYPE_NORMAL = 0
+PKT_INSTANCE_TYPE_INGRESS_CLONE = 1
+PKT_INSTANCE_TYPE_EGRESS_CLONE = 2
+PKT_INSTANCE_TYPE_COALESCED = 3
+PKT_INSTANCE_TYPE_RECIRC = 4
+PKT_INSTANCE_TYPE_REPLICATION = 5
+PKT_INSTANCE_TYPE_RESUBMIT = 6
+
+# bmv2's core parser errors, used when the JSON does not declare them.
+CORE_ERRORS = (
+    "NoError",
+    "PacketTooShort",
+    "NoMatch",
+    "StackOutOfBounds",
+    "HeaderTooShort",
+    "ParserTimeout",
+    "ParserInvalidArgument",
+)
+
+
+class ParserError(Exception):
+    """Raised by generated parser code; `pos` is where the failing operation started."""
+
+    def __init__(self, code: int, pos: int):
+        super().__init__(code, pos)
+        self.code = code
+        self.pos = pos
+
+
+class PipelineAbort(Exception):
+    """A packet the pipeline cannot continue with (assert/assume failure, bad stack index...).
+
+    bmv2 aborts the whole process in these cases; the built-in switch drops the packet, counts
+    it and keeps running.
+    """
+
+
+class Packet:
+    """One packet in flight: header vector, unparsed payload, and v1model per-packet registers."""
+
+    __slots__ = (
+        "h",
+        "v",
+        "sn",
+        "vlw",
+        "payload",
+        "exit",
+        "ingress_len",
+        "plen",
+        "clone_session",
+        "clone_field_list",
+        "resubmit_fl",
+        "recirc_fl",
+        "learn_id",
+        "truncate_len",
+        "uid",
+        "reinjects",
+    )
+
+    def __init__(self, h: list[list[int]], v: list[bool], sn: list[int]):
+        self.h = h
+        self.v = v
+        self.sn = sn  # next index of each header stack / header union stack
+        self.vlw: dict[int, int] = {}  # bit width of the variable-length field, per header id
+        self.payload = b""
+        self.exit = False
+        self.ingress_len = 0
+        self.plen = 0  # packet length register, updated by add_header / remove_header
+        self.clear_registers()
+        self.uid = 0
+        self.reinjects = 0  # resubmit / recirculate generations, bounded by the switch
+
+    def clear_registers(self) -> None:
+        self.clone_session = -1
+        self.clone_field_list = 0
+        self.resubmit_fl = 0
+        self.recirc_fl = 0
+        self.learn_id = 0
+        self.truncate_len = -1
+
+    def copy(self) -> Packet:
+        """A full copy (header vector included), as bmv2's clone_with_phv."""
+        p = Packet([list(f) for f in self.h], list(self.v), list(self.sn))
+        p.vlw = dict(self.vlw)
+        p.payload = self.payload
+        p.ingress_len = self.ingress_len
+        p.plen = self.plen
+        p.truncate_len = self.truncate_len
+        p.uid = self.uid
+        p.reinjects = self.reinjects
+        return p
+
+
+# ---- arithmetic helpers (bmv2 Data semantics) -------------------------------------------------
+
+
+def two_comp_mod(value: int, width: int) -> int:
+    """Signed value of `value` seen as a `width`-bit two's complement number."""
+    if width <= 0:
+        return 0
+    value &= (1 << width) - 1
+    return value - (1 << width) if value >> (width - 1) else value
+
+
+def usat_cast(value: int, width: int) -> int:
+    hi = (1 << width) - 1
+    return 0 if value < 0 else hi if value > hi else value
+
+
+def sat_cast(value: int, width: int) -> int:
+    lo, hi = -(1 << (width - 1)), (1 << (width - 1)) - 1
+    return lo if value < lo else hi if value > hi else value
+
+
+def div_trunc(a: int, b: int) -> int:
+    if b == 0:
+        raise PipelineAbort("division by zero")
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b >= 0) else -q
+
+
+def mod_trunc(a: int, b: int) -> int:
+    if b == 0:
+        raise PipelineAbort("modulo by zero")
+    return a - b * div_trunc(a, b)

@@ -1,0 +1,198 @@
+"""The traffic manager between ingress and egress: per-port, per-priority FIFO queues with a
+configurable depth (packets and bytes) and drain rate (bits/s and packets/s), strict priority
+between a port's queues, and a clock that is either real or virtual (for deterministic tests).
+
+Defaults match bmv2's simple_switch: 64 packets deep, no rate limit, one queue per port.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Clock:
+    """Microseconds since the switch started; real time, or virtual when `virtual` is set
+    (then time only moves through `advance`)."""
+
+    def __init__(self, virtual: bool = False):
+        self.virtual = virtual
+        self._start = time.monotonic_ns()
+        self._virtual_ns = 0
+        self._lock = threading.Lock()
+
+    def now_ns(self) -> int:
+        if self.virtual:
+            return self._virtual_ns
+        return time.monotonic_ns() - self._start
+
+    def now_us(self) -> int:
+        return self.now_ns() // 1000
+
+    def advance(self, ns: int) -> None:
+        if not self.virtual:
+            raise RuntimeError("advance() needs a virtual clock")
+        with self._lock:
+            self._virtual_ns += ns
+
+    def advance_to(self, ns: int) -> None:
+        if not self.virtual:
+            raise RuntimeError("advance_to() needs a virtual clock")
+        with self._lock:
+            self._virtual_ns = max(self._virtual_ns, ns)
+
+
+@dataclass
+class Queued:
+    pkt: Any
+    nbytes: int
+    enq_ns: int
+
+
+@dataclass
+class PortQueues:
+    port: int
+    nb_queues: int = 1
+    depth_pkts: int = 64
+    depth_bytes: int = 0  # 0: no byte limit
+    rate_pps: float = 0.0  # 0: no limit
+    rate_bps: float = 0.0  # 0: no limit
+    queues: list[deque[Queued]] = field(default_factory=list)
+    qbytes: list[int] = field(default_factory=list)
+    next_tx_ns: int = 0  # earliest time the port may start sending its next packet
+    enqueued: int = 0
+    dequeued: int = 0
+    dropped: int = 0
+    max_depth_pkts: int = 0
+    max_depth_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        self.queues = [deque() for _ in range(self.nb_queues)]
+        self.qbytes = [0] * self.nb_queues
+
+    def depth(self, prio: int) -> tuple[int, int]:
+        return len(self.queues[prio]), self.qbytes[prio]
+
+    def total(self) -> tuple[int, int]:
+        return sum(len(q) for q in self.queues), sum(self.qbytes)
+
+    def service_ns(self, nbytes: int) -> int:
+        """How long the port is busy sending `nbytes` at its configured rate."""
+        t = 0.0
+        if self.rate_bps > 0:
+            t = max(t, nbytes * 8e9 / self.rate_bps)
+        if self.rate_pps > 0:
+            t = max(t, 1e9 / self.rate_pps)
+        return int(t)
+
+
+class TrafficManager:
+    def __init__(self, clock: Clock, nb_queues: int = 1, depth_pkts: int = 64):
+        self.clock = clock
+        self.nb_queues = nb_queues
+        self.default_depth_pkts = depth_pkts
+        self.default_depth_bytes = 0
+        self.default_rate_pps = 0.0
+        self.default_rate_bps = 0.0
+        self.ports: dict[int, PortQueues] = {}
+        self._busy: set[int] = set()  # ports with at least one queued packet
+
+    def port(self, port: int) -> PortQueues:
+        pq = self.ports.get(port)
+        if pq is None:
+            pq = PortQueues(port, self.nb_queues, self.default_depth_pkts, self.default_depth_bytes,
+                            self.default_rate_pps, self.default_rate_bps)
+            self.ports[port] = pq
+        return pq
+
+    # ---- configuration (bmv2: set_queue_depth / set_queue_rate; here also bytes and bits) ----
+
+    def set_depth(self, port: int | None, pkts: int | None = None,
+                  nbytes: int | None = None) -> None:
+        for pq in self._targets(port):
+            if pkts is not None:
+                pq.depth_pkts = pkts
+            if nbytes is not None:
+                pq.depth_bytes = nbytes
+        if port is None:
+            if pkts is not None:
+                self.default_depth_pkts = pkts
+            if nbytes is not None:
+                self.default_depth_bytes = nbytes
+
+    def set_rate(self, port: int | None, pps: float | None = None,
+                 bps: float | None = None) -> None:
+        for pq in self._targets(port):
+            if pps is not None:
+                pq.rate_pps = pps
+            if bps is not None:
+                pq.rate_bps = bps
+        if port is None:
+            if pps is not None:
+                self.default_rate_pps = pps
+            if bps is not None:
+                self.default_rate_bps = bps
+
+    def _targets(self, port: int | None) -> list[PortQueues]:
+        return list(self.ports.values()) if port is None else [self.port(port)]
+
+    # ---- data path ------------------------------------------------------------------------
+
+    def occupancy(self, port: int, prio: int) -> tuple[int, int]:
+        pq = self.ports.get(port)
+        return (0, 0) if pq is None else pq.depth(prio)
+
+    def enqueue(self, port: int, prio: int, pkt: Any, nbytes: int) -> bool:
+        """Queue a packet; False (and a counted drop) when the queue is full."""
+        pq = self.port(port)
+        q = pq.queues[prio]
+        if len(q) >= pq.depth_pkts or (pq.depth_bytes and pq.qbytes[prio] + nbytes > pq.depth_bytes):
+            pq.dropped += 1
+            return False
+        q.append(Queued(pkt, nbytes, self.clock.now_ns()))
+        pq.qbytes[prio] += nbytes
+        pq.enqueued += 1
+        n, b = pq.total()
+        pq.max_depth_pkts = max(pq.max_depth_pkts, n)
+        pq.max_depth_bytes = max(pq.max_depth_bytes, b)
+        self._busy.add(port)
+        return True
+
+    def next_departure_ns(self) -> int | None:
+        """When the next packet may leave (None: nothing queued)."""
+        best = None
+        for port in self._busy:
+            t = self.ports[port].next_tx_ns
+            if best is None or t < best:
+                best = t
+        return best
+
+    def dequeue_ready(self, now_ns: int) -> list[tuple[int, int, Queued]]:
+        """Every packet whose port is free at `now_ns`, one per port per round, in time order;
+        each departure books the port for the packet's transmission time."""
+        out: list[tuple[int, int, Queued]] = []
+        while True:
+            progressed = False
+            for port in sorted(self._busy, key=lambda p: self.ports[p].next_tx_ns):
+                pq = self.ports[port]
+                if pq.next_tx_ns > now_ns:
+                    continue
+                for prio in range(pq.nb_queues - 1, -1, -1):  # strict priority: high first
+                    q = pq.queues[prio]
+                    if q:
+                        item = q.popleft()
+                        pq.qbytes[prio] -= item.nbytes
+                        pq.dequeued += 1
+                        # the port is busy from when it became free (or now) for one packet time
+                        start = max(pq.next_tx_ns, item.enq_ns)
+                        pq.next_tx_ns = start + pq.service_ns(item.nbytes)
+                        out.append((port, prio, item))
+                        progressed = True
+                        break
+                if not any(pq.queues):
+                    self._busy.discard(port)
+            if not progressed:
+                return out
