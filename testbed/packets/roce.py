@@ -195,7 +195,9 @@ def is_nak(syndrome: int) -> bool:
 # ---- ICRC ---------------------------------------------------------------------------------
 
 
-def icrc(ip_header: bytes, sport: int, dport: int, transport: bytes | memoryview) -> bytes:
+def icrc(
+    ip_header: bytes | bytearray, sport: int, dport: int, transport: bytes | memoryview
+) -> bytes:
     """The 4-byte ICRC of a RoCEv2 packet, as Wireshark checks it.
 
     `ip_header` is the IPv4 header (options included), `transport` the bytes from the BTH to

@@ -1,0 +1,71 @@
+"""One host's transport process: `python -m testbed.traffic.worker`, started by the runner
+inside the host's network namespace. It speaks JSON lines on stdin/stdout:
+
+  runner -> worker  {"spec": {...}, "me": i}       the run and this host's index
+  worker -> runner  {"ready": true}                 queue pairs exist
+  runner -> worker  {"start_at": t}                 CLOCK_MONOTONIC time to start
+  worker -> runner  {"result": {...}}               this host's part is done
+  runner -> worker  {"exit": true}                  every host is done (until then the worker
+                                                    keeps answering, e.g. re-ACKing)
+  worker -> runner  {"counters": {...}}             transport counters, then it exits
+Errors go to stderr and a {"error": "..."} line.
+"""
+
+from __future__ import annotations
+
+import json
+import select
+import sys
+import time
+import traceback
+from typing import Any
+
+from testbed.traffic.jobs import JOBS
+from testbed.traffic.transport import Transport, TransportConfig
+
+
+def _emit(obj: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def _read() -> dict[str, Any]:
+    line = sys.stdin.readline()
+    if not line:
+        raise EOFError("runner closed the control pipe")
+    msg: dict[str, Any] = json.loads(line)
+    return msg
+
+
+def main() -> int:
+    try:
+        hello = _read()
+        spec, me = hello["spec"], int(hello["me"])
+        cfg = TransportConfig(local_ip=spec["hosts"][me]["ip"], **spec.get("transport", {}))
+        with Transport(cfg) as t:
+            job = JOBS[spec["kind"]](t, spec, me)
+            _emit({"ready": True})
+            t0 = float(_read()["start_at"])
+            t.run_until(lambda: time.monotonic() >= t0)
+            _emit({"result": job.run(t0, float(spec.get("timeout", 60.0)))})
+            last = 0.0
+
+            def exit_requested() -> bool:
+                nonlocal last
+                now = time.monotonic()
+                if now - last < 0.005:
+                    return False
+                last = now
+                return bool(select.select([sys.stdin], [], [], 0)[0])
+
+            t.run_until(exit_requested)
+            _emit({"counters": t.counters()})
+        return 0
+    except Exception as exc:  # reported to the runner, which fails the run with it
+        traceback.print_exc()
+        _emit({"error": f"{type(exc).__name__}: {exc}"})
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
