@@ -1,0 +1,99 @@
+"""The SwitchAdmin gRPC service (controller/proto/switch.proto) and Prometheus metrics of the
+built-in switch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from controller.proto import switch_pb2, switch_pb2_grpc
+from testbed.switch.dataplane import Dataplane
+from testbed.switch.p4runtime_server import P4RuntimeService
+from testbed.switch.v1model import V1Switch
+
+
+class SwitchAdminService(switch_pb2_grpc.SwitchAdminServicer):  # type: ignore[misc]
+    def __init__(self, switch: V1Switch, dataplane: Dataplane | None,
+                 p4rt: P4RuntimeService | None):
+        self.switch = switch
+        self.dataplane = dataplane
+        self.p4rt = p4rt
+
+    def SetQueue(self, request: Any, context: Any) -> Any:
+        port = None if request.all_ports else request.port
+        tm = self.switch.tm
+        with self.switch.lock:
+            tm.set_depth(port,
+                         request.depth_packets if request.HasField("depth_packets") else None,
+                         request.depth_bytes if request.HasField("depth_bytes") else None)
+            tm.set_rate(port, request.rate_pps if request.HasField("rate_pps") else None,
+                        request.rate_bps if request.HasField("rate_bps") else None)
+        return switch_pb2.SetQueueResponse()
+
+    def GetQueues(self, request: Any, context: Any) -> Any:
+        resp = switch_pb2.GetQueuesResponse()
+        with self.switch.lock:
+            for port, pq in sorted(self.switch.tm.ports.items()):
+                n, b = pq.total()
+                resp.queues.add(port=port, depth_packets=pq.depth_pkts,
+                                depth_bytes=pq.depth_bytes, rate_pps=pq.rate_pps,
+                                rate_bps=pq.rate_bps, occupancy_packets=n, occupancy_bytes=b,
+                                max_occupancy_packets=pq.max_depth_pkts,
+                                max_occupancy_bytes=pq.max_depth_bytes, enqueued=pq.enqueued,
+                                dequeued=pq.dequeued, dropped=pq.dropped)
+        return resp
+
+    def GetStatus(self, request: Any, context: Any) -> Any:
+        sw = self.switch
+        resp = switch_pb2.GetStatusResponse(
+            device_id=sw.device_id, pipeline_loaded=sw.ready, rx_packets=sw.stats.rx,
+            tx_packets=sw.stats.tx, uptime_us=sw.clock.now_us(), queue_depth_unit=sw.qdepth_unit)
+        for reason, n in sw.stats.dropped.items():
+            resp.drops[reason] = n
+        if self.dataplane is not None:
+            resp.drops["tx_unknown_port"] = self.dataplane.tx_unknown_port
+            for num, p in sorted(self.dataplane.ports.items()):
+                resp.ports.add(port=num, interface=p.iface, rx_packets=p.stats.rx,
+                               tx_packets=p.stats.tx, rx_bytes=p.stats.rx_bytes,
+                               tx_bytes=p.stats.tx_bytes, tx_errors=p.stats.tx_errors)
+        if self.p4rt is not None:
+            for k, v in self.p4rt.counters.items():
+                resp.p4runtime[k] = v
+        return resp
+
+
+class SwitchCollector:
+    """Prometheus view of the switch, read at scrape time."""
+
+    def __init__(self, switch: V1Switch, dataplane: Dataplane | None, name: str):
+        self.switch = switch
+        self.dataplane = dataplane
+        self.name = name
+
+    def collect(self) -> Any:
+        sw = self.switch
+        lbl = ["switch"]
+        rx = CounterMetricFamily("xingmai_switch_rx_packets", "packets received", labels=lbl)
+        rx.add_metric([self.name], sw.stats.rx)
+        tx = CounterMetricFamily("xingmai_switch_tx_packets", "packets sent", labels=lbl)
+        tx.add_metric([self.name], sw.stats.tx)
+        drops = CounterMetricFamily("xingmai_switch_drops", "packets dropped, by reason",
+                                    labels=lbl + ["reason"])
+        for reason, n in sw.stats.dropped.items():
+            drops.add_metric([self.name, reason], n)
+        occ = GaugeMetricFamily("xingmai_switch_queue_bytes", "egress queue occupancy",
+                                labels=lbl + ["port"])
+        qdrop = CounterMetricFamily("xingmai_switch_queue_drops", "tail drops per port",
+                                    labels=lbl + ["port"])
+        for port, pq in list(sw.tm.ports.items()):
+            occ.add_metric([self.name, str(port)], pq.total()[1])
+            qdrop.add_metric([self.name, str(port)], pq.dropped)
+        yield from (rx, tx, drops, occ, qdrop)
+
+
+def metrics_registry(switch: V1Switch, dataplane: Dataplane | None, name: str) -> CollectorRegistry:
+    reg = CollectorRegistry()
+    reg.register(SwitchCollector(switch, dataplane, name))  # type: ignore[arg-type]
+    return reg

@@ -1,0 +1,212 @@
+"""Real-time packet I/O for the built-in switch: raw AF_PACKET sockets on interfaces.
+
+One thread runs the data plane: it waits (poll) for packets on every port and for the next
+departure time of the traffic manager, runs ingress on what arrives, and runs egress on what
+the traffic manager releases. Other threads (P4Runtime packet-out, tests) hand packets in with
+`inject()`, which wakes the loop through an eventfd-like pipe.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import select
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from testbed.switch.v1model import V1Switch
+
+log = logging.getLogger("xingmai.switch.dataplane")
+
+ETH_P_ALL = 0x0003
+SOL_PACKET = 263
+PACKET_IGNORE_OUTGOING = 23
+MAX_FRAME = 65535
+RX_BATCH = 64  # packets read from one port before looking at the others
+
+
+class PcapWriter:
+    """Minimal libpcap writer (Ethernet link type) for per-port captures."""
+
+    def __init__(self, path: Path):
+        self.f: BinaryIO = open(path, "wb")  # noqa: SIM115 - closed by close()
+        self.f.write(struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, MAX_FRAME, 1))
+
+    def write(self, data: bytes) -> None:
+        t = time.time()
+        self.f.write(struct.pack("<IIII", int(t), int((t % 1) * 1e6), len(data), len(data)))
+        self.f.write(data)
+        self.f.flush()
+
+    def close(self) -> None:
+        self.f.close()
+
+
+@dataclass
+class PortStats:
+    rx: int = 0
+    tx: int = 0
+    tx_errors: int = 0
+    rx_bytes: int = 0
+    tx_bytes: int = 0
+
+
+class Port:
+    def __init__(self, number: int, iface: str, pcap_dir: Path | None = None):
+        self.number = number
+        self.iface = iface
+        self.stats = PortStats()
+        self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+        try:
+            self.sock.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
+        except OSError:
+            log.warning("%s: kernel lacks PACKET_IGNORE_OUTGOING; filtering in user space", iface)
+        self.sock.bind((iface, 0))
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 2**20)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 * 2**20)
+        self.pcap_in = self.pcap_out = None
+        if pcap_dir is not None:
+            self.pcap_in = PcapWriter(pcap_dir / f"port{number}_{iface}_in.pcap")
+            self.pcap_out = PcapWriter(pcap_dir / f"port{number}_{iface}_out.pcap")
+
+    def recv_batch(self) -> list[bytes]:
+        out = []
+        for _ in range(RX_BATCH):
+            try:
+                data, addr = self.sock.recvfrom(MAX_FRAME, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                break
+            if addr[2] == socket.PACKET_OUTGOING:
+                continue
+            out.append(data)
+        return out
+
+    def send(self, data: bytes) -> None:
+        try:
+            self.sock.send(data)
+            self.stats.tx += 1
+            self.stats.tx_bytes += len(data)
+            if self.pcap_out:
+                self.pcap_out.write(data)
+        except OSError as exc:
+            self.stats.tx_errors += 1
+            log.debug("%s: send failed: %s", self.iface, exc)
+
+    def close(self) -> None:
+        self.sock.close()
+        for w in (self.pcap_in, self.pcap_out):
+            if w:
+                w.close()
+
+
+class Dataplane:
+    def __init__(self, switch: V1Switch, interfaces: dict[int, str],
+                 pcap_dir: Path | None = None):
+        self.switch = switch
+        self.ports: dict[int, Port] = {}
+        self.cpu_handler: Callable[[bytes], None] | None = None
+        self.tx_unknown_port = 0
+        self._inbox: queue.SimpleQueue[tuple[int, bytes]] = queue.SimpleQueue()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if pcap_dir is not None:
+            pcap_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            for number, iface in interfaces.items():
+                self.ports[number] = Port(number, iface, pcap_dir)
+        except OSError:
+            self.close()
+            raise
+        switch.transmit = self._transmit
+
+    def _transmit(self, port: int, data: bytes) -> None:
+        p = self.ports.get(port)
+        if p is not None:
+            p.send(data)
+        elif port == self.switch.cpu_port and self.cpu_handler is not None:
+            self.cpu_handler(data)
+        else:
+            self.tx_unknown_port += 1
+
+    def inject(self, port: int, data: bytes) -> None:
+        """Hand a packet to ingress from any thread (e.g. a P4Runtime packet-out)."""
+        self._inbox.put((port, data))
+        try:
+            os.write(self._wake_w, b"\x01")
+        except BlockingIOError:
+            pass  # the loop is already due to wake up
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="dataplane", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        try:
+            os.write(self._wake_w, b"\x00")
+        except OSError:
+            pass
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self.close()
+
+    def close(self) -> None:
+        for p in self.ports.values():
+            p.close()
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def _loop(self) -> None:
+        poller = select.poll()
+        by_fd = {p.sock.fileno(): p for p in self.ports.values()}
+        for fd in by_fd:
+            poller.register(fd, select.POLLIN)
+        poller.register(self._wake_r, select.POLLIN)
+        sw = self.switch
+        clock = sw.clock
+        while not self._stop.is_set():
+            nxt = sw.tm.next_departure_ns()
+            if nxt is None:
+                timeout_ms = 200.0
+            else:
+                timeout_ms = max(0.0, (nxt - clock.now_ns()) / 1e6)
+            try:
+                events = poller.poll(timeout_ms)
+            except InterruptedError:
+                continue
+            for fd, _ev in events:
+                if fd == self._wake_r:
+                    try:
+                        os.read(self._wake_r, 4096)
+                    except BlockingIOError:
+                        pass
+                    while True:
+                        try:
+                            port, data = self._inbox.get_nowait()
+                        except queue.Empty:
+                            break
+                        sw.receive(port, data)
+                    continue
+                p = by_fd.get(fd)
+                if p is None:
+                    continue
+                for data in p.recv_batch():
+                    p.stats.rx += 1
+                    p.stats.rx_bytes += len(data)
+                    if p.pcap_in:
+                        p.pcap_in.write(data)
+                    sw.receive(p.number, data)
+            sw.service()
