@@ -182,11 +182,13 @@ class AllReduceJob:
         ]
         parts: list[bytes | bytearray] = []
         need = recv_len * 4
+        n_msgs = max(1, -(-need // self.chunk))  # the previous rank chunks the same way
 
         def step_done() -> bool:
-            while (m := self.prev_qp.poll_recv()) is not None:
+            # take only this step's messages: a faster neighbour may already be a step ahead
+            while len(parts) < n_msgs and (m := self.prev_qp.poll_recv()) is not None:
                 parts.append(m.data)
-            return sum(map(len, parts)) >= need and all(op.done for op in ops)
+            return len(parts) == n_msgs and all(op.done for op in ops)
 
         if not self.t.run_until(step_done, timeout=max(0.0, deadline - time.monotonic())):
             raise TimeoutError("all-reduce step timed out")

@@ -1,0 +1,156 @@
+"""Per-run metrics: FCT and slowdown by size bucket, collective bandwidths, goodput, counters.
+
+Definitions:
+- FCT: from a flow's start to the sender seeing its last packet acknowledged.
+- ideal FCT: size * 8 / line rate + base RTT (the flow alone on an idle path);
+  slowdown = FCT / ideal FCT (>= 1 up to measurement noise).
+- algbw = bytes per rank / time; busbw as nccl-tests: all-reduce algbw * 2(n-1)/n,
+  all-to-all algbw * (n-1)/n (time = slowest rank).
+- goodput: bytes delivered intact / time from the run's start to the last delivery.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+# Upper edges of the FCT size buckets, bytes (the last bucket is open).
+SIZE_BUCKETS = (10_000, 100_000, 1_000_000, 10_000_000)
+PERCENTILES = (50, 95, 99)
+COUNTER_KEYS = (
+    "retransmits",
+    "timeouts",
+    "naks_sent",
+    "cnps_sent",
+    "cnps_received",
+    "ecn_ce_seen",
+    "int_echoes_sent",
+    "tx_packets",
+    "rx_data_packets",
+    "tx_nobufs",
+)
+
+
+def ideal_fct(size: int, line_rate_bps: float, base_rtt: float) -> float:
+    return size * 8 / line_rate_bps + base_rtt
+
+
+def bucket_label(lo: float, hi: float) -> str:
+    def fmt(v: float) -> str:
+        for unit, div in (("M", 1e6), ("K", 1e3)):
+            if v >= div:
+                return f"{v / div:g}{unit}"
+        return f"{v:g}"
+
+    return (
+        f"<{fmt(hi)}" if lo == 0 else (f">={fmt(lo)}" if math.isinf(hi) else f"{fmt(lo)}-{fmt(hi)}")
+    )
+
+
+def _pcts(values: list[float]) -> dict[str, float]:
+    arr = np.asarray(values, dtype=float)
+    return {f"p{q}": float(np.percentile(arr, q)) for q in PERCENTILES}
+
+
+def fct_stats(
+    flows: Iterable[Mapping[str, Any]],
+    line_rate_bps: float,
+    base_rtt: float,
+    edges: tuple[int, ...] = SIZE_BUCKETS,
+) -> dict[str, Any]:
+    """FCT and slowdown percentiles per size bucket and overall, for completed flows."""
+    done = [(int(f["size"]), float(f["fct"])) for f in flows if f.get("fct") is not None]
+    bounds = [0.0, *map(float, edges), math.inf]
+    buckets = []
+    for lo, hi in zip(bounds, bounds[1:], strict=False):
+        sel = [(s, t) for s, t in done if lo <= s < hi]
+        if not sel:
+            continue
+        buckets.append(
+            {
+                "bucket": bucket_label(lo, hi),
+                "flows": len(sel),
+                "fct_s": _pcts([t for _, t in sel]),
+                "slowdown": _pcts([t / ideal_fct(s, line_rate_bps, base_rtt) for s, t in sel]),
+            }
+        )
+    overall: dict[str, Any] = {"flows": len(done)}
+    if done:
+        overall["fct_s"] = _pcts([t for _, t in done])
+        overall["slowdown"] = _pcts([t / ideal_fct(s, line_rate_bps, base_rtt) for s, t in done])
+    return {
+        "line_rate_bps": line_rate_bps,
+        "base_rtt_s": base_rtt,
+        "buckets": buckets,
+        "all": overall,
+    }
+
+
+def collective_bw(kind: str, size: int, seconds: float, n: int) -> dict[str, float]:
+    """algbw/busbw in bytes per second, nccl-tests definitions."""
+    factor = {"allreduce": 2 * (n - 1) / n, "alltoall": (n - 1) / n}[kind]
+    algbw = size / seconds
+    return {
+        "time_s": seconds,
+        "algbw_Bps": algbw,
+        "busbw_Bps": algbw * factor,
+        "algbw_Gbps": algbw * 8e-9,
+        "busbw_Gbps": algbw * factor * 8e-9,
+    }
+
+
+def counter_totals(counters: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    total: dict[str, Any] = {k: 0 for k in COUNTER_KEYS}
+    drops: dict[str, int] = {}
+    for c in counters:
+        for k in COUNTER_KEYS:
+            total[k] += int(c.get(k, 0))
+        for reason, n in dict(c.get("drops", {})).items():
+            drops[reason] = drops.get(reason, 0) + int(n)
+    total["drops"] = drops
+    return total
+
+
+def goodput(received: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    ok = [r for r in received if r["ok"]]
+    if not ok:
+        return {"bytes": 0, "seconds": 0.0, "goodput_bps": 0.0}
+    last = max(float(r["t_done"]) for r in ok)
+    total = sum(int(r["bytes"]) for r in ok)
+    return {"bytes": total, "seconds": last, "goodput_bps": total * 8 / last if last > 0 else 0.0}
+
+
+def table(metrics: Mapping[str, Any]) -> str:
+    """A plain-text rendering of a run's metrics."""
+    lines = [f"workload: {metrics.get('workload')}  hosts: {metrics.get('hosts')}"]
+    fct = metrics.get("fct")
+    if fct and fct["buckets"]:
+        lines.append(
+            f"{'size':>12} {'flows':>6} {'fct p50':>10} {'p95':>10} {'p99':>10} "
+            f"{'slow p50':>9} {'p95':>7} {'p99':>7}"
+        )
+        for b in [*fct["buckets"], {"bucket": "all", **fct["all"]}]:
+            f, s = b["fct_s"], b["slowdown"]
+            lines.append(
+                f"{b['bucket']:>12} {b['flows']:>6} {f['p50'] * 1e3:>8.2f}ms "
+                f"{f['p95'] * 1e3:>8.2f}ms {f['p99'] * 1e3:>8.2f}ms {s['p50']:>9.2f} "
+                f"{s['p95']:>7.2f} {s['p99']:>7.2f}"
+            )
+    coll = metrics.get("collective")
+    if coll:
+        lines.append(
+            f"time {coll['time_s'] * 1e3:.2f} ms  algbw {coll['algbw_Gbps']:.3f} Gb/s  "
+            f"busbw {coll['busbw_Gbps']:.3f} Gb/s"
+        )
+    gp = metrics.get("goodput")
+    if gp:
+        lines.append(f"goodput {gp['goodput_bps'] / 1e6:.1f} Mb/s ({gp['bytes']} B)")
+    c = metrics.get("counters")
+    if c:
+        lines.append("  ".join(f"{k}={c[k]}" for k in COUNTER_KEYS if k in c))
+        if c.get("drops"):
+            lines.append("drops: " + ", ".join(f"{k}={v}" for k, v in sorted(c["drops"].items())))
+    return "\n".join(lines)
