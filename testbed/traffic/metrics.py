@@ -139,6 +139,10 @@ def table(metrics: Mapping[str, Any]) -> str:
                 f"{f['p95'] * 1e3:>8.2f}ms {f['p99'] * 1e3:>8.2f}ms {s['p50']:>9.2f} "
                 f"{s['p95']:>7.2f} {s['p99']:>7.2f}"
             )
+    if "correct" in metrics:
+        lines.append(
+            f"result correct: {metrics['correct']} (max abs error {metrics['max_abs_err']})"
+        )
     coll = metrics.get("collective")
     if coll:
         lines.append(

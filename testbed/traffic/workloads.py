@@ -264,12 +264,13 @@ def main(argv: list[str] | None = None) -> int:
         elif a.workload == "alltoall":
             res = alltoall(hosts, a.size, line_rate=a.line_rate, base_rtt=a.base_rtt, **common)
         elif a.workload == "longlived":
-            pairs = [tuple(map(int, p.split(":"))) for p in a.pair] or [(0, 1)]
+            split = [p.split(":") for p in a.pair]
+            pairs = [(int(s), int(d)) for s, d in split] or [(0, 1)]
             res = longlived(
                 hosts,
                 pairs,
                 a.duration,
-                qps_per_pair=a.qps,  # type: ignore[arg-type]
+                qps_per_pair=a.qps,
                 **common,
             )
         else:
