@@ -84,7 +84,9 @@ class SizeCdf:
     def mean(self) -> float:
         """Mean size of the piecewise-linear distribution (each segment uniform)."""
         pts = list(zip(self.sizes, self.probs, strict=True))
-        segments = sum((p1 - p0) * (s0 + s1) / 2 for (s0, p0), (s1, p1) in zip(pts, pts[1:]))
+        segments = sum(
+            (p1 - p0) * (s0 + s1) / 2 for (s0, p0), (s1, p1) in zip(pts, pts[1:], strict=False)
+        )
         return segments + self.probs[0] * self.sizes[0]
 
     def cdf(self, size: float) -> float:
