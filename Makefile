@@ -21,7 +21,7 @@ KERNEL_HEADERS := /var/cache/xingmai/kernel-headers
 PROTOS := $(wildcard controller/proto/*.proto)
 PROTO_OUT := $(PROTOS:.proto=_pb2.py)
 
-.PHONY: install apt venv kernel-headers proto test run bench p4 lint clean
+.PHONY: install apt venv kernel-headers proto test run bench p4 lint clean p4runtime-shell
 
 install: $(STAMP) proto
 
@@ -69,7 +69,7 @@ proto: $(PROTO_OUT)
 controller/proto/%_pb2.py: controller/proto/%.proto $(STAMP)
 	$(PY) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. --pyi_out=. $<
 
-test: install
+test: install p4runtime-shell
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 run: install
@@ -82,9 +82,18 @@ bench: install
 p4: install
 	$(PY) -m testbed.p4build
 
+# p4runtime-shell pins protobuf 3.x, which the project's venv cannot share: it gets its own.
+P4RT_SHELL_VENV := .venv-p4runtime-shell
+P4RT_SHELL_PINS := p4runtime-shell==0.0.6 p4runtime==1.4.1 protobuf==3.20.3 grpcio==1.85.3
+p4runtime-shell: $(P4RT_SHELL_VENV)/.stamp
+$(P4RT_SHELL_VENV)/.stamp: Makefile
+	test -x $(P4RT_SHELL_VENV)/bin/python || $(PYTHON) -m venv $(P4RT_SHELL_VENV)
+	$(P4RT_SHELL_VENV)/bin/python -m pip install -q $(P4RT_SHELL_PINS)
+	touch $@
+
 lint: install
 	$(VENV)/bin/ruff check controller testbed tests
 	$(VENV)/bin/mypy controller testbed
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(P4RT_SHELL_VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -858,14 +858,34 @@ class Codegen:
         whole headers, then optionally the payload; zero padding at the end."""
         self.src.add(f"def {fname}(p):")
         self.src.add("h = p.h; v = p.v; acc = 0; nb = 0; parts = []", 1)
+        flush = "if nb: parts.append(acc.to_bytes(nb // 8, 'big')); acc = 0; nb = 0"
+        # Consecutive fixed-width fields of one header are packed by one guarded statement.
+        group: list[tuple[int, str]] = []
+        group_hidx = -1
+
+        def close_group() -> None:
+            nonlocal group, group_hidx
+            if not group:
+                return
+            inst = self.prog.headers[group_hidx]
+            total = sum(w for w, _ in group)
+            shift, terms = total, []
+            for w, code in group:
+                shift -= w
+                terms.append(f"({code} << {shift})" if shift else code)
+            guard = "" if inst.metadata else f"if v[{group_hidx}]: "
+            self.src.add(f"{guard}acc = (acc << {total}) | {' | '.join(terms)}; nb += {total}", 1)
+            group, group_hidx = [], -1
+
         for inp in inputs:
             t = inp["type"]
             if t == "field":
                 hidx, fidx = self.prog.field_ref(inp["value"][0], inp["value"][1])
                 inst = self.prog.headers[hidx]
-                guard = "" if inst.metadata else f"if v[{hidx}]: "
                 if fidx >= 0 and inst.htype.vl_index == fidx:
                     # a varbit field contributes the bits it currently holds
+                    close_group()
+                    guard = "" if inst.metadata else f"if v[{hidx}]: "
                     self.src.add(f"{guard}w = p.vlw.get({hidx}, 0); "
                                  f"acc = (acc << w) | (h[{hidx}][{fidx}] & ((1 << w) - 1)); "
                                  "nb += w", 1)
@@ -875,21 +895,27 @@ class Codegen:
                 else:
                     w = inst.htype.fields[fidx][1]
                     code = f"(h[{hidx}][{fidx}] & {_mask(w)})"
-                self.src.add(f"{guard}acc = (acc << {w}) | {code}; nb += {w}", 1)
-            elif t == "hexstr":
+                if hidx != group_hidx:
+                    close_group()
+                    group_hidx = hidx
+                group.append((w, code))
+                continue
+            close_group()
+            if t == "hexstr":
                 w = int(inp["bitwidth"])
                 self.src.add(f"acc = (acc << {w}) | {hexint(inp['value']) & _mask(w)}; "
                              f"nb += {w}", 1)
             elif t == "header":
                 inst = self.prog.header(inp["value"])
                 self.src.add(f"if v[{inst.index}]:", 1)
-                self.src.add("if nb: parts.append(acc.to_bytes(nb // 8, 'big')); acc = 0; nb = 0", 2)
+                self.src.add(flush, 2)
                 self.src.add(f"parts.append({self.deparse_expr(str(inst.index), inst.htype)})", 2)
             elif t == "payload":
-                self.src.add("if nb: parts.append(acc.to_bytes(nb // 8, 'big')); acc = 0; nb = 0", 1)
+                self.src.add(flush, 1)
                 self.src.add("parts.append(p.payload)", 1)
             else:
                 raise LoadError(f"unsupported calculation input {t!r}")
+        close_group()
         self.src.add("if nb:", 1)
         self.src.add("pad = -nb % 8", 2)
         self.src.add("parts.append((acc << pad).to_bytes((nb + pad) // 8, 'big'))", 2)

@@ -62,46 +62,60 @@ class Stats:
         self.dropped[reason] = self.dropped.get(reason, 0) + 1
 
 
-# standard_metadata fields the architecture reads or writes, by their bmv2 names.
-_STD_FIELDS = {
-    "ingress_port": "standard_metadata.ingress_port",
-    "egress_spec": "standard_metadata.egress_spec",
-    "egress_port": "standard_metadata.egress_port",
-    "instance_type": "standard_metadata.instance_type",
-    "packet_length": "standard_metadata.packet_length",
-    "parser_error": "standard_metadata.parser_error",
-    "checksum_error": "standard_metadata.checksum_error",
-    "priority": "intrinsic_metadata.priority",
-    "mcast_grp": "intrinsic_metadata.mcast_grp",
-    "egress_rid": "intrinsic_metadata.egress_rid",
-    "ingress_global_timestamp": "intrinsic_metadata.ingress_global_timestamp",
-    "egress_global_timestamp": "intrinsic_metadata.egress_global_timestamp",
-    "enq_timestamp": "queueing_metadata.enq_timestamp",
-    "enq_qdepth": "queueing_metadata.enq_qdepth",
-    "deq_timedelta": "queueing_metadata.deq_timedelta",
-    "deq_qdepth": "queueing_metadata.deq_qdepth",
-    "qid": "queueing_metadata.qid",
+# standard_metadata fields the architecture reads or writes, with their v1model widths.
+STD_FIELDS = {
+    "ingress_port": 9, "egress_spec": 9, "egress_port": 9, "instance_type": 32,
+    "packet_length": 32, "enq_timestamp": 32, "enq_qdepth": 19, "deq_timedelta": 32,
+    "deq_qdepth": 19, "ingress_global_timestamp": 48, "egress_global_timestamp": 48,
+    "mcast_grp": 16, "egress_rid": 16, "checksum_error": 1, "parser_error": 32, "priority": 3,
+    "qid": 8,
 }
+_REQUIRED = ("ingress_port", "egress_spec", "egress_port", "instance_type", "packet_length")
 
 
-class _Fields:
-    """(header, field, mask) of each architecture field the loaded program has."""
+class StdMeta:
+    """Where v1model's standard_metadata lives in the header vector: field `x` of a packet is
+    `p.h[std.h][std.x]`. Fields the program does not declare (some P4_14-era JSONs lack the
+    queueing ones) get hidden slots, so the architecture code needs no per-field checks."""
 
     def __init__(self, prog: Program):
-        self.ref: dict[str, tuple[int, int, int]] = {}
-        for key, dotted in _STD_FIELDS.items():
-            r = prog.arch_field(dotted) or prog.arch_field("standard_metadata." + key)
-            if r is not None:
-                self.ref[key] = (r[0], r[1], (1 << prog.field_width(r)) - 1)
+        inst = prog.header_by_name.get("standard_metadata")
+        if inst is None:
+            raise LoadError("the program has no standard_metadata header")
+        for alias, (hdr, _fname) in prog.field_aliases.items():
+            if alias.split(".", 1)[1] in STD_FIELDS and hdr != "standard_metadata":
+                raise LoadError(f"field alias {alias} -> {hdr} is not supported")
+        for name in _REQUIRED:
+            if name not in inst.htype.field_index:
+                raise LoadError(f"the program lacks standard_metadata.{name}")
+        self.h = inst.index
+        self.mask: dict[str, int] = {}
+        for name, width in STD_FIELDS.items():
+            if name not in inst.htype.field_index:
+                inst.htype.fields.append((name, width, False))
+                inst.htype.field_index[name] = len(inst.htype.fields) - 1
+            idx = inst.htype.field_index[name]
+            setattr(self, name, idx)
+            self.mask[name] = (1 << inst.htype.fields[idx][1]) - 1
 
-    def get(self, p: Packet, key: str, default: int = 0) -> int:
-        r = self.ref.get(key)
-        return default if r is None else p.h[r[0]][r[1]]
-
-    def set(self, p: Packet, key: str, value: int) -> None:
-        r = self.ref.get(key)
-        if r is not None:
-            p.h[r[0]][r[1]] = value & r[2]
+    # field indexes, set in __init__ (declared for type checkers)
+    ingress_port: int
+    egress_spec: int
+    egress_port: int
+    instance_type: int
+    packet_length: int
+    enq_timestamp: int
+    enq_qdepth: int
+    deq_timedelta: int
+    deq_qdepth: int
+    ingress_global_timestamp: int
+    egress_global_timestamp: int
+    mcast_grp: int
+    egress_rid: int
+    checksum_error: int
+    parser_error: int
+    priority: int
+    qid: int
 
 
 class V1Switch:
@@ -118,7 +132,7 @@ class V1Switch:
         self.lock = threading.RLock()  # held while a packet runs or the control plane writes
         self.compiled: Compiled | None = None
         self.json_bytes: bytes = b""
-        self.fields: _Fields | None = None
+        self.std: StdMeta | None = None
         self.clone_sessions: dict[int, CloneSession] = {}
         self.mcast_groups: dict[int, list[tuple[int, int]]] = {}  # mgid -> [(port, rid)]
         self.stats = Stats()
@@ -142,16 +156,12 @@ class V1Switch:
             except (ValueError, UnicodeDecodeError) as exc:
                 raise LoadError(f"the device config is not valid JSON: {exc}") from exc
         prog = Program(doc)
+        std = StdMeta(prog)  # before compiling: it may add hidden fields
         compiled = compile_program(prog, self.clock.now_us, lambda m: self.log_fn(m))
-        fields = _Fields(prog)
-        for required in ("ingress_port", "egress_spec", "egress_port", "instance_type",
-                         "packet_length"):
-            if required not in fields.ref:
-                raise LoadError(f"the program lacks standard_metadata.{required}")
         with self.lock:
             self.compiled = compiled
             self.json_bytes = raw
-            self.fields = fields
+            self.std = std
             self._meta = [h.index for h in prog.headers if h.metadata]
             self._zeros = [[0] * len(h.htype.fields) for h in prog.headers]
             # a new pipeline starts with empty replication state, as bmv2 does on a swap
@@ -170,16 +180,17 @@ class V1Switch:
         """A packet arrives on `port`: run ingress and hand the result to the traffic manager."""
         with self.lock:
             self.stats.rx += 1
-            c, f = self.compiled, self.fields
-            if c is None or f is None:
+            c, S = self.compiled, self.std
+            if c is None or S is None:
                 self.stats.drop("no_pipeline")
                 return
             p = self._new(c, len(data))
-            f.set(p, "ingress_port", port)
-            f.set(p, "packet_length", len(data))
-            f.set(p, "instance_type", PKT_INSTANCE_TYPE_NORMAL)
-            f.set(p, "ingress_global_timestamp", self.clock.now_us())
-            self._run_ingress(c, f, p, bytes(data), port)
+            sm = p.h[S.h]
+            sm[S.ingress_port] = port & S.mask["ingress_port"]
+            sm[S.packet_length] = len(data)
+            sm[S.instance_type] = PKT_INSTANCE_TYPE_NORMAL
+            sm[S.ingress_global_timestamp] = self.clock.now_us() & S.mask["ingress_global_timestamp"]
+            self._run_ingress(c, S, p, bytes(data), port)
 
     def _new(self, c: Compiled, length: int) -> Packet:
         p = c.new_packet()
@@ -198,11 +209,12 @@ class V1Switch:
             if fidx >= 0:
                 dst.h[hidx][fidx] = src.h[hidx][fidx]
 
-    def _run_ingress(self, c: Compiled, f: _Fields, p: Packet, buf: bytes, port: int) -> None:
+    def _run_ingress(self, c: Compiled, S: StdMeta, p: Packet, buf: bytes, port: int) -> None:
         try:
             err = c.parse(p, buf)
-            f.set(p, "parser_error", err)
-            f.set(p, "checksum_error", 1 if c.verify_checksums(p) else 0)
+            sm = p.h[S.h]
+            sm[S.parser_error] = err
+            sm[S.checksum_error] = 1 if c.verify_checksums(p) else 0
             c.ingress(p)
         except PipelineAbort as exc:
             log.warning("ingress aborted, packet dropped: %s", exc)
@@ -213,8 +225,9 @@ class V1Switch:
             self.stats.drop("ingress_error")
             return
         p.exit = False
-        egress_spec = f.get(p, "egress_spec")
-        mgid = f.get(p, "mcast_grp")
+        sm = p.h[S.h]
+        egress_spec = sm[S.egress_spec]
+        mgid = sm[S.mcast_grp]
 
         if p.clone_session >= 0:  # ingress-to-egress clone of the packet as it arrived
             session = self.clone_sessions.get(p.clone_session)
@@ -222,13 +235,13 @@ class V1Switch:
             p.clone_session, p.clone_field_list = -1, 0
             if session is not None:
                 cp = self._new(c, p.ingress_len)
-                f.set(cp, "ingress_port", port)
+                cp.h[S.h][S.ingress_port] = port
                 c.parse(cp, buf)
                 c.verify_checksums(cp)
                 self._reset_metadata(cp)
                 self._copy_field_list(c, cp, p, fl)
-                f.set(cp, "instance_type", PKT_INSTANCE_TYPE_INGRESS_CLONE)
-                self._clone_out(c, f, cp, session)
+                cp.h[S.h][S.instance_type] = PKT_INSTANCE_TYPE_INGRESS_CLONE
+                self._clone_out(c, S, cp, session)
 
         if p.learn_id > 0:
             self._digest(c, p)
@@ -240,19 +253,19 @@ class V1Switch:
             rp = self._new(c, p.ingress_len)
             rp.reinjects = p.reinjects + 1
             self._copy_field_list(c, rp, p, p.resubmit_fl)
-            f.set(rp, "instance_type", PKT_INSTANCE_TYPE_RESUBMIT)
-            f.set(rp, "packet_length", p.ingress_len)
-            self._run_ingress(c, f, rp, buf, port)
+            rp.h[S.h][S.instance_type] = PKT_INSTANCE_TYPE_RESUBMIT
+            rp.h[S.h][S.packet_length] = p.ingress_len
+            self._run_ingress(c, S, rp, buf, port)
             return
         if mgid != 0:
-            f.set(p, "instance_type", PKT_INSTANCE_TYPE_REPLICATION)
-            self._multicast(c, f, p, mgid)
+            sm[S.instance_type] = PKT_INSTANCE_TYPE_REPLICATION
+            self._multicast(c, S, p, mgid)
             return
         if egress_spec == self.drop_port:
             self.stats.drop("ingress_drop")
             return
-        f.set(p, "instance_type", PKT_INSTANCE_TYPE_NORMAL)
-        self._enqueue(f, egress_spec, p)
+        sm[S.instance_type] = PKT_INSTANCE_TYPE_NORMAL
+        self._enqueue(S, egress_spec, p)
 
     def _digest(self, c: Compiled, p: Packet) -> None:
         entry = c.program.learn_lists.get(p.learn_id)
@@ -262,34 +275,35 @@ class V1Switch:
         values = tuple(p.h[hidx][fidx] if fidx >= 0 else int(p.v[hidx]) for hidx, fidx in refs)
         self.on_digest(p.learn_id, name, values)
 
-    def _clone_out(self, c: Compiled, f: _Fields, cp: Packet, session: CloneSession) -> None:
+    def _clone_out(self, c: Compiled, S: StdMeta, cp: Packet, session: CloneSession) -> None:
         if session.truncate:
             cp.truncate_len = session.truncate
         if session.mgid:
-            self._multicast(c, f, cp, session.mgid)
+            self._multicast(c, S, cp, session.mgid)
         if session.port is not None:
-            self._enqueue(f, session.port, cp)
+            self._enqueue(S, session.port, cp)
 
-    def _multicast(self, c: Compiled, f: _Fields, p: Packet, mgid: int) -> None:
+    def _multicast(self, c: Compiled, S: StdMeta, p: Packet, mgid: int) -> None:
         replicas = self.mcast_groups.get(mgid)
         if not replicas:
             self.stats.drop("mcast_empty_group")
             return
         for port, rid in replicas:
-            f.set(p, "egress_rid", rid)
+            p.h[S.h][S.egress_rid] = rid & S.mask["egress_rid"]
             cp = p.copy()
             cp.clear_registers()
             cp.truncate_len = p.truncate_len
-            self._enqueue(f, port, cp)
+            self._enqueue(S, port, cp)
 
-    def _enqueue(self, f: _Fields, port: int, p: Packet) -> None:
-        prio = f.get(p, "priority")
+    def _enqueue(self, S: StdMeta, port: int, p: Packet) -> None:
+        sm = p.h[S.h]
+        prio = sm[S.priority]
         if prio >= self.tm.nb_queues:
             self.stats.drop("bad_priority")
             return
         pkts, nbytes = self.tm.occupancy(port, prio)
-        f.set(p, "enq_timestamp", self.clock.now_us())
-        f.set(p, "enq_qdepth", nbytes if self.qdepth_unit == "bytes" else pkts)
+        sm[S.enq_timestamp] = self.clock.now_us() & S.mask["enq_timestamp"]
+        sm[S.enq_qdepth] = (nbytes if self.qdepth_unit == "bytes" else pkts) & S.mask["enq_qdepth"]
         if not self.tm.enqueue(port, prio, p, p.plen):
             self.stats.drop("queue_full")
 
@@ -300,26 +314,28 @@ class V1Switch:
         done = 0
         while True:
             with self.lock:
-                c, f = self.compiled, self.fields
+                c, S = self.compiled, self.std
                 ready = self.tm.dequeue_ready(self.clock.now_ns())
                 if not ready:
                     return done
                 for port, prio, item in ready:
                     done += 1
-                    if c is None or f is None:
+                    if c is None or S is None:
                         continue
-                    self._run_egress(c, f, port, prio, item.pkt)
+                    self._run_egress(c, S, port, prio, item.pkt)
 
-    def _run_egress(self, c: Compiled, f: _Fields, port: int, prio: int, p: Packet) -> None:
+    def _run_egress(self, c: Compiled, S: StdMeta, port: int, prio: int, p: Packet) -> None:
         now = self.clock.now_us()
-        f.set(p, "egress_global_timestamp", now)
-        f.set(p, "deq_timedelta", now - f.get(p, "enq_timestamp"))
+        m = S.mask
+        sm = p.h[S.h]
+        sm[S.egress_global_timestamp] = now & m["egress_global_timestamp"]
+        sm[S.deq_timedelta] = (now - sm[S.enq_timestamp]) & m["deq_timedelta"]
         pkts, nbytes = self.tm.occupancy(port, prio)
-        f.set(p, "deq_qdepth", nbytes if self.qdepth_unit == "bytes" else pkts)
-        f.set(p, "qid", prio)
-        f.set(p, "egress_port", port)
-        f.set(p, "egress_spec", self.drop_port + 1)
-        f.set(p, "packet_length", p.plen)
+        sm[S.deq_qdepth] = (nbytes if self.qdepth_unit == "bytes" else pkts) & m["deq_qdepth"]
+        sm[S.qid] = prio
+        sm[S.egress_port] = port & m["egress_port"]
+        sm[S.egress_spec] = (self.drop_port + 1) & m["egress_spec"]
+        sm[S.packet_length] = p.plen & m["packet_length"]
         try:
             c.egress(p)
         except PipelineAbort as exc:
@@ -342,10 +358,10 @@ class V1Switch:
                 self._copy_field_list(c, cp, p, fl)
                 cp.clear_registers()
                 cp.truncate_len = -1
-                f.set(cp, "instance_type", PKT_INSTANCE_TYPE_EGRESS_CLONE)
-                self._clone_out(c, f, cp, session)
+                cp.h[S.h][S.instance_type] = PKT_INSTANCE_TYPE_EGRESS_CLONE
+                self._clone_out(c, S, cp, session)
 
-        if f.get(p, "egress_spec") == self.drop_port:
+        if sm[S.egress_spec] == self.drop_port:
             self.stats.drop("egress_drop")
             return
         try:
@@ -363,9 +379,9 @@ class V1Switch:
             rp = self._new(c, len(out))
             rp.reinjects = p.reinjects + 1
             self._copy_field_list(c, rp, p, p.recirc_fl)
-            f.set(rp, "instance_type", PKT_INSTANCE_TYPE_RECIRC)
-            f.set(rp, "packet_length", len(out))
-            self._run_ingress(c, f, rp, out, 0)
+            rp.h[S.h][S.instance_type] = PKT_INSTANCE_TYPE_RECIRC
+            rp.h[S.h][S.packet_length] = len(out) & m["packet_length"]
+            self._run_ingress(c, S, rp, out, 0)
             return
         if p.truncate_len >= 0:
             out = out[: p.truncate_len]
