@@ -94,7 +94,8 @@ def test_routes_forward_and_count(h: Harness) -> None:
         fresh = IP(bytes(out[IP]))
         del fresh.chksum
         assert IP(bytes(fresh)).chksum == out[IP].chksum
-        entries = [e async for e in s.read(fy.P4TableEntry("routes", counter_data=fy.P4CounterData()))]
+        query = fy.P4TableEntry("routes", counter_data=fy.P4CounterData())
+        entries = [e async for e in s.read(query)]
         hits = {e.match["dst_addr"]: e.counter_data.packet_count for e in entries}
         assert sorted(hits.values()) == [1, 1]
         ports = [e async for e in s.read(fy.P4CounterEntry("port_rx", index=1))]

@@ -44,7 +44,8 @@ def server() -> Iterator[tuple[str, V1Switch]]:
     srv.stop(0)
 
 
-@pytest.mark.skipif(not SHELL_PY.exists(), reason="p4runtime-shell venv missing: make p4runtime-shell")
+@pytest.mark.skipif(not SHELL_PY.exists(),
+                    reason="p4runtime-shell venv missing: make p4runtime-shell")
 @pytest.mark.skipif(not (BUILD / "switch_features.json").exists(), reason="test program not built")
 def test_p4runtime_shell_pushes_pipeline_and_inserts(server: tuple[str, V1Switch]) -> None:
     addr, sw = server

@@ -116,7 +116,8 @@ def run(quick: bool) -> dict[str, Any]:
         "sender pinned to CPU 1 (Python AF_PACKET loop), switch pinned to CPU 0; "
         "forwarded rate counted at the receiving host's interface")}
     for name in PROGRAMS:
-        entry: dict[str, Any] = {"pipeline_pps": round(pipeline_pps(name, 5000 if quick else 30000))}
+        n = 5000 if quick else 30000
+        entry: dict[str, Any] = {"pipeline_pps": round(pipeline_pps(name, n))}
         if os.geteuid() == 0:
             entry["xingmai_switch"] = veth_pps(name, "xingmai-switch", seconds)
             if shutil.which("simple_switch_grpc"):

@@ -281,7 +281,7 @@ class Codegen:
         if j is None:
             raise LoadError("missing expression operand")
         t = j.get("type")
-        val = j.get("value")
+        val: Any = j.get("value")
         if t == "expression":
             if isinstance(val, dict) and "op" in val:
                 return self.op(val, parser)
@@ -350,7 +350,8 @@ class Codegen:
 
     def op(self, o: Json, parser: bool) -> E:
         op = o["op"]
-        left, right = o.get("left"), o.get("right")
+        left: Any = o.get("left")
+        right: Any = o.get("right")
         if op == "?":
             c = self.cond(o["cond"], parser)
             lt, rt = self.ex(left, parser), self.ex(right, parser)
@@ -838,8 +839,8 @@ class Codegen:
                     self.src.add(f"if k & {m} == {val & m}: return {nxt}, pos", 1)
             elif ttype == "parse_vset":
                 vs = self._vset(t["value"])
-                m = hexint(mask) if mask is not None else None
-                self.src.add(f"if {vs}.contains(k, {m}): return {nxt}, pos", 1)
+                vmask = hexint(mask) if mask is not None else None
+                self.src.add(f"if {vs}.contains(k, {vmask}): return {nxt}, pos", 1)
             else:
                 raise LoadError(f"unsupported transition type {ttype!r}")
         self.src.add("return None, pos", 1)
@@ -1006,7 +1007,7 @@ def compile_program(prog: Program, clock_us: Callable[[], int],
     g.src.add("return b''.join(out)", 1)
 
     # Selectors of action profiles.
-    for name, apj in prog.action_profiles.items():
+    for apj in prog.action_profiles.values():
         sel = apj.get("selector")
         if sel:
             fn = f"sel_{apj['id']}"
@@ -1076,10 +1077,10 @@ def compile_program(prog: Program, clock_us: Callable[[], int],
 
     source = g.src.text()
     try:
-        code = compile(source, "<bmv2-json>", "exec")
+        bytecode = compile(source, "<bmv2-json>", "exec")
     except SyntaxError as exc:  # a generator bug, not a user error, but never crash the switch
         raise LoadError(f"internal error compiling the program: {exc}") from exc
-    exec(code, ns)
+    exec(bytecode, ns)
 
     # Stateful table objects, wired to the generated functions.
     profiles: dict[str, ActionProfile] = {}
@@ -1162,7 +1163,7 @@ def _build_table(prog: Program, t: Json, ns: dict[str, Any], profiles: dict[str,
         table.default_const = bool(de.get("action_const"))
 
     for ej in t.get("entries", []):
-        spec = []
+        spec: list[Any] = []
         for kind, mk in zip(kinds, ej["match_key"], strict=True):
             mt = mk["match_type"]
             if mt in ("exact", "valid"):

@@ -23,8 +23,7 @@ from typing import Any
 
 import grpc
 from finsy.proto import p4i, p4r, p4r_grpc, rpc_code, rpc_status
-from google.protobuf import any_pb2
-from google.protobuf import text_format
+from google.protobuf import any_pb2, text_format
 
 from testbed.switch.p4info import P4InfoError, P4InfoIndex, TableInfo
 from testbed.switch.program import LoadError
@@ -372,9 +371,10 @@ class P4RuntimeService(p4r_grpc.P4RuntimeServicer):  # type: ignore[misc]
         return p4r.SetForwardingPipelineConfigResponse()
 
     def _verify(self, info: Any, device_config: bytes) -> None:
+        import json
+
         from testbed.switch.codegen import compile_program
         from testbed.switch.program import Program
-        import json
         try:
             compiled = compile_program(Program(json.loads(device_config)), lambda: 0)
             P4InfoIndex(info, compiled)
@@ -495,8 +495,9 @@ class P4RuntimeService(p4r_grpc.P4RuntimeServicer):  # type: ignore[misc]
             if spec[mf.position] is not None:
                 raise RpcError("INVALID_ARGUMENT", f"{ti.name}: field {mf.name} given twice")
             which = fm.WhichOneof("field_match_type")
-            expected = {M.EXACT: "exact", M.LPM: "lpm", M.TERNARY: "ternary", M.RANGE: "range",
-                        M.OPTIONAL: "optional"}.get(mf.match_type)
+            kinds: dict[int, str] = {M.EXACT: "exact", M.LPM: "lpm", M.TERNARY: "ternary",
+                                     M.RANGE: "range", M.OPTIONAL: "optional"}
+            expected = kinds.get(mf.match_type)
             if which != expected:
                 raise RpcError("INVALID_ARGUMENT",
                                f"{ti.name}: field {mf.name} is {expected}, got {which}")
@@ -600,7 +601,7 @@ class P4RuntimeService(p4r_grpc.P4RuntimeServicer):  # type: ignore[misc]
         else:
             e = table.modify(entry.spec, entry.priority, entry)
         if te.HasField("counter_data"):
-            e.packets, e.bytes = te.counter_data.packet_count, te.counter_data.byte_count
+            e.packet_count, e.byte_count = te.counter_data.packet_count, te.counter_data.byte_count
         if te.HasField("meter_config") and e.meter is not None:
             e.meter.set_rates(self._meter_rates(te.meter_config))
 
@@ -670,7 +671,7 @@ class P4RuntimeService(p4r_grpc.P4RuntimeServicer):  # type: ignore[misc]
         e = ti.table.find(self._spec(ti, dce.table_entry.match), dce.table_entry.priority)
         if e is None:
             raise RpcError("NOT_FOUND", f"{ti.name}: no such entry")
-        e.packets, e.bytes = dce.data.packet_count, dce.data.byte_count
+        e.packet_count, e.byte_count = dce.data.packet_count, dce.data.byte_count
 
     def _write_meter_entry(self, utype: int, me: Any) -> None:
         if utype != p4r.Update.MODIFY:
@@ -856,7 +857,7 @@ class P4RuntimeService(p4r_grpc.P4RuntimeServicer):  # type: ignore[misc]
         elif e.call is not None:
             self._encode_action(te.action.action, e.call)
         if with_counters and ti.direct_counter_id:
-            te.counter_data.packet_count, te.counter_data.byte_count = e.packets, e.bytes
+            te.counter_data.packet_count, te.counter_data.byte_count = e.packet_count, e.byte_count
         if with_meter and e.meter is not None and e.meter.configured:
             (cir, cb), (pir, pb) = e.meter.get_rates()
             te.meter_config.cir, te.meter_config.cburst = int(cir * 1e6), cb
@@ -959,7 +960,7 @@ class P4RuntimeService(p4r_grpc.P4RuntimeServicer):  # type: ignore[misc]
             for e in entries:
                 dce = p4r.DirectCounterEntry()
                 dce.table_entry.CopyFrom(self._encode_entry(ti, e, False, False))
-                dce.data.packet_count, dce.data.byte_count = e.packets, e.bytes
+                dce.data.packet_count, dce.data.byte_count = e.packet_count, e.byte_count
                 out.append(p4r.Entity(direct_counter_entry=dce))
         return out
 

@@ -111,9 +111,9 @@ class StfRunner:
             self.drain()
         elif cmd == "expect":
             port = _int(toks[1])
-            data = "".join(toks[2:])
-            if data:
-                self.expected.setdefault(port, []).append(data)
+            pattern = "".join(toks[2:])
+            if pattern:
+                self.expected.setdefault(port, []).append(pattern)
             else:
                 self.expect_any.add(port)
         elif cmd == "no_packet":
@@ -238,12 +238,10 @@ class StfRunner:
 
     @staticmethod
     def _ternary(value: str) -> tuple[int, int]:
-        for prefix, digit_bits in (("0x", 4), ("0b", 1), ("0o", 3)):
-            if value.lower().startswith(prefix):
-                digits = value[2:]
-                break
-        else:
+        digit_bits = {"0x": 4, "0b": 1, "0o": 3}.get(value[:2].lower())
+        if digit_bits is None:
             raise StfError(f"decimal value {value} not supported for a ternary key")
+        digits = value[2:]
         full = (1 << digit_bits) - 1
         v = m = 0
         for d in digits:
@@ -257,18 +255,14 @@ class StfRunner:
     @staticmethod
     def _lpm(value: str, width: int) -> tuple[int, int]:
         if "/" in value:
-            v, plen = value.split("/")
-            return _int(v), _int(plen)
-        if value.lower().startswith(("0x", "0b", "0o")):
-            bits = {"0x": 4, "0b": 1, "0o": 3}[value[:2].lower()]
-            digits = value[2:]
-        else:
-            digits = format(int(value), "x")
-            bits = 4
-        plen = (len(digits) - digits.count("*")) * bits
-        v = _int(value[:2] + digits.replace("*", "0")) if value[:2].lower() in (
-            "0x", "0b", "0o") else int(value)
-        return v, plen
+            addr, length = value.split("/")
+            return _int(addr), _int(length)
+        prefix = value[:2].lower()
+        bits = {"0x": 4, "0b": 1, "0o": 3}.get(prefix)
+        if bits is None:  # decimal: as many bits as its hex digits (bmv2stf's rule)
+            return int(value), len(format(int(value), "x")) * 4
+        digits = value[2:]
+        return _int(prefix + digits.replace("*", "0")), (len(digits) - digits.count("*")) * bits
 
     def add(self, ln: str) -> None:
         m = re.fullmatch(r"add\s+(\S+)\s+(.*?)\s*([\w.$\[\]]+\s*\(.*\))\s*(=\s*\S+)?", ln,

@@ -40,8 +40,8 @@ class Entry:
     call: ActionCall | None = None  # direct tables
     member: int | None = None  # indirect tables: action profile member id ...
     group: int | None = None  # ... or group id
-    packets: int = 0
-    bytes: int = 0
+    packet_count: int = 0
+    byte_count: int = 0
     meter: Meter | None = None
     handle: int = 0
     idle_timeout_ns: int = 0
@@ -225,8 +225,8 @@ class MatchTable:
             self.hits += 1
             hit = True
             if self.with_counters:
-                e.packets += 1
-                e.bytes += nbytes
+                e.packet_count += 1
+                e.byte_count += nbytes
             dm = self.direct_meter
             if dm is not None and e.meter is not None:
                 color = e.meter.execute(dm.clock(), nbytes if dm.unit == "bytes" else 1)

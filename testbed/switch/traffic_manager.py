@@ -149,7 +149,8 @@ class TrafficManager:
         """Queue a packet; False (and a counted drop) when the queue is full."""
         pq = self.port(port)
         q = pq.queues[prio]
-        if len(q) >= pq.depth_pkts or (pq.depth_bytes and pq.qbytes[prio] + nbytes > pq.depth_bytes):
+        over_bytes = pq.depth_bytes and pq.qbytes[prio] + nbytes > pq.depth_bytes
+        if len(q) >= pq.depth_pkts or over_bytes:
             pq.dropped += 1
             return False
         q.append(Queued(pkt, nbytes, self.clock.now_ns()))

@@ -189,7 +189,8 @@ class V1Switch:
             sm[S.ingress_port] = port & S.mask["ingress_port"]
             sm[S.packet_length] = len(data)
             sm[S.instance_type] = PKT_INSTANCE_TYPE_NORMAL
-            sm[S.ingress_global_timestamp] = self.clock.now_us() & S.mask["ingress_global_timestamp"]
+            now = self.clock.now_us()
+            sm[S.ingress_global_timestamp] = now & S.mask["ingress_global_timestamp"]
             self._run_ingress(c, S, p, bytes(data), port)
 
     def _new(self, c: Compiled, length: int) -> Packet:
