@@ -1,0 +1,167 @@
+"""The fabric as a graph: who is linked to whom, at what speed, and the shortest-path next hops
+every switch needs to reach every address.
+
+A *directed* link is named by its transmitting end (`leaf1:3`, `h1:eth0`, `collector`): every
+end is in at most one link, so that name is unique, and it is what INT reports as the egress
+port of a hop. Capacities are the emulated rates (model speed / scale).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from controller.config import Config, Endpoint
+
+
+@dataclass(frozen=True, order=True)
+class NextHop:
+    """Leave `port` of the switch with destination MAC `dmac`."""
+
+    port: int
+    dmac: str
+
+
+@dataclass(frozen=True)
+class DirLink:
+    name: str  # the transmitting end
+    tx: Endpoint
+    rx: Endpoint
+    capacity_bps: float
+
+
+@dataclass(frozen=True)
+class Destination:
+    """An address the fabric routes to: a host NIC or the collector."""
+
+    ip: str
+    mac: str
+    endpoint: Endpoint  # the host NIC (or the collector)
+    attached: Endpoint  # the switch port it hangs off
+
+
+class Topology:
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.switches = {s.name: s for s in cfg.switches}
+        self._peer: dict[str, Endpoint] = {}
+        self.links: dict[str, DirLink] = {}
+        for link in cfg.links:
+            speed = self._speed(link.a, link.b)
+            cap = cfg.emulated_bps(speed)
+            self._peer[str(link.a)] = link.b
+            self._peer[str(link.b)] = link.a
+            self.links[str(link.a)] = DirLink(str(link.a), link.a, link.b, cap)
+            self.links[str(link.b)] = DirLink(str(link.b), link.b, link.a, cap)
+        self.by_node_id = {s.node_id: s.name for s in cfg.switches}
+        self.destinations: dict[str, Destination] = {}
+        self.ip_owner: dict[str, str] = {}  # ip -> host name
+        for h in cfg.hosts:
+            for n in h.nics:
+                ep = Endpoint(h.name, nic=n.name)
+                att = self._peer.get(str(ep))
+                if att is None or att.port is None:
+                    continue  # config validation guarantees a switch port
+                self.destinations[n.ip] = Destination(n.ip, n.mac, ep, att)
+                self.ip_owner[n.ip] = h.name
+        coll = self._peer.get("collector")
+        if coll is not None and coll.port is not None:
+            c = cfg.int.collector
+            self.destinations[c.ip] = Destination(c.ip, c.mac, Endpoint("collector"), coll)
+        # switch adjacency: (neighbor switch, local port)
+        self.adj: dict[str, list[tuple[str, int]]] = {s: [] for s in self.switches}
+        for link in cfg.links:
+            a, b = link.a, link.b
+            if a.node in self.switches and b.node in self.switches:
+                assert a.port is not None and b.port is not None
+                self.adj[a.node].append((b.node, a.port))
+                self.adj[b.node].append((a.node, b.port))
+
+    def _speed(self, a: Endpoint, b: Endpoint) -> float:
+        speeds = []
+        for ep in (a, b):
+            if ep.node in {s.name for s in self.cfg.switches} and ep.port is not None:
+                pc = self.cfg.switch(ep.node).port(ep.port)
+                if pc is not None:
+                    speeds.append(pc.speed_gbps)
+        return min(speeds) if speeds else self.cfg.model.port_speed_gbps
+
+    # ---- lookups ----
+
+    def peer(self, switch: str, port: int) -> Endpoint | None:
+        return self._peer.get(f"{switch}:{port}")
+
+    def egress_link(self, switch: str, port: int) -> DirLink | None:
+        """The link a packet takes leaving `switch` by `port`."""
+        return self.links.get(f"{switch}:{port}")
+
+    def ingress_link(self, switch: str, port: int) -> DirLink | None:
+        """The link a packet arrived on at `switch` port `port`."""
+        peer = self.peer(switch, port)
+        return self.links.get(str(peer)) if peer is not None else None
+
+    def host_ports(self, switch: str) -> list[tuple[int, str]]:
+        """(port, host name) of the ports of `switch` that face hosts."""
+        out = []
+        for pc in self.switches[switch].ports:
+            peer = self.peer(switch, pc.port)
+            if peer is not None and peer.nic is not None:
+                out.append((pc.port, peer.node))
+        return out
+
+    def port_speed_bps(self, switch: str, port: int) -> float:
+        link = self.egress_link(switch, port)
+        if link is not None:
+            return link.capacity_bps
+        pc = self.switches[switch].port(port)
+        return self.cfg.emulated_bps(pc.speed_gbps if pc else self.cfg.model.port_speed_gbps)
+
+    # ---- routing ----
+
+    def _distances(self, root: str) -> dict[str, int]:
+        dist = {root: 0}
+        todo = deque([root])
+        while todo:
+            u = todo.popleft()
+            for v, _ in self.adj[u]:
+                if v not in dist:
+                    dist[v] = dist[u] + 1
+                    todo.append(v)
+        return dist
+
+    def routes(self, switch: str) -> dict[str, tuple[NextHop, ...]]:
+        """For every destination address, the equal-cost next hops of `switch` (sorted).
+
+        A destination hanging off `switch` itself has exactly one next hop, its port. An
+        unreachable destination (partitioned fabric) is left out.
+        """
+        out: dict[str, tuple[NextHop, ...]] = {}
+        dist_cache: dict[str, dict[str, int]] = {}
+        for ip, dest in sorted(self.destinations.items()):
+            leaf = dest.attached.node
+            assert dest.attached.port is not None
+            if leaf == switch:
+                out[ip] = (NextHop(dest.attached.port, dest.mac),)
+                continue
+            dist = dist_cache.get(leaf)
+            if dist is None:
+                dist = dist_cache[leaf] = self._distances(leaf)
+            if switch not in dist:
+                continue
+            hops = {NextHop(port, self.switches[nb].router_mac)
+                    for nb, port in self.adj[switch] if dist.get(nb, -1) == dist[switch] - 1}
+            out[ip] = tuple(sorted(hops))
+        return out
+
+    def path_links(self, hops: list[tuple[str, int, int]]) -> list[str]:
+        """Directed links of a path given as (switch, ingress port, egress port), in order."""
+        names: list[str] = []
+        for i, (sw, inp, outp) in enumerate(hops):
+            if i == 0:
+                ing = self.ingress_link(sw, inp)
+                if ing is not None:
+                    names.append(ing.name)
+            eg = self.egress_link(sw, outp)
+            if eg is not None:
+                names.append(eg.name)
+        return names
