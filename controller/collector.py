@@ -1,0 +1,312 @@
+"""The telemetry collector: a UDP server for Telemetry Report v2.0 and the fabric view it feeds.
+
+Per reporting switch it counts reports received and lost — exactly, from the 22-bit sequence
+numbers: a gap is counted lost at once, and un-counted if the missing report turns up late
+(reordered); a report seen twice is a duplicate; a sequence that restarts (0, or a jump far
+behind) is a switch restart, not a loss. Per directed link (named by its transmitting end, see
+`controller.topology`) it keeps the queue occupancy, hop latency and tx utilisation reported by
+INT, and the utilisation computed from port counters polled over P4Runtime. Per flow it keeps
+the path and the congestion seen along it. Every time series is a bounded deque; the number of
+flows is bounded too (the least recently seen are evicted and counted).
+
+Malformed datagrams are counted by reason and skipped; nothing a peer sends can raise here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter, OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from controller.reports import SEQ_BITS, Hop, IntReport, ReportError, decode
+from controller.topology import Topology
+
+log = logging.getLogger("xingmai.controller.collector")
+
+SEQ_MOD = 1 << SEQ_BITS
+REORDER_WINDOW = 4096  # a late report further behind than this is a restart, not a reorder
+
+
+class SeqTracker:
+    """Sequence accounting of one reporting node (node id, hardware id)."""
+
+    def __init__(self, window: int = REORDER_WINDOW):
+        self.window = window
+        self.next: int | None = None
+        self.received = 0
+        self.lost = 0
+        self.reordered = 0
+        self.duplicates = 0
+        self.resets = 0
+        self.last_seq: int | None = None
+        self._missing: OrderedDict[int, None] = OrderedDict()
+
+    def see(self, seq: int) -> None:
+        self.received += 1
+        self.last_seq = seq
+        if self.next is None:
+            self.next = (seq + 1) % SEQ_MOD
+            return
+        ahead = (seq - self.next) % SEQ_MOD
+        if ahead == 0:
+            self.next = (seq + 1) % SEQ_MOD
+        elif ahead < SEQ_MOD // 2:
+            self.lost += ahead
+            for s in range(max(0, ahead - self.window), ahead):
+                self._missing[(self.next + s) % SEQ_MOD] = None
+            while len(self._missing) > self.window:
+                self._missing.popitem(last=False)  # stays counted lost
+            self.next = (seq + 1) % SEQ_MOD
+        else:
+            behind = SEQ_MOD - ahead
+            if seq in self._missing:
+                del self._missing[seq]
+                self.lost -= 1
+                self.reordered += 1
+            elif seq == 0 or behind > self.window:
+                self.resets += 1  # the switch restarted its sequence (pipeline reloaded)
+                self._missing.clear()
+                self.next = (seq + 1) % SEQ_MOD
+            else:
+                self.duplicates += 1
+
+
+@dataclass
+class LinkTelemetry:
+    """What INT and port counters say about one directed link (its egress queue)."""
+
+    name: str
+    capacity_bps: float
+    qocc_bytes: int | None = None
+    qocc_max_bytes: int = 0
+    latency_ns: int | None = None
+    latency_max_ns: int = 0
+    util_int: float | None = None  # fraction of capacity, from INT bit 7
+    util_counter: float | None = None  # fraction of capacity, from polled port counters
+    tx_bps_counter: float | None = None
+    samples: int = 0
+    last_update: float = 0.0  # monotonic
+    int_series: deque[tuple[float, int | None, int | None, float | None]] = field(
+        default_factory=deque)  # (unix time, qocc bytes, latency ns, util)
+    counter_series: deque[tuple[float, float, float]] = field(
+        default_factory=deque)  # (unix time, tx bps, util)
+
+
+@dataclass
+class FlowRecord:
+    key: tuple[str, str, int, int, int]  # src, dst, proto, sport, dport
+    src_host: str | None
+    dst_host: str | None
+    first_seen: float  # monotonic
+    last_seen: float
+    reports: int = 0
+    reported_bytes: int = 0
+    path: list[tuple[int, int | None, int | None]] = field(default_factory=list)
+    links: list[str] = field(default_factory=list)
+    max_qocc_bytes: int = 0  # along the path, in the last report
+    series: deque[tuple[float, int, int]] = field(
+        default_factory=deque)  # (unix time, max qocc bytes, sum of hop latency ns)
+
+
+@dataclass
+class NodeStats:
+    node_id: int
+    name: str
+    seq: dict[int, SeqTracker] = field(default_factory=dict)  # by hw id
+    last_report: float = 0.0
+
+    def total(self, attr: str) -> int:
+        return sum(getattr(t, attr) for t in self.seq.values())
+
+
+class Collector:
+    def __init__(self, topo: Topology | None, int_dscp: int | None = 0x17,
+                 series_points: int = 600, max_flows: int = 10_000):
+        self.topo = topo
+        self.int_dscp = int_dscp
+        self.series_points = series_points
+        self.max_flows = max_flows
+        self.nodes: dict[int, NodeStats] = {}
+        self.links: dict[str, LinkTelemetry] = {}
+        self.flows: OrderedDict[tuple[str, str, int, int, int], FlowRecord] = OrderedDict()
+        self.datagrams = 0
+        self.reports = 0
+        self.errors: Counter[str] = Counter()
+        self.flows_evicted = 0
+        self._counter_prev: dict[str, tuple[float, int]] = {}
+        if topo is not None:
+            for name, dl in topo.links.items():
+                self._link(name, dl.capacity_bps)
+
+    # ---- names ----
+
+    def node_name(self, node_id: int | None) -> str:
+        if node_id is None:
+            return "?"
+        if self.topo is not None and node_id in self.topo.by_node_id:
+            return self.topo.by_node_id[node_id]
+        return f"node{node_id}"
+
+    def _link(self, name: str, capacity_bps: float | None = None) -> LinkTelemetry:
+        lt = self.links.get(name)
+        if lt is None:
+            lt = LinkTelemetry(name, capacity_bps or 0.0,
+                               int_series=deque(maxlen=self.series_points),
+                               counter_series=deque(maxlen=self.series_points))
+            self.links[name] = lt
+        return lt
+
+    def link_of_hop(self, node_id: int | None, port: int | None) -> str | None:
+        if node_id is None or port is None:
+            return None
+        return f"{self.node_name(node_id)}:{port}"
+
+    # ---- ingest ----
+
+    def ingest(self, data: bytes, now: float | None = None, wall: float | None = None) -> None:
+        """One datagram. Never raises: malformed input is counted in `errors` by reason."""
+        now = time.monotonic() if now is None else now
+        wall = time.time() if wall is None else wall
+        self.datagrams += 1
+        try:
+            dg = decode(data, self.int_dscp)
+        except ReportError as exc:
+            self.errors[exc.reason] += 1
+            log.debug("malformed report: %s", exc)
+            return
+        except Exception as exc:  # a decoder bug must not stop the collector
+            self.errors["decoder_exception"] += 1
+            log.warning("report decoder failed: %r", exc)
+            return
+        node = self.nodes.get(dg.node_id)
+        if node is None:
+            node = self.nodes[dg.node_id] = NodeStats(dg.node_id, self.node_name(dg.node_id))
+        tracker = node.seq.get(dg.hw_id)
+        if tracker is None:
+            tracker = node.seq[dg.hw_id] = SeqTracker()
+        tracker.see(dg.seq)
+        node.last_report = now
+        for rep in dg.reports:
+            self.reports += 1
+            self._report(rep, now, wall)
+
+    def _hop_sample(self, hop: Hop, now: float, wall: float) -> str | None:
+        name = self.link_of_hop(hop.node_id, hop.out_port)
+        if name is None:
+            return None
+        lt = self._link(name)
+        lt.samples += 1
+        lt.last_update = now
+        if hop.qocc is not None:
+            lt.qocc_bytes = hop.qocc
+            lt.qocc_max_bytes = max(lt.qocc_max_bytes, hop.qocc)
+        if hop.latency_ns is not None:
+            lt.latency_ns = hop.latency_ns
+            lt.latency_max_ns = max(lt.latency_max_ns, hop.latency_ns)
+        if hop.tx_util_ppm is not None:
+            lt.util_int = hop.tx_util_ppm / 1e6
+        lt.int_series.append((wall, hop.qocc, hop.latency_ns, lt.util_int))
+        return name
+
+    def _report(self, rep: IntReport, now: float, wall: float) -> None:
+        path_hops = list(reversed(rep.hops)) + [rep.sink]  # oldest first, the sink last
+        for hop in path_hops:
+            self._hop_sample(hop, now, wall)
+        if rep.flow is None:
+            return
+        key = rep.flow.astuple()
+        rec = self.flows.get(key)
+        if rec is None:
+            owner = self.topo.ip_owner if self.topo is not None else {}
+            rec = FlowRecord(key, owner.get(key[0]), owner.get(key[1]), now, now,
+                             series=deque(maxlen=self.series_points))
+            self.flows[key] = rec
+            if len(self.flows) > self.max_flows:
+                self.flows.popitem(last=False)
+                self.flows_evicted += 1
+        else:
+            self.flows.move_to_end(key)
+        rec.last_seen = now
+        rec.reports += 1
+        rec.reported_bytes += rep.inner_len
+        rec.path = [(h.node_id or 0, h.in_port, h.out_port) for h in path_hops]
+        rec.links = self._path_links(path_hops)
+        qmax = max((h.qocc for h in path_hops if h.qocc is not None), default=0)
+        lat = sum(h.latency_ns for h in path_hops if h.latency_ns is not None)
+        rec.max_qocc_bytes = qmax
+        rec.series.append((wall, qmax, lat))
+
+    def _path_links(self, hops: list[Hop]) -> list[str]:
+        """Directed links of the path: the sender's uplink, then every hop's egress."""
+        names: list[str] = []
+        if hops and self.topo is not None:
+            first = hops[0]
+            if first.node_id is not None and first.in_port is not None:
+                ing = self.topo.ingress_link(self.node_name(first.node_id), first.in_port)
+                if ing is not None:
+                    names.append(ing.name)
+        for h in hops:
+            name = self.link_of_hop(h.node_id, h.out_port)
+            if name is not None and name not in names:
+                names.append(name)
+        return names
+
+    # ---- port counters ----
+
+    def port_counter(self, switch: str, port: int, tx_bytes: int, now: float | None = None,
+                     wall: float | None = None) -> None:
+        """A port's transmitted-bytes counter read at `now`: utilisation over the interval."""
+        now = time.monotonic() if now is None else now
+        wall = time.time() if wall is None else wall
+        name = f"{switch}:{port}"
+        prev = self._counter_prev.get(name)
+        self._counter_prev[name] = (now, tx_bytes)
+        if prev is None or now <= prev[0] or tx_bytes < prev[1]:
+            return  # first reading, or the counter was reset (switch restart)
+        bps = (tx_bytes - prev[1]) * 8 / (now - prev[0])
+        cap = self.topo.port_speed_bps(switch, port) if self.topo is not None else 0.0
+        lt = self._link(name, cap)
+        lt.tx_bps_counter = bps
+        lt.util_counter = bps / cap if cap > 0 else None
+        lt.counter_series.append((wall, bps, lt.util_counter or 0.0))
+
+    # ---- views ----
+
+    def active_flows(self, idle_s: float, now: float | None = None) -> list[FlowRecord]:
+        now = time.monotonic() if now is None else now
+        return [f for f in self.flows.values() if now - f.last_seen <= idle_s]
+
+    def node_summary(self) -> list[dict[str, Any]]:
+        return [{"node_id": n.node_id, "name": n.name, "received": n.total("received"),
+                 "lost": n.total("lost"), "reordered": n.total("reordered"),
+                 "duplicates": n.total("duplicates"), "resets": n.total("resets"),
+                 "last_seq": max((t.last_seq or 0 for t in n.seq.values()), default=0)}
+                for n in sorted(self.nodes.values(), key=lambda n: n.node_id)]
+
+    @property
+    def lost(self) -> int:
+        return sum(n.total("lost") for n in self.nodes.values())
+
+
+class _Protocol(asyncio.DatagramProtocol):
+    def __init__(self, collector: Collector):
+        self.collector = collector
+
+    def datagram_received(self, data: bytes, addr: Any) -> None:
+        self.collector.ingest(data)
+
+    def error_received(self, exc: Exception) -> None:
+        self.collector.errors["socket_error"] += 1
+        log.warning("collector socket error: %s", exc)
+
+
+async def serve_udp(collector: Collector, listen: str) -> asyncio.DatagramTransport:
+    """Bind the collector's UDP server on HOST:PORT."""
+    host, _, port = listen.rpartition(":")
+    loop = asyncio.get_running_loop()
+    transport, _ = await loop.create_datagram_endpoint(
+        lambda: _Protocol(collector), local_addr=(host or "0.0.0.0", int(port)))
+    return transport
