@@ -153,15 +153,35 @@ class Topology:
             out[ip] = tuple(sorted(hops))
         return out
 
-    def path_links(self, hops: list[tuple[str, int, int]]) -> list[str]:
-        """Directed links of a path given as (switch, ingress port, egress port), in order."""
-        names: list[str] = []
-        for i, (sw, inp, outp) in enumerate(hops):
-            if i == 0:
-                ing = self.ingress_link(sw, inp)
-                if ing is not None:
-                    names.append(ing.name)
-            eg = self.egress_link(sw, outp)
-            if eg is not None:
-                names.append(eg.name)
-        return names
+    def common_links(self, src_ip: str, dst_ip: str, max_paths: int = 256) -> list[str]:
+        """Directed links that every shortest path from `src_ip` to `dst_ip` crosses, in order
+        (for a flow whose ECMP choice is unknown: its sender's uplink, its receiver's downlink,
+        and any link all equal-cost paths share). Empty if either end is unknown."""
+        src = self.destinations.get(src_ip)
+        dst = self.destinations.get(dst_ip)
+        if src is None or dst is None:
+            return []
+        route_cache: dict[str, dict[str, tuple[NextHop, ...]]] = {}
+        paths: list[list[str]] = []
+
+        def walk(switch: str, acc: list[str], depth: int) -> None:
+            if len(paths) >= max_paths or depth > len(self.switches):
+                return
+            routes = route_cache.get(switch)
+            if routes is None:
+                routes = route_cache[switch] = self.routes(switch)
+            for nh in routes.get(dst_ip, ()):
+                link = f"{switch}:{nh.port}"
+                peer = self.peer(switch, nh.port)
+                if peer is None:
+                    continue
+                if peer.node in self.switches:
+                    walk(peer.node, acc + [link], depth + 1)
+                else:
+                    paths.append(acc + [link])
+
+        walk(src.attached.node, [str(src.endpoint)], 0)
+        if not paths:
+            return []
+        common = set(paths[0]).intersection(*paths[1:])
+        return [lk for lk in paths[0] if lk in common]
