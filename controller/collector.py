@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
+import threading
 import time
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
@@ -303,10 +306,53 @@ class _Protocol(asyncio.DatagramProtocol):
         log.warning("collector socket error: %s", exc)
 
 
-async def serve_udp(collector: Collector, listen: str) -> asyncio.DatagramTransport:
-    """Bind the collector's UDP server on HOST:PORT."""
+def _libc_setns(fd: int) -> None:
+    import ctypes
+    import ctypes.util
+
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    clone_newnet = 0x40000000
+    if libc.setns(fd, clone_newnet) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"setns: {os.strerror(err)}")
+
+
+def udp_socket(listen: str, netns: str | None = None) -> socket.socket:
+    """A bound UDP socket for HOST:PORT, created inside network namespace `netns` (a name under
+    /run/netns) when given: a socket stays in the namespace it was made in, so the collector can
+    listen on a dataplane address while the daemon reaches the switches from its own."""
     host, _, port = listen.rpartition(":")
+    if netns is None:
+        return _bound(host, int(port))
+    target = os.open(f"/run/netns/{netns}", os.O_RDONLY)
+    home = os.open(f"/proc/self/task/{threading.get_native_id()}/ns/net", os.O_RDONLY)
+    try:
+        _libc_setns(target)
+        try:
+            return _bound(host, int(port))
+        finally:
+            _libc_setns(home)
+    finally:
+        os.close(target)
+        os.close(home)
+
+
+def _bound(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
+        sock.bind((host or "0.0.0.0", port))
+    except OSError:
+        sock.close()
+        raise
+    sock.setblocking(False)
+    return sock
+
+
+async def serve_udp(collector: Collector, listen: str,
+                    netns: str | None = None) -> asyncio.DatagramTransport:
+    """The collector's UDP server on HOST:PORT (in network namespace `netns` if given)."""
+    sock = udp_socket(listen, netns)
     loop = asyncio.get_running_loop()
-    transport, _ = await loop.create_datagram_endpoint(
-        lambda: _Protocol(collector), local_addr=(host or "0.0.0.0", int(port)))
+    transport, _ = await loop.create_datagram_endpoint(lambda: _Protocol(collector), sock=sock)
     return transport

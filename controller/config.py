@@ -84,6 +84,7 @@ class ModelConfig:
 @dataclass(frozen=True)
 class CollectorConfig:
     listen: str = "0.0.0.0:32766"  # the daemon's UDP server
+    netns: str | None = None  # open that socket in this network namespace (/run/netns/NAME)
     ip: str = "10.0.100.1"  # where switches address reports (in the dataplane)
     mac: str = "02:00:00:00:64:01"
     udp_port: int = 32766
@@ -136,6 +137,7 @@ class SwitchConfig:
     kind: str = "builtin"
     thrift_port: int | None = None  # bmv2: queue rates through simple_switch_CLI
     cpu_port: int = 255
+    pipeline: PipelineConfig | None = None  # this switch's own artifacts (default: the global)
 
     def port(self, num: int) -> PortConfig | None:
         return next((p for p in self.ports if p.port == num), None)
@@ -222,6 +224,9 @@ class Config:
             if h.name == name:
                 return h
         raise KeyError(name)
+
+    def pipeline_of(self, sw: SwitchConfig) -> PipelineConfig:
+        return sw.pipeline or self.pipeline
 
     def emulated_bps(self, speed_gbps: float) -> float:
         return speed_gbps * 1e9 / self.model.scale
@@ -416,8 +421,8 @@ def _controller(doc: Any, paths: _Paths) -> ControllerSection:
     return out
 
 
-def _pipeline(doc: Any, paths: _Paths) -> PipelineConfig:
-    r = _Reader(doc, "pipeline")
+def _pipeline(doc: Any, paths: _Paths, path: str = "pipeline") -> PipelineConfig:
+    r = _Reader(doc, path)
     out = PipelineConfig(p4info=r.req("p4info", paths), bmv2_json=r.req("bmv2_json", paths))
     r.done()
     return out
@@ -446,6 +451,7 @@ def _int_section(doc: Any) -> IntConfig:
     dc = CollectorConfig()
     collector = CollectorConfig(
         listen=cr.get("listen", _addr, dc.listen),
+        netns=cr.get("netns", _name, None),
         ip=cr.get("ip", _ip, dc.ip),
         mac=cr.get("mac", _mac, dc.mac),
         udp_port=cr.get("udp_port", _int(1, 65535), dc.udp_port),
@@ -488,7 +494,7 @@ def _ecn(doc: Any) -> EcnConfig:
     return out
 
 
-def _switch(doc: Any, path: str, model: ModelConfig) -> SwitchConfig:
+def _switch(doc: Any, path: str, model: ModelConfig, paths: _Paths) -> SwitchConfig:
     r = _Reader(doc, path)
     ports = []
     for i, p in enumerate(r.req("ports", _list)):
@@ -516,6 +522,7 @@ def _switch(doc: Any, path: str, model: ModelConfig) -> SwitchConfig:
         kind=kind,
         thrift_port=r.get("thrift_port", _int(1, 65535), None),
         cpu_port=r.get("cpu_port", _int(0, 511), 255),
+        pipeline=r.get("pipeline", lambda v, p: _pipeline(v, paths, p), None),
     )
     r.done()
     if kind == "bmv2" and out.thrift_port is None:
@@ -626,7 +633,7 @@ def parse(doc: Any, base: Path = Path("."), source: Path | None = None) -> Confi
     model = top.get("model", lambda v, p: _model(v), ModelConfig())
     int_cfg = top.get("int", lambda v, p: _int_section(v), IntConfig())
     ecn = top.get("ecn", lambda v, p: _ecn(v), EcnConfig())
-    switches = [_switch(s, f"switches[{i}]", model)
+    switches = [_switch(s, f"switches[{i}]", model, paths)
                 for i, s in enumerate(top.req("switches", _list))]
     if not switches:
         raise ConfigError("switches: at least one switch is needed")

@@ -6,14 +6,19 @@ malformed datagram is a counted skip."""
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
+import sys
+import threading
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 from scapy.layers.inet import IP
 
-from controller.collector import SEQ_MOD, Collector, SeqTracker
+from controller.collector import SEQ_MOD, Collector, SeqTracker, udp_socket
 from controller.config import load
 from controller.reports import ReportError, decode
 from controller.topology import Topology
@@ -205,3 +210,29 @@ def test_int_stack_errors_inside_the_inner_packet() -> None:
     # INT with another DSCP configured is not parsed: the flow is still seen, without hops
     rep = decode(bytes(good), int_dscp=0x20).reports[0]
     assert rep.flow is not None and rep.hops == []
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces)")
+def test_udp_socket_opens_inside_a_named_network_namespace() -> None:
+    ns = f"xcu{uuid.uuid4().hex[:6]}"
+    own = os.readlink(f"/proc/self/task/{threading.get_native_id()}/ns/net")
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"], check=True)
+        sock = udp_socket("127.0.0.1:32766", netns=ns)  # the port may be taken outside: fine
+        try:
+            sender = ("import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); "
+                      "s.sendto(b'inside', ('127.0.0.1', 32766))")
+            subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", sender], check=True)
+            sock.setblocking(True)
+            sock.settimeout(5)
+            assert sock.recvfrom(100)[0] == b"inside"
+        finally:
+            sock.close()
+        # the calling thread is back in its own namespace
+        assert os.readlink(f"/proc/self/task/{threading.get_native_id()}/ns/net") == own
+        with pytest.raises(FileNotFoundError):
+            udp_socket("127.0.0.1:0", netns=f"{ns}-missing")
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)

@@ -127,3 +127,14 @@ def test_unlinked_nic_and_non_mapping_and_unreadable_files(tmp_path: Path) -> No
     empty.write_text("")
     with pytest.raises(ConfigError, match="expected a mapping"):
         load(empty)
+
+
+def test_per_switch_pipeline_overrides_the_global_one() -> None:
+    doc = example_doc()
+    doc["switches"][3]["pipeline"] = {"p4info": "tna.p4info.txtpb", "bmv2_json": "tna.json"}
+    cfg = parse(doc, EXAMPLE.parent)
+    assert cfg.pipeline_of(cfg.switches[3]).p4info == EXAMPLE.parent / "tna.p4info.txtpb"
+    assert cfg.pipeline_of(cfg.switches[0]) == cfg.pipeline
+    doc["switches"][3]["pipeline"] = {"p4info": "x"}
+    with pytest.raises(ConfigError, match=r"switches\[3\].pipeline.bmv2_json: required"):
+        parse(doc, EXAMPLE.parent)
