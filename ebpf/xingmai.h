@@ -1,0 +1,349 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * xingmai NIC: the one header shared by the three eBPF programs (tc_egress.c, xdp_ingress.c,
+ * sockops.c) and by Python. It holds the flow key, every map value, the host configuration,
+ * the per-reason counters, the map definitions (bcc style, all pinned) and the small packet
+ * helpers the programs share.
+ *
+ * bcc rewrites map accesses (map.lookup(...)) only in the file it compiles, so the loader
+ * (controller/agent/bpfload.py) puts this header's text in front of each program's text
+ * rather than letting the preprocessor include it; the include guard makes the programs'
+ * own #include "xingmai.h" a no-op.
+ *
+ * Python never re-declares these structs: it takes the ctypes layouts bcc derives from this
+ * header (BPF(...)["map"].Key / .Leaf) and parses the XM_CNT_* enum from this file.
+ *
+ * Byte order: addresses and ports in struct xm_flow_key are kept as on the wire (network
+ * order); everything else is host order. Rates are bits per second of the frame as the tc
+ * hook sees it (Ethernet header included, INT included).
+ *
+ * Fixed point: utilisation, eta, alpha and g are fractions scaled by XM_UNIT (2^20).
+ */
+#ifndef XINGMAI_H
+#define XINGMAI_H
+
+#ifndef XM_PIN_DIR
+#error "XM_PIN_DIR (the bpffs folder of this agent's pinned maps) must be defined by the loader"
+#endif
+
+#define XM_UNIT_SHIFT 20
+#define XM_UNIT (1ULL << XM_UNIT_SHIFT)
+#define XM_U_MAX (64ULL << XM_UNIT_SHIFT) /* a per-hop utilisation above 64x is clamped */
+#define XM_MAX_HOPS 8
+#define XM_NSEC 1000000000ULL
+#define XM_ROCE_PORT 4791
+#define XM_ALL_ONES32 0xffffffffU
+
+/* Transport (docs/wire-format.md). */
+#define XM_BTH_LEN 12
+#define XM_AETH_LEN 4
+#define XM_ICRC_LEN 4
+#define XM_INT_SHIM_LEN 4
+#define XM_INT_MD_LEN 12
+#define XM_OP_ACK 0x11
+#define XM_OP_CNP 0x81
+/* Data-carrying RC requests (SEND and RDMA WRITE families) get INT; feedback never does. */
+#define XM_OP_DATA_MAX 0x0b
+#define XM_AETH_NAK_MIN 0x60
+
+enum xm_law {
+	XM_LAW_NONE = 0,
+	XM_LAW_TITA = 1,
+	XM_LAW_DCQCN = 2,
+};
+
+enum xm_pacing_mode {
+	XM_PACING_HTB = 0, /* tc sets skb->priority to the flow's HTB class */
+	XM_PACING_EDT = 1, /* tc sets skb->tstamp; needs sch_fq as root qdisc */
+};
+
+/* Where a rate in xm_rates came from. */
+enum xm_rate_origin {
+	XM_ORIGIN_AGENT = 0, /* the agent: line rate, cap, or an explicit rate */
+	XM_ORIGIN_TITA = 1,
+	XM_ORIGIN_DCQCN = 2,
+};
+
+/*
+ * Per-reason packet counters (percpu array xm_counters). Python parses the names from this
+ * enum (one "XM_CNT_NAME," per line), so keep one entry per line and XM_CNT_MAX last.
+ */
+enum xm_counter {
+	XM_CNT_TC_PACKETS,
+	XM_CNT_TC_NOT_IPV4,
+	XM_CNT_TC_MALFORMED,
+	XM_CNT_TC_OTHER_PROTO,
+	XM_CNT_TC_FLOW_TABLE_FULL,
+	XM_CNT_TC_INT_INSERTED,
+	XM_CNT_TC_INT_NO_ROOM,
+	XM_CNT_TC_INT_GSO,
+	XM_CNT_TC_INT_ALREADY_MARKED,
+	XM_CNT_TC_INT_IP_OPTIONS,
+	XM_CNT_TC_INT_ERROR,
+	XM_CNT_TC_HTB_CLASSIFIED,
+	XM_CNT_TC_HTB_DEFAULT,
+	XM_CNT_TC_EDT_PACED,
+	XM_CNT_XDP_PACKETS,
+	XM_CNT_XDP_NOT_IPV4,
+	XM_CNT_XDP_MALFORMED,
+	XM_CNT_XDP_NOT_ROCE,
+	XM_CNT_XDP_DATA,
+	XM_CNT_XDP_OTHER_OPCODE,
+	XM_CNT_XDP_ACK,
+	XM_CNT_XDP_NAK,
+	XM_CNT_XDP_CNP,
+	XM_CNT_XDP_UNKNOWN_FLOW,
+	XM_CNT_XDP_NO_CONFIG,
+	XM_CNT_XDP_CC_TABLE_FULL,
+	XM_CNT_XDP_LAW_NONE,
+	XM_CNT_XDP_ACK_NO_INT,
+	XM_CNT_XDP_INT_BAD_HEADER,
+	XM_CNT_XDP_INT_BAD_LENGTH,
+	XM_CNT_XDP_INT_TOO_MANY_HOPS,
+	XM_CNT_XDP_TITA_FIRST_RECORD,
+	XM_CNT_XDP_TITA_PATH_CHANGE,
+	XM_CNT_XDP_TITA_UPDATE,
+	XM_CNT_XDP_TITA_REF_UPDATE,
+	XM_CNT_XDP_TITA_CNP_IGNORED,
+	XM_CNT_XDP_DCQCN_CUT,
+	XM_CNT_XDP_DCQCN_CUT_HELD,
+	XM_CNT_XDP_DCQCN_INCREASE,
+	XM_CNT_SOCKOPS_ESTABLISHED,
+	XM_CNT_SOCKOPS_RATE_SET,
+	XM_CNT_SOCKOPS_SETSOCKOPT_ERROR,
+	XM_CNT_MAX
+};
+
+/* A flow: IPv4 5-tuple as on the wire. For feedback packets XDP builds the key of the data
+ * flow they answer (docs/wire-format.md): (daddr, saddr, sport, 4791, UDP). */
+struct xm_flow_key {
+	__u32 saddr;
+	__u32 daddr;
+	__u16 sport;
+	__u16 dport;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+/* TiTa (HPCC-like) parameters. */
+struct xm_tita_params {
+	__u64 wai_bps;       /* additive increase W_AI, as a rate */
+	__u32 eta;           /* target utilisation, XM_UNIT scale */
+	__u32 max_stage;     /* additive-increase stages before a multiplicative step */
+	__u32 base_rtt_ns;   /* T: EWMA horizon and the queue term's B*T */
+	__u32 pad;
+};
+
+/* DCQCN reaction point parameters. */
+struct xm_dcqcn_params {
+	__u64 rai_bps;             /* additive increase step */
+	__u64 rhai_bps;            /* hyper increase step */
+	__u64 byte_counter;        /* bytes sent per byte-counter increase event */
+	__u32 g;                   /* alpha gain, XM_UNIT scale */
+	__u32 alpha_timer_ns;      /* K: alpha decays once per K without CNP */
+	__u32 rate_timer_ns;       /* T: timer increase event period */
+	__u32 cut_interval_ns;     /* at most one cut per interval */
+	__u32 fast_recovery_steps; /* F */
+	__u32 pad;
+};
+
+/* Rate law selection and parameters (per host in xm_config, per flow in xm_ctl). */
+struct xm_cc_params {
+	__u64 min_rate_bps;
+	__u32 law; /* enum xm_law */
+	__u32 pad;
+	struct xm_tita_params tita;
+	struct xm_dcqcn_params dcqcn;
+};
+
+/* Host configuration: xm_config[0], written by the agent at load time and on changes. */
+struct xm_host_config {
+	__u64 line_rate_bps;
+	__u64 netns_cookie;    /* sock_ops acts only on sockets of this network namespace */
+	__u32 pacing_mode;     /* enum xm_pacing_mode */
+	__u32 default_classid; /* HTB class of flows without their own class (major:minor) */
+	__u32 int_enabled;
+	__u32 int_dscp;
+	__u32 int_bitmap;      /* instruction bitmap, bit 0 = MSB of the 16-bit field */
+	__u32 int_hop_budget;  /* RemainingHopCnt written by the source */
+	__u32 int_max_frame;   /* largest frame after INT insertion (MTU + Ethernet header) */
+	__u32 pad;
+	struct xm_cc_params cc;
+};
+
+/* Per-flow control set by the agent for the controller: xm_ctl. */
+#define XM_CTL_HAS_CAP 1
+#define XM_CTL_HAS_PARAMS 2
+struct xm_flow_ctl {
+	__u64 cap_bps;
+	__u32 flags;  /* XM_CTL_* */
+	__u32 weight; /* scales the additive increase of both laws; HTB share weight; 1 = neutral */
+	struct xm_cc_params params;
+};
+
+/* The rate map value: the pacing rate of a flow. Writers: XDP (rate laws) and the agent. */
+struct xm_rate {
+	__u64 rate_bps;
+	__u64 stamp_ns; /* bpf_ktime_get_ns() of the last write */
+	__u32 origin;   /* enum xm_rate_origin */
+	__u32 pad;
+};
+
+/* Per-flow transmit statistics, written by tc only: xm_flows (LRU). */
+#define XM_FLOW_PSN_VALID 1
+struct xm_flow_stats {
+	__u64 tx_bytes;
+	__u64 tx_packets;
+	__u64 int_packets;
+	__u64 first_ns;
+	__u64 last_ns;
+	__u64 edt_next_ns; /* EDT mode: departure time of the next packet */
+	__u32 snd_nxt_psn; /* next PSN after the newest data packet sent (24 bits) */
+	__u32 flags;       /* XM_FLOW_* */
+	__u32 ifindex;     /* interface the flow leaves on (the agent puts its class there) */
+	__u32 pad;
+};
+
+/* One hop's INT record as remembered between feedback packets. */
+struct xm_hop_rec {
+	__u64 egress_ts_ns; /* XM_NO_TS when the hop did not report it */
+	__u32 node_id;
+	__u32 qlen;         /* queue occupancy in bytes (0 when not reported) */
+	__u32 tx_util_ppm;  /* XM_ALL_ONES32 when not reported */
+	__u32 pad;
+};
+#define XM_NO_TS 0xffffffffffffffffULL
+
+/* Per-flow congestion-control state, written by XDP only: xm_cc. */
+#define XM_CC_HAVE_RECORDS 1
+#define XM_CC_PSN_VALID 2
+#define XM_CC_CUT_SEEN 4
+struct xm_cc_state {
+	__u64 rate_bps;       /* current rate of the law (before the pacer) */
+	__u64 ref_rate_bps;   /* TiTa: R_ref (committed once per RTT); DCQCN: target rate R_T */
+	__u64 last_fb_ns;     /* local time of the last feedback packet handled */
+	__u64 feedback;       /* feedback packets handled */
+	__u64 updates;        /* rate computations */
+	__u64 prev_tx_bytes;  /* flow tx bytes at the previous feedback */
+	/* TiTa */
+	__u32 util;           /* committed EWMA utilisation U, XM_UNIT scale */
+	__u32 inc_stage;
+	__u32 last_update_psn;
+	__u32 nhops;
+	/* DCQCN */
+	__u32 alpha;          /* XM_UNIT scale */
+	__u32 timer_count;    /* T */
+	__u32 byte_count;     /* BC */
+	__u32 law;            /* law this state was initialised for */
+	__u64 alpha_ts_ns;    /* start of the current alpha-decay period */
+	__u64 timer_ts_ns;    /* start of the current rate-increase timer period */
+	__u64 bc_base_bytes;  /* tx bytes at the start of the current byte-counter period */
+	__u64 last_cut_ns;
+	__u32 flags;          /* XM_CC_* */
+	__u32 pad;
+	struct xm_hop_rec hops[XM_MAX_HOPS];
+};
+
+/* XDP's per-CPU working memory while it walks an INT stack: the current hop's words (a hop
+ * is at most 31 words; words 32 on stay all-ones and stand for fields not requested). */
+#define XM_HOP_ABSENT 32
+#define XM_HOP_BUF_WORDS 65
+struct xm_hop_scratch {
+	__u64 u_max;
+	__u64 tau;
+	__u32 comparable;
+	__u32 pad;
+	__u32 w[XM_HOP_BUF_WORDS];
+	__u32 pad2;
+};
+
+/* Speed of one hop's egress port; port XM_ALL_ONES32 is the node's default. */
+struct xm_hop_key {
+	__u32 node_id;
+	__u32 port;
+};
+
+#define XM_PIN(name) XM_PIN_DIR "/" name
+
+#define XM_MAX_FLOWS 65536
+BPF_TABLE_PINNED("array", __u32, struct xm_host_config, xm_config, 1, XM_PIN("xm_config"));
+BPF_TABLE_PINNED("lru_hash", struct xm_flow_key, struct xm_flow_stats, xm_flows, XM_MAX_FLOWS,
+		 XM_PIN("xm_flows"));
+BPF_TABLE_PINNED("hash", struct xm_flow_key, struct xm_rate, xm_rates, XM_MAX_FLOWS,
+		 XM_PIN("xm_rates"));
+BPF_TABLE_PINNED("hash", struct xm_flow_key, struct xm_cc_state, xm_cc, XM_MAX_FLOWS,
+		 XM_PIN("xm_cc"));
+BPF_TABLE_PINNED("hash", struct xm_flow_key, struct xm_flow_ctl, xm_ctl, XM_MAX_FLOWS,
+		 XM_PIN("xm_ctl"));
+/* HTB class (major:minor) of each flow that has one; written by the agent. */
+BPF_TABLE_PINNED("hash", struct xm_flow_key, __u32, xm_class, XM_MAX_FLOWS,
+		 XM_PIN("xm_class"));
+BPF_TABLE_PINNED("hash", struct xm_hop_key, __u64, xm_hop_speed, 4096, XM_PIN("xm_hop_speed"));
+/* XDP's scratch space for a new xm_cc entry (too large for the stack). */
+BPF_TABLE_PINNED("percpu_array", __u32, struct xm_cc_state, xm_cc_scratch, 1,
+		 XM_PIN("xm_cc_scratch"));
+BPF_TABLE_PINNED("percpu_array", __u32, struct xm_hop_scratch, xm_xdp_scratch, 1,
+		 XM_PIN("xm_xdp_scratch"));
+BPF_TABLE_PINNED("percpu_array", __u32, __u64, xm_counters, XM_CNT_MAX, XM_PIN("xm_counters"));
+
+static __always_inline void xm_count(__u32 reason)
+{
+	__u64 *c = xm_counters.lookup(&reason);
+	if (c)
+		*c += 1; /* per-CPU slot: no atomic needed */
+}
+
+static __always_inline struct xm_host_config *xm_config_get(void)
+{
+	__u32 zero = 0;
+	return xm_config.lookup(&zero);
+}
+
+static __always_inline __u64 xm_min64(__u64 a, __u64 b)
+{
+	return a < b ? a : b;
+}
+
+static __always_inline __u64 xm_max64(__u64 a, __u64 b)
+{
+	return a > b ? a : b;
+}
+
+static __always_inline __u32 xm_popcount16(__u32 x)
+{
+	x = x - ((x >> 1) & 0x5555);
+	x = (x & 0x3333) + ((x >> 2) & 0x3333);
+	x = (x + (x >> 4)) & 0x0f0f;
+	return (x + (x >> 8)) & 0x1f;
+}
+
+/* 4-byte words of the hop metadata an instruction bitmap asks for (bit 0 = MSB): one per
+ * bit, two for bits 4-6 (timestamps, L2 ports). Reserved bits 8-14 count one word each, as
+ * INT v2.1 asks of nodes that do not understand them. No branches (verifier state). */
+static __always_inline __u32 xm_int_words(__u32 bitmap)
+{
+	bitmap &= 0xffff;
+	return xm_popcount16(bitmap) + xm_popcount16(bitmap & 0x0e00);
+}
+
+/* Upper bound of a flow's rate: the line rate and the controller's cap. */
+static __always_inline __u64 xm_rate_ceiling(const struct xm_host_config *cfg,
+					     const struct xm_flow_ctl *ctl)
+{
+	__u64 ceil = cfg->line_rate_bps;
+	if (ctl && (ctl->flags & XM_CTL_HAS_CAP))
+		ceil = xm_min64(ceil, ctl->cap_bps);
+	return ceil;
+}
+
+/* [min_rate, ceiling]; the ceiling wins when a cap is below min_rate. */
+static __always_inline __u64 xm_bound_rate(__u64 rate, __u64 min_rate, __u64 ceil)
+{
+	if (rate < min_rate)
+		rate = min_rate;
+	if (rate > ceil)
+		rate = ceil;
+	return rate;
+}
+
+#endif /* XINGMAI_H */
