@@ -26,6 +26,14 @@ T = TypeVar("T")
 SWITCH_KINDS = ("builtin", "bmv2")
 INT_MODES = ("switch", "nic", "none")
 RATE_LAWS = ("tita", "dcqcn", "none")
+# Parameters of each rate law, as the host agent names them (controller/proto/agent.proto).
+RATE_LAW_PARAMS: dict[str, frozenset[str]] = {
+    "tita": frozenset({"eta", "w_ai_bps", "max_stage", "base_rtt_ns", "min_rate_bps"}),
+    "dcqcn": frozenset({"g", "rai_bps", "rhai_bps", "byte_counter_bytes", "alpha_timer_ns",
+                        "rate_timer_ns", "cut_interval_ns", "fast_recovery_steps",
+                        "min_rate_bps"}),
+    "none": frozenset({"min_rate_bps"}),
+}
 _MAC_RE = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
 _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,62}$")
 
@@ -394,8 +402,12 @@ def _law(doc: Any, path: str) -> LawPolicy:
     r = _Reader(doc, path)
     law = r.get("rate_law", _choice(*RATE_LAWS), "tita")
     raw: dict[Any, Any] = r.get("params", lambda v, p: _Reader(v, p).doc, {})
-    params = {str(k): _num()(v, f"{path}.params.{k}") for k, v in raw.items()}
+    params = {str(k): _num(0)(v, f"{path}.params.{k}") for k, v in raw.items()}
     r.done()
+    for k in params:
+        if k not in RATE_LAW_PARAMS[law]:
+            raise ConfigError(f"{path}.params.{k}: {law} has no such parameter (known: "
+                              f"{', '.join(sorted(RATE_LAW_PARAMS[law]))})")
     return LawPolicy(law, params)
 
 

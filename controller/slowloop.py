@@ -55,6 +55,7 @@ class AgentPort(Protocol):
 
     host: str
 
+    async def setup(self) -> None: ...
     async def set_policy(self, policy: LawPolicy) -> None: ...
     async def set_caps(self, caps: Mapping[FlowKey, float]) -> None: ...
     async def clear_caps(self, keys: list[FlowKey]) -> None: ...
@@ -147,7 +148,11 @@ class SlowLoop:
         st.reachable = True
         st.flows = {f.key: f for f in flows}
         if not was_reachable:
-            st.policy_pushed = None  # it may have restarted: push the policy again
+            # first contact, or it came back (maybe restarted): its INT and hop speeds, then
+            # the policy again; the caps it holds are what it reports
+            if not await self._call(host, "setup", agent.setup()):
+                return
+            st.policy_pushed = None
             st.caps = {f.key: f.cap_bps for f in flows if f.cap_bps > 0}
         want = self.host_policy(host)
         if st.policy_pushed != want and await self._call(host, "set_policy",

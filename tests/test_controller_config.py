@@ -98,6 +98,8 @@ _DELETE = object()
     (["policy", "hosts", "h9"], {"rate_law": "tita"}, "policy.hosts.h9: no such host"),
     (["policy", "default", "rate_law"], "cubic", "policy.default.rate_law: expected one of"),
     (["policy", "default", "params"], {"w_ai": "big"}, "policy.default.params.w_ai: expected"),
+    (["policy", "default", "params"], {"w_ai": 5}, "policy.default.params.w_ai: tita has no"),
+    (["policy", "default", "params"], {"eta": -1}, "policy.default.params.eta: -1 out of"),
     (["model", "scale"], 0.5, "model.scale: 0.5 out of range [1"),
     (["pipeline"], _DELETE, "pipeline: required"),
     (["controller", "election_id"], 0, "controller.election_id: 0 out of range"),

@@ -37,6 +37,9 @@ class FakeAgent:
         if self.fail:
             raise AgentError("refused")
 
+    async def setup(self) -> None:
+        await self._enter("setup")
+
     async def set_policy(self, policy: LawPolicy) -> None:
         await self._enter("set_policy")
         self.policy = policy

@@ -1,0 +1,106 @@
+"""The slow loop's view of the host agents: one gRPC client per agent (controller/proto/
+agent.proto, service xingmai.agent.v1.HostAgent).
+
+`setup()` runs when an agent is first reached and whenever it comes back (it may have
+restarted): it sets the NIC's INT source (on for hosts whose NIC does INT, off otherwise) and
+the speed of every switch egress port (TiTa's per-hop B). `set_policy()` sets the host's rate
+law and parameters; `set_caps()` / `clear_caps()` / `list_flows()` map one to one onto the RPCs.
+Every failure is an `AgentError` naming the RPC and the gRPC status.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import grpc
+
+from controller.config import RATE_LAW_PARAMS, Config, HostConfig, LawPolicy
+from controller.proto import agent_pb2 as pb
+from controller.proto import agent_pb2_grpc as pb_grpc
+from controller.slowloop import AgentError, AgentFlow, AgentPort, FlowKey
+from controller.topology import Topology
+
+_LAWS = {"tita": pb.RATE_LAW_TITA, "dcqcn": pb.RATE_LAW_DCQCN, "none": pb.RATE_LAW_NONE}
+_INT_PARAMS = {"w_ai_bps", "max_stage", "base_rtt_ns", "rai_bps", "rhai_bps",
+               "byte_counter_bytes", "alpha_timer_ns", "rate_timer_ns", "cut_interval_ns",
+               "fast_recovery_steps", "min_rate_bps"}
+
+
+def rate_law_config(policy: LawPolicy) -> Any:
+    """A LawPolicy as the agent's RateLawConfig (unset parameters: the agent's defaults)."""
+    allowed = RATE_LAW_PARAMS[policy.rate_law]
+    cfg = pb.RateLawConfig(law=_LAWS[policy.rate_law])
+    for name, value in policy.params.items():
+        if name not in allowed:
+            raise ValueError(f"{policy.rate_law} has no parameter {name!r}")
+        v: float | int = round(value) if name in _INT_PARAMS else float(value)
+        if name == "min_rate_bps":
+            cfg.min_rate_bps = int(v)
+        elif policy.rate_law == "tita":
+            setattr(cfg.tita, name, v)
+        else:
+            setattr(cfg.dcqcn, name, v)
+    return cfg
+
+
+def _key(k: FlowKey) -> Any:
+    return pb.FlowKey(src_ip=k[0], dst_ip=k[1], protocol=k[2], src_port=k[3], dst_port=k[4])
+
+
+class GrpcAgent:
+    def __init__(self, host: HostConfig, cfg: Config, topo: Topology):
+        assert host.agent is not None
+        self.host = host.name
+        self.addr = host.agent
+        self._host = host
+        self._cfg = cfg
+        self._topo = topo
+        self._timeout = cfg.controller.rpc_timeout_s
+        self._channel = grpc.aio.insecure_channel(self.addr)
+        self._stub = pb_grpc.HostAgentStub(self._channel)
+
+    async def _rpc(self, name: str, request: Any) -> Any:
+        try:
+            return await getattr(self._stub, name)(request, timeout=self._timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise AgentError(f"{name}: {exc.code().name} {exc.details() or ''}".strip()) from None
+
+    async def setup(self) -> None:
+        c = self._cfg
+        nic_int = self._host.int_mode == "nic"
+        await self._rpc("SetInt", pb.SetIntRequest(
+            enabled=nic_int, dscp=c.int.dscp, instruction_bitmap=c.int.instruction_bitmap,
+            hop_budget=c.int.hop_budget))
+        speeds = [pb.HopSpeed(node_id=s.node_id, port=p.port,
+                              speed_bps=round(self._topo.port_speed_bps(s.name, p.port)))
+                  for s in c.switches for p in s.ports]
+        await self._rpc("SetHopSpeeds", pb.SetHopSpeedsRequest(speeds=speeds))
+
+    async def set_policy(self, policy: LawPolicy) -> None:
+        await self._rpc("SetRateLaw", pb.SetRateLawRequest(config=rate_law_config(policy)))
+
+    async def set_caps(self, caps: Mapping[FlowKey, float]) -> None:
+        await self._rpc("SetCaps", pb.SetCapsRequest(
+            caps=[pb.FlowCap(flow=_key(k), cap_bps=max(1, round(v))) for k, v in caps.items()]))
+
+    async def clear_caps(self, keys: list[FlowKey]) -> None:
+        await self._rpc("ClearCaps", pb.ClearCapsRequest(flows=[_key(k) for k in keys]))
+
+    async def list_flows(self) -> list[AgentFlow]:
+        resp = await self._rpc("ListFlows", pb.ListFlowsRequest())
+        out = []
+        for f in resp.flows:
+            k = f.flow
+            out.append(AgentFlow((k.src_ip, k.dst_ip, k.protocol, k.src_port, k.dst_port),
+                                 float(f.rate_bps), float(f.cap_bps), float(f.weight or 1)))
+        return out
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+
+def connect_agents(cfg: Config) -> dict[str, AgentPort]:
+    """A client per host that has an agent address (channels connect lazily)."""
+    topo = Topology(cfg)
+    return {h.name: GrpcAgent(h, cfg, topo) for h in cfg.hosts if h.agent}
