@@ -1,0 +1,111 @@
+"""Queue rates and depths of the scaled switch model, on either target.
+
+P4Runtime has no say over the traffic manager. The built-in switch takes queue settings over its
+`SwitchAdmin` gRPC service (controller/proto/switch.proto, same port as P4Runtime); bmv2 takes
+them over Thrift, through `simple_switch_CLI` (`set_queue_rate` in packets per second,
+`set_queue_depth` in packets), which is how bmv2's own tools do it.
+
+Every egress port of the model drains at its emulated speed (model speed / scale): that is
+what makes queues build, and INT report real occupancy, when the offered load exceeds a link.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+from dataclasses import dataclass
+
+import grpc
+
+from controller.config import Config, SwitchConfig
+from controller.topology import Topology
+
+log = logging.getLogger("xingmai.controller.queues")
+
+
+@dataclass(frozen=True)
+class QueueSetting:
+    port: int
+    rate_bps: float
+    depth_bytes: int
+    depth_packets: int
+
+
+def queue_settings(cfg: Config, topo: Topology, sw: SwitchConfig) -> list[QueueSetting]:
+    m = cfg.model
+    return [QueueSetting(p.port, topo.port_speed_bps(sw.name, p.port), m.queue_depth_bytes,
+                         m.queue_depth_packets) for p in sw.ports]
+
+
+class QueueError(RuntimeError):
+    pass
+
+
+async def apply_builtin(sw: SwitchConfig, settings: list[QueueSetting],
+                        credentials: grpc.ChannelCredentials | None, timeout: float) -> None:
+    """Through SwitchAdmin on the switch's gRPC address."""
+    from controller.proto import switch_pb2, switch_pb2_grpc
+
+    if credentials is not None:
+        channel = grpc.aio.secure_channel(sw.grpc_addr, credentials)
+    else:
+        channel = grpc.aio.insecure_channel(sw.grpc_addr)
+    try:
+        stub = switch_pb2_grpc.SwitchAdminStub(channel)
+        for s in settings:
+            req = switch_pb2.SetQueueRequest(port=s.port, rate_bps=s.rate_bps,
+                                             depth_bytes=s.depth_bytes,
+                                             depth_packets=s.depth_packets)
+            try:
+                await stub.SetQueue(req, timeout=timeout)
+            except grpc.aio.AioRpcError as exc:
+                raise QueueError(f"{sw.name}: SwitchAdmin.SetQueue port {s.port}: "
+                                 f"{exc.code().name} {exc.details()}") from None
+    finally:
+        await channel.close()
+
+
+def bmv2_commands(settings: list[QueueSetting], mean_packet_bytes: int) -> str:
+    """simple_switch_CLI input: rates in packets/s (bmv2's unit), depths in packets."""
+    lines = []
+    for s in settings:
+        pps = max(1, round(s.rate_bps / (8 * mean_packet_bytes)))
+        lines.append(f"set_queue_rate {pps} {s.port}")
+        lines.append(f"set_queue_depth {s.depth_packets} {s.port}")
+    return "\n".join(lines) + "\n"
+
+
+async def apply_bmv2(sw: SwitchConfig, settings: list[QueueSetting], mean_packet_bytes: int,
+                     timeout: float) -> None:
+    cli = shutil.which("simple_switch_CLI")
+    if cli is None:
+        raise QueueError(f"{sw.name}: simple_switch_CLI is not on PATH (bmv2's queue rates are "
+                         "set over Thrift)")
+    host = sw.grpc_addr.rpartition(":")[0] or "127.0.0.1"
+    proc = await asyncio.create_subprocess_exec(
+        cli, "--thrift-ip", host, "--thrift-port", str(sw.thrift_port),
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT)
+    try:
+        out, _ = await asyncio.wait_for(
+            proc.communicate(bmv2_commands(settings, mean_packet_bytes).encode()),
+            timeout=max(timeout, 5.0))
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise QueueError(f"{sw.name}: simple_switch_CLI did not finish") from None
+    text = out.decode(errors="replace")
+    if proc.returncode != 0 or "Error" in text or "Could not connect" in text:
+        raise QueueError(f"{sw.name}: simple_switch_CLI failed: {text.strip()[-300:]}")
+
+
+async def apply_queues(cfg: Config, topo: Topology, sw: SwitchConfig,
+                       credentials: grpc.ChannelCredentials | None = None) -> None:
+    settings = queue_settings(cfg, topo, sw)
+    timeout = cfg.controller.rpc_timeout_s
+    if sw.kind == "bmv2":
+        await apply_bmv2(sw, settings, cfg.model.mean_packet_bytes, timeout)
+    else:
+        await apply_builtin(sw, settings, credentials, timeout)
+    log.info("queues set", extra={"switch": sw.name, "ports": len(settings)})
