@@ -1,0 +1,218 @@
+"""Pacing: what the kernel offers, and the qdiscs that delay packets to each flow's rate.
+
+- EDT (`sch_fq` as root qdisc): tc_egress.c sets skb->tstamp from the rate map; nothing to
+  manage per flow.
+- HTB (no `sch_fq`, as on this project's kernel): one root HTB per interface, a default class
+  at the line rate, and one class per flow (rate = ceil = the flow's rate) that the agent
+  creates and re-rates over netlink; tc_egress.c sends each packet to its flow's class via
+  skb->priority. HTB delays packets (token bucket per class); the leaf queue only fills up to
+  the sender's socket buffer, which blocks the sender rather than dropping.
+TCP is paced by the kernel itself in both modes (sockops.c sets SO_MAX_PACING_RATE).
+"""
+
+from __future__ import annotations
+
+import enum
+import errno
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger("xingmai.agent.pacer")
+
+HTB_MAJOR = 0x1
+ROOT_HANDLE = HTB_MAJOR << 16
+DEFAULT_MINOR = 0xFFFE
+FIRST_FLOW_MINOR = 0x10
+LAST_FLOW_MINOR = 0xFFF0
+MTU = 1600  # HTB rate-table cell sizing (bytes)
+BURST_S = 0.002  # token bucket depth in time at the class rate: catches up timer lateness
+
+
+class PacingMode(enum.StrEnum):
+    HTB = "htb"
+    EDT = "edt"
+
+
+def classid(minor: int) -> int:
+    return ROOT_HANDLE | minor
+
+
+def _burst(rate_Bps: int) -> int:
+    return max(2 * MTU, int(rate_Bps * BURST_S))
+
+
+def _quantum(weight: int) -> int:
+    # HTB warns below 1000 and above 200000 bytes
+    return max(1514, min(200_000, 1514 * max(1, weight)))
+
+
+def root_qdisc_kind(ipr: Any, ifindex: int) -> tuple[str, int] | None:
+    for q in ipr.get_qdiscs(ifindex):
+        if q["parent"] == 0xFFFFFFFF:
+            return q.get_attr("TCA_KIND"), q["handle"]
+    return None
+
+
+def detect_mode(ipr: Any, ifindex: int, wanted: str = "auto") -> tuple[PacingMode, str]:
+    """Pick the pacing mode: EDT when `sch_fq` can be made the root qdisc (it is then left in
+    place), else HTB. Returns the mode and what was found."""
+    if wanted == "htb":
+        return PacingMode.HTB, "HTB requested"
+    try:
+        ipr.tc("replace", "fq", ifindex, ROOT_HANDLE)
+        return PacingMode.EDT, "sch_fq available: EDT (skb->tstamp) from the rate map"
+    except Exception as exc:
+        code = getattr(exc, "code", None)
+        if wanted == "edt":
+            raise RuntimeError(f"EDT pacing requested but sch_fq is unavailable ({exc})") from exc
+        return PacingMode.HTB, (
+            f"no sch_fq in this kernel (netlink error {code}: "
+            f"{errno.errorcode.get(code or 0, '?')}): per-flow HTB classes"
+        )
+
+
+@dataclass
+class FlowClass:
+    minor: int
+    rate_bps: int
+    weight: int
+    changed_ns: int
+
+
+class HtbPacer:
+    """Per-flow HTB classes on every managed interface (same minor on each)."""
+
+    def __init__(self, ipr: Any, ifindexes: list[int], line_rate_bps: int):
+        self.ipr = ipr
+        self.ifindexes = list(ifindexes)
+        self.line_rate_bps = line_rate_bps
+        self.classes: dict[Any, FlowClass] = {}
+        self.lock = threading.RLock()
+        self.rerates = 0
+        self.rerate_seconds = 0.0
+        self.errors = 0
+
+    # ---- lifecycle ----
+
+    def setup(self) -> bool:
+        """Create (or adopt) the root HTB and default class. True when adopted."""
+        adopted = True
+        for idx in self.ifindexes:
+            root = root_qdisc_kind(self.ipr, idx)
+            if root != ("htb", ROOT_HANDLE):
+                adopted = False
+                if root is not None and root[0] not in ("noqueue", "pfifo_fast", "mq", "fq"):
+                    log.warning("replacing root qdisc %s on ifindex %d", root[0], idx)
+                self.ipr.tc("replace", "htb", idx, ROOT_HANDLE, default=DEFAULT_MINOR)
+            line_Bps = self.line_rate_bps // 8
+            self.ipr.tc(
+                "replace-class", "htb", idx, classid(DEFAULT_MINOR), parent=ROOT_HANDLE,
+                rate=line_Bps, ceil=line_Bps, burst=_burst(line_Bps), cburst=_burst(line_Bps),
+                quantum=_quantum(1), mtu=MTU,
+            )
+        return adopted
+
+    def existing_minors(self) -> set[int]:
+        found: set[int] = set()
+        for idx in self.ifindexes:
+            for c in self.ipr.get_classes(idx):
+                h = c["handle"]
+                if h >> 16 == HTB_MAJOR and FIRST_FLOW_MINOR <= (h & 0xFFFF) <= LAST_FLOW_MINOR:
+                    found.add(h & 0xFFFF)
+        return found
+
+    def adopt(self, flow: Any, minor: int, rate_bps: int) -> None:
+        self.classes[flow] = FlowClass(minor, rate_bps, 1, time.monotonic_ns())
+
+    def teardown(self) -> None:
+        """Remove the root qdisc (and with it every class) from each interface."""
+        for idx in self.ifindexes:
+            try:
+                self.ipr.tc("del", "htb", idx, ROOT_HANDLE)
+            except Exception as exc:
+                log.warning("removing HTB from ifindex %d: %s", idx, exc)
+        self.classes.clear()
+
+    # ---- classes ----
+
+    def _free_minor(self) -> int:
+        used = {c.minor for c in self.classes.values()}
+        for m in range(FIRST_FLOW_MINOR, LAST_FLOW_MINOR + 1):
+            if m not in used:
+                return m
+        raise RuntimeError("no free HTB class id")
+
+    def _write(self, cmd: str, minor: int, rate_bps: int, weight: int) -> None:
+        Bps = max(1, rate_bps // 8)
+        for idx in self.ifindexes:
+            self.ipr.tc(
+                cmd, "htb", idx, classid(minor), parent=ROOT_HANDLE, rate=Bps, ceil=Bps,
+                burst=_burst(Bps), cburst=_burst(Bps), quantum=_quantum(weight), mtu=MTU,
+            )
+
+    def apply(self, flow: Any, rate_bps: int, weight: int = 1) -> tuple[FlowClass, bool]:
+        """Create or re-rate the flow's class; returns it and whether a netlink call was made."""
+        with self.lock:
+            fc = self.classes.get(flow)
+            t0 = time.perf_counter()
+            if fc is None:
+                fc = FlowClass(self._free_minor(), rate_bps, weight, 0)
+                self._write("replace-class", fc.minor, rate_bps, weight)
+                self.classes[flow] = fc
+            elif fc.rate_bps != rate_bps or fc.weight != weight:
+                self._write("change-class", fc.minor, rate_bps, weight)
+                fc.rate_bps, fc.weight = rate_bps, weight
+            else:
+                return fc, False
+            fc.changed_ns = time.monotonic_ns()
+            self.rerates += 1
+            self.rerate_seconds += time.perf_counter() - t0
+            return fc, True
+
+    def remove(self, flow: Any) -> FlowClass | None:
+        with self.lock:
+            fc = self.classes.pop(flow, None)
+            if fc is None:
+                return None
+            for idx in self.ifindexes:
+                try:
+                    self.ipr.tc("del-class", "htb", idx, classid(fc.minor), parent=ROOT_HANDLE)
+                except Exception as exc:
+                    log.warning("removing class %x: %s", fc.minor, exc)
+            return fc
+
+    def drops(self) -> dict[int, int]:
+        """Packets dropped per class minor, summed over interfaces (pacing must keep it 0)."""
+        out: dict[int, int] = {}
+        with self.lock:
+            for idx in self.ifindexes:
+                for c in self.ipr.get_classes(idx):
+                    st = c.get_attr("TCA_STATS2")
+                    q = st.get_attr("TCA_STATS_QUEUE") if st else None
+                    if q is not None:
+                        m = c["handle"] & 0xFFFF
+                        out[m] = out.get(m, 0) + int(q["drops"])
+        return out
+
+
+class EdtPacer:
+    """sch_fq root on every interface; rates are read by tc_egress.c from the rate map."""
+
+    def __init__(self, ipr: Any, ifindexes: list[int]):
+        self.ipr = ipr
+        self.ifindexes = list(ifindexes)
+
+    def setup(self) -> bool:
+        for idx in self.ifindexes:
+            self.ipr.tc("replace", "fq", idx, ROOT_HANDLE)
+        return False
+
+    def teardown(self) -> None:
+        for idx in self.ifindexes:
+            try:
+                self.ipr.tc("del", "fq", idx, ROOT_HANDLE)
+            except Exception as exc:
+                log.warning("removing fq from ifindex %d: %s", idx, exc)
