@@ -5,7 +5,7 @@ operations in the same order, so tests can feed both the same packets and compar
 packet by packet, and the scale-out work can simulate many NICs without kernels. Change one,
 change the other.
 
-Units: rates in bit/s (of the frame as the NIC sends it), times in ns, utilisation, eta, alpha
+Units: rates in bit/s (of the frame as the transport hands it to the NIC), times in ns, utilisation, eta, alpha
 and g as fractions scaled by UNIT = 2**20.
 
 Defaults scale with the emulated line rate:

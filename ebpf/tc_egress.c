@@ -182,7 +182,7 @@ static __always_inline struct xm_flow_stats *xm_flow_stats_get(struct xm_flow_ke
 
 /* EDT: departure time from the flow's rate, never earlier than now. */
 static __always_inline void xm_edt_pace(struct __sk_buff *skb, struct xm_flow_key *key,
-					struct xm_flow_stats *st, __u64 now)
+					struct xm_flow_stats *st, __u32 len, __u64 now)
 {
 	struct xm_rate *r = xm_rates.lookup(key);
 	if (!r || !r->rate_bps)
@@ -192,7 +192,7 @@ static __always_inline void xm_edt_pace(struct __sk_buff *skb, struct xm_flow_ke
 		next = now;
 	if (skb->tstamp < next)
 		skb->tstamp = next;
-	st->edt_next_ns = next + (__u64)skb->len * 8 * XM_NSEC / r->rate_bps;
+	st->edt_next_ns = next + (__u64)len * 8 * XM_NSEC / r->rate_bps;
 	xm_count(XM_CNT_TC_EDT_PACED);
 }
 
@@ -226,6 +226,7 @@ int xm_tc_egress(struct __sk_buff *skb)
 
 	int data = p.roce && p.opcode <= XM_OP_DATA_MAX;
 	int with_int = 0;
+	__u32 paced_len = skb->len; /* before INT: the length the qdisc layer accounts */
 	if (data && cfg->int_enabled)
 		with_int = xm_int_insert(skb, cfg, &p);
 
@@ -249,7 +250,7 @@ int xm_tc_egress(struct __sk_buff *skb)
 	int own_pacing = p.key.proto != IPPROTO_TCP;
 	if (cfg->pacing_mode == XM_PACING_EDT) {
 		if (own_pacing && st)
-			xm_edt_pace(skb, &p.key, st, now);
+			xm_edt_pace(skb, &p.key, st, paced_len, now);
 	} else {
 		xm_htb_classify(skb, cfg, own_pacing ? &p.key : 0);
 	}

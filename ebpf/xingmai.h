@@ -14,8 +14,10 @@
  * header (BPF(...)["map"].Key / .Leaf) and parses the XM_CNT_* enum from this file.
  *
  * Byte order: addresses and ports in struct xm_flow_key are kept as on the wire (network
- * order); everything else is host order. Rates are bits per second of the frame as the tc
- * hook sees it (Ethernet header included, INT included).
+ * order); everything else is host order. Rates are bits per second of the frame as the
+ * transport hands it to the NIC (Ethernet header included, not the INT header this NIC adds):
+ * the kernel sizes a packet for its qdisc before tc runs, so that is what HTB paces, and EDT
+ * uses the same length. Byte counters (xm_flow_stats) count the frame as sent, INT included.
  *
  * Fixed point: utilisation, eta, alpha and g are fractions scaled by XM_UNIT (2^20).
  */

@@ -51,6 +51,8 @@ log = logging.getLogger("xingmai.agent")
 
 VERSION = "0.1.0"
 TCP = 6
+UDP = 17
+ROCE_PORT = 4791
 MAX_WEIGHT = 100
 INT_BITMAP_DEFAULT = 0xF500  # node id, L1 ports, hop latency, queue, egress ts, tx utilisation
 
@@ -184,8 +186,7 @@ class Agent:
             if not found:
                 raise RuntimeError(f"no interface {name!r} in this network namespace")
             self.ifindex[name] = found[0]
-        first = next(iter(self.ifindex.values()))
-        self.mode, self.mode_detail = detect_mode(self.ipr, first, o.pacing)
+        self.mode, self.mode_detail = detect_mode(o.interfaces[0], o.pacing)
         if self.mode is PacingMode.EDT:
             self.pacer = EdtPacer(self.ipr, list(self.ifindex.values()))
             self.pacer.setup()
@@ -441,8 +442,12 @@ class Agent:
             ctl.weight = 1
         return ctl
 
-    def _law_of(self, ctl: Any | None) -> Law:
+    def _law_of(self, key: FlowKey, ctl: Any | None) -> Law:
+        """The rate laws act on the RoCEv2-like transport's feedback; any other flow (TCP,
+        other UDP) is paced at min(line rate, cap)."""
         assert self.bpf is not None
+        if key.proto != UDP or key.dport != ROCE_PORT:
+            return Law.NONE
         if ctl is not None and int(ctl.flags) & CTL_HAS_PARAMS:
             return Law(int(ctl.params.law))
         return Law(int(self.bpf.config().cc.law))
@@ -457,7 +462,7 @@ class Agent:
     def _reconcile_rate(self, key: FlowKey, ctl: Any | None) -> None:
         """Put the flow's rate map entry in line with its cap and law, then its pacer."""
         assert self.bpf is not None
-        law = self._law_of(ctl)
+        law = self._law_of(key, ctl)
         ceil = self._ceiling(key, ctl)
         cur = self.bpf.get("xm_rates", key)
         if law is Law.NONE:

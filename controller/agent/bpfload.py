@@ -93,7 +93,8 @@ def kernel_headers() -> str:
 def counter_names() -> list[str]:
     """XM_CNT_* names in enum order, without the prefix, lower case."""
     text = HEADER.read_text()
-    body = text[text.index("enum xm_counter {") : text.index("XM_CNT_MAX")]
+    start = text.index("enum xm_counter {")
+    body = text[start : text.index("XM_CNT_MAX", start)]
     return [m.lower() for m in re.findall(r"^\s*XM_CNT_([A-Z0-9_]+),", body, re.M)]
 
 
@@ -229,7 +230,7 @@ class NicBpf:
 
     def _check_layouts(self, b: Any) -> None:
         for name in MAPS:
-            t = b.get_table(name)
+            t = b.get_table(name.encode())
             info = bpfsys.map_info(t.map_fd)
             leaf = getattr(t, "sLeaf", t.Leaf)  # per-CPU tables: one CPU's value
             want = (ctypes.sizeof(t.Key), ctypes.sizeof(leaf), int(t.max_entries))
@@ -252,7 +253,7 @@ class NicBpf:
     # ---- typed access ----
 
     def table(self, name: str) -> Any:
-        return self.tables[name]
+        return self.tables[name.encode()]
 
     def key(self, flow: FlowKey) -> Any:
         return key_to_c(flow, self.table("xm_rates").Key)

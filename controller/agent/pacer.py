@@ -13,8 +13,8 @@ TCP is paced by the kernel itself in both modes (sockops.c sets SO_MAX_PACING_RA
 from __future__ import annotations
 
 import enum
-import errno
 import logging
+import subprocess
 import threading
 import time
 from dataclasses import dataclass
@@ -56,22 +56,22 @@ def root_qdisc_kind(ipr: Any, ifindex: int) -> tuple[str, int] | None:
     return None
 
 
-def detect_mode(ipr: Any, ifindex: int, wanted: str = "auto") -> tuple[PacingMode, str]:
+def detect_mode(ifname: str, wanted: str = "auto") -> tuple[PacingMode, str]:
     """Pick the pacing mode: EDT when `sch_fq` can be made the root qdisc (it is then left in
-    place), else HTB. Returns the mode and what was found."""
+    place for EdtPacer), else HTB. Asks the kernel through `tc`, whose error for a missing
+    qdisc kind is unambiguous. Returns the mode and what was found."""
     if wanted == "htb":
         return PacingMode.HTB, "HTB requested"
-    try:
-        ipr.tc("replace", "fq", ifindex, ROOT_HANDLE)
+    res = subprocess.run(
+        ["tc", "qdisc", "replace", "dev", ifname, "root", "handle", f"{HTB_MAJOR:x}:", "fq"],
+        capture_output=True, text=True,
+    )
+    if res.returncode == 0:
         return PacingMode.EDT, "sch_fq available: EDT (skb->tstamp) from the rate map"
-    except Exception as exc:
-        code = getattr(exc, "code", None)
-        if wanted == "edt":
-            raise RuntimeError(f"EDT pacing requested but sch_fq is unavailable ({exc})") from exc
-        return PacingMode.HTB, (
-            f"no sch_fq in this kernel (netlink error {code}: "
-            f"{errno.errorcode.get(code or 0, '?')}): per-flow HTB classes"
-        )
+    why = (res.stderr or res.stdout).strip().splitlines()[0] if (res.stderr or res.stdout) else "?"
+    if wanted == "edt":
+        raise RuntimeError(f"EDT pacing requested but sch_fq is unavailable: {why}")
+    return PacingMode.HTB, f"no sch_fq in this kernel ({why}): per-flow HTB classes"
 
 
 @dataclass
@@ -179,7 +179,11 @@ class HtbPacer:
                 return None
             for idx in self.ifindexes:
                 try:
-                    self.ipr.tc("del-class", "htb", idx, classid(fc.minor), parent=ROOT_HANDLE)
+                    # pyroute2 builds HTB parameters even for a delete: give it a rate
+                    self.ipr.tc(
+                        "del-class", "htb", idx, classid(fc.minor), parent=ROOT_HANDLE,
+                        rate=1000, ceil=1000,
+                    )
                 except Exception as exc:
                     log.warning("removing class %x: %s", fc.minor, exc)
             return fc
@@ -206,13 +210,18 @@ class EdtPacer:
         self.ifindexes = list(ifindexes)
 
     def setup(self) -> bool:
-        for idx in self.ifindexes:
-            self.ipr.tc("replace", "fq", idx, ROOT_HANDLE)
+        # detect_mode() left sch_fq as root of the first interface; the others get it too
+        for idx in self.ifindexes[1:]:
+            name = self.ipr.get_links(idx)[0].get_attr("IFLA_IFNAME")
+            subprocess.run(
+                ["tc", "qdisc", "replace", "dev", name, "root", "handle", f"{HTB_MAJOR:x}:", "fq"],
+                check=True, capture_output=True,
+            )
         return False
 
     def teardown(self) -> None:
         for idx in self.ifindexes:
             try:
-                self.ipr.tc("del", "fq", idx, ROOT_HANDLE)
+                self.ipr.tc("del", "fq", idx, ROOT_HANDLE, parent=0xFFFFFFFF)
             except Exception as exc:
                 log.warning("removing fq from ifindex %d: %s", idx, exc)

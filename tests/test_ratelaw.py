@@ -1,0 +1,191 @@
+"""controller/ratelaw.py: the reference rate laws (no kernel needed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from controller.ratelaw import (
+    NO_TS,
+    UNIT,
+    CcParams,
+    CcState,
+    DcqcnParams,
+    EchoError,
+    IntHopValues,
+    Law,
+    ReferenceNic,
+    TitaParams,
+    dcqcn_on_feedback,
+    fx_pow,
+    int_words,
+    parse_echo,
+    psn_ge,
+    tita_on_ack,
+    to_fixed,
+)
+
+VECTORS = Path(__file__).resolve().parents[2] / "shared" / "vectors" / "int_v21.json"
+LINE = 100_000_000
+
+
+def test_defaults_scale_with_the_line_rate() -> None:
+    slow, fast = CcParams.defaults(Law.TITA, 100_000_000), CcParams.defaults(Law.TITA, 10**9)
+    assert slow.tita.wai_bps == 50_000  # 100 Mb/s * (1 - 0.95) / 100
+    assert fast.tita.wai_bps == 10 * slow.tita.wai_bps
+    assert slow.tita.eta == to_fixed(0.95) and slow.tita.max_stage == 0
+    assert fast.min_rate_bps == 10 * slow.min_rate_bps == 1_000_000
+    d40, d100m = DcqcnParams.scaled(40 * 10**9), DcqcnParams.scaled(100_000_000)
+    # the paper's values at 40 Gb/s
+    assert (d40.rai_bps, d40.byte_counter, d40.alpha_timer_ns, d40.g) == (
+        40_000_000, 10 * 1024 * 1024, 55_000, UNIT // 256)
+    # time dilation by 400: rates / 400, intervals * 400, bytes unchanged
+    assert d100m.rai_bps == 100_000 and d100m.rhai_bps == 1_000_000
+    assert d100m.rate_timer_ns == 22_000_000 and d100m.cut_interval_ns == 1_600_000
+    assert d100m.byte_counter == d40.byte_counter and d100m.fast_recovery_steps == 5
+
+
+def test_params_validation_rejects_what_the_fixed_point_cannot_carry() -> None:
+    ok = CcParams.defaults(Law.TITA, LINE)
+    ok.validate(LINE)
+    with pytest.raises(ValueError, match="base RTT"):
+        CcParams.defaults(Law.TITA, LINE, base_rtt_ns=10**9).validate(LINE)
+    with pytest.raises(ValueError, match="line rate"):
+        ok.validate(10**13)
+
+
+def test_int_words_and_golden_echo_parse() -> None:
+    assert int_words(0xF500) == 7  # bits 0,1,2,3,5,7: 1+1+1+1+2+1
+    assert int_words(0xFF00) == 11  # bits 4-6 are two words each
+    doc = json.loads(VECTORS.read_text())
+    vec = next(v for v in doc["vectors"] if v["name"] == "three_hops_newest_first")
+    frame = bytes.fromhex(vec["hex"])
+    # shim + MD + stack of a data packet is what an ACK echoes byte for byte
+    int_part = frame[14 + 20 + 8 : -len(bytes.fromhex(vec["decoded"]["payload_hex"]))]
+    hops = parse_echo(int_part)
+    assert not isinstance(hops, EchoError)
+    want = vec["decoded"]["hops"]
+    assert [h.node_id for h in hops] == [w["node_id"] for w in want]
+    assert [h.qlen for h in hops] == [w["queue_occupancy"] for w in want]
+    assert [h.egress_ts_ns for h in hops] == [w["egress_ts"] for w in want]
+    assert [h.tx_util_ppm for h in hops] == [w["tx_util"] for w in want]
+    assert [h.port for h in hops] == [w["l1_egress_port"] for w in want]
+    # not an echo / broken ones
+    assert parse_echo(b"") is EchoError.NO_INT
+    assert parse_echo(int_part[:-4]) is EchoError.NO_INT  # length disagrees with the shim
+    bad_ver = int_part[:4] + bytes([0x10]) + int_part[5:]
+    assert parse_echo(bad_ver) is EchoError.BAD_HEADER
+
+
+def _hop(node: int, util_ppm: int, qlen: int, ts: int) -> IntHopValues:
+    return IntHopValues(node, 1, qlen, ts, util_ppm)
+
+
+def _tita(cc: CcState, prm: CcParams, util_ppm: int, ts: int, psn: int, qlen: int = 0) -> int:
+    tita_on_ack(
+        cc, prm, [_hop(2, util_ppm // 2, 0, ts), _hop(1, util_ppm, qlen, ts)], ack_psn=psn,
+        snd_nxt_psn=psn + 1, tx_bytes=0, now_ns=ts, ceil_bps=LINE, weight=1, line_rate_bps=LINE,
+    )
+    return cc.rate_bps
+
+
+def test_tita_cuts_above_eta_and_adds_w_ai_below() -> None:
+    prm = CcParams.defaults(Law.TITA, LINE, base_rtt_ns=100_000)
+    cc = CcState.initial(Law.TITA, LINE, 0, 0)
+    assert _tita(cc, prm, 500_000, 1_000, 0) == LINE  # first ACK: records only
+    # a full RTT of 2x overload (tau >= T): U = 2 -> R = R_ref * 0.95 / 2 + W_AI
+    r = _tita(cc, prm, 2_000_000, 200_000, 1)
+    assert r == pytest.approx(LINE * 0.95 / 2 + prm.tita.wai_bps, rel=1e-4)
+    assert cc.ref_rate_bps == r and cc.util == pytest.approx(2 * UNIT, rel=1e-4)
+    # an ACK inside the same RTT (PSN not past the last update) does not commit
+    before_ref = cc.ref_rate_bps
+    _tita(cc, prm, 2_000_000, 210_000, 1)
+    assert cc.ref_rate_bps == before_ref
+    # light load: U drifts down; once below eta with max_stage 1 the law adds W_AI per RTT
+    prm1 = CcParams(prm.law, prm.min_rate_bps, TitaParams(prm.tita.wai_bps, prm.tita.eta, 1,
+                                                          prm.tita.base_rtt_ns), prm.dcqcn)
+    ts, psn = 400_000, 2
+    rates = []
+    for _ in range(20):
+        rates.append(_tita(cc, prm1, 300_000, ts, psn))
+        ts += 200_000
+        psn += 1
+    assert rates[-1] > rates[0]  # recovered
+    assert max(rates) <= LINE
+
+
+def test_tita_queue_term_and_fallback_without_tx_utilisation() -> None:
+    prm = CcParams.defaults(Law.TITA, LINE, base_rtt_ns=100_000)
+    cc = CcState.initial(Law.TITA, LINE, 0, 0)
+    no_util = 0xFFFFFFFF
+    bdp = LINE // 8 * 100_000 // 10**9  # 1250 bytes
+    hops0 = [IntHopValues(1, 1, 4 * bdp, 0, no_util)]
+    tita_on_ack(cc, prm, hops0, ack_psn=0, snd_nxt_psn=1, tx_bytes=0, now_ns=0,
+                ceil_bps=LINE, weight=1, line_rate_bps=LINE)
+    hops1 = [IntHopValues(1, 1, 4 * bdp, 100_000, no_util)]
+    tita_on_ack(cc, prm, hops1, ack_psn=1, snd_nxt_psn=2, tx_bytes=1000, now_ns=100_000,
+                ceil_bps=LINE, weight=1, line_rate_bps=LINE)
+    # standing queue of 4 BDP: u = 4 (queue) + 1 (busy port)
+    assert cc.util == pytest.approx(5 * UNIT, rel=1e-3)
+
+
+def test_psn_serial_arithmetic() -> None:
+    assert psn_ge(5, 5) and psn_ge(6, 5) and not psn_ge(4, 5)
+    assert psn_ge(2, 0xFFFFFE)  # wrapped
+    assert not psn_ge(0xFFFFFE, 2)
+
+
+def test_fx_pow_tracks_float_pow() -> None:
+    base = UNIT - UNIT // 256
+    for n in (0, 1, 7, 100, 1000, 65535):
+        assert fx_pow(base, n) / UNIT == pytest.approx((255 / 256) ** n, abs=2e-4)
+
+
+def test_dcqcn_cut_alpha_and_recovery_stages() -> None:
+    prm = CcParams.defaults(Law.DCQCN, LINE)
+    d = prm.dcqcn
+    cc = CcState.initial(Law.DCQCN, LINE, 0, 0)
+    dcqcn_on_feedback(cc, prm, is_cnp=True, tx_bytes=0, now_ns=0, ceil_bps=LINE, weight=1)
+    assert cc.rate_bps == LINE // 2 and cc.ref_rate_bps == LINE  # alpha starts at 1
+    assert cc.alpha == UNIT  # (1 - g) * 1 + g
+    # a second CNP within the cut interval is held
+    held = dcqcn_on_feedback(cc, prm, is_cnp=True, tx_bytes=0, now_ns=d.cut_interval_ns // 2,
+                             ceil_bps=LINE, weight=1)
+    assert "XDP_DCQCN_CUT_HELD" in held and cc.rate_bps == LINE // 2
+    # fast recovery: F timer events halve the gap to the target each
+    t = 0
+    rates = []
+    for _ in range(d.fast_recovery_steps):
+        t += d.rate_timer_ns
+        dcqcn_on_feedback(cc, prm, is_cnp=False, tx_bytes=0, now_ns=t, ceil_bps=LINE, weight=1)
+        rates.append(cc.rate_bps)
+    assert rates[0] == (LINE // 2 + LINE) // 2
+    assert cc.ref_rate_bps == LINE and cc.timer_count == d.fast_recovery_steps
+    # alpha decayed over the elapsed alpha periods
+    assert cc.alpha < UNIT
+    # a cut from below the line rate, then additive increase moves the target
+    dcqcn_on_feedback(cc, prm, is_cnp=True, tx_bytes=0, now_ns=t + d.cut_interval_ns,
+                      ceil_bps=LINE, weight=1)
+    target = cc.ref_rate_bps
+    t += d.cut_interval_ns
+    for _ in range(d.fast_recovery_steps + 1):
+        t += d.rate_timer_ns
+        dcqcn_on_feedback(cc, prm, is_cnp=False, tx_bytes=0, now_ns=t, ceil_bps=LINE, weight=1)
+    assert cc.ref_rate_bps == target + d.rai_bps  # one additive step after F
+    # byte counter events too: both counters past F -> hyper increase
+    tx = 0
+    for _ in range(d.fast_recovery_steps + 2):
+        tx += d.byte_counter
+        t += d.rate_timer_ns
+        dcqcn_on_feedback(cc, prm, is_cnp=False, tx_bytes=tx, now_ns=t, ceil_bps=LINE, weight=1)
+    assert cc.byte_count > d.fast_recovery_steps and cc.timer_count > d.fast_recovery_steps
+    assert cc.ref_rate_bps == min(LINE, cc.ref_rate_bps)
+
+
+def test_reference_nic_ignores_what_is_not_feedback() -> None:
+    nic = ReferenceNic(LINE, CcParams.defaults(Law.DCQCN, LINE))
+    assert nic.on_frame(b"\x00" * 60, now_ns=0, tx_bytes=0, snd_nxt_psn=None) is None
+    assert not nic.flows
+    assert NO_TS == 2**64 - 1
