@@ -340,7 +340,7 @@ class Agent:
         kernel = self.pacer.existing_minors()
         rates = {k: int(v.rate_bps) for k, v in self.bpf.items("xm_rates")}
         for key, cid in list(self.bpf.items("xm_class")):
-            minor = int(cid.value) & 0xFFFF
+            minor = int(getattr(cid, "value", cid)) & 0xFFFF
             if minor in kernel:
                 self.pacer.adopt(key, minor, rates.get(key, 0))
             else:

@@ -174,8 +174,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         agent.start()
     except Exception as exc:
-        log.error("agent failed to start: %s", exc)
-        agent.stop()
+        log.exception("agent failed to start: %s", exc)
+        if agent.adopted:
+            # a previous agent's maps and classes still pace its flows: leave them for the
+            # next attempt rather than tear them down
+            log.error("leaving the adopted pins and classes in place")
+        else:
+            agent.stop()
         return 1
     reg = registry_for(agent)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="grpc"))

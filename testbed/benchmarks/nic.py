@@ -10,7 +10,9 @@ the kernel (SO_TIMESTAMPNS) and counts frame bytes in 1 ms bins.
   drops (HTB class drop counters, which must stay 0: pacing delays);
 - rate-change latency: the rate is changed during a run (by a gRPC call, or by writing the
   rate map directly, the way the XDP rate law does); latency is the time from the change to
-  the first 1 ms bin from which every 10-bin window holds the new rate within 10 %.
+  the first 1 ms bin from which every 10-bin window holds the new rate within 10 %, counted
+  from the moment the update was made (the RPC returned, the map write returned); the time
+  including the RPC itself is reported next to it.
 
 The same functions back tests/test_nic_pacing.py (which asserts the issue's targets) and
 `make bench` (which records the figures). Rates are frame bits per second (Ethernet header
@@ -482,7 +484,6 @@ def measure_rate_change(pair: NetnsPair, agent: AgentProcess, before_bps: int,
     rx: Reception = box["reception"]
     before = rx.rate_bps(t_change - 700_000_000, t_change - 100_000_000)
     after = rx.rate_bps(t_change + 200_000_000, rx.last_ns - 100_000_000)
-    lat = hold_latency_ms(rx, t_change, after_bps)
     return {
         "via": via,
         "from_bps": before_bps,
@@ -490,7 +491,10 @@ def measure_rate_change(pair: NetnsPair, agent: AgentProcess, before_bps: int,
         "measured_before_bps": round(before),
         "measured_after_bps": round(after),
         "call_ms": round((t_done - t_change) / 1e6, 3),
-        "latency_ms": lat,
+        # from the moment the update was made (RPC returned / map written) ...
+        "latency_ms": hold_latency_ms(rx, t_done, after_bps),
+        # ... and from the moment it was asked for (includes the RPC itself)
+        "latency_from_request_ms": hold_latency_ms(rx, t_change, after_bps),
     }
 
 
@@ -525,7 +529,8 @@ def run(quick: bool) -> dict[str, Any]:
         "run_s": duration, "steady_window": "from 0.5 s after the first packet to 0.2 s before the last",
     }}
     with NetnsPair.create() as pair:
-        agent = AgentProcess(pair.a, pair.dev_a, 1_000_000_000)
+        # the test flows are not the transport: no INT, frames are what the receiver counts
+        agent = AgentProcess(pair.a, pair.dev_a, 1_000_000_000, extra=("--no-int",))
         with agent:
             out["pacing_mode"] = agent.stub().GetStatus(agent.pb().GetStatusRequest(), timeout=10).pacing_mode
             out["udp"] = [measure_udp_pacing(pair, agent, r, duration, sport=5000 + i)
@@ -553,8 +558,12 @@ def run(quick: bool) -> dict[str, Any]:
                 "median": statistics.median(lats) if lats else None,
                 "max": max(lats) if lats else None,
                 "unresolved": sum(c["latency_ms"] is None for c in changes),
-                "definition": "first 1 ms bin after the change from which every 10-bin mean "
-                              "holds the new rate within 10 % for 60 ms",
+                "median_from_request": statistics.median(
+                    [c["latency_from_request_ms"] for c in changes
+                     if c["latency_from_request_ms"] is not None] or [float("nan")]),
+                "definition": "first 1 ms bin after the update was made (RPC returned, map "
+                              "written) from which every 10-bin mean holds the new rate "
+                              "within 10 % for 60 ms",
             }
     out["max_abs_error"] = {
         "udp": max(abs(m["error"]) for m in out["udp"]),

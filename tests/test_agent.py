@@ -1,0 +1,150 @@
+"""xingmai-agent: CLI, gRPC API, clean shutdown, and restart after SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from controller.agent.main import build_parser, merged_settings, parse_bitmap, parse_duration_ns, parse_rate
+from testbed.benchmarks.nic import AgentProcess, NetnsPair, measure_udp_pacing
+
+root = [
+    pytest.mark.root,
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (namespaces, eBPF)"),
+]
+
+
+def test_cli_units_and_config(tmp_path: Path) -> None:
+    assert parse_rate("100M") == 100_000_000 and parse_rate("1G") == 10**9
+    assert parse_rate("250mbit") == 250_000_000 and parse_rate(5) == 5
+    assert parse_duration_ns("100us") == 100_000 and parse_duration_ns("2ms") == 2_000_000
+    assert parse_bitmap("0,1,2,3,5,7") == 0xF500 == parse_bitmap("0xf500")
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text("line_rate: 100M\ninterfaces: [eth9]\nrate_law: dcqcn\n")
+    s = merged_settings(build_parser().parse_args(["--config", str(cfg), "--rate-law", "tita"]))
+    assert s["line_rate"] == "100M" and s["interfaces"] == ["eth9"] and s["rate_law"] == "tita"
+    cfg.write_text("line_rat: 100M\n")
+    with pytest.raises(SystemExit, match="unknown keys"):
+        merged_settings(build_parser().parse_args(["--config", str(cfg)]))
+
+
+def _tc(netns: str, *args: str) -> str:
+    return subprocess.run(["tc", "-n", netns, *args], capture_output=True, text=True).stdout
+
+
+@pytest.mark.parametrize("_", [0], ids=["lifecycle"])
+@pytest.mark.slow
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (namespaces, eBPF)")
+def test_agent_api_and_clean_shutdown(_: int) -> None:
+    with NetnsPair.create() as pair:
+        agent = AgentProcess(pair.a, pair.dev_a, 100_000_000).start()
+        try:
+            pb, stub = agent.pb(), agent.stub()
+            st = stub.GetStatus(pb.GetStatusRequest(), timeout=10)
+            assert st.healthy and st.pacing_mode in ("htb", "edt") and st.pacing_detail
+            if st.pacing_mode == "htb":
+                assert "sch_fq" in st.pacing_detail
+            assert st.line_rate_bps == 100_000_000 and st.host_law.law == pb.RATE_LAW_TITA
+            assert st.host_law.tita.w_ai_bps == 50_000 and not st.adopted_pins
+            assert "xdp" in subprocess.run(["ip", "-n", pair.a, "link", "show", pair.dev_a],
+                                           capture_output=True, text=True).stdout
+            assert "xm_tc_egress" in _tc(pair.a, "filter", "show", "dev", pair.dev_a, "egress")
+            # per-flow law, cap and weight; effective parameters come back filled in
+            key = pair.udp_key(6000)
+            eff = stub.SetRateLaw(pb.SetRateLawRequest(
+                flow=agent.flow(key), config=pb.RateLawConfig(
+                    law=pb.RATE_LAW_DCQCN, dcqcn=pb.DcqcnParams(rai_bps=123_000))), timeout=10)
+            assert eff.effective.dcqcn.rai_bps == 123_000
+            assert eff.effective.dcqcn.rate_timer_ns == 22_000_000  # scaled default
+            agent.set_cap(key, 30_000_000)
+            stub.SetWeights(pb.SetWeightsRequest(weights=[pb.FlowWeight(flow=agent.flow(key),
+                                                                        weight=3)]), timeout=10)
+            watch = stub.WatchRates(pb.WatchRatesRequest(flows=[agent.flow(key)]), timeout=20)
+            got = stub.SetRate(pb.SetRateRequest(flow=agent.flow(key), rate_bps=90_000_000),
+                               timeout=10)
+            assert got.rate_bps == 30_000_000  # bounded by the cap
+            change = next(iter(watch))
+            assert change.rate_bps == 30_000_000 and change.origin == "agent"
+            watch.cancel()
+            flows = {f.flow.src_port: f for f in agent.flows()}
+            f = flows[6000]
+            assert (f.cap_bps, f.weight, f.law, f.rate_bps) == (
+                30_000_000, 3, pb.RATE_LAW_DCQCN, 30_000_000)
+            assert f.paced_rate_bps == 30_000_000 or st.pacing_mode == "edt"
+            # bad input is refused with a reason
+            bad = pb.FlowKey(src_ip="10.0.0.1", dst_ip="nope", protocol=17, src_port=1,
+                             dst_port=2)
+            with pytest.raises(grpc.RpcError) as err:
+                stub.SetCaps(pb.SetCapsRequest(caps=[pb.FlowCap(flow=bad, cap_bps=1)]), timeout=10)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            with pytest.raises(grpc.RpcError) as err:
+                stub.SetRateLaw(pb.SetRateLawRequest(config=pb.RateLawConfig(
+                    law=pb.RATE_LAW_TITA, tita=pb.TitaParams(eta=1.5))), timeout=10)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            text = stub.GetMetrics(pb.GetMetricsRequest(), timeout=10).text
+            assert "xingmai_nic_packets_total" in text and "xingmai_agent_info" in text
+        finally:
+            rc = agent.stop(signal.SIGTERM)
+        assert rc == 0, agent.log_tail()
+        # everything it made is gone, and only that
+        assert "xdp" not in subprocess.run(["ip", "-n", pair.a, "link", "show", pair.dev_a],
+                                           capture_output=True, text=True).stdout
+        assert "xm_tc_egress" not in _tc(pair.a, "filter", "show", "dev", pair.dev_a, "egress")
+        assert "htb" not in _tc(pair.a, "qdisc", "show", "dev", pair.dev_a)
+        assert not agent.pin_dir.exists()
+        assert not (Path("/run/xingmai/agents") / agent.name).exists()
+
+
+@pytest.mark.slow
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (namespaces, eBPF)")
+def test_sigkill_keeps_pacing_and_restart_adopts_pins() -> None:
+    with NetnsPair.create() as pair:
+        first = AgentProcess(pair.a, pair.dev_a, 1_000_000_000, extra=("--no-int",)).start()
+        name = first.name
+        try:
+            m = measure_udp_pacing(pair, first, 20_000_000, duration_s=2.0, sport=7000)
+            assert abs(m["error"]) <= 0.05
+            before = {f.flow.src_port: f for f in first.flows()}
+            first.stop(signal.SIGKILL)
+            # no agent: the flow is still paced at its last rate
+            m2 = measure_udp_pacing_without_agent(pair, 7000)
+            assert abs(m2 / 20_000_000 - 1) <= 0.05
+            assert (first.pin_dir / "xm_rates").exists()
+            # a new agent of the same name adopts the pins instead of resetting them
+            second = AgentProcess(pair.a, pair.dev_a, 1_000_000_000, name=name,
+                                  extra=("--no-int",)).start()
+        except BaseException:
+            first.cleanup_after_kill()
+            raise
+        try:
+            st = second.stub().GetStatus(second.pb().GetStatusRequest(), timeout=10)
+            assert st.adopted_pins
+            after = {f.flow.src_port: f for f in second.flows()}
+            f0, f1 = before[7000], after[7000]
+            assert (f1.cap_bps, f1.rate_bps, f1.law) == (f0.cap_bps, f0.rate_bps, f0.law)
+            assert f1.tx_bytes > f0.tx_bytes  # counters kept and still counting
+            assert f1.paced_rate_bps == 20_000_000  # its HTB class was adopted
+            m3 = measure_udp_pacing(pair, second, 20_000_000, duration_s=2.0, sport=7000)
+            assert abs(m3["error"]) <= 0.05 and m3["pacer_drops"] == 0
+        finally:
+            assert second.stop(signal.SIGTERM) == 0, second.log_tail()
+        assert not second.pin_dir.exists()
+        assert "htb" not in _tc(pair.a, "qdisc", "show", "dev", pair.dev_a)
+
+
+def measure_udp_pacing_without_agent(pair: NetnsPair, sport: int) -> float:
+    from testbed.benchmarks.nic import udp_receiver, udp_sender
+
+    with udp_receiver(pair) as box:
+        udp_sender(pair, sport, 2.0).communicate(timeout=60)
+    rx = box["reception"]
+    time.sleep(0)
+    return rx.rate_bps(rx.first_ns + 500_000_000, rx.last_ns - 200_000_000)
