@@ -5,8 +5,8 @@ operations in the same order, so tests can feed both the same packets and compar
 packet by packet, and the scale-out work can simulate many NICs without kernels. Change one,
 change the other.
 
-Units: rates in bit/s (of the frame as the transport hands it to the NIC), times in ns, utilisation, eta, alpha
-and g as fractions scaled by UNIT = 2**20.
+Units: rates in bit/s (of the frame as the transport hands it to the NIC), times in ns,
+utilisation, eta, alpha and g as fractions scaled by UNIT = 2**20.
 
 Defaults scale with the emulated line rate:
 - TiTa (HPCC-like): eta = 0.95, W_AI = line rate * (1 - eta) / 100 (HPCC's W_init(1-eta)/N for
@@ -339,7 +339,8 @@ def tita_on_ack(
             comparable = False
         B = (hop_speed(h.node_id, h.port) if hop_speed else 0) or line_rate_bps
         dt = local_dt
-        if h.egress_ts_ns != NO_TS and prev.egress_ts_ns != NO_TS and h.egress_ts_ns > prev.egress_ts_ns:
+        ts, pts = h.egress_ts_ns, prev.egress_ts_ns
+        if ts != NO_TS and pts != NO_TS and ts > pts:
             dt = h.egress_ts_ns - prev.egress_ts_ns
         qmin = min(h.qlen, prev.qlen)
         bdp = (B // 8) * T // NSEC or 1

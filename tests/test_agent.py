@@ -11,7 +11,13 @@ from pathlib import Path
 import grpc
 import pytest
 
-from controller.agent.main import build_parser, merged_settings, parse_bitmap, parse_duration_ns, parse_rate
+from controller.agent.main import (
+    build_parser,
+    merged_settings,
+    parse_bitmap,
+    parse_duration_ns,
+    parse_rate,
+)
 from testbed.benchmarks.nic import AgentProcess, NetnsPair, measure_udp_pacing
 
 root = [

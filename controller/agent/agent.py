@@ -127,7 +127,8 @@ class Watcher:
     def offer(self, ev: RateEvent) -> None:
         if self.flows and ev.key not in self.flows:
             return
-        if ev.previous_bps and abs(ev.rate_bps - ev.previous_bps) < self.min_change * ev.previous_bps:
+        moved = abs(ev.rate_bps - ev.previous_bps)
+        if ev.previous_bps and moved < self.min_change * ev.previous_bps:
             return
         while True:
             try:
@@ -568,7 +569,10 @@ class Agent:
         assert self.bpf is not None
         with self.lock:
             ctl = self.bpf.get("xm_ctl", key)
-            prm = cc_params_from_c(ctl.params) if ctl is not None and int(ctl.flags) & CTL_HAS_PARAMS else self.host_params()
+            if ctl is not None and int(ctl.flags) & CTL_HAS_PARAMS:
+                prm = cc_params_from_c(ctl.params)
+            else:
+                prm = self.host_params()
             rate = max(prm.min_rate_bps, min(rate_bps, self._ceiling(key, ctl)))
             self.bpf.set_rate(key, rate, time.monotonic_ns())
             self.sync_once()
@@ -622,7 +626,8 @@ class Agent:
         views: dict[FlowKey, FlowView] = {}
 
         def view(k: FlowKey) -> FlowView:
-            return views.setdefault(k, FlowView(k, law=host_law))
+            roce = k.proto == UDP and k.dport == ROCE_PORT
+            return views.setdefault(k, FlowView(k, law=host_law if roce else Law.NONE))
 
         names = {idx: name for name, idx in self.ifindex.items()}
         for k, st in self.bpf.items("xm_flows"):
@@ -681,7 +686,9 @@ class Agent:
         return {
             "name": self.opts.name,
             "version": VERSION,
-            "healthy": self.healthy and (self.sync_thread is not None and self.sync_thread.is_alive()),
+            "healthy": self.healthy
+            and self.sync_thread is not None
+            and self.sync_thread.is_alive(),
             "interfaces": list(self.opts.interfaces),
             "pacing_mode": self.mode.value,
             "pacing_detail": self.mode_detail,

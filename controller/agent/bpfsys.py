@@ -33,7 +33,10 @@ class BpfError(OSError):
 
 def _bpf(cmd: int, attr: ctypes.Structure) -> int:
     ret = _libc.syscall(
-        ctypes.c_long(SYS_BPF), ctypes.c_int(cmd), ctypes.byref(attr), ctypes.c_uint(ctypes.sizeof(attr))
+        ctypes.c_long(SYS_BPF),
+        ctypes.c_int(cmd),
+        ctypes.byref(attr),
+        ctypes.c_uint(ctypes.sizeof(attr)),
     )
     if ret < 0:
         err = ctypes.get_errno()

@@ -112,7 +112,7 @@ def flow_view_to_pb(v: FlowView) -> pb.Flow:
         idle_s=v.idle_s,
         interface=v.interface,
         paced_rate_bps=v.paced_rate_bps,
-        cc=pb.CcState(**v.cc) if v.cc else None,
+        cc=pb.CcState(**v.cc) if v.cc else None,  # type: ignore[arg-type]
     )
 
 
@@ -140,12 +140,15 @@ class HostAgentService(pb_grpc.HostAgentServicer):
         return pb.SetCapsResponse(applied=self._call(context, run))
 
     def ClearCaps(self, request: pb.ClearCapsRequest, context: Any) -> pb.ClearCapsResponse:
-        n = self._call(context, lambda: self.agent.clear_caps([flow_from_pb(f) for f in request.flows]))
+        n = self._call(
+            context, lambda: self.agent.clear_caps([flow_from_pb(f) for f in request.flows])
+        )
         return pb.ClearCapsResponse(cleared=n)
 
     def SetWeights(self, request: pb.SetWeightsRequest, context: Any) -> pb.SetWeightsResponse:
         def run() -> int:
-            return self.agent.set_weights([(flow_from_pb(w.flow), w.weight) for w in request.weights])
+            weights = [(flow_from_pb(w.flow), w.weight) for w in request.weights]
+            return self.agent.set_weights(weights)
 
         return pb.SetWeightsResponse(applied=self._call(context, run))
 
@@ -173,7 +176,9 @@ class HostAgentService(pb_grpc.HostAgentServicer):
 
         return pb.SetRateResponse(rate_bps=self._call(context, run))
 
-    def SetHopSpeeds(self, request: pb.SetHopSpeedsRequest, context: Any) -> pb.SetHopSpeedsResponse:
+    def SetHopSpeeds(
+        self, request: pb.SetHopSpeedsRequest, context: Any
+    ) -> pb.SetHopSpeedsResponse:
         speeds = [
             (s.node_id, s.port if s.HasField("port") else None, s.speed_bps) for s in request.speeds
         ]

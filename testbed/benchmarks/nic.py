@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import json
 import os
 import random
@@ -82,7 +81,8 @@ class NetnsPair:
         try:
             sh(f"ip netns add {pair.a} && ip netns add {pair.b}")
             sh(f"ip link add {pair.dev_a} type veth peer name {pair.dev_b}")
-            sh(f"ip link set {pair.dev_a} netns {pair.a} && ip link set {pair.dev_b} netns {pair.b}")
+            sh(f"ip link set {pair.dev_a} netns {pair.a}")
+            sh(f"ip link set {pair.dev_b} netns {pair.b}")
             for ns, dev, ip in ((pair.a, pair.dev_a, pair.ip_a), (pair.b, pair.dev_b, pair.ip_b)):
                 sh(f"ip -n {ns} addr add {ip}/24 dev {dev} && ip -n {ns} link set {dev} up"
                     f" && ip -n {ns} link set lo up")
@@ -476,7 +476,8 @@ def measure_rate_change(pair: NetnsPair, agent: AgentProcess, before_bps: int,
             # the XDP rate law's way: write the rate map; raise the cap first so the agent
             # does not bound the new rate
             if after_bps > before_bps:
-                agent.stub().ClearCaps(agent.pb().ClearCapsRequest(flows=[agent.flow(key)]), timeout=10)
+                req = agent.pb().ClearCapsRequest(flows=[agent.flow(key)])
+                agent.stub().ClearCaps(req, timeout=10)
                 t_change = time.monotonic_ns()
             map_writer(key, after_bps)
         t_done = time.monotonic_ns()
@@ -526,13 +527,15 @@ def run(quick: bool) -> dict[str, Any]:
     out: dict[str, Any] = {"conditions": {
         "link": "veth between two network namespaces", "line_rate_bps": 1_000_000_000,
         "udp_payload_bytes": UDP_PAYLOAD, "rate_unit": "frame bits/s (Ethernet header included)",
-        "run_s": duration, "steady_window": "from 0.5 s after the first packet to 0.2 s before the last",
+        "run_s": duration,
+        "steady_window": "from 0.5 s after the first packet to 0.2 s before the last",
     }}
     with NetnsPair.create() as pair:
         # the test flows are not the transport: no INT, frames are what the receiver counts
         agent = AgentProcess(pair.a, pair.dev_a, 1_000_000_000, extra=("--no-int",))
         with agent:
-            out["pacing_mode"] = agent.stub().GetStatus(agent.pb().GetStatusRequest(), timeout=10).pacing_mode
+            status = agent.stub().GetStatus(agent.pb().GetStatusRequest(), timeout=10)
+            out["pacing_mode"] = status.pacing_mode
             out["udp"] = [measure_udp_pacing(pair, agent, r, duration, sport=5000 + i)
                           for i, r in enumerate(rates)]
             out["tcp"] = [measure_tcp_pacing(pair, agent, r, duration + 1, cport=40000 + i)
