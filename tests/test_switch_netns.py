@@ -5,6 +5,7 @@ counters read back over P4Runtime count them. Malformed frames are counted, not 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import os
 import subprocess
 import sys
@@ -35,6 +36,10 @@ def rig() -> Iterator[SwitchRig]:
     with SwitchRig(2) as r:
         r.start_switch(None)
         yield r
+
+
+def prefix(lpm: tuple[int, int]) -> str:
+    return f"{ipaddress.ip_address(lpm[0])}/{lpm[1]}"
 
 
 def options() -> fy.SwitchOptions:
@@ -88,7 +93,7 @@ def test_ping_and_udp_cross_the_switch_and_are_counted(rig: SwitchRig) -> None:
 
     async def counters() -> tuple[dict[str, int], int]:
         async with fy.Switch("s1", rig.grpc_addr, options()) as s:
-            hits = {str(e.match["dst_addr"]): e.counter_data.packet_count
+            hits = {prefix(e.match["dst_addr"]): e.counter_data.packet_count
                     async for e in s.read(fy.P4TableEntry("routes",
                                                           counter_data=fy.P4CounterData()))}
             port_rx = [c async for c in s.read(fy.P4CounterEntry("port_rx", index=1))]

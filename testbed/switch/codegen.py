@@ -926,6 +926,16 @@ class Codegen:
 def compile_program(prog: Program, clock_us: Callable[[], int],
                     log_fn: Callable[[str], None] | None = None) -> Compiled:
     """Generate and compile the Python code for `prog`, with fresh stateful objects."""
+    try:
+        return _compile(prog, clock_us, log_fn)
+    except LoadError:
+        raise
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+        raise LoadError(f"malformed bmv2 JSON: {type(exc).__name__}: {exc}") from exc
+
+
+def _compile(prog: Program, clock_us: Callable[[], int],
+             log_fn: Callable[[str], None] | None) -> Compiled:
     g = Codegen(prog, clock_us, log_fn)
     ns = g.ns
     counters: dict[str, CounterArray] = {}
@@ -933,11 +943,13 @@ def compile_program(prog: Program, clock_us: Callable[[], int],
     registers: dict[str, RegisterArray] = {}
     vsets: dict[str, ValueSet] = {}
     for name, cj in prog.counter_arrays.items():
-        c = CounterArray(name, int(cj["size"]), bool(cj.get("is_direct")), cj.get("binding", ""))
+        # direct counters have no size: they live in the entries of the table they bind to
+        c = CounterArray(name, int(cj.get("size", 0)), bool(cj.get("is_direct")),
+                         cj.get("binding", ""))
         counters[name] = c
         ns[f"C_{g._ident(name)}"] = c
     for name, mj in prog.meter_arrays.items():
-        m = MeterArray(name, int(mj["size"]), mj.get("type", "bytes"), clock_us,
+        m = MeterArray(name, int(mj.get("size", 0)), mj.get("type", "bytes"), clock_us,
                        bool(mj.get("is_direct")), mj.get("binding", ""),
                        int(mj.get("rate_count", 2)))
         meters[name] = m

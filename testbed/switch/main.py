@@ -147,13 +147,14 @@ def main(argv: list[str] | None = None) -> int:
             log.error("cannot load %s: %s", args.json, exc)
             dp.close()
             return 1
+    admin = SwitchAdminService(sw, dp, p4rt)
     try:
-        server = serve(p4rt, args.grpc_server_addr)
+        server = serve(p4rt, args.grpc_server_addr, also=(
+            lambda srv: switch_pb2_grpc.add_SwitchAdminServicer_to_server(admin, srv),))
     except (OSError, RuntimeError) as exc:
         log.error("cannot serve gRPC on %s: %s", args.grpc_server_addr, exc)
         dp.close()
         return 1
-    switch_pb2_grpc.add_SwitchAdminServicer_to_server(SwitchAdminService(sw, dp, p4rt), server)
     if args.metrics_addr:
         from prometheus_client import start_http_server
         host, _, port = args.metrics_addr.rpartition(":")

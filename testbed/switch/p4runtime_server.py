@@ -426,6 +426,9 @@ class P4RuntimeService(p4r_grpc.P4RuntimeServicer):  # type: ignore[misc]
                 return fn(request)
         except RpcError as exc:
             context.abort(_grpc_code(exc.code), exc.message)
+        except (KeyError, IndexError, ValueError, TypeError, AttributeError) as exc:
+            log.exception("internal error in %s", fn.__name__)
+            context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
 
     def Write(self, request: Any, context: Any) -> Any:
         try:
@@ -1063,13 +1066,17 @@ class P4RuntimeService(p4r_grpc.P4RuntimeServicer):  # type: ignore[misc]
         return out
 
 
-def serve(service: P4RuntimeService, address: str, max_workers: int = 16) -> grpc.Server:
-    """Start a gRPC server for `service` on `address` (host:port)."""
+def serve(service: P4RuntimeService, address: str, max_workers: int = 16,
+          also: tuple[Callable[[grpc.Server], None], ...] = ()) -> grpc.Server:
+    """Start a gRPC server for `service` on `address` (host:port); `also` registers more
+    services on the same server before it starts."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers,
                                                     thread_name_prefix="p4rt"),
                          options=[("grpc.max_receive_message_length", 64 * 2**20),
                                   ("grpc.max_send_message_length", 64 * 2**20)])
     p4r_grpc.add_P4RuntimeServicer_to_server(service, server)
+    for register in also:
+        register(server)
     if server.add_insecure_port(address) == 0:
         raise OSError(f"cannot listen on {address}")
     server.start()

@@ -116,7 +116,7 @@ control SwitchIngress(inout headers_t hdr, inout metadata_t meta,
     direct_counter(CounterType.packets_and_bytes) route_hits;
     meter(512, MeterType.packets) port_meter;
     register<bit<32>>(512) rx_seen;
-    action_selector(HashAlgorithm.crc16, 64, 14) ecmp_selector;
+    action_selector(HashAlgorithm.crc32, 64, 14) ecmp_selector;
 
     action drop() {
         mark_to_drop(std);
