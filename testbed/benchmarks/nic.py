@@ -186,10 +186,14 @@ class AgentProcess:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
         try:
-            return self.proc.wait(timeout_s)
+            rc = self.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            return self.proc.wait()
+            rc = self.proc.wait()
+        if rc == 0 and self.log_path is not None:
+            with contextlib.suppress(OSError):
+                self.log_path.unlink()
+        return rc
 
     def cleanup_after_kill(self) -> None:
         """What a SIGKILLed agent leaves (for a test that does not restart it): its pins and
