@@ -142,20 +142,21 @@ def test_traffic_manager_rate_depth_and_priority() -> None:
     tm = TrafficManager(clock, nb_queues=2)
     tm.set_rate(1, bps=8e6)  # 1 MB/s: a 1000-byte packet every ms
     tm.set_depth(1, pkts=3)
-    assert all(tm.enqueue(1, 0, i, 1000) for i in range(3))
-    assert not tm.enqueue(1, 0, 99, 1000)  # tail drop
+    assert [tm.enqueue(1, 0, i, 1000, 0) for i in range(3)] == [(0, 0), (1, 1000), (2, 2000)]
+    assert tm.enqueue(1, 0, 99, 1000, 0) is None  # tail drop
     assert tm.port(1).dropped == 1
     assert tm.occupancy(1, 0) == (3, 3000)
     out = tm.dequeue_ready(clock.now_ns())
-    assert [q.pkt for _, _, q in out] == [0]  # one packet, then the port is busy 1 ms
+    assert [(pkt, left) for _, _, pkt, _, left in out] == [(0, 2)]  # then busy for 1 ms
     assert tm.next_departure_ns() == 1_000_000
-    tm.enqueue(1, 1, "high", 1000)
+    tm.enqueue(1, 1, "high", 1000, 0)
     clock.advance(1_000_000)
-    assert [q.pkt for _, _, q in tm.dequeue_ready(clock.now_ns())] == ["high"]
+    assert [pkt for _, _, pkt, _, _ in tm.dequeue_ready(clock.now_ns())] == ["high"]
     clock.advance(10_000_000)
-    assert [q.pkt for _, _, q in tm.dequeue_ready(clock.now_ns())] == [1, 2]
+    assert [pkt for _, _, pkt, _, _ in tm.dequeue_ready(clock.now_ns())] == [1, 2]
     tm.set_depth(2, nbytes=1500)
-    assert tm.enqueue(2, 0, "a", 1000) and not tm.enqueue(2, 0, "b", 1000)
+    assert tm.enqueue(2, 0, "a", 1000, 0) is not None
+    assert tm.enqueue(2, 0, "b", 1000, 0) is None
 
 
 def test_load_errors_are_clear() -> None:

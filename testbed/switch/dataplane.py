@@ -64,9 +64,13 @@ class Port:
         self.iface = iface
         self.stats = PortStats()
         self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+        # Our own transmissions must not come back as input: the kernel filters them when it
+        # can (Linux >= 4.20), else recv_batch looks at each packet's direction.
         try:
             self.sock.setsockopt(SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
+            self.kernel_filters_outgoing = True
         except OSError:
+            self.kernel_filters_outgoing = False
             log.warning("%s: kernel lacks PACKET_IGNORE_OUTGOING; filtering in user space", iface)
         self.sock.bind((iface, 0))
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 2**20)
@@ -78,14 +82,17 @@ class Port:
 
     def recv_batch(self) -> list[bytes]:
         out = []
+        recv, recvfrom, flags = self.sock.recv, self.sock.recvfrom, socket.MSG_DONTWAIT
         for _ in range(RX_BATCH):
             try:
-                data, addr = self.sock.recvfrom(MAX_FRAME, socket.MSG_DONTWAIT)
+                if self.kernel_filters_outgoing:
+                    out.append(recv(MAX_FRAME, flags))
+                else:
+                    data, addr = recvfrom(MAX_FRAME, flags)
+                    if addr[2] != socket.PACKET_OUTGOING:
+                        out.append(data)
             except (BlockingIOError, InterruptedError):
                 break
-            if addr[2] == socket.PACKET_OUTGOING:
-                continue
-            out.append(data)
         return out
 
     def send(self, data: bytes) -> None:

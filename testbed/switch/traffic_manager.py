@@ -30,7 +30,9 @@ class Clock:
         return time.monotonic_ns() - self._start
 
     def now_us(self) -> int:
-        return self.now_ns() // 1000
+        if self.virtual:
+            return self._virtual_ns // 1000
+        return (time.monotonic_ns() - self._start) // 1000
 
     def advance(self, ns: int) -> None:
         if not self.virtual:
@@ -46,13 +48,6 @@ class Clock:
 
 
 @dataclass
-class Queued:
-    pkt: Any
-    nbytes: int
-    enq_ns: int
-
-
-@dataclass
 class PortQueues:
     port: int
     nb_queues: int = 1
@@ -60,7 +55,7 @@ class PortQueues:
     depth_bytes: int = 0  # 0: no byte limit
     rate_pps: float = 0.0  # 0: no limit
     rate_bps: float = 0.0  # 0: no limit
-    queues: list[deque[Queued]] = field(default_factory=list)
+    queues: list[deque[tuple[Any, int, int]]] = field(default_factory=list)  # (pkt, bytes, t)
     qbytes: list[int] = field(default_factory=list)
     next_tx_ns: int = 0  # earliest time the port may start sending its next packet
     enqueued: int = 0
@@ -145,22 +140,25 @@ class TrafficManager:
         pq = self.ports.get(port)
         return (0, 0) if pq is None else pq.depth(prio)
 
-    def enqueue(self, port: int, prio: int, pkt: Any, nbytes: int) -> bool:
-        """Queue a packet; False (and a counted drop) when the queue is full."""
-        pq = self.port(port)
+    def enqueue(self, port: int, prio: int, pkt: Any, nbytes: int,
+                now_ns: int) -> tuple[int, int] | None:
+        """Queue a packet; returns the queue's (packets, bytes) found on arrival, or None when
+        the queue is full (a counted tail drop)."""
+        pq = self.ports.get(port) or self.port(port)
         q = pq.queues[prio]
-        over_bytes = pq.depth_bytes and pq.qbytes[prio] + nbytes > pq.depth_bytes
-        if len(q) >= pq.depth_pkts or over_bytes:
+        n, b = len(q), pq.qbytes[prio]
+        if n >= pq.depth_pkts or (pq.depth_bytes and b + nbytes > pq.depth_bytes):
             pq.dropped += 1
-            return False
-        q.append(Queued(pkt, nbytes, self.clock.now_ns()))
-        pq.qbytes[prio] += nbytes
+            return None
+        q.append((pkt, nbytes, now_ns))
+        pq.qbytes[prio] = b + nbytes
         pq.enqueued += 1
-        n, b = pq.total()
-        pq.max_depth_pkts = max(pq.max_depth_pkts, n)
-        pq.max_depth_bytes = max(pq.max_depth_bytes, b)
+        if n >= pq.max_depth_pkts:
+            pq.max_depth_pkts = n + 1
+        if b + nbytes > pq.max_depth_bytes:
+            pq.max_depth_bytes = b + nbytes
         self._busy.add(port)
-        return True
+        return n, b
 
     def next_departure_ns(self) -> int | None:
         """When the next packet may leave (None: nothing queued)."""
@@ -171,29 +169,38 @@ class TrafficManager:
                 best = t
         return best
 
-    def dequeue_ready(self, now_ns: int) -> list[tuple[int, int, Queued]]:
+    def dequeue_ready(self, now_ns: int) -> list[tuple[int, int, Any, int, int]]:
         """Every packet whose port is free at `now_ns`, one per port per round, in time order;
-        each departure books the port for the packet's transmission time."""
-        out: list[tuple[int, int, Queued]] = []
-        while True:
+        each departure books the port for the packet's transmission time. Items are
+        (port, priority, packet, enqueue time, packets left in its queue)."""
+        out: list[tuple[int, int, Any, int, int]] = []
+        busy = self._busy
+        while busy:
             progressed = False
-            for port in sorted(self._busy, key=lambda p: self.ports[p].next_tx_ns):
+            ports = sorted(busy, key=lambda p: self.ports[p].next_tx_ns) if len(busy) > 1 \
+                else list(busy)
+            for port in ports:
                 pq = self.ports[port]
                 if pq.next_tx_ns > now_ns:
                     continue
+                queues = pq.queues
                 for prio in range(pq.nb_queues - 1, -1, -1):  # strict priority: high first
-                    q = pq.queues[prio]
+                    q = queues[prio]
                     if q:
-                        item = q.popleft()
-                        pq.qbytes[prio] -= item.nbytes
+                        pkt, nbytes, enq_ns = q.popleft()
+                        pq.qbytes[prio] -= nbytes
                         pq.dequeued += 1
-                        # the port is busy from when it became free (or now) for one packet time
-                        start = max(pq.next_tx_ns, item.enq_ns)
-                        pq.next_tx_ns = start + pq.service_ns(item.nbytes)
-                        out.append((port, prio, item))
+                        # the port is busy from when it became free (or the packet came) for
+                        # one packet time at its rate
+                        start = pq.next_tx_ns if pq.next_tx_ns > enq_ns else enq_ns
+                        if pq.rate_bps or pq.rate_pps:
+                            start += pq.service_ns(nbytes)
+                        pq.next_tx_ns = start
+                        out.append((port, prio, pkt, enq_ns, len(q)))
                         progressed = True
                         break
-                if not any(pq.queues):
-                    self._busy.discard(port)
+                if not any(queues):
+                    busy.discard(port)
             if not progressed:
-                return out
+                break
+        return out

@@ -89,16 +89,15 @@ class StdMeta:
             if name not in inst.htype.field_index:
                 raise LoadError(f"the program lacks standard_metadata.{name}")
         self.h = inst.index
-        self.mask: dict[str, int] = {}
         for name, width in STD_FIELDS.items():
             if name not in inst.htype.field_index:
                 inst.htype.fields.append((name, width, False))
                 inst.htype.field_index[name] = len(inst.htype.fields) - 1
             idx = inst.htype.field_index[name]
-            setattr(self, name, idx)
-            self.mask[name] = (1 << inst.htype.fields[idx][1]) - 1
+            setattr(self, name, idx)  # field index ...
+            setattr(self, "m_" + name, (1 << inst.htype.fields[idx][1]) - 1)  # ... and its mask
 
-    # field indexes, set in __init__ (declared for type checkers)
+    # field indexes and masks, set in __init__ (declared for type checkers)
     ingress_port: int
     egress_spec: int
     egress_port: int
@@ -116,6 +115,23 @@ class StdMeta:
     parser_error: int
     priority: int
     qid: int
+    m_ingress_port: int
+    m_egress_spec: int
+    m_egress_port: int
+    m_instance_type: int
+    m_packet_length: int
+    m_enq_timestamp: int
+    m_enq_qdepth: int
+    m_deq_timedelta: int
+    m_deq_qdepth: int
+    m_ingress_global_timestamp: int
+    m_egress_global_timestamp: int
+    m_mcast_grp: int
+    m_egress_rid: int
+    m_checksum_error: int
+    m_parser_error: int
+    m_priority: int
+    m_qid: int
 
 
 class V1Switch:
@@ -186,11 +202,11 @@ class V1Switch:
                 return
             p = self._new(c, len(data))
             sm = p.h[S.h]
-            sm[S.ingress_port] = port & S.mask["ingress_port"]
+            sm[S.ingress_port] = port & S.m_ingress_port
             sm[S.packet_length] = len(data)
             sm[S.instance_type] = PKT_INSTANCE_TYPE_NORMAL
             now = self.clock.now_us()
-            sm[S.ingress_global_timestamp] = now & S.mask["ingress_global_timestamp"]
+            sm[S.ingress_global_timestamp] = now & S.m_ingress_global_timestamp
             self._run_ingress(c, S, p, bytes(data), port)
 
     def _new(self, c: Compiled, length: int) -> Packet:
@@ -290,7 +306,7 @@ class V1Switch:
             self.stats.drop("mcast_empty_group")
             return
         for port, rid in replicas:
-            p.h[S.h][S.egress_rid] = rid & S.mask["egress_rid"]
+            p.h[S.h][S.egress_rid] = rid & S.m_egress_rid
             cp = p.copy()
             cp.clear_registers()
             cp.truncate_len = p.truncate_len
@@ -302,11 +318,14 @@ class V1Switch:
         if prio >= self.tm.nb_queues:
             self.stats.drop("bad_priority")
             return
-        pkts, nbytes = self.tm.occupancy(port, prio)
-        sm[S.enq_timestamp] = self.clock.now_us() & S.mask["enq_timestamp"]
-        sm[S.enq_qdepth] = (nbytes if self.qdepth_unit == "bytes" else pkts) & S.mask["enq_qdepth"]
-        if not self.tm.enqueue(port, prio, p, p.plen):
+        now = self.clock.now_ns()
+        found = self.tm.enqueue(port, prio, p, p.plen, now)
+        if found is None:
             self.stats.drop("queue_full")
+            return
+        sm[S.enq_timestamp] = (now // 1000) & S.m_enq_timestamp
+        depth = found[1] if self.qdepth_unit == "bytes" else found[0]
+        sm[S.enq_qdepth] = depth & S.m_enq_qdepth
 
     # ---- egress ---------------------------------------------------------------------------
 
@@ -319,24 +338,24 @@ class V1Switch:
                 ready = self.tm.dequeue_ready(self.clock.now_ns())
                 if not ready:
                     return done
-                for port, prio, item in ready:
+                for port, prio, p, enq_ns, left in ready:
                     done += 1
-                    if c is None or S is None:
-                        continue
-                    self._run_egress(c, S, port, prio, item.pkt)
+                    if c is not None and S is not None:
+                        self._run_egress(c, S, port, prio, p, enq_ns, left)
 
-    def _run_egress(self, c: Compiled, S: StdMeta, port: int, prio: int, p: Packet) -> None:
+    def _run_egress(self, c: Compiled, S: StdMeta, port: int, prio: int, p: Packet,
+                    enq_ns: int, left: int) -> None:
         now = self.clock.now_us()
-        m = S.mask
         sm = p.h[S.h]
-        sm[S.egress_global_timestamp] = now & m["egress_global_timestamp"]
-        sm[S.deq_timedelta] = (now - sm[S.enq_timestamp]) & m["deq_timedelta"]
-        pkts, nbytes = self.tm.occupancy(port, prio)
-        sm[S.deq_qdepth] = (nbytes if self.qdepth_unit == "bytes" else pkts) & m["deq_qdepth"]
+        sm[S.egress_global_timestamp] = now & S.m_egress_global_timestamp
+        sm[S.deq_timedelta] = (now - enq_ns // 1000) & S.m_deq_timedelta
+        if self.qdepth_unit == "bytes":
+            left = self.tm.ports[port].qbytes[prio]
+        sm[S.deq_qdepth] = left & S.m_deq_qdepth
         sm[S.qid] = prio
-        sm[S.egress_port] = port & m["egress_port"]
-        sm[S.egress_spec] = (self.drop_port + 1) & m["egress_spec"]
-        sm[S.packet_length] = p.plen & m["packet_length"]
+        sm[S.egress_port] = port & S.m_egress_port
+        sm[S.egress_spec] = (self.drop_port + 1) & S.m_egress_spec
+        sm[S.packet_length] = p.plen & S.m_packet_length
         try:
             c.egress(p)
         except PipelineAbort as exc:
@@ -381,7 +400,7 @@ class V1Switch:
             rp.reinjects = p.reinjects + 1
             self._copy_field_list(c, rp, p, p.recirc_fl)
             rp.h[S.h][S.instance_type] = PKT_INSTANCE_TYPE_RECIRC
-            rp.h[S.h][S.packet_length] = len(out) & m["packet_length"]
+            rp.h[S.h][S.packet_length] = len(out) & S.m_packet_length
             self._run_ingress(c, S, rp, out, 0)
             return
         if p.truncate_len >= 0:
