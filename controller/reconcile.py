@@ -232,6 +232,8 @@ async def read_state(switch: fy.Switch, default_tables: Sequence[str] = ()) -> S
     wildcard += [fy.P4TableEntry(table, is_default_action=True) for table in default_tables]
     for w in wildcard:
         async for got in reader.read(w):
+            if isinstance(got, fy.P4TableEntry) and got.is_const:
+                continue  # part of the program, not ours to reconcile
             ents.append(got.encode(schema))
     return SwitchState(ents)
 
