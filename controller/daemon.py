@@ -1,0 +1,255 @@
+"""xingmai-controller: programs the fabric over P4Runtime, collects its telemetry, and runs the
+slow rate-control loop on the hosts' agents.
+
+    xingmai-controller --config fabric.yaml
+
+Runs in the foreground (systemd: controller/systemd/xingmai-controller.service). SIGHUP reloads
+the config and re-programs only the difference; SIGTERM or SIGINT shut down cleanly (the
+switches and agents keep their state: a restarted controller adopts it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from controller import config as config_mod
+from controller.config import Config, ConfigError
+from controller.logs import setup_logging
+
+log = logging.getLogger("xingmai.controller")
+
+
+class Daemon:
+    def __init__(self, cfg: Config, config_path: Path):
+        from controller.collector import Collector
+        from controller.hostagents import connect_agents
+        from controller.slowloop import SlowLoop
+        from controller.switches import SwitchSession
+        from controller.topology import Topology
+
+        self.cfg = cfg
+        self.config_path = config_path
+        self.topo = Topology(cfg)
+        self.collector = Collector(self.topo, cfg.int.dscp, cfg.controller.series_points)
+        self.sessions = {s.name: SwitchSession(cfg, self.topo, s, self.collector)
+                         for s in cfg.switches}
+        self.agents = connect_agents(cfg)
+        self.slowloop = SlowLoop(cfg.policy, self.topo, self.collector, self.agents,
+                                 timeout_s=cfg.controller.rpc_timeout_s)
+        self.started = time.monotonic()
+        self.reloads = 0
+        self.reload_failures = 0
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._udp: asyncio.DatagramTransport | None = None
+        self._server: Any = None
+        self._metrics: Any = None
+
+    def healthy(self) -> bool:
+        return all(s.health.connected and (s.health.programmed or not s.health.primary)
+                   for s in self.sessions.values())
+
+    # ---- lifecycle ----
+
+    async def start(self) -> None:
+        from controller.collector import serve_udp
+
+        c = self.cfg.controller
+        col = self.cfg.int.collector
+        self._udp = await serve_udp(self.collector, col.listen, col.netns)
+        self._server = await self._start_grpc(c.grpc_addr)
+        if c.metrics_addr:
+            self._metrics = self._start_metrics(c.metrics_addr)
+        for s in self.sessions.values():
+            s.start()
+        self._tasks.append(asyncio.create_task(self.slowloop.run(), name="slowloop"))
+        log.info("controller up", extra={
+            "grpc": c.grpc_addr, "collector": self.cfg.int.collector.listen,
+            "metrics": c.metrics_addr or "", "switches": len(self.sessions),
+            "agents": len(self.agents), "election_id": c.election_id})
+
+    async def _start_grpc(self, addr: str) -> Any:
+        import grpc
+
+        from controller.proto import controller_pb2_grpc
+        from controller.service import ControllerService
+
+        server = grpc.aio.server()
+        controller_pb2_grpc.add_ControllerServicer_to_server(ControllerService(self), server)
+        tls = self.cfg.controller.tls
+        if tls is not None:
+            creds = grpc.ssl_server_credentials(
+                [(tls.key.read_bytes(), tls.cert.read_bytes())],
+                root_certificates=tls.ca.read_bytes(), require_client_auth=True)
+            bound = server.add_secure_port(addr, creds)
+        else:
+            bound = server.add_insecure_port(addr)
+        if not bound:
+            raise OSError(f"cannot listen on {addr}")
+        await server.start()
+        return server
+
+    def _start_metrics(self, addr: str) -> Any:
+        from prometheus_client import start_http_server
+
+        from controller.metrics import registry
+
+        host, _, port = addr.rpartition(":")
+        server, _thread = start_http_server(int(port), addr=host or "0.0.0.0",
+                                            registry=registry(self))
+        return server
+
+    async def stop(self) -> None:
+        log.info("controller stopping")
+        if self._server is not None:
+            await self._server.stop(grace=1.0)
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        await asyncio.gather(*(s.stop() for s in self.sessions.values()))
+        for agent in self.agents.values():
+            await agent.close()
+        if self._udp is not None:
+            self._udp.close()
+        if self._metrics is not None:
+            self._metrics.shutdown()
+        log.info("controller stopped")
+
+    async def reload(self) -> None:
+        """SIGHUP: a new config, applied as a difference. A bad file changes nothing."""
+        from controller.hostagents import connect_agents
+        from controller.switches import SwitchSession
+        from controller.topology import Topology
+
+        try:
+            cfg = config_mod.load(self.config_path)
+        except ConfigError as exc:
+            self.reload_failures += 1
+            log.error("reload refused, keeping the running config", extra={"error": str(exc)})
+            return
+        topo = Topology(cfg)
+        old = self.cfg
+        self.cfg, self.topo = cfg, topo
+        self.collector.topo = topo
+        for name in list(self.sessions):
+            if name not in {s.name for s in cfg.switches}:
+                await self.sessions.pop(name).stop()
+        for s in cfg.switches:
+            sess = self.sessions.get(s.name)
+            if sess is None:
+                sess = self.sessions[s.name] = SwitchSession(cfg, topo, s, self.collector)
+                sess.start()
+            else:
+                await sess.reload(cfg, topo, s)
+        if [(h.name, h.agent) for h in old.hosts] != [(h.name, h.agent) for h in cfg.hosts]:
+            for agent in self.agents.values():
+                await agent.close()
+            self.agents = connect_agents(cfg)
+            self.slowloop.set_agents(self.agents)
+        self.slowloop.topo = topo
+        self.slowloop.set_policy(cfg.policy)
+        self.reloads += 1
+        log.info("config reloaded", extra={"file": str(self.config_path)})
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stop.set)
+        loop.add_signal_handler(signal.SIGHUP, lambda: self._spawn(self.reload()))
+        try:
+            await self.start()
+        except OSError as exc:
+            log.error("cannot start", extra={"error": str(exc)})
+            await self.stop()
+            return 1
+        await self._stop.wait()
+        await self.stop()
+        return 0
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.append(task)
+        task.add_done_callback(lambda t: self._tasks.remove(t) if t in self._tasks else None)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="xingmai-controller", description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="The config format is described in controller/examples/leafspine-2x2.yaml.")
+    ap.add_argument("--config", "-c", type=Path, required=True, help="YAML config file")
+    ap.add_argument("--check", action="store_true",
+                    help="validate the config and exit (0: valid, 2: not)")
+    ap.add_argument("--election-id", type=int,
+                    help="override controller.election_id (lower than the primary's: backup)")
+    ap.add_argument("--grpc-addr", help="override controller.grpc_addr")
+    ap.add_argument("--metrics-addr", help="override controller.metrics_addr")
+    ap.add_argument("--collector-listen", help="override int.collector.listen")
+    ap.add_argument("-L", "--log-level", choices=["trace", "debug", "info", "warn", "error"],
+                    help="override controller.log_level")
+    ap.add_argument("--log-file", type=Path, help="override controller.log_file")
+    ap.add_argument("--log-console", action="store_true",
+                    help="log to stderr even when a log file is set")
+    return ap
+
+
+def apply_overrides(cfg: Config, args: argparse.Namespace) -> Config:
+    import dataclasses
+
+    c = cfg.controller
+    changes: dict[str, Any] = {}
+    if args.election_id is not None:
+        if args.election_id < 1:
+            raise ConfigError("--election-id: must be at least 1")
+        changes["election_id"] = args.election_id
+    for key in ("grpc_addr", "metrics_addr", "log_level", "log_file"):
+        v = getattr(args, key)
+        if v is not None:
+            changes[key] = v
+    if changes:
+        cfg = dataclasses.replace(cfg, controller=dataclasses.replace(c, **changes))
+    if args.collector_listen:
+        col = dataclasses.replace(cfg.int.collector, listen=args.collector_listen)
+        cfg = dataclasses.replace(cfg, int=dataclasses.replace(cfg.int, collector=col))
+    return cfg
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        cfg = apply_overrides(config_mod.load(args.config), args)
+        for sw in cfg.switches:
+            pipe = cfg.pipeline_of(sw)
+            for p in (pipe.p4info, pipe.bmv2_json):
+                if not p.is_file():
+                    raise ConfigError(f"pipeline: {p} does not exist (make p4?)")
+    except ConfigError as exc:
+        print(f"xingmai-controller: {exc}", file=sys.stderr)
+        return 2
+    if args.check:
+        print(f"{args.config}: valid ({len(cfg.switches)} switches, {len(cfg.hosts)} hosts, "
+              f"{len(cfg.links)} links)")
+        return 0
+    c = cfg.controller
+    setup_logging(f"controller:{c.name}", c.log_level,
+                  console=args.log_console or c.log_file is None, file=c.log_file)
+    return asyncio.run(_run(cfg, args.config))
+
+
+async def _run(cfg: Config, path: Path) -> int:
+    # made inside the event loop: its gRPC channels belong to this loop
+    return await Daemon(cfg, path).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""Prometheus metrics of the controller, read from the daemon's state at scrape time."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+if TYPE_CHECKING:
+    from controller.daemon import Daemon
+
+
+class ControllerMetrics:
+    def __init__(self, daemon: Daemon):
+        self.d = daemon
+
+    def collect(self) -> Iterator[Any]:
+        d = self.d
+        sw = ["switch"]
+        conn = GaugeMetricFamily("xingmai_controller_switch_connected",
+                                 "P4Runtime channel up", labels=sw)
+        prim = GaugeMetricFamily("xingmai_controller_switch_primary",
+                                 "this controller is primary", labels=sw)
+        prog = GaugeMetricFamily("xingmai_controller_switch_programmed",
+                                 "last reconcile wrote everything", labels=sw)
+        connects = CounterMetricFamily("xingmai_controller_switch_connects",
+                                       "P4Runtime channels opened", labels=sw)
+        written = CounterMetricFamily("xingmai_controller_switch_writes",
+                                      "P4Runtime updates written", labels=sw)
+        failed = CounterMetricFamily("xingmai_controller_switch_write_failures",
+                                     "P4Runtime updates refused", labels=sw)
+        for name, s in d.sessions.items():
+            h = s.health
+            conn.add_metric([name], int(h.connected))
+            prim.add_metric([name], int(h.primary))
+            prog.add_metric([name], int(h.programmed))
+            connects.add_metric([name], h.connects)
+            written.add_metric([name], h.written)
+            failed.add_metric([name], h.write_failures)
+        yield from (conn, prim, prog, connects, written, failed)
+
+        col = d.collector
+        rx = CounterMetricFamily("xingmai_controller_reports",
+                                 "telemetry reports received", labels=sw)
+        lost = GaugeMetricFamily("xingmai_controller_reports_lost",
+                                 "telemetry reports lost (sequence gaps; late ones un-count)",
+                                 labels=sw)
+        for n in col.node_summary():
+            rx.add_metric([n["name"]], n["received"])
+            lost.add_metric([n["name"]], n["lost"])
+        errs = CounterMetricFamily("xingmai_controller_report_errors",
+                                   "malformed report datagrams", labels=["reason"])
+        for reason, v in col.errors.items():
+            errs.add_metric([reason], v)
+        yield from (rx, lost, errs)
+
+        lk = ["link"]
+        q = GaugeMetricFamily("xingmai_controller_link_queue_bytes",
+                              "queue occupancy (INT, last)", labels=lk)
+        lat = GaugeMetricFamily("xingmai_controller_link_hop_latency_ns",
+                                "hop latency (INT, last)", labels=lk)
+        util = GaugeMetricFamily("xingmai_controller_link_utilization",
+                                 "tx utilisation, fraction of capacity", labels=lk + ["source"])
+        for name, lt in list(col.links.items()):
+            if lt.qocc_bytes is not None:
+                q.add_metric([name], lt.qocc_bytes)
+            if lt.latency_ns is not None:
+                lat.add_metric([name], lt.latency_ns)
+            if lt.util_int is not None:
+                util.add_metric([name, "int"], lt.util_int)
+            if lt.util_counter is not None:
+                util.add_metric([name, "counter"], lt.util_counter)
+        flows = GaugeMetricFamily("xingmai_controller_flows", "flows with a cap")
+        flows.add_metric([], len(d.slowloop.caps))
+        yield from (q, lat, util, flows)
+
+        host = ["host"]
+        reach = GaugeMetricFamily("xingmai_controller_agent_reachable",
+                                  "the host agent answered the last call", labels=host)
+        afail = CounterMetricFamily("xingmai_controller_agent_failures",
+                                    "agent calls failed or timed out", labels=host)
+        for host_name, st in d.slowloop.state.items():
+            reach.add_metric([host_name], int(st.reachable))
+            afail.add_metric([host_name], st.failures)
+        runs = CounterMetricFamily("xingmai_controller_slowloop_runs", "slow loop steps")
+        runs.add_metric([], d.slowloop.runs)
+        reloads = CounterMetricFamily("xingmai_controller_config_reloads",
+                                      "SIGHUP reloads", labels=["result"])
+        reloads.add_metric(["ok"], d.reloads)
+        reloads.add_metric(["failed"], d.reload_failures)
+        yield from (reach, afail, runs, reloads)
+
+
+def registry(daemon: Daemon) -> CollectorRegistry:
+    reg = CollectorRegistry()
+    reg.register(ControllerMetrics(daemon))  # type: ignore[arg-type]
+    return reg
