@@ -426,3 +426,142 @@ class FakeHostAgent:
     def close(self) -> None:
         self.hang.clear()
         self.server.stop(0)
+
+
+SENDER = r"""
+import socket, sys, time
+dst, dport, sport, pps, seconds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), \
+    float(sys.argv[4]), float(sys.argv[5])
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("0.0.0.0", sport))
+n = 0
+t0 = time.monotonic()
+while True:
+    t = time.monotonic() - t0
+    if t >= seconds:
+        break
+    s.sendto(n.to_bytes(4, "big") + b"x" * 60, (dst, dport))
+    n += 1
+    time.sleep(max(0.0, n / pps - (time.monotonic() - t0)))
+print(n)
+"""
+
+RECEIVER = r"""
+import json, socket, sys, time
+port, seconds = int(sys.argv[1]), float(sys.argv[2])
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("0.0.0.0", port))
+s.settimeout(0.2)
+print("ready", flush=True)
+flows = {}
+end = time.monotonic() + seconds
+while time.monotonic() < end:
+    try:
+        data, addr = s.recvfrom(2048)
+    except socket.timeout:
+        continue
+    now = time.monotonic()
+    f = flows.setdefault(f"{addr[0]}:{addr[1]}", {"n": 0, "last": now, "max_gap": 0.0,
+                                                   "first": now})
+    f["n"] += 1
+    f["max_gap"] = max(f["max_gap"], now - f["last"])
+    f["last"] = now
+print(json.dumps(flows))
+"""
+
+
+class Traffic:
+    """UDP senders and a receiver in host namespaces (plain sockets, the switch adds INT)."""
+
+    def __init__(self, fabric: Fabric):
+        self.fabric = fabric
+        self.procs: list[subprocess.Popen[str]] = []
+        self.receivers: list[subprocess.Popen[str]] = []
+
+    def receiver(self, host: str, port: int, seconds: float) -> subprocess.Popen[str]:
+        h = self.fabric.host(host)
+        p = subprocess.Popen(h.cmd(sys.executable, "-c", RECEIVER, str(port), str(seconds)),
+                             stdout=subprocess.PIPE, text=True)
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        self.receivers.append(p)
+        return p
+
+    def sender(self, host: str, dst: str, dport: int, sport: int, pps: float,
+               seconds: float) -> subprocess.Popen[str]:
+        h = self.fabric.host(host)
+        p = subprocess.Popen(h.cmd(sys.executable, "-c", SENDER, dst, str(dport), str(sport),
+                                   str(pps), str(seconds)), stdout=subprocess.PIPE, text=True)
+        self.procs.append(p)
+        return p
+
+    @staticmethod
+    def result(p: subprocess.Popen[str], timeout: float = 60) -> str:
+        out, _ = p.communicate(timeout=timeout)
+        return out.strip().splitlines()[-1] if out.strip() else ""
+
+    def close(self) -> None:
+        for p in self.procs + self.receivers:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+ECHO = r"""
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind(("0.0.0.0", int(sys.argv[1])))
+print("ready", flush=True)
+while True:
+    data, addr = s.recvfrom(2048)
+    s.sendto(data, addr)
+"""
+
+PROBE = r"""
+import json, socket, sys, time
+port, targets = int(sys.argv[1]), sys.argv[2:]
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(0.3)
+ok = {}
+for t in targets:
+    ok[t] = False
+    for attempt in range(5):
+        s.sendto(t.encode(), (t, port))
+        try:
+            while True:
+                data, addr = s.recvfrom(2048)
+                if data == t.encode():
+                    ok[t] = True
+                    break
+        except socket.timeout:
+            pass
+        if ok[t]:
+            break
+print(json.dumps(ok))
+"""
+
+
+def reachability(fabric: Fabric, port: int = 9009) -> dict[tuple[str, str], bool]:
+    """UDP echo from every host to every other (both directions cross the fabric)."""
+    import json
+
+    servers = []
+    try:
+        for h in fabric.hosts:
+            p = subprocess.Popen(h.cmd(sys.executable, "-c", ECHO, str(port)),
+                                 stdout=subprocess.PIPE, text=True)
+            servers.append(p)
+            assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        out: dict[tuple[str, str], bool] = {}
+        for h in fabric.hosts:
+            others = [o for o in fabric.hosts if o is not h]
+            res = subprocess.run(h.cmd(sys.executable, "-c", PROBE, str(port),
+                                       *[o.ip for o in others]),
+                                 capture_output=True, text=True, timeout=60)
+            got = json.loads(res.stdout)
+            for o in others:
+                out[(h.name, o.name)] = got[o.ip]
+        return out
+    finally:
+        for p in servers:
+            p.kill()
+            p.wait()
