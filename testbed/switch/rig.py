@@ -59,6 +59,7 @@ class SwitchRig:
         self.hosts: list[RigHost] = []
         self.proc: subprocess.Popen[bytes] | None = None
         self.grpc_addr = ""
+        self.binary = ""
         self.log_path: Path | None = None
         try:
             for i in range(1, n_hosts + 1):
@@ -103,6 +104,7 @@ class SwitchRig:
         """Start the switch with every host's port; returns its gRPC address."""
         port = free_tcp_port()
         self.grpc_addr = f"127.0.0.1:{port}"
+        self.binary = binary
         ifs = [a for h in self.hosts for a in ("-i", f"{h.port}@{h.sw_ifname}")]
         if binary == "xingmai-switch":
             argv = [sys.executable, "-m", "testbed.switch.main"]
