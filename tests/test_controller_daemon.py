@@ -20,7 +20,7 @@ import grpc
 import pytest
 import yaml
 
-from tests.test_controller_rig import BMV2_JSON, P4INFO, REPO, free_port
+from tests.test_controller_rig import BMV2_JSON, P4INFO, REPO, FakeHostAgent, free_port
 
 EXAMPLE = REPO / "controller" / "examples" / "leafspine-2x2.yaml"
 UNIT = REPO / "controller" / "systemd" / "xingmai-controller.service"
@@ -115,28 +115,36 @@ def daemon(tmp_path: Path) -> Iterator[dict[str, Any]]:
     silent = Silent()
     refused = free_port()  # nobody listens there
     ctl = free_port()
+    metrics = free_port()
     udp = free_port(socket.SOCK_DGRAM)
+    hanging = FakeHostAgent("h1")
+    hanging.hang.set()
     doc = yaml.safe_load(EXAMPLE.read_text())
     doc["pipeline"] = {"p4info": str(P4INFO), "bmv2_json": str(BMV2_JSON)}
     doc["controller"] = {"grpc_addr": f"127.0.0.1:{ctl}", "rpc_timeout_s": 0.5,
-                         "reconnect_max_s": 1.0}
+                         "reconnect_max_s": 1.0, "metrics_addr": f"127.0.0.1:{metrics}"}
+    doc["policy"] = {"interval_s": 0.5}
     doc["int"]["collector"]["listen"] = f"127.0.0.1:{udp}"
     for i, sw in enumerate(doc["switches"]):
         sw["grpc_addr"] = f"127.0.0.1:{silent.port if i % 2 else refused}"
     for h in doc["hosts"]:
         h.pop("agent", None)
+    doc["hosts"][0]["agent"] = hanging.addr  # an agent that never answers
+    doc["hosts"][1]["agent"] = f"127.0.0.1:{refused}"  # and one that is not there
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(doc))
     log = tmp_path / "ctl.log"
     proc = subprocess.Popen([sys.executable, "-m", "controller.daemon", "--config", str(cfg),
                              "--log-file", str(log)], cwd=REPO, stderr=subprocess.PIPE)
     try:
-        yield {"proc": proc, "ctl": ctl, "udp": udp, "cfg": cfg, "log": log}
+        yield {"proc": proc, "ctl": ctl, "udp": udp, "cfg": cfg, "log": log,
+               "metrics": metrics}
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
         silent.close()
+        hanging.close()
 
 
 def _status(ctl: int, timeout: float = 20.0) -> Any:
@@ -177,6 +185,18 @@ def test_unreachable_switches_bad_reports_and_signals(daemon: dict[str, Any]) ->
     assert not any(s.connected for s in sws.values())
     assert "no P4Runtime answer" in sws["leaf2"].last_error, sws["leaf2"]
     assert sws["leaf1"].last_error, sws["leaf1"]
+    # the hanging and the absent agent: skipped, counted, the loop goes on
+    st = stub.GetStatus(pb.GetStatusRequest(), timeout=2)
+    assert (st.agents, st.agents_reachable) == (2, 0) and st.slow_loop_runs >= 3
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{daemon['metrics']}/metrics",
+                                  timeout=5).read().decode()
+    assert 'xingmai_controller_switch_connected{switch="leaf1"} 0.0' in text
+    assert 'xingmai_controller_report_errors_total{reason="short"}' in text
+    failures = [ln for ln in text.splitlines()
+                if ln.startswith('xingmai_controller_agent_failures_total{host="h1"}')]
+    assert failures and float(failures[0].split()[-1]) >= 2
     # SIGHUP with a broken file: refused, the running config stays
     good = daemon["cfg"].read_text()
     daemon["cfg"].write_text("switches: [\n")
