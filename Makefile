@@ -3,7 +3,8 @@
 #   make test     installs what is missing, then runs the test suite
 #   make install  apt packages + virtual environment + pinned pip packages (idempotent)
 #   make bench    benchmarks, written to results/bench.json
-#   make p4       recompile p4src/ where p4c is installed, refresh p4src/build/ and its stamp
+#   make p4       recompile p4src/ where p4c is installed, refresh p4src/build/ and its stamp,
+#                 and regenerate the controller's P4 names (controller/p4names.py)
 #   make proto    generate the gRPC stubs of controller/proto/*.proto
 
 SHELL := /bin/bash
@@ -81,6 +82,7 @@ bench: install
 
 p4: install
 	$(PY) -m testbed.p4build
+	$(PY) -m controller.p4gen
 
 # p4runtime-shell pins protobuf 3.x, which the project's venv cannot share: it gets its own.
 P4RT_SHELL_VENV := .venv-p4runtime-shell
