@@ -80,6 +80,21 @@ class GrpcAgent:
     async def set_policy(self, policy: LawPolicy) -> None:
         await self._rpc("SetRateLaw", pb.SetRateLawRequest(config=rate_law_config(policy)))
 
+    async def policy_in_force(self, policy: LawPolicy) -> bool:
+        """The agent's host law already is `policy` (a restarted controller then leaves it
+        alone): same law, and every parameter the policy sets has that value."""
+        st = await self._rpc("GetStatus", pb.GetStatusRequest())
+        want = rate_law_config(policy)
+        have = st.host_law
+        if have.law != want.law:
+            return False
+        for sub in ("tita", "dcqcn"):
+            w, h = getattr(want, sub), getattr(have, sub)
+            for fd, value in w.ListFields():
+                if abs(getattr(h, fd.name) - value) > 1e-9 * max(1.0, abs(value)):
+                    return False
+        return not want.HasField("min_rate_bps") or have.min_rate_bps == want.min_rate_bps
+
     async def set_caps(self, caps: Mapping[FlowKey, float]) -> None:
         await self._rpc("SetCaps", pb.SetCapsRequest(
             caps=[pb.FlowCap(flow=_key(k), cap_bps=max(1, round(v))) for k, v in caps.items()]))

@@ -57,6 +57,7 @@ class AgentPort(Protocol):
 
     async def setup(self) -> None: ...
     async def set_policy(self, policy: LawPolicy) -> None: ...
+    async def policy_in_force(self, policy: LawPolicy) -> bool: ...
     async def set_caps(self, caps: Mapping[FlowKey, float]) -> None: ...
     async def clear_caps(self, keys: list[FlowKey]) -> None: ...
     async def list_flows(self) -> list[AgentFlow]: ...
@@ -154,6 +155,14 @@ class SlowLoop:
                 return
             st.policy_pushed = None
             st.caps = {f.key: f.cap_bps for f in flows if f.cap_bps > 0}
+            want = self.host_policy(host)
+            in_force: list[bool] = []
+
+            async def check() -> None:
+                in_force.append(await agent.policy_in_force(want))
+
+            if await self._call(host, "policy_in_force", check()) and in_force[0]:
+                st.policy_pushed = want  # already so: not rewritten
         want = self.host_policy(host)
         if st.policy_pushed != want and await self._call(host, "set_policy",
                                                          agent.set_policy(want)):

@@ -134,3 +134,21 @@ def test_slow_loop_over_grpc_caps_four_flows_at_a_quarter(fakes: dict[str, FakeH
     assert fakes["h8"].law.tita.eta == pytest.approx(0.9)  # per-host policy
     assert fakes["h1"].law.law == pb.RATE_LAW_TITA
     assert not loop.state["h7"].reachable and loop.skips["agent_list_flows"] == 1
+
+
+def test_policy_in_force_compares_what_the_policy_sets(fakes: dict[str, FakeHostAgent]) -> None:
+    cfg = config_with(fakes)
+    topo = Topology(cfg)
+
+    async def body() -> list[bool]:
+        a = GrpcAgent(cfg.host("h1"), cfg, topo)
+        out = [await a.policy_in_force(LawPolicy("tita", {}))]  # nothing set yet
+        await a.set_policy(LawPolicy("tita", {"eta": 0.9}))
+        out += [await a.policy_in_force(LawPolicy("tita", {"eta": 0.9})),
+                await a.policy_in_force(LawPolicy("tita", {})),
+                await a.policy_in_force(LawPolicy("tita", {"eta": 0.95})),
+                await a.policy_in_force(LawPolicy("dcqcn", {}))]
+        await a.close()
+        return out
+
+    assert asyncio.run(body()) == [False, True, True, False, False]

@@ -412,6 +412,13 @@ class FakeHostAgent:
                 agent.hop_speeds = list(request.speeds)
                 return pb.SetHopSpeedsResponse()
 
+            def GetStatus(self, request: Any, context: Any) -> Any:
+                self._enter("GetStatus", context)
+                st = pb.Status(name=agent.name, healthy=True)
+                if agent.law is not None:
+                    st.host_law.CopyFrom(agent.law)
+                return st
+
             def ListFlows(self, request: Any, context: Any) -> Any:
                 self._enter("ListFlows", context)
                 resp = pb.ListFlowsResponse()

@@ -44,6 +44,10 @@ class FakeAgent:
         await self._enter("set_policy")
         self.policy = policy
 
+    async def policy_in_force(self, policy: LawPolicy) -> bool:
+        await self._enter("policy_in_force")
+        return self.policy == policy
+
     async def set_caps(self, caps: Mapping[FlowKey, float]) -> None:
         await self._enter("set_caps")
         self.caps.update(caps)
@@ -166,3 +170,18 @@ def test_auto_tune_sets_w_ai_from_the_bottleneck_flow_count() -> None:
     asyncio.run(loop.step())
     pol = agents["h1"].policy
     assert pol is not None and pol.params["w_ai_bps"] == round(100e6 * (1 - 0.95) / 4)
+
+
+def test_a_restarted_controller_leaves_policies_and_caps_in_force_alone() -> None:
+    loop, col, agents = setup(["h1", "h2", "h3", "h4"])
+    incast_reports(col, 0, SENDERS)
+    asyncio.run(loop.step())
+    # a new controller (new loop, same agents that keep their state)
+    loop2 = SlowLoop(loop.policy, loop.topo, col, agents, timeout_s=0.3)
+    for a in agents.values():
+        a.flows = [AgentFlow(k, 20e6) for k in a.caps]
+        a.calls.clear()
+    asyncio.run(loop2.step())
+    for a in agents.values():
+        assert "set_policy" not in a.calls and "set_caps" not in a.calls, a.calls
+        assert a.calls[:3] == ["list_flows", "setup", "policy_in_force"]
