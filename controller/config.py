@@ -341,6 +341,17 @@ def _addr(v: Any, path: str) -> str:
     return s
 
 
+def _target(v: Any, path: str) -> str:
+    """A gRPC target: HOST:PORT, or unix:PATH (a host agent's socket, e.g.
+    unix:///run/xingmai/agents/h1/agent.sock)."""
+    s = _str(v, path)
+    if s.startswith("unix:"):
+        if len(s.removeprefix("unix:").lstrip("/")) == 0:
+            raise ConfigError(f"{path}: {s!r} names no socket path")
+        return s
+    return _addr(s, path)
+
+
 def _ip(v: Any, path: str) -> str:
     try:
         return str(ipaddress.IPv4Address(_str(v, path)))
@@ -553,7 +564,7 @@ def _host(doc: Any, path: str) -> HostConfig:
     if not nics:
         raise ConfigError(f"{path}.nics: a host needs at least one NIC")
     out = HostConfig(name=r.req("name", _name), nics=tuple(nics),
-                     agent=r.get("agent", _addr, None),
+                     agent=r.get("agent", _target, None),
                      int_mode=r.get("int", _choice(*INT_MODES), "nic"))
     r.done()
     return out

@@ -91,7 +91,8 @@ class GrpcAgent:
         for sub in ("tita", "dcqcn"):
             w, h = getattr(want, sub), getattr(have, sub)
             for fd, value in w.ListFields():
-                if abs(getattr(h, fd.name) - value) > 1e-9 * max(1.0, abs(value)):
+                # fractions are fixed point (2^-20) in the NIC: equal within that
+                if abs(getattr(h, fd.name) - value) > max(1e-5 * abs(value), 1e-6):
                     return False
         return not want.HasField("min_rate_bps") or have.min_rate_bps == want.min_rate_bps
 

@@ -29,6 +29,9 @@ def test_example_loads_with_resolved_paths_and_scaled_rates() -> None:
     assert cfg.int.instruction_bitmap == 0xF500 and cfg.int.dscp == 0x17
     assert cfg.policy.for_host("h8").params == {"eta": 0.9}
     assert cfg.policy.for_host("h1").rate_law == "tita"
+    doc = example_doc()
+    doc["hosts"][0]["agent"] = "unix:///run/xingmai/agents/h1/agent.sock"
+    assert parse(doc, EXAMPLE.parent).hosts[0].agent == "unix:///run/xingmai/agents/h1/agent.sock"
     topo = Topology(cfg)
     assert topo.links["leaf1:5"].capacity_bps == pytest.approx(100e6)
     assert str(topo.links["leaf1:5"].rx) == "spine1:1"
@@ -84,6 +87,8 @@ _DELETE = object()
     (["hosts", 2, "nics", 0, "ip"], "10.0.1.300", "hosts[2].nics[0].ip: '10.0.1.300' is not"),
     (["hosts", 2, "nics", 0, "ip"], "10.0.1.1", "hosts[2].nics[0].ip: 10.0.1.1 used twice"),
     (["hosts", 0, "int"], "maybe", "hosts[0].int: expected one of switch, nic, none"),
+    (["hosts", 0, "agent"], "unix:", "hosts[0].agent: 'unix:' names no socket path"),
+    (["hosts", 0, "agent"], "agent-h1", "hosts[0].agent: expected HOST:PORT"),
     (["links", 0], ["h1:eth0"], "links[0]: expected [END, END]"),
     (["links", 0, 1], "leaf1:99", "links[0].b: switch leaf1 has no port 99"),
     (["links", 1, 1], "leaf1:1", "links[1].b: leaf1:1 is already linked (links[0])"),

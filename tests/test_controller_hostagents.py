@@ -6,7 +6,11 @@ counted skip."""
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -152,3 +156,59 @@ def test_policy_in_force_compares_what_the_policy_sets(fakes: dict[str, FakeHost
         return out
 
     assert asyncio.run(body()) == [False, True, True, False, False]
+
+
+@pytest.mark.root
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespace, eBPF)")
+def test_real_agent_round_trip(tmp_path: Path) -> None:
+    """The client against a real xingmai-agent (eBPF NIC) in a namespace: the API agrees."""
+    import dataclasses
+
+    ns = f"xch{uuid.uuid4().hex[:5]}"
+    sock = tmp_path / "agent.sock"
+    proc = None
+    try:
+        for argv in (["ip", "netns", "add", ns],
+                     ["ip", "link", "add", f"{ns}a", "type", "veth", "peer", "name", f"{ns}b"],
+                     ["ip", "link", "set", f"{ns}b", "netns", ns],
+                     ["ip", "netns", "exec", ns, "ip", "addr", "add", "10.0.1.1/24", "dev",
+                      f"{ns}b"],
+                     ["ip", "netns", "exec", ns, "ip", "link", "set", f"{ns}b", "up"],
+                     ["ip", "link", "set", f"{ns}a", "up"]):
+            subprocess.run(argv, check=True, capture_output=True)
+        proc = subprocess.Popen([sys.executable, "-m", "controller.agent.main", "--netns", ns,
+                                 "--name", ns, "--line-rate", "100M", "--listen",
+                                 f"unix://{sock}", "--log-file", str(tmp_path / "agent.log")],
+                                cwd=Path(__file__).parents[1])
+        cfg = load(EXAMPLE)
+        host = dataclasses.replace(cfg.host("h1"), agent=f"unix://{sock}", int_mode="nic")
+        key = ("10.0.1.1", "10.0.2.1", 17, 49152, 4791)
+
+        async def body() -> None:
+            a = GrpcAgent(host, cfg, Topology(cfg))
+            for _ in range(120):  # the agent compiles its programs first
+                try:
+                    await a.list_flows()
+                    break
+                except AgentError:
+                    assert proc is not None and proc.poll() is None, "agent exited"
+                    await asyncio.sleep(0.5)
+            await a.setup()
+            law = LawPolicy("tita", {"eta": 0.9, "w_ai_bps": 500_000})
+            assert not await a.policy_in_force(law)
+            await a.set_policy(law)
+            assert await a.policy_in_force(law)
+            await a.set_caps({key: 23.75e6})
+            (flow,) = [f for f in await a.list_flows() if f.key == key]
+            assert flow.cap_bps == 23_750_000 and flow.rate_bps <= 23_750_000
+            await a.clear_caps([key])
+            assert all(f.cap_bps == 0 for f in await a.list_flows() if f.key == key)
+            await a.close()
+
+        asyncio.run(body())
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            proc.wait(timeout=20)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        subprocess.run(["ip", "link", "del", f"{ns}a"], capture_output=True)
