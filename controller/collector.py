@@ -24,7 +24,7 @@ from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.reports import SEQ_BITS, Hop, IntReport, ReportError, decode
+from controller.reports import SEQ_BITS, Hop, IntReport, ReportError, decode, decode_inner
 from controller.topology import Topology
 
 log = logging.getLogger("xingmai.controller.collector")
@@ -139,6 +139,7 @@ class Collector:
         self.reports = 0
         self.errors: Counter[str] = Counter()
         self.flows_evicted = 0
+        self.punted = 0  # INT packets received as packet-ins (sinks without a collector)
         self._counter_prev: dict[str, tuple[float, int]] = {}
         if topo is not None:
             for name, dl in topo.links.items():
@@ -256,6 +257,27 @@ class Collector:
             if name is not None and name not in names:
                 names.append(name)
         return names
+
+    def ingest_punted(self, node_id: int, ingress_port: int, frame: bytes,
+                      now: float | None = None, wall: float | None = None) -> None:
+        """An INT packet a sink could not report (no collector route): the switch sent it to the
+        controller as a packet-in, as the sink received it. Its INT still feeds the links and
+        flows (no sequence number: nothing to count lost)."""
+        now = time.monotonic() if now is None else now
+        wall = time.time() if wall is None else wall
+        self.punted += 1
+        if len(frame) < 14 or frame[12:14] != b"\x08\x00":
+            self.errors["punted_not_ipv4"] += 1
+            return
+        rep = IntReport(0, 0, node_id, False, False, False,
+                        Hop(node_id=node_id, in_port=ingress_port))
+        try:
+            decode_inner(frame[14:], self.int_dscp, rep)
+        except ReportError as exc:
+            self.errors[f"punted_{exc.reason}"] += 1
+            return
+        self.reports += 1
+        self._report(rep, now, wall)
 
     # ---- port counters ----
 

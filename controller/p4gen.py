@@ -8,7 +8,8 @@ the generator's check (a test runs it) instead of failing at run time on a switc
 
 Constant names: `TBL_<alias>`, `KEY_<table alias>_<field>`, `ACT_<alias>`,
 `PRM_<action alias>_<param>`, `PROF_<alias>`, `CTR_<alias>`, `DCTR_<alias>`, `REG_<alias>`,
-`DIG_<alias>` where alias is P4Info's shortest unique name, upper-cased, dots as underscores.
+`DIG_<alias>`, `PKTIN_<field>` / `PKTOUT_<field>` (packet I/O metadata), where alias is P4Info's
+shortest unique name, upper-cased, dots as underscores.
 """
 
 from __future__ import annotations
@@ -64,6 +65,13 @@ def generate(p4info_text: str, source: str) -> str:
         const(_ident("ACT", a.preamble.alias), a.preamble.name)
         for p in a.params:
             const(_ident("PRM", a.preamble.alias, p.name), p.name)
+    out.append("")
+    out.append("# packet-in / packet-out metadata")
+    for cpm in sorted(info.controller_packet_metadata, key=lambda c: c.preamble.name):
+        prefix = {"packet_in": "PKTIN", "packet_out": "PKTOUT"}.get(cpm.preamble.name,
+                                                                     cpm.preamble.name)
+        for m in cpm.metadata:
+            const(_ident(prefix, m.name), m.name)
     out.append("")
     out.append("# action profiles, counters, registers, digests")
     for prefix, items in (("PROF", info.action_profiles), ("CTR", info.counters),

@@ -70,6 +70,11 @@ PRM_ROUTE_DMAC = 'dmac'
 ACT_SET_NEXT_ID = 'XingmaiIngress.routing.set_next_id'
 PRM_SET_NEXT_ID_NEXT_ID = 'next_id'
 
+# packet-in / packet-out metadata
+PKTIN_INGRESS_PORT = 'ingress_port'
+PKTIN_REASON = 'reason'
+PKTOUT_EGRESS_PORT = 'egress_port'
+
 # action profiles, counters, registers, digests
 PROF_ECMP_SELECTOR = 'XingmaiIngress.routing.ecmp_selector'
 CTR_ECN_MARKS = 'XingmaiEgress.ecn.ecn_marks'

@@ -32,6 +32,8 @@ from controller.topology import NextHop, Topology
 
 REPORT_CLONE_SESSION = 256  # p4src/include/define.p4
 CPU_CLONE_SESSION = 257  # p4src/include/define.p4
+PUNT_ACL = 1  # p4src/include/define.p4: packet-in reasons
+PUNT_REPORT_UNSENT = 2
 TX_UTIL_WINDOW_NS = 1 << 20  # p4src/include/define.p4: TX_UTIL_WINDOW_SHIFT 20
 TX_UTIL_SHIFT = 16  # tx_util = bytes_in_window * tx_util_mult >> 16 (port_telemetry.p4)
 WATCHLIST_PRIORITY = 10

@@ -59,7 +59,8 @@ class ControllerService(pb_grpc.ControllerServicer):  # type: ignore[misc]
                              primary=h.primary, programmed=h.programmed, connects=h.connects,
                              last_error=h.last_error, entries=h.entries, written=h.written,
                              write_failures=h.write_failures,
-                             last_reconcile_unix=h.last_reconcile, queues_set=h.queues_set)
+                             last_reconcile_unix=h.last_reconcile, queues_set=h.queues_set,
+                             packet_ins=dict(h.packet_ins))
         return out
 
     async def ListFlows(self, request: Any, context: Any) -> Any:
@@ -98,7 +99,7 @@ class ControllerService(pb_grpc.ControllerServicer):  # type: ignore[misc]
         col = self.d.collector
         out = pb.TelemetrySnapshot(datagrams=col.datagrams, reports=col.reports,
                                    errors=dict(col.errors), flows=len(col.flows),
-                                   flows_evicted=col.flows_evicted)
+                                   flows_evicted=col.flows_evicted, punted=col.punted)
         for n in col.node_summary():
             out.switches.add(node_id=n["node_id"], switch=n["name"], received=n["received"],
                              lost=n["lost"], reordered=n["reordered"],

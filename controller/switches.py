@@ -55,6 +55,7 @@ class SwitchHealth:
     reconciles: int = 0
     last_reconcile: float = 0.0  # unix time
     last_plan: dict[str, int] = field(default_factory=dict)
+    packet_ins: dict[int, int] = field(default_factory=dict)  # by reason
 
 
 class SwitchSession:
@@ -137,14 +138,16 @@ class SwitchSession:
         self.health.connects += 1
         log.info("switch connected", extra={"switch": self.name, "primary": sw.is_primary,
                                             "addr": self.sw.grpc_addr})
-        poller = asyncio.create_task(self._poll_counters(sw), name=f"counters:{self.name}")
+        helpers = [asyncio.create_task(self._poll_counters(sw), name=f"counters:{self.name}"),
+                   asyncio.create_task(self._packet_ins(sw), name=f"packet-in:{self.name}")]
         try:
             await self._down.wait()
             raise ConnectionError("P4Runtime channel went down")
         finally:
-            poller.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await poller
+            for t in helpers:
+                t.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await t
             self.switch = None
             with contextlib.suppress(Exception):
                 await sw.__aexit__(None, None, None)
@@ -241,6 +244,21 @@ class SwitchSession:
             return
         if await self.reconcile():
             await self.set_queues()
+
+    # ---- packet-ins ----
+
+    async def _packet_ins(self, sw: fy.Switch) -> None:
+        """Packet-ins, counted by reason; INT packets a sink could not report go to the
+        collector (only the primary receives packet-ins)."""
+        async for pkt in sw.read_packets():
+            try:
+                reason = int(pkt[P.PKTIN_REASON])
+                port = int(pkt[P.PKTIN_INGRESS_PORT])
+            except (KeyError, TypeError, ValueError):
+                reason, port = 0, 0  # not a packet-in header we know
+            self.health.packet_ins[reason] = self.health.packet_ins.get(reason, 0) + 1
+            if reason == program.PUNT_REPORT_UNSENT and self.collector is not None:
+                self.collector.ingest_punted(self.sw.node_id, port, pkt.payload)
 
     # ---- counters ----
 

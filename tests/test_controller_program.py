@@ -213,3 +213,57 @@ def test_reload_writes_the_difference_and_a_new_session_writes_nothing(
     assert second.health.written == 0 and second.health.last_plan["insert"] == 0
     assert second.health.last_plan["modify"] == 0 and second.health.last_plan["delete"] == 0
     assert third.health.last_plan["insert"] == 1 and third.health.last_plan["modify"] == 7
+
+
+def test_without_a_collector_route_int_comes_as_packet_in(leaf1: InProcessSwitch) -> None:
+    cfg = example(leaf1.addr)
+    cfg = dataclasses.replace(cfg, links=tuple(lk for lk in cfg.links
+                                               if "collector" not in (lk.a.node, lk.b.node)))
+    col = Collector(Topology(cfg))
+    from testbed.packets import int_packet
+
+    pkt = int_packet(src_ip="10.0.2.1", dst_ip="10.0.1.3", sport=50000, bitmap=0xF500,
+                     hops=[{"node_id": 3, "l1_ingress_port": 2, "l1_egress_port": 1,
+                            "hop_latency": 1000, "queue_id": 0, "queue_occupancy": 0,
+                            "egress_ts": 5, "tx_util": 0}],
+                     payload=b"\x04" + b"\x00" * 15, dst_mac=LEAF1_MAC)
+
+    async def body() -> SwitchSession:
+        sess = await run_session(cfg, "leaf1", col)
+        await asyncio.sleep(0.2)  # the packet-in reader is listening
+        out = await asyncio.to_thread(leaf1.send, 5, bytes(pkt))
+        assert [p for p, _ in out] == [3]  # the host still gets it; the clone went to the CPU
+        for _ in range(100):
+            if col.punted:
+                break
+            await asyncio.sleep(0.05)
+        await sess.stop()
+        return sess
+
+    sess = asyncio.run(body())
+    assert sess.health.packet_ins == {2: 1}
+    assert col.punted == 1 and col.errors == {}
+    flow = col.flows[("10.0.2.1", "10.0.1.3", 17, 50000, 4791)]
+    assert [h[0] for h in flow.path] == [3, 1] and flow.links[:2] == ["leaf2:5", "spine1:1"]
+
+
+def test_program_constants_match_the_p4_source() -> None:
+    """Clone sessions, packet-in reasons and the tx window are P4 constants, not P4Info."""
+    import re
+
+    from controller import program
+
+    define = (REPO / "p4src" / "include" / "define.p4").read_text()
+
+    def const(name: str) -> int:
+        m = re.search(rf"(?:const\s+bit<\d+>\s+{name}\s*=|#define\s+{name})\s*(\w+)", define)
+        assert m is not None, name
+        return int(m.group(1), 0)
+
+    assert const("REPORT_CLONE_SESSION") == program.REPORT_CLONE_SESSION
+    assert const("CPU_CLONE_SESSION") == program.CPU_CLONE_SESSION
+    assert const("PUNT_ACL") == program.PUNT_ACL
+    assert const("PUNT_REPORT_UNSENT") == program.PUNT_REPORT_UNSENT
+    assert 1 << const("TX_UTIL_WINDOW_SHIFT") == program.TX_UTIL_WINDOW_NS
+    assert program.tx_util_mult(100e6) == 5_000_000  # p4src/README.md's figures
+    assert program.tx_util_mult(400e9) == 1250
