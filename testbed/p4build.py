@@ -1,0 +1,263 @@
+"""`make p4`: compile p4src/ with the P4 compilers installed here and keep p4src/build/ honest.
+
+p4src/build/ holds the committed compiler outputs (the project runs without a P4 compiler) and
+`stamp.json`, which records, per target, the sha256 of every P4 source the target's top file
+includes (transitively), the compiler and its version, the flags, and the sha256 of each
+output. `check()` recomputes the source and output hashes: a test fails when they differ from
+the stamp, so the committed artifacts can never silently drift from the code.
+
+    python -m testbed.p4build            # rebuild every target whose compiler is installed
+    python -m testbed.p4build --check    # only verify the stamp (exit 1 on a mismatch)
+
+A compiler is found on PATH, or through the environment variable the target names (e.g.
+P4C_BM2_SS=/path/to/p4c-bm2-ss). Targets whose compiler is missing keep their committed
+outputs; the command says so, and fails if those outputs are stale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+P4SRC = REPO / "p4src"
+BUILD = P4SRC / "build"
+STAMP = BUILD / "stamp.json"
+
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class Target:
+    """One compiled program: its top file, compiler, flags and the outputs it writes."""
+
+    name: str
+    top: str  # relative to p4src/
+    compiler: str  # executable name
+    compiler_env: str  # environment variable that may point at the compiler
+    flags: tuple[str, ...]
+    outputs: dict[str, str] = field(default_factory=dict)  # role -> file name in build/
+
+    def command(self, exe: str, outdir: Path) -> list[str]:
+        return [
+            exe,
+            *self.flags,
+            "--p4runtime-files",
+            str(outdir / self.outputs["p4info"]),
+            "-o",
+            str(outdir / self.outputs["json"]),
+            self.top,
+        ]
+
+
+TARGETS: tuple[Target, ...] = (
+    Target(
+        name="bmv2",
+        top="xingmai.p4",
+        compiler="p4c-bm2-ss",
+        compiler_env="P4C_BM2_SS",
+        flags=("--arch", "v1model", "--std", "p4-16"),
+        outputs={"json": "xingmai.json", "p4info": "xingmai.p4info.txtpb"},
+    ),
+)
+
+
+class StampError(Exception):
+    """The committed outputs do not match the sources (or the stamp is missing/invalid)."""
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def sources_of(top: str) -> list[str]:
+    """Every P4 file `top` includes with #include "..." (transitively), itself first; paths
+    relative to p4src/. System includes (<core.p4>) belong to the compiler's version."""
+    seen: list[str] = []
+    todo = [P4SRC / top]
+    while todo:
+        path = todo.pop(0).resolve()
+        rel = path.relative_to(P4SRC.resolve()).as_posix()
+        if rel in seen:
+            continue
+        if not path.is_file():
+            raise StampError(f"{rel} is included but does not exist")
+        seen.append(rel)
+        for inc in _INCLUDE.findall(path.read_text()):
+            todo.append(path.parent / inc)
+    return seen
+
+
+def source_hashes(target: Target) -> dict[str, str]:
+    return {rel: sha256(P4SRC / rel) for rel in sorted(sources_of(target.top))}
+
+
+def all_p4_files() -> list[str]:
+    """The P4 sources under p4src/ (compiled outputs excluded)."""
+    return sorted(
+        p.relative_to(P4SRC).as_posix()
+        for p in P4SRC.rglob("*.p4")
+        if BUILD not in p.parents
+    )
+
+
+def load_stamp() -> dict:
+    if not STAMP.is_file():
+        raise StampError(f"{STAMP.relative_to(REPO)} is missing: run `make p4` where p4c exists")
+    try:
+        doc = json.loads(STAMP.read_text())
+    except ValueError as exc:
+        raise StampError(f"{STAMP.relative_to(REPO)} is not JSON: {exc}") from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get("targets"), dict):
+        raise StampError(f"{STAMP.relative_to(REPO)} has no 'targets' mapping")
+    return doc
+
+
+def check(targets: tuple[Target, ...] = TARGETS) -> list[str]:
+    """Problems with the committed build (empty: the stamp matches sources and outputs)."""
+    try:
+        stamp = load_stamp()
+    except StampError as exc:
+        return [str(exc)]
+    problems = []
+    covered: set[str] = set()
+    for t in targets:
+        entry = stamp["targets"].get(t.name)
+        if entry is None:
+            problems.append(f"{t.name}: not in the stamp")
+            continue
+        try:
+            now = source_hashes(t)
+        except StampError as exc:
+            problems.append(f"{t.name}: {exc}")
+            continue
+        covered |= set(now)
+        then = entry.get("sources", {})
+        for rel in sorted(set(now) | set(then)):
+            if rel not in then:
+                problems.append(f"{t.name}: {rel} is a new source since the build")
+            elif rel not in now:
+                problems.append(f"{t.name}: {rel} was a source of the build, now is not")
+            elif now[rel] != then[rel]:
+                problems.append(f"{t.name}: {rel} changed since the build")
+        if list(entry.get("flags", [])) != list(t.flags):
+            problems.append(f"{t.name}: built with flags {entry.get('flags')}, now {list(t.flags)}")
+        for role, name in t.outputs.items():
+            out = BUILD / name
+            want = entry.get("outputs", {}).get(name)
+            if not out.is_file():
+                problems.append(f"{t.name}: output {name} ({role}) is missing")
+            elif want != sha256(out):
+                problems.append(f"{t.name}: output {name} differs from what the build wrote")
+    for rel in all_p4_files():
+        if rel not in covered:
+            problems.append(f"{rel} is under p4src/ but no target includes it")
+    return problems
+
+
+def find_compiler(t: Target) -> str | None:
+    env = os.environ.get(t.compiler_env)
+    if env:
+        return env if os.access(env, os.X_OK) else None
+    return shutil.which(t.compiler)
+
+
+def compiler_version(exe: str) -> str:
+    res = subprocess.run([exe, "--version"], capture_output=True, text=True, check=False)
+    lines = [ln.strip() for ln in (res.stdout + res.stderr).splitlines() if ln.strip()]
+    # p4c prints its own path (argv[0]) first: keep the stamp free of install locations
+    return " ".join(ln for ln in lines if not ln.endswith(Path(exe).name))
+
+
+def _normalise_json(path: Path) -> None:
+    """Make the bmv2 JSON independent of where it was built: p4c records each source file's
+    path as it opened it, which for its own includes (<v1model.p4>) is the install folder.
+    Those become `p4include/<name>` (source_info is for debugging only)."""
+    doc = json.loads(path.read_text())
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            fn = node.get("filename")
+            if isinstance(fn, str) and fn.startswith("/"):
+                node["filename"] = "p4include/" + Path(fn).name
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(doc)
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def build(t: Target, exe: str) -> dict:
+    """Compile one target into build/ (via a temporary folder, so a failed compile leaves the
+    committed outputs alone) and return its stamp entry."""
+    BUILD.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="xingmai-p4build-") as tmp:
+        cmd = t.command(exe, Path(tmp))
+        res = subprocess.run(cmd, cwd=P4SRC, capture_output=True, text=True, check=False)
+        if res.returncode != 0:
+            raise RuntimeError(f"{t.name}: {' '.join(cmd)} failed:\n{res.stdout}{res.stderr}")
+        if res.stderr.strip():
+            print(res.stderr.strip(), file=sys.stderr)
+        if "json" in t.outputs:
+            _normalise_json(Path(tmp) / t.outputs["json"])
+        for name in t.outputs.values():
+            shutil.copyfile(Path(tmp) / name, BUILD / name)
+    return {
+        "compiler": t.compiler,
+        "compiler_version": compiler_version(exe),
+        "flags": list(t.flags),
+        "top": t.top,
+        "sources": source_hashes(t),
+        "outputs": {name: sha256(BUILD / name) for name in t.outputs.values()},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m testbed.p4build", description=__doc__)
+    ap.add_argument("--check", action="store_true", help="only verify the stamp")
+    args = ap.parse_args(argv)
+
+    if not args.check:
+        try:
+            stamp = load_stamp()
+        except StampError:
+            stamp = {"targets": {}}
+        for t in TARGETS:
+            exe = find_compiler(t)
+            if exe is None:
+                print(f"{t.name}: {t.compiler} not found (PATH or ${t.compiler_env}); "
+                      "keeping the committed outputs")
+                continue
+            print(f"{t.name}: compiling {t.top} with {exe}")
+            try:
+                stamp["targets"][t.name] = build(t, exe)
+            except RuntimeError as exc:
+                print(exc, file=sys.stderr)
+                return 1
+        STAMP.write_text(json.dumps(stamp, indent=2, sort_keys=True) + "\n")
+
+    problems = check()
+    for p in problems:
+        print(f"stale: {p}", file=sys.stderr)
+    if problems:
+        print("p4src/build does not match p4src: run `make p4` where the compilers are installed",
+              file=sys.stderr)
+        return 1
+    print("p4src/build matches p4src (stamp.json)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
