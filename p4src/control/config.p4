@@ -1,0 +1,61 @@
+/*
+ * Switch-wide and per-port configuration read at egress, set by the controller:
+ *  - switch_config (no key; the controller sets its default action): INT node id, Telemetry
+ *    Report hardware id, and qdepth_unit, the bytes one unit of the target's queue depth stands
+ *    for (1 where the target reports bytes, as the built-in switch with --queue-depth-unit
+ *    bytes; a cell or packet size where it reports cells or packets, as bmv2).
+ *  - port_config: per egress port, the multiplier that turns bytes per window into tx
+ *    utilization (from the port speed; p4src/README.md) and the IPv4 MTU INT must respect.
+ * Queue depths are converted to bytes here, once, for INT and ECN.
+ */
+#ifndef XINGMAI_CONFIG_P4
+#define XINGMAI_CONFIG_P4
+
+control EgressConfig(inout headers_t hdr, inout local_md_t md) {
+    action set_switch_config(bit<32> node_id, bit<6> hw_id, bit<32> qdepth_unit) {
+        md.node_id = node_id;
+        md.hw_id = hw_id;
+        md.qdepth_unit = qdepth_unit;
+    }
+
+    table switch_config {
+        actions = {
+            set_switch_config;
+        }
+        default_action = set_switch_config(0, 0, 1);
+    }
+
+    action set_port_config(bit<32> tx_util_mult, bit<16> mtu) {
+        md.tx_util_mult = tx_util_mult;
+        md.mtu = (bit<32>)mtu;
+    }
+
+    table port_config {
+        key = {
+            md.egress_port: exact @name("port");
+        }
+        actions = {
+            set_port_config;
+            @defaultonly NoAction;
+        }
+        const default_action = NoAction();
+        size = PORT_TABLE_SIZE;
+    }
+
+    apply {
+        md.mtu = NO_MTU;
+        md.tx_util_mult = 0;
+        switch_config.apply();
+        port_config.apply();
+        md.enq_qdepth_bytes = md.enq_qdepth * md.qdepth_unit;
+        md.deq_qdepth_bytes = md.deq_qdepth * md.qdepth_unit;
+        // INT's 24-bit occupancy; all-ones would read as "not available", so saturate below.
+        if (md.deq_qdepth_bytes > 0xFFFFFE) {
+            md.q_occupancy = 0xFFFFFE;
+        } else {
+            md.q_occupancy = (bit<24>)md.deq_qdepth_bytes;
+        }
+    }
+}
+
+#endif

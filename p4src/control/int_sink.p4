@@ -1,0 +1,206 @@
+/*
+ * INT sink for hosts that do not do INT themselves, and the Telemetry Report v2.0 it sends.
+ *
+ * Ingress (IntSinkIngress): when a well-formed INT packet is routed to a port listed in
+ * int_sink_ports, it is marked for stripping and cloned, as it arrived, to the report clone
+ * session with the collector's addresses (report_collector); with no collector configured it
+ * is cloned to the CPU clone session instead (packet-in, reason PUNT_REPORT_UNSENT), so the
+ * telemetry still reaches the controller.
+ * Egress (IntSinkEgress):
+ *  - the original: shim, MD header and stack removed, original DSCP restored, IPv4 and UDP
+ *    lengths reduced (the IPv4 checksum is recomputed by the architecture).
+ *  - the clone: becomes the report: Ethernet/IPv4/UDP to the collector, group header (this
+ *    switch's node id, sequence number from a register, +1 per report), individual report
+ *    (RepType INT, InType IPv4, F flag, RepMdBits = the packet's instruction bits this sink can
+ *    give), the sink's own metadata, then the inner packet from its IPv4 header, as it arrived
+ *    (INT stack included), truncated 16 bytes after the stack and to whole words.
+ * The sink's hop latency, queue and egress time in a report are those of the latest packet
+ * that left the sink port (port_telemetry.p4 registers): the clone cannot carry the stripped
+ * packet's own egress measurements (a v1model egress clone would copy the stripped headers).
+ */
+#ifndef XINGMAI_INT_SINK_P4
+#define XINGMAI_INT_SINK_P4
+
+control IntSinkIngress(inout headers_t hdr, inout local_md_t md) {
+    action set_sink() {
+        md.int_sink = 1;
+    }
+
+    table int_sink_ports {
+        key = {
+            md.egress_spec: exact @name("port");
+        }
+        actions = {
+            set_sink;
+            @defaultonly NoAction;
+        }
+        const default_action = NoAction();
+        size = INT_SINK_PORTS_SIZE;
+    }
+
+    action set_collector(mac_addr_t src_mac, mac_addr_t dst_mac, ipv4_addr_t src_addr,
+                         ipv4_addr_t dst_addr, bit<16> dport) {
+        md.report = 1;
+        md.report_src_mac = src_mac;
+        md.report_dst_mac = dst_mac;
+        md.report_src_addr = src_addr;
+        md.report_dst_addr = dst_addr;
+        md.report_dport = dport;
+        md.clone = 1;
+        md.clone_session = REPORT_CLONE_SESSION;
+    }
+
+    action no_collector() {
+        md.punt_reason = PUNT_REPORT_UNSENT;
+        md.clone = 1;
+        md.clone_session = CPU_CLONE_SESSION;
+    }
+
+    table report_collector {
+        actions = {
+            set_collector;
+            no_collector;
+        }
+        default_action = no_collector();
+    }
+
+    apply {
+        if (md.int_status == INT_OK && md.drop == 0 && md.punted == 0) {
+            if (int_sink_ports.apply().hit) {
+                md.report_sink_port = md.egress_spec;
+                report_collector.apply();
+            }
+        }
+    }
+}
+
+control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
+    COUNTER(int_sink_events, INT_EVENTS_SIZE);
+    REGISTER(bit<32>, report_seq, 1);
+
+    apply {
+        if (md.pkt_kind == PKT_NORMAL) {
+            if (md.int_sink == 1 && hdr.int_shim.isValid()) {
+                bit<16> int_bytes = ((bit<16>)hdr.int_shim.len + 1) << 2;
+                hdr.ipv4.dscp = hdr.int_shim.dscp;
+                hdr.ipv4.total_len = hdr.ipv4.total_len - int_bytes;
+                hdr.udp.len = hdr.udp.len - int_bytes;
+                hdr.int_shim.setInvalid();
+                hdr.int_md.setInvalid();
+                hdr.int_stack.setInvalid();
+                md.int_status = INT_NONE;
+                COUNT(int_sink_events, INT_SINK_STRIPPED);
+            }
+        } else if (md.pkt_kind == PKT_INGRESS_CLONE) {
+            if (md.report == 1 && hdr.int_md.isValid()) {
+                // The sink's own metadata.
+                bit<16> rep_bits = hdr.int_md.instruction_bitmap & REPORT_MD_SUPPORTED;
+                bit<16> md_words = 0;
+                if (rep_bits[14:14] == 1) {
+                    hdr.report_md.l1_port_ids.setValid();
+                    hdr.report_md.l1_port_ids.ingress_port_id = (bit<16>)md.ingress_port;
+                    hdr.report_md.l1_port_ids.egress_port_id = (bit<16>)md.report_sink_port;
+                    md_words = md_words + 1;
+                }
+                if (rep_bits[13:13] == 1) {
+                    hdr.report_md.hop_latency.setValid();
+                    hdr.report_md.hop_latency.hop_latency = md.sink_hop_latency;
+                    md_words = md_words + 1;
+                }
+                if (rep_bits[12:12] == 1) {
+                    hdr.report_md.q_occupancy.setValid();
+                    hdr.report_md.q_occupancy.q_id = md.sink_queue[31:24];
+                    hdr.report_md.q_occupancy.q_occupancy = md.sink_queue[23:0];
+                    md_words = md_words + 1;
+                }
+                if (rep_bits[11:11] == 1) {
+                    hdr.report_md.ingress_tstamp.setValid();
+                    hdr.report_md.ingress_tstamp.ns = md.ingress_ts;
+                    md_words = md_words + 2;
+                }
+                if (rep_bits[10:10] == 1) {
+                    hdr.report_md.egress_tstamp.setValid();
+                    hdr.report_md.egress_tstamp.ns = md.sink_egress_ts;
+                    md_words = md_words + 2;
+                }
+                if (rep_bits[8:8] == 1) {
+                    hdr.report_md.tx_util.setValid();
+                    hdr.report_md.tx_util.tx_util = md.sink_tx_util;
+                    md_words = md_words + 1;
+                }
+
+                // The inner packet: from IPv4 to 16 bytes past the INT stack, whole words.
+                bit<16> int_bytes = ((bit<16>)hdr.int_shim.len + 1) << 2;
+                bit<16> inner_max = ((bit<16>)hdr.ipv4.ihl << 2) + 8 + int_bytes
+                    + REPORT_INNER_PAYLOAD_BYTES;
+                bit<16> inner_len = hdr.ipv4.total_len;
+                if (inner_len > inner_max) {
+                    inner_len = inner_max;
+                }
+                if ((bit<32>)inner_len > md.pkt_len - 14) {
+                    inner_len = (bit<16>)(md.pkt_len - 14);
+                }
+                inner_len = inner_len & 0xFFFC;
+                bit<16> report_words = 2 + md_words + (inner_len >> 2);
+                if (report_words > 0xFF) {
+                    report_words = 0xFF;  // "to the end of the UDP payload"
+                }
+                bit<16> md_bytes = md_words << 2;
+
+                bit<32> seq;
+                REG_READ(report_seq, 0, seq);
+                REG_WRITE(report_seq, 0, seq + 1);
+
+                hdr.ethernet.setInvalid();
+                hdr.report_ethernet.setValid();
+                hdr.report_ethernet.dst_addr = md.report_dst_mac;
+                hdr.report_ethernet.src_addr = md.report_src_mac;
+                hdr.report_ethernet.ether_type = ETHERTYPE_IPV4;
+                hdr.report_ipv4.setValid();
+                hdr.report_ipv4.version = 4;
+                hdr.report_ipv4.ihl = 5;
+                hdr.report_ipv4.dscp = 0;
+                hdr.report_ipv4.ecn = 0;
+                hdr.report_ipv4.total_len = 20 + 8 + 8 + 12 + md_bytes + inner_len;
+                hdr.report_ipv4.identification = 0;
+                hdr.report_ipv4.flags = 0b010;  // DF
+                hdr.report_ipv4.frag_offset = 0;
+                hdr.report_ipv4.ttl = 64;
+                hdr.report_ipv4.protocol = IP_PROTO_UDP;
+                hdr.report_ipv4.hdr_checksum = 0;
+                hdr.report_ipv4.src_addr = md.report_src_addr;
+                hdr.report_ipv4.dst_addr = md.report_dst_addr;
+                hdr.report_udp.setValid();
+                hdr.report_udp.sport = REPORT_UDP_SPORT;
+                hdr.report_udp.dport = md.report_dport;
+                hdr.report_udp.len = 8 + 8 + 12 + md_bytes + inner_len;
+                hdr.report_udp.checksum = 0;
+                hdr.report_group.setValid();
+                hdr.report_group.ver = REPORT_VERSION;
+                hdr.report_group.hw_id = md.hw_id;
+                hdr.report_group.seq_no = (bit<22>)seq;
+                hdr.report_group.node_id = md.node_id;
+                hdr.report_individual.setValid();
+                hdr.report_individual.rep_type = REPORT_TYPE_INT;
+                hdr.report_individual.in_type = REPORT_IN_TYPE_IPV4;
+                hdr.report_individual.report_len = (bit<8>)report_words;
+                hdr.report_individual.md_len = (bit<8>)md_words;
+                hdr.report_individual.d = 0;
+                hdr.report_individual.q = 0;
+                hdr.report_individual.f = 1;
+                hdr.report_individual.i = 0;
+                hdr.report_individual.rsvd = 0;
+                hdr.report_individual.rep_md_bits = rep_bits;
+                hdr.report_individual.domain_id = hdr.int_md.domain_id;
+                hdr.report_individual.ds_md_bits = 0;
+                hdr.report_individual.ds_md_status = 0;
+                md.truncate_len = REPORT_HEADERS_BYTES + (bit<32>)md_bytes + (bit<32>)inner_len;
+                COUNT(int_sink_events, INT_SINK_REPORT);
+            } else if (md.punt_reason == PUNT_REPORT_UNSENT) {
+                COUNT(int_sink_events, INT_SINK_REPORT_TO_CPU);
+            }
+        }
+    }
+}
+
+#endif

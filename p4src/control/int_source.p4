@@ -1,0 +1,93 @@
+/*
+ * INT source for hosts that do not do INT themselves. At ingress the watchlist (5-tuple,
+ * ternary) picks the flows to monitor and the instruction bitmap, hop budget and domain id;
+ * at egress the shim and MD header are inserted (original DSCP saved in the shim, the INT DSCP
+ * set, lengths updated, UDP checksum 0), and transit then adds this hop's metadata.
+ * Only UDP packets that are not INT already are sources; hosts whose NIC is the INT source
+ * send INT packets, which the watchlist never touches.
+ */
+#ifndef XINGMAI_INT_SOURCE_P4
+#define XINGMAI_INT_SOURCE_P4
+
+#include "int_common.p4"
+
+control IntSourceIngress(inout headers_t hdr, inout local_md_t md) {
+    DIRECT_COUNTER(int_watchlist_counter);
+
+    action mark_to_source(bit<16> instruction_bitmap, bit<8> hop_budget, bit<16> domain_id) {
+        DIRECT_COUNT(int_watchlist_counter);
+        md.int_source = 1;
+        md.int_source_bitmap = instruction_bitmap;
+        md.int_source_hop_budget = hop_budget;
+        md.int_source_domain_id = domain_id;
+    }
+
+    action no_source() {
+        DIRECT_COUNT(int_watchlist_counter);
+    }
+
+    table int_watchlist {
+        key = {
+            hdr.ipv4.src_addr: ternary @name("ipv4_src");
+            hdr.ipv4.dst_addr: ternary @name("ipv4_dst");
+            hdr.ipv4.protocol: ternary @name("ip_proto");
+            md.l4_sport: ternary @name("l4_sport");
+            md.l4_dport: ternary @name("l4_dport");
+        }
+        actions = {
+            mark_to_source;
+            @defaultonly no_source;
+        }
+        const default_action = no_source();
+        counters = int_watchlist_counter;
+        size = INT_WATCHLIST_SIZE;
+    }
+
+    apply {
+        if (hdr.udp.isValid() && md.int_status == INT_NONE && md.drop == 0 && md.punted == 0) {
+            int_watchlist.apply();
+        }
+    }
+}
+
+control IntSourceEgress(inout headers_t hdr, inout local_md_t md) {
+    COUNTER(int_source_events, INT_EVENTS_SIZE);
+
+    apply {
+        if (md.int_source == 1 && md.int_sink == 0 && hdr.udp.isValid()
+                && !hdr.int_shim.isValid()) {
+            if ((bit<32>)hdr.ipv4.total_len + (bit<32>)INT_HEADERS_BYTES > md.mtu) {
+                COUNT(int_source_events, INT_SOURCE_MTU);
+            } else {
+                hdr.int_shim.setValid();
+                hdr.int_shim.int_type = INT_TYPE_MD;
+                hdr.int_shim.npt = 0;
+                hdr.int_shim.rsvd = 0;
+                hdr.int_shim.len = INT_MD_WORDS;
+                hdr.int_shim.rsvd2 = 0;
+                hdr.int_shim.dscp = hdr.ipv4.dscp;
+                hdr.int_shim.rsvd3 = 0;
+                hdr.int_md.setValid();
+                hdr.int_md.ver = INT_VERSION;
+                hdr.int_md.d = 0;
+                hdr.int_md.e = 0;
+                hdr.int_md.m = 0;
+                hdr.int_md.rsvd = 0;
+                hdr.int_md.hop_ml = int_hop_words(md.int_source_bitmap);
+                hdr.int_md.remaining_hop_cnt = md.int_source_hop_budget;
+                hdr.int_md.instruction_bitmap = md.int_source_bitmap;
+                hdr.int_md.domain_id = md.int_source_domain_id;
+                hdr.int_md.ds_instruction = 0;
+                hdr.int_md.ds_flags = 0;
+                hdr.ipv4.dscp = INT_DSCP;
+                hdr.ipv4.total_len = hdr.ipv4.total_len + INT_HEADERS_BYTES;
+                hdr.udp.len = hdr.udp.len + INT_HEADERS_BYTES;
+                hdr.udp.checksum = 0;
+                md.int_status = INT_OK;
+                COUNT(int_source_events, INT_SOURCE_INSERTED);
+            }
+        }
+    }
+}
+
+#endif

@@ -1,0 +1,140 @@
+/*
+ * INT transit.
+ * Ingress (IntIngressCheck): completes the parser's verdict on INT packets (a packet whose INT
+ * extraction stopped part-way is truncated or runs past its end; the stack must fit the UDP
+ * length; Hop ML must be the size the instruction bitmap asks for) and counts every verdict in
+ * int_status. Only INT_OK packets get INT processing anywhere; the rest are forwarded as they
+ * came.
+ * Egress (IntTransitEgress): pushes this hop's record on top of the stack per the instruction
+ * bitmap (all-ones for what the switch cannot give), decrements RemainingHopCnt, updates the
+ * shim, IPv4 and UDP lengths; sets the E bit instead when the hop budget is spent and the M
+ * bit instead when the record would not fit the egress port's MTU.
+ */
+#ifndef XINGMAI_INT_TRANSIT_P4
+#define XINGMAI_INT_TRANSIT_P4
+
+#include "int_common.p4"
+
+control IntIngressCheck(inout headers_t hdr, inout local_md_t md) {
+    COUNTER(int_status, INT_STATUS_COUNT);
+
+    apply {
+        if (hdr.udp.isValid() && hdr.ipv4.dscp == INT_DSCP) {
+            if (md.int_status == INT_NONE) {
+                // The parser saw the INT DSCP but did not finish: the packet ended inside the
+                // shim or MD header, or before the stack the shim length announces.
+                if (hdr.int_md.isValid()) {
+                    md.int_status = INT_LEN_PAST_END;
+                } else {
+                    md.int_status = INT_TRUNCATED;
+                }
+            } else if (md.int_status == INT_OK) {
+                if ((bit<32>)hdr.udp.len < 8 + (((bit<32>)hdr.int_shim.len + 1) << 2)) {
+                    md.int_status = INT_LEN_PAST_END;
+                } else if (hdr.int_md.hop_ml != int_hop_words(hdr.int_md.instruction_bitmap)) {
+                    md.int_status = INT_BAD_HOP_ML;
+                }
+            }
+            COUNT(int_status, md.int_status);
+        }
+    }
+}
+
+control IntTransitEgress(inout headers_t hdr, inout local_md_t md) {
+    COUNTER(int_transit_events, INT_EVENTS_SIZE);
+
+    apply {
+        if (md.int_status == INT_OK && hdr.int_shim.isValid() && hdr.int_md.isValid()) {
+            bit<16> bm = hdr.int_md.instruction_bitmap;
+            bit<16> hop_bytes = (bit<16>)hdr.int_md.hop_ml << 2;
+            if (hdr.int_md.remaining_hop_cnt == 0) {
+                hdr.int_md.e = 1;
+                COUNT(int_transit_events, INT_TRANSIT_E_BIT);
+            } else if ((bit<32>)hdr.ipv4.total_len + (bit<32>)hop_bytes > md.mtu
+                    || (bit<16>)hdr.int_shim.len + (bit<16>)hdr.int_md.hop_ml > 255) {
+                // No room: in the port's MTU, or in the 8-bit shim length.
+                hdr.int_md.m = 1;
+                COUNT(int_transit_events, INT_TRANSIT_M_BIT);
+            } else {
+                if (bm[15:15] == 1) {
+                    hdr.int_hop.node_id.setValid();
+                    hdr.int_hop.node_id.node_id = md.node_id;
+                }
+                if (bm[14:14] == 1) {
+                    hdr.int_hop.l1_port_ids.setValid();
+                    hdr.int_hop.l1_port_ids.ingress_port_id = (bit<16>)md.ingress_port;
+                    hdr.int_hop.l1_port_ids.egress_port_id = (bit<16>)md.egress_port;
+                }
+                if (bm[13:13] == 1) {
+                    hdr.int_hop.hop_latency.setValid();
+                    hdr.int_hop.hop_latency.hop_latency = (bit<32>)(md.egress_ts - md.ingress_ts);
+                }
+                if (bm[12:12] == 1) {
+                    hdr.int_hop.q_occupancy.setValid();
+                    hdr.int_hop.q_occupancy.q_id = md.qid;
+                    hdr.int_hop.q_occupancy.q_occupancy = md.q_occupancy;
+                }
+                if (bm[11:11] == 1) {
+                    hdr.int_hop.ingress_tstamp.setValid();
+                    hdr.int_hop.ingress_tstamp.ns = md.ingress_ts;
+                }
+                if (bm[10:10] == 1) {
+                    hdr.int_hop.egress_tstamp.setValid();
+                    hdr.int_hop.egress_tstamp.ns = md.egress_ts;
+                }
+                if (bm[9:9] == 1) {
+                    // No logical (L2) ports on this switch.
+                    hdr.int_hop.l2_port_ids.setValid();
+                    hdr.int_hop.l2_port_ids.ingress_port_id = 0xFFFFFFFF;
+                    hdr.int_hop.l2_port_ids.egress_port_id = 0xFFFFFFFF;
+                }
+                if (bm[8:8] == 1) {
+                    hdr.int_hop.tx_util.setValid();
+                    hdr.int_hop.tx_util.tx_util = md.tx_util;
+                }
+                // Shared buffer occupancy, reserved bits and the checksum complement: not
+                // available here.
+                if (bm[7:7] == 1) {
+                    hdr.int_hop.buffer.setValid();
+                    hdr.int_hop.buffer.value = 0xFFFFFFFF;
+                }
+                if (bm[6:6] == 1) {
+                    hdr.int_hop.rsvd9.setValid();
+                    hdr.int_hop.rsvd9.value = 0xFFFFFFFF;
+                }
+                if (bm[5:5] == 1) {
+                    hdr.int_hop.rsvd10.setValid();
+                    hdr.int_hop.rsvd10.value = 0xFFFFFFFF;
+                }
+                if (bm[4:4] == 1) {
+                    hdr.int_hop.rsvd11.setValid();
+                    hdr.int_hop.rsvd11.value = 0xFFFFFFFF;
+                }
+                if (bm[3:3] == 1) {
+                    hdr.int_hop.rsvd12.setValid();
+                    hdr.int_hop.rsvd12.value = 0xFFFFFFFF;
+                }
+                if (bm[2:2] == 1) {
+                    hdr.int_hop.rsvd13.setValid();
+                    hdr.int_hop.rsvd13.value = 0xFFFFFFFF;
+                }
+                if (bm[1:1] == 1) {
+                    hdr.int_hop.rsvd14.setValid();
+                    hdr.int_hop.rsvd14.value = 0xFFFFFFFF;
+                }
+                if (bm[0:0] == 1) {
+                    hdr.int_hop.checksum.setValid();
+                    hdr.int_hop.checksum.value = 0xFFFFFFFF;
+                }
+                hdr.int_md.remaining_hop_cnt = hdr.int_md.remaining_hop_cnt - 1;
+                hdr.int_shim.len = hdr.int_shim.len + (bit<8>)hdr.int_md.hop_ml;
+                hdr.ipv4.total_len = hdr.ipv4.total_len + hop_bytes;
+                hdr.udp.len = hdr.udp.len + hop_bytes;
+                hdr.udp.checksum = 0;
+                COUNT(int_transit_events, INT_TRANSIT_PUSHED);
+            }
+        }
+    }
+}
+
+#endif

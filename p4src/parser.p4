@@ -1,0 +1,128 @@
+/*
+ * The parser, shared by the architectures: the top file's parser sets md.ingress_port and then
+ * applies XingmaiParser.
+ *
+ * Ethernet, IPv4 (options skipped into ipv4_options), UDP/TCP ports, and INT-MD v2.1 over UDP
+ * when the DSCP is INT_DSCP: the shim, the MD header and the metadata stack (one opaque field).
+ * The parser only judges what it can see in the headers; md.int_status stays INT_NONE when an
+ * extract fails part-way (the ingress check then calls the packet truncated), so a malformed
+ * INT packet is never dropped here: it keeps its bytes and is forwarded without INT processing.
+ */
+#ifndef XINGMAI_PARSER_P4
+#define XINGMAI_PARSER_P4
+
+parser XingmaiParser(packet_in pkt, out headers_t hdr, inout local_md_t md) {
+    state start {
+        transition select(md.ingress_port) {
+            CPU_PORT: parse_packet_out;
+            default: parse_ethernet;
+        }
+    }
+
+    state parse_packet_out {
+        pkt.extract(hdr.packet_out);
+        transition parse_ethernet;
+    }
+
+    state parse_ethernet {
+        pkt.extract(hdr.ethernet);
+        transition select(hdr.ethernet.ether_type) {
+            ETHERTYPE_IPV4: parse_ipv4;
+            default: accept;
+        }
+    }
+
+    state parse_ipv4 {
+        pkt.extract(hdr.ipv4);
+        transition select(hdr.ipv4.version, hdr.ipv4.ihl) {
+            (4, 5): parse_l4;
+            (4, 0 &&& 0xC): ipv4_malformed;   // IHL 0..3
+            (4, 4): ipv4_malformed;
+            (4, _): parse_ipv4_options;
+            default: ipv4_malformed;
+        }
+    }
+
+    state ipv4_malformed {
+        md.ipv4_bad_ihl = 1;
+        transition accept;
+    }
+
+    state parse_ipv4_options {
+        pkt.extract(hdr.ipv4_options, ((bit<32>)hdr.ipv4.ihl - 5) << 5);
+        transition parse_l4;
+    }
+
+    state parse_l4 {
+        // Only the first fragment carries the L4 header.
+        transition select(hdr.ipv4.frag_offset, hdr.ipv4.protocol) {
+            (0, IP_PROTO_UDP): parse_udp;
+            (0, IP_PROTO_TCP): parse_tcp;
+            default: accept;
+        }
+    }
+
+    state parse_tcp {
+        pkt.extract(hdr.tcp);
+        md.l4_sport = hdr.tcp.sport;
+        md.l4_dport = hdr.tcp.dport;
+        transition accept;
+    }
+
+    state parse_udp {
+        pkt.extract(hdr.udp);
+        md.l4_sport = hdr.udp.sport;
+        md.l4_dport = hdr.udp.dport;
+        transition select(hdr.ipv4.dscp) {
+            INT_DSCP: parse_int_shim;
+            default: accept;
+        }
+    }
+
+    state parse_int_shim {
+        pkt.extract(hdr.int_shim);
+        transition select(hdr.int_shim.int_type, hdr.int_shim.npt) {
+            (INT_TYPE_MD, 0): parse_int_md;
+            default: int_unsupported;
+        }
+    }
+
+    state int_unsupported {
+        md.int_status = INT_UNSUPPORTED;
+        transition accept;
+    }
+
+    state parse_int_md {
+        pkt.extract(hdr.int_md);
+        transition select(hdr.int_md.ver, hdr.int_md.hop_ml, hdr.int_shim.len) {
+            (INT_VERSION, 0, _): int_bad_hop_ml;
+            (INT_VERSION, _, 0 &&& 0xFE): int_bad_shim_len;  // 0, 1
+            (INT_VERSION, _, 2): int_bad_shim_len;
+            (INT_VERSION, _, _): parse_int_stack;
+            default: int_bad_version;
+        }
+    }
+
+    state int_bad_hop_ml {
+        md.int_status = INT_BAD_HOP_ML;
+        transition accept;
+    }
+
+    state int_bad_shim_len {
+        md.int_status = INT_BAD_SHIM_LEN;
+        transition accept;
+    }
+
+    state int_bad_version {
+        md.int_status = INT_BAD_VERSION;
+        transition accept;
+    }
+
+    state parse_int_stack {
+        pkt.extract(hdr.int_stack, ((bit<32>)hdr.int_shim.len - 3) << 5);
+        md.int_status = INT_OK;
+        transition accept;
+    }
+}
+
+#endif
