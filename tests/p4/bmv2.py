@@ -1,10 +1,11 @@
 """The bmv2 target of the P4 tests: `simple_switch_grpc` processes wired by veth pairs.
 
 Everything the fabric creates is private to it: one network namespace (unique name) holds the
-switches' interfaces and the links between them; each host port is a veth pair whose outer end
-(unique name) stays in the test's namespace, where the test sends and captures with AF_PACKET.
-P4Runtime listens on a Unix socket (reachable across namespaces); queue rates go through
-bmv2's Thrift CLI inside the namespace. Only what was created is removed, by name and PID.
+switches' interfaces, the links between them (veth pairs), and the host ports (veth pairs whose
+other end the test sends and captures on, through AF_PACKET sockets made inside the
+namespace), so no stray frame of a shared machine can reach a test. P4Runtime listens on a
+Unix socket (reachable across namespaces); queue rates go through bmv2's Thrift CLI inside the
+namespace. Only what was created is removed: the processes by PID, then the namespace.
 
 bmv2 timestamps count from each process's start: the switches are started last-hop first, a
 little apart, so that along a path the later switch's clock reads later.
@@ -12,6 +13,7 @@ little apart, so that along a path the later switch's clock reads later.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import secrets
 import shutil
@@ -25,7 +27,8 @@ from pathlib import Path
 from tests.p4.harness import CPU_PORT, Fabric, Topology
 
 ETH_P_ALL = 0x0003
-SETTLE_QUIET_S = 0.3  # no frame for this long: nothing is in flight any more
+SETTLE_QUIET_S = 0.3
+CLONE_NEWNET = 0x40000000  # no frame for this long: nothing is in flight any more
 
 
 def unavailable() -> str:
@@ -43,6 +46,32 @@ def unavailable() -> str:
 
 def _run(*cmd: str) -> None:
     subprocess.run(cmd, check=True, capture_output=True, text=True)
+
+
+def _packet_socket_in(ns: str, iface: str) -> socket.socket:
+    """An AF_PACKET socket on `iface` of network namespace `ns`. A socket belongs to the
+    namespace it was made in, and a thread can enter a namespace on its own (setns), so a
+    short-lived thread makes it; the test's threads stay where they are."""
+    box: list[socket.socket | BaseException] = []
+
+    def make() -> None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            with open(f"/run/netns/{ns}") as f:
+                if libc.setns(f.fileno(), CLONE_NEWNET) != 0:
+                    raise OSError(ctypes.get_errno(), f"setns({ns})")
+            s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+            s.bind((iface, 0))
+            box.append(s)
+        except BaseException as exc:  # handed to the caller
+            box.append(exc)
+
+    t = threading.Thread(target=make)
+    t.start()
+    t.join()
+    if isinstance(box[0], BaseException):
+        raise box[0]
+    return box[0]
 
 
 class Bmv2Fabric(Fabric):
@@ -81,25 +110,15 @@ class Bmv2Fabric(Fabric):
         for a, pa, b, pb in topo.links:
             _run("ip", "link", "add", f"s{a}p{pa}", "netns", self.ns, "type", "veth",
                  "peer", "name", f"s{b}p{pb}", "netns", self.ns)
-        tag = secrets.token_hex(2)
         for k, (host, (sw, port)) in enumerate(sorted(topo.hosts.items())):
-            outer = f"xh{tag}{os.getpid() % 10000}{k}"[:15]
-            _run("ip", "link", "add", outer, "type", "veth", "peer", "name", f"s{sw}p{port}",
-                 "netns", self.ns)
+            outer = f"h{k}"
+            self._ns("ip", "link", "add", outer, "type", "veth", "peer", "name", f"s{sw}p{port}")
             self.host_ifaces[host] = outer
-            self._quiet(outer, inside=False)
-            _run("ip", "link", "set", outer, "up")
-        for sw, port in self._switch_ports(topo):
-            self._quiet(f"s{sw}p{port}", inside=True)
-            self._ns("ip", "link", "set", f"s{sw}p{port}", "up")
-
-    def _quiet(self, iface: str, inside: bool) -> None:
-        """No IPv6 (router solicitations, MLD) on test interfaces: only test frames flow."""
-        cmd = ("sysctl", "-qw", f"net.ipv6.conf.{iface}.disable_ipv6=1")
-        if inside:
-            self._ns(*cmd)
-        else:
-            _run(*cmd)
+        for iface in [*self.host_ifaces.values(),
+                      *(f"s{sw}p{port}" for sw, port in self._switch_ports(topo))]:
+            # no IPv6 (router solicitations, MLD): only test frames flow
+            self._ns("sysctl", "-qw", f"net.ipv6.conf.{iface}.disable_ipv6=1")
+            self._ns("ip", "link", "set", iface, "up")
 
     @staticmethod
     def _switch_ports(topo: Topology) -> list[tuple[int, int]]:
@@ -115,7 +134,7 @@ class Bmv2Fabric(Fabric):
             ifaces = [arg for sw, port in ports if sw == i for arg in ("-i", f"{port}@s{i}p{port}")]
             cmd = ["ip", "netns", "exec", self.ns, "simple_switch_grpc", "--device-id",
                    str(i + 1), *ifaces, "--thrift-port", str(self._thrift_port(i)),
-                   "--log-file", str(self.tmp / f"s{i}"), "--no-p4", "--",
+                   "--log-file", str(self.tmp / f"s{i}"), "--log-level", "warn", "--no-p4", "--",
                    "--grpc-server-addr", f"unix:{sock}", "--cpu-port", str(CPU_PORT)]
             log = open(self.tmp / f"s{i}.out", "wb")  # noqa: SIM115 - owned by the process
             self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
@@ -135,8 +154,7 @@ class Bmv2Fabric(Fabric):
 
     def _start_capture(self) -> None:
         for host, iface in self.host_ifaces.items():
-            s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
-            s.bind((iface, 0))
+            s = _packet_socket_in(self.ns, iface)
             s.settimeout(0.05)
             self.socks[host] = s
             t = threading.Thread(target=self._capture, args=(host, s), daemon=True)
@@ -196,7 +214,5 @@ class Bmv2Fabric(Fabric):
                 except subprocess.TimeoutExpired:
                     p.kill()
                     p.wait(5)
-        for iface in self.host_ifaces.values():
-            subprocess.run(["ip", "link", "del", iface], capture_output=True, check=False)
         subprocess.run(["ip", "netns", "del", self.ns], capture_output=True, check=False)
         shutil.rmtree(self.tmp, ignore_errors=True)

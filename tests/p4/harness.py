@@ -23,7 +23,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -81,9 +81,8 @@ class _Clients:
         self.packet_ins: dict[int, deque[fy.P4PacketIn]] = {}
         self._readers: list[asyncio.Task[None]] = []
 
-    def call(self, coro: Awaitable[T], timeout: float = 60.0) -> T:
-        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
-        return fut.result(timeout)
+    def call(self, coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     def connect(self, idx: int, address: str, device_id: int) -> None:
         async def go() -> None:
@@ -136,7 +135,8 @@ class Fabric:
 
     def read(self, sw: int, entity: Any) -> list[Any]:
         async def go() -> list[Any]:
-            return [e async for e in self.clients.switches[sw].read(entity)]
+            reader: Any = self.clients.switches[sw].read(entity)  # an async iterator
+            return [e async for e in reader]
 
         return self.clients.call(go())
 

@@ -12,7 +12,8 @@ import finsy as fy
 from tests.p4.harness import CPU_CLONE_SESSION, CPU_PORT, REPORT_CLONE_SESSION
 
 # Egress tx utilization windows are 2^20 ns (TX_UTIL_WINDOW_SHIFT in p4src/include/define.p4).
-TX_UTIL_WINDOW_NS = 1 << 20
+TX_UTIL_WINDOW_SHIFT = 20
+TX_UTIL_WINDOW_NS = 1 << TX_UTIL_WINDOW_SHIFT
 
 
 def tx_util_mult(speed_bps: float) -> int:

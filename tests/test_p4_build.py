@@ -1,0 +1,117 @@
+"""The committed P4 build: it matches its sources (stamp), loads into the built-in switch, and
+exposes the control-plane API the controller is written against (p4src/README.md)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from finsy.proto import p4i
+from google.protobuf import text_format
+
+from testbed import p4build
+from testbed.switch.traffic_manager import Clock
+from testbed.switch.v1model import V1Switch
+
+BUILD = p4build.BUILD
+README = p4build.P4SRC / "README.md"
+
+# The API the controller relies on: table -> (match fields, actions); action -> params.
+TABLES = {
+    "ipv4_routes": ({"ipv4_dst": "LPM"}, {"set_next_id", "no_route"}),
+    "next_hops": ({"next_id": "EXACT"}, {"route", "NoAction"}),
+    "acl": ({"ingress_port": "TERNARY", "eth_type": "TERNARY", "eth_dst": "TERNARY",
+             "ipv4_dst": "TERNARY", "ip_proto": "TERNARY", "l4_dport": "TERNARY"},
+            {"punt_to_cpu", "deny", "permit"}),
+    "int_watchlist": ({"ipv4_src": "TERNARY", "ipv4_dst": "TERNARY", "ip_proto": "TERNARY",
+                       "l4_sport": "TERNARY", "l4_dport": "TERNARY"},
+                      {"mark_to_source", "no_source"}),
+    "int_sink_ports": ({"port": "EXACT"}, {"set_sink", "NoAction"}),
+    "report_collector": ({}, {"set_collector", "no_collector"}),
+    "switch_config": ({}, {"set_switch_config"}),
+    "port_config": ({"port": "EXACT"}, {"set_port_config", "NoAction"}),
+    "ecn_thresholds": ({"port": "EXACT"}, {"set_ecn_thresholds", "NoAction"}),
+}
+ACTIONS = {
+    "set_next_id": ["next_id"],
+    "route": ["port", "smac", "dmac"],
+    "mark_to_source": ["instruction_bitmap", "hop_budget", "domain_id"],
+    "set_collector": ["src_mac", "dst_mac", "src_addr", "dst_addr", "dport"],
+    "set_switch_config": ["node_id", "hw_id", "qdepth_unit"],
+    "set_port_config": ["tx_util_mult", "mtu"],
+    "set_ecn_thresholds": ["kmin_bytes", "kmax_bytes", "pmax_scaled"],
+}
+COUNTERS = {"port_rx", "port_tx", "drops", "ecn_marks", "int_status", "int_source_events",
+            "int_transit_events", "int_sink_events"}
+DIRECT_COUNTERS = {"ipv4_routes_counter", "acl_counter", "int_watchlist_counter"}
+
+
+def load_p4info() -> p4i.P4Info:
+    return text_format.Parse((BUILD / "xingmai.p4info.txtpb").read_text(), p4i.P4Info())
+
+
+def test_stamp_matches_sources_and_outputs() -> None:
+    problems = p4build.check()
+    assert not problems, "\n".join(problems)
+
+
+def test_stamp_check_notices_a_changed_source(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check is not vacuous: a copy of p4src with one byte changed fails it."""
+    copy = tmp_path / "p4src"
+    shutil.copytree(p4build.P4SRC, copy)
+    monkeypatch.setattr(p4build, "P4SRC", copy)
+    monkeypatch.setattr(p4build, "BUILD", copy / "build")
+    monkeypatch.setattr(p4build, "STAMP", copy / "build" / "stamp.json")
+    assert p4build.check() == []
+    routing = copy / "control" / "routing.p4"
+    routing.write_text(routing.read_text() + "\n")
+    assert any("control/routing.p4 changed" in p for p in p4build.check())
+    (copy / "control" / "orphan.p4").write_text("// not included anywhere\n")
+    assert any("orphan.p4" in p for p in p4build.check())
+    out = copy / "build" / "xingmai.json"
+    out.write_text(out.read_text().replace('"xingmai.p4"', '"edited.p4"', 1))
+    assert any("xingmai.json differs" in p for p in p4build.check())
+
+
+def test_stamp_records_the_compiler() -> None:
+    stamp = json.loads(p4build.STAMP.read_text())
+    entry = stamp["targets"]["bmv2"]
+    assert entry["compiler"] == "p4c-bm2-ss"
+    assert entry["compiler_version"].strip()
+    assert set(entry["sources"]) >= {"xingmai.p4", "parser.p4", "control/int_transit.p4"}
+
+
+def test_program_loads_into_the_builtin_switch() -> None:
+    sw = V1Switch(Clock(virtual=True), device_id=1, cpu_port=255, qdepth_unit="bytes")
+    sw.load((BUILD / "xingmai.json").read_bytes())
+    assert sw.compiled is not None
+    names = set(sw.compiled.tables)
+    assert any(n.endswith("ipv4_routes") for n in names)
+
+
+def test_p4info_exposes_the_documented_api() -> None:
+    info = load_p4info()
+    readme = README.read_text()
+    tables = {t.preamble.alias: t for t in info.tables}
+    actions = {a.preamble.alias: a for a in info.actions}
+    for name, (fields, acts) in TABLES.items():
+        assert name in tables, f"table {name} missing from P4Info"
+        assert f"`{name}`" in readme, f"table {name} undocumented in p4src/README.md"
+        t = tables[name]
+        got = {f.name: p4i.MatchField.MatchType.Name(f.match_type) for f in t.match_fields}
+        assert {k: v for k, v in got.items() if k in fields} == fields, (name, got)
+        by_id = {a.preamble.id: a.preamble.alias for a in info.actions}
+        assert {by_id[r.id] for r in t.action_refs} == acts, name
+    for name, params in ACTIONS.items():
+        assert [p.name for p in actions[name].params] == params, name
+        assert f"`{name}`" in readme or f"`{name}(" in readme, f"action {name} undocumented"
+    assert {c.preamble.alias for c in info.counters} >= COUNTERS
+    assert {c.preamble.alias for c in info.direct_counters} >= DIRECT_COUNTERS
+    for name in COUNTERS | DIRECT_COUNTERS:
+        assert f"`{name}`" in readme, f"counter {name} undocumented"
+    assert {p.preamble.alias for p in info.action_profiles} == {"ecmp_selector"}
+    meta = {m.preamble.name: [x.name for x in m.metadata] for m in info.controller_packet_metadata}
+    assert meta == {"packet_in": ["ingress_port", "reason"], "packet_out": ["egress_port"]}
