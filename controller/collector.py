@@ -157,6 +157,8 @@ class Collector:
     def _link(self, name: str, capacity_bps: float | None = None) -> LinkTelemetry:
         lt = self.links.get(name)
         if lt is None:
+            if capacity_bps is None and self.topo is not None and name in self.topo.links:
+                capacity_bps = self.topo.links[name].capacity_bps
             lt = LinkTelemetry(name, capacity_bps or 0.0,
                                int_series=deque(maxlen=self.series_points),
                                counter_series=deque(maxlen=self.series_points))

@@ -151,7 +151,10 @@ class Daemon:
                 sess.start()
             else:
                 await sess.reload(cfg, topo, s)
-        if [(h.name, h.agent) for h in old.hosts] != [(h.name, h.agent) for h in cfg.hosts]:
+        # what the agents are told at setup (INT source, hop speeds) or where they are changed:
+        # new clients, which set every agent up again
+        if (old.hosts, old.switches, old.links, old.int, old.model) != (
+                cfg.hosts, cfg.switches, cfg.links, cfg.int, cfg.model):
             for agent in self.agents.values():
                 await agent.close()
             self.agents = connect_agents(cfg)

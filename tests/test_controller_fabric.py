@@ -145,6 +145,16 @@ def test_reachability_ecmp_and_int_reports(fabric: Fabric) -> None:
     # port counters polled over P4Runtime give utilisation too
     wait_for(lambda: any(lk.util_counter >= 0 for lk in telemetry(fabric).links), 10,
              "counter utilisation")
+    # SIGHUP with new ECN thresholds: exactly one modify per switch port, nothing else
+    before = {s.name: s.written for s in _switches(fabric.stub())}
+    fabric.write_config(fabric.config(ecn={"kmin_bytes": 30000, "kmax_bytes": 90000}))
+    assert fabric.controller is not None
+    fabric.controller.send_signal(signal.SIGHUP)
+    wait_for(lambda: fabric.stub().GetStatus(pb.GetStatusRequest(), timeout=2).config_reloads,
+             10, "reload")
+    after = {s.name: s.written for s in _switches(fabric.stub())}
+    assert {n: after[n] - before[n] for n in after} == {
+        n: len(sw.ports) for n, sw in fabric.switches.items()}
 
 
 NTH_DROPPER = r"""
