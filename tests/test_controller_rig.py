@@ -5,6 +5,7 @@ written for it.
 
 Everything carries a unique prefix; `close()` removes exactly what was made (processes by PID,
 namespaces and root-side veths by name). This is the tests' rig, not the testbed (issue 7).
+The program is p4src/build's; XM_TEST_P4INFO / XM_TEST_JSON point the tests at another build.
 """
 
 from __future__ import annotations
