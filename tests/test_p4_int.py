@@ -16,7 +16,7 @@ from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 from scapy.utils import checksum
 
-from testbed.packets import decode, encode_stack, parse_int, parse_report
+from testbed.packets import decode, encode_stack, int_packet, parse_int, parse_report
 from testbed.packets.int_md import TelemetryReportIndividual
 from tests.p4 import program as P
 from tests.p4.fixtures import FabricFactory, fabric  # noqa: F401
@@ -194,6 +194,30 @@ def test_transit_appends_to_golden_vectors(fabric: FabricFactory, name: str) -> 
     assert int.from_bytes(out[16:18], "big") == int.from_bytes(src[16:18], "big") + HOP_BYTES
     assert int.from_bytes(out[38:40], "big") == int.from_bytes(src[38:40], "big") + HOP_BYTES
     assert out[43] == src[43] + 7  # shim length, words
+
+
+def test_every_instruction_bit_all_ones_where_unavailable(fabric: FabricFactory) -> None:  # noqa: F811
+    """Bitmap 0xFFFF: a 19-word record in bit order; L2 ports (6), buffer (8), reserved
+    (9-14) and checksum complement (15) are all-ones (None when decoded), the rest values."""
+    fab = fabric(ONE)
+    program_one(fab)
+    src = int_packet(src_ip="10.0.1.1", dst_ip="10.0.2.2", sport=49152, bitmap=0xFFFF,
+                     payload=b"\x00" * 16)
+    fab.send("a", bytes(src))
+    fab.settle()
+    (out,) = fab.take("b")
+    info = int_of(out)
+    assert info["md"]["hop_ml"] == 19 and info["md"]["remaining_hop_cnt"] == 7
+    (hop,) = info["hops"]
+    unavailable = {"l2_ingress_port", "l2_egress_port", "buffer_id", "buffer_occupancy",
+                   "checksum_complement", *(f"reserved_bit{b}" for b in range(9, 15))}
+    assert {k for k, v in hop.items() if v is None} == unavailable
+    assert hop["node_id"] == 2 and (hop["l1_ingress_port"], hop["l1_egress_port"]) == (5, 7)
+    assert hop["egress_ts"] >= hop["ingress_ts"]
+    assert hop["hop_latency"] == hop["egress_ts"] - hop["ingress_ts"]
+    record = out[STACK_AT : STACK_AT + 19 * 4]
+    assert record[-4 * 8 :] == b"\xff" * 32  # bits 8..15: one word each, in order, last
+    assert encode_stack([hop], 0xFFFF) == record
 
 
 def test_spent_hop_budget_sets_e_and_adds_nothing(fabric: FabricFactory) -> None:  # noqa: F811
