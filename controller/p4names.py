@@ -3,7 +3,7 @@
 differ."""
 
 # ruff: noqa: E501
-P4INFO_SHA256 = "32515ad7d7f0aba4cd737e5e9501e9965f1435fa677e4eee3405fc2720c57e5f"
+P4INFO_SHA256 = "d1ed24cc0946f3c7ccbdf43e3acf2b3d7ffb2c22b109e6754858b79688f63113"
 
 # tables and their match fields
 TBL_PORT_CONFIG = 'XingmaiEgress.config.port_config'
@@ -41,6 +41,7 @@ ACT_SET_SWITCH_CONFIG = 'XingmaiEgress.config.set_switch_config'
 PRM_SET_SWITCH_CONFIG_NODE_ID = 'node_id'
 PRM_SET_SWITCH_CONFIG_HW_ID = 'hw_id'
 PRM_SET_SWITCH_CONFIG_QDEPTH_UNIT = 'qdepth_unit'
+PRM_SET_SWITCH_CONFIG_TX_UTIL_SHIFT = 'tx_util_shift'
 ACT_SET_ECN_THRESHOLDS = 'XingmaiEgress.ecn.set_ecn_thresholds'
 PRM_SET_ECN_THRESHOLDS_KMIN_BYTES = 'kmin_bytes'
 PRM_SET_ECN_THRESHOLDS_KMAX_BYTES = 'kmax_bytes'

@@ -19,6 +19,7 @@ them from the source).
 from __future__ import annotations
 
 import ipaddress
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,8 +35,12 @@ REPORT_CLONE_SESSION = 256  # p4src/include/define.p4
 CPU_CLONE_SESSION = 257  # p4src/include/define.p4
 PUNT_ACL = 1  # p4src/include/define.p4: packet-in reasons
 PUNT_REPORT_UNSENT = 2
-TX_UTIL_WINDOW_NS = 1 << 20  # p4src/include/define.p4: TX_UTIL_WINDOW_SHIFT 20
+TX_UTIL_WINDOW_SHIFT = 20  # p4src/include/define.p4: the default window, 2^20 ns
+TX_UTIL_WINDOW_NS = 1 << TX_UTIL_WINDOW_SHIFT
 TX_UTIL_SHIFT = 16  # tx_util = bytes_in_window * tx_util_mult >> 16 (port_telemetry.p4)
+# A tx utilisation window holds at least this many mean-size frames at the switch's slowest
+# port: fewer, and INT bit 7 swings between 0 and a multiple of 100 % from window to window.
+TX_UTIL_WINDOW_FRAMES = 8
 WATCHLIST_PRIORITY = 10
 
 
@@ -47,9 +52,17 @@ def ip_int(ip: str) -> int:
     return int(ipaddress.IPv4Address(ip))
 
 
-def tx_util_mult(speed_bps: float) -> int:
-    """Multiplier turning the bytes a port sent in one window into ppm of its speed."""
-    ppm_per_byte = 8 * 1e6 / (speed_bps * TX_UTIL_WINDOW_NS * 1e-9)
+def tx_util_window_shift(speed_bps: float, frame_bytes: int) -> int:
+    """Window length (2^shift ns, switch_config) holding TX_UTIL_WINDOW_FRAMES frames at
+    `speed_bps`; never below the program's default window."""
+    need_ns = TX_UTIL_WINDOW_FRAMES * frame_bytes * 8e9 / speed_bps
+    return max(TX_UTIL_WINDOW_SHIFT, min(40, math.ceil(math.log2(need_ns))))
+
+
+def tx_util_mult(speed_bps: float, shift: int = TX_UTIL_WINDOW_SHIFT) -> int:
+    """Multiplier turning the bytes a port sent in one window of 2^shift ns into ppm of its
+    speed."""
+    ppm_per_byte = 8 * 1e6 / (speed_bps * (1 << shift) * 1e-9)
     return min(0xFFFFFFFF, max(1, round(ppm_per_byte * (1 << TX_UTIL_SHIFT))))
 
 
@@ -145,18 +158,22 @@ def build(cfg: Config, topo: Topology, sw: SwitchConfig, schema: Any, state: Swi
     ents += list(next_ents.values()) + route_ents
 
     # ---- per switch and per port configuration ----
+    slowest = min((topo.port_speed_bps(sw.name, pc.port) for pc in sw.ports),
+                  default=cfg.emulated_bps(cfg.model.port_speed_gbps))
+    shift = tx_util_window_shift(slowest, cfg.model.mean_packet_bytes)
     ents.append(fy.P4TableEntry(
         P.TBL_SWITCH_CONFIG, is_default_action=True,
         action=fy.P4TableAction(P.ACT_SET_SWITCH_CONFIG, **{
             P.PRM_SET_SWITCH_CONFIG_NODE_ID: sw.node_id, P.PRM_SET_SWITCH_CONFIG_HW_ID: 0,
-            P.PRM_SET_SWITCH_CONFIG_QDEPTH_UNIT: qdepth_unit})))
+            P.PRM_SET_SWITCH_CONFIG_QDEPTH_UNIT: qdepth_unit,
+            P.PRM_SET_SWITCH_CONFIG_TX_UTIL_SHIFT: shift})))
     ecn = cfg.ecn
     for pc in sw.ports:
         speed = topo.port_speed_bps(sw.name, pc.port)
         ents.append(fy.P4TableEntry(
             P.TBL_PORT_CONFIG, match=fy.P4TableMatch(**{P.KEY_PORT_CONFIG_PORT: pc.port}),
             action=fy.P4TableAction(P.ACT_SET_PORT_CONFIG, **{
-                P.PRM_SET_PORT_CONFIG_TX_UTIL_MULT: tx_util_mult(speed),
+                P.PRM_SET_PORT_CONFIG_TX_UTIL_MULT: tx_util_mult(speed, shift),
                 P.PRM_SET_PORT_CONFIG_MTU: cfg.int.mtu})))
         ents.append(fy.P4TableEntry(
             P.TBL_ECN_THRESHOLDS, match=fy.P4TableMatch(**{P.KEY_ECN_THRESHOLDS_PORT: pc.port}),

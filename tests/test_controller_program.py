@@ -267,3 +267,9 @@ def test_program_constants_match_the_p4_source() -> None:
     assert 1 << const("TX_UTIL_WINDOW_SHIFT") == program.TX_UTIL_WINDOW_NS
     assert program.tx_util_mult(100e6) == 5_000_000  # p4src/README.md's figures
     assert program.tx_util_mult(400e9) == 1250
+    assert program.tx_util_mult(20e6, 24) == 1_562_500  # 2^16 * 8e15 / (20e6 * 2^24)
+    # a window holds 8 mean frames at the slowest port: 1000 B at 100 Mb/s fit the default
+    # 2^20 ns; 4154 B at 20 Mb/s need 13.3 ms -> 2^24 ns
+    assert program.tx_util_window_shift(100e6, 1000) == 20
+    assert program.tx_util_window_shift(20e6, 4154) == 24
+    assert program.tx_util_window_shift(400e9, 1000) == 20

@@ -39,7 +39,7 @@ ACTIONS = {
     "route": ["port", "smac", "dmac"],
     "mark_to_source": ["instruction_bitmap", "hop_budget", "domain_id"],
     "set_collector": ["src_mac", "dst_mac", "src_addr", "dst_addr", "dport"],
-    "set_switch_config": ["node_id", "hw_id", "qdepth_unit"],
+    "set_switch_config": ["node_id", "hw_id", "qdepth_unit", "tx_util_shift"],
     "set_port_config": ["tx_util_mult", "mtu"],
     "set_ecn_thresholds": ["kmin_bytes", "kmax_bytes", "pmax_scaled"],
 }

@@ -263,18 +263,23 @@ def test_mtu_sets_m_instead_of_growing_past_it(fabric: FabricFactory) -> None:  
     assert fab.counter(1, "int_transit_events", TRANSIT_M_BIT)[0] == 1
 
 
-def test_tx_utilization_per_window(fabric: FabricFactory) -> None:  # noqa: F811
-    """Each packet carries its egress port's utilization over the previous 2^20 ns window:
-    exactly the bytes (as enqueued, before this hop's record, as the traffic manager charges
-    them) the packets in that window brought, by their own egress timestamps; and a stream at
-    half the port's speed reads about 500,000 ppm."""
+@pytest.mark.parametrize("shift", [P.TX_UTIL_WINDOW_SHIFT, 22])
+def test_tx_utilization_per_window(fabric: FabricFactory, shift: int) -> None:  # noqa: F811
+    """Each packet carries its egress port's utilization over the previous window of 2^shift
+    ns (the program's default 2^20, or what switch_config sets): exactly the bytes (as
+    enqueued, before this hop's record, as the traffic manager charges them) the packets in
+    that window brought, by their own egress timestamps; and a stream at half the port's speed
+    reads about 500,000 ppm."""
     fab = fabric(ONE)
     program_one(fab)
+    if shift != P.TX_UTIL_WINDOW_SHIFT:
+        fab.write(0, P.switch_config(node_id=2, tx_util_shift=shift))
     src = golden("no_hops_yet")
     gap_ns = 100_000
     speed = len(src) * 8 / (gap_ns / 1e9) * 2  # the stream fills half the port
-    fab.write(0, P.port_config(7, speed_bps=speed, modify=True))
-    n = 60  # 6 ms: five windows and more
+    fab.write(0, P.port_config(7, speed_bps=speed, modify=True, tx_util_shift=shift))
+    window_ns = 1 << shift
+    n = 6 * window_ns // gap_ns  # five windows and more
     for _ in range(n):
         fab.send("a", src)
         fab.wait(gap_ns)
@@ -282,13 +287,14 @@ def test_tx_utilization_per_window(fabric: FabricFactory) -> None:  # noqa: F811
     out = fab.take("b")
     assert len(out) == n
     hops = [int_of(f)["hops"][0] for f in out]
-    window = [h["egress_ts"] >> P.TX_UTIL_WINDOW_SHIFT for h in hops]
+    window = [h["egress_ts"] >> shift for h in hops]
     per_window = Counter(window)
-    mult = P.tx_util_mult(speed)
+    mult = P.tx_util_mult(speed, shift)
     want = [(per_window[w - 1] * len(src) * mult) >> 16 for w in window]
     assert [h["tx_util"] for h in hops] == want
     if fab.virtual_time:  # (a real clock paces the stream only roughly)
-        assert all(abs(u - 500_000) <= 0.12 * 500_000 for u in want[25:]), want
+        settled = want[int(1.5 * window_ns // gap_ns):]
+        assert all(abs(u - 500_000) <= 0.12 * 500_000 for u in settled), want
 
 
 def program_source_and_sink(fab: Fabric, with_collector: bool = True) -> None:

@@ -2,9 +2,9 @@
  * Port telemetry and counters.
  * Ingress: packets/bytes received per port, and dropped per reason (DROP_*).
  * Egress: packets/bytes sent per port; tx utilization per port over aligned windows of
- * 2^TX_UTIL_WINDOW_SHIFT ns (ppm of the port speed, the last complete window: a packet that
- * opens a new window turns the previous window's byte count into utilization, or 0 when one or
- * more whole windows passed without traffic); and each port's latest hop latency, queue
+ * 2^md.tx_util_shift ns (switch_config; ppm of the port speed, the last complete window: a
+ * packet that opens a new window turns the previous window's byte count into utilization, or 0
+ * when one or more whole windows passed without traffic); and each port's latest hop latency, queue
  * occupancy and egress time, which a telemetry report reads for the sink port.
  */
 #ifndef XINGMAI_PORT_TELEMETRY_P4
@@ -34,7 +34,7 @@ control PortTelemetryEgress(inout headers_t hdr, inout local_md_t md) {
 
     apply {
         COUNT(port_tx, md.egress_port);
-        bit<32> window = (bit<32>)(md.egress_ts >> TX_UTIL_WINDOW_SHIFT);
+        bit<32> window = (bit<32>)(md.egress_ts >> md.tx_util_shift);
 
         if (md.report == 1) {
             // A report clone: the sink port's latest state, before this packet changes any.

@@ -95,7 +95,9 @@ const bit<2> PKT_INGRESS_CLONE = 1;
 const bit<2> PKT_OTHER = 2;              // replicas, recirculated packets: not produced here
 
 // Egress tx utilization (INT bit 7, ppm of the port speed) is computed over aligned windows of
-// 2^TX_UTIL_WINDOW_SHIFT ns (~1.05 ms): the utilization of the last complete window.
+// 2^shift ns: the utilization of the last complete window. The controller sets the shift per
+// switch (switch_config) so that a window holds several frames at the ports' speed; without
+// it, 2^TX_UTIL_WINDOW_SHIFT ns (~1.05 ms).
 #define TX_UTIL_WINDOW_SHIFT 20
 const bit<32> NO_MTU = 0xFFFFFFFF;
 

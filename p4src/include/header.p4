@@ -264,6 +264,7 @@ struct local_md_t {
     bit<32> node_id;
     bit<6> hw_id;
     bit<32> qdepth_unit;                 // bytes per target queue-depth unit
+    bit<8> tx_util_shift;                // tx utilization windows are 2^tx_util_shift ns
     bit<32> mtu;                         // IPv4 MTU of the egress port
     bit<32> tx_util_mult;                // from the port speed (p4src/README.md)
     bit<32> enq_qdepth_bytes;

@@ -11,39 +11,41 @@ import finsy as fy
 
 from tests.p4.harness import CPU_CLONE_SESSION, CPU_PORT, REPORT_CLONE_SESSION
 
-# Egress tx utilization windows are 2^20 ns (TX_UTIL_WINDOW_SHIFT in p4src/include/define.p4).
+# Egress tx utilization windows are 2^shift ns, shift from switch_config; the program's default
+# is 20 (TX_UTIL_WINDOW_SHIFT in p4src/include/define.p4).
 TX_UTIL_WINDOW_SHIFT = 20
 TX_UTIL_WINDOW_NS = 1 << TX_UTIL_WINDOW_SHIFT
 
 
-def tx_util_mult(speed_bps: float) -> int:
+def tx_util_mult(speed_bps: float, shift: int = TX_UTIL_WINDOW_SHIFT) -> int:
     """set_port_config's tx_util_mult for a port speed: util_ppm = bytes_per_window * mult
-    >> 16, i.e. mult = 2^16 * 8e15 / (speed_bps * 2^20)."""
-    return round((1 << 16) * 8e15 / (speed_bps * TX_UTIL_WINDOW_NS))
+    >> 16, i.e. mult = 2^16 * 8e15 / (speed_bps * 2^shift)."""
+    return round((1 << 16) * 8e15 / (speed_bps * (1 << shift)))
 
 
 def mac(n: int) -> int:
     return 0x02_00_00_00_00_00 | n
 
 
-def switch_config(node_id: int, qdepth_unit: int = 1, hw_id: int = 0) -> list[Any]:
+def switch_config(node_id: int, qdepth_unit: int = 1, hw_id: int = 0,
+                  tx_util_shift: int = TX_UTIL_WINDOW_SHIFT) -> list[Any]:
     return [
         ~fy.P4TableEntry(
             "switch_config",
             action=fy.P4TableAction("set_switch_config", node_id=node_id, hw_id=hw_id,
-                                    qdepth_unit=qdepth_unit),
+                                    qdepth_unit=qdepth_unit, tx_util_shift=tx_util_shift),
             is_default_action=True,
         )
     ]
 
 
 def port_config(port: int, speed_bps: float = 100e6, mtu: int = 9000,
-                modify: bool = False) -> list[Any]:
+                modify: bool = False, tx_util_shift: int = TX_UTIL_WINDOW_SHIFT) -> list[Any]:
     entry = fy.P4TableEntry(
         "port_config",
         match=fy.P4TableMatch(port=port),
-        action=fy.P4TableAction("set_port_config", tx_util_mult=tx_util_mult(speed_bps),
-                                mtu=mtu),
+        action=fy.P4TableAction("set_port_config",
+                                tx_util_mult=tx_util_mult(speed_bps, tx_util_shift), mtu=mtu),
     )
     return [~entry if modify else +entry]
 
