@@ -109,7 +109,8 @@ class GrpcAgent:
         for f in resp.flows:
             k = f.flow
             out.append(AgentFlow((k.src_ip, k.dst_ip, k.protocol, k.src_port, k.dst_port),
-                                 float(f.rate_bps), float(f.cap_bps), float(f.weight or 1)))
+                                 float(f.rate_bps), float(f.cap_bps), float(f.weight or 1),
+                                 float(f.idle_s)))
         return out
 
     async def close(self) -> None:

@@ -44,6 +44,7 @@ class AgentFlow:
     rate_bps: float
     cap_bps: float = 0.0  # 0: none
     weight: float = 1.0
+    idle_s: float = 0.0  # since the flow's last packet (the agent keeps idle flows a while)
 
 
 class AgentError(RuntimeError):
@@ -196,7 +197,7 @@ class SlowLoop:
             out[rec.key] = (host, rec.links)
         for host, st in self.state.items():
             for key, f in st.flows.items():
-                if key in out or f.rate_bps <= 0:
+                if key in out or f.rate_bps <= 0 or f.idle_s > self.policy.flow_idle_s:
                     continue
                 links = self.topo.common_links(key[0], key[1])
                 if links:

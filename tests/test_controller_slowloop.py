@@ -59,7 +59,8 @@ class FakeAgent:
 
     async def list_flows(self) -> list[AgentFlow]:
         await self._enter("list_flows")
-        return [AgentFlow(f.key, f.rate_bps, self.caps.get(f.key, 0.0)) for f in self.flows]
+        return [AgentFlow(f.key, f.rate_bps, self.caps.get(f.key, 0.0), f.weight, f.idle_s)
+                for f in self.flows]
 
     async def close(self) -> None:
         pass
@@ -160,6 +161,18 @@ def test_flows_known_only_to_agents_use_the_links_all_paths_share() -> None:
     assert cap.links == ["h1:eth0", "leaf2:1"] and cap.bottleneck == "leaf2:1"
     assert cap.cap_bps == pytest.approx(100e6 * 0.95 / 2)
     assert cap.rate_bps == 80e6
+
+
+def test_flows_the_agents_report_idle_take_no_share() -> None:
+    loop, col, agents = setup(["h1", "h2"])
+    live = ("10.0.1.1", "10.0.2.1", 17, 5000, 4791)
+    # an agent keeps a finished flow (with its last rate) until its own idle timeout
+    agents["h1"].flows = [AgentFlow(live, 80e6)]
+    agents["h2"].flows = [AgentFlow(("10.0.1.2", "10.0.2.1", 17, 5001, 4791), 80e6,
+                                    idle_s=loop.policy.flow_idle_s + 1)]
+    asyncio.run(loop.step())
+    assert list(loop.caps) == [live]
+    assert loop.caps[live].cap_bps == pytest.approx(100e6 * 0.95)
 
 
 def test_auto_tune_sets_w_ai_from_the_bottleneck_flow_count() -> None:
