@@ -669,8 +669,14 @@ class Agent:
         return sorted(views.values(), key=lambda v: v.key)
 
     def watch(self, flows: set[FlowKey] | None, min_change: float) -> Watcher:
+        """Subscribe to rate changes. The watcher first gets every watched flow's current rate
+        (origin "current"), so a change made while the subscription was being set up is seen
+        either way."""
         w = Watcher(flows, min_change)
+        now = time.monotonic_ns()
         with self.lock:
+            for key, (rate, _origin) in self.rates_seen.items():
+                w.offer(RateEvent(key, rate, rate, "current", now))
             self.watchers.append(w)
         return w
 
