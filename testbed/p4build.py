@@ -1,10 +1,13 @@
-"""`make p4`: compile p4src/ with the P4 compilers installed here and keep p4src/build/ honest.
+"""`make p4`: compile the project's P4 with the compilers installed here and keep the committed
+outputs honest.
 
-p4src/build/ holds the committed compiler outputs (the project runs without a P4 compiler) and
-`stamp.json`, which records, per target, the sha256 of every P4 source the target's top file
-includes (transitively), the compiler and its version, the flags, and the sha256 of each
-output. `check()` recomputes the source and output hashes: a test fails when they differ from
-the stamp, so the committed artifacts can never silently drift from the code.
+Two folders of P4 sources have committed builds: `p4src/` (the switch program) and `tests/p4/`
+(small programs the built-in switch's tests and benchmarks run). Each has a `build/` with the
+compiler outputs (the project runs without a P4 compiler) and `stamp.json`, which records, per
+target, the sha256 of every P4 source the target's top file includes (transitively), the
+compiler and its version, the flags, and the sha256 of each output. `check()` recomputes the
+source and output hashes: a test fails when they differ from the stamp, so the committed
+artifacts can never silently drift from the code.
 
     python -m testbed.p4build            # rebuild every target whose compiler is installed
     python -m testbed.p4build --check    # only verify the stamp (exit 1 on a mismatch)
@@ -29,9 +32,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-P4SRC = REPO / "p4src"
-BUILD = P4SRC / "build"
-STAMP = BUILD / "stamp.json"
 
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
 
@@ -59,16 +59,44 @@ class Target:
         ]
 
 
-TARGETS: tuple[Target, ...] = (
-    Target(
-        name="bmv2",
-        top="xingmai.p4",
+def bmv2_target(name: str, top: str) -> Target:
+    return Target(
+        name=name,
+        top=top,
         compiler="p4c-bm2-ss",
         compiler_env="P4C_BM2_SS",
         flags=("--arch", "v1model", "--std", "p4-16"),
-        outputs={"json": "xingmai.json", "p4info": "xingmai.p4info.txtpb"},
-    ),
-)
+        outputs={"json": f"{Path(top).stem}.json", "p4info": f"{Path(top).stem}.p4info.txtpb"},
+    )
+
+
+@dataclass(frozen=True)
+class Project:
+    """A folder of P4 sources with its own build/ and stamp."""
+
+    root: Path
+    targets: tuple[Target, ...]
+
+    @property
+    def build(self) -> Path:
+        return self.root / "build"
+
+    @property
+    def stamp(self) -> Path:
+        return self.build / "stamp.json"
+
+    def rel(self, path: Path) -> str:
+        try:
+            return path.relative_to(REPO).as_posix()
+        except ValueError:
+            return str(path)
+
+
+P4SRC = Project(REPO / "p4src", (bmv2_target("bmv2", "xingmai.p4"),))
+TESTS = Project(REPO / "tests" / "p4", tuple(
+    bmv2_target(name, f"{name}.p4")
+    for name in ("switch_features", "primitives", "bench_l3", "bench_two_tables")))
+PROJECTS: tuple[Project, ...] = (P4SRC, TESTS)
 
 
 class StampError(Exception):
@@ -79,14 +107,15 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def sources_of(top: str) -> list[str]:
+def sources_of(project: Project, top: str) -> list[str]:
     """Every P4 file `top` includes with #include "..." (transitively), itself first; paths
-    relative to p4src/. System includes (<core.p4>) belong to the compiler's version."""
+    relative to the project's folder. System includes (<core.p4>) belong to the compiler's
+    version."""
     seen: list[str] = []
-    todo = [P4SRC / top]
+    todo = [project.root / top]
     while todo:
         path = todo.pop(0).resolve()
-        rel = path.relative_to(P4SRC.resolve()).as_posix()
+        rel = path.relative_to(project.root.resolve()).as_posix()
         if rel in seen:
             continue
         if not path.is_file():
@@ -97,46 +126,47 @@ def sources_of(top: str) -> list[str]:
     return seen
 
 
-def source_hashes(target: Target) -> dict[str, str]:
-    return {rel: sha256(P4SRC / rel) for rel in sorted(sources_of(target.top))}
+def source_hashes(project: Project, target: Target) -> dict[str, str]:
+    return {rel: sha256(project.root / rel) for rel in sorted(sources_of(project, target.top))}
 
 
-def all_p4_files() -> list[str]:
-    """The P4 sources under p4src/ (compiled outputs excluded)."""
+def all_p4_files(project: Project) -> list[str]:
+    """The P4 sources under the project's folder (compiled outputs excluded)."""
     return sorted(
-        p.relative_to(P4SRC).as_posix()
-        for p in P4SRC.rglob("*.p4")
-        if BUILD not in p.parents
+        p.relative_to(project.root).as_posix()
+        for p in project.root.rglob("*.p4")
+        if project.build not in p.parents
     )
 
 
-def load_stamp() -> dict:
-    if not STAMP.is_file():
-        raise StampError(f"{STAMP.relative_to(REPO)} is missing: run `make p4` where p4c exists")
+def load_stamp(project: Project) -> dict:
+    name = project.rel(project.stamp)
+    if not project.stamp.is_file():
+        raise StampError(f"{name} is missing: run `make p4` where p4c exists")
     try:
-        doc = json.loads(STAMP.read_text())
+        doc = json.loads(project.stamp.read_text())
     except ValueError as exc:
-        raise StampError(f"{STAMP.relative_to(REPO)} is not JSON: {exc}") from exc
+        raise StampError(f"{name} is not JSON: {exc}") from exc
     if not isinstance(doc, dict) or not isinstance(doc.get("targets"), dict):
-        raise StampError(f"{STAMP.relative_to(REPO)} has no 'targets' mapping")
+        raise StampError(f"{name} has no 'targets' mapping")
     return doc
 
 
-def check(targets: tuple[Target, ...] = TARGETS) -> list[str]:
+def check(project: Project = P4SRC) -> list[str]:
     """Problems with the committed build (empty: the stamp matches sources and outputs)."""
     try:
-        stamp = load_stamp()
+        stamp = load_stamp(project)
     except StampError as exc:
         return [str(exc)]
     problems = []
     covered: set[str] = set()
-    for t in targets:
+    for t in project.targets:
         entry = stamp["targets"].get(t.name)
         if entry is None:
             problems.append(f"{t.name}: not in the stamp")
             continue
         try:
-            now = source_hashes(t)
+            now = source_hashes(project, t)
         except StampError as exc:
             problems.append(f"{t.name}: {exc}")
             continue
@@ -152,15 +182,16 @@ def check(targets: tuple[Target, ...] = TARGETS) -> list[str]:
         if list(entry.get("flags", [])) != list(t.flags):
             problems.append(f"{t.name}: built with flags {entry.get('flags')}, now {list(t.flags)}")
         for role, name in t.outputs.items():
-            out = BUILD / name
+            out = project.build / name
             want = entry.get("outputs", {}).get(name)
             if not out.is_file():
                 problems.append(f"{t.name}: output {name} ({role}) is missing")
             elif want != sha256(out):
                 problems.append(f"{t.name}: output {name} differs from what the build wrote")
-    for rel in all_p4_files():
+    for rel in all_p4_files(project):
         if rel not in covered:
-            problems.append(f"{rel} is under p4src/ but no target includes it")
+            problems.append(f"{rel} is under {project.rel(project.root)}/ but no target "
+                            "includes it")
     return problems
 
 
@@ -199,13 +230,13 @@ def _normalise_json(path: Path) -> None:
     path.write_text(json.dumps(doc, indent=1) + "\n")
 
 
-def build(t: Target, exe: str) -> dict:
+def build(project: Project, t: Target, exe: str) -> dict:
     """Compile one target into build/ (via a temporary folder, so a failed compile leaves the
     committed outputs alone) and return its stamp entry."""
-    BUILD.mkdir(exist_ok=True)
+    project.build.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="xingmai-p4build-") as tmp:
         cmd = t.command(exe, Path(tmp))
-        res = subprocess.run(cmd, cwd=P4SRC, capture_output=True, text=True, check=False)
+        res = subprocess.run(cmd, cwd=project.root, capture_output=True, text=True, check=False)
         if res.returncode != 0:
             raise RuntimeError(f"{t.name}: {' '.join(cmd)} failed:\n{res.stdout}{res.stderr}")
         if res.stderr.strip():
@@ -213,50 +244,58 @@ def build(t: Target, exe: str) -> dict:
         if "json" in t.outputs:
             _normalise_json(Path(tmp) / t.outputs["json"])
         for name in t.outputs.values():
-            shutil.copyfile(Path(tmp) / name, BUILD / name)
+            shutil.copyfile(Path(tmp) / name, project.build / name)
     return {
         "compiler": t.compiler,
         "compiler_version": compiler_version(exe),
         "flags": list(t.flags),
         "top": t.top,
-        "sources": source_hashes(t),
-        "outputs": {name: sha256(BUILD / name) for name in t.outputs.values()},
+        "sources": source_hashes(project, t),
+        "outputs": {name: sha256(project.build / name) for name in t.outputs.values()},
     }
+
+
+def build_project(project: Project) -> bool:
+    """Rebuild every target of `project` whose compiler is installed; False on a failure."""
+    try:
+        stamp = load_stamp(project)
+    except StampError:
+        stamp = {"targets": {}}
+    for t in project.targets:
+        exe = find_compiler(t)
+        if exe is None:
+            print(f"{t.name}: {t.compiler} not found (PATH or ${t.compiler_env}); "
+                  "keeping the committed outputs")
+            continue
+        print(f"{project.rel(project.root)}: {t.name}: compiling {t.top} with {exe}")
+        try:
+            stamp["targets"][t.name] = build(project, t, exe)
+        except RuntimeError as exc:
+            print(exc, file=sys.stderr)
+            return False
+    project.stamp.write_text(json.dumps(stamp, indent=2, sort_keys=True) + "\n")
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m testbed.p4build", description=__doc__)
-    ap.add_argument("--check", action="store_true", help="only verify the stamp")
+    ap.add_argument("--check", action="store_true", help="only verify the stamps")
     args = ap.parse_args(argv)
-
-    if not args.check:
-        try:
-            stamp = load_stamp()
-        except StampError:
-            stamp = {"targets": {}}
-        for t in TARGETS:
-            exe = find_compiler(t)
-            if exe is None:
-                print(f"{t.name}: {t.compiler} not found (PATH or ${t.compiler_env}); "
-                      "keeping the committed outputs")
-                continue
-            print(f"{t.name}: compiling {t.top} with {exe}")
-            try:
-                stamp["targets"][t.name] = build(t, exe)
-            except RuntimeError as exc:
-                print(exc, file=sys.stderr)
-                return 1
-        STAMP.write_text(json.dumps(stamp, indent=2, sort_keys=True) + "\n")
-
-    problems = check()
-    for p in problems:
-        print(f"stale: {p}", file=sys.stderr)
-    if problems:
-        print("p4src/build does not match p4src: run `make p4` where the compilers are installed",
-              file=sys.stderr)
-        return 1
-    print("p4src/build matches p4src (stamp.json)")
-    return 0
+    status = 0
+    for project in PROJECTS:
+        where = project.rel(project.root)
+        if not args.check and not build_project(project):
+            return 1
+        problems = check(project)
+        for p in problems:
+            print(f"stale: {where}: {p}", file=sys.stderr)
+        if problems:
+            print(f"{where}/build does not match {where}: run `make p4` where the compilers "
+                  "are installed", file=sys.stderr)
+            status = 1
+        else:
+            print(f"{where}/build matches {where} (stamp.json)")
+    return status
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ exposes the control-plane API the controller is written against (p4src/README.md
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -15,8 +16,8 @@ from testbed import p4build
 from testbed.switch.traffic_manager import Clock
 from testbed.switch.v1model import V1Switch
 
-BUILD = p4build.BUILD
-README = p4build.P4SRC / "README.md"
+BUILD = p4build.P4SRC.build
+README = p4build.P4SRC.root / "README.md"
 
 # The API the controller relies on: table -> (match fields, actions); action -> params.
 TABLES = {
@@ -52,32 +53,30 @@ def load_p4info() -> p4i.P4Info:
     return text_format.Parse((BUILD / "xingmai.p4info.txtpb").read_text(), p4i.P4Info())
 
 
-def test_stamp_matches_sources_and_outputs() -> None:
-    problems = p4build.check()
+@pytest.mark.parametrize("project", p4build.PROJECTS, ids=lambda p: p.rel(p.root))
+def test_stamp_matches_sources_and_outputs(project: p4build.Project) -> None:
+    problems = p4build.check(project)
     assert not problems, "\n".join(problems)
 
 
-def test_stamp_check_notices_a_changed_source(tmp_path: Path,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_stamp_check_notices_a_changed_source(tmp_path: Path) -> None:
     """The check is not vacuous: a copy of p4src with one byte changed fails it."""
     copy = tmp_path / "p4src"
-    shutil.copytree(p4build.P4SRC, copy)
-    monkeypatch.setattr(p4build, "P4SRC", copy)
-    monkeypatch.setattr(p4build, "BUILD", copy / "build")
-    monkeypatch.setattr(p4build, "STAMP", copy / "build" / "stamp.json")
-    assert p4build.check() == []
+    shutil.copytree(p4build.P4SRC.root, copy)
+    project = dataclasses.replace(p4build.P4SRC, root=copy)
+    assert p4build.check(project) == []
     routing = copy / "control" / "routing.p4"
     routing.write_text(routing.read_text() + "\n")
-    assert any("control/routing.p4 changed" in p for p in p4build.check())
+    assert any("control/routing.p4 changed" in p for p in p4build.check(project))
     (copy / "control" / "orphan.p4").write_text("// not included anywhere\n")
-    assert any("orphan.p4" in p for p in p4build.check())
+    assert any("orphan.p4" in p for p in p4build.check(project))
     out = copy / "build" / "xingmai.json"
     out.write_text(out.read_text().replace('"xingmai.p4"', '"edited.p4"', 1))
-    assert any("xingmai.json differs" in p for p in p4build.check())
+    assert any("xingmai.json differs" in p for p in p4build.check(project))
 
 
 def test_stamp_records_the_compiler() -> None:
-    stamp = json.loads(p4build.STAMP.read_text())
+    stamp = json.loads(p4build.P4SRC.stamp.read_text())
     entry = stamp["targets"]["bmv2"]
     assert entry["compiler"] == "p4c-bm2-ss"
     assert entry["compiler_version"].strip()
