@@ -359,6 +359,22 @@ def test_source_and_sink_restore_the_packet_and_report(fabric: FabricFactory) ->
     assert seqs == list(range(seqs[0], seqs[0] + n)), seqs
 
 
+def test_source_and_sink_on_one_switch_leave_the_packet_plain(fabric: FabricFactory) -> None:  # noqa: F811
+    """Both hosts on one switch, neither doing INT: the watchlist matches but the egress port
+    is a sink port, so there is no fabric hop to measure and nothing is added."""
+    fab = fabric(ONE)
+    program_one(fab)
+    fab.write(0, P.watch(bitmap=BITMAP, hop_budget=8, domain_id=5, ipv4_src="10.0.1.1",
+                         ip_proto=17))
+    fab.write(0, P.sink_port(7))
+    sent = plain_udp()
+    fab.send("a", sent)
+    fab.settle()
+    assert fab.take("b") == [routed(sent, sw_mac(9), P.mac(0x22))]
+    assert fab.counter(0, "int_source_events", SOURCE_INSERTED)[0] == 0
+    assert fab.counter(0, "int_sink_events", SINK_STRIPPED)[0] == 0
+
+
 def test_sink_without_collector_sends_packet_in(fabric: FabricFactory) -> None:  # noqa: F811
     fab = fabric(CHAIN)
     program_source_and_sink(fab, with_collector=False)

@@ -65,10 +65,17 @@ control IntSinkIngress(inout headers_t hdr, inout local_md_t md) {
     }
 
     apply {
-        if (md.int_status == INT_OK && md.drop == 0 && md.punted == 0) {
+        if (md.drop == 0 && md.punted == 0 && (md.int_status == INT_OK || md.int_source == 1)) {
             if (int_sink_ports.apply().hit) {
-                md.report_sink_port = md.egress_spec;
-                report_collector.apply();
+                if (md.int_status == INT_OK) {
+                    md.report_sink_port = md.egress_spec;
+                    report_collector.apply();
+                } else {
+                    // Source and sink on this switch (both hosts on it, neither doing INT):
+                    // no fabric hop to measure, so the packet stays plain.
+                    md.int_source = 0;
+                    md.int_sink = 0;
+                }
             }
         }
     }
