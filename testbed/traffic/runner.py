@@ -47,6 +47,9 @@ class _Worker:
             stderr=subprocess.PIPE,
             text=True,
             env=env,
+            # a session of its own: under the kernel's autogroup scheduling each worker gets a
+            # CPU share of its own instead of all of them sharing the caller's
+            start_new_session=True,
         )
 
     def send(self, obj: dict[str, Any]) -> None:
