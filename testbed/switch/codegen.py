@@ -263,6 +263,11 @@ class Codegen:
                   _add_header=add_header, _remove_header=remove_header, _peek=peek, _rng=rng,
                   _log_msg=log_msg)
 
+    def _plain(self, hidx: int) -> bool:
+        """A header with fixed fields and no union: validity is a plain flag."""
+        inst = self.prog.headers[hidx]
+        return inst.union is None and inst.htype.vl_index is None
+
     def fresh(self, prefix: str = "_t") -> str:
         self.tmp += 1
         return f"{prefix}{self.tmp}"
@@ -517,11 +522,22 @@ class Codegen:
                 lines += [f"_assign_header(p, {a}, {b})" for a, b in zip(da, sa, strict=True)]
             return lines
         if op == "add_header":
-            return [f"_add_header(p, {ex(0).code})"]
+            hdr = ex(0)
+            if hdr.code.isdigit() and self._plain(int(hdr.code)):
+                hi = int(hdr.code)  # inline: the common case, a fixed header in no union
+                n = len(self.prog.headers[hi].htype.fields)
+                return [f"if not v[{hi}]:",
+                        f"    h[{hi}][:] = {[0] * n!r}; v[{hi}] = True; "
+                        f"p.plen += {self.ns['HNBYTES'][hi]}"]
+            return [f"_add_header(p, {hdr.code})"]
         if op == "add_header_fast":
             return [f"_mkvalid(p, {ex(0).code})"]
         if op == "remove_header":
-            return [f"_remove_header(p, {ex(0).code})"]
+            hdr = ex(0)
+            if hdr.code.isdigit() and self._plain(int(hdr.code)):
+                hi = int(hdr.code)
+                return [f"if v[{hi}]: v[{hi}] = False; p.plen -= {self.ns['HNBYTES'][hi]}"]
+            return [f"_remove_header(p, {hdr.code})"]
         if op in ("push", "pop"):
             return [f"_{op}(p, {ex(0).code}, {ex(1).code})"]
         if op == "exit":
@@ -1048,6 +1064,20 @@ def _compile(prog: Program, clock_us: Callable[[], int],
     for pl in prog.pipelines:
         for t in pl["tables"]:
             g.src.add(f"def t_{t['id']}(p):")
+            if _is_action_call(t):
+                # p4c turns every action called directly from a control into a keyless table
+                # whose const default is that action: it always misses, so call the action.
+                de = t["default_entry"]
+                params = tuple(hexint(x) for x in de.get("action_data", []))
+                nxt = t.get("next_tables", {})
+                if "__HIT__" in nxt or "__MISS__" in nxt:
+                    follow = nxt.get("__MISS__")
+                else:
+                    aname = prog.actions[de["action_id"]].name
+                    follow = nxt.get(aname, t.get("base_default_next"))
+                g.src.add(f"{action_names[de['action_id']]}(p, {params!r})", 1)
+                g.src.add(f"return {node_ref(follow)}", 1)
+                continue
             g.src.add("h = p.h; v = p.v", 1)
             key = []
             for k in t["key"]:
@@ -1124,6 +1154,13 @@ def _compile(prog: Program, clock_us: Callable[[], int],
         value_sets=vsets,
         actions=actions,
     )
+
+
+def _is_action_call(t: Json) -> bool:
+    """A keyless table with a const default action, no entries and no direct resources."""
+    de = t.get("default_entry") or {}
+    return (not t["key"] and t.get("type", "simple") == "simple" and bool(de.get("action_const"))
+            and not t.get("entries") and not t.get("with_counters") and not t.get("direct_meters"))
 
 
 def _build_table(prog: Program, t: Json, ns: dict[str, Any], profiles: dict[str, ActionProfile],
