@@ -1,9 +1,14 @@
 /*
- * The parser, shared by the architectures: the top file's parser sets md.ingress_port and then
- * applies XingmaiParser.
+ * The parser, shared by the architectures: the top file's parser sets md.ingress_port and
+ * md.parse_int_stack, and then applies XingmaiParser.
  *
  * Ethernet, IPv4 (options skipped into ipv4_options), UDP/TCP ports, and INT-MD v2.1 over UDP
- * when the DSCP is INT_DSCP: the shim, the MD header and the metadata stack (one opaque field).
+ * when the DSCP is INT_DSCP: the shim, the MD header and, when md.parse_int_stack is set, the
+ * metadata stack (one opaque field; otherwise it stays payload, which is all INT transit needs:
+ * v1model parses it everywhere, TNA only in egress for the packets a sink strips).
+ * Where the architecture verifies checksums in the parser (TNA), the IPv4 header checksum is
+ * verified here into md.checksum_error (IPV4_CHECKSUM_* from the shim); v1model verifies it in
+ * its checksum control.
  * The parser only judges what it can see in the headers; md.int_status stays INT_NONE when an
  * extract fails part-way (the ingress check then calls the packet truncated), so a malformed
  * INT packet is never dropped here: it keeps its bytes and is forwarded without INT processing.
@@ -11,7 +16,16 @@
 #ifndef XINGMAI_PARSER_P4
 #define XINGMAI_PARSER_P4
 
+// A stack fits the parser when its shim length (stack + MD header words) is at most
+// INT_STACK_MAX_WORDS + 3, which the shim makes 2^k - 1 so that a mask on the length tells.
+#if ((INT_STACK_MAX_WORDS + 4) & (INT_STACK_MAX_WORDS + 3)) != 0
+#error "INT_STACK_MAX_WORDS + 4 must be a power of two"
+#endif
+#define INT_SHIM_LEN_FITS_MASK (8w0xFF ^ (INT_STACK_MAX_WORDS + 3))
+
 parser XingmaiParser(packet_in pkt, out headers_t hdr, inout local_md_t md) {
+    IPV4_CHECKSUM_DECL
+
     state start {
         transition select(md.ingress_port) {
             CPU_PORT: parse_packet_out;
@@ -34,6 +48,7 @@ parser XingmaiParser(packet_in pkt, out headers_t hdr, inout local_md_t md) {
 
     state parse_ipv4 {
         pkt.extract(hdr.ipv4);
+        IPV4_CHECKSUM_ADD(hdr.ipv4)
         transition select(hdr.ipv4.version, hdr.ipv4.ihl) {
             (4, 5): parse_l4;
             (4, 0 &&& 0xC): ipv4_malformed;   // IHL 0..3
@@ -50,10 +65,12 @@ parser XingmaiParser(packet_in pkt, out headers_t hdr, inout local_md_t md) {
 
     state parse_ipv4_options {
         pkt.extract(hdr.ipv4_options, ((bit<32>)hdr.ipv4.ihl - 5) << 5);
+        IPV4_CHECKSUM_ADD(hdr.ipv4_options)
         transition parse_l4;
     }
 
     state parse_l4 {
+        IPV4_CHECKSUM_VERIFY(md.checksum_error)
         // Only the first fragment carries the L4 header.
         transition select(hdr.ipv4.frag_offset, hdr.ipv4.protocol) {
             (0, IP_PROTO_UDP): parse_udp;
@@ -98,7 +115,7 @@ parser XingmaiParser(packet_in pkt, out headers_t hdr, inout local_md_t md) {
             (INT_VERSION, 0, _): int_bad_hop_ml;
             (INT_VERSION, _, 0 &&& 0xFE): int_bad_shim_len;  // 0, 1
             (INT_VERSION, _, 2): int_bad_shim_len;
-            (INT_VERSION, _, _): parse_int_stack;
+            (INT_VERSION, _, _): int_headers_ok;
             default: int_bad_version;
         }
     }
@@ -118,8 +135,19 @@ parser XingmaiParser(packet_in pkt, out headers_t hdr, inout local_md_t md) {
         transition accept;
     }
 
+    state int_headers_ok {
+        transition select(md.parse_int_stack, hdr.int_shim.len) {
+            (1, 0 &&& INT_SHIM_LEN_FITS_MASK): parse_int_stack;
+            default: int_ok;
+        }
+    }
+
     state parse_int_stack {
         pkt.extract(hdr.int_stack, ((bit<32>)hdr.int_shim.len - 3) << 5);
+        transition int_ok;
+    }
+
+    state int_ok {
         md.int_status = INT_OK;
         transition accept;
     }

@@ -28,6 +28,7 @@ parser V1ModelParser(packet_in pkt, out headers_t hdr, inout local_md_t md,
 
     state start {
         md.ingress_port = sm.ingress_port;
+        md.parse_int_stack = 1;  // the sink strips it in egress, which does not parse again
         xingmai_parser.apply(pkt, hdr, md);
         transition accept;
     }
@@ -57,7 +58,7 @@ control XingmaiIngress(inout headers_t hdr, inout local_md_t md,
     apply {
         md.ingress_ts = (bit<64>)sm.ingress_global_timestamp * 1000;
         md.parser_error = (bit<1>)(sm.parser_error != error.NoError);
-        md.checksum_error = sm.checksum_error;
+        md.checksum_error = sm.checksum_error == 1;
 
         packet_io.apply(hdr, md);
         if (md.bypass == 0) {

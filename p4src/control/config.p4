@@ -9,12 +9,17 @@
  *    fabric runs its ports far slower than the hardware it models.
  *  - port_config: per egress port, the multiplier that turns bytes per window into tx
  *    utilization (from the port speed; p4src/README.md) and the IPv4 MTU INT must respect.
- * Queue depths are converted to bytes here, once, for INT and ECN.
+ * Queue depths are converted to bytes here, once, for INT and ECN (QueueBytes, from the shim:
+ * where the target's unit is fixed, as Tofino's cells, the shim uses it and qdepth_unit is not
+ * needed).
  */
 #ifndef XINGMAI_CONFIG_P4
 #define XINGMAI_CONFIG_P4
 
 control EgressConfig(inout headers_t hdr, inout local_md_t md) {
+    QueueBytes() enq_bytes;
+    QueueBytes() deq_bytes;
+
     action set_switch_config(bit<32> node_id, bit<6> hw_id, bit<32> qdepth_unit,
                              bit<8> tx_util_shift) {
         md.node_id = node_id;
@@ -52,8 +57,8 @@ control EgressConfig(inout headers_t hdr, inout local_md_t md) {
         md.tx_util_mult = 0;
         switch_config.apply();
         port_config.apply();
-        md.enq_qdepth_bytes = md.enq_qdepth * md.qdepth_unit;
-        md.deq_qdepth_bytes = md.deq_qdepth * md.qdepth_unit;
+        enq_bytes.apply(md.enq_qdepth, md.qdepth_unit, md.enq_qdepth_bytes);
+        deq_bytes.apply(md.deq_qdepth, md.qdepth_unit, md.deq_qdepth_bytes);
         // INT's 24-bit occupancy; all-ones would read as "not available", so saturate below.
         if (md.deq_qdepth_bytes > 0xFFFFFE) {
             md.q_occupancy = 0xFFFFFE;

@@ -9,6 +9,7 @@
 
 control Ecn(inout headers_t hdr, inout local_md_t md) {
     COUNTER(ecn_marks, PORT_SPACE);
+    RandomRamp() ramp;
     bit<32> kmin = 0;
     bit<32> kmax = 0;
     bit<16> pmax = 0;
@@ -40,11 +41,8 @@ control Ecn(inout headers_t hdr, inout local_md_t md) {
                 if (q > kmax) {
                     mark = true;
                 } else if (q > kmin) {
-                    // P(mark) = Pmax * (q - Kmin) / (Kmax - Kmin): draw r in [0, Kmax - Kmin]
-                    // and mark when (q - Kmin) * Pmax > r * 2^16.
-                    bit<32> r;
-                    RANDOM_RANGE(r, 32w0, kmax - kmin);
-                    mark = (bit<48>)(q - kmin) * (bit<48>)pmax > (bit<48>)r << 16;
+                    // P(mark) = Pmax * (q - Kmin) / (Kmax - Kmin).
+                    ramp.apply(q - kmin, kmax - kmin, pmax, mark);
                 }
                 if (mark) {
                     hdr.ipv4.ecn = ECN_CE;

@@ -84,10 +84,18 @@ control IntSinkIngress(inout headers_t hdr, inout local_md_t md) {
 control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
     COUNTER(int_sink_events, INT_EVENTS_SIZE);
     REGISTER(bit<32>, report_seq, 1);
+    REG_ACTION(report_seq, bit<32>, bit<32>, next_report_seq,
+        rv = value;
+        value = value + 1;)
 
     apply {
         if (md.pkt_kind == PKT_NORMAL) {
-            if (md.int_sink == 1 && hdr.int_shim.isValid()) {
+            if (md.int_sink == 1 && hdr.int_shim.isValid()
+                    && hdr.int_shim.len - INT_MD_WORDS > INT_STACK_MAX_WORDS) {
+                // More stack than the parser can hold (only where INT_STACK_MAX_WORDS < 252):
+                // it cannot be removed, the packet leaves as it came.
+                COUNT(int_sink_events, INT_SINK_STACK_TOO_LONG);
+            } else if (md.int_sink == 1 && hdr.int_shim.isValid()) {
                 bit<16> int_bytes = ((bit<16>)hdr.int_shim.len + 1) << 2;
                 hdr.ipv4.dscp = hdr.int_shim.dscp;
                 hdr.ipv4.total_len = hdr.ipv4.total_len - int_bytes;
@@ -141,22 +149,25 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
                 bit<16> inner_max = ((bit<16>)hdr.ipv4.ihl << 2) + 8 + int_bytes
                     + REPORT_INNER_PAYLOAD_BYTES;
                 bit<16> inner_len = hdr.ipv4.total_len;
-                if (inner_len > inner_max) {
-                    inner_len = inner_max;
+                if (ARCH_TRUNCATES == 1) {
+                    if (inner_len > inner_max) {
+                        inner_len = inner_max;
+                    }
+                    if ((bit<32>)inner_len > md.pkt_len - 14) {
+                        inner_len = (bit<16>)(md.pkt_len - 14);
+                    }
+                    inner_len = inner_len & 0xFFFC;
                 }
-                if ((bit<32>)inner_len > md.pkt_len - 14) {
-                    inner_len = (bit<16>)(md.pkt_len - 14);
-                }
-                inner_len = inner_len & 0xFFFC;
-                bit<16> report_words = 2 + md_words + (inner_len >> 2);
+                // (where the target cannot cut the packet it carries all of it, the last word
+                // perhaps partly)
+                bit<16> report_words = 2 + md_words + ((inner_len + 3) >> 2);
                 if (report_words > 0xFF) {
                     report_words = 0xFF;  // "to the end of the UDP payload"
                 }
                 bit<16> md_bytes = md_words << 2;
 
                 bit<32> seq;
-                REG_READ(report_seq, 0, seq);
-                REG_WRITE(report_seq, 0, seq + 1);
+                REG_EXEC(next_report_seq, 0, seq);
 
                 hdr.ethernet.setInvalid();
                 hdr.report_ethernet.setValid();

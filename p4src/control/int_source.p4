@@ -52,6 +52,7 @@ control IntSourceIngress(inout headers_t hdr, inout local_md_t md) {
 
 control IntSourceEgress(inout headers_t hdr, inout local_md_t md) {
     COUNTER(int_source_events, INT_EVENTS_SIZE);
+    IntHopWords() hop_words;
 
     apply {
         if (md.int_source == 1 && md.int_sink == 0 && hdr.udp.isValid()
@@ -59,6 +60,8 @@ control IntSourceEgress(inout headers_t hdr, inout local_md_t md) {
             if ((bit<32>)hdr.ipv4.total_len + (bit<32>)INT_HEADERS_BYTES > md.mtu) {
                 COUNT(int_source_events, INT_SOURCE_MTU);
             } else {
+                bit<5> words;
+                hop_words.apply(md.int_source_bitmap, words);
                 hdr.int_shim.setValid();
                 hdr.int_shim.int_type = INT_TYPE_MD;
                 hdr.int_shim.npt = 0;
@@ -73,7 +76,7 @@ control IntSourceEgress(inout headers_t hdr, inout local_md_t md) {
                 hdr.int_md.e = 0;
                 hdr.int_md.m = 0;
                 hdr.int_md.rsvd = 0;
-                hdr.int_md.hop_ml = int_hop_words(md.int_source_bitmap);
+                hdr.int_md.hop_ml = words;
                 hdr.int_md.remaining_hop_cnt = md.int_source_hop_budget;
                 hdr.int_md.instruction_bitmap = md.int_source_bitmap;
                 hdr.int_md.domain_id = md.int_source_domain_id;

@@ -17,6 +17,7 @@
 
 control IntIngressCheck(inout headers_t hdr, inout local_md_t md) {
     COUNTER(int_status, INT_STATUS_COUNT);
+    IntHopWords() hop_words;
 
     apply {
         if (hdr.udp.isValid() && hdr.ipv4.dscp == INT_DSCP) {
@@ -29,9 +30,11 @@ control IntIngressCheck(inout headers_t hdr, inout local_md_t md) {
                     md.int_status = INT_TRUNCATED;
                 }
             } else if (md.int_status == INT_OK) {
+                bit<5> words;
+                hop_words.apply(hdr.int_md.instruction_bitmap, words);
                 if ((bit<32>)hdr.udp.len < 8 + (((bit<32>)hdr.int_shim.len + 1) << 2)) {
                     md.int_status = INT_LEN_PAST_END;
-                } else if (hdr.int_md.hop_ml != int_hop_words(hdr.int_md.instruction_bitmap)) {
+                } else if (hdr.int_md.hop_ml != words) {
                     md.int_status = INT_BAD_HOP_ML;
                 }
             }
@@ -67,7 +70,8 @@ control IntTransitEgress(inout headers_t hdr, inout local_md_t md) {
                 }
                 if (bm[13:13] == 1) {
                     hdr.int_hop.hop_latency.setValid();
-                    hdr.int_hop.hop_latency.hop_latency = (bit<32>)(md.egress_ts - md.ingress_ts);
+                    hdr.int_hop.hop_latency.hop_latency =
+                        (bit<32>)md.egress_ts - (bit<32>)md.ingress_ts;
                 }
                 if (bm[12:12] == 1) {
                     hdr.int_hop.q_occupancy.setValid();

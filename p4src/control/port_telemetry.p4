@@ -6,6 +6,10 @@
  * packet that opens a new window turns the previous window's byte count into utilization, or 0
  * when one or more whole windows passed without traffic); and each port's latest hop latency, queue
  * occupancy and egress time, which a telemetry report reads for the sink port.
+ *
+ * Every register cell is changed by one named read-modify-write (REG_ACTION, the shape of
+ * Tofino's RegisterAction): a packet reads or updates each register once, at one index: its
+ * egress port, or for a report clone the sink port (read only).
  */
 #ifndef XINGMAI_PORT_TELEMETRY_P4
 #define XINGMAI_PORT_TELEMETRY_P4
@@ -32,52 +36,119 @@ control PortTelemetryEgress(inout headers_t hdr, inout local_md_t md) {
     REGISTER(bit<32>, last_queue, PORT_SPACE);       // queue id + occupancy, as in INT
     REGISTER(bit<64>, last_egress_ts, PORT_SPACE);
 
+    MulShr16() bytes_to_util;
+    MulShr16() sink_bytes_to_util;
+    TimeWindow() time_window;
+
+    // What the register bodies below read besides the cell (set before they run).
+    bit<32> window = 0;          // the window this packet leaves in
+    bit<32> util_new = 0;        // utilization of the port's stored window, which just ended
+    bit<32> hop_latency = 0;
+    bit<32> queue = 0;
+
+    // tx_window: the port's current window number.
+    REG_ACTION(tx_window, bit<32>, bit<32>, tx_window_update,
+        rv = value;
+        value = window;)
+    REG_ACTION(tx_window, bit<32>, bit<32>, tx_window_read,
+        rv = value;)
+    // tx_window_bytes: bytes sent in that window; a new window starts with this packet.
+    REG_ACTION(tx_window_bytes, bit<32>, bit<32>, tx_bytes_add,
+        rv = value;
+        value = value + md.pkt_len;)
+    REG_ACTION(tx_window_bytes, bit<32>, bit<32>, tx_bytes_restart,
+        rv = value;
+        value = md.pkt_len;)
+    REG_ACTION(tx_window_bytes, bit<32>, bit<32>, tx_bytes_read,
+        rv = value;)
+    // tx_util_mult_last: the multiplier the port's bytes are counted under (a report clone
+    // turns the sink port's bytes into utilization with it).
+    REG_ACTION(tx_util_mult_last, bit<32>, bit<32>, tx_mult_update,
+        rv = value;
+        value = md.tx_util_mult;)
+    REG_ACTION(tx_util_mult_last, bit<32>, bit<32>, tx_mult_read,
+        rv = value;)
+    // tx_util_last: utilization of the last complete window, replaced when a window ends.
+    REG_ACTION(tx_util_last, bit<32>, bit<32>, tx_util_read,
+        rv = value;)
+    REG_ACTION(tx_util_last, bit<32>, bit<32>, tx_util_replace,
+        rv = value;
+        value = util_new;)
+    // The latest packet's measurements, for the sink's reports.
+    REG_ACTION(last_hop_latency, bit<32>, bit<32>, last_hop_latency_write,
+        rv = value;
+        value = hop_latency;)
+    REG_ACTION(last_hop_latency, bit<32>, bit<32>, last_hop_latency_read,
+        rv = value;)
+    REG_ACTION(last_queue, bit<32>, bit<32>, last_queue_write,
+        rv = value;
+        value = queue;)
+    REG_ACTION(last_queue, bit<32>, bit<32>, last_queue_read,
+        rv = value;)
+    REG_ACTION(last_egress_ts, bit<64>, bit<64>, last_egress_ts_write,
+        rv = value;
+        value = md.egress_ts;)
+    REG_ACTION(last_egress_ts, bit<64>, bit<64>, last_egress_ts_read,
+        rv = value;)
+
     apply {
         COUNT(port_tx, md.egress_port);
-        bit<32> window = (bit<32>)(md.egress_ts >> md.tx_util_shift);
+        time_window.apply(md.egress_ts, md.tx_util_shift, window);
 
-        if (md.report == 1) {
-            // A report clone: the sink port's latest state, before this packet changes any.
+        if (md.pkt_kind == PKT_INGRESS_CLONE && md.report == 1) {
+            // A report clone: the sink port's latest state, left unchanged.
             port_t sink = md.report_sink_port;
             bit<32> sink_window;
             bit<32> sink_bytes;
             bit<32> sink_mult;
-            REG_READ(tx_window, sink, sink_window);
-            REG_READ(tx_window_bytes, sink, sink_bytes);
-            REG_READ(tx_util_last, sink, md.sink_tx_util);
-            REG_READ(tx_util_mult_last, sink, sink_mult);
-            if (sink_window + 1 == window) {
-                md.sink_tx_util = (bit<32>)(((bit<64>)sink_bytes * (bit<64>)sink_mult) >> 16);
-            } else if (sink_window != window) {
+            REG_EXEC(tx_window_read, sink, sink_window);
+            REG_EXEC(tx_bytes_read, sink, sink_bytes);
+            REG_EXEC(tx_mult_read, sink, sink_mult);
+            REG_EXEC(tx_util_read, sink, md.sink_tx_util);
+            bit<32> sink_gap = window - sink_window;
+            if (sink_gap == 1) {
+                sink_bytes_to_util.apply(sink_bytes, sink_mult, md.sink_tx_util);
+            } else if (sink_gap != 0) {
                 md.sink_tx_util = 0;
             }
-            REG_READ(last_hop_latency, sink, md.sink_hop_latency);
-            REG_READ(last_queue, sink, md.sink_queue);
-            REG_READ(last_egress_ts, sink, md.sink_egress_ts);
+            REG_EXEC(last_hop_latency_read, sink, md.sink_hop_latency);
+            REG_EXEC(last_queue_read, sink, md.sink_queue);
+            REG_EXEC(last_egress_ts_read, sink, md.sink_egress_ts);
         }
-
-        bit<32> last_window;
-        bit<32> bytes;
-        REG_READ(tx_window, md.egress_port, last_window);
-        REG_READ(tx_window_bytes, md.egress_port, bytes);
-        REG_READ(tx_util_last, md.egress_port, md.tx_util);
-        if (window != last_window) {
-            if (window == last_window + 1) {
-                md.tx_util = (bit<32>)(((bit<64>)bytes * (bit<64>)md.tx_util_mult) >> 16);
+#ifndef ARCH_V1MODEL
+        // A register is accessed once per packet on Tofino: a report clone, which read the
+        // sink port's state, does not count itself into its own port's window (v1model does).
+        else
+#endif
+        {
+            port_t port = md.egress_port;
+            bit<32> stored_window;
+            bit<32> stored_bytes;
+            bit<32> unused;
+            REG_EXEC(tx_window_update, port, stored_window);
+            bit<32> gap = window - stored_window;
+            if (gap == 0) {
+                REG_EXEC(tx_bytes_add, port, stored_bytes);
+                REG_EXEC(tx_util_read, port, md.tx_util);
             } else {
-                md.tx_util = 0;
+                REG_EXEC(tx_bytes_restart, port, stored_bytes);
+                util_new = 0;
+                if (gap == 1) {
+                    bytes_to_util.apply(stored_bytes, md.tx_util_mult, util_new);
+                }
+                REG_EXEC(tx_util_replace, port, unused);
+                md.tx_util = util_new;
             }
-            bytes = 0;
-            REG_WRITE(tx_window, md.egress_port, window);
-            REG_WRITE(tx_util_last, md.egress_port, md.tx_util);
-        }
-        REG_WRITE(tx_window_bytes, md.egress_port, bytes + md.pkt_len);
-        REG_WRITE(tx_util_mult_last, md.egress_port, md.tx_util_mult);
+            REG_EXEC(tx_mult_update, port, unused);
 
-        if (md.pkt_kind == PKT_NORMAL) {
-            REG_WRITE(last_hop_latency, md.egress_port, (bit<32>)(md.egress_ts - md.ingress_ts));
-            REG_WRITE(last_queue, md.egress_port, md.qid ++ md.q_occupancy);
-            REG_WRITE(last_egress_ts, md.egress_port, md.egress_ts);
+            if (md.pkt_kind == PKT_NORMAL) {
+                hop_latency = (bit<32>)md.egress_ts - (bit<32>)md.ingress_ts;
+                queue = md.qid ++ md.q_occupancy;
+                bit<64> unused64;
+                REG_EXEC(last_hop_latency_write, port, unused);
+                REG_EXEC(last_queue_write, port, unused);
+                REG_EXEC(last_egress_ts_write, port, unused64);
+            }
         }
     }
 }

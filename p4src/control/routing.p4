@@ -57,7 +57,7 @@ control Routing(inout headers_t hdr, inout local_md_t md) {
         actions = {
             route;
         }
-        implementation = ecmp_selector;
+        implementation = ECMP_IMPLEMENTATION(ecmp_selector);
         size = NEXT_HOPS_SIZE;
     }
 
@@ -66,7 +66,7 @@ control Routing(inout headers_t hdr, inout local_md_t md) {
             drop_with(DROP_NOT_IPV4);
         } else if (md.ipv4_bad_ihl == 1) {
             drop_with(DROP_IPV4_BAD_IHL);
-        } else if (md.checksum_error == 1) {
+        } else if (md.checksum_error) {
             drop_with(DROP_IPV4_BAD_CHECKSUM);
         } else if (hdr.ipv4.ttl <= 1) {
             // Forwarding it would make the TTL 0.

@@ -55,6 +55,7 @@ const bit<32> INT_TRANSIT_M_BIT = 2;     // pushing would exceed the MTU: M bit 
 const bit<32> INT_SINK_STRIPPED = 0;     // INT removed, original DSCP restored
 const bit<32> INT_SINK_REPORT = 1;       // telemetry report sent
 const bit<32> INT_SINK_REPORT_TO_CPU = 2;  // no collector configured: packet-in instead
+const bit<32> INT_SINK_STACK_TOO_LONG = 3;  // not stripped: longer than INT_STACK_MAX_WORDS
 const bit<32> INT_EVENTS_SIZE = 4;
 
 // ---- Telemetry Report v2.0 -------------------------------------------------------------------

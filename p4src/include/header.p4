@@ -92,9 +92,11 @@ header int_md_t {
 }
 
 // The metadata stack the packet arrived with (newest hop first). Parsed as one opaque field so
-// that the sink can remove it; transit pushes its own hop in front of it.
+// that the sink can remove it; transit pushes its own hop in front of it. Up to 252 words (the
+// 8-bit shim length less the MD header) where the architecture can hold them
+// (INT_STACK_MAX_WORDS).
 header int_stack_t {
-    varbit<8064> data;       // up to 252 words: shim length (8 bits) minus the MD header
+    varbit<(INT_STACK_MAX_WORDS * 32)> data;
 }
 
 // One 4- or 8-byte metadata unit per instruction bit (wire order = bit order).
@@ -217,7 +219,8 @@ struct local_md_t {
     PRESERVE port_t ingress_port;
     PRESERVE bit<64> ingress_ts;         // ns
     bit<1> parser_error;
-    bit<1> checksum_error;
+    bool checksum_error;                 // the IPv4 header checksum does not verify
+    bit<1> parse_int_stack;              // the parser extracts the INT stack (else: payload)
     port_t egress_port;                  // egress only
     bit<64> egress_ts;                   // ns, egress only
     bit<32> enq_qdepth;                  // queue depth in the target's unit (see qdepth_unit)

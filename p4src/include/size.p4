@@ -12,6 +12,8 @@
 #define IPV4_ROUTES_SIZE 16384
 #define NEXT_HOPS_SIZE 4096        // next ids (one entry per ECMP group or single next hop)
 #define ECMP_SELECTOR_SIZE 4096    // action profile members
+#define ECMP_MAX_GROUP_SIZE 64     // Tofino's selector: members per group (ECMP width)
+#define ECMP_GROUPS 1024           // Tofino's selector: groups
 #define ACL_SIZE 512
 #define INT_WATCHLIST_SIZE 1024
 #define INT_SINK_PORTS_SIZE PORT_TABLE_SIZE

@@ -1,8 +1,12 @@
 /*
  * Architecture shim for v1model (bmv2 simple_switch / simple_switch_grpc and the built-in
  * switch). Feature controls never name a v1model extern or standard_metadata: they use the
- * types and macros below, so that a TNA shim (include/arch/tna.p4) can give the same names
+ * types, macros and helper controls below, and include/arch/tna.p4 gives the same names
  * Tofino's externs. The top file maps standard_metadata to/from local_md_t.
+ *
+ * The helpers are arithmetic and state primitives the two architectures express differently
+ * (run-time multiplication, random values over a range, shifts by a run-time amount, register
+ * read-modify-writes); what the features compute with them stays in control/.
  */
 #ifndef XINGMAI_ARCH_V1MODEL_P4
 #define XINGMAI_ARCH_V1MODEL_P4
@@ -29,15 +33,66 @@ typedef bit<9> port_t;
 #define DIRECT_COUNTER(name) direct_counter(CounterType.packets_and_bytes) name
 #define DIRECT_COUNT(name) name.count()
 
-// Registers read and written by index.
+// Registers. A register cell is changed by a named read-modify-write, the shape Tofino's
+// RegisterAction imposes (one per register per packet): REG_ACTION declares it at control
+// scope with a body that reads and updates `value` (the cell) and sets `rv` (what the packet
+// gets back); REG_EXEC runs it on one cell. Bodies only assign (v1model predicates them).
 #define REGISTER(type, name, size) register<type>((bit<32>)(size)) name
-#define REG_READ(name, index, dst) name.read(dst, (bit<32>)(index))
-#define REG_WRITE(name, index, value) name.write((bit<32>)(index), value)
+#define REG_ACTION(reg, T, R, name, ...)                                       \
+    @hidden action name(in bit<32> index, out R rv) {                          \
+        T value;                                                               \
+        reg.read(value, index);                                                \
+        __VA_ARGS__                                                            \
+        reg.write(index, value);                                               \
+    }
+#define REG_EXEC(name, index, dst) name((bit<32>)(index), dst)
 
-// ECMP: an action selector hashing the table's selector keys with CRC-16.
+// ECMP: an action selector hashing the table's selector keys with CRC-16. The table names
+// ECMP_IMPLEMENTATION(name) as its implementation.
 #define ECMP_SELECTOR(name, size) action_selector(HashAlgorithm.crc16, (bit<32>)(size), 32w16) name
+#define ECMP_IMPLEMENTATION(name) name
 
-// A uniform random value in [lo, hi].
-#define RANDOM_RANGE(dst, lo, hi) random(dst, lo, hi)
+// INT stack words the parser can hold: all of them (the 8-bit shim length less the MD header).
+#define INT_STACK_MAX_WORDS 252
+
+// IPv4 header checksum: v1model verifies it in its verify-checksum control (the top file), not
+// in the parser.
+#define IPV4_CHECKSUM_DECL
+#define IPV4_CHECKSUM_ADD(h)
+#define IPV4_CHECKSUM_VERIFY(dst)
+
+// v1model truncates any packet at egress (truncate()): a report is cut to what it carries.
+#define ARCH_TRUNCATES 1
+
+// y = x * m >> 16, exactly.
+control MulShr16(in bit<32> x, in bit<32> m, out bit<32> y) {
+    apply {
+        y = (bit<32>)(((bit<64>)x * (bit<64>)m) >> 16);
+    }
+}
+
+// Bytes a queue depth stands for: depth in the target's unit times the bytes per unit.
+control QueueBytes(in bit<32> depth, in bit<32> unit, out bit<32> bytes) {
+    apply {
+        bytes = depth * unit;
+    }
+}
+
+// The number of the 2^shift ns window a timestamp (ns) falls in (its low 32 bits).
+control TimeWindow(in bit<64> ts_ns, in bit<8> shift, out bit<32> window) {
+    apply {
+        window = (bit<32>)(ts_ns >> shift);
+    }
+}
+
+// Bernoulli draw for a linear ramp: true with probability p * d / span, p in units of 2^-16,
+// for 0 < d <= span: draw r in [0, span] and compare d * p with r * 2^16.
+control RandomRamp(in bit<32> d, in bit<32> span, in bit<16> p, out bool hit) {
+    apply {
+        bit<32> r;
+        random(r, 32w0, span);
+        hit = (bit<48>)d * (bit<48>)p > (bit<48>)r << 16;
+    }
+}
 
 #endif
