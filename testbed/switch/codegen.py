@@ -1061,22 +1061,53 @@ def _compile(prog: Program, clock_us: Callable[[], int],
             raise LoadError(f"control flow refers to unknown node {name!r}")
         return node_fn[name]
 
+    # Action-call tables (see _is_action_call) and what follows each; a run of them whose
+    # members have a single predecessor is fused into one function, saving a call per node.
+    calls: dict[str, tuple[str, tuple[int, ...], str | None]] = {}  # name -> (fn, params, next)
     for pl in prog.pipelines:
         for t in pl["tables"]:
-            g.src.add(f"def t_{t['id']}(p):")
             if _is_action_call(t):
-                # p4c turns every action called directly from a control into a keyless table
-                # whose const default is that action: it always misses, so call the action.
                 de = t["default_entry"]
-                params = tuple(hexint(x) for x in de.get("action_data", []))
                 nxt = t.get("next_tables", {})
                 if "__HIT__" in nxt or "__MISS__" in nxt:
                     follow = nxt.get("__MISS__")
                 else:
-                    aname = prog.actions[de["action_id"]].name
-                    follow = nxt.get(aname, t.get("base_default_next"))
-                g.src.add(f"{action_names[de['action_id']]}(p, {params!r})", 1)
-                g.src.add(f"return {node_ref(follow)}", 1)
+                    follow = nxt.get(prog.actions[de["action_id"]].name, t.get("base_default_next"))
+                calls[t["name"]] = (action_names[de["action_id"]],
+                                    tuple(hexint(x) for x in de.get("action_data", [])), follow)
+    preds: dict[str, int] = {}
+    for pl in prog.pipelines:
+        targets: list[str | None] = [pl.get("init_table")]
+        for t in pl["tables"]:
+            targets += list(t.get("next_tables", {}).values()) + [t.get("base_default_next")]
+        for c in pl.get("conditionals", []):
+            targets += [c.get("true_next"), c.get("false_next")]
+        for ac in pl.get("action_calls", []):
+            targets.append(ac.get("next_node"))
+        for name in targets:
+            if name is not None:
+                preds[name] = preds.get(name, 0) + 1
+
+    def call_run(name: str) -> list[str]:
+        """Lines running the action call `name` and the calls fused after it."""
+        lines: list[str] = []
+        while True:
+            fn, params, follow = calls[name]
+            lines.append(f"{fn}(p, {params!r})")
+            if follow in calls and preds.get(follow) == 1:
+                lines.append("if p.exit: return None")
+                name = follow
+                continue
+            lines.append(f"return {node_ref(follow)}")
+            return lines
+
+    for pl in prog.pipelines:
+        for t in pl["tables"]:
+            g.src.add(f"def t_{t['id']}(p):")
+            if t["name"] in calls:
+                # p4c turns every action called directly from a control into a keyless table
+                # whose const default is that action: it always misses, so call the action.
+                g.src.extend(call_run(t["name"]), 1)
                 continue
             g.src.add("h = p.h; v = p.v", 1)
             key = []
