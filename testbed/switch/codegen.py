@@ -1094,7 +1094,7 @@ def _compile(prog: Program, clock_us: Callable[[], int],
         while True:
             fn, params, follow = calls[name]
             lines.append(f"{fn}(p, {params!r})")
-            if follow in calls and preds.get(follow) == 1:
+            if follow is not None and follow in calls and preds.get(follow) == 1:
                 lines.append("if p.exit: return None")
                 name = follow
                 continue
