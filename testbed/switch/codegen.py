@@ -1084,9 +1084,9 @@ def _compile(prog: Program, clock_us: Callable[[], int],
             targets += [c.get("true_next"), c.get("false_next")]
         for ac in pl.get("action_calls", []):
             targets.append(ac.get("next_node"))
-        for name in targets:
-            if name is not None:
-                preds[name] = preds.get(name, 0) + 1
+        for target in targets:
+            if target is not None:
+                preds[target] = preds.get(target, 0) + 1
 
     def call_run(name: str) -> list[str]:
         """Lines running the action call `name` and the calls fused after it."""
