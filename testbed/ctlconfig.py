@@ -1,0 +1,110 @@
+"""The controller's config for the network the testbed booted (controller/config.py format).
+
+Names are the fabric's (leaf1, h1); host NICs are named as their Mininet interfaces
+(`h1-eth0`); switches are reached on their management addresses, agents on their unix sockets,
+and the collector's UDP socket is opened in the collector node's network namespace. Hosts do
+their own INT (`int: nic`): the NIC inserts it and the receiving transport echoes it back to
+the sender's NIC, which is what the proactive rate law runs on; the switches add their hop
+records and leave the hosts' INT alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from testbed.model import Scaling
+from testbed.topo import COLLECTOR_IP, COLLECTOR_MAC, FabricSpec
+
+REPORT_SRC_IP = "10.0.100.254"
+COLLECTOR_UDP_PORT = 32766
+INT_BITMAP = 0xF500  # node id, L1 ports, hop latency, queue, egress timestamp, tx utilisation
+INT_DSCP = 0x17
+
+
+@dataclass(frozen=True)
+class Ecn:
+    """ECN marking at every egress queue (the DCQCN baseline's signal). Bytes, not scaled."""
+
+    kmin_bytes: int = 20_000
+    kmax_bytes: int = 100_000
+    pmax: float = 0.2
+
+
+@dataclass(frozen=True)
+class SwitchAccess:
+    grpc_addr: str
+    kind: str
+    thrift_port: int | None = None
+
+
+@dataclass(frozen=True)
+class ControllerSetup:
+    grpc_addr: str
+    collector_netns: str | None
+    log_file: str
+    rate_law: str = "tita"
+    law_params: dict[str, float] = field(default_factory=dict)
+    ecn: Ecn = Ecn()
+    int_mode: str = "nic"
+    caps: bool = False  # the slow loop's max-min caps (off: the NIC's rate law alone)
+
+
+def controller_config(spec: FabricSpec, scaling: Scaling, switches: dict[str, SwitchAccess],
+                      agents: dict[str, str], setup: ControllerSetup,
+                      p4info: str, bmv2_json: str) -> dict[str, Any]:
+    """A config document for `xingmai-controller`, validated by controller.config.parse."""
+    sw_docs = []
+    for s in spec.switches:
+        acc = switches[s.name]
+        doc: dict[str, Any] = {"name": s.name, "grpc_addr": acc.grpc_addr,
+                               "device_id": s.device_id, "node_id": s.node_id,
+                               "router_mac": s.router_mac, "kind": acc.kind,
+                               "ports": spec.switch_ports(s.name)}
+        if acc.thrift_port is not None:
+            doc["thrift_port"] = acc.thrift_port
+        sw_docs.append(doc)
+    hosts = []
+    for h in spec.hosts:
+        hd: dict[str, Any] = {"name": h.name, "int": setup.int_mode,
+                              "nics": [{"name": h.ifname(i), "ip": n.ip, "mac": n.mac}
+                                       for i, n in enumerate(h.nics)]}
+        if h.name in agents:
+            hd["agent"] = agents[h.name]
+        hosts.append(hd)
+    links: list[list[str]] = []
+    for lk in spec.links:
+        ends = []
+        for e in (lk.a, lk.b):
+            ends.append(str(e) if spec.is_switch(e.node)
+                        else f"{e.node}:{spec.host(e.node).ifname(e.index)}")
+        links.append(ends)
+    if spec.collector is not None:
+        links.append([str(spec.collector), "collector"])
+    m = scaling.model
+    collector: dict[str, Any] = {
+        "listen": f"0.0.0.0:{COLLECTOR_UDP_PORT}", "ip": COLLECTOR_IP, "mac": COLLECTOR_MAC,
+        "udp_port": COLLECTOR_UDP_PORT, "report_src_ip": REPORT_SRC_IP}
+    if setup.collector_netns:
+        collector["netns"] = setup.collector_netns
+    return {
+        "controller": {"name": "testbed", "grpc_addr": setup.grpc_addr, "counter_poll_s": 1.0,
+                       "rpc_timeout_s": 3.0, "reconnect_max_s": 2.0, "log_level": "info",
+                       "log_file": setup.log_file},
+        "pipeline": {"p4info": p4info, "bmv2_json": bmv2_json},
+        "model": {"name": m.describe(), "port_speed_gbps": m.port_speed_gbps,
+                  "scale": scaling.scale, "queue_depth_bytes": m.queue_bytes,
+                  # the byte limit binds on the built-in switch; bmv2 counts packets only
+                  "queue_depth_packets": scaling.queue_packets(),
+                  "mean_packet_bytes": min(9216, scaling.frame_bytes), "cell_bytes": 1},
+        "int": {"dscp": INT_DSCP, "instruction_bitmap": INT_BITMAP, "hop_budget": 8,
+                "mtu": scaling.link_mtu, "collector": collector},
+        "ecn": {"kmin_bytes": setup.ecn.kmin_bytes, "kmax_bytes": setup.ecn.kmax_bytes,
+                "pmax": setup.ecn.pmax},
+        "switches": sw_docs,
+        "hosts": hosts,
+        "links": links,
+        "policy": {"interval_s": 1.0, "eta": 0.95,
+                   "default": {"rate_law": setup.rate_law, "params": dict(setup.law_params)},
+                   "push_caps": setup.caps},
+    }

@@ -1,0 +1,103 @@
+"""The switch model the fabric emulates, and how it is scaled onto veths and two cores.
+
+A 51.2T-class switch (128 x 400G, as Tomahawk 5 / Spectrum-4 class parts) cannot be run at its
+speed in software: every port and NIC runs at the model speed divided by one *scale factor*
+(400G / 20000 = 20 Mb/s by default). Rates scale; bytes do not (a queue of 100 KB is 100 KB in
+the model and in the emulation), so time stretches by the same factor wherever a quantity is a
+rate (DCQCN's timers are dilated this way by the host agent). The factor is printed at start.
+
+The NIC's line rate is set a little below the link rate: the NIC paces frames as the
+transport hands them over, while switch ports also carry the INT bytes the NIC and every hop
+add. With this headroom a single flow at line rate never builds a queue by itself, as on a
+real fabric whose NICs account for INT overhead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Frame overhead of the transport (testbed.traffic.transport): Ethernet 14, IPv4 20, UDP 8,
+# BTH 12, ICRC 4, around each packet's payload.
+TRANSPORT_OVERHEAD = 14 + 20 + 8 + 12 + 4
+INT_HEADER_BYTES = 4 + 12  # shim + MD header the NIC inserts
+
+
+@dataclass(frozen=True)
+class SwitchModel:
+    """What one switch of the modelled fabric is (model units, before scaling)."""
+
+    name: str = "51.2T"
+    ports: int = 128
+    port_speed_gbps: float = 400.0
+    # Per egress queue, bytes (not scaled). A 51.2T part shares ~165 MB among 128 ports
+    # (~1.3 MB each); v1model's 19-bit queue-depth fields, which the built-in switch fills in
+    # bytes, read at most 512 KiB: the queue stays below that.
+    queue_bytes: int = 500_000
+    # Base RTT of a leaf-spine of such switches (host - leaf - spine - leaf - host and back)
+    base_rtt_us: float = 1.0
+
+    def describe(self) -> str:
+        return f"{self.name} ({self.ports} x {self.port_speed_gbps:g}G)"
+
+
+DEFAULT_MODEL = SwitchModel()
+DEFAULT_SCALE = 20_000.0
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """The model at `scale`: emulated rates, the NIC's headroom and the transport's MTU."""
+
+    model: SwitchModel = DEFAULT_MODEL
+    scale: float = DEFAULT_SCALE
+    transport_mtu: int = 4096  # payload bytes per packet (RoCE's 4096 MTU)
+    link_mtu: int = 9000  # IP MTU of every emulated link (jumbo frames carry 4096 + INT)
+    int_hop_bytes: int = 28  # per-hop INT record of the default bitmap 0xF500
+    max_hops: int = 3  # switches on the longest path (leaf-spine: 3)
+
+    def __post_init__(self) -> None:
+        if self.scale < 1:
+            raise ValueError(f"scale {self.scale} must be at least 1")
+        if self.link_bps < 1e5:
+            raise ValueError(f"scale {self.scale:g} leaves {self.link_bps:g} b/s per link: "
+                             "too slow to emulate")
+
+    @property
+    def link_bps(self) -> float:
+        """Emulated speed of every switch port (model speed / scale)."""
+        return self.model.port_speed_gbps * 1e9 / self.scale
+
+    @property
+    def frame_bytes(self) -> int:
+        """A full transport frame as the NIC sees it (no INT)."""
+        return self.transport_mtu + TRANSPORT_OVERHEAD
+
+    @property
+    def nic_bps(self) -> float:
+        """NIC line rate: the link rate less the INT bytes a full frame picks up on the
+        longest path, so that a NIC at line rate fits its link."""
+        wire = self.frame_bytes + INT_HEADER_BYTES + self.max_hops * self.int_hop_bytes
+        return self.link_bps * self.frame_bytes / wire
+
+    @property
+    def base_rtt_s(self) -> float:
+        """The model's base RTT, dilated like every other time (TiTa's T)."""
+        return self.model.base_rtt_us * 1e-6 * self.scale
+
+    def queue_packets(self) -> int:
+        """Queue depth in packets for targets that count packets (bmv2), full frames."""
+        return max(1, self.model.queue_bytes // self.frame_bytes)
+
+    def describe(self) -> str:
+        return (f"switch model {self.model.describe()}, scale 1/{self.scale:g}: "
+                f"{self.model.port_speed_gbps:g}G ports run at {fmt_rate(self.link_bps)}, "
+                f"NICs at {fmt_rate(self.nic_bps)}; queues {self.model.queue_bytes // 1000} KB "
+                f"per port; MTU {self.transport_mtu} B payload; base RTT "
+                f"{self.model.base_rtt_us:g} us -> {self.base_rtt_s * 1e3:g} ms")
+
+
+def fmt_rate(bps: float) -> str:
+    for unit, div in (("Gb/s", 1e9), ("Mb/s", 1e6), ("kb/s", 1e3)):
+        if bps >= div:
+            return f"{bps / div:.4g} {unit}"
+    return f"{bps:.4g} b/s"
