@@ -1,0 +1,5 @@
+import sys
+
+from testbed.main import main
+
+sys.exit(main())

@@ -1,0 +1,183 @@
+"""`xingmai-testbed` (`python -m testbed`): boot the emulated fabric and use it.
+
+    xingmai-testbed run      # the main job: TiTa vs DCQCN vs no CC on AI-training traffic
+    xingmai-testbed cli      # the same network with Mininet's CLI and project commands
+    xingmai-testbed doctor   # what this machine has and lacks
+    xingmai-testbed topo leafspine:2,2,4 --dump   # a topology as YAML
+
+Topologies: `single[:H]`, `leafspine[:L,S,H]`, `rail[:K,H,S]` or a YAML file (testbed.topo).
+Needs root. Everything it starts it stops, on exit, error, Ctrl-C or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from testbed.model import DEFAULT_SCALE, Scaling
+
+# Mininet, bcc and the gRPC stubs are imported where a command needs them: `doctor` must run
+# (and say what is missing) on a machine that lacks them.
+
+DEFAULT_TOPO = "leafspine:2,2,4"
+
+
+def _common(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--topo", default=DEFAULT_TOPO,
+                    help=f"single[:H], leafspine[:L,S,H], rail[:K,H,S] or a YAML file "
+                         f"(default {DEFAULT_TOPO})")
+    ap.add_argument("--switch", choices=["auto", "bmv2", "builtin"], default="auto",
+                    help="bmv2's simple_switch_grpc (auto: when on PATH) or the built-in switch")
+    ap.add_argument("--scale", type=float, default=DEFAULT_SCALE,
+                    help=f"model speed / emulated speed (default {DEFAULT_SCALE:g}: 400G -> "
+                         f"{400e9 / DEFAULT_SCALE / 1e6:g} Mb/s)")
+    ap.add_argument("--pcap", action="store_true", help="per-port pcap files in the run dir")
+    ap.add_argument("--run-dir", type=Path, help="default: runs/<timestamp>")
+    ap.add_argument("--controller-caps", action="store_true",
+                    help="let the controller's slow loop push max-min caps to the NICs")
+    ap.add_argument("--rate-law", choices=["none", "dcqcn", "tita"], default="tita",
+                    help="the hosts' rate law at start (cli; run sets each scheme in turn)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="xingmai-testbed", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n\n", 1)[1])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    run = sub.add_parser("run", help="the scenario suite, once per scheme; table, plots, JSON")
+    _common(run)
+    run.add_argument("--schemes", default="none,dcqcn,tita")
+    run.add_argument("--scenarios", default="incast,allreduce,websearch")
+    run.add_argument("--quick", action="store_true", help="a shorter suite")
+    cli = sub.add_parser("cli", help="Mininet's CLI on the booted network")
+    _common(cli)
+    sub.add_parser("doctor", help="check the prerequisites")
+    topo = sub.add_parser("topo", help="print a topology")
+    topo.add_argument("topo", nargs="?", default=DEFAULT_TOPO)
+    topo.add_argument("--dump", action="store_true", help="as YAML (the file format)")
+    return ap
+
+
+def _testbed(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from testbed.ctlconfig import Ecn
+    from testbed.network import Testbed, TestbedOptions
+    from testbed.topo import parse_choice
+
+    spec = parse_choice(args.topo)
+    scaling = Scaling(scale=args.scale, max_hops=spec.longest_path_switches())
+    opts = TestbedOptions(switch=args.switch, scaling=scaling, rate_law=args.rate_law,
+                          ecn=Ecn(), pcap=args.pcap, run_dir=args.run_dir,
+                          controller_caps=args.controller_caps)
+    return Testbed(spec, opts)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from testbed.network import install_signal_handlers
+    from testbed.plots import write_plots
+    from testbed.report import table, verdict, write_results
+    from testbed.scenarios import SCENARIOS, SCHEMES, Suite, SuiteConfig
+
+    schemes = tuple(s for s in args.schemes.split(",") if s)
+    scenarios = tuple(s for s in args.scenarios.split(",") if s)
+    bad = [s for s in schemes if s not in SCHEMES] + [s for s in scenarios if s not in SCENARIOS]
+    if bad:
+        print(f"unknown scheme or scenario: {bad}", file=sys.stderr)
+        return 2
+    base = SuiteConfig.quick() if args.quick else SuiteConfig()
+    cfg = SuiteConfig(**{**base.__dict__, "schemes": schemes, "scenarios": scenarios})
+    install_signal_handlers()
+    t0 = time.monotonic()
+    tb = _testbed(args)
+    with tb:
+        with Suite(tb, cfg) as suite:
+            records = suite.run()
+            base_rtt, tita_t = suite.base_rtt_s, suite.tita_t_s
+        s = tb.scaling
+        setup = {"topology": tb.spec.name, "switch": tb.switch_cls.kind,
+                 "scaling": s.describe(), "scale": s.scale, "link_bps": s.link_bps,
+                 "nic_bps": s.nic_bps, "base_rtt_s": base_rtt, "tita_base_rtt_s": tita_t,
+                 "suite": cfg.__dict__,
+                 "controller_caps": args.controller_caps,
+                 "queue_source": "INT queue occupancy of every data packet arriving at a "
+                                 "host (per departure from each hop)"}
+        write_results(tb.run_dir / "results.json", records, setup)
+        plots = write_plots(records, tb.run_dir, s.link_bps, s.nic_bps)
+        tb.say("stopping the testbed")
+    left = tb.leftovers()
+    print()
+    print(f"{tb.spec.name}, {tb.switch_cls.kind} switches; {s.describe()}")
+    print(f"base RTT {base_rtt * 1e3:.2f} ms (measured), TiTa's T {tita_t * 1e3:.1f} ms; "
+          "queue: INT at the bottleneck egress port")
+    print()
+    print(table(records))
+    print()
+    for line in verdict(records):
+        print(line)
+    print()
+    print(f"results: {tb.run_dir / 'results.json'}")
+    print("plots:   " + ", ".join(str(p) for p in plots))
+    print(f"logs:    {tb.run_dir / 'logs'}")
+    print(f"total {time.monotonic() - t0:.0f} s; left behind: {', '.join(left) or 'nothing'}")
+    return 0 if not left else 1
+
+
+def cmd_cli(args: argparse.Namespace) -> int:
+    from testbed.cli import run_cli
+    from testbed.network import install_signal_handlers
+
+    install_signal_handlers(SystemExit)
+    with _testbed(args) as tb:
+        run_cli(tb)
+    left = tb.leftovers()
+    print(f"stopped; left behind: {', '.join(left) or 'nothing'}")
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from testbed.doctor import report
+
+    return report()
+
+
+def cmd_topo(args: argparse.Namespace) -> int:
+    from testbed.topo import dump, parse_choice
+
+    spec = parse_choice(args.topo)
+    if args.dump:
+        print(dump(spec), end="")
+        return 0
+    print(f"{spec.name}: {len(spec.switches)} switches, {len(spec.hosts)} hosts, "
+          f"{len(spec.links)} links; longest path {spec.longest_path_switches()} switches")
+    for lk in spec.links:
+        print(f"  {lk.a} -- {lk.b}")
+    if spec.collector is not None:
+        print(f"  {spec.collector} -- collector")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return {"run": cmd_run, "cli": cmd_cli, "doctor": cmd_doctor,
+                "topo": cmd_topo}[args.cmd](args)
+    except ValueError as exc:  # testbed.topo.TopologyError and bad options
+        print(f"xingmai-testbed: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("xingmai-testbed: interrupted; everything it started is stopped",
+              file=sys.stderr)
+        return 130
+    except Exception as exc:
+        from testbed.network import TestbedError
+        from testbed.procs import ComponentError
+
+        if isinstance(exc, (ComponentError, TestbedError)):
+            print(f"xingmai-testbed: {exc}", file=sys.stderr)
+            return 1
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""PNG plots of a suite run (matplotlib, no display needed):
+
+- `queue.png`: queue occupancy at each scenario's bottleneck over time, one panel per
+  (scenario, scheme), same scale along a row;
+- `rates.png`: every flow's NIC rate over time (the agents' WatchRates), for the incast and
+  the all-reduce, one panel per scheme;
+- `fct_cdf.png`: the CDF of FCT slowdown per scheme (incast and WebSearch flows).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from testbed.scenarios import RunRecord  # noqa: E402
+
+COLORS = {"none": "tab:red", "dcqcn": "tab:blue", "tita": "tab:green"}
+TITLES = {"none": "no CC", "dcqcn": "DCQCN", "tita": "TiTa"}
+
+
+def _grid(records: list[RunRecord], scenarios: list[str]) -> tuple[list[str], list[str]]:
+    schemes = [s for s in ("none", "dcqcn", "tita") if any(r.scheme == s for r in records)]
+    scen = [s for s in scenarios if any(r.scenario == s for r in records)]
+    return schemes, scen
+
+
+def queue_plot(records: list[RunRecord], path: Path, line_rate_bps: float) -> Path:
+    schemes, scen = _grid(records, ["incast", "allreduce", "websearch"])
+    by = {(r.scenario, r.scheme): r for r in records}
+    fig, axes = plt.subplots(len(scen), len(schemes), figsize=(4.2 * len(schemes),
+                             2.6 * len(scen)), squeeze=False, sharey="row")
+    for i, sc in enumerate(scen):
+        for j, sch in enumerate(schemes):
+            ax = axes[i][j]
+            r = by.get((sc, sch))
+            if r is None:
+                ax.set_visible(False)
+                continue
+            t, v = r.queue_series.get("t", []), r.queue_series.get("v", [])
+            ax.plot(t, np.asarray(v) / 1e3, lw=0.8, color=COLORS[sch])
+            ax.axhline(r.queue_p99_bytes / 1e3, ls="--", lw=0.7, color="k")
+            ax.set_title(f"{sc}, {TITLES[sch]}: p99 {r.queue_p99_bytes / 1e3:.0f} KB, "
+                         f"drops {r.drops}", fontsize=9)
+            ax.grid(alpha=0.3)
+            if j == 0:
+                ax.set_ylabel(f"queue at {r.bottleneck} (KB)", fontsize=8)
+            if i == len(scen) - 1:
+                ax.set_xlabel("time (s)")
+    fig.suptitle(f"Queue occupancy at the bottleneck (INT, per departing packet); links "
+                 f"{line_rate_bps / 1e6:g} Mb/s", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def rates_plot(records: list[RunRecord], path: Path, nic_bps: float) -> Path:
+    schemes, scen = _grid(records, ["incast", "allreduce"])
+    by = {(r.scenario, r.scheme): r for r in records}
+    fig, axes = plt.subplots(len(scen), len(schemes), figsize=(4.2 * len(schemes),
+                             2.6 * len(scen)), squeeze=False, sharey=True)
+    for i, sc in enumerate(scen):
+        for j, sch in enumerate(schemes):
+            ax = axes[i][j]
+            r = by.get((sc, sch))
+            if r is None:
+                ax.set_visible(False)
+                continue
+            end = max(r.completion_s, max((max(s["t"]) for s in r.rate_series.values()
+                                           if s["t"]), default=0.0))
+            if not r.rate_series:
+                # no rate law acts: every flow runs at the line rate
+                ax.plot([0, end], [nic_bps / 1e6] * 2, color="0.4", lw=1)
+                ax.text(0.02, 0.5, "no rate changes:\nflows at line rate",
+                        transform=ax.transAxes, fontsize=8)
+            for name, s in sorted(r.rate_series.items()):
+                t = [*s["t"], end]
+                v = [*s["v"], s["v"][-1]]
+                ax.step(t, np.asarray(v) / 1e6, where="post", lw=0.8, label=name)
+            ax.set_title(f"{sc}, {TITLES[sch]}", fontsize=9)
+            ax.grid(alpha=0.3)
+            if j == 0:
+                ax.set_ylabel("NIC rate per flow (Mb/s)", fontsize=8)
+            if i == len(scen) - 1:
+                ax.set_xlabel("time (s)")
+    fig.suptitle("Per-flow sending rate set by the NIC (agents' WatchRates)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def fct_cdf_plot(records: list[RunRecord], path: Path) -> Path:
+    schemes, scen = _grid(records, ["incast", "websearch"])
+    fig, axes = plt.subplots(1, len(scen), figsize=(5 * len(scen), 3.4), squeeze=False)
+    for i, sc in enumerate(scen):
+        ax = axes[0][i]
+        for sch in schemes:
+            r = next((r for r in records if r.scenario == sc and r.scheme == sch), None)
+            if r is None or not r.slowdowns:
+                continue
+            x = np.sort(np.asarray(r.slowdowns))
+            y = np.arange(1, len(x) + 1) / len(x)
+            ax.step(x, y, where="post", color=COLORS[sch],
+                    label=f"{TITLES[sch]} (p99 {r.fct_slowdown_p99:.1f})")
+        ax.set_xscale("log")
+        ax.set_xlabel("FCT slowdown")
+        ax.set_ylabel("CDF")
+        ax.set_title(sc, fontsize=10)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_plots(records: list[RunRecord], out: Path, line_rate_bps: float,
+                nic_bps: float) -> list[Path]:
+    return [queue_plot(records, out / "queue.png", line_rate_bps),
+            rates_plot(records, out / "rates.png", nic_bps),
+            fct_cdf_plot(records, out / "fct_cdf.png")]

@@ -1,0 +1,383 @@
+"""The scenario suite: AI-training traffic on the booted fabric, once per congestion-control
+scheme, measured the same way for every scheme.
+
+Scenarios (testbed.traffic.workloads over the testbed's hosts):
+- `incast`: every other host sends `incast_bytes` to the first host at once (N:1);
+- `allreduce`: ring all-reduce of `allreduce_bytes` of float32 per rank over all hosts
+  (reduce-scatter then all-gather; the sums are checked on every rank);
+- `websearch`: flows with the WebSearch size distribution (sizes divided by
+  `websearch_size_divisor`, so that the run holds hundreds of flows rather than a few dozen)
+  and Poisson arrivals at `websearch_load` of the NIC line rate per host.
+
+Schemes: `none` (flows at line rate), `dcqcn` (ECN marks -> CNPs -> the DCQCN law in the
+sender's NIC), `tita` (INT echoed in ACKs -> the proactive law in the sender's NIC). The
+controller sets each scheme on every host's agent (SetPolicy). Its slow-loop caps are off
+unless the testbed was started with them, so the schemes differ only in the NIC's law.
+
+Measured per (scheme, scenario) — testbed.probes:
+- queue occupancy at every switch egress port the traffic crosses, from the INT records of
+  the packets that arrive (departure-sampled); the bottleneck is the incast receiver's
+  downlink, else the port with the highest p99;
+- drops inside the switches (kernel counters: received - sent over all ports);
+- utilisation of the bottleneck port while the scenario ran;
+- FCT slowdown (FCT / (size / payload line rate + base RTT)), bus bandwidth, completion time;
+- each flow's NIC rate over time (WatchRates).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from testbed.model import TRANSPORT_OVERHEAD
+from testbed.network import Testbed
+from testbed.probes import (
+    Capture,
+    IntSampler,
+    PortCounters,
+    RateEvent,
+    RateWatcher,
+    counters_delta,
+    port_counters,
+    wait_quiet,
+)
+from testbed.traffic import generators as gen
+from testbed.traffic import metrics as m
+from testbed.traffic import workloads as wl
+
+SCHEMES = ("none", "dcqcn", "tita")
+SCENARIOS = ("incast", "allreduce", "websearch")
+SERIES_POINTS = 2000  # per series kept in the results file
+
+
+@dataclass(frozen=True)
+class SuiteConfig:
+    schemes: tuple[str, ...] = SCHEMES
+    scenarios: tuple[str, ...] = SCENARIOS
+    incast_bytes: int = 1_000_000
+    allreduce_bytes: int = 4 << 20
+    allreduce_chunk: int = 256 << 10
+    websearch_load: float = 0.5
+    websearch_seconds: float = 5.0
+    websearch_size_divisor: float = 10.0
+    seed: int = 1
+    # TiTa's base RTT T; None: the model's base RTT dilated by the scale, or the RTT measured
+    # on the fabric if that is longer
+    tita_base_rtt_s: float | None = None
+
+    @staticmethod
+    def quick() -> SuiteConfig:
+        """A short suite (benchmarks, tests): smaller collectives and a shorter mix."""
+        return SuiteConfig(incast_bytes=400_000, allreduce_bytes=1 << 20,
+                           allreduce_chunk=128 << 10, websearch_seconds=2.0)
+
+
+@dataclass
+class RunRecord:
+    """One scenario under one scheme, summarised (and the series behind the plots)."""
+
+    scheme: str
+    scenario: str
+    bottleneck: str
+    queue_p50_bytes: float
+    queue_p99_bytes: float
+    queue_max_bytes: float
+    queue_samples: int
+    drops: int
+    utilization: float | None
+    fct_slowdown_p50: float | None
+    fct_slowdown_p99: float | None
+    flows: int
+    flows_completed: int
+    busbw_bps: float | None
+    completion_s: float
+    int_packets: int
+    int_max_hops: int
+    retransmits: int
+    cnps: int
+    correct: bool | None = None
+    queue_by_link: dict[str, dict[str, float]] = field(default_factory=dict)
+    drops_by_switch: dict[str, int] = field(default_factory=dict)
+    rate_events: int = 0
+    slowdowns: list[float] = field(default_factory=list)
+    queue_series: dict[str, list[float]] = field(default_factory=dict)
+    rate_series: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        d = asdict(self)
+        for k in ("queue_series", "rate_series", "slowdowns"):
+            d.pop(k)
+        return d
+
+
+def transport_settings(tb: Testbed) -> dict[str, Any]:
+    """The transport's parameters for every run (testbed.traffic.transport.TransportConfig).
+
+    - MTU 4096 (RoCE's), jumbo links;
+    - a socket buffer of a few frames per queue pair: a real NIC fetches a message's data
+      only as its rate allows, so retransmissions do not wait behind seconds of paced data;
+    - the RTO above the deepest queueing delay (a full queue drains in ~0.1 s);
+    - an ACK every 2 packets (TiTa's feedback), a CNP at most every 50 us of the paper's
+      40 Gb/s time, dilated to the NIC's rate like the agents' DCQCN timers.
+    """
+    s = tb.scaling
+    return {"mtu": s.transport_mtu, "window": 64, "ack_every": 2, "rto": 1.0, "rto_max": 4.0,
+            "sndbuf": 4 * s.frame_bytes, "cnp_interval": 50e-6 * 40e9 / s.nic_bps}
+
+
+def payload_line_rate(tb: Testbed) -> float:
+    """The NIC line rate in payload bits (what an idle path delivers)."""
+    s = tb.scaling
+    return s.nic_bps * s.transport_mtu / (s.transport_mtu + TRANSPORT_OVERHEAD)
+
+
+def measure_base_rtt(tb: Testbed) -> float:
+    """Median RTT of MTU-sized pings between the first host and the last (the longest path
+    of the standard topologies), in seconds."""
+    hosts = tb.hosts()
+    src, dst = tb.node(hosts[0].name), hosts[-1]
+    size = tb.scaling.transport_mtu
+    out = src.cmd(f"ping -c 11 -i 0.1 -s {size} -W 1 {dst.ip}")
+    rtts = [float(x) for x in re.findall(r"time=([0-9.]+) ms", out)]
+    if len(rtts) < 5:
+        raise RuntimeError(f"the fabric does not carry pings {hosts[0].name} -> {dst.name}:\n"
+                           f"{out.strip()[-800:]}")
+    return float(np.median(rtts[1:] or rtts)) / 1e3
+
+
+def scheme_params(scheme: str, base_rtt_s: float) -> dict[str, float]:
+    if scheme == "tita":
+        return {"base_rtt_ns": round(base_rtt_s * 1e9)}
+    return {}
+
+
+class Suite:
+    """Runs the scenarios on a started testbed; `records` collects the results."""
+
+    def __init__(self, tb: Testbed, cfg: SuiteConfig,
+                 say: Callable[[str], None] | None = None):
+        self.tb = tb
+        self.cfg = cfg
+        self.say = say or tb.say
+        self.records: list[RunRecord] = []
+        self.hosts = tb.hosts()
+        self.base_rtt_s = 0.0  # measured (FCT slowdown's ideal)
+        self.tita_t_s = 0.0
+        self.links: dict[tuple[int, int], str] = {}
+        self.port_ifs: dict[str, dict[int, str]] = {}
+        for sw in tb.switches():
+            ports = sw.port_map()
+            self.port_ifs[sw.name] = ports
+            for p in ports:
+                self.links[(sw.node_id, p)] = f"{sw.name}:{p}"
+        self.sampler: IntSampler | None = None
+        self.watcher: RateWatcher | None = None
+
+    # ---- lifecycle ----
+
+    def __enter__(self) -> Suite:
+        endpoints = [(self.tb.node(h.name).netns_path, h.ifname(i))
+                     for h in self.tb.spec.hosts for i in range(len(h.nics))]
+        self.sampler = IntSampler(endpoints, self.links)
+        self.watcher = RateWatcher({h.name: self.tb.agent_stub(h.name) for h in self.hosts})
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.sampler is not None:
+            self.sampler.close()
+        if self.watcher is not None:
+            self.watcher.close()
+
+    # ---- running ----
+
+    def run(self) -> list[RunRecord]:
+        cfg = self.cfg
+        self.base_rtt_s = measure_base_rtt(self.tb)
+        model_rtt = self.tb.scaling.base_rtt_s
+        self.tita_t_s = cfg.tita_base_rtt_s or max(self.base_rtt_s, model_rtt)
+        self.say(f"base RTT {self.base_rtt_s * 1e3:.2f} ms ({self.tb.scaling.transport_mtu} B "
+                 f"pings, {self.hosts[0].name} -> {self.hosts[-1].name}); the model's, "
+                 f"dilated: {model_rtt * 1e3:.1f} ms; TiTa's T = {self.tita_t_s * 1e3:.1f} ms")
+        total = len(cfg.schemes) * len(cfg.scenarios)
+        n = 0
+        for scheme in cfg.schemes:
+            hosts = self.tb.set_policy(scheme, scheme_params(scheme, self.tita_t_s))
+            self.say(f"scheme {scheme}: set on {len(hosts)} agents by the controller")
+            time.sleep(0.5)
+            for scenario in cfg.scenarios:
+                n += 1
+                self.say(f"[{n}/{total}] {scheme} / {scenario} ...")
+                rec = self.run_one(scheme, scenario)
+                self.records.append(rec)
+                self.say(f"[{n}/{total}] {scheme} / {scenario}: {one_line(rec)}")
+        return self.records
+
+    def _counters(self) -> dict[str, PortCounters]:
+        out: dict[str, PortCounters] = {}
+        for sw in self.tb.switches():
+            ifs = self.port_ifs[sw.name]
+            for ifn, c in port_counters(sw.netns_path, ifs.values()).items():
+                out[f"{sw.name}/{ifn}"] = c
+        return out
+
+    def run_one(self, scheme: str, scenario: str) -> RunRecord:
+        assert self.sampler is not None and self.watcher is not None
+        before = self._counters()
+        self.sampler.begin()
+        self.watcher.begin()
+        t_call = time.monotonic()
+        try:
+            res = self._workload(scenario)
+        finally:
+            cap = self.sampler.end()
+            events = self.watcher.end()
+        after = wait_quiet(self._counters)
+        return self._summarise(scheme, scenario, res, cap, events,
+                               counters_delta(before, after), t_call)
+
+    def _workload(self, scenario: str) -> dict[str, Any]:
+        cfg, tb = self.cfg, self.tb
+        tr = transport_settings(tb)
+        line = payload_line_rate(tb)
+        if scenario == "incast":
+            return wl.incast(self.hosts, cfg.incast_bytes, receiver=0, transport=tr,
+                             line_rate=line, base_rtt=self.base_rtt_s, timeout=120,
+                             seed=cfg.seed)
+        if scenario == "allreduce":
+            return wl.allreduce(self.hosts, cfg.allreduce_bytes, chunk=cfg.allreduce_chunk,
+                                transport=tr, timeout=180, seed=cfg.seed)
+        if scenario == "websearch":
+            cdf = gen.SizeCdf.load("websearch")
+            k = cfg.websearch_size_divisor
+            scaled = gen.SizeCdf([(s / k, p) for s, p in zip(cdf.sizes, cdf.probs, strict=True)],
+                                 f"websearch/{k:g}")
+            flows = gen.poisson(len(self.hosts), scaled, cfg.websearch_load,
+                                tb.scaling.nic_bps, cfg.websearch_seconds, seed=cfg.seed)
+            res = wl.run_flows(self.hosts, flows, name="websearch", transport=tr,
+                               line_rate=line, base_rtt=self.base_rtt_s,
+                               timeout=cfg.websearch_seconds * 6 + 30, seed=cfg.seed)
+            res["offered_load"] = gen.offered_load(flows, len(self.hosts), tb.scaling.nic_bps,
+                                                   cfg.websearch_seconds)
+            return res
+        raise ValueError(f"unknown scenario {scenario!r} (known: {', '.join(SCENARIOS)})")
+
+    # ---- summarising ----
+
+    def _summarise(self, scheme: str, scenario: str, res: dict[str, Any], cap: Capture,
+                   events: list[RateEvent], delta: dict[str, PortCounters],
+                   t_call: float) -> RunRecord:
+        tb = self.tb
+        by_link: dict[str, list[int]] = {}
+        for h in cap.hops:
+            by_link.setdefault(h.link, []).append(h.qocc_bytes)
+        qstats = {lk: {"p50": float(np.percentile(v, 50)), "p99": float(np.percentile(v, 99)),
+                       "max": float(max(v)), "samples": float(len(v))}
+                  for lk, v in by_link.items()}
+        if scenario == "incast":
+            h0 = tb.spec.hosts[0]
+            bottleneck = str(tb.spec.attachment(h0.name, 0))
+        else:
+            bottleneck = max(qstats, key=lambda lk: (qstats[lk]["p99"], qstats[lk]["max"]),
+                             default="")
+        q = qstats.get(bottleneck, {"p50": 0.0, "p99": 0.0, "max": 0.0, "samples": 0.0})
+        drops_by_switch: dict[str, int] = {}
+        for key, c in delta.items():
+            sw = key.split("/", 1)[0]
+            drops_by_switch[sw] = drops_by_switch.get(sw, 0) + c.rx_packets - c.tx_packets
+        # traffic's own start: the first INT data packet seen (workers start a moment after
+        # the call)
+        t_start = min((h.t for h in cap.hops), default=t_call)
+        completion, flows, done, slowdowns, busbw, correct = self._workload_figures(scenario,
+                                                                                    res)
+        util = None
+        if bottleneck and completion > 0:
+            sw, port = bottleneck.split(":")
+            ifn = self.port_ifs.get(sw, {}).get(int(port))
+            port_delta = delta.get(f"{sw}/{ifn}")
+            if port_delta is not None:
+                util = port_delta.tx_bytes * 8 / (tb.scaling.link_bps * completion)
+        counters = res.get("counters", {})
+        sd = np.asarray(slowdowns) if slowdowns else None
+        rec = RunRecord(
+            scheme=scheme, scenario=scenario, bottleneck=bottleneck,
+            queue_p50_bytes=q["p50"], queue_p99_bytes=q["p99"], queue_max_bytes=q["max"],
+            queue_samples=int(q["samples"]), drops=sum(drops_by_switch.values()),
+            utilization=util,
+            fct_slowdown_p50=float(np.percentile(sd, 50)) if sd is not None else None,
+            fct_slowdown_p99=float(np.percentile(sd, 99)) if sd is not None else None,
+            flows=flows, flows_completed=done, busbw_bps=busbw, completion_s=completion,
+            int_packets=cap.packets, int_max_hops=cap.max_hops,
+            retransmits=int(counters.get("retransmits", 0)),
+            cnps=int(counters.get("cnps_received", 0)), correct=correct,
+            queue_by_link=qstats, drops_by_switch=drops_by_switch, rate_events=len(events),
+            slowdowns=[float(x) for x in slowdowns])
+        rec.queue_series = _downsample(
+            [(h.t - t_start, float(h.qocc_bytes)) for h in cap.hops if h.link == bottleneck])
+        rec.rate_series = _rate_series(events, t_start, scenario, tb)
+        return rec
+
+    def _workload_figures(self, scenario: str, res: dict[str, Any]
+                          ) -> tuple[float, int, int, list[float], float | None, bool | None]:
+        """(completion time, flows, completed flows, FCT slowdowns, busbw b/s, correct)."""
+        line = payload_line_rate(self.tb)
+        if scenario == "allreduce":
+            coll = res["collective"]
+            n = len(self.hosts)
+            return (float(coll["time_s"]), n, n if res["correct"] else 0, [],
+                    float(coll["busbw_Bps"]) * 8, bool(res["correct"]))
+        sent = [f for r in res["raw"] for f in r["sent"]]
+        done = [f for f in sent if f["fct"] is not None]
+        slow = [f["fct"] / m.ideal_fct(f["size"], line, self.base_rtt_s) for f in done]
+        end = max((f["start"] + f["fct"] for f in done), default=0.0)
+        complete = len(done) == len(sent) and res.get("corrupt", 0) == 0
+        return (float(end), len(sent), len(done), slow, None, complete)
+
+
+def _downsample(points: list[tuple[float, float]],
+                n: int = SERIES_POINTS) -> dict[str, list[float]]:
+    """At most `n` points, keeping each bucket's maximum (queue peaks must survive)."""
+    points.sort()
+    if len(points) > n:
+        t_end = points[-1][0] - points[0][0] or 1.0
+        buckets: dict[int, tuple[float, float]] = {}
+        for t, v in points:
+            b = min(n - 1, int((t - points[0][0]) / t_end * n))
+            if b not in buckets or v > buckets[b][1]:
+                buckets[b] = (t, v)
+        points = [buckets[b] for b in sorted(buckets)]
+    return {"t": [round(t, 4) for t, _ in points], "v": [v for _, v in points]}
+
+
+def _rate_series(events: list[RateEvent], t0: float, scenario: str,
+                 tb: Testbed) -> dict[str, dict[str, list[float]]]:
+    """Per flow (named 'src->dst:sport'): its NIC rate as a step function over time."""
+    ip_host = {n.ip: h.name for h in tb.spec.hosts for n in h.nics}
+    out: dict[str, dict[str, list[float]]] = {}
+    for e in sorted(events, key=lambda e: e.t):
+        name = f"{ip_host.get(e.flow[0], e.flow[0])}->{ip_host.get(e.flow[1], e.flow[1])}" \
+               f":{e.flow[2]}"
+        s = out.setdefault(name, {"t": [], "v": []})
+        s["t"].append(round(e.t - t0, 4))
+        s["v"].append(float(e.rate_bps))
+    return out
+
+
+def one_line(r: RunRecord) -> str:
+    parts = [f"p99 queue {r.queue_p99_bytes / 1e3:.0f} KB at {r.bottleneck or '-'}",
+             f"drops {r.drops}"]
+    if r.utilization is not None:
+        parts.append(f"util {r.utilization:.0%}")
+    if r.fct_slowdown_p50 is not None:
+        parts.append(f"FCT slowdown p50 {r.fct_slowdown_p50:.1f} p99 {r.fct_slowdown_p99:.1f}")
+    if r.busbw_bps is not None:
+        parts.append(f"busbw {r.busbw_bps / 1e6:.2f} Mb/s")
+    parts.append(f"done in {r.completion_s:.2f} s")
+    if r.flows_completed != r.flows:
+        parts.append(f"{r.flows - r.flows_completed} flows incomplete")
+    return ", ".join(parts)
+

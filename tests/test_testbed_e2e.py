@@ -1,0 +1,107 @@
+"""The testbed end to end: a 2-leaf 1-spine fabric with 4 hosts (the built-in switches, the
+controller, an agent per host), one 3:1 incast per scheme (none, DCQCN, TiTa).
+
+- traffic crosses the fabric with INT: packets from the other leaf arrive with 3 hop records,
+  and the receiver's downlink reports a queue;
+- the NICs' rates respond: under DCQCN and TiTa the agents' rate maps move below the line rate
+  (WatchRates), under no CC they never do;
+- TiTa's peak queue at the bottleneck is lower than no CC's;
+- afterwards nothing of the testbed remains: processes, namespaces, links, agent pins and
+  bpffs mounts, qdiscs/HTB classes and XDP programs on the hosts' NICs.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from testbed.network import (
+    AGENT_BPFFS_ROOT,
+    AGENT_RUN_ROOT,
+    BMV2_JSON,
+    P4INFO,
+    Testbed,
+    TestbedOptions,
+)
+from testbed.scenarios import RunRecord, Suite, SuiteConfig
+from testbed.topo import leafspine
+
+pytestmark = [
+    pytest.mark.root,
+    pytest.mark.slow,
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (namespaces, veths, eBPF)"),
+    pytest.mark.skipif(not (P4INFO.exists() and BMV2_JSON.exists()),
+                       reason="p4src/build is missing (make p4)"),
+    pytest.mark.timeout(300),
+]
+
+
+def _pids_alive(pids: list[int]) -> list[int]:
+    alive = []
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        # a zombie or a reused PID is not ours: check the command line still names us
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"testbed" in cmd or b"controller" in cmd or b"simple_switch" in cmd:
+            alive.append(pid)
+    return alive
+
+
+def test_incast_per_scheme_int_rates_queues_and_clean_teardown(tmp_path: Path) -> None:
+    cfg = SuiteConfig(scenarios=("incast",), incast_bytes=1_000_000)
+    tb = Testbed(leafspine(2, 1, 2), TestbedOptions(switch="builtin", run_dir=tmp_path))
+    records: dict[str, RunRecord] = {}
+    with tb:
+        pids = [a.component.pid for a in tb.agents.values()]
+        pids += [s.component.pid for s in tb.switches() if s.component is not None]
+        assert tb.controller is not None
+        pids.append(tb.controller.pid)
+        shells = [n.pid for n in tb.net.hosts + tb.net.switches]
+        h1 = tb.node("h1")
+        assert "xdp" in h1.cmd("ip -d link show dev h1-eth0")  # the NIC programs are on
+        assert "htb" in h1.cmd("tc qdisc show dev h1-eth0")
+        with Suite(tb, cfg) as suite:
+            suite.run()
+            records = {r.scheme: r for r in suite.records}
+        prefix = tb.prefix
+        mgmt = list(tb.mgmt_links)
+        collector_ns = tb.collector_netns
+        agent_names = [a.name for a in tb.agents.values()]
+    assert set(records) == {"none", "dcqcn", "tita"}
+    line = tb.scaling.nic_bps
+    for scheme, r in records.items():
+        assert r.flows == r.flows_completed == 3, (scheme, r)
+        assert r.bottleneck == "leaf1:1"  # h1's downlink
+        # INT: h3/h4 -> h1 cross leaf2, spine1, leaf1: three records, newest first
+        assert r.int_max_hops == 3 and r.int_packets > 100, (scheme, r.int_packets)
+        assert r.queue_samples > 100 and r.queue_max_bytes > 0
+    none, dcqcn, tita = records["none"], records["dcqcn"], records["tita"]
+    assert none.rate_events == 0
+    for r in (dcqcn, tita):
+        lows = [v for s in r.rate_series.values() for v in s["v"] if v < 0.5 * line]
+        assert r.rate_events > 3 and lows, (r.scheme, r.rate_events)
+    assert dcqcn.cnps > 0
+    assert tita.queue_max_bytes < none.queue_max_bytes, (tita.queue_max_bytes,
+                                                         none.queue_max_bytes)
+    # nothing of the testbed is left on the machine
+    assert tb.leftovers() == []
+    assert _pids_alive(pids + shells) == []
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert collector_ns is not None and collector_ns not in netns
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert not [m for m in mgmt if f" {m}@" in links or f" {m}:" in links]
+    assert prefix not in links
+    for name in agent_names:
+        assert not (AGENT_BPFFS_ROOT / name).exists()
+        assert not (AGENT_RUN_ROOT / name).exists()
+    mounts = Path("/proc/self/mountinfo").read_text()
+    assert prefix not in mounts
