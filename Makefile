@@ -1,5 +1,7 @@
 # xingmai: one Makefile for installing, testing, running and benchmarking.
-#   make run      the main job (see README)
+#   make run      the main job (see README): TiTa vs DCQCN vs no CC on AI traffic (RUN_ARGS=...)
+#   make cli      the same network with Mininet's CLI and the project's commands
+#   make doctor   what this machine has and lacks for the testbed
 #   make test     installs what is missing, then runs the test suite
 #   make install  apt packages + virtual environment + pinned pip packages (idempotent)
 #   make bench    benchmarks, written to results/bench.json
@@ -23,7 +25,7 @@ KERNEL_HEADERS := /var/cache/xingmai/kernel-headers
 PROTOS := $(wildcard controller/proto/*.proto)
 PROTO_OUT := $(PROTOS:.proto=_pb2.py)
 
-.PHONY: install apt venv kernel-headers proto test run bench p4 lint clean p4runtime-shell
+.PHONY: install apt venv kernel-headers proto test run cli doctor bench p4 lint clean p4runtime-shell
 
 install: $(STAMP) proto
 
@@ -75,7 +77,15 @@ test: install p4runtime-shell
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 run: install
-	$(PY) -m testbed.demo
+	$(PY) -m testbed run $(RUN_ARGS)
+
+cli: install
+	$(PY) -m testbed cli $(RUN_ARGS)
+
+doctor:
+	@if [ -x $(PY) ]; then $(PY) -m testbed doctor; else \
+		echo "no $(VENV) yet: make install sets up everything (apt, venv, pinned packages)"; \
+		exit 1; fi
 
 bench: install
 	mkdir -p results
