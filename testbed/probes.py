@@ -35,6 +35,9 @@ from testbed.packets.int_md import decode_stack
 ETH_P_ALL = 0x0003
 CLONE_NEWNET = 0x40000000
 SO_ATTACH_FILTER = 26
+SO_RCVBUFFORCE = 33
+SO_TIMESTAMPNS = 35  # also the SCM_TIMESTAMPNS control message type
+_TIMESPEC = struct.Struct("qq")
 SNAPLEN = 320
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -86,7 +89,10 @@ def packet_socket_in(netns_path: str, ifname: str,
                 s.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER,
                              struct.pack("HL", len(bpf), ctypes.addressof(buf)))
             s.bind((ifname, 0))
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+            # root may exceed net.core.rmem_max: a busy sampler thread reads in batches
+            s.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 32 << 20)
+            # the kernel's receive time of every frame: the thread reads late, not the clock
+            s.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
             box.append(s)
         except BaseException as exc:  # handed to the caller
             box.append(exc)
@@ -172,17 +178,24 @@ class IntSampler:
 
     def _loop(self) -> None:
         socks = self.socks
+        cmsg_space = socket.CMSG_SPACE(_TIMESPEC.size)
         while not self._stop.is_set():
             ready, _, _ = select.select(socks, [], [], 0.1)
-            now = time.monotonic()
+            # kernel timestamps are CLOCK_REALTIME; the testbed's times are CLOCK_MONOTONIC
+            offset = time.monotonic() - time.time()
             for s in ready:
                 while True:
                     try:
-                        frame, addr = s.recvfrom(SNAPLEN)
+                        frame, anc, _flags, _addr = s.recvmsg(SNAPLEN, cmsg_space)
                     except (BlockingIOError, InterruptedError):
                         break
                     except OSError:
                         break
+                    now = time.monotonic()
+                    for level, kind, data in anc:
+                        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
+                            sec, nsec = _TIMESPEC.unpack(data[:_TIMESPEC.size])
+                            now = sec + nsec * 1e-9 + offset
                     self._parse(self._capture, frame, now)
 
     def _parse(self, cap: Capture | None, frame: bytes, now: float) -> None:
