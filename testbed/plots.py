@@ -16,11 +16,22 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.ticker import NullFormatter  # noqa: E402
 
 from testbed.scenarios import RunRecord  # noqa: E402
 
 COLORS = {"none": "tab:red", "dcqcn": "tab:blue", "tita": "tab:green"}
 TITLES = {"none": "no CC", "dcqcn": "DCQCN", "tita": "TiTa"}
+
+
+def _gaps(t: list[float], v: list[float], gap_s: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
+    """The samples with a break wherever no packet left for `gap_s`: the queue between two
+    departures is not known, so no line is drawn across."""
+    ts, vs = np.asarray(t, dtype=float), np.asarray(v, dtype=float)
+    if len(ts) < 2:
+        return ts, vs
+    cut = np.nonzero(np.diff(ts) > gap_s)[0] + 1
+    return np.insert(ts, cut, np.nan), np.insert(vs, cut, np.nan)
 
 
 def _grid(records: list[RunRecord], scenarios: list[str]) -> tuple[list[str], list[str]]:
@@ -29,8 +40,10 @@ def _grid(records: list[RunRecord], scenarios: list[str]) -> tuple[list[str], li
     return schemes, scen
 
 
-def queue_plot(records: list[RunRecord], path: Path, line_rate_bps: float) -> Path:
+def queue_plot(records: list[RunRecord], path: Path, line_rate_bps: float) -> Path | None:
     schemes, scen = _grid(records, ["incast", "allreduce", "websearch"])
+    if not scen:
+        return None
     by = {(r.scenario, r.scheme): r for r in records}
     fig, axes = plt.subplots(len(scen), len(schemes), figsize=(4.2 * len(schemes),
                              2.6 * len(scen)), squeeze=False, sharey="row")
@@ -41,8 +54,8 @@ def queue_plot(records: list[RunRecord], path: Path, line_rate_bps: float) -> Pa
             if r is None:
                 ax.set_visible(False)
                 continue
-            t, v = r.queue_series.get("t", []), r.queue_series.get("v", [])
-            ax.plot(t, np.asarray(v) / 1e3, lw=0.8, color=COLORS[sch])
+            t, v = _gaps(r.queue_series.get("t", []), r.queue_series.get("v", []))
+            ax.plot(t, v / 1e3, lw=0.8, marker=".", ms=1.5, color=COLORS[sch])
             ax.axhline(r.queue_p99_bytes / 1e3, ls="--", lw=0.7, color="k")
             ax.set_title(f"{sc}, {TITLES[sch]}: p99 {r.queue_p99_bytes / 1e3:.0f} KB, "
                          f"drops {r.drops}", fontsize=9)
@@ -59,8 +72,10 @@ def queue_plot(records: list[RunRecord], path: Path, line_rate_bps: float) -> Pa
     return path
 
 
-def rates_plot(records: list[RunRecord], path: Path, nic_bps: float) -> Path:
+def rates_plot(records: list[RunRecord], path: Path, nic_bps: float) -> Path | None:
     schemes, scen = _grid(records, ["incast", "allreduce"])
+    if not scen:
+        return None
     by = {(r.scenario, r.scheme): r for r in records}
     fig, axes = plt.subplots(len(scen), len(schemes), figsize=(4.2 * len(schemes),
                              2.6 * len(scen)), squeeze=False, sharey=True)
@@ -79,7 +94,8 @@ def rates_plot(records: list[RunRecord], path: Path, nic_bps: float) -> Path:
                 ax.text(0.02, 0.5, "no rate changes:\nflows at line rate",
                         transform=ax.transAxes, fontsize=8)
             for name, s in sorted(r.rate_series.items()):
-                t = [*s["t"], end]
+                stop = s["end"][0] if s.get("end") else end
+                t = [*s["t"], stop]
                 v = [*s["v"], s["v"][-1]]
                 ax.step(t, np.asarray(v) / 1e6, where="post", lw=0.8, label=name)
             ax.set_title(f"{sc}, {TITLES[sch]}", fontsize=9)
@@ -95,8 +111,10 @@ def rates_plot(records: list[RunRecord], path: Path, nic_bps: float) -> Path:
     return path
 
 
-def fct_cdf_plot(records: list[RunRecord], path: Path) -> Path:
+def fct_cdf_plot(records: list[RunRecord], path: Path) -> Path | None:
     schemes, scen = _grid(records, ["incast", "websearch"])
+    if not scen:
+        return None
     fig, axes = plt.subplots(1, len(scen), figsize=(5 * len(scen), 3.4), squeeze=False)
     for i, sc in enumerate(scen):
         ax = axes[0][i]
@@ -109,6 +127,7 @@ def fct_cdf_plot(records: list[RunRecord], path: Path) -> Path:
             ax.step(x, y, where="post", color=COLORS[sch],
                     label=f"{TITLES[sch]} (p99 {r.fct_slowdown_p99:.1f})")
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel("FCT slowdown")
         ax.set_ylabel("CDF")
         ax.set_title(sc, fontsize=10)
@@ -122,6 +141,8 @@ def fct_cdf_plot(records: list[RunRecord], path: Path) -> Path:
 
 def write_plots(records: list[RunRecord], out: Path, line_rate_bps: float,
                 nic_bps: float) -> list[Path]:
-    return [queue_plot(records, out / "queue.png", line_rate_bps),
+    """The plots the records have data for."""
+    made = [queue_plot(records, out / "queue.png", line_rate_bps),
             rates_plot(records, out / "rates.png", nic_bps),
             fct_cdf_plot(records, out / "fct_cdf.png")]
+    return [p for p in made if p is not None]

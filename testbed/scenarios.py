@@ -10,9 +10,11 @@ Scenarios (testbed.traffic.workloads over the testbed's hosts):
   and Poisson arrivals at `websearch_load` of the NIC line rate per host.
 
 Schemes: `none` (flows at line rate), `dcqcn` (ECN marks -> CNPs -> the DCQCN law in the
-sender's NIC), `tita` (INT echoed in ACKs -> the proactive law in the sender's NIC). The
-controller sets each scheme on every host's agent (SetPolicy). Its slow-loop caps are off
-unless the testbed was started with them, so the schemes differ only in the NIC's law.
+sender's NIC), `tita` (INT echoed in ACKs -> the proactive law in the sender's NIC; like
+HPCC, whose law it follows, its senders keep at most one bandwidth-delay product B*T in
+flight per flow, where DCQCN and no-CC senders keep up to 64 packets). The controller sets
+each scheme on every host's agent (SetPolicy). Its slow-loop caps are off unless the testbed
+was started with them, so the schemes differ only in what the NIC does.
 
 Measured per (scheme, scenario) — testbed.probes:
 - queue occupancy at every switch egress port the traffic crosses, from the INT records of
@@ -26,6 +28,7 @@ Measured per (scheme, scenario) — testbed.probes:
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections.abc import Callable
@@ -100,6 +103,8 @@ class RunRecord:
     int_max_hops: int
     retransmits: int
     cnps: int
+    out_of_order: int  # data packets the receivers dropped for a PSN gap (loss or reordering)
+    window: int  # the senders' in-flight bound, packets per queue pair
     correct: bool | None = None
     queue_by_link: dict[str, dict[str, float]] = field(default_factory=dict)
     drops_by_switch: dict[str, int] = field(default_factory=dict)
@@ -115,19 +120,31 @@ class RunRecord:
         return d
 
 
-def transport_settings(tb: Testbed) -> dict[str, Any]:
+DEFAULT_WINDOW = 64  # packets in flight per queue pair (RoCE NICs bound little)
+
+
+def tita_window(tb: Testbed, tita_t_s: float) -> int:
+    """HPCC's in-flight bound, one bandwidth-delay product B*T per flow, in packets."""
+    s = tb.scaling
+    return max(2, math.ceil(s.link_bps * tita_t_s / 8 / s.frame_bytes))
+
+
+def transport_settings(tb: Testbed, window: int = DEFAULT_WINDOW) -> dict[str, Any]:
     """The transport's parameters for every run (testbed.traffic.transport.TransportConfig).
 
     - MTU 4096 (RoCE's), jumbo links;
     - a socket buffer of a few frames per queue pair: a real NIC fetches a message's data
       only as its rate allows, so retransmissions do not wait behind seconds of paced data;
-    - the RTO above the deepest queueing delay (a full queue drains in ~0.1 s);
+    - the RTO above the deepest queueing delay (a full 500 KB queue drains in 0.2 s);
     - an ACK every 2 packets (TiTa's feedback), a CNP at most every 50 us of the paper's
-      40 Gb/s time, dilated to the NIC's rate like the agents' DCQCN timers.
+      40 Gb/s time, dilated to the NIC's rate like the agents' DCQCN timers;
+    - `window`: packets in flight per queue pair. TiTa is HPCC-like, and HPCC's sender
+      bounds its in-flight bytes by B*T (`tita_window`); DCQCN and no-CC senders do not.
     """
     s = tb.scaling
-    return {"mtu": s.transport_mtu, "window": 64, "ack_every": 2, "rto": 1.0, "rto_max": 4.0,
-            "sndbuf": 4 * s.frame_bytes, "cnp_interval": 50e-6 * 40e9 / s.nic_bps}
+    return {"mtu": s.transport_mtu, "window": window, "ack_every": 2, "rto": 1.0,
+            "rto_max": 4.0, "sndbuf": 4 * s.frame_bytes,
+            "cnp_interval": 50e-6 * 40e9 / s.nic_bps}
 
 
 def payload_line_rate(tb: Testbed) -> float:
@@ -225,6 +242,11 @@ class Suite:
                 out[f"{sw.name}/{ifn}"] = c
         return out
 
+    def window(self, scheme: str) -> int:
+        if scheme == "tita" and self.tita_t_s:
+            return tita_window(self.tb, self.tita_t_s)
+        return DEFAULT_WINDOW
+
     def run_one(self, scheme: str, scenario: str) -> RunRecord:
         assert self.sampler is not None and self.watcher is not None
         before = self._counters()
@@ -232,7 +254,7 @@ class Suite:
         self.watcher.begin()
         t_call = time.monotonic()
         try:
-            res = self._workload(scenario)
+            res = self._workload(scenario, self.window(scheme))
         finally:
             cap = self.sampler.end()
             events = self.watcher.end()
@@ -240,9 +262,9 @@ class Suite:
         return self._summarise(scheme, scenario, res, cap, events,
                                counters_delta(before, after), t_call)
 
-    def _workload(self, scenario: str) -> dict[str, Any]:
+    def _workload(self, scenario: str, window: int) -> dict[str, Any]:
         cfg, tb = self.cfg, self.tb
-        tr = transport_settings(tb)
+        tr = transport_settings(tb, window)
         line = payload_line_rate(tb)
         if scenario == "incast":
             return wl.incast(self.hosts, cfg.incast_bytes, receiver=0, transport=tr,
@@ -313,12 +335,15 @@ class Suite:
             flows=flows, flows_completed=done, busbw_bps=busbw, completion_s=completion,
             int_packets=cap.packets, int_max_hops=cap.max_hops,
             retransmits=int(counters.get("retransmits", 0)),
-            cnps=int(counters.get("cnps_received", 0)), correct=correct,
+            cnps=int(counters.get("cnps_received", 0)),
+            out_of_order=int(counters.get("drops", {}).get("out_of_order", 0)),
+            window=self.window(scheme), correct=correct,
             queue_by_link=qstats, drops_by_switch=drops_by_switch, rate_events=len(events),
             slowdowns=[float(x) for x in slowdowns])
         rec.queue_series = _downsample(
             [(h.t - t_start, float(h.qocc_bytes)) for h in cap.hops if h.link == bottleneck])
-        rec.rate_series = _rate_series(events, t_start, scenario, tb)
+        last_seen = {f: pts[-1][0] for f, pts in cap.flows.items() if pts}
+        rec.rate_series = _rate_series(events, t_start, last_seen, tb)
         return rec
 
     def _workload_figures(self, scenario: str, res: dict[str, Any]
@@ -353,15 +378,20 @@ def _downsample(points: list[tuple[float, float]],
     return {"t": [round(t, 4) for t, _ in points], "v": [v for _, v in points]}
 
 
-def _rate_series(events: list[RateEvent], t0: float, scenario: str,
+def _rate_series(events: list[RateEvent], t0: float,
+                 last_seen: dict[tuple[str, str, int], float],
                  tb: Testbed) -> dict[str, dict[str, list[float]]]:
-    """Per flow (named 'src->dst:sport'): its NIC rate as a step function over time."""
+    """Per flow (named 'src->dst:sport'): its NIC rate as a step function over time, up to
+    its last packet seen at the receiver (the rate map keeps a finished flow's last rate)."""
     ip_host = {n.ip: h.name for h in tb.spec.hosts for n in h.nics}
     out: dict[str, dict[str, list[float]]] = {}
     for e in sorted(events, key=lambda e: e.t):
+        end = last_seen.get(e.flow)
+        if end is not None and e.t > end:
+            continue
         name = f"{ip_host.get(e.flow[0], e.flow[0])}->{ip_host.get(e.flow[1], e.flow[1])}" \
                f":{e.flow[2]}"
-        s = out.setdefault(name, {"t": [], "v": []})
+        s = out.setdefault(name, {"t": [], "v": [], "end": [round(end - t0, 4)] if end else []})
         s["t"].append(round(e.t - t0, 4))
         s["v"].append(float(e.rate_bps))
     return out
