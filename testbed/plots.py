@@ -57,11 +57,11 @@ def queue_plot(records: list[RunRecord], path: Path, line_rate_bps: float) -> Pa
             t, v = _gaps(r.queue_series.get("t", []), r.queue_series.get("v", []))
             ax.plot(t, v / 1e3, lw=0.8, marker=".", ms=1.5, color=COLORS[sch])
             ax.axhline(r.queue_p99_bytes / 1e3, ls="--", lw=0.7, color="k")
-            ax.set_title(f"{sc}, {TITLES[sch]}: p99 {r.queue_p99_bytes / 1e3:.0f} KB, "
-                         f"drops {r.drops}", fontsize=9)
+            ax.set_title(f"{sc}, {TITLES[sch]} at {r.bottleneck}: p99 "
+                         f"{r.queue_p99_bytes / 1e3:.0f} KB, drops {r.drops}", fontsize=9)
             ax.grid(alpha=0.3)
             if j == 0:
-                ax.set_ylabel(f"queue at {r.bottleneck} (KB)", fontsize=8)
+                ax.set_ylabel("queue (KB)", fontsize=8)
             if i == len(scen) - 1:
                 ax.set_xlabel("time (s)")
     fig.suptitle(f"Queue occupancy at the bottleneck (INT, per departing packet); links "
@@ -139,6 +139,18 @@ def fct_cdf_plot(records: list[RunRecord], path: Path) -> Path | None:
     return path
 
 
+def replot(results: Path) -> list[Path]:
+    """The plots again, from a run's results.json (next to it)."""
+    import json
+
+    from testbed.report import records_from_results
+
+    doc = json.loads(results.read_text())
+    setup = doc["setup"]
+    return write_plots(records_from_results(doc), results.parent, setup["link_bps"],
+                       setup["nic_bps"])
+
+
 def write_plots(records: list[RunRecord], out: Path, line_rate_bps: float,
                 nic_bps: float) -> list[Path]:
     """The plots the records have data for."""
@@ -146,3 +158,14 @@ def write_plots(records: list[RunRecord], out: Path, line_rate_bps: float,
             rates_plot(records, out / "rates.png", nic_bps),
             fct_cdf_plot(records, out / "fct_cdf.png")]
     return [p for p in made if p is not None]
+
+
+if __name__ == "__main__":
+    import sys
+
+    for arg in sys.argv[1:] or ["--help"]:
+        if arg.startswith("-"):
+            print("usage: python -m testbed.plots RUN_DIR/results.json ...")
+            break
+        for made in replot(Path(arg)):
+            print(made)

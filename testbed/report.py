@@ -99,5 +99,16 @@ def results_doc(records: list[RunRecord], setup: dict[str, Any]) -> dict[str, An
     }
 
 
+def records_from_results(doc: dict[str, Any]) -> list[RunRecord]:
+    """The records of a results file (summary and series), e.g. to plot them again."""
+    series = {(s["scheme"], s["scenario"]): s for s in doc["series"]}
+    out = []
+    for run in doc["runs"]:
+        s = series[(run["scheme"], run["scenario"])]
+        out.append(RunRecord(**run, slowdowns=s["fct_slowdowns"], queue_series=s["queue_bytes"],
+                             rate_series=s["rate_bps"]))
+    return out
+
+
 def write_results(path: Path, records: list[RunRecord], setup: dict[str, Any]) -> None:
     path.write_text(json.dumps(results_doc(records, setup), indent=1) + "\n")

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from testbed.plots import write_plots
-from testbed.report import results_doc, table, verdict
+from testbed.report import records_from_results, results_doc, table, verdict
 from testbed.scenarios import RunRecord
 
 
@@ -56,7 +56,7 @@ def test_verdict_holds_or_names_what_does_not() -> None:
 
 def test_results_file_and_plots(tmp_path: Path) -> None:
     doc = results_doc(RECORDS, {"scale": 20000})
-    json.dumps(doc)  # serialisable
+    assert records_from_results(json.loads(json.dumps(doc))) == RECORDS
     assert len(doc["runs"]) == 6 and "queue_series" not in doc["runs"][0]
     assert doc["series"][0]["queue_bytes"]["v"][1] == 495e3
     made = write_plots(RECORDS, tmp_path, 20e6, 19.5e6)
