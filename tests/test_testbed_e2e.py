@@ -105,3 +105,23 @@ def test_incast_per_scheme_int_rates_queues_and_clean_teardown(tmp_path: Path) -
         assert not (AGENT_RUN_ROOT / name).exists()
     mounts = Path("/proc/self/mountinfo").read_text()
     assert prefix not in mounts
+
+
+def test_rail_topology_routes_each_rail_and_across(tmp_path: Path) -> None:
+    """Two hosts with two NICs each on two rail leaves and a spine: NIC i talks to NIC i over
+    rail i, and across rails through the spine; one agent per host on both NICs."""
+    from testbed.topo import rail
+
+    tb = Testbed(rail(nics=2, hosts=2, spines=1), TestbedOptions(switch="builtin",
+                                                                 run_dir=tmp_path))
+    with tb:
+        h1 = tb.node("h1")
+        for dst in ("10.0.1.2", "10.0.2.2"):  # same rail each
+            assert " 0% packet loss" in h1.cmd(f"ping -c 2 -W 2 {dst}"), dst
+        # out of h1's NIC 0 to h2's NIC 1: rail1 -> spine1 -> rail2 (the reply stays on rail 1)
+        out = h1.cmd("ping -c 2 -W 2 -I h1-eth0 10.0.2.2")
+        assert " 0% packet loss" in out, out
+        route = h1.cmd("ip route get 10.0.2.2")
+        assert "h1-eth1" in route, route
+        assert "xdp" in h1.cmd("ip -d link show dev h1-eth1")  # the agent is on both NICs
+    assert tb.leftovers() == []
