@@ -125,3 +125,20 @@ def test_rail_topology_routes_each_rail_and_across(tmp_path: Path) -> None:
         assert "h1-eth1" in route, route
         assert "xdp" in h1.cmd("ip -d link show dev h1-eth1")  # the agent is on both NICs
     assert tb.leftovers() == []
+
+
+def test_a_component_that_does_not_come_up_is_named_and_nothing_is_left(tmp_path: Path) -> None:
+    """An agent that cannot start (a bad option) fails the boot with its name and the tail of
+    its log; what was started by then is removed."""
+    from testbed.procs import ComponentError
+    from testbed.topo import single
+
+    tb = Testbed(single(2), TestbedOptions(switch="builtin", run_dir=tmp_path,
+                                           agent_sync="soon"))
+    with pytest.raises(ComponentError) as info:
+        tb.start()
+    assert info.value.component.startswith("agent h")
+    assert "not a duration" in str(info.value)  # the agent's own complaint, from its log
+    assert tb.leftovers() == []
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert tb.prefix not in netns
