@@ -239,6 +239,17 @@ class Config:
     def emulated_bps(self, speed_gbps: float) -> float:
         return speed_gbps * 1e9 / self.model.scale
 
+    def warnings(self) -> list[str]:
+        """Settings that are valid but cannot do what they ask for."""
+        out = []
+        for i, h in enumerate(self.hosts):
+            # TiTa runs on the INT stack the receiver echoes; only a NIC INT source gets it
+            if self.policy.for_host(h.name).rate_law == "tita" and h.int_mode != "nic":
+                out.append(f"hosts[{i}] ({h.name}): the tita rate law needs int: nic, not "
+                           f"{h.int_mode!r} (without the NIC as INT source no INT is echoed "
+                           "to it, and its rate stays at line rate)")
+        return out
+
 
 # ---- validation -----------------------------------------------------------------------------
 
@@ -672,6 +683,7 @@ def parse(doc: Any, base: Path = Path("."), source: Path | None = None) -> Confi
     policy = top.get("policy", lambda v, p: _policy(v, {h.name for h in hosts}), PolicyConfig())
     top.done()
     _check_graph(switches, hosts, links)
+
     return Config(controller=controller, pipeline=pipeline, model=model, int=int_cfg, ecn=ecn,
                   switches=tuple(switches), hosts=tuple(hosts), links=tuple(links),
                   policy=policy, source=source)

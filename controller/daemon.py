@@ -242,10 +242,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         print(f"{args.config}: valid ({len(cfg.switches)} switches, {len(cfg.hosts)} hosts, "
               f"{len(cfg.links)} links)")
+        for w in cfg.warnings():
+            print(f"warning: {w}", file=sys.stderr)
         return 0
     c = cfg.controller
     setup_logging(f"controller:{c.name}", c.log_level,
                   console=args.log_console or c.log_file is None, file=c.log_file)
+    for w in cfg.warnings():
+        log.warning("config: %s", w)
     return asyncio.run(_run(cfg, args.config))
 
 

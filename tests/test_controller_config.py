@@ -4,6 +4,7 @@ every kind of bad input is a ConfigError naming the bad key."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -145,3 +146,13 @@ def test_per_switch_pipeline_overrides_the_global_one() -> None:
     doc["switches"][3]["pipeline"] = {"p4info": "x"}
     with pytest.raises(ConfigError, match=r"switches\[3\].pipeline.bmv2_json: required"):
         parse(doc, EXAMPLE.parent)
+
+
+def test_tita_without_nic_int_is_warned_about() -> None:
+    cfg = load(EXAMPLE)
+    # the example's hosts are int: switch and h1..h7 run the default law, tita
+    warned = cfg.warnings()
+    assert any("h1" in w and "needs int: nic" in w for w in warned)
+    nic = dataclasses.replace(cfg, hosts=tuple(dataclasses.replace(h, int_mode="nic")
+                                               for h in cfg.hosts))
+    assert nic.warnings() == []
