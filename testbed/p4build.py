@@ -95,7 +95,8 @@ class Project:
 P4SRC = Project(REPO / "p4src", (bmv2_target("bmv2", "xingmai.p4"),))
 TESTS = Project(REPO / "tests" / "p4", tuple(
     bmv2_target(name, f"{name}.p4")
-    for name in ("switch_features", "primitives", "bench_l3", "bench_two_tables")))
+    for name in ("switch_features", "primitives", "queue_probe", "bench_l3",
+                 "bench_two_tables")))
 PROJECTS: tuple[Project, ...] = (P4SRC, TESTS)
 
 

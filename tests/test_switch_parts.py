@@ -147,13 +147,16 @@ def test_traffic_manager_rate_depth_and_priority() -> None:
     assert tm.port(1).dropped == 1
     assert tm.occupancy(1, 0) == (3, 3000)
     out = tm.dequeue_ready(clock.now_ns())
-    assert [(pkt, left) for _, _, pkt, _, left in out] == [(0, 2)]  # then busy for 1 ms
+    assert [(pkt, left, start) for _, _, pkt, _, left, start in out] == [(0, 2, 0)]  # busy 1 ms
     assert tm.next_departure_ns() == 1_000_000
     tm.enqueue(1, 1, "high", 1000, 0)
     clock.advance(1_000_000)
-    assert [pkt for _, _, pkt, _, _ in tm.dequeue_ready(clock.now_ns())] == ["high"]
+    # leaves when the port is free again, though it came at 0
+    assert [(pkt, start) for _, _, pkt, _, _, start in tm.dequeue_ready(clock.now_ns())] == [
+        ("high", 1_000_000)]
     clock.advance(10_000_000)
-    assert [pkt for _, _, pkt, _, _ in tm.dequeue_ready(clock.now_ns())] == [1, 2]
+    assert [(pkt, start) for _, _, pkt, _, _, start in tm.dequeue_ready(clock.now_ns())] == [
+        (1, 2_000_000), (2, 3_000_000)]
     tm.set_depth(2, nbytes=1500)
     assert tm.enqueue(2, 0, "a", 1000, 0) is not None
     assert tm.enqueue(2, 0, "b", 1000, 0) is None

@@ -28,6 +28,8 @@ log = logging.getLogger("xingmai.switch.dataplane")
 ETH_P_ALL = 0x0003
 SOL_PACKET = 263
 PACKET_IGNORE_OUTGOING = 23
+SO_TIMESTAMPNS = 35  # kernel receive time of each packet, as a struct timespec
+_TIMESPEC = struct.Struct("@qq")
 MAX_FRAME = 65535
 RX_BATCH = 64  # packets read from one port before looking at the others
 
@@ -72,6 +74,7 @@ class Port:
         except OSError:
             self.kernel_filters_outgoing = False
             log.warning("%s: kernel lacks PACKET_IGNORE_OUTGOING; filtering in user space", iface)
+        self.sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
         self.sock.bind((iface, 0))
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 2**20)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 * 2**20)
@@ -80,19 +83,25 @@ class Port:
             self.pcap_in = PcapWriter(pcap_dir / f"port{number}_{iface}_in.pcap")
             self.pcap_out = PcapWriter(pcap_dir / f"port{number}_{iface}_out.pcap")
 
-    def recv_batch(self) -> list[bytes]:
+    def recv_batch(self) -> list[tuple[bytes, int]]:
+        """Up to RX_BATCH waiting frames with their kernel receive times (ns, CLOCK_REALTIME;
+        0 when the kernel gave none)."""
         out = []
-        recv, recvfrom, flags = self.sock.recv, self.sock.recvfrom, socket.MSG_DONTWAIT
+        recvmsg, flags = self.sock.recvmsg, socket.MSG_DONTWAIT
+        space = socket.CMSG_SPACE(_TIMESPEC.size)
         for _ in range(RX_BATCH):
             try:
-                if self.kernel_filters_outgoing:
-                    out.append(recv(MAX_FRAME, flags))
-                else:
-                    data, addr = recvfrom(MAX_FRAME, flags)
-                    if addr[2] != socket.PACKET_OUTGOING:
-                        out.append(data)
+                data, anc, _flags, addr = recvmsg(MAX_FRAME, space, flags)
             except (BlockingIOError, InterruptedError):
                 break
+            if not self.kernel_filters_outgoing and addr[2] == socket.PACKET_OUTGOING:
+                continue
+            t = 0
+            for level, kind, blob in anc:
+                if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
+                    sec, nsec = _TIMESPEC.unpack(blob[:_TIMESPEC.size])
+                    t = sec * 1_000_000_000 + nsec
+            out.append((data, t))
         return out
 
     def send(self, data: bytes) -> None:
@@ -184,7 +193,13 @@ class Dataplane:
         poller.register(self._wake_r, select.POLLIN)
         sw = self.switch
         clock = sw.clock
+        # kernel timestamps are wall-clock time: map them onto the switch's clock
+        offset = time.time_ns() - time.monotonic_ns() + clock.start_ns
+        refreshed = time.monotonic()
         while not self._stop.is_set():
+            if time.monotonic() - refreshed > 1.0:
+                offset = time.time_ns() - time.monotonic_ns() + clock.start_ns
+                refreshed = time.monotonic()
             nxt = sw.tm.next_departure_ns()
             if nxt is None:
                 timeout_ms = 200.0
@@ -210,10 +225,15 @@ class Dataplane:
                 p = by_fd.get(fd)
                 if p is None:
                     continue
-                for data in p.recv_batch():
+                for data, t_real in p.recv_batch():
                     p.stats.rx += 1
                     p.stats.rx_bytes += len(data)
                     if p.pcap_in:
                         p.pcap_in.write(data)
-                    sw.receive(p.number, data)
+                    # A packet read late still arrived when the kernel says: first let the
+                    # departures due before it happen, then enqueue it at its arrival time.
+                    t = t_real - offset if t_real else None
+                    if t is not None:
+                        sw.service(until_ns=t)
+                    sw.receive(p.number, data, t)
             sw.service()

@@ -66,6 +66,7 @@ class Packet:
         "truncate_len",
         "uid",
         "reinjects",
+        "t_ns",
     )
 
     def __init__(self, h: list[list[int]], v: list[bool], sn: list[int]):
@@ -80,6 +81,7 @@ class Packet:
         self.clear_registers()
         self.uid = 0
         self.reinjects = 0  # resubmit / recirculate generations, bounded by the switch
+        self.t_ns = 0  # the switch's time for this packet: arrival, then departure
 
     def clear_registers(self) -> None:
         self.clone_session = -1
@@ -99,6 +101,7 @@ class Packet:
         p.truncate_len = self.truncate_len
         p.uid = self.uid
         p.reinjects = self.reinjects
+        p.t_ns = self.t_ns
         return p
 
 

@@ -21,6 +21,7 @@ class Clock:
     def __init__(self, virtual: bool = False):
         self.virtual = virtual
         self._start = time.monotonic_ns()
+        self.start_ns = self._start  # CLOCK_MONOTONIC at time zero
         self._virtual_ns = 0
         self._lock = threading.Lock()
 
@@ -169,11 +170,11 @@ class TrafficManager:
                 best = t
         return best
 
-    def dequeue_ready(self, now_ns: int) -> list[tuple[int, int, Any, int, int]]:
+    def dequeue_ready(self, now_ns: int) -> list[tuple[int, int, Any, int, int, int]]:
         """Every packet whose port is free at `now_ns`, one per port per round, in time order;
         each departure books the port for the packet's transmission time. Items are
-        (port, priority, packet, enqueue time, packets left in its queue)."""
-        out: list[tuple[int, int, Any, int, int]] = []
+        (port, priority, packet, enqueue time, packets left in its queue, departure time)."""
+        out: list[tuple[int, int, Any, int, int, int]] = []
         busy = self._busy
         while busy:
             progressed = False
@@ -193,10 +194,11 @@ class TrafficManager:
                         # the port is busy from when it became free (or the packet came) for
                         # one packet time at its rate
                         start = pq.next_tx_ns if pq.next_tx_ns > enq_ns else enq_ns
+                        done = start
                         if pq.rate_bps or pq.rate_pps:
-                            start += pq.service_ns(nbytes)
-                        pq.next_tx_ns = start
-                        out.append((port, prio, pkt, enq_ns, len(q)))
+                            done += pq.service_ns(nbytes)
+                        pq.next_tx_ns = done
+                        out.append((port, prio, pkt, enq_ns, len(q), start))
                         progressed = True
                         break
                 if not any(queues):

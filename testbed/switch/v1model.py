@@ -192,8 +192,11 @@ class V1Switch:
 
     # ---- ingress --------------------------------------------------------------------------
 
-    def receive(self, port: int, data: bytes) -> None:
-        """A packet arrives on `port`: run ingress and hand the result to the traffic manager."""
+    def receive(self, port: int, data: bytes, t_ns: int | None = None) -> None:
+        """A packet arrives on `port` (at switch time `t_ns`, by default now): run ingress and
+        hand the result to the traffic manager. A driver that reads packets late (a busy
+        process) passes their kernel arrival times, so queues and timestamps follow the
+        arrivals rather than the process's scheduling."""
         with self.lock:
             self.stats.rx += 1
             c, S = self.compiled, self.std
@@ -201,12 +204,13 @@ class V1Switch:
                 self.stats.drop("no_pipeline")
                 return
             p = self._new(c, len(data))
+            now = self.clock.now_ns()
+            p.t_ns = now if t_ns is None or t_ns > now else t_ns
             sm = p.h[S.h]
             sm[S.ingress_port] = port & S.m_ingress_port
             sm[S.packet_length] = len(data)
             sm[S.instance_type] = PKT_INSTANCE_TYPE_NORMAL
-            now = self.clock.now_us()
-            sm[S.ingress_global_timestamp] = now & S.m_ingress_global_timestamp
+            sm[S.ingress_global_timestamp] = (p.t_ns // 1000) & S.m_ingress_global_timestamp
             self._run_ingress(c, S, p, bytes(data), port)
 
     def _new(self, c: Compiled, length: int) -> Packet:
@@ -252,6 +256,7 @@ class V1Switch:
             p.clone_session, p.clone_field_list = -1, 0
             if session is not None:
                 cp = self._new(c, p.ingress_len)
+                cp.t_ns = p.t_ns
                 cp.h[S.h][S.ingress_port] = port
                 c.parse(cp, buf)
                 c.verify_checksums(cp)
@@ -269,6 +274,7 @@ class V1Switch:
                 return
             rp = self._new(c, p.ingress_len)
             rp.reinjects = p.reinjects + 1
+            rp.t_ns = p.t_ns
             self._copy_field_list(c, rp, p, p.resubmit_fl)
             rp.h[S.h][S.instance_type] = PKT_INSTANCE_TYPE_RESUBMIT
             rp.h[S.h][S.packet_length] = p.ingress_len
@@ -318,7 +324,7 @@ class V1Switch:
         if prio >= self.tm.nb_queues:
             self.stats.drop("bad_priority")
             return
-        now = self.clock.now_ns()
+        now = p.t_ns
         found = self.tm.enqueue(port, prio, p, p.plen, now)
         if found is None:
             self.stats.drop("queue_full")
@@ -329,23 +335,28 @@ class V1Switch:
 
     # ---- egress ---------------------------------------------------------------------------
 
-    def service(self) -> int:
-        """Run egress for every queued packet whose port is free now; returns how many."""
+    def service(self, until_ns: int | None = None) -> int:
+        """Run egress for every queued packet whose port is free by `until_ns` (default now),
+        each at its own departure time; returns how many."""
         done = 0
         while True:
             with self.lock:
                 c, S = self.compiled, self.std
-                ready = self.tm.dequeue_ready(self.clock.now_ns())
+                limit = self.clock.now_ns()
+                if until_ns is not None and until_ns < limit:
+                    limit = until_ns
+                ready = self.tm.dequeue_ready(limit)
                 if not ready:
                     return done
-                for port, prio, p, enq_ns, left in ready:
+                for port, prio, p, enq_ns, left, start in ready:
                     done += 1
+                    p.t_ns = start
                     if c is not None and S is not None:
                         self._run_egress(c, S, port, prio, p, enq_ns, left)
 
     def _run_egress(self, c: Compiled, S: StdMeta, port: int, prio: int, p: Packet,
                     enq_ns: int, left: int) -> None:
-        now = self.clock.now_us()
+        now = p.t_ns // 1000
         sm = p.h[S.h]
         sm[S.egress_global_timestamp] = now & S.m_egress_global_timestamp
         sm[S.deq_timedelta] = (now - enq_ns // 1000) & S.m_deq_timedelta
@@ -398,6 +409,7 @@ class V1Switch:
                 return
             rp = self._new(c, len(out))
             rp.reinjects = p.reinjects + 1
+            rp.t_ns = p.t_ns
             self._copy_field_list(c, rp, p, p.recirc_fl)
             rp.h[S.h][S.instance_type] = PKT_INSTANCE_TYPE_RECIRC
             rp.h[S.h][S.packet_length] = len(out) & S.m_packet_length
