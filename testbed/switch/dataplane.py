@@ -192,7 +192,7 @@ class Dataplane:
             poller.register(fd, select.POLLIN)
         poller.register(self._wake_r, select.POLLIN)
         sw = self.switch
-        clock = sw.clock
+        clock, tm = sw.clock, sw.tm
         # kernel timestamps are wall-clock time: map them onto the switch's clock
         offset = time.time_ns() - time.monotonic_ns() + clock.start_ns
         refreshed = time.monotonic()
@@ -234,6 +234,8 @@ class Dataplane:
                     # departures due before it happen, then enqueue it at its arrival time.
                     t = t_real - offset if t_real else None
                     if t is not None:
-                        sw.service(until_ns=t)
+                        due = tm.next_departure_ns()
+                        if due is not None and due <= t:
+                            sw.service(until_ns=t)
                     sw.receive(p.number, data, t)
             sw.service()
