@@ -230,20 +230,28 @@ class V1Switch:
             if fidx >= 0:
                 dst.h[hidx][fidx] = src.h[hidx][fidx]
 
-    def _run_ingress(self, c: Compiled, S: StdMeta, p: Packet, buf: bytes, port: int) -> None:
+    def _guarded(self, stage: str, fn: Callable[[], None]) -> bool:
+        """Run a pipeline stage; a failure drops (and counts) the packet, never the switch."""
         try:
+            fn()
+            return True
+        except PipelineAbort as exc:
+            log.warning("%s aborted, packet dropped: %s", stage, exc)
+            self.stats.drop(f"{stage}_abort")
+        except (IndexError, KeyError, TypeError, ValueError) as exc:
+            log.error("%s error, packet dropped: %r", stage, exc)
+            self.stats.drop(f"{stage}_error")
+        return False
+
+    def _run_ingress(self, c: Compiled, S: StdMeta, p: Packet, buf: bytes, port: int) -> None:
+        def stage() -> None:
             err = c.parse(p, buf)
             sm = p.h[S.h]
             sm[S.parser_error] = err
             sm[S.checksum_error] = 1 if c.verify_checksums(p) else 0
             c.ingress(p)
-        except PipelineAbort as exc:
-            log.warning("ingress aborted, packet dropped: %s", exc)
-            self.stats.drop("ingress_abort")
-            return
-        except (IndexError, KeyError, TypeError, ValueError) as exc:
-            log.error("ingress error, packet dropped: %r", exc)
-            self.stats.drop("ingress_error")
+
+        if not self._guarded("ingress", stage):
             return
         p.exit = False
         sm = p.h[S.h]
@@ -367,15 +375,7 @@ class V1Switch:
         sm[S.egress_port] = port & S.m_egress_port
         sm[S.egress_spec] = (self.drop_port + 1) & S.m_egress_spec
         sm[S.packet_length] = p.plen & S.m_packet_length
-        try:
-            c.egress(p)
-        except PipelineAbort as exc:
-            log.warning("egress aborted, packet dropped: %s", exc)
-            self.stats.drop("egress_abort")
-            return
-        except (IndexError, KeyError, TypeError, ValueError) as exc:
-            log.error("egress error, packet dropped: %r", exc)
-            self.stats.drop("egress_error")
+        if not self._guarded("egress", lambda: c.egress(p)):
             return
         p.exit = False
 
