@@ -1,11 +1,13 @@
 /*
- * The parser, shared by the architectures: the top file's parser sets md.ingress_port and
- * md.parse_int_stack, and then applies XingmaiParser.
+ * The parser, shared by the architectures: the top file's parser extracts what the
+ * architecture puts in front of the packet (intrinsic metadata, bridged metadata, the
+ * packet-out header of a packet from the CPU port) and then applies XingmaiParser, built with
+ * with_int_stack true where the INT stack must be extracted (v1model: everywhere; TNA: in
+ * egress, for the packets a sink strips).
  *
  * Ethernet, IPv4 (options skipped into ipv4_options), UDP/TCP ports, and INT-MD v2.1 over UDP
- * when the DSCP is INT_DSCP: the shim, the MD header and, when md.parse_int_stack is set, the
- * metadata stack (one opaque field; otherwise it stays payload, which is all INT transit needs:
- * v1model parses it everywhere, TNA only in egress for the packets a sink strips).
+ * when the DSCP is INT_DSCP: the shim, the MD header and, when with_int_stack, the metadata
+ * stack (one opaque field; otherwise it stays payload, which is all INT transit needs).
  * Where the architecture verifies checksums in the parser (TNA), the IPv4 header checksum is
  * verified here into md.checksum_error (IPV4_CHECKSUM_* from the shim); v1model verifies it in
  * its checksum control.
@@ -23,22 +25,11 @@
 #endif
 #define INT_SHIM_LEN_FITS_MASK (8w0xFF ^ (INT_STACK_MAX_WORDS + 3))
 
-parser XingmaiParser(packet_in pkt, out headers_t hdr, inout local_md_t md) {
+parser XingmaiParser(packet_in pkt, inout headers_t hdr, inout local_md_t md)
+                     (bool with_int_stack) {
     IPV4_CHECKSUM_DECL
 
     state start {
-        transition select(md.ingress_port) {
-            CPU_PORT: parse_packet_out;
-            default: parse_ethernet;
-        }
-    }
-
-    state parse_packet_out {
-        pkt.extract(hdr.packet_out);
-        transition parse_ethernet;
-    }
-
-    state parse_ethernet {
         pkt.extract(hdr.ethernet);
         transition select(hdr.ethernet.ether_type) {
             ETHERTYPE_IPV4: parse_ipv4;
@@ -136,8 +127,16 @@ parser XingmaiParser(packet_in pkt, out headers_t hdr, inout local_md_t md) {
     }
 
     state int_headers_ok {
-        transition select(md.parse_int_stack, hdr.int_shim.len) {
-            (1, 0 &&& INT_SHIM_LEN_FITS_MASK): parse_int_stack;
+        // (a constant: the compiler keeps one of the two transitions)
+        transition select(with_int_stack) {
+            true: int_stack_fits;
+            false: int_ok;
+        }
+    }
+
+    state int_stack_fits {
+        transition select(hdr.int_shim.len) {
+            0 &&& INT_SHIM_LEN_FITS_MASK: parse_int_stack;
             default: int_ok;
         }
     }

@@ -24,11 +24,23 @@
 
 parser V1ModelParser(packet_in pkt, out headers_t hdr, inout local_md_t md,
                      inout standard_metadata_t sm) {
-    XingmaiParser() xingmai_parser;
+    XingmaiParser(true) xingmai_parser;  // the sink strips the stack in egress, which
+                                         // does not parse again
 
     state start {
         md.ingress_port = sm.ingress_port;
-        md.parse_int_stack = 1;  // the sink strips it in egress, which does not parse again
+        transition select(sm.ingress_port) {
+            CPU_PORT: parse_packet_out;
+            default: parse_packet;
+        }
+    }
+
+    state parse_packet_out {
+        pkt.extract(hdr.packet_out);
+        transition parse_packet;
+    }
+
+    state parse_packet {
         xingmai_parser.apply(pkt, hdr, md);
         transition accept;
     }

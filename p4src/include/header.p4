@@ -220,7 +220,6 @@ struct local_md_t {
     PRESERVE bit<64> ingress_ts;         // ns
     bit<1> parser_error;
     bool checksum_error;                 // the IPv4 header checksum does not verify
-    bit<1> parse_int_stack;              // the parser extracts the INT stack (else: payload)
     port_t egress_port;                  // egress only
     bit<64> egress_ts;                   // ns, egress only
     bit<32> enq_qdepth;                  // queue depth in the target's unit (see qdepth_unit)
