@@ -153,7 +153,9 @@ def test_dcqcn_cnp_burst_and_recovery_matches_reference() -> None:
                 assert x == pytest.approx(r, rel=0.01)
                 seen.append(x)
             time.sleep(0.025)
-        assert min(seen) <= LINE / 2  # cut
+        # cut to about half: alpha starts at 1, but decays by g = 1/256 per alpha period (2 ms)
+        # that passes before the first CNP arrives, which a busy machine can stretch
+        assert min(seen) <= LINE * 0.52
         counters = nic.counter_values()
         assert counters["xdp_dcqcn_cut"] >= 3 and counters["xdp_dcqcn_cut_held"] >= 10
         x, r = d.send(cnp(d.sport), tx, psn + 1)  # one more cut, then recovery
