@@ -94,13 +94,12 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
     apply {
         if (md.pkt_kind == PKT_NORMAL) {
             if (md.int_sink == 1 && hdr.int_shim.isValid()
-                    && (bit<9>)hdr.int_shim.len > INT_STACK_MAX_WORDS + 3) {
+                    && hdr.int_shim.len - INT_MD_WORDS > INT_STACK_MAX_WORDS) {
                 // More stack than the parser can hold (only where INT_STACK_MAX_WORDS < 252):
                 // it cannot be removed, the packet leaves as it came.
                 COUNT(int_sink_events, INT_SINK_STACK_TOO_LONG);
             } else if (md.int_sink == 1 && hdr.int_shim.isValid()) {
-                bit<16> int_words = (bit<16>)hdr.int_shim.len + 1;  // the shim's word too
-                bit<16> int_bytes = int_words << 2;
+                bit<16> int_bytes = ((bit<16>)hdr.int_shim.len + 1) << 2;
                 hdr.ipv4.dscp = hdr.int_shim.dscp;
                 hdr.ipv4.total_len = hdr.ipv4.total_len - int_bytes;
                 hdr.udp.len = hdr.udp.len - int_bytes;
@@ -145,11 +144,9 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
                 }
 
                 // The inner packet: from IPv4 to 16 bytes past the INT stack, whole words.
-                bit<16> int_words = (bit<16>)hdr.int_shim.len + 1;
-                bit<16> int_bytes = int_words << 2;
-                bit<16> ip_bytes = (bit<16>)hdr.ipv4.ihl << 2;
-                bit<16> inner_max = ip_bytes + int_bytes;
-                inner_max = inner_max + (8 + REPORT_INNER_PAYLOAD_BYTES);
+                bit<16> int_bytes = ((bit<16>)hdr.int_shim.len + 1) << 2;
+                bit<16> inner_max = ((bit<16>)hdr.ipv4.ihl << 2) + 8 + int_bytes
+                    + REPORT_INNER_PAYLOAD_BYTES;
                 bit<16> inner_len = hdr.ipv4.total_len;
                 if (ARCH_TRUNCATES == 1) {
                     if (inner_len > inner_max) {
@@ -162,15 +159,11 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
                 }
                 // (where the target cannot cut the packet it carries all of it, the last word
                 // perhaps partly)
-                bit<16> inner_words = inner_len + 3;
-                inner_words = inner_words >> 2;
-                bit<16> report_words = inner_words + (bit<16>)md_words;
-                report_words = report_words + 2;
+                bit<16> report_words = 2 + (bit<16>)md_words + ((inner_len + 3) >> 2);
                 if (report_words > 0xFF) {
                     report_words = 0xFF;  // "to the end of the UDP payload"
                 }
                 bit<16> md_bytes = (bit<16>)md_words << 2;
-                bit<16> report_bytes = md_bytes + inner_len;  // after the individual header
 
                 bit<32> seq;
                 REG_EXEC(next_report_seq, 0, seq);
@@ -185,7 +178,7 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
                 hdr.report_ipv4.ihl = 5;
                 hdr.report_ipv4.dscp = 0;
                 hdr.report_ipv4.ecn = 0;
-                hdr.report_ipv4.total_len = report_bytes + (20 + 8 + 8 + 12);
+                hdr.report_ipv4.total_len = 20 + 8 + 8 + 12 + md_bytes + inner_len;
                 hdr.report_ipv4.identification = 0;
                 hdr.report_ipv4.flags = 0b010;  // DF
                 hdr.report_ipv4.frag_offset = 0;
@@ -197,7 +190,7 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
                 hdr.report_udp.setValid();
                 hdr.report_udp.sport = REPORT_UDP_SPORT;
                 hdr.report_udp.dport = md.report_dport;
-                hdr.report_udp.len = report_bytes + (8 + 8 + 12);
+                hdr.report_udp.len = 8 + 8 + 12 + md_bytes + inner_len;
                 hdr.report_udp.checksum = 0;
                 hdr.report_group.setValid();
                 hdr.report_group.ver = REPORT_VERSION;
@@ -218,7 +211,7 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
                 hdr.report_individual.domain_id = hdr.int_md.domain_id;
                 hdr.report_individual.ds_md_bits = 0;
                 hdr.report_individual.ds_md_status = 0;
-                md.truncate_len = (bit<32>)report_bytes + REPORT_HEADERS_BYTES;
+                md.truncate_len = REPORT_HEADERS_BYTES + (bit<32>)md_bytes + (bit<32>)inner_len;
                 COUNT(int_sink_events, INT_SINK_REPORT);
             } else if (md.punt_reason == PUNT_REPORT_UNSENT) {
                 COUNT(int_sink_events, INT_SINK_REPORT_TO_CPU);

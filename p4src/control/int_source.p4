@@ -57,8 +57,7 @@ control IntSourceEgress(inout headers_t hdr, inout local_md_t md) {
     apply {
         if (md.int_source == 1 && md.int_sink == 0 && hdr.udp.isValid()
                 && !hdr.int_shim.isValid()) {
-            bit<32> len_after = (bit<32>)hdr.ipv4.total_len + (bit<32>)INT_HEADERS_BYTES;
-            if (len_after > md.mtu) {
+            if ((bit<32>)hdr.ipv4.total_len + (bit<32>)INT_HEADERS_BYTES > md.mtu) {
                 COUNT(int_source_events, INT_SOURCE_MTU);
             } else {
                 bit<5> words;

@@ -32,12 +32,7 @@ control IntIngressCheck(inout headers_t hdr, inout local_md_t md) {
             } else if (md.int_status == INT_OK) {
                 bit<5> words;
                 hop_words.apply(hdr.int_md.instruction_bitmap, words);
-                // UDP header + shim + MD header and stack: (2 + 1 + shim length) words.
-                // (One operation per statement, and comparisons of plain values: what a
-                // Tofino stage can do, here and in the other feature controls.)
-                bit<16> udp_int_words = (bit<16>)hdr.int_shim.len + 3;
-                bit<16> udp_int_bytes = udp_int_words << 2;
-                if (hdr.udp.len < udp_int_bytes) {
+                if ((bit<32>)hdr.udp.len < 8 + (((bit<32>)hdr.int_shim.len + 1) << 2)) {
                     md.int_status = INT_LEN_PAST_END;
                 } else if (hdr.int_md.hop_ml != words) {
                     md.int_status = INT_BAD_HOP_ML;
@@ -55,12 +50,11 @@ control IntTransitEgress(inout headers_t hdr, inout local_md_t md) {
         if (md.int_status == INT_OK && hdr.int_shim.isValid() && hdr.int_md.isValid()) {
             bit<16> bm = hdr.int_md.instruction_bitmap;
             bit<16> hop_bytes = (bit<16>)hdr.int_md.hop_ml << 2;
-            bit<32> len_after = (bit<32>)hdr.ipv4.total_len + (bit<32>)hop_bytes;
-            bit<16> shim_len_after = (bit<16>)hdr.int_shim.len + (bit<16>)hdr.int_md.hop_ml;
             if (hdr.int_md.remaining_hop_cnt == 0) {
                 hdr.int_md.e = 1;
                 COUNT(int_transit_events, INT_TRANSIT_E_BIT);
-            } else if (len_after > md.mtu || shim_len_after > 255) {
+            } else if ((bit<32>)hdr.ipv4.total_len + (bit<32>)hop_bytes > md.mtu
+                    || (bit<16>)hdr.int_shim.len + (bit<16>)hdr.int_md.hop_ml > 255) {
                 // No room: in the port's MTU, or in the 8-bit shim length.
                 hdr.int_md.m = 1;
                 COUNT(int_transit_events, INT_TRANSIT_M_BIT);
