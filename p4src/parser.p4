@@ -55,9 +55,16 @@ parser XingmaiParser(packet_in pkt, inout headers_t hdr, inout local_md_t md)
     }
 
     state parse_ipv4_options {
+#if IPV4_OPTIONS_PARSED
         pkt.extract(hdr.ipv4_options, ((bit<32>)hdr.ipv4.ihl - 5) << 5);
         IPV4_CHECKSUM_ADD(hdr.ipv4_options)
         transition parse_l4;
+#else
+        // Not parsed where the parse depth is kept for the INT stack (TNA): the packet is
+        // dropped at ingress (DROP_IPV4_OPTIONS), its checksum could not be recomputed.
+        md.ipv4_options_unparsed = 1;
+        transition accept;
+#endif
     }
 
     state parse_l4 {

@@ -69,7 +69,6 @@ control XingmaiIngress(inout headers_t hdr, inout local_md_t md,
 
     apply {
         md.ingress_ts = (bit<64>)sm.ingress_global_timestamp * 1000;
-        md.parser_error = (bit<1>)(sm.parser_error != error.NoError);
         md.checksum_error = sm.checksum_error == 1;
 
         packet_io.apply(hdr, md);

@@ -37,7 +37,7 @@ control EgressConfig(inout headers_t hdr, inout local_md_t md) {
 
     action set_port_config(bit<32> tx_util_mult, bit<16> mtu) {
         md.tx_util_mult = tx_util_mult;
-        md.mtu = (bit<32>)mtu;
+        md.mtu = mtu;
     }
 
     table port_config {
@@ -60,11 +60,11 @@ control EgressConfig(inout headers_t hdr, inout local_md_t md) {
         enq_bytes.apply(md.enq_qdepth, md.qdepth_unit, md.enq_qdepth_bytes);
         deq_bytes.apply(md.deq_qdepth, md.qdepth_unit, md.deq_qdepth_bytes);
         // INT's 24-bit occupancy; all-ones would read as "not available", so saturate below.
-        if (md.deq_qdepth_bytes > 0xFFFFFE) {
-            md.q_occupancy = 0xFFFFFE;
-        } else {
-            md.q_occupancy = (bit<24>)md.deq_qdepth_bytes;
+        bit<32> q = md.deq_qdepth_bytes;
+        if (q > 0xFFFFFE) {
+            q = 0xFFFFFE;
         }
+        md.q_occupancy = q[23:0];
     }
 }
 

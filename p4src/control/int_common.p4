@@ -17,46 +17,40 @@
     14: set(w3 + w2 + w1);          15: set(w3 + w2 + w1 + w0);
 
 // Words one hop's metadata takes for an instruction bitmap (bit 0 = MSB): bits 4, 5 and 6 are
-// 8-byte units, every other bit a 4-byte unit. A lookup per 4-bit slice and two additions, the
-// form a Tofino stage can compute (no bit counting in its ALUs); the tables are constant and
-// hidden from the control plane.
+// 8-byte units, every other bit a 4-byte unit. A lookup per 4-bit slice, each adding its words
+// to the sum: the form a Tofino stage can compute (no bit counting in its ALUs); the tables
+// are constant and hidden from the control plane.
 control IntHopWords(in bit<16> bitmap, out bit<5> words) {
-    bit<5> w0 = 0;
-    bit<5> w1 = 0;
-    bit<5> w2 = 0;
-    bit<5> w3 = 0;
+    bit<5> sum = 0;
 
-    @hidden action set_w0(bit<5> w) { w0 = w; }
-    @hidden action set_w1(bit<5> w) { w1 = w; }
-    @hidden action set_w2(bit<5> w) { w2 = w; }
-    @hidden action set_w3(bit<5> w) { w3 = w; }
+    @hidden action add_words(bit<5> w) { sum = sum + w; }
 
     @hidden table instruction_words_0_3 {
         key = { bitmap[15:12]: exact; }
-        actions = { set_w0; }
-        const default_action = set_w0(0);
-        const entries = { INT_NIBBLE_WORDS(set_w0, 1, 1, 1, 1) }
+        actions = { add_words; }
+        const default_action = add_words(0);
+        const entries = { INT_NIBBLE_WORDS(add_words, 1, 1, 1, 1) }
     }
 
     @hidden table instruction_words_4_7 {
         key = { bitmap[11:8]: exact; }
-        actions = { set_w1; }
-        const default_action = set_w1(0);
-        const entries = { INT_NIBBLE_WORDS(set_w1, 2, 2, 2, 1) }
+        actions = { add_words; }
+        const default_action = add_words(0);
+        const entries = { INT_NIBBLE_WORDS(add_words, 2, 2, 2, 1) }
     }
 
     @hidden table instruction_words_8_11 {
         key = { bitmap[7:4]: exact; }
-        actions = { set_w2; }
-        const default_action = set_w2(0);
-        const entries = { INT_NIBBLE_WORDS(set_w2, 1, 1, 1, 1) }
+        actions = { add_words; }
+        const default_action = add_words(0);
+        const entries = { INT_NIBBLE_WORDS(add_words, 1, 1, 1, 1) }
     }
 
     @hidden table instruction_words_12_15 {
         key = { bitmap[3:0]: exact; }
-        actions = { set_w3; }
-        const default_action = set_w3(0);
-        const entries = { INT_NIBBLE_WORDS(set_w3, 1, 1, 1, 1) }
+        actions = { add_words; }
+        const default_action = add_words(0);
+        const entries = { INT_NIBBLE_WORDS(add_words, 1, 1, 1, 1) }
     }
 
     apply {
@@ -64,7 +58,7 @@ control IntHopWords(in bit<16> bitmap, out bit<5> words) {
         instruction_words_4_7.apply();
         instruction_words_8_11.apply();
         instruction_words_12_15.apply();
-        words = (w0 + w1) + (w2 + w3);
+        words = sum;
     }
 }
 

@@ -99,11 +99,13 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
                 // it cannot be removed, the packet leaves as it came.
                 COUNT(int_sink_events, INT_SINK_STACK_TOO_LONG);
             } else if (md.int_sink == 1 && hdr.int_shim.isValid()) {
-                bit<16> int_words = (bit<16>)hdr.int_shim.len + 1;  // the shim's word too
-                bit<16> int_bytes = int_words << 2;
+                md.calc.shim_len = (bit<16>)hdr.int_shim.len;
+                md.calc.int_words = md.calc.shim_len + 1;  // the shim's word too
+                md.calc.int_bytes_ip = md.calc.int_words << 2;
+                md.calc.int_bytes_udp = md.calc.int_words << 2;
                 hdr.ipv4.dscp = hdr.int_shim.dscp;
-                hdr.ipv4.total_len = hdr.ipv4.total_len - int_bytes;
-                hdr.udp.len = hdr.udp.len - int_bytes;
+                hdr.ipv4.total_len = hdr.ipv4.total_len - md.calc.int_bytes_ip;
+                hdr.udp.len = hdr.udp.len - md.calc.int_bytes_udp;
                 hdr.int_shim.setInvalid();
                 hdr.int_md.setInvalid();
                 hdr.int_stack.setInvalid();
@@ -115,8 +117,8 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
                 // The sink's own metadata: the packet's instruction bits this sink gives, each
                 // the size it has in a hop record.
                 bit<16> rep_bits = hdr.int_md.instruction_bitmap & REPORT_MD_SUPPORTED;
-                bit<5> md_words;
-                md_words_of.apply(rep_bits, md_words);
+                md_words_of.apply(rep_bits, md.calc.md_words);
+                md.calc.md_words_16 = (bit<16>)md.calc.md_words;
                 if (rep_bits[14:14] == 1) {
                     hdr.report_md.l1_port_ids.setValid();
                     hdr.report_md.l1_port_ids.ingress_port_id = (bit<16>)md.ingress_port;
@@ -162,15 +164,17 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
                 }
                 // (where the target cannot cut the packet it carries all of it, the last word
                 // perhaps partly)
-                bit<16> inner_words = inner_len + 3;
-                inner_words = inner_words >> 2;
-                bit<16> report_words = inner_words + (bit<16>)md_words;
-                report_words = report_words + 2;
-                if (report_words > 0xFF) {
-                    report_words = 0xFF;  // "to the end of the UDP payload"
+                md.calc.inner_words = inner_len + 3;
+                md.calc.inner_words = md.calc.inner_words >> 2;
+                md.calc.report_words = md.calc.inner_words + md.calc.md_words_16;
+                md.calc.report_words = md.calc.report_words + 2;
+                if (md.calc.report_words > 0xFF) {
+                    md.calc.report_words = 0xFF;  // "to the end of the UDP payload"
                 }
-                bit<16> md_bytes = (bit<16>)md_words << 2;
-                bit<16> report_bytes = md_bytes + inner_len;  // after the individual header
+                md.calc.md_bytes = md.calc.md_words_16 << 2;
+                md.calc.report_bytes = md.calc.md_bytes + inner_len;  // after the individual header
+                md.calc.report_ip_len = md.calc.report_bytes + (20 + 8 + 8 + 12);
+                md.calc.report_udp_len = md.calc.report_bytes + (8 + 8 + 12);
 
                 bit<32> seq;
                 REG_EXEC(next_report_seq, 0, seq);
@@ -185,7 +189,7 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
                 hdr.report_ipv4.ihl = 5;
                 hdr.report_ipv4.dscp = 0;
                 hdr.report_ipv4.ecn = 0;
-                hdr.report_ipv4.total_len = report_bytes + (20 + 8 + 8 + 12);
+                hdr.report_ipv4.total_len = md.calc.report_ip_len;
                 hdr.report_ipv4.identification = 0;
                 hdr.report_ipv4.flags = 0b010;  // DF
                 hdr.report_ipv4.frag_offset = 0;
@@ -197,7 +201,7 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
                 hdr.report_udp.setValid();
                 hdr.report_udp.sport = REPORT_UDP_SPORT;
                 hdr.report_udp.dport = md.report_dport;
-                hdr.report_udp.len = report_bytes + (8 + 8 + 12);
+                hdr.report_udp.len = md.calc.report_udp_len;
                 hdr.report_udp.checksum = 0;
                 hdr.report_group.setValid();
                 hdr.report_group.ver = REPORT_VERSION;
@@ -207,8 +211,8 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
                 hdr.report_individual.setValid();
                 hdr.report_individual.rep_type = REPORT_TYPE_INT;
                 hdr.report_individual.in_type = REPORT_IN_TYPE_IPV4;
-                hdr.report_individual.report_len = (bit<8>)report_words;
-                hdr.report_individual.md_len = (bit<8>)md_words;
+                hdr.report_individual.report_len = (bit<8>)md.calc.report_words;
+                hdr.report_individual.md_len = (bit<8>)md.calc.md_words;
                 hdr.report_individual.d = 0;
                 hdr.report_individual.q = 0;
                 hdr.report_individual.f = 1;
@@ -218,7 +222,7 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
                 hdr.report_individual.domain_id = hdr.int_md.domain_id;
                 hdr.report_individual.ds_md_bits = 0;
                 hdr.report_individual.ds_md_status = 0;
-                md.truncate_len = (bit<32>)report_bytes + REPORT_HEADERS_BYTES;
+                md.truncate_len = (bit<32>)md.calc.report_bytes + REPORT_HEADERS_BYTES;
                 COUNT(int_sink_events, INT_SINK_REPORT);
             } else if (md.punt_reason == PUNT_REPORT_UNSENT) {
                 COUNT(int_sink_events, INT_SINK_REPORT_TO_CPU);

@@ -57,12 +57,11 @@ control IntSourceEgress(inout headers_t hdr, inout local_md_t md) {
     apply {
         if (md.int_source == 1 && md.int_sink == 0 && hdr.udp.isValid()
                 && !hdr.int_shim.isValid()) {
-            bit<32> len_after = (bit<32>)hdr.ipv4.total_len + (bit<32>)INT_HEADERS_BYTES;
-            if (len_after > md.mtu) {
+            md.calc.len_after = hdr.ipv4.total_len |+| INT_HEADERS_BYTES;  // saturates at NO_MTU
+            if (md.calc.len_after > md.mtu) {
                 COUNT(int_source_events, INT_SOURCE_MTU);
             } else {
-                bit<5> words;
-                hop_words.apply(md.int_source_bitmap, words);
+                hop_words.apply(md.int_source_bitmap, md.calc.md_words);
                 hdr.int_shim.setValid();
                 hdr.int_shim.int_type = INT_TYPE_MD;
                 hdr.int_shim.npt = 0;
@@ -77,7 +76,7 @@ control IntSourceEgress(inout headers_t hdr, inout local_md_t md) {
                 hdr.int_md.e = 0;
                 hdr.int_md.m = 0;
                 hdr.int_md.rsvd = 0;
-                hdr.int_md.hop_ml = words;
+                hdr.int_md.hop_ml = md.calc.md_words;
                 hdr.int_md.remaining_hop_cnt = md.int_source_hop_budget;
                 hdr.int_md.instruction_bitmap = md.int_source_bitmap;
                 hdr.int_md.domain_id = md.int_source_domain_id;

@@ -30,16 +30,16 @@ control IntIngressCheck(inout headers_t hdr, inout local_md_t md) {
                     md.int_status = INT_TRUNCATED;
                 }
             } else if (md.int_status == INT_OK) {
-                bit<5> words;
-                hop_words.apply(hdr.int_md.instruction_bitmap, words);
+                hop_words.apply(hdr.int_md.instruction_bitmap, md.calc.md_words);
                 // UDP header + shim + MD header and stack: (2 + 1 + shim length) words.
                 // (One operation per statement, and comparisons of plain values: what a
                 // Tofino stage can do, here and in the other feature controls.)
-                bit<16> udp_int_words = (bit<16>)hdr.int_shim.len + 3;
-                bit<16> udp_int_bytes = udp_int_words << 2;
-                if (hdr.udp.len < udp_int_bytes) {
+                md.calc.shim_len = (bit<16>)hdr.int_shim.len;
+                md.calc.int_words = md.calc.shim_len + 3;
+                md.calc.int_bytes_udp = md.calc.int_words << 2;
+                if (hdr.udp.len < md.calc.int_bytes_udp) {
                     md.int_status = INT_LEN_PAST_END;
-                } else if (hdr.int_md.hop_ml != words) {
+                } else if (hdr.int_md.hop_ml != md.calc.md_words) {
                     md.int_status = INT_BAD_HOP_ML;
                 }
             }
@@ -54,13 +54,20 @@ control IntTransitEgress(inout headers_t hdr, inout local_md_t md) {
     apply {
         if (md.int_status == INT_OK && hdr.int_shim.isValid() && hdr.int_md.isValid()) {
             bit<16> bm = hdr.int_md.instruction_bitmap;
-            bit<16> hop_bytes = (bit<16>)hdr.int_md.hop_ml << 2;
-            bit<32> len_after = (bit<32>)hdr.ipv4.total_len + (bit<32>)hop_bytes;
-            bit<16> shim_len_after = (bit<16>)hdr.int_shim.len + (bit<16>)hdr.int_md.hop_ml;
+            // The lengths after a push, each computed on its own (a Tofino ALU adds aligned
+            // operands: a value used in two sums of differently placed fields would need a
+            // copy in the same stage). The IPv4 length saturates at NO_MTU.
+            md.calc.hop_words = (bit<16>)hdr.int_md.hop_ml;
+            md.calc.int_bytes_ip = md.calc.hop_words << 2;
+            md.calc.int_bytes_udp = md.calc.hop_words << 2;
+            md.calc.len_after = hdr.ipv4.total_len |+| md.calc.int_bytes_ip;
+            md.calc.udp_len_after = hdr.udp.len + md.calc.int_bytes_udp;
+            md.calc.hop_ml = (bit<8>)hdr.int_md.hop_ml;
+            md.calc.shim_room = 255 - hdr.int_shim.len;
             if (hdr.int_md.remaining_hop_cnt == 0) {
                 hdr.int_md.e = 1;
                 COUNT(int_transit_events, INT_TRANSIT_E_BIT);
-            } else if (len_after > md.mtu || shim_len_after > 255) {
+            } else if (md.calc.len_after > md.mtu || md.calc.hop_ml > md.calc.shim_room) {
                 // No room: in the port's MTU, or in the 8-bit shim length.
                 hdr.int_md.m = 1;
                 COUNT(int_transit_events, INT_TRANSIT_M_BIT);
@@ -137,9 +144,9 @@ control IntTransitEgress(inout headers_t hdr, inout local_md_t md) {
                     hdr.int_hop.checksum.value = 0xFFFFFFFF;
                 }
                 hdr.int_md.remaining_hop_cnt = hdr.int_md.remaining_hop_cnt - 1;
-                hdr.int_shim.len = hdr.int_shim.len + (bit<8>)hdr.int_md.hop_ml;
-                hdr.ipv4.total_len = hdr.ipv4.total_len + hop_bytes;
-                hdr.udp.len = hdr.udp.len + hop_bytes;
+                hdr.int_shim.len = hdr.int_shim.len + md.calc.hop_ml;
+                hdr.ipv4.total_len = md.calc.len_after;
+                hdr.udp.len = md.calc.udp_len_after;
                 hdr.udp.checksum = 0;
                 COUNT(int_transit_events, INT_TRANSIT_PUSHED);
             }

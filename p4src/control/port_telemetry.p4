@@ -34,7 +34,9 @@ control PortTelemetryEgress(inout headers_t hdr, inout local_md_t md) {
     REGISTER(bit<32>, tx_util_mult_last, PORT_SPACE);
     REGISTER(bit<32>, last_hop_latency, PORT_SPACE);
     REGISTER(bit<32>, last_queue, PORT_SPACE);       // queue id + occupancy, as in INT
-    REGISTER(bit<64>, last_egress_ts, PORT_SPACE);
+    // (a stateful ALU is 32 bits wide: the 64-bit egress time is kept in two halves)
+    REGISTER(bit<32>, last_egress_ts_hi, PORT_SPACE);
+    REGISTER(bit<32>, last_egress_ts_lo, PORT_SPACE);
 
     MulShr16() bytes_to_util;
     MulShr16() sink_bytes_to_util;
@@ -45,6 +47,8 @@ control PortTelemetryEgress(inout headers_t hdr, inout local_md_t md) {
     bit<32> util_new = 0;        // utilization of the port's stored window, which just ended
     bit<32> hop_latency = 0;
     bit<32> queue = 0;
+    bit<32> egress_ts_hi = 0;
+    bit<32> egress_ts_lo = 0;
 
     // tx_window: the port's current window number.
     REG_ACTION(tx_window, bit<32>, bit<32>, tx_window_update,
@@ -85,10 +89,15 @@ control PortTelemetryEgress(inout headers_t hdr, inout local_md_t md) {
         value = queue;)
     REG_ACTION(last_queue, bit<32>, bit<32>, last_queue_read,
         rv = value;)
-    REG_ACTION(last_egress_ts, bit<64>, bit<64>, last_egress_ts_write,
+    REG_ACTION(last_egress_ts_hi, bit<32>, bit<32>, last_egress_ts_hi_write,
         rv = value;
-        value = md.egress_ts;)
-    REG_ACTION(last_egress_ts, bit<64>, bit<64>, last_egress_ts_read,
+        value = egress_ts_hi;)
+    REG_ACTION(last_egress_ts_hi, bit<32>, bit<32>, last_egress_ts_hi_read,
+        rv = value;)
+    REG_ACTION(last_egress_ts_lo, bit<32>, bit<32>, last_egress_ts_lo_write,
+        rv = value;
+        value = egress_ts_lo;)
+    REG_ACTION(last_egress_ts_lo, bit<32>, bit<32>, last_egress_ts_lo_read,
         rv = value;)
 
     apply {
@@ -113,7 +122,11 @@ control PortTelemetryEgress(inout headers_t hdr, inout local_md_t md) {
             }
             REG_EXEC(last_hop_latency_read, sink, md.sink_hop_latency);
             REG_EXEC(last_queue_read, sink, md.sink_queue);
-            REG_EXEC(last_egress_ts_read, sink, md.sink_egress_ts);
+            bit<32> sink_ts_hi;
+            bit<32> sink_ts_lo;
+            REG_EXEC(last_egress_ts_hi_read, sink, sink_ts_hi);
+            REG_EXEC(last_egress_ts_lo_read, sink, sink_ts_lo);
+            md.sink_egress_ts = sink_ts_hi ++ sink_ts_lo;
         }
 #ifndef ARCH_V1MODEL
         // A register is accessed once per packet on Tofino: a report clone, which read the
@@ -144,10 +157,12 @@ control PortTelemetryEgress(inout headers_t hdr, inout local_md_t md) {
             if (md.pkt_kind == PKT_NORMAL) {
                 hop_latency = (bit<32>)md.egress_ts - (bit<32>)md.ingress_ts;
                 queue = md.qid ++ md.q_occupancy;
-                bit<64> unused64;
                 REG_EXEC(last_hop_latency_write, port, unused);
                 REG_EXEC(last_queue_write, port, unused);
-                REG_EXEC(last_egress_ts_write, port, unused64);
+                egress_ts_hi = md.egress_ts[63:32];
+                egress_ts_lo = md.egress_ts[31:0];
+                REG_EXEC(last_egress_ts_hi_write, port, unused);
+                REG_EXEC(last_egress_ts_lo_write, port, unused);
             }
         }
     }

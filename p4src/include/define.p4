@@ -80,6 +80,7 @@ const bit<8> DROP_TTL_EXPIRED = 5;
 const bit<8> DROP_NO_NEXT_HOP = 6;
 const bit<8> DROP_ACL = 7;
 const bit<8> DROP_PACKET_OUT_BAD_PORT = 8;
+const bit<8> DROP_IPV4_OPTIONS = 9;      // TNA only: IPv4 options are not parsed
 const bit<32> DROP_REASONS = 16;
 
 // ---- packet-in reasons -----------------------------------------------------------------------
@@ -100,6 +101,6 @@ const bit<2> PKT_OTHER = 2;              // replicas, recirculated packets: not 
 // switch (switch_config) so that a window holds several frames at the ports' speed; without
 // it, 2^TX_UTIL_WINDOW_SHIFT ns (~1.05 ms).
 #define TX_UTIL_WINDOW_SHIFT 20
-const bit<32> NO_MTU = 0xFFFFFFFF;
+const bit<16> NO_MTU = 0xFFFF;  // lengths saturate at it: never exceeded
 
 #endif

@@ -52,6 +52,9 @@ typedef bit<9> port_t;
 #define ECMP_SELECTOR(name, size) action_selector(HashAlgorithm.crc16, (bit<32>)(size), 32w16) name
 #define ECMP_IMPLEMENTATION(name) name
 
+// IPv4 options are parsed (and covered by the checksum).
+#define IPV4_OPTIONS_PARSED 1
+
 // INT stack words the parser can hold: all of them (the 8-bit shim length less the MD header).
 #define INT_STACK_MAX_WORDS 252
 
