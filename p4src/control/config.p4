@@ -52,19 +52,29 @@ control EgressConfig(inout headers_t hdr, inout local_md_t md) {
         size = PORT_TABLE_SIZE;
     }
 
+    // The ports as INT, reports and packet-ins carry them (16 bits), for every feature.
+    @hidden action ports_16() {
+        md.calc.ingress_port_16 = (bit<16>)md.ingress_port;
+        md.calc.egress_port_16 = (bit<16>)md.egress_port;
+        md.calc.sink_port_16 = (bit<16>)md.report_sink_port;
+    }
+    @hidden action occupancy() { md.q_occupancy = md.deq_qdepth_bytes[23:0]; }
+    @hidden action occupancy_saturated() { md.q_occupancy = 0xFFFFFE; }
+
     apply {
         md.mtu = NO_MTU;
         md.tx_util_mult = 0;
+        ports_16();
         switch_config.apply();
         port_config.apply();
         enq_bytes.apply(md.enq_qdepth, md.qdepth_unit, md.enq_qdepth_bytes);
         deq_bytes.apply(md.deq_qdepth, md.qdepth_unit, md.deq_qdepth_bytes);
         // INT's 24-bit occupancy; all-ones would read as "not available", so saturate below.
-        bit<32> q = md.deq_qdepth_bytes;
-        if (q > 0xFFFFFE) {
-            q = 0xFFFFFE;
+        if (md.deq_qdepth_bytes > 0xFFFFFE) {
+            occupancy_saturated();
+        } else {
+            occupancy();
         }
-        md.q_occupancy = q[23:0];
     }
 }
 

@@ -87,6 +87,40 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
     COUNTER(int_sink_events, INT_EVENTS_SIZE);
     REGISTER(bit<32>, report_seq, 1);
     IntHopWords() md_words_of;
+
+    // The stripped packet's lengths (the shim's own word too), one step per action.
+    @hidden action strip_words() {
+        md.calc.shim_len = (bit<16>)hdr.int_shim.len;
+    }
+    @hidden action strip_words_plus_shim() { md.calc.int_words = md.calc.shim_len + 1; }
+    @hidden action strip_bytes() {
+        md.calc.int_bytes_ip = md.calc.int_words << 2;
+        md.calc.int_bytes_udp = md.calc.int_words << 2;
+    }
+
+    // The report's metadata: the packet's instruction bits this sink gives.
+    @hidden action report_md_bits() {
+        md.calc.rep_bits = hdr.int_md.instruction_bitmap & REPORT_MD_SUPPORTED;
+    }
+
+    // The report's lengths.
+    @hidden action report_len_1() {
+        md.calc.md_words_16 = (bit<16>)md.calc.md_words;
+        md.calc.inner_words = md.calc.inner_len + 3;
+    }
+    @hidden action report_len_2() {
+        md.calc.inner_words = md.calc.inner_words >> 2;
+        md.calc.md_bytes = md.calc.md_words_16 << 2;
+    }
+    @hidden action report_len_3() {
+        md.calc.report_words = md.calc.inner_words + md.calc.md_words_16;
+        md.calc.report_bytes = md.calc.md_bytes + md.calc.inner_len;  // after the individual header
+    }
+    @hidden action report_len_4() {
+        md.calc.report_words = md.calc.report_words + 2;
+        md.calc.report_ip_len = md.calc.report_bytes + (20 + 8 + 8 + 12);
+        md.calc.report_udp_len = md.calc.report_bytes + (8 + 8 + 12);
+    }
     REG_ACTION(report_seq, bit<32>, bit<32>, next_report_seq,
         rv = value;
         value = value + 1;)
@@ -99,10 +133,9 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
                 // it cannot be removed, the packet leaves as it came.
                 COUNT(int_sink_events, INT_SINK_STACK_TOO_LONG);
             } else if (md.int_sink == 1 && hdr.int_shim.isValid()) {
-                md.calc.shim_len = (bit<16>)hdr.int_shim.len;
-                md.calc.int_words = md.calc.shim_len + 1;  // the shim's word too
-                md.calc.int_bytes_ip = md.calc.int_words << 2;
-                md.calc.int_bytes_udp = md.calc.int_words << 2;
+                strip_words();
+                strip_words_plus_shim();
+                strip_bytes();
                 hdr.ipv4.dscp = hdr.int_shim.dscp;
                 hdr.ipv4.total_len = hdr.ipv4.total_len - md.calc.int_bytes_ip;
                 hdr.udp.len = hdr.udp.len - md.calc.int_bytes_udp;
@@ -116,32 +149,31 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
             if (md.report == 1 && hdr.int_md.isValid()) {
                 // The sink's own metadata: the packet's instruction bits this sink gives, each
                 // the size it has in a hop record.
-                bit<16> rep_bits = hdr.int_md.instruction_bitmap & REPORT_MD_SUPPORTED;
-                md_words_of.apply(rep_bits, md.calc.md_words);
-                md.calc.md_words_16 = (bit<16>)md.calc.md_words;
-                if (rep_bits[14:14] == 1) {
+                report_md_bits();
+                md_words_of.apply(md.calc.rep_bits, md.calc.md_words);
+                if (md.calc.rep_bits[14:14] == 1) {
                     hdr.report_md.l1_port_ids.setValid();
-                    hdr.report_md.l1_port_ids.ingress_port_id = (bit<16>)md.ingress_port;
-                    hdr.report_md.l1_port_ids.egress_port_id = (bit<16>)md.report_sink_port;
+                    hdr.report_md.l1_port_ids.ingress_port_id = md.calc.ingress_port_16;
+                    hdr.report_md.l1_port_ids.egress_port_id = md.calc.sink_port_16;
                 }
-                if (rep_bits[13:13] == 1) {
+                if (md.calc.rep_bits[13:13] == 1) {
                     hdr.report_md.hop_latency.setValid();
                     hdr.report_md.hop_latency.hop_latency = md.sink_hop_latency;
                 }
-                if (rep_bits[12:12] == 1) {
+                if (md.calc.rep_bits[12:12] == 1) {
                     hdr.report_md.q_occupancy.setValid();
                     hdr.report_md.q_occupancy.q_id = md.sink_queue[31:24];
                     hdr.report_md.q_occupancy.q_occupancy = md.sink_queue[23:0];
                 }
-                if (rep_bits[11:11] == 1) {
+                if (md.calc.rep_bits[11:11] == 1) {
                     hdr.report_md.ingress_tstamp.setValid();
                     hdr.report_md.ingress_tstamp.ns = md.ingress_ts;
                 }
-                if (rep_bits[10:10] == 1) {
+                if (md.calc.rep_bits[10:10] == 1) {
                     hdr.report_md.egress_tstamp.setValid();
                     hdr.report_md.egress_tstamp.ns = md.sink_egress_ts;
                 }
-                if (rep_bits[8:8] == 1) {
+                if (md.calc.rep_bits[8:8] == 1) {
                     hdr.report_md.tx_util.setValid();
                     hdr.report_md.tx_util.tx_util = md.sink_tx_util;
                 }
@@ -152,29 +184,25 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
                 bit<16> ip_bytes = (bit<16>)hdr.ipv4.ihl << 2;
                 bit<16> inner_max = ip_bytes + int_bytes;
                 inner_max = inner_max + (8 + REPORT_INNER_PAYLOAD_BYTES);
-                bit<16> inner_len = hdr.ipv4.total_len;
+                md.calc.inner_len = hdr.ipv4.total_len;
                 if (ARCH_TRUNCATES == 1) {
-                    if (inner_len > inner_max) {
-                        inner_len = inner_max;
+                    if (md.calc.inner_len > inner_max) {
+                        md.calc.inner_len = inner_max;
                     }
-                    if ((bit<32>)inner_len > md.pkt_len - 14) {
-                        inner_len = (bit<16>)(md.pkt_len - 14);
+                    if ((bit<32>)md.calc.inner_len > md.pkt_len - 14) {
+                        md.calc.inner_len = (bit<16>)(md.pkt_len - 14);
                     }
-                    inner_len = inner_len & 0xFFFC;
+                    md.calc.inner_len = md.calc.inner_len & 0xFFFC;
                 }
                 // (where the target cannot cut the packet it carries all of it, the last word
                 // perhaps partly)
-                md.calc.inner_words = inner_len + 3;
-                md.calc.inner_words = md.calc.inner_words >> 2;
-                md.calc.report_words = md.calc.inner_words + md.calc.md_words_16;
-                md.calc.report_words = md.calc.report_words + 2;
+                report_len_1();
+                report_len_2();
+                report_len_3();
+                report_len_4();
                 if (md.calc.report_words > 0xFF) {
                     md.calc.report_words = 0xFF;  // "to the end of the UDP payload"
                 }
-                md.calc.md_bytes = md.calc.md_words_16 << 2;
-                md.calc.report_bytes = md.calc.md_bytes + inner_len;  // after the individual header
-                md.calc.report_ip_len = md.calc.report_bytes + (20 + 8 + 8 + 12);
-                md.calc.report_udp_len = md.calc.report_bytes + (8 + 8 + 12);
 
                 bit<32> seq;
                 REG_EXEC(next_report_seq, 0, seq);
@@ -218,7 +246,7 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
                 hdr.report_individual.f = 1;
                 hdr.report_individual.i = 0;
                 hdr.report_individual.rsvd = 0;
-                hdr.report_individual.rep_md_bits = rep_bits;
+                hdr.report_individual.rep_md_bits = md.calc.rep_bits;
                 hdr.report_individual.domain_id = hdr.int_md.domain_id;
                 hdr.report_individual.ds_md_bits = 0;
                 hdr.report_individual.ds_md_status = 0;

@@ -54,10 +54,14 @@ control IntSourceEgress(inout headers_t hdr, inout local_md_t md) {
     COUNTER(int_source_events, INT_EVENTS_SIZE);
     IntHopWords() hop_words;
 
+    @hidden action length_after() {
+        md.calc.len_after = hdr.ipv4.total_len |+| INT_HEADERS_BYTES;  // saturates at NO_MTU
+    }
+
     apply {
         if (md.int_source == 1 && md.int_sink == 0 && hdr.udp.isValid()
                 && !hdr.int_shim.isValid()) {
-            md.calc.len_after = hdr.ipv4.total_len |+| INT_HEADERS_BYTES;  // saturates at NO_MTU
+            length_after();
             if (md.calc.len_after > md.mtu) {
                 COUNT(int_source_events, INT_SOURCE_MTU);
             } else {

@@ -19,6 +19,11 @@ control IntIngressCheck(inout headers_t hdr, inout local_md_t md) {
     COUNTER(int_status, INT_STATUS_COUNT);
     IntHopWords() hop_words;
 
+    // UDP header + shim + MD header and stack: (2 + 1 + shim length) words.
+    @hidden action shim_len_16() { md.calc.shim_len = (bit<16>)hdr.int_shim.len; }
+    @hidden action udp_int_words() { md.calc.int_words = md.calc.shim_len + 3; }
+    @hidden action udp_int_bytes() { md.calc.int_bytes_udp = md.calc.int_words << 2; }
+
     apply {
         if (hdr.udp.isValid() && hdr.ipv4.dscp == INT_DSCP) {
             if (md.int_status == INT_NONE) {
@@ -31,12 +36,9 @@ control IntIngressCheck(inout headers_t hdr, inout local_md_t md) {
                 }
             } else if (md.int_status == INT_OK) {
                 hop_words.apply(hdr.int_md.instruction_bitmap, md.calc.md_words);
-                // UDP header + shim + MD header and stack: (2 + 1 + shim length) words.
-                // (One operation per statement, and comparisons of plain values: what a
-                // Tofino stage can do, here and in the other feature controls.)
-                md.calc.shim_len = (bit<16>)hdr.int_shim.len;
-                md.calc.int_words = md.calc.shim_len + 3;
-                md.calc.int_bytes_udp = md.calc.int_words << 2;
+                shim_len_16();
+                udp_int_words();
+                udp_int_bytes();
                 if (hdr.udp.len < md.calc.int_bytes_udp) {
                     md.int_status = INT_LEN_PAST_END;
                 } else if (hdr.int_md.hop_ml != md.calc.md_words) {
@@ -51,19 +53,28 @@ control IntIngressCheck(inout headers_t hdr, inout local_md_t md) {
 control IntTransitEgress(inout headers_t hdr, inout local_md_t md) {
     COUNTER(int_transit_events, INT_EVENTS_SIZE);
 
+    // The lengths after a push, one step per action (a Tofino ALU adds aligned operands: each
+    // length field gets its own copy of the record size). The IPv4 length saturates at NO_MTU.
+    @hidden action record_size() {
+        md.calc.hop_words = (bit<16>)hdr.int_md.hop_ml;
+        md.calc.hop_ml = (bit<8>)hdr.int_md.hop_ml;
+        md.calc.shim_room = 255 - hdr.int_shim.len;
+    }
+    @hidden action record_bytes() {
+        md.calc.int_bytes_ip = md.calc.hop_words << 2;
+        md.calc.int_bytes_udp = md.calc.hop_words << 2;
+    }
+    @hidden action lengths_after() {
+        md.calc.len_after = hdr.ipv4.total_len |+| md.calc.int_bytes_ip;
+        md.calc.udp_len_after = hdr.udp.len + md.calc.int_bytes_udp;
+    }
+
     apply {
         if (md.int_status == INT_OK && hdr.int_shim.isValid() && hdr.int_md.isValid()) {
             bit<16> bm = hdr.int_md.instruction_bitmap;
-            // The lengths after a push, each computed on its own (a Tofino ALU adds aligned
-            // operands: a value used in two sums of differently placed fields would need a
-            // copy in the same stage). The IPv4 length saturates at NO_MTU.
-            md.calc.hop_words = (bit<16>)hdr.int_md.hop_ml;
-            md.calc.int_bytes_ip = md.calc.hop_words << 2;
-            md.calc.int_bytes_udp = md.calc.hop_words << 2;
-            md.calc.len_after = hdr.ipv4.total_len |+| md.calc.int_bytes_ip;
-            md.calc.udp_len_after = hdr.udp.len + md.calc.int_bytes_udp;
-            md.calc.hop_ml = (bit<8>)hdr.int_md.hop_ml;
-            md.calc.shim_room = 255 - hdr.int_shim.len;
+            record_size();
+            record_bytes();
+            lengths_after();
             if (hdr.int_md.remaining_hop_cnt == 0) {
                 hdr.int_md.e = 1;
                 COUNT(int_transit_events, INT_TRANSIT_E_BIT);
@@ -78,8 +89,8 @@ control IntTransitEgress(inout headers_t hdr, inout local_md_t md) {
                 }
                 if (bm[14:14] == 1) {
                     hdr.int_hop.l1_port_ids.setValid();
-                    hdr.int_hop.l1_port_ids.ingress_port_id = (bit<16>)md.ingress_port;
-                    hdr.int_hop.l1_port_ids.egress_port_id = (bit<16>)md.egress_port;
+                    hdr.int_hop.l1_port_ids.ingress_port_id = md.calc.ingress_port_16;
+                    hdr.int_hop.l1_port_ids.egress_port_id = md.calc.egress_port_16;
                 }
                 if (bm[13:13] == 1) {
                     hdr.int_hop.hop_latency.setValid();

@@ -214,11 +214,15 @@ struct headers_t {
 }
 
 // ---- project metadata ------------------------------------------------------------------------
-// Values the feature controls compute in one statement and use in a later one. They live in
-// metadata rather than in locals because the compiler folds a local back into the expression
-// that reads it, and a Tofino stage does one operation per field: a chain of steps must stay a
-// chain of statements.
+// Values the feature controls compute in one step and use in a later one. A Tofino stage does
+// one operation per field and bf-p4c puts consecutive statements into one action, so a chain
+// of computations is a chain of action calls (one stage each), and what passes between them is
+// metadata.
 struct calc_md_t {
+    bit<16> ingress_port_16;     // ports as INT and packet-in carry them
+    bit<16> egress_port_16;
+    bit<16> sink_port_16;
+    bit<16> rep_bits;            // the report metadata a sink gives (RepMdBits)
     bit<16> shim_len;            // the INT shim length, 16 bits wide
     bit<16> int_words;           // words of INT the packet carries (shim included)
     bit<16> int_bytes_ip;        // the same in bytes, once per length field it changes
@@ -231,6 +235,7 @@ struct calc_md_t {
     bit<5> md_words;             // the sink's report metadata size
     bit<16> md_words_16;
     bit<16> md_bytes;
+    bit<16> inner_len;
     bit<16> inner_words;
     bit<16> report_words;
     bit<16> report_bytes;

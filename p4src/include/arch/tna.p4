@@ -144,19 +144,29 @@ control MulShr16(in bit<32> x, in bit<32> m, out bit<32> y) {
 // Bytes a queue depth stands for: Tofino counts queues in cells of 80 bytes (Tofino 2: 176);
 // qdepth_unit is not needed.
 control QueueBytes(in bit<32> depth, in bit<32> unit, out bit<32> bytes) {
-    apply {
 #if __TARGET_TOFINO__ == 2
-        bit<32> b128 = depth << 7;
-        bit<32> b32 = depth << 5;
-        bit<32> b16 = depth << 4;
-        bit<32> b160 = b128 + b32;
-        bytes = b160 + b16;
-#else
-        bit<32> b64 = depth << 6;
-        bit<32> b16 = depth << 4;
-        bytes = b64 + b16;
-#endif
+    bit<32> b128 = 0;
+    bit<32> b32 = 0;
+    bit<32> b16 = 0;
+    bit<32> b160 = 0;
+    @hidden action shifts() { b128 = depth << 7; b32 = depth << 5; b16 = depth << 4; }
+    @hidden action sum_1() { b160 = b128 + b32; }
+    @hidden action sum_2() { bytes = b160 + b16; }
+    apply {
+        shifts();
+        sum_1();
+        sum_2();
     }
+#else
+    bit<32> b64 = 0;
+    bit<32> b16 = 0;
+    @hidden action shifts() { b64 = depth << 6; b16 = depth << 4; }
+    @hidden action sum() { bytes = b64 + b16; }
+    apply {
+        shifts();
+        sum();
+    }
+#endif
 }
 
 // The number of the 2^shift ns window a timestamp (ns) falls in (its low 32 bits): one action
