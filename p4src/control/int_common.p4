@@ -20,10 +20,12 @@
 // 8-byte units, every other bit a 4-byte unit. A lookup per 4-bit slice, each adding its words
 // to the sum: the form a Tofino stage can compute (no bit counting in its ALUs); the tables
 // are constant and hidden from the control plane.
-control IntHopWords(in bit<16> bitmap, out bit<5> words) {
-    bit<5> sum = 0;
+// The sum is 16 bits wide (at most 19 words): the width of the length fields it is added to, so
+// that Tofino's ALUs add it without zero-extension.
+control IntHopWords(in bit<16> bitmap, out bit<16> words) {
+    bit<16> sum = 0;
 
-    @hidden action add_words(bit<5> w) { sum = sum + w; }
+    @hidden action add_words(bit<16> w) { sum = sum + w; }
 
     @hidden table instruction_words_0_3 {
         key = { bitmap[15:12]: exact; }

@@ -105,15 +105,14 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
 
     // The report's lengths.
     @hidden action report_len_1() {
-        md.calc.md_words_16 = (bit<16>)md.calc.md_words;
         md.calc.inner_words = md.calc.inner_len + 3;
     }
     @hidden action report_len_2() {
         md.calc.inner_words = md.calc.inner_words >> 2;
-        md.calc.md_bytes = md.calc.md_words_16 << 2;
+        md.calc.md_bytes = md.calc.md_words << 2;
     }
     @hidden action report_len_3() {
-        md.calc.report_words = md.calc.inner_words + md.calc.md_words_16;
+        md.calc.report_words = md.calc.inner_words + md.calc.md_words;
         md.calc.report_bytes = md.calc.md_bytes + md.calc.inner_len;  // after the individual header
     }
     @hidden action report_len_4() {
@@ -124,6 +123,70 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
     REG_ACTION(report_seq, bit<32>, bit<32>, next_report_seq,
         rv = value;
         value = value + 1;)
+    bit<32> seq = 0;
+
+    // The report headers. A Tofino action writes a PHV container from at most two sources
+    // (the container itself counting when the action leaves part of it), or one PHV source and
+    // constants: the constant fields are written first, then the header fields copied from
+    // metadata, one action per container they share.
+    @hidden action report_fixed() {
+        hdr.report_ethernet.setValid();
+        hdr.report_ethernet.ether_type = ETHERTYPE_IPV4;
+        hdr.report_ipv4.setValid();
+        hdr.report_ipv4.version = 4;
+        hdr.report_ipv4.ihl = 5;
+        hdr.report_ipv4.dscp = 0;
+        hdr.report_ipv4.ecn = 0;
+        hdr.report_ipv4.identification = 0;
+        hdr.report_ipv4.flags = 0b010;  // DF
+        hdr.report_ipv4.frag_offset = 0;
+        hdr.report_ipv4.ttl = 64;
+        hdr.report_ipv4.protocol = IP_PROTO_UDP;
+        hdr.report_ipv4.hdr_checksum = 0;
+        hdr.report_udp.setValid();
+        hdr.report_udp.sport = REPORT_UDP_SPORT;
+        hdr.report_udp.checksum = 0;
+        hdr.report_group.setValid();
+        hdr.report_group.ver = REPORT_VERSION;
+        hdr.report_individual.setValid();
+        hdr.report_individual.rep_type = REPORT_TYPE_INT;
+        hdr.report_individual.in_type = REPORT_IN_TYPE_IPV4;
+        hdr.report_individual.d = 0;
+        hdr.report_individual.q = 0;
+        hdr.report_individual.f = 1;
+        hdr.report_individual.i = 0;
+        hdr.report_individual.rsvd = 0;
+        hdr.report_individual.ds_md_bits = 0;
+        hdr.report_individual.ds_md_status = 0;
+    }
+    @hidden action report_dst_mac() { hdr.report_ethernet.dst_addr = md.report_dst_mac; }
+    @hidden action report_src_mac() { hdr.report_ethernet.src_addr = md.report_src_mac; }
+    @hidden action report_addresses() {
+        hdr.report_ipv4.src_addr = md.report_src_addr;
+        hdr.report_ipv4.dst_addr = md.report_dst_addr;
+        hdr.report_udp.dport = md.report_dport;
+    }
+    @hidden action report_lengths() {
+        hdr.report_ipv4.total_len = md.calc.report_ip_len;
+        hdr.report_udp.len = md.calc.report_udp_len;
+    }
+    @hidden action report_group_hw_id() { hdr.report_group.hw_id = md.hw_id; }
+    @hidden action report_group_seq_no() {
+        hdr.report_group.seq_no = (bit<22>)seq;
+        hdr.report_group.node_id = md.node_id;
+    }
+    @hidden action report_individual_len() {
+        hdr.report_individual.report_len = (bit<8>)md.calc.report_words;
+    }
+    @hidden action report_individual_md_len() {
+        hdr.report_individual.md_len = (bit<8>)md.calc.md_words;
+    }
+    @hidden action report_individual_md_bits() {
+        hdr.report_individual.rep_md_bits = md.calc.rep_bits;
+    }
+    @hidden action report_individual_domain_id() {
+        hdr.report_individual.domain_id = hdr.int_md.domain_id;
+    }
 
     apply {
         if (md.pkt_kind == PKT_NORMAL) {
@@ -204,52 +267,19 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
                     md.calc.report_words = 0xFF;  // "to the end of the UDP payload"
                 }
 
-                bit<32> seq;
                 REG_EXEC(next_report_seq, 0, seq);
-
                 hdr.ethernet.setInvalid();
-                hdr.report_ethernet.setValid();
-                hdr.report_ethernet.dst_addr = md.report_dst_mac;
-                hdr.report_ethernet.src_addr = md.report_src_mac;
-                hdr.report_ethernet.ether_type = ETHERTYPE_IPV4;
-                hdr.report_ipv4.setValid();
-                hdr.report_ipv4.version = 4;
-                hdr.report_ipv4.ihl = 5;
-                hdr.report_ipv4.dscp = 0;
-                hdr.report_ipv4.ecn = 0;
-                hdr.report_ipv4.total_len = md.calc.report_ip_len;
-                hdr.report_ipv4.identification = 0;
-                hdr.report_ipv4.flags = 0b010;  // DF
-                hdr.report_ipv4.frag_offset = 0;
-                hdr.report_ipv4.ttl = 64;
-                hdr.report_ipv4.protocol = IP_PROTO_UDP;
-                hdr.report_ipv4.hdr_checksum = 0;
-                hdr.report_ipv4.src_addr = md.report_src_addr;
-                hdr.report_ipv4.dst_addr = md.report_dst_addr;
-                hdr.report_udp.setValid();
-                hdr.report_udp.sport = REPORT_UDP_SPORT;
-                hdr.report_udp.dport = md.report_dport;
-                hdr.report_udp.len = md.calc.report_udp_len;
-                hdr.report_udp.checksum = 0;
-                hdr.report_group.setValid();
-                hdr.report_group.ver = REPORT_VERSION;
-                hdr.report_group.hw_id = md.hw_id;
-                hdr.report_group.seq_no = (bit<22>)seq;
-                hdr.report_group.node_id = md.node_id;
-                hdr.report_individual.setValid();
-                hdr.report_individual.rep_type = REPORT_TYPE_INT;
-                hdr.report_individual.in_type = REPORT_IN_TYPE_IPV4;
-                hdr.report_individual.report_len = (bit<8>)md.calc.report_words;
-                hdr.report_individual.md_len = (bit<8>)md.calc.md_words;
-                hdr.report_individual.d = 0;
-                hdr.report_individual.q = 0;
-                hdr.report_individual.f = 1;
-                hdr.report_individual.i = 0;
-                hdr.report_individual.rsvd = 0;
-                hdr.report_individual.rep_md_bits = md.calc.rep_bits;
-                hdr.report_individual.domain_id = hdr.int_md.domain_id;
-                hdr.report_individual.ds_md_bits = 0;
-                hdr.report_individual.ds_md_status = 0;
+                report_fixed();
+                report_dst_mac();
+                report_src_mac();
+                report_addresses();
+                report_lengths();
+                report_group_hw_id();
+                report_group_seq_no();
+                report_individual_len();
+                report_individual_md_len();
+                report_individual_md_bits();
+                report_individual_domain_id();
                 md.truncate_len = (bit<32>)md.calc.report_bytes + REPORT_HEADERS_BYTES;
                 COUNT(int_sink_events, INT_SINK_REPORT);
             } else if (md.punt_reason == PUNT_REPORT_UNSENT) {

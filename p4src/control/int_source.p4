@@ -58,6 +58,34 @@ control IntSourceEgress(inout headers_t hdr, inout local_md_t md) {
         md.calc.len_after = hdr.ipv4.total_len |+| INT_HEADERS_BYTES;  // saturates at NO_MTU
     }
 
+    // The shim and MD header: constants first, then each field copied from metadata in an action of its
+    // own (a Tofino action writes a container from one PHV source and constants, or two PHV
+    // sources, the container itself counting when part of it is left).
+    @hidden action shim_fixed() {
+        hdr.int_shim.setValid();
+        hdr.int_shim.int_type = INT_TYPE_MD;
+        hdr.int_shim.npt = 0;
+        hdr.int_shim.rsvd = 0;
+        hdr.int_shim.len = INT_MD_WORDS;
+        hdr.int_shim.rsvd2 = 0;
+        hdr.int_shim.rsvd3 = 0;
+    }
+    @hidden action shim_dscp() { hdr.int_shim.dscp = hdr.ipv4.dscp; }
+    @hidden action md_fixed() {
+        hdr.int_md.setValid();
+        hdr.int_md.ver = INT_VERSION;
+        hdr.int_md.d = 0;
+        hdr.int_md.e = 0;
+        hdr.int_md.m = 0;
+        hdr.int_md.rsvd = 0;
+        hdr.int_md.ds_instruction = 0;
+        hdr.int_md.ds_flags = 0;
+    }
+    @hidden action md_hop_ml() { hdr.int_md.hop_ml = (bit<5>)md.calc.md_words; }
+    @hidden action md_hop_cnt() { hdr.int_md.remaining_hop_cnt = md.int_source_hop_budget; }
+    @hidden action md_bitmap() { hdr.int_md.instruction_bitmap = md.int_source_bitmap; }
+    @hidden action md_domain_id() { hdr.int_md.domain_id = md.int_source_domain_id; }
+
     apply {
         if (md.int_source == 1 && md.int_sink == 0 && hdr.udp.isValid()
                 && !hdr.int_shim.isValid()) {
@@ -66,26 +94,13 @@ control IntSourceEgress(inout headers_t hdr, inout local_md_t md) {
                 COUNT(int_source_events, INT_SOURCE_MTU);
             } else {
                 hop_words.apply(md.int_source_bitmap, md.calc.md_words);
-                hdr.int_shim.setValid();
-                hdr.int_shim.int_type = INT_TYPE_MD;
-                hdr.int_shim.npt = 0;
-                hdr.int_shim.rsvd = 0;
-                hdr.int_shim.len = INT_MD_WORDS;
-                hdr.int_shim.rsvd2 = 0;
-                hdr.int_shim.dscp = hdr.ipv4.dscp;
-                hdr.int_shim.rsvd3 = 0;
-                hdr.int_md.setValid();
-                hdr.int_md.ver = INT_VERSION;
-                hdr.int_md.d = 0;
-                hdr.int_md.e = 0;
-                hdr.int_md.m = 0;
-                hdr.int_md.rsvd = 0;
-                hdr.int_md.hop_ml = md.calc.md_words;
-                hdr.int_md.remaining_hop_cnt = md.int_source_hop_budget;
-                hdr.int_md.instruction_bitmap = md.int_source_bitmap;
-                hdr.int_md.domain_id = md.int_source_domain_id;
-                hdr.int_md.ds_instruction = 0;
-                hdr.int_md.ds_flags = 0;
+                shim_fixed();
+                shim_dscp();
+                md_fixed();
+                md_hop_ml();
+                md_hop_cnt();
+                md_bitmap();
+                md_domain_id();
                 hdr.ipv4.dscp = INT_DSCP;
                 hdr.ipv4.total_len = hdr.ipv4.total_len + INT_HEADERS_BYTES;
                 hdr.udp.len = hdr.udp.len + INT_HEADERS_BYTES;

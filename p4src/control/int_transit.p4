@@ -23,6 +23,7 @@ control IntIngressCheck(inout headers_t hdr, inout local_md_t md) {
     @hidden action shim_len_16() { md.calc.shim_len = (bit<16>)hdr.int_shim.len; }
     @hidden action udp_int_words() { md.calc.int_words = md.calc.shim_len + 3; }
     @hidden action udp_int_bytes() { md.calc.int_bytes_udp = md.calc.int_words << 2; }
+    @hidden action hop_ml_16() { md.calc.hop_words = (bit<16>)hdr.int_md.hop_ml; }
 
     apply {
         if (hdr.udp.isValid() && hdr.ipv4.dscp == INT_DSCP) {
@@ -39,9 +40,10 @@ control IntIngressCheck(inout headers_t hdr, inout local_md_t md) {
                 shim_len_16();
                 udp_int_words();
                 udp_int_bytes();
+                hop_ml_16();
                 if (hdr.udp.len < md.calc.int_bytes_udp) {
                     md.int_status = INT_LEN_PAST_END;
-                } else if (hdr.int_md.hop_ml != md.calc.md_words) {
+                } else if (md.calc.hop_words != md.calc.md_words) {
                     md.int_status = INT_BAD_HOP_ML;
                 }
             }

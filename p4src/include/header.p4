@@ -232,8 +232,7 @@ struct calc_md_t {
     bit<16> hop_words;           // this hop's record size (Hop ML)
     bit<8> hop_ml;
     bit<8> shim_room;            // words the 8-bit shim length can still grow by
-    bit<5> md_words;             // the sink's report metadata size
-    bit<16> md_words_16;
+    bit<16> md_words;            // hop record / sink report metadata size (IntHopWords)
     bit<16> md_bytes;
     bit<16> inner_len;
     bit<16> inner_words;

@@ -37,7 +37,7 @@ header bridged_md_t {
     bit<8> kind;
     @padding bit<7> _pad0;
     port_t ingress_port;
-    bit<48> ingress_ts;
+    bit<64> ingress_ts;  // 64 bits as in local_md_t: a widening copy is two sources per container
     bit<8> int_status;
     bit<16> int_source_bitmap;
     bit<8> int_source_hop_budget;
@@ -53,7 +53,7 @@ header mirror_md_t {
     bit<8> kind;
     @padding bit<7> _pad0;
     port_t ingress_port;
-    bit<48> ingress_ts;
+    bit<64> ingress_ts;  // 64 bits as in local_md_t: a widening copy is two sources per container
     bit<16> punt_reason;
     @padding bit<7> _pad1;
     port_t report_sink_port;
@@ -136,7 +136,7 @@ control TnaIngress(inout headers_t hdr, inout tna_md_t m,
         m.bridged.setValid();
         m.bridged.kind = TNA_BRIDGED;
         m.bridged.ingress_port = m.md.ingress_port;
-        m.bridged.ingress_ts = (bit<48>)m.md.ingress_ts;
+        m.bridged.ingress_ts = m.md.ingress_ts;
         m.bridged.int_status = m.md.int_status;
         m.bridged.int_source = m.md.int_source;
         m.bridged.int_source_bitmap = m.md.int_source_bitmap;
@@ -148,7 +148,7 @@ control TnaIngress(inout headers_t hdr, inout tna_md_t m,
             ig_dprsr_md.mirror_type = TNA_MIRROR_TYPE_I2E;
             m.mirror.kind = TNA_MIRROR;
             m.mirror.ingress_port = m.md.ingress_port;
-            m.mirror.ingress_ts = (bit<48>)m.md.ingress_ts;
+            m.mirror.ingress_ts = m.md.ingress_ts;
             m.mirror.punt_reason = m.md.punt_reason;
             m.mirror.report = m.md.report;
             m.mirror.report_sink_port = m.md.report_sink_port;
@@ -215,6 +215,17 @@ parser TnaEgressParser(packet_in pkt, out headers_t hdr, out tna_md_t m,
     }
 }
 
+// Metadata the feature controls copy into header fields: without these, PHV allocation
+// overlays the metadata field with the header field (their live ranges meet), and the action
+// that fills the metadata then writes the header's container from too many sources (a Tofino
+// action: two PHV sources, or one and constants).
+@pa_no_overlay("egress", "m.md.calc.ingress_port_16")
+@pa_no_overlay("egress", "m.md.calc.egress_port_16")
+@pa_no_overlay("egress", "m.md.calc.sink_port_16")
+@pa_no_overlay("egress", "m.md.q_occupancy")
+@pa_no_overlay("egress", "m.md.ingress_ts")
+@pa_no_overlay("egress", "m.md.report_src_mac")
+@pa_no_overlay("egress", "m.md.report_dst_mac")
 control TnaEgress(inout headers_t hdr, inout tna_md_t m,
                   in egress_intrinsic_metadata_t eg_intr_md,
                   in egress_intrinsic_metadata_from_parser_t eg_prsr_md,
@@ -232,7 +243,7 @@ control TnaEgress(inout headers_t hdr, inout tna_md_t m,
         if (m.bridged.isValid()) {
             m.md.pkt_kind = PKT_NORMAL;
             m.md.ingress_port = m.bridged.ingress_port;
-            m.md.ingress_ts = (bit<64>)m.bridged.ingress_ts;
+            m.md.ingress_ts = m.bridged.ingress_ts;
             m.md.int_status = m.bridged.int_status;
             m.md.int_source = m.bridged.int_source;
             m.md.int_source_bitmap = m.bridged.int_source_bitmap;
@@ -243,7 +254,7 @@ control TnaEgress(inout headers_t hdr, inout tna_md_t m,
         } else {
             m.md.pkt_kind = PKT_INGRESS_CLONE;
             m.md.ingress_port = m.mirror.ingress_port;
-            m.md.ingress_ts = (bit<64>)m.mirror.ingress_ts;
+            m.md.ingress_ts = m.mirror.ingress_ts;
             m.md.punt_reason = m.mirror.punt_reason;
             m.md.report = m.mirror.report;
             m.md.report_sink_port = m.mirror.report_sink_port;
