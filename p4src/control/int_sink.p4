@@ -99,8 +99,11 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
     }
 
     // The report's metadata: the packet's instruction bits this sink gives.
+    // (The mask is metadata, set in a step of its own: ANDed with a constant that has gaps,
+    // bf-p4c splits the field into single bits, and every field it is copied to with it.)
+    @hidden action report_md_mask() { md.calc.rep_mask = REPORT_MD_SUPPORTED; }
     @hidden action report_md_bits() {
-        md.calc.rep_bits = hdr.int_md.instruction_bitmap & REPORT_MD_SUPPORTED;
+        md.calc.rep_bits = hdr.int_md.instruction_bitmap & md.calc.rep_mask;
     }
 
     // The report's lengths.
@@ -212,31 +215,32 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
             if (md.report == 1 && hdr.int_md.isValid()) {
                 // The sink's own metadata: the packet's instruction bits this sink gives, each
                 // the size it has in a hop record.
+                report_md_mask();
                 report_md_bits();
                 md_words_of.apply(md.calc.rep_bits, md.calc.md_words);
-                if (md.calc.rep_bits[14:14] == 1) {
+                if ((md.calc.rep_bits & 0x4000) != 0) {
                     hdr.report_md.l1_port_ids.setValid();
                     hdr.report_md.l1_port_ids.ingress_port_id = md.calc.ingress_port_16;
                     hdr.report_md.l1_port_ids.egress_port_id = md.calc.sink_port_16;
                 }
-                if (md.calc.rep_bits[13:13] == 1) {
+                if ((md.calc.rep_bits & 0x2000) != 0) {
                     hdr.report_md.hop_latency.setValid();
                     hdr.report_md.hop_latency.hop_latency = md.sink_hop_latency;
                 }
-                if (md.calc.rep_bits[12:12] == 1) {
+                if ((md.calc.rep_bits & 0x1000) != 0) {
                     hdr.report_md.q_occupancy.setValid();
                     hdr.report_md.q_occupancy.q_id = md.sink_queue[31:24];
                     hdr.report_md.q_occupancy.q_occupancy = md.sink_queue[23:0];
                 }
-                if (md.calc.rep_bits[11:11] == 1) {
+                if ((md.calc.rep_bits & 0x0800) != 0) {
                     hdr.report_md.ingress_tstamp.setValid();
                     hdr.report_md.ingress_tstamp.ns = md.ingress_ts;
                 }
-                if (md.calc.rep_bits[10:10] == 1) {
+                if ((md.calc.rep_bits & 0x0400) != 0) {
                     hdr.report_md.egress_tstamp.setValid();
                     hdr.report_md.egress_tstamp.ns = md.sink_egress_ts;
                 }
-                if (md.calc.rep_bits[8:8] == 1) {
+                if ((md.calc.rep_bits & 0x0100) != 0) {
                     hdr.report_md.tx_util.setValid();
                     hdr.report_md.tx_util.tx_util = md.sink_tx_util;
                 }

@@ -85,74 +85,74 @@ control IntTransitEgress(inout headers_t hdr, inout local_md_t md) {
                 hdr.int_md.m = 1;
                 COUNT(int_transit_events, INT_TRANSIT_M_BIT);
             } else {
-                if (bm[15:15] == 1) {
+                if ((bm & 0x8000) != 0) {
                     hdr.int_hop.node_id.setValid();
                     hdr.int_hop.node_id.node_id = md.node_id;
                 }
-                if (bm[14:14] == 1) {
+                if ((bm & 0x4000) != 0) {
                     hdr.int_hop.l1_port_ids.setValid();
                     hdr.int_hop.l1_port_ids.ingress_port_id = md.calc.ingress_port_16;
                     hdr.int_hop.l1_port_ids.egress_port_id = md.calc.egress_port_16;
                 }
-                if (bm[13:13] == 1) {
+                if ((bm & 0x2000) != 0) {
                     hdr.int_hop.hop_latency.setValid();
                     hdr.int_hop.hop_latency.hop_latency =
                         (bit<32>)md.egress_ts - (bit<32>)md.ingress_ts;
                 }
-                if (bm[12:12] == 1) {
+                if ((bm & 0x1000) != 0) {
                     hdr.int_hop.q_occupancy.setValid();
                     hdr.int_hop.q_occupancy.q_id = md.qid;
                     hdr.int_hop.q_occupancy.q_occupancy = md.q_occupancy;
                 }
-                if (bm[11:11] == 1) {
+                if ((bm & 0x0800) != 0) {
                     hdr.int_hop.ingress_tstamp.setValid();
                     hdr.int_hop.ingress_tstamp.ns = md.ingress_ts;
                 }
-                if (bm[10:10] == 1) {
+                if ((bm & 0x0400) != 0) {
                     hdr.int_hop.egress_tstamp.setValid();
                     hdr.int_hop.egress_tstamp.ns = md.egress_ts;
                 }
-                if (bm[9:9] == 1) {
+                if ((bm & 0x0200) != 0) {
                     // No logical (L2) ports on this switch.
                     hdr.int_hop.l2_port_ids.setValid();
                     hdr.int_hop.l2_port_ids.ingress_port_id = 0xFFFFFFFF;
                     hdr.int_hop.l2_port_ids.egress_port_id = 0xFFFFFFFF;
                 }
-                if (bm[8:8] == 1) {
+                if ((bm & 0x0100) != 0) {
                     hdr.int_hop.tx_util.setValid();
                     hdr.int_hop.tx_util.tx_util = md.tx_util;
                 }
                 // Shared buffer occupancy, reserved bits and the checksum complement: not
                 // available here.
-                if (bm[7:7] == 1) {
+                if ((bm & 0x0080) != 0) {
                     hdr.int_hop.buffer.setValid();
                     hdr.int_hop.buffer.value = 0xFFFFFFFF;
                 }
-                if (bm[6:6] == 1) {
+                if ((bm & 0x0040) != 0) {
                     hdr.int_hop.rsvd9.setValid();
                     hdr.int_hop.rsvd9.value = 0xFFFFFFFF;
                 }
-                if (bm[5:5] == 1) {
+                if ((bm & 0x0020) != 0) {
                     hdr.int_hop.rsvd10.setValid();
                     hdr.int_hop.rsvd10.value = 0xFFFFFFFF;
                 }
-                if (bm[4:4] == 1) {
+                if ((bm & 0x0010) != 0) {
                     hdr.int_hop.rsvd11.setValid();
                     hdr.int_hop.rsvd11.value = 0xFFFFFFFF;
                 }
-                if (bm[3:3] == 1) {
+                if ((bm & 0x0008) != 0) {
                     hdr.int_hop.rsvd12.setValid();
                     hdr.int_hop.rsvd12.value = 0xFFFFFFFF;
                 }
-                if (bm[2:2] == 1) {
+                if ((bm & 0x0004) != 0) {
                     hdr.int_hop.rsvd13.setValid();
                     hdr.int_hop.rsvd13.value = 0xFFFFFFFF;
                 }
-                if (bm[1:1] == 1) {
+                if ((bm & 0x0002) != 0) {
                     hdr.int_hop.rsvd14.setValid();
                     hdr.int_hop.rsvd14.value = 0xFFFFFFFF;
                 }
-                if (bm[0:0] == 1) {
+                if ((bm & 0x0001) != 0) {
                     hdr.int_hop.checksum.setValid();
                     hdr.int_hop.checksum.value = 0xFFFFFFFF;
                 }

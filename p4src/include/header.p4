@@ -222,6 +222,7 @@ struct calc_md_t {
     bit<16> ingress_port_16;     // ports as INT and packet-in carry them
     bit<16> egress_port_16;
     bit<16> sink_port_16;
+    bit<16> rep_mask;            // REPORT_MD_SUPPORTED
     bit<16> rep_bits;            // the report metadata a sink gives (RepMdBits)
     bit<16> shim_len;            // the INT shim length, 16 bits wide
     bit<16> int_words;           // words of INT the packet carries (shim included)
