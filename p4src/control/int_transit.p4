@@ -57,15 +57,32 @@ control IntTransitEgress(inout headers_t hdr, inout local_md_t md) {
 
     // The lengths after a push, one step per action (a Tofino ALU adds aligned operands: each
     // length field gets its own copy of the record size). The IPv4 length saturates at NO_MTU.
-    @hidden action record_size() {
-        md.calc.hop_words = (bit<16>)hdr.int_md.hop_ml;
-        md.calc.hop_ml = (bit<8>)hdr.int_md.hop_ml;
-        md.calc.shim_room = 255 - hdr.int_shim.len;
+    // The record size in words and bytes comes from a constant table on Hop ML: widening the
+    // 5-bit field in an action would tie its PHV slicing to every length it is added to.
+    @hidden action record_size(bit<8> words, bit<16> bytes) {
+        md.calc.hop_ml = words;
+        md.calc.int_bytes_ip = bytes;
+        md.calc.int_bytes_udp = bytes;
     }
-    @hidden action record_bytes() {
-        md.calc.int_bytes_ip = md.calc.hop_words << 2;
-        md.calc.int_bytes_udp = md.calc.hop_words << 2;
+    @hidden table record_sizes {
+        key = { hdr.int_md.hop_ml: exact; }
+        actions = { record_size; }
+        const default_action = record_size(0, 0);
+        const entries = {
+            0: record_size(0, 0); 1: record_size(1, 4); 2: record_size(2, 8); 3: record_size(3,
+            12); 4: record_size(4, 16); 5: record_size(5, 20); 6: record_size(6, 24); 7:
+            record_size(7, 28); 8: record_size(8, 32); 9: record_size(9, 36); 10:
+            record_size(10, 40); 11: record_size(11, 44); 12: record_size(12, 48); 13:
+            record_size(13, 52); 14: record_size(14, 56); 15: record_size(15, 60); 16:
+            record_size(16, 64); 17: record_size(17, 68); 18: record_size(18, 72); 19:
+            record_size(19, 76); 20: record_size(20, 80); 21: record_size(21, 84); 22:
+            record_size(22, 88); 23: record_size(23, 92); 24: record_size(24, 96); 25:
+            record_size(25, 100); 26: record_size(26, 104); 27: record_size(27, 108); 28:
+            record_size(28, 112); 29: record_size(29, 116); 30: record_size(30, 120); 31:
+            record_size(31, 124);
+        }
     }
+    @hidden action shim_room() { md.calc.shim_room = 255 - hdr.int_shim.len; }
     @hidden action lengths_after() {
         md.calc.len_after = hdr.ipv4.total_len |+| md.calc.int_bytes_ip;
         md.calc.udp_len_after = hdr.udp.len + md.calc.int_bytes_udp;
@@ -74,8 +91,8 @@ control IntTransitEgress(inout headers_t hdr, inout local_md_t md) {
     apply {
         if (md.int_status == INT_OK && hdr.int_shim.isValid() && hdr.int_md.isValid()) {
             bit<16> bm = hdr.int_md.instruction_bitmap;
-            record_size();
-            record_bytes();
+            record_sizes.apply();
+            shim_room();
             lengths_after();
             if (hdr.int_md.remaining_hop_cnt == 0) {
                 hdr.int_md.e = 1;

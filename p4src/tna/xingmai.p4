@@ -32,10 +32,13 @@ const bit<8> TNA_BRIDGED = 1;          // bridged_md_t: a packet from ingress
 const bit<8> TNA_MIRROR = 2;           // mirror_md_t: an ingress mirror (report or CPU copy)
 const MirrorType_t TNA_MIRROR_TYPE_I2E = 1;
 
-// What egress needs from ingress, for every packet.
-header bridged_md_t {
-    bit<8> kind;
-    @padding bit<7> _pad0;
+// What egress needs from ingress, for every packet. The fields after the kind byte are
+// @flexible: bf-p4c lays them out (order, padding) to suit PHV allocation, the same way in
+// the ingress deparser and the egress parser. With a fixed layout, the header's packing ties
+// every field it is copied to and from (INT-MD, report and packet-in header fields) into one
+// group that PHV allocation cannot place.
+@flexible
+struct bridged_fields_t {
     port_t ingress_port;
     bit<64> ingress_ts;  // 64 bits as in local_md_t: a widening copy is two sources per container
     bit<8> int_status;
@@ -43,27 +46,33 @@ header bridged_md_t {
     bit<8> int_source_hop_budget;
     bit<16> int_source_domain_id;
     bit<16> punt_reason;
-    @padding bit<6> _pad1;
     bit<1> int_source;
     bit<1> int_sink;
 }
 
-// What a report or CPU clone needs (v1model: the PRESERVE fields of local_md_t).
-header mirror_md_t {
+header bridged_md_t {
     bit<8> kind;
-    @padding bit<7> _pad0;
+    bridged_fields_t f;
+}
+
+// What a report or CPU clone needs (v1model: the PRESERVE fields of local_md_t).
+@flexible
+struct mirror_fields_t {
     port_t ingress_port;
-    bit<64> ingress_ts;  // 64 bits as in local_md_t: a widening copy is two sources per container
+    bit<64> ingress_ts;
     bit<16> punt_reason;
-    @padding bit<7> _pad1;
     port_t report_sink_port;
     mac_addr_t report_src_mac;
     mac_addr_t report_dst_mac;
     ipv4_addr_t report_src_addr;
     ipv4_addr_t report_dst_addr;
     bit<16> report_dport;
-    @padding bit<7> _pad2;
     bit<1> report;
+}
+
+header mirror_md_t {
+    bit<8> kind;
+    mirror_fields_t f;
 }
 
 struct tna_md_t {
@@ -135,28 +144,28 @@ control TnaIngress(inout headers_t hdr, inout tna_md_t m,
         }
         m.bridged.setValid();
         m.bridged.kind = TNA_BRIDGED;
-        m.bridged.ingress_port = m.md.ingress_port;
-        m.bridged.ingress_ts = m.md.ingress_ts;
-        m.bridged.int_status = m.md.int_status;
-        m.bridged.int_source = m.md.int_source;
-        m.bridged.int_source_bitmap = m.md.int_source_bitmap;
-        m.bridged.int_source_hop_budget = m.md.int_source_hop_budget;
-        m.bridged.int_source_domain_id = m.md.int_source_domain_id;
-        m.bridged.int_sink = m.md.int_sink;
-        m.bridged.punt_reason = m.md.punt_reason;
+        m.bridged.f.ingress_port = m.md.ingress_port;
+        m.bridged.f.ingress_ts = m.md.ingress_ts;
+        m.bridged.f.int_status = m.md.int_status;
+        m.bridged.f.int_source = m.md.int_source;
+        m.bridged.f.int_source_bitmap = m.md.int_source_bitmap;
+        m.bridged.f.int_source_hop_budget = m.md.int_source_hop_budget;
+        m.bridged.f.int_source_domain_id = m.md.int_source_domain_id;
+        m.bridged.f.int_sink = m.md.int_sink;
+        m.bridged.f.punt_reason = m.md.punt_reason;
         if (m.md.clone == 1) {
             ig_dprsr_md.mirror_type = TNA_MIRROR_TYPE_I2E;
             m.mirror.kind = TNA_MIRROR;
-            m.mirror.ingress_port = m.md.ingress_port;
-            m.mirror.ingress_ts = m.md.ingress_ts;
-            m.mirror.punt_reason = m.md.punt_reason;
-            m.mirror.report = m.md.report;
-            m.mirror.report_sink_port = m.md.report_sink_port;
-            m.mirror.report_src_mac = m.md.report_src_mac;
-            m.mirror.report_dst_mac = m.md.report_dst_mac;
-            m.mirror.report_src_addr = m.md.report_src_addr;
-            m.mirror.report_dst_addr = m.md.report_dst_addr;
-            m.mirror.report_dport = m.md.report_dport;
+            m.mirror.f.ingress_port = m.md.ingress_port;
+            m.mirror.f.ingress_ts = m.md.ingress_ts;
+            m.mirror.f.punt_reason = m.md.punt_reason;
+            m.mirror.f.report = m.md.report;
+            m.mirror.f.report_sink_port = m.md.report_sink_port;
+            m.mirror.f.report_src_mac = m.md.report_src_mac;
+            m.mirror.f.report_dst_mac = m.md.report_dst_mac;
+            m.mirror.f.report_src_addr = m.md.report_src_addr;
+            m.mirror.f.report_dst_addr = m.md.report_dst_addr;
+            m.mirror.f.report_dport = m.md.report_dport;
         }
     }
 }
@@ -193,7 +202,7 @@ parser TnaEgressParser(packet_in pkt, out headers_t hdr, out tna_md_t m,
 
     state parse_bridged {
         pkt.extract(m.bridged);
-        transition select(m.bridged.int_sink) {
+        transition select(m.bridged.f.int_sink) {
             1: parse_sink_packet;
             default: parse_packet;
         }
@@ -224,6 +233,7 @@ parser TnaEgressParser(packet_in pkt, out headers_t hdr, out tna_md_t m,
 @pa_no_overlay("egress", "m.md.calc.sink_port_16")
 @pa_no_overlay("egress", "m.md.q_occupancy")
 @pa_no_overlay("egress", "m.md.ingress_ts")
+@pa_no_overlay("egress", "m.md.egress_ts")
 @pa_no_overlay("egress", "m.md.report_src_mac")
 @pa_no_overlay("egress", "m.md.report_dst_mac")
 control TnaEgress(inout headers_t hdr, inout tna_md_t m,
@@ -242,27 +252,27 @@ control TnaEgress(inout headers_t hdr, inout tna_md_t m,
     apply {
         if (m.bridged.isValid()) {
             m.md.pkt_kind = PKT_NORMAL;
-            m.md.ingress_port = m.bridged.ingress_port;
-            m.md.ingress_ts = m.bridged.ingress_ts;
-            m.md.int_status = m.bridged.int_status;
-            m.md.int_source = m.bridged.int_source;
-            m.md.int_source_bitmap = m.bridged.int_source_bitmap;
-            m.md.int_source_hop_budget = m.bridged.int_source_hop_budget;
-            m.md.int_source_domain_id = m.bridged.int_source_domain_id;
-            m.md.int_sink = m.bridged.int_sink;
-            m.md.punt_reason = m.bridged.punt_reason;
+            m.md.ingress_port = m.bridged.f.ingress_port;
+            m.md.ingress_ts = m.bridged.f.ingress_ts;
+            m.md.int_status = m.bridged.f.int_status;
+            m.md.int_source = m.bridged.f.int_source;
+            m.md.int_source_bitmap = m.bridged.f.int_source_bitmap;
+            m.md.int_source_hop_budget = m.bridged.f.int_source_hop_budget;
+            m.md.int_source_domain_id = m.bridged.f.int_source_domain_id;
+            m.md.int_sink = m.bridged.f.int_sink;
+            m.md.punt_reason = m.bridged.f.punt_reason;
         } else {
             m.md.pkt_kind = PKT_INGRESS_CLONE;
-            m.md.ingress_port = m.mirror.ingress_port;
-            m.md.ingress_ts = m.mirror.ingress_ts;
-            m.md.punt_reason = m.mirror.punt_reason;
-            m.md.report = m.mirror.report;
-            m.md.report_sink_port = m.mirror.report_sink_port;
-            m.md.report_src_mac = m.mirror.report_src_mac;
-            m.md.report_dst_mac = m.mirror.report_dst_mac;
-            m.md.report_src_addr = m.mirror.report_src_addr;
-            m.md.report_dst_addr = m.mirror.report_dst_addr;
-            m.md.report_dport = m.mirror.report_dport;
+            m.md.ingress_port = m.mirror.f.ingress_port;
+            m.md.ingress_ts = m.mirror.f.ingress_ts;
+            m.md.punt_reason = m.mirror.f.punt_reason;
+            m.md.report = m.mirror.f.report;
+            m.md.report_sink_port = m.mirror.f.report_sink_port;
+            m.md.report_src_mac = m.mirror.f.report_src_mac;
+            m.md.report_dst_mac = m.mirror.f.report_dst_mac;
+            m.md.report_src_addr = m.mirror.f.report_src_addr;
+            m.md.report_dst_addr = m.mirror.f.report_dst_addr;
+            m.md.report_dport = m.mirror.f.report_dport;
         }
         m.md.egress_port = eg_intr_md.egress_port;
         m.md.egress_ts = (bit<64>)eg_prsr_md.global_tstamp;

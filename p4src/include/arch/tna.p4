@@ -169,58 +169,44 @@ control QueueBytes(in bit<32> depth, in bit<32> unit, out bit<32> bytes) {
 #endif
 }
 
-// The number of the 2^shift ns window a timestamp (ns) falls in, for shifts 8..32 (256 ns ..
-// 4.3 s windows; others count as the default TX_UTIL_WINDOW_SHIFT 20). Two steps: a 32-bit
-// slice at a whole byte (shift rounded down to 8, 16, 24 or 32), then a shift by the remaining
-// 0..7 bits. A slice of the timestamp at every bit offset would make PHV allocation cut the
-// timestamp, and every field it is copied to or from, into 1-bit pieces. The price: the window
-// number has 32 - (shift % 8) bits, so it wraps after at least 2^25 windows (v1model: 2^32),
-// and the window that follows a wrap is measured as a gap.
-control TimeWindow(in bit<64> ts_ns, in bit<8> shift, out bit<32> window) {
-    bit<32> coarse = 0;
-
-    @hidden action bytes_1() { coarse = ts_ns[39:8]; }
-    @hidden action bytes_2() { coarse = ts_ns[47:16]; }
-    @hidden action bytes_3() { coarse = ts_ns[55:24]; }
-    @hidden action bytes_4() { coarse = ts_ns[63:32]; }
-    @hidden action bits_0() { window = coarse; }
-    @hidden action bits_1() { window = coarse >> 1; }
-    @hidden action bits_2() { window = coarse >> 2; }
-    @hidden action bits_3() { window = coarse >> 3; }
-    @hidden action bits_4() { window = coarse >> 4; }
-    @hidden action bits_5() { window = coarse >> 5; }
-    @hidden action bits_6() { window = coarse >> 6; }
-    @hidden action bits_7() { window = coarse >> 7; }
-
-    @hidden table byte_shift {
-        key = { shift: exact; }
-        actions = { bytes_1; bytes_2; bytes_3; bytes_4; }
-        const default_action = bytes_2();
-        const entries = {
-            8: bytes_1(); 9: bytes_1(); 10: bytes_1(); 11: bytes_1(); 12: bytes_1(); 13:
-            bytes_1(); 14: bytes_1(); 15: bytes_1(); 16: bytes_2(); 17: bytes_2(); 18:
-            bytes_2(); 19: bytes_2(); 20: bytes_2(); 21: bytes_2(); 22: bytes_2(); 23:
-            bytes_2(); 24: bytes_3(); 25: bytes_3(); 26: bytes_3(); 27: bytes_3(); 28:
-            bytes_3(); 29: bytes_3(); 30: bytes_3(); 31: bytes_3(); 32: bytes_4();
-        }
+// The number of the 2^shift ns window a timestamp (ns) falls in (its low 32 bits), for shifts
+// 8..32 (256 ns .. 4.3 s windows; others count as the default TX_UTIL_WINDOW_SHIFT): a funnel
+// shift of the timestamp's two 32-bit halves, each shifted by a constant (one action per
+// shift), then ORed. (A slice of the timestamp at every bit offset would make PHV allocation
+// cut the timestamp, and every field it is copied to or from, into 1-bit pieces.)
+#define WINDOW_ACTION(k) @hidden action shift_##k() {                                 \
+        low = ts_ns[31:0] >> k;                                                    \
+        high = ts_ns[63:32] << (32 - k);                                           \
     }
+#define WINDOW_ALL(X)                                                           \
+    X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15) X(16) X(17) X(18) X(19) X(20) \
+    X(21) X(22) X(23) X(24) X(25) X(26) X(27) X(28) X(29) X(30) X(31)
+#define WINDOW_ACTION_REF(k) shift_##k;
 
-    @hidden table bit_shift {
+control TimeWindow(in bit<64> ts_ns, in bit<8> shift, out bit<32> window) {
+    bit<32> low = 0;
+    bit<32> high = 0;
+
+    WINDOW_ALL(WINDOW_ACTION)
+    @hidden action shift_32() { low = 0; high = ts_ns[63:32]; }
+    @hidden action join() { window = low | high; }
+
+    @hidden table window_shift {
         key = { shift: exact; }
-        actions = { bits_0; bits_1; bits_2; bits_3; bits_4; bits_5; bits_6; bits_7; }
-        const default_action = bits_4();
+        actions = { WINDOW_ALL(WINDOW_ACTION_REF) shift_32; }
+        const default_action = shift_20();
         const entries = {
-            8: bits_0(); 9: bits_1(); 10: bits_2(); 11: bits_3(); 12: bits_4(); 13: bits_5();
-            14: bits_6(); 15: bits_7(); 16: bits_0(); 17: bits_1(); 18: bits_2(); 19: bits_3();
-            20: bits_4(); 21: bits_5(); 22: bits_6(); 23: bits_7(); 24: bits_0(); 25: bits_1();
-            26: bits_2(); 27: bits_3(); 28: bits_4(); 29: bits_5(); 30: bits_6(); 31: bits_7();
-            32: bits_0();
+            8: shift_8(); 9: shift_9(); 10: shift_10(); 11: shift_11(); 12: shift_12(); 13:
+            shift_13(); 14: shift_14(); 15: shift_15(); 16: shift_16(); 17: shift_17(); 18:
+            shift_18(); 19: shift_19(); 20: shift_20(); 21: shift_21(); 22: shift_22(); 23:
+            shift_23(); 24: shift_24(); 25: shift_25(); 26: shift_26(); 27: shift_27(); 28:
+            shift_28(); 29: shift_29(); 30: shift_30(); 31: shift_31(); 32: shift_32();
         }
     }
 
     apply {
-        byte_shift.apply();
-        bit_shift.apply();
+        window_shift.apply();
+        join();
     }
 }
 
