@@ -77,6 +77,7 @@ header mirror_md_t {
 
 struct tna_md_t {
     local_md_t md;
+    bit<8> int_status;  // the INT status ingress decided
     bridged_md_t bridged;
     mirror_md_t mirror;
 }
@@ -190,7 +191,12 @@ parser TnaEgressParser(packet_in pkt, out headers_t hdr, out tna_md_t m,
                        out egress_intrinsic_metadata_t eg_intr_md) {
     XingmaiParser(false) xingmai_parser;
     XingmaiParser(true) sink_parser;  // the sink removes the stack: extract it
+    XingmaiParser(false) clone_parser;
 
+    // The bridged and mirrored values are set into local_md_t here, by the parser, not by an
+    // egress action: a copy action would tie each metadata field to the bridged header's
+    // layout in PHV allocation, and through the header fields the controls copy it to, every
+    // header of the program into one group that cannot be placed.
     state start {
         pkt.extract(eg_intr_md);
         transition select(pkt.lookahead<bit<8>>()) {
@@ -202,6 +208,16 @@ parser TnaEgressParser(packet_in pkt, out headers_t hdr, out tna_md_t m,
 
     state parse_bridged {
         pkt.extract(m.bridged);
+        m.md.pkt_kind = PKT_NORMAL;
+        m.md.ingress_port = m.bridged.f.ingress_port;
+        m.md.ingress_ts = m.bridged.f.ingress_ts;
+        m.int_status = m.bridged.f.int_status;  // replaces the packet parser's, in egress
+        m.md.int_source = m.bridged.f.int_source;
+        m.md.int_source_bitmap = m.bridged.f.int_source_bitmap;
+        m.md.int_source_hop_budget = m.bridged.f.int_source_hop_budget;
+        m.md.int_source_domain_id = m.bridged.f.int_source_domain_id;
+        m.md.int_sink = m.bridged.f.int_sink;
+        m.md.punt_reason = m.bridged.f.punt_reason;
         transition select(m.bridged.f.int_sink) {
             1: parse_sink_packet;
             default: parse_packet;
@@ -210,7 +226,18 @@ parser TnaEgressParser(packet_in pkt, out headers_t hdr, out tna_md_t m,
 
     state parse_mirror {
         pkt.extract(m.mirror);  // a report carries the stack as it came
-        transition parse_packet;
+        m.md.pkt_kind = PKT_INGRESS_CLONE;
+        m.md.ingress_port = m.mirror.f.ingress_port;
+        m.md.ingress_ts = m.mirror.f.ingress_ts;
+        m.md.punt_reason = m.mirror.f.punt_reason;
+        m.md.report = m.mirror.f.report;
+        m.md.report_sink_port = m.mirror.f.report_sink_port;
+        m.md.report_src_mac = m.mirror.f.report_src_mac;
+        m.md.report_dst_mac = m.mirror.f.report_dst_mac;
+        m.md.report_src_addr = m.mirror.f.report_src_addr;
+        m.md.report_dst_addr = m.mirror.f.report_dst_addr;
+        m.md.report_dport = m.mirror.f.report_dport;
+        transition parse_clone_packet;
     }
 
     state parse_sink_packet {
@@ -220,6 +247,11 @@ parser TnaEgressParser(packet_in pkt, out headers_t hdr, out tna_md_t m,
 
     state parse_packet {
         xingmai_parser.apply(pkt, hdr, m.md);
+        transition accept;
+    }
+
+    state parse_clone_packet {
+        clone_parser.apply(pkt, hdr, m.md);
         transition accept;
     }
 }
@@ -250,29 +282,8 @@ control TnaEgress(inout headers_t hdr, inout tna_md_t m,
     Ecn() ecn;
 
     apply {
-        if (m.bridged.isValid()) {
-            m.md.pkt_kind = PKT_NORMAL;
-            m.md.ingress_port = m.bridged.f.ingress_port;
-            m.md.ingress_ts = m.bridged.f.ingress_ts;
-            m.md.int_status = m.bridged.f.int_status;
-            m.md.int_source = m.bridged.f.int_source;
-            m.md.int_source_bitmap = m.bridged.f.int_source_bitmap;
-            m.md.int_source_hop_budget = m.bridged.f.int_source_hop_budget;
-            m.md.int_source_domain_id = m.bridged.f.int_source_domain_id;
-            m.md.int_sink = m.bridged.f.int_sink;
-            m.md.punt_reason = m.bridged.f.punt_reason;
-        } else {
-            m.md.pkt_kind = PKT_INGRESS_CLONE;
-            m.md.ingress_port = m.mirror.f.ingress_port;
-            m.md.ingress_ts = m.mirror.f.ingress_ts;
-            m.md.punt_reason = m.mirror.f.punt_reason;
-            m.md.report = m.mirror.f.report;
-            m.md.report_sink_port = m.mirror.f.report_sink_port;
-            m.md.report_src_mac = m.mirror.f.report_src_mac;
-            m.md.report_dst_mac = m.mirror.f.report_dst_mac;
-            m.md.report_src_addr = m.mirror.f.report_src_addr;
-            m.md.report_dst_addr = m.mirror.f.report_dst_addr;
-            m.md.report_dport = m.mirror.f.report_dport;
+        if (m.md.pkt_kind == PKT_NORMAL) {
+            m.md.int_status = m.int_status;
         }
         m.md.egress_port = eg_intr_md.egress_port;
         m.md.egress_ts = (bit<64>)eg_prsr_md.global_tstamp;
