@@ -87,6 +87,8 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
     COUNTER(int_sink_events, INT_EVENTS_SIZE);
     REGISTER(bit<32>, report_seq, 1);
     IntHopWords() md_words_of;
+    BitmapCopy() rep_bits_copy;
+    bit<16> rep_bits = 0;  // md.calc.rep_bits, for the tests of single bits
 
     // The stripped packet's lengths (the shim's own word too), one step per action.
     @hidden action strip_words() {
@@ -218,29 +220,30 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
                 report_md_mask();
                 report_md_bits();
                 md_words_of.apply(md.calc.rep_bits, md.calc.md_words);
-                if ((md.calc.rep_bits & 0x4000) != 0) {
+                rep_bits_copy.apply(md.calc.rep_bits, rep_bits);
+                if ((rep_bits & 0x4000) != 0) {
                     hdr.report_md.l1_port_ids.setValid();
                     hdr.report_md.l1_port_ids.ingress_port_id = md.calc.ingress_port_16;
                     hdr.report_md.l1_port_ids.egress_port_id = md.calc.sink_port_16;
                 }
-                if ((md.calc.rep_bits & 0x2000) != 0) {
+                if ((rep_bits & 0x2000) != 0) {
                     hdr.report_md.hop_latency.setValid();
                     hdr.report_md.hop_latency.hop_latency = md.sink_hop_latency;
                 }
-                if ((md.calc.rep_bits & 0x1000) != 0) {
+                if ((rep_bits & 0x1000) != 0) {
                     hdr.report_md.q_occupancy.setValid();
                     hdr.report_md.q_occupancy.q_id = md.sink_queue[31:24];
                     hdr.report_md.q_occupancy.q_occupancy = md.sink_queue[23:0];
                 }
-                if ((md.calc.rep_bits & 0x0800) != 0) {
+                if ((rep_bits & 0x0800) != 0) {
                     hdr.report_md.ingress_tstamp.setValid();
                     hdr.report_md.ingress_tstamp.ns = md.ingress_ts;
                 }
-                if ((md.calc.rep_bits & 0x0400) != 0) {
+                if ((rep_bits & 0x0400) != 0) {
                     hdr.report_md.egress_tstamp.setValid();
                     hdr.report_md.egress_tstamp.ns = md.sink_egress_ts;
                 }
-                if ((md.calc.rep_bits & 0x0100) != 0) {
+                if ((rep_bits & 0x0100) != 0) {
                     hdr.report_md.tx_util.setValid();
                     hdr.report_md.tx_util.tx_util = md.sink_tx_util;
                 }

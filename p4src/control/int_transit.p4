@@ -54,6 +54,7 @@ control IntIngressCheck(inout headers_t hdr, inout local_md_t md) {
 
 control IntTransitEgress(inout headers_t hdr, inout local_md_t md) {
     COUNTER(int_transit_events, INT_EVENTS_SIZE);
+    BitmapCopy() bitmap_copy;
 
     // The lengths after a push, one step per action (a Tofino ALU adds aligned operands: each
     // length field gets its own copy of the record size). The IPv4 length saturates at NO_MTU.
@@ -90,7 +91,8 @@ control IntTransitEgress(inout headers_t hdr, inout local_md_t md) {
 
     apply {
         if (md.int_status == INT_OK && hdr.int_shim.isValid() && hdr.int_md.isValid()) {
-            bit<16> bm = hdr.int_md.instruction_bitmap;
+            bit<16> bm;
+            bitmap_copy.apply(hdr.int_md.instruction_bitmap, bm);
             record_sizes.apply();
             shim_room();
             lengths_after();

@@ -253,4 +253,16 @@ control RandomRamp(in bit<32> d, in bit<32> span, in bit<16> p, out bool hit) {
     }
 }
 
+// A copy of a bitmap whose single bits the controls test, made by the hash unit (identity):
+// bf-p4c allocates a field whose bits are tested one by one in single-bit PHV slices, and with
+// it every field it is copied to or from in an action; a copy through the hash unit is not
+// tied to the original's allocation.
+control BitmapCopy(in bit<16> x, out bit<16> y) {
+    Hash<bit<16>>(HashAlgorithm_t.IDENTITY) identity;
+
+    apply {
+        y = identity.get({ x });
+    }
+}
+
 #endif

@@ -98,4 +98,11 @@ control RandomRamp(in bit<32> d, in bit<32> span, in bit<16> p, out bool hit) {
     }
 }
 
+// A copy of a bitmap whose single bits the controls test (see include/arch/tna.p4).
+control BitmapCopy(in bit<16> x, out bit<16> y) {
+    apply {
+        y = x;
+    }
+}
+
 #endif
