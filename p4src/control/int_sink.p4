@@ -91,6 +91,11 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
     bit<16> rep_bits = 0;  // md.calc.rep_bits, for the tests of single bits
 
     // The stripped packet's lengths (the shim's own word too), one step per action.
+    // Shim length beyond what the parser can hold (a saturating subtraction: a range comparison
+    // with a constant makes bf-p4c cut the field into 4-bit PHV slices).
+    @hidden action stack_over() {
+        md.calc.stack_over = hdr.int_shim.len |-| (bit<8>)(INT_STACK_MAX_WORDS + 3);
+    }
     @hidden action strip_words() {
         md.calc.shim_len = (bit<16>)hdr.int_shim.len;
     }
@@ -195,23 +200,25 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
 
     apply {
         if (md.pkt_kind == PKT_NORMAL) {
-            if (md.int_sink == 1 && hdr.int_shim.isValid()
-                    && (bit<9>)hdr.int_shim.len > INT_STACK_MAX_WORDS + 3) {
-                // More stack than the parser can hold (only where INT_STACK_MAX_WORDS < 252):
-                // it cannot be removed, the packet leaves as it came.
-                COUNT(int_sink_events, INT_SINK_STACK_TOO_LONG);
-            } else if (md.int_sink == 1 && hdr.int_shim.isValid()) {
-                strip_words();
-                strip_words_plus_shim();
-                strip_bytes();
-                hdr.ipv4.dscp = hdr.int_shim.dscp;
-                hdr.ipv4.total_len = hdr.ipv4.total_len - md.calc.int_bytes_ip;
-                hdr.udp.len = hdr.udp.len - md.calc.int_bytes_udp;
-                hdr.int_shim.setInvalid();
-                hdr.int_md.setInvalid();
-                hdr.int_stack.setInvalid();
-                md.int_status = INT_NONE;
-                COUNT(int_sink_events, INT_SINK_STRIPPED);
+            if (md.int_sink == 1 && hdr.int_shim.isValid()) {
+                stack_over();
+                if (md.calc.stack_over != 0) {
+                    // More stack than the parser can hold (only where INT_STACK_MAX_WORDS < 252):
+                    // it cannot be removed, the packet leaves as it came.
+                    COUNT(int_sink_events, INT_SINK_STACK_TOO_LONG);
+                } else {
+                    strip_words();
+                    strip_words_plus_shim();
+                    strip_bytes();
+                    hdr.ipv4.dscp = hdr.int_shim.dscp;
+                    hdr.ipv4.total_len = hdr.ipv4.total_len - md.calc.int_bytes_ip;
+                    hdr.udp.len = hdr.udp.len - md.calc.int_bytes_udp;
+                    hdr.int_shim.setInvalid();
+                    hdr.int_md.setInvalid();
+                    hdr.int_stack.setInvalid();
+                    md.int_status = INT_NONE;
+                    COUNT(int_sink_events, INT_SINK_STRIPPED);
+                }
             }
         } else if (md.pkt_kind == PKT_INGRESS_CLONE) {
             if (md.report == 1 && hdr.int_md.isValid()) {
@@ -270,7 +277,7 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
                 report_len_2();
                 report_len_3();
                 report_len_4();
-                if (md.calc.report_words > 0xFF) {
+                if ((md.calc.report_words & 0xFF00) != 0) {
                     md.calc.report_words = 0xFF;  // "to the end of the UDP payload"
                 }
 

@@ -233,6 +233,7 @@ struct calc_md_t {
     bit<16> hop_words;           // this hop's record size (Hop ML)
     bit<8> hop_ml;
     bit<8> shim_room;            // words the 8-bit shim length can still grow by
+    bit<8> stack_over;           // shim length beyond the parser's INT stack limit
     bit<16> md_words;            // hop record / sink report metadata size (IntHopWords)
     bit<16> md_bytes;
     bit<16> inner_len;
