@@ -87,7 +87,9 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
     COUNTER(int_sink_events, INT_EVENTS_SIZE);
     REGISTER(bit<32>, report_seq, 1);
     IntHopWords() md_words_of;
-    BitmapCopy() rep_bits_copy;
+    UnlinkedCopy16() rep_bits_copy;
+    UnlinkedCopy8() report_len_copy;
+    UnlinkedCopy8() md_len_copy;
     bit<16> rep_bits = 0;  // md.calc.rep_bits, for the tests of single bits
 
     // The stripped packet's lengths (the shim's own word too), one step per action.
@@ -184,12 +186,6 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
     @hidden action report_group_seq_no() {
         hdr.report_group.seq_no = (bit<22>)seq;
         hdr.report_group.node_id = md.node_id;
-    }
-    @hidden action report_individual_len() {
-        hdr.report_individual.report_len = (bit<8>)md.calc.report_words;
-    }
-    @hidden action report_individual_md_len() {
-        hdr.report_individual.md_len = (bit<8>)md.calc.md_words;
     }
     @hidden action report_individual_md_bits() {
         hdr.report_individual.rep_md_bits = md.calc.rep_bits;
@@ -290,8 +286,9 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
                 report_lengths();
                 report_group_hw_id();
                 report_group_seq_no();
-                report_individual_len();
-                report_individual_md_len();
+                report_len_copy.apply((bit<8>)md.calc.report_words,
+                                      hdr.report_individual.report_len);
+                md_len_copy.apply((bit<8>)md.calc.md_words, hdr.report_individual.md_len);
                 report_individual_md_bits();
                 report_individual_domain_id();
                 md.truncate_len = (bit<32>)md.calc.report_bytes + REPORT_HEADERS_BYTES;

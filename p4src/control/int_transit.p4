@@ -54,7 +54,7 @@ control IntIngressCheck(inout headers_t hdr, inout local_md_t md) {
 
 control IntTransitEgress(inout headers_t hdr, inout local_md_t md) {
     COUNTER(int_transit_events, INT_EVENTS_SIZE);
-    BitmapCopy() bitmap_copy;
+    UnlinkedCopy16() bitmap_copy;
 
     // The lengths after a push, one step per action (a Tofino ALU adds aligned operands: each
     // length field gets its own copy of the record size). The IPv4 length saturates at NO_MTU.

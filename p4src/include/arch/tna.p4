@@ -253,12 +253,21 @@ control RandomRamp(in bit<32> d, in bit<32> span, in bit<16> p, out bool hit) {
     }
 }
 
-// A copy of a bitmap whose single bits the controls test, made by the hash unit (identity):
-// bf-p4c allocates a field whose bits are tested one by one in single-bit PHV slices, and with
-// it every field it is copied to or from in an action; a copy through the hash unit is not
-// tied to the original's allocation.
-control BitmapCopy(in bit<16> x, out bit<16> y) {
+// Copies made by the hash unit (identity hash), for values whose PHV allocation must not be
+// tied to their source's: an action's copy puts both fields in one allocation group (same
+// container size, slices cut alike), a copy through the hash unit does not. Used for a bitmap
+// whose single bits are tested (bf-p4c allocates such a field in 1-bit slices) and for 8-bit
+// header fields taken from 16-bit arithmetic results.
+control UnlinkedCopy16(in bit<16> x, out bit<16> y) {
     Hash<bit<16>>(HashAlgorithm_t.IDENTITY) identity;
+
+    apply {
+        y = identity.get({ x });
+    }
+}
+
+control UnlinkedCopy8(in bit<8> x, out bit<8> y) {
+    Hash<bit<8>>(HashAlgorithm_t.IDENTITY) identity;
 
     apply {
         y = identity.get({ x });

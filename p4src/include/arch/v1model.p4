@@ -98,8 +98,14 @@ control RandomRamp(in bit<32> d, in bit<32> span, in bit<16> p, out bool hit) {
     }
 }
 
-// A copy of a bitmap whose single bits the controls test (see include/arch/tna.p4).
-control BitmapCopy(in bit<16> x, out bit<16> y) {
+// Plain copies (include/arch/tna.p4 makes them with the hash unit, for PHV allocation).
+control UnlinkedCopy16(in bit<16> x, out bit<16> y) {
+    apply {
+        y = x;
+    }
+}
+
+control UnlinkedCopy8(in bit<8> x, out bit<8> y) {
     apply {
         y = x;
     }
