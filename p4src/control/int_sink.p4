@@ -90,6 +90,7 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
     UnlinkedCopy16() rep_bits_copy;
     UnlinkedCopy8() report_len_copy;
     UnlinkedCopy8() md_len_copy;
+    UnlinkedCopy16() shim_len_copy;  // widened apart from the 8-bit header field
     bit<16> rep_bits = 0;  // md.calc.rep_bits, for the tests of single bits
 
     // The stripped packet's lengths (the shim's own word too), one step per action.
@@ -97,9 +98,6 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
     // with a constant makes bf-p4c cut the field into 4-bit PHV slices).
     @hidden action stack_over() {
         md.calc.stack_over = hdr.int_shim.len |-| (bit<8>)(INT_STACK_MAX_WORDS + 3);
-    }
-    @hidden action strip_words() {
-        md.calc.shim_len = (bit<16>)hdr.int_shim.len;
     }
     @hidden action strip_words_plus_shim() { md.calc.int_words = md.calc.shim_len + 1; }
     @hidden action strip_bytes() {
@@ -203,7 +201,7 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
                     // it cannot be removed, the packet leaves as it came.
                     COUNT(int_sink_events, INT_SINK_STACK_TOO_LONG);
                 } else {
-                    strip_words();
+                    shim_len_copy.apply((bit<16>)hdr.int_shim.len, md.calc.shim_len);
                     strip_words_plus_shim();
                     strip_bytes();
                     hdr.ipv4.dscp = hdr.int_shim.dscp;
