@@ -280,13 +280,19 @@ control TnaEgress(inout headers_t hdr, inout tna_md_t m,
     IntSourceEgress() int_source;
     IntTransitEgress() int_transit;
     Ecn() ecn;
+    UnlinkedCopy32() egress_ts_lo;
+    UnlinkedCopy32() egress_ts_hi;
 
     apply {
         if (m.md.pkt_kind == PKT_NORMAL) {
             m.md.int_status = m.int_status;
         }
         m.md.egress_port = eg_intr_md.egress_port;
-        m.md.egress_ts = (bit<64>)eg_prsr_md.global_tstamp;
+        // Widened by the hash unit: copied by an action, the 48-bit intrinsic timestamp (16-bit
+        // containers) would put egress_ts, and the 32-bit hop latency and tx window computed from
+        // it, in one container-size group.
+        egress_ts_lo.apply(eg_prsr_md.global_tstamp[31:0], m.md.egress_ts[31:0]);
+        egress_ts_hi.apply((bit<32>)eg_prsr_md.global_tstamp[47:32], m.md.egress_ts[63:32]);
         m.md.enq_qdepth = (bit<32>)eg_intr_md.enq_qdepth;
         m.md.deq_qdepth = (bit<32>)eg_intr_md.deq_qdepth;
         m.md.qid = (bit<8>)eg_intr_md.egress_qid;

@@ -258,6 +258,14 @@ control RandomRamp(in bit<32> d, in bit<32> span, in bit<16> p, out bool hit) {
 // container size, slices cut alike), a copy through the hash unit does not. Used for a bitmap
 // whose single bits are tested (bf-p4c allocates such a field in 1-bit slices) and for 8-bit
 // header fields taken from 16-bit arithmetic results.
+control UnlinkedCopy32(in bit<32> x, out bit<32> y) {
+    Hash<bit<32>>(HashAlgorithm_t.IDENTITY) identity;
+
+    apply {
+        y = identity.get({ x });
+    }
+}
+
 control UnlinkedCopy16(in bit<16> x, out bit<16> y) {
     Hash<bit<16>>(HashAlgorithm_t.IDENTITY) identity;
 
