@@ -88,8 +88,8 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
     REGISTER(bit<32>, report_seq, 1);
     IntHopWords() md_words_of;
     UnlinkedCopy16() rep_bits_copy;
-    UnlinkedCopy8() report_len_copy;
-    UnlinkedCopy8() md_len_copy;
+    UnlinkedLow8() report_len_copy;
+    UnlinkedLow8() md_len_copy;
     UnlinkedCopy16() shim_len_copy;  // widened apart from the 8-bit header field
     bit<16> rep_bits = 0;  // md.calc.rep_bits, for the tests of single bits
 
@@ -130,6 +130,10 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
         md.calc.report_ip_len = md.calc.report_bytes + (20 + 8 + 8 + 12);
         md.calc.report_udp_len = md.calc.report_bytes + (8 + 8 + 12);
     }
+    // Words beyond the 8-bit Report Length (a saturating subtraction: a comparison with a
+    // constant or a mask test makes bf-p4c cut the field, and the lengths added to it, into
+    // slices that PHV allocation cannot place).
+    @hidden action report_len_over() { md.calc.report_over = md.calc.report_words |-| 0xFF; }
     REG_ACTION(report_seq, bit<32>, bit<32>, next_report_seq,
         rv = value;
         value = value + 1;)
@@ -271,7 +275,8 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
                 report_len_2();
                 report_len_3();
                 report_len_4();
-                if ((md.calc.report_words & 0xFF00) != 0) {
+                report_len_over();
+                if (md.calc.report_over != 0) {
                     md.calc.report_words = 0xFF;  // "to the end of the UDP payload"
                 }
 
@@ -284,9 +289,8 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
                 report_lengths();
                 report_group_hw_id();
                 report_group_seq_no();
-                report_len_copy.apply((bit<8>)md.calc.report_words,
-                                      hdr.report_individual.report_len);
-                md_len_copy.apply((bit<8>)md.calc.md_words, hdr.report_individual.md_len);
+                report_len_copy.apply(md.calc.report_words, hdr.report_individual.report_len);
+                md_len_copy.apply(md.calc.md_words, hdr.report_individual.md_len);
                 report_individual_md_bits();
                 report_individual_domain_id();
                 md.truncate_len = (bit<32>)md.calc.report_bytes + REPORT_HEADERS_BYTES;

@@ -239,6 +239,7 @@ struct calc_md_t {
     bit<16> inner_len;
     bit<16> inner_words;
     bit<16> report_words;
+    bit<16> report_over;         // report_words beyond 255
     bit<16> report_bytes;
     bit<16> report_ip_len;
     bit<16> report_udp_len;

@@ -274,7 +274,8 @@ control UnlinkedCopy16(in bit<16> x, out bit<16> y) {
     }
 }
 
-control UnlinkedCopy8(in bit<8> x, out bit<8> y) {
+// y = x[7:0] (the identity hash truncated to its output width).
+control UnlinkedLow8(in bit<16> x, out bit<8> y) {
     Hash<bit<8>>(HashAlgorithm_t.IDENTITY) identity;
 
     apply {

@@ -105,9 +105,9 @@ control UnlinkedCopy16(in bit<16> x, out bit<16> y) {
     }
 }
 
-control UnlinkedCopy8(in bit<8> x, out bit<8> y) {
+control UnlinkedLow8(in bit<16> x, out bit<8> y) {
     apply {
-        y = x;
+        y = x[7:0];
     }
 }
 
