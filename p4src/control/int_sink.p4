@@ -91,6 +91,7 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
     UnlinkedLow8() report_len_copy;
     UnlinkedLow8() md_len_copy;
     UnlinkedCopy16() shim_len_copy;  // widened apart from the 8-bit header field
+    UnlinkedCopy16() inner_len_copy;  // the report's lengths apart from the packet's
     bit<16> rep_bits = 0;  // md.calc.rep_bits, for the tests of single bits
 
     // The stripped packet's lengths (the shim's own word too), one step per action.
@@ -259,7 +260,7 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
                 bit<16> ip_bytes = (bit<16>)hdr.ipv4.ihl << 2;
                 bit<16> inner_max = ip_bytes + int_bytes;
                 inner_max = inner_max + (8 + REPORT_INNER_PAYLOAD_BYTES);
-                md.calc.inner_len = hdr.ipv4.total_len;
+                inner_len_copy.apply(hdr.ipv4.total_len, md.calc.inner_len);
                 if (ARCH_TRUNCATES == 1) {
                     if (md.calc.inner_len > inner_max) {
                         md.calc.inner_len = inner_max;
