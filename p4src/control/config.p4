@@ -59,6 +59,9 @@ control EgressConfig(inout headers_t hdr, inout local_md_t md) {
         md.calc.sink_port_16 = (bit<16>)md.report_sink_port;
     }
     @hidden action occupancy() { md.q_occupancy = md.deq_qdepth_bytes[23:0]; }
+    @hidden action occupancy_over() {
+        md.calc.occupancy_over = md.deq_qdepth_bytes |-| 0xFFFFFE;
+    }
     @hidden action occupancy_saturated() { md.q_occupancy = 0xFFFFFE; }
 
     apply {
@@ -70,7 +73,8 @@ control EgressConfig(inout headers_t hdr, inout local_md_t md) {
         enq_bytes.apply(md.enq_qdepth, md.qdepth_unit, md.enq_qdepth_bytes);
         deq_bytes.apply(md.deq_qdepth, md.qdepth_unit, md.deq_qdepth_bytes);
         // INT's 24-bit occupancy; all-ones would read as "not available", so saturate below.
-        if (md.deq_qdepth_bytes > 0xFFFFFE) {
+        occupancy_over();
+        if (md.calc.occupancy_over != 0) {
             occupancy_saturated();
         } else {
             occupancy();

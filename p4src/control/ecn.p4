@@ -12,6 +12,19 @@ control Ecn(inout headers_t hdr, inout local_md_t md) {
     RandomRamp() ramp;
     bit<32> kmin = 0;
     bit<32> kmax = 0;
+    // q > kmax and q > kmin as saturating differences (a Tofino gateway compares with constants)
+    bit<32> kmax_over = 0;
+    bit<32> kmin_over = 0;
+    bit<32> ramp_d = 0;
+    bit<32> ramp_span = 0;
+    @hidden action ramp_inputs() {
+        ramp_d = md.enq_qdepth_bytes - kmin;
+        ramp_span = kmax - kmin;
+    }
+    @hidden action over_thresholds() {
+        kmax_over = md.enq_qdepth_bytes |-| kmax;
+        kmin_over = md.enq_qdepth_bytes |-| kmin;
+    }
     bit<16> pmax = 0;
 
     // pmax: marking probability at Kmax, in units of 2^-16 (65535 = 1).
@@ -38,11 +51,13 @@ control Ecn(inout headers_t hdr, inout local_md_t md) {
             if (ecn_thresholds.apply().hit) {
                 bit<32> q = md.enq_qdepth_bytes;
                 bool mark = false;
-                if (q > kmax) {
+                over_thresholds();
+                if (kmax_over != 0) {
                     mark = true;
-                } else if (q > kmin) {
+                } else if (kmin_over != 0) {
                     // P(mark) = Pmax * (q - Kmin) / (Kmax - Kmin).
-                    ramp.apply(q - kmin, kmax - kmin, pmax, mark);
+                    ramp_inputs();
+                    ramp.apply(ramp_d, ramp_span, pmax, mark);
                 }
                 if (mark) {
                     hdr.ipv4.ecn = ECN_CE;

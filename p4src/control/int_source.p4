@@ -54,6 +54,7 @@ control IntSourceEgress(inout headers_t hdr, inout local_md_t md) {
     COUNTER(int_source_events, INT_EVENTS_SIZE);
     IntHopWords() hop_words;
 
+    @hidden action mtu_over() { md.calc.mtu_over = md.calc.len_after |-| md.mtu; }
     @hidden action length_after() {
         md.calc.len_after = hdr.ipv4.total_len |+| INT_HEADERS_BYTES;  // saturates at NO_MTU
     }
@@ -107,7 +108,8 @@ control IntSourceEgress(inout headers_t hdr, inout local_md_t md) {
         if (md.int_source == 1 && md.int_sink == 0 && hdr.udp.isValid()
                 && !hdr.int_shim.isValid()) {
             length_after();
-            if (md.calc.len_after > md.mtu) {
+            mtu_over();
+            if (md.calc.mtu_over != 0) {
                 COUNT(int_source_events, INT_SOURCE_MTU);
             } else {
                 hop_words.apply(md.int_source_bitmap, md.calc.md_words);

@@ -23,6 +23,7 @@ control IntIngressCheck(inout headers_t hdr, inout local_md_t md) {
     @hidden action shim_len_16() { md.calc.shim_len = (bit<16>)hdr.int_shim.len; }
     @hidden action udp_int_words() { md.calc.int_words = md.calc.shim_len + 3; }
     @hidden action udp_int_bytes() { md.calc.int_bytes_udp = md.calc.int_words << 2; }
+    @hidden action udp_short() { md.calc.udp_short = md.calc.int_bytes_udp |-| hdr.udp.len; }
     @hidden action hop_ml_16() { md.calc.hop_words = (bit<16>)hdr.int_md.hop_ml; }
 
     apply {
@@ -41,7 +42,8 @@ control IntIngressCheck(inout headers_t hdr, inout local_md_t md) {
                 udp_int_words();
                 udp_int_bytes();
                 hop_ml_16();
-                if (hdr.udp.len < md.calc.int_bytes_udp) {
+                udp_short();
+                if (md.calc.udp_short != 0) {
                     md.int_status = INT_LEN_PAST_END;
                 } else if (md.calc.hop_words != md.calc.md_words) {
                     md.int_status = INT_BAD_HOP_ML;
@@ -84,6 +86,10 @@ control IntTransitEgress(inout headers_t hdr, inout local_md_t md) {
         }
     }
     @hidden action shim_room() { md.calc.shim_room = 255 - hdr.int_shim.len; }
+    @hidden action overs() {
+        md.calc.mtu_over = md.calc.len_after |-| md.mtu;
+        md.calc.room_over = md.calc.hop_ml |-| md.calc.shim_room;
+    }
     @hidden action lengths_after() {
         md.calc.len_after = hdr.ipv4.total_len |+| md.calc.int_bytes_ip;
         md.calc.udp_len_after = hdr.udp.len + md.calc.int_bytes_udp;
@@ -96,10 +102,11 @@ control IntTransitEgress(inout headers_t hdr, inout local_md_t md) {
             record_sizes.apply();
             shim_room();
             lengths_after();
+            overs();
             if (hdr.int_md.remaining_hop_cnt == 0) {
                 hdr.int_md.e = 1;
                 COUNT(int_transit_events, INT_TRANSIT_E_BIT);
-            } else if (md.calc.len_after > md.mtu || md.calc.hop_ml > md.calc.shim_room) {
+            } else if (md.calc.mtu_over != 0 || md.calc.room_over != 0) {
                 // No room: in the port's MTU, or in the 8-bit shim length.
                 hdr.int_md.m = 1;
                 COUNT(int_transit_events, INT_TRANSIT_M_BIT);

@@ -49,6 +49,14 @@ control PortTelemetryEgress(inout headers_t hdr, inout local_md_t md) {
     bit<32> queue = 0;
     bit<32> egress_ts_hi = 0;
     bit<32> egress_ts_lo = 0;
+    // Window gaps, each computed by an action of its own: a Tofino gateway tests a field, not
+    // an expression.
+    bit<32> sink_window = 0;
+    bit<32> sink_gap = 0;
+    bit<32> stored_window = 0;
+    bit<32> gap = 0;
+    @hidden action sink_window_gap() { sink_gap = window - sink_window; }
+    @hidden action window_gap() { gap = window - stored_window; }
 
     // tx_window: the port's current window number.
     REG_ACTION(tx_window, bit<32>, bit<32>, tx_window_update,
@@ -107,14 +115,13 @@ control PortTelemetryEgress(inout headers_t hdr, inout local_md_t md) {
         if (md.pkt_kind == PKT_INGRESS_CLONE && md.report == 1) {
             // A report clone: the sink port's latest state, left unchanged.
             port_t sink = md.report_sink_port;
-            bit<32> sink_window;
             bit<32> sink_bytes;
             bit<32> sink_mult;
             REG_EXEC(tx_window_read, sink, sink_window);
             REG_EXEC(tx_bytes_read, sink, sink_bytes);
             REG_EXEC(tx_mult_read, sink, sink_mult);
             REG_EXEC(tx_util_read, sink, md.sink_tx_util);
-            bit<32> sink_gap = window - sink_window;
+            sink_window_gap();
             if (sink_gap == 1) {
                 sink_bytes_to_util.apply(sink_bytes, sink_mult, md.sink_tx_util);
             } else if (sink_gap != 0) {
@@ -135,11 +142,10 @@ control PortTelemetryEgress(inout headers_t hdr, inout local_md_t md) {
 #endif
         {
             port_t port = md.egress_port;
-            bit<32> stored_window;
             bit<32> stored_bytes;
             bit<32> unused;
             REG_EXEC(tx_window_update, port, stored_window);
-            bit<32> gap = window - stored_window;
+            window_gap();
             if (gap == 0) {
                 REG_EXEC(tx_bytes_add, port, stored_bytes);
                 REG_EXEC(tx_util_read, port, md.tx_util);

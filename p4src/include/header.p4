@@ -240,6 +240,12 @@ struct calc_md_t {
     bit<16> inner_words;
     bit<16> report_words;
     bit<16> report_over;         // report_words beyond 255
+    // "a > b" as a saturating difference a |-| b, nonzero when true: a Tofino gateway compares
+    // a field with a constant only.
+    bit<16> udp_short;           // INT length past the UDP length
+    bit<16> mtu_over;            // IPv4 length past the MTU
+    bit<8> room_over;            // hop record past the shim length's room
+    bit<32> occupancy_over;      // queue bytes past INT's 24-bit occupancy
     bit<16> report_bytes;
     bit<16> report_ip_len;
     bit<16> report_udp_len;

@@ -238,12 +238,26 @@ control RandomRamp(in bit<32> d, in bit<32> span, in bit<16> p, out bool hit) {
         const entries = { RAMP_ENTRIES }
     }
 
+    // One step per action: a Tofino gateway tests a field, not an expression.
+    bit<32> r = 0;
+    bit<16> q = 0;
+    bit<32> d_over = 0;
+    bit<16> p_over = 0;
+    // (each draw in its own action: a table passes at most 32 bits of RNG or hash output)
+    @hidden action draw_r() { r = draw_position.get(); }
+    @hidden action draw_q() { q = draw_probability.get(); }
+    @hidden action mask_position() { r = r & mask; }
+    @hidden action compare() {
+        d_over = d |-| r;
+        p_over = p |-| q;
+    }
+
     apply {
         span_mask.apply();
-        bit<32> r = draw_position.get() & mask;
-        bit<16> q = draw_probability.get();
-        bit<32> d_over = d |-| r;
-        bit<16> p_over = p |-| q;
+        draw_r();
+        draw_q();
+        mask_position();
+        compare();
         hit = false;
         if (d_over != 0) {
             if (p_over != 0) {
@@ -261,16 +275,20 @@ control RandomRamp(in bit<32> d, in bit<32> span, in bit<16> p, out bool hit) {
 control UnlinkedCopy32(in bit<32> x, out bit<32> y) {
     Hash<bit<32>>(HashAlgorithm_t.IDENTITY) identity;
 
+    @hidden action copy() { y = identity.get({ x }); }  // a table of its own
+
     apply {
-        y = identity.get({ x });
+        copy();
     }
 }
 
 control UnlinkedCopy16(in bit<16> x, out bit<16> y) {
     Hash<bit<16>>(HashAlgorithm_t.IDENTITY) identity;
 
+    @hidden action copy() { y = identity.get({ x }); }  // a table of its own
+
     apply {
-        y = identity.get({ x });
+        copy();
     }
 }
 
@@ -278,8 +296,10 @@ control UnlinkedCopy16(in bit<16> x, out bit<16> y) {
 control UnlinkedLow8(in bit<16> x, out bit<8> y) {
     Hash<bit<8>>(HashAlgorithm_t.IDENTITY) identity;
 
+    @hidden action copy() { y = identity.get({ x }); }  // a table of its own
+
     apply {
-        y = identity.get({ x });
+        copy();
     }
 }
 
