@@ -256,18 +256,6 @@ parser TnaEgressParser(packet_in pkt, out headers_t hdr, out tna_md_t m,
     }
 }
 
-// Metadata the feature controls copy into header fields: without these, PHV allocation
-// overlays the metadata field with the header field (their live ranges meet), and the action
-// that fills the metadata then writes the header's container from too many sources (a Tofino
-// action: two PHV sources, or one and constants).
-@pa_no_overlay("egress", "m.md.calc.ingress_port_16")
-@pa_no_overlay("egress", "m.md.calc.egress_port_16")
-@pa_no_overlay("egress", "m.md.calc.sink_port_16")
-@pa_no_overlay("egress", "m.md.q_occupancy")
-@pa_no_overlay("egress", "m.md.ingress_ts")
-@pa_no_overlay("egress", "m.md.egress_ts")
-@pa_no_overlay("egress", "m.md.report_src_mac")
-@pa_no_overlay("egress", "m.md.report_dst_mac")
 control TnaEgress(inout headers_t hdr, inout tna_md_t m,
                   in egress_intrinsic_metadata_t eg_intr_md,
                   in egress_intrinsic_metadata_from_parser_t eg_prsr_md,
