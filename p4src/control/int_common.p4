@@ -4,65 +4,79 @@
 #ifndef XINGMAI_INT_COMMON_P4
 #define XINGMAI_INT_COMMON_P4
 
-// The 16 entries of a table that maps a 4-bit slice of the instruction bitmap (bits s+3..s) to
-// the words its instructions take; w3..w0 are the words of the slice's bits, most significant
-// first. The key is the whole bitmap, masked to the slice: with the slice itself as key, bf-p4c
-// splits the bitmap, and every field it is copied to, into single bits for PHV allocation.
-#define INT_NIBBLE_WORDS(set, s, w3, w2, w1, w0) \
-    0x0 << s &&& 0xF << s: set(0);                  0x1 << s &&& 0xF << s: set(w0); \
-    0x2 << s &&& 0xF << s: set(w1);                 0x3 << s &&& 0xF << s: set(w1 + w0); \
-    0x4 << s &&& 0xF << s: set(w2);                 0x5 << s &&& 0xF << s: set(w2 + w0); \
-    0x6 << s &&& 0xF << s: set(w2 + w1);            0x7 << s &&& 0xF << s: set(w2 + w1 + w0); \
-    0x8 << s &&& 0xF << s: set(w3);                 0x9 << s &&& 0xF << s: set(w3 + w0); \
-    0xA << s &&& 0xF << s: set(w3 + w1);            0xB << s &&& 0xF << s: set(w3 + w1 + w0); \
-    0xC << s &&& 0xF << s: set(w3 + w2);            0xD << s &&& 0xF << s: set(w3 + w2 + w0); \
-    0xE << s &&& 0xF << s: set(w3 + w2 + w1);       0xF << s &&& 0xF << s: set(w3 + w2 + w1 + w0);
+// The 256 entries of a table that maps an 8-bit slice of the instruction bitmap (bits s+7..s)
+// to the words its instructions take; w7..w0 are the words of the slice's bits, most
+// significant first. The key is the whole bitmap, masked to the slice: with the slice itself as
+// key, bf-p4c splits the bitmap, and every field it is copied to, into single bits for PHV
+// allocation. An entry's action is set(v, w): v the slice's value in place, w its words.
+// INT_WORDS_ROW gives the 16 entries whose high nibble is h (worth hw words).
+#define INT_WORDS_ENTRY(set, s, h, l, w) \
+    ((h << 4) | l) << s &&& 0xFF << s: set(((h << 4) | l) << s, w);
+#define INT_WORDS_ROW(set, s, h, hw, w3, w2, w1, w0)                                     \
+    INT_WORDS_ENTRY(set, s, h, 0x0, hw) INT_WORDS_ENTRY(set, s, h, 0x1, hw + w0)          \
+    INT_WORDS_ENTRY(set, s, h, 0x2, hw + w1) INT_WORDS_ENTRY(set, s, h, 0x3, hw + w1 + w0) \
+    INT_WORDS_ENTRY(set, s, h, 0x4, hw + w2) INT_WORDS_ENTRY(set, s, h, 0x5, hw + w2 + w0) \
+    INT_WORDS_ENTRY(set, s, h, 0x6, hw + w2 + w1)                                         \
+    INT_WORDS_ENTRY(set, s, h, 0x7, hw + w2 + w1 + w0)                                    \
+    INT_WORDS_ENTRY(set, s, h, 0x8, hw + w3) INT_WORDS_ENTRY(set, s, h, 0x9, hw + w3 + w0) \
+    INT_WORDS_ENTRY(set, s, h, 0xA, hw + w3 + w1)                                         \
+    INT_WORDS_ENTRY(set, s, h, 0xB, hw + w3 + w1 + w0)                                    \
+    INT_WORDS_ENTRY(set, s, h, 0xC, hw + w3 + w2)                                         \
+    INT_WORDS_ENTRY(set, s, h, 0xD, hw + w3 + w2 + w0)                                    \
+    INT_WORDS_ENTRY(set, s, h, 0xE, hw + w3 + w2 + w1)                                    \
+    INT_WORDS_ENTRY(set, s, h, 0xF, hw + w3 + w2 + w1 + w0)
+#define INT_WORDS_BYTE(set, s, w7, w6, w5, w4, w3, w2, w1, w0)                            \
+    INT_WORDS_ROW(set, s, 0x0, 0, w3, w2, w1, w0)                                         \
+    INT_WORDS_ROW(set, s, 0x1, w4, w3, w2, w1, w0)                                        \
+    INT_WORDS_ROW(set, s, 0x2, w5, w3, w2, w1, w0)                                        \
+    INT_WORDS_ROW(set, s, 0x3, w5 + w4, w3, w2, w1, w0)                                   \
+    INT_WORDS_ROW(set, s, 0x4, w6, w3, w2, w1, w0)                                        \
+    INT_WORDS_ROW(set, s, 0x5, w6 + w4, w3, w2, w1, w0)                                   \
+    INT_WORDS_ROW(set, s, 0x6, w6 + w5, w3, w2, w1, w0)                                   \
+    INT_WORDS_ROW(set, s, 0x7, w6 + w5 + w4, w3, w2, w1, w0)                              \
+    INT_WORDS_ROW(set, s, 0x8, w7, w3, w2, w1, w0)                                        \
+    INT_WORDS_ROW(set, s, 0x9, w7 + w4, w3, w2, w1, w0)                                   \
+    INT_WORDS_ROW(set, s, 0xA, w7 + w5, w3, w2, w1, w0)                                   \
+    INT_WORDS_ROW(set, s, 0xB, w7 + w5 + w4, w3, w2, w1, w0)                              \
+    INT_WORDS_ROW(set, s, 0xC, w7 + w6, w3, w2, w1, w0)                                   \
+    INT_WORDS_ROW(set, s, 0xD, w7 + w6 + w4, w3, w2, w1, w0)                              \
+    INT_WORDS_ROW(set, s, 0xE, w7 + w6 + w5, w3, w2, w1, w0)                              \
+    INT_WORDS_ROW(set, s, 0xF, w7 + w6 + w5 + w4, w3, w2, w1, w0)
 
 // Words one hop's metadata takes for an instruction bitmap (bit 0 = MSB): bits 4, 5 and 6 are
-// 8-byte units, every other bit a 4-byte unit. A lookup per 4-bit slice, each adding its words
-// to the sum: the form a Tofino stage can compute (no bit counting in its ALUs); the tables
-// are constant and hidden from the control plane.
+// 8-byte units, every other bit a 4-byte unit. A lookup per byte of the bitmap, both at once,
+// then one addition: the form a Tofino stage can compute (no bit counting in its ALUs); the
+// tables are constant and hidden from the control plane.
 // The sum is 16 bits wide (at most 19 words): the width of the length fields it is added to, so
 // that Tofino's ALUs add it without zero-extension.
 control IntHopWords(in bit<16> bitmap, out bit<16> words) {
-    bit<16> sum = 0;
+    bit<16> high = 0;
+    bit<16> low = 0;
 
-    @hidden action add_words(bit<16> w) { sum = sum + w; }
+    @hidden action set_high(bit<16> w) { high = w; }
+    @hidden action set_low(bit<16> w) { low = w; }
+#define INT_WORDS_SET_HIGH(v, w) set_high(w)
+#define INT_WORDS_SET_LOW(v, w) set_low(w)
+    @hidden action sum() { words = high + low; }
 
-    @hidden table instruction_words_0_3 {
+    @hidden table instruction_words_0_7 {
         key = { bitmap: ternary; }
-        actions = { add_words; }
-        const default_action = add_words(0);
-        const entries = { INT_NIBBLE_WORDS(add_words, 12, 1, 1, 1, 1) }
+        actions = { set_high; }
+        const default_action = set_high(0);
+        const entries = { INT_WORDS_BYTE(INT_WORDS_SET_HIGH, 8, 1, 1, 1, 1, 2, 2, 2, 1) }
     }
 
-    @hidden table instruction_words_4_7 {
+    @hidden table instruction_words_8_15 {
         key = { bitmap: ternary; }
-        actions = { add_words; }
-        const default_action = add_words(0);
-        const entries = { INT_NIBBLE_WORDS(add_words, 8, 2, 2, 2, 1) }
-    }
-
-    @hidden table instruction_words_8_11 {
-        key = { bitmap: ternary; }
-        actions = { add_words; }
-        const default_action = add_words(0);
-        const entries = { INT_NIBBLE_WORDS(add_words, 4, 1, 1, 1, 1) }
-    }
-
-    @hidden table instruction_words_12_15 {
-        key = { bitmap: ternary; }
-        actions = { add_words; }
-        const default_action = add_words(0);
-        const entries = { INT_NIBBLE_WORDS(add_words, 0, 1, 1, 1, 1) }
+        actions = { set_low; }
+        const default_action = set_low(0);
+        const entries = { INT_WORDS_BYTE(INT_WORDS_SET_LOW, 0, 1, 1, 1, 1, 1, 1, 1, 1) }
     }
 
     apply {
-        instruction_words_0_3.apply();
-        instruction_words_4_7.apply();
-        instruction_words_8_11.apply();
-        instruction_words_12_15.apply();
-        words = sum;
+        instruction_words_0_7.apply();
+        instruction_words_8_15.apply();
+        sum();
     }
 }
 

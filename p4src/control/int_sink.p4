@@ -86,13 +86,9 @@ control IntSinkIngress(inout headers_t hdr, inout local_md_t md) {
 control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
     COUNTER(int_sink_events, INT_EVENTS_SIZE);
     REGISTER(bit<32>, report_seq, 1);
-    IntHopWords() md_words_of;
-    UnlinkedCopy16() rep_bits_copy;
     UnlinkedLow8() report_len_copy;
-    UnlinkedLow8() md_len_copy;
     UnlinkedCopy16() shim_len_copy;  // widened apart from the 8-bit header field
     UnlinkedCopy16() inner_len_copy;  // the report's lengths apart from the packet's
-    bit<16> rep_bits = 0;  // md.calc.rep_bits, for the tests of single bits
 
     // The stripped packet's lengths (the shim's own word too), one step per action.
     // Shim length beyond what the parser can hold (a saturating subtraction: a range comparison
@@ -106,30 +102,44 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
         md.calc.int_bytes_udp = md.calc.int_words << 2;
     }
 
-    // The report's metadata: the packet's instruction bits this sink gives.
-    // (The mask is metadata, set in a step of its own: ANDed with a constant that has gaps,
-    // bf-p4c splits the field into single bits, and every field it is copied to with it.)
-    @hidden action report_md_mask() { md.calc.rep_mask = REPORT_MD_SUPPORTED; }
-    @hidden action report_md_bits() {
-        md.calc.rep_bits = hdr.int_md.instruction_bitmap & md.calc.rep_mask;
+    // The report's metadata: the packet's instruction bits this sink gives (RepMdBits, all
+    // among bits 0-7), with their size and the report lengths that depend on it, from one
+    // constant table on the bitmap's high byte (an AND with a mask and a bit count would be a
+    // chain of Tofino stages). Report Length counts the words after the individual header's
+    // first (2 + metadata + inner packet); the IPv4 and UDP lengths add the bytes of the
+    // headers after them.
+    bit<16> rep_bits = 0;  // (also a field of its own for the tests of single bits)
+    bit<16> report_words_extra = 0;
+    bit<16> report_ip_extra = 0;
+    bit<16> report_udp_extra = 0;
+    @hidden action report_md(bit<16> bits, bit<8> words, bit<16> words_extra, bit<16> ip_extra,
+                             bit<16> udp_extra) {
+        rep_bits = bits;
+        hdr.report_individual.rep_md_bits = bits;
+        hdr.report_individual.md_len = words;
+        report_words_extra = words_extra;
+        report_ip_extra = ip_extra;
+        report_udp_extra = udp_extra;
+    }
+#define REPORT_MD_SET(v, w)                                                     \
+    report_md((v) & REPORT_MD_SUPPORTED, w, (w) + 2, 4 * (w) + REPORT_IP_HEADERS_BYTES, \
+              4 * (w) + REPORT_UDP_HEADERS_BYTES)
+    @hidden table report_md_sizes {
+        key = { hdr.int_md.instruction_bitmap: ternary; }
+        actions = { report_md; }
+        const default_action = report_md(0, 0, 2, REPORT_IP_HEADERS_BYTES,
+                                         REPORT_UDP_HEADERS_BYTES);
+        const entries = { INT_WORDS_BYTE(REPORT_MD_SET, 8, 0, 1, 1, 1, 2, 2, 0, 1) }
     }
 
-    // The report's lengths.
-    @hidden action report_len_1() {
+    @hidden action report_inner_words() {
         md.calc.inner_words = md.calc.inner_len + 3;
+        hdr.report_ipv4.total_len = md.calc.inner_len + report_ip_extra;
+        hdr.report_udp.len = md.calc.inner_len + report_udp_extra;
     }
-    @hidden action report_len_2() {
-        md.calc.inner_words = md.calc.inner_words >> 2;
-        md.calc.md_bytes = md.calc.md_words << 2;
-    }
-    @hidden action report_len_3() {
-        md.calc.report_words = md.calc.inner_words + md.calc.md_words;
-        md.calc.report_bytes = md.calc.md_bytes + md.calc.inner_len;  // after the individual header
-    }
-    @hidden action report_len_4() {
-        md.calc.report_words = md.calc.report_words + 2;
-        md.calc.report_ip_len = md.calc.report_bytes + (20 + 8 + 8 + 12);
-        md.calc.report_udp_len = md.calc.report_bytes + (8 + 8 + 12);
+    @hidden action report_inner_words_down() { md.calc.inner_words = md.calc.inner_words >> 2; }
+    @hidden action report_len() {
+        md.calc.report_words = md.calc.inner_words + report_words_extra;
     }
     // Words beyond the 8-bit Report Length (a saturating subtraction: a comparison with a
     // constant or a mask test makes bf-p4c cut the field, and the lengths added to it, into
@@ -181,17 +191,10 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
         hdr.report_ipv4.dst_addr = md.report_dst_addr;
         hdr.report_udp.dport = md.report_dport;
     }
-    @hidden action report_lengths() {
-        hdr.report_ipv4.total_len = md.calc.report_ip_len;
-        hdr.report_udp.len = md.calc.report_udp_len;
-    }
     @hidden action report_group_hw_id() { hdr.report_group.hw_id = md.hw_id; }
     @hidden action report_group_seq_no() {
         hdr.report_group.seq_no = (bit<22>)seq;
         hdr.report_group.node_id = md.node_id;
-    }
-    @hidden action report_individual_md_bits() {
-        hdr.report_individual.rep_md_bits = md.calc.rep_bits;
     }
     @hidden action report_individual_domain_id() {
         hdr.report_individual.domain_id = hdr.int_md.domain_id;
@@ -221,12 +224,8 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
             }
         } else if (md.pkt_kind == PKT_INGRESS_CLONE) {
             if (md.report == 1 && hdr.int_md.isValid()) {
-                // The sink's own metadata: the packet's instruction bits this sink gives, each
-                // the size it has in a hop record.
-                report_md_mask();
-                report_md_bits();
-                md_words_of.apply(md.calc.rep_bits, md.calc.md_words);
-                rep_bits_copy.apply(md.calc.rep_bits, rep_bits);
+                report_fixed();
+                report_md_sizes.apply();
                 if ((rep_bits & 0x4000) != 0) {
                     hdr.report_md.l1_port_ids.setValid();
                     hdr.report_md.l1_port_ids.ingress_port_id = md.calc.ingress_port_16;
@@ -272,29 +271,24 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
                 }
                 // (where the target cannot cut the packet it carries all of it, the last word
                 // perhaps partly)
-                report_len_1();
-                report_len_2();
-                report_len_3();
-                report_len_4();
+                report_inner_words();
+                report_inner_words_down();
+                report_len();
                 report_len_over();
+                report_len_copy.apply(md.calc.report_words, hdr.report_individual.report_len);
                 if (md.calc.report_over != 0) {
-                    md.calc.report_words = 0xFF;  // "to the end of the UDP payload"
+                    hdr.report_individual.report_len = 0xFF;  // "to the end of the UDP payload"
                 }
 
                 REG_EXEC(next_report_seq, 0, seq);
                 hdr.ethernet.setInvalid();
-                report_fixed();
                 report_dst_mac();
                 report_src_mac();
                 report_addresses();
-                report_lengths();
                 report_group_hw_id();
                 report_group_seq_no();
-                report_len_copy.apply(md.calc.report_words, hdr.report_individual.report_len);
-                md_len_copy.apply(md.calc.md_words, hdr.report_individual.md_len);
-                report_individual_md_bits();
                 report_individual_domain_id();
-                md.truncate_len = (bit<32>)md.calc.report_bytes + REPORT_HEADERS_BYTES;
+                md.truncate_len = (bit<32>)hdr.report_ipv4.total_len + REPORT_ETHERNET_BYTES;
                 COUNT(int_sink_events, INT_SINK_REPORT);
             } else if (md.punt_reason == PUNT_REPORT_UNSENT) {
                 COUNT(int_sink_events, INT_SINK_REPORT_TO_CPU);

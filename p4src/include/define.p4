@@ -68,8 +68,11 @@ const bit<16> REPORT_UDP_SPORT = 32766;
 const bit<16> REPORT_MD_SUPPORTED = 0x7D00;
 // Inner packet bytes kept after the INT stack, so the collector sees the transport header.
 const bit<16> REPORT_INNER_PAYLOAD_BYTES = 16;
-// Report header bytes before the sink's metadata: Ethernet, IPv4, UDP, group, individual.
-const bit<32> REPORT_HEADERS_BYTES = 14 + 20 + 8 + 8 + 12;
+// Report header bytes before the sink's metadata, from the outer IPv4 header (IPv4, UDP,
+// group, individual) and from the UDP header; the Ethernet header in front of them.
+const bit<16> REPORT_IP_HEADERS_BYTES = 20 + 8 + 8 + 12;
+const bit<16> REPORT_UDP_HEADERS_BYTES = 8 + 8 + 12;
+const bit<32> REPORT_ETHERNET_BYTES = 14;
 
 // ---- drops counter indexes (ingress) ---------------------------------------------------------
 const bit<8> DROP_NOT_IPV4 = 1;

@@ -222,8 +222,6 @@ struct calc_md_t {
     bit<16> ingress_port_16;     // ports as INT and packet-in carry them
     bit<16> egress_port_16;
     bit<16> sink_port_16;
-    bit<16> rep_mask;            // REPORT_MD_SUPPORTED
-    bit<16> rep_bits;            // the report metadata a sink gives (RepMdBits)
     bit<16> shim_len;            // the INT shim length, 16 bits wide
     bit<16> int_words;           // words of INT the packet carries (shim included)
     bit<16> int_bytes_ip;        // the same in bytes, once per length field it changes
@@ -234,8 +232,7 @@ struct calc_md_t {
     bit<8> hop_ml;
     bit<8> shim_room;            // words the 8-bit shim length can still grow by
     bit<8> stack_over;           // shim length beyond the parser's INT stack limit
-    bit<16> md_words;            // hop record / sink report metadata size (IntHopWords)
-    bit<16> md_bytes;
+    bit<16> md_words;            // hop record size (IntHopWords)
     bit<16> inner_len;
     bit<16> inner_words;
     bit<16> report_words;
@@ -246,9 +243,6 @@ struct calc_md_t {
     bit<16> mtu_over;            // IPv4 length past the MTU
     bit<8> room_over;            // hop record past the shim length's room
     bit<32> occupancy_over;      // queue bytes past INT's 24-bit occupancy
-    bit<16> report_bytes;
-    bit<16> report_ip_len;
-    bit<16> report_udp_len;
 }
 
 struct local_md_t {

@@ -44,7 +44,8 @@ typedef PortId_t port_t;
 #define DIRECT_COUNTER(name) DirectCounter<bit<64>>(CounterType_t.PACKETS_AND_BYTES) name
 #define DIRECT_COUNT(name) name.count()
 
-// Registers: REG_ACTION is a RegisterAction (the stateful ALU program), REG_EXEC executes it.
+// Registers: REG_ACTION is a RegisterAction (the stateful ALU program), REG_EXEC executes it
+// (REG_RUN when the packet needs nothing back).
 #define REGISTER(type, name, size) Register<type, bit<32>>((bit<32>)(size)) name
 #define REG_ACTION(reg, T, R, name, ...)                                       \
     RegisterAction<T, bit<32>, R>(reg) name = {                                \
@@ -53,6 +54,7 @@ typedef PortId_t port_t;
         }                                                                      \
     };
 #define REG_EXEC(name, index, dst) dst = name.execute((bit<32>)(index))
+#define REG_RUN(name, index) name.execute((bit<32>)(index))
 
 // ECMP: an ActionSelector over an ActionProfile (ECMP_GROUPS groups of at most
 // ECMP_MAX_GROUP_SIZE members), CRC-16 over the table's selector keys.
@@ -85,6 +87,8 @@ typedef PortId_t port_t;
 
 // y = x * m >> 16 with m rounded down to its two leading set bits (at most 25 % low, 12.5 %
 // on average over m): each bit k of m adds x shifted by k - 16, one action per shift amount.
+// m < 2^30 (y is 0 otherwise): a stage's instruction memory holds 31 actions that write the
+// same container, and 2^30 is far beyond a real multiplier (p4src/README.md: tx_util_mult).
 #define MUL_HI_ACTION(term, k, op, s)                                           \
     @hidden action term##_##k() { term = x op s; rest = m & ~(32w1 << k); }
 #define MUL_LO_ACTION(term, k, op, s) @hidden action term##_##k() { term = x op s; }
@@ -98,7 +102,7 @@ typedef PortId_t port_t;
     X(term, 16, <<, 0) X(term, 17, <<, 1) X(term, 18, <<, 2) X(term, 19, <<, 3)    \
     X(term, 20, <<, 4) X(term, 21, <<, 5) X(term, 22, <<, 6) X(term, 23, <<, 7)    \
     X(term, 24, <<, 8) X(term, 25, <<, 9) X(term, 26, <<, 10) X(term, 27, <<, 11)  \
-    X(term, 28, <<, 12) X(term, 29, <<, 13) X(term, 30, <<, 14) X(term, 31, <<, 15)
+    X(term, 28, <<, 12) X(term, 29, <<, 13)
 #define MUL_TERM_ENTRIES(term)                                                  \
     MUL_TERM_ENTRY(term, 0) MUL_TERM_ENTRY(term, 1) MUL_TERM_ENTRY(term, 2)     \
     MUL_TERM_ENTRY(term, 3) MUL_TERM_ENTRY(term, 4) MUL_TERM_ENTRY(term, 5)     \
@@ -109,22 +113,22 @@ typedef PortId_t port_t;
     MUL_TERM_ENTRY(term, 18) MUL_TERM_ENTRY(term, 19) MUL_TERM_ENTRY(term, 20)  \
     MUL_TERM_ENTRY(term, 21) MUL_TERM_ENTRY(term, 22) MUL_TERM_ENTRY(term, 23)  \
     MUL_TERM_ENTRY(term, 24) MUL_TERM_ENTRY(term, 25) MUL_TERM_ENTRY(term, 26)  \
-    MUL_TERM_ENTRY(term, 27) MUL_TERM_ENTRY(term, 28) MUL_TERM_ENTRY(term, 29)  \
-    MUL_TERM_ENTRY(term, 30) MUL_TERM_ENTRY(term, 31)
+    MUL_TERM_ENTRY(term, 27) MUL_TERM_ENTRY(term, 28) MUL_TERM_ENTRY(term, 29)
 
 control MulShr16(in bit<32> x, in bit<32> m, out bit<32> y) {
-    bit<32> hi = 0;
     bit<32> lo = 0;
     bit<32> rest = 0;
 
-    MUL_TERM_ALL(MUL_HI_ACTION, hi)
+    MUL_TERM_ALL(MUL_HI_ACTION, y)
     MUL_TERM_ALL(MUL_LO_ACTION, lo)
+    @hidden action none() { y = 0; }
+    @hidden action sum() { y = y + lo; }
 
     @hidden table leading_bit {
         key = { m: ternary; }
-        actions = { MUL_TERM_ALL(MUL_TERM_ACTION_REF, hi) NoAction; }
-        const default_action = NoAction();
-        const entries = { MUL_TERM_ENTRIES(hi) }
+        actions = { MUL_TERM_ALL(MUL_TERM_ACTION_REF, y) none; }
+        const default_action = none();
+        const entries = { MUL_TERM_ENTRIES(y) }
     }
 
     @hidden table second_bit {
@@ -137,34 +141,31 @@ control MulShr16(in bit<32> x, in bit<32> m, out bit<32> y) {
     apply {
         leading_bit.apply();
         second_bit.apply();
-        y = hi + lo;
+        sum();
     }
 }
 
 // Bytes a queue depth stands for: Tofino counts queues in cells of 80 bytes (Tofino 2: 176);
 // qdepth_unit is not needed.
 control QueueBytes(in bit<32> depth, in bit<32> unit, out bit<32> bytes) {
+    bit<32> part = 0;
 #if __TARGET_TOFINO__ == 2
-    bit<32> b128 = 0;
-    bit<32> b32 = 0;
-    bit<32> b16 = 0;
-    bit<32> b160 = 0;
-    @hidden action shifts() { b128 = depth << 7; b32 = depth << 5; b16 = depth << 4; }
-    @hidden action sum_1() { b160 = b128 + b32; }
-    @hidden action sum_2() { bytes = b160 + b16; }
+    // 176 = 128 + 16 + 32
+    @hidden action shifts() { bytes = depth << 7; part = depth << 4; }
+    @hidden action add_16() { bytes = bytes + part; part = part << 1; }
+    @hidden action add_32() { bytes = bytes + part; }
     apply {
         shifts();
-        sum_1();
-        sum_2();
+        add_16();
+        add_32();
     }
 #else
-    bit<32> b64 = 0;
-    bit<32> b16 = 0;
-    @hidden action shifts() { b64 = depth << 6; b16 = depth << 4; }
-    @hidden action sum() { bytes = b64 + b16; }
+    // 80 = 64 + 16
+    @hidden action shifts() { bytes = depth << 6; part = depth << 4; }
+    @hidden action add_16() { bytes = bytes + part; }
     apply {
         shifts();
-        sum();
+        add_16();
     }
 #endif
 }

@@ -36,7 +36,8 @@ typedef bit<9> port_t;
 // Registers. A register cell is changed by a named read-modify-write, the shape Tofino's
 // RegisterAction imposes (one per register per packet): REG_ACTION declares it at control
 // scope with a body that reads and updates `value` (the cell) and sets `rv` (what the packet
-// gets back); REG_EXEC runs it on one cell. Bodies only assign (v1model predicates them).
+// gets back); REG_EXEC runs it on one cell, REG_RUN too when the packet needs nothing back (a
+// 32-bit rv). Bodies only assign (v1model predicates them).
 #define REGISTER(type, name, size) register<type>((bit<32>)(size)) name
 #define REG_ACTION(reg, T, R, name, ...)                                       \
     @hidden action name(in bit<32> index, out R rv) {                          \
@@ -46,6 +47,7 @@ typedef bit<9> port_t;
         reg.write(index, value);                                               \
     }
 #define REG_EXEC(name, index, dst) name((bit<32>)(index), dst)
+#define REG_RUN(name, index) { bit<32> rv_unused; name((bit<32>)(index), rv_unused); }
 
 // ECMP: an action selector hashing the table's selector keys with CRC-16. The table names
 // ECMP_IMPLEMENTATION(name) as its implementation.
