@@ -121,13 +121,19 @@ control XingmaiEgress(inout headers_t hdr, inout local_md_t md,
 
         config.apply(hdr, md);
         port_telemetry.apply(hdr, md);
-        int_sink.apply(hdr, md);
-        if (md.egress_port == CPU_PORT) {
-            packet_io.apply(hdr, md);
-        } else if (md.pkt_kind == PKT_NORMAL) {
+        // The sink (strip or report), and source + transit, in exclusive branches: a Tofino
+        // pipeline places exclusive tables in the same stages.
+        if (md.pkt_kind == PKT_NORMAL && md.egress_port != CPU_PORT) {
+            ecn.apply(hdr, md);
+        }
+        if (md.pkt_kind == PKT_INGRESS_CLONE || md.int_sink == 1) {
+            int_sink.apply(hdr, md);
+        } else if (md.pkt_kind == PKT_NORMAL && md.egress_port != CPU_PORT) {
             int_source.apply(hdr, md);
             int_transit.apply(hdr, md);
-            ecn.apply(hdr, md);
+        }
+        if (md.egress_port == CPU_PORT) {
+            packet_io.apply(hdr, md);
         }
 
         if (md.drop == 1) {

@@ -107,12 +107,12 @@ control IntSourceEgress(inout headers_t hdr, inout local_md_t md) {
     apply {
         if (md.int_source == 1 && md.int_sink == 0 && hdr.udp.isValid()
                 && !hdr.int_shim.isValid()) {
+            hop_words.apply(md.int_source_bitmap, md.calc.md_words);  // (beside the MTU check)
             length_after();
             mtu_over();
             if (md.calc.mtu_over != 0) {
                 COUNT(int_source_events, INT_SOURCE_MTU);
             } else {
-                hop_words.apply(md.int_source_bitmap, md.calc.md_words);
                 shim_fixed();
                 shim_dscp();
                 md_fixed();

@@ -77,7 +77,6 @@ header mirror_md_t {
 
 struct tna_md_t {
     local_md_t md;
-    bit<8> int_status;  // the INT status ingress decided
     bridged_md_t bridged;
     mirror_md_t mirror;
 }
@@ -199,6 +198,12 @@ parser TnaEgressParser(packet_in pkt, out headers_t hdr, out tna_md_t m,
     // header of the program into one group that cannot be placed.
     state start {
         pkt.extract(eg_intr_md);
+        // (set by the parser: copies in the control would be a chain of dependent stages)
+        m.md.egress_port = eg_intr_md.egress_port;
+        m.md.enq_qdepth = (bit<32>)eg_intr_md.enq_qdepth;
+        m.md.deq_qdepth = (bit<32>)eg_intr_md.deq_qdepth;
+        m.md.qid = (bit<8>)eg_intr_md.egress_qid;
+        m.md.pkt_len = (bit<32>)eg_intr_md.pkt_length;
         transition select(pkt.lookahead<bit<8>>()) {
             TNA_BRIDGED: parse_bridged;
             TNA_MIRROR: parse_mirror;
@@ -211,7 +216,6 @@ parser TnaEgressParser(packet_in pkt, out headers_t hdr, out tna_md_t m,
         m.md.pkt_kind = PKT_NORMAL;
         m.md.ingress_port = m.bridged.f.ingress_port;
         m.md.ingress_ts = m.bridged.f.ingress_ts;
-        m.int_status = m.bridged.f.int_status;  // replaces the packet parser's, in egress
         m.md.int_source = m.bridged.f.int_source;
         m.md.int_source_bitmap = m.bridged.f.int_source_bitmap;
         m.md.int_source_hop_budget = m.bridged.f.int_source_hop_budget;
@@ -240,13 +244,16 @@ parser TnaEgressParser(packet_in pkt, out headers_t hdr, out tna_md_t m,
         transition parse_clone_packet;
     }
 
+    // The INT status ingress decided replaces the one the packet parser sets.
     state parse_sink_packet {
         sink_parser.apply(pkt, hdr, m.md);
+        m.md.int_status = m.bridged.f.int_status;
         transition accept;
     }
 
     state parse_packet {
         xingmai_parser.apply(pkt, hdr, m.md);
+        m.md.int_status = m.bridged.f.int_status;
         transition accept;
     }
 
@@ -272,29 +279,26 @@ control TnaEgress(inout headers_t hdr, inout tna_md_t m,
     UnlinkedCopy32() egress_ts_hi;
 
     apply {
-        if (m.md.pkt_kind == PKT_NORMAL) {
-            m.md.int_status = m.int_status;
-        }
-        m.md.egress_port = eg_intr_md.egress_port;
         // Widened by the hash unit: copied by an action, the 48-bit intrinsic timestamp (16-bit
         // containers) would put egress_ts, and the 32-bit hop latency and tx window computed from
         // it, in one container-size group.
         egress_ts_lo.apply(eg_prsr_md.global_tstamp[31:0], m.md.egress_ts[31:0]);
         egress_ts_hi.apply((bit<32>)eg_prsr_md.global_tstamp[47:32], m.md.egress_ts[63:32]);
-        m.md.enq_qdepth = (bit<32>)eg_intr_md.enq_qdepth;
-        m.md.deq_qdepth = (bit<32>)eg_intr_md.deq_qdepth;
-        m.md.qid = (bit<8>)eg_intr_md.egress_qid;
-        m.md.pkt_len = (bit<32>)eg_intr_md.pkt_length;
-
         config.apply(hdr, m.md);
         port_telemetry.apply(hdr, m.md);
-        int_sink.apply(hdr, m.md);
-        if (m.md.egress_port == CPU_PORT) {
-            packet_io.apply(hdr, m.md);
-        } else if (m.md.pkt_kind == PKT_NORMAL) {
+        // The sink (strip or report), and source + transit, in exclusive branches: a Tofino
+        // pipeline places exclusive tables in the same stages.
+        if (m.md.pkt_kind == PKT_NORMAL && m.md.egress_port != CPU_PORT) {
+            ecn.apply(hdr, m.md);
+        }
+        if (m.md.pkt_kind == PKT_INGRESS_CLONE || m.md.int_sink == 1) {
+            int_sink.apply(hdr, m.md);
+        } else if (m.md.pkt_kind == PKT_NORMAL && m.md.egress_port != CPU_PORT) {
             int_source.apply(hdr, m.md);
             int_transit.apply(hdr, m.md);
-            ecn.apply(hdr, m.md);
+        }
+        if (m.md.egress_port == CPU_PORT) {
+            packet_io.apply(hdr, m.md);
         }
 
         if (m.md.drop == 1) {
