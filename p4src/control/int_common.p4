@@ -43,6 +43,26 @@
     INT_WORDS_ROW(set, s, 0xE, w7 + w6 + w5, w3, w2, w1, w0)                              \
     INT_WORDS_ROW(set, s, 0xF, w7 + w6 + w5 + w4, w3, w2, w1, w0)
 
+// The 256 entries of a constant table keyed on the 8-bit INT shim length, entry n running
+// set(n) (a function-like macro naming the action and its data): lengths derived from the shim
+// length in one lookup, not a chain of Tofino stages.
+#define INT_SHIM_ROW(set, h)                                                              \
+    (h << 4) | 0x0: set((h << 4) | 0x0); (h << 4) | 0x1: set((h << 4) | 0x1);            \
+    (h << 4) | 0x2: set((h << 4) | 0x2); (h << 4) | 0x3: set((h << 4) | 0x3);            \
+    (h << 4) | 0x4: set((h << 4) | 0x4); (h << 4) | 0x5: set((h << 4) | 0x5);            \
+    (h << 4) | 0x6: set((h << 4) | 0x6); (h << 4) | 0x7: set((h << 4) | 0x7);            \
+    (h << 4) | 0x8: set((h << 4) | 0x8); (h << 4) | 0x9: set((h << 4) | 0x9);            \
+    (h << 4) | 0xA: set((h << 4) | 0xA); (h << 4) | 0xB: set((h << 4) | 0xB);            \
+    (h << 4) | 0xC: set((h << 4) | 0xC); (h << 4) | 0xD: set((h << 4) | 0xD);            \
+    (h << 4) | 0xE: set((h << 4) | 0xE); (h << 4) | 0xF: set((h << 4) | 0xF);
+#define INT_SHIM_LENGTHS(set)                                                             \
+    INT_SHIM_ROW(set, 0x0) INT_SHIM_ROW(set, 0x1) INT_SHIM_ROW(set, 0x2)                  \
+    INT_SHIM_ROW(set, 0x3) INT_SHIM_ROW(set, 0x4) INT_SHIM_ROW(set, 0x5)                  \
+    INT_SHIM_ROW(set, 0x6) INT_SHIM_ROW(set, 0x7) INT_SHIM_ROW(set, 0x8)                  \
+    INT_SHIM_ROW(set, 0x9) INT_SHIM_ROW(set, 0xA) INT_SHIM_ROW(set, 0xB)                  \
+    INT_SHIM_ROW(set, 0xC) INT_SHIM_ROW(set, 0xD) INT_SHIM_ROW(set, 0xE)                  \
+    INT_SHIM_ROW(set, 0xF)
+
 // Words one hop's metadata takes for an instruction bitmap (bit 0 = MSB): bits 4, 5 and 6 are
 // 8-byte units, every other bit a 4-byte unit. A lookup per byte of the bitmap, both at once,
 // then one addition: the form a Tofino stage can compute (no bit counting in its ALUs); the

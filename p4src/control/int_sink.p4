@@ -87,7 +87,6 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
     COUNTER(int_sink_events, INT_EVENTS_SIZE);
     REGISTER(bit<32>, report_seq, 1);
     UnlinkedLow8() report_len_copy;
-    UnlinkedCopy16() shim_len_copy;  // widened apart from the 8-bit header field
     UnlinkedCopy16() inner_len_copy;  // the report's lengths apart from the packet's
 
     // The stripped packet's lengths (the shim's own word too), one step per action.
@@ -96,10 +95,18 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
     @hidden action stack_over() {
         md.calc.stack_over = hdr.int_shim.len |-| (bit<8>)(INT_STACK_MAX_WORDS + 3);
     }
-    @hidden action strip_words_plus_shim() { md.calc.int_words = md.calc.shim_len + 1; }
-    @hidden action strip_bytes() {
-        md.calc.int_bytes_ip = md.calc.int_words << 2;
-        md.calc.int_bytes_udp = md.calc.int_words << 2;
+    // INT bytes the packet carries: (1 + shim length) words, once per length field they
+    // change.
+    @hidden action set_strip_bytes(bit<16> ip_bytes, bit<16> udp_bytes) {
+        md.calc.int_bytes_ip = ip_bytes;
+        md.calc.int_bytes_udp = udp_bytes;
+    }
+#define STRIP_BYTES(n) set_strip_bytes(((n) + 1) * 4, ((n) + 1) * 4)
+    @hidden table strip_lengths {
+        key = { hdr.int_shim.len: exact; }
+        actions = { set_strip_bytes; }
+        const default_action = set_strip_bytes(0, 0);
+        const entries = { INT_SHIM_LENGTHS(STRIP_BYTES) }
     }
 
     // The report's metadata: the packet's instruction bits this sink gives (RepMdBits, all
@@ -204,14 +211,12 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
         if (md.pkt_kind == PKT_NORMAL) {
             if (md.int_sink == 1 && hdr.int_shim.isValid()) {
                 stack_over();
+                strip_lengths.apply();
                 if (md.calc.stack_over != 0) {
                     // More stack than the parser can hold (only where INT_STACK_MAX_WORDS < 252):
                     // it cannot be removed, the packet leaves as it came.
                     COUNT(int_sink_events, INT_SINK_STACK_TOO_LONG);
                 } else {
-                    shim_len_copy.apply((bit<16>)hdr.int_shim.len, md.calc.shim_len);
-                    strip_words_plus_shim();
-                    strip_bytes();
                     hdr.ipv4.dscp = hdr.int_shim.dscp;
                     hdr.ipv4.total_len = hdr.ipv4.total_len - md.calc.int_bytes_ip;
                     hdr.udp.len = hdr.udp.len - md.calc.int_bytes_udp;

@@ -20,9 +20,14 @@ control IntIngressCheck(inout headers_t hdr, inout local_md_t md) {
     IntHopWords() hop_words;
 
     // UDP header + shim + MD header and stack: (2 + 1 + shim length) words.
-    @hidden action shim_len_16() { md.calc.shim_len = (bit<16>)hdr.int_shim.len; }
-    @hidden action udp_int_words() { md.calc.int_words = md.calc.shim_len + 3; }
-    @hidden action udp_int_bytes() { md.calc.int_bytes_udp = md.calc.int_words << 2; }
+    @hidden action set_udp_int_bytes(bit<16> bytes) { md.calc.int_bytes_udp = bytes; }
+#define UDP_INT_BYTES(n) set_udp_int_bytes(((n) + 3) * 4)
+    @hidden table udp_int_lengths {
+        key = { hdr.int_shim.len: exact; }
+        actions = { set_udp_int_bytes; }
+        const default_action = set_udp_int_bytes(0);
+        const entries = { INT_SHIM_LENGTHS(UDP_INT_BYTES) }
+    }
     @hidden action udp_short() { md.calc.udp_short = md.calc.int_bytes_udp |-| hdr.udp.len; }
     @hidden action hop_ml_16() { md.calc.hop_words = (bit<16>)hdr.int_md.hop_ml; }
 
@@ -38,9 +43,7 @@ control IntIngressCheck(inout headers_t hdr, inout local_md_t md) {
                 }
             } else if (md.int_status == INT_OK) {
                 hop_words.apply(hdr.int_md.instruction_bitmap, md.calc.md_words);
-                shim_len_16();
-                udp_int_words();
-                udp_int_bytes();
+                udp_int_lengths.apply();
                 hop_ml_16();
                 udp_short();
                 if (md.calc.udp_short != 0) {

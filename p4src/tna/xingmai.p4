@@ -77,6 +77,7 @@ header mirror_md_t {
 
 struct tna_md_t {
     local_md_t md;
+    bit<8> int_status;  // the INT status ingress decided
     bridged_md_t bridged;
     mirror_md_t mirror;
 }
@@ -222,6 +223,7 @@ parser TnaEgressParser(packet_in pkt, out headers_t hdr, out tna_md_t m,
         m.md.int_source_domain_id = m.bridged.f.int_source_domain_id;
         m.md.int_sink = m.bridged.f.int_sink;
         m.md.punt_reason = m.bridged.f.punt_reason;
+        m.int_status = m.bridged.f.int_status;  // replaces the packet parser's, in egress
         transition select(m.bridged.f.int_sink) {
             1: parse_sink_packet;
             default: parse_packet;
@@ -244,16 +246,13 @@ parser TnaEgressParser(packet_in pkt, out headers_t hdr, out tna_md_t m,
         transition parse_clone_packet;
     }
 
-    // The INT status ingress decided replaces the one the packet parser sets.
     state parse_sink_packet {
         sink_parser.apply(pkt, hdr, m.md);
-        m.md.int_status = m.bridged.f.int_status;
         transition accept;
     }
 
     state parse_packet {
         xingmai_parser.apply(pkt, hdr, m.md);
-        m.md.int_status = m.bridged.f.int_status;
         transition accept;
     }
 
@@ -279,6 +278,9 @@ control TnaEgress(inout headers_t hdr, inout tna_md_t m,
     UnlinkedCopy32() egress_ts_hi;
 
     apply {
+        if (m.md.pkt_kind == PKT_NORMAL) {
+            m.md.int_status = m.int_status;
+        }
         // Widened by the hash unit: copied by an action, the 48-bit intrinsic timestamp (16-bit
         // containers) would put egress_ts, and the 32-bit hop latency and tx window computed from
         // it, in one container-size group.
