@@ -94,7 +94,7 @@ def tofino_target(name: str, top: str, device: str, arch: str) -> Target:
     """`device` is bf-p4c's --target (tofino, tofino2), `arch` its --arch (tna, t2na).
     Metadata starts zeroed as on v1model (--auto-init-metadata); the P4Info uses P4Runtime's
     standard externs (counters, registers, action profiles), as for v1model, so that one
-    controller drives both."""
+    controller drives both; -g makes bf-p4c write the logs the resource summary is read from."""
     stem = f"{Path(top).stem}.{device}"
     return Target(
         name=name,
@@ -102,7 +102,7 @@ def tofino_target(name: str, top: str, device: str, arch: str) -> Target:
         compiler="bf-p4c",
         compiler_env="BF_P4C",
         flags=("--target", device, "--arch", arch, "--std", "p4-16", "--auto-init-metadata",
-               "--p4runtime-force-std-externs"),
+               "--p4runtime-force-std-externs", "-g"),
         outputs={"p4info": f"{stem}.p4info.txtpb", "bfrt": f"{stem}.bfrt.json",
                  "resources": f"{stem}.resources.json"},
         kind="tofino",

@@ -203,7 +203,6 @@ parser TnaEgressParser(packet_in pkt, out headers_t hdr, out tna_md_t m,
         m.md.egress_port = eg_intr_md.egress_port;
         m.md.enq_qdepth = (bit<32>)eg_intr_md.enq_qdepth;
         m.md.deq_qdepth = (bit<32>)eg_intr_md.deq_qdepth;
-        m.md.qid = (bit<8>)eg_intr_md.egress_qid;
         m.md.pkt_len = (bit<32>)eg_intr_md.pkt_length;
         transition select(pkt.lookahead<bit<8>>()) {
             TNA_BRIDGED: parse_bridged;
@@ -286,6 +285,7 @@ control TnaEgress(inout headers_t hdr, inout tna_md_t m,
         // it, in one container-size group.
         egress_ts_lo.apply(eg_prsr_md.global_tstamp[31:0], m.md.egress_ts[31:0]);
         egress_ts_hi.apply((bit<32>)eg_prsr_md.global_tstamp[47:32], m.md.egress_ts[63:32]);
+X
         config.apply(hdr, m.md);
         port_telemetry.apply(hdr, m.md);
         // The sink (strip or report), and source + transit, in exclusive branches: a Tofino
