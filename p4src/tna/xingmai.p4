@@ -285,7 +285,8 @@ control TnaEgress(inout headers_t hdr, inout tna_md_t m,
         // it, in one container-size group.
         egress_ts_lo.apply(eg_prsr_md.global_tstamp[31:0], m.md.egress_ts[31:0]);
         egress_ts_hi.apply((bit<32>)eg_prsr_md.global_tstamp[47:32], m.md.egress_ts[63:32]);
-X
+        // (the queue id is not set by the parser: bf-p4c then extracts INT's q_id from it)
+        m.md.qid = (bit<8>)eg_intr_md.egress_qid;
         config.apply(hdr, m.md);
         port_telemetry.apply(hdr, m.md);
         // The sink (strip or report), and source + transit, in exclusive branches: a Tofino
