@@ -131,9 +131,10 @@ class Project:
             return str(path)
 
 
+# Tofino 1 (--target tofino --arch tna) is not a target yet: its egress needs more than its 12
+# stages (p4src/README.md, "Tofino").
 P4SRC = Project(REPO / "p4src", (
     bmv2_target("bmv2", "xingmai.p4"),
-    tofino_target("tofino", "tna/xingmai.p4", "tofino", "tna"),
     tofino_target("tofino2", "tna/xingmai.p4", "tofino2", "t2na"),
 ))
 TESTS = Project(REPO / "tests" / "p4", tuple(
