@@ -28,6 +28,7 @@
 parser XingmaiParser(packet_in pkt, inout headers_t hdr, inout local_md_t md)
                      (bool with_int_stack) {
     IPV4_CHECKSUM_DECL
+    INT_STACK_PARSER_DECL
 
     state start {
         pkt.extract(hdr.ethernet);
@@ -148,10 +149,10 @@ parser XingmaiParser(packet_in pkt, inout headers_t hdr, inout local_md_t md)
         }
     }
 
-    state parse_int_stack {
-        pkt.extract(hdr.int_stack, ((bit<32>)hdr.int_shim.len - 3) << 5);
-        transition int_ok;
-    }
+    // The stack (shim length - 3 words), from the shim: extracted into hdr.int_stack, or
+    // skipped where the architecture removes it that way (the bytes a parser skips are not
+    // emitted).
+    INT_STACK_PARSER_STATES(int_ok)
 
     state int_ok {
         md.int_status = INT_OK;

@@ -75,6 +75,26 @@ typedef PortId_t port_t;
 #define INT_STACK_MAX_WORDS 12
 #endif
 #define IPV4_OPTIONS_PARSED 0
+// The stack is skipped a word at a time, counted down by a parser counter loaded from the shim
+// length: a varbit extraction would take PHV (or CLOTs, whose varbit support bf-p4c's
+// assembler fails on for Tofino 2: "No length for clot") for bytes the sink only removes.
+#define INT_STACK_PARSER_DECL ParserCounter() int_stack_words;
+#define INT_STACK_PARSER_STATES(next)                                          \
+    state parse_int_stack {                                                    \
+        int_stack_words.set(hdr.int_shim.len, INT_STACK_MAX_WORDS + 3, 0, 7, 8w253); \
+        transition int_stack_words_left;                                       \
+    }                                                                          \
+    state int_stack_words_left {                                               \
+        transition select(int_stack_words.is_zero()) {                         \
+            true: next;                                                        \
+            false: skip_int_stack_word;                                        \
+        }                                                                      \
+    }                                                                          \
+    state skip_int_stack_word {                                                \
+        pkt.advance(32);                                                       \
+        int_stack_words.decrement(1);                                          \
+        transition int_stack_words_left;                                       \
+    }
 
 // IPv4 header checksum, verified by the parser's checksum unit.
 #define IPV4_CHECKSUM_DECL Checksum() ipv4_checksum;

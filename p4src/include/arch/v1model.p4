@@ -59,6 +59,13 @@ typedef bit<9> port_t;
 
 // INT stack words the parser can hold: all of them (the 8-bit shim length less the MD header).
 #define INT_STACK_MAX_WORDS 252
+// The stack is extracted into hdr.int_stack (one varbit field).
+#define INT_STACK_PARSER_DECL
+#define INT_STACK_PARSER_STATES(next)                                          \
+    state parse_int_stack {                                                    \
+        pkt.extract(hdr.int_stack, ((bit<32>)hdr.int_shim.len - 3) << 5);      \
+        transition next;                                                       \
+    }
 
 // IPv4 header checksum: v1model verifies it in its verify-checksum control (the top file), not
 // in the parser.
