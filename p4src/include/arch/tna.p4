@@ -75,26 +75,34 @@ typedef PortId_t port_t;
 #define INT_STACK_MAX_WORDS 12
 #endif
 #define IPV4_OPTIONS_PARSED 0
-// The stack is skipped a word at a time, counted down by a parser counter loaded from the shim
-// length: a varbit extraction would take PHV (or CLOTs, whose varbit support bf-p4c's
-// assembler fails on for Tofino 2: "No length for clot") for bytes the sink only removes.
-#define INT_STACK_PARSER_DECL ParserCounter() int_stack_words;
+// The stack is skipped, not extracted: a varbit extraction takes PHV (or CLOTs, whose varbit
+// support bf-p4c's assembler fails on for Tofino 2: "No length for clot") for bytes the sink
+// only removes, and the bytes a parser skips are not emitted. One state per stack length
+// (at most INT_STACK_MAX_WORDS = 12), each advancing a constant amount (a parser counter loop
+// would take the counter Tofino 1's egress parser needs for its minimum parse depth).
+#if INT_STACK_MAX_WORDS != 12
+#error "INT_STACK_PARSER_STATES skips at most 12 words"
+#endif
+#define INT_STACK_PARSER_DECL
+#define INT_STACK_SKIP_STATE(n, next)                                          \
+    state skip_int_stack_##n { pkt.advance(n * 32); transition next; }
 #define INT_STACK_PARSER_STATES(next)                                          \
     state parse_int_stack {                                                    \
-        int_stack_words.set(hdr.int_shim.len, INT_STACK_MAX_WORDS + 3, 0, 7, 8w253); \
-        transition int_stack_words_left;                                       \
-    }                                                                          \
-    state int_stack_words_left {                                               \
-        transition select(int_stack_words.is_zero()) {                         \
-            true: next;                                                        \
-            false: skip_int_stack_word;                                        \
+        transition select(hdr.int_shim.len) {                                  \
+            4: skip_int_stack_1; 5: skip_int_stack_2; 6: skip_int_stack_3;     \
+            7: skip_int_stack_4; 8: skip_int_stack_5; 9: skip_int_stack_6;     \
+            10: skip_int_stack_7; 11: skip_int_stack_8; 12: skip_int_stack_9;  \
+            13: skip_int_stack_10; 14: skip_int_stack_11;                      \
+            15: skip_int_stack_12;                                             \
+            default: next;  /* 3: no stack */                                  \
         }                                                                      \
     }                                                                          \
-    state skip_int_stack_word {                                                \
-        pkt.advance(32);                                                       \
-        int_stack_words.decrement(1);                                          \
-        transition int_stack_words_left;                                       \
-    }
+    INT_STACK_SKIP_STATE(1, next) INT_STACK_SKIP_STATE(2, next)                \
+    INT_STACK_SKIP_STATE(3, next) INT_STACK_SKIP_STATE(4, next)                \
+    INT_STACK_SKIP_STATE(5, next) INT_STACK_SKIP_STATE(6, next)                \
+    INT_STACK_SKIP_STATE(7, next) INT_STACK_SKIP_STATE(8, next)                \
+    INT_STACK_SKIP_STATE(9, next) INT_STACK_SKIP_STATE(10, next)               \
+    INT_STACK_SKIP_STATE(11, next) INT_STACK_SKIP_STATE(12, next)
 
 // IPv4 header checksum, verified by the parser's checksum unit.
 #define IPV4_CHECKSUM_DECL Checksum() ipv4_checksum;
