@@ -102,15 +102,11 @@ control XingmaiEgress(inout headers_t hdr, inout local_md_t md,
     IntSinkEgress() int_sink;
     IntSourceEgress() int_source;
     IntTransitEgress() int_transit;
-    IntTransitMeasurements() int_transit_measurements;
-    IntReportMeasurements() int_report_measurements;
     Ecn() ecn;
 
     apply {
         md.egress_port = sm.egress_port;
-        bit<64> egress_ts = (bit<64>)sm.egress_global_timestamp * 1000;
-        md.egress_ts_hi = egress_ts[63:32];
-        md.egress_ts_lo = egress_ts[31:0];
+        md.egress_ts = (bit<64>)sm.egress_global_timestamp * 1000;
         md.enq_qdepth = (bit<32>)sm.enq_qdepth;
         md.deq_qdepth = (bit<32>)sm.deq_qdepth;
         md.qid = (bit<8>)sm.priority;  // simple_switch: the priority queue the packet used
@@ -136,8 +132,6 @@ control XingmaiEgress(inout headers_t hdr, inout local_md_t md,
             int_source.apply(hdr, md);
             int_transit.apply(hdr, md);
         }
-        int_transit_measurements.apply(hdr, md);
-        int_report_measurements.apply(hdr, md);
         if (md.egress_port == CPU_PORT) {
             packet_io.apply(hdr, md);
         }

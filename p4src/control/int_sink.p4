@@ -237,10 +237,13 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
                     hdr.report_md.l1_port_ids.egress_port_id = md.calc.sink_port_16;
                 }
                 if ((rep_bits & 0x2000) != 0) {
-                    hdr.report_md.hop_latency.setValid();  // value: IntReportMeasurements
+                    hdr.report_md.hop_latency.setValid();
+                    hdr.report_md.hop_latency.hop_latency = md.sink_hop_latency;
                 }
                 if ((rep_bits & 0x1000) != 0) {
                     hdr.report_md.q_occupancy.setValid();
+                    hdr.report_md.q_occupancy.q_id = md.sink_queue[31:24];
+                    hdr.report_md.q_occupancy.q_occupancy = md.sink_queue[23:0];
                 }
                 if ((rep_bits & 0x0800) != 0) {
                     hdr.report_md.ingress_tstamp.setValid();
@@ -248,9 +251,11 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
                 }
                 if ((rep_bits & 0x0400) != 0) {
                     hdr.report_md.egress_tstamp.setValid();
+                    hdr.report_md.egress_tstamp.ns = md.sink_egress_ts;
                 }
                 if ((rep_bits & 0x0100) != 0) {
                     hdr.report_md.tx_util.setValid();
+                    hdr.report_md.tx_util.tx_util = md.sink_tx_util;
                 }
 
                 // The inner packet: from IPv4 to 16 bytes past the INT stack, whole words.
@@ -293,28 +298,6 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
             } else if (md.punt_reason == PUNT_REPORT_UNSENT) {
                 COUNT(int_sink_events, INT_SINK_REPORT_TO_CPU);
             }
-        }
-    }
-}
-
-// The report's measurements of the sink port (port_telemetry.p4), written into the metadata
-// headers IntSinkEgress made valid, after the egress branches (top files): on Tofino 1 a
-// branch that reads what another branch's tables write cannot start before they end, so the
-// report (and transit) branches read nothing from port telemetry.
-control IntReportMeasurements(inout headers_t hdr, inout local_md_t md) {
-    apply {
-        if (hdr.report_md.hop_latency.isValid()) {
-            hdr.report_md.hop_latency.hop_latency = md.sink_hop_latency;
-        }
-        if (hdr.report_md.q_occupancy.isValid()) {
-            hdr.report_md.q_occupancy.q_id = md.sink_queue[31:24];
-            hdr.report_md.q_occupancy.q_occupancy = md.sink_queue[23:0];
-        }
-        if (hdr.report_md.egress_tstamp.isValid()) {
-            hdr.report_md.egress_tstamp.ns = md.sink_egress_ts;
-        }
-        if (hdr.report_md.tx_util.isValid()) {
-            hdr.report_md.tx_util.tx_util = md.sink_tx_util;
         }
     }
 }

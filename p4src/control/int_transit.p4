@@ -126,10 +126,12 @@ control IntTransitEgress(inout headers_t hdr, inout local_md_t md) {
                 if ((bm & 0x2000) != 0) {
                     hdr.int_hop.hop_latency.setValid();
                     hdr.int_hop.hop_latency.hop_latency =
-                        md.egress_ts_lo - (bit<32>)md.ingress_ts;
+                        (bit<32>)md.egress_ts - (bit<32>)md.ingress_ts;
                 }
                 if ((bm & 0x1000) != 0) {
-                    hdr.int_hop.q_occupancy.setValid();  // value: IntTransitMeasurements
+                    hdr.int_hop.q_occupancy.setValid();
+                    hdr.int_hop.q_occupancy.q_id = md.qid;
+                    hdr.int_hop.q_occupancy.q_occupancy = md.q_occupancy;
                 }
                 if ((bm & 0x0800) != 0) {
                     hdr.int_hop.ingress_tstamp.setValid();
@@ -137,7 +139,7 @@ control IntTransitEgress(inout headers_t hdr, inout local_md_t md) {
                 }
                 if ((bm & 0x0400) != 0) {
                     hdr.int_hop.egress_tstamp.setValid();
-                    hdr.int_hop.egress_tstamp.ns = md.egress_ts_hi ++ md.egress_ts_lo;
+                    hdr.int_hop.egress_tstamp.ns = md.egress_ts;
                 }
                 if ((bm & 0x0200) != 0) {
                     // No logical (L2) ports on this switch.
@@ -147,6 +149,7 @@ control IntTransitEgress(inout headers_t hdr, inout local_md_t md) {
                 }
                 if ((bm & 0x0100) != 0) {
                     hdr.int_hop.tx_util.setValid();
+                    hdr.int_hop.tx_util.tx_util = md.tx_util;
                 }
                 // Shared buffer occupancy, reserved bits and the checksum complement: not
                 // available here.
@@ -189,20 +192,6 @@ control IntTransitEgress(inout headers_t hdr, inout local_md_t md) {
                 hdr.udp.checksum = 0;
                 COUNT(int_transit_events, INT_TRANSIT_PUSHED);
             }
-        }
-    }
-}
-
-// This hop's queue occupancy (config.p4) and tx utilization (port_telemetry.p4), written into
-// the record IntTransitEgress pushed, after the egress branches (see IntReportMeasurements).
-control IntTransitMeasurements(inout headers_t hdr, inout local_md_t md) {
-    apply {
-        if (hdr.int_hop.q_occupancy.isValid()) {
-            hdr.int_hop.q_occupancy.q_id = md.qid;
-            hdr.int_hop.q_occupancy.q_occupancy = md.q_occupancy;
-        }
-        if (hdr.int_hop.tx_util.isValid()) {
-            hdr.int_hop.tx_util.tx_util = md.tx_util;
         }
     }
 }

@@ -97,19 +97,19 @@ control PortTelemetryEgress(inout headers_t hdr, inout local_md_t md) {
     REG_ACTION(last_queue, bit<32>, bit<32>, last_queue_read,
         rv = value;)
     REG_ACTION(last_egress_ts_hi, bit<32>, bit<32>, last_egress_ts_hi_write,
-        value = md.egress_ts_hi;
+        value = md.egress_ts[63:32];
         rv = value;)
     REG_ACTION(last_egress_ts_hi, bit<32>, bit<32>, last_egress_ts_hi_read,
         rv = value;)
     REG_ACTION(last_egress_ts_lo, bit<32>, bit<32>, last_egress_ts_lo_write,
-        value = md.egress_ts_lo;
+        value = md.egress_ts[31:0];
         rv = value;)
     REG_ACTION(last_egress_ts_lo, bit<32>, bit<32>, last_egress_ts_lo_read,
         rv = value;)
 
     apply {
         COUNT(port_tx, md.egress_port);
-        time_window.apply(md.egress_ts_hi, md.egress_ts_lo, md.tx_util_shift, window);
+        time_window.apply(md.egress_ts, md.tx_util_shift, window);
 
         // A register is accessed once per packet (as on Tofino): a report clone reads the
         // sink port's state and leaves it unchanged; it is not counted into its own port's
@@ -158,7 +158,7 @@ control PortTelemetryEgress(inout headers_t hdr, inout local_md_t md) {
                 REG_EXEC(tx_util_replace, port, md.tx_util);
             }
             if (md.pkt_kind == PKT_NORMAL) {
-                hop_latency = md.egress_ts_lo - (bit<32>)md.ingress_ts;
+                hop_latency = (bit<32>)md.egress_ts - (bit<32>)md.ingress_ts;
                 queue = md.qid ++ md.q_occupancy;
                 REG_RUN(last_hop_latency_write, port);
                 REG_RUN(last_queue_write, port);

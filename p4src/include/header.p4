@@ -251,8 +251,7 @@ struct local_md_t {
     PRESERVE bit<64> ingress_ts;         // ns
     bool checksum_error;                 // the IPv4 header checksum does not verify
     port_t egress_port;                  // egress only
-    bit<32> egress_ts_hi;                // ns, egress only, in 32-bit halves (a Tofino action
-    bit<32> egress_ts_lo;                // writes a field once: halves are written side by side)
+    bit<64> egress_ts;                   // ns, egress only
     bit<32> enq_qdepth;                  // queue depth in the target's unit (see qdepth_unit)
     bit<32> deq_qdepth;
     bit<8> qid;

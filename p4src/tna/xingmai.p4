@@ -272,8 +272,6 @@ control TnaEgress(inout headers_t hdr, inout tna_md_t m,
     IntSinkEgress() int_sink;
     IntSourceEgress() int_source;
     IntTransitEgress() int_transit;
-    IntTransitMeasurements() int_transit_measurements;
-    IntReportMeasurements() int_report_measurements;
     Ecn() ecn;
     UnlinkedCopy32() egress_ts_lo;
     UnlinkedCopy32() egress_ts_hi;
@@ -285,8 +283,8 @@ control TnaEgress(inout headers_t hdr, inout tna_md_t m,
         // Widened by the hash unit: copied by an action, the 48-bit intrinsic timestamp (16-bit
         // containers) would put egress_ts, and the 32-bit hop latency and tx window computed from
         // it, in one container-size group.
-        egress_ts_lo.apply(eg_prsr_md.global_tstamp[31:0], m.md.egress_ts_lo);
-        egress_ts_hi.apply((bit<32>)eg_prsr_md.global_tstamp[47:32], m.md.egress_ts_hi);
+        egress_ts_lo.apply(eg_prsr_md.global_tstamp[31:0], m.md.egress_ts[31:0]);
+        egress_ts_hi.apply((bit<32>)eg_prsr_md.global_tstamp[47:32], m.md.egress_ts[63:32]);
         // (the queue id is not set by the parser: bf-p4c then extracts INT's q_id from it)
         m.md.qid = (bit<8>)eg_intr_md.egress_qid;
         config.apply(hdr, m.md);
@@ -302,8 +300,6 @@ control TnaEgress(inout headers_t hdr, inout tna_md_t m,
             int_source.apply(hdr, m.md);
             int_transit.apply(hdr, m.md);
         }
-        int_transit_measurements.apply(hdr, m.md);
-        int_report_measurements.apply(hdr, m.md);
         if (m.md.egress_port == CPU_PORT) {
             packet_io.apply(hdr, m.md);
         }

@@ -204,20 +204,20 @@ control QueueBytes(in bit<32> depth, in bit<32> unit, out bit<32> bytes) {
 // shift), then ORed. (A slice of the timestamp at every bit offset would make PHV allocation
 // cut the timestamp, and every field it is copied to or from, into 1-bit pieces.)
 #define WINDOW_ACTION(k) @hidden action shift_##k() {                                 \
-        low = ts_lo >> k;                                                          \
-        high = ts_hi << (32 - k);                                                  \
+        low = ts_ns[31:0] >> k;                                                    \
+        high = ts_ns[63:32] << (32 - k);                                           \
     }
 #define WINDOW_ALL(X)                                                           \
     X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15) X(16) X(17) X(18) X(19) X(20) \
     X(21) X(22) X(23) X(24) X(25) X(26) X(27) X(28) X(29) X(30) X(31)
 #define WINDOW_ACTION_REF(k) shift_##k;
 
-control TimeWindow(in bit<32> ts_hi, in bit<32> ts_lo, in bit<8> shift, out bit<32> window) {
+control TimeWindow(in bit<64> ts_ns, in bit<8> shift, out bit<32> window) {
     bit<32> low = 0;
     bit<32> high = 0;
 
     WINDOW_ALL(WINDOW_ACTION)
-    @hidden action shift_32() { low = 0; high = ts_hi; }
+    @hidden action shift_32() { low = 0; high = ts_ns[63:32]; }
     @hidden action join() { window = low | high; }
 
     @hidden table window_shift {

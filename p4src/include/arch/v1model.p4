@@ -91,9 +91,9 @@ control QueueBytes(in bit<32> depth, in bit<32> unit, out bit<32> bytes) {
 }
 
 // The number of the 2^shift ns window a timestamp (ns) falls in (its low 32 bits).
-control TimeWindow(in bit<32> ts_hi, in bit<32> ts_lo, in bit<8> shift, out bit<32> window) {
+control TimeWindow(in bit<64> ts_ns, in bit<8> shift, out bit<32> window) {
     apply {
-        window = (bit<32>)((ts_hi ++ ts_lo) >> shift);
+        window = (bit<32>)(ts_ns >> shift);
     }
 }
 
