@@ -3,7 +3,7 @@
 differ."""
 
 # ruff: noqa: E501
-P4INFO_SHA256 = "738468497fee7959ef947a782499c43b4cb1eed35fca9067873943db2524f1c2"
+P4INFO_SHA256 = "665368407a596ef60d8a4961d18d8d6d78b6680b4a41c5b3b577eddc9ba06e44"
 
 # tables and their match fields
 TBL_PORT_CONFIG = 'XingmaiEgress.config.port_config'

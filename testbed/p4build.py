@@ -294,8 +294,8 @@ def _normalise_json(path: Path) -> None:
 
 
 def tofino_resource_summary(out: Path) -> dict:
-    """A short resource summary of a bf-p4c output folder: MAU stages used per gress (of the
-    stages the device has), SRAM / TCAM / map RAM blocks and logical tables, PHV containers and
+    """A short resource summary of a bf-p4c output folder: MAU stages used per gress (the
+    pipeline depth, of the stages the device has; and which stages hold tables), SRAM / TCAM / map RAM blocks and logical tables, PHV containers and
     bits per container width, parser TCAM rows. From bf-p4c's logs (metrics.json, mau.json,
     resources.json under pipe/logs)."""
     logs = next(out.rglob("logs/metrics.json")).parent
@@ -305,7 +305,8 @@ def tofino_resource_summary(out: Path) -> dict:
     stages: dict[str, set[int]] = {}
     for table in mau.get("tables", []):
         for alloc in table.get("stage_allocation", []):
-            stages.setdefault(table["gress"], set()).add(int(alloc["stage_number"]))
+            if int(alloc["stage_number"]) >= 0:  # (-1: the parser's port metadata table)
+                stages.setdefault(table["gress"], set()).add(int(alloc["stage_number"]))
     phv: dict[str, dict[str, int]] = {}
     for kind in ("normal", "tagalong", "mocha", "dark"):
         for use in metrics["phv"].get(kind, []):
@@ -316,7 +317,7 @@ def tofino_resource_summary(out: Path) -> dict:
     return {
         "target": metrics.get("target"),
         "mau_stages_available": resources["mau"]["nStages"],
-        "mau_stages_used": {gress: len(used) for gress, used in sorted(stages.items())},
+        "mau_stages_used": {gress: max(used) + 1 for gress, used in sorted(stages.items())},
         "mau_stage_numbers": {gress: sorted(used) for gress, used in sorted(stages.items())},
         "sram_blocks": m["srams"],
         "tcam_blocks": m["tcams"],

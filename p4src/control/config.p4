@@ -33,6 +33,7 @@ control EgressConfig(inout headers_t hdr, inout local_md_t md) {
             set_switch_config;
         }
         default_action = set_switch_config(0, 0, 1, TX_UTIL_WINDOW_SHIFT);
+        size = 1;  // no key: the default action is the configuration
     }
 
     action set_port_config(bit<32> tx_util_mult, bit<16> mtu) {

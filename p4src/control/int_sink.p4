@@ -64,6 +64,7 @@ control IntSinkIngress(inout headers_t hdr, inout local_md_t md) {
             no_collector;
         }
         default_action = no_collector();
+        size = 1;  // no key: the default action is the collector
     }
 
     apply {

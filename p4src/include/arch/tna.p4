@@ -58,12 +58,13 @@ typedef PortId_t port_t;
 
 // ECMP: an ActionSelector over an ActionProfile (ECMP_GROUPS groups of at most
 // ECMP_MAX_GROUP_SIZE members), CRC-16 over the table's selector keys.
+// (The ActionProfile carries the name: it is what P4Info lists, as v1model's action_selector.)
 #define ECMP_SELECTOR(name, size)                                               \
     Hash<bit<16>>(HashAlgorithm_t.CRC16) name##_hash;                           \
-    ActionProfile((bit<32>)(size)) name##_members;                              \
-    ActionSelector(name##_members, name##_hash, SelectorMode_t.FAIR,            \
-                   ECMP_MAX_GROUP_SIZE, ECMP_GROUPS) name
-#define ECMP_IMPLEMENTATION(name) name
+    ActionProfile((bit<32>)(size)) name;                                        \
+    ActionSelector(name, name##_hash, SelectorMode_t.FAIR,                      \
+                   ECMP_MAX_GROUP_SIZE, ECMP_GROUPS) name##_groups
+#define ECMP_IMPLEMENTATION(name) name##_groups
 
 // Tofino's parser looks at most 160 bytes into a packet. The egress parser of a sink must
 // reach the end of the INT stack to remove it: after the intrinsic and bridged metadata,
