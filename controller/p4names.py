@@ -3,7 +3,7 @@
 differ."""
 
 # ruff: noqa: E501
-P4INFO_SHA256 = "d1ed24cc0946f3c7ccbdf43e3acf2b3d7ffb2c22b109e6754858b79688f63113"
+P4INFO_SHA256 = "665368407a596ef60d8a4961d18d8d6d78b6680b4a41c5b3b577eddc9ba06e44"
 
 # tables and their match fields
 TBL_PORT_CONFIG = 'XingmaiEgress.config.port_config'
@@ -90,7 +90,8 @@ DCTR_ACL_COUNTER = 'XingmaiIngress.acl.acl_counter'
 DCTR_INT_WATCHLIST_COUNTER = 'XingmaiIngress.int_source.int_watchlist_counter'
 DCTR_IPV4_ROUTES_COUNTER = 'XingmaiIngress.routing.ipv4_routes_counter'
 REG_REPORT_SEQ = 'XingmaiEgress.int_sink.report_seq'
-REG_LAST_EGRESS_TS = 'XingmaiEgress.port_telemetry.last_egress_ts'
+REG_LAST_EGRESS_TS_HI = 'XingmaiEgress.port_telemetry.last_egress_ts_hi'
+REG_LAST_EGRESS_TS_LO = 'XingmaiEgress.port_telemetry.last_egress_ts_lo'
 REG_LAST_HOP_LATENCY = 'XingmaiEgress.port_telemetry.last_hop_latency'
 REG_LAST_QUEUE = 'XingmaiEgress.port_telemetry.last_queue'
 REG_TX_UTIL_LAST = 'XingmaiEgress.port_telemetry.tx_util_last'

@@ -22,7 +22,9 @@ control XingmaiDeparser(packet_out pkt, in headers_t hdr) {
         pkt.emit(hdr.report_md.tx_util);
         pkt.emit(hdr.ethernet);
         pkt.emit(hdr.ipv4);
+#if IPV4_OPTIONS_PARSED
         pkt.emit(hdr.ipv4_options);
+#endif
         pkt.emit(hdr.udp);
         pkt.emit(hdr.tcp);
         pkt.emit(hdr.int_shim);

@@ -28,6 +28,7 @@
 parser XingmaiParser(packet_in pkt, inout headers_t hdr, inout local_md_t md)
                      (bool with_int_stack) {
     IPV4_CHECKSUM_DECL
+    INT_STACK_PARSER_DECL
 
     state start {
         pkt.extract(hdr.ethernet);
@@ -55,9 +56,16 @@ parser XingmaiParser(packet_in pkt, inout headers_t hdr, inout local_md_t md)
     }
 
     state parse_ipv4_options {
+#if IPV4_OPTIONS_PARSED
         pkt.extract(hdr.ipv4_options, ((bit<32>)hdr.ipv4.ihl - 5) << 5);
         IPV4_CHECKSUM_ADD(hdr.ipv4_options)
         transition parse_l4;
+#else
+        // Not parsed where the parse depth is kept for the INT stack (TNA): the packet is
+        // dropped at ingress (DROP_IPV4_OPTIONS), its checksum could not be recomputed.
+        md.ipv4_options_unparsed = 1;
+        transition accept;
+#endif
     }
 
     state parse_l4 {
@@ -141,10 +149,10 @@ parser XingmaiParser(packet_in pkt, inout headers_t hdr, inout local_md_t md)
         }
     }
 
-    state parse_int_stack {
-        pkt.extract(hdr.int_stack, ((bit<32>)hdr.int_shim.len - 3) << 5);
-        transition int_ok;
-    }
+    // The stack (shim length - 3 words), from the shim: extracted into hdr.int_stack, or
+    // skipped where the architecture removes it that way (the bytes a parser skips are not
+    // emitted).
+    INT_STACK_PARSER_STATES(int_ok)
 
     state int_ok {
         md.int_status = INT_OK;

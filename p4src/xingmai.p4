@@ -69,7 +69,6 @@ control XingmaiIngress(inout headers_t hdr, inout local_md_t md,
 
     apply {
         md.ingress_ts = (bit<64>)sm.ingress_global_timestamp * 1000;
-        md.parser_error = (bit<1>)(sm.parser_error != error.NoError);
         md.checksum_error = sm.checksum_error == 1;
 
         packet_io.apply(hdr, md);
@@ -122,13 +121,19 @@ control XingmaiEgress(inout headers_t hdr, inout local_md_t md,
 
         config.apply(hdr, md);
         port_telemetry.apply(hdr, md);
-        int_sink.apply(hdr, md);
-        if (md.egress_port == CPU_PORT) {
-            packet_io.apply(hdr, md);
-        } else if (md.pkt_kind == PKT_NORMAL) {
+        // The sink (strip or report), and source + transit, in exclusive branches: a Tofino
+        // pipeline places exclusive tables in the same stages.
+        if (md.pkt_kind == PKT_NORMAL && md.egress_port != CPU_PORT) {
+            ecn.apply(hdr, md);
+        }
+        if (md.pkt_kind == PKT_INGRESS_CLONE || md.int_sink == 1) {
+            int_sink.apply(hdr, md);
+        } else if (md.pkt_kind == PKT_NORMAL && md.egress_port != CPU_PORT) {
             int_source.apply(hdr, md);
             int_transit.apply(hdr, md);
-            ecn.apply(hdr, md);
+        }
+        if (md.egress_port == CPU_PORT) {
+            packet_io.apply(hdr, md);
         }
 
         if (md.drop == 1) {

@@ -15,6 +15,11 @@ artifacts can never silently drift from the code.
 A compiler is found on PATH, or through the environment variable the target names (e.g.
 P4C_BM2_SS=/path/to/p4c-bm2-ss). Targets whose compiler is missing keep their committed
 outputs; the command says so, and fails if those outputs are stale.
+
+The Tofino targets of p4src (Tofino 1 / TNA and Tofino 2 / T2NA) are compiled by p4c's
+Tofino backend: `bf-p4c` on PATH, `$BF_P4C`, or a `p4c` driver with `p4c-barefoot` beside it.
+They keep the P4Info, `bfrt.json` and a short resource summary (stages, SRAM, TCAM, PHV, from
+bf-p4c's resource log), not the binary or context.json (large, for a device only).
 """
 
 from __future__ import annotations
@@ -46,8 +51,20 @@ class Target:
     compiler_env: str  # environment variable that may point at the compiler
     flags: tuple[str, ...]
     outputs: dict[str, str] = field(default_factory=dict)  # role -> file name in build/
+    kind: str = "bmv2"  # "bmv2" (p4c-bm2-ss) or "tofino" (p4c's Tofino backend)
 
     def command(self, exe: str, outdir: Path) -> list[str]:
+        if self.kind == "tofino":
+            # bf-p4c writes a folder (bfrt.json, the pipe's binary, logs); the P4Info beside it
+            return [
+                exe,
+                *self.flags,
+                "--p4runtime-files",
+                str(outdir / self.outputs["p4info"]),
+                "-o",
+                str(outdir / TOFINO_OUTDIR),
+                self.top,
+            ]
         return [
             exe,
             *self.flags,
@@ -67,6 +84,28 @@ def bmv2_target(name: str, top: str) -> Target:
         compiler_env="P4C_BM2_SS",
         flags=("--arch", "v1model", "--std", "p4-16"),
         outputs={"json": f"{Path(top).stem}.json", "p4info": f"{Path(top).stem}.p4info.txtpb"},
+    )
+
+
+TOFINO_OUTDIR = "bf-p4c-out"
+
+
+def tofino_target(name: str, top: str, device: str, arch: str) -> Target:
+    """`device` is bf-p4c's --target (tofino, tofino2), `arch` its --arch (tna, t2na).
+    Metadata starts zeroed as on v1model (--auto-init-metadata); the P4Info uses P4Runtime's
+    standard externs (counters, registers, action profiles), as for v1model, so that one
+    controller drives both; -g makes bf-p4c write the logs the resource summary is read from."""
+    stem = f"{Path(top).stem}.{device}"
+    return Target(
+        name=name,
+        top=top,
+        compiler="bf-p4c",
+        compiler_env="BF_P4C",
+        flags=("--target", device, "--arch", arch, "--std", "p4-16", "--auto-init-metadata",
+               "--p4runtime-force-std-externs", "-g"),
+        outputs={"p4info": f"{stem}.p4info.txtpb", "bfrt": f"{stem}.bfrt.json",
+                 "resources": f"{stem}.resources.json"},
+        kind="tofino",
     )
 
 
@@ -92,7 +131,12 @@ class Project:
             return str(path)
 
 
-P4SRC = Project(REPO / "p4src", (bmv2_target("bmv2", "xingmai.p4"),))
+# Tofino 1 (--target tofino --arch tna) is not a target yet: its egress needs more than its 12
+# stages (p4src/README.md, "Tofino").
+P4SRC = Project(REPO / "p4src", (
+    bmv2_target("bmv2", "xingmai.p4"),
+    tofino_target("tofino2", "tna/xingmai.p4", "tofino2", "t2na"),
+))
 TESTS = Project(REPO / "tests" / "p4", tuple(
     bmv2_target(name, f"{name}.p4")
     for name in ("switch_features", "primitives", "queue_probe", "bench_l3",
@@ -200,7 +244,13 @@ def find_compiler(t: Target) -> str | None:
     env = os.environ.get(t.compiler_env)
     if env:
         return env if os.access(env, os.X_OK) else None
-    return shutil.which(t.compiler)
+    found = shutil.which(t.compiler)
+    if found is None and t.kind == "tofino":
+        # p4c's driver compiles for Tofino when the Tofino backend is installed beside it
+        driver = shutil.which("p4c")
+        if driver is not None and (Path(driver).parent / "p4c-barefoot").is_file():
+            found = driver
+    return found
 
 
 def compiler_version(exe: str) -> str:
@@ -208,6 +258,18 @@ def compiler_version(exe: str) -> str:
     lines = [ln.strip() for ln in (res.stdout + res.stderr).splitlines() if ln.strip()]
     # p4c prints its own path (argv[0]) first: keep the stamp free of install locations
     return " ".join(ln for ln in lines if not ln.endswith(Path(exe).name))
+
+
+def tofino_backend_version(exe: str) -> str:
+    """The Tofino backend's own version (p4c-barefoot, beside the driver), which decides the
+    resource use; empty when it cannot be found."""
+    backend = Path(exe).resolve().parent / "p4c-barefoot"
+    if not backend.is_file():
+        found = shutil.which("p4c-barefoot")
+        if found is None:
+            return ""
+        backend = Path(found)
+    return compiler_version(str(backend))
 
 
 def _normalise_json(path: Path) -> None:
@@ -231,6 +293,50 @@ def _normalise_json(path: Path) -> None:
     path.write_text(json.dumps(doc, indent=1) + "\n")
 
 
+def tofino_resource_summary(out: Path) -> dict:
+    """A short resource summary of a bf-p4c output folder: MAU stages used per gress (the
+    pipeline depth, of the stages the device has; and which stages hold tables), SRAM / TCAM / map RAM blocks and logical tables, PHV containers and
+    bits per container width, parser TCAM rows. From bf-p4c's logs (metrics.json, mau.json,
+    resources.json under pipe/logs)."""
+    logs = next(out.rglob("logs/metrics.json")).parent
+    metrics = json.loads((logs / "metrics.json").read_text())
+    mau = json.loads((logs / "mau.json").read_text())
+    resources = json.loads((logs / "resources.json").read_text())["resources"]
+    stages: dict[str, set[int]] = {}
+    for table in mau.get("tables", []):
+        for alloc in table.get("stage_allocation", []):
+            if int(alloc["stage_number"]) >= 0:  # (-1: the parser's port metadata table)
+                stages.setdefault(table["gress"], set()).add(int(alloc["stage_number"]))
+    phv: dict[str, dict[str, int]] = {}
+    for kind in ("normal", "tagalong", "mocha", "dark"):
+        for use in metrics["phv"].get(kind, []):
+            row = phv.setdefault(f"{use['bit_width']}b", {"containers": 0, "bits": 0})
+            row["containers"] += use["containers_occupied"]
+            row["bits"] += use["bits_occupied"]
+    m = metrics["mau"]
+    return {
+        "target": metrics.get("target"),
+        "mau_stages_available": resources["mau"]["nStages"],
+        "mau_stages_used": {gress: max(used) + 1 for gress, used in sorted(stages.items())},
+        "mau_stage_numbers": {gress: sorted(used) for gress, used in sorted(stages.items())},
+        "sram_blocks": m["srams"],
+        "tcam_blocks": m["tcams"],
+        "map_ram_blocks": m["map_rams"],
+        "logical_tables": m["logical_tables"],
+        "phv": dict(sorted(phv.items())),
+        "parser_tcam_rows": {g: metrics["parser"][g]["tcam_rows"] for g in ("ingress", "egress")},
+    }
+
+
+def _collect_tofino_outputs(t: Target, tmp: Path) -> None:
+    """bf-p4c's folder -> the committed outputs: bfrt.json as written, and the resource
+    summary (the pipe's binary and context.json are for a device only)."""
+    out = tmp / TOFINO_OUTDIR
+    shutil.copyfile(next(out.rglob("bfrt.json")), tmp / t.outputs["bfrt"])
+    summary = tofino_resource_summary(out)
+    (tmp / t.outputs["resources"]).write_text(json.dumps(summary, indent=2) + "\n")
+
+
 def build(project: Project, t: Target, exe: str) -> dict:
     """Compile one target into build/ (via a temporary folder, so a failed compile leaves the
     committed outputs alone) and return its stamp entry."""
@@ -244,11 +350,16 @@ def build(project: Project, t: Target, exe: str) -> dict:
             print(res.stderr.strip(), file=sys.stderr)
         if "json" in t.outputs:
             _normalise_json(Path(tmp) / t.outputs["json"])
+        if t.kind == "tofino":
+            _collect_tofino_outputs(t, Path(tmp))
         for name in t.outputs.values():
             shutil.copyfile(Path(tmp) / name, project.build / name)
+    version = compiler_version(exe)
+    if t.kind == "tofino":
+        version = f"{version}; backend: {tofino_backend_version(exe)}"
     return {
         "compiler": t.compiler,
-        "compiler_version": compiler_version(exe),
+        "compiler_version": version,
         "flags": list(t.flags),
         "top": t.top,
         "sources": source_hashes(project, t),

@@ -114,3 +114,56 @@ def test_p4info_exposes_the_documented_api() -> None:
     assert {p.preamble.alias for p in info.action_profiles} == {"ecmp_selector"}
     meta = {m.preamble.name: [x.name for x in m.metadata] for m in info.controller_packet_metadata}
     assert meta == {"packet_in": ["ingress_port", "reason"], "packet_out": ["egress_port"]}
+
+
+def control_plane_api(info: p4i.P4Info) -> dict[str, dict]:
+    """What a controller programs, by P4Info alias: tables (match fields, actions, size),
+    actions (parameters), counters, registers, action profiles, packet-in/out headers. Ids and
+    full names (which carry each architecture's control names) are left out: P4Runtime
+    clients resolve aliases."""
+    action_alias = {a.preamble.id: a.preamble.alias for a in info.actions}
+    table_alias = {t.preamble.id: t.preamble.alias for t in info.tables}
+    kind = p4i.MatchField.MatchType.Name
+    return {
+        "tables": {
+            t.preamble.alias: (
+                sorted((f.name, kind(f.match_type), f.bitwidth) for f in t.match_fields),
+                sorted(action_alias[r.id] for r in t.action_refs),
+                t.size,
+                t.const_default_action_id and action_alias[t.const_default_action_id],
+            )
+            for t in info.tables
+        },
+        "actions": {
+            a.preamble.alias: [(p.name, p.bitwidth) for p in a.params]
+            for a in info.actions if a.preamble.alias in
+            {action_alias[r.id] for t in info.tables for r in t.action_refs}
+        },
+        "counters": {c.preamble.alias: (c.spec.unit, c.size) for c in info.counters},
+        "direct_counters": {c.preamble.alias: table_alias[c.direct_table_id]
+                            for c in info.direct_counters},
+        "registers": {r.preamble.alias: (r.type_spec.bitstring.bit.bitwidth, r.size)
+                      for r in info.registers},
+        "action_profiles": {p.preamble.alias: (p.with_selector,
+                                               sorted(table_alias[i] for i in p.table_ids))
+                            for p in info.action_profiles},
+        "packet_io": {m.preamble.name: [(x.name, x.bitwidth) for x in m.metadata]
+                      for m in info.controller_packet_metadata},
+    }
+
+
+@pytest.mark.parametrize("target", [t for t in p4build.P4SRC.targets if t.kind == "tofino"],
+                         ids=lambda t: t.name)
+def test_tofino_p4info_is_the_bmv2_api(target: p4build.Target) -> None:
+    """One controller drives both: the Tofino build exposes the same tables, actions,
+    parameters (names and widths), counters, registers, action profile and packet-in/out
+    headers as the v1model build."""
+    bmv2 = control_plane_api(load_p4info())
+    tofino = control_plane_api(text_format.Parse(
+        (BUILD / target.outputs["p4info"]).read_text(), p4i.P4Info()))
+    for part, want in bmv2.items():
+        got = tofino[part]
+        diff = {k: (want.get(k), got.get(k)) for k in set(want) | set(got)
+                if want.get(k) != got.get(k)}
+        assert not diff, f"{target.name} {part} differ (bmv2, tofino): {diff}"
+    assert set(bmv2["tables"]) >= set(TABLES)

@@ -33,11 +33,12 @@ control EgressConfig(inout headers_t hdr, inout local_md_t md) {
             set_switch_config;
         }
         default_action = set_switch_config(0, 0, 1, TX_UTIL_WINDOW_SHIFT);
+        size = 1;  // no key: the default action is the configuration
     }
 
     action set_port_config(bit<32> tx_util_mult, bit<16> mtu) {
         md.tx_util_mult = tx_util_mult;
-        md.mtu = (bit<32>)mtu;
+        md.mtu = mtu;
     }
 
     table port_config {
@@ -52,18 +53,32 @@ control EgressConfig(inout headers_t hdr, inout local_md_t md) {
         size = PORT_TABLE_SIZE;
     }
 
+    // The ports as INT, reports and packet-ins carry them (16 bits), for every feature.
+    @hidden action ports_16() {
+        md.calc.ingress_port_16 = (bit<16>)md.ingress_port;
+        md.calc.egress_port_16 = (bit<16>)md.egress_port;
+        md.calc.sink_port_16 = (bit<16>)md.report_sink_port;
+    }
+    @hidden action occupancy() { md.q_occupancy = md.deq_qdepth_bytes[23:0]; }
+    @hidden action occupancy_over() {
+        md.calc.occupancy_over = md.deq_qdepth_bytes |-| 0xFFFFFE;
+    }
+    @hidden action occupancy_saturated() { md.q_occupancy = 0xFFFFFE; }
+
     apply {
         md.mtu = NO_MTU;
         md.tx_util_mult = 0;
+        ports_16();
         switch_config.apply();
         port_config.apply();
         enq_bytes.apply(md.enq_qdepth, md.qdepth_unit, md.enq_qdepth_bytes);
         deq_bytes.apply(md.deq_qdepth, md.qdepth_unit, md.deq_qdepth_bytes);
         // INT's 24-bit occupancy; all-ones would read as "not available", so saturate below.
-        if (md.deq_qdepth_bytes > 0xFFFFFE) {
-            md.q_occupancy = 0xFFFFFE;
+        occupancy_over();
+        if (md.calc.occupancy_over != 0) {
+            occupancy_saturated();
         } else {
-            md.q_occupancy = (bit<24>)md.deq_qdepth_bytes;
+            occupancy();
         }
     }
 }

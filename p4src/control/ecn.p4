@@ -12,6 +12,16 @@ control Ecn(inout headers_t hdr, inout local_md_t md) {
     RandomRamp() ramp;
     bit<32> kmin = 0;
     bit<32> kmax = 0;
+    // q beyond kmax and kmin as saturating differences (nonzero: q > k; a Tofino gateway
+    // compares a field with a constant, not two fields)
+    bit<32> kmax_over = 0;
+    bit<32> kmin_over = 0;
+    bit<32> ramp_span = 0;
+    @hidden action over_thresholds() {
+        kmax_over = md.enq_qdepth_bytes |-| kmax;
+        kmin_over = md.enq_qdepth_bytes |-| kmin;
+        ramp_span = kmax - kmin;
+    }
     bit<16> pmax = 0;
 
     // pmax: marking probability at Kmax, in units of 2^-16 (65535 = 1).
@@ -36,13 +46,13 @@ control Ecn(inout headers_t hdr, inout local_md_t md) {
     apply {
         if (hdr.ipv4.isValid() && (hdr.ipv4.ecn == ECN_ECT0 || hdr.ipv4.ecn == ECN_ECT1)) {
             if (ecn_thresholds.apply().hit) {
-                bit<32> q = md.enq_qdepth_bytes;
                 bool mark = false;
-                if (q > kmax) {
+                over_thresholds();
+                if (kmax_over != 0) {
                     mark = true;
-                } else if (q > kmin) {
+                } else if (kmin_over != 0) {
                     // P(mark) = Pmax * (q - Kmin) / (Kmax - Kmin).
-                    ramp.apply(q - kmin, kmax - kmin, pmax, mark);
+                    ramp.apply(kmin_over, ramp_span, pmax, mark);
                 }
                 if (mark) {
                     hdr.ipv4.ecn = ECN_CE;

@@ -4,67 +4,99 @@
 #ifndef XINGMAI_INT_COMMON_P4
 #define XINGMAI_INT_COMMON_P4
 
-// The 16 entries of a table that maps a 4-bit slice of the instruction bitmap to the words its
-// instructions take; w3..w0 are the words of the slice's bits, most significant first.
-#define INT_NIBBLE_WORDS(set, w3, w2, w1, w0) \
-    0: set(0);                      1: set(w0); \
-    2: set(w1);                     3: set(w1 + w0); \
-    4: set(w2);                     5: set(w2 + w0); \
-    6: set(w2 + w1);                7: set(w2 + w1 + w0); \
-    8: set(w3);                     9: set(w3 + w0); \
-    10: set(w3 + w1);               11: set(w3 + w1 + w0); \
-    12: set(w3 + w2);               13: set(w3 + w2 + w0); \
-    14: set(w3 + w2 + w1);          15: set(w3 + w2 + w1 + w0);
+// The 256 entries of a table that maps an 8-bit slice of the instruction bitmap (bits s+7..s)
+// to the words its instructions take; w7..w0 are the words of the slice's bits, most
+// significant first. The key is the whole bitmap, masked to the slice: with the slice itself as
+// key, bf-p4c splits the bitmap, and every field it is copied to, into single bits for PHV
+// allocation. An entry's action is set(v, w): v the slice's value in place, w its words.
+// INT_WORDS_ROW gives the 16 entries whose high nibble is h (worth hw words).
+#define INT_WORDS_ENTRY(set, s, h, l, w) \
+    ((h << 4) | l) << s &&& 0xFF << s: set(((h << 4) | l) << s, w);
+#define INT_WORDS_ROW(set, s, h, hw, w3, w2, w1, w0)                                     \
+    INT_WORDS_ENTRY(set, s, h, 0x0, hw) INT_WORDS_ENTRY(set, s, h, 0x1, hw + w0)          \
+    INT_WORDS_ENTRY(set, s, h, 0x2, hw + w1) INT_WORDS_ENTRY(set, s, h, 0x3, hw + w1 + w0) \
+    INT_WORDS_ENTRY(set, s, h, 0x4, hw + w2) INT_WORDS_ENTRY(set, s, h, 0x5, hw + w2 + w0) \
+    INT_WORDS_ENTRY(set, s, h, 0x6, hw + w2 + w1)                                         \
+    INT_WORDS_ENTRY(set, s, h, 0x7, hw + w2 + w1 + w0)                                    \
+    INT_WORDS_ENTRY(set, s, h, 0x8, hw + w3) INT_WORDS_ENTRY(set, s, h, 0x9, hw + w3 + w0) \
+    INT_WORDS_ENTRY(set, s, h, 0xA, hw + w3 + w1)                                         \
+    INT_WORDS_ENTRY(set, s, h, 0xB, hw + w3 + w1 + w0)                                    \
+    INT_WORDS_ENTRY(set, s, h, 0xC, hw + w3 + w2)                                         \
+    INT_WORDS_ENTRY(set, s, h, 0xD, hw + w3 + w2 + w0)                                    \
+    INT_WORDS_ENTRY(set, s, h, 0xE, hw + w3 + w2 + w1)                                    \
+    INT_WORDS_ENTRY(set, s, h, 0xF, hw + w3 + w2 + w1 + w0)
+#define INT_WORDS_BYTE(set, s, w7, w6, w5, w4, w3, w2, w1, w0)                            \
+    INT_WORDS_ROW(set, s, 0x0, 0, w3, w2, w1, w0)                                         \
+    INT_WORDS_ROW(set, s, 0x1, w4, w3, w2, w1, w0)                                        \
+    INT_WORDS_ROW(set, s, 0x2, w5, w3, w2, w1, w0)                                        \
+    INT_WORDS_ROW(set, s, 0x3, w5 + w4, w3, w2, w1, w0)                                   \
+    INT_WORDS_ROW(set, s, 0x4, w6, w3, w2, w1, w0)                                        \
+    INT_WORDS_ROW(set, s, 0x5, w6 + w4, w3, w2, w1, w0)                                   \
+    INT_WORDS_ROW(set, s, 0x6, w6 + w5, w3, w2, w1, w0)                                   \
+    INT_WORDS_ROW(set, s, 0x7, w6 + w5 + w4, w3, w2, w1, w0)                              \
+    INT_WORDS_ROW(set, s, 0x8, w7, w3, w2, w1, w0)                                        \
+    INT_WORDS_ROW(set, s, 0x9, w7 + w4, w3, w2, w1, w0)                                   \
+    INT_WORDS_ROW(set, s, 0xA, w7 + w5, w3, w2, w1, w0)                                   \
+    INT_WORDS_ROW(set, s, 0xB, w7 + w5 + w4, w3, w2, w1, w0)                              \
+    INT_WORDS_ROW(set, s, 0xC, w7 + w6, w3, w2, w1, w0)                                   \
+    INT_WORDS_ROW(set, s, 0xD, w7 + w6 + w4, w3, w2, w1, w0)                              \
+    INT_WORDS_ROW(set, s, 0xE, w7 + w6 + w5, w3, w2, w1, w0)                              \
+    INT_WORDS_ROW(set, s, 0xF, w7 + w6 + w5 + w4, w3, w2, w1, w0)
+
+// The 256 entries of a constant table keyed on the 8-bit INT shim length, entry n running
+// set(n) (a function-like macro naming the action and its data): lengths derived from the shim
+// length in one lookup, not a chain of Tofino stages.
+#define INT_SHIM_ROW(set, h)                                                              \
+    (h << 4) | 0x0: set((h << 4) | 0x0); (h << 4) | 0x1: set((h << 4) | 0x1);            \
+    (h << 4) | 0x2: set((h << 4) | 0x2); (h << 4) | 0x3: set((h << 4) | 0x3);            \
+    (h << 4) | 0x4: set((h << 4) | 0x4); (h << 4) | 0x5: set((h << 4) | 0x5);            \
+    (h << 4) | 0x6: set((h << 4) | 0x6); (h << 4) | 0x7: set((h << 4) | 0x7);            \
+    (h << 4) | 0x8: set((h << 4) | 0x8); (h << 4) | 0x9: set((h << 4) | 0x9);            \
+    (h << 4) | 0xA: set((h << 4) | 0xA); (h << 4) | 0xB: set((h << 4) | 0xB);            \
+    (h << 4) | 0xC: set((h << 4) | 0xC); (h << 4) | 0xD: set((h << 4) | 0xD);            \
+    (h << 4) | 0xE: set((h << 4) | 0xE); (h << 4) | 0xF: set((h << 4) | 0xF);
+#define INT_SHIM_LENGTHS(set)                                                             \
+    INT_SHIM_ROW(set, 0x0) INT_SHIM_ROW(set, 0x1) INT_SHIM_ROW(set, 0x2)                  \
+    INT_SHIM_ROW(set, 0x3) INT_SHIM_ROW(set, 0x4) INT_SHIM_ROW(set, 0x5)                  \
+    INT_SHIM_ROW(set, 0x6) INT_SHIM_ROW(set, 0x7) INT_SHIM_ROW(set, 0x8)                  \
+    INT_SHIM_ROW(set, 0x9) INT_SHIM_ROW(set, 0xA) INT_SHIM_ROW(set, 0xB)                  \
+    INT_SHIM_ROW(set, 0xC) INT_SHIM_ROW(set, 0xD) INT_SHIM_ROW(set, 0xE)                  \
+    INT_SHIM_ROW(set, 0xF)
 
 // Words one hop's metadata takes for an instruction bitmap (bit 0 = MSB): bits 4, 5 and 6 are
-// 8-byte units, every other bit a 4-byte unit. A lookup per 4-bit slice and two additions, the
-// form a Tofino stage can compute (no bit counting in its ALUs); the tables are constant and
-// hidden from the control plane.
-control IntHopWords(in bit<16> bitmap, out bit<5> words) {
-    bit<5> w0 = 0;
-    bit<5> w1 = 0;
-    bit<5> w2 = 0;
-    bit<5> w3 = 0;
+// 8-byte units, every other bit a 4-byte unit. A lookup per byte of the bitmap, both at once,
+// then one addition: the form a Tofino stage can compute (no bit counting in its ALUs); the
+// tables are constant and hidden from the control plane.
+// The sum is 16 bits wide (at most 19 words): the width of the length fields it is added to, so
+// that Tofino's ALUs add it without zero-extension.
+control IntHopWords(in bit<16> bitmap, out bit<16> words) {
+    bit<16> high = 0;
+    bit<16> low = 0;
 
-    @hidden action set_w0(bit<5> w) { w0 = w; }
-    @hidden action set_w1(bit<5> w) { w1 = w; }
-    @hidden action set_w2(bit<5> w) { w2 = w; }
-    @hidden action set_w3(bit<5> w) { w3 = w; }
+    @hidden action set_high(bit<16> w) { high = w; }
+    @hidden action set_low(bit<16> w) { low = w; }
+#define INT_WORDS_SET_HIGH(v, w) set_high(w)
+#define INT_WORDS_SET_LOW(v, w) set_low(w)
+    @hidden action sum() { words = high + low; }
 
-    @hidden table instruction_words_0_3 {
-        key = { bitmap[15:12]: exact; }
-        actions = { set_w0; }
-        const default_action = set_w0(0);
-        const entries = { INT_NIBBLE_WORDS(set_w0, 1, 1, 1, 1) }
+    @hidden table instruction_words_0_7 {
+        key = { bitmap: ternary; }
+        actions = { set_high; }
+        const default_action = set_high(0);
+        const entries = { INT_WORDS_BYTE(INT_WORDS_SET_HIGH, 8, 1, 1, 1, 1, 2, 2, 2, 1) }
     }
 
-    @hidden table instruction_words_4_7 {
-        key = { bitmap[11:8]: exact; }
-        actions = { set_w1; }
-        const default_action = set_w1(0);
-        const entries = { INT_NIBBLE_WORDS(set_w1, 2, 2, 2, 1) }
-    }
-
-    @hidden table instruction_words_8_11 {
-        key = { bitmap[7:4]: exact; }
-        actions = { set_w2; }
-        const default_action = set_w2(0);
-        const entries = { INT_NIBBLE_WORDS(set_w2, 1, 1, 1, 1) }
-    }
-
-    @hidden table instruction_words_12_15 {
-        key = { bitmap[3:0]: exact; }
-        actions = { set_w3; }
-        const default_action = set_w3(0);
-        const entries = { INT_NIBBLE_WORDS(set_w3, 1, 1, 1, 1) }
+    @hidden table instruction_words_8_15 {
+        key = { bitmap: ternary; }
+        actions = { set_low; }
+        const default_action = set_low(0);
+        const entries = { INT_WORDS_BYTE(INT_WORDS_SET_LOW, 0, 1, 1, 1, 1, 1, 1, 1, 1) }
     }
 
     apply {
-        instruction_words_0_3.apply();
-        instruction_words_4_7.apply();
-        instruction_words_8_11.apply();
-        instruction_words_12_15.apply();
-        words = (w0 + w1) + (w2 + w3);
+        instruction_words_0_7.apply();
+        instruction_words_8_15.apply();
+        sum();
     }
 }
 

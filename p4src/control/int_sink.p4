@@ -64,6 +64,7 @@ control IntSinkIngress(inout headers_t hdr, inout local_md_t md) {
             no_collector;
         }
         default_action = no_collector();
+        size = 1;  // no key: the default action is the collector
     }
 
     apply {
@@ -86,132 +87,214 @@ control IntSinkIngress(inout headers_t hdr, inout local_md_t md) {
 control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
     COUNTER(int_sink_events, INT_EVENTS_SIZE);
     REGISTER(bit<32>, report_seq, 1);
-    IntHopWords() md_words_of;
+    UnlinkedLow8() report_len_copy;
+    UnlinkedCopy16() inner_len_copy;  // the report's lengths apart from the packet's
+
+    // The stripped packet's lengths (the shim's own word too), one step per action.
+    // Shim length beyond what the parser can hold (a saturating subtraction: a range comparison
+    // with a constant makes bf-p4c cut the field into 4-bit PHV slices).
+    @hidden action stack_over() {
+        md.calc.stack_over = hdr.int_shim.len |-| (bit<8>)(INT_STACK_MAX_WORDS + 3);
+    }
+    // INT bytes the packet carries: (1 + shim length) words, once per length field they
+    // change.
+    @hidden action set_strip_bytes(bit<16> ip_bytes, bit<16> udp_bytes) {
+        md.calc.int_bytes_ip = ip_bytes;
+        md.calc.int_bytes_udp = udp_bytes;
+    }
+#define STRIP_BYTES(n) set_strip_bytes(((n) + 1) * 4, ((n) + 1) * 4)
+    @hidden table strip_lengths {
+        key = { hdr.int_shim.len: exact; }
+        actions = { set_strip_bytes; }
+        const default_action = set_strip_bytes(0, 0);
+        const entries = { INT_SHIM_LENGTHS(STRIP_BYTES) }
+    }
+
+    // The report's metadata: the packet's instruction bits this sink gives (RepMdBits, all
+    // among bits 0-7), with their size and the report lengths that depend on it, from one
+    // constant table on the bitmap's high byte (an AND with a mask and a bit count would be a
+    // chain of Tofino stages). Report Length counts the words after the individual header's
+    // first (2 + metadata + inner packet); the IPv4 and UDP lengths add the bytes of the
+    // headers after them.
+    bit<16> rep_bits = 0;  // (also a field of its own for the tests of single bits)
+    bit<16> report_words_extra = 0;
+    bit<16> report_ip_extra = 0;
+    bit<16> report_udp_extra = 0;
+    @hidden action report_md(bit<16> bits, bit<8> words, bit<16> words_extra, bit<16> ip_extra,
+                             bit<16> udp_extra) {
+        rep_bits = bits;
+        hdr.report_individual.rep_md_bits = bits;
+        hdr.report_individual.md_len = words;
+        report_words_extra = words_extra;
+        report_ip_extra = ip_extra;
+        report_udp_extra = udp_extra;
+    }
+#define REPORT_MD_SET(v, w)                                                     \
+    report_md((v) & REPORT_MD_SUPPORTED, w, (w) + 2, 4 * (w) + REPORT_IP_HEADERS_BYTES, \
+              4 * (w) + REPORT_UDP_HEADERS_BYTES)
+    @hidden table report_md_sizes {
+        key = { hdr.int_md.instruction_bitmap: ternary; }
+        actions = { report_md; }
+        const default_action = report_md(0, 0, 2, REPORT_IP_HEADERS_BYTES,
+                                         REPORT_UDP_HEADERS_BYTES);
+        const entries = { INT_WORDS_BYTE(REPORT_MD_SET, 8, 0, 1, 1, 1, 2, 2, 0, 1) }
+    }
+
+    @hidden action report_inner_words() {
+        md.calc.inner_words = md.calc.inner_len + 3;
+        hdr.report_ipv4.total_len = md.calc.inner_len + report_ip_extra;
+        hdr.report_udp.len = md.calc.inner_len + report_udp_extra;
+    }
+    @hidden action report_inner_words_down() { md.calc.inner_words = md.calc.inner_words >> 2; }
+    @hidden action report_len() {
+        md.calc.report_words = md.calc.inner_words + report_words_extra;
+    }
+    // Words beyond the 8-bit Report Length (a saturating subtraction: a comparison with a
+    // constant or a mask test makes bf-p4c cut the field, and the lengths added to it, into
+    // slices that PHV allocation cannot place).
+    @hidden action report_len_over() { md.calc.report_over = md.calc.report_words |-| 0xFF; }
     REG_ACTION(report_seq, bit<32>, bit<32>, next_report_seq,
         rv = value;
         value = value + 1;)
+    bit<32> seq = 0;
+
+    // The report headers. A Tofino action writes a PHV container from at most two sources
+    // (the container itself counting when the action leaves part of it), or one PHV source and
+    // constants: the constant fields are written first, then the header fields copied from
+    // metadata, one action per container they share.
+    @hidden action report_fixed() {
+        hdr.report_ethernet.setValid();
+        hdr.report_ethernet.ether_type = ETHERTYPE_IPV4;
+        hdr.report_ipv4.setValid();
+        hdr.report_ipv4.version = 4;
+        hdr.report_ipv4.ihl = 5;
+        hdr.report_ipv4.dscp = 0;
+        hdr.report_ipv4.ecn = 0;
+        hdr.report_ipv4.identification = 0;
+        hdr.report_ipv4.flags = 0b010;  // DF
+        hdr.report_ipv4.frag_offset = 0;
+        hdr.report_ipv4.ttl = 64;
+        hdr.report_ipv4.protocol = IP_PROTO_UDP;
+        hdr.report_ipv4.hdr_checksum = 0;
+        hdr.report_udp.setValid();
+        hdr.report_udp.sport = REPORT_UDP_SPORT;
+        hdr.report_udp.checksum = 0;
+        hdr.report_group.setValid();
+        hdr.report_group.ver = REPORT_VERSION;
+        hdr.report_individual.setValid();
+        hdr.report_individual.rep_type = REPORT_TYPE_INT;
+        hdr.report_individual.in_type = REPORT_IN_TYPE_IPV4;
+        hdr.report_individual.d = 0;
+        hdr.report_individual.q = 0;
+        hdr.report_individual.f = 1;
+        hdr.report_individual.i = 0;
+        hdr.report_individual.rsvd = 0;
+        hdr.report_individual.ds_md_bits = 0;
+        hdr.report_individual.ds_md_status = 0;
+    }
+    @hidden action report_dst_mac() { hdr.report_ethernet.dst_addr = md.report_dst_mac; }
+    @hidden action report_src_mac() { hdr.report_ethernet.src_addr = md.report_src_mac; }
+    @hidden action report_addresses() {
+        hdr.report_ipv4.src_addr = md.report_src_addr;
+        hdr.report_ipv4.dst_addr = md.report_dst_addr;
+        hdr.report_udp.dport = md.report_dport;
+    }
+    @hidden action report_group_hw_id() { hdr.report_group.hw_id = md.hw_id; }
+    @hidden action report_group_seq_no() {
+        hdr.report_group.seq_no = (bit<22>)seq;
+        hdr.report_group.node_id = md.node_id;
+    }
+    @hidden action report_individual_domain_id() {
+        hdr.report_individual.domain_id = hdr.int_md.domain_id;
+    }
 
     apply {
         if (md.pkt_kind == PKT_NORMAL) {
-            if (md.int_sink == 1 && hdr.int_shim.isValid()
-                    && hdr.int_shim.len - INT_MD_WORDS > INT_STACK_MAX_WORDS) {
-                // More stack than the parser can hold (only where INT_STACK_MAX_WORDS < 252):
-                // it cannot be removed, the packet leaves as it came.
-                COUNT(int_sink_events, INT_SINK_STACK_TOO_LONG);
-            } else if (md.int_sink == 1 && hdr.int_shim.isValid()) {
-                bit<16> int_bytes = ((bit<16>)hdr.int_shim.len + 1) << 2;
-                hdr.ipv4.dscp = hdr.int_shim.dscp;
-                hdr.ipv4.total_len = hdr.ipv4.total_len - int_bytes;
-                hdr.udp.len = hdr.udp.len - int_bytes;
-                hdr.int_shim.setInvalid();
-                hdr.int_md.setInvalid();
-                hdr.int_stack.setInvalid();
-                md.int_status = INT_NONE;
-                COUNT(int_sink_events, INT_SINK_STRIPPED);
+            if (md.int_sink == 1 && hdr.int_shim.isValid()) {
+                stack_over();
+                strip_lengths.apply();
+                if (md.calc.stack_over != 0) {
+                    // More stack than the parser can hold (only where INT_STACK_MAX_WORDS < 252):
+                    // it cannot be removed, the packet leaves as it came.
+                    COUNT(int_sink_events, INT_SINK_STACK_TOO_LONG);
+                } else {
+                    hdr.ipv4.dscp = hdr.int_shim.dscp;
+                    hdr.ipv4.total_len = hdr.ipv4.total_len - md.calc.int_bytes_ip;
+                    hdr.udp.len = hdr.udp.len - md.calc.int_bytes_udp;
+                    hdr.int_shim.setInvalid();
+                    hdr.int_md.setInvalid();
+                    hdr.int_stack.setInvalid();
+                    md.int_status = INT_NONE;
+                    COUNT(int_sink_events, INT_SINK_STRIPPED);
+                }
             }
         } else if (md.pkt_kind == PKT_INGRESS_CLONE) {
             if (md.report == 1 && hdr.int_md.isValid()) {
-                // The sink's own metadata: the packet's instruction bits this sink gives, each
-                // the size it has in a hop record.
-                bit<16> rep_bits = hdr.int_md.instruction_bitmap & REPORT_MD_SUPPORTED;
-                bit<5> md_words;
-                md_words_of.apply(rep_bits, md_words);
-                if (rep_bits[14:14] == 1) {
+                report_fixed();
+                report_md_sizes.apply();
+                if ((rep_bits & 0x4000) != 0) {
                     hdr.report_md.l1_port_ids.setValid();
-                    hdr.report_md.l1_port_ids.ingress_port_id = (bit<16>)md.ingress_port;
-                    hdr.report_md.l1_port_ids.egress_port_id = (bit<16>)md.report_sink_port;
+                    hdr.report_md.l1_port_ids.ingress_port_id = md.calc.ingress_port_16;
+                    hdr.report_md.l1_port_ids.egress_port_id = md.calc.sink_port_16;
                 }
-                if (rep_bits[13:13] == 1) {
+                if ((rep_bits & 0x2000) != 0) {
                     hdr.report_md.hop_latency.setValid();
                     hdr.report_md.hop_latency.hop_latency = md.sink_hop_latency;
                 }
-                if (rep_bits[12:12] == 1) {
+                if ((rep_bits & 0x1000) != 0) {
                     hdr.report_md.q_occupancy.setValid();
                     hdr.report_md.q_occupancy.q_id = md.sink_queue[31:24];
                     hdr.report_md.q_occupancy.q_occupancy = md.sink_queue[23:0];
                 }
-                if (rep_bits[11:11] == 1) {
+                if ((rep_bits & 0x0800) != 0) {
                     hdr.report_md.ingress_tstamp.setValid();
                     hdr.report_md.ingress_tstamp.ns = md.ingress_ts;
                 }
-                if (rep_bits[10:10] == 1) {
+                if ((rep_bits & 0x0400) != 0) {
                     hdr.report_md.egress_tstamp.setValid();
                     hdr.report_md.egress_tstamp.ns = md.sink_egress_ts;
                 }
-                if (rep_bits[8:8] == 1) {
+                if ((rep_bits & 0x0100) != 0) {
                     hdr.report_md.tx_util.setValid();
                     hdr.report_md.tx_util.tx_util = md.sink_tx_util;
                 }
 
                 // The inner packet: from IPv4 to 16 bytes past the INT stack, whole words.
-                bit<16> int_bytes = ((bit<16>)hdr.int_shim.len + 1) << 2;
-                bit<16> inner_max = ((bit<16>)hdr.ipv4.ihl << 2) + 8 + int_bytes
-                    + REPORT_INNER_PAYLOAD_BYTES;
-                bit<16> inner_len = hdr.ipv4.total_len;
+                bit<16> int_words = (bit<16>)hdr.int_shim.len + 1;
+                bit<16> int_bytes = int_words << 2;
+                bit<16> ip_bytes = (bit<16>)hdr.ipv4.ihl << 2;
+                bit<16> inner_max = ip_bytes + int_bytes;
+                inner_max = inner_max + (8 + REPORT_INNER_PAYLOAD_BYTES);
+                inner_len_copy.apply(hdr.ipv4.total_len, md.calc.inner_len);
                 if (ARCH_TRUNCATES == 1) {
-                    if (inner_len > inner_max) {
-                        inner_len = inner_max;
+                    if (md.calc.inner_len > inner_max) {
+                        md.calc.inner_len = inner_max;
                     }
-                    if ((bit<32>)inner_len > md.pkt_len - 14) {
-                        inner_len = (bit<16>)(md.pkt_len - 14);
+                    if ((bit<32>)md.calc.inner_len > md.pkt_len - 14) {
+                        md.calc.inner_len = (bit<16>)(md.pkt_len - 14);
                     }
-                    inner_len = inner_len & 0xFFFC;
+                    md.calc.inner_len = md.calc.inner_len & 0xFFFC;
                 }
                 // (where the target cannot cut the packet it carries all of it, the last word
                 // perhaps partly)
-                bit<16> report_words = 2 + (bit<16>)md_words + ((inner_len + 3) >> 2);
-                if (report_words > 0xFF) {
-                    report_words = 0xFF;  // "to the end of the UDP payload"
+                report_inner_words();
+                report_inner_words_down();
+                report_len();
+                report_len_over();
+                report_len_copy.apply(md.calc.report_words, hdr.report_individual.report_len);
+                if (md.calc.report_over != 0) {
+                    hdr.report_individual.report_len = 0xFF;  // "to the end of the UDP payload"
                 }
-                bit<16> md_bytes = (bit<16>)md_words << 2;
 
-                bit<32> seq;
                 REG_EXEC(next_report_seq, 0, seq);
-
                 hdr.ethernet.setInvalid();
-                hdr.report_ethernet.setValid();
-                hdr.report_ethernet.dst_addr = md.report_dst_mac;
-                hdr.report_ethernet.src_addr = md.report_src_mac;
-                hdr.report_ethernet.ether_type = ETHERTYPE_IPV4;
-                hdr.report_ipv4.setValid();
-                hdr.report_ipv4.version = 4;
-                hdr.report_ipv4.ihl = 5;
-                hdr.report_ipv4.dscp = 0;
-                hdr.report_ipv4.ecn = 0;
-                hdr.report_ipv4.total_len = 20 + 8 + 8 + 12 + md_bytes + inner_len;
-                hdr.report_ipv4.identification = 0;
-                hdr.report_ipv4.flags = 0b010;  // DF
-                hdr.report_ipv4.frag_offset = 0;
-                hdr.report_ipv4.ttl = 64;
-                hdr.report_ipv4.protocol = IP_PROTO_UDP;
-                hdr.report_ipv4.hdr_checksum = 0;
-                hdr.report_ipv4.src_addr = md.report_src_addr;
-                hdr.report_ipv4.dst_addr = md.report_dst_addr;
-                hdr.report_udp.setValid();
-                hdr.report_udp.sport = REPORT_UDP_SPORT;
-                hdr.report_udp.dport = md.report_dport;
-                hdr.report_udp.len = 8 + 8 + 12 + md_bytes + inner_len;
-                hdr.report_udp.checksum = 0;
-                hdr.report_group.setValid();
-                hdr.report_group.ver = REPORT_VERSION;
-                hdr.report_group.hw_id = md.hw_id;
-                hdr.report_group.seq_no = (bit<22>)seq;
-                hdr.report_group.node_id = md.node_id;
-                hdr.report_individual.setValid();
-                hdr.report_individual.rep_type = REPORT_TYPE_INT;
-                hdr.report_individual.in_type = REPORT_IN_TYPE_IPV4;
-                hdr.report_individual.report_len = (bit<8>)report_words;
-                hdr.report_individual.md_len = (bit<8>)md_words;
-                hdr.report_individual.d = 0;
-                hdr.report_individual.q = 0;
-                hdr.report_individual.f = 1;
-                hdr.report_individual.i = 0;
-                hdr.report_individual.rsvd = 0;
-                hdr.report_individual.rep_md_bits = rep_bits;
-                hdr.report_individual.domain_id = hdr.int_md.domain_id;
-                hdr.report_individual.ds_md_bits = 0;
-                hdr.report_individual.ds_md_status = 0;
-                md.truncate_len = REPORT_HEADERS_BYTES + (bit<32>)md_bytes + (bit<32>)inner_len;
+                report_dst_mac();
+                report_src_mac();
+                report_addresses();
+                report_group_hw_id();
+                report_group_seq_no();
+                report_individual_domain_id();
+                md.truncate_len = (bit<32>)hdr.report_ipv4.total_len + REPORT_ETHERNET_BYTES;
                 COUNT(int_sink_events, INT_SINK_REPORT);
             } else if (md.punt_reason == PUNT_REPORT_UNSENT) {
                 COUNT(int_sink_events, INT_SINK_REPORT_TO_CPU);

@@ -54,34 +54,72 @@ control IntSourceEgress(inout headers_t hdr, inout local_md_t md) {
     COUNTER(int_source_events, INT_EVENTS_SIZE);
     IntHopWords() hop_words;
 
+    @hidden action mtu_over() { md.calc.mtu_over = md.calc.len_after |-| md.mtu; }
+    @hidden action length_after() {
+        md.calc.len_after = hdr.ipv4.total_len |+| INT_HEADERS_BYTES;  // saturates at NO_MTU
+    }
+
+    // The shim and MD header: constants first, then each field copied from metadata in an action of its
+    // own (a Tofino action writes a container from one PHV source and constants, or two PHV
+    // sources, the container itself counting when part of it is left).
+    @hidden action shim_fixed() {
+        hdr.int_shim.setValid();
+        hdr.int_shim.int_type = INT_TYPE_MD;
+        hdr.int_shim.npt = 0;
+        hdr.int_shim.rsvd = 0;
+        hdr.int_shim.len = INT_MD_WORDS;
+        hdr.int_shim.rsvd2 = 0;
+        hdr.int_shim.rsvd3 = 0;
+    }
+    @hidden action shim_dscp() { hdr.int_shim.dscp = hdr.ipv4.dscp; }
+    @hidden action md_fixed() {
+        hdr.int_md.setValid();
+        hdr.int_md.ver = INT_VERSION;
+        hdr.int_md.d = 0;
+        hdr.int_md.e = 0;
+        hdr.int_md.m = 0;
+        hdr.int_md.rsvd = 0;
+        hdr.int_md.ds_instruction = 0;
+        hdr.int_md.ds_flags = 0;
+    }
+    // Hop ML from a constant table on the record size: narrowing the 16-bit size to the 5-bit
+    // field in an action would tie its PHV slicing to every length it is added to.
+    @hidden action md_hop_ml(bit<5> words) { hdr.int_md.hop_ml = words; }
+    @hidden table md_hop_mls {
+        key = { md.calc.md_words: exact; }
+        actions = { md_hop_ml; }
+        const default_action = md_hop_ml(0);
+        const entries = {
+            0: md_hop_ml(0); 1: md_hop_ml(1); 2: md_hop_ml(2); 3: md_hop_ml(3); 4:
+            md_hop_ml(4); 5: md_hop_ml(5); 6: md_hop_ml(6); 7: md_hop_ml(7); 8: md_hop_ml(8);
+            9: md_hop_ml(9); 10: md_hop_ml(10); 11: md_hop_ml(11); 12: md_hop_ml(12); 13:
+            md_hop_ml(13); 14: md_hop_ml(14); 15: md_hop_ml(15); 16: md_hop_ml(16); 17:
+            md_hop_ml(17); 18: md_hop_ml(18); 19: md_hop_ml(19); 20: md_hop_ml(20); 21:
+            md_hop_ml(21); 22: md_hop_ml(22); 23: md_hop_ml(23); 24: md_hop_ml(24); 25:
+            md_hop_ml(25); 26: md_hop_ml(26); 27: md_hop_ml(27); 28: md_hop_ml(28); 29:
+            md_hop_ml(29); 30: md_hop_ml(30); 31: md_hop_ml(31);
+        }
+    }
+    @hidden action md_hop_cnt() { hdr.int_md.remaining_hop_cnt = md.int_source_hop_budget; }
+    @hidden action md_bitmap() { hdr.int_md.instruction_bitmap = md.int_source_bitmap; }
+    @hidden action md_domain_id() { hdr.int_md.domain_id = md.int_source_domain_id; }
+
     apply {
         if (md.int_source == 1 && md.int_sink == 0 && hdr.udp.isValid()
                 && !hdr.int_shim.isValid()) {
-            if ((bit<32>)hdr.ipv4.total_len + (bit<32>)INT_HEADERS_BYTES > md.mtu) {
+            hop_words.apply(md.int_source_bitmap, md.calc.md_words);  // (beside the MTU check)
+            length_after();
+            mtu_over();
+            if (md.calc.mtu_over != 0) {
                 COUNT(int_source_events, INT_SOURCE_MTU);
             } else {
-                bit<5> words;
-                hop_words.apply(md.int_source_bitmap, words);
-                hdr.int_shim.setValid();
-                hdr.int_shim.int_type = INT_TYPE_MD;
-                hdr.int_shim.npt = 0;
-                hdr.int_shim.rsvd = 0;
-                hdr.int_shim.len = INT_MD_WORDS;
-                hdr.int_shim.rsvd2 = 0;
-                hdr.int_shim.dscp = hdr.ipv4.dscp;
-                hdr.int_shim.rsvd3 = 0;
-                hdr.int_md.setValid();
-                hdr.int_md.ver = INT_VERSION;
-                hdr.int_md.d = 0;
-                hdr.int_md.e = 0;
-                hdr.int_md.m = 0;
-                hdr.int_md.rsvd = 0;
-                hdr.int_md.hop_ml = words;
-                hdr.int_md.remaining_hop_cnt = md.int_source_hop_budget;
-                hdr.int_md.instruction_bitmap = md.int_source_bitmap;
-                hdr.int_md.domain_id = md.int_source_domain_id;
-                hdr.int_md.ds_instruction = 0;
-                hdr.int_md.ds_flags = 0;
+                shim_fixed();
+                shim_dscp();
+                md_fixed();
+                md_hop_mls.apply();
+                md_hop_cnt();
+                md_bitmap();
+                md_domain_id();
                 hdr.ipv4.dscp = INT_DSCP;
                 hdr.ipv4.total_len = hdr.ipv4.total_len + INT_HEADERS_BYTES;
                 hdr.udp.len = hdr.udp.len + INT_HEADERS_BYTES;

@@ -25,7 +25,7 @@ control PacketIoEgress(inout headers_t hdr, inout local_md_t md) {
     apply {
         if (md.egress_port == CPU_PORT) {
             hdr.packet_in.setValid();
-            hdr.packet_in.ingress_port = (bit<16>)md.ingress_port;
+            hdr.packet_in.ingress_port = md.calc.ingress_port_16;  // (EgressConfig)
             hdr.packet_in.reason = md.punt_reason;
         }
     }

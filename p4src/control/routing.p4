@@ -66,6 +66,8 @@ control Routing(inout headers_t hdr, inout local_md_t md) {
             drop_with(DROP_NOT_IPV4);
         } else if (md.ipv4_bad_ihl == 1) {
             drop_with(DROP_IPV4_BAD_IHL);
+        } else if (md.ipv4_options_unparsed == 1) {
+            drop_with(DROP_IPV4_OPTIONS);
         } else if (md.checksum_error) {
             drop_with(DROP_IPV4_BAD_CHECKSUM);
         } else if (hdr.ipv4.ttl <= 1) {

@@ -68,8 +68,11 @@ const bit<16> REPORT_UDP_SPORT = 32766;
 const bit<16> REPORT_MD_SUPPORTED = 0x7D00;
 // Inner packet bytes kept after the INT stack, so the collector sees the transport header.
 const bit<16> REPORT_INNER_PAYLOAD_BYTES = 16;
-// Report header bytes before the sink's metadata: Ethernet, IPv4, UDP, group, individual.
-const bit<32> REPORT_HEADERS_BYTES = 14 + 20 + 8 + 8 + 12;
+// Report header bytes before the sink's metadata, from the outer IPv4 header (IPv4, UDP,
+// group, individual) and from the UDP header; the Ethernet header in front of them.
+const bit<16> REPORT_IP_HEADERS_BYTES = 20 + 8 + 8 + 12;
+const bit<16> REPORT_UDP_HEADERS_BYTES = 8 + 8 + 12;
+const bit<32> REPORT_ETHERNET_BYTES = 14;
 
 // ---- drops counter indexes (ingress) ---------------------------------------------------------
 const bit<8> DROP_NOT_IPV4 = 1;
@@ -80,6 +83,7 @@ const bit<8> DROP_TTL_EXPIRED = 5;
 const bit<8> DROP_NO_NEXT_HOP = 6;
 const bit<8> DROP_ACL = 7;
 const bit<8> DROP_PACKET_OUT_BAD_PORT = 8;
+const bit<8> DROP_IPV4_OPTIONS = 9;      // TNA only: IPv4 options are not parsed
 const bit<32> DROP_REASONS = 16;
 
 // ---- packet-in reasons -----------------------------------------------------------------------
@@ -100,6 +104,6 @@ const bit<2> PKT_OTHER = 2;              // replicas, recirculated packets: not 
 // switch (switch_config) so that a window holds several frames at the ports' speed; without
 // it, 2^TX_UTIL_WINDOW_SHIFT ns (~1.05 ms).
 #define TX_UTIL_WINDOW_SHIFT 20
-const bit<32> NO_MTU = 0xFFFFFFFF;
+const bit<16> NO_MTU = 0xFFFF;  // lengths saturate at it: never exceeded
 
 #endif

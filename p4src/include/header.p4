@@ -214,11 +214,41 @@ struct headers_t {
 }
 
 // ---- project metadata ------------------------------------------------------------------------
+// Values the feature controls compute in one step and use in a later one. A Tofino stage does
+// one operation per field and bf-p4c puts consecutive statements into one action, so a chain
+// of computations is a chain of action calls (one stage each), and what passes between them is
+// metadata.
+struct calc_md_t {
+    bit<16> ingress_port_16;     // ports as INT and packet-in carry them
+    bit<16> egress_port_16;
+    bit<16> sink_port_16;
+    bit<16> shim_len;            // the INT shim length, 16 bits wide
+    bit<16> int_words;           // words of INT the packet carries (shim included)
+    bit<16> int_bytes_ip;        // the same in bytes, once per length field it changes
+    bit<16> int_bytes_udp;
+    bit<16> len_after;           // IPv4 total length after an INT push / insertion (saturated)
+    bit<16> udp_len_after;
+    bit<16> hop_words;           // this hop's record size (Hop ML)
+    bit<8> hop_ml;
+    bit<8> shim_room;            // words the 8-bit shim length can still grow by
+    bit<8> stack_over;           // shim length beyond the parser's INT stack limit
+    bit<16> md_words;            // hop record size (IntHopWords)
+    bit<16> inner_len;
+    bit<16> inner_words;
+    bit<16> report_words;
+    bit<16> report_over;         // report_words beyond 255
+    // "a > b" as a saturating difference a |-| b, nonzero when true: a Tofino gateway compares
+    // a field with a constant only.
+    bit<16> udp_short;           // INT length past the UDP length
+    bit<16> mtu_over;            // IPv4 length past the MTU
+    bit<8> room_over;            // hop record past the shim length's room
+    bit<32> occupancy_over;      // queue bytes past INT's 24-bit occupancy
+}
+
 struct local_md_t {
     // From the architecture (the top file fills these).
     PRESERVE port_t ingress_port;
     PRESERVE bit<64> ingress_ts;         // ns
-    bit<1> parser_error;
     bool checksum_error;                 // the IPv4 header checksum does not verify
     port_t egress_port;                  // egress only
     bit<64> egress_ts;                   // ns, egress only
@@ -240,6 +270,7 @@ struct local_md_t {
     bit<16> l4_sport;
     bit<16> l4_dport;
     bit<1> ipv4_bad_ihl;
+    bit<1> ipv4_options_unparsed;        // IHL > 5 where the target does not parse options
     bit<8> int_status;                   // INT_*
 
     // Ingress decisions.
@@ -267,7 +298,7 @@ struct local_md_t {
     bit<6> hw_id;
     bit<32> qdepth_unit;                 // bytes per target queue-depth unit
     bit<8> tx_util_shift;                // tx utilization windows are 2^tx_util_shift ns
-    bit<32> mtu;                         // IPv4 MTU of the egress port
+    bit<16> mtu;                         // IPv4 MTU of the egress port (0xFFFF: none)
     bit<32> tx_util_mult;                // from the port speed (p4src/README.md)
     bit<32> enq_qdepth_bytes;
     bit<32> deq_qdepth_bytes;
@@ -278,6 +309,8 @@ struct local_md_t {
     bit<32> sink_queue;                  // queue id (8 bits) + occupancy (24), as in INT
     bit<64> sink_egress_ts;
     bit<32> sink_tx_util;
+
+    calc_md_t calc;
 }
 
 #endif

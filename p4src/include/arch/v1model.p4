@@ -36,7 +36,8 @@ typedef bit<9> port_t;
 // Registers. A register cell is changed by a named read-modify-write, the shape Tofino's
 // RegisterAction imposes (one per register per packet): REG_ACTION declares it at control
 // scope with a body that reads and updates `value` (the cell) and sets `rv` (what the packet
-// gets back); REG_EXEC runs it on one cell. Bodies only assign (v1model predicates them).
+// gets back); REG_EXEC runs it on one cell, REG_RUN too when the packet needs nothing back (a
+// 32-bit rv). Bodies only assign (v1model predicates them).
 #define REGISTER(type, name, size) register<type>((bit<32>)(size)) name
 #define REG_ACTION(reg, T, R, name, ...)                                       \
     @hidden action name(in bit<32> index, out R rv) {                          \
@@ -46,14 +47,25 @@ typedef bit<9> port_t;
         reg.write(index, value);                                               \
     }
 #define REG_EXEC(name, index, dst) name((bit<32>)(index), dst)
+#define REG_RUN(name, index) { bit<32> rv_unused; name((bit<32>)(index), rv_unused); }
 
 // ECMP: an action selector hashing the table's selector keys with CRC-16. The table names
 // ECMP_IMPLEMENTATION(name) as its implementation.
 #define ECMP_SELECTOR(name, size) action_selector(HashAlgorithm.crc16, (bit<32>)(size), 32w16) name
 #define ECMP_IMPLEMENTATION(name) name
 
+// IPv4 options are parsed (and covered by the checksum).
+#define IPV4_OPTIONS_PARSED 1
+
 // INT stack words the parser can hold: all of them (the 8-bit shim length less the MD header).
 #define INT_STACK_MAX_WORDS 252
+// The stack is extracted into hdr.int_stack (one varbit field).
+#define INT_STACK_PARSER_DECL
+#define INT_STACK_PARSER_STATES(next)                                          \
+    state parse_int_stack {                                                    \
+        pkt.extract(hdr.int_stack, ((bit<32>)hdr.int_shim.len - 3) << 5);      \
+        transition next;                                                       \
+    }
 
 // IPv4 header checksum: v1model verifies it in its verify-checksum control (the top file), not
 // in the parser.
@@ -92,6 +104,19 @@ control RandomRamp(in bit<32> d, in bit<32> span, in bit<16> p, out bool hit) {
         bit<32> r;
         random(r, 32w0, span);
         hit = (bit<48>)d * (bit<48>)p > (bit<48>)r << 16;
+    }
+}
+
+// Plain copies (include/arch/tna.p4 makes them with the hash unit, for PHV allocation).
+control UnlinkedCopy16(in bit<16> x, out bit<16> y) {
+    apply {
+        y = x;
+    }
+}
+
+control UnlinkedLow8(in bit<16> x, out bit<8> y) {
+    apply {
+        y = x[7:0];
     }
 }
 
