@@ -332,8 +332,15 @@ def _collect_tofino_outputs(t: Target, tmp: Path) -> None:
     """bf-p4c's folder -> the committed outputs: bfrt.json as written, and the resource
     summary (the pipe's binary and context.json are for a device only)."""
     out = tmp / TOFINO_OUTDIR
-    shutil.copyfile(next(out.rglob("bfrt.json")), tmp / t.outputs["bfrt"])
     summary = tofino_resource_summary(out)
+    # bf-p4c's backend can finish with more stages than the device has (the assembler then
+    # fails, or nothing checks): such a build is refused here, not committed.
+    over = {g: n for g, n in summary["mau_stages_used"].items()
+            if n > summary["mau_stages_available"]}
+    if over:
+        raise RuntimeError(f"{t.name}: needs more MAU stages than the device's "
+                           f"{summary['mau_stages_available']}: {over}")
+    shutil.copyfile(next(out.rglob("bfrt.json")), tmp / t.outputs["bfrt"])
     (tmp / t.outputs["resources"]).write_text(json.dumps(summary, indent=2) + "\n")
 
 

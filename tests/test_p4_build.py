@@ -167,3 +167,36 @@ def test_tofino_p4info_is_the_bmv2_api(target: p4build.Target) -> None:
                 if want.get(k) != got.get(k)}
         assert not diff, f"{target.name} {part} differ (bmv2, tofino): {diff}"
     assert set(bmv2["tables"]) >= set(TABLES)
+
+
+def _fake_bf_p4c_output(tmp: Path, egress_stages: list[int], n_stages: int) -> None:
+    """The parts of a bf-p4c output folder the resource summary reads."""
+    logs = tmp / p4build.TOFINO_OUTDIR / "pipe" / "logs"
+    logs.mkdir(parents=True)
+    (tmp / p4build.TOFINO_OUTDIR / "bfrt.json").write_text("{}")
+    tables = [{"gress": "egress", "stage_allocation": [{"stage_number": n}]}
+              for n in egress_stages]
+    tables.append({"gress": "ingress", "stage_allocation": [{"stage_number": -1}]})
+    (logs / "mau.json").write_text(json.dumps({"tables": tables}))
+    (logs / "resources.json").write_text(json.dumps({"resources": {"mau": {"nStages": n_stages}}}))
+    (logs / "metrics.json").write_text(json.dumps({
+        "target": "tofino",
+        "phv": {"normal": [{"bit_width": 32, "containers_occupied": 2, "bits_occupied": 40}]},
+        "mau": {"srams": 1, "tcams": 2, "map_rams": 3, "logical_tables": 4},
+        "parser": {"ingress": {"tcam_rows": 5}, "egress": {"tcam_rows": 6}},
+    }))
+
+
+def test_tofino_summary_counts_stages_and_refuses_an_overflow(tmp_path: Path) -> None:
+    """The summary gives the pipeline depth per gress (the parser's port-metadata table, stage
+    -1, is no MAU stage); a build placed in more stages than the device has is refused."""
+    target = next(t for t in p4build.P4SRC.targets if t.kind == "tofino")
+    fits, over = tmp_path / "fits", tmp_path / "over"
+    _fake_bf_p4c_output(fits, [0, 3, 11], 12)
+    p4build._collect_tofino_outputs(target, fits)
+    summary = json.loads((fits / target.outputs["resources"]).read_text())
+    assert summary["mau_stages_used"] == {"egress": 12}
+    assert summary["phv"] == {"32b": {"containers": 2, "bits": 40}}
+    _fake_bf_p4c_output(over, [0, 12], 12)
+    with pytest.raises(RuntimeError, match="more MAU stages"):
+        p4build._collect_tofino_outputs(target, over)
