@@ -375,10 +375,12 @@ class Agent:
         """Bring the pacer in line with the rate map and tell the watchers what moved."""
         assert self.bpf is not None
         now = time.monotonic_ns()
-        current: dict[FlowKey, tuple[int, int]] = {}
-        for key, r in self.bpf.items("xm_rates"):
-            current[key] = (int(r.rate_bps), int(r.origin))
+        # The rate map is read under the lock: a snapshot taken before another sync (SetRate's)
+        # and applied after it would drop the classes of flows that sync had just paced.
         with self.lock:
+            current: dict[FlowKey, tuple[int, int]] = {}
+            for key, r in self.bpf.items("xm_rates"):
+                current[key] = (int(r.rate_bps), int(r.origin))
             for key, (rate, origin) in current.items():
                 prev = self.rates_seen.get(key)
                 if prev is None or prev[0] != rate:
