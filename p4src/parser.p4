@@ -28,7 +28,6 @@
 parser XingmaiParser(packet_in pkt, inout headers_t hdr, inout local_md_t md)
                      (bool with_int_stack) {
     IPV4_CHECKSUM_DECL
-    INT_STACK_PARSER_DECL
 
     state start {
         pkt.extract(hdr.ethernet);

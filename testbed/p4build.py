@@ -16,9 +16,9 @@ A compiler is found on PATH, or through the environment variable the target name
 P4C_BM2_SS=/path/to/p4c-bm2-ss). Targets whose compiler is missing keep their committed
 outputs; the command says so, and fails if those outputs are stale.
 
-The Tofino targets of p4src (Tofino 1 / TNA and Tofino 2 / T2NA) are compiled by p4c's
+The Tofino target of p4src (Tofino 2 / T2NA; Tofino 1 does not fit yet) is compiled by p4c's
 Tofino backend: `bf-p4c` on PATH, `$BF_P4C`, or a `p4c` driver with `p4c-barefoot` beside it.
-They keep the P4Info, `bfrt.json` and a short resource summary (stages, SRAM, TCAM, PHV, from
+It keeps the P4Info, `bfrt.json` and a short resource summary (stages, SRAM, TCAM, PHV, from
 bf-p4c's resource log), not the binary or context.json (large, for a device only).
 """
 
@@ -295,9 +295,9 @@ def _normalise_json(path: Path) -> None:
 
 def tofino_resource_summary(out: Path) -> dict:
     """A short resource summary of a bf-p4c output folder: MAU stages used per gress (the
-    pipeline depth, of the stages the device has; and which stages hold tables), SRAM / TCAM / map RAM blocks and logical tables, PHV containers and
-    bits per container width, parser TCAM rows. From bf-p4c's logs (metrics.json, mau.json,
-    resources.json under pipe/logs)."""
+    pipeline depth, of the stages the device has, and which stages hold tables), SRAM / TCAM /
+    map RAM blocks and logical tables, PHV containers and bits per container width, parser
+    TCAM rows. From bf-p4c's logs (metrics.json, mau.json, resources.json under pipe/logs)."""
     logs = next(out.rglob("logs/metrics.json")).parent
     metrics = json.loads((logs / "metrics.json").read_text())
     mau = json.loads((logs / "mau.json").read_text())

@@ -222,9 +222,7 @@ struct calc_md_t {
     bit<16> ingress_port_16;     // ports as INT and packet-in carry them
     bit<16> egress_port_16;
     bit<16> sink_port_16;
-    bit<16> shim_len;            // the INT shim length, 16 bits wide
-    bit<16> int_words;           // words of INT the packet carries (shim included)
-    bit<16> int_bytes_ip;        // the same in bytes, once per length field it changes
+    bit<16> int_bytes_ip;        // bytes of INT to add or remove, once per length field
     bit<16> int_bytes_udp;
     bit<16> len_after;           // IPv4 total length after an INT push / insertion (saturated)
     bit<16> udp_len_after;

@@ -20,8 +20,6 @@
 #include <tna.p4>
 #endif
 
-#define ARCH_TNA
-
 typedef PortId_t port_t;
 
 // The PCIe CPU port: 192 on a 2-pipe Tofino 1 (Wedge100BF-32X; 320 on 4-pipe parts), 0 on
@@ -72,19 +70,13 @@ typedef PortId_t port_t;
 // (e.g. 3 hops of node id + hop latency + queue + tx utilization). A longer stack is counted
 // (INT_SINK_STACK_TOO_LONG) and left in the packet; IPv4 options are not parsed (the packet is
 // dropped, DROP_IPV4_OPTIONS).
-#ifndef INT_STACK_MAX_WORDS
 #define INT_STACK_MAX_WORDS 12
-#endif
 #define IPV4_OPTIONS_PARSED 0
 // The stack is skipped, not extracted: a varbit extraction takes PHV (or CLOTs, whose varbit
 // support bf-p4c's assembler fails on for Tofino 2: "No length for clot") for bytes the sink
 // only removes, and the bytes a parser skips are not emitted. One state per stack length
 // (at most INT_STACK_MAX_WORDS = 12), each advancing a constant amount (a parser counter loop
 // would take the counter Tofino 1's egress parser needs for its minimum parse depth).
-#if INT_STACK_MAX_WORDS != 12
-#error "INT_STACK_PARSER_STATES skips at most 12 words"
-#endif
-#define INT_STACK_PARSER_DECL
 #define INT_STACK_SKIP_STATE(n, next)                                          \
     state skip_int_stack_##n { pkt.advance(n * 32); transition next; }
 #define INT_STACK_PARSER_STATES(next)                                          \

@@ -14,8 +14,6 @@
 #include <core.p4>
 #include <v1model.p4>
 
-#define ARCH_V1MODEL
-
 typedef bit<9> port_t;
 
 // simple_switch_grpc --cpu-port / xingmai-switch --cpu-port.
@@ -60,7 +58,6 @@ typedef bit<9> port_t;
 // INT stack words the parser can hold: all of them (the 8-bit shim length less the MD header).
 #define INT_STACK_MAX_WORDS 252
 // The stack is extracted into hdr.int_stack (one varbit field).
-#define INT_STACK_PARSER_DECL
 #define INT_STACK_PARSER_STATES(next)                                          \
     state parse_int_stack {                                                    \
         pkt.extract(hdr.int_stack, ((bit<32>)hdr.int_shim.len - 3) << 5);      \
