@@ -3,7 +3,7 @@
 differ."""
 
 # ruff: noqa: E501
-P4INFO_SHA256 = "665368407a596ef60d8a4961d18d8d6d78b6680b4a41c5b3b577eddc9ba06e44"
+P4INFO_SHA256 = "e1bbe655ce2d1c5e4d826cabb49ddbd8bc70defa354c5c445d935bd123d7cefa"
 
 # tables and their match fields
 TBL_PORT_CONFIG = 'XingmaiEgress.config.port_config'
@@ -95,6 +95,5 @@ REG_LAST_EGRESS_TS_LO = 'XingmaiEgress.port_telemetry.last_egress_ts_lo'
 REG_LAST_HOP_LATENCY = 'XingmaiEgress.port_telemetry.last_hop_latency'
 REG_LAST_QUEUE = 'XingmaiEgress.port_telemetry.last_queue'
 REG_TX_UTIL_LAST = 'XingmaiEgress.port_telemetry.tx_util_last'
-REG_TX_UTIL_MULT_LAST = 'XingmaiEgress.port_telemetry.tx_util_mult_last'
 REG_TX_WINDOW = 'XingmaiEgress.port_telemetry.tx_window'
-REG_TX_WINDOW_BYTES = 'XingmaiEgress.port_telemetry.tx_window_bytes'
+REG_TX_WINDOW_LOAD = 'XingmaiEgress.port_telemetry.tx_window_load'

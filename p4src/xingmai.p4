@@ -99,6 +99,7 @@ control XingmaiEgress(inout headers_t hdr, inout local_md_t md,
     EgressConfig() config;
     PacketIoEgress() packet_io;
     PortTelemetryEgress() port_telemetry;
+    PortTelemetryExport() port_telemetry_export;
     IntSinkEgress() int_sink;
     IntSourceEgress() int_source;
     IntTransitEgress() int_transit;
@@ -107,6 +108,7 @@ control XingmaiEgress(inout headers_t hdr, inout local_md_t md,
     apply {
         md.egress_port = sm.egress_port;
         md.egress_ts = (bit<64>)sm.egress_global_timestamp * 1000;
+        md.egress_ts_16 = md.egress_ts[47:16];
         md.enq_qdepth = (bit<32>)sm.enq_qdepth;
         md.deq_qdepth = (bit<32>)sm.deq_qdepth;
         md.qid = (bit<8>)sm.priority;  // simple_switch: the priority queue the packet used
@@ -120,18 +122,18 @@ control XingmaiEgress(inout headers_t hdr, inout local_md_t md,
         }
 
         config.apply(hdr, md);
+        ecn.apply(hdr, md);
         port_telemetry.apply(hdr, md);
         // The sink (strip or report), and source + transit, in exclusive branches: a Tofino
-        // pipeline places exclusive tables in the same stages.
-        if (md.pkt_kind == PKT_NORMAL && md.egress_port != CPU_PORT) {
-            ecn.apply(hdr, md);
-        }
+        // pipeline places exclusive tables in the same stages. They need nothing of port
+        // telemetry but the values PortTelemetryExport fills in after them.
         if (md.pkt_kind == PKT_INGRESS_CLONE || md.int_sink == 1) {
             int_sink.apply(hdr, md);
         } else if (md.pkt_kind == PKT_NORMAL && md.egress_port != CPU_PORT) {
             int_source.apply(hdr, md);
             int_transit.apply(hdr, md);
         }
+        port_telemetry_export.apply(hdr, md);
         if (md.egress_port == CPU_PORT) {
             packet_io.apply(hdr, md);
         }

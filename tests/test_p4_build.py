@@ -32,7 +32,7 @@ TABLES = {
     "int_sink_ports": ({"port": "EXACT"}, {"set_sink", "NoAction"}),
     "report_collector": ({}, {"set_collector", "no_collector"}),
     "switch_config": ({}, {"set_switch_config"}),
-    "port_config": ({"port": "EXACT"}, {"set_port_config", "NoAction"}),
+    "port_config": ({"port": "EXACT"}, {"set_port_config"}),
     "ecn_thresholds": ({"port": "EXACT"}, {"set_ecn_thresholds", "NoAction"}),
 }
 ACTIONS = {

@@ -268,8 +268,8 @@ def test_tx_utilization_per_window(fabric: FabricFactory, shift: int) -> None:  
     """Each packet carries its egress port's utilization over the previous window of 2^shift
     ns (the program's default 2^20, or what switch_config sets): exactly the bytes (as
     enqueued, before this hop's record, as the traffic manager charges them) the packets in
-    that window brought, by their own egress timestamps; and a stream at half the port's speed
-    reads about 500,000 ppm."""
+    that window brought, by their own egress timestamps, each scaled to ppm with 8 fraction
+    bits; and a stream at half the port's speed reads about 500,000 ppm."""
     fab = fabric(ONE)
     program_one(fab)
     if shift != P.TX_UTIL_WINDOW_SHIFT:
@@ -290,7 +290,8 @@ def test_tx_utilization_per_window(fabric: FabricFactory, shift: int) -> None:  
     window = [h["egress_ts"] >> shift for h in hops]
     per_window = Counter(window)
     mult = P.tx_util_mult(speed, shift)
-    want = [(per_window[w - 1] * len(src) * mult) >> 16 for w in window]
+    # each packet adds its bytes scaled to ppm with 8 fraction bits; a window's sum, >> 8
+    want = [(per_window[w - 1] * ((len(src) * mult) >> 8)) >> 8 for w in window]
     assert [h["tx_util"] for h in hops] == want
     if fab.virtual_time:  # (a real clock paces the stream only roughly)
         settled = want[int(1.5 * window_ns // gap_ns):]
@@ -357,6 +358,39 @@ def test_source_and_sink_restore_the_packet_and_report(fabric: FabricFactory) ->
         assert info["payload"] == bytes(range(16))
         assert inner[UDP].sport == 49152 + k
     assert seqs == list(range(seqs[0], seqs[0] + n)), seqs
+
+
+def test_report_carries_the_sink_ports_utilization(fabric: FabricFactory) -> None:  # noqa: F811
+    """A report's tx utilization is the sink port's, as its latest packet left it: the load of
+    the port's last complete window (each packet's bytes scaled to ppm with 8 fraction bits),
+    so once the stream has run a few windows every report reads one window's worth of the
+    stream."""
+    fab = fabric(CHAIN)
+    program_source_and_sink(fab)
+    gap_ns = 100_000  # 10.5 packets per 2^20 ns window
+    n = 60
+    for k in range(n):
+        fab.send("h1", plain_udp(sport=49152 + k))
+        fab.wait(gap_ns)
+    fab.settle()
+    reports = fab.take("collector")
+    assert len(reports) == n
+    # the sink port's packets as enqueued: the INT packet as the sink received it
+    utils = []
+    for frame in reports:
+        rep = parse_report(bytes(Ether(frame)[UDP].payload), INT_DSCP)
+        (ind,) = rep["reports"]
+        frame_len = 14 + decode(ind["inner"], INT_DSCP, first=IP)[IP].len
+        sink_md = TelemetryReportIndividual(bytes(Ether(frame)[UDP].payload)[8:]).metadata_dict()
+        utils.append(sink_md["tx_util"])
+    per_packet = (frame_len * P.tx_util_mult(100e6)) >> 8
+    possible = {(c * per_packet) >> 8 for c in range(0, 13)}
+    assert set(utils) <= possible, (utils, frame_len)
+    if fab.virtual_time:  # (a real clock paces the stream only roughly)
+        settled = utils[n // 2:]
+        assert all(u in {(c * per_packet) >> 8 for c in (10, 11)} for u in settled), utils
+    else:
+        assert any(utils[n // 2:]), utils
 
 
 def test_source_and_sink_on_one_switch_leave_the_packet_plain(fabric: FabricFactory) -> None:  # noqa: F811

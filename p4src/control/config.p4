@@ -9,17 +9,14 @@
  *    fabric runs its ports far slower than the hardware it models.
  *  - port_config: per egress port, the multiplier that turns bytes per window into tx
  *    utilization (from the port speed; p4src/README.md) and the IPv4 MTU INT must respect.
- * Queue depths are converted to bytes here, once, for INT and ECN (QueueBytes, from the shim:
- * where the target's unit is fixed, as Tofino's cells, the shim uses it and qdepth_unit is not
- * needed).
+ * Queue depths are converted to bytes with qdepth_unit where they are used (QueueBytes, from
+ * the shim: where the target's unit is fixed, as Tofino's cells, the shim uses it and
+ * qdepth_unit is not needed): the enqueue depth by ECN, the dequeue depth by port telemetry.
  */
 #ifndef XINGMAI_CONFIG_P4
 #define XINGMAI_CONFIG_P4
 
 control EgressConfig(inout headers_t hdr, inout local_md_t md) {
-    QueueBytes() enq_bytes;
-    QueueBytes() deq_bytes;
-
     action set_switch_config(bit<32> node_id, bit<6> hw_id, bit<32> qdepth_unit,
                              bit<8> tx_util_shift) {
         md.node_id = node_id;
@@ -47,9 +44,10 @@ control EgressConfig(inout headers_t hdr, inout local_md_t md) {
         }
         actions = {
             set_port_config;
-            @defaultonly NoAction;
         }
-        const default_action = NoAction();
+        // (the default is the configuration of a port without an entry: set by the table, not
+        // by assignments before it, which would be a stage of their own on Tofino)
+        const default_action = set_port_config(0, NO_MTU);
         size = PORT_TABLE_SIZE;
     }
 
@@ -59,27 +57,10 @@ control EgressConfig(inout headers_t hdr, inout local_md_t md) {
         md.calc.egress_port_16 = (bit<16>)md.egress_port;
         md.calc.sink_port_16 = (bit<16>)md.report_sink_port;
     }
-    @hidden action occupancy() { md.q_occupancy = md.deq_qdepth_bytes[23:0]; }
-    @hidden action occupancy_over() {
-        md.calc.occupancy_over = md.deq_qdepth_bytes |-| 0xFFFFFE;
-    }
-    @hidden action occupancy_saturated() { md.q_occupancy = 0xFFFFFE; }
-
     apply {
-        md.mtu = NO_MTU;
-        md.tx_util_mult = 0;
         ports_16();
         switch_config.apply();
         port_config.apply();
-        enq_bytes.apply(md.enq_qdepth, md.qdepth_unit, md.enq_qdepth_bytes);
-        deq_bytes.apply(md.deq_qdepth, md.qdepth_unit, md.deq_qdepth_bytes);
-        // INT's 24-bit occupancy; all-ones would read as "not available", so saturate below.
-        occupancy_over();
-        if (md.calc.occupancy_over != 0) {
-            occupancy_saturated();
-        } else {
-            occupancy();
-        }
     }
 }
 

@@ -63,6 +63,38 @@
     INT_SHIM_ROW(set, 0xC) INT_SHIM_ROW(set, 0xD) INT_SHIM_ROW(set, 0xE)                  \
     INT_SHIM_ROW(set, 0xF)
 
+// One constant table for 4 bits of an instruction bitmap (bits shift+3..shift of `bits`, the
+// first of them the most significant), whose 16 actions each run the statements of the bits
+// set in their combination: S3..S0 name a macro of statements per bit (NO_FILL for none). A
+// record is filled by 4 such lookups, not by 16 tables of one bit each: a Tofino stage has 16
+// logical tables for ingress and egress together.
+#define NO_FILL
+#define FILL_IF_0(S)
+#define FILL_IF_1(S) S
+#define NIBBLE_ACTION(name, S3, S2, S1, S0, a, b, c, d)                                 \
+    @hidden action name##_##a##b##c##d() {                                              \
+        FILL_IF_##a(S3) FILL_IF_##b(S2) FILL_IF_##c(S1) FILL_IF_##d(S0)                  \
+    }
+#define NIBBLE_ENTRY(name, shift, a, b, c, d)                                           \
+    (16w##a * 8 + 16w##b * 4 + 16w##c * 2 + 16w##d) << shift &&& 16w0xF << shift:        \
+        name##_##a##b##c##d();
+#define NIBBLE_ALL(X, ...)                                                              \
+    X(__VA_ARGS__, 0, 0, 0, 0) X(__VA_ARGS__, 0, 0, 0, 1) X(__VA_ARGS__, 0, 0, 1, 0)       \
+    X(__VA_ARGS__, 0, 0, 1, 1) X(__VA_ARGS__, 0, 1, 0, 0) X(__VA_ARGS__, 0, 1, 0, 1)       \
+    X(__VA_ARGS__, 0, 1, 1, 0) X(__VA_ARGS__, 0, 1, 1, 1) X(__VA_ARGS__, 1, 0, 0, 0)       \
+    X(__VA_ARGS__, 1, 0, 0, 1) X(__VA_ARGS__, 1, 0, 1, 0) X(__VA_ARGS__, 1, 0, 1, 1)       \
+    X(__VA_ARGS__, 1, 1, 0, 0) X(__VA_ARGS__, 1, 1, 0, 1) X(__VA_ARGS__, 1, 1, 1, 0)       \
+    X(__VA_ARGS__, 1, 1, 1, 1)
+#define NIBBLE_ACTION_REF(name, a, b, c, d) name##_##a##b##c##d;
+#define NIBBLE_TABLE(name, bits, shift, S3, S2, S1, S0)                                 \
+    NIBBLE_ALL(NIBBLE_ACTION, name, S3, S2, S1, S0)                                     \
+    @hidden table name {                                                                \
+        key = { bits: ternary; }                                                        \
+        actions = { NIBBLE_ALL(NIBBLE_ACTION_REF, name) }                               \
+        const default_action = name##_0000();                                           \
+        const entries = { NIBBLE_ALL(NIBBLE_ENTRY, name, shift) }                       \
+    }
+
 // Words one hop's metadata takes for an instruction bitmap (bit 0 = MSB): bits 4, 5 and 6 are
 // 8-byte units, every other bit a 4-byte unit. A lookup per byte of the bitmap, both at once,
 // then one addition: the form a Tofino stage can compute (no bit counting in its ALUs); the

@@ -116,7 +116,7 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
     // chain of Tofino stages). Report Length counts the words after the individual header's
     // first (2 + metadata + inner packet); the IPv4 and UDP lengths add the bytes of the
     // headers after them.
-    bit<16> rep_bits = 0;  // (also a field of its own for the tests of single bits)
+    bit<16> rep_bits = 0;  // (a field of its own: the key of the tables that fill them)
     bit<16> report_words_extra = 0;
     bit<16> report_ip_extra = 0;
     bit<16> report_udp_extra = 0;
@@ -139,6 +139,25 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
                                          REPORT_UDP_HEADERS_BYTES);
         const entries = { INT_WORDS_BYTE(REPORT_MD_SET, 8, 0, 1, 1, 1, 2, 2, 0, 1) }
     }
+
+    // The sink's metadata per RepMdBits (bits 0 and 6 are never among them), one table per
+    // 4 bits (int_common.p4: NIBBLE_TABLE). The sink port's measurements are filled in after
+    // port telemetry has read them (PortTelemetryExport).
+#define REPORT_L1_PORT_IDS                                                      \
+    hdr.report_md.l1_port_ids.setValid();                                       \
+    hdr.report_md.l1_port_ids.ingress_port_id = md.calc.ingress_port_16;        \
+    hdr.report_md.l1_port_ids.egress_port_id = md.calc.sink_port_16;
+#define REPORT_HOP_LATENCY hdr.report_md.hop_latency.setValid();
+#define REPORT_Q_OCCUPANCY hdr.report_md.q_occupancy.setValid();
+#define REPORT_INGRESS_TSTAMP                                                   \
+    hdr.report_md.ingress_tstamp.setValid();                                    \
+    hdr.report_md.ingress_tstamp.ns = md.ingress_ts;
+#define REPORT_EGRESS_TSTAMP hdr.report_md.egress_tstamp.setValid();
+#define REPORT_TX_UTIL hdr.report_md.tx_util.setValid();
+    NIBBLE_TABLE(report_md_0_3, rep_bits, 12, NO_FILL, REPORT_L1_PORT_IDS, REPORT_HOP_LATENCY,
+                 REPORT_Q_OCCUPANCY)
+    NIBBLE_TABLE(report_md_4_7, rep_bits, 8, REPORT_INGRESS_TSTAMP, REPORT_EGRESS_TSTAMP,
+                 NO_FILL, REPORT_TX_UTIL)
 
     @hidden action report_inner_words() {
         md.calc.inner_words = md.calc.inner_len + 3;
@@ -232,32 +251,8 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
             if (md.report == 1 && hdr.int_md.isValid()) {
                 report_fixed();
                 report_md_sizes.apply();
-                if ((rep_bits & 0x4000) != 0) {
-                    hdr.report_md.l1_port_ids.setValid();
-                    hdr.report_md.l1_port_ids.ingress_port_id = md.calc.ingress_port_16;
-                    hdr.report_md.l1_port_ids.egress_port_id = md.calc.sink_port_16;
-                }
-                if ((rep_bits & 0x2000) != 0) {
-                    hdr.report_md.hop_latency.setValid();
-                    hdr.report_md.hop_latency.hop_latency = md.sink_hop_latency;
-                }
-                if ((rep_bits & 0x1000) != 0) {
-                    hdr.report_md.q_occupancy.setValid();
-                    hdr.report_md.q_occupancy.q_id = md.sink_queue[31:24];
-                    hdr.report_md.q_occupancy.q_occupancy = md.sink_queue[23:0];
-                }
-                if ((rep_bits & 0x0800) != 0) {
-                    hdr.report_md.ingress_tstamp.setValid();
-                    hdr.report_md.ingress_tstamp.ns = md.ingress_ts;
-                }
-                if ((rep_bits & 0x0400) != 0) {
-                    hdr.report_md.egress_tstamp.setValid();
-                    hdr.report_md.egress_tstamp.ns = md.sink_egress_ts;
-                }
-                if ((rep_bits & 0x0100) != 0) {
-                    hdr.report_md.tx_util.setValid();
-                    hdr.report_md.tx_util.tx_util = md.sink_tx_util;
-                }
+                report_md_0_3.apply();
+                report_md_4_7.apply();
 
                 // The inner packet: from IPv4 to 16 bytes past the INT stack, whole words.
                 bit<16> int_words = (bit<16>)hdr.int_shim.len + 1;

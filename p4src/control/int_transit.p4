@@ -98,9 +98,50 @@ control IntTransitEgress(inout headers_t hdr, inout local_md_t md) {
         md.calc.udp_len_after = hdr.udp.len + md.calc.int_bytes_udp;
     }
 
+    // This hop's record, per instruction bit (bit 0 = the bitmap's MSB). Bit 6: no logical
+    // (L2) ports on this switch; bits 8-15 (shared buffer occupancy, reserved bits, checksum
+    // complement): not available here. All-ones is "not available".
+    bit<16> bm = 0;
+#define PUSH_NODE_ID                                                            \
+    hdr.int_hop.node_id.setValid();                                             \
+    hdr.int_hop.node_id.node_id = md.node_id;
+#define PUSH_L1_PORT_IDS                                                        \
+    hdr.int_hop.l1_port_ids.setValid();                                         \
+    hdr.int_hop.l1_port_ids.ingress_port_id = md.calc.ingress_port_16;          \
+    hdr.int_hop.l1_port_ids.egress_port_id = md.calc.egress_port_16;
+#define PUSH_HOP_LATENCY                                                        \
+    hdr.int_hop.hop_latency.setValid();                                         \
+    hdr.int_hop.hop_latency.hop_latency = (bit<32>)md.egress_ts - (bit<32>)md.ingress_ts;
+#define PUSH_Q_OCCUPANCY hdr.int_hop.q_occupancy.setValid();  /* PortTelemetryExport */
+#define PUSH_INGRESS_TSTAMP                                                     \
+    hdr.int_hop.ingress_tstamp.setValid();                                      \
+    hdr.int_hop.ingress_tstamp.ns = md.ingress_ts;
+#define PUSH_EGRESS_TSTAMP                                                      \
+    hdr.int_hop.egress_tstamp.setValid();                                       \
+    hdr.int_hop.egress_tstamp.ns = md.egress_ts;
+#define PUSH_L2_PORT_IDS                                                        \
+    hdr.int_hop.l2_port_ids.setValid();                                         \
+    hdr.int_hop.l2_port_ids.ingress_port_id = 0xFFFFFFFF;                       \
+    hdr.int_hop.l2_port_ids.egress_port_id = 0xFFFFFFFF;
+#define PUSH_TX_UTIL hdr.int_hop.tx_util.setValid();  /* PortTelemetryExport */
+#define PUSH_ONES(w) hdr.int_hop.w.setValid(); hdr.int_hop.w.value = 0xFFFFFFFF;
+#define PUSH_BUFFER PUSH_ONES(buffer)
+#define PUSH_RSVD9 PUSH_ONES(rsvd9)
+#define PUSH_RSVD10 PUSH_ONES(rsvd10)
+#define PUSH_RSVD11 PUSH_ONES(rsvd11)
+#define PUSH_RSVD12 PUSH_ONES(rsvd12)
+#define PUSH_RSVD13 PUSH_ONES(rsvd13)
+#define PUSH_RSVD14 PUSH_ONES(rsvd14)
+#define PUSH_CHECKSUM PUSH_ONES(checksum)
+    NIBBLE_TABLE(fill_0_3, bm, 12, PUSH_NODE_ID, PUSH_L1_PORT_IDS, PUSH_HOP_LATENCY,
+                 PUSH_Q_OCCUPANCY)
+    NIBBLE_TABLE(fill_4_7, bm, 8, PUSH_INGRESS_TSTAMP, PUSH_EGRESS_TSTAMP, PUSH_L2_PORT_IDS,
+                 PUSH_TX_UTIL)
+    NIBBLE_TABLE(fill_8_11, bm, 4, PUSH_BUFFER, PUSH_RSVD9, PUSH_RSVD10, PUSH_RSVD11)
+    NIBBLE_TABLE(fill_12_15, bm, 0, PUSH_RSVD12, PUSH_RSVD13, PUSH_RSVD14, PUSH_CHECKSUM)
+
     apply {
         if (md.int_status == INT_OK && hdr.int_shim.isValid() && hdr.int_md.isValid()) {
-            bit<16> bm;
             bitmap_copy.apply(hdr.int_md.instruction_bitmap, bm);
             record_sizes.apply();
             shim_room();
@@ -114,77 +155,10 @@ control IntTransitEgress(inout headers_t hdr, inout local_md_t md) {
                 hdr.int_md.m = 1;
                 COUNT(int_transit_events, INT_TRANSIT_M_BIT);
             } else {
-                if ((bm & 0x8000) != 0) {
-                    hdr.int_hop.node_id.setValid();
-                    hdr.int_hop.node_id.node_id = md.node_id;
-                }
-                if ((bm & 0x4000) != 0) {
-                    hdr.int_hop.l1_port_ids.setValid();
-                    hdr.int_hop.l1_port_ids.ingress_port_id = md.calc.ingress_port_16;
-                    hdr.int_hop.l1_port_ids.egress_port_id = md.calc.egress_port_16;
-                }
-                if ((bm & 0x2000) != 0) {
-                    hdr.int_hop.hop_latency.setValid();
-                    hdr.int_hop.hop_latency.hop_latency =
-                        (bit<32>)md.egress_ts - (bit<32>)md.ingress_ts;
-                }
-                if ((bm & 0x1000) != 0) {
-                    hdr.int_hop.q_occupancy.setValid();
-                    hdr.int_hop.q_occupancy.q_id = md.qid;
-                    hdr.int_hop.q_occupancy.q_occupancy = md.q_occupancy;
-                }
-                if ((bm & 0x0800) != 0) {
-                    hdr.int_hop.ingress_tstamp.setValid();
-                    hdr.int_hop.ingress_tstamp.ns = md.ingress_ts;
-                }
-                if ((bm & 0x0400) != 0) {
-                    hdr.int_hop.egress_tstamp.setValid();
-                    hdr.int_hop.egress_tstamp.ns = md.egress_ts;
-                }
-                if ((bm & 0x0200) != 0) {
-                    // No logical (L2) ports on this switch.
-                    hdr.int_hop.l2_port_ids.setValid();
-                    hdr.int_hop.l2_port_ids.ingress_port_id = 0xFFFFFFFF;
-                    hdr.int_hop.l2_port_ids.egress_port_id = 0xFFFFFFFF;
-                }
-                if ((bm & 0x0100) != 0) {
-                    hdr.int_hop.tx_util.setValid();
-                    hdr.int_hop.tx_util.tx_util = md.tx_util;
-                }
-                // Shared buffer occupancy, reserved bits and the checksum complement: not
-                // available here.
-                if ((bm & 0x0080) != 0) {
-                    hdr.int_hop.buffer.setValid();
-                    hdr.int_hop.buffer.value = 0xFFFFFFFF;
-                }
-                if ((bm & 0x0040) != 0) {
-                    hdr.int_hop.rsvd9.setValid();
-                    hdr.int_hop.rsvd9.value = 0xFFFFFFFF;
-                }
-                if ((bm & 0x0020) != 0) {
-                    hdr.int_hop.rsvd10.setValid();
-                    hdr.int_hop.rsvd10.value = 0xFFFFFFFF;
-                }
-                if ((bm & 0x0010) != 0) {
-                    hdr.int_hop.rsvd11.setValid();
-                    hdr.int_hop.rsvd11.value = 0xFFFFFFFF;
-                }
-                if ((bm & 0x0008) != 0) {
-                    hdr.int_hop.rsvd12.setValid();
-                    hdr.int_hop.rsvd12.value = 0xFFFFFFFF;
-                }
-                if ((bm & 0x0004) != 0) {
-                    hdr.int_hop.rsvd13.setValid();
-                    hdr.int_hop.rsvd13.value = 0xFFFFFFFF;
-                }
-                if ((bm & 0x0002) != 0) {
-                    hdr.int_hop.rsvd14.setValid();
-                    hdr.int_hop.rsvd14.value = 0xFFFFFFFF;
-                }
-                if ((bm & 0x0001) != 0) {
-                    hdr.int_hop.checksum.setValid();
-                    hdr.int_hop.checksum.value = 0xFFFFFFFF;
-                }
+                fill_0_3.apply();
+                fill_4_7.apply();
+                fill_8_11.apply();
+                fill_12_15.apply();
                 hdr.int_md.remaining_hop_cnt = hdr.int_md.remaining_hop_cnt - 1;
                 hdr.int_shim.len = hdr.int_shim.len + md.calc.hop_ml;
                 hdr.ipv4.total_len = md.calc.len_after;

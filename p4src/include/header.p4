@@ -240,7 +240,7 @@ struct calc_md_t {
     bit<16> udp_short;           // INT length past the UDP length
     bit<16> mtu_over;            // IPv4 length past the MTU
     bit<8> room_over;            // hop record past the shim length's room
-    bit<32> occupancy_over;      // queue bytes past INT's 24-bit occupancy
+    bit<32> occupancy_sat;       // queue bytes + 0xFF000001, saturated (config.p4)
 }
 
 struct local_md_t {
@@ -250,6 +250,7 @@ struct local_md_t {
     bool checksum_error;                 // the IPv4 header checksum does not verify
     port_t egress_port;                  // egress only
     bit<64> egress_ts;                   // ns, egress only
+    bit<32> egress_ts_16;                // egress_ts[47:16]: units of 2^16 ns
     bit<32> enq_qdepth;                  // queue depth in the target's unit (see qdepth_unit)
     bit<32> deq_qdepth;
     bit<8> qid;
@@ -301,12 +302,14 @@ struct local_md_t {
     bit<32> enq_qdepth_bytes;
     bit<32> deq_qdepth_bytes;
     bit<24> q_occupancy;                 // deq_qdepth_bytes in INT's 24 bits (saturated)
-    bit<32> tx_util;                     // ppm, last complete window of the egress port
-    // the sink port's latest measurements, read for a report
-    bit<32> sink_hop_latency;
-    bit<32> sink_queue;                  // queue id (8 bits) + occupancy (24), as in INT
-    bit<64> sink_egress_ts;
-    bit<32> sink_tx_util;
+    bit<32> tx_load;                     // last complete window of the egress port (for a
+                                         // report: of the sink port), in ppm with
+                                         // TX_LOAD_FRACTION_BITS fraction bits
+    // The port's latest measurements as its registers hold them after this packet: this
+    // packet's own, or for a report the sink port's latest packet's (port_telemetry.p4).
+    bit<32> last_hop_latency;
+    bit<32> last_queue;                  // queue id (8 bits) + occupancy (24), as in INT
+    bit<64> last_egress_ts;
 
     calc_md_t calc;
 }

@@ -75,6 +75,27 @@ header mirror_md_t {
     mirror_fields_t f;
 }
 
+// Headers no packet has at once, for PHV allocation (bf-p4c may overlay them in the same
+// containers): a telemetry report is built by the sink branch of egress on a report clone, an
+// INT record is pushed by the transit branch on a normal packet, and a report's inner packet is
+// UDP (it carries INT). Left out: the headers bf-p4c fills by aliasing metadata that both
+// branches use (ports, timestamps, node id), whose containers must stay apart.
+#define NOT_IN_REPORTS(X, r)                                                    \
+    X(r, "hdr.tcp") X(r, "hdr.int_hop.hop_latency") X(r, "hdr.int_hop.q_occupancy") \
+    X(r, "hdr.int_hop.l2_port_ids") X(r, "hdr.int_hop.tx_util")                   \
+    X(r, "hdr.int_hop.buffer") X(r, "hdr.int_hop.rsvd9") X(r, "hdr.int_hop.rsvd10") \
+    X(r, "hdr.int_hop.rsvd11") X(r, "hdr.int_hop.rsvd12") X(r, "hdr.int_hop.rsvd13") \
+    X(r, "hdr.int_hop.rsvd14") X(r, "hdr.int_hop.checksum")
+#define REPORT_HEADERS(X)                                                       \
+    NOT_IN_REPORTS(X, "hdr.report_ethernet") NOT_IN_REPORTS(X, "hdr.report_ipv4") \
+    NOT_IN_REPORTS(X, "hdr.report_udp") NOT_IN_REPORTS(X, "hdr.report_group")     \
+    NOT_IN_REPORTS(X, "hdr.report_individual")                                  \
+    NOT_IN_REPORTS(X, "hdr.report_md.hop_latency")                              \
+    NOT_IN_REPORTS(X, "hdr.report_md.q_occupancy")                              \
+    NOT_IN_REPORTS(X, "hdr.report_md.tx_util")
+#define EGRESS_EXCLUSIVE(a, b) @pa_mutually_exclusive("egress", a, b)
+
+REPORT_HEADERS(EGRESS_EXCLUSIVE)
 struct tna_md_t {
     local_md_t md;
     bit<8> int_status;  // the INT status ingress decided
@@ -269,12 +290,14 @@ control TnaEgress(inout headers_t hdr, inout tna_md_t m,
     EgressConfig() config;
     PacketIoEgress() packet_io;
     PortTelemetryEgress() port_telemetry;
+    PortTelemetryExport() port_telemetry_export;
     IntSinkEgress() int_sink;
     IntSourceEgress() int_source;
     IntTransitEgress() int_transit;
     Ecn() ecn;
     UnlinkedCopy32() egress_ts_lo;
     UnlinkedCopy32() egress_ts_hi;
+    UnlinkedCopy32() egress_ts_16;
 
     apply {
         if (m.md.pkt_kind == PKT_NORMAL) {
@@ -285,21 +308,22 @@ control TnaEgress(inout headers_t hdr, inout tna_md_t m,
         // it, in one container-size group.
         egress_ts_lo.apply(eg_prsr_md.global_tstamp[31:0], m.md.egress_ts[31:0]);
         egress_ts_hi.apply((bit<32>)eg_prsr_md.global_tstamp[47:32], m.md.egress_ts[63:32]);
+        egress_ts_16.apply(eg_prsr_md.global_tstamp[47:16], m.md.egress_ts_16);
         // (the queue id is not set by the parser: bf-p4c then extracts INT's q_id from it)
         m.md.qid = (bit<8>)eg_intr_md.egress_qid;
         config.apply(hdr, m.md);
+        ecn.apply(hdr, m.md);
         port_telemetry.apply(hdr, m.md);
         // The sink (strip or report), and source + transit, in exclusive branches: a Tofino
-        // pipeline places exclusive tables in the same stages.
-        if (m.md.pkt_kind == PKT_NORMAL && m.md.egress_port != CPU_PORT) {
-            ecn.apply(hdr, m.md);
-        }
+        // pipeline places exclusive tables in the same stages. They need nothing of port
+        // telemetry but the values PortTelemetryExport fills in after them.
         if (m.md.pkt_kind == PKT_INGRESS_CLONE || m.md.int_sink == 1) {
             int_sink.apply(hdr, m.md);
         } else if (m.md.pkt_kind == PKT_NORMAL && m.md.egress_port != CPU_PORT) {
             int_source.apply(hdr, m.md);
             int_transit.apply(hdr, m.md);
         }
+        port_telemetry_export.apply(hdr, m.md);
         if (m.md.egress_port == CPU_PORT) {
             packet_io.apply(hdr, m.md);
         }

@@ -6,7 +6,7 @@
  *
  * Tofino's stage ALUs have no multiplier and shift only by constant amounts, so the helpers
  * that v1model computes exactly with a run-time multiplication or shift are computed here with
- * small constant tables (one action per shift amount): MulShr16 keeps the multiplier's two
+ * small constant tables (one action per shift amount): MulShr8 keeps the multiplier's two
  * leading bits, RandomRamp draws over the next power of two (p4src/README.md lists what this
  * changes).
  */
@@ -106,8 +106,8 @@ typedef PortId_t port_t;
 // (P4Runtime clone session packet_length_bytes) cuts it.
 #define ARCH_TRUNCATES 0
 
-// y = x * m >> 16 with m rounded down to its two leading set bits (at most 25 % low, 12.5 %
-// on average over m): each bit k of m adds x shifted by k - 16, one action per shift amount.
+// y = x * m >> 8 with m rounded down to its two leading set bits (at most 25 % low, 12.5 %
+// on average over m): each bit k of m adds x shifted by k - 8, one action per shift amount.
 // m < 2^30 (y is 0 otherwise): a stage's instruction memory holds 31 actions that write the
 // same container, and 2^30 is far beyond a real multiplier (p4src/README.md: tx_util_mult).
 #define MUL_HI_ACTION(term, k, op, s)                                           \
@@ -116,14 +116,14 @@ typedef PortId_t port_t;
 #define MUL_TERM_ACTION_REF(term, k, op, s) term##_##k;
 #define MUL_TERM_ENTRY(term, k) (32w1 << k) &&& ~((32w1 << k) - 1): term##_##k();
 #define MUL_TERM_ALL(X, term)                                                   \
-    X(term, 0, >>, 16) X(term, 1, >>, 15) X(term, 2, >>, 14) X(term, 3, >>, 13)    \
-    X(term, 4, >>, 12) X(term, 5, >>, 11) X(term, 6, >>, 10) X(term, 7, >>, 9)     \
-    X(term, 8, >>, 8) X(term, 9, >>, 7) X(term, 10, >>, 6) X(term, 11, >>, 5)      \
-    X(term, 12, >>, 4) X(term, 13, >>, 3) X(term, 14, >>, 2) X(term, 15, >>, 1)    \
-    X(term, 16, <<, 0) X(term, 17, <<, 1) X(term, 18, <<, 2) X(term, 19, <<, 3)    \
-    X(term, 20, <<, 4) X(term, 21, <<, 5) X(term, 22, <<, 6) X(term, 23, <<, 7)    \
-    X(term, 24, <<, 8) X(term, 25, <<, 9) X(term, 26, <<, 10) X(term, 27, <<, 11)  \
-    X(term, 28, <<, 12) X(term, 29, <<, 13)
+    X(term, 0, >>, 8) X(term, 1, >>, 7) X(term, 2, >>, 6) X(term, 3, >>, 5)        \
+    X(term, 4, >>, 4) X(term, 5, >>, 3) X(term, 6, >>, 2) X(term, 7, >>, 1)        \
+    X(term, 8, <<, 0) X(term, 9, <<, 1) X(term, 10, <<, 2) X(term, 11, <<, 3)      \
+    X(term, 12, <<, 4) X(term, 13, <<, 5) X(term, 14, <<, 6) X(term, 15, <<, 7)    \
+    X(term, 16, <<, 8) X(term, 17, <<, 9) X(term, 18, <<, 10) X(term, 19, <<, 11)  \
+    X(term, 20, <<, 12) X(term, 21, <<, 13) X(term, 22, <<, 14) X(term, 23, <<, 15) \
+    X(term, 24, <<, 16) X(term, 25, <<, 17) X(term, 26, <<, 18) X(term, 27, <<, 19) \
+    X(term, 28, <<, 20) X(term, 29, <<, 21)
 #define MUL_TERM_ENTRIES(term)                                                  \
     MUL_TERM_ENTRY(term, 0) MUL_TERM_ENTRY(term, 1) MUL_TERM_ENTRY(term, 2)     \
     MUL_TERM_ENTRY(term, 3) MUL_TERM_ENTRY(term, 4) MUL_TERM_ENTRY(term, 5)     \
@@ -136,7 +136,7 @@ typedef PortId_t port_t;
     MUL_TERM_ENTRY(term, 24) MUL_TERM_ENTRY(term, 25) MUL_TERM_ENTRY(term, 26)  \
     MUL_TERM_ENTRY(term, 27) MUL_TERM_ENTRY(term, 28) MUL_TERM_ENTRY(term, 29)
 
-control MulShr16(in bit<32> x, in bit<32> m, out bit<32> y) {
+control MulShr8(in bit<32> x, in bit<32> m, out bit<32> y) {
     bit<32> lo = 0;
     bit<32> rest = 0;
 
@@ -191,44 +191,30 @@ control QueueBytes(in bit<32> depth, in bit<32> unit, out bit<32> bytes) {
 #endif
 }
 
-// The number of the 2^shift ns window a timestamp (ns) falls in (its low 32 bits), for shifts
-// 8..32 (256 ns .. 4.3 s windows; others count as the default TX_UTIL_WINDOW_SHIFT): a funnel
-// shift of the timestamp's two 32-bit halves, each shifted by a constant (one action per
-// shift), then ORed. (A slice of the timestamp at every bit offset would make PHV allocation
-// cut the timestamp, and every field it is copied to or from, into 1-bit pieces.)
-#define WINDOW_ACTION(k) @hidden action shift_##k() {                                 \
-        low = ts_ns[31:0] >> k;                                                    \
-        high = ts_ns[63:32] << (32 - k);                                           \
-    }
+// The number of the 2^shift ns window a timestamp falls in, from its bits 47..16 (ts_16), for
+// shifts 16..40 (65.5 us .. 18 min windows; another shift counts as TX_UTIL_WINDOW_SHIFT):
+// ts_16 shifted by a constant, one action per shift.
+#define WINDOW_ACTION(k, s) @hidden action shift_##k() { window = ts_16 >> s; }
+#define WINDOW_ACTION_REF(k, s) shift_##k;
+#define WINDOW_ENTRY(k, s) k: shift_##k();
 #define WINDOW_ALL(X)                                                           \
-    X(8) X(9) X(10) X(11) X(12) X(13) X(14) X(15) X(16) X(17) X(18) X(19) X(20) \
-    X(21) X(22) X(23) X(24) X(25) X(26) X(27) X(28) X(29) X(30) X(31)
-#define WINDOW_ACTION_REF(k) shift_##k;
+    X(16, 0) X(17, 1) X(18, 2) X(19, 3) X(20, 4) X(21, 5) X(22, 6) X(23, 7)     \
+    X(24, 8) X(25, 9) X(26, 10) X(27, 11) X(28, 12) X(29, 13) X(30, 14)         \
+    X(31, 15) X(32, 16) X(33, 17) X(34, 18) X(35, 19) X(36, 20) X(37, 21)       \
+    X(38, 22) X(39, 23) X(40, 24)
 
-control TimeWindow(in bit<64> ts_ns, in bit<8> shift, out bit<32> window) {
-    bit<32> low = 0;
-    bit<32> high = 0;
-
+control TimeWindow(in bit<32> ts_16, in bit<8> shift, out bit<32> window) {
     WINDOW_ALL(WINDOW_ACTION)
-    @hidden action shift_32() { low = 0; high = ts_ns[63:32]; }
-    @hidden action join() { window = low | high; }
 
     @hidden table window_shift {
         key = { shift: exact; }
-        actions = { WINDOW_ALL(WINDOW_ACTION_REF) shift_32; }
+        actions = { WINDOW_ALL(WINDOW_ACTION_REF) }
         const default_action = shift_20();
-        const entries = {
-            8: shift_8(); 9: shift_9(); 10: shift_10(); 11: shift_11(); 12: shift_12(); 13:
-            shift_13(); 14: shift_14(); 15: shift_15(); 16: shift_16(); 17: shift_17(); 18:
-            shift_18(); 19: shift_19(); 20: shift_20(); 21: shift_21(); 22: shift_22(); 23:
-            shift_23(); 24: shift_24(); 25: shift_25(); 26: shift_26(); 27: shift_27(); 28:
-            shift_28(); 29: shift_29(); 30: shift_30(); 31: shift_31(); 32: shift_32();
-        }
+        const entries = { WINDOW_ALL(WINDOW_ENTRY) }
     }
 
     apply {
         window_shift.apply();
-        join();
     }
 }
 

@@ -73,10 +73,10 @@ typedef bit<9> port_t;
 // v1model truncates any packet at egress (truncate()): a report is cut to what it carries.
 #define ARCH_TRUNCATES 1
 
-// y = x * m >> 16, exactly.
-control MulShr16(in bit<32> x, in bit<32> m, out bit<32> y) {
+// y = x * m >> 8, exactly (the low 32 bits).
+control MulShr8(in bit<32> x, in bit<32> m, out bit<32> y) {
     apply {
-        y = (bit<32>)(((bit<64>)x * (bit<64>)m) >> 16);
+        y = (bit<32>)(((bit<64>)x * (bit<64>)m) >> 8);
     }
 }
 
@@ -87,10 +87,16 @@ control QueueBytes(in bit<32> depth, in bit<32> unit, out bit<32> bytes) {
     }
 }
 
-// The number of the 2^shift ns window a timestamp (ns) falls in (its low 32 bits).
-control TimeWindow(in bit<64> ts_ns, in bit<8> shift, out bit<32> window) {
+// The number of the 2^shift ns window a timestamp falls in, from its bits 47..16 (ts_16),
+// for shifts 16..40; another shift counts as 20 (define.p4: TX_UTIL_SHIFT_MIN/MAX,
+// TX_UTIL_WINDOW_SHIFT; include/arch/tna.p4 takes the same range).
+control TimeWindow(in bit<32> ts_16, in bit<8> shift, out bit<32> window) {
     apply {
-        window = (bit<32>)(ts_ns >> shift);
+        bit<8> s = shift;
+        if (s < 16 || s > 40) {
+            s = 20;
+        }
+        window = ts_16 >> (s - 16);
     }
 }
 
