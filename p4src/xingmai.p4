@@ -100,6 +100,9 @@ control XingmaiEgress(inout headers_t hdr, inout local_md_t md,
     PacketIoEgress() packet_io;
     PortTelemetryEgress() port_telemetry;
     PortTelemetryExport() port_telemetry_export;
+    IntSinkPrepare() int_sink_prepare;
+    IntSourcePrepare() int_source_prepare;
+    IntTransitPrepare() int_transit_prepare;
     IntSinkEgress() int_sink;
     IntSourceEgress() int_source;
     IntTransitEgress() int_transit;
@@ -124,6 +127,9 @@ control XingmaiEgress(inout headers_t hdr, inout local_md_t md,
         config.apply(hdr, md);
         ecn.apply(hdr, md);
         port_telemetry.apply(hdr, md);
+        int_sink_prepare.apply(hdr, md);
+        int_source_prepare.apply(hdr, md);
+        int_transit_prepare.apply(hdr, md);
         // The sink (strip or report), and source + transit, in exclusive branches: a Tofino
         // pipeline places exclusive tables in the same stages. They need nothing of port
         // telemetry but the values PortTelemetryExport fills in after them.

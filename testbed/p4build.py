@@ -16,7 +16,7 @@ A compiler is found on PATH, or through the environment variable the target name
 P4C_BM2_SS=/path/to/p4c-bm2-ss). Targets whose compiler is missing keep their committed
 outputs; the command says so, and fails if those outputs are stale.
 
-The Tofino target of p4src (Tofino 2 / T2NA; Tofino 1 does not fit yet) is compiled by p4c's
+The Tofino targets of p4src (Tofino 1 / TNA and Tofino 2 / T2NA) are compiled by p4c's
 Tofino backend: `bf-p4c` on PATH, `$BF_P4C`, or a `p4c` driver with `p4c-barefoot` beside it.
 It keeps the P4Info, `bfrt.json` and a short resource summary (stages, SRAM, TCAM, PHV, from
 bf-p4c's resource log), not the binary or context.json (large, for a device only).
@@ -131,10 +131,9 @@ class Project:
             return str(path)
 
 
-# Tofino 1 (--target tofino --arch tna) is not a target yet: its egress needs more than its 12
-# stages (p4src/README.md, "Tofino").
 P4SRC = Project(REPO / "p4src", (
     bmv2_target("bmv2", "xingmai.p4"),
+    tofino_target("tofino", "tna/xingmai.p4", "tofino", "tna"),
     tofino_target("tofino2", "tna/xingmai.p4", "tofino2", "t2na"),
 ))
 TESTS = Project(REPO / "tests" / "p4", tuple(

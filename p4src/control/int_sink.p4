@@ -84,9 +84,10 @@ control IntSinkIngress(inout headers_t hdr, inout local_md_t md) {
     }
 }
 
-control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
-    COUNTER(int_sink_events, INT_EVENTS_SIZE);
-    REGISTER(bit<32>, report_seq, 1);
+// What the sink computes, for every packet before the INT branch of egress (on Tofino 1, with
+// no long branches, tables inside a branch take stages of their own): the lengths of a strip,
+// and a report's metadata bits and lengths.
+control IntSinkPrepare(inout headers_t hdr, inout local_md_t md) {
     UnlinkedLow8() report_len_copy;
     UnlinkedCopy16() inner_len_copy;  // the report's lengths apart from the packet's
 
@@ -99,8 +100,8 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
     // INT bytes the packet carries: (1 + shim length) words, once per length field they
     // change.
     @hidden action set_strip_bytes(bit<16> ip_bytes, bit<16> udp_bytes) {
-        md.calc.int_bytes_ip = ip_bytes;
-        md.calc.int_bytes_udp = udp_bytes;
+        md.calc.strip_bytes_ip = ip_bytes;
+        md.calc.strip_bytes_udp = udp_bytes;
     }
 #define STRIP_BYTES(n) set_strip_bytes(((n) + 1) * 4, ((n) + 1) * 4)
     @hidden table strip_lengths {
@@ -116,15 +117,13 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
     // chain of Tofino stages). Report Length counts the words after the individual header's
     // first (2 + metadata + inner packet); the IPv4 and UDP lengths add the bytes of the
     // headers after them.
-    bit<16> rep_bits = 0;  // (a field of its own: the key of the tables that fill them)
     bit<16> report_words_extra = 0;
     bit<16> report_ip_extra = 0;
     bit<16> report_udp_extra = 0;
     @hidden action report_md(bit<16> bits, bit<8> words, bit<16> words_extra, bit<16> ip_extra,
                              bit<16> udp_extra) {
-        rep_bits = bits;
-        hdr.report_individual.rep_md_bits = bits;
-        hdr.report_individual.md_len = words;
+        md.calc.rep_bits = bits;
+        md.calc.rep_md_words = words;
         report_words_extra = words_extra;
         report_ip_extra = ip_extra;
         report_udp_extra = udp_extra;
@@ -140,6 +139,62 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
         const entries = { INT_WORDS_BYTE(REPORT_MD_SET, 8, 0, 1, 1, 1, 2, 2, 0, 1) }
     }
 
+    @hidden action report_inner_words() {
+        md.calc.inner_words = md.calc.inner_len + 3;
+        md.calc.report_ip_len = md.calc.inner_len + report_ip_extra;
+        md.calc.report_udp_len = md.calc.inner_len + report_udp_extra;
+    }
+    @hidden action report_inner_words_down() { md.calc.inner_words = md.calc.inner_words >> 2; }
+    @hidden action report_len() {
+        md.calc.report_words = md.calc.inner_words + report_words_extra;
+    }
+    // The 8-bit Report Length, saturated: words |+| 0xFF00 reaches 0xFFFF exactly when the
+    // words do not fit, and its low byte is then 0xFF ("to the end of the UDP payload"), the
+    // words otherwise (a comparison with a constant or a mask test makes bf-p4c cut the field,
+    // and the lengths added to it, into slices that PHV allocation cannot place).
+    @hidden action report_len_sat() { md.calc.report_sat = md.calc.report_words |+| 0xFF00; }
+    @hidden action report_len_md() {
+        md.calc.report_len_md = md.calc.report_len ++ md.calc.rep_md_words;
+    }
+
+    apply {
+        stack_over();
+        strip_lengths.apply();
+        report_md_sizes.apply();
+
+        // The inner packet: from IPv4 to 16 bytes past the INT stack, whole words.
+        bit<16> int_words = (bit<16>)hdr.int_shim.len + 1;
+        bit<16> int_bytes = int_words << 2;
+        bit<16> ip_bytes = (bit<16>)hdr.ipv4.ihl << 2;
+        bit<16> inner_max = ip_bytes + int_bytes;
+        inner_max = inner_max + (8 + REPORT_INNER_PAYLOAD_BYTES);
+        inner_len_copy.apply(hdr.ipv4.total_len, md.calc.inner_len);
+        if (ARCH_TRUNCATES == 1) {
+            if (md.calc.inner_len > inner_max) {
+                md.calc.inner_len = inner_max;
+            }
+            if ((bit<32>)md.calc.inner_len > md.pkt_len - 14) {
+                md.calc.inner_len = (bit<16>)(md.pkt_len - 14);
+            }
+            md.calc.inner_len = md.calc.inner_len & 0xFFFC;
+        }
+        // (where the target cannot cut the packet it carries all of it, the last word
+        // perhaps partly)
+        report_inner_words();
+        report_inner_words_down();
+        report_len();
+        report_len_sat();
+        report_len_copy.apply(md.calc.report_sat, md.calc.report_len);
+        report_len_md();
+    }
+}
+
+// The strip and the report (after IntSinkPrepare), in the egress branch of the sink's packets
+// and of clones.
+control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
+    COUNTER(int_sink_events, INT_EVENTS_SIZE);
+    REGISTER(bit<32>, report_seq, 1);
+
     // The sink's metadata per RepMdBits (bits 0 and 6 are never among them), one table per
     // 4 bits (int_common.p4: NIBBLE_TABLE). The sink port's measurements are filled in after
     // port telemetry has read them (PortTelemetryExport).
@@ -154,24 +209,11 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
     hdr.report_md.ingress_tstamp.ns = md.ingress_ts;
 #define REPORT_EGRESS_TSTAMP hdr.report_md.egress_tstamp.setValid();
 #define REPORT_TX_UTIL hdr.report_md.tx_util.setValid();
-    NIBBLE_TABLE(report_md_0_3, rep_bits, 12, NO_FILL, REPORT_L1_PORT_IDS, REPORT_HOP_LATENCY,
+    NIBBLE_TABLE(report_md_0_3, md.calc.rep_bits, 12, NO_FILL, REPORT_L1_PORT_IDS, REPORT_HOP_LATENCY,
                  REPORT_Q_OCCUPANCY)
-    NIBBLE_TABLE(report_md_4_7, rep_bits, 8, REPORT_INGRESS_TSTAMP, REPORT_EGRESS_TSTAMP,
+    NIBBLE_TABLE(report_md_4_7, md.calc.rep_bits, 8, REPORT_INGRESS_TSTAMP, REPORT_EGRESS_TSTAMP,
                  NO_FILL, REPORT_TX_UTIL)
 
-    @hidden action report_inner_words() {
-        md.calc.inner_words = md.calc.inner_len + 3;
-        hdr.report_ipv4.total_len = md.calc.inner_len + report_ip_extra;
-        hdr.report_udp.len = md.calc.inner_len + report_udp_extra;
-    }
-    @hidden action report_inner_words_down() { md.calc.inner_words = md.calc.inner_words >> 2; }
-    @hidden action report_len() {
-        md.calc.report_words = md.calc.inner_words + report_words_extra;
-    }
-    // Words beyond the 8-bit Report Length (a saturating subtraction: a comparison with a
-    // constant or a mask test makes bf-p4c cut the field, and the lengths added to it, into
-    // slices that PHV allocation cannot place).
-    @hidden action report_len_over() { md.calc.report_over = md.calc.report_words |-| 0xFF; }
     REG_ACTION(report_seq, bit<32>, bit<32>, next_report_seq,
         rv = value;
         value = value + 1;)
@@ -227,19 +269,27 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
         hdr.report_individual.domain_id = hdr.int_md.domain_id;
     }
 
+    @hidden action report_lengths() {
+        hdr.report_individual.rep_md_bits = md.calc.rep_bits;
+        // (both from one field: with the header's constants they share a container, which an
+        // action writes from at most two sources, itself included)
+        hdr.report_individual.report_len = md.calc.report_len_md[15:8];
+        hdr.report_individual.md_len = md.calc.report_len_md[7:0];
+        hdr.report_ipv4.total_len = md.calc.report_ip_len;
+        hdr.report_udp.len = md.calc.report_udp_len;
+    }
+
     apply {
         if (md.pkt_kind == PKT_NORMAL) {
             if (md.int_sink == 1 && hdr.int_shim.isValid()) {
-                stack_over();
-                strip_lengths.apply();
                 if (md.calc.stack_over != 0) {
                     // More stack than the parser can hold (only where INT_STACK_MAX_WORDS < 252):
                     // it cannot be removed, the packet leaves as it came.
                     COUNT(int_sink_events, INT_SINK_STACK_TOO_LONG);
                 } else {
                     hdr.ipv4.dscp = hdr.int_shim.dscp;
-                    hdr.ipv4.total_len = hdr.ipv4.total_len - md.calc.int_bytes_ip;
-                    hdr.udp.len = hdr.udp.len - md.calc.int_bytes_udp;
+                    hdr.ipv4.total_len = hdr.ipv4.total_len - md.calc.strip_bytes_ip;
+                    hdr.udp.len = hdr.udp.len - md.calc.strip_bytes_udp;
                     hdr.int_shim.setInvalid();
                     hdr.int_md.setInvalid();
                     hdr.int_stack.setInvalid();
@@ -250,37 +300,9 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
         } else if (md.pkt_kind == PKT_INGRESS_CLONE) {
             if (md.report == 1 && hdr.int_md.isValid()) {
                 report_fixed();
-                report_md_sizes.apply();
                 report_md_0_3.apply();
                 report_md_4_7.apply();
-
-                // The inner packet: from IPv4 to 16 bytes past the INT stack, whole words.
-                bit<16> int_words = (bit<16>)hdr.int_shim.len + 1;
-                bit<16> int_bytes = int_words << 2;
-                bit<16> ip_bytes = (bit<16>)hdr.ipv4.ihl << 2;
-                bit<16> inner_max = ip_bytes + int_bytes;
-                inner_max = inner_max + (8 + REPORT_INNER_PAYLOAD_BYTES);
-                inner_len_copy.apply(hdr.ipv4.total_len, md.calc.inner_len);
-                if (ARCH_TRUNCATES == 1) {
-                    if (md.calc.inner_len > inner_max) {
-                        md.calc.inner_len = inner_max;
-                    }
-                    if ((bit<32>)md.calc.inner_len > md.pkt_len - 14) {
-                        md.calc.inner_len = (bit<16>)(md.pkt_len - 14);
-                    }
-                    md.calc.inner_len = md.calc.inner_len & 0xFFFC;
-                }
-                // (where the target cannot cut the packet it carries all of it, the last word
-                // perhaps partly)
-                report_inner_words();
-                report_inner_words_down();
-                report_len();
-                report_len_over();
-                report_len_copy.apply(md.calc.report_words, hdr.report_individual.report_len);
-                if (md.calc.report_over != 0) {
-                    hdr.report_individual.report_len = 0xFF;  // "to the end of the UDP payload"
-                }
-
+                report_lengths();
                 REG_EXEC(next_report_seq, 0, seq);
                 hdr.ethernet.setInvalid();
                 report_dst_mac();
@@ -289,7 +311,7 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
                 report_group_hw_id();
                 report_group_seq_no();
                 report_individual_domain_id();
-                md.truncate_len = (bit<32>)hdr.report_ipv4.total_len + REPORT_ETHERNET_BYTES;
+                md.truncate_len = (bit<32>)md.calc.report_ip_len + REPORT_ETHERNET_BYTES;
                 COUNT(int_sink_events, INT_SINK_REPORT);
             } else if (md.punt_reason == PUNT_REPORT_UNSENT) {
                 COUNT(int_sink_events, INT_SINK_REPORT_TO_CPU);

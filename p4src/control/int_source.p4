@@ -50,14 +50,28 @@ control IntSourceIngress(inout headers_t hdr, inout local_md_t md) {
     }
 }
 
-control IntSourceEgress(inout headers_t hdr, inout local_md_t md) {
-    COUNTER(int_source_events, INT_EVENTS_SIZE);
+// What the source needs to decide, for every packet, before the INT branch of egress (on
+// Tofino 1, with no long branches, tables inside a branch take stages of their own): this
+// record's size for the watchlist's bitmap, and the IPv4 length with the INT headers against
+// the MTU. IntTransitPrepare uses them for the packets the source will insert into.
+control IntSourcePrepare(inout headers_t hdr, inout local_md_t md) {
     IntHopWords() hop_words;
 
-    @hidden action mtu_over() { md.calc.mtu_over = md.calc.len_after |-| md.mtu; }
-    @hidden action length_after() {
-        md.calc.len_after = hdr.ipv4.total_len |+| INT_HEADERS_BYTES;  // saturates at NO_MTU
+    @hidden action src_mtu_over() { md.calc.src_mtu_over = md.calc.src_len_after |-| md.mtu; }
+    @hidden action src_length_after() {
+        md.calc.src_len_after = hdr.ipv4.total_len |+| INT_HEADERS_BYTES;  // saturates
     }
+
+    apply {
+        hop_words.apply(md.int_source_bitmap, md.calc.md_words);
+        src_length_after();
+        src_mtu_over();
+    }
+}
+
+// The insertion (after IntSourcePrepare), in the egress branch of normal packets.
+control IntSourceEgress(inout headers_t hdr, inout local_md_t md) {
+    COUNTER(int_source_events, INT_EVENTS_SIZE);
 
     // The shim and MD header: constants first, then each field copied from metadata in an action of its
     // own (a Tofino action writes a container from one PHV source and constants, or two PHV
@@ -107,10 +121,7 @@ control IntSourceEgress(inout headers_t hdr, inout local_md_t md) {
     apply {
         if (md.int_source == 1 && md.int_sink == 0 && hdr.udp.isValid()
                 && !hdr.int_shim.isValid()) {
-            hop_words.apply(md.int_source_bitmap, md.calc.md_words);  // (beside the MTU check)
-            length_after();
-            mtu_over();
-            if (md.calc.mtu_over != 0) {
+            if (md.calc.src_mtu_over != 0) {
                 COUNT(int_source_events, INT_SOURCE_MTU);
             } else {
                 shim_fixed();

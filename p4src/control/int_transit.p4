@@ -57,51 +57,128 @@ control IntIngressCheck(inout headers_t hdr, inout local_md_t md) {
     }
 }
 
-control IntTransitEgress(inout headers_t hdr, inout local_md_t md) {
-    COUNTER(int_transit_events, INT_EVENTS_SIZE);
-    UnlinkedCopy16() bitmap_copy;
+// What transit decides, computed for every packet before the INT branch of egress (on
+// Tofino 1, with no long branches, tables inside a branch take stages of their own): the
+// record's size, the lengths after the push, and whether the hop budget, the MTU and the shim
+// length allow it. A packet the source inserts INT into in this pass (IntSourcePrepare) is
+// taken as the source will leave it; any other INT packet as it arrived.
+control IntTransitPrepare(inout headers_t hdr, inout local_md_t md) {
+    // The record size in words and bytes from a constant table on Hop ML, for both cases
+    // (widening the 5-bit field in an action would tie its PHV slicing to every length it is
+    // added to).
+    @hidden action received_size(bit<8> words, bit<16> bytes) {
+        md.calc.rx_hop_ml = words;
+        md.calc.rx_bytes = bytes;
+    }
+    @hidden table received_sizes {
+        key = { hdr.int_md.hop_ml: exact; }
+        actions = { received_size; }
+        const default_action = received_size(0, 0);
+        const entries = {
+            0: received_size(0, 0); 1: received_size(1, 4); 2: received_size(2, 8); 3: received_size(3, 12);
+            4: received_size(4, 16); 5: received_size(5, 20); 6: received_size(6, 24); 7: received_size(7, 28);
+            8: received_size(8, 32); 9: received_size(9, 36); 10: received_size(10, 40); 11: received_size(11, 44);
+            12: received_size(12, 48); 13: received_size(13, 52); 14: received_size(14, 56); 15: received_size(15, 60);
+            16: received_size(16, 64); 17: received_size(17, 68); 18: received_size(18, 72); 19: received_size(19, 76);
+            20: received_size(20, 80); 21: received_size(21, 84); 22: received_size(22, 88); 23: received_size(23, 92);
+            24: received_size(24, 96); 25: received_size(25, 100); 26: received_size(26, 104); 27: received_size(27, 108);
+            28: received_size(28, 112); 29: received_size(29, 116); 30: received_size(30, 120); 31: received_size(31, 124);
+        }
+    }
+    @hidden action sourced_size(bit<8> words, bit<16> bytes) {
+        md.calc.src_hop_ml = words;
+        md.calc.src_bytes = bytes;
+    }
+    @hidden table sourced_sizes {
+        key = { md.calc.md_words: exact; }
+        actions = { sourced_size; }
+        const default_action = sourced_size(0, 0);
+        const entries = {
+            0: sourced_size(0, 0); 1: sourced_size(1, 4); 2: sourced_size(2, 8); 3: sourced_size(3, 12);
+            4: sourced_size(4, 16); 5: sourced_size(5, 20); 6: sourced_size(6, 24); 7: sourced_size(7, 28);
+            8: sourced_size(8, 32); 9: sourced_size(9, 36); 10: sourced_size(10, 40); 11: sourced_size(11, 44);
+            12: sourced_size(12, 48); 13: sourced_size(13, 52); 14: sourced_size(14, 56); 15: sourced_size(15, 60);
+            16: sourced_size(16, 64); 17: sourced_size(17, 68); 18: sourced_size(18, 72); 19: sourced_size(19, 76);
+            20: sourced_size(20, 80); 21: sourced_size(21, 84); 22: sourced_size(22, 88); 23: sourced_size(23, 92);
+            24: sourced_size(24, 96); 25: sourced_size(25, 100); 26: sourced_size(26, 104); 27: sourced_size(27, 108);
+            28: sourced_size(28, 112); 29: sourced_size(29, 116); 30: sourced_size(30, 120); 31: sourced_size(31, 124);
+        }
+    }
+
+    // The INT headers transit works on: the source's (this pass inserts them), the packet's
+    // (a valid INT packet), or none. A keyed table, not a condition.
+    @hidden action as_sourced() {
+        md.calc.transit = 1;
+        md.calc.hop_ml = md.calc.src_hop_ml;
+        md.calc.int_bytes_ip = md.calc.src_bytes;
+        md.calc.int_bytes_udp = md.calc.src_bytes;
+        md.calc.base_len = md.calc.src_len_after;
+        md.calc.base_udp_len = hdr.udp.len + INT_HEADERS_BYTES;
+        md.calc.shim_len = INT_MD_WORDS;
+        md.calc.remaining = md.int_source_hop_budget;
+        md.calc.bitmap = md.int_source_bitmap;
+    }
+    @hidden action as_received() {
+        md.calc.transit = 1;
+        md.calc.hop_ml = md.calc.rx_hop_ml;
+        md.calc.int_bytes_ip = md.calc.rx_bytes;
+        md.calc.int_bytes_udp = md.calc.rx_bytes;
+        md.calc.base_len = hdr.ipv4.total_len;
+        md.calc.base_udp_len = hdr.udp.len;
+        md.calc.shim_len = hdr.int_shim.len;
+        md.calc.remaining = hdr.int_md.remaining_hop_cnt;
+        md.calc.bitmap = hdr.int_md.instruction_bitmap;
+    }
+    @hidden action no_transit() { md.calc.transit = 0; }
+    @hidden table transit_input {
+        key = {
+            md.int_source: ternary;
+            md.int_sink: ternary;
+            hdr.udp.isValid(): ternary;
+            hdr.int_shim.isValid(): ternary;
+            hdr.int_md.isValid(): ternary;
+            md.int_status: ternary;
+            md.calc.src_mtu_over: ternary;
+        }
+        actions = { as_sourced; as_received; no_transit; }
+        const default_action = no_transit();
+        const entries = {
+            // (IntSourceEgress inserts: a watched UDP packet without INT, within the MTU)
+            (1, 0, true, false, _, _, 0): as_sourced();
+            (_, _, true, true, true, INT_OK, _): as_received();
+        }
+    }
 
     // The lengths after a push, one step per action (a Tofino ALU adds aligned operands: each
     // length field gets its own copy of the record size). The IPv4 length saturates at NO_MTU.
-    // The record size in words and bytes comes from a constant table on Hop ML: widening the
-    // 5-bit field in an action would tie its PHV slicing to every length it is added to.
-    @hidden action record_size(bit<8> words, bit<16> bytes) {
-        md.calc.hop_ml = words;
-        md.calc.int_bytes_ip = bytes;
-        md.calc.int_bytes_udp = bytes;
+    @hidden action lengths_after() {
+        md.calc.len_after = md.calc.base_len |+| md.calc.int_bytes_ip;
+        md.calc.udp_len_after = md.calc.base_udp_len + md.calc.int_bytes_udp;
+        md.calc.shim_room = 255 - md.calc.shim_len;
+        md.calc.shim_len_after = md.calc.shim_len + md.calc.hop_ml;
     }
-    @hidden table record_sizes {
-        key = { hdr.int_md.hop_ml: exact; }
-        actions = { record_size; }
-        const default_action = record_size(0, 0);
-        const entries = {
-            0: record_size(0, 0); 1: record_size(1, 4); 2: record_size(2, 8); 3: record_size(3,
-            12); 4: record_size(4, 16); 5: record_size(5, 20); 6: record_size(6, 24); 7:
-            record_size(7, 28); 8: record_size(8, 32); 9: record_size(9, 36); 10:
-            record_size(10, 40); 11: record_size(11, 44); 12: record_size(12, 48); 13:
-            record_size(13, 52); 14: record_size(14, 56); 15: record_size(15, 60); 16:
-            record_size(16, 64); 17: record_size(17, 68); 18: record_size(18, 72); 19:
-            record_size(19, 76); 20: record_size(20, 80); 21: record_size(21, 84); 22:
-            record_size(22, 88); 23: record_size(23, 92); 24: record_size(24, 96); 25:
-            record_size(25, 100); 26: record_size(26, 104); 27: record_size(27, 108); 28:
-            record_size(28, 112); 29: record_size(29, 116); 30: record_size(30, 120); 31:
-            record_size(31, 124);
-        }
-    }
-    @hidden action shim_room() { md.calc.shim_room = 255 - hdr.int_shim.len; }
     @hidden action overs() {
         md.calc.mtu_over = md.calc.len_after |-| md.mtu;
         md.calc.room_over = md.calc.hop_ml |-| md.calc.shim_room;
     }
-    @hidden action lengths_after() {
-        md.calc.len_after = hdr.ipv4.total_len |+| md.calc.int_bytes_ip;
-        md.calc.udp_len_after = hdr.udp.len + md.calc.int_bytes_udp;
+
+    apply {
+        received_sizes.apply();
+        sourced_sizes.apply();
+        transit_input.apply();
+        lengths_after();
+        overs();
     }
+}
+
+// The push (after IntTransitPrepare and IntSourceEgress), in the egress branch of normal
+// packets.
+control IntTransitEgress(inout headers_t hdr, inout local_md_t md) {
+    COUNTER(int_transit_events, INT_EVENTS_SIZE);
 
     // This hop's record, per instruction bit (bit 0 = the bitmap's MSB). Bit 6: no logical
     // (L2) ports on this switch; bits 8-15 (shared buffer occupancy, reserved bits, checksum
     // complement): not available here. All-ones is "not available".
-    bit<16> bm = 0;
 #define PUSH_NODE_ID                                                            \
     hdr.int_hop.node_id.setValid();                                             \
     hdr.int_hop.node_id.node_id = md.node_id;
@@ -133,21 +210,16 @@ control IntTransitEgress(inout headers_t hdr, inout local_md_t md) {
 #define PUSH_RSVD13 PUSH_ONES(rsvd13)
 #define PUSH_RSVD14 PUSH_ONES(rsvd14)
 #define PUSH_CHECKSUM PUSH_ONES(checksum)
-    NIBBLE_TABLE(fill_0_3, bm, 12, PUSH_NODE_ID, PUSH_L1_PORT_IDS, PUSH_HOP_LATENCY,
+    NIBBLE_TABLE(fill_0_3, md.calc.bitmap, 12, PUSH_NODE_ID, PUSH_L1_PORT_IDS, PUSH_HOP_LATENCY,
                  PUSH_Q_OCCUPANCY)
-    NIBBLE_TABLE(fill_4_7, bm, 8, PUSH_INGRESS_TSTAMP, PUSH_EGRESS_TSTAMP, PUSH_L2_PORT_IDS,
+    NIBBLE_TABLE(fill_4_7, md.calc.bitmap, 8, PUSH_INGRESS_TSTAMP, PUSH_EGRESS_TSTAMP, PUSH_L2_PORT_IDS,
                  PUSH_TX_UTIL)
-    NIBBLE_TABLE(fill_8_11, bm, 4, PUSH_BUFFER, PUSH_RSVD9, PUSH_RSVD10, PUSH_RSVD11)
-    NIBBLE_TABLE(fill_12_15, bm, 0, PUSH_RSVD12, PUSH_RSVD13, PUSH_RSVD14, PUSH_CHECKSUM)
+    NIBBLE_TABLE(fill_8_11, md.calc.bitmap, 4, PUSH_BUFFER, PUSH_RSVD9, PUSH_RSVD10, PUSH_RSVD11)
+    NIBBLE_TABLE(fill_12_15, md.calc.bitmap, 0, PUSH_RSVD12, PUSH_RSVD13, PUSH_RSVD14, PUSH_CHECKSUM)
 
     apply {
-        if (md.int_status == INT_OK && hdr.int_shim.isValid() && hdr.int_md.isValid()) {
-            bitmap_copy.apply(hdr.int_md.instruction_bitmap, bm);
-            record_sizes.apply();
-            shim_room();
-            lengths_after();
-            overs();
-            if (hdr.int_md.remaining_hop_cnt == 0) {
+        if (md.calc.transit == 1) {
+            if (md.calc.remaining == 0) {
                 hdr.int_md.e = 1;
                 COUNT(int_transit_events, INT_TRANSIT_E_BIT);
             } else if (md.calc.mtu_over != 0 || md.calc.room_over != 0) {
@@ -159,8 +231,8 @@ control IntTransitEgress(inout headers_t hdr, inout local_md_t md) {
                 fill_4_7.apply();
                 fill_8_11.apply();
                 fill_12_15.apply();
-                hdr.int_md.remaining_hop_cnt = hdr.int_md.remaining_hop_cnt - 1;
-                hdr.int_shim.len = hdr.int_shim.len + md.calc.hop_ml;
+                hdr.int_md.remaining_hop_cnt = md.calc.remaining - 1;
+                hdr.int_shim.len = md.calc.shim_len_after;
                 hdr.ipv4.total_len = md.calc.len_after;
                 hdr.udp.len = md.calc.udp_len_after;
                 hdr.udp.checksum = 0;

@@ -231,14 +231,37 @@ struct calc_md_t {
     bit<8> shim_room;            // words the 8-bit shim length can still grow by
     bit<8> stack_over;           // shim length beyond the parser's INT stack limit
     bit<16> md_words;            // hop record size (IntHopWords)
+    // transit's input (IntTransitPrepare): the record size for the packet's Hop ML (rx_) and
+    // for the source's bitmap (src_), and the INT headers as transit will find them
+    bit<8> rx_hop_ml;
+    bit<16> rx_bytes;
+    bit<8> src_hop_ml;
+    bit<16> src_bytes;
+    bit<1> transit;              // the packet gets this hop's record (or the E or M bit)
+    bit<16> base_len;            // IPv4 total length before the push
+    bit<16> base_udp_len;
+    bit<8> shim_len;
+    bit<8> shim_len_after;
+    bit<8> remaining;            // RemainingHopCnt
+    bit<16> bitmap;              // instruction bitmap
     bit<16> inner_len;
     bit<16> inner_words;
     bit<16> report_words;
-    bit<16> report_over;         // report_words beyond 255
+    bit<16> report_sat;          // report_words |+| 0xFF00 (int_sink.p4)
+    bit<8> report_len;           // the report's 8-bit Report Length
+    bit<16> report_ip_len;       // the report's IPv4 and UDP lengths
+    bit<16> report_udp_len;
+    bit<16> rep_bits;            // RepMdBits
+    bit<8> rep_md_words;         // the report metadata's words
+    bit<16> report_len_md;       // report_len ++ rep_md_words
+    bit<16> strip_bytes_ip;      // INT bytes a sink removes, once per length field
+    bit<16> strip_bytes_udp;
     // "a > b" as a saturating difference a |-| b, nonzero when true: a Tofino gateway compares
     // a field with a constant only.
     bit<16> udp_short;           // INT length past the UDP length
     bit<16> mtu_over;            // IPv4 length past the MTU
+    bit<16> src_len_after;       // IPv4 total length after an INT source's insertion
+    bit<16> src_mtu_over;        // ... past the MTU
     bit<8> room_over;            // hop record past the shim length's room
     bit<32> occupancy_sat;       // queue bytes + 0xFF000001, saturated (config.p4)
 }

@@ -5,7 +5,7 @@
  * differs on Tofino:
  *  - intrinsic metadata <-> local_md_t, as the v1model top file does with standard_metadata;
  *  - ingress and egress parse the packet each: what egress needs from ingress travels in a
- *    bridged header, and what a report or CPU clone needs in the mirror header (the v1model
+ *    bridged header, and what a report or CPU clone needs in a mirror header (the v1model
  *    program's PRESERVE fields);
  *  - clones are ingress mirrors (Mirror extern, sessions REPORT_CLONE_SESSION and
  *    CPU_CLONE_SESSION as on v1model), drops are drop_ctl;
@@ -29,8 +29,10 @@
 
 // The first byte of what egress receives in front of the packet says what follows.
 const bit<8> TNA_BRIDGED = 1;          // bridged_md_t: a packet from ingress
-const bit<8> TNA_MIRROR = 2;           // mirror_md_t: an ingress mirror (report or CPU copy)
-const MirrorType_t TNA_MIRROR_TYPE_I2E = 1;
+const bit<8> TNA_MIRROR_REPORT = 2;    // report_mirror_t: an ingress mirror for a report
+const bit<8> TNA_MIRROR_CPU = 3;       // cpu_mirror_t: an ingress mirror for the CPU
+const MirrorType_t TNA_MIRROR_TYPE_REPORT = 1;
+const MirrorType_t TNA_MIRROR_TYPE_CPU = 2;
 
 // What egress needs from ingress, for every packet. The fields after the kind byte are
 // @flexible: bf-p4c lays them out (order, padding) to suit PHV allocation, the same way in
@@ -55,24 +57,36 @@ header bridged_md_t {
     bridged_fields_t f;
 }
 
-// What a report or CPU clone needs (v1model: the PRESERVE fields of local_md_t).
+// What a report or CPU clone needs (v1model: the PRESERVE fields of local_md_t), one header
+// each: Tofino 1 mirrors at most 32 bytes of metadata with a packet. A report carries the low
+// 32 bits of its ingress time (the rest are the egress time's: TnaEgress); a packet-in has no
+// use for it.
 @flexible
-struct mirror_fields_t {
+struct report_mirror_fields_t {
     port_t ingress_port;
-    bit<64> ingress_ts;
-    bit<16> punt_reason;
+    bit<32> ingress_ts_lo;
     port_t report_sink_port;
     mac_addr_t report_src_mac;
     mac_addr_t report_dst_mac;
     ipv4_addr_t report_src_addr;
     ipv4_addr_t report_dst_addr;
     bit<16> report_dport;
-    bit<1> report;
 }
 
-header mirror_md_t {
+header report_mirror_t {
     bit<8> kind;
-    mirror_fields_t f;
+    report_mirror_fields_t f;
+}
+
+@flexible
+struct cpu_mirror_fields_t {
+    port_t ingress_port;
+    bit<16> punt_reason;
+}
+
+header cpu_mirror_t {
+    bit<8> kind;
+    cpu_mirror_fields_t f;
 }
 
 // Headers no packet has at once, for PHV allocation (bf-p4c may overlay them in the same
@@ -100,7 +114,8 @@ struct tna_md_t {
     local_md_t md;
     bit<8> int_status;  // the INT status ingress decided
     bridged_md_t bridged;
-    mirror_md_t mirror;
+    report_mirror_t report_mirror;
+    cpu_mirror_t cpu_mirror;
 }
 
 // ---- ingress ---------------------------------------------------------------------------------
@@ -176,18 +191,23 @@ control TnaIngress(inout headers_t hdr, inout tna_md_t m,
         m.bridged.f.int_sink = m.md.int_sink;
         m.bridged.f.punt_reason = m.md.punt_reason;
         if (m.md.clone == 1) {
-            ig_dprsr_md.mirror_type = TNA_MIRROR_TYPE_I2E;
-            m.mirror.kind = TNA_MIRROR;
-            m.mirror.f.ingress_port = m.md.ingress_port;
-            m.mirror.f.ingress_ts = m.md.ingress_ts;
-            m.mirror.f.punt_reason = m.md.punt_reason;
-            m.mirror.f.report = m.md.report;
-            m.mirror.f.report_sink_port = m.md.report_sink_port;
-            m.mirror.f.report_src_mac = m.md.report_src_mac;
-            m.mirror.f.report_dst_mac = m.md.report_dst_mac;
-            m.mirror.f.report_src_addr = m.md.report_src_addr;
-            m.mirror.f.report_dst_addr = m.md.report_dst_addr;
-            m.mirror.f.report_dport = m.md.report_dport;
+            if (m.md.clone_session == REPORT_CLONE_SESSION) {
+                ig_dprsr_md.mirror_type = TNA_MIRROR_TYPE_REPORT;
+                m.report_mirror.kind = TNA_MIRROR_REPORT;
+                m.report_mirror.f.ingress_port = m.md.ingress_port;
+                m.report_mirror.f.ingress_ts_lo = m.md.ingress_ts[31:0];
+                m.report_mirror.f.report_sink_port = m.md.report_sink_port;
+                m.report_mirror.f.report_src_mac = m.md.report_src_mac;
+                m.report_mirror.f.report_dst_mac = m.md.report_dst_mac;
+                m.report_mirror.f.report_src_addr = m.md.report_src_addr;
+                m.report_mirror.f.report_dst_addr = m.md.report_dst_addr;
+                m.report_mirror.f.report_dport = m.md.report_dport;
+            } else {
+                ig_dprsr_md.mirror_type = TNA_MIRROR_TYPE_CPU;
+                m.cpu_mirror.kind = TNA_MIRROR_CPU;
+                m.cpu_mirror.f.ingress_port = m.md.ingress_port;
+                m.cpu_mirror.f.punt_reason = m.md.punt_reason;
+            }
         }
     }
 }
@@ -198,8 +218,10 @@ control TnaIngressDeparser(packet_out pkt, inout headers_t hdr, in tna_md_t m,
     XingmaiDeparser() xingmai_deparser;
 
     apply {
-        if (ig_dprsr_md.mirror_type == TNA_MIRROR_TYPE_I2E) {
-            mirror.emit<mirror_md_t>((MirrorId_t)m.md.clone_session, m.mirror);
+        if (ig_dprsr_md.mirror_type == TNA_MIRROR_TYPE_REPORT) {
+            mirror.emit<report_mirror_t>((MirrorId_t)m.md.clone_session, m.report_mirror);
+        } else if (ig_dprsr_md.mirror_type == TNA_MIRROR_TYPE_CPU) {
+            mirror.emit<cpu_mirror_t>((MirrorId_t)m.md.clone_session, m.cpu_mirror);
         }
         pkt.emit(m.bridged);
         xingmai_deparser.apply(pkt, hdr);
@@ -227,7 +249,8 @@ parser TnaEgressParser(packet_in pkt, out headers_t hdr, out tna_md_t m,
         m.md.pkt_len = (bit<32>)eg_intr_md.pkt_length;
         transition select(pkt.lookahead<bit<8>>()) {
             TNA_BRIDGED: parse_bridged;
-            TNA_MIRROR: parse_mirror;
+            TNA_MIRROR_REPORT: parse_report_mirror;
+            TNA_MIRROR_CPU: parse_cpu_mirror;
             default: reject;
         }
     }
@@ -250,19 +273,26 @@ parser TnaEgressParser(packet_in pkt, out headers_t hdr, out tna_md_t m,
         }
     }
 
-    state parse_mirror {
-        pkt.extract(m.mirror);  // a report carries the stack as it came
+    state parse_report_mirror {
+        pkt.extract(m.report_mirror);  // a report carries the stack as it came
         m.md.pkt_kind = PKT_INGRESS_CLONE;
-        m.md.ingress_port = m.mirror.f.ingress_port;
-        m.md.ingress_ts = m.mirror.f.ingress_ts;
-        m.md.punt_reason = m.mirror.f.punt_reason;
-        m.md.report = m.mirror.f.report;
-        m.md.report_sink_port = m.mirror.f.report_sink_port;
-        m.md.report_src_mac = m.mirror.f.report_src_mac;
-        m.md.report_dst_mac = m.mirror.f.report_dst_mac;
-        m.md.report_src_addr = m.mirror.f.report_src_addr;
-        m.md.report_dst_addr = m.mirror.f.report_dst_addr;
-        m.md.report_dport = m.mirror.f.report_dport;
+        m.md.report = 1;
+        m.md.ingress_port = m.report_mirror.f.ingress_port;
+        m.md.ingress_ts = (bit<64>)m.report_mirror.f.ingress_ts_lo;
+        m.md.report_sink_port = m.report_mirror.f.report_sink_port;
+        m.md.report_src_mac = m.report_mirror.f.report_src_mac;
+        m.md.report_dst_mac = m.report_mirror.f.report_dst_mac;
+        m.md.report_src_addr = m.report_mirror.f.report_src_addr;
+        m.md.report_dst_addr = m.report_mirror.f.report_dst_addr;
+        m.md.report_dport = m.report_mirror.f.report_dport;
+        transition parse_clone_packet;
+    }
+
+    state parse_cpu_mirror {
+        pkt.extract(m.cpu_mirror);
+        m.md.pkt_kind = PKT_INGRESS_CLONE;
+        m.md.ingress_port = m.cpu_mirror.f.ingress_port;
+        m.md.punt_reason = m.cpu_mirror.f.punt_reason;
         transition parse_clone_packet;
     }
 
@@ -291,6 +321,9 @@ control TnaEgress(inout headers_t hdr, inout tna_md_t m,
     PacketIoEgress() packet_io;
     PortTelemetryEgress() port_telemetry;
     PortTelemetryExport() port_telemetry_export;
+    IntSinkPrepare() int_sink_prepare;
+    IntSourcePrepare() int_source_prepare;
+    IntTransitPrepare() int_transit_prepare;
     IntSinkEgress() int_sink;
     IntSourceEgress() int_source;
     IntTransitEgress() int_transit;
@@ -309,6 +342,11 @@ control TnaEgress(inout headers_t hdr, inout tna_md_t m,
         egress_ts_lo.apply(eg_prsr_md.global_tstamp[31:0], m.md.egress_ts[31:0]);
         egress_ts_hi.apply((bit<32>)eg_prsr_md.global_tstamp[47:32], m.md.egress_ts[63:32]);
         egress_ts_16.apply(eg_prsr_md.global_tstamp[47:16], m.md.egress_ts_16);
+        if (m.md.report == 1) {
+            // A report's ingress time: the mirror carries its low 32 bits, the egress time the
+            // rest (off by 2^32 ns only when the clone's queueing crossed such a boundary).
+            m.md.ingress_ts[47:32] = eg_prsr_md.global_tstamp[47:32];
+        }
         // (the queue id is not set by the parser: bf-p4c then extracts INT's q_id from it)
         m.md.qid = (bit<8>)eg_intr_md.egress_qid;
         config.apply(hdr, m.md);
@@ -317,12 +355,31 @@ control TnaEgress(inout headers_t hdr, inout tna_md_t m,
         // The sink (strip or report), and source + transit, in exclusive branches: a Tofino
         // pipeline places exclusive tables in the same stages. They need nothing of port
         // telemetry but the values PortTelemetryExport fills in after them.
+        // Where their computations run: on Tofino 1 (no long branches) before the branches, so
+        // that only the header writes take the branches' stages; on Tofino 2 (long branches: a
+        // branch costs no stages) inside them, where PHV allocation can overlay the sink's and
+        // the transit's metadata, which it needs to fit.
+#if __TARGET_TOFINO__ == 2
+        if (m.md.pkt_kind == PKT_INGRESS_CLONE || m.md.int_sink == 1) {
+            int_sink_prepare.apply(hdr, m.md);
+            int_sink.apply(hdr, m.md);
+        } else if (m.md.pkt_kind == PKT_NORMAL && m.md.egress_port != CPU_PORT) {
+            int_source_prepare.apply(hdr, m.md);
+            int_transit_prepare.apply(hdr, m.md);
+            int_source.apply(hdr, m.md);
+            int_transit.apply(hdr, m.md);
+        }
+#else
+        int_sink_prepare.apply(hdr, m.md);
+        int_source_prepare.apply(hdr, m.md);
+        int_transit_prepare.apply(hdr, m.md);
         if (m.md.pkt_kind == PKT_INGRESS_CLONE || m.md.int_sink == 1) {
             int_sink.apply(hdr, m.md);
         } else if (m.md.pkt_kind == PKT_NORMAL && m.md.egress_port != CPU_PORT) {
             int_source.apply(hdr, m.md);
             int_transit.apply(hdr, m.md);
         }
+#endif
         port_telemetry_export.apply(hdr, m.md);
         if (m.md.egress_port == CPU_PORT) {
             packet_io.apply(hdr, m.md);

@@ -108,8 +108,10 @@ typedef PortId_t port_t;
 
 // y = x * m >> 8 with m rounded down to its two leading set bits (at most 25 % low, 12.5 %
 // on average over m): each bit k of m adds x shifted by k - 8, one action per shift amount.
-// m < 2^30 (y is 0 otherwise): a stage's instruction memory holds 31 actions that write the
-// same container, and 2^30 is far beyond a real multiplier (p4src/README.md: tx_util_mult).
+// m < 2^27 (y is 0 otherwise): the controller's multipliers stay below 2^27 (a window holds
+// 8 frames of at least 100 bytes: p4src/README.md, tx_util_mult), and with more actions the
+// stages that hold these tables hit a bf-p4c 9.13.4 bug on Tofino 2 ("Unreachable section of
+// the instruction memory allocation").
 #define MUL_HI_ACTION(term, k, op, s)                                           \
     @hidden action term##_##k() { term = x op s; rest = m & ~(32w1 << k); }
 #define MUL_LO_ACTION(term, k, op, s) @hidden action term##_##k() { term = x op s; }
@@ -122,8 +124,7 @@ typedef PortId_t port_t;
     X(term, 12, <<, 4) X(term, 13, <<, 5) X(term, 14, <<, 6) X(term, 15, <<, 7)    \
     X(term, 16, <<, 8) X(term, 17, <<, 9) X(term, 18, <<, 10) X(term, 19, <<, 11)  \
     X(term, 20, <<, 12) X(term, 21, <<, 13) X(term, 22, <<, 14) X(term, 23, <<, 15) \
-    X(term, 24, <<, 16) X(term, 25, <<, 17) X(term, 26, <<, 18) X(term, 27, <<, 19) \
-    X(term, 28, <<, 20) X(term, 29, <<, 21)
+    X(term, 24, <<, 16) X(term, 25, <<, 17) X(term, 26, <<, 18)
 #define MUL_TERM_ENTRIES(term)                                                  \
     MUL_TERM_ENTRY(term, 0) MUL_TERM_ENTRY(term, 1) MUL_TERM_ENTRY(term, 2)     \
     MUL_TERM_ENTRY(term, 3) MUL_TERM_ENTRY(term, 4) MUL_TERM_ENTRY(term, 5)     \
@@ -133,8 +134,7 @@ typedef PortId_t port_t;
     MUL_TERM_ENTRY(term, 15) MUL_TERM_ENTRY(term, 16) MUL_TERM_ENTRY(term, 17)  \
     MUL_TERM_ENTRY(term, 18) MUL_TERM_ENTRY(term, 19) MUL_TERM_ENTRY(term, 20)  \
     MUL_TERM_ENTRY(term, 21) MUL_TERM_ENTRY(term, 22) MUL_TERM_ENTRY(term, 23)  \
-    MUL_TERM_ENTRY(term, 24) MUL_TERM_ENTRY(term, 25) MUL_TERM_ENTRY(term, 26)  \
-    MUL_TERM_ENTRY(term, 27) MUL_TERM_ENTRY(term, 28) MUL_TERM_ENTRY(term, 29)
+    MUL_TERM_ENTRY(term, 24) MUL_TERM_ENTRY(term, 25) MUL_TERM_ENTRY(term, 26)
 
 control MulShr8(in bit<32> x, in bit<32> m, out bit<32> y) {
     bit<32> lo = 0;
