@@ -222,10 +222,11 @@ struct calc_md_t {
     bit<16> ingress_port_16;     // ports as INT and packet-in carry them
     bit<16> egress_port_16;
     bit<16> sink_port_16;
-    bit<16> int_bytes_ip;        // bytes of INT to add or remove, once per length field
-    bit<16> int_bytes_udp;
-    bit<16> len_after;           // IPv4 total length after an INT push / insertion (saturated)
+    bit<16> int_bytes_ip;        // bytes a record adds, once per length field (ingress: the
+    bit<16> int_bytes_udp;       // UDP length the INT headers need)
+    bit<16> len_after;           // IPv4 total length after transit's push (saturated)
     bit<16> udp_len_after;
+    bit<16> src_len_after;       // IPv4 total length after the source's insertion (saturated)
     bit<16> hop_words;           // this hop's record size (Hop ML)
     bit<8> hop_ml;
     bit<8> shim_room;            // words the 8-bit shim length can still grow by
@@ -260,10 +261,9 @@ struct calc_md_t {
     // a field with a constant only.
     bit<16> udp_short;           // INT length past the UDP length
     bit<16> mtu_over;            // IPv4 length past the MTU
-    bit<16> src_len_after;       // IPv4 total length after an INT source's insertion
-    bit<16> src_mtu_over;        // ... past the MTU
+    bit<16> src_mtu_over;        // the same for the source's insertion
     bit<8> room_over;            // hop record past the shim length's room
-    bit<32> occupancy_sat;       // queue bytes + 0xFF000001, saturated (config.p4)
+    bit<32> occupancy_sat;       // queue bytes + 0xFF000001, saturated (port_telemetry.p4)
 }
 
 struct local_md_t {
