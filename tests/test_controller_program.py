@@ -273,3 +273,11 @@ def test_program_constants_match_the_p4_source() -> None:
     assert program.tx_util_window_shift(100e6, 1000) == 20
     assert program.tx_util_window_shift(20e6, 4154) == 24
     assert program.tx_util_window_shift(400e9, 1000) == 20
+    # The Tofino programs multiply by tx_util_mult's two leading bits among bits 0-26
+    # (include/arch/tna.p4, MulShr8): the window the controller picks keeps every port's
+    # multiplier below 2^27, down to minimum-size frames at the slowest port.
+    for slowest in (1e6, 10e6, 20e6, 100e6, 1e9, 400e9):
+        for frame in (64, 100, 1000, 9000):
+            shift = program.tx_util_window_shift(slowest, frame)
+            for speed in (slowest, slowest * 4, 800e9):
+                assert program.tx_util_mult(speed, shift) < 1 << 27, (slowest, frame, speed)
