@@ -375,14 +375,13 @@ def test_report_carries_the_sink_ports_utilization(fabric: FabricFactory) -> Non
     fab.settle()
     reports = fab.take("collector")
     assert len(reports) == n
-    # the sink port's packets as enqueued: the INT packet as the sink received it
     utils = []
     for frame in reports:
-        rep = parse_report(bytes(Ether(frame)[UDP].payload), INT_DSCP)
-        (ind,) = rep["reports"]
-        frame_len = 14 + decode(ind["inner"], INT_DSCP, first=IP)[IP].len
-        sink_md = TelemetryReportIndividual(bytes(Ether(frame)[UDP].payload)[8:]).metadata_dict()
-        utils.append(sink_md["tx_util"])
+        payload = bytes(Ether(frame)[UDP].payload)
+        utils.append(TelemetryReportIndividual(payload[8:]).metadata_dict()["tx_util"])
+    # the sink port's packets as enqueued: the INT packet as the sink received it
+    (ind,) = parse_report(bytes(Ether(reports[0])[UDP].payload), INT_DSCP)["reports"]
+    frame_len = 14 + decode(ind["inner"], INT_DSCP, first=IP)[IP].len
     per_packet = (frame_len * P.tx_util_mult(100e6)) >> 8
     possible = {(c * per_packet) >> 8 for c in range(0, 13)}
     assert set(utils) <= possible, (utils, frame_len)

@@ -45,7 +45,8 @@
 
 // The 256 entries of a constant table keyed on the 8-bit INT shim length, entry n running
 // set(n) (a function-like macro naming the action and its data): lengths derived from the shim
-// length in one lookup, not a chain of Tofino stages.
+// length in one lookup, not a chain of Tofino stages. INT_SHIM_ROW gives the 16 entries whose
+// high nibble is h.
 #define INT_SHIM_ROW(set, h)                                                              \
     (h << 4) | 0x0: set((h << 4) | 0x0); (h << 4) | 0x1: set((h << 4) | 0x1);            \
     (h << 4) | 0x2: set((h << 4) | 0x2); (h << 4) | 0x3: set((h << 4) | 0x3);            \
@@ -62,6 +63,10 @@
     INT_SHIM_ROW(set, 0x9) INT_SHIM_ROW(set, 0xA) INT_SHIM_ROW(set, 0xB)                  \
     INT_SHIM_ROW(set, 0xC) INT_SHIM_ROW(set, 0xD) INT_SHIM_ROW(set, 0xE)                  \
     INT_SHIM_ROW(set, 0xF)
+
+// The 32 entries of a constant table keyed on a record size in words (Hop ML, 0..31), entry n
+// running set(n).
+#define INT_HOP_ML_VALUES(set) INT_SHIM_ROW(set, 0x0) INT_SHIM_ROW(set, 0x1)
 
 // One constant table for 4 bits of an instruction bitmap (bits shift+3..shift of `bits`, the
 // first of them the most significant), whose 16 actions each run the statements of the bits

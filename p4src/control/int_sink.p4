@@ -209,10 +209,10 @@ control IntSinkEgress(inout headers_t hdr, inout local_md_t md) {
     hdr.report_md.ingress_tstamp.ns = md.ingress_ts;
 #define REPORT_EGRESS_TSTAMP hdr.report_md.egress_tstamp.setValid();
 #define REPORT_TX_UTIL hdr.report_md.tx_util.setValid();
-    NIBBLE_TABLE(report_md_0_3, md.calc.rep_bits, 12, NO_FILL, REPORT_L1_PORT_IDS, REPORT_HOP_LATENCY,
-                 REPORT_Q_OCCUPANCY)
-    NIBBLE_TABLE(report_md_4_7, md.calc.rep_bits, 8, REPORT_INGRESS_TSTAMP, REPORT_EGRESS_TSTAMP,
-                 NO_FILL, REPORT_TX_UTIL)
+    NIBBLE_TABLE(report_md_0_3, md.calc.rep_bits, 12, NO_FILL, REPORT_L1_PORT_IDS,
+                 REPORT_HOP_LATENCY, REPORT_Q_OCCUPANCY)
+    NIBBLE_TABLE(report_md_4_7, md.calc.rep_bits, 8, REPORT_INGRESS_TSTAMP,
+                 REPORT_EGRESS_TSTAMP, NO_FILL, REPORT_TX_UTIL)
 
     REG_ACTION(report_seq, bit<32>, bit<32>, next_report_seq,
         rv = value;

@@ -73,9 +73,9 @@ control IntSourcePrepare(inout headers_t hdr, inout local_md_t md) {
 control IntSourceEgress(inout headers_t hdr, inout local_md_t md) {
     COUNTER(int_source_events, INT_EVENTS_SIZE);
 
-    // The shim and MD header: constants first, then each field copied from metadata in an action of its
-    // own (a Tofino action writes a container from one PHV source and constants, or two PHV
-    // sources, the container itself counting when part of it is left).
+    // The shim and MD header: constants first, then each field copied from metadata in an
+    // action of its own (a Tofino action writes a container from one PHV source and constants,
+    // or two PHV sources, the container itself counting when part of it is left).
     @hidden action shim_fixed() {
         hdr.int_shim.setValid();
         hdr.int_shim.int_type = INT_TYPE_MD;
@@ -99,19 +99,13 @@ control IntSourceEgress(inout headers_t hdr, inout local_md_t md) {
     // Hop ML from a constant table on the record size: narrowing the 16-bit size to the 5-bit
     // field in an action would tie its PHV slicing to every length it is added to.
     @hidden action md_hop_ml(bit<5> words) { hdr.int_md.hop_ml = words; }
+#define MD_HOP_ML(n) md_hop_ml(n)
     @hidden table md_hop_mls {
         key = { md.calc.md_words: exact; }
         actions = { md_hop_ml; }
         const default_action = md_hop_ml(0);
         const entries = {
-            0: md_hop_ml(0); 1: md_hop_ml(1); 2: md_hop_ml(2); 3: md_hop_ml(3); 4:
-            md_hop_ml(4); 5: md_hop_ml(5); 6: md_hop_ml(6); 7: md_hop_ml(7); 8: md_hop_ml(8);
-            9: md_hop_ml(9); 10: md_hop_ml(10); 11: md_hop_ml(11); 12: md_hop_ml(12); 13:
-            md_hop_ml(13); 14: md_hop_ml(14); 15: md_hop_ml(15); 16: md_hop_ml(16); 17:
-            md_hop_ml(17); 18: md_hop_ml(18); 19: md_hop_ml(19); 20: md_hop_ml(20); 21:
-            md_hop_ml(21); 22: md_hop_ml(22); 23: md_hop_ml(23); 24: md_hop_ml(24); 25:
-            md_hop_ml(25); 26: md_hop_ml(26); 27: md_hop_ml(27); 28: md_hop_ml(28); 29:
-            md_hop_ml(29); 30: md_hop_ml(30); 31: md_hop_ml(31);
+            INT_HOP_ML_VALUES(MD_HOP_ML)
         }
     }
     @hidden action md_hop_cnt() { hdr.int_md.remaining_hop_cnt = md.int_source_hop_budget; }

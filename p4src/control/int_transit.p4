@@ -70,38 +70,26 @@ control IntTransitPrepare(inout headers_t hdr, inout local_md_t md) {
         md.calc.rx_hop_ml = words;
         md.calc.rx_bytes = bytes;
     }
+#define RECEIVED_SIZE(n) received_size(n, 4 * (n))
     @hidden table received_sizes {
         key = { hdr.int_md.hop_ml: exact; }
         actions = { received_size; }
         const default_action = received_size(0, 0);
         const entries = {
-            0: received_size(0, 0); 1: received_size(1, 4); 2: received_size(2, 8); 3: received_size(3, 12);
-            4: received_size(4, 16); 5: received_size(5, 20); 6: received_size(6, 24); 7: received_size(7, 28);
-            8: received_size(8, 32); 9: received_size(9, 36); 10: received_size(10, 40); 11: received_size(11, 44);
-            12: received_size(12, 48); 13: received_size(13, 52); 14: received_size(14, 56); 15: received_size(15, 60);
-            16: received_size(16, 64); 17: received_size(17, 68); 18: received_size(18, 72); 19: received_size(19, 76);
-            20: received_size(20, 80); 21: received_size(21, 84); 22: received_size(22, 88); 23: received_size(23, 92);
-            24: received_size(24, 96); 25: received_size(25, 100); 26: received_size(26, 104); 27: received_size(27, 108);
-            28: received_size(28, 112); 29: received_size(29, 116); 30: received_size(30, 120); 31: received_size(31, 124);
+            INT_HOP_ML_VALUES(RECEIVED_SIZE)
         }
     }
     @hidden action sourced_size(bit<8> words, bit<16> bytes) {
         md.calc.src_hop_ml = words;
         md.calc.src_bytes = bytes;
     }
+#define SOURCED_SIZE(n) sourced_size(n, 4 * (n))
     @hidden table sourced_sizes {
         key = { md.calc.md_words: exact; }
         actions = { sourced_size; }
         const default_action = sourced_size(0, 0);
         const entries = {
-            0: sourced_size(0, 0); 1: sourced_size(1, 4); 2: sourced_size(2, 8); 3: sourced_size(3, 12);
-            4: sourced_size(4, 16); 5: sourced_size(5, 20); 6: sourced_size(6, 24); 7: sourced_size(7, 28);
-            8: sourced_size(8, 32); 9: sourced_size(9, 36); 10: sourced_size(10, 40); 11: sourced_size(11, 44);
-            12: sourced_size(12, 48); 13: sourced_size(13, 52); 14: sourced_size(14, 56); 15: sourced_size(15, 60);
-            16: sourced_size(16, 64); 17: sourced_size(17, 68); 18: sourced_size(18, 72); 19: sourced_size(19, 76);
-            20: sourced_size(20, 80); 21: sourced_size(21, 84); 22: sourced_size(22, 88); 23: sourced_size(23, 92);
-            24: sourced_size(24, 96); 25: sourced_size(25, 100); 26: sourced_size(26, 104); 27: sourced_size(27, 108);
-            28: sourced_size(28, 112); 29: sourced_size(29, 116); 30: sourced_size(30, 120); 31: sourced_size(31, 124);
+            INT_HOP_ML_VALUES(SOURCED_SIZE)
         }
     }
 
@@ -210,12 +198,13 @@ control IntTransitEgress(inout headers_t hdr, inout local_md_t md) {
 #define PUSH_RSVD13 PUSH_ONES(rsvd13)
 #define PUSH_RSVD14 PUSH_ONES(rsvd14)
 #define PUSH_CHECKSUM PUSH_ONES(checksum)
-    NIBBLE_TABLE(fill_0_3, md.calc.bitmap, 12, PUSH_NODE_ID, PUSH_L1_PORT_IDS, PUSH_HOP_LATENCY,
-                 PUSH_Q_OCCUPANCY)
-    NIBBLE_TABLE(fill_4_7, md.calc.bitmap, 8, PUSH_INGRESS_TSTAMP, PUSH_EGRESS_TSTAMP, PUSH_L2_PORT_IDS,
-                 PUSH_TX_UTIL)
+    NIBBLE_TABLE(fill_0_3, md.calc.bitmap, 12, PUSH_NODE_ID, PUSH_L1_PORT_IDS,
+                 PUSH_HOP_LATENCY, PUSH_Q_OCCUPANCY)
+    NIBBLE_TABLE(fill_4_7, md.calc.bitmap, 8, PUSH_INGRESS_TSTAMP, PUSH_EGRESS_TSTAMP,
+                 PUSH_L2_PORT_IDS, PUSH_TX_UTIL)
     NIBBLE_TABLE(fill_8_11, md.calc.bitmap, 4, PUSH_BUFFER, PUSH_RSVD9, PUSH_RSVD10, PUSH_RSVD11)
-    NIBBLE_TABLE(fill_12_15, md.calc.bitmap, 0, PUSH_RSVD12, PUSH_RSVD13, PUSH_RSVD14, PUSH_CHECKSUM)
+    NIBBLE_TABLE(fill_12_15, md.calc.bitmap, 0, PUSH_RSVD12, PUSH_RSVD13, PUSH_RSVD14,
+                 PUSH_CHECKSUM)
 
     apply {
         if (md.calc.transit == 1) {

@@ -168,10 +168,10 @@ control PortTelemetryEgress(inout headers_t hdr, inout local_md_t md) {
 }
 
 // The port telemetry a packet carries, into the headers the INT branches made valid: the
-// egress queue (bytes, from EgressConfig) and port utilization in this hop's INT record, and
-// the sink port's latest measurements in a report. Written after the measurements, not in those branches: on Tofino 1 (no long
-// branches) a value that a table inside a branch reads holds the whole branch back until the
-// stage of the tables that write it.
+// egress queue and port utilization in this hop's INT record, and the sink port's latest
+// measurements in a report. Written after the measurements, not in those branches: on Tofino 1
+// (no long branches) a value that a table inside a branch reads holds the whole branch back
+// until the stage of the tables that write it.
 control PortTelemetryExport(inout headers_t hdr, inout local_md_t md) {
     apply {
         if (hdr.int_hop.q_occupancy.isValid()) {
