@@ -19,9 +19,9 @@ from controller import p4gen
 from controller.collector import Collector
 from controller.config import Config, load
 from controller.proto import switch_pb2_grpc
-from controller.reports import decode
 from controller.switches import SwitchSession
 from controller.topology import Topology
+from controller.wire.telemetry_report import decode
 from testbed.packets import decode as scapy_decode
 from testbed.packets import parse_int, parse_report
 from testbed.switch.admin import SwitchAdminService
