@@ -16,7 +16,7 @@ flight per flow, where DCQCN and no-CC senders keep up to 64 packets). The contr
 each scheme on every host's agent (SetPolicy). Its slow-loop caps are off unless the testbed
 was started with them, so the schemes differ only in what the NIC does.
 
-Measured per (scheme, scenario) — testbed.probes:
+Measured per (scheme, scenario) — testbed.emu.probes:
 - queue occupancy at every switch egress port the traffic crosses, from the INT records of
   the packets that arrive (departure-sampled); the bottleneck is the incast receiver's
   downlink, else the port with the highest p99;
@@ -37,9 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from testbed.model import TRANSPORT_OVERHEAD
-from testbed.network import Testbed
-from testbed.probes import (
+from testbed.emu.network import Testbed
+from testbed.emu.probes import (
     Capture,
     IntSampler,
     PortCounters,
@@ -49,6 +48,7 @@ from testbed.probes import (
     port_counters,
     wait_quiet,
 )
+from testbed.model import TRANSPORT_OVERHEAD
 from testbed.traffic import generators as gen
 from testbed.traffic import metrics as m
 from testbed.traffic import workloads as wl

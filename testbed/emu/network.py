@@ -8,7 +8,7 @@ every component to be healthy, and stop exactly what was started.
 Order: Mininet builds the hosts and switch namespaces and the links between them; each switch
 gets a management veth to the root namespace; the switches and the host agents start (the
 agents compile their eBPF programs meanwhile); once every switch listens, the controller gets
-its config (testbed.ctlconfig) and programs the fabric; the testbed waits until the controller
+its config (testbed.emu.ctlconfig) and programs the fabric; the testbed waits until the controller
 reports every switch programmed and reaches every agent. A component that does not come up
 fails the start with its name and the tail of its log.
 
@@ -44,10 +44,10 @@ import yaml
 from mininet.link import Link
 from mininet.net import Mininet
 
-from testbed.ctlconfig import ControllerSetup, Ecn, SwitchAccess, controller_config
+from testbed.emu.ctlconfig import ControllerSetup, Ecn, SwitchAccess, controller_config
+from testbed.emu.nodes import REPO, FabricHost, P4Switch, SwitchRuntime, choose_switch
+from testbed.emu.procs import Component, ComponentError, wait_all
 from testbed.model import Scaling
-from testbed.nodes import REPO, FabricHost, P4Switch, SwitchRuntime, choose_switch
-from testbed.procs import Component, ComponentError, wait_all
 from testbed.topo import COLLECTOR_NODE, FabricSpec, FabricTopo
 from testbed.traffic.netns import Host
 
@@ -267,7 +267,7 @@ class Testbed:
         for h in self.spec.hosts:
             node = self._node(h.name)
             name = f"{self.prefix}-{h.name}"
-            argv = [sys.executable, "-m", "controller.agent.main", "--name", name,
+            argv = [sys.executable, "-m", "controller.nic.agent.main", "--name", name,
                     "--netns", node.netns_path, "--line-rate", str(int(s.nic_bps)),
                     "--rate-law", self.opts.rate_law, "--mtu", str(s.link_mtu),
                     # TiTa's T: the model's base RTT, dilated like every time of the model
