@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from testbed.model import TRANSPORT_OVERHEAD, Scaling
+from testbed.model import TRANSPORT_OVERHEAD, Scaling, fmt_rate
 from testbed.probes import (
     Capture,
     IntSampler,
@@ -122,10 +122,11 @@ class RunRecord:
     queue_series: dict[str, list[float]] = field(default_factory=dict)
     rate_series: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     flow_fcts: list[dict[str, Any]] = field(default_factory=list)  # per flow (flows runs)
+    port_series: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # per port
 
     def summary(self) -> dict[str, Any]:
         d = asdict(self)
-        for k in ("queue_series", "rate_series", "slowdowns", "flow_fcts"):
+        for k in ("queue_series", "rate_series", "slowdowns", "flow_fcts", "port_series"):
             d.pop(k)
         return d
 
@@ -183,14 +184,15 @@ def scheme_params(scheme: str, base_rtt_s: float) -> dict[str, float]:
     return {}
 
 
-def websearch_flows(cfg: SuiteConfig, hosts: int, nic_bps: float) -> list[gen.Flow]:
-    """The WebSearch mix of the suite: sizes divided by the divisor, Poisson arrivals."""
+def websearch_flows(cfg: SuiteConfig, hosts: int, nic_bps: float,
+                    seconds: float) -> list[gen.Flow]:
+    """The WebSearch mix of the suite: sizes divided by the divisor, Poisson arrivals for
+    `seconds`."""
     cdf = gen.SizeCdf.load("websearch")
     k = cfg.websearch_size_divisor
     scaled = gen.SizeCdf([(s / k, p) for s, p in zip(cdf.sizes, cdf.probs, strict=True)],
                          f"websearch/{k:g}")
-    return gen.poisson(hosts, scaled, cfg.websearch_load, nic_bps, cfg.websearch_seconds,
-                       seed=cfg.seed)
+    return gen.poisson(hosts, scaled, cfg.websearch_load, nic_bps, seconds, seed=cfg.seed)
 
 
 class SuiteBase:
@@ -293,13 +295,13 @@ class SuiteBase:
                                 transport=tr, timeout=180 * k, seed=cfg.seed,
                                 runner=self.runner)
         if scenario == "websearch":
-            flows = websearch_flows(cfg, len(self.hosts), s.nic_bps)
+            seconds = cfg.websearch_seconds * k  # as many flows at any scale
+            flows = websearch_flows(cfg, len(self.hosts), s.nic_bps, seconds)
             res = wl.run_flows(self.hosts, flows, name="websearch", transport=tr,
                                line_rate=line, base_rtt=self.base_rtt_s,
-                               timeout=(cfg.websearch_seconds * 6 + 30 * k), seed=cfg.seed,
+                               timeout=(seconds * 6 + 30 * k), seed=cfg.seed,
                                runner=self.runner)
-            res["offered_load"] = gen.offered_load(flows, len(self.hosts), s.nic_bps,
-                                                   cfg.websearch_seconds)
+            res["offered_load"] = gen.offered_load(flows, len(self.hosts), s.nic_bps, seconds)
             return res
         if scenario == "flows" and self.flows_override is not None:
             flows = self.flows_override
@@ -359,8 +361,11 @@ class SuiteBase:
             window=self.window(scheme), correct=correct,
             queue_by_link=qstats, drops_by_switch=drops_by_switch, rate_events=len(events),
             slowdowns=[float(x) for x in slowdowns])
-        rec.queue_series = _downsample(
-            [(h.t - t_start, float(h.qocc_bytes)) for h in cap.hops if h.link == bottleneck])
+        points: dict[str, list[tuple[float, float]]] = {}
+        for h in cap.hops:
+            points.setdefault(h.link, []).append((h.t - t_start, float(h.qocc_bytes)))
+        rec.port_series = {lk: _downsample(v) for lk, v in sorted(points.items())}
+        rec.queue_series = rec.port_series.get(bottleneck, _downsample([]))
         last_seen = {f: pts[-1][0] for f, pts in cap.flows.items() if pts}
         ip_host = {n.ip: h.name for h in spec.hosts for n in h.nics}
         rec.rate_series = _rate_series(events, t_start, last_seen, ip_host)
@@ -456,6 +461,8 @@ class Suite(SuiteBase):
 
 
 def fmt_time(s: float) -> str:
+    if s >= 1.0:
+        return f"{s:.2f} s"
     if s >= 1e-3:
         return f"{s * 1e3:.3g} ms"
     return f"{s * 1e6:.3g} us"
@@ -520,8 +527,8 @@ def one_line(r: RunRecord) -> str:
     if r.fct_slowdown_p50 is not None:
         parts.append(f"FCT slowdown p50 {r.fct_slowdown_p50:.1f} p99 {r.fct_slowdown_p99:.1f}")
     if r.busbw_bps is not None:
-        parts.append(f"busbw {r.busbw_bps / 1e6:.2f} Mb/s")
-    parts.append(f"done in {r.completion_s:.2f} s")
+        parts.append(f"busbw {fmt_rate(r.busbw_bps)}")
+    parts.append(f"done in {fmt_time(r.completion_s)}")
     if r.flows_completed != r.flows:
         parts.append(f"{r.flows - r.flows_completed} flows incomplete")
     return ", ".join(parts)

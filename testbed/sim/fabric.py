@@ -149,6 +149,16 @@ class SimSwitch:
         return sum(self.sw.stats.dropped.values())
 
 
+def seed_random_extern(sw: V1Switch, seed: int) -> None:
+    """Seed the program's `random` extern (ECN's marking draws, for one): the compiled
+    program draws from its own random.Random, `_rand` in the namespace its code runs in."""
+    assert sw.compiled is not None
+    rng = sw.compiled.ingress.__globals__.get("_rand")
+    if rng is None:
+        raise RuntimeError("the compiled program has no random source to seed")
+    rng.seed(seed)
+
+
 def controller_cfg(spec: FabricSpec, scaling: Scaling, ecn: Ecn) -> ctlconfig.Config:
     """The controller's config for this fabric, as the emulation writes it."""
     switches = {s.name: SwitchAccess(f"127.0.0.1:{50000 + i}", "builtin")
@@ -162,8 +172,9 @@ def controller_cfg(spec: FabricSpec, scaling: Scaling, ecn: Ecn) -> ctlconfig.Co
 
 class SimFabric:
     def __init__(self, spec: FabricSpec, scaling: Scaling, ecn: Ecn | None = None,
-                 link_delay_ns: int | None = None):
+                 link_delay_ns: int | None = None, seed: int = 1):
         self.spec = spec
+        self.seed = seed
         self.scaling = scaling
         self.loop = EventLoop()
         self.cfg = controller_cfg(spec, scaling, ecn or Ecn())
@@ -188,6 +199,7 @@ class SimFabric:
         for swc in self.cfg.switches:
             sim = self.switches[swc.name]
             sim.p4rt.install(info, device_config, 0)
+            seed_random_extern(sim.sw, self.seed * 1_000_003 + swc.device_id)
             st = sim.admin.GetStatus(switch_pb2.GetStatusRequest(), None)
             # controller.switches.SwitchSession._detect_qdepth_unit's rule
             unit = 1 if st.queue_depth_unit == "bytes" else self.cfg.model.mean_packet_bytes

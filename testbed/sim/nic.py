@@ -174,7 +174,8 @@ class SimHost:
         if not self.done and job.next_wake < (wake if wake is not None else float("inf")):
             wake = job.next_wake
         if wake is not None and wake != float("inf"):
-            t = max(self.loop.now_ns, int(wake * 1e9) + (1 if wake * 1e9 % 1 else 0))
+            # 1 ns past the deadline: the core and the job compare in float seconds
+            t = max(self.loop.now_ns + 1, int(wake * 1e9) + 1)
             if self._timer_at is None or t < self._timer_at:
                 self._timer_at = t
                 self.loop.at(t, self._timer, t)
