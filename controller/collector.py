@@ -24,8 +24,15 @@ from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.reports import SEQ_BITS, Hop, IntReport, ReportError, decode, decode_inner
 from controller.topology import Topology
+from controller.wire.telemetry_report import (
+    SEQ_BITS,
+    Hop,
+    IntReport,
+    ReportError,
+    decode,
+    decode_inner,
+)
 
 log = logging.getLogger("xingmai.controller.collector")
 

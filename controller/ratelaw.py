@@ -26,6 +26,33 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from controller.wire.int_md import (
+    BIT_EGRESS_TS,
+    BIT_L1_PORTS,
+    BIT_NODE_ID,
+    BIT_QUEUE,
+    BIT_TX_UTIL,
+    HEADERS_LEN,
+    HOP_ML_MAX,
+    INT_TYPE_MD,
+    INT_VERSION,
+    MD_WORDS,
+    SHIM_LEN,
+    hop_ml_words,
+    shim_total_len,
+)
+from controller.wire.roce import (
+    AETH_ACK_MAX,
+    AETH_LEN,
+    BTH_LEN,
+    BTH_PSN_OFFSET,
+    ICRC_LEN,
+    OP_ACK,
+    OP_CNP,
+    PSN_MASK,
+    ROCE_UDP_PORT,
+)
+
 UNIT_SHIFT = 20
 UNIT = 1 << UNIT_SHIFT
 U_MAX = 64 << UNIT_SHIFT
@@ -34,7 +61,6 @@ NSEC = 1_000_000_000
 ALL_ONES32 = 0xFFFFFFFF
 NO_TS = 0xFFFFFFFFFFFFFFFF
 U64 = (1 << 64) - 1
-PSN_MASK = 0xFFFFFF
 DCQCN_MAX_EVENTS = 4
 DCQCN_BACKLOG = 64
 # Largest line rate / hop speed (bit/s) and base RTT (ns) the 64-bit fixed point supports:
@@ -42,10 +68,6 @@ DCQCN_BACKLOG = 64
 MAX_SPEED_BPS = 10**12
 MAX_BASE_RTT_NS = 10**8
 
-ROCE_PORT = 4791
-OP_ACK = 0x11
-OP_CNP = 0x81
-OP_DATA_MAX = 0x0B
 DCQCN_REFERENCE_RATE_BPS = 40 * 10**9
 
 
@@ -221,18 +243,13 @@ def bound_rate(rate: int, min_rate: int, ceil: int) -> int:
 # ---- INT echo -------------------------------------------------------------------------------
 
 
-def int_words(bitmap: int) -> int:
-    """xm_int_words(): 4-byte words per hop for an instruction bitmap (bit 0 = MSB)."""
-    bitmap &= 0xFFFF
-    return bin(bitmap).count("1") + bin(bitmap & 0x0E00).count("1")
-
-
-HOP_ABSENT = 32
+HOP_ABSENT = 32  # XM_HOP_ABSENT: a word index past any hop, all-ones in XDP's hop buffer
+HOP_BUF_WORDS = 65  # XM_HOP_BUF_WORDS
 
 
 def _field_off(bitmap: int, b: int) -> int:
     before = bitmap & ((0xFFFF << (16 - b)) & 0xFFFF)
-    return int_words(before) if (bitmap >> (15 - b)) & 1 else HOP_ABSENT
+    return hop_ml_words(before) if (bitmap >> (15 - b)) & 1 else HOP_ABSENT
 
 
 @dataclass(frozen=True)
@@ -257,16 +274,20 @@ class EchoError(enum.Enum):
 
 def parse_echo(echo: bytes) -> list[IntHopValues] | EchoError:
     """The INT echo after an ACK's AETH (ICRC excluded), as xm_tita_on_ack() parses it."""
-    if len(echo) < 16 or echo[0] >> 4 != 1 or 4 * (echo[1] + 1) != len(echo):
+    if (
+        len(echo) < HEADERS_LEN
+        or echo[0] >> 4 != INT_TYPE_MD
+        or shim_total_len(echo[1]) != len(echo)
+    ):
         return EchoError.NO_INT
-    md = echo[4:16]
-    if md[0] >> 4 != 2:
+    md = echo[SHIM_LEN:HEADERS_LEN]
+    if md[0] >> 4 != INT_VERSION:
         return EchoError.BAD_HEADER
-    hop_ml = md[2] & 0x1F
+    hop_ml = md[2] & HOP_ML_MAX
     bitmap = (md[4] << 8) | md[5]
-    if hop_ml == 0 or int_words(bitmap) != hop_ml:
+    if hop_ml == 0 or hop_ml_words(bitmap) != hop_ml:
         return EchoError.BAD_HEADER
-    stack_words = echo[1] - 3
+    stack_words = echo[1] - MD_WORDS
     if stack_words % hop_ml:
         return EchoError.BAD_LENGTH
     nh = stack_words // hop_ml
@@ -274,24 +295,28 @@ def parse_echo(echo: bytes) -> list[IntHopValues] | EchoError:
         return EchoError.NO_INT
     if nh > MAX_HOPS:
         return EchoError.TOO_MANY_HOPS
-    offs = {b: _field_off(bitmap, b) for b in (0, 1, 3, 5, 7)}
+    offs = {
+        b: _field_off(bitmap, b)
+        for b in (BIT_NODE_ID, BIT_L1_PORTS, BIT_QUEUE, BIT_EGRESS_TS, BIT_TX_UTIL)
+    }
     hops = []
     for i in range(nh):
-        base = 16 + i * hop_ml * 4
+        base = HEADERS_LEN + i * hop_ml * 4
         words = list(struct.unpack(f"!{hop_ml}I", echo[base : base + hop_ml * 4]))
-        words += [ALL_ONES32] * (65 - len(words))
+        words += [ALL_ONES32] * (HOP_BUF_WORDS - len(words))
 
         def word(idx: int, words: list[int] = words) -> int:
             return words[idx & 63]
 
-        q = word(offs[3])
+        q = word(offs[BIT_QUEUE])
+        ts = offs[BIT_EGRESS_TS]
         hops.append(
             IntHopValues(
-                node_id=word(offs[0]),
-                port=word(offs[1]) & 0xFFFF,
+                node_id=word(offs[BIT_NODE_ID]),
+                port=word(offs[BIT_L1_PORTS]) & 0xFFFF,
                 qlen=0 if q == ALL_ONES32 else q & 0xFFFFFF,
-                egress_ts_ns=(word(offs[5]) << 32) | word(offs[5] + 1),
-                tx_util_ppm=word(offs[7]),
+                egress_ts_ns=(word(ts) << 32) | word(ts + 1),
+                tx_util_ppm=word(offs[BIT_TX_UTIL]),
             )
         )
     return hops
@@ -509,24 +534,25 @@ def parse_feedback(frame: bytes) -> Feedback | None:
     if ip[9] != 17 or int.from_bytes(ip[6:8], "big") & 0x3FFF:
         return None
     udp = ip[ihl:]
-    if len(udp) < 8 or int.from_bytes(udp[2:4], "big") != ROCE_PORT:
+    if len(udp) < 8 or int.from_bytes(udp[2:4], "big") != ROCE_UDP_PORT:
         return None
     udp_len = int.from_bytes(udp[4:6], "big")
-    if udp_len < 8 + 12 or udp_len > tot_len - ihl or len(udp) < 8 + 12:
+    if udp_len < 8 + BTH_LEN or udp_len > tot_len - ihl or len(udp) < 8 + BTH_LEN:
         return None
-    bth = udp[8:20]
+    bth = udp[8 : 8 + BTH_LEN]
     opcode = bth[0]
-    psn = int.from_bytes(bth[9:12], "big")
+    psn = int.from_bytes(bth[BTH_PSN_OFFSET:BTH_LEN], "big")
     saddr = int.from_bytes(ip[12:16], "big")
     daddr = int.from_bytes(ip[16:20], "big")
     sport = int.from_bytes(udp[0:2], "big")
-    key = (daddr, saddr, sport, ROCE_PORT, 17)
+    key = (daddr, saddr, sport, ROCE_UDP_PORT, 17)
+    aeth = 8 + BTH_LEN
     if opcode == OP_ACK:
-        if udp_len < 8 + 12 + 4 + 4 or len(udp) < 8 + 12 + 4:
+        if udp_len < aeth + AETH_LEN + ICRC_LEN or len(udp) < aeth + AETH_LEN:
             return None
-        if udp[20] > 0x1F:
+        if udp[aeth] > AETH_ACK_MAX:
             return None
-        echo = bytes(udp[24 : udp_len - 4])
+        echo = bytes(udp[aeth + AETH_LEN : udp_len - ICRC_LEN])
         return Feedback(key, psn, False, echo)
     if opcode == OP_CNP:
         return Feedback(key, psn, True, b"")

@@ -409,12 +409,19 @@ class Testbed:
             if out.returncode != 0 or "Error" in out.stdout:
                 raise TestbedError(f"simple_switch_CLI: {out.stdout.strip()[-300:]}")
             return
+        from controller.config import ControllerSection
         from controller.proto import switch_pb2, switch_pb2_grpc
 
+        # queue changes are the primary controller's: ask with its election id (the
+        # testbed's controller runs with the config's default)
+        eid = ControllerSection.election_id
         with grpc.insecure_channel(sw.grpc_addr) as ch:
             try:
                 switch_pb2_grpc.SwitchAdminStub(ch).SetQueue(
-                    switch_pb2.SetQueueRequest(port=port, rate_bps=rate_bps), timeout=5)
+                    switch_pb2.SetQueueRequest(
+                        port=port, rate_bps=rate_bps, device_id=sw.device_id,
+                        election_id=switch_pb2.ElectionId(high=eid >> 64, low=eid & (2**64 - 1))),
+                    timeout=5)
             except grpc.RpcError as exc:
                 raise TestbedError(f"{switch}: SetQueue: {exc.code().name} "
                                    f"{exc.details()}") from None

@@ -30,7 +30,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from testbed.packets.int_md import decode_stack
+from controller.wire.int_md import INT_DSCP_DEFAULT, decode_stack, int_stack_at
+from controller.wire.roce import ROCE_UDP_PORT
 
 ETH_P_ALL = 0x0003
 CLONE_NEWNET = 0x40000000
@@ -48,7 +49,7 @@ _SKF_AD_PKTTYPE = (-0x1000 + 4) & 0xFFFFFFFF  # SKF_AD_OFF + SKF_AD_PKTTYPE
 PACKET_OUTGOING = 4
 
 
-def _int_filter(int_dscp: int, udp_port: int = 4791) -> list[tuple[int, int, int, int]]:
+def _int_filter(int_dscp: int, udp_port: int = ROCE_UDP_PORT) -> list[tuple[int, int, int, int]]:
     """Incoming IPv4 UDP to `udp_port` with the INT DSCP, first SNAPLEN bytes."""
     return [
         (_LD_W_ABS, 0, 0, _SKF_AD_PKTTYPE),  # 0: A <- packet type (ancillary load)
@@ -148,7 +149,7 @@ class IntSampler:
     """Reads the INT stack of every data packet arriving at the given host interfaces."""
 
     def __init__(self, endpoints: Iterable[tuple[str, str]], links: dict[tuple[int, int], str],
-                 int_dscp: int = 0x17):
+                 int_dscp: int = INT_DSCP_DEFAULT):
         """`endpoints`: (netns path, interface); `links`: (node id, egress port) -> name."""
         self.links = links
         self.socks = [packet_socket_in(ns, ifn, _int_filter(int_dscp)) for ns, ifn in endpoints]
@@ -220,15 +221,7 @@ def record_int_frame(cap: Capture | None, frame: bytes, now: float,
         dst = socket.inet_ntoa(frame[30:34])
         udp = 14 + ihl
         sport = struct.unpack_from("!H", frame, udp)[0]
-        shim = udp + 8
-        shim_words = frame[shim + 1]
-        md = shim + 4
-        hop_ml = frame[md + 2] & 0x1F
-        bitmap = struct.unpack_from("!H", frame, md + 4)[0]
-        stack_len = 4 * shim_words - 12
-        stack = frame[md + 12: md + 12 + stack_len]
-        if len(stack) != stack_len:
-            raise ValueError("INT stack cut by the capture length")
+        bitmap, hop_ml, stack = int_stack_at(frame, udp + 8)
         hops = decode_stack(stack, bitmap, hop_ml)
     except (IndexError, ValueError, struct.error):
         if cap is not None:

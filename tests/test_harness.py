@@ -11,9 +11,9 @@ import pytest
 from scapy.layers.inet import ICMP
 from scapy.utils import rdpcap
 
+from controller.wire.roce import OP_ACK
 from testbed.harness import main
 from testbed.packets import AETH, BTH, IntShim, decode, parse_int, verify_icrc
-from testbed.packets.roce import OP_ACK
 from testbed.traffic.netns import NetnsLan
 
 

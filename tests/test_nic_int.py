@@ -22,7 +22,7 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root (eBPF programs, bpffs)"),
 ]
 
-VECTORS = Path(__file__).resolve().parents[2] / "shared" / "vectors" / "int_v21.json"
+VECTORS = Path(__file__).parent / "data" / "int_v21.json"
 TC_ACT_OK = 0
 
 

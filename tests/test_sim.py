@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from controller.wire.int_md import INT_DSCP_DEFAULT
 from testbed.main import main
 from testbed.model import Scaling
-from testbed.packets.int_md import INT_DSCP_DEFAULT
 from testbed.probes import Capture, record_int_frame
 from testbed.scenarios import SuiteConfig
 from testbed.sim.engine import EventLoop

@@ -20,8 +20,7 @@ import pytest
 from scapy.layers.inet import IP, UDP
 from scapy.packet import Raw, raw
 
-from testbed.packets import AETH, BTH, CNP, IntShim, int_packet
-from testbed.packets.roce import (
+from controller.wire.roce import (
     AETH_NAK_PSN_SEQ_ERR,
     OP_ACK,
     OP_CNP,
@@ -30,6 +29,7 @@ from testbed.packets.roce import (
     OP_SEND_MIDDLE,
     OP_SEND_ONLY,
 )
+from testbed.packets import AETH, BTH, CNP, IntShim, int_packet
 from testbed.traffic import workloads
 from testbed.traffic.generators import Flow
 from testbed.traffic.netns import Host, NetnsLan

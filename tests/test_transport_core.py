@@ -13,8 +13,8 @@ from collections.abc import Callable
 
 import pytest
 
-from testbed.packets.int_md import INT_DSCP_DEFAULT
-from testbed.packets.roce import OP_ACK, OP_CNP, OP_SEND_FIRST, OP_SEND_MIDDLE
+from controller.wire.int_md import INT_DSCP_DEFAULT
+from controller.wire.roce import OP_ACK, OP_CNP, OP_SEND_FIRST, OP_SEND_MIDDLE
 from testbed.traffic import transport as transport_mod
 from testbed.traffic.transport_core import ECN_CE, TransportConfig, TransportCore
 

@@ -1,7 +1,8 @@
 """Compile the NIC programs with bcc, adopt or create their pinned maps, and read/write them.
 
 The struct layouts come from ebpf/xingmai.h through bcc (each table's .Key/.Leaf ctypes); the
-counter names come from the same header's `enum xm_counter`. Nothing here re-declares them.
+map list, the counter names and the flag and enum values come from the same header
+(controller/agent/cheader.py). Nothing here re-declares them.
 """
 
 from __future__ import annotations
@@ -9,43 +10,34 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-import re
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from controller.agent import bpfsys
+from controller.agent import bpfsys, cheader
 from controller.ratelaw import CcParams, Law
 
 log = logging.getLogger("xingmai.agent.bpf")
 
-EBPF_DIR = Path(__file__).resolve().parents[2] / "ebpf"
-HEADER = EBPF_DIR / "xingmai.h"
+EBPF_DIR = cheader.EBPF_DIR
+HEADER = cheader.HEADER
 KERNEL_HEADERS_CACHE = Path("/var/cache/xingmai/kernel-headers")
 
-MAPS = (
-    "xm_config",
-    "xm_flows",
-    "xm_rates",
-    "xm_cc",
-    "xm_ctl",
-    "xm_class",
-    "xm_hop_speed",
-    "xm_cc_scratch",
-    "xm_xdp_scratch",
-    "xm_counters",
-)
+MAPS = cheader.pinned_maps()
 PROG_PINS = {"sockops": "prog_sockops"}
 
-ORIGINS = {0: "agent", 1: "tita", 2: "dcqcn"}
-ORIGIN_AGENT = 0
-PACING_HTB = 0
-PACING_EDT = 1
-CTL_HAS_CAP = 1
-CTL_HAS_PARAMS = 2
-ALL_PORTS = 0xFFFFFFFF
+_ORIGIN = cheader.enum("xm_rate_origin")
+ORIGINS = {v: k.removeprefix("XM_ORIGIN_").lower() for k, v in _ORIGIN.items()}
+ORIGIN_AGENT = _ORIGIN["XM_ORIGIN_AGENT"]
+_PACING = cheader.enum("xm_pacing_mode")
+PACING_HTB = _PACING["XM_PACING_HTB"]
+PACING_EDT = _PACING["XM_PACING_EDT"]
+_DEFINES = cheader.defines()
+CTL_HAS_CAP = _DEFINES["XM_CTL_HAS_CAP"]
+CTL_HAS_PARAMS = _DEFINES["XM_CTL_HAS_PARAMS"]
+ALL_PORTS = _DEFINES["XM_ALL_ONES32"]  # xm_hop_key.port of a node's default speed
 
 
 class BpfSetupError(RuntimeError):
@@ -92,10 +84,8 @@ def kernel_headers() -> str:
 
 def counter_names() -> list[str]:
     """XM_CNT_* names in enum order, without the prefix, lower case."""
-    text = HEADER.read_text()
-    start = text.index("enum xm_counter {")
-    body = text[start : text.index("XM_CNT_MAX", start)]
-    return [m.lower() for m in re.findall(r"^\s*XM_CNT_([A-Z0-9_]+),", body, re.M)]
+    names = cheader.enum("xm_counter")
+    return [n.removeprefix("XM_CNT_").lower() for n in names if n != "XM_CNT_MAX"]
 
 
 def program_text(spec: ProgramSpec, pin_dir: Path) -> str:

@@ -39,7 +39,7 @@ from testbed.probes import Capture, PortCounters, RateEvent
 from testbed.sim.engine import EventLoop
 from testbed.sim.nic import IntSource, SimHost
 from testbed.switch.admin import SwitchAdminService
-from testbed.switch.p4runtime_server import P4RuntimeService, parse_p4info_text
+from testbed.switch.p4runtime import P4RuntimeService, parse_p4info_text
 from testbed.switch.traffic_manager import Clock
 from testbed.switch.v1model import V1Switch
 from testbed.topo import End, FabricSpec
@@ -101,7 +101,8 @@ class SimSwitch:
                            qdepth_unit="bytes")
         self.sw.transmit = self._transmit
         self.p4rt = P4RuntimeService(self.sw, device_id)
-        self.admin = SwitchAdminService(self.sw, None, self.p4rt)
+        # in process the twin is the switch's only controller: no arbitration to check
+        self.admin = SwitchAdminService(self.sw, None, None)
         self.wires: dict[int, Wire] = {}
         self.ports: dict[int, PortStats] = {}
         self.tx_unknown_port = 0

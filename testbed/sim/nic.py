@@ -22,8 +22,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from controller.ratelaw import CcParams, HopSpeed, Law, ReferenceNic, int_words
-from testbed.packets.roce import ROCE_UDP_PORT
+from controller.ratelaw import CcParams, HopSpeed, Law, ReferenceNic
+from controller.wire.int_md import hop_ml_words
+from controller.wire.roce import ROCE_UDP_PORT
 from testbed.probes import Capture, RateEvent, record_int_frame
 from testbed.sim.engine import EventLoop
 from testbed.traffic.jobs import Job
@@ -77,7 +78,7 @@ def insert_int(pkt: bytes, src: IntSource) -> bytes | None:
     hdr[1] = INT_MD_LEN // 4  # shim length: MD header, empty stack
     hdr[3] = tos & 0xFC  # original DSCP, restored by the sink
     hdr[4] = 2 << 4  # version 2, D/E/M clear
-    hdr[6] = int_words(bitmap) & 0x1F  # HopML
+    hdr[6] = hop_ml_words(bitmap) & 0x1F  # HopML
     hdr[7] = src.hop_budget & 0xFF  # RemainingHopCnt
     hdr[8] = bitmap >> 8
     hdr[9] = bitmap & 0xFF

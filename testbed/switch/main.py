@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     from controller.proto import switch_pb2_grpc
     from testbed.switch.admin import SwitchAdminService, metrics_registry
     from testbed.switch.dataplane import Dataplane
-    from testbed.switch.p4runtime_server import (
+    from testbed.switch.p4runtime import (
         P4RuntimeService,
         RpcError,
         parse_p4info_text,

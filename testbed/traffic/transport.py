@@ -23,7 +23,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-from testbed.packets.roce import ROCE_UDP_PORT
+from controller.wire.roce import ROCE_UDP_PORT
 from testbed.traffic.sockets import is_would_block, open_rx_sockets, open_tx_socket
 from testbed.traffic.transport_core import (
     QpCounters,

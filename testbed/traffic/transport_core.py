@@ -33,8 +33,8 @@ from collections import Counter, deque
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
-from testbed.packets.int_md import INT_DSCP_DEFAULT, INT_TYPE_MD, looks_like_int_echo
-from testbed.packets.roce import (
+from controller.wire.int_md import INT_DSCP_DEFAULT, INT_TYPE_MD, looks_like_int_echo
+from controller.wire.roce import (
     AETH_ACK,
     AETH_LEN,
     AETH_NAK_PSN_SEQ_ERR,

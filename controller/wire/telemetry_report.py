@@ -1,10 +1,10 @@
-"""A fast decoder of Telemetry Report v2.0 datagrams (docs/wire-format.md) for the collector.
+"""Telemetry Report v2.0 over UDP (docs/wire-format.md): declarations and the fast decoder.
 
-The project's scapy layers (`testbed.packets.parse_report`) decode the same bytes into
-generic dicts; this decoder does only what the collector needs — group header, each INT
-report's own metadata, the inner packet's flow key and its INT stack split into hops — with
-`struct` and per-bitmap precomputed plans, which is what lets one core keep up with the
-reports of a fabric (`testbed/benchmarks/collector.py` measures both; tests check that they
+The group header, the individual report header and the report's own metadata (RepMdBits) are
+declared here once. `decode()` is the collector's decoder: group header, each INT report's own
+metadata, the inner packet's flow key and its INT stack split into hops, with `struct` and
+per-bitmap precomputed plans, which is what lets one core keep up with the reports of a fabric
+(testbed/benchmarks/collector.py measures it against the scapy layers; tests check that they
 agree on the golden vectors). Anything malformed raises `ReportError` whose `reason` is a
 short counter label.
 """
@@ -13,16 +13,82 @@ from __future__ import annotations
 
 import functools
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from testbed.packets.int_md import HOP_METADATA, REPORT_METADATA
+from controller.wire.int_md import (
+    HOP_METADATA,
+    HOP_ML_MAX,
+    INT_DSCP_DEFAULT,
+    INT_TYPE_MD,
+    INT_VERSION,
+    MD_FLAG_E,
+    MD_FLAG_M,
+    MD_LEN,
+    MD_WORDS,
+    SHIM_LEN,
+    Unit,
+    bitmap_bit,
+    decode_units,
+    encode_units,
+)
+from controller.wire.layout import Fields, byte_size, field_width
 
+TELEMETRY_REPORT_PORT = 32766  # UDP port of the collector, and the sink's source port
+REPORT_VERSION = 2
 REPORT_TYPE_INT = 1
 IN_TYPE_IPV4 = 4
-REPORT_LEN_TO_END = 0xFF
+REPORT_LEN_TO_END = 0xFF  # "extends to the end of the UDP payload"
+
+GROUP_FIELDS: Fields = (("ver", 4), ("hw_id", 6), ("seq", 22), ("node_id", 32))
+INDIVIDUAL_FIELDS: Fields = (
+    ("rep_type", 4),
+    ("in_type", 4),
+    ("report_len", 8),  # words after this header's first word
+    ("md_len", 8),  # words of the reporting node's own metadata
+    ("d", 1),
+    ("q", 1),
+    ("f", 1),
+    ("i", 1),
+    ("rsvd", 4),
+    ("rep_md_bits", 16),
+    ("domain_id", 16),
+    ("ds_md_bits", 16),
+    ("ds_md_status", 16),
+)
+GROUP_LEN = byte_size(GROUP_FIELDS)
+INDIVIDUAL_LEN = byte_size(INDIVIDUAL_FIELDS)
+SEQ_BITS = field_width(GROUP_FIELDS, "seq")
+HW_ID_BITS = field_width(GROUP_FIELDS, "hw_id")
+# D/Q/F/I flags in the individual report's fourth byte
+FLAG_D = 0x80
+FLAG_Q = 0x40
+FLAG_F = 0x20
+FLAG_I = 0x10
+
+# RepMdBits: the hop encodings, except bit 0 (node id is in the group header) is reserved and
+# bit 15 is queue id + drop reason + padding.
+REPORT_METADATA: dict[int, Unit] = {
+    **{b: f for b, f in HOP_METADATA.items() if b not in (0, 15)},
+    0: (("reserved_bit0", 32),),
+    15: (("drop_queue_id", 8), ("drop_reason", 8), ("drop_padding", 16)),
+}
+
+
+def decode_report_metadata(rep_md_bits: int, metadata: bytes) -> dict[str, int | None]:
+    """A Telemetry Report's own metadata words (per RepMdBits) as a dict."""
+    return decode_units(metadata, rep_md_bits, REPORT_METADATA)
+
+
+def encode_report_metadata(rep_md_bits: int, values: Mapping[str, int | None]) -> bytes:
+    return encode_units(values, rep_md_bits, REPORT_METADATA)
+
+
+# ---- the collector's decoder ------------------------------------------------------------------
+
 _GROUP = struct.Struct("!II")
 _INDIV = struct.Struct("!BBBBHHHH")
-SEQ_BITS = 22
+assert _GROUP.size == GROUP_LEN and _INDIV.size == INDIVIDUAL_LEN
 
 # fields the collector keeps, by wire name
 _KEEP = {
@@ -58,7 +124,9 @@ class Hop:
 
 
 @dataclass(slots=True)
-class FlowKey:
+class InnerFlow:
+    """The 5-tuple of a report's inner packet."""
+
     src: str
     dst: str
     proto: int
@@ -80,7 +148,7 @@ class IntReport:
     congested: bool  # Q
     tracked: bool  # F
     sink: Hop  # the reporting node's own metadata (RepMdBits), node id from the group
-    flow: FlowKey | None = None  # None when the inner packet is not IPv4 UDP/TCP
+    flow: InnerFlow | None = None  # None when the inner packet is not IPv4 UDP/TCP
     hops: list[Hop] = field(default_factory=list)  # newest (the sink's upstream) first
     e_bit: bool = False
     m_bit: bool = False
@@ -95,17 +163,15 @@ class Datagram:
     reports: list[IntReport]
 
 
-# ---- per-bitmap plans -----------------------------------------------------------------------
-
 # A plan is a list of units: (offset, size, ((attr, shift, mask), ...)).
 Plan = tuple[tuple[int, int, tuple[tuple[str, int, int], ...]], ...]
 
 
-def _plan(bitmap: int, table: dict[int, tuple[tuple[str, int], ...]]) -> tuple[Plan, int]:
+def _plan(bitmap: int, table: Mapping[int, Unit]) -> tuple[Plan, int]:
     units = []
     off = 0
     for bit in range(16):
-        if not bitmap & (0x8000 >> bit) or bit not in table:
+        if not bitmap & bitmap_bit(bit) or bit not in table:
             continue
         fields = table[bit]
         size = sum(w for _, w in fields) // 8
@@ -122,18 +188,18 @@ def _plan(bitmap: int, table: dict[int, tuple[tuple[str, int], ...]]) -> tuple[P
 
 @functools.lru_cache(maxsize=1024)
 def hop_plan(bitmap: int) -> tuple[Plan, int]:
-    return _plan(bitmap, dict(HOP_METADATA))
+    return _plan(bitmap, HOP_METADATA)
 
 
 @functools.lru_cache(maxsize=1024)
 def report_md_plan(bitmap: int) -> tuple[Plan, int]:
-    return _plan(bitmap, dict(REPORT_METADATA))
+    return _plan(bitmap, REPORT_METADATA)
 
 
 def _apply(plan: Plan, buf: bytes, base: int, hop: Hop) -> None:
     for off, size, keep in plan:
         start = base + off
-        v = int.from_bytes(buf[start:start + size], "big")
+        v = int.from_bytes(buf[start : start + size], "big")
         if v == (1 << (size * 8)) - 1:
             continue  # all-ones: not available
         for attr, shift, mask in keep:
@@ -142,9 +208,6 @@ def _apply(plan: Plan, buf: bytes, base: int, hop: Hop) -> None:
 
 def _ip(b: bytes, off: int) -> str:
     return f"{b[off]}.{b[off + 1]}.{b[off + 2]}.{b[off + 3]}"
-
-
-# ---- decoding -------------------------------------------------------------------------------
 
 
 def decode_inner(inner: bytes, int_dscp: int | None, rep: IntReport) -> None:
@@ -164,34 +227,34 @@ def decode_inner(inner: bytes, int_dscp: int | None, rep: IntReport) -> None:
             raise ReportError("inner_truncated", "TCP header")
         l4_len = (inner[l4 + 12] >> 4) * 4
     else:
-        rep.flow = FlowKey(_ip(inner, 12), _ip(inner, 16), proto, 0, 0)
+        rep.flow = InnerFlow(_ip(inner, 12), _ip(inner, 16), proto, 0, 0)
         return
     if len(inner) < l4 + 4:
         raise ReportError("inner_truncated", "L4 ports")
     sport = (inner[l4] << 8) | inner[l4 + 1]
     dport = (inner[l4 + 2] << 8) | inner[l4 + 3]
-    rep.flow = FlowKey(_ip(inner, 12), _ip(inner, 16), proto, sport, dport)
+    rep.flow = InnerFlow(_ip(inner, 12), _ip(inner, 16), proto, sport, dport)
     if int_dscp is None or inner[1] >> 2 != int_dscp:
         return  # no INT on the inner packet (the sink already stripped it, or none)
     shim = l4 + l4_len
-    if len(inner) < shim + 16:
+    if len(inner) < shim + SHIM_LEN + MD_LEN:
         raise ReportError("int_truncated", "shim + MD header")
-    if inner[shim] >> 4 != 1:
+    if inner[shim] >> 4 != INT_TYPE_MD:
         raise ReportError("int_bad_type", f"shim type {inner[shim] >> 4}")
     words = inner[shim + 1]
-    md = shim + 4
+    md = shim + SHIM_LEN
     ver = inner[md] >> 4
-    if ver != 2:
+    if ver != INT_VERSION:
         raise ReportError("int_bad_version", f"version {ver}")
     flags = inner[md]
-    rep.e_bit = bool(flags & 0x04)
-    rep.m_bit = bool(flags & 0x02)
-    hop_ml = inner[md + 2] & 0x1F
+    rep.e_bit = bool(flags & MD_FLAG_E)
+    rep.m_bit = bool(flags & MD_FLAG_M)
+    hop_ml = inner[md + 2] & HOP_ML_MAX
     bitmap = (inner[md + 4] << 8) | inner[md + 5]
-    stack_len = words * 4 - 12
+    stack_len = (words - MD_WORDS) * 4
     if stack_len < 0:
         raise ReportError("int_bad_length", f"shim length {words} words")
-    stack = md + 12
+    stack = md + MD_LEN
     if len(inner) < stack + stack_len:
         raise ReportError("int_truncated", "metadata stack")
     if stack_len == 0:
@@ -207,20 +270,20 @@ def decode_inner(inner: bytes, int_dscp: int | None, rep: IntReport) -> None:
         hops.append(h)
 
 
-def decode(data: bytes, int_dscp: int | None = 0x17) -> Datagram:
+def decode(data: bytes, int_dscp: int | None = INT_DSCP_DEFAULT) -> Datagram:
     """Decode one Telemetry Report datagram (the UDP payload)."""
-    if len(data) < 8 + 12:
+    if len(data) < GROUP_LEN + INDIVIDUAL_LEN:
         raise ReportError("short", f"{len(data)} bytes")
     w0, node_id = _GROUP.unpack_from(data, 0)
     ver = w0 >> 28
-    if ver != 2:
+    if ver != REPORT_VERSION:
         raise ReportError("bad_version", f"group header version {ver}")
-    hw_id = (w0 >> 22) & 0x3F
+    hw_id = (w0 >> SEQ_BITS) & ((1 << HW_ID_BITS) - 1)
     seq = w0 & ((1 << SEQ_BITS) - 1)
     reports: list[IntReport] = []
-    pos = 8
+    pos = GROUP_LEN
     while pos < len(data):
-        if len(data) - pos < 12:
+        if len(data) - pos < INDIVIDUAL_LEN:
             raise ReportError("truncated", "individual report header")
         b0, rep_len, md_len, flags, md_bits, _dom, _dsb, _dss = _INDIV.unpack_from(data, pos)
         rep_type, in_type = b0 >> 4, b0 & 0x0F
@@ -230,7 +293,7 @@ def decode(data: bytes, int_dscp: int | None = 0x17) -> Datagram:
             end = pos + 4 + rep_len * 4
             if rep_len < 2 or end > len(data):
                 raise ReportError("bad_report_length", f"{rep_len} words")
-        md_start = pos + 12
+        md_start = pos + INDIVIDUAL_LEN
         md_end = md_start + md_len * 4
         if md_end > end:
             raise ReportError("bad_md_length", f"{md_len} words")
@@ -242,8 +305,15 @@ def decode(data: bytes, int_dscp: int | None = 0x17) -> Datagram:
             raise ReportError("bad_md_length", f"RepMdBits {md_bits:#06x} need {need} bytes")
         sink = Hop(node_id=node_id)
         _apply(plan, data, md_start, sink)
-        rep = IntReport(hw_id, seq, node_id, bool(flags & 0x80), bool(flags & 0x40),
-                        bool(flags & 0x20), sink)
+        rep = IntReport(
+            hw_id,
+            seq,
+            node_id,
+            bool(flags & FLAG_D),
+            bool(flags & FLAG_Q),
+            bool(flags & FLAG_F),
+            sink,
+        )
         if in_type == IN_TYPE_IPV4:
             decode_inner(data[md_end:end], int_dscp, rep)
         reports.append(rep)
