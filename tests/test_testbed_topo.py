@@ -11,7 +11,7 @@ import yaml
 
 from controller.config import parse
 from controller.topology import NextHop, Topology
-from testbed.emu.ctlconfig import ControllerSetup, SwitchAccess, controller_config
+from testbed.ctlconfig import ControllerSetup, SwitchAccess, controller_config
 from testbed.model import Scaling, SwitchModel
 from testbed.topo import (
     COLLECTOR_NODE,

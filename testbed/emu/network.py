@@ -8,7 +8,7 @@ every component to be healthy, and stop exactly what was started.
 Order: Mininet builds the hosts and switch namespaces and the links between them; each switch
 gets a management veth to the root namespace; the switches and the host agents start (the
 agents compile their eBPF programs meanwhile); once every switch listens, the controller gets
-its config (testbed.emu.ctlconfig) and programs the fabric; the testbed waits until the controller
+its config (testbed.ctlconfig) and programs the fabric; the testbed waits until the controller
 reports every switch programmed and reaches every agent. A component that does not come up
 fails the start with its name and the tail of its log.
 
@@ -44,7 +44,7 @@ import yaml
 from mininet.link import Link
 from mininet.net import Mininet
 
-from testbed.emu.ctlconfig import ControllerSetup, Ecn, SwitchAccess, controller_config
+from testbed.ctlconfig import ControllerSetup, Ecn, SwitchAccess, controller_config
 from testbed.emu.nodes import REPO, FabricHost, P4Switch, SwitchRuntime, choose_switch
 from testbed.emu.procs import Component, ComponentError, wait_all
 from testbed.model import Scaling
