@@ -19,6 +19,7 @@ from controller.nic.agent.main import (
     parse_rate,
 )
 from testbed.emu.nicrig import AgentProcess, NetnsPair, measure_udp_pacing
+from tests.faults import record
 
 root = [
     pytest.mark.root,
@@ -115,6 +116,7 @@ def test_agent_api_and_clean_shutdown(_: int) -> None:
         assert not (Path("/run/xingmai/agents") / agent.name).exists()
 
 
+@pytest.mark.fault
 @pytest.mark.slow
 @pytest.mark.root
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root (namespaces, eBPF)")
@@ -146,6 +148,11 @@ def test_sigkill_keeps_pacing_and_restart_adopts_pins() -> None:
             assert f1.tx_bytes > f0.tx_bytes  # counters kept and still counting
             assert f1.paced_rate_bps == 20_000_000  # its HTB class was adopted
             m3 = measure_udp_pacing(pair, second, 20_000_000, duration_s=2.0, sport=7000)
+            record("agent_sigkill_restart", cap_bps=20_000_000,
+                   error_before=round(m["error"], 4),
+                   error_without_agent=round(m2 / 20_000_000 - 1, 4),
+                   error_after_restart=round(m3["error"], 4), pacer_drops=m3["pacer_drops"],
+                   adopted_pins=st.adopted_pins)
             assert abs(m3["error"]) <= 0.05 and m3["pacer_drops"] == 0
         finally:
             assert second.stop(signal.SIGTERM) == 0, second.log_tail()
