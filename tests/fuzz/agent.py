@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from tests.fuzz.harness import EDITS, Crash, Surface, mutate
 
 ALLOWED = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED}
-RPC_TIMEOUT_S = 1.5  # under the harness's hang limit: a late answer is a hang
+RPC_TIMEOUT_S = 10.0  # under the harness's wall-time limit: an answer later than this is a hang
 
 
 def available() -> str | None:
