@@ -111,6 +111,14 @@ class SwitchCollector:
             occ.add_metric([self.name, str(port)], pq.total()[1])
             qdrop.add_metric([self.name, str(port)], pq.dropped)
         yield from (rx, tx, drops, occ, qdrop)
+        if self.dataplane is not None:
+            running = GaugeMetricFamily("xingmai_switch_dataplane_running",
+                                        "1 while the packet loop runs", labels=lbl)
+            running.add_metric([self.name], float(self.dataplane.running))
+            errors = CounterMetricFamily("xingmai_switch_dataplane_errors",
+                                         "errors the packet loop survived", labels=lbl)
+            errors.add_metric([self.name], self.dataplane.loop_errors)
+            yield from (running, errors)
 
 
 def metrics_registry(switch: V1Switch, dataplane: Dataplane | None, name: str) -> CollectorRegistry:

@@ -28,6 +28,7 @@ from typing import Any
 from controller.nic.agent import netdev
 from controller.nic.agent.pacer import (
     DEFAULT_MINOR,
+    MIN_RATE_BPS,
     EdtPacer,
     HtbPacer,
     PacingMode,
@@ -515,8 +516,9 @@ class Agent:
         """All or nothing: every cap is checked before the first is applied."""
         self._count("SetCaps")
         for key, cap in caps:
-            if cap <= 0:
-                raise ValueError(f"cap of {key} must be positive")
+            if cap < MIN_RATE_BPS:
+                raise ValueError(f"cap of {key} must be at least {MIN_RATE_BPS} b/s (the "
+                                 "slowest the pacer paces)")
         with self.lock:
             self._admit([k for k, _ in caps])
             for key, cap in caps:
