@@ -1,0 +1,122 @@
+"""The simulated twin's speed: leaf-spine fabrics of 8 to 128 hosts at both speeds.
+
+Each point is one twin run in a process of its own (so its peak memory is its own): every host
+sends `per_host` bytes to the host half the fabric away (crossing the spines), all at once,
+under TiTa, until all complete. Figures: wall time per simulated second, events per wall
+second, packet-hops per wall second (a packet crossing one switch: the switches' received
+frames), and the process's peak RSS. One core: the twin is one thread.
+
+`allreduce64` times the ring all-reduce of 16 MiB per rank over 64 hosts at 400G (scale 1),
+the issue's goal (under 5 minutes); it runs only without --quick.
+
+ns-3 (the `ns3` wheel, the optional `bench` extra) runs side by side when it is installed:
+an equivalent UDP load (every host sends to the host half the fabric away, 4 KB datagrams at
+the line rate) over an equivalent point-to-point leaf-spine, as packet-hops per wall second.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import multiprocessing
+import resource
+import time
+from typing import Any
+
+FABRICS = {8: (2, 2, 4), 16: (4, 2, 4), 32: (4, 2, 8), 64: (8, 4, 8), 128: (8, 4, 16)}
+
+
+def _point(hosts: int, scale: float, per_host: int) -> dict[str, Any]:
+    from controller.ratelaw import Law
+    from testbed.model import Scaling
+    from testbed.scenarios import tita_window, transport_settings
+    from testbed.sim.fabric import SimFabric
+    from testbed.topo import leafspine
+    from testbed.traffic.generators import Flow
+
+    spec = leafspine(*FABRICS[hosts])
+    s = Scaling(scale=scale, max_hops=spec.longest_path_switches())
+    t_build = time.perf_counter()
+    fab = SimFabric(spec, s)
+    build_s = time.perf_counter() - t_build
+    t_rtt = s.base_rtt_s
+    fab.set_law(Law.TITA, round(t_rtt * 1e9))
+    n = len(spec.hosts)
+    flows = [Flow(id=i, src=i, dst=(i + n // 2) % n, size=per_host, start=0.0)
+             for i in range(n)]
+    job = {"kind": "flows", "flows": [f.as_dict() for f in flows], "verify": False,
+           "transport": transport_settings(s, tita_window(s, t_rtt)), "timeout": 1e4}
+    ev0, sim0 = fab.loop.events, fab.loop.now
+    t0 = time.perf_counter()
+    out = fab.run_job(fab.traffic_hosts(), job)
+    wall = time.perf_counter() - t0
+    events = fab.loop.events - ev0
+    sim_s = fab.loop.now - sim0
+    hops = sum(c.rx_packets for c in fab.port_counters().values())
+    done = sum(1 for r in out.results for f in r["sent"] if f["done"])
+    return {"hosts": n, "switches": len(spec.switches), "scale": scale,
+            "per_host_bytes": per_host, "flows_done": done, "flows": n,
+            "build_s": round(build_s, 2), "wall_s": round(wall, 2),
+            "simulated_s": sim_s, "wall_per_simulated_s": round(wall / sim_s, 1),
+            "events": events, "events_per_s": round(events / wall),
+            "packet_hops": hops, "packet_hops_per_s": round(hops / wall),
+            "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+
+
+def _allreduce64() -> dict[str, Any]:
+    from controller.ratelaw import Law
+    from testbed.model import Scaling
+    from testbed.scenarios import tita_window, transport_settings
+    from testbed.sim.fabric import SimFabric
+    from testbed.topo import leafspine
+
+    spec = leafspine(*FABRICS[64])
+    s = Scaling(scale=1, max_hops=spec.longest_path_switches())
+    fab = SimFabric(spec, s)
+    fab.set_law(Law.TITA, round(s.base_rtt_s * 1e9))
+    job = {"kind": "allreduce", "size": 16 << 20, "chunk": 1 << 20, "iters": 1, "seed": 1,
+           "transport": transport_settings(s, tita_window(s, s.base_rtt_s)), "timeout": 10.0}
+    t0 = time.perf_counter()
+    out = fab.run_job(fab.traffic_hosts(), job)
+    wall = time.perf_counter() - t0
+    t_coll = max(r["times"][0] for r in out.results)
+    n = len(spec.hosts)
+    busbw = (16 << 20) / t_coll * 2 * (n - 1) / n * 8
+    return {"hosts": n, "bytes_per_rank": 16 << 20, "correct": all(r["ok"] for r in out.results),
+            "simulated_s": t_coll, "busbw_gbps": round(busbw / 1e9, 1),
+            "wall_s": round(wall, 1), "events": fab.loop.events,
+            "goal_s": 300, "within_goal": wall < 300,
+            "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+
+
+def _in_child(fn: Any, *args: Any) -> dict[str, Any]:
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=ctx) as ex:
+        result: dict[str, Any] = ex.submit(fn, *args).result()
+        return result
+
+
+def _ns3_point(hosts: int) -> dict[str, Any] | None:
+    """ns-3's packet-hops per wall second on the equivalent load, None when not installed."""
+    try:
+        from testbed.benchmarks import ns3_load
+    except ImportError:
+        return None
+    return ns3_load.run(FABRICS[hosts])
+
+
+def run(quick: bool) -> dict[str, Any]:
+    sizes = (8, 16) if quick else (8, 16, 32, 64, 128)
+    per_host = 64 << 10 if quick else 256 << 10
+    points = []
+    for scale in (1.0, 20_000.0):
+        for hosts in sizes:
+            points.append(_in_child(_point, hosts, scale, per_host))
+    out: dict[str, Any] = {"points": points}
+    try:
+        ns3 = [p for h in sizes if (p := _in_child(_ns3_point, h)) is not None]
+        out["ns3"] = ns3 or "ns3 not installed (pip install '.[bench]')"
+    except Exception as exc:  # ns-3 is optional: its failure does not lose the twin's figures
+        out["ns3"] = f"failed: {type(exc).__name__}: {exc}"
+    if not quick:
+        out["allreduce64"] = _in_child(_allreduce64)
+    return out
