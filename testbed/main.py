@@ -68,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     sweep_parser(sub)
     compare = sub.add_parser("compare", help="two or more runs side by side, with ratios")
     compare.add_argument("runs", nargs="+", type=Path, help="run dirs (or results.json files)")
+    compare.add_argument("--median", action="store_true",
+                         help="the runs after the first are repeats: compare the first with "
+                              "their median and show their min-max")
     cli = sub.add_parser("cli", help="Mininet's CLI on the booted network")
     _common(cli)
     sub.add_parser("doctor", help="check the prerequisites")
@@ -168,7 +171,7 @@ def cmd_cli(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from testbed.report import compare
 
-    print(compare(args.runs))
+    print(compare(args.runs, median=args.median))
     return 0
 
 

@@ -13,6 +13,7 @@ Columns (per scenario and scheme; emulated units, bytes are not scaled):
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -149,9 +150,10 @@ def load_results(path: Path) -> dict[str, Any]:
     return doc
 
 
-def compare(paths: list[Path]) -> str:
+def compare(paths: list[Path], median: bool = False) -> str:
     """Two or more runs side by side: every (scenario, scheme) they share and every metric,
-    with each run's ratio to the first."""
+    with each run's ratio to the first. With `median`, the runs after the first are repeats
+    of one experiment: the first is compared with their median, and their min-max is shown."""
     if len(paths) < 2:
         raise ValueError("compare needs at least two runs")
     docs = [load_results(p) for p in paths]
@@ -164,13 +166,29 @@ def compare(paths: list[Path]) -> str:
     by = [{(r["scenario"], r["scheme"]): r for r in d["runs"]} for d in docs]
     cells = [k for k in by[0] if all(k in b for b in by[1:])]
     cells.sort(key=lambda k: (_order(k[0]), _order(k[1])))
-    head = f"{'scenario':<10} {'scheme':<6} {'metric':<12} " + " ".join(
-        f"{n:>10}" for n in names) + " " + " ".join(f"{n + '/A':>6}" for n in names[1:])
+    if median:
+        rest = f"{names[1]}..{names[-1]}"
+        head = (f"{'scenario':<10} {'scheme':<6} {'metric':<12} {'A':>10} "
+                f"{'median ' + rest:>14} {'min-max ' + rest:>22} {'A/median':>8}")
+    else:
+        head = f"{'scenario':<10} {'scheme':<6} {'metric':<12} " + " ".join(
+            f"{n:>10}" for n in names) + " " + " ".join(f"{n + '/A':>6}" for n in names[1:])
     lines += ["", head, "-" * len(head)]
     for scenario, scheme in cells:
         for label, key, k in COMPARED:
             vals = [b[(scenario, scheme)].get(key) for b in by]
             if all(v is None for v in vals):
+                continue
+            if median:
+                reps = sorted(v * k for v in vals[1:] if v is not None)
+                a = None if vals[0] is None else vals[0] * k
+                med = statistics.median(reps) if reps else None
+                rng = f"{reps[0]:.4g}-{reps[-1]:.4g}" if reps else "-"
+                ratio = f"{a / med:.2f}" if a is not None and med else "-"
+                lines.append(f"{scenario:<10} {scheme:<6} {label:<12} "
+                             f"{'-' if a is None else f'{a:.4g}':>10} "
+                             f"{'-' if med is None else f'{med:.4g}':>14} {rng:>22} "
+                             f"{ratio:>8}")
                 continue
             shown = " ".join(f"{'-':>10}" if v is None else f"{v * k:>10.4g}" for v in vals)
             ratios = " ".join(

@@ -300,13 +300,19 @@ class SimFabric:
         timeout_ns = round(float(spec.setdefault("timeout", 60.0)) * 1e9)
         sims = [self.hosts[h.name] for h in hosts]
         t0 = self.loop.now_ns + 1000
+        left = [len(sims)]
+
+        def one_done() -> None:
+            left[0] -= 1
+
         for i, h in enumerate(sims):
+            h.on_done = one_done
             tcfg = TransportConfig(local_ip=h.ip, **spec.get("transport", {}))
             core = TransportCore(tcfg, seed=int(spec.get("seed", 1)) * 7919 + i)
             job = JOBS[spec["kind"]](core, spec, i)
             h.start_job(core, job, t0)
         finished = self.loop.run(until_ns=t0 + timeout_ns,
-                                 stop=lambda: all(h.done for h in sims))
+                                 stop=lambda: left[0] == 0)
         if not finished:
             for h in sims:
                 if not h.done and h.job is not None:

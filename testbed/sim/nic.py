@@ -133,6 +133,7 @@ class SimHost:
         self.job: Job | None = None
         self.done = True
         self.result: dict[str, Any] | None = None
+        self.on_done: Callable[[], None] = lambda: None  # the job's part is done
         self.busy_until = 0
         self._kick_at: int | None = None
         self._timer_at: int | None = None
@@ -170,6 +171,7 @@ class SimHost:
         if not self.done and job.poll(now):
             self.done = True
             self.result = job.result(now)
+            self.on_done()
         self._request_kick(self.loop.now_ns)
         wake = core.next_deadline()
         if not self.done and job.next_wake < (wake if wake is not None else float("inf")):
