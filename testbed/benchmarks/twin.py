@@ -17,6 +17,7 @@ the line rate) over an equivalent point-to-point leaf-spine, as packet-hops per 
 from __future__ import annotations
 
 import concurrent.futures
+import importlib
 import multiprocessing
 import resource
 import time
@@ -26,7 +27,7 @@ FABRICS = {8: (2, 2, 4), 16: (4, 2, 4), 32: (4, 2, 8), 64: (8, 4, 8), 128: (8, 4
 
 
 def _point(hosts: int, scale: float, per_host: int) -> dict[str, Any]:
-    from controller.ratelaw import Law
+    from controller.nic.ratelaw import Law
     from testbed.model import Scaling
     from testbed.scenarios import tita_window, transport_settings
     from testbed.sim.fabric import SimFabric
@@ -63,7 +64,7 @@ def _point(hosts: int, scale: float, per_host: int) -> dict[str, Any]:
 
 
 def _allreduce64() -> dict[str, Any]:
-    from controller.ratelaw import Law
+    from controller.nic.ratelaw import Law
     from testbed.model import Scaling
     from testbed.scenarios import tita_window, transport_settings
     from testbed.sim.fabric import SimFabric
@@ -98,10 +99,11 @@ def _in_child(fn: Any, *args: Any) -> dict[str, Any]:
 def _ns3_point(hosts: int) -> dict[str, Any] | None:
     """ns-3's packet-hops per wall second on the equivalent load, None when not installed."""
     try:
-        from testbed.benchmarks import ns3_load
-    except ImportError:
+        mod = importlib.import_module("testbed.benchmarks.ns3_load")
+    except ImportError:  # the ns3 wheel (or its module here) is not installed
         return None
-    return ns3_load.run(FABRICS[hosts])
+    result: dict[str, Any] = mod.run(FABRICS[hosts])
+    return result
 
 
 def run(quick: bool) -> dict[str, Any]:
