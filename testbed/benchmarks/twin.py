@@ -9,16 +9,11 @@ the process's peak RSS. One core: the twin is one thread.
 
 `allreduce64` times the ring all-reduce of 16 MiB per rank over 64 hosts at 400G (scale 1),
 the issue's goal (under 5 minutes); it runs only without --quick.
-
-ns-3 (the `ns3` wheel, the optional `bench` extra) runs side by side when it is installed:
-an equivalent UDP load (every host sends to the host half the fabric away, 4 KB datagrams at
-the line rate) over an equivalent point-to-point leaf-spine, as packet-hops per wall second.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import importlib
 import multiprocessing
 import resource
 import time
@@ -98,16 +93,6 @@ def _in_child(fn: Any, *args: Any) -> dict[str, Any]:
         return result
 
 
-def _ns3_point(hosts: int) -> dict[str, Any] | None:
-    """ns-3's packet-hops per wall second on the equivalent load, None when not installed."""
-    try:
-        mod = importlib.import_module("testbed.benchmarks.ns3_load")
-    except ImportError:  # the ns3 wheel (or its module here) is not installed
-        return None
-    result: dict[str, Any] = mod.run(FABRICS[hosts])
-    return result
-
-
 def run(quick: bool) -> dict[str, Any]:
     sizes = (8, 16) if quick else (8, 16, 32, 64, 128)
     per_host = 64 << 10 if quick else 256 << 10
@@ -116,11 +101,6 @@ def run(quick: bool) -> dict[str, Any]:
         for hosts in sizes:
             points.append(_in_child(_point, hosts, scale, per_host))
     out: dict[str, Any] = {"points": points}
-    try:
-        ns3 = [p for h in sizes if (p := _in_child(_ns3_point, h)) is not None]
-        out["ns3"] = ns3 or "ns3 not installed (pip install '.[bench]')"
-    except Exception as exc:  # ns-3 is optional: its failure does not lose the twin's figures
-        out["ns3"] = f"failed: {type(exc).__name__}: {exc}"
     if not quick:
         out["allreduce64"] = _in_child(_allreduce64)
     return out
