@@ -181,3 +181,15 @@ def test_sweep_on_a_local_dask_cluster(tmp_path: Path,
     assert small["seeds"] == big["seeds"] == 2
     assert small["time ms"][0] < big["time ms"][0]  # twice the bytes take longer
     assert "50000" in capsys.readouterr().out
+
+
+def test_link_serializes_delays_and_drops_over_mtu() -> None:
+    from testbed.sim.fabric import Wire
+
+    loop = EventLoop()
+    got: list[tuple[int, int]] = []
+    wire = Wire(loop, 8e9, 100, 1000, lambda f: got.append((loop.now_ns, len(f))))
+    assert wire.send(bytes(1014), 0)  # 1014 B at 8 Gb/s: 1014 ns, then 100 ns
+    assert not wire.send(bytes(1015), 0) and wire.too_big == 1
+    loop.run()
+    assert got == [(1114, 1014)]

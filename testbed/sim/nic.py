@@ -113,7 +113,7 @@ class SimHost:
 
     def __init__(self, loop: EventLoop, name: str, ip: str, mac: str, gateway_mac: str,
                  line_rate_bps: float, hop_speed: HopSpeed,
-                 send: Callable[[bytes, int], None], int_source: IntSource,
+                 send: Callable[[bytes, int], bool], int_source: IntSource,
                  links: dict[tuple[int, int], str]):
         self.loop = loop
         self.name = name
@@ -123,7 +123,7 @@ class SimHost:
             bytes.fromhex(mac.replace(":", "")) + ETH_IPV4
         self.line_rate_bps = int(line_rate_bps)
         self.ns_per_byte = 8e9 / line_rate_bps
-        self.send = send  # (frame, departure ns) -> the link towards the switch
+        self.send = send  # (frame, departure ns) -> sent? (the link towards the switch)
         self.int_source = int_source
         self.links = links
         self.nic = ReferenceNic(self.line_rate_bps,
@@ -140,6 +140,7 @@ class SimHost:
         self.capture: Capture | None = None
         self.rate_events: list[RateEvent] | None = None
         self.rx_dropped = 0  # frames that are not for this host's transport
+        self.tx_too_big = 0
 
     # ---- control ----
 
@@ -256,7 +257,8 @@ class SimHost:
             rate = f.rate_bps or self.line_rate_bps
             f.next_ns = max(f.next_ns, now_ns) + int(paced_len * 8e9 / rate)
         self.busy_until = now_ns + int(paced_len * self.ns_per_byte)
-        self.send(frame, now_ns)
+        if not self.send(frame, now_ns):
+            self.tx_too_big += 1  # over the link's MTU: lost, as the kernel would refuse it
 
     # ---- receiving ----
 
