@@ -84,11 +84,19 @@ def verdict(records: list[RunRecord]) -> list[str]:
         failed = [k for k, v in checks.items() if not v]
         line = (f"{scenario}: TiTa vs DCQCN p99 queue {t.queue_p99_bytes / 1e3:.1f} vs "
                 f"{d.queue_p99_bytes / 1e3:.1f} KB, drops {t.drops} vs {d.drops}, time "
-                f"{t.completion_s:.2f} vs {d.completion_s:.2f} s: ")
+                f"{_secs(t.completion_s, d.completion_s)}: ")
         line += "all hold" if not failed else (
             f"{', '.join(held) or 'none'} hold; NOT {', '.join(failed)}")
         out.append(line)
     return out
+
+
+def _secs(a: float, b: float) -> str:
+    """Two times in the unit the larger calls for (s at the emulation's scale, the model's
+    microseconds at its own speed)."""
+    m = max(a, b)
+    k, unit = (1.0, "s") if m >= 1 else (1e3, "ms") if m >= 1e-3 else (1e6, "us")
+    return f"{a * k:.2f} vs {b * k:.2f} {unit}"
 
 
 def results_doc(records: list[RunRecord], setup: dict[str, Any],
