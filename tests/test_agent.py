@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import time
@@ -22,7 +21,6 @@ from testbed.emu.nicrig import AgentProcess, NetnsPair, measure_udp_pacing
 
 root = [
     pytest.mark.root,
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (namespaces, eBPF)"),
 ]
 
 
@@ -47,7 +45,6 @@ def _tc(netns: str, *args: str) -> str:
 @pytest.mark.parametrize("_", [0], ids=["lifecycle"])
 @pytest.mark.slow
 @pytest.mark.root
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (namespaces, eBPF)")
 def test_agent_api_and_clean_shutdown(_: int) -> None:
     with NetnsPair.create() as pair:
         agent = AgentProcess(pair.a, pair.dev_a, 100_000_000).start()
@@ -117,7 +114,6 @@ def test_agent_api_and_clean_shutdown(_: int) -> None:
 
 @pytest.mark.slow
 @pytest.mark.root
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (namespaces, eBPF)")
 def test_sigkill_keeps_pacing_and_restart_adopts_pins() -> None:
     with NetnsPair.create() as pair:
         first = AgentProcess(pair.a, pair.dev_a, 1_000_000_000, extra=("--no-int",)).start()

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -32,7 +31,7 @@ import yaml
 
 from controller.proto import controller_pb2 as pb
 from controller.proto import controller_pb2_grpc as pb_grpc
-from tests.test_controller_rig import (
+from tests.controller_rig import (
     BMV2_JSON,
     P4INFO,
     Fabric,
@@ -45,7 +44,6 @@ from tests.test_controller_rig import (
 pytestmark = [
     pytest.mark.root,
     pytest.mark.slow,
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (namespaces, veths, raw sockets)"),
     pytest.mark.skipif(not P4INFO.exists(), reason=f"{P4INFO} not built (make p4)"),
 ]
 

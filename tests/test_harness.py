@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -40,7 +39,6 @@ def test_craft_writes_a_pcap_that_decodes_back(tmp_path: Path, capsys) -> None: 
 
 
 @pytest.mark.root
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root for network namespaces")
 def test_send_and_capture_against_a_transport(tmp_path: Path) -> None:
     from tests.test_transport import QPN, _finish, _start_responder
 

@@ -9,7 +9,6 @@ CC state's last_fb_ns).
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import replace
 
@@ -26,7 +25,6 @@ from testbed.packets.roce import AETH, BTH, CNP
 
 pytestmark = [
     pytest.mark.root,
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (eBPF programs, bpffs)"),
 ]
 
 XDP_PASS = 2

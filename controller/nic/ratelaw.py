@@ -143,9 +143,7 @@ class CcParams:
     dcqcn: DcqcnParams
 
     @classmethod
-    def defaults(
-        cls, law: Law, line_rate_bps: int, base_rtt_ns: int = 100_000
-    ) -> CcParams:
+    def defaults(cls, law: Law, line_rate_bps: int, base_rtt_ns: int = 100_000) -> CcParams:
         return cls(
             law=law,
             min_rate_bps=max(1, line_rate_bps // 1000),
@@ -615,7 +613,12 @@ class ReferenceNic:
                     )
         else:
             dcqcn_on_feedback(
-                cc, prm, is_cnp=fb.is_cnp, tx_bytes=tx_bytes, now_ns=now_ns, ceil_bps=ceil,
+                cc,
+                prm,
+                is_cnp=fb.is_cnp,
+                tx_bytes=tx_bytes,
+                now_ns=now_ns,
+                ceil_bps=ceil,
                 weight=weight or 1,
             )
         cc.last_fb_ns = now_ns
