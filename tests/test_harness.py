@@ -50,7 +50,9 @@ def test_send_and_capture_against_a_transport(tmp_path: Path) -> None:
             text=True,
             check=True,
         ).stdout.split()[2]
-        proc = _start_responder(b, a, 3.0)
+        # the responder must outlive the harness's start (Python + scapy: 4 s of wall time
+        # measured on a loaded 2-core machine, where 3 s lost the packet)
+        proc = _start_responder(b, a, 10.0)
         out = tmp_path / "reply.pcap"
         cli = subprocess.run(
             [
