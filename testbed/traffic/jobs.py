@@ -51,7 +51,8 @@ class QpHost(Protocol):
     @property
     def qps(self) -> dict[int, QueuePair]: ...
 
-    def create_qp(self, qpn: int, peer_ip: str, remote_qpn: int) -> QueuePair: ...
+    def create_qp(self, qpn: int, peer_ip: str, remote_qpn: int, *,
+                  local_ip: str | None = None) -> QueuePair: ...
 
 
 def _peer_qp(t: QpHost, me: int, peer: int, slot: int, hosts: list[dict[str, Any]]) -> QueuePair:
@@ -339,9 +340,28 @@ class LongLivedJob:
         }
 
 
-Job = FlowsJob | AllReduceJob | LongLivedJob
+class Job(Protocol):
+    """What the engines drive (see the module's docstring)."""
+
+    def __init__(self, t: QpHost, spec: dict[str, Any], me: int) -> None: ...
+
+    @property
+    def next_wake(self) -> float: ...
+
+    def start(self, t0: float) -> None: ...
+
+    def poll(self, now: float) -> bool: ...
+
+    def result(self, now: float) -> dict[str, Any]: ...
+
+
 JOBS: dict[str, type[Job]] = {
     "flows": FlowsJob,
     "allreduce": AllReduceJob,
     "longlived": LongLivedJob,
 }
+
+# The collective library's jobs (communicators, concurrent jobs) build on the classes above.
+from testbed.collective.job import COLLECTIVE_JOBS  # noqa: E402
+
+JOBS.update(COLLECTIVE_JOBS)
