@@ -4,7 +4,7 @@ result, as testbed.traffic.jobs) that both engines run, the emulation's workers 
 The communicator is the run's hosts listed in `ranks` (all of them by default), each with K
 channels: channel c is NIC c (`nic_ips[host][c]`, rail c on the rail topology; hosts with one
 NIC run all channels on it, as NCCL runs several channels per NIC). There is one queue pair
-per channel and peer, QPN slot `slot + c` (testbed.traffic.jobs.qpn), so jobs sharing hosts
+per channel and peer, QPN slot `slot + c` (testbed.traffic.queue_pairs), so jobs sharing hosts
 take different slots.
 
 Each rank runs the plan (testbed.collective.plan) as dataflow: a transfer is ready once its
@@ -36,13 +36,16 @@ import math
 import struct
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from testbed.collective.plan import ELEM, Op, PlanSpec, Transfer, bus_factor, build, segments
-from testbed.traffic.jobs import QP_SLOTS, QpHost, qpn
+from testbed.collective.plan import ELEM, Op, PlanSpec, Transfer, build, bus_factor, segments
+from testbed.traffic.queue_pairs import QP_SLOTS, QpHost, qpn
 from testbed.traffic.transport_core import QueuePair, SendOp
+
+if TYPE_CHECKING:
+    from testbed.traffic.jobs import Job
 
 HEADER = struct.Struct("!II")  # iteration, transfer id
 RATE_EWMA = 0.5  # weight of the newest sample in a channel's rate
@@ -196,12 +199,7 @@ class CollectiveJob:
         if coll in ("allreduce", "reducescatter"):
             total = sum((self._inputs(it, r) for r in range(n)),
                         np.zeros(self.count, dtype=np.float32))
-            if coll == "allreduce":
-                return total
-            out = np.zeros(self.count, dtype=np.float32)
-            lo, hi = segments(0, self.count, n)[self.me]
-            out[lo:hi] = total[lo:hi]
-            return out
+            return total  # reducescatter: only this rank's segment is checked
         out = np.zeros(self.count, dtype=np.float32)
         if coll == "allgather":
             for r, (lo, hi) in enumerate(segments(0, self.count, n)):
@@ -284,7 +282,10 @@ class CollectiveJob:
                 self.early.append((it, x, data))
 
     def _end_collective(self, now: float) -> None:
-        err = float(np.max(np.abs(self.buf - self.expected))) if self.count else 0.0
+        lo, hi = 0, self.count
+        if self.cfg.collective == "reducescatter":  # the rest holds partial sums
+            lo, hi = segments(0, self.count, self.n)[self.me]
+        err = float(np.max(np.abs(self.buf[lo:hi] - self.expected[lo:hi]), initial=0.0))
         self.max_err = max(self.max_err, err)
         self.ok = self.ok and err == 0.0
         start, _ = self.coll[-1]
@@ -381,11 +382,11 @@ class CollectiveJob:
         for queue in self.ready.values():
             while queue:
                 x = queue[0][1]
-                ch = self._pick(x)
-                if ch is None:
+                picked = self._pick(x)
+                if picked is None:
                     break
                 heapq.heappop(queue)
-                self._send(ch, x, now)
+                self._send(picked, x, now)
 
     def _complete(self, ch: Channel, now: float) -> None:
         while ch.inflight and ch.inflight[0][0].done:
@@ -514,4 +515,4 @@ def _has_host(spec: dict[str, Any], me: int) -> bool:
     return True
 
 
-COLLECTIVE_JOBS = {"collective": CollectiveJob, "jobs": MultiJob}
+COLLECTIVE_JOBS: dict[str, type[Job]] = {"collective": CollectiveJob, "jobs": MultiJob}

@@ -9,8 +9,7 @@ them: the socket worker (testbed.traffic.worker, times on CLOCK_MONOTONIC, share
 namespaces) and the simulated twin (virtual time). Times in results are seconds relative to
 the start time.
 
-Queue pair numbering: the QP of host i towards host j in slot k has QPN `qpn(j, k)` on host i
-and `qpn(i, k)` on host j, so both ends know each other's QPN without a handshake.
+Queue pairs are numbered as testbed.traffic.queue_pairs says (no handshake needed).
 """
 
 from __future__ import annotations
@@ -22,17 +21,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from testbed.collective.job import COLLECTIVE_JOBS
 from testbed.traffic.generators import Flow
+from testbed.traffic.queue_pairs import QpHost, qpn
 from testbed.traffic.transport_core import QueuePair, SendOp
 
-QP_SLOTS = 64
 _PATTERN_PERIOD = 4093  # prime, so a packet landing at the wrong offset never matches
-
-
-def qpn(peer: int, slot: int) -> int:
-    if not 0 <= slot < QP_SLOTS:
-        raise ValueError(f"slot {slot} out of range")
-    return 1 + peer * QP_SLOTS + slot
 
 
 def payload(key: int, size: int) -> bytes:
@@ -43,16 +37,6 @@ def payload(key: int, size: int) -> bytes:
 
 def digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-class QpHost(Protocol):
-    """What a job needs of its host's transport (TransportCore or the socket Transport)."""
-
-    @property
-    def qps(self) -> dict[int, QueuePair]: ...
-
-    def create_qp(self, qpn: int, peer_ip: str, remote_qpn: int, *,
-                  local_ip: str | None = None) -> QueuePair: ...
 
 
 def _peer_qp(t: QpHost, me: int, peer: int, slot: int, hosts: list[dict[str, Any]]) -> QueuePair:
@@ -360,8 +344,4 @@ JOBS: dict[str, type[Job]] = {
     "allreduce": AllReduceJob,
     "longlived": LongLivedJob,
 }
-
-# The collective library's jobs (communicators, concurrent jobs) build on the classes above.
-from testbed.collective.job import COLLECTIVE_JOBS  # noqa: E402
-
-JOBS.update(COLLECTIVE_JOBS)
+JOBS.update(COLLECTIVE_JOBS)  # the collective library's (testbed.collective.job)
