@@ -13,7 +13,14 @@ import pytest
 
 from testbed.collective import plan
 from testbed.collective.metrics import parse_sizes, summarize
-from testbed.collective.run import collective, concurrent, degraded_rail, load_jobs, parse_job
+from testbed.collective.run import (
+    CollFabric,
+    collective,
+    concurrent,
+    degraded_rail,
+    load_jobs,
+    parse_job,
+)
 from testbed.model import Scaling
 from testbed.scenarios import SuiteConfig, scheme_params
 from testbed.sim.fabric import SimFabric
@@ -23,34 +30,35 @@ from testbed.topo import rail
 CASES = [(c, a) for c, algs in plan.SUPPORTED.items() for a in algs]
 
 
-def _suite(nics: int, hosts: int) -> SimSuite:
+def _fabric(nics: int, hosts: int) -> CollFabric:
+    """The twin at the model's speed, TiTa on every NIC."""
     spec = rail(nics, hosts, 1)
     fab = SimFabric(spec, Scaling(scale=1.0, max_hops=spec.longest_path_switches()))
     suite = SimSuite(fab, SuiteConfig())
     suite.prepare()
     suite._set_policy("tita", scheme_params("tita", suite.tita_t_s))
-    return suite
+    return suite.collective_fabric("tita")
 
 
 @pytest.fixture(scope="module")
-def rail3() -> SimSuite:
+def rail3() -> CollFabric:
     """Three hosts (not a power of two) with two NICs each."""
-    return _suite(2, 3)
+    return _fabric(2, 3)
 
 
 @pytest.mark.parametrize(("coll", "alg"), CASES)
 @pytest.mark.parametrize("schedule", ["static", "adaptive"])
-def test_every_algorithm_sums_right_on_every_rank(rail3: SimSuite, coll: str, alg: str,
+def test_every_algorithm_sums_right_on_every_rank(rail3: CollFabric, coll: str, alg: str,
                                                   schedule: str) -> None:
     # an odd element count, several messages per channel, two iterations
-    r = collective(rail3, "tita", collective=coll, algorithm=alg, size=4 * 3001,
+    r = collective(rail3, collective=coll, algorithm=alg, size=4 * 3001,
                    chunk=2048, schedule=schedule, iters=2)
     assert r["correct"] and r["wrong_ranks"] == 0
     assert all(b > 0 for b in r["channel_bytes"]), "both rails carry the collective"
     assert r["iterations"] == 2 and r["busbw_Bps"] > 0
 
 
-def test_a_wrong_plan_is_caught(rail3: SimSuite, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_wrong_plan_is_caught(rail3: CollFabric, monkeypatch: pytest.MonkeyPatch) -> None:
     real = plan.build
 
     def wrong(spec: plan.PlanSpec) -> list[plan.Transfer]:
@@ -60,7 +68,7 @@ def test_a_wrong_plan_is_caught(rail3: SimSuite, monkeypatch: pytest.MonkeyPatch
         return out
 
     monkeypatch.setattr("testbed.collective.job.build", wrong)
-    r = collective(rail3, "tita", collective="allreduce", algorithm="ring", size=4096,
+    r = collective(rail3, collective="allreduce", algorithm="ring", size=4096,
                    chunk=1024)
     assert not r["correct"] and r["wrong_ranks"] >= 1
 
@@ -125,14 +133,14 @@ def test_scenario_file_errors_name_the_job(tmp_path: Path) -> None:
 
 
 def test_concurrent_jobs_each_correct_with_slowdown() -> None:
-    suite = _suite(2, 4)
+    fab = _fabric(2, 4)
     decls = [parse_job({"name": "dp", "hosts": "0-1", "collective": "allreduce",
                         "size": "64K", "iters": 2, "compute": 5e-6}, 4, "dp"),
              parse_job({"name": "moe", "hosts": [2, 3], "collective": "alltoall",
                         "size": "64K", "iters": 2}, 4, "moe"),
              parse_job({"name": "bg", "kind": "websearch", "hosts": "0-3", "load": 0.2,
                         "seconds": 20e-6}, 4, "bg")]
-    res = concurrent(suite, "tita", decls)
+    res = concurrent(fab, decls)
     rows = {r["name"]: r for r in res["jobs"]}
     assert all(r["correct"] for r in rows.values())
     dp = rows["dp"]
@@ -144,8 +152,8 @@ def test_concurrent_jobs_each_correct_with_slowdown() -> None:
 def test_adaptive_channels_ride_out_a_degraded_rail() -> None:
     """One rail's port into host 1 at a quarter rate: the static split runs at the slow
     rail's pace, the adaptive schedule moves chunks to the healthy rail."""
-    suite = _suite(2, 4)
-    d = degraded_rail(suite, "tita", "rail2", 2, 0.25, collective="allreduce",
+    fab = _fabric(2, 4)
+    d = degraded_rail(fab, "rail2", 2, 0.25, collective="allreduce",
                       algorithm="ring", size=512 << 10, chunk=32 << 10, iters=2, warmup=1)
     assert d["healthy"]["correct"] and d["static"]["correct"] and d["adaptive"]["correct"]
     assert d["adaptive_ratio"] >= d["goal"]

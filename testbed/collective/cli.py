@@ -102,10 +102,10 @@ def open_suite(args: argparse.Namespace) -> Iterator[Any]:
         suite: Any = SimSuite(fab, cfg, _say)
         suite.prepare()
         suite._set_policy(args.scheme, scheme_params(args.scheme, suite.tita_t_s))
-        yield suite
+        yield suite, suite.collective_fabric(args.scheme)
         return
     from testbed.ctlconfig import Ecn
-    from testbed.network import Testbed, TestbedOptions, install_signal_handlers
+    from testbed.emu.network import Testbed, TestbedOptions, install_signal_handlers
     from testbed.scenarios import Suite
 
     install_signal_handlers()
@@ -116,7 +116,7 @@ def open_suite(args: argparse.Namespace) -> Iterator[Any]:
         with Suite(tb, cfg) as esuite:
             esuite.prepare()
             esuite._set_policy(args.scheme, scheme_params(args.scheme, esuite.tita_t_s))
-            yield esuite
+            yield esuite, esuite.collective_fabric(args.scheme)
 
 
 def _params(args: argparse.Namespace) -> dict[str, Any]:
@@ -130,11 +130,9 @@ def _params(args: argparse.Namespace) -> dict[str, Any]:
     return p
 
 
-def _note(suite: Any, args: argparse.Namespace) -> str:
-    from testbed.collective.run import nics
-
-    s = suite.scaling
-    return (f"{suite.spec.name}, {len(suite.hosts)} hosts x {nics(suite)} NICs, "
+def _note(fab: Any, args: argparse.Namespace) -> str:
+    s = fab.scaling
+    return (f"{fab.topology}, {len(fab.hosts)} hosts x {fab.nics} NICs, "
             f"{'twin' if args.engine == 'sim' else 'emulation'} at 1/{s.scale:g} of the "
             f"model ({s.model.port_speed_gbps:g}G); scheme {args.scheme}; figures in the "
             "model's units")
@@ -147,18 +145,17 @@ def cmd_collective(args: argparse.Namespace) -> int:
     sizes = parse_sizes(args.sizes)
     algorithms = [a for a in args.algorithms.split(",") if a]
     out = _run_dir(args, "collective")
-    with open_suite(args) as suite:
+    with open_suite(args) as (_, fab):
         params = _params(args)
         warmup = args.warmup
-        rows = run.sweep(suite, args.scheme, sizes, algorithms, say=_say, warmup=warmup,
-                         **params)
-        note = _note(suite, args)
+        rows = run.sweep(fab, sizes, algorithms, say=_say, warmup=warmup, **params)
+        note = _note(fab, args)
         degraded = None
         if args.degrade:
             where, frac = args.degrade.split("=")
             sw, port = where.split(":")
             params.pop("schedule")
-            degraded = run.degraded_rail(suite, args.scheme, sw, int(port), float(frac),
+            degraded = run.degraded_rail(fab, sw, int(port), float(frac),
                                          algorithm=algorithms[0], size=max(sizes),
                                          warmup=warmup, **params)
     print(table(rows, note))
@@ -191,10 +188,10 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     from testbed.collective import run
 
     out = _run_dir(args, "jobs")
-    with open_suite(args) as suite:
-        decls = run.load_jobs(args.file, len(suite.hosts))
-        res = run.concurrent(suite, args.scheme, decls)
-        note = _note(suite, args)
+    with open_suite(args) as (_, fab):
+        decls = run.load_jobs(args.file, len(fab.hosts))
+        res = run.concurrent(fab, decls)
+        note = _note(fab, args)
     print(f"# {note}")
     print(run.jobs_table(res))
     (out / "jobs.json").write_text(json.dumps({"note": note, **res}, indent=1))
@@ -207,10 +204,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     out = _run_dir(args, "tune")
     cache = args.cache or REPO / "runs" / "tune-cache.json"
-    with open_suite(args) as suite:
-        res = tune.tune(suite, args.scheme, args.collective, parse_sizes(args.sizes),
-                        cache, say=_say)
-        note = _note(suite, args)
+    with open_suite(args) as (_, fab):
+        res = tune.tune(fab, args.collective, parse_sizes(args.sizes), cache, say=_say)
+        note = _note(fab, args)
     print(f"# {note}")
     print(tune.tune_table(res))
     (out / "tune.json").write_text(json.dumps({"note": note, **res}, indent=1))

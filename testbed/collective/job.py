@@ -31,6 +31,7 @@ float32, so every rank checks its result against the sums it computes itself.
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import math
 import struct
@@ -466,53 +467,8 @@ class CollectiveJob:
             "moved": self.moved,
             "transfers_out": len(self.outgoing),
             "unexpected": self.unexpected,
+            "checksum": hashlib.sha256(self.buf.tobytes()).hexdigest(),
         }
 
 
-class MultiJob:
-    """Several jobs at once on one run's hosts (a scenario file's concurrent jobs): this
-    host's part of each job in `spec["jobs"]` that has it."""
-
-    def __init__(self, t: QpHost, spec: dict[str, Any], me: int) -> None:
-        from testbed.traffic.jobs import JOBS
-
-        self.parts: list[tuple[int, Any]] = []
-        self.n_jobs = len(spec["jobs"])
-        for i, sub in enumerate(spec["jobs"]):
-            full = dict(sub, hosts=spec["hosts"], nic_ips=spec.get("nic_ips"))
-            if not _has_host(full, me):
-                continue
-            self.parts.append((i, JOBS[full["kind"]](t, full, me)))
-        self.done: set[int] = set()
-
-    def start(self, t0: float) -> None:
-        for _, job in self.parts:
-            job.start(t0)
-
-    @property
-    def next_wake(self) -> float:
-        wakes = [job.next_wake for i, job in self.parts if i not in self.done]
-        return min(wakes, default=math.inf)
-
-    def poll(self, now: float) -> bool:
-        for i, job in self.parts:
-            if i not in self.done and job.poll(now):
-                self.done.add(i)
-        return len(self.done) == len(self.parts)
-
-    def result(self, now: float) -> dict[str, Any]:
-        out: list[dict[str, Any] | None] = [None] * self.n_jobs
-        for i, job in self.parts:
-            out[i] = job.result(now)
-        return {"kind": "jobs", "jobs": out}
-
-
-def _has_host(spec: dict[str, Any], me: int) -> bool:
-    if spec["kind"] in ("collective", "jobs"):
-        return me in [int(h) for h in spec.get("ranks", range(len(spec["hosts"])))]
-    if "flows" in spec:
-        return any(f["src"] == me or f["dst"] == me for f in spec["flows"])
-    return True
-
-
-COLLECTIVE_JOBS: dict[str, type[Job]] = {"collective": CollectiveJob, "jobs": MultiJob}
+COLLECTIVE_JOBS: dict[str, type[Job]] = {"collective": CollectiveJob}

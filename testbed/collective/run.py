@@ -1,6 +1,8 @@
-"""The collective library's workloads on either engine, through a scenario suite
-(testbed.scenarios.SuiteBase: the emulation's Suite or the twin's SimSuite give the hosts,
-the runner, the scheme and the transport settings).
+"""The collective library's workloads on either engine. A `CollFabric` says what they need
+of the engine (hosts and their NICs, the job runner, the transport for the scheme in force,
+a port's rate); the scenario suite makes one for its engine
+(testbed.scenarios.SuiteBase.collective_fabric), so the same code runs on the emulation and
+on the twin.
 
 - `collective()`: one collective job on all hosts, K channels over the hosts' NICs;
 - `sweep()`: the same over message sizes (nccl-tests' `-b -e -f`);
@@ -11,57 +13,66 @@ the runner, the scheme and the transport settings).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
-from testbed.collective.metrics import iteration_times, summarize
+from testbed.collective.metrics import iteration_times, parse_size, summarize
 from testbed.collective.plan import SUPPORTED
-from testbed.scenarios import payload_line_rate, transport_settings
-
-if TYPE_CHECKING:
-    from testbed.scenarios import SuiteBase
-
-
-def nic_ips(suite: SuiteBase) -> list[list[str]]:
-    """Every traffic host's NIC addresses, in the suite's host order."""
-    by_name = {h.name: [n.ip for n in h.nics] for h in suite.spec.hosts}
-    return [by_name[h.name] for h in suite.hosts]
+from testbed.model import Scaling
+from testbed.traffic.generators import Flow
+from testbed.traffic.netns import Host
+from testbed.traffic.runner import RunOutput
 
 
-def nics(suite: SuiteBase) -> int:
-    return min(len(ips) for ips in nic_ips(suite))
+@dataclass
+class CollFabric:
+    """An engine as the collective workloads see it, with a scheme in force."""
+
+    topology: str
+    hosts: list[Host]
+    nic_ips: list[list[str]]  # per host, its NICs' addresses (channel c: NIC c)
+    runner: Callable[[list[Host], dict[str, Any]], RunOutput]
+    scaling: Scaling
+    scheme: str
+    transport: dict[str, Any]  # testbed.scenarios.transport_settings for the scheme
+    line_rate: float  # NIC line rate in payload bits/s (the engine's)
+    time_scale: float  # timeouts stretch with the model's time
+    seed: int
+    set_port_rate: Callable[[str, int, float], None]  # switch, port, b/s
+    websearch: Callable[[int, float, float], list[Flow]]  # hosts, load, seconds -> flows
+
+    @property
+    def nics(self) -> int:
+        return min(len(ips) for ips in self.nic_ips)
 
 
-def _timeout(suite: SuiteBase, size: int, n: int) -> float:
+def _timeout(fab: CollFabric, size: int, n: int) -> float:
     """Generous: the job's bytes at a tenth of one NIC, in the engine's time, plus slack."""
-    s = suite.scaling
-    return 20.0 * suite.time_scale + 10 * 2 * size * 8 * max(1, n) / s.nic_bps
+    s = fab.scaling
+    return 20.0 * fab.time_scale + 10 * 2 * size * 8 * max(1, n) / s.nic_bps
 
 
-def job_spec(suite: SuiteBase, scheme: str, **params: Any) -> dict[str, Any]:
-    """A collective job's spec (testbed.collective.job) with the suite's transport."""
-    k = int(params.pop("channels", 0) or nics(suite))
-    spec: dict[str, Any] = {"kind": "collective", "channels": k,
-                            "transport": transport_settings(suite.scaling,
-                                                            suite.window(scheme)),
-                            "nic_ips": nic_ips(suite), "seed": suite.cfg.seed}
+def job_spec(fab: CollFabric, **params: Any) -> dict[str, Any]:
+    """A collective job's spec (testbed.collective.job) with the fabric's transport."""
+    k = int(params.pop("channels", 0) or fab.nics)
+    spec: dict[str, Any] = {"kind": "collective", "channels": k, "transport": fab.transport,
+                            "nic_ips": fab.nic_ips, "seed": fab.seed}
     spec.update(params)
-    spec.setdefault("timeout", _timeout(suite, int(spec["size"]),
-                                        int(spec.get("iters", 1))))
+    spec.setdefault("timeout", _timeout(fab, int(spec["size"]), int(spec.get("iters", 1))))
     return spec
 
 
-def collective(suite: SuiteBase, scheme: str, warmup: int = 0,
-               **params: Any) -> dict[str, Any]:
-    """Run one collective job on all the suite's hosts; nccl-tests' figures."""
-    spec = job_spec(suite, scheme, **params)
-    out = suite.runner(suite.hosts, spec)
-    s = suite.scaling
-    res = summarize(out.results, payload_line_rate(s), nics(suite), s.scale, warmup)
-    res["scheme"] = scheme
+def collective(fab: CollFabric, warmup: int = 0, **params: Any) -> dict[str, Any]:
+    """Run one collective job on all the fabric's hosts; nccl-tests' figures."""
+    spec = job_spec(fab, **params)
+    out = fab.runner(fab.hosts, spec)
+    s = fab.scaling
+    res = summarize(out.results, fab.line_rate, fab.nics, s.scale, warmup)
+    res["scheme"] = fab.scheme
     res["counters"] = {k: sum(int(c.get(k, 0)) for c in out.counters)
                        for k in ("retransmits", "timeouts", "cnps_received")}
     res["rate_bps_per_channel"] = [max(r["channel_rate_bps"][c] for r in out.results) * s.scale
@@ -69,7 +80,7 @@ def collective(suite: SuiteBase, scheme: str, warmup: int = 0,
     return res
 
 
-def sweep(suite: SuiteBase, scheme: str, sizes: list[int], algorithms: list[str],
+def sweep(fab: CollFabric, sizes: list[int], algorithms: list[str],
           say: Any = print, **params: Any) -> list[dict[str, Any]]:
     rows = []
     coll = params.get("collective", "allreduce")
@@ -77,7 +88,7 @@ def sweep(suite: SuiteBase, scheme: str, sizes: list[int], algorithms: list[str]
         if alg not in SUPPORTED[coll]:
             raise ValueError(f"{coll} has no {alg!r} algorithm ({SUPPORTED[coll]})")
         for size in sizes:
-            r = collective(suite, scheme, algorithm=alg, size=size, **params)
+            r = collective(fab, algorithm=alg, size=size, **params)
             say(f"{coll} {alg} {size} B: busbw {r['busbw_Bps'] / 1e9:.1f} GB/s, "
                 f"efficiency {r['efficiency']:.1%}, {'ok' if r['correct'] else 'WRONG'}")
             rows.append(r)
@@ -138,8 +149,6 @@ def _hosts(v: Any, n: int, where: str) -> list[int]:
 
 
 def parse_job(j: Any, n_hosts: int, where: str) -> JobDecl:
-    from testbed.collective.metrics import parse_size
-
     if not isinstance(j, dict) or "name" not in j or "hosts" not in j:
         raise ValueError(f"{where}: a job is a mapping with a name and hosts")
     j = dict(j)
@@ -156,46 +165,41 @@ def parse_job(j: Any, n_hosts: int, where: str) -> JobDecl:
     return JobDecl(name, kind, hosts, j)
 
 
-def _sub_spec(suite: SuiteBase, scheme: str, d: JobDecl, slot: int) -> dict[str, Any]:
+def _sub_spec(fab: CollFabric, d: JobDecl, slot: int) -> dict[str, Any]:
     if d.kind == "websearch":
-        from testbed.scenarios import websearch_flows
-
-        seconds = float(d.params.get("seconds", 200e-6)) * suite.scaling.scale
-        cfg = suite.cfg
-        wcfg = type(cfg)(**{**cfg.__dict__, "websearch_load": float(d.params.get("load", 0.3))})
-        flows = websearch_flows(wcfg, len(d.hosts), suite.scaling.nic_bps, seconds)
+        seconds = float(d.params.get("seconds", 200e-6)) * fab.scaling.scale
+        flows = fab.websearch(len(d.hosts), float(d.params.get("load", 0.3)), seconds)
         # the job's hosts by index; slots 0-3 (the generators' queue pairs)
-        return {"kind": "flows", "seed": cfg.seed, "verify": True,
+        return {"kind": "flows", "seed": fab.seed, "verify": True,
                 "flows": [dict(f.as_dict(), src=d.hosts[f.src], dst=d.hosts[f.dst])
                           for f in flows]}
     params = dict(d.params)
-    params["compute"] = float(params.get("compute", 0.0)) * suite.scaling.scale
-    spec = job_spec(suite, scheme, **params)
+    params["compute"] = float(params.get("compute", 0.0)) * fab.scaling.scale
+    spec = job_spec(fab, **params)
     spec.update(ranks=d.hosts, slot=slot)
-    spec.pop("transport"), spec.pop("nic_ips"), spec.pop("timeout")
+    for key in ("transport", "nic_ips", "timeout"):  # the run's, not the job's
+        spec.pop(key)
     return spec
 
 
-def concurrent(suite: SuiteBase, scheme: str, decls: list[JobDecl]) -> dict[str, Any]:
+def concurrent(fab: CollFabric, decls: list[JobDecl]) -> dict[str, Any]:
     """The jobs together, then each training job alone on the same hosts: per job its
     iteration time, busbw, slowdown together vs alone and communication share."""
     slots, specs = 8, []
     for d in decls:
-        specs.append(_sub_spec(suite, scheme, d, slots))
+        specs.append(_sub_spec(fab, d, slots))
         slots += int(specs[-1].get("channels", 0))
-    s = suite.scaling
-    base = {"kind": "jobs", "transport": transport_settings(s, suite.window(scheme)),
-            "nic_ips": nic_ips(suite),
-            "timeout": 60.0 * suite.time_scale + sum(
-                _timeout(suite, int(sp.get("size", 0)), int(sp.get("iters", 1)))
+    base = {"kind": "jobs", "transport": fab.transport, "nic_ips": fab.nic_ips,
+            "timeout": 60.0 * fab.time_scale + sum(
+                _timeout(fab, int(sp.get("size", 0)), int(sp.get("iters", 1)))
                 for sp in specs)}
 
     def run(jobs: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
-        out = suite.runner(suite.hosts, dict(base, jobs=jobs))
+        out = fab.runner(fab.hosts, dict(base, jobs=jobs))
         per_job: list[dict[str, Any] | None] = [None] * len(jobs)
         for i in range(len(jobs)):
             parts = [r["jobs"][i] for r in out.results if r["jobs"][i] is not None]
-            per_job[i] = _job_figures(jobs[i], parts, suite) if parts else None
+            per_job[i] = _job_figures(jobs[i], parts, fab) if parts else None
         return per_job
 
     together = run(specs)
@@ -211,12 +215,12 @@ def concurrent(suite: SuiteBase, scheme: str, decls: list[JobDecl]) -> dict[str,
                 row["alone_busbw_Bps"] = alone["busbw_Bps"]
                 row["slowdown"] = fig["iter_s"] / alone["iter_s"]
         rows.append(row)
-    return {"scheme": scheme, "jobs": rows}
+    return {"scheme": fab.scheme, "jobs": rows}
 
 
 def _job_figures(spec: dict[str, Any], parts: list[dict[str, Any]],
-                 suite: SuiteBase) -> dict[str, Any]:
-    s = suite.scaling
+                 fab: CollFabric) -> dict[str, Any]:
+    s = fab.scaling
     if spec["kind"] == "flows":
         sent = [f for p in parts for f in p["sent"]]
         done = [f for f in sent if f["fct"] is not None]
@@ -226,7 +230,7 @@ def _job_figures(spec: dict[str, Any], parts: list[dict[str, Any]],
                 "fct_p99_s": fcts[min(len(fcts) - 1, int(len(fcts) * 0.99))] if fcts else None,
                 "correct": len(done) == len(sent) and
                            all(r["ok"] for p in parts for r in p["received"])}
-    figs = summarize(parts, payload_line_rate(s), nics(suite), s.scale)
+    figs = summarize(parts, fab.line_rate, fab.nics, s.scale)
     ends = [max(p["iter_end"][i] for p in parts) for i in range(len(parts[0]["iter_end"]))]
     iters = [b - a for a, b in zip([0.0, *ends[:-1]], ends, strict=True)]
     iter_s = sum(iters) / len(iters) / s.scale
@@ -266,31 +270,19 @@ def jobs_table(res: dict[str, Any]) -> str:
 # ---- a degraded rail ------------------------------------------------------------------
 
 
-def set_port_rate(suite: SuiteBase, switch: str, port: int, rate_bps: float) -> None:
-    """A switch port's drain rate (the engine's traffic manager, through SwitchAdmin)."""
-    fab = getattr(suite, "fab", None)
-    if fab is not None:  # the twin
-        from controller.proto import switch_pb2
-
-        fab.switches[switch].admin.SetQueue(
-            switch_pb2.SetQueueRequest(port=port, rate_bps=round(rate_bps)), None)
-    else:
-        suite.tb.set_queue_rate(switch, port, rate_bps)  # type: ignore[attr-defined]
-
-
-def degraded_rail(suite: SuiteBase, scheme: str, switch: str, port: int, fraction: float,
+def degraded_rail(fab: CollFabric, switch: str, port: int, fraction: float,
                   **params: Any) -> dict[str, Any]:
     """Healthy, then `switch:port` at `fraction` of its rate with the static split and with
     adaptive channels; busbw of each and their ratios to healthy."""
-    link = suite.scaling.link_bps
-    healthy = collective(suite, scheme, schedule="adaptive", **params)
-    set_port_rate(suite, switch, port, link * fraction)
+    link = fab.scaling.link_bps
+    healthy = collective(fab, schedule="adaptive", **params)
+    fab.set_port_rate(switch, port, link * fraction)
     try:
-        static = collective(suite, scheme, schedule="static", **params)
-        adaptive = collective(suite, scheme, schedule="adaptive", **params)
+        static = collective(fab, schedule="static", **params)
+        adaptive = collective(fab, schedule="adaptive", **params)
     finally:
-        set_port_rate(suite, switch, port, link)
-    k = nics(suite)
+        fab.set_port_rate(switch, port, link)
+    k = fab.nics
     return {"port": f"{switch}:{port}", "fraction": fraction, "channels": k,
             "healthy": healthy, "static": static, "adaptive": adaptive,
             "static_ratio": static["busbw_Bps"] / healthy["busbw_Bps"],

@@ -20,7 +20,7 @@ from testbed.collective.metrics import fmt_size
 from testbed.collective.plan import SUPPORTED
 
 if TYPE_CHECKING:
-    from testbed.scenarios import SuiteBase
+    from testbed.collective.run import CollFabric
 
 DEFAULT_ALGORITHM, DEFAULT_CHUNK = "ring", 1 << 20  # the library's fixed choice, every NIC
 DEFAULT: dict[str, Any] = {"algorithm": DEFAULT_ALGORITHM, "channels": 0, "chunk": DEFAULT_CHUNK}
@@ -54,18 +54,18 @@ def choose(cache: Path, topology: str, hosts: int, nics: int, collective: str, s
     return {k: best[k] for k in DEFAULT}
 
 
-def tune(suite: SuiteBase, scheme: str, collective: str, sizes: list[int], cache: Path,
+def tune(fab: CollFabric, collective: str, sizes: list[int], cache: Path,
          say: Any = print) -> dict[str, Any]:
     from testbed.collective.run import collective as run_collective
-    from testbed.collective.run import nics
 
-    k = nics(suite)
+    k = fab.nics
+    scheme = fab.scheme
     measured: dict[tuple[int, str, int, int], float] = {}
 
     def busbw(size: int, alg: str, ch: int, chunk: int) -> float:
         c = (size, alg, ch or k, chunk)
         if c not in measured:
-            r = run_collective(suite, scheme, collective=collective, algorithm=alg, size=size,
+            r = run_collective(fab, collective=collective, algorithm=alg, size=size,
                                channels=ch or k, chunk=chunk, schedule="adaptive", iters=2,
                                warmup=1)
             if not r["correct"]:
@@ -88,7 +88,7 @@ def tune(suite: SuiteBase, scheme: str, collective: str, sizes: list[int], cache
         fixed = {c: v for c, v in measured.items() if c[0] == size}
         best_fixed = max(fixed.values())
         choice = {"algorithm": best_alg, "channels": best_ch, "chunk": best_chunk}
-        doc[key(suite.spec.name, len(suite.hosts), k, collective, size, scheme)] = {
+        doc[key(fab.topology, len(fab.hosts), k, collective, size, scheme)] = {
             **choice, "busbw_Bps": best}
         rows.append({"size": size, **choice, "busbw_Bps": best, "default_Bps": default,
                      "gain": best / default, "best_fixed_Bps": best_fixed,
