@@ -159,3 +159,23 @@ def test_adaptive_channels_ride_out_a_degraded_rail() -> None:
     assert d["adaptive_ratio"] >= d["goal"]
     assert d["adaptive_ratio"] > d["static_ratio"] + 0.05
     assert d["adaptive"]["moved"] > 0
+
+
+def test_tuner_picks_the_fastest_measured_and_auto_uses_it(rail3: CollFabric,
+                                                           tmp_path: Path) -> None:
+    from testbed.collective import tune
+
+    cache = tmp_path / "tune.json"
+    res = tune.tune(rail3, "allreduce", [16 << 10, 64 << 10], cache, say=lambda _: None)
+    for row in res["rows"]:
+        same = [m["busbw_Bps"] for m in res["measured"] if m["size"] == row["size"]]
+        assert row["busbw_Bps"] == max(same) and row["busbw_Bps"] >= row["default_Bps"]
+        got = tune.choose(cache, rail3.topology, len(rail3.hosts), rail3.nics, "allreduce",
+                          row["size"], "tita")
+        assert got == {k: row[k] for k in ("algorithm", "channels", "chunk")}
+    # another scheme was not tuned: the default
+    assert tune.choose(cache, rail3.topology, len(rail3.hosts), rail3.nics, "allreduce",
+                       16 << 10, "dcqcn") == tune.DEFAULT
+    r = collective(rail3, collective="allreduce", algorithm="auto", size=16 << 10,
+                   tune_cache=cache)
+    assert r["correct"] and r["algorithm"] == res["rows"][0]["algorithm"]

@@ -61,7 +61,8 @@ def add_parsers(sub: Any) -> None:
     c = sub.add_parser("collective", help="collectives over the rails: nccl-tests' table")
     _engine_args(c)
     _coll_args(c)
-    c.add_argument("--algorithms", default="ring", help="ring,tree,hier (all-reduce)")
+    c.add_argument("--algorithms", default="ring",
+                   help="ring,tree,hier (all-reduce); auto: the tuner's choice per size")
     c.add_argument("--sizes", default="64K:4M:4", help="from:to[:factor] or a list")
     c.add_argument("--degrade", help="SWITCH:PORT=FRACTION: that port's rate cut, static "
                                      "split vs adaptive channels (at the largest size)")
@@ -203,7 +204,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from testbed.collective import tune
 
     out = _run_dir(args, "tune")
-    cache = args.cache or REPO / "runs" / "tune-cache.json"
+    cache = args.cache or tune.DEFAULT_CACHE
     with open_suite(args) as (_, fab):
         res = tune.tune(fab, args.collective, parse_sizes(args.sizes), cache, say=_say)
         note = _note(fab, args)

@@ -66,8 +66,18 @@ def job_spec(fab: CollFabric, **params: Any) -> dict[str, Any]:
     return spec
 
 
-def collective(fab: CollFabric, warmup: int = 0, **params: Any) -> dict[str, Any]:
-    """Run one collective job on all the fabric's hosts; nccl-tests' figures."""
+def collective(fab: CollFabric, warmup: int = 0, tune_cache: Path | None = None,
+               **params: Any) -> dict[str, Any]:
+    """Run one collective job on all the fabric's hosts; nccl-tests' figures. With
+    `algorithm: auto`, the algorithm, channels and chunk the tuner chose for this fabric and
+    size (testbed.collective.tune, its cache `tune_cache`)."""
+    if params.get("algorithm") == "auto":
+        from testbed.collective import tune
+
+        choice = tune.choose(tune_cache or tune.DEFAULT_CACHE, fab.topology, len(fab.hosts),
+                             fab.nics, str(params.get("collective", "allreduce")),
+                             int(params["size"]), fab.scheme)
+        params.update(choice)
     spec = job_spec(fab, **params)
     out = fab.runner(fab.hosts, spec)
     s = fab.scaling
@@ -85,7 +95,7 @@ def sweep(fab: CollFabric, sizes: list[int], algorithms: list[str],
     rows = []
     coll = params.get("collective", "allreduce")
     for alg in algorithms:
-        if alg not in SUPPORTED[coll]:
+        if alg != "auto" and alg not in SUPPORTED[coll]:
             raise ValueError(f"{coll} has no {alg!r} algorithm ({SUPPORTED[coll]})")
         for size in sizes:
             r = collective(fab, algorithm=alg, size=size, **params)
