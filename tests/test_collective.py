@@ -179,3 +179,55 @@ def test_tuner_picks_the_fastest_measured_and_auto_uses_it(rail3: CollFabric,
     r = collective(rail3, collective="allreduce", algorithm="auto", size=16 << 10,
                    tune_cache=cache)
     assert r["correct"] and r["algorithm"] == res["rows"][0]["algorithm"]
+
+
+class _FakeQp:
+    """A queue pair that hands over what the test puts in and completes every send."""
+
+    def __init__(self, qpn: int) -> None:
+        self.qpn = qpn
+        self.inbox: list[bytes] = []
+
+    def poll_recv(self) -> Any:
+        if not self.inbox:
+            return None
+        return type("Msg", (), {"data": self.inbox.pop(0)})()
+
+    def post_send(self, data: bytes, now: float, tag: object = None) -> Any:
+        return type("Op", (), {"done": True, "t_done": now})()
+
+
+class _FakeHost:
+    def __init__(self) -> None:
+        self.qps: dict[int, Any] = {}
+
+    def create_qp(self, qpn: int, peer_ip: str, remote_qpn: int, *,
+                  local_ip: str | None = None) -> Any:
+        self.qps[qpn] = _FakeQp(qpn)
+        return self.qps[qpn]
+
+
+def test_next_iterations_messages_during_compute_are_kept() -> None:
+    """A peer a step ahead sends iteration i+1's data while this rank still computes: it is
+    kept for i+1, not taken for a duplicate of iteration i's."""
+    from testbed.collective.job import HEADER, CollectiveJob
+
+    host = _FakeHost()
+    spec = {"hosts": [{"ip": "10.0.1.1"}, {"ip": "10.0.1.2"}], "size": 64, "chunk": 64,
+            "collective": "sendrecv", "iters": 2, "compute": 1.0}
+    job = CollectiveJob(host, spec, 1)
+    qp = next(iter(host.qps.values()))
+    (x,) = job.incoming.values()
+
+    def msg(it: int) -> bytes:
+        return HEADER.pack(it, x.id) + job._inputs(it, 0).tobytes()
+
+    job.start(0.0)
+    qp.inbox.append(msg(0))
+    assert not job.poll(1.0)  # iteration 0's collective: data in, own send posted
+    assert not job.poll(1.0)  # the send completed: iteration 1 computes
+    assert job.it == 1 and job.phase == "compute"
+    qp.inbox.append(msg(1))  # the peer is in iteration 1 already
+    assert not job.poll(1.5)
+    assert not job.poll(2.0)  # iteration 1: the kept data in, own send posted
+    assert job.poll(2.0) and job.ok and job.unexpected == 0

@@ -293,6 +293,7 @@ class CollectiveJob:
         self.coll[-1] = (start, now)
         self.iter_end.append(now)
         self.it += 1
+        self.arrived = set()  # the next iteration's messages may come while this one computes
         if self.it >= self.cfg.iters:
             self.phase, self.phase_end = "done", math.inf
         elif self.cfg.overlap:
@@ -353,6 +354,9 @@ class CollectiveJob:
             self.unexpected += 1
             return
         if it > self.it or self.phase != "net":
+            if any(e[0] == it and e[1].id == tid for e in self.early):
+                self.unexpected += 1
+                return
             self.early.append((it, x, body))
             return
         self._apply(x, body)
