@@ -166,7 +166,8 @@ def test_tuner_picks_the_fastest_measured_and_auto_uses_it(rail3: CollFabric,
     from testbed.collective import tune
 
     cache = tmp_path / "tune.json"
-    res = tune.tune(rail3, "allreduce", [16 << 10, 64 << 10], cache, say=lambda _: None)
+    res = tune.tune(rail3, "allreduce", [16 << 10, 64 << 10], cache, collective,
+                    say=lambda _: None)
     for row in res["rows"]:
         same = [m["busbw_Bps"] for m in res["measured"] if m["size"] == row["size"]]
         assert row["busbw_Bps"] == max(same) and row["busbw_Bps"] >= row["default_Bps"]

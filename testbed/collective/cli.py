@@ -201,12 +201,13 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from testbed.collective import tune
+    from testbed.collective import run, tune
 
     out = _run_dir(args, "tune")
     cache = args.cache or tune.DEFAULT_CACHE
     with open_suite(args) as (_, fab):
-        res = tune.tune(fab, args.collective, parse_sizes(args.sizes), cache, say=_say)
+        res = tune.tune(fab, args.collective, parse_sizes(args.sizes), cache, run.collective,
+                        say=_say)
         note = _note(fab, args)
     print(f"# {note}")
     print(tune.tune_table(res))

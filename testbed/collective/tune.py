@@ -13,6 +13,7 @@ size, else the default).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -56,9 +57,8 @@ def choose(cache: Path, topology: str, hosts: int, nics: int, collective: str, s
 
 
 def tune(fab: CollFabric, collective: str, sizes: list[int], cache: Path,
-         say: Any = print) -> dict[str, Any]:
-    from testbed.collective.run import collective as run_collective
-
+         measure: Callable[..., dict[str, Any]], say: Any = print) -> dict[str, Any]:
+    """`measure(fab, **params)`: one run's figures (testbed.collective.run.collective)."""
     k = fab.nics
     scheme = fab.scheme
     measured: dict[tuple[int, str, int, int], float] = {}
@@ -66,7 +66,7 @@ def tune(fab: CollFabric, collective: str, sizes: list[int], cache: Path,
     def busbw(size: int, alg: str, ch: int, chunk: int) -> float:
         c = (size, alg, ch or k, chunk)
         if c not in measured:
-            r = run_collective(fab, collective=collective, algorithm=alg, size=size,
+            r = measure(fab, collective=collective, algorithm=alg, size=size,
                                channels=ch or k, chunk=chunk, schedule="adaptive", iters=2,
                                warmup=1)
             if not r["correct"]:
