@@ -283,7 +283,7 @@ def _int_section(doc: Any) -> IntConfig:
     cr = _Reader(r.get("collector", lambda v, p: v, {}), "int.collector")
     dc = CollectorConfig()
     collector = CollectorConfig(
-        listen=cr.get("listen", _addr, dc.listen),
+        listen=cr.get("listen", _addr, None),
         netns=cr.get("netns", _name, None),
         ip=cr.get("ip", _ip, dc.ip),
         mac=cr.get("mac", _mac, dc.mac),
