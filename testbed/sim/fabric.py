@@ -80,14 +80,16 @@ class Wire:
         self.too_big = 0
         self.frames = 0
 
-    def send(self, frame: bytes, t_ns: int) -> None:
-        """`frame` starts leaving at `t_ns`; it arrives whole after serialization + delay."""
+    def send(self, frame: bytes, t_ns: int) -> bool:
+        """`frame` starts leaving at `t_ns`; it arrives whole after serialization + delay.
+        False (counted) for a frame larger than the link's MTU: it is not sent."""
         if len(frame) > self.max_frame:
             self.too_big += 1
-            return
+            return False
         self.frames += 1
         self.loop.at(t_ns + int(len(frame) * self.ns_per_byte) + self.delay_ns,
                      self.deliver, frame)
+        return True
 
 
 class SimSwitch:
@@ -140,10 +142,10 @@ class SimSwitch:
         if wire is None:
             self.tx_unknown_port += 1  # the collector's and the CPU port: nothing listens
             return
-        st = self.ports[port]
-        st.tx_packets += 1
-        st.tx_bytes += len(data)
-        wire.send(data, self.loop.now_ns)
+        if wire.send(data, self.loop.now_ns):  # over the MTU: received, not sent (a drop)
+            st = self.ports[port]
+            st.tx_packets += 1
+            st.tx_bytes += len(data)
 
     @property
     def dropped(self) -> int:
@@ -238,6 +240,11 @@ class SimFabric:
             wire = Wire(self.loop, s.link_bps, self.delay_ns, s.link_mtu, self._to(att))
             self.hosts[h.name] = SimHost(self.loop, h.name, nic.ip, nic.mac, gw, s.nic_bps,
                                          hop_speed, wire.send, int_source, self.link_names)
+            for i, extra in enumerate(h.nics[1:], start=1):  # the rails of a multi-NIC host
+                att = self.spec.attachment(h.name, i)
+                wire = Wire(self.loop, s.link_bps, self.delay_ns, s.link_mtu, self._to(att))
+                self.hosts[h.name].add_nic(extra.ip, extra.mac,
+                                           self.spec.switch(att.node).router_mac, wire.send)
         for lk in self.spec.links:
             for a, b in ((lk.a, lk.b), (lk.b, lk.a)):
                 if self.spec.is_switch(a.node):
@@ -245,14 +252,12 @@ class SimFabric:
                         self.loop, s.link_bps, self.delay_ns, s.link_mtu, self._to(b))
 
     def _to(self, end: End) -> Callable[[bytes], None]:
-        """Where frames sent towards `end` go. NICs other than 0 carry none of the
-        workloads' traffic (they use NIC 0 everywhere): what reaches them is dropped."""
+        """Where frames sent towards `end` go: a switch port, or a host (any of its NICs:
+        the host takes what is addressed to one of them)."""
         if self.spec.is_switch(end.node):
             sw, port = self.switches[end.node], end.index
             return lambda frame: sw.receive(port, frame)
-        if end.index == 0:
-            return self.hosts[end.node].receive
-        return lambda frame: None
+        return lambda frame: self.hosts[end.node].receive(frame)
 
     # ---- control ----
 
@@ -300,13 +305,19 @@ class SimFabric:
         timeout_ns = round(float(spec.setdefault("timeout", 60.0)) * 1e9)
         sims = [self.hosts[h.name] for h in hosts]
         t0 = self.loop.now_ns + 1000
+        left = [len(sims)]
+
+        def one_done() -> None:
+            left[0] -= 1
+
         for i, h in enumerate(sims):
+            h.on_done = one_done
             tcfg = TransportConfig(local_ip=h.ip, **spec.get("transport", {}))
             core = TransportCore(tcfg, seed=int(spec.get("seed", 1)) * 7919 + i)
             job = JOBS[spec["kind"]](core, spec, i)
             h.start_job(core, job, t0)
         finished = self.loop.run(until_ns=t0 + timeout_ns,
-                                 stop=lambda: all(h.done for h in sims))
+                                 stop=lambda: left[0] == 0)
         if not finished:
             for h in sims:
                 if not h.done and h.job is not None:
