@@ -25,8 +25,19 @@ def available() -> str | None:
     return None
 
 
+def _rss_mb(pid: int) -> float:
+    for line in open(f"/proc/{pid}/status").read().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
 class AgentSurface(Surface):
     name = "agent_api"
+    # the memory that must stay bounded is the agent's, checked in bounds(); this process is
+    # only the client (Hypothesis, gRPC channels)
+    max_rss_growth_mb = float("inf")
+    max_agent_growth_mb = 100.0
 
     def __init__(self) -> None:
         from controller.proto import agent_pb2 as pb
@@ -38,6 +49,8 @@ class AgentSurface(Surface):
         self.agent = AgentProcess(self.pair.a, self.pair.dev_a, 100_000_000).start()
         self.stub = self.agent.stub()
         self.streams: list[Any] = []
+        assert self.agent.proc is not None
+        self.agent_rss_mb = _rss_mb(self.agent.proc.pid)
 
     def strategy(self) -> st.SearchStrategy[Any]:
         pb = self.pb
@@ -125,6 +138,10 @@ class AgentSurface(Surface):
         classes = _tc(self.pair.a, "class", "show", "dev", self.pair.dev_a).count("class htb")
         if classes > 256 + 2:
             out.append(f"{classes} HTB classes")
+        assert self.agent.proc is not None
+        grew = _rss_mb(self.agent.proc.pid) - self.agent_rss_mb
+        if grew > self.max_agent_growth_mb:
+            out.append(f"the agent's memory grew {grew:.0f} MB")
         return out
 
     def close(self) -> None:
