@@ -59,6 +59,7 @@ class ControllerSection:
     name: str = "xingmai-controller"
     grpc_addr: str = "127.0.0.1:50100"
     metrics_addr: str | None = None
+    web_addr: str | None = None  # the fabric page (controller.web); no authentication
     election_id: int = 10
     tls: TlsConfig | None = None  # the Controller gRPC listener (clients must present a cert)
     p4runtime_tls: TlsConfig | None = None  # our client side towards the switches
@@ -440,6 +441,7 @@ def _controller(doc: Any, paths: _Paths) -> ControllerSection:
         name=r.get("name", _str, d.name),
         grpc_addr=r.get("grpc_addr", _addr, d.grpc_addr),
         metrics_addr=r.get("metrics_addr", _addr, None),
+        web_addr=r.get("web_addr", _addr, None),
         election_id=r.get("election_id", _int(1, 2**64 - 1), d.election_id),
         tls=r.get("tls", lambda v, p: _tls(v, p, paths), None),
         p4runtime_tls=r.get("p4runtime_tls", lambda v, p: _tls(v, p, paths), None),
