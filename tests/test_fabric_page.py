@@ -29,6 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from controller.service import flow_label
 from tests.test_controller_collector import report
 from tests.test_controller_rig import BMV2_JSON, P4INFO, REPO, FakeHostAgent, free_port
+from tests.test_grafana_dashboard import queries
 from tests.webdriver import Browser, available
 
 EXAMPLE = REPO / "controller" / "examples" / "leafspine-2x2.yaml"
@@ -164,8 +165,9 @@ def _metrics(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     return out
 
 
-def test_fabric_page_in_a_browser_matches_the_api(controller: dict[str, Any],
-                                                  tmp_path: Path) -> None:
+def _loaded(controller: dict[str, Any]) -> Any:
+    """Wait for the fabric to be programmed, send the reports, wait for the flows to be capped
+    and the port counters polled; the controller's stub."""
     from controller.proto import controller_pb2 as pb
 
     stub = _stub(controller["ports"]["grpc"])
@@ -182,7 +184,14 @@ def test_fabric_page_in_a_browser_matches_the_api(controller: dict[str, Any],
     _wait("port counters", lambda: all(
         ls.util_counter >= 0 for ls in stub.GetTelemetry(pb.GetTelemetryRequest(), timeout=2)
         .links if ls.name.startswith("leaf")))
+    return stub
 
+
+def test_fabric_page_in_a_browser_matches_the_api(controller: dict[str, Any],
+                                                  tmp_path: Path) -> None:
+    from controller.proto import controller_pb2 as pb
+
+    stub = _loaded(controller)
     url = f"http://127.0.0.1:{controller['ports']['web']}/?refresh=0"
     with Browser() as b:
         b.get(url)
@@ -197,7 +206,8 @@ def test_fabric_page_in_a_browser_matches_the_api(controller: dict[str, Any],
             });
             const rows = (id) => [...document.querySelectorAll(`#${id} tbody tr`)]
               .filter((tr) => Object.keys(tr.dataset).length).map((tr) => ({...tr.dataset}));
-            const nodes = [...document.querySelectorAll('[data-node]')].map((g) => ({...g.dataset}));
+            const nodes = [...document.querySelectorAll('[data-node]')]
+              .map((g) => ({...g.dataset}));
             return {links, flows: rows('flows'), switches: rows('switches'), nodes,
                     status: document.getElementById('status').textContent,
                     dpr: window.devicePixelRatio};
@@ -300,3 +310,43 @@ def test_web_server_refuses_what_it_does_not_serve(controller: dict[str, Any]) -
     # and still serving
     assert raw(b"GET /api/fabric HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 200")
     assert controller["proc"].poll() is None
+
+
+def test_prometheus_server_scrapes_what_the_page_shows(controller: dict[str, Any],
+                                                       tmp_path: Path) -> None:
+    """The testbed's Prometheus server (Debian's prometheus) on the same controller: every
+    series the page draws is there with the API's value."""
+    from controller.proto import controller_pb2 as pb
+    from testbed.prometheus import Prometheus, Target, binary
+
+    if binary() is None:
+        pytest.skip("prometheus is not installed (apt-get install prometheus)")
+    stub = _loaded(controller)
+    prom = Prometheus(tmp_path, [Target("controller", f"127.0.0.1:{controller['ports']['metrics']}",
+                                        {"node": "controller"})], f"127.0.0.1:{free_port()}")
+    prom.start()
+    try:
+        prom.wait_ready(60)
+        _wait("the controller scraped", prom.all_up, 30)
+        tel = {ls.name: ls for ls in stub.GetTelemetry(pb.GetTelemetryRequest(), timeout=5).links}
+        _wait("a scrape after the reports", lambda: prom.query(
+            'xingmai_controller_link_queue_bytes{link="leaf2:1"}'), 30)
+        queues = {m["link"]: v for m, v in prom.query("xingmai_controller_link_queue_bytes")}
+        assert queues == {n: ls.qocc_bytes for n, ls in tel.items() if ls.qocc_bytes >= 0}
+        util = {m["link"]: v for m, v in prom.query(
+            'xingmai_controller_link_utilization{source="int"}')}
+        assert util == pytest.approx({n: ls.util_int for n, ls in tel.items()
+                                      if ls.util_int >= 0})
+        flows = stub.ListFlows(pb.ListFlowsRequest(), timeout=5).flows
+        rates = {m["flow"]: v for m, v in prom.query("xingmai_controller_flow_rate_bps")}
+        assert rates == {flow_label((f.key.src_ip, f.key.dst_ip, f.key.protocol,
+                                     f.key.src_port, f.key.dst_port)): f.rate_bps
+                         for f in flows}
+        assert [t["job"] for t in prom.targets()] == ["controller"]
+        # and every controller query of the shipped Grafana dashboard finds its series
+        for expr in queries("xingmai_controller_"):
+            _wait(f"data for {expr}", lambda e=expr: prom.query(e), 20)
+        assert (tmp_path / "prometheus" / "prometheus.yml").is_file()
+    finally:
+        prom.stop()
+    assert prom.component is not None and not prom.component.alive()
