@@ -6,7 +6,8 @@ and the project's own commands:
     queue SWITCH[:PORT] [RATE]   show a switch's queues, or set a port's drain rate (e.g. 5M)
     policy [none|dcqcn|tita]     show or set every host's rate law (through the controller)
     scenario incast|allreduce|websearch   run one scenario with the current law, summarised
-    status                       the controller's view: switches, agents, slow loop
+    status                       the controller's view: switches, agents, slow loop, and
+                                 where the fabric page and Prometheus are
 
 Mininet's own commands work as usual (`h1 ping h5`, `nodes`, `net`, `links`, ...), except
 `iperf`/`iperfudp`: they run `killall -9 iperf`, which would reach every iperf on the machine.
@@ -182,6 +183,11 @@ class TestbedCLI(CLI):  # type: ignore[misc]
         for s in stub.ListSwitches(pb.ListSwitchesRequest(), timeout=3).switches:
             print(f"  {s.name:<8} {s.grpc_addr:<22} connected={s.connected} "
                   f"programmed={s.programmed} queues_set={s.queues_set} {s.last_error}")
+        if self.tb.web_url:
+            print(f"fabric page: {self.tb.web_url}")
+        if self.tb.prometheus is not None:
+            print(f"prometheus:  {self.tb.prometheus.url}/ (targets: "
+                  f"{self.tb.prometheus.url}/targets)")
 
     def do_EOF(self, line: str) -> bool:  # noqa: N802 - cmd's name
         print()

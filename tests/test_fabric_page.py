@@ -193,7 +193,7 @@ def test_fabric_page_in_a_browser_matches_the_api(controller: dict[str, Any],
 
     stub = _loaded(controller)
     url = f"http://127.0.0.1:{controller['ports']['web']}/?refresh=0"
-    with Browser() as b:
+    with Browser(width=1280, height=1000) as b:
         b.get(url)
         b.wait_for("return document.body.dataset.updated || document.body.dataset.error")
         assert not b.run("return document.body.dataset.error || ''")

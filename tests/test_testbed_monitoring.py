@@ -44,8 +44,9 @@ def test_prometheus_scrapes_every_daemon_and_the_page_answers(tmp_path: Path) ->
         for t in targets:
             host = t["instance"].rsplit(":", 1)[0]
             assert host == "127.0.0.1" or host.startswith("169.254."), t
-        with Suite(tb, SuiteConfig(scenarios=("incast",), schemes=("tita",),
-                                   incast_bytes=500_000)) as suite:
+        # no CC: the incast keeps the receiver's downlink queue full for a second or so
+        with Suite(tb, SuiteConfig(scenarios=("incast",), schemes=("none",),
+                                   incast_bytes=1_000_000)) as suite:
             suite.run()
         # what the run left in Prometheus: the bottleneck's queue from its switch, the flows'
         # NIC rates from the agents, the controller's view of the switches
@@ -61,9 +62,12 @@ def test_prometheus_scrapes_every_daemon_and_the_page_answers(tmp_path: Path) ->
         for prefix in ("xingmai_switch_", "xingmai_agent_", "xingmai_nic_",
                        "xingmai_controller_"):
             for expr in queries(prefix):
-                if "flow_" in expr and prefix == "xingmai_controller_":
-                    continue  # the flows are idle by now: the controller lists active ones
-                assert prom.query(expr), expr
+                series = prom.query(expr)  # raises if Prometheus refuses the query
+                # the flows are idle by now (the controller lists active ones), and a switch
+                # exports drop counters only for reasons it has seen
+                if not ("flow_" in expr and prefix == "xingmai_controller_") and \
+                        "drops" not in expr:
+                    assert series, expr
         with urllib.request.urlopen(tb.web_url + "api/fabric", timeout=10) as resp:
             state = json.loads(resp.read())
         assert {s["name"] for s in state["topology"]["switches"]} == {
