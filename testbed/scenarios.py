@@ -59,7 +59,7 @@ from testbed.traffic import workloads as wl
 from testbed.traffic.netns import Host
 
 if TYPE_CHECKING:
-    from testbed.network import Testbed
+    from testbed.emu.network import Testbed
     from testbed.topo import FabricSpec
 
 SCHEMES = ("none", "dcqcn", "tita")

@@ -317,7 +317,7 @@ def test_prometheus_server_scrapes_what_the_page_shows(controller: dict[str, Any
     """The testbed's Prometheus server (Debian's prometheus) on the same controller: every
     series the page draws is there with the API's value."""
     from controller.proto import controller_pb2 as pb
-    from testbed.prometheus import Prometheus, Target, binary
+    from testbed.emu.prometheus import Prometheus, Target, binary
 
     if binary() is None:
         pytest.skip("prometheus is not installed (apt-get install prometheus)")

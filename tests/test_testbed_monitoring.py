@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from testbed.network import BMV2_JSON, P4INFO, Testbed, TestbedOptions
-from testbed.prometheus import binary
+from testbed.emu.network import BMV2_JSON, P4INFO, Testbed, TestbedOptions
+from testbed.emu.prometheus import binary
 from testbed.scenarios import Suite, SuiteConfig
 from testbed.topo import leafspine
 from tests.test_grafana_dashboard import queries

@@ -45,11 +45,11 @@ from mininet.link import Link
 from mininet.net import Mininet
 
 from testbed.ctlconfig import ControllerSetup, Ecn, SwitchAccess, controller_config
+from testbed.emu.nodes import REPO, FabricHost, P4Switch, SwitchRuntime, choose_switch
+from testbed.emu.procs import Component, ComponentError, wait_all
+from testbed.emu.prometheus import Prometheus, Target
+from testbed.emu.prometheus import binary as prometheus_binary
 from testbed.model import Scaling
-from testbed.nodes import REPO, FabricHost, P4Switch, SwitchRuntime, choose_switch
-from testbed.procs import Component, ComponentError, wait_all
-from testbed.prometheus import Prometheus, Target
-from testbed.prometheus import binary as prometheus_binary
 from testbed.topo import COLLECTOR_NODE, FabricSpec, FabricTopo
 from testbed.traffic.netns import Host
 
@@ -278,7 +278,7 @@ class Testbed:
             node = self._node(h.name)
             name = f"{self.prefix}-{h.name}"
             metrics = f"127.0.0.1:{_free_tcp_port()}"
-            argv = [sys.executable, "-m", "controller.agent.main", "--name", name,
+            argv = [sys.executable, "-m", "controller.nic.agent.main", "--name", name,
                     "--netns", node.netns_path, "--line-rate", str(int(s.nic_bps)),
                     "--rate-law", self.opts.rate_law, "--mtu", str(s.link_mtu),
                     # TiTa's T: the model's base RTT, dilated like every time of the model

@@ -24,7 +24,7 @@ from typing import Any
 
 import yaml
 
-from testbed.procs import Component
+from testbed.emu.procs import Component
 
 # the emulation's events last seconds: Prometheus' default of a minute would miss them
 # (a queue that fills in 40 ms and drains in a second shows in two scrapes at least)
