@@ -1,5 +1,6 @@
 # xingmai: one Makefile for installing, testing, running and benchmarking.
 #   make run      the main job (see README): TiTa vs DCQCN vs no CC on AI traffic (RUN_ARGS=...)
+#   make sim      the short suite on the simulated twin: no root, one process (RUN_ARGS=...)
 #   make cli      the same network with Mininet's CLI and the project's commands
 #   make doctor   what this machine has and lacks for the testbed
 #   make test     installs what is missing, then runs the test suite
@@ -25,7 +26,7 @@ KERNEL_HEADERS := /var/cache/xingmai/kernel-headers
 PROTOS := $(wildcard controller/proto/*.proto)
 PROTO_OUT := $(PROTOS:.proto=_pb2.py)
 
-.PHONY: install apt venv kernel-headers proto test run cli doctor bench p4 lint clean p4runtime-shell
+.PHONY: install apt venv kernel-headers proto test run sim cli doctor bench p4 lint clean p4runtime-shell
 
 install: $(STAMP) proto
 
@@ -78,6 +79,9 @@ test: install p4runtime-shell
 
 run: install
 	$(PY) -m testbed run $(RUN_ARGS)
+
+sim: install
+	$(PY) -m testbed run --engine sim --quick $(RUN_ARGS)
 
 cli: install
 	$(PY) -m testbed cli $(RUN_ARGS)

@@ -1,12 +1,16 @@
 """`xingmai-testbed` (`python -m testbed`): boot the emulated fabric and use it.
 
     xingmai-testbed run      # the main job: TiTa vs DCQCN vs no CC on AI-training traffic
+    xingmai-testbed run --engine sim --scale 1   # the same on the simulated twin, at 400G
+    xingmai-testbed compare RUN_DIR RUN_DIR...   # runs side by side, with ratios
     xingmai-testbed cli      # the same network with Mininet's CLI and project commands
     xingmai-testbed doctor   # what this machine has and lacks
     xingmai-testbed topo leafspine:2,2,4 --dump   # a topology as YAML
 
 Topologies: `single[:H]`, `leafspine[:L,S,H]`, `rail[:K,H,S]` or a YAML file (testbed.topo).
-Needs root. Everything it starts it stops, on exit, error, Ctrl-C or SIGTERM.
+The emulation (`--engine emu`, the default) needs root; everything it starts it stops, on
+exit, error, Ctrl-C or SIGTERM. The simulated twin (`--engine sim`, testbed.sim) runs the same
+suite in one process under a virtual clock, without root.
 """
 
 from __future__ import annotations
@@ -51,6 +55,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--schemes", default="none,dcqcn,tita")
     run.add_argument("--scenarios", default="incast,allreduce,websearch")
     run.add_argument("--quick", action="store_true", help="a shorter suite")
+    run.add_argument("--engine", choices=["emu", "sim"], default="emu",
+                     help="emu: the emulation (root, Mininet, eBPF); sim: the simulated twin "
+                          "(one process, virtual time, deterministic)")
+    run.add_argument("--seed", type=int, default=1, help="workloads' seed (default 1)")
+    run.add_argument("--flows", type=Path,
+                     help="a flow list (CSV: src,dst,bytes,start_s; hosts by name) run as the "
+                          "scenario 'flows' instead of the suite's scenarios")
+    compare = sub.add_parser("compare", help="two or more runs side by side, with ratios")
+    compare.add_argument("runs", nargs="+", type=Path, help="run dirs (or results.json files)")
     cli = sub.add_parser("cli", help="Mininet's CLI on the booted network")
     _common(cli)
     sub.add_parser("doctor", help="check the prerequisites")
@@ -82,11 +95,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     schemes = tuple(s for s in args.schemes.split(",") if s)
     scenarios = tuple(s for s in args.scenarios.split(",") if s)
     bad = [s for s in schemes if s not in SCHEMES] + [s for s in scenarios if s not in SCENARIOS]
+    if args.engine == "emu" and args.seed != 1:
+        print("--seed is the twin's (the emulation's workloads use seed 1)", file=sys.stderr)
+        return 2
     if bad:
         print(f"unknown scheme or scenario: {bad}", file=sys.stderr)
         return 2
     base = SuiteConfig.quick() if args.quick else SuiteConfig()
-    cfg = SuiteConfig(**{**base.__dict__, "schemes": schemes, "scenarios": scenarios})
+    if args.flows is not None:
+        scenarios = ("flows",)
+    cfg = SuiteConfig(**{**base.__dict__, "schemes": schemes, "scenarios": scenarios,
+                         "seed": args.seed})
+    if args.engine == "sim":
+        from testbed.sim.run import run_sim
+
+        return run_sim(args, cfg)
+    if args.flows is not None:
+        print("--flows runs on the twin (--engine sim)", file=sys.stderr)
+        return 2
     install_signal_handlers()
     t0 = time.monotonic()
     tb = _testbed(args)
@@ -135,6 +161,13 @@ def cmd_cli(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    from testbed.report import compare
+
+    print(compare(args.runs))
+    return 0
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     from testbed.doctor import report
 
@@ -160,8 +193,8 @@ def cmd_topo(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"run": cmd_run, "cli": cmd_cli, "doctor": cmd_doctor,
-                "topo": cmd_topo}[args.cmd](args)
+        return {"run": cmd_run, "cli": cmd_cli, "doctor": cmd_doctor, "topo": cmd_topo,
+                "compare": cmd_compare}[args.cmd](args)
     except ValueError as exc:  # testbed.topo.TopologyError and bad options
         print(f"xingmai-testbed: {exc}", file=sys.stderr)
         return 2

@@ -201,35 +201,47 @@ class IntSampler:
 
     def _parse(self, cap: Capture | None, frame: bytes, now: float) -> None:
         """Decode one frame into `cap` (None: only remember it as the newest)."""
+        got = record_int_frame(cap, frame, now, self.links)
+        if got is not None:
+            self.last[got[0][1]] = (now, got[0], got[1])
+
+
+def record_int_frame(cap: Capture | None, frame: bytes, now: float,
+                     links: dict[tuple[int, int], str]
+                     ) -> tuple[tuple[str, str, int], list[HopSample]] | None:
+    """Decode the INT stack of one Ethernet frame (an INT data packet arriving at a host) into
+    `cap`; returns (flow, hop samples), None when it does not decode (counted). Both engines
+    read INT with this: the emulation's packet sockets and the simulated twin's hosts."""
+    if cap is not None:
+        cap.packets += 1
+    try:
+        ihl = (frame[14] & 0x0F) * 4
+        total_len = struct.unpack_from("!H", frame, 16)[0]
+        src = socket.inet_ntoa(frame[26:30])
+        dst = socket.inet_ntoa(frame[30:34])
+        udp = 14 + ihl
+        sport = struct.unpack_from("!H", frame, udp)[0]
+        bitmap, hop_ml, stack = int_stack_at(frame, udp + 8)
+        hops = decode_stack(stack, bitmap, hop_ml)
+    except (IndexError, ValueError, struct.error):
         if cap is not None:
-            cap.packets += 1
-        try:
-            ihl = (frame[14] & 0x0F) * 4
-            total_len = struct.unpack_from("!H", frame, 16)[0]
-            src = socket.inet_ntoa(frame[26:30])
-            dst = socket.inet_ntoa(frame[30:34])
-            udp = 14 + ihl
-            sport = struct.unpack_from("!H", frame, udp)[0]
-            bitmap, hop_ml, stack = int_stack_at(frame, udp + 8)
-            hops = decode_stack(stack, bitmap, hop_ml)
-        except (IndexError, ValueError, struct.error):
-            if cap is not None:
-                cap.undecodable += 1
-            return
-        samples = []
-        for hop in hops:
-            node, port = hop.get("node_id"), hop.get("l1_egress_port")
-            occ = hop.get("queue_occupancy")
-            if node is None or port is None or occ is None:
-                continue
-            link = self.links.get((node, port), f"node{node}:{port}")
-            samples.append(HopSample(now, link, int(occ), hop.get("tx_util"),
-                                     hop.get("hop_latency"), hop.get("egress_ts")))
-        self.last[dst] = (now, (src, dst, sport), samples)
-        if cap is not None:
-            cap.flows[(src, dst, sport)].append((now, total_len + 14))
-            cap.max_hops = max(cap.max_hops, len(hops))
-            cap.hops.extend(samples)
+            cap.undecodable += 1
+        return None
+    samples = []
+    for hop in hops:
+        node, port = hop.get("node_id"), hop.get("l1_egress_port")
+        occ = hop.get("queue_occupancy")
+        if node is None or port is None or occ is None:
+            continue
+        link = links.get((node, port), f"node{node}:{port}")
+        samples.append(HopSample(now, link, int(occ), hop.get("tx_util"),
+                                 hop.get("hop_latency"), hop.get("egress_ts")))
+    flow = (src, dst, sport)
+    if cap is not None:
+        cap.flows[flow].append((now, total_len + 14))
+        cap.max_hops = max(cap.max_hops, len(hops))
+        cap.hops.extend(samples)
+    return flow, samples
 
 
 @dataclass

@@ -331,7 +331,7 @@ class QueuePair:
             self.core.active.add(self)
 
     def _expire(self, now: float) -> None:
-        if self.una < self.high and now - self.last_progress >= self.rto:
+        if self.una < self.high and now >= self.last_progress + self.rto:
             self.counters.timeouts += 1
             self.nxt = self.una
             self.rto = min(self.rto * 2, self.core.cfg.rto_max)

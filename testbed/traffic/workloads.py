@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,10 @@ from testbed.traffic import generators as gen
 from testbed.traffic import metrics as m
 from testbed.traffic.netns import Host, NetnsLan
 from testbed.traffic.runner import RunOutput, run_job
+
+# How a workload's job reaches the hosts: the emulation's worker processes (run_job) or the
+# simulated twin's in-process hosts (testbed.sim); both take the hosts and the job spec.
+Runner = Callable[[list[Host], dict[str, Any]], RunOutput]
 
 DEFAULT_LINE_RATE = 100e6  # b/s: what the emulated links carry (see the transport benchmark)
 DEFAULT_BASE_RTT = 100e-6  # s
@@ -53,6 +58,7 @@ def run_flows(
     timeout: float = 60.0,
     seed: int = 1,
     verify: bool = True,
+    runner: Runner = run_job,
 ) -> dict[str, Any]:
     spec = {
         "kind": "flows",
@@ -62,7 +68,7 @@ def run_flows(
         "seed": seed,
         "verify": verify,
     }
-    return _flows_metrics(name, hosts, run_job(hosts, spec), line_rate, base_rtt)
+    return _flows_metrics(name, hosts, runner(hosts, spec), line_rate, base_rtt)
 
 
 def incast(hosts: list[Host], size: int, *, receiver: int = 0, **kw: Any) -> dict[str, Any]:
@@ -118,6 +124,7 @@ def allreduce(
     transport: dict[str, Any] | None = None,
     timeout: float = 120.0,
     seed: int = 1,
+    runner: Runner = run_job,
 ) -> dict[str, Any]:
     """Ring all-reduce of `size` bytes of float32 per rank; checks the sums on every rank."""
     spec = {
@@ -129,7 +136,7 @@ def allreduce(
         "timeout": timeout,
         "seed": seed,
     }
-    out = run_job(hosts, spec)
+    out = runner(hosts, spec)
     per_iter = [max(r["times"][i] for r in out.results) for i in range(iters)]
     mean_t = sum(per_iter) / len(per_iter)
     return {
