@@ -84,7 +84,9 @@ class SwitchAdminService(switch_pb2_grpc.SwitchAdminServicer):  # type: ignore[m
                                 dequeued=pq.dequeued, dropped=pq.dropped,
                                 down=pq.fault.down, loss=pq.fault.loss,
                                 delay_ns=pq.fault.delay_ns, rate_factor=pq.fault.rate_factor,
-                                fault_drops=pq.fault_drops, wire_lost=pq.wire_lost)
+                                fault_drops=pq.fault_drops, wire_lost=pq.wire_lost,
+                                departures=pq.departures, wait_ns=pq.wait_ns,
+                                expected_wait_ns=pq.expected_wait_ns)
         return resp
 
     def GetStatus(self, request: Any, context: Any) -> Any:

@@ -134,7 +134,8 @@ class PortQueues:
     depth_bytes: int = 0  # 0: no byte limit
     rate_pps: float = 0.0  # 0: no limit
     rate_bps: float = 0.0  # 0: no limit
-    queues: list[deque[tuple[Any, int, int]]] = field(default_factory=list)  # (pkt, bytes, t)
+    # (packet, bytes, enqueue time, expected wait: what the bytes ahead take at the set rate)
+    queues: list[deque[tuple[Any, int, int, int]]] = field(default_factory=list)
     qbytes: list[int] = field(default_factory=list)
     next_tx_ns: int = 0  # earliest time the port may start sending its next packet
     enqueued: int = 0
@@ -145,6 +146,13 @@ class PortQueues:
     fault: PortFault = field(default_factory=PortFault)
     fault_drops: int = 0  # dropped because the port was down
     wire_lost: int = 0  # sent, and lost on the wire by a `loss` fault
+    # The port's latency monitor, what INT's hop latency and queue occupancy say per packet,
+    # summed: departures, their waits (enqueue to start of transmission) and the waits the
+    # bytes ahead of them explain at the port's set rate. A healthy port waits what its queue
+    # explains; a slow or delaying one waits longer.
+    departures: int = 0
+    wait_ns: int = 0
+    expected_wait_ns: int = 0
 
     def __post_init__(self) -> None:
         self.queues = [deque() for _ in range(self.nb_queues)]
@@ -288,7 +296,10 @@ class TrafficManager:
         if n >= pq.depth_pkts or (pq.depth_bytes and b + nbytes > pq.depth_bytes):
             pq.dropped += 1
             return None
-        q.append((pkt, nbytes, now_ns))
+        expected = max(0, pq.next_tx_ns - now_ns) if port in self._busy else 0
+        if pq.rate_bps > 0:
+            expected += int(b * 8e9 / pq.rate_bps)
+        q.append((pkt, nbytes, now_ns, expected))
         pq.qbytes[prio] = b + nbytes
         pq.enqueued += 1
         if n >= pq.max_depth_pkts:
@@ -328,7 +339,7 @@ class TrafficManager:
                     if q:
                         if delay and q[0][2] + delay > now_ns:
                             break  # the head still serves its delay: the port waits
-                        pkt, nbytes, enq_ns = q.popleft()
+                        pkt, nbytes, enq_ns, expected = q.popleft()
                         pq.qbytes[prio] -= nbytes
                         pq.dequeued += 1
                         # the port is busy from when it became free (or the packet came) for
@@ -339,6 +350,9 @@ class TrafficManager:
                         if pq.rate_bps or pq.rate_pps:
                             done += pq.service_ns(nbytes)
                         pq.next_tx_ns = done
+                        pq.departures += 1
+                        pq.wait_ns += start - enq_ns
+                        pq.expected_wait_ns += expected
                         out.append((port, prio, pkt, enq_ns, len(q), start))
                         progressed = True
                         break
