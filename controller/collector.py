@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import socket
-import threading
 import time
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from controller.common.netns import in_netns
 from controller.topology import Topology
 from controller.wire.telemetry_report import (
     SEQ_BITS,
@@ -337,17 +336,6 @@ class _Protocol(asyncio.DatagramProtocol):
         log.warning("collector socket error: %s", exc)
 
 
-def _libc_setns(fd: int) -> None:
-    import ctypes
-    import ctypes.util
-
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    clone_newnet = 0x40000000
-    if libc.setns(fd, clone_newnet) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"setns: {os.strerror(err)}")
-
-
 def udp_socket(listen: str, netns: str | None = None) -> socket.socket:
     """A bound UDP socket for HOST:PORT, created inside network namespace `netns` (a name under
     /run/netns) when given: a socket stays in the namespace it was made in, so the collector can
@@ -355,17 +343,8 @@ def udp_socket(listen: str, netns: str | None = None) -> socket.socket:
     host, _, port = listen.rpartition(":")
     if netns is None:
         return _bound(host, int(port))
-    target = os.open(f"/run/netns/{netns}", os.O_RDONLY)
-    home = os.open(f"/proc/self/task/{threading.get_native_id()}/ns/net", os.O_RDONLY)
-    try:
-        _libc_setns(target)
-        try:
-            return _bound(host, int(port))
-        finally:
-            _libc_setns(home)
-    finally:
-        os.close(target)
-        os.close(home)
+    with in_netns(netns):
+        return _bound(host, int(port))
 
 
 def _bound(host: str, port: int) -> socket.socket:

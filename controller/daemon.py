@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from controller import config as config_mod
+from controller.common.logs import setup_logging
 from controller.config import Config, ConfigError
-from controller.logs import setup_logging
 
 log = logging.getLogger("xingmai.controller")
 

@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _testbed(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from testbed.ctlconfig import Ecn
-    from testbed.network import Testbed, TestbedOptions
+    from testbed.emu.network import Testbed, TestbedOptions
     from testbed.topo import parse_choice
 
     spec = parse_choice(args.topo)
@@ -91,7 +91,7 @@ def _testbed(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from testbed.network import install_signal_handlers
+    from testbed.emu.network import install_signal_handlers
     from testbed.plots import write_plots
     from testbed.report import table, verdict, write_results
     from testbed.scenarios import SCENARIOS, SCHEMES, Suite, SuiteConfig
@@ -167,8 +167,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_cli(args: argparse.Namespace) -> int:
-    from testbed.cli import run_cli
-    from testbed.network import install_signal_handlers
+    from testbed.emu.cli import run_cli
+    from testbed.emu.network import install_signal_handlers
 
     install_signal_handlers(SystemExit)
     with _testbed(args) as tb:
@@ -186,7 +186,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from testbed.doctor import report
+    from testbed.emu.doctor import report
 
     return report()
 
@@ -220,8 +220,8 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 130
     except Exception as exc:
-        from testbed.network import TestbedError
-        from testbed.procs import ComponentError
+        from testbed.emu.network import TestbedError
+        from testbed.emu.procs import ComponentError
 
         if isinstance(exc, (ComponentError, TestbedError)):
             print(f"xingmai-testbed: {exc}", file=sys.stderr)

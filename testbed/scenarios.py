@@ -42,9 +42,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from testbed.emu.operations import EmuOperations
 from testbed.faults import Fault
 from testbed.model import TRANSPORT_OVERHEAD, Scaling, fmt_rate
-from testbed.operations import EmuOperations
 from testbed.probes import (
     Capture,
     IntSampler,
@@ -61,7 +61,7 @@ from testbed.traffic import workloads as wl
 from testbed.traffic.netns import Host
 
 if TYPE_CHECKING:
-    from testbed.network import Testbed
+    from testbed.emu.network import Testbed
     from testbed.topo import FabricSpec
 
 SCHEMES = ("none", "dcqcn", "tita")

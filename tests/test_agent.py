@@ -11,14 +11,14 @@ from pathlib import Path
 import grpc
 import pytest
 
-from controller.agent.main import (
+from controller.nic.agent.main import (
     build_parser,
     merged_settings,
     parse_bitmap,
     parse_duration_ns,
     parse_rate,
 )
-from testbed.benchmarks.nic import AgentProcess, NetnsPair, measure_udp_pacing
+from testbed.emu.nicrig import AgentProcess, NetnsPair, measure_udp_pacing
 
 root = [
     pytest.mark.root,
@@ -154,7 +154,7 @@ def test_sigkill_keeps_pacing_and_restart_adopts_pins() -> None:
 
 
 def measure_udp_pacing_without_agent(pair: NetnsPair, sport: int) -> float:
-    from testbed.benchmarks.nic import udp_receiver, udp_sender
+    from testbed.emu.nicrig import udp_receiver, udp_sender
 
     with udp_receiver(pair) as box:
         udp_sender(pair, sport, 2.0).communicate(timeout=60)

@@ -1,4 +1,4 @@
-"""controller/ratelaw.py: the reference rate laws (no kernel needed)."""
+"""controller/nic/ratelaw.py: the reference rate laws (no kernel needed)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.ratelaw import (
+from controller.nic.ratelaw import (
     NO_TS,
     UNIT,
     CcParams,

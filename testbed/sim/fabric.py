@@ -28,9 +28,9 @@ from finsy.proto import p4r
 
 from controller import config as ctlconfig
 from controller import program
+from controller.nic.ratelaw import CcParams, Law
 from controller.proto import switch_pb2
 from controller.queues import queue_settings
-from controller.ratelaw import CcParams, Law
 from controller.reconcile import SwitchState, diff, ordered_updates
 from controller.topology import Topology
 from testbed.ctlconfig import ControllerSetup, Ecn, SwitchAccess, controller_config
@@ -52,7 +52,7 @@ from testbed.traffic.transport_core import TransportConfig, TransportCore
 REPO = Path(__file__).resolve().parents[2]
 P4INFO = REPO / "p4src" / "build" / "xingmai.p4info.txtpb"
 BMV2_JSON = REPO / "p4src" / "build" / "xingmai.json"
-CPU_PORT = 255  # testbed.nodes.CPU_PORT (nodes imports Mininet)
+CPU_PORT = 255  # testbed.emu.nodes.CPU_PORT (nodes imports Mininet)
 # Propagation delay of every link in the model (about 16 m of fiber), dilated by the scale
 # like every time of the model: with 4 KB frames at 400G it makes the leaf-spine's longest
 # path's base RTT about the model's 1 us.

@@ -3,7 +3,7 @@ transport (the sans-I/O core and the workload's job), on the event loop.
 
 - INT source: `insert_int` does what `xm_int_insert()` in ebpf/tc_egress.c does to a data
   packet (shim and MD header after the UDP header, INT DSCP, lengths and IPv4 checksum).
-- Rate law: controller.ratelaw.ReferenceNic, the bit-exact reference of ebpf/xdp_ingress.c,
+- Rate law: controller.nic.ratelaw.ReferenceNic, the bit-exact reference of ebpf/xdp_ingress.c,
   fed every arriving frame with the flow's tx bytes and next PSN as tc counts them.
 - Pacer: each flow (5-tuple) sends at exactly its rate, earliest-departure-time first (as
   EDT pacing does: a packet's departure is the flow's previous one plus its length over the
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from controller.ratelaw import CcParams, HopSpeed, Law, ReferenceNic
+from controller.nic.ratelaw import CcParams, HopSpeed, Law, ReferenceNic
 from controller.wire.int_md import hop_ml_words
 from controller.wire.roce import ROCE_UDP_PORT
 from testbed.probes import Capture, RateEvent, record_int_frame

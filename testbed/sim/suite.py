@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from controller.ratelaw import Law
+from controller.nic.ratelaw import Law
 from testbed.probes import Capture, PortCounters, RateEvent
 from testbed.scenarios import SuiteBase, SuiteConfig
 from testbed.sim.fabric import SimFabric

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from controller.logs import setup_logging
+from controller.common.logs import setup_logging
 from testbed.switch.program import LoadError
 from testbed.switch.traffic_manager import Clock
 from testbed.switch.v1model import V1Switch

@@ -10,11 +10,11 @@ from typing import Any, TypeVar
 
 import grpc
 
-from controller.agent.agent import Agent, FlowView
-from controller.agent.bpfload import FlowKey
+from controller.nic.agent.agent import Agent, FlowView
+from controller.nic.bpf.loader import FlowKey
+from controller.nic.ratelaw import CcParams, Law, from_fixed, to_fixed
 from controller.proto import agent_pb2 as pb
 from controller.proto import agent_pb2_grpc as pb_grpc
-from controller.ratelaw import CcParams, Law, from_fixed, to_fixed
 
 log = logging.getLogger("xingmai.agent.service")
 

@@ -18,7 +18,7 @@ import grpc
 from testbed import faults
 
 if TYPE_CHECKING:
-    from testbed.network import Testbed
+    from testbed.emu.network import Testbed
 
 log = logging.getLogger("xingmai.testbed.operations")
 

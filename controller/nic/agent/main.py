@@ -22,8 +22,9 @@ from typing import Any
 
 import yaml
 
-from controller.logs import setup_logging
-from controller.ratelaw import Law
+from controller.common.logs import setup_logging
+from controller.common.netns import enter_netns
+from controller.nic.ratelaw import Law
 
 log = logging.getLogger("xingmai.agent.main")
 
@@ -125,10 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging("agent", s.get("log_level", "info"), file=s.get("log_file"))
 
     # Enter the host's namespace first: everything after (bcc, netlink, sockets) lives there.
-    from controller.agent import netdev
-
     if s.get("netns"):
-        netdev.enter_netns(str(s["netns"]))
+        enter_netns(str(s["netns"]))
     name = s.get("name") or (Path(str(s["netns"])).name if s.get("netns") else "agent")
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise SystemExit(f"agent name {name!r}: letters, digits, '_', '.', '-' only")
@@ -138,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     if "line_rate" not in s:
         raise SystemExit("--line-rate is required (the emulated NIC's speed, e.g. 100M)")
 
-    from controller.agent.agent import Agent, AgentOptions
+    from controller.nic.agent.agent import Agent, AgentOptions
 
     opts = AgentOptions(
         name=name,
@@ -163,8 +162,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import grpc
 
-    from controller.agent.metrics import exposition, registry_for
-    from controller.agent.service import HostAgentService
+    from controller.nic.agent.metrics import exposition, registry_for
+    from controller.nic.agent.service import HostAgentService
     from controller.proto import agent_pb2_grpc
 
     agent = Agent(opts)

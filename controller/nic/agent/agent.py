@@ -25,8 +25,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from controller.agent import netdev
-from controller.agent.bpfload import (
+from controller.nic.agent import netdev
+from controller.nic.agent.pacer import (
+    DEFAULT_MINOR,
+    EdtPacer,
+    HtbPacer,
+    PacingMode,
+    classid,
+    detect_mode,
+)
+from controller.nic.bpf.loader import (
     CTL_HAS_CAP,
     CTL_HAS_PARAMS,
     ORIGINS,
@@ -37,15 +45,7 @@ from controller.agent.bpfload import (
     cc_params_from_c,
     cc_params_to_c,
 )
-from controller.agent.pacer import (
-    DEFAULT_MINOR,
-    EdtPacer,
-    HtbPacer,
-    PacingMode,
-    classid,
-    detect_mode,
-)
-from controller.ratelaw import UNIT, CcParams, Law
+from controller.nic.ratelaw import UNIT, CcParams, Law
 
 log = logging.getLogger("xingmai.agent")
 
