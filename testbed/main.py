@@ -62,6 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--flows", type=Path,
                      help="a flow list (CSV: src,dst,bytes,start_s; hosts by name) run as the "
                           "scenario 'flows' instead of the suite's scenarios")
+    run.add_argument("--faults", type=Path,
+                     help="faults to inject in every scenario (YAML list of {at: SECONDS, "
+                          "target: leaf1:3|spine1|h3, kind: down|up|loss|rate|delay|kill|slow, "
+                          "value: ...}; testbed/faults.py)")
     compare = sub.add_parser("compare", help="two or more runs side by side, with ratios")
     compare.add_argument("runs", nargs="+", type=Path, help="run dirs (or results.json files)")
     cli = sub.add_parser("cli", help="Mininet's CLI on the booted network")
@@ -106,6 +110,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         scenarios = ("flows",)
     cfg = SuiteConfig(**{**base.__dict__, "schemes": schemes, "scenarios": scenarios,
                          "seed": args.seed})
+    if args.faults is not None:
+        from testbed import faults
+        from testbed.topo import parse_choice
+
+        try:
+            args.fault_list = faults.load(parse_choice(args.topo), args.faults)
+        except faults.FaultError as exc:
+            print(f"--faults: {exc}", file=sys.stderr)
+            return 2
+    else:
+        args.fault_list = []
     if args.engine == "sim":
         from testbed.sim.run import run_sim
 
@@ -118,6 +133,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     tb = _testbed(args)
     with tb:
         with Suite(tb, cfg) as suite:
+            suite.faults = args.fault_list
             records = suite.run()
             base_rtt, tita_t = suite.base_rtt_s, suite.tita_t_s
         s = tb.scaling
@@ -126,6 +142,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                  "nic_bps": s.nic_bps, "base_rtt_s": base_rtt, "tita_base_rtt_s": tita_t,
                  "suite": cfg.__dict__,
                  "controller_caps": args.controller_caps,
+                 "faults_file": str(args.faults) if args.faults else None,
                  "queue_source": "INT queue occupancy of every data packet arriving at a "
                                  "host (per departure from each hop)"}
         write_results(tb.run_dir / "results.json", records, setup)

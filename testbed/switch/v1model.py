@@ -203,6 +203,9 @@ class V1Switch:
             if c is None or S is None:
                 self.stats.drop("no_pipeline")
                 return
+            if self.tm.port_down(port):  # a link down delivers nothing
+                self.stats.drop("port_down")
+                return
             p = self._new(c, len(data))
             now = self.clock.now_ns()
             p.t_ns = now if t_ns is None or t_ns > now else t_ns
@@ -332,6 +335,10 @@ class V1Switch:
         if prio >= self.tm.nb_queues:
             self.stats.drop("bad_priority")
             return
+        if self.tm.port_down(port):
+            self.stats.drop("port_down")
+            self.tm.ports[port].fault_drops += 1
+            return
         now = p.t_ns
         found = self.tm.enqueue(port, prio, p, p.plen, now)
         if found is None:
@@ -418,4 +425,6 @@ class V1Switch:
         if p.truncate_len >= 0:
             out = out[: p.truncate_len]
         self.stats.tx += 1
+        if self.tm.lost_on_wire(port):
+            return  # sent (and counted by egress), never received: a lossy link
         self.transmit(port, out)

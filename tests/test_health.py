@@ -1,0 +1,122 @@
+"""The localizer (controller/health.py) on hand-made polls of the 2x2 example fabric: each rule
+names the right element, a healthy fabric names nothing, dead links are what fail-over needs,
+and suspects clear when the fault goes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from controller.config import load
+from controller.health import Localizer, PortSample, SwitchSample
+from controller.topology import Topology
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "controller" / "examples" / "leafspine-2x2.yaml"
+PORTS = {"leaf1": (1, 2, 3, 4, 5, 6), "leaf2": (1, 2, 3, 4, 5, 6), "spine1": (1, 2),
+         "spine2": (1, 2)}
+
+
+class Fabric:
+    """Counters that grow as traffic flows: every switch port sends `pps` frames per second
+    to its peer, which receives them all unless the link loses some."""
+
+    def __init__(self) -> None:
+        self.topo = Topology(load(EXAMPLE))
+        self.loc = Localizer(self.topo, mtu_bytes=4154)
+        self.tx = {(s, p): 0 for s, ps in PORTS.items() for p in ps}
+        self.rx = dict.fromkeys(self.tx, 0)
+        self.mon = {k: (0, 0, 0) for k in self.tx}  # departures, wait, expected wait
+        self.t = 0.0
+        self.loss: dict[tuple[str, int], float] = {}
+        self.extra_wait_ns: dict[tuple[str, int], int] = {}
+        self.down: set[tuple[str, int]] = set()
+        self.silent: set[str] = set()
+        self._owed: dict[tuple[str, int], float] = {}  # fractions of frames lost so far
+
+    def step(self, dt: float = 0.1, pps: int = 500) -> list[str]:
+        self.t += dt
+        n = int(pps * dt)
+        for (s, p) in self.tx:
+            if (s, p) in self.down:
+                continue
+            self.tx[(s, p)] += n
+            peer = self.topo.peer(s, p)
+            if peer is not None and peer.node in PORTS and peer.port is not None:
+                owed = self._owed.get((s, p), 0.0) + n * self.loss.get((s, p), 0.0)
+                lost = int(owed)
+                self._owed[(s, p)] = owed - lost
+                got = n - lost
+                self.rx[(peer.node, peer.port)] += got
+            d, w, e = self.mon[(s, p)]
+            # a healthy port waits what its queue explains (2 ms here) plus a little
+            self.mon[(s, p)] = (d + n, w + n * (2_100_000 + self.extra_wait_ns.get((s, p), 0)),
+                                e + n * 2_000_000)
+        for s, ps in PORTS.items():
+            if s in self.silent:
+                self.loc.unreachable(s, self.t)
+                continue
+            self.loc.observe(SwitchSample(s, self.t, {p: PortSample(
+                p, up=(s, p) not in self.down, tx_packets=self.tx[(s, p)],
+                rx_packets=self.rx[(s, p)], departures=self.mon[(s, p)][0],
+                wait_ns=self.mon[(s, p)][1], expected_wait_ns=self.mon[(s, p)][2])
+                for p in ps}))
+        return [s.element for s in self.loc.evaluate(self.t)]
+
+    def run(self, seconds: float) -> list[str]:
+        out: list[str] = []
+        for _ in range(round(seconds / 0.1)):
+            out = self.step()
+        return out
+
+
+def test_healthy_fabric_names_nothing() -> None:
+    f = Fabric()
+    assert f.run(10) == [] and f.loc.named == {} and f.loc.dead_links() == set()
+
+
+def test_lossy_link_is_named_within_the_window_and_cleared_after() -> None:
+    f = Fabric()
+    f.run(3)
+    f.loss[("leaf1", 5)] = 0.01
+    named_at = None
+    for _ in range(50):
+        if f.step():
+            named_at = f.t
+            break
+    assert named_at is not None and named_at - 3 <= 2.5
+    s = f.loc.ranked()[0]
+    assert (s.element, s.kind) == ("link leaf1:5-spine1:1", "lossy-link")
+    assert "leaf1:5 sent" in s.evidence and f.loc.dead_links() == set()  # lossy, not dead
+    f.loss.clear()
+    assert f.run(8) == []  # the window moves past the loss, the hold runs out
+
+
+def test_down_port_and_dead_switch_give_dead_links() -> None:
+    f = Fabric()
+    f.run(1)
+    f.down.add(("leaf2", 6))
+    assert f.step() == ["link leaf2:6-spine2:2"]
+    assert f.loc.ranked()[0].kind == "link-down"
+    assert f.loc.dead_links() == {"leaf2:6-spine2:2"}
+    f.down.clear()
+    f.run(1)
+    assert f.loc.dead_links() == set()  # restored as soon as the port is up
+    f.silent.add("spine1")
+    f.step()
+    assert f.loc.dead_links() == set()  # not before dead_after_s
+    f.run(0.5)
+    assert f.loc.ranked()[0].element == "switch spine1"
+    assert f.loc.dead_links() == {"leaf1:5-spine1:1", "leaf2:5-spine1:2"}
+
+
+def test_slow_port_is_a_slow_link_and_a_slow_switch_is_named_once() -> None:
+    f = Fabric()
+    f.run(3)
+    f.extra_wait_ns[("leaf1", 5)] = 4_000_000  # 2.4 frame times at 20 Mb/s beyond the queue
+    f.run(3)
+    s = f.loc.ranked()[0]
+    assert (s.element, s.kind) == ("link leaf1:5-spine1:1", "slow-link")
+    g = Fabric()
+    g.run(3)
+    g.extra_wait_ns.update({("spine2", 1): 5_000_000, ("spine2", 2): 5_000_000})
+    g.run(3)
+    assert [(s.element, s.kind) for s in g.loc.ranked()] == [("switch spine2", "slow-switch")]
