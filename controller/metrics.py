@@ -95,6 +95,17 @@ class ControllerMetrics:
             fq.add_metric(labels, f.max_qocc_bytes)
         yield from (rate, cap_g, fq)
 
+        # the localizer's current suspects, as GetSuspects (and the fabric page) ranks them
+        sus = GaugeMetricFamily("xingmai_controller_suspect_score",
+                                "a current suspect's score in [0, 1] (fault localization)",
+                                labels=["element", "kind"])
+        for s in list(d.operations.loc.ranked()):
+            sus.add_metric([s.element, s.kind], s.score)
+        dead = GaugeMetricFamily("xingmai_controller_dead_links",
+                                 "links routed around (fail-over)")
+        dead.add_metric([], len(d.operations.dead))
+        yield from (sus, dead)
+
         host = ["host"]
         reach = GaugeMetricFamily("xingmai_controller_agent_reachable",
                                   "the host agent answered the last call", labels=host)

@@ -5,7 +5,8 @@ queue), the active flows, the switches' health and the suspects, served over HTT
     GET /api/fabric   the page's data
 
 The data is the controller's gRPC API, not a second view of the daemon: `/api/fabric` calls the
-`Controller` service's own handlers (GetTopology, GetTelemetry, ListFlows, ListSwitches) in
+`Controller` service's own handlers (GetTopology, GetTelemetry, ListFlows, ListSwitches,
+GetStatus, GetSuspects) in
 process and returns their answers as JSON (protobuf field names), so what the page shows is
 exactly what a gRPC client reads. Every number the page draws is also a Prometheus metric of
 the controller (`controller.metrics`; the page's legend names them).
@@ -58,6 +59,9 @@ async def fabric_state(daemon: Daemon) -> dict[str, Any]:
         "flows": _dict(await svc.ListFlows(pb.ListFlowsRequest(), None))["flows"],
         "switches": _dict(await svc.ListSwitches(pb.ListSwitchesRequest(), None))["switches"],
         "status": _dict(await svc.GetStatus(pb.GetStatusRequest(), None)),
+        # the localizer's current suspects, ranked, and the links failed over
+        **{k: v for k, v in _dict(await svc.GetSuspects(pb.GetSuspectsRequest(), None)).items()
+           if k in ("suspects", "dead_links")},
         # queue colours: below ECN's kmin green, at kmax and above red (the config's marking)
         "scales": {"queue_kmin_bytes": cfg.ecn.kmin_bytes,
                    "queue_kmax_bytes": cfg.ecn.kmax_bytes},

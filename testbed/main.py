@@ -3,6 +3,7 @@
     xingmai-testbed run      # the main job: TiTa vs DCQCN vs no CC on AI-training traffic
     xingmai-testbed run --engine sim --scale 1   # the same on the simulated twin, at 400G
     xingmai-testbed compare RUN_DIR RUN_DIR...   # runs side by side, with ratios
+    xingmai-testbed replay RUN_DIR   # name the fault behind a slow job: replays in the twin
     xingmai-testbed cli      # the same network with Mininet's CLI and project commands
     xingmai-testbed doctor   # what this machine has and lacks
     xingmai-testbed topo leafspine:2,2,4 --dump   # a topology as YAML
@@ -66,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="faults to inject in every scenario (YAML list of {at: SECONDS, "
                           "target: leaf1:3|spine1|h3, kind: down|up|loss|rate|delay|kill|slow, "
                           "value: ...}; testbed/faults.py)")
+    from testbed.replay import build_parser as replay_parser
+
+    replay_parser(sub)
     compare = sub.add_parser("compare", help="two or more runs side by side, with ratios")
     compare.add_argument("runs", nargs="+", type=Path, help="run dirs (or results.json files)")
     cli = sub.add_parser("cli", help="Mininet's CLI on the booted network")
@@ -178,6 +182,12 @@ def cmd_cli(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_replay(args: argparse.Namespace) -> int:
+    from testbed.replay import main
+
+    return main(args)
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     from testbed.report import compare
 
@@ -211,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return {"run": cmd_run, "cli": cmd_cli, "doctor": cmd_doctor, "topo": cmd_topo,
-                "compare": cmd_compare}[args.cmd](args)
+                "compare": cmd_compare, "replay": cmd_replay}[args.cmd](args)
     except ValueError as exc:  # testbed.topo.TopologyError and bad options
         print(f"xingmai-testbed: {exc}", file=sys.stderr)
         return 2

@@ -104,7 +104,9 @@ def controller(tmp_path: Path) -> Iterator[dict[str, Any]]:
     proc = subprocess.Popen([sys.executable, "-m", "controller.daemon", "--config", str(cfg),
                              "--log-file", str(log)], cwd=REPO, stderr=subprocess.DEVNULL)
     try:
-        yield {"ports": ports, "udp": udp, "log": log, "proc": proc}
+        yield {"ports": ports, "udp": udp, "log": log, "proc": proc,
+               "switches": dict(zip(("leaf1", "leaf2", "spine1", "spine2"), switches,
+                                    strict=True))}
     finally:
         proc.terminate()
         try:
@@ -165,6 +167,25 @@ def _metrics(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     return out
 
 
+# what the page shows, read from its elements' data attributes (and where each link's core is)
+READ_PAGE = """
+            const links = [...document.querySelectorAll('[data-link]')].map((g) => {
+              const core = g.querySelectorAll('line')[1].getBoundingClientRect();
+              return {name: g.dataset.link, util: g.dataset.util, qocc: g.dataset.qocc,
+                      colour: g.dataset.colour, dead: g.dataset.dead, x: core.x + core.width / 2,
+                      y: core.y + core.height / 2};
+            });
+            const rows = (id) => [...document.querySelectorAll(`#${id} tbody tr`)]
+              .filter((tr) => Object.keys(tr.dataset).length).map((tr) => ({...tr.dataset}));
+            const nodes = [...document.querySelectorAll('[data-node]')]
+              .map((g) => ({...g.dataset}));
+            return {links, flows: rows('flows'), switches: rows('switches'), nodes,
+                    suspects: rows('suspects'),
+                    status: document.getElementById('status').textContent,
+                    dpr: window.devicePixelRatio};
+        """
+
+
 def _loaded(controller: dict[str, Any]) -> Any:
     """Wait for the fabric to be programmed, send the reports, wait for the flows to be capped
     and the port counters polled; the controller's stub."""
@@ -197,24 +218,8 @@ def test_fabric_page_in_a_browser_matches_the_api(controller: dict[str, Any],
         b.get(url)
         b.wait_for("return document.body.dataset.updated || document.body.dataset.error")
         assert not b.run("return document.body.dataset.error || ''")
-        page = b.run("""
-            const links = [...document.querySelectorAll('[data-link]')].map((g) => {
-              const core = g.querySelectorAll('line')[1].getBoundingClientRect();
-              return {name: g.dataset.link, util: g.dataset.util, qocc: g.dataset.qocc,
-                      colour: g.dataset.colour, x: core.x + core.width / 2,
-                      y: core.y + core.height / 2};
-            });
-            const rows = (id) => [...document.querySelectorAll(`#${id} tbody tr`)]
-              .filter((tr) => Object.keys(tr.dataset).length).map((tr) => ({...tr.dataset}));
-            const nodes = [...document.querySelectorAll('[data-node]')]
-              .map((g) => ({...g.dataset}));
-            return {links, flows: rows('flows'), switches: rows('switches'), nodes,
-                    status: document.getElementById('status').textContent,
-                    dpr: window.devicePixelRatio};
-        """)
+        page = b.run(READ_PAGE)
         png = b.screenshot(tmp_path / "fabric-page.png")
-    if os.environ.get("XINGMAI_SCREENSHOT"):
-        Path(os.environ["XINGMAI_SCREENSHOT"]).write_bytes(png)
 
     topo = stub.GetTopology(pb.GetTopologyRequest(), timeout=5)
     tel = {ls.name: ls for ls in stub.GetTelemetry(pb.GetTelemetryRequest(), timeout=5).links}
@@ -283,6 +288,38 @@ def test_fabric_page_in_a_browser_matches_the_api(controller: dict[str, Any],
                         (("switch", s["switch"]),))] == int(h.connected)
     assert all(n["up"] == "true" for n in page["nodes"] if n["kind"] == "switch")
     assert "healthy" in page["status"] and "NOT" not in page["status"]
+    assert page["suspects"] == []
+
+    # spine2 dies: the controller names it and routes around it; the page shows the suspect
+    # and the dead links as GetSuspects has them, and so do the metrics
+    controller["switches"]["spine2"].close()
+    sus = _wait("spine2 suspected", lambda: [
+        s for s in stub.GetSuspects(pb.GetSuspectsRequest(), timeout=2).suspects
+        if s.element == "switch spine2"])
+    assert sus[0].kind == "switch-unreachable"
+    _wait("the fail-over", lambda: stub.GetSuspects(pb.GetSuspectsRequest(),
+                                                    timeout=2).dead_links)
+    with Browser(width=1280, height=1000) as b:
+        b.get(url)
+        b.wait_for("return document.body.dataset.updated || document.body.dataset.error")
+        after = b.run(READ_PAGE)
+        png = b.screenshot(tmp_path / "fabric-page-suspect.png")
+    if os.environ.get("XINGMAI_SCREENSHOT"):
+        Path(os.environ["XINGMAI_SCREENSHOT"]).write_bytes(png)
+    api = stub.GetSuspects(pb.GetSuspectsRequest(), timeout=5)
+    assert [(s["element"], s["kind"]) for s in after["suspects"]] == [
+        (s.element, s.kind) for s in api.suspects]
+    assert [float(s["score"]) for s in after["suspects"]] == pytest.approx(
+        [s.score for s in api.suspects])
+    dead = {lk["name"] for lk in after["links"] if lk["dead"] == "true"}
+    assert dead == {lk.name for lk in topo.links
+                    if "spine2" in (getattr(lk, "from").split(":")[0], lk.to.split(":")[0])}
+    assert {n["node"]: n["up"] for n in after["nodes"]}["spine2"] == "false"
+    metrics = _metrics(controller["ports"]["metrics"])
+    for s in api.suspects:
+        assert metrics[("xingmai_controller_suspect_score",
+                        (("element", s.element), ("kind", s.kind)))] == pytest.approx(s.score)
+    assert metrics[("xingmai_controller_dead_links", ())] == len(api.dead_links)
 
 
 def test_web_server_refuses_what_it_does_not_serve(controller: dict[str, Any]) -> None:
@@ -345,6 +382,9 @@ def test_prometheus_server_scrapes_what_the_page_shows(controller: dict[str, Any
         assert [t["job"] for t in prom.targets()] == ["controller"]
         # and every controller query of the shipped Grafana dashboard finds its series
         for expr in queries("xingmai_controller_"):
+            if "suspect" in expr:  # a healthy fabric: no suspect, a valid query
+                assert prom.query(expr) == []
+                continue
             _wait(f"data for {expr}", lambda e=expr: prom.query(e), 20)
         assert (tmp_path / "prometheus" / "prometheus.yml").is_file()
     finally:
