@@ -6,10 +6,11 @@ A recorded run is a run directory of `xingmai-testbed run` on either engine: `re
 FCT; the telemetry kept from the INT records of the data packets — each link's queue
 percentiles —; the switches' drops, the transports' retransmissions; the controller's ranked
 suspects) and `topology.yaml`. The job itself is the suite's workload, rebuilt from the run's
-suite settings and seed; the replay never reads the faults the run injected.
+suite settings and seed; the replay never reads the faults the run injected. (The controller's
+collector keeps its own per-link series, but the run directory does not hold them yet: the
+queue profile comes from the hosts' INT records, which both engines record alike.)
 
-1. The record to explain (`--scenario`, `--scheme`; by default the only one, or the one whose
-   completion is furthest above a healthy twin's).
+1. The record to explain (`--scenario`, `--scheme`; by default the run's only one).
 2. Candidates: each element the controller suspected, with the faults its kind of suspect
    means (a slow link: its rate cut or a delay; a lossy link: loss; a link down; a slow or
    dead switch); when the record names no suspect (or to widen the search, `--widen`), the
