@@ -61,7 +61,9 @@ CLASS_FAULTS: dict[str, list[tuple[str, str | None]]] = {
              ("delay", "2ms"), ("down", None)],
     "switch": [("slow", "2ms"), ("slow", "5ms")],
 }
-QUEUE_FLOOR_BYTES = 20_000  # a queue profile this small is "no queue" (ECN's kmin)
+# a link's p99 queue below three 4 KB frames is noise, not congestion: on the emulation the
+# uncongested links of a ring all-reduce show 4-11 KB (a software switch's scheduling hiccups)
+QUEUE_FLOOR_BYTES = 12_000
 
 
 class ReplayError(ValueError):
@@ -283,10 +285,17 @@ def _log_ratio(a: float, b: float) -> float:
 def score(obs: Observed, rep: Replayed) -> dict[str, float]:
     """Distance terms (0: identical); `total` ranks the candidates."""
     terms = {"time": _log_ratio(rep.completion_s, obs.completion_s)}
-    links = set(obs.queue_p99) | set(rep.queue_p99)
-    diff = sum(abs(obs.queue_p99.get(lk, 0.0) - rep.queue_p99.get(lk, 0.0)) for lk in links)
-    scale = max(sum(obs.queue_p99.values()), sum(rep.queue_p99.values()), QUEUE_FLOOR_BYTES)
-    terms["queue"] = diff / scale
+    # where the queues are: 1 - the weighted Jaccard overlap of the two profiles, each link's
+    # p99 counted above the noise floor only (0: the same queues at the same links; 1: none
+    # in common, or queues on one side only)
+    def hot(q: dict[str, float]) -> dict[str, float]:
+        return {lk: v for lk, v in q.items() if v >= QUEUE_FLOOR_BYTES}
+
+    o, r = hot(obs.queue_p99), hot(rep.queue_p99)
+    links = set(o) | set(r)
+    both = sum(min(o.get(lk, 0.0), r.get(lk, 0.0)) for lk in links)
+    either = sum(max(o.get(lk, 0.0), r.get(lk, 0.0)) for lk in links)
+    terms["queue"] = 1.0 - both / either if either > 0 else 0.0
     terms["retransmits"] = 0.25 * _log_ratio(1 + rep.retransmits, 1 + obs.retransmits)
     if obs.fct_p99 is not None and rep.fct_p99 is not None and obs.fct_p50 is not None \
             and rep.fct_p50 is not None:
