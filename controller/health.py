@@ -191,6 +191,8 @@ class Localizer:
         out = {}
         for sw, h in self._hist.items():
             since = h.unreachable_since
+            if h.last_seen is None:
+                continue  # never seen: not up yet (a start), not a failure
             if since is not None and now - since >= self.th.dead_after_s:
                 out[sw] = since
             elif since is None and h.last_seen is not None and \

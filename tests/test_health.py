@@ -73,6 +73,12 @@ def test_healthy_fabric_names_nothing() -> None:
     assert f.run(10) == [] and f.loc.named == {} and f.loc.dead_links() == set()
 
 
+def test_a_switch_never_seen_is_not_dead() -> None:
+    f = Fabric()
+    f.silent.add("spine2")  # not up yet when the controller starts
+    assert f.run(2) == [] and f.loc.dead_links() == set()
+
+
 def test_lossy_link_is_named_within_the_window_and_cleared_after() -> None:
     f = Fabric()
     f.run(3)

@@ -56,9 +56,9 @@ def one(spec: Any, scheme: str, line: str | None) -> dict[str, Any]:
             "flows_completed": rec.flows_completed, "completion_s": rec.completion_s}
 
 
-def run(quick: bool = True) -> dict[str, Any]:
+def run(quick: bool = True, schemes: tuple[str, ...] | None = None) -> dict[str, Any]:
     spec = leafspine(2, 2, 4)
-    schemes = ("tita",) if quick else SCHEMES
+    schemes = schemes or (("tita",) if quick else SCHEMES)
     cases = FAULTS[::3] if quick else FAULTS
     out: list[dict[str, Any]] = []
     t0 = time.monotonic()
@@ -100,8 +100,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", help="write the figures here")
+    ap.add_argument("--schemes", default=",".join(SCHEMES))
     args = ap.parse_args()
-    res = run(args.quick)
+    res = run(args.quick, tuple(s for s in args.schemes.split(",") if s))
     summary = {k: v for k, v in res.items() if k != "runs"}
     print(json.dumps(summary, indent=1))
     if args.json:
