@@ -98,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--sync-interval", type=parse_duration_ns, help="rate map poll period (2ms)")
     ap.add_argument("--idle-timeout", type=float, help="seconds before an idle flow is forgotten")
     ap.add_argument("--metrics-port", type=int, help="Prometheus HTTP port (0: off)")
+    ap.add_argument("--metrics-host", help="address the metrics port binds (127.0.0.1)")
     ap.add_argument("--log-level", help="debug, info, warning (default info)")
     ap.add_argument("--log-file", type=Path, help="also write JSON logs here")
     return ap
@@ -163,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     import grpc
 
     from controller.nic.agent.metrics import exposition, registry_for
-    from controller.nic.agent.service import HostAgentService
+    from controller.nic.agent.service import MAX_WORKERS, HostAgentService
     from controller.proto import agent_pb2_grpc
 
     agent = Agent(opts)
@@ -182,7 +183,9 @@ def main(argv: list[str] | None = None) -> int:
             agent.stop()
         return 1
     reg = registry_for(agent)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="grpc"))
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=MAX_WORKERS,
+                                                    thread_name_prefix="grpc"),
+                         options=[("grpc.so_reuseport", 0)])
     agent_pb2_grpc.add_HostAgentServicer_to_server(
         HostAgentService(agent, lambda: exposition(reg)), server
     )
@@ -200,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     if s.get("metrics_port"):
         from prometheus_client import start_http_server
 
-        start_http_server(int(s["metrics_port"]), registry=reg)
+        start_http_server(int(s["metrics_port"]), addr=str(s.get("metrics_host", "127.0.0.1")),
+                          registry=reg)
     log.info("serving", extra={"listen": listen, "metrics_port": s.get("metrics_port", 0)})
     stop.wait()
     log.info("stopping")
