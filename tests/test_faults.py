@@ -165,3 +165,11 @@ def test_switch_admin_set_fault_checks_then_applies() -> None:
         admin.SetFault(switch_pb2.SetFaultRequest(port=3, rate_factor=0.0), _Context())
     admin.SetFault(switch_pb2.SetFaultRequest(all_ports=True, down=True), _Context())
     assert sw.tm.port_down(3)
+
+
+def test_the_example_file_loads_for_the_default_fabric() -> None:
+    from testbed.topo import parse_choice
+
+    path = Path(__file__).resolve().parents[1] / "testbed/data/faults/four-faults.yaml"
+    fs = faults.load(parse_choice("leafspine"), path)
+    assert [f.kind for f in fs] == ["down", "up", "loss", "up", "rate", "up", "slow", "up"]
