@@ -107,7 +107,7 @@ class Operations:
                 return None
             for p in st.ports:
                 if p.port in ports:
-                    ports[p.port]["up"] = not p.down
+                    ports[p.port].update(up=not p.down, rx_errors=p.rx_errors)
             for q in qs.queues:
                 if q.port in ports:
                     ports[q.port].update(departures=q.departures, wait_ns=q.wait_ns,

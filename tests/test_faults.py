@@ -97,22 +97,25 @@ def test_down_drops_what_waits_and_what_comes_then_up_forwards() -> None:
     sw.compiled = sw.std = object()  # type: ignore[assignment]  # past the no-pipeline check
     sw.receive(1, b"\x00" * 64)
     assert sw.stats.dropped["port_down"] == 1  # nothing is received on a down port
+    tm.set_fault(2, loss=1.0)
+    sw.receive(2, b"\x00" * 64)  # a lossy link's frame fails its check at the port
+    assert sw.stats.dropped["rx_error"] == 1 and tm.port(2).rx_errors == 1
     tm.set_fault(1, down=False)
     tm.enqueue(1, 0, "after", 1000, clock.now_ns())
     assert [p for p, _ in _drain(tm, clock, 10**9)] == ["after"]
 
 
-def test_loss_loses_the_fraction_asked_and_is_seeded() -> None:
+def test_loss_corrupts_the_fraction_asked_and_is_seeded() -> None:
     tm = TrafficManager(Clock(virtual=True))
     tm.set_fault(2, loss=0.01)
-    lost = sum(tm.lost_on_wire(2) for _ in range(100_000))
-    assert 850 <= lost <= 1150 and tm.port(2).wire_lost == lost
+    lost = sum(tm.corrupted(2) for _ in range(100_000))
+    assert 850 <= lost <= 1150 and tm.port(2).rx_errors == lost
     tm2 = TrafficManager(Clock(virtual=True))
     tm2.set_fault(2, loss=0.01)
-    assert sum(tm2.lost_on_wire(2) for _ in range(100_000)) == lost  # same seed, same draws
+    assert sum(tm2.corrupted(2) for _ in range(100_000)) == lost  # same seed, same draws
     tm.set_fault(2, loss=0.0)
-    assert not any(tm.lost_on_wire(2) for _ in range(1000))
-    assert not tm.lost_on_wire(7)  # a port without a fault
+    assert not any(tm.corrupted(2) for _ in range(1000))
+    assert not tm.corrupted(7)  # a port without a fault
 
 
 def test_delay_holds_each_packet_and_rate_factor_slows_the_port() -> None:
@@ -162,3 +165,11 @@ def test_switch_admin_set_fault_checks_then_applies() -> None:
         admin.SetFault(switch_pb2.SetFaultRequest(port=3, rate_factor=0.0), _Context())
     admin.SetFault(switch_pb2.SetFaultRequest(all_ports=True, down=True), _Context())
     assert sw.tm.port_down(3)
+
+
+def test_the_example_file_loads_for_the_default_fabric() -> None:
+    from testbed.topo import parse_choice
+
+    path = Path(__file__).resolve().parents[1] / "testbed/data/faults/four-faults.yaml"
+    fs = faults.load(parse_choice("leafspine"), path)
+    assert [f.kind for f in fs] == ["down", "up", "loss", "up", "rate", "up", "slow", "up"]

@@ -31,6 +31,7 @@ class Fabric:
         self.down: set[tuple[str, int]] = set()
         self.silent: set[str] = set()
         self._owed: dict[tuple[str, int], float] = {}  # fractions of frames lost so far
+        self.errors: dict[tuple[str, int], int] = {}
 
     def step(self, dt: float = 0.1, pps: int = 500) -> list[str]:
         self.t += dt
@@ -41,11 +42,13 @@ class Fabric:
             self.tx[(s, p)] += n
             peer = self.topo.peer(s, p)
             if peer is not None and peer.node in PORTS and peer.port is not None:
-                owed = self._owed.get((s, p), 0.0) + n * self.loss.get((s, p), 0.0)
-                lost = int(owed)
-                self._owed[(s, p)] = owed - lost
-                got = n - lost
-                self.rx[(peer.node, peer.port)] += got
+                # a lossy link's receiving end counts the corrupted frames
+                rx = (peer.node, peer.port)
+                owed = self._owed.get(rx, 0.0) + n * self.loss.get(rx, 0.0)
+                bad = int(owed)
+                self._owed[rx] = owed - bad
+                self.rx[rx] += n - bad
+                self.errors[rx] = self.errors.get(rx, 0) + bad
             d, w, e = self.mon[(s, p)]
             # a healthy port waits what its queue explains (2 ms here) plus a little
             self.mon[(s, p)] = (d + n, w + n * (2_100_000 + self.extra_wait_ns.get((s, p), 0)),
@@ -56,7 +59,8 @@ class Fabric:
                 continue
             self.loc.observe(SwitchSample(s, self.t, {p: PortSample(
                 p, up=(s, p) not in self.down, tx_packets=self.tx[(s, p)],
-                rx_packets=self.rx[(s, p)], departures=self.mon[(s, p)][0],
+                rx_packets=self.rx[(s, p)], rx_errors=self.errors.get((s, p), 0),
+                departures=self.mon[(s, p)][0],
                 wait_ns=self.mon[(s, p)][1], expected_wait_ns=self.mon[(s, p)][2])
                 for p in ps}))
         return [s.element for s in self.loc.evaluate(self.t)]
@@ -73,10 +77,16 @@ def test_healthy_fabric_names_nothing() -> None:
     assert f.run(10) == [] and f.loc.named == {} and f.loc.dead_links() == set()
 
 
+def test_a_switch_never_seen_is_not_dead() -> None:
+    f = Fabric()
+    f.silent.add("spine2")  # not up yet when the controller starts
+    assert f.run(2) == [] and f.loc.dead_links() == set()
+
+
 def test_lossy_link_is_named_within_the_window_and_cleared_after() -> None:
     f = Fabric()
     f.run(3)
-    f.loss[("leaf1", 5)] = 0.01
+    f.loss[("spine1", 1)] = 0.01  # leaf1:5 -> spine1:1 corrupts 1 % of its frames
     named_at = None
     for _ in range(50):
         if f.step():
@@ -85,7 +95,7 @@ def test_lossy_link_is_named_within_the_window_and_cleared_after() -> None:
     assert named_at is not None and named_at - 3 <= 2.5
     s = f.loc.ranked()[0]
     assert (s.element, s.kind) == ("link leaf1:5-spine1:1", "lossy-link")
-    assert "leaf1:5 sent" in s.evidence and f.loc.dead_links() == set()  # lossy, not dead
+    assert "spine1:1 received" in s.evidence and f.loc.dead_links() == set()  # not dead
     f.loss.clear()
     assert f.run(8) == []  # the window moves past the loss, the hold runs out
 

@@ -503,12 +503,15 @@ class Testbed:
 
     def heal(self) -> None:
         """Every switch port back to healthy, killed switches restarted."""
+        restarted = set()
         for sw in self.spec.switches:
             node = self.switch_node(sw.name)
             if node.component is not None and not node.component.alive():
                 self.apply_fault(faults.Fault(sw.name, "up"))
+                restarted.add(sw.name)  # a new process: no fault (and no primary yet)
         for ps in faults.heal_all(self.spec):
-            self._set_fault(ps)
+            if ps.switch not in restarted:
+                self._set_fault(ps)
 
     def _set_fault(self, ps: faults.PortSetting) -> None:
         from controller.config import ControllerSection

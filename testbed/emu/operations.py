@@ -92,7 +92,7 @@ class EmuOperations:
 
     def _wait_healed(self) -> None:
         """The next scenario starts on a whole fabric: every switch programmed, no link
-        routed around."""
+        routed around, no suspect left from this one."""
         from controller.proto import controller_pb2 as pb
 
         stub = self.tb.controller_stub()
@@ -101,8 +101,8 @@ class EmuOperations:
             try:
                 st = stub.GetStatus(pb.GetStatusRequest(), timeout=2)
                 sus = stub.GetSuspects(pb.GetSuspectsRequest(), timeout=2)
-                if st.healthy and not sus.dead_links:
-                    return
+                if st.healthy and not sus.dead_links and not sus.suspects:
+                    return  # (suspects clear once their evidence is gone, in seconds)
             except grpc.RpcError:
                 pass
             time.sleep(0.2)

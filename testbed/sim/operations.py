@@ -143,7 +143,8 @@ class SimOperations:
             pq = sw.tm.ports.get(p)
             ports[p] = PortSample(
                 p, up=not sw.tm.port_down(p), tx_packets=tx.read(p)[0],
-                rx_packets=rx.read(p)[0], departures=pq.departures if pq else 0,
+                rx_packets=rx.read(p)[0], rx_errors=pq.rx_errors if pq else 0,
+                departures=pq.departures if pq else 0,
                 wait_ns=pq.wait_ns if pq else 0,
                 expected_wait_ns=pq.expected_wait_ns if pq else 0)
         return SwitchSample(name, now, ports)

@@ -84,7 +84,7 @@ class SwitchAdminService(switch_pb2_grpc.SwitchAdminServicer):  # type: ignore[m
                                 dequeued=pq.dequeued, dropped=pq.dropped,
                                 down=pq.fault.down, loss=pq.fault.loss,
                                 delay_ns=pq.fault.delay_ns, rate_factor=pq.fault.rate_factor,
-                                fault_drops=pq.fault_drops, wire_lost=pq.wire_lost,
+                                fault_drops=pq.fault_drops, rx_errors=pq.rx_errors,
                                 departures=pq.departures, wait_ns=pq.wait_ns,
                                 expected_wait_ns=pq.expected_wait_ns)
         return resp
@@ -106,7 +106,9 @@ class SwitchAdminService(switch_pb2_grpc.SwitchAdminServicer):  # type: ignore[m
                 resp.ports.add(port=num, interface=p.iface, rx_packets=p.stats.rx,
                                tx_packets=p.stats.tx, rx_bytes=p.stats.rx_bytes,
                                tx_bytes=p.stats.tx_bytes, tx_errors=p.stats.tx_errors,
-                               down=sw.tm.port_down(num))
+                               down=sw.tm.port_down(num),
+                               rx_errors=sw.tm.ports[num].rx_errors if num in sw.tm.ports
+                               else 0)
         if self.p4rt is not None:
             for k, v in self.p4rt.counters.items():
                 resp.p4runtime[k] = v

@@ -93,8 +93,9 @@ class PortFault:
 
     - down: the link is down: nothing is received on the port or queued for it, and what
       was queued is dropped (a real port loses its carrier; GetStatus reports it down).
-    - loss: the probability that a frame the port sent is lost on the wire: the switch's
-      egress (and its counters) saw it, the peer never receives it.
+    - loss: the probability that a frame arriving on the port was corrupted on the wire:
+      the port counts it as a receive error (a MAC's FCS error) and drops it before ingress;
+      the sender's egress counted it sent. A link fault sets both ends: both directions.
     - delay_ns: a frame may not leave before it has waited this long in the port's queue
       (it shows in the queue's latency, as a slow port or a slow switch would).
     - rate_factor: the port drains at this fraction of its configured rate.
@@ -145,7 +146,7 @@ class PortQueues:
     max_depth_bytes: int = 0
     fault: PortFault = field(default_factory=PortFault)
     fault_drops: int = 0  # dropped because the port was down
-    wire_lost: int = 0  # sent, and lost on the wire by a `loss` fault
+    rx_errors: int = 0  # frames that arrived corrupted (a `loss` fault), dropped
     # The port's latency monitor, what INT's hop latency and queue occupancy say per packet,
     # summed: departures, their waits (enqueue to start of transmission) and the waits the
     # bytes ahead of them explain at the port's set rate. A healthy port waits what its queue
@@ -269,12 +270,13 @@ class TrafficManager:
         pq = self.ports.get(port)
         return pq is not None and pq.fault.down
 
-    def lost_on_wire(self, port: int) -> bool:
-        """Whether a frame the port sends now is lost by a `loss` fault (counted)."""
+    def corrupted(self, port: int) -> bool:
+        """Whether a frame arriving on the port now was corrupted by a `loss` fault (counted
+        as a receive error)."""
         pq = self.ports.get(port)
         if pq is None or not pq.fault.loss or self.rng.random() >= pq.fault.loss:
             return False
-        pq.wire_lost += 1
+        pq.rx_errors += 1
         return True
 
     def _targets(self, port: int | None) -> list[PortQueues]:

@@ -206,6 +206,9 @@ class V1Switch:
             if self.tm.port_down(port):  # a link down delivers nothing
                 self.stats.drop("port_down")
                 return
+            if self.tm.corrupted(port):  # a lossy link: the MAC drops a bad frame
+                self.stats.drop("rx_error")
+                return
             p = self._new(c, len(data))
             now = self.clock.now_ns()
             p.t_ns = now if t_ns is None or t_ns > now else t_ns
@@ -425,6 +428,4 @@ class V1Switch:
         if p.truncate_len >= 0:
             out = out[: p.truncate_len]
         self.stats.tx += 1
-        if self.tm.lost_on_wire(port):
-            return  # sent (and counted by egress), never received: a lossy link
         self.transmit(port, out)
