@@ -6,6 +6,9 @@
     xingmai-testbed cli      # the same network with Mininet's CLI and project commands
     xingmai-testbed doctor   # what this machine has and lacks
     xingmai-testbed topo leafspine:2,2,4 --dump   # a topology as YAML
+    xingmai-testbed collective --sizes 64K:4M     # collectives over the rails (nccl-tests)
+    xingmai-testbed jobs FILE                     # concurrent jobs of a scenario file
+    xingmai-testbed tune                          # auto-tune algorithm/channels/chunk
 
 Topologies: `single[:H]`, `leafspine[:L,S,H]`, `rail[:K,H,S]` or a YAML file (testbed.topo).
 The emulation (`--engine emu`, the default) needs root; everything it starts it stops, on
@@ -67,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     cli = sub.add_parser("cli", help="Mininet's CLI on the booted network")
     _common(cli)
     sub.add_parser("doctor", help="check the prerequisites")
+    from testbed.collective.cli import add_parsers
+
+    add_parsers(sub)  # collective, jobs, tune
     topo = sub.add_parser("topo", help="print a topology")
     topo.add_argument("topo", nargs="?", default=DEFAULT_TOPO)
     topo.add_argument("--dump", action="store_true", help="as YAML (the file format)")
@@ -193,8 +199,10 @@ def cmd_topo(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        from testbed.collective.cli import COMMANDS
+
         return {"run": cmd_run, "cli": cmd_cli, "doctor": cmd_doctor, "topo": cmd_topo,
-                "compare": cmd_compare}[args.cmd](args)
+                "compare": cmd_compare, **COMMANDS}[args.cmd](args)
     except ValueError as exc:  # testbed.topo.TopologyError and bad options
         print(f"xingmai-testbed: {exc}", file=sys.stderr)
         return 2

@@ -58,7 +58,8 @@ def table(records: list[RunRecord]) -> str:
     return "\n".join(lines)
 
 
-_ORDER = {"incast": 0, "allreduce": 1, "websearch": 2, "none": 0, "dcqcn": 1, "tita": 2}
+_ORDER = {"incast": 0, "allreduce": 1, "alltoall": 2, "twojob": 3, "websearch": 4,
+          "none": 0, "dcqcn": 1, "tita": 2}
 
 
 def _order(name: str) -> int:

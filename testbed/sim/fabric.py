@@ -238,6 +238,11 @@ class SimFabric:
             wire = Wire(self.loop, s.link_bps, self.delay_ns, s.link_mtu, self._to(att))
             self.hosts[h.name] = SimHost(self.loop, h.name, nic.ip, nic.mac, gw, s.nic_bps,
                                          hop_speed, wire.send, int_source, self.link_names)
+            for i, extra in enumerate(h.nics[1:], start=1):  # the rails of a multi-NIC host
+                att = self.spec.attachment(h.name, i)
+                wire = Wire(self.loop, s.link_bps, self.delay_ns, s.link_mtu, self._to(att))
+                self.hosts[h.name].add_nic(extra.ip, extra.mac,
+                                           self.spec.switch(att.node).router_mac, wire.send)
         for lk in self.spec.links:
             for a, b in ((lk.a, lk.b), (lk.b, lk.a)):
                 if self.spec.is_switch(a.node):
@@ -245,14 +250,12 @@ class SimFabric:
                         self.loop, s.link_bps, self.delay_ns, s.link_mtu, self._to(b))
 
     def _to(self, end: End) -> Callable[[bytes], None]:
-        """Where frames sent towards `end` go. NICs other than 0 carry none of the
-        workloads' traffic (they use NIC 0 everywhere): what reaches them is dropped."""
+        """Where frames sent towards `end` go: a switch port, or a host (any of its NICs:
+        the host takes what is addressed to one of them)."""
         if self.spec.is_switch(end.node):
             sw, port = self.switches[end.node], end.index
             return lambda frame: sw.receive(port, frame)
-        if end.index == 0:
-            return self.hosts[end.node].receive
-        return lambda frame: None
+        return lambda frame: self.hosts[end.node].receive(frame)
 
     # ---- control ----
 

@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     import grpc
 
     from controller.nic.agent.metrics import exposition, registry_for
-    from controller.nic.agent.service import HostAgentService
+    from controller.nic.agent.service import MAX_WORKERS, HostAgentService
     from controller.proto import agent_pb2_grpc
 
     agent = Agent(opts)
@@ -198,7 +198,9 @@ def main(argv: list[str] | None = None) -> int:
             agent.stop()
         return 1
     registry_for(agent, reg)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="grpc"))
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=MAX_WORKERS,
+                                                    thread_name_prefix="grpc"),
+                         options=[("grpc.so_reuseport", 0)])
     agent_pb2_grpc.add_HostAgentServicer_to_server(
         HostAgentService(agent, lambda: exposition(reg)), server
     )
