@@ -47,8 +47,9 @@ def test_prometheus_scrapes_every_daemon_and_the_page_answers(tmp_path: Path) ->
         for t in targets:
             host = t["instance"].rsplit(":", 1)[0]
             assert host == "127.0.0.1" or host.startswith("169.254."), t
-        # no CC: the incast keeps the receiver's downlink queue full for a second or so
-        with Suite(tb, SuiteConfig(scenarios=("incast",), schemes=("none",),
+        # no CC keeps the receiver's downlink queue full for a second or so; TiTa sets the
+        # NICs' rates
+        with Suite(tb, SuiteConfig(scenarios=("incast",), schemes=("none", "tita"),
                                    incast_bytes=1_000_000)) as suite:
             suite.run()
         # what the run left in Prometheus: the bottleneck's queue from its switch, the flows'
