@@ -99,8 +99,8 @@ class ControllerMetrics:
         sus = GaugeMetricFamily("xingmai_controller_suspect_score",
                                 "a current suspect's score in [0, 1] (fault localization)",
                                 labels=["element", "kind"])
-        for s in list(d.operations.loc.ranked()):
-            sus.add_metric([s.element, s.kind], s.score)
+        for sp in list(d.operations.loc.ranked()):
+            sus.add_metric([sp.element, sp.kind], sp.score)
         dead = GaugeMetricFamily("xingmai_controller_dead_links",
                                  "links routed around (fail-over)")
         dead.add_metric([], len(d.operations.dead))
