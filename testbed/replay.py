@@ -232,6 +232,7 @@ class Replayed:
     fct_p99: float | None
     suspects: list[str]  # what the twin's localizer named (elements, ranked)
     wall_s: float
+    cpu_s: float  # the worker's CPU time for this replay
 
 
 _twin: Any = None  # the worker's twin (SimSuite), built once by _init_worker
@@ -244,7 +245,8 @@ def _init_worker(spec: FabricSpec, scaling: Scaling, cfg: SuiteConfig, scheme: s
     from testbed.sim.suite import SimSuite
 
     global _twin
-    logging.getLogger("xingmai").setLevel(logging.WARNING)  # the twin localizer's events
+    # the twin localizer's events (warnings) belong to the candidates: the ranking lists them
+    logging.getLogger("xingmai").setLevel(logging.ERROR)
     fab = SimFabric(spec, scaling, seed=cfg.seed)
     suite = SimSuite(fab, cfg)
     suite.prepare()
@@ -253,7 +255,7 @@ def _init_worker(spec: FabricSpec, scaling: Scaling, cfg: SuiteConfig, scheme: s
 
 
 def _replay_one(scenario: str, scheme: str, fault: Fault | None) -> Replayed:
-    t0 = time.monotonic()
+    t0, c0 = time.monotonic(), time.process_time()
     suite = _twin
     suite.faults = [fault] if fault is not None else []
     rec = suite.run_one(scheme, scenario)
@@ -261,7 +263,8 @@ def _replay_one(scenario: str, scheme: str, fault: Fault | None) -> Replayed:
     return Replayed(fault, rec.completion_s,
                     {k: v["p99"] for k, v in rec.queue_by_link.items()}, rec.retransmits,
                     rec.fct_slowdown_p50, rec.fct_slowdown_p99,
-                    [s["element"] for s in rec.suspects], time.monotonic() - t0)
+                    [s["element"] for s in rec.suspects], time.monotonic() - t0,
+                    time.process_time() - c0)
 
 
 def replay_all(rec: Recording, obs: Observed, cands: list[Fault | None],
@@ -354,6 +357,7 @@ class ReplayResult:
     observed: Observed
     ranked: list[Ranked]
     wall_s: float
+    cpu_s: float  # this process and its workers, building the twins included
     candidates_from: str  # "suspects", "telemetry" or "suspects and telemetry"
 
     @property
@@ -363,7 +367,8 @@ class ReplayResult:
     def to_dict(self) -> dict[str, Any]:
         return {
             "scenario": self.observed.scenario, "scheme": self.observed.scheme,
-            "wall_s": round(self.wall_s, 2), "candidates_from": self.candidates_from,
+            "wall_s": round(self.wall_s, 2), "cpu_s": round(self.cpu_s, 2),
+            "candidates_from": self.candidates_from,
             "culprit": self.culprit.name,
             "ranked": [{"candidate": r.name, "fault": r.replayed.fault.to_dict()
                         if r.replayed.fault else None, "why": r.why,
@@ -377,7 +382,7 @@ class ReplayResult:
 
 def replay(run_dir: Path, scenario: str | None = None, scheme: str | None = None,
            jobs: int = 2, widen: int = 0, max_candidates: int = 24) -> ReplayResult:
-    t0 = time.monotonic()
+    t0, c0 = time.monotonic(), _cpu_s()
     rec = load_recording(run_dir)
     obs = Observed.of(pick_run(rec, scenario, scheme))
     cands = candidates(rec.spec, obs, widen)[:max_candidates]
@@ -390,7 +395,17 @@ def replay(run_dir: Path, scenario: str | None = None, scheme: str | None = None
     faults_: list[Fault | None] = [None] + [f for f, _ in cands]
     whys = ["the healthy fabric"] + [w for _, w in cands]
     reps = replay_all(rec, obs, faults_, jobs)
-    return ReplayResult(obs, rank(obs, reps, whys), time.monotonic() - t0, source)
+    return ReplayResult(obs, rank(obs, reps, whys), time.monotonic() - t0, _cpu_s() - c0,
+                        source)
+
+
+def _cpu_s() -> float:
+    """CPU time of this process and of its children that ended (the pool's workers)."""
+    import resource
+
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(
+        resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def build_parser(sub: Any) -> argparse.ArgumentParser:
@@ -421,7 +436,7 @@ def main(args: argparse.Namespace) -> int:
           f"{obs.completion_s:.3g} s, largest queue {_top_queue(obs.queue_p99)}, "
           f"{obs.retransmits} retransmissions; {len(obs.suspects)} suspects recorded")
     print(f"{len(res.ranked)} candidates from {res.candidates_from}, replayed in the twin in "
-          f"{res.wall_s:.1f} s wall")
+          f"{res.wall_s:.1f} s wall, {res.cpu_s:.1f} s CPU")
     print()
     print(f"{'rank':>4} {'candidate':<26} {'score':>6} {'time':>6} {'queue':>6} {'retx':>6} "
           f"{'replayed s':>10}")
