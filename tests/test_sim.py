@@ -44,6 +44,7 @@ def _stable(path: Path) -> str:
     return json.dumps(doc, sort_keys=True)
 
 
+@pytest.mark.slow
 def test_same_inputs_and_seed_give_identical_results(tmp_path: Path) -> None:
     argv = ("--topo", "leafspine:2,1,2", "--quick", "--scenarios", "incast,websearch",
             "--schemes", "dcqcn,tita", "--seed", "3")
@@ -62,6 +63,7 @@ def test_same_inputs_and_seed_give_identical_results(tmp_path: Path) -> None:
         assert (a / plot).stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_model_speed_verdicts_on_the_quick_suite() -> None:
     """At 400G and microsecond RTTs (HPCC's eta 0.95 and T = base RTT; DCQCN's parameters
     at the NIC's rate; 500 KB per port), on the default fabric."""
