@@ -7,17 +7,17 @@ the other. One module per law, and what they share:
 
 - `base`: the fixed point (UNIT = 2**20), the law codes, the per-flow state, shared helpers
 - `echo`: the INT echo of an ACK as XDP parses it
-- `tita`: TiTa (HPCC-like), `dcqcn`: DCQCN's reaction point, each with its parameters
-- `params`: `struct xm_cc_params` (the law and the laws' parameters)
+- `params`: `struct xm_cc_params` (the law and each law's parameters, with their defaults)
+- `tita`: TiTa (HPCC-like), `dcqcn`: DCQCN's reaction point
 - `reference`: the reference NIC, frame by frame (feedback parse, per-flow state, dispatch)
 """
 
 from controller.nic.ratelaw.base import NO_TS, UNIT, CcState, Law, from_fixed, psn_ge, to_fixed
-from controller.nic.ratelaw.dcqcn import DcqcnParams, dcqcn_on_feedback, fx_pow
+from controller.nic.ratelaw.dcqcn import dcqcn_on_feedback, fx_pow
 from controller.nic.ratelaw.echo import EchoError, IntHopValues, parse_echo
-from controller.nic.ratelaw.params import CcParams, with_law
+from controller.nic.ratelaw.params import CcParams, DcqcnParams, TitaParams, with_law
 from controller.nic.ratelaw.reference import ReferenceNic, parse_feedback
-from controller.nic.ratelaw.tita import HopSpeed, TitaParams, tita_on_ack
+from controller.nic.ratelaw.tita import HopSpeed, tita_on_ack
 
 __all__ = [
     "NO_TS",

@@ -11,44 +11,11 @@ absolute terms, are of the same dilated order.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 from controller.nic.ratelaw.base import CUT_SEEN, U64, UNIT, UNIT_SHIFT, CcState, bound_rate
-
-if TYPE_CHECKING:
-    from controller.nic.ratelaw.params import CcParams
+from controller.nic.ratelaw.params import CcParams
 
 DCQCN_MAX_EVENTS = 4
 DCQCN_BACKLOG = 64
-DCQCN_REFERENCE_RATE_BPS = 40 * 10**9
-
-
-@dataclass(frozen=True)
-class DcqcnParams:
-    rai_bps: int
-    rhai_bps: int
-    byte_counter: int
-    g: int
-    alpha_timer_ns: int
-    rate_timer_ns: int
-    cut_interval_ns: int
-    fast_recovery_steps: int
-
-    @classmethod
-    def scaled(cls, line_rate_bps: int) -> DcqcnParams:
-        s = line_rate_bps / DCQCN_REFERENCE_RATE_BPS
-        rai = int(40e6 * s)
-        return cls(
-            rai_bps=max(1, rai),
-            rhai_bps=max(1, 10 * rai),
-            byte_counter=10 * 1024 * 1024,
-            g=UNIT // 256,
-            alpha_timer_ns=int(55_000 / s),
-            rate_timer_ns=int(55_000 / s),
-            cut_interval_ns=int(4_000 / s),
-            fast_recovery_steps=5,
-        )
 
 
 def fx_pow(base: int, n: int) -> int:

@@ -1,12 +1,58 @@
-"""`struct xm_cc_params`: which law a flow runs and both laws' parameters."""
+"""`struct xm_cc_params`: which law a flow runs, and each law's parameters with their defaults
+(scaled with the emulated line rate: see controller/nic/ratelaw/tita.py and dcqcn.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from controller.nic.ratelaw.base import MAX_BASE_RTT_NS, MAX_SPEED_BPS, UNIT, Law
-from controller.nic.ratelaw.dcqcn import DcqcnParams
-from controller.nic.ratelaw.tita import TitaParams
+from controller.nic.ratelaw.base import MAX_BASE_RTT_NS, MAX_SPEED_BPS, UNIT, Law, to_fixed
+
+DCQCN_REFERENCE_RATE_BPS = 40 * 10**9  # the paper's line rate, which DcqcnParams.scaled() dilates
+
+
+@dataclass(frozen=True)
+class TitaParams:
+    wai_bps: int
+    eta: int = to_fixed(0.95)  # UNIT scale
+    max_stage: int = 0
+    base_rtt_ns: int = 100_000
+
+    @classmethod
+    def defaults(cls, line_rate_bps: int, base_rtt_ns: int = 100_000) -> TitaParams:
+        eta = 0.95
+        return cls(
+            wai_bps=int(line_rate_bps * (1 - eta) / 100),
+            eta=to_fixed(eta),
+            max_stage=0,
+            base_rtt_ns=base_rtt_ns,
+        )
+
+
+@dataclass(frozen=True)
+class DcqcnParams:
+    rai_bps: int
+    rhai_bps: int
+    byte_counter: int
+    g: int
+    alpha_timer_ns: int
+    rate_timer_ns: int
+    cut_interval_ns: int
+    fast_recovery_steps: int
+
+    @classmethod
+    def scaled(cls, line_rate_bps: int) -> DcqcnParams:
+        s = line_rate_bps / DCQCN_REFERENCE_RATE_BPS
+        rai = int(40e6 * s)
+        return cls(
+            rai_bps=max(1, rai),
+            rhai_bps=max(1, 10 * rai),
+            byte_counter=10 * 1024 * 1024,
+            g=UNIT // 256,
+            alpha_timer_ns=int(55_000 / s),
+            rate_timer_ns=int(55_000 / s),
+            cut_interval_ns=int(4_000 / s),
+            fast_recovery_steps=5,
+        )
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from controller.nic.ratelaw.base import (
     ALL_ONES32,
@@ -25,31 +24,9 @@ from controller.nic.ratelaw.base import (
     HopRecord,
     bound_rate,
     psn_ge,
-    to_fixed,
 )
 from controller.nic.ratelaw.echo import IntHopValues
-
-if TYPE_CHECKING:
-    from controller.nic.ratelaw.params import CcParams
-
-
-@dataclass(frozen=True)
-class TitaParams:
-    wai_bps: int
-    eta: int = to_fixed(0.95)  # UNIT scale
-    max_stage: int = 0
-    base_rtt_ns: int = 100_000
-
-    @classmethod
-    def defaults(cls, line_rate_bps: int, base_rtt_ns: int = 100_000) -> TitaParams:
-        eta = 0.95
-        return cls(
-            wai_bps=int(line_rate_bps * (1 - eta) / 100),
-            eta=to_fixed(eta),
-            max_stage=0,
-            base_rtt_ns=base_rtt_ns,
-        )
-
+from controller.nic.ratelaw.params import CcParams
 
 HopSpeed = Callable[[int, int], int]  # (node id, port) -> bit/s, 0 for unknown
 
