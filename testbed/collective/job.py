@@ -10,8 +10,9 @@ take different slots.
 Each rank runs the plan (testbed.collective.plan) as dataflow: a transfer is ready once its
 dependencies arrived; ready transfers go out in plan order, at most `depth` messages in flight
 per queue pair (8 by default: deep enough that a channel at a quarter of the others' rate
-still gets its share, see below). Every message starts with an 8-byte header (iteration, transfer id), so a
-receiver takes any transfer from any channel of its peer. The channel of a transfer is:
+still gets its share, see below). Every message starts with an 8-byte header (iteration,
+transfer id), so a receiver takes any transfer from any channel of its peer. The channel
+of a transfer is:
 - `schedule: static`: the plan's channel (pieces dealt round-robin over the channels);
 - `schedule: adaptive`: the channel towards that peer whose queue would finish it first,
   (bytes in flight + its bytes) / the channel's measured rate, where a channel's rate is an
