@@ -57,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="the scenario suite, once per scheme; table, plots, JSON")
     _common(run)
     run.add_argument("--schemes", default="none,dcqcn,tita")
-    run.add_argument("--scenarios", default="incast,allreduce,websearch")
+    run.add_argument("--scenarios", default=None,
+                     help="comma-separated (default: all of them, testbed.scenarios.SCENARIOS)")
     run.add_argument("--quick", action="store_true", help="a shorter suite")
     run.add_argument("--engine", choices=["emu", "sim"], default="emu",
                      help="emu: the emulation (root, Mininet, eBPF); sim: the simulated twin "
@@ -110,7 +111,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from testbed.scenarios import SCENARIOS, SCHEMES, Suite, SuiteConfig
 
     schemes = tuple(s for s in args.schemes.split(",") if s)
-    scenarios = tuple(s for s in args.scenarios.split(",") if s)
+    scenarios = (tuple(s for s in args.scenarios.split(",") if s) if args.scenarios
+                 else SCENARIOS)
     bad = [s for s in schemes if s not in SCHEMES] + [s for s in scenarios if s not in SCENARIOS]
     if args.engine == "emu" and args.seed != 1:
         print("--seed is the twin's (the emulation's workloads use seed 1)", file=sys.stderr)
