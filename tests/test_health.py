@@ -130,3 +130,49 @@ def test_slow_port_is_a_slow_link_and_a_slow_switch_is_named_once() -> None:
     g.extra_wait_ns.update({("spine2", 1): 5_000_000, ("spine2", 2): 5_000_000})
     g.run(3)
     assert [(s.element, s.kind) for s in g.loc.ranked()] == [("switch spine2", "slow-switch")]
+
+
+def test_suspects_over_grpc_and_the_command(capsys) -> None:  # type: ignore[no-untyped-def]
+    import asyncio
+    import threading
+    import types
+
+    import grpc
+
+    from controller.proto import controller_pb2_grpc
+    from controller.service import ControllerService
+    from controller.suspects import main as suspects_main
+
+    f = Fabric()
+    f.run(1)
+    f.down.add(("leaf2", 6))
+    f.step()
+    ops = types.SimpleNamespace(loc=f.loc, dead=frozenset(f.loc.dead_links()), failovers=1,
+                                events=[{"event": "failover", "t": 1.0}],
+                                unix=lambda t: 1e9 + t)
+    ready, stop = threading.Event(), threading.Event()
+    port: list[int] = []
+
+    async def serve() -> None:
+        server = grpc.aio.server()
+        controller_pb2_grpc.add_ControllerServicer_to_server(
+            ControllerService(types.SimpleNamespace(operations=ops)), server)  # type: ignore[arg-type]
+        port.append(server.add_insecure_port("127.0.0.1:0"))
+        await server.start()
+        ready.set()
+        while not stop.is_set():
+            await asyncio.sleep(0.05)
+        await server.stop(0)
+
+    t = threading.Thread(target=lambda: asyncio.run(serve()), daemon=True)
+    t.start()
+    assert ready.wait(10)
+    try:
+        assert suspects_main(["--addr", f"127.0.0.1:{port[0]}", "--all"]) == 0
+    finally:
+        stop.set()
+        t.join(10)
+    out = capsys.readouterr().out
+    assert "link leaf2:6-spine2:2" in out and "link-down" in out
+    assert "routed around (fail-over 1x): leaf2:6-spine2:2" in out
+    assert suspects_main(["--addr", "127.0.0.1:1"]) == 1  # nothing listens: said, not raised

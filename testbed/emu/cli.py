@@ -5,7 +5,8 @@ and the project's own commands:
     int HOST                     the INT stack of the last INT packet that reached HOST
     queue SWITCH[:PORT] [RATE]   show a switch's queues, or set a port's drain rate (e.g. 5M)
     policy [none|dcqcn|tita]     show or set every host's rate law (through the controller)
-    scenario incast|allreduce|websearch   run one scenario with the current law, summarised
+    scenario NAME                one scenario with the current law, summarised (incast,
+                                 allreduce, alltoall, twojob, websearch)
     status                       the controller's view: switches, agents, slow loop, and
                                  where the fabric page and Prometheus are
     fault link SW:PORT down|up|loss 1%|rate 25%|delay 2ms    inject or remove a link fault
@@ -172,7 +173,8 @@ class TestbedCLI(CLI):  # type: ignore[misc]
               f"per host: {dict((h, v.rate_law) for h, v in p.hosts.items()) or 'none'}")
 
     def do_scenario(self, line: str) -> None:
-        """scenario incast|allreduce|websearch: one run with the current law, summarised."""
+        """scenario NAME (incast|allreduce|alltoall|twojob|websearch): one run with the
+        current law, summarised."""
         name = line.strip()
         if name not in SCENARIOS:
             print(f"usage: scenario {'|'.join(SCENARIOS)}")
