@@ -3,6 +3,7 @@
     xingmai-testbed run      # the main job: TiTa vs DCQCN vs no CC on AI-training traffic
     xingmai-testbed run --engine sim --scale 1   # the same on the simulated twin, at 400G
     xingmai-testbed compare RUN_DIR RUN_DIR...   # runs side by side, with ratios
+    xingmai-testbed sweep --param incast_bytes=1e5,4e5 --seeds 1,2,3   # twin runs on Dask
     xingmai-testbed cli      # the same network with Mininet's CLI and project commands
     xingmai-testbed doctor   # what this machine has and lacks
     xingmai-testbed topo leafspine:2,2,4 --dump   # a topology as YAML
@@ -65,8 +66,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--flows", type=Path,
                      help="a flow list (CSV: src,dst,bytes,start_s; hosts by name) run as the "
                           "scenario 'flows' instead of the suite's scenarios")
+    from testbed.sim.sweep import build_parser as sweep_parser
+
+    sweep_parser(sub)
     compare = sub.add_parser("compare", help="two or more runs side by side, with ratios")
     compare.add_argument("runs", nargs="+", type=Path, help="run dirs (or results.json files)")
+    compare.add_argument("--median", action="store_true",
+                         help="the runs after the first are repeats: compare the first with "
+                              "their median and show their min-max")
     cli = sub.add_parser("cli", help="Mininet's CLI on the booted network")
     _common(cli)
     sub.add_parser("doctor", help="check the prerequisites")
@@ -170,8 +177,14 @@ def cmd_cli(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     from testbed.report import compare
 
-    print(compare(args.runs))
+    print(compare(args.runs, median=args.median))
     return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from testbed.sim.sweep import cmd_sweep as run
+
+    return run(args)
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -202,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         from testbed.collective.cli import COMMANDS
 
         return {"run": cmd_run, "cli": cmd_cli, "doctor": cmd_doctor, "topo": cmd_topo,
-                "compare": cmd_compare, **COMMANDS}[args.cmd](args)
+                "compare": cmd_compare, "sweep": cmd_sweep, **COMMANDS}[args.cmd](args)
     except ValueError as exc:  # testbed.topo.TopologyError and bad options
         print(f"xingmai-testbed: {exc}", file=sys.stderr)
         return 2

@@ -133,7 +133,7 @@ def run_sim(args: argparse.Namespace, cfg: SuiteConfig) -> int:
     print(f"base RTT {fmt_time(suite.base_rtt_s)} (simulated), TiTa's T "
           f"{fmt_time(suite.tita_t_s)}; queue: INT at the bottleneck egress port")
     print()
-    print(table(records))
+    print(table(records, scaling.link_bps))
     print()
     for line in verdict(records):
         print(line)
