@@ -27,8 +27,8 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.service import flow_label
+from tests.controller_rig import BMV2_JSON, P4INFO, REPO, FakeHostAgent, free_port
 from tests.test_controller_collector import report
-from tests.test_controller_rig import BMV2_JSON, P4INFO, REPO, FakeHostAgent, free_port
 from tests.test_grafana_dashboard import queries
 from tests.webdriver import Browser, available
 
