@@ -195,15 +195,16 @@ class Daemon:
 
     async def _apply_listeners(self, old: Config, new: Config) -> list[str]:
         """Rebind what a reload changes: the gRPC API (address or TLS), the collector's socket
-        (address or namespace), the metrics server. All new listeners are made first; if one
-        fails, the ones already made are closed and the running ones stay (the caller refuses
-        the reload)."""
+        (address or namespace), the metrics server, the fabric page. All new listeners are made
+        first; if one fails, the ones already made are closed and the running ones stay (the
+        caller refuses the reload)."""
         oc, nc = old.controller, new.controller
         ocol, ncol = old.int.collector, new.int.collector
         grpc_changed = (oc.grpc_addr, oc.tls) != (nc.grpc_addr, nc.tls)
         udp_changed = (ocol.bind, ocol.netns) != (ncol.bind, ncol.netns)
         metrics_changed = oc.metrics_addr != nc.metrics_addr
-        if not (grpc_changed or udp_changed or metrics_changed):
+        web_changed = oc.web_addr != nc.web_addr
+        if not (grpc_changed or udp_changed or metrics_changed or web_changed):
             return []
         from controller.collector import serve_udp
 
@@ -227,6 +228,14 @@ class Daemon:
                     self._metrics = None
                 made.append(("metrics", self._start_metrics(nc.metrics_addr)
                              if nc.metrics_addr else None))
+            if web_changed:
+                web = None
+                if nc.web_addr:
+                    from controller.web import WebServer
+
+                    web = WebServer(self)
+                    await web.start(nc.web_addr)
+                made.append(("web", web))
         except (OSError, RuntimeError):
             for kind, obj in made:
                 await self._close_listener(kind, obj)
@@ -244,6 +253,8 @@ class Daemon:
                 old_server, self._server = self._server, obj
             elif kind == "udp":
                 old_server, self._udp = self._udp, obj
+            elif kind == "web":
+                old_server, self.web = self.web, obj
             else:
                 old_server, self._metrics = self._metrics, obj
             if old_server is not None:
@@ -261,6 +272,8 @@ class Daemon:
             await obj.stop(grace=1.0)
         elif kind == "udp":
             obj.close()
+        elif kind == "web":
+            await obj.stop()
         else:
             obj.shutdown()
 
