@@ -4,6 +4,7 @@
     xingmai-testbed run --engine sim --scale 1   # the same on the simulated twin, at 400G
     xingmai-testbed compare RUN_DIR RUN_DIR...   # runs side by side, with ratios
     xingmai-testbed sweep --param incast_bytes=1e5,4e5 --seeds 1,2,3   # twin runs on Dask
+    xingmai-testbed replay RUN_DIR   # name the fault behind a slow job: replays in the twin
     xingmai-testbed cli      # the same network with Mininet's CLI and project commands
     xingmai-testbed doctor   # what this machine has and lacks
     xingmai-testbed topo leafspine:2,2,4 --dump   # a topology as YAML
@@ -67,9 +68,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--flows", type=Path,
                      help="a flow list (CSV: src,dst,bytes,start_s; hosts by name) run as the "
                           "scenario 'flows' instead of the suite's scenarios")
+    run.add_argument("--faults", type=Path,
+                     help="faults to inject in every scenario (YAML list of {at: SECONDS, "
+                          "target: leaf1:3|spine1|h3, kind: down|up|loss|rate|delay|kill|slow, "
+                          "value: ...}; testbed/faults.py)")
     from testbed.sim.sweep import build_parser as sweep_parser
 
     sweep_parser(sub)
+    from testbed.replay import build_parser as replay_parser
+
+    replay_parser(sub)
     compare = sub.add_parser("compare", help="two or more runs side by side, with ratios")
     compare.add_argument("runs", nargs="+", type=Path, help="run dirs (or results.json files)")
     compare.add_argument("--median", action="store_true",
@@ -121,6 +129,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         scenarios = ("flows",)
     cfg = SuiteConfig(**{**base.__dict__, "schemes": schemes, "scenarios": scenarios,
                          "seed": args.seed})
+    if args.faults is not None:
+        from testbed import faults
+        from testbed.topo import parse_choice
+
+        try:
+            args.fault_list = faults.load(parse_choice(args.topo), args.faults)
+        except faults.FaultError as exc:
+            print(f"--faults: {exc}", file=sys.stderr)
+            return 2
+    else:
+        args.fault_list = []
     if args.engine == "sim":
         from testbed.sim.run import run_sim
 
@@ -133,6 +152,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     tb = _testbed(args)
     with tb:
         with Suite(tb, cfg) as suite:
+            suite.faults = args.fault_list
             records = suite.run()
             base_rtt, tita_t = suite.base_rtt_s, suite.tita_t_s
         s = tb.scaling
@@ -141,6 +161,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                  "nic_bps": s.nic_bps, "base_rtt_s": base_rtt, "tita_base_rtt_s": tita_t,
                  "suite": cfg.__dict__,
                  "controller_caps": args.controller_caps,
+                 "faults_file": str(args.faults) if args.faults else None,
                  "queue_source": "INT queue occupancy of every data packet arriving at a "
                                  "host (per departure from each hop)"}
         write_results(tb.run_dir / "results.json", records, setup)
@@ -174,6 +195,12 @@ def cmd_cli(args: argparse.Namespace) -> int:
     left = tb.leftovers()
     print(f"stopped; left behind: {', '.join(left) or 'nothing'}")
     return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from testbed.replay import main
+
+    return main(args)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -217,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
         from testbed.collective.cli import COMMANDS
 
         return {"run": cmd_run, "cli": cmd_cli, "doctor": cmd_doctor, "topo": cmd_topo,
-                "compare": cmd_compare, "sweep": cmd_sweep, **COMMANDS}[args.cmd](args)
+                "compare": cmd_compare, "sweep": cmd_sweep, "replay": cmd_replay,
+                **COMMANDS}[args.cmd](args)
     except ValueError as exc:  # testbed.topo.TopologyError and bad options
         print(f"xingmai-testbed: {exc}", file=sys.stderr)
         return 2

@@ -7,7 +7,11 @@ and the project's own commands:
     policy [none|dcqcn|tita]     show or set every host's rate law (through the controller)
     scenario NAME                one scenario with the current law, summarised (incast,
                                  allreduce, alltoall, twojob, websearch)
-    status                       the controller's view: switches, agents, slow loop
+    status                       the controller's view: switches, agents, slow loop, and
+                                 where the fabric page and Prometheus are
+    fault link SW:PORT down|up|loss 1%|rate 25%|delay 2ms    inject or remove a link fault
+    fault switch SW kill|slow [5ms]|up                      a switch fault
+    suspects                     the controller's ranked suspects, with their evidence
 
 Mininet's own commands work as usual (`h1 ping h5`, `nodes`, `net`, `links`, ...), except
 `iperf`/`iperfudp`: they run `killall -9 iperf`, which would reach every iperf on the machine.
@@ -21,6 +25,7 @@ from typing import Any
 import grpc
 from mininet.cli import CLI
 
+from testbed import faults
 from testbed.emu.network import Testbed, TestbedError
 from testbed.model import fmt_rate
 from testbed.scenarios import SCENARIOS, Suite, SuiteConfig, measure_base_rtt, one_line
@@ -97,6 +102,17 @@ class TestbedCLI(CLI):  # type: ignore[misc]
             util = "-" if h.tx_util_ppm is None else f"{h.tx_util_ppm / 1e4:.1f} %"
             print(f"  {h.link:<10} queue {h.qocc_bytes:>7} B  hop latency {lat:>9}  "
                   f"tx utilisation {util}")
+
+    def do_fault(self, line: str) -> None:
+        """fault link SW:PORT down|up|loss P%|rate P%|delay Tms; fault switch SW kill|slow
+        [Tms]|up: inject a fault (or remove it with up)."""
+        try:
+            f = faults.parse_command(self.tb.spec, line)
+            self.tb.apply_fault(f)
+        except (faults.FaultError, TestbedError) as exc:
+            print(exc)
+            return
+        print(f"fault: {f.describe()}")
 
     def do_queue(self, line: str) -> None:
         """queue SWITCH[:PORT] [RATE]: show SWITCH's queues, or set PORT's drain rate."""
@@ -184,6 +200,11 @@ class TestbedCLI(CLI):  # type: ignore[misc]
         for s in stub.ListSwitches(pb.ListSwitchesRequest(), timeout=3).switches:
             print(f"  {s.name:<8} {s.grpc_addr:<22} connected={s.connected} "
                   f"programmed={s.programmed} queues_set={s.queues_set} {s.last_error}")
+        if self.tb.web_url:
+            print(f"fabric page: {self.tb.web_url}")
+        if self.tb.prometheus is not None:
+            print(f"prometheus:  {self.tb.prometheus.url}/ (targets: "
+                  f"{self.tb.prometheus.url}/targets)")
 
     def do_EOF(self, line: str) -> bool:  # noqa: N802 - cmd's name
         print()

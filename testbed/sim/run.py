@@ -24,7 +24,7 @@ from testbed.model import Scaling
 from testbed.scenarios import RunRecord, SuiteConfig, fmt_time
 from testbed.sim.fabric import SimFabric
 from testbed.sim.suite import SimSuite
-from testbed.topo import FabricSpec, parse_choice
+from testbed.topo import FabricSpec, dump, parse_choice
 from testbed.traffic.generators import Flow
 
 REPO = Path(__file__).resolve().parents[2]
@@ -98,6 +98,7 @@ def run_sim(args: argparse.Namespace, cfg: SuiteConfig) -> int:
     scaling = Scaling(scale=args.scale, max_hops=spec.longest_path_switches())
     run_dir = args.run_dir or new_run_dir(REPO / "runs")
     run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "topology.yaml").write_text(dump(spec))  # as the emulation does (replay reads it)
 
     def say(line: str) -> None:
         print(f"[{time.monotonic() - t0:6.1f}s] {line}", file=sys.stderr, flush=True)
@@ -110,6 +111,7 @@ def run_sim(args: argparse.Namespace, cfg: SuiteConfig) -> int:
     suite = SimSuite(fab, cfg, say)
     if args.flows is not None:
         suite.flows_override = load_flows(args.flows, spec)
+    suite.faults = getattr(args, "fault_list", [])
     records = suite.run()
     wall = time.monotonic() - t0
     setup = {"engine": "sim", "topology": spec.name, "switch": "builtin",
@@ -118,6 +120,7 @@ def run_sim(args: argparse.Namespace, cfg: SuiteConfig) -> int:
              "base_rtt_s": suite.base_rtt_s, "tita_base_rtt_s": suite.tita_t_s,
              "link_delay_s": fab.delay_ns / 1e9, "suite": cfg.__dict__,
              "flows_file": str(args.flows) if args.flows else None,
+             "faults_file": str(args.faults) if getattr(args, "faults", None) else None,
              "controller_caps": False, "events": fab.loop.events,
              "simulated_s": fab.loop.now,
              "queue_source": "INT queue occupancy of every data packet arriving at a "

@@ -1,12 +1,13 @@
 """DCQCN's reaction point: rate cuts on CNPs, timer and byte-counter increases, as
 xm_dcqcn_on_feedback() computes them.
 
-Defaults: the paper's values for 40 Gb/s (R_AI 40 Mb/s, R_HAI 10 x R_AI, byte counter 10 MB,
-timers K = T = 55 us, g = 1/256, F = 5) and the 4 us minimum interval between two cuts of the
-common NIC model, under time dilation by s = line rate / 40 Gb/s: rates times s, time intervals
-divided by s, byte counts unchanged. Every dimensionless ratio of the paper (events per packet,
-increase per event over the line rate) stays the same, and the emulated RTTs, already long in
-absolute terms, are of the same dilated order.
+Defaults (params.DcqcnParams.scaled): the paper's values for 40 Gb/s (R_AI 40 Mb/s, R_HAI
+10 x R_AI, byte counter 10 MB, timers K = T = 55 us, g = 1/256, F = 5) and the 4 us minimum
+interval between two cuts of the common NIC model, under time dilation by s = line rate /
+40 Gb/s: rates times s, time intervals divided by s, byte counts unchanged. Every
+dimensionless ratio of the paper (events per packet, increase per event over the line rate)
+stays the same, and the emulated RTTs, already long in absolute terms, are of the same dilated
+order.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 from controller.nic.ratelaw.base import CUT_SEEN, U64, UNIT, UNIT_SHIFT, CcState, bound_rate
 from controller.nic.ratelaw.params import CcParams
 
+# XM_DCQCN_MAX_EVENTS, XM_DCQCN_BACKLOG of ebpf/lib/dcqcn.h: increase events per feedback packet
 DCQCN_MAX_EVENTS = 4
 DCQCN_BACKLOG = 64
 

@@ -1,8 +1,9 @@
 """TiTa (HPCC-like): the rate from the INT echoed in every ACK, as xm_tita_on_ack() computes it.
 
 Utilisation U = max over hops of txRate/B + qlen/(B*T), an EWMA over the base RTT T; target
-eta, additive step W_AI. Defaults scale with the emulated line rate: eta = 0.95,
-W_AI = line rate * (1 - eta) / 100 (HPCC's W_init(1-eta)/N for N = 100 flows), max stage 0.
+eta, additive step W_AI. Defaults (params.TitaParams.defaults) scale with the emulated line
+rate: eta = 0.95, W_AI = line rate * (1 - eta) / 100 (HPCC's W_init(1-eta)/N for N = 100
+flows), max stage 0.
 """
 
 from __future__ import annotations
