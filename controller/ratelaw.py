@@ -1,4 +1,4 @@
-"""Pure-Python reference of the NIC's two rate laws, in the same fixed point as the eBPF code.
+"""Pure-Python reference of the NIC's rate laws, in the same fixed point as the eBPF code.
 
 `ebpf/xdp_ingress.c` runs these laws per feedback packet; this module does the same integer
 operations in the same order, so tests can feed both the same packets and compare the rates
@@ -17,6 +17,18 @@ Defaults scale with the emulated line rate:
   intervals divided by s, byte counts unchanged. Every dimensionless ratio of the paper (events
   per packet, increase per event over the line rate) stays the same, and the emulated RTTs,
   already long in absolute terms, are of the same dilated order.
+- HPCC (Li et al., SIGCOMM 2019) as published: TiTa's per-hop measurement, but U updated on
+  every ACK (Algorithm 1's MeasureInflight) and maxStage = 5 additive stages before a
+  multiplicative one; eta 0.95, W_AI as TiTa's.
+- TIMELY (Mittal et al., SIGCOMM 2015), one update per RTT sample: the paper's 10 Gb/s values
+  (EWMA alpha 0.875, beta 0.8, delta 10 Mb/s, T_low 50 us, T_high 500 us, min RTT 20 us, HAI
+  after 5 gradient <= 0 steps) dilated by s = line rate / 10 Gb/s.
+- Swift (Kumar et al., SIGCOMM 2020): delay target = base + per-hop scaling x hops (hops from
+  the ACK's TTL), AIMD: +ai per RTT below target, x max(1 - beta (d - t)/d, 1 - max_mdf) at
+  most once per RTT above it; beta 0.8, max_mdf 0.5, ai one MTU per base RTT.
+
+TIMELY and Swift need RTT samples: tc egress stamps one data packet per RTT (a probe: its PSN
+and send time, `tc_rtt_probe`), XDP takes the sample from the first ACK that covers it.
 """
 
 from __future__ import annotations
@@ -69,6 +81,10 @@ MAX_SPEED_BPS = 10**12
 MAX_BASE_RTT_NS = 10**8
 
 DCQCN_REFERENCE_RATE_BPS = 40 * 10**9
+TIMELY_REFERENCE_RATE_BPS = 10 * 10**9
+HPCC_MAX_STAGE = 5
+SWIFT_MTU_BYTES = 4154  # the testbed's full frame: 4096 B of payload + 58 B of headers
+RTT_MAX_NS = ALL_ONES32  # RTT samples are clamped to 32 bits of ns (4.3 s)
 
 
 class Law(enum.IntEnum):
@@ -77,6 +93,9 @@ class Law(enum.IntEnum):
     NONE = 0
     TITA = 1
     DCQCN = 2
+    HPCC = 3
+    TIMELY = 4
+    SWIFT = 5
 
 
 def to_fixed(x: float) -> int:
@@ -133,14 +152,70 @@ class DcqcnParams:
         )
 
 
+def hpcc_defaults(line_rate_bps: int, base_rtt_ns: int = 100_000) -> TitaParams:
+    """HPCC's parameters (`struct xm_tita_params`): TiTa's, with the paper's maxStage = 5."""
+    return replace(TitaParams.defaults(line_rate_bps, base_rtt_ns), max_stage=HPCC_MAX_STAGE)
+
+
+@dataclass(frozen=True)
+class TimelyParams:
+    alpha: int  # EWMA weight of a new RTT difference, UNIT scale
+    beta: int  # multiplicative decrease factor, UNIT scale
+    delta_bps: int  # additive increase step
+    t_low_ns: int
+    t_high_ns: int
+    min_rtt_ns: int  # normalises the gradient
+    hai_steps: int  # gradient <= 0 this many updates in a row: increase by hai_steps x delta
+
+    @classmethod
+    def scaled(cls, line_rate_bps: int) -> TimelyParams:
+        s = line_rate_bps / TIMELY_REFERENCE_RATE_BPS
+        return cls(
+            alpha=to_fixed(0.875),
+            beta=to_fixed(0.8),
+            delta_bps=max(1, int(10e6 * s)),
+            t_low_ns=int(50_000 / s),
+            t_high_ns=int(500_000 / s),
+            min_rtt_ns=max(1, int(20_000 / s)),
+            hai_steps=5,
+        )
+
+
+@dataclass(frozen=True)
+class SwiftParams:
+    ai_bps: int  # additive increase per RTT below the target
+    beta: int  # UNIT scale: the decrease is beta x (delay - target) / delay
+    max_mdf: int  # UNIT scale: largest decrease in one step
+    base_target_ns: int
+    per_hop_ns: int  # topology scaling of the target
+    sender_ttl: int  # the TTL feedback leaves its sender with: hops = sender_ttl - TTL
+
+    @classmethod
+    def defaults(cls, line_rate_bps: int, base_rtt_ns: int = 100_000,
+                 mtu_bytes: int = SWIFT_MTU_BYTES) -> SwiftParams:
+        return cls(
+            # one MTU per RTT (Swift's ai = 1 packet); no more than the line rate when the
+            # bandwidth-delay product is under one frame
+            ai_bps=max(1, min(line_rate_bps, 8 * mtu_bytes * NSEC // max(1, base_rtt_ns))),
+            beta=to_fixed(0.8),
+            max_mdf=to_fixed(0.5),
+            base_target_ns=base_rtt_ns,
+            per_hop_ns=base_rtt_ns // 4,
+            sender_ttl=64,
+        )
+
+
 @dataclass(frozen=True)
 class CcParams:
-    """`struct xm_cc_params`: the law and both laws' parameters."""
+    """`struct xm_cc_params`: the law and every law's parameters."""
 
     law: Law
     min_rate_bps: int
     tita: TitaParams
     dcqcn: DcqcnParams
+    hpcc: TitaParams
+    timely: TimelyParams
+    swift: SwiftParams
 
     @classmethod
     def defaults(
@@ -151,6 +226,9 @@ class CcParams:
             min_rate_bps=max(1, line_rate_bps // 1000),
             tita=TitaParams.defaults(line_rate_bps, base_rtt_ns),
             dcqcn=DcqcnParams.scaled(line_rate_bps),
+            hpcc=hpcc_defaults(line_rate_bps, base_rtt_ns),
+            timely=TimelyParams.scaled(line_rate_bps),
+            swift=SwiftParams.defaults(line_rate_bps, base_rtt_ns),
         )
 
     def validate(self, line_rate_bps: int) -> None:
@@ -176,6 +254,26 @@ class CcParams:
                 raise ValueError(f"{name} must be within [0, line rate]")
         if self.tita.max_stage >= 2**32 or self.dcqcn.fast_recovery_steps >= 2**32:
             raise ValueError("stage counts must fit 32 bits")
+        h, t, w = self.hpcc, self.timely, self.swift
+        if not 0 < h.base_rtt_ns <= MAX_BASE_RTT_NS or not 0 < h.eta <= UNIT:
+            raise ValueError("HPCC: base RTT outside (0, 1e8] ns or eta outside (0, 1]")
+        if not 0 <= h.wai_bps <= line_rate_bps or h.max_stage >= 2**32:
+            raise ValueError("HPCC: W_AI must be within [0, line rate], max stage 32 bits")
+        if not (0 <= t.alpha <= UNIT and 0 <= t.beta <= UNIT and 0 <= w.beta <= UNIT
+                and 0 <= w.max_mdf <= UNIT):
+            raise ValueError("TIMELY/Swift: alpha, beta and max_mdf must be in [0, 1]")
+        for name, v in (("t_low_ns", t.t_low_ns), ("t_high_ns", t.t_high_ns),
+                        ("min_rtt_ns", t.min_rtt_ns), ("base_target_ns", w.base_target_ns),
+                        ("per_hop_ns", w.per_hop_ns)):
+            if not 0 <= v < 2**32:
+                raise ValueError(f"{name} must fit 32 bits of ns")
+        if t.min_rtt_ns == 0 or t.t_low_ns > t.t_high_ns:
+            raise ValueError("TIMELY: min RTT must be > 0 and T_low <= T_high")
+        for name, v in (("delta_bps", t.delta_bps), ("ai_bps", w.ai_bps)):
+            if not 0 <= v <= line_rate_bps:
+                raise ValueError(f"{name} must be within [0, line rate]")
+        if not 0 <= t.hai_steps < 2**32 or not 0 <= w.sender_ttl <= 255:
+            raise ValueError("TIMELY hai_steps must fit 32 bits, Swift sender_ttl 8 bits")
 
 
 # ---- state ----------------------------------------------------------------------------------
@@ -216,13 +314,19 @@ class CcState:
     bc_base_bytes: int = 0
     last_cut_ns: int = 0
     flags: int = 0
+    # TIMELY, Swift
+    rtt_ns: int = 0  # the last RTT sample (TIMELY: prev_rtt)
+    rtt_diff_ns: int = 0  # TIMELY: EWMA of the RTT difference (signed)
+    rtt_done_seq: int = 0  # the tc probe whose sample has been taken
     hops: list[HopRecord] = field(default_factory=lambda: [HopRecord() for _ in range(MAX_HOPS)])
 
     @classmethod
-    def initial(cls, law: Law, ceil_bps: int, tx_bytes: int, now_ns: int) -> CcState:
-        """xm_cc_init()."""
+    def initial(cls, law: Law, ceil_bps: int, tx_bytes: int, now_ns: int,
+                probe_seq: int = 0) -> CcState:
+        """xm_cc_init(): tc's pending RTT probe counts as taken (it may predate the law)."""
         return cls(
             law=law,
+            rtt_done_seq=probe_seq,
             rate_bps=ceil_bps,
             ref_rate_bps=ceil_bps,
             util=UNIT,
@@ -350,10 +454,15 @@ def tita_on_ack(
     weight: int,
     line_rate_bps: int,
     hop_speed: HopSpeed | None = None,
+    hpcc: bool = False,
 ) -> TitaOutcome:
-    """xm_tita_on_ack() after the echo parsed into `hops`."""
+    """xm_tita_on_ack() after the echo parsed into `hops`.
+
+    With `hpcc`, HPCC as published: its parameters (prm.hpcc) and U committed on every ACK
+    (MeasureInflight), R_ref and the stage once per RTT; TiTa commits U with R_ref only."""
+    tp = prm.hpcc if hpcc else prm.tita
     nh = len(hops)
-    T = prm.tita.base_rtt_ns or 1
+    T = tp.base_rtt_ns or 1
     local_dt = now_ns - cc.last_fb_ns if now_ns > cc.last_fb_ns else 0
     sent = min((tx_bytes - cc.prev_tx_bytes) & U64, 1 << 30)
     comparable = bool(cc.flags & HAVE_RECORDS) and cc.nhops == nh
@@ -393,9 +502,11 @@ def tita_on_ack(
 
     tau = min(tau, T)
     U = ((T - tau) * cc.util + tau * u_max) // T
-    eta = prm.tita.eta
-    wai = prm.tita.wai_bps * weight
-    if U >= eta or cc.inc_stage >= prm.tita.max_stage:
+    if hpcc:
+        cc.util = U
+    eta = tp.eta
+    wai = tp.wai_bps * weight
+    if U >= eta or cc.inc_stage >= tp.max_stage:
         R = cc.ref_rate_bps * eta // (U or 1) + wai
         stage = 0
     else:
@@ -507,6 +618,103 @@ def dcqcn_on_feedback(
     return counters
 
 
+# ---- RTT samples (TIMELY, Swift) ------------------------------------------------------------
+
+
+@dataclass
+class RttProbe:
+    """tc's RTT probe of a flow (xm_flow_stats): one data packet per RTT, its PSN and send
+    time; `seq` counts probes, so XDP knows which one it has taken (cc.rtt_done_seq)."""
+
+    seq: int = 0
+    psn: int = 0
+    sent_ns: int = 0
+
+
+def tc_rtt_probe(probe: RttProbe, cc: CcState | None, psn: int, now_ns: int) -> None:
+    """What tc egress does for every data packet: start a new probe when the last one was
+    taken (or the flow has no CC state), or when this packet resends the probe's PSN or an
+    earlier one (go-back-N: the probe's ACK would time the recovery too)."""
+    if cc is None or cc.rtt_done_seq == probe.seq or psn_ge(probe.psn, psn):
+        probe.seq = (probe.seq + 1) & ALL_ONES32
+        probe.psn = psn
+        probe.sent_ns = now_ns
+
+
+def take_rtt_sample(cc: CcState, probe: RttProbe | None, ack_psn: int, now_ns: int) -> int | None:
+    """xm_rtt_sample(): the RTT of tc's pending probe when this ACK covers it, else None."""
+    if probe is None or probe.seq == cc.rtt_done_seq or not psn_ge(ack_psn, probe.psn):
+        return None
+    cc.rtt_done_seq = probe.seq
+    rtt = now_ns - probe.sent_ns if now_ns > probe.sent_ns else 0
+    return min(rtt, RTT_MAX_NS)
+
+
+def _scale(rate: int, factor: int) -> int:
+    """rate x factor / UNIT for a factor in [0, UNIT]."""
+    return (rate * factor) >> UNIT_SHIFT
+
+
+def timely_on_rtt(cc: CcState, prm: CcParams, rtt: int, ceil_bps: int, weight: int) -> str:
+    """xm_timely_on_rtt(): TIMELY's Algorithm 1 on one RTT sample; returns the counter."""
+    t = prm.timely
+    if cc.rtt_ns == 0:
+        cc.rtt_ns = rtt
+        return "XDP_TIMELY_FIRST_RTT"
+    new_diff = rtt - cc.rtt_ns
+    cc.rtt_ns = rtt
+    cc.rtt_diff_ns = ((UNIT - t.alpha) * cc.rtt_diff_ns + t.alpha * new_diff) >> UNIT_SHIFT
+    delta = t.delta_bps * weight
+    if rtt < t.t_low_ns:
+        rate = cc.rate_bps + delta
+        counter = "XDP_TIMELY_INCREASE"
+    elif rtt > t.t_high_ns:
+        dec = (t.beta * (UNIT - (t.t_high_ns << UNIT_SHIFT) // rtt)) >> UNIT_SHIFT
+        rate = _scale(cc.rate_bps, UNIT - dec)
+        cc.inc_stage = 0
+        counter = "XDP_TIMELY_DECREASE"
+    elif cc.rtt_diff_ns <= 0:
+        cc.inc_stage += 1
+        n = t.hai_steps if cc.inc_stage >= t.hai_steps else 1
+        rate = cc.rate_bps + n * delta
+        counter = "XDP_TIMELY_INCREASE"
+    else:
+        g = min((cc.rtt_diff_ns << UNIT_SHIFT) // (t.min_rtt_ns or 1), 2 * UNIT)
+        dec = (t.beta * g) >> UNIT_SHIFT
+        rate = _scale(cc.rate_bps, UNIT - dec) if dec < UNIT else 0
+        cc.inc_stage = 0
+        counter = "XDP_TIMELY_DECREASE"
+    cc.rate_bps = bound_rate(rate, prm.min_rate_bps, ceil_bps)
+    cc.ref_rate_bps = cc.rate_bps
+    cc.updates += 1
+    return counter
+
+
+def swift_on_rtt(cc: CcState, prm: CcParams, rtt: int, ttl: int, now_ns: int, ceil_bps: int,
+                 weight: int) -> str:
+    """xm_swift_on_rtt(): Swift's AIMD on one RTT sample against its scaled target."""
+    w = prm.swift
+    hops = min(w.sender_ttl - ttl if w.sender_ttl > ttl else 0, MAX_HOPS)
+    target = w.base_target_ns + hops * w.per_hop_ns
+    cc.rtt_ns = rtt
+    if rtt < target:
+        rate = cc.rate_bps + w.ai_bps * weight
+        counter = "XDP_SWIFT_INCREASE"
+    elif cc.flags & CUT_SEEN and ((now_ns - cc.last_cut_ns) & U64) < rtt:
+        return "XDP_SWIFT_DECREASE_HELD"  # at most one decrease per RTT
+    else:
+        dec = min((w.beta * (((rtt - target) << UNIT_SHIFT) // (rtt or 1))) >> UNIT_SHIFT,
+                  w.max_mdf)
+        rate = _scale(cc.rate_bps, UNIT - dec)
+        cc.last_cut_ns = now_ns
+        cc.flags |= CUT_SEEN
+        counter = "XDP_SWIFT_DECREASE"
+    cc.rate_bps = bound_rate(rate, prm.min_rate_bps, ceil_bps)
+    cc.ref_rate_bps = cc.rate_bps
+    cc.updates += 1
+    return counter
+
+
 # ---- whole feedback packets, as XDP sees them -------------------------------------------------
 
 
@@ -518,6 +726,7 @@ class Feedback:
     psn: int
     is_cnp: bool
     echo: bytes
+    ttl: int = 64
 
 
 def parse_feedback(frame: bytes) -> Feedback | None:
@@ -553,9 +762,9 @@ def parse_feedback(frame: bytes) -> Feedback | None:
         if udp[aeth] > AETH_ACK_MAX:
             return None
         echo = bytes(udp[aeth + AETH_LEN : udp_len - ICRC_LEN])
-        return Feedback(key, psn, False, echo)
+        return Feedback(key, psn, False, echo, ip[8])
     if opcode == OP_CNP:
-        return Feedback(key, psn, True, b"")
+        return Feedback(key, psn, True, b"", ip[8])
     return None
 
 
@@ -583,20 +792,24 @@ class ReferenceNic:
         cap_bps: int | None = None,
         weight: int = 1,
         params: CcParams | None = None,
+        rtt_probe: RttProbe | None = None,
     ) -> int | None:
-        """Process one received frame; returns the flow's rate after it (None: not feedback)."""
+        """Process one received frame; returns the flow's rate after it (None: not feedback).
+        `rtt_probe` is tc's probe of the flow (TIMELY and Swift take their samples from it)."""
         fb = parse_feedback(frame)
         if fb is None:
             return None
         prm = params or self.params
-        if prm.law not in (Law.TITA, Law.DCQCN) or (prm.law == Law.TITA and fb.is_cnp):
+        if prm.law == Law.NONE or (prm.law != Law.DCQCN and fb.is_cnp):
             return self.flows[fb.key].rate_bps if fb.key in self.flows else None
         ceil = self.line_rate_bps if cap_bps is None else min(self.line_rate_bps, cap_bps)
+        weight = weight or 1
         cc = self.flows.get(fb.key)
         if cc is None or cc.law != prm.law:
-            cc = CcState.initial(prm.law, ceil, tx_bytes, now_ns)
+            cc = CcState.initial(prm.law, ceil, tx_bytes, now_ns,
+                                 rtt_probe.seq if rtt_probe else 0)
             self.flows[fb.key] = cc
-        if prm.law == Law.TITA:
+        if prm.law in (Law.TITA, Law.HPCC):
             if fb.echo:
                 hops = parse_echo(fb.echo)
                 if not isinstance(hops, EchoError):
@@ -609,15 +822,23 @@ class ReferenceNic:
                         tx_bytes=tx_bytes,
                         now_ns=now_ns,
                         ceil_bps=ceil,
-                        weight=weight or 1,
+                        weight=weight,
                         line_rate_bps=self.line_rate_bps,
                         hop_speed=self.hop_speed,
+                        hpcc=prm.law == Law.HPCC,
                     )
-        else:
+        elif prm.law == Law.DCQCN:
             dcqcn_on_feedback(
                 cc, prm, is_cnp=fb.is_cnp, tx_bytes=tx_bytes, now_ns=now_ns, ceil_bps=ceil,
-                weight=weight or 1,
+                weight=weight,
             )
+        else:
+            rtt = take_rtt_sample(cc, rtt_probe, fb.psn, now_ns)
+            if rtt is not None:
+                if prm.law == Law.TIMELY:
+                    timely_on_rtt(cc, prm, rtt, ceil, weight)
+                else:
+                    swift_on_rtt(cc, prm, rtt, fb.ttl, now_ns, ceil, weight)
         cc.last_fb_ns = now_ns
         cc.feedback += 1
         return cc.rate_bps

@@ -196,6 +196,21 @@ static __always_inline void xm_edt_pace(struct __sk_buff *skb, struct xm_flow_ke
 	xm_count(XM_CNT_TC_EDT_PACED);
 }
 
+/* TIMELY and Swift's RTT probe (controller/ratelaw.py tc_rtt_probe()): a new one when XDP
+ * has taken the last (or the flow has no CC state yet), or when this packet resends the
+ * probe's PSN or an earlier one (go-back-N: its ACK would time the recovery too). */
+static __always_inline void xm_rtt_probe(struct xm_flow_key *key, struct xm_flow_stats *st,
+					 __u32 psn, __u64 sent)
+{
+	struct xm_cc_state *cc = xm_cc.lookup(key);
+	if (cc && cc->rtt_done_seq != st->rtt_probe_seq && !xm_psn_ge(st->rtt_probe_psn, psn))
+		return;
+	st->rtt_probe_psn = psn;
+	st->rtt_probe_ns = sent;
+	st->rtt_probe_seq += 1; /* last: XDP decides on the sequence number */
+	xm_count(XM_CNT_TC_RTT_PROBE);
+}
+
 static __always_inline void xm_htb_classify(struct __sk_buff *skb,
 					    const struct xm_host_config *cfg,
 					    struct xm_flow_key *key)
@@ -253,6 +268,14 @@ int xm_tc_egress(struct __sk_buff *skb)
 			xm_edt_pace(skb, &p.key, st, paced_len, now);
 	} else {
 		xm_htb_classify(skb, cfg, own_pacing ? &p.key : 0);
+	}
+	/* the probe's send time: its EDT departure, or now under HTB (which then counts the
+	 * time the packet waits in its class in the RTT) */
+	if (data && st) {
+		__u64 sent = now;
+		if (cfg->pacing_mode == XM_PACING_EDT && skb->tstamp > now)
+			sent = skb->tstamp;
+		xm_rtt_probe(&p.key, st, p.psn, sent);
 	}
 	return TC_ACT_OK;
 }

@@ -5,7 +5,8 @@
  * Every packet passes (XDP_PASS): the transport needs its ACKs, and anything unknown or
  * malformed is only counted.
  *
- * controller/ratelaw.py is the Python reference of the two laws below, operation for
+ * controller/ratelaw.py is the Python reference of the laws below and in lib/ (TiTa and
+ * HPCC, DCQCN here; TIMELY and Swift in lib/timely.h and lib/swift.h), operation for
  * operation: change one, change the other (tests compare them packet by packet).
  */
 #include <uapi/linux/bpf.h>
@@ -15,6 +16,8 @@
 #include <uapi/linux/udp.h>
 
 #include "xingmai.h"
+#include "lib/swift.h"
+#include "lib/timely.h"
 
 /* DCQCN increase events applied per feedback packet, per source (timer, byte counter); more
  * elapsed periods wait for the next packets, up to XM_DCQCN_BACKLOG (older ones are dropped:
@@ -29,6 +32,7 @@ struct xm_feedback {
 	__u32 echo_len;         /* ACK: those bytes, ICRC excluded */
 	__u32 psn;
 	__u8 is_cnp;
+	__u8 ttl; /* Swift counts the hops from it */
 };
 
 /* Where one hop's fields sit in its metadata, in 4-byte words. A field the bitmap does not
@@ -69,12 +73,6 @@ static __always_inline void xm_int_layout_of(__u32 bitmap, struct xm_int_layout 
 static __always_inline __u32 xm_hop_word(const __u32 *w, __u32 i)
 {
 	return bpf_ntohl(w[i & 63]);
-}
-
-/* a >= b in 24-bit PSN serial arithmetic */
-static __always_inline int xm_psn_ge(__u32 a, __u32 b)
-{
-	return ((a - b) & 0xffffff) < 0x800000;
 }
 
 static __always_inline __u64 xm_hop_speed_of(const struct xm_host_config *cfg, __u32 node,
@@ -169,6 +167,7 @@ static __always_inline int xm_parse_feedback(struct xdp_md *ctx, struct xm_feedb
 	fb->key.sport = udp->source;
 	fb->key.dport = bpf_htons(XM_ROCE_PORT);
 	fb->key.proto = IPPROTO_UDP;
+	fb->ttl = ip->ttl;
 	return 0;
 }
 
@@ -185,6 +184,21 @@ static __always_inline void xm_cc_init(struct xm_cc_state *cc, __u32 law, __u64 
 	cc->timer_ts_ns = now;
 	cc->bc_base_bytes = st->tx_bytes;
 	cc->prev_tx_bytes = st->tx_bytes;
+	cc->rtt_done_seq = st->rtt_probe_seq; /* a pending probe may predate the law */
+}
+
+/* The RTT of tc's pending probe when this ACK covers it (ratelaw.py take_rtt_sample()). */
+static __always_inline int xm_rtt_sample(struct xm_cc_state *cc, const struct xm_flow_stats *st,
+					 __u32 ack_psn, __u64 now, __u64 *rtt)
+{
+	__u32 seq = st->rtt_probe_seq;
+	if (seq == cc->rtt_done_seq || !xm_psn_ge(ack_psn, st->rtt_probe_psn))
+		return 0;
+	cc->rtt_done_seq = seq;
+	__u64 sent = st->rtt_probe_ns;
+	__u64 r = now > sent ? now - sent : 0;
+	*rtt = r > XM_ALL_ONES32 ? XM_ALL_ONES32 : r;
+	return 1;
 }
 
 /*
@@ -195,13 +209,16 @@ static __always_inline void xm_cc_init(struct xm_cc_state *cc, __u32 law, __u64 
  *   else                              R = R_ref + W_AI              (stage + 1)
  * U, R_ref and the stage are committed once per RTT (when the ACK covers a PSN sent after the
  * previous commit); R is recomputed on every ACK from the committed values.
+ * HPCC as published (hpcc != 0): its own parameters (prm->hpcc) and U committed on every ACK
+ * (Algorithm 1's MeasureInflight); R_ref and the stage once per RTT as above.
  */
 static __always_inline void xm_tita_on_ack(struct xdp_md *ctx, const struct xm_host_config *cfg,
 					   const struct xm_cc_params *prm, struct xm_cc_state *cc,
 					   const struct xm_flow_stats *st,
 					   const struct xm_feedback *fb, __u64 ceil, __u32 weight,
-					   __u64 now)
+					   __u64 now, int hpcc)
 {
+	const struct xm_tita_params *tp = hpcc ? &prm->hpcc : &prm->tita;
 	__u8 shim[XM_INT_SHIM_LEN];
 	__u8 md[XM_INT_MD_LEN];
 
@@ -238,7 +255,7 @@ static __always_inline void xm_tita_on_ack(struct xdp_md *ctx, const struct xm_h
 		return;
 	}
 
-	__u64 T = prm->tita.base_rtt_ns ? prm->tita.base_rtt_ns : 1;
+	__u64 T = tp->base_rtt_ns ? tp->base_rtt_ns : 1;
 	__u64 local_dt = now > cc->last_fb_ns ? now - cc->last_fb_ns : 0;
 	__u64 sent = st->tx_bytes - cc->prev_tx_bytes;
 	if (sent > (1ULL << 30))
@@ -324,11 +341,13 @@ static __always_inline void xm_tita_on_ack(struct xdp_md *ctx, const struct xm_h
 	if (tau > T)
 		tau = T;
 	__u64 U = ((T - tau) * cc->util + tau * u_max) / T;
-	__u64 eta = prm->tita.eta;
-	__u64 wai = prm->tita.wai_bps * weight;
+	if (hpcc)
+		cc->util = U;
+	__u64 eta = tp->eta;
+	__u64 wai = tp->wai_bps * weight;
 	__u64 R;
 	__u32 stage;
-	if (U >= eta || cc->inc_stage >= prm->tita.max_stage) {
+	if (U >= eta || cc->inc_stage >= tp->max_stage) {
 		__u64 Ud = U ? U : 1;
 		R = cc->ref_rate_bps * eta / Ud + wai;
 		stage = 0;
@@ -504,12 +523,12 @@ int xm_xdp_ingress(struct xdp_md *ctx)
 	if (ctl && (ctl->flags & XM_CTL_HAS_PARAMS))
 		prm = &ctl->params;
 	__u32 law = prm->law;
-	if (law != XM_LAW_TITA && law != XM_LAW_DCQCN) {
+	if (law == XM_LAW_NONE || law > XM_LAW_SWIFT) {
 		xm_count(XM_CNT_XDP_LAW_NONE);
 		return XDP_PASS;
 	}
-	if (law == XM_LAW_TITA && fb.is_cnp) {
-		xm_count(XM_CNT_XDP_TITA_CNP_IGNORED);
+	if (law != XM_LAW_DCQCN && fb.is_cnp) { /* only DCQCN acts on CNPs */
+		xm_count(XM_CNT_XDP_CNP_IGNORED);
 		return XDP_PASS;
 	}
 	__u32 weight = ctl && ctl->weight ? ctl->weight : 1;
@@ -536,14 +555,24 @@ int xm_xdp_ingress(struct xdp_md *ctx)
 	}
 
 	__u64 before = cc->rate_bps;
-	if (law == XM_LAW_TITA) {
+	if (law == XM_LAW_TITA || law == XM_LAW_HPCC) {
 		if (fb.echo_len == 0) {
 			xm_count(XM_CNT_XDP_ACK_NO_INT);
 		} else {
-			xm_tita_on_ack(ctx, cfg, prm, cc, st, &fb, ceil, weight, now);
+			xm_tita_on_ack(ctx, cfg, prm, cc, st, &fb, ceil, weight, now,
+				       law == XM_LAW_HPCC);
 		}
-	} else {
+	} else if (law == XM_LAW_DCQCN) {
 		xm_dcqcn_on_feedback(prm, cc, st, fb.is_cnp, ceil, weight, now);
+	} else {
+		__u64 rtt;
+		if (xm_rtt_sample(cc, st, fb.psn, now, &rtt)) {
+			xm_count(XM_CNT_XDP_RTT_SAMPLE);
+			if (law == XM_LAW_TIMELY)
+				xm_count(xm_timely_on_rtt(prm, cc, rtt, ceil, weight));
+			else
+				xm_count(xm_swift_on_rtt(prm, cc, rtt, fb.ttl, now, ceil, weight));
+		}
 	}
 	cc->last_fb_ns = now;
 	cc->feedback += 1;
@@ -553,7 +582,7 @@ int xm_xdp_ingress(struct xdp_md *ctx)
 		struct xm_rate nr = {};
 		nr.rate_bps = cc->rate_bps;
 		nr.stamp_ns = now;
-		nr.origin = law == XM_LAW_TITA ? XM_ORIGIN_TITA : XM_ORIGIN_DCQCN;
+		nr.origin = law; /* XM_ORIGIN_<law> is the law's value */
 		xm_rates.update(&fb.key, &nr);
 	}
 	return XDP_PASS;

@@ -72,7 +72,9 @@ def test_every_c_define_is_the_python_value() -> None:
 def test_c_enums_are_the_python_ones() -> None:
     assert {f"XM_LAW_{law.name}": law.value for law in ratelaw.Law} == cheader.enum("xm_law")
     assert bpfload.PACING_HTB == 0 and bpfload.PACING_EDT == 1  # derived; these are the wire
-    assert set(bpfload.ORIGINS.values()) == {"agent", "tita", "dcqcn"}
+    assert set(bpfload.ORIGINS.values()) == {"agent", "tita", "dcqcn", "hpcc", "timely", "swift"}
+    # an XDP-written rate carries its law's value as origin (nr.origin = law)
+    assert all(bpfload.ORIGINS[law.value] == law.name.lower() for law in ratelaw.Law if law)
     counters = cheader.enum("xm_counter")
     assert list(counters)[-1] == "XM_CNT_MAX" and counters["XM_CNT_MAX"] == len(counters) - 1
     assert len(bpfload.counter_names()) == len(counters) - 1
