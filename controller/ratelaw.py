@@ -631,10 +631,15 @@ class RttProbe:
     sent_ns: int = 0
 
 
+RTT_LAWS = (Law.TIMELY, Law.SWIFT)  # the laws tc probes RTTs for
+
+
 def tc_rtt_probe(probe: RttProbe, cc: CcState | None, psn: int, now_ns: int) -> None:
-    """What tc egress does for every data packet: start a new probe when the last one was
-    taken (or the flow has no CC state), or when this packet resends the probe's PSN or an
-    earlier one (go-back-N: the probe's ACK would time the recovery too)."""
+    """What tc egress does for every data packet of a flow under an RTT law: start a new
+    probe when the last one was taken (or the flow has no CC state), or when this packet
+    resends the probe's PSN or an earlier one (go-back-N: the probe's ACK would time the
+    recovery too). The probe's ACK must not wait for the next packet (a coalescing receiver
+    adds that wait to the RTT): the suite runs these laws with an ACK per packet."""
     if cc is None or cc.rtt_done_seq == probe.seq or psn_ge(probe.psn, psn):
         probe.seq = (probe.seq + 1) & ALL_ONES32
         probe.psn = psn

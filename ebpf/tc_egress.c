@@ -199,9 +199,14 @@ static __always_inline void xm_edt_pace(struct __sk_buff *skb, struct xm_flow_ke
 /* TIMELY and Swift's RTT probe (controller/ratelaw.py tc_rtt_probe()): a new one when XDP
  * has taken the last (or the flow has no CC state yet), or when this packet resends the
  * probe's PSN or an earlier one (go-back-N: its ACK would time the recovery too). */
-static __always_inline void xm_rtt_probe(struct xm_flow_key *key, struct xm_flow_stats *st,
+static __always_inline void xm_rtt_probe(const struct xm_host_config *cfg,
+					 struct xm_flow_key *key, struct xm_flow_stats *st,
 					 __u32 psn, __u64 sent)
 {
+	struct xm_flow_ctl *ctl = xm_ctl.lookup(key);
+	__u32 law = ctl && (ctl->flags & XM_CTL_HAS_PARAMS) ? ctl->params.law : cfg->cc.law;
+	if (law != XM_LAW_TIMELY && law != XM_LAW_SWIFT)
+		return;
 	struct xm_cc_state *cc = xm_cc.lookup(key);
 	if (cc && cc->rtt_done_seq != st->rtt_probe_seq && !xm_psn_ge(st->rtt_probe_psn, psn))
 		return;
@@ -275,7 +280,7 @@ int xm_tc_egress(struct __sk_buff *skb)
 		__u64 sent = now;
 		if (cfg->pacing_mode == XM_PACING_EDT && skb->tstamp > now)
 			sent = skb->tstamp;
-		xm_rtt_probe(&p.key, st, p.psn, sent);
+		xm_rtt_probe(cfg, &p.key, st, p.psn, sent);
 	}
 	return TC_ACT_OK;
 }

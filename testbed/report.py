@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.bench import machine_description
-from testbed.scenarios import RunRecord
+from testbed.scenarios import SCHEMES, RunRecord
 
 
 def _f(v: float | None, fmt: str, dash: str = "-") -> str:
@@ -58,7 +58,8 @@ def table(records: list[RunRecord]) -> str:
     return "\n".join(lines)
 
 
-_ORDER = {"incast": 0, "allreduce": 1, "websearch": 2, "none": 0, "dcqcn": 1, "tita": 2}
+_ORDER = {"incast": 0, "allreduce": 1, "websearch": 2,
+          **{scheme: i for i, scheme in enumerate(SCHEMES)}}
 
 
 def _order(name: str) -> int:

@@ -211,7 +211,8 @@ def test_tc_rtt_probe_matches_reference() -> None:
         cc: CcState | None = None
 
         def tc(psn: int) -> None:
-            assert prog_test_run(nic.fd("tc"), data(sport, psn)).retval == TC_ACT_OK
+            res = prog_test_run(nic.fd("tc"), data(sport, psn))
+            assert res.retval == TC_ACT_OK
             st = nic.get("xm_flows", key)
             tc_rtt_probe(probe, cc, psn, int(st.last_ns))
             assert (int(st.rtt_probe_seq), int(st.rtt_probe_psn), int(st.rtt_probe_ns)) == (
@@ -246,3 +247,7 @@ def test_tc_rtt_probe_matches_reference() -> None:
         tc(8)  # go-back-N resends PSN 8 (before the probe): the probe restarts there
         assert probe.psn == 8
         assert nic.counter_values()["tc_rtt_probe"] == probe.seq
+    # a law that takes no RTT samples: no probes
+    with standalone_nic(LINE, law="tita") as nic:
+        assert prog_test_run(nic.fd("tc"), data(sport, 1)).retval == TC_ACT_OK
+        assert nic.counter_values()["tc_rtt_probe"] == 0

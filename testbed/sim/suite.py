@@ -14,7 +14,8 @@ from testbed.probes import Capture, PortCounters, RateEvent
 from testbed.scenarios import SuiteBase, SuiteConfig
 from testbed.sim.fabric import SimFabric
 
-_LAWS = {"none": Law.NONE, "dcqcn": Law.DCQCN, "tita": Law.TITA}
+_LAWS = {"none": Law.NONE, "dcqcn": Law.DCQCN, "tita": Law.TITA, "hpcc": Law.HPCC,
+         "timely": Law.TIMELY, "swift": Law.SWIFT}
 
 
 class SimSuite(SuiteBase):
