@@ -6,6 +6,8 @@
 #   make test     installs what is missing, then runs the test suite
 #   make install  apt packages + virtual environment + pinned pip packages (idempotent)
 #   make bench    benchmarks, written to results/bench.json
+#   make fuzz     fuzz every input surface (FUZZ_CASES each, 10000), counts to results/fuzz.json
+#   make faults   the daemon fault tests (root), their figures to results/faults.json
 #   make p4       recompile p4src/ where p4c is installed, refresh p4src/build/ and its stamp,
 #                 and regenerate the controller's P4 names (controller/p4names.py)
 #   make proto    generate the gRPC stubs of controller/proto/*.proto
@@ -26,7 +28,7 @@ KERNEL_HEADERS := /var/cache/xingmai/kernel-headers
 PROTOS := $(wildcard controller/proto/*.proto)
 PROTO_OUT := $(PROTOS:.proto=_pb2.py)
 
-.PHONY: install apt venv kernel-headers proto test run sim cli doctor bench p4 lint clean p4runtime-shell
+.PHONY: install apt venv kernel-headers proto test run sim cli doctor bench fuzz faults p4 lint clean p4runtime-shell
 
 install: $(STAMP) proto
 
@@ -94,6 +96,16 @@ doctor:
 bench: install
 	mkdir -p results
 	$(PY) -m testbed.bench --out results/bench.json
+
+faults: install
+	mkdir -p results
+	rm -f results/faults.json
+	XM_FAULT_FIGURES=results/faults.json $(PY) -m pytest -m fault -p no:cacheprovider $(PYTEST_ARGS)
+
+FUZZ_CASES ?= 10000
+fuzz: install
+	mkdir -p results
+	$(PY) -m tests.fuzz --cases $(FUZZ_CASES) --out results/fuzz.json
 
 p4: install
 	$(PY) -m testbed.p4build

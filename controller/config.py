@@ -95,13 +95,20 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class CollectorConfig:
-    listen: str = "0.0.0.0:32766"  # the daemon's UDP server
+    # the daemon's UDP server; by default the address reports are sent to (ip:udp_port), not
+    # every address of the host
+    listen: str | None = None
     netns: str | None = None  # open that socket in this network namespace (/run/netns/NAME)
     ip: str = "10.0.100.1"  # where switches address reports (in the dataplane)
     mac: str = "02:00:00:00:64:01"
     udp_port: int = 32766
     clone_session: int = 500
     report_src_ip: str = "10.0.100.254"  # source address of reports
+
+    @property
+    def bind(self) -> str:
+        """HOST:PORT the collector's socket binds."""
+        return self.listen or f"{self.ip}:{self.udp_port}"
 
 
 @dataclass(frozen=True)
@@ -489,7 +496,7 @@ def _int_section(doc: Any) -> IntConfig:
     cr = _Reader(r.get("collector", lambda v, p: v, {}), "int.collector")
     dc = CollectorConfig()
     collector = CollectorConfig(
-        listen=cr.get("listen", _addr, dc.listen),
+        listen=cr.get("listen", _addr, None),
         netns=cr.get("netns", _name, None),
         ip=cr.get("ip", _ip, dc.ip),
         mac=cr.get("mac", _mac, dc.mac),

@@ -196,7 +196,7 @@ static __always_inline void xm_edt_pace(struct __sk_buff *skb, struct xm_flow_ke
 	xm_count(XM_CNT_TC_EDT_PACED);
 }
 
-/* TIMELY and Swift's RTT probe (controller/ratelaw.py tc_rtt_probe()): a new one when XDP
+/* TIMELY and Swift's RTT probe (controller/nic/ratelaw.py tc_rtt_probe()): a new one when XDP
  * has taken the last (or the flow has no CC state yet), or when this packet resends the
  * probe's PSN or an earlier one (go-back-N: its ACK would time the recovery too). */
 static __always_inline void xm_rtt_probe(const struct xm_host_config *cfg,

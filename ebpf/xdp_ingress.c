@@ -5,7 +5,7 @@
  * Every packet passes (XDP_PASS): the transport needs its ACKs, and anything unknown or
  * malformed is only counted.
  *
- * controller/ratelaw.py is the Python reference of the laws below and in lib/ (TiTa and
+ * controller/nic/ratelaw.py is the Python reference of the laws below and in lib/ (TiTa and
  * HPCC, DCQCN here; TIMELY and Swift in lib/timely.h and lib/swift.h), operation for
  * operation: change one, change the other (tests compare them packet by packet).
  */

@@ -26,6 +26,7 @@ from scapy.packet import Packet, Raw
 from scapy.sendrecv import AsyncSniffer, sendp
 from scapy.utils import rdpcap, wrpcap
 
+from controller.common.netns import netns_path
 from controller.wire.int_md import INT_DSCP_DEFAULT
 from controller.wire.roce import OP_ACK, OP_CNP, OP_SEND_ONLY, ROCE_UDP_PORT
 from controller.wire.telemetry_report import TELEMETRY_REPORT_PORT
@@ -174,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     if args.netns:
-        path = args.netns if args.netns.startswith("/") else f"/run/netns/{args.netns}"
+        path = netns_path(args.netns)
         rest = list(argv if argv is not None else sys.argv[1:])
         i = rest.index("--netns")
         del rest[i : i + 2]

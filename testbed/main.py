@@ -6,6 +6,9 @@
     xingmai-testbed cli      # the same network with Mininet's CLI and project commands
     xingmai-testbed doctor   # what this machine has and lacks
     xingmai-testbed topo leafspine:2,2,4 --dump   # a topology as YAML
+    xingmai-testbed collective --sizes 64K:4M     # collectives over the rails (nccl-tests)
+    xingmai-testbed jobs FILE                     # concurrent jobs of a scenario file
+    xingmai-testbed tune                          # auto-tune algorithm/channels/chunk
 
 Topologies: `single[:H]`, `leafspine[:L,S,H]`, `rail[:K,H,S]` or a YAML file (testbed.topo).
 The emulation (`--engine emu`, the default) needs root; everything it starts it stops, on
@@ -68,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     cli = sub.add_parser("cli", help="Mininet's CLI on the booted network")
     _common(cli)
     sub.add_parser("doctor", help="check the prerequisites")
+    from testbed.collective.cli import add_parsers
+
+    add_parsers(sub)  # collective, jobs, tune
     topo = sub.add_parser("topo", help="print a topology")
     topo.add_argument("topo", nargs="?", default=DEFAULT_TOPO)
     topo.add_argument("--dump", action="store_true", help="as YAML (the file format)")
@@ -76,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _testbed(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from testbed.ctlconfig import Ecn
-    from testbed.network import Testbed, TestbedOptions
+    from testbed.emu.network import Testbed, TestbedOptions
     from testbed.topo import parse_choice
 
     spec = parse_choice(args.topo)
@@ -88,7 +94,7 @@ def _testbed(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from testbed.network import install_signal_handlers
+    from testbed.emu.network import install_signal_handlers
     from testbed.plots import write_plots
     from testbed.report import table, verdict, write_results
     from testbed.scenarios import SCENARIOS, SCHEMES, Suite, SuiteConfig
@@ -151,8 +157,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_cli(args: argparse.Namespace) -> int:
-    from testbed.cli import run_cli
-    from testbed.network import install_signal_handlers
+    from testbed.emu.cli import run_cli
+    from testbed.emu.network import install_signal_handlers
 
     install_signal_handlers(SystemExit)
     with _testbed(args) as tb:
@@ -170,7 +176,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from testbed.doctor import report
+    from testbed.emu.doctor import report
 
     return report()
 
@@ -194,8 +200,10 @@ def cmd_topo(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        from testbed.collective.cli import COMMANDS
+
         return {"run": cmd_run, "cli": cmd_cli, "doctor": cmd_doctor, "topo": cmd_topo,
-                "compare": cmd_compare}[args.cmd](args)
+                "compare": cmd_compare, **COMMANDS}[args.cmd](args)
     except ValueError as exc:  # testbed.topo.TopologyError and bad options
         print(f"xingmai-testbed: {exc}", file=sys.stderr)
         return 2
@@ -204,8 +212,8 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 130
     except Exception as exc:
-        from testbed.network import TestbedError
-        from testbed.procs import ComponentError
+        from testbed.emu.network import TestbedError
+        from testbed.emu.procs import ComponentError
 
         if isinstance(exc, (ComponentError, TestbedError)):
             print(f"xingmai-testbed: {exc}", file=sys.stderr)

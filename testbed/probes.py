@@ -30,11 +30,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from controller.common.netns import in_netns
 from controller.wire.int_md import INT_DSCP_DEFAULT, decode_stack, int_stack_at
 from controller.wire.roce import ROCE_UDP_PORT
 
 ETH_P_ALL = 0x0003
-CLONE_NEWNET = 0x40000000
 SO_ATTACH_FILTER = 26
 SO_RCVBUFFORCE = 33
 SO_TIMESTAMPNS = 35  # also the SCM_TIMESTAMPNS control message type
@@ -79,10 +79,8 @@ def packet_socket_in(netns_path: str, ifname: str,
 
     def make() -> None:
         try:
-            with open(netns_path) as f:
-                if _libc.setns(f.fileno(), CLONE_NEWNET) != 0:
-                    raise OSError(ctypes.get_errno(), f"setns({netns_path})")
-            s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+            with in_netns(netns_path):
+                s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
             if bpf is not None:
                 code = b"".join(struct.pack("HBBI", c, jt, jf, k & 0xFFFFFFFF)
                                 for c, jt, jf, k in bpf)

@@ -58,7 +58,7 @@ def table(records: list[RunRecord]) -> str:
     return "\n".join(lines)
 
 
-_ORDER = {"incast": 0, "allreduce": 1, "websearch": 2,
+_ORDER = {"incast": 0, "allreduce": 1, "alltoall": 2, "twojob": 3, "websearch": 4,
           **{scheme: i for i, scheme in enumerate(SCHEMES)}}
 
 

@@ -4,7 +4,13 @@ scheme, measured the same way for every scheme.
 Scenarios (testbed.traffic.workloads over the testbed's hosts):
 - `incast`: every other host sends `incast_bytes` to the first host at once (N:1);
 - `allreduce`: ring all-reduce of `allreduce_bytes` of float32 per rank over all hosts
-  (reduce-scatter then all-gather; the sums are checked on every rank);
+  (testbed.collective: reduce-scatter then all-gather, one channel per NIC, so on the rail
+  topology every rail; the sums are checked on every rank);
+- `alltoall`: an MoE dispatch: all-to-all of `alltoall_bytes` per rank over all hosts
+  (testbed.collective, one channel per NIC; every block checked);
+- `twojob`: two training jobs at once, a data-parallel all-reduce on the first half of the
+  hosts and an MoE all-to-all on the other half (`twojob_bytes`, a few iterations of
+  compute + collective), each also alone: per-job iteration time and slowdown;
 - `websearch`: flows with the WebSearch size distribution (sizes divided by
   `websearch_size_divisor`, so that the run holds hundreds of flows rather than a few dozen)
   and Poisson arrivals at `websearch_load` of the NIC line rate per host.
@@ -42,6 +48,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from testbed.collective import run as coll
+from testbed.collective.run import CollFabric
 from testbed.model import TRANSPORT_OVERHEAD, Scaling, fmt_rate
 from testbed.probes import (
     Capture,
@@ -59,10 +67,10 @@ from testbed.traffic import workloads as wl
 from testbed.traffic.netns import Host
 
 if TYPE_CHECKING:
-    from testbed.network import Testbed
+    from testbed.emu.network import Testbed
     from testbed.topo import FabricSpec
 
-# every scheme the suite knows, in table order; the rate law each runs (testbed.network and
+# every scheme the suite knows, in table order; the rate law each runs (testbed.emu.network and
 # the twin set it on every host)
 SCHEMES = ("none", "dcqcn", "tita", "hpcc", "timely", "swift")
 DEFAULT_SCHEMES = ("none", "dcqcn", "tita")
@@ -71,7 +79,7 @@ BDP_WINDOW_SCHEMES = ("tita", "hpcc")
 # receivers ACK every packet: TIMELY and Swift time one packet per RTT, and a coalesced ACK
 # would add the wait for the next packet to its RTT
 ACK_EVERY_PACKET_SCHEMES = ("timely", "swift")
-SCENARIOS = ("incast", "allreduce", "websearch")
+SCENARIOS = ("incast", "allreduce", "alltoall", "twojob", "websearch")
 SERIES_POINTS = 2000  # per series kept in the results file
 
 
@@ -82,6 +90,8 @@ class SuiteConfig:
     incast_bytes: int = 1_000_000
     allreduce_bytes: int = 4 << 20
     allreduce_chunk: int = 256 << 10
+    alltoall_bytes: int = 1 << 20
+    twojob_bytes: int = 1 << 20
     websearch_load: float = 0.5
     websearch_seconds: float = 5.0
     websearch_size_divisor: float = 10.0
@@ -94,7 +104,8 @@ class SuiteConfig:
     def quick() -> SuiteConfig:
         """A short suite (benchmarks, tests): smaller collectives and a shorter mix."""
         return SuiteConfig(incast_bytes=400_000, allreduce_bytes=1 << 20,
-                           allreduce_chunk=128 << 10, websearch_seconds=2.0)
+                           allreduce_chunk=128 << 10, alltoall_bytes=256 << 10,
+                           twojob_bytes=256 << 10, websearch_seconds=2.0)
 
 
 @dataclass
@@ -131,6 +142,7 @@ class RunRecord:
     rate_series: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     flow_fcts: list[dict[str, Any]] = field(default_factory=list)  # per flow (flows runs)
     port_series: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # per port
+    jobs: list[dict[str, Any]] = field(default_factory=list)  # per job (twojob)
 
     def summary(self) -> dict[str, Any]:
         d = asdict(self)
@@ -225,6 +237,7 @@ class SuiteBase:
         self.base_rtt_s = 0.0  # measured (FCT slowdown's ideal)
         self.tita_t_s = 0.0
         self.flows_override: list[gen.Flow] | None = None  # a --flows file: the "flows" run
+        self._scheme = "none"  # the scheme of the run in progress
 
     # ---- engine hooks ----
 
@@ -248,6 +261,31 @@ class SuiteBase:
 
     def _now(self) -> float:
         raise NotImplementedError
+
+    def _set_port_rate(self, switch: str, port: int, rate_bps: float) -> None:
+        raise NotImplementedError
+
+    # ---- the collective library's view of the engine ----
+
+    def nic_ips(self) -> list[list[str]]:
+        """Every traffic host's NIC addresses, in host order."""
+        by_name = {h.name: [n.ip for n in h.nics] for h in self.spec.hosts}
+        return [by_name[h.name] for h in self.hosts]
+
+    def collective_fabric(self, scheme: str, window: int | None = None) -> CollFabric:
+        s = self.scaling
+        cfg = self.cfg
+
+        def websearch(hosts: int, load: float, seconds: float) -> list[gen.Flow]:
+            wcfg = SuiteConfig(**{**cfg.__dict__, "websearch_load": load})
+            return websearch_flows(wcfg, hosts, s.nic_bps, seconds)
+
+        return CollFabric(
+            topology=self.spec.name, hosts=self.hosts, nic_ips=self.nic_ips(),
+            runner=self.runner, scaling=s, scheme=scheme,
+            transport=transport_settings(s, self.window(scheme) if window is None else window),
+            line_rate=payload_line_rate(s), time_scale=self.time_scale, seed=cfg.seed,
+            set_port_rate=self._set_port_rate, websearch=websearch)
 
     # ---- running ----
 
@@ -285,6 +323,7 @@ class SuiteBase:
         before = self._counters()
         self._begin()
         t_call = self._now()
+        self._scheme = scheme
         try:
             res = self._workload(scenario, self.window(scheme),
                                  1 if scheme in ACK_EVERY_PACKET_SCHEMES else 2)
@@ -306,7 +345,9 @@ class SuiteBase:
         if scenario == "allreduce":
             return wl.allreduce(self.hosts, cfg.allreduce_bytes, chunk=cfg.allreduce_chunk,
                                 transport=tr, timeout=180 * k, seed=cfg.seed,
-                                runner=self.runner)
+                                runner=self.runner, nic_ips=self.nic_ips())
+        if scenario in ("alltoall", "twojob"):
+            return self._collective_workload(scenario, window)
         if scenario == "websearch":
             seconds = cfg.websearch_seconds * k  # as many flows at any scale
             flows = websearch_flows(cfg, len(self.hosts), s.nic_bps, seconds)
@@ -323,6 +364,25 @@ class SuiteBase:
                                 line_rate=line, base_rtt=self.base_rtt_s,
                                 timeout=end * 6 + 30 * k, seed=cfg.seed, runner=self.runner)
         raise ValueError(f"unknown scenario {scenario!r} (known: {', '.join(SCENARIOS)})")
+
+    def _collective_workload(self, scenario: str, window: int) -> dict[str, Any]:
+        cfg = self.cfg
+        fab = self.collective_fabric(self._scheme, window)
+        if scenario == "alltoall":
+            return {"workload": "alltoall",
+                    "summary": coll.collective(fab, collective="alltoall",
+                                               size=cfg.alltoall_bytes, chunk=64 << 10)}
+        n = len(self.hosts)
+        half = list(range(n // 2)), list(range(n // 2, n))
+        # each iteration computes for about as long as its collective takes at line rate
+        compute = 2 * cfg.twojob_bytes * 8 / (fab.nics * fab.line_rate) / self.scaling.scale
+        decls = [coll.JobDecl("dp", "training", half[0],
+                              {"collective": "allreduce", "size": cfg.twojob_bytes,
+                               "chunk": 64 << 10, "iters": 3, "compute": compute}),
+                 coll.JobDecl("moe", "training", half[1],
+                              {"collective": "alltoall", "size": cfg.twojob_bytes,
+                               "chunk": 64 << 10, "iters": 3, "compute": compute})]
+        return {"workload": "twojob", "summary": coll.concurrent(fab, decls)}
 
     # ---- summarising ----
 
@@ -383,12 +443,27 @@ class SuiteBase:
         ip_host = {n.ip: h.name for h in spec.hosts for n in h.nics}
         rec.rate_series = _rate_series(events, t_start, last_seen, ip_host)
         rec.flow_fcts = _flow_fcts(res, ip_host, self.hosts)
+        if scenario == "twojob":
+            rec.jobs = res["summary"]["jobs"]
         return rec
 
     def _workload_figures(self, scenario: str, res: dict[str, Any]
                           ) -> tuple[float, int, int, list[float], float | None, bool | None]:
         """(completion time, flows, completed flows, FCT slowdowns, busbw b/s, correct)."""
         line = payload_line_rate(self.scaling)
+        scale = self.scaling.scale
+        if scenario == "alltoall":
+            r = res["summary"]
+            n = len(self.hosts)
+            return (r["time_s"] * scale, n, n if r["correct"] else 0, [],
+                    r["busbw_Bps"] * 8 / scale, bool(r["correct"]))
+        if scenario == "twojob":
+            jobs = res["summary"]["jobs"]
+            ok = all(j.get("correct") for j in jobs)
+            end = max(j.get("iter_s", 0.0) for j in jobs) * 3 * scale
+            dp = jobs[0]
+            return (end, len(jobs), sum(bool(j.get("correct")) for j in jobs), [],
+                    dp.get("busbw_Bps", 0.0) * 8 / scale, ok)
         if scenario == "allreduce":
             coll = res["collective"]
             n = len(self.hosts)
@@ -471,6 +546,9 @@ class Suite(SuiteBase):
 
     def _quiet_counters(self) -> dict[str, PortCounters]:
         return wait_quiet(self._counters)
+
+    def _set_port_rate(self, switch: str, port: int, rate_bps: float) -> None:
+        self.tb.set_queue_rate(switch, port, rate_bps)
 
 
 def fmt_time(s: float) -> str:

@@ -176,7 +176,7 @@ def test_real_agent_round_trip(tmp_path: Path) -> None:
                      ["ip", "netns", "exec", ns, "ip", "link", "set", f"{ns}b", "up"],
                      ["ip", "link", "set", f"{ns}a", "up"]):
             subprocess.run(argv, check=True, capture_output=True)
-        proc = subprocess.Popen([sys.executable, "-m", "controller.agent.main", "--netns", ns,
+        proc = subprocess.Popen([sys.executable, "-m", "controller.nic.agent.main", "--netns", ns,
                                  "--name", ns, "--line-rate", "100M", "--listen",
                                  f"unix://{sock}", "--log-file", str(tmp_path / "agent.log")],
                                 cwd=Path(__file__).parents[1])

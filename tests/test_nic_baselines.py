@@ -2,8 +2,8 @@
 packet by packet (BPF_PROG_TEST_RUN, root).
 
 As tests/test_nic_ratelaw.py does for TiTa and DCQCN: synthetic feedback goes through the XDP
-program, and after each packet the rate XDP wrote must be the reference's (controller/ratelaw.py),
-here exactly. The reference is given what XDP read from other maps (tc's tx bytes, next PSN and
+program, and after each packet the rate XDP wrote must be the reference's
+(controller/nic/ratelaw.py), here exactly. The reference is given what XDP read from other maps (tc's tx bytes, next PSN and
 RTT probe) and XDP's packet time (the CC state's last_fb_ns). RTTs are set by writing tc's probe
 with a send time that far before now (CLOCK_MONOTONIC, bpf_ktime_get_ns()'s clock).
 """
@@ -18,10 +18,10 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 
-from controller.agent.bpfload import FlowKey
-from controller.agent.bpfsys import prog_test_run
-from controller.ratelaw import CcParams, CcState, Law, ReferenceNic, RttProbe, tc_rtt_probe
-from testbed.benchmarks.nic import standalone_nic
+from controller.nic.bpf.loader import FlowKey
+from controller.nic.bpf.syscalls import prog_test_run
+from controller.nic.ratelaw import CcParams, CcState, Law, ReferenceNic, RttProbe, tc_rtt_probe
+from testbed.emu.nicrig import standalone_nic
 from testbed.packets.int_md import IntHop, IntMD, IntShim
 from testbed.packets.roce import AETH, BTH, CNP
 

@@ -11,9 +11,9 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 
-from controller.agent.bpfload import FlowKey
-from controller.agent.bpfsys import prog_test_run
-from testbed.benchmarks.nic import standalone_nic
+from controller.nic.bpf.loader import FlowKey
+from controller.nic.bpf.syscalls import prog_test_run
+from testbed.emu.nicrig import standalone_nic
 from testbed.packets.int_md import IntMD, IntShim, decode
 from testbed.packets.roce import AETH, BTH, CNP
 

@@ -3,7 +3,7 @@
 Issue targets: at 10, 30 and 100 Mb/s a UDP flow (HTB class) and a TCP flow (sock_ops
 SO_MAX_PACING_RATE) reach the set rate within 5 % with zero pacer drops; after a map update or a
 gRPC call the new rate holds within 10 ms on the receiver's 1 ms bins. The measurements are
-testbed/benchmarks/nic.py's, which `make bench` records.
+testbed/emu/nicrig.py's, which `make bench` records.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-import testbed.benchmarks.nic as nic
-from testbed.benchmarks.nic import (
+import testbed.emu.nicrig as nic
+from testbed.emu.nicrig import (
     AgentProcess,
     NetnsPair,
     RateMapWriter,

@@ -1,4 +1,4 @@
-"""controller/ratelaw.py: the reference rate laws (no kernel needed)."""
+"""controller/nic/ratelaw.py: the reference rate laws (no kernel needed)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.ratelaw import (
+from controller.nic.ratelaw import (
     NO_TS,
     UNIT,
     CcParams,
@@ -196,7 +196,7 @@ def test_reference_nic_ignores_what_is_not_feedback() -> None:
 
 
 def test_baseline_defaults_are_the_papers_scaled() -> None:
-    from controller.ratelaw import TimelyParams
+    from controller.nic.ratelaw import TimelyParams
 
     p = CcParams.defaults(Law.HPCC, LINE, 200_000)
     assert p.hpcc.max_stage == 5 and p.hpcc.eta == p.tita.eta and p.tita.max_stage == 0
@@ -216,7 +216,7 @@ def test_baseline_defaults_are_the_papers_scaled() -> None:
 def test_hpcc_commits_u_on_every_ack_where_tita_waits_for_the_rtt() -> None:
     """The one difference of the two measurements: under a step to U = 2 inside one RTT,
     HPCC's U has moved after the second ACK, TiTa's is still its committed 1.0."""
-    from controller.ratelaw import HPCC_MAX_STAGE
+    from controller.nic.ratelaw import HPCC_MAX_STAGE
 
     states = {}
     for law in (Law.TITA, Law.HPCC):
@@ -235,7 +235,7 @@ def test_hpcc_commits_u_on_every_ack_where_tita_waits_for_the_rtt() -> None:
 
 
 def test_timely_and_swift_on_rtt_samples() -> None:
-    from controller.ratelaw import RttProbe, swift_on_rtt, take_rtt_sample, timely_on_rtt
+    from controller.nic.ratelaw import RttProbe, swift_on_rtt, take_rtt_sample, timely_on_rtt
 
     prm = CcParams.defaults(Law.TIMELY, LINE)
     cc = CcState.initial(Law.TIMELY, LINE, 0, 0)

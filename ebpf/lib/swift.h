@@ -4,7 +4,7 @@
  *   target = base_target + hops * per_hop          (hops = sender TTL - the ACK's TTL)
  *   rtt < target:  R += ai                          (Swift's ai per RTT, as a rate)
  *   else, at most once per RTT:  R *= max(1 - beta (rtt - target) / rtt, 1 - max_mdf)
- * controller/ratelaw.py swift_on_rtt() is the reference, operation for operation. No map
+ * controller/nic/ratelaw.py swift_on_rtt() is the reference, operation for operation. No map
  * access here: it returns the counter.
  */
 #ifndef XM_LIB_SWIFT_H

@@ -6,7 +6,7 @@
  *   rtt > T_high:              R *= 1 - beta (1 - T_high / rtt)
  *   rtt_diff <= 0:             R += N delta   (N = hai_steps after hai_steps such updates)
  *   else:                      R *= 1 - beta rtt_diff / min_rtt
- * controller/ratelaw.py timely_on_rtt() is the reference, operation for operation. No map
+ * controller/nic/ratelaw.py timely_on_rtt() is the reference, operation for operation. No map
  * access here (bcc rewrites those only in the file it compiles): it returns the counter.
  */
 #ifndef XM_LIB_TIMELY_H

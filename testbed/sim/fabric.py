@@ -28,9 +28,9 @@ from finsy.proto import p4r
 
 from controller import config as ctlconfig
 from controller import program
+from controller.nic.ratelaw import CcParams, Law
 from controller.proto import switch_pb2
 from controller.queues import queue_settings
-from controller.ratelaw import CcParams, Law
 from controller.reconcile import SwitchState, diff, ordered_updates
 from controller.topology import Topology
 from testbed.ctlconfig import ControllerSetup, Ecn, SwitchAccess, controller_config
@@ -52,7 +52,7 @@ from testbed.traffic.transport_core import TransportConfig, TransportCore
 REPO = Path(__file__).resolve().parents[2]
 P4INFO = REPO / "p4src" / "build" / "xingmai.p4info.txtpb"
 BMV2_JSON = REPO / "p4src" / "build" / "xingmai.json"
-CPU_PORT = 255  # testbed.nodes.CPU_PORT (nodes imports Mininet)
+CPU_PORT = 255  # testbed.emu.nodes.CPU_PORT (nodes imports Mininet)
 # Propagation delay of every link in the model (about 16 m of fiber), dilated by the scale
 # like every time of the model: with 4 KB frames at 400G it makes the leaf-spine's longest
 # path's base RTT about the model's 1 us.
@@ -238,6 +238,11 @@ class SimFabric:
             wire = Wire(self.loop, s.link_bps, self.delay_ns, s.link_mtu, self._to(att))
             self.hosts[h.name] = SimHost(self.loop, h.name, nic.ip, nic.mac, gw, s.nic_bps,
                                          hop_speed, wire.send, int_source, self.link_names)
+            for i, extra in enumerate(h.nics[1:], start=1):  # the rails of a multi-NIC host
+                att = self.spec.attachment(h.name, i)
+                wire = Wire(self.loop, s.link_bps, self.delay_ns, s.link_mtu, self._to(att))
+                self.hosts[h.name].add_nic(extra.ip, extra.mac,
+                                           self.spec.switch(att.node).router_mac, wire.send)
         for lk in self.spec.links:
             for a, b in ((lk.a, lk.b), (lk.b, lk.a)):
                 if self.spec.is_switch(a.node):
@@ -245,14 +250,12 @@ class SimFabric:
                         self.loop, s.link_bps, self.delay_ns, s.link_mtu, self._to(b))
 
     def _to(self, end: End) -> Callable[[bytes], None]:
-        """Where frames sent towards `end` go. NICs other than 0 carry none of the
-        workloads' traffic (they use NIC 0 everywhere): what reaches them is dropped."""
+        """Where frames sent towards `end` go: a switch port, or a host (any of its NICs:
+        the host takes what is addressed to one of them)."""
         if self.spec.is_switch(end.node):
             sw, port = self.switches[end.node], end.index
             return lambda frame: sw.receive(port, frame)
-        if end.index == 0:
-            return self.hosts[end.node].receive
-        return lambda frame: None
+        return lambda frame: self.hosts[end.node].receive(frame)
 
     # ---- control ----
 

@@ -3,7 +3,7 @@ transport (the sans-I/O core and the workload's job), on the event loop.
 
 - INT source: `insert_int` does what `xm_int_insert()` in ebpf/tc_egress.c does to a data
   packet (shim and MD header after the UDP header, INT DSCP, lengths and IPv4 checksum).
-- Rate law: controller.ratelaw.ReferenceNic, the bit-exact reference of ebpf/xdp_ingress.c,
+- Rate law: controller.nic.ratelaw.ReferenceNic, the bit-exact reference of ebpf/xdp_ingress.c,
   fed every arriving frame with the flow's tx bytes and next PSN as tc counts them.
 - Pacer: each flow (5-tuple) sends at exactly its rate, earliest-departure-time first (as
   EDT pacing does: a packet's departure is the flow's previous one plus its length over the
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.ratelaw import (
+from controller.nic.ratelaw import (
     RTT_LAWS,
     CcParams,
     HopSpeed,
@@ -102,6 +102,17 @@ def insert_int(pkt: bytes, src: IntSource) -> bytes | None:
 
 
 @dataclass
+class NicPort:
+    """A host's NIC beyond the first: its address, Ethernet header, link and pacer state."""
+
+    addr: bytes
+    eth: bytes
+    send: Callable[[bytes, int], None]
+    busy_until: int = 0
+    kick_at: int | None = None
+
+
+@dataclass
 class FlowTx:
     """tc's per-flow state (xm_flows) and the pacer's departure time."""
 
@@ -132,7 +143,6 @@ class SimHost:
             bytes.fromhex(mac.replace(":", "")) + ETH_IPV4
         self.line_rate_bps = int(line_rate_bps)
         self.ns_per_byte = 8e9 / line_rate_bps
-        self.send = send  # (frame, departure ns) -> the link towards the switch
         self.int_source = int_source
         self.links = links
         self.nic = ReferenceNic(self.line_rate_bps,
@@ -142,8 +152,10 @@ class SimHost:
         self.job: Job | None = None
         self.done = True
         self.result: dict[str, Any] | None = None
-        self.busy_until = 0
-        self._kick_at: int | None = None
+        # the host's NICs: the first, and more on a multi-rail host (add_nic); each sends
+        # the queue pairs whose source address is its own, on its own link
+        # send: (frame, departure ns) -> the NIC's link towards its switch
+        self.ports: list[NicPort] = [NicPort(self.addr, self.eth, send)]
         self._timer_at: int | None = None
         self.capture: Capture | None = None
         self.rate_events: list[RateEvent] | None = None
@@ -157,6 +169,13 @@ class SimHost:
         self.nic.params = params
         for f in self.flows.values():
             f.rate_bps = 0
+
+    def add_nic(self, ip: str, mac: str, gateway_mac: str,
+                send: Callable[[bytes, int], None]) -> NicPort:
+        port = NicPort(socket.inet_aton(ip), bytes.fromhex(gateway_mac.replace(":", "")) +
+                       bytes.fromhex(mac.replace(":", "")) + ETH_IPV4, send)
+        self.ports.append(port)
+        return port
 
     def start_job(self, core: TransportCore, job: Job, t0_ns: int) -> None:
         self.core, self.job, self.done, self.result = core, job, False, None
@@ -179,7 +198,8 @@ class SimHost:
         if not self.done and job.poll(now):
             self.done = True
             self.result = job.result(now)
-        self._request_kick(self.loop.now_ns)
+        for port in self.ports:
+            self._request_kick(port, self.loop.now_ns)
         wake = core.next_deadline()
         if not self.done and job.next_wake < (wake if wake is not None else float("inf")):
             wake = job.next_wake
@@ -198,45 +218,55 @@ class SimHost:
             self.core.expire(self.loop.now)
         self._activity()
 
-    def _request_kick(self, t: int) -> None:
-        t = max(t, self.busy_until)
-        if self._kick_at is not None and self._kick_at <= t:
+    def _request_kick(self, port: NicPort, t: int) -> None:
+        t = max(t, port.busy_until)
+        if port.kick_at is not None and port.kick_at <= t:
             return
-        self._kick_at = t
-        self.loop.at(t, self._kick, t)
+        port.kick_at = t
+        self.loop.at(t, self._kick, port, t)
 
-    def _kick(self, t: int) -> None:
-        if t != self._kick_at:
+    def _kick(self, port: NicPort, t: int) -> None:
+        if t != port.kick_at:
             return
-        self._kick_at = None
+        port.kick_at = None
         core = self.core
         if core is None:
             return
         now_ns = self.loop.now_ns
-        if now_ns < self.busy_until:
-            self._request_kick(self.busy_until)
+        if now_ns < port.busy_until:
+            self._request_kick(port, port.busy_until)
             return
-        if core.feedback:  # ACK/NAK/CNP: the default class, not paced per flow
-            self._transmit(core.feedback.popleft().packet, None, now_ns)
-            self._request_kick(self.busy_until)
-            return
+        single = len(self.ports) == 1
+        fb = core.feedback
+        if fb:  # ACK/NAK/CNP: the default class, not paced per flow
+            i = 0 if single else next((i for i, o in enumerate(fb)
+                                       if o.qp.local_addr == port.addr), -1)
+            if i >= 0:
+                out = fb.popleft() if i == 0 else fb[i]
+                if i:
+                    del fb[i]
+                self._transmit(port, out.packet, None, now_ns)
+                self._request_kick(port, port.busy_until)
+                return
         now = self.loop.now
         best = None
         best_t = 0
         for qp in core.senders():
-            f = self._flow(flow_key(self.addr, qp.peer_addr, qp.sport))
+            if not single and qp.local_addr != port.addr:
+                continue
+            f = self._flow(flow_key(port.addr, qp.peer_addr, qp.sport))
             if best is None or f.next_ns < best_t or (f.next_ns == best_t and qp.qpn < best.qpn):
                 best, best_t = qp, f.next_ns
         if best is None:
             return
         if best_t > now_ns:
-            self._request_kick(best_t)
+            self._request_kick(port, best_t)
             return
         pkt = best.peek(now)
         assert pkt is not None
         best.commit(now)
-        self._transmit(pkt, best.peer_addr, now_ns)
-        self._request_kick(self.busy_until)
+        self._transmit(port, pkt, best.peer_addr, now_ns)
+        self._request_kick(port, port.busy_until)
 
     def _flow(self, key: tuple[int, int, int, int, int]) -> FlowTx:
         f = self.flows.get(key)
@@ -244,7 +274,7 @@ class SimHost:
             f = self.flows[key] = FlowTx()
         return f
 
-    def _transmit(self, pkt: bytes, peer: bytes | None, now_ns: int) -> None:
+    def _transmit(self, port: NicPort, pkt: bytes, peer: bytes | None, now_ns: int) -> None:
         """tc egress (INT source, flow accounting, pacing) and the wire."""
         pkt = with_checksum(pkt)
         paced_len = 14 + len(pkt)  # before INT: what the qdisc accounts
@@ -259,21 +289,22 @@ class SimHost:
             tc_rtt_probe(f.probe, self.nic.flows.get(key), psn, now_ns)
         if data and self.int_source.enabled:
             pkt = insert_int(pkt, self.int_source) or pkt
-        frame = self.eth + pkt
+        frame = port.eth + pkt
         f.tx_bytes += len(frame)
         if data:
             f.snd_nxt_psn = (psn + 1) & 0xFFFFFF
             rate = f.rate_bps or self.line_rate_bps
             f.next_ns = max(f.next_ns, now_ns) + int(paced_len * 8e9 / rate)
-        self.busy_until = now_ns + int(paced_len * self.ns_per_byte)
-        self.send(frame, now_ns)
+        port.busy_until = now_ns + int(paced_len * self.ns_per_byte)
+        port.send(frame, now_ns)
 
     # ---- receiving ----
 
     def receive(self, frame: bytes) -> None:
         """A frame from the switch: XDP's rate law, the INT sampler, then the transport."""
         now_ns = self.loop.now_ns
-        if len(frame) < 14 + 28 or frame[12:14] != ETH_IPV4 or frame[30:34] != self.addr:
+        if len(frame) < 14 + 28 or frame[12:14] != ETH_IPV4 or (
+                frame[30:34] != self.addr and all(frame[30:34] != p.addr for p in self.ports)):
             self.rx_dropped += 1
             return
         ip = frame[14:]

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from controller.ratelaw import Law
+from controller.nic.ratelaw import Law
+from controller.proto import switch_pb2
 from testbed.probes import Capture, PortCounters, RateEvent
 from testbed.scenarios import SuiteBase, SuiteConfig
 from testbed.sim.fabric import SimFabric
@@ -57,3 +58,7 @@ class SimSuite(SuiteBase):
 
     def _quiet_counters(self) -> dict[str, PortCounters]:
         return self.fab.port_counters()  # run_job drained the fabric
+
+    def _set_port_rate(self, switch: str, port: int, rate_bps: float) -> None:
+        self.fab.switches[switch].admin.SetQueue(
+            switch_pb2.SetQueueRequest(port=port, rate_bps=round(rate_bps)), None)

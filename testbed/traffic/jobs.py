@@ -9,8 +9,7 @@ them: the socket worker (testbed.traffic.worker, times on CLOCK_MONOTONIC, share
 namespaces) and the simulated twin (virtual time). Times in results are seconds relative to
 the start time.
 
-Queue pair numbering: the QP of host i towards host j in slot k has QPN `qpn(j, k)` on host i
-and `qpn(i, k)` on host j, so both ends know each other's QPN without a handshake.
+Queue pairs are numbered as testbed.traffic.queue_pairs says (no handshake needed).
 """
 
 from __future__ import annotations
@@ -22,17 +21,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from testbed.collective.job import COLLECTIVE_JOBS
 from testbed.traffic.generators import Flow
+from testbed.traffic.queue_pairs import QpHost, qpn
 from testbed.traffic.transport_core import QueuePair, SendOp
 
-QP_SLOTS = 64
 _PATTERN_PERIOD = 4093  # prime, so a packet landing at the wrong offset never matches
-
-
-def qpn(peer: int, slot: int) -> int:
-    if not 0 <= slot < QP_SLOTS:
-        raise ValueError(f"slot {slot} out of range")
-    return 1 + peer * QP_SLOTS + slot
 
 
 def payload(key: int, size: int) -> bytes:
@@ -43,15 +37,6 @@ def payload(key: int, size: int) -> bytes:
 
 def digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-class QpHost(Protocol):
-    """What a job needs of its host's transport (TransportCore or the socket Transport)."""
-
-    @property
-    def qps(self) -> dict[int, QueuePair]: ...
-
-    def create_qp(self, qpn: int, peer_ip: str, remote_qpn: int) -> QueuePair: ...
 
 
 def _peer_qp(t: QpHost, me: int, peer: int, slot: int, hosts: list[dict[str, Any]]) -> QueuePair:
@@ -160,120 +145,6 @@ class FlowsJob:
         }
 
 
-class AllReduceJob:
-    """Ring all-reduce of a float32 vector: reduce-scatter then all-gather, n-1 steps each.
-
-    Each step sends one segment to the next rank (in messages of at most `chunk` bytes) and
-    waits for the segment from the previous rank before the next step, as NCCL's ring does.
-    Rank r starts from integers drawn with seed+r (exact in float32), so every rank can check
-    the reduced vector against the sum it computes itself.
-    """
-
-    next_wake = math.inf  # it only waits for the network
-
-    def __init__(self, t: QpHost, spec: dict[str, Any], me: int) -> None:
-        self.t = t
-        self.me = me
-        self.n = n = len(spec["hosts"])
-        self.count = int(spec["size"]) // 4
-        if self.count < n:
-            raise ValueError("all-reduce size must hold at least one float32 per rank")
-        self.chunk = int(spec.get("chunk", 1 << 20))
-        self.iters = int(spec.get("iters", 1))
-        self.seed = int(spec.get("seed", 1))
-        hosts = spec["hosts"]
-        self.next_qp = _peer_qp(t, me, (me + 1) % n, 0, hosts)
-        self.prev_qp = _peer_qp(t, me, (me - 1) % n, 0, hosts)
-        bounds = np.linspace(0, self.count, n + 1).astype(int)
-        self.segs = [(int(bounds[i]), int(bounds[i + 1])) for i in range(n)]
-        self.expected = np.zeros(0, dtype=np.float32)
-        self.buf = np.zeros(0, dtype=np.float32)
-        self.times: list[float] = []
-        self.ok = True
-        self.max_err = 0.0
-        self.it = 0  # iteration
-        self.s = 0  # step within the iteration: n-1 reduce-scatter, then n-1 all-gather
-        self.t_iter = 0.0
-        self.ops: list[SendOp] = []
-        self.parts: list[bytes | bytearray] = []
-        self.finished = False
-
-    def _initial(self, rank: int) -> np.ndarray:
-        rng = np.random.default_rng(self.seed * 7919 + rank)
-        return rng.integers(-1000, 1001, self.count).astype(np.float32)
-
-    def _segments(self) -> tuple[tuple[int, int], tuple[int, int]]:
-        """(segment sent, segment received) in step `s`."""
-        n, me, s = self.n, self.me, self.s
-        if s < n - 1:  # reduce-scatter
-            return self.segs[(me - s) % n], self.segs[(me - s - 1) % n]
-        s -= n - 1  # all-gather
-        return self.segs[(me + 1 - s) % n], self.segs[(me - s) % n]
-
-    def _post_step(self, now: float) -> None:
-        (a, b), _ = self._segments()
-        raw = self.buf[a:b].tobytes()
-        self.ops = [self.next_qp.post_send(raw[i : i + self.chunk], now)
-                    for i in range(0, max(1, len(raw)), self.chunk)]
-        self.parts = []
-
-    def _begin_iteration(self, now: float) -> None:
-        self.buf = self._initial(self.me)
-        self.t_iter = now
-        self.s = 0
-        self._post_step(now)
-
-    def start(self, t0: float) -> None:
-        self.expected = sum((self._initial(r) for r in range(self.n)),
-                            np.zeros(self.count, dtype=np.float32))
-        self._begin_iteration(t0)
-
-    def poll(self, now: float) -> bool:
-        n = self.n
-        while not self.finished:
-            _, (c, d) = self._segments()
-            need = (d - c) * 4
-            n_msgs = max(1, -(-need // self.chunk))  # the previous rank chunks the same way
-            # take only this step's messages: a faster neighbour may already be a step ahead
-            while len(self.parts) < n_msgs and (m := self.prev_qp.poll_recv()) is not None:
-                self.parts.append(m.data)
-            if len(self.parts) < n_msgs or not all(op.done for op in self.ops):
-                return False
-            got = b"".join(self.parts)
-            if len(got) != need:
-                raise ValueError(f"segment of {len(got)} bytes, expected {need}")
-            seg = np.frombuffer(got, dtype=np.float32)
-            if self.s < n - 1:
-                self.buf[c:d] += seg
-            else:
-                self.buf[c:d] = seg
-            self.s += 1
-            if self.s < 2 * (n - 1):
-                self._post_step(now)
-                continue
-            self.times.append(now - self.t_iter)
-            err = float(np.max(np.abs(self.buf - self.expected)))
-            self.max_err = max(self.max_err, err)
-            self.ok = self.ok and err == 0.0
-            self.it += 1
-            if self.it < self.iters:
-                self._begin_iteration(now)
-            else:
-                self.finished = True
-        return True
-
-    def result(self, now: float) -> dict[str, Any]:
-        if not self.finished:
-            raise TimeoutError("all-reduce step timed out")
-        return {
-            "ok": self.ok,
-            "max_abs_err": self.max_err,
-            "times": self.times,
-            "size": self.count * 4,
-            "checksum": digest(self.buf.tobytes()),
-        }
-
-
 class LongLivedJob:
     """Keep every flow of this host busy for `duration` s with back-to-back messages, then let
     what is in flight finish (at most `drain` s more) so every queue pair ends idle."""
@@ -339,9 +210,68 @@ class LongLivedJob:
         }
 
 
-Job = FlowsJob | AllReduceJob | LongLivedJob
+class MultiJob:
+    """Several jobs at once on one run's hosts (a scenario file's concurrent jobs): this
+    host's part of each job in `spec["jobs"]` that has it."""
+
+    def __init__(self, t: QpHost, spec: dict[str, Any], me: int) -> None:
+        self.parts: list[tuple[int, Any]] = []
+        self.n_jobs = len(spec["jobs"])
+        for i, sub in enumerate(spec["jobs"]):
+            full = dict(sub, hosts=spec["hosts"], nic_ips=spec.get("nic_ips"))
+            if not _has_host(full, me):
+                continue
+            self.parts.append((i, JOBS[full["kind"]](t, full, me)))
+        self.done: set[int] = set()
+
+    def start(self, t0: float) -> None:
+        for _, job in self.parts:
+            job.start(t0)
+
+    @property
+    def next_wake(self) -> float:
+        wakes = [job.next_wake for i, job in self.parts if i not in self.done]
+        return min(wakes, default=math.inf)
+
+    def poll(self, now: float) -> bool:
+        for i, job in self.parts:
+            if i not in self.done and job.poll(now):
+                self.done.add(i)
+        return len(self.done) == len(self.parts)
+
+    def result(self, now: float) -> dict[str, Any]:
+        out: list[dict[str, Any] | None] = [None] * self.n_jobs
+        for i, job in self.parts:
+            out[i] = job.result(now)
+        return {"kind": "jobs", "jobs": out}
+
+
+def _has_host(spec: dict[str, Any], me: int) -> bool:
+    if spec["kind"] == "collective":
+        return me in [int(h) for h in spec.get("ranks", range(len(spec["hosts"])))]
+    if "flows" in spec:
+        return any(f["src"] == me or f["dst"] == me for f in spec["flows"])
+    return True
+
+
+class Job(Protocol):
+    """What the engines drive (see the module's docstring)."""
+
+    def __init__(self, t: QpHost, spec: dict[str, Any], me: int) -> None: ...
+
+    @property
+    def next_wake(self) -> float: ...
+
+    def start(self, t0: float) -> None: ...
+
+    def poll(self, now: float) -> bool: ...
+
+    def result(self, now: float) -> dict[str, Any]: ...
+
+
 JOBS: dict[str, type[Job]] = {
     "flows": FlowsJob,
-    "allreduce": AllReduceJob,
     "longlived": LongLivedJob,
+    "jobs": MultiJob,
 }
+JOBS.update(COLLECTIVE_JOBS)  # the collective library's (testbed.collective.job)

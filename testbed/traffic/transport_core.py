@@ -171,6 +171,7 @@ class QueuePair:
         self.qpn = qpn
         self.peer_ip = peer_ip
         self.peer_addr = socket.inet_aton(peer_ip)
+        self.local_addr = core.local_addr
         self.remote_qpn = remote_qpn
         self.sport = sport
         self.counters = QpCounters()
@@ -470,6 +471,7 @@ class TransportCore:
         sport: int | None = None,
         sq_psn: int = 0,
         rq_psn: int = 0,
+        local_ip: str | None = None,
     ) -> QueuePair:
         """A queue pair; the peer must create the mirror one (its qpn = our remote_qpn, its
         rq_psn = our sq_psn). `sport` is this QP's entropy source port (drawn if None)."""
@@ -483,6 +485,8 @@ class TransportCore:
                 sport = self._draw_sport()
         self._used_ports.add(sport)
         qp = QueuePair(self, qpn, peer_ip, remote_qpn, sport, sq_psn, rq_psn)
+        if local_ip is not None:  # a host with several NICs: this QP's source address
+            qp.local_addr = socket.inet_aton(local_ip)
         self.qps[qpn] = qp
         return qp
 
@@ -522,7 +526,7 @@ class TransportCore:
         hdr = self._hdr
         _IP_UDP_BTH.pack_into(
             hdr, 0, 0x45, self._tos, 20 + udp_len, 0, _IPV4_DF, self.cfg.ttl,
-            socket.IPPROTO_UDP, 0, self.local_addr, qp.peer_addr, sport, ROCE_UDP_PORT,
+            socket.IPPROTO_UDP, 0, qp.local_addr, qp.peer_addr, sport, ROCE_UDP_PORT,
             udp_len, 0, opcode, 0, DEFAULT_PKEY, dqpn, (int(ackreq) << 31) | psn,
         )
         body = bytes(hdr[28:]) + bytes(payload)

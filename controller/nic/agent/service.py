@@ -5,16 +5,17 @@ from __future__ import annotations
 import ipaddress
 import logging
 import queue
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import grpc
 
-from controller.agent.agent import Agent, FlowView
-from controller.agent.bpfload import FlowKey
+from controller.nic.agent.agent import Agent, AgentLimit, FlowView
+from controller.nic.bpf.loader import FlowKey
+from controller.nic.ratelaw import CcParams, Law, from_fixed, to_fixed
 from controller.proto import agent_pb2 as pb
 from controller.proto import agent_pb2_grpc as pb_grpc
-from controller.ratelaw import CcParams, Law, from_fixed, to_fixed
 
 log = logging.getLogger("xingmai.agent.service")
 
@@ -119,17 +120,36 @@ def flow_view_to_pb(v: FlowView) -> pb.Flow:
     )
 
 
+def law_from_pb(value: int) -> Law:
+    for pb_law, law in LAW_FROM_PB.items():
+        if pb_law == value:
+            return law
+    raise ValueError(f"config.law {value} is not a rate law this agent knows")
+
+
+# Server threads: each open WatchRates stream holds one, so at most MAX_WATCHERS streams are
+# let in and the rest always serve the unary calls (GetStatus, SetCaps, ...).
+MAX_WORKERS = 16
+MAX_WATCHERS = 8
+
+
 class HostAgentService(pb_grpc.HostAgentServicer):
-    def __init__(self, agent: Agent, metrics_text: Callable[[], str]):
+    def __init__(self, agent: Agent, metrics_text: Callable[[], str],
+                 max_watchers: int = MAX_WATCHERS):
         self.agent = agent
         self.metrics_text = metrics_text
+        self._watch_slots = threading.BoundedSemaphore(max_watchers)
+        self.max_watchers = max_watchers
 
     def _call(self, context: grpc.ServicerContext, fn: Callable[[], T]) -> T:
-        """Bad input is INVALID_ARGUMENT with the reason; anything else INTERNAL, logged."""
+        """Bad input is INVALID_ARGUMENT with the reason, a request over a bound
+        RESOURCE_EXHAUSTED; anything else INTERNAL, logged."""
         try:
             return fn()
         except ValueError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except AgentLimit as exc:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         except Exception as exc:
             log.exception("request failed")
             context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
@@ -161,7 +181,7 @@ class HostAgentService(pb_grpc.HostAgentServicer):
             if cfg.law == pb.RATE_LAW_UNSPECIFIED:
                 raise ValueError("config.law is required")
             key = flow_from_pb(request.flow) if request.HasField("flow") else None
-            return self.agent.set_rate_law(key, LAW_FROM_PB[cfg.law], overrides_from_pb(cfg))
+            return self.agent.set_rate_law(key, law_from_pb(cfg.law), overrides_from_pb(cfg))
 
         return pb.SetRateLawResponse(effective=params_to_pb(self._call(context, run)))
 
@@ -211,24 +231,30 @@ class HostAgentService(pb_grpc.HostAgentServicer):
 
     def WatchRates(self, request: pb.WatchRatesRequest, context: Any) -> Iterator[pb.RateChange]:
         flows = self._call(context, lambda: {flow_from_pb(f) for f in request.flows}) or None
-        w = self.agent.watch(flows, max(0.0, request.min_change))
+        if not self._watch_slots.acquire(blocking=False):
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"at most {self.max_watchers} WatchRates streams at once")
         try:
-            while context.is_active():
-                try:
-                    ev = w.q.get(timeout=0.5)
-                except queue.Empty:
-                    continue
-                if ev is None:
-                    return
-                yield pb.RateChange(
-                    flow=flow_to_pb(ev.key),
-                    rate_bps=ev.rate_bps,
-                    previous_bps=ev.previous_bps,
-                    origin=ev.origin,
-                    time_ns=ev.time_ns,
-                )
+            w = self.agent.watch(flows, max(0.0, request.min_change))
+            try:
+                while context.is_active():
+                    try:
+                        ev = w.q.get(timeout=0.5)
+                    except queue.Empty:
+                        continue
+                    if ev is None:
+                        return
+                    yield pb.RateChange(
+                        flow=flow_to_pb(ev.key),
+                        rate_bps=ev.rate_bps,
+                        previous_bps=ev.previous_bps,
+                        origin=ev.origin,
+                        time_ns=ev.time_ns,
+                    )
+            finally:
+                self.agent.unwatch(w)
         finally:
-            self.agent.unwatch(w)
+            self._watch_slots.release()
 
     def GetStatus(self, request: pb.GetStatusRequest, context: Any) -> pb.Status:
         s = self._call(context, self.agent.status)

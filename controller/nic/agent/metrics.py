@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from controller.agent.pacer import HtbPacer
+from controller.nic.agent.pacer import HtbPacer
 
 if TYPE_CHECKING:
-    from controller.agent.agent import Agent
+    from controller.nic.agent.agent import Agent
 
 
 class AgentMetrics:
@@ -43,7 +43,7 @@ class AgentMetrics:
         )
         nflows = 0
         for key, r in a.bpf.items("xm_rates"):
-            from controller.agent.bpfload import ORIGINS
+            from controller.nic.bpf.loader import ORIGINS
 
             rate.add_metric([str(key), ORIGINS.get(int(r.origin), "?")], int(r.rate_bps))
             nflows += 1

@@ -20,9 +20,9 @@ from typing import Any
 
 from mininet.node import Host, Switch
 
-from testbed.procs import Component
+from testbed.emu.procs import Component
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 GRPC_PORT = 9559  # P4Runtime (+ SwitchAdmin on the built-in switch), in the switch's netns
 THRIFT_PORT = 9090  # bmv2
 CPU_PORT = 255

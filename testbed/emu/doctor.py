@@ -18,7 +18,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 KERNEL_HEADERS_CACHE = Path("/var/cache/xingmai/kernel-headers")
 
 
@@ -188,7 +188,7 @@ def check_network() -> list[Check]:
             ok, detail = False, f"cannot bind a loopback port: {exc}"
     out.append(Check("ports", ok, detail, "free some loopback ports"))
     try:
-        from testbed.network import _free_linklocal_24
+        from testbed.emu.network import _free_linklocal_24
 
         net = _free_linklocal_24()
         out.append(Check("management addresses", True, f"a free link-local /24, e.g. {net}"))

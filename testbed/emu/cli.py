@@ -20,13 +20,13 @@ from typing import Any
 import grpc
 from mininet.cli import CLI
 
+from testbed.emu.network import Testbed, TestbedError
 from testbed.model import fmt_rate
-from testbed.network import Testbed, TestbedError
 from testbed.scenarios import SCENARIOS, Suite, SuiteConfig, measure_base_rtt, one_line
 
 
 def _rate(text: str) -> float:
-    from controller.agent.main import parse_rate
+    from controller.nic.agent.main import parse_rate
 
     return float(parse_rate(text))
 

@@ -11,7 +11,7 @@ import functools
 import re
 from pathlib import Path
 
-EBPF_DIR = Path(__file__).resolve().parents[2] / "ebpf"
+EBPF_DIR = Path(__file__).resolve().parents[3] / "ebpf"
 HEADER = EBPF_DIR / "xingmai.h"
 
 _INT = r"(?:0[xX][0-9a-fA-F]+|\d+)[uUlL]*"

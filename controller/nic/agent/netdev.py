@@ -16,11 +16,10 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from controller.agent import bpfsys
+from controller.nic.bpf import syscalls
 
 log = logging.getLogger("xingmai.agent.netdev")
 
-CLONE_NEWNET = 0x40000000
 SO_NETNS_COOKIE = 71
 XDP_FLAGS_SKB_MODE = 1 << 1
 XDP_FLAGS_DRV_MODE = 1 << 2
@@ -35,20 +34,6 @@ def _check(ret: int, what: str) -> None:
     if ret != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"{what}: {os.strerror(err)}")
-
-
-def enter_netns(spec: str) -> None:
-    """Move this process into a network namespace (name under /run/netns, or a path).
-
-    Only the network namespace changes: the mount namespace stays the caller's, so the bpffs
-    pins stay visible to every other process (unlike `ip netns exec`, which remounts /sys in
-    a private mount namespace)."""
-    path = spec if "/" in spec else f"/run/netns/{spec}"
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        _check(_libc.setns(fd, CLONE_NEWNET), f"setns({path})")
-    finally:
-        os.close(fd)
 
 
 def netns_cookie() -> int:
@@ -171,16 +156,16 @@ def attach_sockops(cgroup: Path, prog_fd: int, previous_pin: Path | None) -> Non
     cg = os.open(cgroup, os.O_RDONLY | os.O_DIRECTORY)
     try:
         if previous_pin is not None and previous_pin.exists():
-            old = bpfsys.obj_get(str(previous_pin))
+            old = syscalls.obj_get(str(previous_pin))
             try:
-                bpfsys.prog_detach(old, cg, bpfsys.BPF_CGROUP_SOCK_OPS)
+                syscalls.prog_detach(old, cg, syscalls.BPF_CGROUP_SOCK_OPS)
                 log.info("detached the previous agent's sock_ops", extra={"pin": str(previous_pin)})
             except OSError as exc:
                 if exc.errno != errno.ENOENT:
                     raise
             finally:
                 os.close(old)
-        bpfsys.prog_attach(prog_fd, cg, bpfsys.BPF_CGROUP_SOCK_OPS, bpfsys.BPF_F_ALLOW_MULTI)
+        syscalls.prog_attach(prog_fd, cg, syscalls.BPF_CGROUP_SOCK_OPS, syscalls.BPF_F_ALLOW_MULTI)
     finally:
         os.close(cg)
 
@@ -188,7 +173,7 @@ def attach_sockops(cgroup: Path, prog_fd: int, previous_pin: Path | None) -> Non
 def detach_sockops(cgroup: Path, prog_fd: int) -> None:
     cg = os.open(cgroup, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        bpfsys.prog_detach(prog_fd, cg, bpfsys.BPF_CGROUP_SOCK_OPS)
+        syscalls.prog_detach(prog_fd, cg, syscalls.BPF_CGROUP_SOCK_OPS)
     finally:
         os.close(cg)
 

@@ -45,9 +45,9 @@ from mininet.link import Link
 from mininet.net import Mininet
 
 from testbed.ctlconfig import ControllerSetup, Ecn, SwitchAccess, controller_config
+from testbed.emu.nodes import REPO, FabricHost, P4Switch, SwitchRuntime, choose_switch
+from testbed.emu.procs import Component, ComponentError, wait_all
 from testbed.model import Scaling
-from testbed.nodes import REPO, FabricHost, P4Switch, SwitchRuntime, choose_switch
-from testbed.procs import Component, ComponentError, wait_all
 from testbed.topo import COLLECTOR_NODE, FabricSpec, FabricTopo
 from testbed.traffic.netns import Host
 
@@ -267,7 +267,7 @@ class Testbed:
         for h in self.spec.hosts:
             node = self._node(h.name)
             name = f"{self.prefix}-{h.name}"
-            argv = [sys.executable, "-m", "controller.agent.main", "--name", name,
+            argv = [sys.executable, "-m", "controller.nic.agent.main", "--name", name,
                     "--netns", node.netns_path, "--line-rate", str(int(s.nic_bps)),
                     "--rate-law", self.opts.rate_law, "--mtu", str(s.link_mtu),
                     # TiTa's T: the model's base RTT, dilated like every time of the model

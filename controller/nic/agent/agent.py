@@ -25,8 +25,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from controller.agent import netdev
-from controller.agent.bpfload import (
+from controller.nic.agent import netdev
+from controller.nic.agent.pacer import (
+    DEFAULT_MINOR,
+    EdtPacer,
+    HtbPacer,
+    PacingMode,
+    classid,
+    detect_mode,
+)
+from controller.nic.bpf.loader import (
     CTL_HAS_CAP,
     CTL_HAS_PARAMS,
     ORIGINS,
@@ -37,15 +45,7 @@ from controller.agent.bpfload import (
     cc_params_from_c,
     cc_params_to_c,
 )
-from controller.agent.pacer import (
-    DEFAULT_MINOR,
-    EdtPacer,
-    HtbPacer,
-    PacingMode,
-    classid,
-    detect_mode,
-)
-from controller.ratelaw import UNIT, CcParams, Law
+from controller.nic.ratelaw import UNIT, CcParams, Law
 
 log = logging.getLogger("xingmai.agent")
 
@@ -55,6 +55,10 @@ UDP = 17
 ROCE_PORT = 4791
 MAX_WEIGHT = 100
 INT_BITMAP_DEFAULT = 0xF500  # node id, L1 ports, hop latency, queue, egress ts, tx utilisation
+
+
+class AgentLimit(Exception):
+    """A request the agent refuses to hold more of (RESOURCE_EXHAUSTED at the API)."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,10 @@ class AgentOptions:
     sync_interval_s: float = 0.002
     rerate_min_change: float = 0.005  # relative change of a flow's rate worth a netlink call
     idle_timeout_s: float = 30.0
+    # flows the controller may set (rate, cap, weight, law) before they have sent anything:
+    # each can cost an HTB class, and a request must not make thousands for flows that never
+    # existed; such settings without a cap or law are forgotten after idle_timeout_s
+    max_unseen_flows: int = 256
 
     @property
     def pin_dir(self) -> Path:
@@ -420,19 +428,44 @@ class Agent:
         limit = int(self.opts.idle_timeout_s * 1e9)
         ctl_keys = {k for k, _ in self.bpf.items("xm_ctl")}
         retired = 0
-        for key, st in list(self.bpf.items("xm_flows")):
+        flows = dict(self.bpf.items("xm_flows"))
+        for key, st in list(flows.items()):
             if key in ctl_keys or now - int(st.last_ns) < limit:
                 continue
-            with self.lock:
-                self._drop_pacing(key)
-                for m in ("xm_rates", "xm_cc", "xm_flows"):
-                    self.bpf.delete(m, key)
-                self.rates_seen.pop(key, None)
+            self._retire(key)
+            retired += 1
+        # a rate set for a flow that never sent (SetRate ahead of traffic) goes the same way
+        for key, r in list(self.bpf.items("xm_rates")):
+            if key in flows or key in ctl_keys or now - int(r.stamp_ns) < limit:
+                continue
+            self._retire(key)
             retired += 1
         self.flows_retired += retired
         return retired
 
+    def _retire(self, key: FlowKey) -> None:
+        assert self.bpf is not None
+        with self.lock:
+            self._drop_pacing(key)
+            for m in ("xm_rates", "xm_cc", "xm_flows"):
+                self.bpf.delete(m, key)
+            self.rates_seen.pop(key, None)
+
     # ---- controller requests ------------------------------------------------------------
+
+    def _admit(self, keys: list[FlowKey]) -> None:
+        """Refuse a request that would hold settings for more than max_unseen_flows flows
+        that have sent nothing (checked before any of the request is applied)."""
+        assert self.bpf is not None
+        seen = {k for k, _ in self.bpf.items("xm_flows")}
+        new = {k for k in keys if k not in seen}
+        if not new:
+            return
+        held = {k for k, _ in self.bpf.items("xm_rates")} | {k for k, _ in self.bpf.items("xm_ctl")}
+        unseen = (held - seen) | new
+        if len(unseen) > self.opts.max_unseen_flows:
+            raise AgentLimit(f"settings for {len(unseen)} flows that have sent nothing: at most "
+                             f"{self.opts.max_unseen_flows}")
 
     def _count(self, rpc: str) -> None:
         self.rpc_calls[rpc] = self.rpc_calls.get(rpc, 0) + 1
@@ -479,11 +512,14 @@ class Agent:
         self.sync_once()
 
     def set_caps(self, caps: list[tuple[FlowKey, int]]) -> int:
+        """All or nothing: every cap is checked before the first is applied."""
         self._count("SetCaps")
+        for key, cap in caps:
+            if cap <= 0:
+                raise ValueError(f"cap of {key} must be positive")
         with self.lock:
+            self._admit([k for k, _ in caps])
             for key, cap in caps:
-                if cap <= 0:
-                    raise ValueError(f"cap of {key} must be positive")
                 ctl = self._ctl(key)
                 ctl.cap_bps = cap
                 ctl.flags = int(ctl.flags) | CTL_HAS_CAP
@@ -508,11 +544,14 @@ class Agent:
         return n
 
     def set_weights(self, weights: list[tuple[FlowKey, int]]) -> int:
+        """All or nothing, as set_caps."""
         self._count("SetWeights")
+        for key, w in weights:
+            if not 0 <= w <= MAX_WEIGHT:
+                raise ValueError(f"weight of {key} must be within [0, {MAX_WEIGHT}]")
         with self.lock:
+            self._admit([k for k, _ in weights])
             for key, w in weights:
-                if not 0 <= w <= MAX_WEIGHT:
-                    raise ValueError(f"weight of {key} must be within [0, {MAX_WEIGHT}]")
                 ctl = self._ctl(key)
                 ctl.weight = w or 1
                 self._store_ctl(key, ctl)
@@ -544,6 +583,8 @@ class Agent:
         assert self.bpf is not None
         with self.lock:
             params = self.effective_params(self.host_params(), law, overrides)
+            if key is not None:
+                self._admit([key])
             if key is None:
                 cfg = self.bpf.config()
                 cc_params_to_c(params, cfg.cc)
@@ -575,6 +616,7 @@ class Agent:
         self._count("SetRate")
         assert self.bpf is not None
         with self.lock:
+            self._admit([key])
             ctl = self.bpf.get("xm_ctl", key)
             if ctl is not None and int(ctl.flags) & CTL_HAS_PARAMS:
                 prm = cc_params_from_c(ctl.params)

@@ -22,8 +22,9 @@ from typing import Any
 
 import yaml
 
-from controller.logs import setup_logging
-from controller.ratelaw import Law
+from controller.common.logs import setup_logging
+from controller.common.netns import enter_netns
+from controller.nic.ratelaw import Law
 
 log = logging.getLogger("xingmai.agent.main")
 
@@ -97,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--sync-interval", type=parse_duration_ns, help="rate map poll period (2ms)")
     ap.add_argument("--idle-timeout", type=float, help="seconds before an idle flow is forgotten")
     ap.add_argument("--metrics-port", type=int, help="Prometheus HTTP port (0: off)")
+    ap.add_argument("--metrics-host", help="address the metrics port binds (127.0.0.1)")
     ap.add_argument("--log-level", help="debug, info, warning (default info)")
     ap.add_argument("--log-file", type=Path, help="also write JSON logs here")
     return ap
@@ -125,10 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging("agent", s.get("log_level", "info"), file=s.get("log_file"))
 
     # Enter the host's namespace first: everything after (bcc, netlink, sockets) lives there.
-    from controller.agent import netdev
-
     if s.get("netns"):
-        netdev.enter_netns(str(s["netns"]))
+        enter_netns(str(s["netns"]))
     name = s.get("name") or (Path(str(s["netns"])).name if s.get("netns") else "agent")
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise SystemExit(f"agent name {name!r}: letters, digits, '_', '.', '-' only")
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     if "line_rate" not in s:
         raise SystemExit("--line-rate is required (the emulated NIC's speed, e.g. 100M)")
 
-    from controller.agent.agent import Agent, AgentOptions
+    from controller.nic.agent.agent import Agent, AgentOptions
 
     opts = AgentOptions(
         name=name,
@@ -163,8 +163,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import grpc
 
-    from controller.agent.metrics import exposition, registry_for
-    from controller.agent.service import HostAgentService
+    from controller.nic.agent.metrics import exposition, registry_for
+    from controller.nic.agent.service import MAX_WORKERS, HostAgentService
     from controller.proto import agent_pb2_grpc
 
     agent = Agent(opts)
@@ -183,7 +183,9 @@ def main(argv: list[str] | None = None) -> int:
             agent.stop()
         return 1
     reg = registry_for(agent)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="grpc"))
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=MAX_WORKERS,
+                                                    thread_name_prefix="grpc"),
+                         options=[("grpc.so_reuseport", 0)])
     agent_pb2_grpc.add_HostAgentServicer_to_server(
         HostAgentService(agent, lambda: exposition(reg)), server
     )
@@ -201,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     if s.get("metrics_port"):
         from prometheus_client import start_http_server
 
-        start_http_server(int(s["metrics_port"]), registry=reg)
+        start_http_server(int(s["metrics_port"]), addr=str(s.get("metrics_host", "127.0.0.1")),
+                          registry=reg)
     log.info("serving", extra={"listen": listen, "metrics_port": s.get("metrics_port", 0)})
     stop.wait()
     log.info("stopping")

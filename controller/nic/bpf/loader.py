@@ -2,7 +2,7 @@
 
 The struct layouts come from ebpf/xingmai.h through bcc (each table's .Key/.Leaf ctypes); the
 map list, the counter names and the flag and enum values come from the same header
-(controller/agent/cheader.py). Nothing here re-declares them.
+(controller/nic/bpf/header.py). Nothing here re-declares them.
 """
 
 from __future__ import annotations
@@ -17,25 +17,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from controller.agent import bpfsys, cheader
-from controller.ratelaw import CcParams, Law
+from controller.nic.bpf import header, syscalls
+from controller.nic.ratelaw import CcParams, Law
 
 log = logging.getLogger("xingmai.agent.bpf")
 
-EBPF_DIR = cheader.EBPF_DIR
-HEADER = cheader.HEADER
+EBPF_DIR = header.EBPF_DIR
+HEADER = header.HEADER
 KERNEL_HEADERS_CACHE = Path("/var/cache/xingmai/kernel-headers")
 
-MAPS = cheader.pinned_maps()
+MAPS = header.pinned_maps()
 PROG_PINS = {"sockops": "prog_sockops"}
 
-_ORIGIN = cheader.enum("xm_rate_origin")
+_ORIGIN = header.enum("xm_rate_origin")
 ORIGINS = {v: k.removeprefix("XM_ORIGIN_").lower() for k, v in _ORIGIN.items()}
 ORIGIN_AGENT = _ORIGIN["XM_ORIGIN_AGENT"]
-_PACING = cheader.enum("xm_pacing_mode")
+_PACING = header.enum("xm_pacing_mode")
 PACING_HTB = _PACING["XM_PACING_HTB"]
 PACING_EDT = _PACING["XM_PACING_EDT"]
-_DEFINES = cheader.defines()
+_DEFINES = header.defines()
 CTL_HAS_CAP = _DEFINES["XM_CTL_HAS_CAP"]
 CTL_HAS_PARAMS = _DEFINES["XM_CTL_HAS_PARAMS"]
 ALL_PORTS = _DEFINES["XM_ALL_ONES32"]  # xm_hop_key.port of a node's default speed
@@ -85,7 +85,7 @@ def kernel_headers() -> str:
 
 def counter_names() -> list[str]:
     """XM_CNT_* names in enum order, without the prefix, lower case."""
-    names = cheader.enum("xm_counter")
+    names = header.enum("xm_counter")
     return [n.removeprefix("XM_CNT_").lower() for n in names if n != "XM_CNT_MAX"]
 
 
@@ -163,7 +163,7 @@ def cc_params_to_c(p: CcParams, c: Any) -> None:
 
 
 def cc_params_from_c(c: Any) -> CcParams:
-    from controller.ratelaw import DcqcnParams, SwiftParams, TimelyParams, TitaParams
+    from controller.nic.ratelaw import DcqcnParams, SwiftParams, TimelyParams, TitaParams
 
     def fields(struct: Any, cls: type) -> dict[str, int]:
         return {f.name: int(getattr(struct, f.name)) for f in dataclasses.fields(cls)}
@@ -235,7 +235,7 @@ class NicBpf:
     def _check_layouts(self, b: Any) -> None:
         for name in MAPS:
             t = b.get_table(name.encode())
-            info = bpfsys.map_info(t.map_fd)
+            info = syscalls.map_info(t.map_fd)
             leaf = getattr(t, "sLeaf", t.Leaf)  # per-CPU tables: one CPU's value
             want = (ctypes.sizeof(t.Key), ctypes.sizeof(leaf), int(t.max_entries))
             have = (info.key_size, info.value_size, info.max_entries)
@@ -324,7 +324,7 @@ class NicBpf:
         path = self.pin_dir / PROG_PINS[program]
         if path.exists():
             path.unlink()
-        bpfsys.obj_pin(self.fd(program), str(path))
+        syscalls.obj_pin(self.fd(program), str(path))
         return path
 
     def remove_pins(self) -> list[Path]:
