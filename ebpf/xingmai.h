@@ -176,7 +176,7 @@ struct xm_timely_params {
 
 /* Swift parameters: target = base_target_ns + hops * per_hop_ns. */
 struct xm_swift_params {
-	__u64 ai_bps;         /* additive increase per RTT below the target */
+	__u64 ai_bytes;       /* window increase per RTT below the target (ai / RTT as a rate) */
 	__u32 beta;           /* XM_UNIT scale */
 	__u32 max_mdf;        /* largest decrease in one step, XM_UNIT scale */
 	__u32 base_target_ns;

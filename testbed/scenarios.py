@@ -74,8 +74,10 @@ if TYPE_CHECKING:
 # the twin set it on every host)
 SCHEMES = ("none", "dcqcn", "tita", "hpcc", "timely", "swift")
 DEFAULT_SCHEMES = ("none", "dcqcn", "tita")
-# senders bounded to one B*T in flight: TiTa, and HPCC, whose window W starts at B*T
-BDP_WINDOW_SCHEMES = ("tita", "hpcc")
+# senders bounded to one B*T in flight: TiTa; HPCC, whose window W starts at B*T; and Swift,
+# a window law whose cwnd our rate law stands for (without the bound, 64 packets per flow
+# stay in flight whatever its rate)
+BDP_WINDOW_SCHEMES = ("tita", "hpcc", "swift")
 # receivers ACK every packet: TIMELY and Swift time one packet per RTT, and a coalesced ACK
 # would add the wait for the next packet to its RTT
 ACK_EVERY_PACKET_SCHEMES = ("timely", "swift")

@@ -208,9 +208,9 @@ def test_baseline_defaults_are_the_papers_scaled() -> None:
     assert t10.alpha == to_fixed(0.875) and t10.beta == to_fixed(0.8) and t10.hai_steps == 5
     s = CcParams.defaults(Law.SWIFT, LINE, 20_000_000).swift
     assert s.base_target_ns == 20_000_000 and s.per_hop_ns == 5_000_000
-    assert s.ai_bps == 8 * 4154 * 10**9 // 20_000_000  # one full frame per base RTT
+    assert s.ai_bytes == 4154  # one full frame per RTT
     assert s.beta == to_fixed(0.8) and s.max_mdf == to_fixed(0.5)
-    CcParams.defaults(Law.SWIFT, LINE, 100_000).validate(LINE)  # ai capped at the line rate
+    CcParams.defaults(Law.SWIFT, LINE, 100_000).validate(LINE)
 
 
 def test_hpcc_commits_u_on_every_ack_where_tita_waits_for_the_rtt() -> None:
@@ -259,7 +259,7 @@ def test_timely_and_swift_on_rtt_samples() -> None:
     cc = CcState.initial(Law.SWIFT, LINE // 2, 0, 0)
     # two hops (TTL 62): target 15 ms; 14 ms increases, 30 ms decreases once per RTT
     assert swift_on_rtt(cc, prm, 14_000_000, 62, 1, LINE, 1) == "XDP_SWIFT_INCREASE"
-    assert cc.rate_bps == LINE // 2 + prm.swift.ai_bps
+    assert cc.rate_bps == LINE // 2 + 4154 * 8 * 10**9 // 14_000_000  # one frame per RTT
     up = cc.rate_bps
     assert swift_on_rtt(cc, prm, 30_000_000, 62, 2, LINE, 1) == "XDP_SWIFT_DECREASE"
     assert cc.rate_bps == pytest.approx(up * 0.6, rel=1e-5)

@@ -24,8 +24,10 @@ Defaults scale with the emulated line rate:
   (EWMA alpha 0.875, beta 0.8, delta 10 Mb/s, T_low 50 us, T_high 500 us, min RTT 20 us, HAI
   after 5 gradient <= 0 steps) dilated by s = line rate / 10 Gb/s.
 - Swift (Kumar et al., SIGCOMM 2020): delay target = base + per-hop scaling x hops (hops from
-  the ACK's TTL), AIMD: +ai per RTT below target, x max(1 - beta (d - t)/d, 1 - max_mdf) at
-  most once per RTT above it; beta 0.8, max_mdf 0.5, ai one MTU per base RTT.
+  the ACK's TTL), AIMD on the rate: + ai / RTT per RTT below target (the window's ai = one
+  packet), x max(1 - beta (d - t)/d, 1 - max_mdf) at most once per RTT above it; beta 0.8,
+  max_mdf 0.5. The target's base is T (the model's base RTT), T/4 per hop: the paper's
+  values are for Google's fabric and do not scale by rate alone.
 
 TIMELY and Swift need RTT samples: tc egress stamps one data packet per RTT (a probe: its PSN
 and send time, `tc_rtt_probe`), XDP takes the sample from the first ACK that covers it.
@@ -84,6 +86,7 @@ DCQCN_REFERENCE_RATE_BPS = 40 * 10**9
 TIMELY_REFERENCE_RATE_BPS = 10 * 10**9
 HPCC_MAX_STAGE = 5
 SWIFT_MTU_BYTES = 4154  # the testbed's full frame: 4096 B of payload + 58 B of headers
+SWIFT_MAX_AI_BYTES = 1 << 20
 RTT_MAX_NS = ALL_ONES32  # RTT samples are clamped to 32 bits of ns (4.3 s)
 
 
@@ -183,7 +186,7 @@ class TimelyParams:
 
 @dataclass(frozen=True)
 class SwiftParams:
-    ai_bps: int  # additive increase per RTT below the target
+    ai_bytes: int  # additive increase of the window per RTT below the target
     beta: int  # UNIT scale: the decrease is beta x (delay - target) / delay
     max_mdf: int  # UNIT scale: largest decrease in one step
     base_target_ns: int
@@ -194,9 +197,7 @@ class SwiftParams:
     def defaults(cls, line_rate_bps: int, base_rtt_ns: int = 100_000,
                  mtu_bytes: int = SWIFT_MTU_BYTES) -> SwiftParams:
         return cls(
-            # one MTU per RTT (Swift's ai = 1 packet); no more than the line rate when the
-            # bandwidth-delay product is under one frame
-            ai_bps=max(1, min(line_rate_bps, 8 * mtu_bytes * NSEC // max(1, base_rtt_ns))),
+            ai_bytes=mtu_bytes,  # Swift's ai = 1 packet
             beta=to_fixed(0.8),
             max_mdf=to_fixed(0.5),
             base_target_ns=base_rtt_ns,
@@ -269,9 +270,10 @@ class CcParams:
                 raise ValueError(f"{name} must fit 32 bits of ns")
         if t.min_rtt_ns == 0 or t.t_low_ns > t.t_high_ns:
             raise ValueError("TIMELY: min RTT must be > 0 and T_low <= T_high")
-        for name, v in (("delta_bps", t.delta_bps), ("ai_bps", w.ai_bps)):
-            if not 0 <= v <= line_rate_bps:
-                raise ValueError(f"{name} must be within [0, line rate]")
+        if not 0 <= t.delta_bps <= line_rate_bps:
+            raise ValueError("delta_bps must be within [0, line rate]")
+        if not 0 <= w.ai_bytes <= SWIFT_MAX_AI_BYTES:
+            raise ValueError(f"ai_bytes must be within [0, {SWIFT_MAX_AI_BYTES}]")
         if not 0 <= t.hai_steps < 2**32 or not 0 <= w.sender_ttl <= 255:
             raise ValueError("TIMELY hai_steps must fit 32 bits, Swift sender_ttl 8 bits")
 
@@ -703,7 +705,8 @@ def swift_on_rtt(cc: CcState, prm: CcParams, rtt: int, ttl: int, now_ns: int, ce
     target = w.base_target_ns + hops * w.per_hop_ns
     cc.rtt_ns = rtt
     if rtt < target:
-        rate = cc.rate_bps + w.ai_bps * weight
+        # the window grows by ai per RTT: as a rate, ai over this RTT
+        rate = cc.rate_bps + (w.ai_bytes * 8 * NSEC // (rtt or 1)) * weight
         counter = "XDP_SWIFT_INCREASE"
     elif cc.flags & CUT_SEEN and ((now_ns - cc.last_cut_ns) & U64) < rtt:
         return "XDP_SWIFT_DECREASE_HELD"  # at most one decrease per RTT

@@ -2,7 +2,7 @@
 /*
  * Swift (Kumar et al., SIGCOMM 2020) on one RTT sample per RTT (tc's probe), as a rate:
  *   target = base_target + hops * per_hop          (hops = sender TTL - the ACK's TTL)
- *   rtt < target:  R += ai                          (Swift's ai per RTT, as a rate)
+ *   rtt < target:  R += ai / rtt                    (the window's ai per RTT, as a rate)
  *   else, at most once per RTT:  R *= max(1 - beta (rtt - target) / rtt, 1 - max_mdf)
  * controller/nic/ratelaw.py swift_on_rtt() is the reference, operation for operation. No map
  * access here: it returns the counter.
@@ -24,7 +24,8 @@ static __always_inline __u32 xm_swift_on_rtt(const struct xm_cc_params *prm,
 	__u64 rate;
 	__u32 counter;
 	if (rtt < target) {
-		rate = cc->rate_bps + w->ai_bps * weight;
+		__u64 d = rtt ? rtt : 1;
+		rate = cc->rate_bps + (w->ai_bytes * 8 * XM_NSEC / d) * weight;
 		counter = XM_CNT_XDP_SWIFT_INCREASE;
 	} else if ((cc->flags & XM_CC_CUT_SEEN) && now - cc->last_cut_ns < rtt) {
 		return XM_CNT_XDP_SWIFT_DECREASE_HELD;

@@ -158,7 +158,7 @@ def cc_params_to_c(p: CcParams, c: Any) -> None:
     for name in ("delta_bps", "alpha", "beta", "t_low_ns", "t_high_ns", "min_rtt_ns",
                  "hai_steps"):
         setattr(c.timely, name, getattr(p.timely, name))
-    for name in ("ai_bps", "beta", "max_mdf", "base_target_ns", "per_hop_ns", "sender_ttl"):
+    for name in ("ai_bytes", "beta", "max_mdf", "base_target_ns", "per_hop_ns", "sender_ttl"):
         setattr(c.swift, name, getattr(p.swift, name))
 
 
