@@ -3,7 +3,9 @@
 #   make sim      the short suite on the simulated twin: no root, one process (RUN_ARGS=...)
 #   make cli      the same network with Mininet's CLI and the project's commands
 #   make doctor   what this machine has and lacks for the testbed
-#   make test     installs what is missing, then runs the test suite
+#   make test     installs what is missing, then runs the test suite (root: all of it)
+#   make test-fast  the tests that need neither root nor long runs (under a minute)
+#   make lint     ruff check, ruff format --check, mypy (CI runs it before the tests)
 #   make install  apt packages + virtual environment + pinned pip packages (idempotent)
 #   make bench    benchmarks, written to results/bench.json
 #   make fuzz     fuzz every input surface (FUZZ_CASES each, 10000), counts to results/fuzz.json
@@ -28,7 +30,8 @@ KERNEL_HEADERS := /var/cache/xingmai/kernel-headers
 PROTOS := $(wildcard controller/proto/*.proto)
 PROTO_OUT := $(PROTOS:.proto=_pb2.py)
 
-.PHONY: install apt venv kernel-headers proto test run sim cli doctor bench fuzz faults p4 lint clean p4runtime-shell
+.PHONY: install apt venv kernel-headers proto test test-fast run sim cli doctor bench fuzz faults p4 \
+	lint clean p4runtime-shell
 
 install: $(STAMP) proto
 
@@ -64,7 +67,7 @@ kernel-headers:
 venv:
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,sweep]'
 	@# bcc's Python module comes from Debian (python3-bpfcc) and is pure Python over libbcc:
 	@# expose just that module to the venv, not all of Debian's dist-packages.
 	mkdir -p $(VENV)/debian-bcc
@@ -78,6 +81,9 @@ controller/proto/%_pb2.py: controller/proto/%.proto $(STAMP)
 
 test: install p4runtime-shell
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: install
+	$(PY) -m pytest -q -m "not root and not slow" $(PYTEST_ARGS)
 
 run: install
 	$(PY) -m testbed run $(RUN_ARGS)
@@ -120,8 +126,10 @@ $(P4RT_SHELL_VENV)/.stamp: Makefile
 	$(P4RT_SHELL_VENV)/bin/python -m pip install -q $(P4RT_SHELL_PINS)
 	touch $@
 
+# install builds the gRPC stubs first (proto): mypy checks the code against them
 lint: install
 	$(VENV)/bin/ruff check controller testbed tests
+	$(VENV)/bin/ruff format --check controller testbed tests
 	$(VENV)/bin/mypy controller testbed
 
 clean:

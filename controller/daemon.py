@@ -46,6 +46,9 @@ class Daemon:
         self.agents = connect_agents(cfg)
         self.slowloop = SlowLoop(cfg.policy, self.topo, self.collector, self.agents,
                                  timeout_s=cfg.controller.rpc_timeout_s)
+        from controller.operations import Operations
+
+        self.operations = Operations(self)  # localization and fail-over
         self.started = time.monotonic()
         self.reloads = 0
         self.reload_failures = 0
@@ -73,6 +76,7 @@ class Daemon:
         for s in self.sessions.values():
             s.start()
         self._tasks.append(asyncio.create_task(self.slowloop.run(), name="slowloop"))
+        self._tasks.append(asyncio.create_task(self.operations.run(), name="operations"))
         log.info("controller up", extra={
             "grpc": c.grpc_addr, "collector": col.bind,
             "metrics": c.metrics_addr or "", "switches": len(self.sessions),
@@ -276,7 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="xingmai-controller", description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="The config format is described in controller/examples/leafspine-2x2.yaml.")
+        epilog="The config format is described in controller/examples/leafspine-2x2.yaml. "
+               "`xingmai-controller suspects --help`: the running controller's suspects.")
     ap.add_argument("--config", "-c", type=Path, required=True, help="YAML config file")
     ap.add_argument("--check", action="store_true",
                     help="validate the config and exit (0: valid, 2: not)")
@@ -315,6 +320,11 @@ def apply_overrides(cfg: Config, args: argparse.Namespace) -> Config:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "suspects":  # a client of the running daemon
+        from controller.suspects import main as suspects_main
+
+        return suspects_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         cfg = apply_overrides(config_mod.load(args.config), args)

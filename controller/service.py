@@ -29,6 +29,22 @@ class ControllerService(pb_grpc.ControllerServicer):  # type: ignore[misc]
     def __init__(self, daemon: Daemon):
         self.d = daemon
 
+    async def GetSuspects(self, request: Any, context: Any) -> Any:
+        import json
+
+        ops = self.d.operations
+
+        def suspect(s: Any) -> Any:
+            return pb.Suspect(element=s.element, kind=s.kind, score=s.score,
+                              evidence=s.evidence, first_named_unix=ops.unix(s.first_named),
+                              last_named_unix=ops.unix(s.last_named))
+
+        return pb.GetSuspectsResponse(
+            suspects=[suspect(s) for s in ops.loc.ranked()],
+            named=[suspect(s) for s in ops.loc.named.values()],
+            dead_links=sorted(ops.dead), failovers=ops.failovers,
+            events=[pb.OperationsEvent(json=json.dumps(e)) for e in ops.events])
+
     async def GetTopology(self, request: Any, context: Any) -> Any:
         cfg, topo = self.d.cfg, self.d.topo
         out = pb.Topology(model=cfg.model.name, scale=cfg.model.scale)

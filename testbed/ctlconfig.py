@@ -1,4 +1,4 @@
-"""The controller's config for the network the testbed booted (controller/config.py format).
+"""The controller's config for the network the testbed booted (controller/config/ format).
 
 Names are the fabric's (leaf1, h1); host NICs are named as their Mininet interfaces
 (`h1-eth0`); switches are reached on their management addresses, agents on their unix sockets,

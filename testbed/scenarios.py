@@ -50,6 +50,8 @@ import numpy as np
 
 from testbed.collective import run as coll
 from testbed.collective.run import CollFabric
+from testbed.emu.operations import EmuOperations
+from testbed.faults import Fault
 from testbed.model import TRANSPORT_OVERHEAD, Scaling, fmt_rate
 from testbed.probes import (
     Capture,
@@ -142,6 +144,11 @@ class RunRecord:
     slowdowns: list[float] = field(default_factory=list)
     queue_series: dict[str, list[float]] = field(default_factory=dict)
     rate_series: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    # operations (testbed/faults.py, controller/health.py): the faults injected, each suspect
+    # the controller named (first_named: seconds from the scenario's start) and fail-overs
+    faults: list[dict[str, Any]] = field(default_factory=list)
+    suspects: list[dict[str, Any]] = field(default_factory=list)
+    failovers: list[dict[str, Any]] = field(default_factory=list)
     flow_fcts: list[dict[str, Any]] = field(default_factory=list)  # per flow (flows runs)
     port_series: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # per port
     jobs: list[dict[str, Any]] = field(default_factory=list)  # per job (twojob)
@@ -239,6 +246,7 @@ class SuiteBase:
         self.base_rtt_s = 0.0  # measured (FCT slowdown's ideal)
         self.tita_t_s = 0.0
         self.flows_override: list[gen.Flow] | None = None  # a --flows file: the "flows" run
+        self.faults: list[Fault] = []  # a --faults file: injected in every scenario
         self._scheme = "none"  # the scheme of the run in progress
 
     # ---- engine hooks ----
@@ -263,6 +271,10 @@ class SuiteBase:
 
     def _now(self) -> float:
         raise NotImplementedError
+
+    def _operations(self) -> dict[str, list[dict[str, Any]]]:
+        """The scenario's faults, suspects and fail-overs (RunRecord's fields)."""
+        return {}
 
     def _set_port_rate(self, switch: str, port: int, rate_bps: float) -> None:
         raise NotImplementedError
@@ -332,8 +344,11 @@ class SuiteBase:
         finally:
             cap, events = self._end()
         after = self._quiet_counters()
-        return self._summarise(scheme, scenario, res, cap, events,
-                               counters_delta(before, after), t_call)
+        rec = self._summarise(scheme, scenario, res, cap, events,
+                              counters_delta(before, after), t_call)
+        for k, v in self._operations().items():
+            setattr(rec, k, v)
+        return rec
 
     def _workload(self, scenario: str, window: int, ack_every: int = 2) -> dict[str, Any]:
         cfg, s = self.cfg, self.scaling
@@ -499,6 +514,8 @@ class Suite(SuiteBase):
                 self.links[(sw.node_id, p)] = f"{sw.name}:{p}"
         self.sampler: IntSampler | None = None
         self.watcher: RateWatcher | None = None
+        self.ops = EmuOperations(tb)
+        self._ops: dict[str, list[dict[str, Any]]] = {}
 
     # ---- lifecycle ----
 
@@ -529,10 +546,17 @@ class Suite(SuiteBase):
         assert self.sampler is not None and self.watcher is not None
         self.sampler.begin()
         self.watcher.begin()
+        self.ops.faults = self.faults
+        self.ops.begin()
 
     def _end(self) -> tuple[Capture, list[RateEvent]]:
         assert self.sampler is not None and self.watcher is not None
-        return self.sampler.end(), self.watcher.end()
+        out = self.sampler.end(), self.watcher.end()
+        self._ops = self.ops.end()
+        return out
+
+    def _operations(self) -> dict[str, list[dict[str, Any]]]:
+        return self._ops
 
     def _now(self) -> float:
         return time.monotonic()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import time
@@ -23,7 +22,6 @@ from tests.faults import record
 
 root = [
     pytest.mark.root,
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (namespaces, eBPF)"),
 ]
 
 
@@ -48,7 +46,6 @@ def _tc(netns: str, *args: str) -> str:
 @pytest.mark.parametrize("_", [0], ids=["lifecycle"])
 @pytest.mark.slow
 @pytest.mark.root
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (namespaces, eBPF)")
 def test_agent_api_and_clean_shutdown(_: int) -> None:
     with NetnsPair.create() as pair:
         agent = AgentProcess(pair.a, pair.dev_a, 100_000_000).start()
@@ -119,7 +116,6 @@ def test_agent_api_and_clean_shutdown(_: int) -> None:
 @pytest.mark.fault
 @pytest.mark.slow
 @pytest.mark.root
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (namespaces, eBPF)")
 def test_sigkill_keeps_pacing_and_restart_adopts_pins() -> None:
     with NetnsPair.create() as pair:
         first = AgentProcess(pair.a, pair.dev_a, 1_000_000_000, extra=("--no-int",)).start()
@@ -172,7 +168,6 @@ def measure_udp_pacing_without_agent(pair: NetnsPair, sport: int) -> float:
 
 @pytest.mark.slow
 @pytest.mark.root
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (namespaces, eBPF)")
 def test_agent_api_refuses_what_it_cannot_take() -> None:
     """Issue 18 defect 7: an unknown law enum was INTERNAL; SetCaps applied the first cap of a
     request that failed; 8 open WatchRates streams took all 8 server threads (GetStatus timed

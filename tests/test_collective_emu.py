@@ -5,7 +5,6 @@ an all-to-all completes with every block right."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,6 @@ from testbed.topo import rail
 pytestmark = [
     pytest.mark.root,
     pytest.mark.slow,
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (namespaces, veths, eBPF)"),
     pytest.mark.skipif(not (P4INFO.exists() and BMV2_JSON.exists()),
                        reason="p4src/build is missing (make p4)"),
     pytest.mark.timeout(400),

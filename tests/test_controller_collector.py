@@ -212,7 +212,6 @@ def test_int_stack_errors_inside_the_inner_packet() -> None:
 
 
 @pytest.mark.root
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces)")
 def test_udp_socket_opens_inside_a_named_network_namespace() -> None:
     ns = f"xcu{uuid.uuid4().hex[:6]}"
     own = os.readlink(f"/proc/self/task/{threading.get_native_id()}/ns/net")

@@ -20,7 +20,7 @@ import grpc
 import pytest
 import yaml
 
-from tests.test_controller_rig import BMV2_JSON, P4INFO, REPO, FakeHostAgent, free_port
+from tests.controller_rig import BMV2_JSON, P4INFO, REPO, FakeHostAgent, free_port
 
 EXAMPLE = REPO / "controller" / "examples" / "leafspine-2x2.yaml"
 UNIT = REPO / "controller" / "systemd" / "xingmai-controller.service"

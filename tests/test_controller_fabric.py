@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -32,8 +31,7 @@ import yaml
 
 from controller.proto import controller_pb2 as pb
 from controller.proto import controller_pb2_grpc as pb_grpc
-from tests.faults import record
-from tests.test_controller_rig import (
+from tests.controller_rig import (
     BMV2_JSON,
     P4INFO,
     Fabric,
@@ -42,11 +40,11 @@ from tests.test_controller_rig import (
     free_port,
     reachability,
 )
+from tests.faults import record
 
 pytestmark = [
     pytest.mark.root,
     pytest.mark.slow,
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (namespaces, veths, raw sockets)"),
     pytest.mark.skipif(not P4INFO.exists(), reason=f"{P4INFO} not built (make p4)"),
 ]
 

@@ -29,7 +29,7 @@ from testbed.switch.p4runtime import P4RuntimeService, serve
 from testbed.switch.rig import free_tcp_port
 from testbed.switch.traffic_manager import Clock
 from testbed.switch.v1model import V1Switch
-from tests.test_controller_rig import BMV2_JSON, P4INFO, REPO
+from tests.controller_rig import BMV2_JSON, P4INFO, REPO
 
 pytestmark = pytest.mark.skipif(not P4INFO.exists(), reason=f"{P4INFO} not built (make p4)")
 EXAMPLE = REPO / "controller" / "examples" / "leafspine-2x2.yaml"

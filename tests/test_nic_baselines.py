@@ -3,8 +3,8 @@ packet by packet (BPF_PROG_TEST_RUN, root).
 
 As tests/test_nic_ratelaw.py does for TiTa and DCQCN: synthetic feedback goes through the XDP
 program, and after each packet the rate XDP wrote must be the reference's
-(controller/nic/ratelaw.py), here exactly. The reference is given what XDP read from other maps (tc's tx bytes, next PSN and
-RTT probe) and XDP's packet time (the CC state's last_fb_ns). RTTs are set by writing tc's probe
+(controller/nic/ratelaw/), here exactly. The reference is given what XDP read from other maps
+(tc's tx bytes, next PSN and RTT probe) and XDP's packet time (the CC state's last_fb_ns). RTTs are set by writing tc's probe
 with a send time that far before now (CLOCK_MONOTONIC, bpf_ktime_get_ns()'s clock).
 """
 

@@ -2,14 +2,13 @@
 
 Synthetic ACKs with INT echoes and CNPs, built with the project's scapy layers, go through the
 XDP program; after each one the rate XDP wrote to the rate map must equal the reference's
-(controller/nic/ratelaw.py, same fixed point) within 1 %. The reference is given what XDP read
+(controller/nic/ratelaw/, same fixed point) within 1 %. The reference is given what XDP read
 from other maps (tc's tx bytes and next PSN, the control entry) and XDP's packet time (the
 CC state's last_fb_ns).
 """
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import replace
 
@@ -26,7 +25,6 @@ from testbed.packets.roce import AETH, BTH, CNP
 
 pytestmark = [
     pytest.mark.root,
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (eBPF programs, bpffs)"),
 ]
 
 XDP_PASS = 2

@@ -7,7 +7,6 @@ on a veth while an agent runs: the agent must keep serving and keep its flows as
 from __future__ import annotations
 
 import errno
-import os
 import random
 import socket
 import subprocess
@@ -27,7 +26,6 @@ from testbed.packets.roce import AETH, BTH, CNP
 
 pytestmark = [
     pytest.mark.root,
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (eBPF programs, namespaces)"),
 ]
 
 A, B = "10.0.1.1", "10.0.2.2"

@@ -1,4 +1,4 @@
-"""controller/nic/ratelaw.py: the reference rate laws (no kernel needed)."""
+"""controller/nic/ratelaw/: the reference rate laws (no kernel needed)."""
 
 from __future__ import annotations
 

@@ -44,6 +44,7 @@ def _stable(path: Path) -> str:
     return json.dumps(doc, sort_keys=True)
 
 
+@pytest.mark.slow
 def test_same_inputs_and_seed_give_identical_results(tmp_path: Path) -> None:
     argv = ("--topo", "leafspine:2,1,2", "--quick", "--scenarios", "incast,websearch",
             "--schemes", "dcqcn,tita", "--seed", "3")
@@ -62,6 +63,7 @@ def test_same_inputs_and_seed_give_identical_results(tmp_path: Path) -> None:
         assert (a / plot).stat().st_size > 0
 
 
+@pytest.mark.slow
 def test_model_speed_verdicts_on_the_quick_suite() -> None:
     """At 400G and microsecond RTTs (HPCC's eta 0.95 and T = base RTT; DCQCN's parameters
     at the NIC's rate; 500 KB per port), on the default fabric."""
@@ -136,3 +138,60 @@ def test_event_loop_orders_ties_by_scheduling() -> None:
     loop.at(5, seen.append, "c")
     assert not loop.run(stop=lambda: False)
     assert seen == ["a", "b", "c"] and loop.now_ns == 5 and loop.events == 3
+
+
+def test_compare_gives_ratios_per_cell_and_metric(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from testbed.report import write_results
+    from testbed.scenarios import RunRecord
+
+    def rec(scheme: str, q: float, t: float) -> RunRecord:
+        return RunRecord(scheme=scheme, scenario="incast", bottleneck="leaf1:1",
+                         queue_p50_bytes=0, queue_p99_bytes=q, queue_max_bytes=q,
+                         queue_samples=10, drops=0, utilization=0.5, fct_slowdown_p50=2.0,
+                         fct_slowdown_p99=4.0, flows=7, flows_completed=7, busbw_bps=None,
+                         completion_s=t, int_packets=10, int_max_hops=3, retransmits=0,
+                         cnps=0, out_of_order=0, window=64)
+
+    for name, q, t in (("a", 100_000.0, 2.0), ("b", 150_000.0, 1.0)):
+        (tmp_path / name).mkdir()
+        write_results(tmp_path / name / "results.json", [rec("tita", q, t)],
+                      {"engine": name, "topology": "x", "scale": 20000})
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if "p99 queue KB" in ln)
+    assert line.split()[-3:] == ["100", "150", "1.50"]
+    line = next(ln for ln in out.splitlines() if "time s" in ln)
+    assert line.split()[-1] == "0.50"
+    with pytest.raises(ValueError, match="at least two"):
+        from testbed.report import compare
+
+        compare([tmp_path / "a"])
+
+
+def test_sweep_on_a_local_dask_cluster(tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["sweep", "--topo", "leafspine:2,1,2", "--quick", "--scenarios", "incast",
+                 "--schemes", "tita", "--param", "incast_bytes=50000,100000", "--seeds", "1,2",
+                 "--workers", "1", "--run-dir", str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / "sweep.json").read_text())
+    assert doc["param"] == "incast_bytes" and len(doc["points"]) == 4
+    from testbed.sim.sweep import aggregate
+
+    cells = aggregate(doc["points"])
+    small, big = cells[(50000, "incast", "tita")], cells[(100000, "incast", "tita")]
+    assert small["seeds"] == big["seeds"] == 2
+    assert small["time ms"][0] < big["time ms"][0]  # twice the bytes take longer
+    assert "50000" in capsys.readouterr().out
+
+
+def test_link_serializes_delays_and_drops_over_mtu() -> None:
+    from testbed.sim.fabric import Wire
+
+    loop = EventLoop()
+    got: list[tuple[int, int]] = []
+    wire = Wire(loop, 8e9, 100, 1000, lambda f: got.append((loop.now_ns, len(f))))
+    assert wire.send(bytes(1014), 0)  # 1014 B at 8 Gb/s: 1014 ns, then 100 ns
+    assert not wire.send(bytes(1015), 0) and wire.too_big == 1
+    loop.run()
+    assert got == [(1114, 1014)]

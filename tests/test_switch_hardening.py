@@ -306,8 +306,8 @@ def test_hostile_pipeline_is_invalid_argument_and_compiled_unlocked(rig: SwitchR
     err = push(b'{"header_types": ' + b"[" * 100_000 + b"]" * 100_000 + b"}")
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err.details()
     # while a program compiles, the switch's lock is free for packets
-    import testbed.switch.codegen as codegen
-    real = codegen.compile_program
+    import testbed.switch.compiler as compiler
+    real = compiler.compile_program
     seen: list[bool] = []
 
     def watching(*a: object, **kw: object) -> object:
@@ -322,7 +322,7 @@ def test_hostile_pipeline_is_invalid_argument_and_compiled_unlocked(rig: SwitchR
         t.join()
         return real(*a, **kw)  # type: ignore[arg-type]
 
-    codegen.compile_program = watching  # type: ignore[assignment]
+    compiler.compile_program = watching  # type: ignore[assignment]
     try:
         req = p4r.SetForwardingPipelineConfigRequest(
             device_id=1, action=p4r.SetForwardingPipelineConfigRequest.VERIFY)
@@ -331,7 +331,7 @@ def test_hostile_pipeline_is_invalid_argument_and_compiled_unlocked(rig: SwitchR
         req.config.p4_device_config = XINGMAI_JSON.read_bytes()
         rig.stub.SetForwardingPipelineConfig(req, timeout=30)
     finally:
-        codegen.compile_program = real
+        compiler.compile_program = real
     assert seen and all(seen)
 
 

@@ -32,7 +32,6 @@ from testbed.topo import leafspine
 pytestmark = [
     pytest.mark.root,
     pytest.mark.slow,
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (namespaces, veths, eBPF)"),
     pytest.mark.skipif(not (P4INFO.exists() and BMV2_JSON.exists()),
                        reason="p4src/build is missing (make p4)"),
     pytest.mark.timeout(300),

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -36,7 +34,6 @@ from testbed.traffic.netns import Host, NetnsLan
 
 pytestmark = [
     pytest.mark.root,
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root for network namespaces"),
 ]
 
 SPORT = 50001
@@ -84,12 +81,6 @@ _INJECTOR = textwrap.dedent(
     print(json.dumps(got), flush=True)
     """
 )
-
-
-@pytest.fixture(scope="module")
-def lan() -> Iterator[NetnsLan]:
-    with NetnsLan(2) as lan:
-        yield lan
 
 
 def _start_responder(host: Host, peer: Host, seconds: float, **cfg: Any) -> subprocess.Popen:

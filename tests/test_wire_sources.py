@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.nic import ratelaw
 from controller.nic.bpf import header, loader
+from controller.nic.ratelaw import base, dcqcn, echo
 from controller.wire import int_md, roce
 from controller.wire import telemetry_report as tr
 from controller.wire.layout import Fields
@@ -25,13 +25,13 @@ HEADER_P4 = REPO / "p4src" / "include" / "header.p4"
 # Each XM_* #define and what Python holds it as (None: a C-only fact, not on the wire and not
 # mirrored by the rate-law reference).
 C_DEFINES: dict[str, int | None] = {
-    "XM_UNIT_SHIFT": ratelaw.UNIT_SHIFT,
-    "XM_UNIT": ratelaw.UNIT,
-    "XM_U_MAX": ratelaw.U_MAX,
-    "XM_MAX_HOPS": ratelaw.MAX_HOPS,
-    "XM_NSEC": ratelaw.NSEC,
+    "XM_UNIT_SHIFT": base.UNIT_SHIFT,
+    "XM_UNIT": base.UNIT,
+    "XM_U_MAX": base.U_MAX,
+    "XM_MAX_HOPS": base.MAX_HOPS,
+    "XM_NSEC": base.NSEC,
     "XM_ROCE_PORT": roce.ROCE_UDP_PORT,
-    "XM_ALL_ONES32": ratelaw.ALL_ONES32,
+    "XM_ALL_ONES32": base.ALL_ONES32,
     "XM_BTH_LEN": roce.BTH_LEN,
     "XM_AETH_LEN": roce.AETH_LEN,
     "XM_ICRC_LEN": roce.ICRC_LEN,
@@ -44,20 +44,24 @@ C_DEFINES: dict[str, int | None] = {
     "XM_CTL_HAS_CAP": loader.CTL_HAS_CAP,
     "XM_CTL_HAS_PARAMS": loader.CTL_HAS_PARAMS,
     "XM_FLOW_PSN_VALID": None,
-    "XM_NO_TS": ratelaw.NO_TS,
-    "XM_CC_HAVE_RECORDS": ratelaw.HAVE_RECORDS,
-    "XM_CC_PSN_VALID": ratelaw.PSN_VALID,
-    "XM_CC_CUT_SEEN": ratelaw.CUT_SEEN,
-    "XM_HOP_ABSENT": ratelaw.HOP_ABSENT,
-    "XM_HOP_BUF_WORDS": ratelaw.HOP_BUF_WORDS,
+    "XM_NO_TS": base.NO_TS,
+    "XM_CC_HAVE_RECORDS": base.HAVE_RECORDS,
+    "XM_CC_PSN_VALID": base.PSN_VALID,
+    "XM_CC_CUT_SEEN": base.CUT_SEEN,
+    "XM_HOP_ABSENT": echo.HOP_ABSENT,
+    "XM_HOP_BUF_WORDS": echo.HOP_BUF_WORDS,
     "XM_MAX_FLOWS": None,
+    # lib/*.h
+    "XM_HOP_MAX_WORDS": int_md.HOP_ML_MAX,
+    "XM_DCQCN_MAX_EVENTS": dcqcn.DCQCN_MAX_EVENTS,
+    "XM_DCQCN_BACKLOG": dcqcn.DCQCN_BACKLOG,
 }
 
 
 def test_every_c_define_is_the_python_value() -> None:
     defines = header.defines()
-    text = header.HEADER.read_text()
-    # the reader must see every integer #define the header has (else a constant could hide)
+    text = "\n".join(p.read_text() for p in header.headers())
+    # the reader must see every integer #define the headers have (else a constant could hide)
     written = set(re.findall(r"^#define\s+(XM_[A-Z0-9_]+)\s+[(0-9]", text, re.M))
     assert written == set(defines), "header.defines() misses " + str(written - set(defines))
     assert set(defines) == set(C_DEFINES), (
@@ -70,22 +74,22 @@ def test_every_c_define_is_the_python_value() -> None:
 
 
 def test_c_enums_are_the_python_ones() -> None:
-    assert {f"XM_LAW_{law.name}": law.value for law in ratelaw.Law} == header.enum("xm_law")
+    assert {f"XM_LAW_{law.name}": law.value for law in base.Law} == header.enum("xm_law")
     assert loader.PACING_HTB == 0 and loader.PACING_EDT == 1  # derived; these are the wire
     assert set(loader.ORIGINS.values()) == {"agent", "tita", "dcqcn", "hpcc", "timely", "swift"}
     # an XDP-written rate carries its law's value as origin (nr.origin = law)
-    assert all(loader.ORIGINS[law.value] == law.name.lower() for law in ratelaw.Law if law)
+    assert all(loader.ORIGINS[law.value] == law.name.lower() for law in base.Law if law)
     counters = header.enum("xm_counter")
     assert list(counters)[-1] == "XM_CNT_MAX" and counters["XM_CNT_MAX"] == len(counters) - 1
     assert len(loader.counter_names()) == len(counters) - 1
     # the reference names the counters it feeds: each must exist in C
     names = {n.removeprefix("XM_CNT_") for n in counters}
-    for err in ratelaw.EchoError:
+    for err in echo.EchoError:
         assert err.value in names
 
 
 def test_bpfload_map_list_is_the_header_declarations() -> None:
-    text = header.HEADER.read_text()
+    text = "\n".join(p.read_text() for p in header.headers())
     assert len(loader.MAPS) == text.count("BPF_TABLE_PINNED(") == 10
     for name in loader.MAPS:
         assert f'XM_PIN("{name}")' in text
@@ -94,7 +98,7 @@ def test_bpfload_map_list_is_the_header_declarations() -> None:
 def test_words_per_hop_is_the_c_formula_for_every_bitmap() -> None:
     # xm_int_words(): popcount of the bitmap plus popcount of the two-word bits; the mask is
     # read from the C so that a change there fails here.
-    text = header.HEADER.read_text()
+    text = (header.EBPF_DIR / "lib" / "helpers.h").read_text()
     m = re.search(r"xm_popcount16\(bitmap\) \+ xm_popcount16\(bitmap & (0x[0-9a-f]+)\)", text)
     assert m, "xm_int_words() no longer has the form this test reads"
     two_words = int(m.group(1), 16)

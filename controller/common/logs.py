@@ -33,14 +33,16 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(doc)
 
 
-def setup_logging(component: str, level: str = "info", console: bool = True,
-                  file: str | Path | None = None) -> None:
+def setup_logging(
+    component: str, level: str = "info", console: bool = True, file: str | Path | None = None
+) -> None:
     """Configure the root logger: JSON lines to stderr and/or a file."""
     root = logging.getLogger()
     for h in list(root.handlers):
         root.removeHandler(h)
     lvl = {"trace": logging.DEBUG, "warn": logging.WARNING, "off": logging.CRITICAL + 10}.get(
-        level.lower(), getattr(logging, level.upper(), logging.INFO))
+        level.lower(), getattr(logging, level.upper(), logging.INFO)
+    )
     root.setLevel(lvl)
     fmt = JsonFormatter(component)
     handlers: list[logging.Handler] = []

@@ -4,11 +4,14 @@
  *   target = base_target + hops * per_hop          (hops = sender TTL - the ACK's TTL)
  *   rtt < target:  R += ai / rtt                    (the window's ai per RTT, as a rate)
  *   else, at most once per RTT:  R *= max(1 - beta (rtt - target) / rtt, 1 - max_mdf)
- * controller/nic/ratelaw.py swift_on_rtt() is the reference, operation for operation. No map
+ * controller/nic/ratelaw/swift.py is the reference, operation for operation. No map
  * access here: it returns the counter.
  */
-#ifndef XM_LIB_SWIFT_H
-#define XM_LIB_SWIFT_H
+#ifndef XINGMAI_LIB_SWIFT_H
+#define XINGMAI_LIB_SWIFT_H
+
+#include "xingmai.h"
+#include "lib/helpers.h"
 
 static __always_inline __u32 xm_swift_on_rtt(const struct xm_cc_params *prm,
 					     struct xm_cc_state *cc, __u64 rtt, __u32 ttl,
@@ -45,4 +48,4 @@ static __always_inline __u32 xm_swift_on_rtt(const struct xm_cc_params *prm,
 	return counter;
 }
 
-#endif /* XM_LIB_SWIFT_H */
+#endif /* XINGMAI_LIB_SWIFT_H */

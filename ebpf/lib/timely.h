@@ -6,11 +6,14 @@
  *   rtt > T_high:              R *= 1 - beta (1 - T_high / rtt)
  *   rtt_diff <= 0:             R += N delta   (N = hai_steps after hai_steps such updates)
  *   else:                      R *= 1 - beta rtt_diff / min_rtt
- * controller/nic/ratelaw.py timely_on_rtt() is the reference, operation for operation. No map
+ * controller/nic/ratelaw/timely.py is the reference, operation for operation. No map
  * access here (bcc rewrites those only in the file it compiles): it returns the counter.
  */
-#ifndef XM_LIB_TIMELY_H
-#define XM_LIB_TIMELY_H
+#ifndef XINGMAI_LIB_TIMELY_H
+#define XINGMAI_LIB_TIMELY_H
+
+#include "xingmai.h"
+#include "lib/helpers.h"
 
 static __always_inline __u32 xm_timely_on_rtt(const struct xm_cc_params *prm,
 					      struct xm_cc_state *cc, __u64 rtt, __u64 ceil,
@@ -60,4 +63,4 @@ static __always_inline __u32 xm_timely_on_rtt(const struct xm_cc_params *prm,
 	return counter;
 }
 
-#endif /* XM_LIB_TIMELY_H */
+#endif /* XINGMAI_LIB_TIMELY_H */

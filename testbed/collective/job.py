@@ -9,15 +9,18 @@ take different slots.
 
 Each rank runs the plan (testbed.collective.plan) as dataflow: a transfer is ready once its
 dependencies arrived; ready transfers go out in plan order, at most `depth` messages in flight
-per queue pair. Every message starts with an 8-byte header (iteration, transfer id), so a
-receiver takes any transfer from any channel of its peer. The channel of a transfer is:
+per queue pair (8 by default: deep enough that a channel at a quarter of the others' rate
+still gets its share, see below). Every message starts with an 8-byte header (iteration,
+transfer id), so a receiver takes any transfer from any channel of its peer. The channel
+of a transfer is:
 - `schedule: static`: the plan's channel (pieces dealt round-robin over the channels);
 - `schedule: adaptive`: the channel towards that peer whose queue would finish it first,
   (bytes in flight + its bytes) / the channel's measured rate, where a channel's rate is an
   average of its completed messages' bytes over their service time (from when the message
   reached the head of its queue pair to its last acknowledgment). A rail that slows down
   shows in the first messages it completes (a message takes tens of RTTs), and chunks move to
-  the others from then on.
+  the others from then on. A channel at a fraction f of the fastest one's rate gets work
+  only while the fastest has more than 1/f - 1 messages queued, hence the depth of 8.
 
 A training job is a loop of iterations: `compute` seconds of computation, then the collective
 (with `overlap`, the next iteration's computation runs while the collective does). The
@@ -95,7 +98,7 @@ class CollectiveConfig:
             channels=channels,
             chunk=int(spec.get("chunk", 1 << 19)),
             schedule=str(spec.get("schedule", "static")),
-            depth=int(spec.get("depth", 2)),
+            depth=int(spec.get("depth", 8)),
             gpus=int(spec.get("gpus", channels if algorithm == "hier" else 1)),
             nvlink_bps=float(spec.get("nvlink_bps", 3.6e12)),  # NVLink 4: 900 GB/s
             nvlink_latency=float(spec.get("nvlink_latency", 2e-6)),

@@ -5,8 +5,12 @@ and the project's own commands:
     int HOST                     the INT stack of the last INT packet that reached HOST
     queue SWITCH[:PORT] [RATE]   show a switch's queues, or set a port's drain rate (e.g. 5M)
     policy [LAW]                 show or set every host's rate law (through the controller)
-    scenario incast|allreduce|websearch   run one scenario with the current law, summarised
+    scenario NAME                one scenario with the current law, summarised (incast,
+                                 allreduce, alltoall, twojob, websearch)
     status                       the controller's view: switches, agents, slow loop
+    fault link SW:PORT down|up|loss 1%|rate 25%|delay 2ms    inject or remove a link fault
+    fault switch SW kill|slow [5ms]|up                      a switch fault
+    suspects                     the controller's ranked suspects, with their evidence
 
 Mininet's own commands work as usual (`h1 ping h5`, `nodes`, `net`, `links`, ...), except
 `iperf`/`iperfudp`: they run `killall -9 iperf`, which would reach every iperf on the machine.
@@ -20,6 +24,7 @@ from typing import Any
 import grpc
 from mininet.cli import CLI
 
+from testbed import faults
 from testbed.emu.network import Testbed, TestbedError
 from testbed.model import fmt_rate
 from testbed.scenarios import SCENARIOS, Suite, SuiteConfig, measure_base_rtt, one_line
@@ -97,6 +102,17 @@ class TestbedCLI(CLI):  # type: ignore[misc]
             print(f"  {h.link:<10} queue {h.qocc_bytes:>7} B  hop latency {lat:>9}  "
                   f"tx utilisation {util}")
 
+    def do_fault(self, line: str) -> None:
+        """fault link SW:PORT down|up|loss P%|rate P%|delay Tms; fault switch SW kill|slow
+        [Tms]|up: inject a fault (or remove it with up)."""
+        try:
+            f = faults.parse_command(self.tb.spec, line)
+            self.tb.apply_fault(f)
+        except (faults.FaultError, TestbedError) as exc:
+            print(exc)
+            return
+        print(f"fault: {f.describe()}")
+
     def do_queue(self, line: str) -> None:
         """queue SWITCH[:PORT] [RATE]: show SWITCH's queues, or set PORT's drain rate."""
         args = line.split()
@@ -156,7 +172,8 @@ class TestbedCLI(CLI):  # type: ignore[misc]
               f"per host: {dict((h, v.rate_law) for h, v in p.hosts.items()) or 'none'}")
 
     def do_scenario(self, line: str) -> None:
-        """scenario incast|allreduce|websearch: one run with the current law, summarised."""
+        """scenario NAME (incast|allreduce|alltoall|twojob|websearch): one run with the
+        current law, summarised."""
         name = line.strip()
         if name not in SCENARIOS:
             print(f"usage: scenario {'|'.join(SCENARIOS)}")

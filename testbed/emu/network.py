@@ -44,6 +44,7 @@ import yaml
 from mininet.link import Link
 from mininet.net import Mininet
 
+from testbed import faults
 from testbed.ctlconfig import ControllerSetup, Ecn, SwitchAccess, controller_config
 from testbed.emu.nodes import REPO, FabricHost, P4Switch, SwitchRuntime, choose_switch
 from testbed.emu.procs import Component, ComponentError, wait_all
@@ -424,6 +425,62 @@ class Testbed:
                     timeout=5)
             except grpc.RpcError as exc:
                 raise TestbedError(f"{switch}: SetQueue: {exc.code().name} "
+                                   f"{exc.details()}") from None
+
+    # ---- faults (testbed/faults.py) -------------------------------------------------------
+
+    def apply_fault(self, f: faults.Fault) -> None:
+        """Inject or remove one fault: port settings through SwitchAdmin's SetFault, a
+        switch's process killed (SIGKILL, by the PID this testbed started) or restarted."""
+        faults.check(self.spec, f)
+        if f.kind == "kill":
+            node = self.switch_node(f.target)
+            if node.component is not None and node.component.alive():
+                node.component.proc.kill()
+                node.component.proc.wait()
+            return
+        if f.kind == "up" and faults.target_class(self.spec, f.target) == "switch":
+            node = self.switch_node(f.target)
+            if node.component is not None and not node.component.alive():
+                node.start([])  # a killed switch comes back: the controller reprograms it
+                node.component.wait_until(node.listening, 30, "listening")  # type: ignore[union-attr]
+                return
+        if faults.target_class(self.spec, f.target) == "nic":
+            raise TestbedError(f"{f.describe()}: NIC faults are not implemented in the "
+                               "emulation yet")
+        for ps in faults.port_settings(self.spec, f):
+            self._set_fault(ps)
+
+    def heal(self) -> None:
+        """Every switch port back to healthy, killed switches restarted."""
+        restarted = set()
+        for sw in self.spec.switches:
+            node = self.switch_node(sw.name)
+            if node.component is not None and not node.component.alive():
+                self.apply_fault(faults.Fault(sw.name, "up"))
+                restarted.add(sw.name)  # a new process: no fault (and no primary yet)
+        for ps in faults.heal_all(self.spec):
+            if ps.switch not in restarted:
+                self._set_fault(ps)
+
+    def _set_fault(self, ps: faults.PortSetting) -> None:
+        from controller.config import ControllerSection
+        from controller.proto import switch_pb2, switch_pb2_grpc
+
+        sw = self.switch_node(ps.switch)
+        if sw.kind != "builtin":
+            raise TestbedError(f"{ps.switch}: faults need the built-in switch's traffic "
+                               f"manager (this is {sw.kind})")
+        eid = ControllerSection.election_id  # as set_queue_rate: the primary's election id
+        with grpc.insecure_channel(sw.grpc_addr) as ch:
+            try:
+                switch_pb2_grpc.SwitchAdminStub(ch).SetFault(
+                    switch_pb2.SetFaultRequest(
+                        **faults.request_fields(ps), device_id=sw.device_id,
+                        election_id=switch_pb2.ElectionId(high=eid >> 64, low=eid & (2**64 - 1))),
+                    timeout=5)
+            except grpc.RpcError as exc:
+                raise TestbedError(f"{ps.switch}: SetFault: {exc.code().name} "
                                    f"{exc.details()}") from None
 
     # ---- what the traffic and the probes need -------------------------------------------

@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from testbed.traffic.netns import NetnsLan
+
 ROCE_PORT = 4791
 UDP_PAYLOAD = 1400
 FRAME_OVERHEAD = 14 + 20 + 8  # Ethernet + IPv4 + UDP
@@ -76,22 +78,11 @@ class NetnsPair:
     @classmethod
     @contextlib.contextmanager
     def create(cls, subnet: int | None = None) -> Iterator[NetnsPair]:
-        tag = unique("xn")
+        """The two hosts of a `NetnsLan(2)` (the one namespace rig), on 10.231.<subnet>.0/24."""
         net = subnet if subnet is not None else random.randrange(1, 250)
-        pair = cls(f"{tag}a", f"{tag}b", f"{tag}a", f"{tag}b", f"10.231.{net}.1",
-                   f"10.231.{net}.2")
-        try:
-            sh(f"ip netns add {pair.a} && ip netns add {pair.b}")
-            sh(f"ip link add {pair.dev_a} type veth peer name {pair.dev_b}")
-            sh(f"ip link set {pair.dev_a} netns {pair.a}")
-            sh(f"ip link set {pair.dev_b} netns {pair.b}")
-            for ns, dev, ip in ((pair.a, pair.dev_a, pair.ip_a), (pair.b, pair.dev_b, pair.ip_b)):
-                sh(f"ip -n {ns} addr add {ip}/24 dev {dev} && ip -n {ns} link set {dev} up"
-                    f" && ip -n {ns} link set lo up")
-            yield pair
-        finally:
-            sh(f"ip netns del {pair.a}", check=False)
-            sh(f"ip netns del {pair.b}", check=False)
+        with NetnsLan(2, subnet=f"10.231.{net}", prefix=unique("xn")) as lan:
+            a, b = lan.hosts
+            yield cls(a.netns, b.netns, a.ifname, b.ifname, a.ip, b.ip)
 
     def udp_key(self, sport: int) -> tuple[str, str, int, int, int]:
         return (self.ip_a, self.ip_b, 17, sport, ROCE_PORT)
@@ -123,8 +114,18 @@ class AgentProcess:
     def start(self, timeout_s: float = 60.0) -> AgentProcess:
         self.log_path = Path(f"/tmp/{self.name}.log")
         cmd = [
-            PY, "-m", "controller.nic.agent.main", "--name", self.name, "--netns", self.netns,
-            "--interface", self.interface, "--line-rate", str(self.line_rate_bps), *self.extra,
+            PY,
+            "-m",
+            "controller.nic.agent.main",
+            "--name",
+            self.name,
+            "--netns",
+            self.netns,
+            "--interface",
+            self.interface,
+            "--line-rate",
+            str(self.line_rate_bps),
+            *self.extra,
         ]
         with open(self.log_path, "ab") as logf:
             self.proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT)
@@ -226,9 +227,13 @@ class AgentProcess:
 
 
 @contextlib.contextmanager
-def standalone_nic(line_rate_bps: int = 1_000_000_000, law: str = "tita",
-                   base_rtt_ns: int = 100_000, int_enabled: bool = True,
-                   mtu: int = 1500) -> Iterator[Any]:
+def standalone_nic(
+    line_rate_bps: int = 1_000_000_000,
+    law: str = "tita",
+    base_rtt_ns: int = 100_000,
+    int_enabled: bool = True,
+    mtu: int = 1500,
+) -> Iterator[Any]:
     """tc and XDP programs compiled against a private bpffs, configured like an agent would,
     attached nowhere: tests drive them with BPF_PROG_TEST_RUN."""
     from controller.nic.agent import netdev
@@ -341,9 +346,21 @@ class Reception:
 def udp_receiver(pair: NetnsPair, first_timeout_s: float = 10.0) -> Iterator[dict[str, Any]]:
     """Start the receiver in `pair.b`; the yielded dict gets a "reception" when it ends."""
     proc = subprocess.Popen(
-        [PY, "-m", "testbed.emu.nicrig", "receiver", "--netns", pair.b, "--ip", pair.ip_b,
-         "--first-timeout", str(first_timeout_s)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            PY,
+            "-m",
+            "testbed.emu.nicrig",
+            "receiver",
+            "--netns",
+            pair.b,
+            "--ip",
+            pair.ip_b,
+            "--first-timeout",
+            str(first_timeout_s),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     assert proc.stdout is not None
     if proc.stdout.readline().strip() != "ready":
@@ -354,7 +371,9 @@ def udp_receiver(pair: NetnsPair, first_timeout_s: float = 10.0) -> Iterator[dic
         out, err = proc.communicate(timeout=first_timeout_s + 30)
         doc = json.loads(out.strip().splitlines()[-1])
         box["reception"] = Reception(
-            doc["packets"], doc["first_ns"], doc["last_ns"],
+            doc["packets"],
+            doc["first_ns"],
+            doc["last_ns"],
             {int(k): v for k, v in doc["bins"].items()},
         )
     finally:
@@ -363,13 +382,31 @@ def udp_receiver(pair: NetnsPair, first_timeout_s: float = 10.0) -> Iterator[dic
             proc.wait()
 
 
-def udp_sender(pair: NetnsPair, sport: int, duration_s: float,
-               payload: int = UDP_PAYLOAD) -> subprocess.Popen[str]:
+def udp_sender(
+    pair: NetnsPair, sport: int, duration_s: float, payload: int = UDP_PAYLOAD
+) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [PY, "-m", "testbed.emu.nicrig", "sender", "--netns", pair.a, "--ip", pair.ip_a,
-         "--dst", pair.ip_b, "--sport", str(sport), "--duration", str(duration_s),
-         "--payload", str(payload)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            PY,
+            "-m",
+            "testbed.emu.nicrig",
+            "sender",
+            "--netns",
+            pair.a,
+            "--ip",
+            pair.ip_a,
+            "--dst",
+            pair.ip_b,
+            "--sport",
+            str(sport),
+            "--duration",
+            str(duration_s),
+            "--payload",
+            str(payload),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -386,8 +423,9 @@ def htb_drops(netns: str, dev: str) -> int:
     return total
 
 
-def measure_udp_pacing(pair: NetnsPair, agent: AgentProcess, rate_bps: int,
-                       duration_s: float = 3.0, sport: int = 5000) -> dict[str, float]:
+def measure_udp_pacing(
+    pair: NetnsPair, agent: AgentProcess, rate_bps: int, duration_s: float = 3.0, sport: int = 5000
+) -> dict[str, float]:
     """Achieved rate of a UDP flow capped at `rate_bps` (law none), steady part of the run."""
     key = pair.udp_key(sport)
     agent.set_rate_law("none", key)
@@ -410,21 +448,41 @@ def measure_udp_pacing(pair: NetnsPair, agent: AgentProcess, rate_bps: int,
     }
 
 
-def measure_tcp_pacing(pair: NetnsPair, agent: AgentProcess, rate_bps: int,
-                       duration_s: float = 4.0, cport: int = 40000) -> dict[str, float]:
+def measure_tcp_pacing(
+    pair: NetnsPair, agent: AgentProcess, rate_bps: int, duration_s: float = 4.0, cport: int = 40000
+) -> dict[str, float]:
     """iperf3 goodput of a TCP flow capped at `rate_bps` (sock_ops SO_MAX_PACING_RATE)."""
     port = 5201 + cport % 1000
     key = (pair.ip_a, pair.ip_b, 6, cport, port)
     agent.set_cap(key, rate_bps)
     server = subprocess.Popen(
         ["ip", "netns", "exec", pair.b, "iperf3", "-s", "-1", "-p", str(port), "-B", pair.ip_b],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         time.sleep(0.5)
         out = sh(
-            ["ip", "netns", "exec", pair.a, "iperf3", "-c", pair.ip_b, "-p", str(port),
-             "--cport", str(cport), "-B", pair.ip_a, "-t", str(duration_s), "-O", "1", "-J"]
+            [
+                "ip",
+                "netns",
+                "exec",
+                pair.a,
+                "iperf3",
+                "-c",
+                pair.ip_b,
+                "-p",
+                str(port),
+                "--cport",
+                str(cport),
+                "-B",
+                pair.ip_a,
+                "-t",
+                str(duration_s),
+                "-O",
+                "1",
+                "-J",
+            ]
         ).stdout
     finally:
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -444,8 +502,14 @@ def measure_tcp_pacing(pair: NetnsPair, agent: AgentProcess, rate_bps: int,
     }
 
 
-def hold_latency_ms(rx: Reception, change_ns: int, new_rate_bps: int, window: int = 10,
-                    tolerance: float = 0.10, hold_bins: int = 60) -> float | None:
+def hold_latency_ms(
+    rx: Reception,
+    change_ns: int,
+    new_rate_bps: int,
+    window: int = 10,
+    tolerance: float = 0.10,
+    hold_bins: int = 60,
+) -> float | None:
     """First bin (ms after the change) from which every `window`-bin mean, for `hold_bins`
     bins, is within `tolerance` of the new rate."""
     b0 = change_ns // BIN_NS
@@ -465,9 +529,15 @@ def hold_latency_ms(rx: Reception, change_ns: int, new_rate_bps: int, window: in
     return None
 
 
-def measure_rate_change(pair: NetnsPair, agent: AgentProcess, before_bps: int,
-                        after_bps: int, via: str, sport: int = 5100,
-                        map_writer: Any = None) -> dict[str, Any]:
+def measure_rate_change(
+    pair: NetnsPair,
+    agent: AgentProcess,
+    before_bps: int,
+    after_bps: int,
+    via: str,
+    sport: int = 5100,
+    map_writer: Any = None,
+) -> dict[str, Any]:
     """Change a running UDP flow's rate (via "grpc" SetRate or "map": a direct rate map write,
     picked up by the agent's sync loop) and measure when the receiver sees the new rate."""
     key = pair.udp_key(sport)

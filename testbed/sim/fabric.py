@@ -80,14 +80,16 @@ class Wire:
         self.too_big = 0
         self.frames = 0
 
-    def send(self, frame: bytes, t_ns: int) -> None:
-        """`frame` starts leaving at `t_ns`; it arrives whole after serialization + delay."""
+    def send(self, frame: bytes, t_ns: int) -> bool:
+        """`frame` starts leaving at `t_ns`; it arrives whole after serialization + delay.
+        False (counted) for a frame larger than the link's MTU: it is not sent."""
         if len(frame) > self.max_frame:
             self.too_big += 1
-            return
+            return False
         self.frames += 1
         self.loop.at(t_ns + int(len(frame) * self.ns_per_byte) + self.delay_ns,
                      self.deliver, frame)
+        return True
 
 
 class SimSwitch:
@@ -140,10 +142,10 @@ class SimSwitch:
         if wire is None:
             self.tx_unknown_port += 1  # the collector's and the CPU port: nothing listens
             return
-        st = self.ports[port]
-        st.tx_packets += 1
-        st.tx_bytes += len(data)
-        wire.send(data, self.loop.now_ns)
+        if wire.send(data, self.loop.now_ns):  # over the MTU: received, not sent (a drop)
+            st = self.ports[port]
+            st.tx_packets += 1
+            st.tx_bytes += len(data)
 
     @property
     def dropped(self) -> int:
@@ -303,13 +305,19 @@ class SimFabric:
         timeout_ns = round(float(spec.setdefault("timeout", 60.0)) * 1e9)
         sims = [self.hosts[h.name] for h in hosts]
         t0 = self.loop.now_ns + 1000
+        left = [len(sims)]
+
+        def one_done() -> None:
+            left[0] -= 1
+
         for i, h in enumerate(sims):
+            h.on_done = one_done
             tcfg = TransportConfig(local_ip=h.ip, **spec.get("transport", {}))
             core = TransportCore(tcfg, seed=int(spec.get("seed", 1)) * 7919 + i)
             job = JOBS[spec["kind"]](core, spec, i)
             h.start_job(core, job, t0)
         finished = self.loop.run(until_ns=t0 + timeout_ns,
-                                 stop=lambda: all(h.done for h in sims))
+                                 stop=lambda: left[0] == 0)
         if not finished:
             for h in sims:
                 if not h.done and h.job is not None:

@@ -107,7 +107,7 @@ class NicPort:
 
     addr: bytes
     eth: bytes
-    send: Callable[[bytes, int], None]
+    send: Callable[[bytes, int], bool]  # (frame, departure ns) -> sent? (over the MTU: not)
     busy_until: int = 0
     kick_at: int | None = None
 
@@ -133,7 +133,7 @@ class SimHost:
 
     def __init__(self, loop: EventLoop, name: str, ip: str, mac: str, gateway_mac: str,
                  line_rate_bps: float, hop_speed: HopSpeed,
-                 send: Callable[[bytes, int], None], int_source: IntSource,
+                 send: Callable[[bytes, int], bool], int_source: IntSource,
                  links: dict[tuple[int, int], str]):
         self.loop = loop
         self.name = name
@@ -152,6 +152,7 @@ class SimHost:
         self.job: Job | None = None
         self.done = True
         self.result: dict[str, Any] | None = None
+        self.on_done: Callable[[], None] = lambda: None  # the job's part is done
         # the host's NICs: the first, and more on a multi-rail host (add_nic); each sends
         # the queue pairs whose source address is its own, on its own link
         # send: (frame, departure ns) -> the NIC's link towards its switch
@@ -160,6 +161,7 @@ class SimHost:
         self.capture: Capture | None = None
         self.rate_events: list[RateEvent] | None = None
         self.rx_dropped = 0  # frames that are not for this host's transport
+        self.tx_too_big = 0
 
     # ---- control ----
 
@@ -171,7 +173,7 @@ class SimHost:
             f.rate_bps = 0
 
     def add_nic(self, ip: str, mac: str, gateway_mac: str,
-                send: Callable[[bytes, int], None]) -> NicPort:
+                send: Callable[[bytes, int], bool]) -> NicPort:
         port = NicPort(socket.inet_aton(ip), bytes.fromhex(gateway_mac.replace(":", "")) +
                        bytes.fromhex(mac.replace(":", "")) + ETH_IPV4, send)
         self.ports.append(port)
@@ -198,6 +200,7 @@ class SimHost:
         if not self.done and job.poll(now):
             self.done = True
             self.result = job.result(now)
+            self.on_done()
         for port in self.ports:
             self._request_kick(port, self.loop.now_ns)
         wake = core.next_deadline()
@@ -296,7 +299,8 @@ class SimHost:
             rate = f.rate_bps or self.line_rate_bps
             f.next_ns = max(f.next_ns, now_ns) + int(paced_len * 8e9 / rate)
         port.busy_until = now_ns + int(paced_len * self.ns_per_byte)
-        port.send(frame, now_ns)
+        if not port.send(frame, now_ns):
+            self.tx_too_big += 1  # over the link's MTU: lost, as the kernel would refuse it
 
     # ---- receiving ----
 

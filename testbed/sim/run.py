@@ -110,6 +110,7 @@ def run_sim(args: argparse.Namespace, cfg: SuiteConfig) -> int:
     suite = SimSuite(fab, cfg, say)
     if args.flows is not None:
         suite.flows_override = load_flows(args.flows, spec)
+    suite.faults = getattr(args, "fault_list", [])
     records = suite.run()
     wall = time.monotonic() - t0
     setup = {"engine": "sim", "topology": spec.name, "switch": "builtin",
@@ -118,6 +119,7 @@ def run_sim(args: argparse.Namespace, cfg: SuiteConfig) -> int:
              "base_rtt_s": suite.base_rtt_s, "tita_base_rtt_s": suite.tita_t_s,
              "link_delay_s": fab.delay_ns / 1e9, "suite": cfg.__dict__,
              "flows_file": str(args.flows) if args.flows else None,
+             "faults_file": str(args.faults) if getattr(args, "faults", None) else None,
              "controller_caps": False, "events": fab.loop.events,
              "simulated_s": fab.loop.now,
              "queue_source": "INT queue occupancy of every data packet arriving at a "
@@ -133,7 +135,7 @@ def run_sim(args: argparse.Namespace, cfg: SuiteConfig) -> int:
     print(f"base RTT {fmt_time(suite.base_rtt_s)} (simulated), TiTa's T "
           f"{fmt_time(suite.tita_t_s)}; queue: INT at the bottleneck egress port")
     print()
-    print(table(records))
+    print(table(records, scaling.link_bps))
     print()
     for line in verdict(records):
         print(line)

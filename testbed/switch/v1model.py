@@ -20,7 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from testbed.switch.codegen import DROP_PORT, Compiled, compile_program
+from testbed.switch.codegen import DROP_PORT, Compiled
+from testbed.switch.compiler import compile_program
 from testbed.switch.packet import (
     PKT_INSTANCE_TYPE_EGRESS_CLONE,
     PKT_INSTANCE_TYPE_INGRESS_CLONE,
@@ -203,6 +204,12 @@ class V1Switch:
             if c is None or S is None:
                 self.stats.drop("no_pipeline")
                 return
+            if self.tm.port_down(port):  # a link down delivers nothing
+                self.stats.drop("port_down")
+                return
+            if self.tm.corrupted(port):  # a lossy link: the MAC drops a bad frame
+                self.stats.drop("rx_error")
+                return
             p = self._new(c, len(data))
             now = self.clock.now_ns()
             p.t_ns = now if t_ns is None or t_ns > now else t_ns
@@ -331,6 +338,10 @@ class V1Switch:
         prio = sm[S.priority]
         if prio >= self.tm.nb_queues:
             self.stats.drop("bad_priority")
+            return
+        if self.tm.port_down(port):
+            self.stats.drop("port_down")
+            self.tm.ports[port].fault_drops += 1
             return
         now = p.t_ns
         found = self.tm.enqueue(port, prio, p, p.plen, now)

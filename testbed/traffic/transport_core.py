@@ -33,7 +33,14 @@ from collections import Counter, deque
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
-from controller.wire.int_md import INT_DSCP_DEFAULT, INT_TYPE_MD, looks_like_int_echo
+from controller.wire.int_md import (
+    HEADERS_LEN,
+    INT_DSCP_DEFAULT,
+    INT_TYPE_MD,
+    SHIM_LEN,
+    looks_like_int_echo,
+    shim_total_len,
+)
 from controller.wire.roce import (
     AETH_ACK,
     AETH_LEN,
@@ -562,11 +569,11 @@ class TransportCore:
         off = ihl + 8
         int_bytes = None
         if self.cfg.int_dscp is not None and tos >> 2 == self.cfg.int_dscp:
-            if end - off < 4 or pkt[off] >> 4 != INT_TYPE_MD:
+            if end - off < SHIM_LEN or pkt[off] >> 4 != INT_TYPE_MD:
                 drops["bad_int"] += 1
                 return
-            int_len = 4 + 4 * pkt[off + 1]
-            if off + int_len > end or int_len < 16:
+            int_len = shim_total_len(pkt[off + 1])
+            if off + int_len > end or int_len < HEADERS_LEN:
                 drops["bad_int"] += 1
                 return
             int_bytes = bytes(pkt[off : off + int_len])

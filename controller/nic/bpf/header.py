@@ -12,7 +12,8 @@ import re
 from pathlib import Path
 
 EBPF_DIR = Path(__file__).resolve().parents[3] / "ebpf"
-HEADER = EBPF_DIR / "xingmai.h"
+HEADER = EBPF_DIR / "xingmai.h"  # constants, enums and structs shared with Python
+MAPS_HEADER = EBPF_DIR / "lib" / "maps.h"  # the map declarations
 
 _INT = r"(?:0[xX][0-9a-fA-F]+|\d+)[uUlL]*"
 _TERM = rf"(?:{_INT}|XM_\w+)"
@@ -32,11 +33,19 @@ def _text(path: Path = HEADER) -> str:
     return path.read_text()
 
 
-def defines(path: Path = HEADER) -> dict[str, int]:
-    """Every integer `#define XM_*` of the header."""
+def headers() -> list[Path]:
+    """xingmai.h and every ebpf/lib/*.h: where the NIC's constants are declared."""
+    return [HEADER, *sorted((EBPF_DIR / "lib").glob("*.h"))]
+
+
+def defines(paths: list[Path] | None = None) -> dict[str, int]:
+    """Every integer `#define XM_*` of the NIC's headers (a name defined twice is an error)."""
     out: dict[str, int] = {}
-    for name, value, shift in _DEFINE.findall(_text(path)):
-        out[name] = _int(value, out) << (_int(shift, out) if shift else 0)
+    for path in paths if paths is not None else headers():
+        for name, value, shift in _DEFINE.findall(_text(path)):
+            if name in out:
+                raise ValueError(f"{name} is defined twice in the NIC's headers ({path})")
+            out[name] = _int(value, out) << (_int(shift, out) if shift else 0)
     return out
 
 
@@ -60,7 +69,7 @@ def enum(name: str, path: Path = HEADER) -> dict[str, int]:
     return out
 
 
-def pinned_maps(path: Path = HEADER) -> tuple[str, ...]:
+def pinned_maps(path: Path = MAPS_HEADER) -> tuple[str, ...]:
     """Names of the maps the header declares, in declaration order."""
     return tuple(
         re.findall(r"BPF_TABLE_PINNED\(\s*\"\w+\"\s*,[^;]*?,\s*(xm_\w+)\s*,", _text(path), re.S)

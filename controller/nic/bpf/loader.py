@@ -11,6 +11,7 @@ import ctypes
 import dataclasses
 import logging
 import os
+import re
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -89,15 +90,35 @@ def counter_names() -> list[str]:
     return [n.removeprefix("XM_CNT_").lower() for n in names if n != "XM_CNT_MAX"]
 
 
+_LOCAL_INCLUDE = re.compile(r'^#include "([^"]+)"\s*$')
+
+
+def expand_includes(path: Path, seen: set[Path] | None = None) -> str:
+    """`path`'s text with each `#include "..."` of ebpf/ replaced by that file's text, once per
+    file, with #line directives so compiler messages name the real file and line."""
+    seen = set() if seen is None else seen
+    seen.add(path)
+    name = path.relative_to(EBPF_DIR)
+    out = [f'#line 1 "{name}"']
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        m = _LOCAL_INCLUDE.match(line)
+        if m is None:
+            out.append(line)
+            continue
+        inc = EBPF_DIR / m.group(1)
+        if not inc.is_file():
+            raise BpfSetupError(f'{name}:{n}: #include "{m.group(1)}" is not a file of {EBPF_DIR}')
+        if inc not in seen:
+            out.append(expand_includes(inc, seen))
+        out.append(f'#line {n + 1} "{name}"')
+    return "\n".join(out) + "\n"
+
+
 def program_text(spec: ProgramSpec, pin_dir: Path) -> str:
-    """The header's text, then the program's: bcc only rewrites map accesses in the file it
-    compiles, so the shared helpers must be part of it (the include guard turns the program's
-    own #include into a no-op)."""
-    return (
-        f'#define XM_PIN_DIR "{pin_dir}"\n'
-        f'#line 1 "{HEADER.name}"\n{HEADER.read_text()}\n'
-        f'#line 1 "{spec.source}"\n{(EBPF_DIR / spec.source).read_text()}'
-    )
+    """The program with the project's headers (xingmai.h, lib/*.h) expanded in place: bcc only
+    rewrites map accesses in the file it compiles, so the helpers that use maps must be part
+    of its text."""
+    return f'#define XM_PIN_DIR "{pin_dir}"\n' + expand_includes(EBPF_DIR / spec.source)
 
 
 # ---- flow keys ------------------------------------------------------------------------------

@@ -147,7 +147,11 @@ def map_info(fd: int) -> MapInfo:
     attr = _InfoAttr(bpf_fd=fd, info_len=ctypes.sizeof(info), info=ctypes.addressof(info))
     _bpf(BPF_OBJ_GET_INFO_BY_FD, attr)
     return MapInfo(
-        info.type, info.id, info.key_size, info.value_size, info.max_entries,
+        info.type,
+        info.id,
+        info.key_size,
+        info.value_size,
+        info.max_entries,
         info.name.decode(errors="replace"),
     )
 

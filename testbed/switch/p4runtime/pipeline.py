@@ -68,7 +68,7 @@ class Pipeline:
 
     @staticmethod
     def verify(info: p4i.P4Info, device_config: bytes) -> None:
-        from testbed.switch.codegen import compile_program
+        from testbed.switch.compiler import compile_program
         from testbed.switch.program import Program
         try:
             compiled = compile_program(Program(json.loads(device_config)), lambda: 0)
