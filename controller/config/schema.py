@@ -56,6 +56,7 @@ class ControllerSection:
     name: str = "xingmai-controller"
     grpc_addr: str = "127.0.0.1:50100"
     metrics_addr: str | None = None
+    web_addr: str | None = None  # the fabric page (controller.web); no authentication
     election_id: int = 10
     tls: TlsConfig | None = None  # the Controller gRPC listener (clients must present a cert)
     p4runtime_tls: TlsConfig | None = None  # our client side towards the switches

@@ -7,7 +7,8 @@ and the project's own commands:
     policy [LAW]                 show or set every host's rate law (through the controller)
     scenario NAME                one scenario with the current law, summarised (incast,
                                  allreduce, alltoall, twojob, websearch)
-    status                       the controller's view: switches, agents, slow loop
+    status                       the controller's view: switches, agents, slow loop, and
+                                 where the fabric page and Prometheus are
     fault link SW:PORT down|up|loss 1%|rate 25%|delay 2ms    inject or remove a link fault
     fault switch SW kill|slow [5ms]|up                      a switch fault
     suspects                     the controller's ranked suspects, with their evidence
@@ -199,6 +200,11 @@ class TestbedCLI(CLI):  # type: ignore[misc]
         for s in stub.ListSwitches(pb.ListSwitchesRequest(), timeout=3).switches:
             print(f"  {s.name:<8} {s.grpc_addr:<22} connected={s.connected} "
                   f"programmed={s.programmed} queues_set={s.queues_set} {s.last_error}")
+        if self.tb.web_url:
+            print(f"fabric page: {self.tb.web_url}")
+        if self.tb.prometheus is not None:
+            print(f"prometheus:  {self.tb.prometheus.url}/ (targets: "
+                  f"{self.tb.prometheus.url}/targets)")
 
     def do_EOF(self, line: str) -> bool:  # noqa: N802 - cmd's name
         print()
