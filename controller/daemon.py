@@ -57,6 +57,7 @@ class Daemon:
         self._udp: asyncio.DatagramTransport | None = None
         self._server: Any = None
         self._metrics: Any = None
+        self.web: Any = None
 
     def healthy(self) -> bool:
         return all(s.health.connected and (s.health.programmed or not s.health.primary)
@@ -73,13 +74,19 @@ class Daemon:
         self._server = await self._start_grpc(c.grpc_addr, c.tls)
         if c.metrics_addr:
             self._metrics = self._start_metrics(c.metrics_addr)
+        if c.web_addr:
+            from controller.web import WebServer
+
+            self.web = WebServer(self)
+            await self.web.start(c.web_addr)
         for s in self.sessions.values():
             s.start()
         self._tasks.append(asyncio.create_task(self.slowloop.run(), name="slowloop"))
         self._tasks.append(asyncio.create_task(self.operations.run(), name="operations"))
         log.info("controller up", extra={
             "grpc": c.grpc_addr, "collector": col.bind,
-            "metrics": c.metrics_addr or "", "switches": len(self.sessions),
+            "metrics": c.metrics_addr or "", "web": c.web_addr or "",
+            "switches": len(self.sessions),
             "agents": len(self.agents), "election_id": c.election_id})
 
     async def _start_grpc(self, addr: str, tls: Any) -> Any:
@@ -133,6 +140,8 @@ class Daemon:
             self._udp.close()
         if self._metrics is not None:
             self._metrics.shutdown()
+        if self.web is not None:
+            await self.web.stop()
         log.info("controller stopped")
 
     async def reload(self) -> None:
@@ -289,6 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="override controller.election_id (lower than the primary's: backup)")
     ap.add_argument("--grpc-addr", help="override controller.grpc_addr")
     ap.add_argument("--metrics-addr", help="override controller.metrics_addr")
+    ap.add_argument("--web-addr", help="override controller.web_addr (the fabric page)")
     ap.add_argument("--collector-listen", help="override int.collector.listen")
     ap.add_argument("-L", "--log-level", choices=["trace", "debug", "info", "warn", "error"],
                     help="override controller.log_level")
@@ -307,7 +317,7 @@ def apply_overrides(cfg: Config, args: argparse.Namespace) -> Config:
         if args.election_id < 1:
             raise ConfigError("--election-id: must be at least 1")
         changes["election_id"] = args.election_id
-    for key in ("grpc_addr", "metrics_addr", "log_level", "log_file"):
+    for key in ("grpc_addr", "metrics_addr", "web_addr", "log_level", "log_file"):
         v = getattr(args, key)
         if v is not None:
             changes[key] = v

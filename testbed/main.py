@@ -4,6 +4,7 @@
     xingmai-testbed run --engine sim --scale 1   # the same on the simulated twin, at 400G
     xingmai-testbed compare RUN_DIR RUN_DIR...   # runs side by side, with ratios
     xingmai-testbed sweep --param incast_bytes=1e5,4e5 --seeds 1,2,3   # twin runs on Dask
+    xingmai-testbed replay RUN_DIR   # name the fault behind a slow job: replays in the twin
     xingmai-testbed cli      # the same network with Mininet's CLI and project commands
     xingmai-testbed doctor   # what this machine has and lacks
     xingmai-testbed topo leafspine:2,2,4 --dump   # a topology as YAML
@@ -56,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", required=True)
     run = sub.add_parser("run", help="the scenario suite, once per scheme; table, plots, JSON")
     _common(run)
-    run.add_argument("--schemes", default="none,dcqcn,tita")
+    run.add_argument("--schemes", default="none,dcqcn,tita",
+                     help="comma-separated, of none,dcqcn,tita,hpcc,timely,swift")
     run.add_argument("--scenarios", default=None,
                      help="comma-separated (default: all of them, testbed.scenarios.SCENARIOS)")
     run.add_argument("--quick", action="store_true", help="a shorter suite")
@@ -74,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     from testbed.sim.sweep import build_parser as sweep_parser
 
     sweep_parser(sub)
+    from testbed.replay import build_parser as replay_parser
+
+    replay_parser(sub)
     compare = sub.add_parser("compare", help="two or more runs side by side, with ratios")
     compare.add_argument("runs", nargs="+", type=Path, help="run dirs (or results.json files)")
     compare.add_argument("--median", action="store_true",
@@ -193,6 +198,12 @@ def cmd_cli(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_replay(args: argparse.Namespace) -> int:
+    from testbed.replay import main
+
+    return main(args)
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     from testbed.report import compare
 
@@ -234,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
         from testbed.collective.cli import COMMANDS
 
         return {"run": cmd_run, "cli": cmd_cli, "doctor": cmd_doctor, "topo": cmd_topo,
-                "compare": cmd_compare, "sweep": cmd_sweep, **COMMANDS}[args.cmd](args)
+                "compare": cmd_compare, "sweep": cmd_sweep, "replay": cmd_replay,
+                **COMMANDS}[args.cmd](args)
     except ValueError as exc:  # testbed.topo.TopologyError and bad options
         print(f"xingmai-testbed: {exc}", file=sys.stderr)
         return 2

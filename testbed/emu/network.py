@@ -48,6 +48,8 @@ from testbed import faults
 from testbed.ctlconfig import ControllerSetup, Ecn, SwitchAccess, controller_config
 from testbed.emu.nodes import REPO, FabricHost, P4Switch, SwitchRuntime, choose_switch
 from testbed.emu.procs import Component, ComponentError, wait_all
+from testbed.emu.prometheus import Prometheus, Target
+from testbed.emu.prometheus import binary as prometheus_binary
 from testbed.model import Scaling
 from testbed.topo import COLLECTOR_NODE, FabricSpec, FabricTopo
 from testbed.traffic.netns import Host
@@ -57,7 +59,7 @@ BMV2_JSON = REPO / "p4src" / "build" / "xingmai.json"
 AGENT_RUN_ROOT = Path("/run/xingmai/agents")
 AGENT_BPFFS_ROOT = Path("/run/xingmai/bpffs")
 LOCK_FILE = Path("/run/xingmai/testbed.lock")
-RATE_LAWS = ("none", "dcqcn", "tita")
+RATE_LAWS = ("none", "dcqcn", "tita", "hpcc", "timely", "swift")
 
 
 class TestbedError(RuntimeError):
@@ -82,6 +84,8 @@ class TestbedOptions:
     # Their priority keeps such stalls short on a busy machine.
     switch_nice: int = -10
     boot_timeout_s: float = 180.0
+    # a Prometheus server scraping every daemon, and the controller's fabric page (loopback)
+    monitoring: bool = True
     progress: Callable[[str], None] | None = None
 
 
@@ -122,6 +126,7 @@ class AgentHandle:
     host: str
     name: str
     component: Component
+    metrics_addr: str  # Prometheus, on loopback of the root namespace
 
     @property
     def socket(self) -> Path:
@@ -156,6 +161,9 @@ class Testbed:
         self.agents: dict[str, AgentHandle] = {}
         self.controller: Component | None = None
         self.controller_addr = ""
+        self.controller_metrics_addr = ""
+        self.web_url = ""  # the controller's fabric page
+        self.prometheus: Prometheus | None = None
         self.config_path = self.run_dir / "controller.yaml"
         self._channels: list[grpc.Channel] = []
         self._t0 = time.monotonic()
@@ -257,6 +265,8 @@ class Testbed:
         self.say("agents healthy")
         self._wait_agents_reached(60)
         self.say("controller reaches every agent: the fabric is up")
+        if o.monitoring:
+            self._start_prometheus()
 
     def _switch_of(self, c: Component) -> P4Switch:
         return next(s for s in self.switches() if s.component is c)
@@ -268,18 +278,19 @@ class Testbed:
         for h in self.spec.hosts:
             node = self._node(h.name)
             name = f"{self.prefix}-{h.name}"
+            metrics = f"127.0.0.1:{_free_tcp_port()}"
             argv = [sys.executable, "-m", "controller.nic.agent.main", "--name", name,
                     "--netns", node.netns_path, "--line-rate", str(int(s.nic_bps)),
                     "--rate-law", self.opts.rate_law, "--mtu", str(s.link_mtu),
                     # TiTa's T: the model's base RTT, dilated like every time of the model
                     "--base-rtt", f"{round(s.base_rtt_s * 1e9)}ns",
                     "--no-sockops", "--sync-interval", self.opts.agent_sync,
-                    "--idle-timeout", "10"]
+                    "--idle-timeout", "10", "--metrics-addr", metrics]
             for i in range(len(h.nics)):
                 argv += ["--interface", h.ifname(i)]
             comp = Component(f"agent {h.name}", argv, self.run_dir / "logs" / f"agent-{h.name}.log",
                              cwd=REPO)
-            self.agents[h.name] = AgentHandle(h.name, name, comp)
+            self.agents[h.name] = AgentHandle(h.name, name, comp, metrics)
 
     def _agent_healthy(self, c: Component) -> bool:
         from controller.proto import agent_pb2
@@ -305,6 +316,11 @@ class Testbed:
     def _start_controller(self) -> None:
         port = _free_tcp_port()
         self.controller_addr = f"127.0.0.1:{port}"
+        web_addr = None
+        if self.opts.monitoring:
+            self.controller_metrics_addr = f"127.0.0.1:{_free_tcp_port()}"
+            web_addr = f"127.0.0.1:{_free_tcp_port()}"
+            self.web_url = f"http://{web_addr}/"
         access = {s.name: SwitchAccess(s.grpc_addr, s.kind, s.thrift_port)
                   for s in self.switches()}
         agents = {h: a.target for h, a in self.agents.items()}
@@ -312,7 +328,9 @@ class Testbed:
                                 collector_netns=self.collector_netns,
                                 log_file="", rate_law=self.opts.rate_law,
                                 law_params=self.opts.law_params, ecn=self.opts.ecn,
-                                caps=self.opts.controller_caps)
+                                caps=self.opts.controller_caps,
+                                metrics_addr=self.controller_metrics_addr or None,
+                                web_addr=web_addr)
         doc = controller_config(self.spec, self.scaling, access, agents, setup,
                                 str(P4INFO), str(BMV2_JSON))
         doc["controller"].pop("log_file")  # the log is the process's output
@@ -321,6 +339,38 @@ class Testbed:
             "controller", [sys.executable, "-m", "controller.daemon", "--config",
                            str(self.config_path)], self.run_dir / "logs" / "controller.log",
             cwd=REPO)
+
+    # ---- monitoring -----------------------------------------------------------------------
+
+    def scrape_targets(self) -> list[Target]:
+        """Every daemon's metrics endpoint: the controller, each switch that has one (the
+        built-in switch; bmv2 has none), each agent."""
+        out = [Target("controller", self.controller_metrics_addr, {"node": "controller"})]
+        out += [Target("switch", s.metrics_addr, {"node": s.name})
+                for s in self.switches() if s.metrics_addr]
+        out += [Target("agent", a.metrics_addr, {"node": h}) for h, a in self.agents.items()]
+        return out
+
+    def _start_prometheus(self) -> None:
+        if prometheus_binary() is None:
+            self.say("prometheus is not installed (make install): no metrics server; fabric "
+                     f"page {self.web_url}")
+            return
+        prom = Prometheus(self.run_dir, self.scrape_targets(),
+                          f"127.0.0.1:{_free_tcp_port()}")
+        self.prometheus = prom
+        prom.start()
+        prom.wait_ready(60)
+        assert prom.component is not None
+        try:
+            prom.component.wait_until(prom.all_up, 30, "scraping every daemon", poll=0.5)
+        except ComponentError:
+            down = [f"{t['job']} {t['node']} ({t['error']})" for t in prom.targets()
+                    if t["health"] != "up"]
+            raise ComponentError("prometheus", f"targets not up: {', '.join(down)}",
+                                 prom.component.log) from None
+        self.say(f"prometheus {prom.url}/ scraping {len(prom.targets_wanted)} daemons; "
+                 f"fabric page {self.web_url}")
 
     def controller_stub(self) -> Any:
         from controller.proto import controller_pb2_grpc
@@ -511,6 +561,8 @@ class Testbed:
         for ch in self._channels:
             ch.close()
         errors: list[str] = []
+        if self.prometheus is not None:
+            self.prometheus.stop()  # first: the daemons it scrapes are going away
         for a in self.agents.values():
             rc = a.component.stop(timeout=15)
             if rc not in (0, None):
@@ -577,6 +629,8 @@ class Testbed:
         out = list(self._teardown_left)
         comps = [a.component for a in self.agents.values()]
         comps += [c for c in [self.controller] if c is not None]
+        if self.prometheus is not None and self.prometheus.component is not None:
+            comps.append(self.prometheus.component)
         comps += [s.component for s in (self.switches() if self.net else []) if s.component]
         out += [f"process {c.name} (pid {c.pid})" for c in comps if c.alive()]
         if self.net is not None:

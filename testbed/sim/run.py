@@ -24,7 +24,7 @@ from testbed.model import Scaling
 from testbed.scenarios import RunRecord, SuiteConfig, fmt_time
 from testbed.sim.fabric import SimFabric
 from testbed.sim.suite import SimSuite
-from testbed.topo import FabricSpec, parse_choice
+from testbed.topo import FabricSpec, dump, parse_choice
 from testbed.traffic.generators import Flow
 
 REPO = Path(__file__).resolve().parents[2]
@@ -98,6 +98,7 @@ def run_sim(args: argparse.Namespace, cfg: SuiteConfig) -> int:
     scaling = Scaling(scale=args.scale, max_hops=spec.longest_path_switches())
     run_dir = args.run_dir or new_run_dir(REPO / "runs")
     run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "topology.yaml").write_text(dump(spec))  # as the emulation does (replay reads it)
 
     def say(line: str) -> None:
         print(f"[{time.monotonic() - t0:6.1f}s] {line}", file=sys.stderr, flush=True)
