@@ -169,10 +169,8 @@ class Localizer:
         self._dead_links = dead
         for element, (kind, score, ev) in found.items():
             s = self.suspects.get(element)
-            if s is None or s.kind != kind:
-                first = self.named[element].first_named if element in self.named and \
-                    self.named[element].kind == kind else now
-                s = Suspect(element, kind, score, ev, first, now)
+            if s is None or s.kind != kind:  # named (again, after it cleared): from now
+                s = Suspect(element, kind, score, ev, now, now)
                 self.suspects[element] = s
                 self.named[element] = s
                 log.warning("suspect named", extra={"element": element, "kind": kind,

@@ -57,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", required=True)
     run = sub.add_parser("run", help="the scenario suite, once per scheme; table, plots, JSON")
     _common(run)
-    run.add_argument("--schemes", default="none,dcqcn,tita")
+    run.add_argument("--schemes", default="none,dcqcn,tita",
+                     help="comma-separated, of none,dcqcn,tita,hpcc,timely,swift")
     run.add_argument("--scenarios", default=None,
                      help="comma-separated (default: all of them, testbed.scenarios.SCENARIOS)")
     run.add_argument("--quick", action="store_true", help="a shorter suite")

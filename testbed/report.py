@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.bench import machine_description
-from testbed.scenarios import RunRecord
+from testbed.scenarios import SCHEMES, RunRecord
 
 
 def _f(v: float | None, fmt: str, dash: str = "-") -> str:
@@ -59,7 +59,7 @@ def table(records: list[RunRecord], link_bps: float | None = None) -> str:
 
 
 _ORDER = {"incast": 0, "allreduce": 1, "alltoall": 2, "twojob": 3, "websearch": 4,
-          "none": 0, "dcqcn": 1, "tita": 2}
+          **{scheme: i for i, scheme in enumerate(SCHEMES)}}
 
 
 def _order(name: str) -> int:

@@ -98,6 +98,9 @@ def test_lossy_link_is_named_within_the_window_and_cleared_after() -> None:
     assert "spine1:1 received" in s.evidence and f.loc.dead_links() == set()  # not dead
     f.loss.clear()
     assert f.run(8) == []  # the window moves past the loss, the hold runs out
+    f.loss[("spine1", 1)] = 0.01  # the same fault again: named again, first named anew
+    f.run(3)
+    assert f.loc.ranked()[0].first_named > named_at + 8
 
 
 def test_down_port_and_dead_switch_give_dead_links() -> None:

@@ -6,7 +6,6 @@ the controller's fabric page answers; the server goes away with the testbed."""
 from __future__ import annotations
 
 import json
-import os
 import urllib.request
 from pathlib import Path
 
@@ -21,7 +20,6 @@ from tests.test_grafana_dashboard import queries
 pytestmark = [
     pytest.mark.root,
     pytest.mark.slow,
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (namespaces, veths, eBPF)"),
     pytest.mark.skipif(not (P4INFO.exists() and BMV2_JSON.exists()),
                        reason="p4src/build is missing (make p4)"),
     pytest.mark.skipif(binary() is None, reason="prometheus is not installed (make install)"),

@@ -4,7 +4,7 @@ and the project's own commands:
     flows [HOST]                 flows of the hosts' NICs: rate, who set it, CC state
     int HOST                     the INT stack of the last INT packet that reached HOST
     queue SWITCH[:PORT] [RATE]   show a switch's queues, or set a port's drain rate (e.g. 5M)
-    policy [none|dcqcn|tita]     show or set every host's rate law (through the controller)
+    policy [LAW]                 show or set every host's rate law (through the controller)
     scenario NAME                one scenario with the current law, summarised (incast,
                                  allreduce, alltoall, twojob, websearch)
     status                       the controller's view: switches, agents, slow loop, and
@@ -62,7 +62,7 @@ class TestbedCLI(CLI):  # type: ignore[misc]
         from controller.proto import agent_pb2
 
         hosts = line.split() or list(self.tb.agents)
-        law_names = {0: "?", 1: "none", 2: "tita", 3: "dcqcn"}
+        law_names = {0: "?", 1: "none", 2: "tita", 3: "dcqcn", 4: "hpcc", 5: "timely", 6: "swift"}
         print(f"{'host':<5} {'flow':<40} {'rate':>12} {'by':<6} {'law':<6} {'U':>5} "
               f"{'tx MB':>8} {'idle s':>7}")
         for h in hosts:
@@ -156,7 +156,7 @@ class TestbedCLI(CLI):  # type: ignore[misc]
                   f"{q.occupancy_bytes:>8} {q.max_occupancy_bytes:>8} {q.dropped:>8}")
 
     def do_policy(self, line: str) -> None:
-        """policy [none|dcqcn|tita]: show or set every host's rate law (via the controller)."""
+        """policy [LAW]: show or set every host's rate law (via the controller)."""
         from controller.proto import controller_pb2 as pb
 
         law = line.strip()

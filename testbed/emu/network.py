@@ -59,7 +59,7 @@ BMV2_JSON = REPO / "p4src" / "build" / "xingmai.json"
 AGENT_RUN_ROOT = Path("/run/xingmai/agents")
 AGENT_BPFFS_ROOT = Path("/run/xingmai/bpffs")
 LOCK_FILE = Path("/run/xingmai/testbed.lock")
-RATE_LAWS = ("none", "dcqcn", "tita")
+RATE_LAWS = ("none", "dcqcn", "tita", "hpcc", "timely", "swift")
 
 
 class TestbedError(RuntimeError):

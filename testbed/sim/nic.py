@@ -19,10 +19,18 @@ from __future__ import annotations
 import socket
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from controller.nic.ratelaw import CcParams, HopSpeed, Law, ReferenceNic
+from controller.nic.ratelaw import (
+    RTT_LAWS,
+    CcParams,
+    HopSpeed,
+    Law,
+    ReferenceNic,
+    RttProbe,
+    tc_rtt_probe,
+)
 from controller.wire.int_md import hop_ml_words
 from controller.wire.roce import ROCE_UDP_PORT
 from testbed.probes import Capture, RateEvent, record_int_frame
@@ -112,6 +120,7 @@ class FlowTx:
     snd_nxt_psn: int | None = None
     next_ns: int = 0
     rate_bps: int = 0  # 0: the NIC's line rate (no rate set)
+    probe: RttProbe = field(default_factory=RttProbe)  # tc's RTT probe (TIMELY, Swift)
 
 
 def flow_key(saddr: bytes, daddr: bytes, sport: int) -> tuple[int, int, int, int, int]:
@@ -277,10 +286,13 @@ class SimHost:
         key = flow_key(pkt[12:16], pkt[16:20], sport)
         data = opcode <= OP_DATA_MAX
         psn = int.from_bytes(pkt[37:40], "big")  # BTH after IPv4 (20) and UDP (8)
+        f = self._flow(key)
+        # tc's RTT probe: the departure is now (the pacer sends at the EDT time)
+        if data and self.nic.params.law in RTT_LAWS:
+            tc_rtt_probe(f.probe, self.nic.flows.get(key), psn, now_ns)
         if data and self.int_source.enabled:
             pkt = insert_int(pkt, self.int_source) or pkt
         frame = port.eth + pkt
-        f = self._flow(key)
         f.tx_bytes += len(frame)
         if data:
             f.snd_nxt_psn = (psn + 1) & 0xFFFFFF
@@ -309,7 +321,7 @@ class SimHost:
             key = flow_key(ip[16:20], ip[12:16], int.from_bytes(ip[ihl : ihl + 2], "big"))
             f = self._flow(key)
             rate = self.nic.on_frame(frame, now_ns=now_ns, tx_bytes=f.tx_bytes,
-                                     snd_nxt_psn=f.snd_nxt_psn)
+                                     snd_nxt_psn=f.snd_nxt_psn, rtt_probe=f.probe)
             if rate is not None and rate != f.rate_bps:
                 f.rate_bps = rate
                 if self.rate_events is not None:

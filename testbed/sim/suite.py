@@ -17,7 +17,8 @@ from testbed.scenarios import SuiteBase, SuiteConfig
 from testbed.sim.fabric import SimFabric
 from testbed.sim.operations import SimOperations
 
-_LAWS = {"none": Law.NONE, "dcqcn": Law.DCQCN, "tita": Law.TITA}
+_LAWS = {"none": Law.NONE, "dcqcn": Law.DCQCN, "tita": Law.TITA, "hpcc": Law.HPCC,
+         "timely": Law.TIMELY, "swift": Law.SWIFT}
 
 
 class SimSuite(SuiteBase):

@@ -562,10 +562,15 @@ class Agent:
     def effective_params(self, base: CcParams, law: Law, overrides: dict[str, Any]) -> CcParams:
         """CcParams for `law`: the defaults for this line rate, then the given overrides."""
         o = self.opts
-        p = CcParams.defaults(law, o.line_rate_bps, base.tita.base_rtt_ns)
-        tita = replace(p.tita, **overrides.get("tita", {}))
-        dcqcn = replace(p.dcqcn, **overrides.get("dcqcn", {}))
-        p = replace(p, tita=tita, dcqcn=dcqcn)
+        # T (TitaParams.base_rtt_ns) also sets HPCC's T and Swift's target
+        tita_o = overrides.get("tita", {})
+        p = CcParams.defaults(law, o.line_rate_bps, tita_o.get("base_rtt_ns",
+                                                               base.tita.base_rtt_ns))
+        if law is Law.HPCC:  # the TitaParams message carries HPCC's own values
+            p = replace(p, hpcc=replace(p.hpcc, **tita_o))
+        else:
+            p = replace(p, tita=replace(p.tita, **tita_o))
+        p = replace(p, dcqcn=replace(p.dcqcn, **overrides.get("dcqcn", {})))
         if "min_rate_bps" in overrides:
             p = replace(p, min_rate_bps=overrides["min_rate_bps"])
         p.validate(o.line_rate_bps)

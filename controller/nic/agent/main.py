@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="interface to attach to (repeat; default: every non-loopback one)")
     ap.add_argument("--line-rate", type=parse_rate, help="emulated NIC line rate, e.g. 100M")
     ap.add_argument("--listen", help="gRPC address (default unix:///run/xingmai/agents/NAME/agent.sock)")
-    ap.add_argument("--rate-law", choices=["tita", "dcqcn", "none"], help="host rate law")
+    ap.add_argument("--rate-law", choices=[law.name.lower() for law in Law], help="host rate law")
     ap.add_argument("--base-rtt", type=parse_duration_ns, help="TiTa base RTT T, e.g. 200us")
     ap.add_argument("--int", dest="int_enabled", action=argparse.BooleanOptionalAction,
                     default=None, help="act as INT source for the transport's data packets")
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         name=name,
         interfaces=tuple(interfaces),
         line_rate_bps=parse_rate(s["line_rate"]),
-        law={"tita": Law.TITA, "dcqcn": Law.DCQCN, "none": Law.NONE}[s.get("rate_law", "tita")],
+        law=Law[str(s.get("rate_law", "tita")).upper()],
         base_rtt_ns=parse_duration_ns(s.get("base_rtt", 100_000)),
         int_enabled=bool(s.get("int_enabled", True)),
         int_dscp=int(s.get("int_dscp", 0x17)),

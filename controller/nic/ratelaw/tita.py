@@ -51,10 +51,15 @@ def tita_on_ack(
     weight: int,
     line_rate_bps: int,
     hop_speed: HopSpeed | None = None,
+    hpcc: bool = False,
 ) -> TitaOutcome:
-    """xm_tita_on_ack() after the echo parsed into `hops`."""
+    """xm_tita_on_ack() after the echo parsed into `hops`.
+
+    With `hpcc`, HPCC as published: its parameters (prm.hpcc) and U committed on every ACK
+    (MeasureInflight), R_ref and the stage once per RTT; TiTa commits U with R_ref only."""
+    tp = prm.hpcc if hpcc else prm.tita
     nh = len(hops)
-    T = prm.tita.base_rtt_ns or 1
+    T = tp.base_rtt_ns or 1
     local_dt = now_ns - cc.last_fb_ns if now_ns > cc.last_fb_ns else 0
     sent = min((tx_bytes - cc.prev_tx_bytes) & U64, 1 << 30)
     comparable = bool(cc.flags & HAVE_RECORDS) and cc.nhops == nh
@@ -94,9 +99,11 @@ def tita_on_ack(
 
     tau = min(tau, T)
     U = ((T - tau) * cc.util + tau * u_max) // T
-    eta = prm.tita.eta
-    wai = prm.tita.wai_bps * weight
-    if U >= eta or cc.inc_stage >= prm.tita.max_stage:
+    if hpcc:
+        cc.util = U
+    eta = tp.eta
+    wai = tp.wai_bps * weight
+    if U >= eta or cc.inc_stage >= tp.max_stage:
         R = cc.ref_rate_bps * eta // (U or 1) + wai
         stage = 0
     else:
