@@ -83,9 +83,13 @@ class _History:
 
 
 class Localizer:
-    def __init__(self, topo: Topology, mtu_bytes: int = 4154,
-                 thresholds: Thresholds | None = None,
-                 on_event: Callable[[str, Suspect], None] | None = None):
+    def __init__(
+        self,
+        topo: Topology,
+        mtu_bytes: int = 4154,
+        thresholds: Thresholds | None = None,
+        on_event: Callable[[str, Suspect], None] | None = None,
+    ):
         self.topo = topo
         self.mtu_bytes = mtu_bytes
         self.th = thresholds or Thresholds()
@@ -123,8 +127,10 @@ class Localizer:
 
     def ranked(self) -> list[Suspect]:
         """Suspects the last evaluation found first (then those held), by score."""
-        return sorted(self.suspects.values(), key=lambda s: (
-            s.last_named < self._now, -s.score, s.first_named, s.element))
+        return sorted(
+            self.suspects.values(),
+            key=lambda s: (s.last_named < self._now, -s.score, s.first_named, s.element),
+        )
 
     def evaluate(self, now: float) -> list[Suspect]:
         self._now = now
@@ -132,8 +138,11 @@ class Localizer:
         dead_switches = self._dead_switches(now)
         dead: set[str] = set()
         for sw, since in dead_switches.items():
-            found[f"switch {sw}"] = ("switch-unreachable", 1.0,
-                                     f"no answer from {sw} for {now - since:.2f} s")
+            found[f"switch {sw}"] = (
+                "switch-unreachable",
+                1.0,
+                f"no answer from {sw} for {now - since:.2f} s",
+            )
             for _nb, port in self.topo.adj.get(sw, []):
                 peer = self.topo.peer(sw, port)
                 if peer is not None:
@@ -152,10 +161,15 @@ class Localizer:
             busy = self._busy_ports(sw)
             if len(ports) >= 2 and len(ports) >= self.th.switch_share * max(1, len(busy)):
                 worst = max(e for _, e, _ in ports)
-                found.setdefault(f"switch {sw}", (
-                    "slow-switch", min(0.95, 0.4 + 0.1 * worst),
-                    f"{len(ports)} of {len(busy)} busy ports wait beyond their queues: "
-                    + "; ".join(ev for _, _, ev in sorted(ports)[:4])))
+                found.setdefault(
+                    f"switch {sw}",
+                    (
+                        "slow-switch",
+                        min(0.95, 0.4 + 0.1 * worst),
+                        f"{len(ports)} of {len(busy)} busy ports wait beyond their queues: "
+                        + "; ".join(ev for _, _, ev in sorted(ports)[:4]),
+                    ),
+                )
                 continue
             for port, excess, ev in ports:
                 peer = self.topo.peer(sw, port)
@@ -173,8 +187,15 @@ class Localizer:
                 s = Suspect(element, kind, score, ev, now, now)
                 self.suspects[element] = s
                 self.named[element] = s
-                log.warning("suspect named", extra={"element": element, "kind": kind,
-                                                    "score": round(score, 3), "evidence": ev})
+                log.warning(
+                    "suspect named",
+                    extra={
+                        "element": element,
+                        "kind": kind,
+                        "score": round(score, 3),
+                        "evidence": ev,
+                    },
+                )
                 self.on_event("named", s)
             s.score, s.evidence, s.last_named = score, ev, now
         for element in list(self.suspects):
@@ -195,8 +216,11 @@ class Localizer:
                 continue  # never seen: not up yet (a start), not a failure
             if since is not None and now - since >= self.th.dead_after_s:
                 out[sw] = since
-            elif since is None and h.last_seen is not None and \
-                    now - h.last_seen >= max(self.th.dead_after_s, self.th.window_s):
+            elif (
+                since is None
+                and h.last_seen is not None
+                and now - h.last_seen >= max(self.th.dead_after_s, self.th.window_s)
+            ):
                 out[sw] = h.last_seen  # answered before, silent since
         return out
 
@@ -251,8 +275,10 @@ class Localizer:
                     continue
                 peer = self.topo.peer(sw, port)
                 lid = link_id(f"{sw}:{port}", str(peer)) if peer is not None else f"{sw}:{port}"
-                ev = (f"{sw}:{port} received {errors} corrupted frames of {errors + good} in "
-                      f"{last.t - first.t:.1f} s ({loss * 100:.2f} %)")
+                ev = (
+                    f"{sw}:{port} received {errors} corrupted frames of {errors + good} in "
+                    f"{last.t - first.t:.1f} s ({loss * 100:.2f} %)"
+                )
                 if lid not in out or out[lid][0] < loss:
                     out[lid] = (loss, ev)
         return out
@@ -269,13 +295,15 @@ class Localizer:
             p0 = w[0].ports.get(port)
             if p0 is None:
                 continue
-            out[port] = (p1.departures - p0.departures, p1.wait_ns - p0.wait_ns,
-                         p1.expected_wait_ns - p0.expected_wait_ns)
+            out[port] = (
+                p1.departures - p0.departures,
+                p1.wait_ns - p0.wait_ns,
+                p1.expected_wait_ns - p0.expected_wait_ns,
+            )
         return out
 
     def _busy_ports(self, sw: str) -> list[int]:
-        return [p for p, (d, _, _) in self._port_deltas(sw).items()
-                if d >= self.th.min_departures]
+        return [p for p, (d, _, _) in self._port_deltas(sw).items() if d >= self.th.min_departures]
 
     def _slow_ports(self) -> dict[tuple[str, int], tuple[float, str]]:
         out = {}
@@ -286,7 +314,11 @@ class Localizer:
                 frame = self._frame_ns(sw, port)
                 excess = (wait - expected) / deps / frame  # frame times per departure
                 if excess >= self.th.excess_frames and wait >= self.th.wait_ratio * expected:
-                    out[(sw, port)] = (excess, (
-                        f"{sw}:{port}: {deps} frames waited {wait / deps / 1e6:.2f} ms on "
-                        f"average, their queue explains {expected / deps / 1e6:.2f} ms"))
+                    out[(sw, port)] = (
+                        excess,
+                        (
+                            f"{sw}:{port}: {deps} frames waited {wait / deps / 1e6:.2f} ms on "
+                            f"average, their queue explains {expected / deps / 1e6:.2f} ms"
+                        ),
+                    )
         return out

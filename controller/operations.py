@@ -36,8 +36,7 @@ class Operations:
     def __init__(self, daemon: Daemon, poll_s: float = POLL_S):
         self.d = daemon
         self.poll_s = poll_s
-        self.loc = Localizer(daemon.topo, daemon.cfg.model.mean_packet_bytes,
-                             on_event=self._event)
+        self.loc = Localizer(daemon.topo, daemon.cfg.model.mean_packet_bytes, on_event=self._event)
         self.dead: frozenset[str] = frozenset()
         self.failovers = 0
         self.failover_writes_s: list[float] = []  # how long each fail-over's writes took
@@ -50,9 +49,16 @@ class Operations:
         return t + self._unix_offset
 
     def _event(self, what: str, s: Suspect) -> None:
-        self._log_event({"event": what, "element": s.element, "kind": s.kind,
-                         "score": round(s.score, 3), "t": round(self.unix(s.last_named), 3),
-                         "evidence": s.evidence})
+        self._log_event(
+            {
+                "event": what,
+                "element": s.element,
+                "kind": s.kind,
+                "score": round(s.score, 3),
+                "t": round(self.unix(s.last_named), 3),
+                "evidence": s.evidence,
+            }
+        )
 
     def _log_event(self, ev: dict[str, Any]) -> None:
         self.events.append(ev)
@@ -73,8 +79,9 @@ class Operations:
     async def tick(self) -> None:
         sessions = list(self.d.sessions.values())
         if self.loc.topo.cfg is not self.d.cfg:  # a reload: a new fabric to watch
-            self.loc = Localizer(self.d.topo, self.d.cfg.model.mean_packet_bytes,
-                                 on_event=self._event)
+            self.loc = Localizer(
+                self.d.topo, self.d.cfg.model.mean_packet_bytes, on_event=self._event
+            )
         results = await asyncio.gather(*(self._poll(s) for s in sessions))
         now = time.monotonic()
         for s, sample in zip(sessions, results, strict=True):
@@ -110,8 +117,11 @@ class Operations:
                     ports[p.port].update(up=not p.down, rx_errors=p.rx_errors)
             for q in qs.queues:
                 if q.port in ports:
-                    ports[q.port].update(departures=q.departures, wait_ns=q.wait_ns,
-                                         expected_wait_ns=q.expected_wait_ns)
+                    ports[q.port].update(
+                        departures=q.departures,
+                        wait_ns=q.wait_ns,
+                        expected_wait_ns=q.expected_wait_ns,
+                    )
         sw = s.switch
         if sw is None or not s.health.connected:
             return None
@@ -119,14 +129,14 @@ class Operations:
         try:
             async with asyncio.timeout(timeout):
                 for ctr, key in ((P.CTR_PORT_TX, "tx_packets"), (P.CTR_PORT_RX, "rx_packets")):
-                    async for ent in reader.read([fy.P4CounterEntry(ctr, index=p)
-                                                  for p in ports]):
+                    async for ent in reader.read([fy.P4CounterEntry(ctr, index=p) for p in ports]):
                         if ent.data is not None and ent.index in ports:
                             ports[ent.index][key] = ent.data.packet_count
         except (TimeoutError, fy.P4ClientError, grpc.RpcError):
             return None
-        return SwitchSample(s.name, time.monotonic(),
-                            {p: PortSample(p, **v) for p, v in ports.items()})
+        return SwitchSample(
+            s.name, time.monotonic(), {p: PortSample(p, **v) for p, v in ports.items()}
+        )
 
     async def _failover(self, dead: frozenset[str], sessions: list[SwitchSession]) -> None:
         t0 = time.monotonic()
@@ -143,9 +153,17 @@ class Operations:
         self.failovers += 1
         self.failover_writes_s.append(took)
         del self.failover_writes_s[:-100]
-        ev = {"event": "failover", "t": round(self.unix(t0), 3), "dead_links": sorted(dead),
-              "removed": sorted(added), "restored": sorted(removed),
-              "switches": [s.name for s in alive], "ok": all(ok), "took_s": round(took, 3)}
+        ev = {
+            "event": "failover",
+            "t": round(self.unix(t0), 3),
+            "dead_links": sorted(dead),
+            "removed": sorted(added),
+            "restored": sorted(removed),
+            "switches": [s.name for s in alive],
+            "ok": all(ok),
+            "took_s": round(took, 3),
+        }
         self._log_event(ev)
-        log.warning("fail-over: routes re-computed", extra={k: v for k, v in ev.items()
-                                                              if k != "event"})
+        log.warning(
+            "fail-over: routes re-computed", extra={k: v for k, v in ev.items() if k != "event"}
+        )

@@ -17,8 +17,9 @@ import grpc
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="xingmai-controller suspects",
-                                 description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="xingmai-controller suspects", description=__doc__.split("\n\n")[0]
+    )
     where = ap.add_mutually_exclusive_group(required=True)
     where.add_argument("--config", "-c", type=Path, help="the controller's config file")
     where.add_argument("--addr", help="the controller's gRPC address")
@@ -27,8 +28,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _line(s: Any, now: float) -> str:
-    return (f"  {s.score:4.2f}  {s.element:<26} {s.kind:<18} first named "
-            f"{now - s.first_named_unix:7.1f} s ago  {s.evidence}")
+    return (
+        f"  {s.score:4.2f}  {s.element:<26} {s.kind:<18} first named "
+        f"{now - s.first_named_unix:7.1f} s ago  {s.evidence}"
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -49,8 +52,10 @@ def main(argv: list[str]) -> int:
         try:
             resp = pb_grpc.ControllerStub(ch).GetSuspects(pb.GetSuspectsRequest(), timeout=5)
         except grpc.RpcError as exc:
-            print(f"xingmai-controller suspects: {addr}: {exc.code().name} {exc.details()}",
-                  file=sys.stderr)
+            print(
+                f"xingmai-controller suspects: {addr}: {exc.code().name} {exc.details()}",
+                file=sys.stderr,
+            )
             return 1
     now = time.time()
     print(f"suspects ({len(resp.suspects)}), ranked:" if resp.suspects else "no suspect")

@@ -41,8 +41,9 @@ REQUEST_TIMEOUT_S = 5.0
 
 
 def _dict(msg: Any) -> dict[str, Any]:
-    return MessageToDict(msg, preserving_proto_field_name=True,
-                         always_print_fields_with_no_presence=True)
+    return MessageToDict(
+        msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
 
 
 async def fabric_state(daemon: Daemon) -> dict[str, Any]:
@@ -60,11 +61,13 @@ async def fabric_state(daemon: Daemon) -> dict[str, Any]:
         "switches": _dict(await svc.ListSwitches(pb.ListSwitchesRequest(), None))["switches"],
         "status": _dict(await svc.GetStatus(pb.GetStatusRequest(), None)),
         # the localizer's current suspects, ranked, and the links failed over
-        **{k: v for k, v in _dict(await svc.GetSuspects(pb.GetSuspectsRequest(), None)).items()
-           if k in ("suspects", "dead_links")},
+        **{
+            k: v
+            for k, v in _dict(await svc.GetSuspects(pb.GetSuspectsRequest(), None)).items()
+            if k in ("suspects", "dead_links")
+        },
         # queue colours: below ECN's kmin green, at kmax and above red (the config's marking)
-        "scales": {"queue_kmin_bytes": cfg.ecn.kmin_bytes,
-                   "queue_kmax_bytes": cfg.ecn.kmax_bytes},
+        "scales": {"queue_kmin_bytes": cfg.ecn.kmin_bytes, "queue_kmax_bytes": cfg.ecn.kmax_bytes},
     }
 
 
@@ -79,8 +82,9 @@ class WebServer:
 
     async def start(self, addr: str) -> None:
         host, _, port = addr.rpartition(":")
-        self._server = await asyncio.start_server(self._serve, host or "127.0.0.1", int(port),
-                                                  limit=MAX_REQUEST_BYTES)
+        self._server = await asyncio.start_server(
+            self._serve, host or "127.0.0.1", int(port), limit=MAX_REQUEST_BYTES
+        )
 
     @property
     def port(self) -> int:
@@ -99,8 +103,11 @@ class WebServer:
             status, ctype, body = await self._answer(head)
         except (asyncio.LimitOverrunError, ValueError):
             self.errors += 1
-            status, ctype, body = ("431 Request Header Fields Too Large", "text/plain",
-                                   b"request too large\n")
+            status, ctype, body = (
+                "431 Request Header Fields Too Large",
+                "text/plain",
+                b"request too large\n",
+            )
         except (asyncio.IncompleteReadError, TimeoutError, ConnectionError):
             self.errors += 1
             writer.close()
@@ -109,7 +116,8 @@ class WebServer:
         self.requests += 1
         writer.write(
             f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
-            "Cache-Control: no-store\r\nConnection: close\r\n\r\n".encode())
+            "Cache-Control: no-store\r\nConnection: close\r\n\r\n".encode()
+        )
         if method != b"HEAD":
             writer.write(body)
         try:

@@ -52,8 +52,11 @@ class Fault:
     def describe(self) -> str:
         v = ""
         if self.value is not None:
-            v = f" {self.value * 1e3:g}ms" if self.kind in ("delay", "slow") else \
-                f" {self.value * 100:g}%"
+            v = (
+                f" {self.value * 1e3:g}ms"
+                if self.kind in ("delay", "slow")
+                else f" {self.value * 100:g}%"
+            )
         return f"{self.target} {self.kind}{v}"
 
     def to_dict(self) -> dict[str, Any]:
@@ -70,7 +73,6 @@ class PortSetting:
     loss: float | None = None
     delay_ns: int | None = None
     rate_factor: float | None = None
-
 
 
 def healthy(switch: str, port: int | None) -> PortSetting:
@@ -159,8 +161,10 @@ def parse_command(spec: FabricSpec, line: str) -> Fault:
     """`link leaf1:3 loss 1%`, `switch spine1 kill`, `nic h3 rate 50%` (the CLI's words)."""
     words = line.split()
     if len(words) not in (3, 4) or words[0] not in ("link", "switch", "nic"):
-        raise FaultError("usage: fault link SW:PORT down|up|loss P%|rate P%|delay Tms; "
-                         "fault switch SW kill|slow [Tms]|up; fault nic HOST rate P%|up")
+        raise FaultError(
+            "usage: fault link SW:PORT down|up|loss P%|rate P%|delay Tms; "
+            "fault switch SW kill|slow [Tms]|up; fault nic HOST rate P%|up"
+        )
     cls = target_class(spec, words[1])
     if cls != words[0]:
         raise FaultError(f"{words[1]} is a {cls}, not a {words[0]}")
@@ -178,14 +182,17 @@ def from_doc(spec: FabricSpec, doc: Any) -> list[Fault]:
             raise FaultError(f"faults[{i}]: expected a mapping, got {item!r}")
         unknown = set(item) - {"at", "target", "kind", "value"}
         if unknown or "target" not in item or "kind" not in item:
-            raise FaultError(f"faults[{i}]: keys are at, target, kind, value "
-                             f"(target and kind required), got {sorted(item)}")
+            raise FaultError(
+                f"faults[{i}]: keys are at, target, kind, value "
+                f"(target and kind required), got {sorted(item)}"
+            )
         at = item.get("at", 0.0)
         if isinstance(at, bool) or not isinstance(at, int | float):
             raise FaultError(f"faults[{i}].at: expected seconds, got {at!r}")
         try:
-            out.append(make(spec, str(item["target"]), str(item["kind"]), item.get("value"),
-                            float(at)))
+            out.append(
+                make(spec, str(item["target"]), str(item["kind"]), item.get("value"), float(at))
+            )
         except FaultError as exc:
             raise FaultError(f"faults[{i}]: {exc}") from None
     return sorted(out, key=lambda f: f.at)

@@ -57,8 +57,14 @@ SUSPECT_FAULTS: dict[str, list[tuple[str, str | None]]] = {
 }
 # every fault of a class, for elements drawn from the telemetry
 CLASS_FAULTS: dict[str, list[tuple[str, str | None]]] = {
-    "link": [("rate", "10%"), ("rate", "25%"), ("rate", "50%"), ("loss", "1%"),
-             ("delay", "2ms"), ("down", None)],
+    "link": [
+        ("rate", "10%"),
+        ("rate", "25%"),
+        ("rate", "50%"),
+        ("loss", "1%"),
+        ("delay", "2ms"),
+        ("down", None),
+    ],
     "switch": [("slow", "2ms"), ("slow", "5ms")],
 }
 # a link's p99 queue below three 4 KB frames is noise, not congestion: on the emulation the
@@ -90,13 +96,16 @@ class Observed:
     @staticmethod
     def of(run: dict[str, Any]) -> Observed:
         return Observed(
-            scenario=run["scenario"], scheme=run["scheme"],
+            scenario=run["scenario"],
+            scheme=run["scheme"],
             completion_s=float(run["completion_s"]),
             queue_p99={k: float(v["p99"]) for k, v in run.get("queue_by_link", {}).items()},
             retransmits=int(run.get("retransmits", 0)),
             drops_by_switch={k: int(v) for k, v in run.get("drops_by_switch", {}).items()},
-            fct_p50=run.get("fct_slowdown_p50"), fct_p99=run.get("fct_slowdown_p99"),
-            suspects=list(run.get("suspects", [])))
+            fct_p50=run.get("fct_slowdown_p50"),
+            fct_p99=run.get("fct_slowdown_p99"),
+            suspects=list(run.get("suspects", [])),
+        )
 
 
 @dataclass(frozen=True)
@@ -130,12 +139,17 @@ def load_recording(run_dir: Path) -> Recording:
 
 
 def pick_run(rec: Recording, scenario: str | None, scheme: str | None) -> dict[str, Any]:
-    runs = [r for r in rec.runs if (scenario is None or r["scenario"] == scenario)
-            and (scheme is None or r["scheme"] == scheme)]
+    runs = [
+        r
+        for r in rec.runs
+        if (scenario is None or r["scenario"] == scenario)
+        and (scheme is None or r["scheme"] == scheme)
+    ]
     if not runs:
         have = ", ".join(f"{r['scenario']}/{r['scheme']}" for r in rec.runs)
-        raise ReplayError(f"no record {scenario or '*'}/{scheme or '*'} in the run (it has: "
-                          f"{have})")
+        raise ReplayError(
+            f"no record {scenario or '*'}/{scheme or '*'} in the run (it has: {have})"
+        )
     if len(runs) > 1:
         have = ", ".join(f"{r['scenario']}/{r['scheme']}" for r in runs)
         raise ReplayError(f"several records match ({have}): give --scenario and --scheme")
@@ -186,8 +200,7 @@ def candidates(spec: FabricSpec, obs: Observed, widen: int = 0) -> list[tuple[Fa
         if f is None:
             return
         key = (f.target, f.kind, f.value)
-        if any(_same_link(spec, f.target, t) and (k, v) == (f.kind, f.value)
-               for t, k, v in seen):
+        if any(_same_link(spec, f.target, t) and (k, v) == (f.kind, f.value) for t, k, v in seen):
             return
         seen.add(key)
         out.append((f, why))
@@ -197,25 +210,31 @@ def candidates(spec: FabricSpec, obs: Observed, widen: int = 0) -> list[tuple[Fa
         if target is None:
             continue
         for kind, value in SUSPECT_FAULTS.get(str(s.get("kind", "")), []):
-            add(_make(spec, target, kind, value),
-                f"suspect #{i + 1} ({s.get('element')}: {s.get('kind')})")
+            add(
+                _make(spec, target, kind, value),
+                f"suspect #{i + 1} ({s.get('element')}: {s.get('kind')})",
+            )
     if obs.suspects and widen <= 0:
         return out
     n = max(3, widen)
     # links by their recorded queue (a rate cut or a delay queues upstream of it), then the
     # switches that dropped (a lossy or dead link, a slow switch)
-    links = sorted((lk for lk, q in obs.queue_p99.items() if q > 0),
-                   key=lambda lk: -obs.queue_p99[lk])[:n]
+    links = sorted(
+        (lk for lk, q in obs.queue_p99.items() if q > 0), key=lambda lk: -obs.queue_p99[lk]
+    )[:n]
     for lk in links:
         for kind, value in CLASS_FAULTS["link"]:
-            add(_make(spec, lk, kind, value),
-                f"telemetry: queue p99 {obs.queue_p99[lk] / 1e3:.0f} KB at {lk}")
-    switches = sorted((sw for sw, d in obs.drops_by_switch.items() if d > 0),
-                      key=lambda sw: -obs.drops_by_switch[sw])[:n]
+            add(
+                _make(spec, lk, kind, value),
+                f"telemetry: queue p99 {obs.queue_p99[lk] / 1e3:.0f} KB at {lk}",
+            )
+    switches = sorted(
+        (sw for sw, d in obs.drops_by_switch.items() if d > 0),
+        key=lambda sw: -obs.drops_by_switch[sw],
+    )[:n]
     for sw in switches:
         for kind, value in CLASS_FAULTS["switch"]:
-            add(_make(spec, sw, kind, value),
-                f"telemetry: {obs.drops_by_switch[sw]} drops at {sw}")
+            add(_make(spec, sw, kind, value), f"telemetry: {obs.drops_by_switch[sw]} drops at {sw}")
     return out
 
 
@@ -260,20 +279,30 @@ def _replay_one(scenario: str, scheme: str, fault: Fault | None) -> Replayed:
     suite.faults = [fault] if fault is not None else []
     rec = suite.run_one(scheme, scenario)
     suite.faults = []
-    return Replayed(fault, rec.completion_s,
-                    {k: v["p99"] for k, v in rec.queue_by_link.items()}, rec.retransmits,
-                    rec.fct_slowdown_p50, rec.fct_slowdown_p99,
-                    [s["element"] for s in rec.suspects], time.monotonic() - t0,
-                    time.process_time() - c0)
+    return Replayed(
+        fault,
+        rec.completion_s,
+        {k: v["p99"] for k, v in rec.queue_by_link.items()},
+        rec.retransmits,
+        rec.fct_slowdown_p50,
+        rec.fct_slowdown_p99,
+        [s["element"] for s in rec.suspects],
+        time.monotonic() - t0,
+        time.process_time() - c0,
+    )
 
 
-def replay_all(rec: Recording, obs: Observed, cands: list[Fault | None],
-               jobs: int) -> list[Replayed]:
+def replay_all(
+    rec: Recording, obs: Observed, cands: list[Fault | None], jobs: int
+) -> list[Replayed]:
     """Every candidate replayed in the twin, `jobs` twins in parallel."""
     ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no gRPC state forked
-    with ProcessPoolExecutor(max_workers=max(1, min(jobs, len(cands))), mp_context=ctx,
-                             initializer=_init_worker,
-                             initargs=(rec.spec, rec.scaling, rec.cfg, obs.scheme)) as pool:
+    with ProcessPoolExecutor(
+        max_workers=max(1, min(jobs, len(cands))),
+        mp_context=ctx,
+        initializer=_init_worker,
+        initargs=(rec.spec, rec.scaling, rec.cfg, obs.scheme),
+    ) as pool:
         futs = [pool.submit(_replay_one, obs.scenario, obs.scheme, c) for c in cands]
         return [f.result() for f in futs]
 
@@ -288,6 +317,7 @@ def _log_ratio(a: float, b: float) -> float:
 def score(obs: Observed, rep: Replayed) -> dict[str, float]:
     """Distance terms (0: identical); `total` ranks the candidates."""
     terms = {"time": _log_ratio(rep.completion_s, obs.completion_s)}
+
     # where the queues are: 1 - the weighted Jaccard overlap of the two profiles, each link's
     # p99 counted above the noise floor only (0: the same queues at the same links; 1: none
     # in common, or queues on one side only)
@@ -300,10 +330,15 @@ def score(obs: Observed, rep: Replayed) -> dict[str, float]:
     either = sum(max(o.get(lk, 0.0), r.get(lk, 0.0)) for lk in links)
     terms["queue"] = 1.0 - both / either if either > 0 else 0.0
     terms["retransmits"] = 0.25 * _log_ratio(1 + rep.retransmits, 1 + obs.retransmits)
-    if obs.fct_p99 is not None and rep.fct_p99 is not None and obs.fct_p50 is not None \
-            and rep.fct_p50 is not None:
-        terms["fct"] = 0.5 * (_log_ratio(rep.fct_p50, obs.fct_p50)
-                              + _log_ratio(rep.fct_p99, obs.fct_p99))
+    if (
+        obs.fct_p99 is not None
+        and rep.fct_p99 is not None
+        and obs.fct_p50 is not None
+        and rep.fct_p50 is not None
+    ):
+        terms["fct"] = 0.5 * (
+            _log_ratio(rep.fct_p50, obs.fct_p50) + _log_ratio(rep.fct_p99, obs.fct_p99)
+        )
     terms["total"] = sum(terms.values())
     return terms
 
@@ -333,16 +368,16 @@ def _top_queue(q: dict[str, float]) -> str:
 
 def evidence(obs: Observed, best: Ranked, healthy: Ranked | None) -> list[str]:
     r = best.replayed
-    lines = [f"completion {r.completion_s:.3g} s replayed vs {obs.completion_s:.3g} s "
-             f"recorded" + (f" (healthy twin {healthy.replayed.completion_s:.3g} s)"
-                            if healthy else ""),
-             f"largest queue (p99): {_top_queue(r.queue_p99)} replayed vs "
-             f"{_top_queue(obs.queue_p99)} recorded"
-             + (f" (healthy twin: {_top_queue(healthy.replayed.queue_p99)})" if healthy else ""),
-             f"retransmissions {r.retransmits} replayed vs {obs.retransmits} recorded"]
+    lines = [
+        f"completion {r.completion_s:.3g} s replayed vs {obs.completion_s:.3g} s "
+        f"recorded" + (f" (healthy twin {healthy.replayed.completion_s:.3g} s)" if healthy else ""),
+        f"largest queue (p99): {_top_queue(r.queue_p99)} replayed vs "
+        f"{_top_queue(obs.queue_p99)} recorded"
+        + (f" (healthy twin: {_top_queue(healthy.replayed.queue_p99)})" if healthy else ""),
+        f"retransmissions {r.retransmits} replayed vs {obs.retransmits} recorded",
+    ]
     if r.fct_p99 is not None and obs.fct_p99 is not None:
-        lines.append(f"FCT slowdown p99 {r.fct_p99:.3g} replayed vs {obs.fct_p99:.3g} "
-                     "recorded")
+        lines.append(f"FCT slowdown p99 {r.fct_p99:.3g} replayed vs {obs.fct_p99:.3g} recorded")
     if r.suspects:
         lines.append(f"the twin's localizer names {', '.join(r.suspects[:3])} in the replay")
     lines.append(f"candidate from {best.why}")
@@ -366,22 +401,37 @@ class ReplayResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "scenario": self.observed.scenario, "scheme": self.observed.scheme,
-            "wall_s": round(self.wall_s, 2), "cpu_s": round(self.cpu_s, 2),
+            "scenario": self.observed.scenario,
+            "scheme": self.observed.scheme,
+            "wall_s": round(self.wall_s, 2),
+            "cpu_s": round(self.cpu_s, 2),
             "candidates_from": self.candidates_from,
             "culprit": self.culprit.name,
-            "ranked": [{"candidate": r.name, "fault": r.replayed.fault.to_dict()
-                        if r.replayed.fault else None, "why": r.why,
-                        "score": {k: round(v, 4) for k, v in r.terms.items()},
-                        "completion_s": r.replayed.completion_s,
-                        "queue_p99": r.replayed.queue_p99,
-                        "retransmits": r.replayed.retransmits,
-                        "twin_suspects": r.replayed.suspects,
-                        "wall_s": round(r.replayed.wall_s, 2)} for r in self.ranked]}
+            "ranked": [
+                {
+                    "candidate": r.name,
+                    "fault": r.replayed.fault.to_dict() if r.replayed.fault else None,
+                    "why": r.why,
+                    "score": {k: round(v, 4) for k, v in r.terms.items()},
+                    "completion_s": r.replayed.completion_s,
+                    "queue_p99": r.replayed.queue_p99,
+                    "retransmits": r.replayed.retransmits,
+                    "twin_suspects": r.replayed.suspects,
+                    "wall_s": round(r.replayed.wall_s, 2),
+                }
+                for r in self.ranked
+            ],
+        }
 
 
-def replay(run_dir: Path, scenario: str | None = None, scheme: str | None = None,
-           jobs: int = 2, widen: int = 0, max_candidates: int = 24) -> ReplayResult:
+def replay(
+    run_dir: Path,
+    scenario: str | None = None,
+    scheme: str | None = None,
+    jobs: int = 2,
+    widen: int = 0,
+    max_candidates: int = 24,
+) -> ReplayResult:
     t0, c0 = time.monotonic(), _cpu_s()
     rec = load_recording(run_dir)
     obs = Observed.of(pick_run(rec, scenario, scheme))
@@ -395,29 +445,36 @@ def replay(run_dir: Path, scenario: str | None = None, scheme: str | None = None
     faults_: list[Fault | None] = [None] + [f for f, _ in cands]
     whys = ["the healthy fabric"] + [w for _, w in cands]
     reps = replay_all(rec, obs, faults_, jobs)
-    return ReplayResult(obs, rank(obs, reps, whys), time.monotonic() - t0, _cpu_s() - c0,
-                        source)
+    return ReplayResult(obs, rank(obs, reps, whys), time.monotonic() - t0, _cpu_s() - c0, source)
 
 
 def _cpu_s() -> float:
     """CPU time of this process and of its children that ended (the pool's workers)."""
     import resource
 
-    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(
-        resource.RUSAGE_CHILDREN)
+    own, kids = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 def build_parser(sub: Any) -> argparse.ArgumentParser:
     ap: argparse.ArgumentParser = sub.add_parser(
-        "replay", help="replay a recorded run in the twin under candidate faults (灵境)",
-        description=__doc__.split("\n\n")[0])
+        "replay",
+        help="replay a recorded run in the twin under candidate faults (灵境)",
+        description=__doc__.split("\n\n")[0],
+    )
     ap.add_argument("run_dir", type=Path, help="a run directory (results.json, topology.yaml)")
     ap.add_argument("--scenario", help="the record to explain (default: the only one)")
     ap.add_argument("--scheme", help="its scheme (default: the only one)")
     ap.add_argument("--jobs", type=int, default=2, help="twins in parallel (default 2)")
-    ap.add_argument("--widen", type=int, default=0,
-                    help="also try every fault of the N elements the telemetry points at")
+    ap.add_argument(
+        "--widen",
+        type=int,
+        default=0,
+        help="also try every fault of the N elements the telemetry points at",
+    )
     ap.add_argument("--max-candidates", type=int, default=24)
     ap.add_argument("--json", type=Path, help="also write the ranking here")
     return ap
@@ -425,25 +482,34 @@ def build_parser(sub: Any) -> argparse.ArgumentParser:
 
 def main(args: argparse.Namespace) -> int:
     try:
-        res = replay(args.run_dir, args.scenario, args.scheme, args.jobs, args.widen,
-                     args.max_candidates)
+        res = replay(
+            args.run_dir, args.scenario, args.scheme, args.jobs, args.widen, args.max_candidates
+        )
     except (ReplayError, faults.FaultError) as exc:
         print(f"replay: {exc}", file=sys.stderr)
         return 2
     obs = res.observed
     healthy = next((r for r in res.ranked if r.replayed.fault is None), None)
-    print(f"replay of {args.run_dir} {obs.scenario}/{obs.scheme}: recorded completion "
-          f"{obs.completion_s:.3g} s, largest queue {_top_queue(obs.queue_p99)}, "
-          f"{obs.retransmits} retransmissions; {len(obs.suspects)} suspects recorded")
-    print(f"{len(res.ranked)} candidates from {res.candidates_from}, replayed in the twin in "
-          f"{res.wall_s:.1f} s wall, {res.cpu_s:.1f} s CPU")
+    print(
+        f"replay of {args.run_dir} {obs.scenario}/{obs.scheme}: recorded completion "
+        f"{obs.completion_s:.3g} s, largest queue {_top_queue(obs.queue_p99)}, "
+        f"{obs.retransmits} retransmissions; {len(obs.suspects)} suspects recorded"
+    )
+    print(
+        f"{len(res.ranked)} candidates from {res.candidates_from}, replayed in the twin in "
+        f"{res.wall_s:.1f} s wall, {res.cpu_s:.1f} s CPU"
+    )
     print()
-    print(f"{'rank':>4} {'candidate':<26} {'score':>6} {'time':>6} {'queue':>6} {'retx':>6} "
-          f"{'replayed s':>10}")
+    print(
+        f"{'rank':>4} {'candidate':<26} {'score':>6} {'time':>6} {'queue':>6} {'retx':>6} "
+        f"{'replayed s':>10}"
+    )
     for i, r in enumerate(res.ranked, 1):
         t = r.terms
-        print(f"{i:>4} {r.name:<26} {t['total']:>6.3f} {t['time']:>6.3f} {t['queue']:>6.3f} "
-              f"{t['retransmits']:>6.3f} {r.replayed.completion_s:>10.3g}")
+        print(
+            f"{i:>4} {r.name:<26} {t['total']:>6.3f} {t['time']:>6.3f} {t['queue']:>6.3f} "
+            f"{t['retransmits']:>6.3f} {r.replayed.completion_s:>10.3g}"
+        )
     print()
     print(f"culprit: {res.culprit.name}")
     for line in evidence(obs, res.culprit, healthy):

@@ -35,8 +35,10 @@ from tests.webdriver import Browser, available
 EXAMPLE = REPO / "controller" / "examples" / "leafspine-2x2.yaml"
 KMIN, KMAX = 20_000, 80_000
 
-pytestmark = [pytest.mark.skipif(not P4INFO.exists(), reason="p4src not built (make p4)"),
-              pytest.mark.slow]
+pytestmark = [
+    pytest.mark.skipif(not P4INFO.exists(), reason="p4src not built (make p4)"),
+    pytest.mark.slow,
+]
 
 
 class InProcessSwitch:
@@ -55,8 +57,11 @@ class InProcessSwitch:
         service = P4RuntimeService(self.sw, device_id)
         admin = SwitchAdminService(self.sw, None, service)
         self.addr = f"127.0.0.1:{free_port()}"
-        self.server = serve(service, self.addr, also=(
-            lambda srv: switch_pb2_grpc.add_SwitchAdminServicer_to_server(admin, srv),))
+        self.server = serve(
+            service,
+            self.addr,
+            also=(lambda srv: switch_pb2_grpc.add_SwitchAdminServicer_to_server(admin, srv),),
+        )
 
     def close(self) -> None:
         self.server.stop(0)
@@ -65,12 +70,27 @@ class InProcessSwitch:
 # (sender, receiver, sport, transit hops (node, in, out, queue bytes, tx util), sink (node, in,
 # out, queue bytes)): h1 and h2 into h5 over both spines, h3 to h6 beside them
 FLOWS = [
-    ("10.0.1.1", "10.0.2.1", 49152, [(1, 1, 5, 31_000, 0.62), (3, 1, 2, 4_000, 0.55)],
-     (2, 5, 1, 95_000)),
-    ("10.0.1.2", "10.0.2.1", 49153, [(1, 2, 6, 2_000, 0.31), (4, 1, 2, 0, 0.30)],
-     (2, 6, 1, 95_000)),
-    ("10.0.1.3", "10.0.2.2", 49154, [(1, 3, 5, 31_000, 0.62), (3, 1, 2, 4_000, 0.55)],
-     (2, 5, 2, 12_000)),
+    (
+        "10.0.1.1",
+        "10.0.2.1",
+        49152,
+        [(1, 1, 5, 31_000, 0.62), (3, 1, 2, 4_000, 0.55)],
+        (2, 5, 1, 95_000),
+    ),
+    (
+        "10.0.1.2",
+        "10.0.2.1",
+        49153,
+        [(1, 2, 6, 2_000, 0.31), (4, 1, 2, 0, 0.30)],
+        (2, 6, 1, 95_000),
+    ),
+    (
+        "10.0.1.3",
+        "10.0.2.2",
+        49154,
+        [(1, 3, 5, 31_000, 0.62), (3, 1, 2, 4_000, 0.55)],
+        (2, 5, 2, 12_000),
+    ),
 ]
 AGENT_RATES = {"h1": 48e6, "h2": 29e6, "h3": 20e6}
 
@@ -88,9 +108,14 @@ def controller(tmp_path: Path) -> Iterator[dict[str, Any]]:
     udp = free_port(socket.SOCK_DGRAM)
     doc = yaml.safe_load(EXAMPLE.read_text())
     doc["pipeline"] = {"p4info": str(P4INFO), "bmv2_json": str(BMV2_JSON)}
-    doc["controller"].update({"grpc_addr": f"127.0.0.1:{ports['grpc']}",
-                              "metrics_addr": f"127.0.0.1:{ports['metrics']}",
-                              "web_addr": f"127.0.0.1:{ports['web']}", "counter_poll_s": 0.5})
+    doc["controller"].update(
+        {
+            "grpc_addr": f"127.0.0.1:{ports['grpc']}",
+            "metrics_addr": f"127.0.0.1:{ports['metrics']}",
+            "web_addr": f"127.0.0.1:{ports['web']}",
+            "counter_poll_s": 0.5,
+        }
+    )
     doc["policy"]["interval_s"] = 0.5
     doc["policy"]["flow_idle_s"] = 600  # the reports are sent once: keep their flows active
     doc["int"]["collector"]["listen"] = f"127.0.0.1:{udp}"
@@ -101,12 +126,19 @@ def controller(tmp_path: Path) -> Iterator[dict[str, Any]]:
     cfg = tmp_path / "controller.yaml"
     cfg.write_text(yaml.safe_dump(doc))
     log = tmp_path / "controller.log"
-    proc = subprocess.Popen([sys.executable, "-m", "controller.daemon", "--config", str(cfg),
-                             "--log-file", str(log)], cwd=REPO, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "controller.daemon", "--config", str(cfg), "--log-file", str(log)],
+        cwd=REPO,
+        stderr=subprocess.DEVNULL,
+    )
     try:
-        yield {"ports": ports, "udp": udp, "log": log, "proc": proc,
-               "switches": dict(zip(("leaf1", "leaf2", "spine1", "spine2"), switches,
-                                    strict=True))}
+        yield {
+            "ports": ports,
+            "udp": udp,
+            "log": log,
+            "proc": proc,
+            "switches": dict(zip(("leaf1", "leaf2", "spine1", "spine2"), switches, strict=True)),
+        }
     finally:
         proc.terminate()
         try:
@@ -144,17 +176,39 @@ def _send_reports(udp: int) -> None:
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     seq: dict[int, int] = {}
     for src, dst, sport, transit, (sink, s_in, s_out, s_q) in FLOWS:
-        hops = [{"node_id": n, "l1_ingress_port": i, "l1_egress_port": o, "hop_latency": 2000,
-                 "queue_id": 0, "queue_occupancy": q, "egress_ts": 1_000_000,
-                 "tx_util": round(u * 1e6)} for n, i, o, q, u in reversed(transit)]
+        hops = [
+            {
+                "node_id": n,
+                "l1_ingress_port": i,
+                "l1_egress_port": o,
+                "hop_latency": 2000,
+                "queue_id": 0,
+                "queue_occupancy": q,
+                "egress_ts": 1_000_000,
+                "tx_util": round(u * 1e6),
+            }
+            for n, i, o, q, u in reversed(transit)
+        ]
         seq[sink] = seq.get(sink, -1) + 1
-        sock.sendto(report(seq[sink], sink, hops, src=src, dst=dst, sport=sport, sink_in=s_in,
-                           sink_out=s_out, sink_qocc=s_q), ("127.0.0.1", udp))
+        sock.sendto(
+            report(
+                seq[sink],
+                sink,
+                hops,
+                src=src,
+                dst=dst,
+                sport=sport,
+                sink_in=s_in,
+                sink_out=s_out,
+                sink_qocc=s_q,
+            ),
+            ("127.0.0.1", udp),
+        )
     sock.close()
 
 
 def _rgb(hex_colour: str) -> np.ndarray:
-    return np.array([int(hex_colour[i:i + 2], 16) for i in (1, 3, 5)], dtype=float)
+    return np.array([int(hex_colour[i : i + 2], 16) for i in (1, 3, 5)], dtype=float)
 
 
 def _metrics(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -192,24 +246,40 @@ def _loaded(controller: dict[str, Any]) -> Any:
     from controller.proto import controller_pb2 as pb
 
     stub = _stub(controller["ports"]["grpc"])
-    _wait("every switch programmed, every agent reached", lambda: (
-        st := stub.GetStatus(pb.GetStatusRequest(), timeout=2)).healthy
-        and st.agents_reachable == 8)
+    _wait(
+        "every switch programmed, every agent reached",
+        lambda: (
+            (st := stub.GetStatus(pb.GetStatusRequest(), timeout=2)).healthy
+            and st.agents_reachable == 8
+        ),
+    )
     _send_reports(controller["udp"])
-    _wait("the reports' flows", lambda: len(
-        stub.ListFlows(pb.ListFlowsRequest(), timeout=2).flows) == len(FLOWS))
+    _wait(
+        "the reports' flows",
+        lambda: len(stub.ListFlows(pb.ListFlowsRequest(), timeout=2).flows) == len(FLOWS),
+    )
     # the slow loop has capped every flow from the agents' rates, and the counters are polled
-    _wait("caps on every flow", lambda: all(
-        f.cap_bps > 0 and f.rate_bps > 0
-        for f in stub.ListFlows(pb.ListFlowsRequest(), timeout=2).flows))
-    _wait("port counters", lambda: all(
-        ls.util_counter >= 0 for ls in stub.GetTelemetry(pb.GetTelemetryRequest(), timeout=2)
-        .links if ls.name.startswith("leaf")))
+    _wait(
+        "caps on every flow",
+        lambda: all(
+            f.cap_bps > 0 and f.rate_bps > 0
+            for f in stub.ListFlows(pb.ListFlowsRequest(), timeout=2).flows
+        ),
+    )
+    _wait(
+        "port counters",
+        lambda: all(
+            ls.util_counter >= 0
+            for ls in stub.GetTelemetry(pb.GetTelemetryRequest(), timeout=2).links
+            if ls.name.startswith("leaf")
+        ),
+    )
     return stub
 
 
-def test_fabric_page_in_a_browser_matches_the_api(controller: dict[str, Any],
-                                                  tmp_path: Path) -> None:
+def test_fabric_page_in_a_browser_matches_the_api(
+    controller: dict[str, Any], tmp_path: Path
+) -> None:
     from controller.proto import controller_pb2 as pb
 
     stub = _loaded(controller)
@@ -223,9 +293,10 @@ def test_fabric_page_in_a_browser_matches_the_api(controller: dict[str, Any],
 
     topo = stub.GetTopology(pb.GetTopologyRequest(), timeout=5)
     tel = {ls.name: ls for ls in stub.GetTelemetry(pb.GetTelemetryRequest(), timeout=5).links}
-    flows = {flow_label((f.key.src_ip, f.key.dst_ip, f.key.protocol, f.key.src_port,
-                         f.key.dst_port)): f
-             for f in stub.ListFlows(pb.ListFlowsRequest(), timeout=5).flows}
+    flows = {
+        flow_label((f.key.src_ip, f.key.dst_ip, f.key.protocol, f.key.src_port, f.key.dst_port)): f
+        for f in stub.ListFlows(pb.ListFlowsRequest(), timeout=5).flows
+    }
     health = {s.name: s for s in stub.ListSwitches(pb.ListSwitchesRequest(), timeout=5).switches}
     metrics = _metrics(controller["ports"]["metrics"])
 
@@ -238,14 +309,16 @@ def test_fabric_page_in_a_browser_matches_the_api(controller: dict[str, Any],
         if want_util >= 0:
             assert float(lk["util"]) == pytest.approx(want_util, abs=1e-9), name
             source = "int" if ls.util_int >= 0 else "counter"
-            assert metrics[("xingmai_controller_link_utilization",
-                            (("link", name), ("source", source)))] == pytest.approx(want_util)
+            assert metrics[
+                ("xingmai_controller_link_utilization", (("link", name), ("source", source)))
+            ] == pytest.approx(want_util)
         else:
             assert lk["util"] == "", name
         if ls.qocc_bytes >= 0:
             assert int(lk["qocc"]) == ls.qocc_bytes, name
-            assert metrics[("xingmai_controller_link_queue_bytes", (("link", name),))] == \
-                ls.qocc_bytes
+            assert (
+                metrics[("xingmai_controller_link_queue_bytes", (("link", name),))] == ls.qocc_bytes
+            )
         else:
             assert lk["qocc"] == "", name
     # what the reports said, as drawn: INT's utilisation on the transit hops, the queues
@@ -274,18 +347,20 @@ def test_fabric_page_in_a_browser_matches_the_api(controller: dict[str, Any],
         labels = (("dst_host", api.dst_host), ("flow", f["flow"]), ("src_host", api.src_host))
         assert metrics[("xingmai_controller_flow_rate_bps", labels)] == pytest.approx(api.rate_bps)
         assert metrics[("xingmai_controller_flow_cap_bps", labels)] == pytest.approx(api.cap_bps)
-        assert metrics[("xingmai_controller_flow_max_qocc_bytes", labels)] == \
-            api.max_qocc_bytes
+        assert metrics[("xingmai_controller_flow_max_qocc_bytes", labels)] == api.max_qocc_bytes
     assert flows[flow_label(("10.0.1.1", "10.0.2.1", 17, 49152, 4791))].max_qocc_bytes == 95_000
 
     # the switches' health, as the API and the metrics say
     assert {s["switch"] for s in page["switches"]} == set(health)
     for s in page["switches"]:
         h = health[s["switch"]]
-        assert (s["connected"], s["programmed"]) == (str(h.connected).lower(),
-                                                     str(h.programmed).lower())
-        assert metrics[("xingmai_controller_switch_connected",
-                        (("switch", s["switch"]),))] == int(h.connected)
+        assert (s["connected"], s["programmed"]) == (
+            str(h.connected).lower(),
+            str(h.programmed).lower(),
+        )
+        assert metrics[("xingmai_controller_switch_connected", (("switch", s["switch"]),))] == int(
+            h.connected
+        )
     assert all(n["up"] == "true" for n in page["nodes"] if n["kind"] == "switch")
     assert "healthy" in page["status"] and "NOT" not in page["status"]
     assert page["suspects"] == []
@@ -293,12 +368,16 @@ def test_fabric_page_in_a_browser_matches_the_api(controller: dict[str, Any],
     # spine2 dies: the controller names it and routes around it; the page shows the suspect
     # and the dead links as GetSuspects has them, and so do the metrics
     controller["switches"]["spine2"].close()
-    sus = _wait("spine2 suspected", lambda: [
-        s for s in stub.GetSuspects(pb.GetSuspectsRequest(), timeout=2).suspects
-        if s.element == "switch spine2"])
+    sus = _wait(
+        "spine2 suspected",
+        lambda: [
+            s
+            for s in stub.GetSuspects(pb.GetSuspectsRequest(), timeout=2).suspects
+            if s.element == "switch spine2"
+        ],
+    )
     assert sus[0].kind == "switch-unreachable"
-    _wait("the fail-over", lambda: stub.GetSuspects(pb.GetSuspectsRequest(),
-                                                    timeout=2).dead_links)
+    _wait("the fail-over", lambda: stub.GetSuspects(pb.GetSuspectsRequest(), timeout=2).dead_links)
     with Browser(width=1280, height=1000) as b:
         b.get(url)
         b.wait_for("return document.body.dataset.updated || document.body.dataset.error")
@@ -308,17 +387,23 @@ def test_fabric_page_in_a_browser_matches_the_api(controller: dict[str, Any],
         Path(os.environ["XINGMAI_SCREENSHOT"]).write_bytes(png)
     api = stub.GetSuspects(pb.GetSuspectsRequest(), timeout=5)
     assert [(s["element"], s["kind"]) for s in after["suspects"]] == [
-        (s.element, s.kind) for s in api.suspects]
+        (s.element, s.kind) for s in api.suspects
+    ]
     assert [float(s["score"]) for s in after["suspects"]] == pytest.approx(
-        [s.score for s in api.suspects])
+        [s.score for s in api.suspects]
+    )
     dead = {lk["name"] for lk in after["links"] if lk["dead"] == "true"}
-    assert dead == {lk.name for lk in topo.links
-                    if "spine2" in (getattr(lk, "from").split(":")[0], lk.to.split(":")[0])}
+    assert dead == {
+        lk.name
+        for lk in topo.links
+        if "spine2" in (getattr(lk, "from").split(":")[0], lk.to.split(":")[0])
+    }
     assert {n["node"]: n["up"] for n in after["nodes"]}["spine2"] == "false"
     metrics = _metrics(controller["ports"]["metrics"])
     for s in api.suspects:
-        assert metrics[("xingmai_controller_suspect_score",
-                        (("element", s.element), ("kind", s.kind)))] == pytest.approx(s.score)
+        assert metrics[
+            ("xingmai_controller_suspect_score", (("element", s.element), ("kind", s.kind)))
+        ] == pytest.approx(s.score)
     assert metrics[("xingmai_controller_dead_links", ())] == len(api.dead_links)
 
 
@@ -340,8 +425,7 @@ def test_web_server_refuses_what_it_does_not_serve(controller: dict[str, Any]) -
     assert raw(b"GET /nowhere HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 404")
     assert raw(b"POST / HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 405")
     assert raw(b"garbage\r\n\r\n").startswith(b"HTTP/1.1 400")
-    assert raw(b"GET / HTTP/1.1\r\nX: " + b"a" * 9000 + b"\r\n\r\n").startswith(
-        b"HTTP/1.1 431")
+    assert raw(b"GET / HTTP/1.1\r\nX: " + b"a" * 9000 + b"\r\n\r\n").startswith(b"HTTP/1.1 431")
     head = raw(b"HEAD /api/fabric HTTP/1.1\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200") and head.endswith(b"\r\n\r\n")
     # and still serving
@@ -349,8 +433,9 @@ def test_web_server_refuses_what_it_does_not_serve(controller: dict[str, Any]) -
     assert controller["proc"].poll() is None
 
 
-def test_prometheus_server_scrapes_what_the_page_shows(controller: dict[str, Any],
-                                                       tmp_path: Path) -> None:
+def test_prometheus_server_scrapes_what_the_page_shows(
+    controller: dict[str, Any], tmp_path: Path
+) -> None:
     """The testbed's Prometheus server (Debian's prometheus) on the same controller: every
     series the page draws is there with the API's value."""
     from controller.proto import controller_pb2 as pb
@@ -359,26 +444,39 @@ def test_prometheus_server_scrapes_what_the_page_shows(controller: dict[str, Any
     if binary() is None:
         pytest.skip("prometheus is not installed (apt-get install prometheus)")
     stub = _loaded(controller)
-    prom = Prometheus(tmp_path, [Target("controller", f"127.0.0.1:{controller['ports']['metrics']}",
-                                        {"node": "controller"})], f"127.0.0.1:{free_port()}")
+    prom = Prometheus(
+        tmp_path,
+        [
+            Target(
+                "controller", f"127.0.0.1:{controller['ports']['metrics']}", {"node": "controller"}
+            )
+        ],
+        f"127.0.0.1:{free_port()}",
+    )
     prom.start()
     try:
         prom.wait_ready(60)
         _wait("the controller scraped", prom.all_up, 30)
         tel = {ls.name: ls for ls in stub.GetTelemetry(pb.GetTelemetryRequest(), timeout=5).links}
-        _wait("a scrape after the reports", lambda: prom.query(
-            'xingmai_controller_link_queue_bytes{link="leaf2:1"}'), 30)
+        _wait(
+            "a scrape after the reports",
+            lambda: prom.query('xingmai_controller_link_queue_bytes{link="leaf2:1"}'),
+            30,
+        )
         queues = {m["link"]: v for m, v in prom.query("xingmai_controller_link_queue_bytes")}
         assert queues == {n: ls.qocc_bytes for n, ls in tel.items() if ls.qocc_bytes >= 0}
-        util = {m["link"]: v for m, v in prom.query(
-            'xingmai_controller_link_utilization{source="int"}')}
-        assert util == pytest.approx({n: ls.util_int for n, ls in tel.items()
-                                      if ls.util_int >= 0})
+        util = {
+            m["link"]: v for m, v in prom.query('xingmai_controller_link_utilization{source="int"}')
+        }
+        assert util == pytest.approx({n: ls.util_int for n, ls in tel.items() if ls.util_int >= 0})
         flows = stub.ListFlows(pb.ListFlowsRequest(), timeout=5).flows
         rates = {m["flow"]: v for m, v in prom.query("xingmai_controller_flow_rate_bps")}
-        assert rates == {flow_label((f.key.src_ip, f.key.dst_ip, f.key.protocol,
-                                     f.key.src_port, f.key.dst_port)): f.rate_bps
-                         for f in flows}
+        assert rates == {
+            flow_label(
+                (f.key.src_ip, f.key.dst_ip, f.key.protocol, f.key.src_port, f.key.dst_port)
+            ): f.rate_bps
+            for f in flows
+        }
         assert [t["job"] for t in prom.targets()] == ["controller"]
         # and every controller query of the shipped Grafana dashboard finds its series
         for expr in queries("xingmai_controller_"):

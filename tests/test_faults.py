@@ -32,29 +32,40 @@ def _drain(tm: TrafficManager, clock: Clock, until_ns: int) -> list[tuple[Any, i
 
 def test_values_and_targets_parse() -> None:
     assert faults.parse_command(SPEC, "link leaf1:3 loss 1%") == faults.Fault(
-        "leaf1:3", "loss", 0.01)
+        "leaf1:3", "loss", 0.01
+    )
     assert faults.parse_command(SPEC, "link leaf1:3 delay 2ms").value == pytest.approx(0.002)
     assert faults.parse_command(SPEC, "link leaf1:3 rate 25%").value == 0.25
     assert faults.parse_command(SPEC, "switch spine1 slow").value == faults.DEFAULT_SLOW_S
     assert faults.parse_command(SPEC, "switch spine1 kill").value is None
     assert faults.parse_command(SPEC, "nic h3 rate 50%").value == 0.5
-    for bad, msg in (("link leaf1:3 loss 1", "percentage"), ("link leaf1:3 down 5%", "no value"),
-                     ("link leaf1:9 down", "no link"), ("link spine1 down", "not a link"),
-                     ("switch spine1 loss 1%", "one of kill, slow, up"),
-                     ("link leaf1:3 rate 0%", "within 0.1 and 100"),
-                     ("link leaf1:3 delay 20s", "within 0 and 10 s"), ("lnk x y", "usage")):
+    for bad, msg in (
+        ("link leaf1:3 loss 1", "percentage"),
+        ("link leaf1:3 down 5%", "no value"),
+        ("link leaf1:9 down", "no link"),
+        ("link spine1 down", "not a link"),
+        ("switch spine1 loss 1%", "one of kill, slow, up"),
+        ("link leaf1:3 rate 0%", "within 0.1 and 100"),
+        ("link leaf1:3 delay 20s", "within 0 and 10 s"),
+        ("lnk x y", "usage"),
+    ):
         with pytest.raises(FaultError, match=msg):
             faults.parse_command(SPEC, bad)
 
 
 def test_faults_file(tmp_path: Path) -> None:
     p = tmp_path / "faults.yaml"
-    p.write_text("- {at: 2, target: leaf1:3, kind: up}\n"
-                 "- {at: 0.5, target: leaf1:3, kind: loss, value: 1%}\n"
-                 "- {at: 1, target: spine1, kind: slow, value: 5ms}\n")
+    p.write_text(
+        "- {at: 2, target: leaf1:3, kind: up}\n"
+        "- {at: 0.5, target: leaf1:3, kind: loss, value: 1%}\n"
+        "- {at: 1, target: spine1, kind: slow, value: 5ms}\n"
+    )
     fs = faults.load(SPEC, p)
     assert [(f.at, f.target, f.kind) for f in fs] == [
-        (0.5, "leaf1:3", "loss"), (1.0, "spine1", "slow"), (2.0, "leaf1:3", "up")]
+        (0.5, "leaf1:3", "loss"),
+        (1.0, "spine1", "slow"),
+        (2.0, "leaf1:3", "up"),
+    ]
     p.write_text("- {at: 1, target: leaf1:3, kind: lose, value: 1%}\n")
     with pytest.raises(FaultError, match=r"faults\[0\]: leaf1:3: a link fault is one of"):
         faults.load(SPEC, p)
@@ -70,12 +81,13 @@ def test_link_faults_set_both_ends_and_up_heals_them() -> None:
     peer = SPEC.peer(faults.End("leaf1", 3))
     assert peer is not None
     f = faults.parse_command(SPEC, "link leaf1:3 loss 2%")
-    assert faults.port_settings(SPEC, f) == [PortSetting("leaf1", 3, loss=0.02),
-                                             PortSetting(peer.node, peer.index, loss=0.02)]
+    assert faults.port_settings(SPEC, f) == [
+        PortSetting("leaf1", 3, loss=0.02),
+        PortSetting(peer.node, peer.index, loss=0.02),
+    ]
     up = faults.port_settings(SPEC, faults.parse_command(SPEC, "link leaf1:3 up"))
     assert [ps.port for ps in up] == [3, peer.index]
-    assert all((ps.down, ps.loss, ps.delay_ns, ps.rate_factor) == (False, 0.0, 0, 1.0)
-               for ps in up)
+    assert all((ps.down, ps.loss, ps.delay_ns, ps.rate_factor) == (False, 0.0, 0, 1.0) for ps in up)
     # a host link: only the switch's side has a traffic manager
     h1 = faults.port_settings(SPEC, faults.parse_command(SPEC, "link h1:0 down"))
     assert h1 == [PortSetting("leaf1", 1, down=True)]

@@ -38,8 +38,11 @@ def queries(prefix: str) -> list[str]:
 def _exported_names() -> set[str]:
     """Metric family names declared by the exporters (with the _total of counters)."""
     names = set()
-    for src in ("controller/metrics.py", "testbed/switch/admin.py",
-                "controller/nic/agent/metrics.py"):
+    for src in (
+        "controller/metrics.py",
+        "testbed/switch/admin.py",
+        "controller/nic/agent/metrics.py",
+    ):
         text = (REPO / src).read_text()
         for kind, name in re.findall(r'(Counter|Gauge)MetricFamily\(\s*"(xingmai_[a-z_]+)"', text):
             names.add(name + ("_total" if kind == "Counter" else ""))

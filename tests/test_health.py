@@ -11,8 +11,12 @@ from controller.health import Localizer, PortSample, SwitchSample
 from controller.topology import Topology
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "controller" / "examples" / "leafspine-2x2.yaml"
-PORTS = {"leaf1": (1, 2, 3, 4, 5, 6), "leaf2": (1, 2, 3, 4, 5, 6), "spine1": (1, 2),
-         "spine2": (1, 2)}
+PORTS = {
+    "leaf1": (1, 2, 3, 4, 5, 6),
+    "leaf2": (1, 2, 3, 4, 5, 6),
+    "spine1": (1, 2),
+    "spine2": (1, 2),
+}
 
 
 class Fabric:
@@ -36,7 +40,7 @@ class Fabric:
     def step(self, dt: float = 0.1, pps: int = 500) -> list[str]:
         self.t += dt
         n = int(pps * dt)
-        for (s, p) in self.tx:
+        for s, p in self.tx:
             if (s, p) in self.down:
                 continue
             self.tx[(s, p)] += n
@@ -51,18 +55,34 @@ class Fabric:
                 self.errors[rx] = self.errors.get(rx, 0) + bad
             d, w, e = self.mon[(s, p)]
             # a healthy port waits what its queue explains (2 ms here) plus a little
-            self.mon[(s, p)] = (d + n, w + n * (2_100_000 + self.extra_wait_ns.get((s, p), 0)),
-                                e + n * 2_000_000)
+            self.mon[(s, p)] = (
+                d + n,
+                w + n * (2_100_000 + self.extra_wait_ns.get((s, p), 0)),
+                e + n * 2_000_000,
+            )
         for s, ps in PORTS.items():
             if s in self.silent:
                 self.loc.unreachable(s, self.t)
                 continue
-            self.loc.observe(SwitchSample(s, self.t, {p: PortSample(
-                p, up=(s, p) not in self.down, tx_packets=self.tx[(s, p)],
-                rx_packets=self.rx[(s, p)], rx_errors=self.errors.get((s, p), 0),
-                departures=self.mon[(s, p)][0],
-                wait_ns=self.mon[(s, p)][1], expected_wait_ns=self.mon[(s, p)][2])
-                for p in ps}))
+            self.loc.observe(
+                SwitchSample(
+                    s,
+                    self.t,
+                    {
+                        p: PortSample(
+                            p,
+                            up=(s, p) not in self.down,
+                            tx_packets=self.tx[(s, p)],
+                            rx_packets=self.rx[(s, p)],
+                            rx_errors=self.errors.get((s, p), 0),
+                            departures=self.mon[(s, p)][0],
+                            wait_ns=self.mon[(s, p)][1],
+                            expected_wait_ns=self.mon[(s, p)][2],
+                        )
+                        for p in ps
+                    },
+                )
+            )
         return [s.element for s in self.loc.evaluate(self.t)]
 
     def run(self, seconds: float) -> list[str]:
@@ -150,16 +170,21 @@ def test_suspects_over_grpc_and_the_command(capsys) -> None:  # type: ignore[no-
     f.run(1)
     f.down.add(("leaf2", 6))
     f.step()
-    ops = types.SimpleNamespace(loc=f.loc, dead=frozenset(f.loc.dead_links()), failovers=1,
-                                events=[{"event": "failover", "t": 1.0}],
-                                unix=lambda t: 1e9 + t)
+    ops = types.SimpleNamespace(
+        loc=f.loc,
+        dead=frozenset(f.loc.dead_links()),
+        failovers=1,
+        events=[{"event": "failover", "t": 1.0}],
+        unix=lambda t: 1e9 + t,
+    )
     ready, stop = threading.Event(), threading.Event()
     port: list[int] = []
 
     async def serve() -> None:
         server = grpc.aio.server()
         controller_pb2_grpc.add_ControllerServicer_to_server(
-            ControllerService(types.SimpleNamespace(operations=ops)), server)  # type: ignore[arg-type]
+            ControllerService(types.SimpleNamespace(operations=ops)), server
+        )  # type: ignore[arg-type]
         port.append(server.add_insecure_port("127.0.0.1:0"))
         await server.start()
         ready.set()

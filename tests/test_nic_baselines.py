@@ -4,8 +4,9 @@ packet by packet (BPF_PROG_TEST_RUN, root).
 As tests/test_nic_ratelaw.py does for TiTa and DCQCN: synthetic feedback goes through the XDP
 program, and after each packet the rate XDP wrote must be the reference's
 (controller/nic/ratelaw/), here exactly. The reference is given what XDP read from other maps
-(tc's tx bytes, next PSN and RTT probe) and XDP's packet time (the CC state's last_fb_ns). RTTs are set by writing tc's probe
-with a send time that far before now (CLOCK_MONOTONIC, bpf_ktime_get_ns()'s clock).
+(tc's tx bytes, next PSN and RTT probe) and XDP's packet time (the CC state's last_fb_ns).
+RTTs are set by writing tc's probe with a send time that far before now (CLOCK_MONOTONIC,
+bpf_ktime_get_ns()'s clock).
 """
 
 from __future__ import annotations
@@ -37,25 +38,47 @@ A, B = "10.0.1.1", "10.0.2.2"  # the data sender (this NIC) and the receiver
 MS = 1_000_000
 
 
-def ack(sport: int, psn: int, hops: list[dict[str, int]] | None = None, ttl: int = 62,
-        bitmap: int = 0xF500) -> bytes:
-    pkt = Ether() / IP(src=B, dst=A, ttl=ttl) / UDP(sport=sport, dport=4791) \
-        / BTH(opcode=0x11, psn=psn) / AETH(syndrome=0)
+def ack(
+    sport: int,
+    psn: int,
+    hops: list[dict[str, int]] | None = None,
+    ttl: int = 62,
+    bitmap: int = 0xF500,
+) -> bytes:
+    pkt = (
+        Ether()
+        / IP(src=B, dst=A, ttl=ttl)
+        / UDP(sport=sport, dport=4791)
+        / BTH(opcode=0x11, psn=psn)
+        / AETH(syndrome=0)
+    )
     if hops is not None:
-        pkt = pkt / IntShim() / IntMD(instruction_bitmap=bitmap,
-                                      remaining_hop_cnt=8 - len(hops),
-                                      hops=[IntHop(bitmap, **h) for h in hops])
+        pkt = (
+            pkt
+            / IntShim()
+            / IntMD(
+                instruction_bitmap=bitmap,
+                remaining_hop_cnt=8 - len(hops),
+                hops=[IntHop(bitmap, **h) for h in hops],
+            )
+        )
     return bytes(pkt)
 
 
 def cnp(sport: int) -> bytes:
-    return bytes(Ether() / IP(src=B, dst=A) / UDP(sport=sport, dport=4791)
-                 / BTH(opcode=0x81, dqpn=5) / CNP())
+    return bytes(
+        Ether() / IP(src=B, dst=A) / UDP(sport=sport, dport=4791) / BTH(opcode=0x81, dqpn=5) / CNP()
+    )
 
 
 def data(sport: int, psn: int) -> bytes:
-    return bytes(Ether() / IP(src=A, dst=B) / UDP(sport=sport, dport=4791)
-                 / BTH(opcode=0x04, dqpn=7, psn=psn) / Raw(b"x" * 200))
+    return bytes(
+        Ether()
+        / IP(src=A, dst=B)
+        / UDP(sport=sport, dport=4791)
+        / BTH(opcode=0x04, dqpn=7, psn=psn)
+        / Raw(b"x" * 200)
+    )
 
 
 class Driver:
@@ -85,17 +108,31 @@ class Driver:
         assert prog_test_run(self.nic.fd("xdp"), frame).retval == XDP_PASS
         cc = self.nic.get("xm_cc", self.key)
         xdp_rate = int(self.nic.get("xm_rates", self.key).rate_bps)
-        ref_rate = self.ref.on_frame(frame, now_ns=int(cc.last_fb_ns), tx_bytes=tx_bytes,
-                                     snd_nxt_psn=snd_nxt, rtt_probe=self.probe)
+        ref_rate = self.ref.on_frame(
+            frame,
+            now_ns=int(cc.last_fb_ns),
+            tx_bytes=tx_bytes,
+            snd_nxt_psn=snd_nxt,
+            rtt_probe=self.probe,
+        )
         assert ref_rate is not None
         mine = self.ref.flows[(self.ref_key())]
-        assert (int(cc.rtt_ns), int(cc.rtt_diff_ns), int(cc.inc_stage), int(cc.rtt_done_seq)) \
-            == (mine.rtt_ns, mine.rtt_diff_ns, mine.inc_stage, mine.rtt_done_seq)
+        assert (int(cc.rtt_ns), int(cc.rtt_diff_ns), int(cc.inc_stage), int(cc.rtt_done_seq)) == (
+            mine.rtt_ns,
+            mine.rtt_diff_ns,
+            mine.inc_stage,
+            mine.rtt_done_seq,
+        )
         return xdp_rate, ref_rate
 
     def ref_key(self) -> tuple[int, int, int, int, int]:
-        return (int.from_bytes(bytes(map(int, A.split("."))), "big"),
-                int.from_bytes(bytes(map(int, B.split("."))), "big"), self.sport, 4791, 17)
+        return (
+            int.from_bytes(bytes(map(int, A.split("."))), "big"),
+            int.from_bytes(bytes(map(int, B.split("."))), "big"),
+            self.sport,
+            4791,
+            17,
+        )
 
 
 def test_hpcc_ramp_matches_reference_and_commits_u_per_ack() -> None:
@@ -113,9 +150,16 @@ def test_hpcc_ramp_matches_reference_and_commits_u_per_ack() -> None:
             qlen = max(0, qlen + int((u - 1.0) * LINE / 8 * 30e-6))
             tx += 1500
             hops = [
-                {"node_id": 3, "l1_ingress_port": 1, "l1_egress_port": 2, "hop_latency": 500,
-                 "queue_id": 0, "queue_occupancy": qlen, "egress_ts": ts,
-                 "tx_util": int(min(u, 1.0) * 1e6)},
+                {
+                    "node_id": 3,
+                    "l1_ingress_port": 1,
+                    "l1_egress_port": 2,
+                    "hop_latency": 500,
+                    "queue_id": 0,
+                    "queue_occupancy": qlen,
+                    "egress_ts": ts,
+                    "tx_util": int(min(u, 1.0) * 1e6),
+                },
             ]
             x, r = d.send(ack(d.sport, i, hops), tx, snd_nxt=i + 4)
             assert x == r, f"ACK {i}: XDP {x} vs reference {r}"
@@ -135,9 +179,15 @@ def test_timely_rtt_regions_match_reference() -> None:
         d = Driver(nic, ref, sport=51002)
         # below T_low, a rising gradient, a falling one (HAI after 5), above T_high, a cut
         # to the minimum rate (gradient far above 1/beta), and recovery
-        rtts = ([3 * MS] * 4 + [6 * MS + i * 1_500_000 for i in range(8)]
-                + [18 * MS - i * 800_000 for i in range(12)] + [80 * MS, 120 * MS, 60 * MS]
-                + [10 * MS, 40 * MS, 12 * MS] + [2 * MS] * 10 + [20 * MS] * 8)
+        rtts = (
+            [3 * MS] * 4
+            + [6 * MS + i * 1_500_000 for i in range(8)]
+            + [18 * MS - i * 800_000 for i in range(12)]
+            + [80 * MS, 120 * MS, 60 * MS]
+            + [10 * MS, 40 * MS, 12 * MS]
+            + [2 * MS] * 10
+            + [20 * MS] * 8
+        )
         psn, tx, rates = 0, 0, []
         x, r = d.send(ack(d.sport, psn), tx, psn + 1)  # first feedback: line rate
         assert x == r == LINE
@@ -175,8 +225,13 @@ def test_swift_target_hops_and_one_decrease_per_rtt_match_reference() -> None:
         psn, tx = 0, 0
         d.send(ack(d.sport, psn), tx, psn + 1)
         # (RTT, TTL of the ACK): 2 hops (target 15 ms), 3 hops (17.5 ms), 0 hops
-        steps = ([(30 * MS, 62)] * 6 + [(15 * MS, 61)] * 4 + [(16 * MS, 62)] * 3
-                 + [(8 * MS, 64)] * 12 + [(200 * MS, 62)] * 3)
+        steps = (
+            [(30 * MS, 62)] * 6
+            + [(15 * MS, 61)] * 4
+            + [(16 * MS, 62)] * 3
+            + [(8 * MS, 64)] * 12
+            + [(200 * MS, 62)] * 3
+        )
         rates = []
         for i, (rtt, ttl) in enumerate(steps):
             d.set_probe(psn + 1, rtt)
@@ -216,17 +271,25 @@ def test_tc_rtt_probe_matches_reference() -> None:
             st = nic.get("xm_flows", key)
             tc_rtt_probe(probe, cc, psn, int(st.last_ns))
             assert (int(st.rtt_probe_seq), int(st.rtt_probe_psn), int(st.rtt_probe_ns)) == (
-                probe.seq, probe.psn, probe.sent_ns), f"data PSN {psn}"
+                probe.seq,
+                probe.psn,
+                probe.sent_ns,
+            ), f"data PSN {psn}"
 
         def xdp(psn: int) -> None:
             nonlocal cc
             st = nic.get("xm_flows", key)
             assert prog_test_run(nic.fd("xdp"), ack(sport, psn)).retval == XDP_PASS
             xcc = nic.get("xm_cc", key)
-            ref.on_frame(ack(sport, psn), now_ns=int(xcc.last_fb_ns),
-                         tx_bytes=int(st.tx_bytes), snd_nxt_psn=int(st.snd_nxt_psn),
-                         rtt_probe=RttProbe(int(st.rtt_probe_seq), int(st.rtt_probe_psn),
-                                            int(st.rtt_probe_ns)))
+            ref.on_frame(
+                ack(sport, psn),
+                now_ns=int(xcc.last_fb_ns),
+                tx_bytes=int(st.tx_bytes),
+                snd_nxt_psn=int(st.snd_nxt_psn),
+                rtt_probe=RttProbe(
+                    int(st.rtt_probe_seq), int(st.rtt_probe_psn), int(st.rtt_probe_ns)
+                ),
+            )
             cc = ref.flows[d.ref_key()]
             assert int(xcc.rtt_done_seq) == cc.rtt_done_seq and int(xcc.rtt_ns) == cc.rtt_ns
 

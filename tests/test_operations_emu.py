@@ -19,8 +19,9 @@ from testbed.topo import leafspine
 pytestmark = [
     pytest.mark.root,
     pytest.mark.slow,
-    pytest.mark.skipif(not (P4INFO.exists() and BMV2_JSON.exists()),
-                       reason="p4src/build is missing (make p4)"),
+    pytest.mark.skipif(
+        not (P4INFO.exists() and BMV2_JSON.exists()), reason="p4src/build is missing (make p4)"
+    ),
     pytest.mark.timeout(900),
 ]
 
@@ -49,9 +50,11 @@ def test_faults_localized_and_failed_over(tmp_path: Path) -> None:
             suite.faults = [faults.Fault(f.target, f.kind, f.value, 0.5)]
             rec = suite.run_one("tita", "websearch")
             results[line] = rec
-            report.append(f"{line}: {rec.flows_completed}/{rec.flows} flows, faults "
-                          f"{rec.faults}, suspects {[(s['element'], s['kind'], s['first_named']) for s in rec.suspects]}, "  # noqa: E501
-                          f"failovers {rec.failovers}")
+            report.append(
+                f"{line}: {rec.flows_completed}/{rec.flows} flows, faults "
+                f"{rec.faults}, suspects {[(s['element'], s['kind'], s['first_named']) for s in rec.suspects]}, "  # noqa: E501
+                f"failovers {rec.failovers}"
+            )
     print("\n".join(report))
     assert healthy.suspects == [] and healthy.flows_completed == healthy.flows
     for line, element, kind in CASES:

@@ -21,8 +21,9 @@ SPEC = leafspine(2, 2, 2)  # leaf ports 1-2 hosts, 3 to spine1, 4 to spine2
 
 def run(*fault_lines: str, at: float = 0.5) -> RunRecord:
     fab = SimFabric(SPEC, Scaling(max_hops=SPEC.longest_path_switches()))
-    cfg = SuiteConfig(**{**SuiteConfig.quick().__dict__, "schemes": ("tita",),
-                         "scenarios": ("websearch",)})
+    cfg = SuiteConfig(
+        **{**SuiteConfig.quick().__dict__, "schemes": ("tita",), "scenarios": ("websearch",)}
+    )
     suite = SimSuite(fab, cfg)
     suite.faults = [faults.parse_command(SPEC, line) for line in fault_lines]
     suite.faults = [faults.Fault(f.target, f.kind, f.value, at) for f in suite.faults]
@@ -31,13 +32,16 @@ def run(*fault_lines: str, at: float = 0.5) -> RunRecord:
     return rec
 
 
-@pytest.mark.parametrize(("fault", "element", "kind"), [
-    ("link leaf1:3 down", "link leaf1:3-spine1:1", "link-down"),
-    ("link leaf1:3 loss 1%", "link leaf1:3-spine1:1", "lossy-link"),
-    ("link leaf1:3 rate 25%", "link leaf1:3-spine1:1", "slow-link"),
-    ("switch spine1 slow 5ms", "switch spine1", "slow-switch"),
-    ("switch spine2 kill", "switch spine2", "switch-unreachable"),
-])
+@pytest.mark.parametrize(
+    ("fault", "element", "kind"),
+    [
+        ("link leaf1:3 down", "link leaf1:3-spine1:1", "link-down"),
+        ("link leaf1:3 loss 1%", "link leaf1:3-spine1:1", "lossy-link"),
+        ("link leaf1:3 rate 25%", "link leaf1:3-spine1:1", "slow-link"),
+        ("switch spine1 slow 5ms", "switch spine1", "slow-switch"),
+        ("switch spine2 kill", "switch spine2", "switch-unreachable"),
+    ],
+)
 def test_fault_is_localized_within_5s(fault: str, element: str, kind: str) -> None:
     rec = run(fault)
     assert [f["kind"] for f in rec.faults] == [fault.split()[2]]

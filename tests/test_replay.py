@@ -23,8 +23,10 @@ REPO = Path(__file__).resolve().parent.parent
 TOPO = "leafspine:2,2,2"
 HIDDEN = {"at": 0.0, "target": "leaf1:3", "kind": "rate", "value": "25%"}  # leaf1 -> spine2
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not P4INFO.exists(), reason="p4src not built (make p4)")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not P4INFO.exists(), reason="p4src not built (make p4)"),
+]
 
 
 def _record(run_dir: Path, fault: dict[str, object] | None) -> None:
@@ -32,13 +34,25 @@ def _record(run_dir: Path, fault: dict[str, object] | None) -> None:
     from testbed.sim.run import run_sim
 
     spec = parse_choice(TOPO)
-    args = argparse.Namespace(topo=TOPO, scale=20000.0, run_dir=run_dir, flows=None,
-                              faults=None, fault_list=[])
+    args = argparse.Namespace(
+        topo=TOPO, scale=20000.0, run_dir=run_dir, flows=None, faults=None, fault_list=[]
+    )
     if fault is not None:
-        args.fault_list = [faults.make(spec, str(fault["target"]), str(fault["kind"]),
-                                       fault["value"], float(str(fault["at"])))]
-    cfg = SuiteConfig(schemes=("tita",), scenarios=("allreduce",), allreduce_bytes=256 << 10,
-                      allreduce_chunk=64 << 10)
+        args.fault_list = [
+            faults.make(
+                spec,
+                str(fault["target"]),
+                str(fault["kind"]),
+                fault["value"],
+                float(str(fault["at"])),
+            )
+        ]
+    cfg = SuiteConfig(
+        schemes=("tita",),
+        scenarios=("allreduce",),
+        allreduce_bytes=256 << 10,
+        allreduce_chunk=64 << 10,
+    )
     assert run_sim(args, cfg) == 0
 
 
@@ -95,6 +109,11 @@ def test_candidates_and_bad_input(recorded: Path, tmp_path: Path) -> None:
         pick_run(rec, "incast", None)
     with pytest.raises(ReplayError, match="results.json"):
         load_recording(tmp_path)
-    res = subprocess.run([sys.executable, "-m", "testbed", "replay", str(tmp_path)],
-                         cwd=REPO, capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [sys.executable, "-m", "testbed", "replay", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 2 and "not a results file" in res.stderr

@@ -28,10 +28,18 @@ from typing import Any
 # As a root process on a CI box: no sandbox (it needs user namespaces root does not get), no
 # GPU, and nothing that reaches the network on its own (QUIC, background fetches, component
 # updates, sync); a fresh profile per run.
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                 "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
-                 "--hide-scrollbars"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--hide-scrollbars",
+]
 
 
 def available() -> str | None:
@@ -56,15 +64,24 @@ class Browser:
         self.base = f"http://127.0.0.1:{port}"
         self.driver = subprocess.Popen(
             ["chromedriver", f"--port={port}", "--allowed-ips=127.0.0.1"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         self.session = ""
         try:
             self._wait_driver()
-            args = CHROMIUM_ARGS + [f"--user-data-dir={self.profile.name}",
-                                    f"--window-size={width},{height}"]
-            caps = {"capabilities": {"alwaysMatch": {
-                "browserName": "chrome",
-                "goog:chromeOptions": {"binary": shutil.which("chromium"), "args": args}}}}
+            args = CHROMIUM_ARGS + [
+                f"--user-data-dir={self.profile.name}",
+                f"--window-size={width},{height}",
+            ]
+            caps = {
+                "capabilities": {
+                    "alwaysMatch": {
+                        "browserName": "chrome",
+                        "goog:chromeOptions": {"binary": shutil.which("chromium"), "args": args},
+                    }
+                }
+            }
             self.session = self._call("POST", "/session", caps)["sessionId"]
         except BaseException:
             self.close()
@@ -84,8 +101,9 @@ class Browser:
 
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.base + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            self.base + path, data=data, method=method, headers={"Content-Type": "application/json"}
+        )
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
                 return json.loads(resp.read())["value"]
@@ -137,6 +155,7 @@ class Browser:
     def __enter__(self) -> Browser:
         return self
 
-    def __exit__(self, t: type[BaseException] | None, e: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()

@@ -44,16 +44,28 @@ SCHEMES = ("none", "dcqcn", "tita")
 
 def one(spec: Any, scheme: str, line: str | None) -> dict[str, Any]:
     fab = SimFabric(spec, Scaling(max_hops=spec.longest_path_switches()))
-    cfg = SuiteConfig(**{**SuiteConfig.quick().__dict__, "schemes": (scheme,),
-                         "scenarios": ("websearch",), "websearch_seconds": 4.0})
+    cfg = SuiteConfig(
+        **{
+            **SuiteConfig.quick().__dict__,
+            "schemes": (scheme,),
+            "scenarios": ("websearch",),
+            "websearch_seconds": 4.0,
+        }
+    )
     suite = SimSuite(fab, cfg)
     if line is not None:
         f = faults.parse_command(spec, line)
         suite.faults = [faults.Fault(f.target, f.kind, f.value, AT_S)]
     [rec] = suite.run()
-    return {"scheme": scheme, "fault": line, "suspects": rec.suspects,
-            "failovers": rec.failovers, "flows": rec.flows,
-            "flows_completed": rec.flows_completed, "completion_s": rec.completion_s}
+    return {
+        "scheme": scheme,
+        "fault": line,
+        "suspects": rec.suspects,
+        "failovers": rec.failovers,
+        "flows": rec.flows,
+        "flows_completed": rec.flows_completed,
+        "completion_s": rec.completion_s,
+    }
 
 
 def run(quick: bool = True, schemes: tuple[str, ...] | None = None) -> dict[str, Any]:
@@ -76,24 +88,33 @@ def run(quick: bool = True, schemes: tuple[str, ...] | None = None) -> dict[str,
             if kind in ("link-down", "switch-unreachable") and r["failovers"]:
                 r["failover_s"] = round(r["failovers"][0]["t"] - AT_S, 3)
             out.append(r)
-            print(f"{scheme:6} {line:26} -> {top['element'] if top else '-':24} "
-                  f"{'ok' if r['localized'] else 'MISSED':6} "
-                  f"{r['time_s'] if r['time_s'] is not None else '-'} s", file=sys.stderr,
-                  flush=True)
+            print(
+                f"{scheme:6} {line:26} -> {top['element'] if top else '-':24} "
+                f"{'ok' if r['localized'] else 'MISSED':6} "
+                f"{r['time_s'] if r['time_s'] is not None else '-'} s",
+                file=sys.stderr,
+                flush=True,
+            )
     tried = [r for r in out if r["fault"] is not None]
     hit = [r for r in tried if r["localized"]]
     times = [r["time_s"] for r in hit]
     fo = [r["failover_s"] for r in tried if "failover_s" in r]
     return {
-        "engine": "sim", "topology": spec.name, "at_s": AT_S, "workload": "websearch",
-        "tried": len(tried), "localized": len(hit),
+        "engine": "sim",
+        "topology": spec.name,
+        "at_s": AT_S,
+        "workload": "websearch",
+        "tried": len(tried),
+        "localized": len(hit),
         "missed": [(r["scheme"], r["fault"]) for r in tried if not r["localized"]],
-        "time_s": {"median": statistics.median(times), "max": max(times),
-                   "min": min(times)} if times else None,
+        "time_s": {"median": statistics.median(times), "max": max(times), "min": min(times)}
+        if times
+        else None,
         "failover_s": {"median": statistics.median(fo), "max": max(fo)} if fo else None,
-        "healthy_false_suspects": sum(len(r["false_suspects"]) for r in out
-                                      if r["fault"] is None),
-        "runs": out, "wall_s": round(time.monotonic() - t0, 1)}
+        "healthy_false_suspects": sum(len(r["false_suspects"]) for r in out if r["fault"] is None),
+        "runs": out,
+        "wall_s": round(time.monotonic() - t0, 1),
+    }
 
 
 def main() -> int:

@@ -38,10 +38,14 @@ def _point(hosts: int, scale: float, per_host: int) -> dict[str, Any]:
     t_rtt = s.base_rtt_s
     fab.set_law(Law.TITA, round(t_rtt * 1e9))
     n = len(spec.hosts)
-    flows = [Flow(id=i, src=i, dst=(i + n // 2) % n, size=per_host, start=0.0)
-             for i in range(n)]
-    job = {"kind": "flows", "flows": [f.as_dict() for f in flows], "verify": False,
-           "transport": transport_settings(s, tita_window(s, t_rtt)), "timeout": 1e4}
+    flows = [Flow(id=i, src=i, dst=(i + n // 2) % n, size=per_host, start=0.0) for i in range(n)]
+    job = {
+        "kind": "flows",
+        "flows": [f.as_dict() for f in flows],
+        "verify": False,
+        "transport": transport_settings(s, tita_window(s, t_rtt)),
+        "timeout": 1e4,
+    }
     ev0, sim0 = fab.loop.events, fab.loop.now
     t0, c0 = time.perf_counter(), time.process_time()
     out = fab.run_job(fab.traffic_hosts(), job)
@@ -52,14 +56,26 @@ def _point(hosts: int, scale: float, per_host: int) -> dict[str, Any]:
     del sim0
     hops = sum(c.rx_packets for c in fab.port_counters().values())
     done = sum(1 for r in out.results for f in r["sent"] if f["done"])
-    return {"hosts": n, "switches": len(spec.switches), "scale": scale,
-            "per_host_bytes": per_host, "flows_done": done, "flows": n,
-            "build_s": round(build_s, 2), "wall_s": round(wall, 2),
-            "simulated_s": sim_s, "wall_per_simulated_s": round(wall / sim_s, 1),
-            "cpu_s": round(cpu, 2), "events": events, "events_per_s": round(events / wall),
-            "events_per_cpu_s": round(events / cpu), "packet_hops": hops,
-            "packet_hops_per_s": round(hops / wall), "packet_hops_per_cpu_s": round(hops / cpu),
-            "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+    return {
+        "hosts": n,
+        "switches": len(spec.switches),
+        "scale": scale,
+        "per_host_bytes": per_host,
+        "flows_done": done,
+        "flows": n,
+        "build_s": round(build_s, 2),
+        "wall_s": round(wall, 2),
+        "simulated_s": sim_s,
+        "wall_per_simulated_s": round(wall / sim_s, 1),
+        "cpu_s": round(cpu, 2),
+        "events": events,
+        "events_per_s": round(events / wall),
+        "events_per_cpu_s": round(events / cpu),
+        "packet_hops": hops,
+        "packet_hops_per_s": round(hops / wall),
+        "packet_hops_per_cpu_s": round(hops / cpu),
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
 
 
 def _allreduce64(size: int = 16 << 20) -> dict[str, Any]:
@@ -75,17 +91,31 @@ def _allreduce64(size: int = 16 << 20) -> dict[str, Any]:
     fab = SimFabric(spec, s)
     fab.set_law(Law.TITA, round(s.base_rtt_s * 1e9))
     t0, c0 = time.perf_counter(), time.process_time()
-    res = wl.allreduce(fab.traffic_hosts(), size, chunk=1 << 20, timeout=10.0,
-                       transport=transport_settings(s, tita_window(s, s.base_rtt_s)),
-                       runner=fab.run_job)
+    res = wl.allreduce(
+        fab.traffic_hosts(),
+        size,
+        chunk=1 << 20,
+        timeout=10.0,
+        transport=transport_settings(s, tita_window(s, s.base_rtt_s)),
+        runner=fab.run_job,
+    )
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     coll = res["collective"]
-    return {"hosts": len(spec.hosts), "bytes_per_rank": size, "correct": res["correct"],
-            "simulated_s": coll["time_s"], "busbw_gbps": round(coll["busbw_Bps"] * 8 / 1e9, 1),
-            "wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "events": fab.loop.events,
-            "packet_hops": sum(c.rx_packets for c in fab.port_counters().values()),
-            "goal_s": 300, "within_goal": wall < 300, "within_goal_cpu": cpu < 300,
-            "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+    return {
+        "hosts": len(spec.hosts),
+        "bytes_per_rank": size,
+        "correct": res["correct"],
+        "simulated_s": coll["time_s"],
+        "busbw_gbps": round(coll["busbw_Bps"] * 8 / 1e9, 1),
+        "wall_s": round(wall, 1),
+        "cpu_s": round(cpu, 1),
+        "events": fab.loop.events,
+        "packet_hops": sum(c.rx_packets for c in fab.port_counters().values()),
+        "goal_s": 300,
+        "within_goal": wall < 300,
+        "within_goal_cpu": cpu < 300,
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
 
 
 def _in_child(fn: Any, *args: Any) -> dict[str, Any]:
@@ -105,8 +135,9 @@ def run(quick: bool) -> dict[str, Any]:
             try:
                 points.append(_in_child(_point, hosts, scale, per_host))
             except Exception as exc:  # one failed point does not lose the others
-                points.append({"hosts": hosts, "scale": scale,
-                               "error": f"{type(exc).__name__}: {exc}"})
+                points.append(
+                    {"hosts": hosts, "scale": scale, "error": f"{type(exc).__name__}: {exc}"}
+                )
     if not quick:
         try:
             out["allreduce64"] = _in_child(_allreduce64)

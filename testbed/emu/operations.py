@@ -66,8 +66,11 @@ class EmuOperations:
         if self.applied:
             self.tb.heal()
             self._wait_healed()
-        return {"faults": self.applied + [{"error": e} for e in self.errors],
-                "suspects": suspects, "failovers": failovers}
+        return {
+            "faults": self.applied + [{"error": e} for e in self.errors],
+            "suspects": suspects,
+            "failovers": failovers,
+        }
 
     def _controller_view(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         from controller.proto import controller_pb2 as pb
@@ -77,17 +80,28 @@ class EmuOperations:
         except grpc.RpcError as exc:
             return [{"error": f"GetSuspects: {exc.code().name}"}], []
         named = [s for s in resp.named if s.last_named_unix >= self.t0]
-        suspects = [{"element": s.element, "kind": s.kind, "score": round(s.score, 3),
-                     "first_named": round(max(s.first_named_unix - self.t0, 0.0), 3),
-                     "evidence": s.evidence}
-                    for s in sorted(named, key=lambda s: (-s.score, s.first_named_unix))]
+        suspects = [
+            {
+                "element": s.element,
+                "kind": s.kind,
+                "score": round(s.score, 3),
+                "first_named": round(max(s.first_named_unix - self.t0, 0.0), 3),
+                "evidence": s.evidence,
+            }
+            for s in sorted(named, key=lambda s: (-s.score, s.first_named_unix))
+        ]
         failovers = []
         for e in resp.events:
             ev = json.loads(e.json)
             if ev.get("event") == "failover" and ev.get("t", 0) >= self.t0:
-                failovers.append({"t": round(ev["t"] - self.t0, 3),
-                                  "dead_links": ev["dead_links"], "took_s": ev["took_s"],
-                                  "ok": ev["ok"]})
+                failovers.append(
+                    {
+                        "t": round(ev["t"] - self.t0, 3),
+                        "dead_links": ev["dead_links"],
+                        "took_s": ev["took_s"],
+                        "ok": ev["ok"],
+                    }
+                )
         return suspects, failovers
 
     def _wait_healed(self) -> None:

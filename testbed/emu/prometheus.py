@@ -50,16 +50,25 @@ def scrape_config(targets: list[Target], interval_s: float = SCRAPE_INTERVAL_S) 
         jobs.setdefault(t.job, []).append({"targets": [t.addr], "labels": dict(t.labels)})
     interval = f"{round(interval_s * 1000)}ms"
     return {
-        "global": {"scrape_interval": interval, "scrape_timeout": interval,
-                   "evaluation_interval": interval},
-        "scrape_configs": [{"job_name": job, "static_configs": static}
-                           for job, static in jobs.items()],
+        "global": {
+            "scrape_interval": interval,
+            "scrape_timeout": interval,
+            "evaluation_interval": interval,
+        },
+        "scrape_configs": [
+            {"job_name": job, "static_configs": static} for job, static in jobs.items()
+        ],
     }
 
 
 class Prometheus:
-    def __init__(self, run_dir: Path, targets: list[Target], listen: str,
-                 interval_s: float = SCRAPE_INTERVAL_S):
+    def __init__(
+        self,
+        run_dir: Path,
+        targets: list[Target],
+        listen: str,
+        interval_s: float = SCRAPE_INTERVAL_S,
+    ):
         self.dir = run_dir / "prometheus"
         self.targets_wanted = list(targets)
         self.listen = listen
@@ -73,13 +82,21 @@ class Prometheus:
             raise FileNotFoundError("prometheus is not installed (apt-get install prometheus)")
         self.dir.mkdir(parents=True, exist_ok=True)
         cfg = self.dir / "prometheus.yml"
-        cfg.write_text(yaml.safe_dump(scrape_config(self.targets_wanted, self.interval_s),
-                                      sort_keys=False))
+        cfg.write_text(
+            yaml.safe_dump(scrape_config(self.targets_wanted, self.interval_s), sort_keys=False)
+        )
         self.component = Component(
-            "prometheus", [exe, f"--config.file={cfg}", f"--storage.tsdb.path={self.dir / 'data'}",
-                           f"--web.listen-address={self.listen}",
-                           "--storage.tsdb.retention.time=7d", "--log.level=warn"],
-            self.dir / "prometheus.log")
+            "prometheus",
+            [
+                exe,
+                f"--config.file={cfg}",
+                f"--storage.tsdb.path={self.dir / 'data'}",
+                f"--web.listen-address={self.listen}",
+                "--storage.tsdb.retention.time=7d",
+                "--log.level=warn",
+            ],
+            self.dir / "prometheus.log",
+        )
         return self.component
 
     def wait_ready(self, timeout: float) -> None:
@@ -103,10 +120,16 @@ class Prometheus:
 
     def targets(self) -> list[dict[str, Any]]:
         """The active targets: job, instance, the node label, health (up/down/unknown), error."""
-        return [{"job": t["labels"].get("job", ""), "instance": t["labels"].get("instance", ""),
-                 "node": t["labels"].get("node", ""), "health": t["health"],
-                 "error": t.get("lastError", "")}
-                for t in self._api("targets", state="active")["activeTargets"]]
+        return [
+            {
+                "job": t["labels"].get("job", ""),
+                "instance": t["labels"].get("instance", ""),
+                "node": t["labels"].get("node", ""),
+                "health": t["health"],
+                "error": t.get("lastError", ""),
+            }
+            for t in self._api("targets", state="active")["activeTargets"]
+        ]
 
     def all_up(self) -> bool:
         ts = self.targets()

@@ -124,29 +124,41 @@ class FlowTx:
 
 
 def flow_key(saddr: bytes, daddr: bytes, sport: int) -> tuple[int, int, int, int, int]:
-    return (int.from_bytes(saddr, "big"), int.from_bytes(daddr, "big"), sport,
-            ROCE_UDP_PORT, 17)
+    return (int.from_bytes(saddr, "big"), int.from_bytes(daddr, "big"), sport, ROCE_UDP_PORT, 17)
 
 
 class SimHost:
     """One host: NIC 0 carries its transport (as the workloads use NIC 0 everywhere)."""
 
-    def __init__(self, loop: EventLoop, name: str, ip: str, mac: str, gateway_mac: str,
-                 line_rate_bps: float, hop_speed: HopSpeed,
-                 send: Callable[[bytes, int], bool], int_source: IntSource,
-                 links: dict[tuple[int, int], str]):
+    def __init__(
+        self,
+        loop: EventLoop,
+        name: str,
+        ip: str,
+        mac: str,
+        gateway_mac: str,
+        line_rate_bps: float,
+        hop_speed: HopSpeed,
+        send: Callable[[bytes, int], bool],
+        int_source: IntSource,
+        links: dict[tuple[int, int], str],
+    ):
         self.loop = loop
         self.name = name
         self.ip = ip
         self.addr = socket.inet_aton(ip)
-        self.eth = bytes.fromhex(gateway_mac.replace(":", "")) + \
-            bytes.fromhex(mac.replace(":", "")) + ETH_IPV4
+        self.eth = (
+            bytes.fromhex(gateway_mac.replace(":", ""))
+            + bytes.fromhex(mac.replace(":", ""))
+            + ETH_IPV4
+        )
         self.line_rate_bps = int(line_rate_bps)
         self.ns_per_byte = 8e9 / line_rate_bps
         self.int_source = int_source
         self.links = links
-        self.nic = ReferenceNic(self.line_rate_bps,
-                                CcParams.defaults(Law.NONE, self.line_rate_bps), hop_speed)
+        self.nic = ReferenceNic(
+            self.line_rate_bps, CcParams.defaults(Law.NONE, self.line_rate_bps), hop_speed
+        )
         self.flows: dict[tuple[int, int, int, int, int], FlowTx] = {}
         self.core: TransportCore | None = None
         self.job: Job | None = None
@@ -172,10 +184,16 @@ class SimHost:
         for f in self.flows.values():
             f.rate_bps = 0
 
-    def add_nic(self, ip: str, mac: str, gateway_mac: str,
-                send: Callable[[bytes, int], bool]) -> NicPort:
-        port = NicPort(socket.inet_aton(ip), bytes.fromhex(gateway_mac.replace(":", "")) +
-                       bytes.fromhex(mac.replace(":", "")) + ETH_IPV4, send)
+    def add_nic(
+        self, ip: str, mac: str, gateway_mac: str, send: Callable[[bytes, int], bool]
+    ) -> NicPort:
+        port = NicPort(
+            socket.inet_aton(ip),
+            bytes.fromhex(gateway_mac.replace(":", ""))
+            + bytes.fromhex(mac.replace(":", ""))
+            + ETH_IPV4,
+            send,
+        )
         self.ports.append(port)
         return port
 
@@ -242,8 +260,11 @@ class SimHost:
         single = len(self.ports) == 1
         fb = core.feedback
         if fb:  # ACK/NAK/CNP: the default class, not paced per flow
-            i = 0 if single else next((i for i, o in enumerate(fb)
-                                       if o.qp.local_addr == port.addr), -1)
+            i = (
+                0
+                if single
+                else next((i for i, o in enumerate(fb) if o.qp.local_addr == port.addr), -1)
+            )
             if i >= 0:
                 out = fb.popleft() if i == 0 else fb[i]
                 if i:
@@ -307,8 +328,11 @@ class SimHost:
     def receive(self, frame: bytes) -> None:
         """A frame from the switch: XDP's rate law, the INT sampler, then the transport."""
         now_ns = self.loop.now_ns
-        if len(frame) < 14 + 28 or frame[12:14] != ETH_IPV4 or (
-                frame[30:34] != self.addr and all(frame[30:34] != p.addr for p in self.ports)):
+        if (
+            len(frame) < 14 + 28
+            or frame[12:14] != ETH_IPV4
+            or (frame[30:34] != self.addr and all(frame[30:34] != p.addr for p in self.ports))
+        ):
             self.rx_dropped += 1
             return
         ip = frame[14:]
@@ -320,15 +344,25 @@ class SimHost:
         if opcode in (OP_ACK, OP_CNP) and self.nic.params.law != Law.NONE:
             key = flow_key(ip[16:20], ip[12:16], int.from_bytes(ip[ihl : ihl + 2], "big"))
             f = self._flow(key)
-            rate = self.nic.on_frame(frame, now_ns=now_ns, tx_bytes=f.tx_bytes,
-                                     snd_nxt_psn=f.snd_nxt_psn, rtt_probe=f.probe)
+            rate = self.nic.on_frame(
+                frame,
+                now_ns=now_ns,
+                tx_bytes=f.tx_bytes,
+                snd_nxt_psn=f.snd_nxt_psn,
+                rtt_probe=f.probe,
+            )
             if rate is not None and rate != f.rate_bps:
                 f.rate_bps = rate
                 if self.rate_events is not None:
-                    self.rate_events.append(RateEvent(
-                        self.loop.now, self.name,
-                        (socket.inet_ntoa(ip[16:20]), socket.inet_ntoa(ip[12:16]), key[2]),
-                        rate, "law"))
+                    self.rate_events.append(
+                        RateEvent(
+                            self.loop.now,
+                            self.name,
+                            (socket.inet_ntoa(ip[16:20]), socket.inet_ntoa(ip[12:16]), key[2]),
+                            rate,
+                            "law",
+                        )
+                    )
         elif ip[1] >> 2 == self.int_source.dscp and self.capture is not None:
             record_int_frame(self.capture, frame, self.loop.now, self.links)
         if self.core is not None:

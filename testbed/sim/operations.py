@@ -51,8 +51,12 @@ class SimOperations:
 
     def begin(self) -> None:
         th = Thresholds()
-        th = replace(th, window_s=th.window_s * self.k, dead_after_s=th.dead_after_s * self.k,
-                     hold_s=th.hold_s * self.k)
+        th = replace(
+            th,
+            window_s=th.window_s * self.k,
+            dead_after_s=th.dead_after_s * self.k,
+            hold_s=th.hold_s * self.k,
+        )
         self.loc = Localizer(self.fab.topo, self.fab.scaling.transport_mtu + 58, th)
         self.t0 = self.fab.loop.now
         self.applied: list[Applied] = []
@@ -76,11 +80,16 @@ class SimOperations:
             h.ns_per_byte = 8e9 / h.line_rate_bps
         if self.dead:
             self._failover(frozenset())
-        suspects = [{"element": s.element, "kind": s.kind, "score": round(s.score, 3),
-                     "first_named": round((s.first_named - self.t0) / self.k, 4),
-                     "evidence": s.evidence}
-                    for s in sorted(self.loc.named.values(),
-                                    key=lambda s: (-s.score, s.first_named))]
+        suspects = [
+            {
+                "element": s.element,
+                "kind": s.kind,
+                "score": round(s.score, 3),
+                "first_named": round((s.first_named - self.t0) / self.k, 4),
+                "evidence": s.evidence,
+            }
+            for s in sorted(self.loc.named.values(), key=lambda s: (-s.score, s.first_named))
+        ]
         return [a.to_dict() for a in self.applied], suspects
 
     # ---- faults ----
@@ -142,11 +151,15 @@ class SimOperations:
         for p in self.fab.spec.switch_ports(name):
             pq = sw.tm.ports.get(p)
             ports[p] = PortSample(
-                p, up=not sw.tm.port_down(p), tx_packets=tx.read(p)[0],
-                rx_packets=rx.read(p)[0], rx_errors=pq.rx_errors if pq else 0,
+                p,
+                up=not sw.tm.port_down(p),
+                tx_packets=tx.read(p)[0],
+                rx_packets=rx.read(p)[0],
+                rx_errors=pq.rx_errors if pq else 0,
                 departures=pq.departures if pq else 0,
                 wait_ns=pq.wait_ns if pq else 0,
-                expected_wait_ns=pq.expected_wait_ns if pq else 0)
+                expected_wait_ns=pq.expected_wait_ns if pq else 0,
+            )
         return SwitchSample(name, now, ports)
 
     def _failover(self, dead: frozenset[str]) -> None:
@@ -162,18 +175,25 @@ class SimOperations:
             sim = fab.switches[swc.name]
             cur = self._entities.get(swc.name)
             if cur is None:  # what SimFabric._program wrote
-                cur = program.build(fab.cfg, fab.topo, swc, schema, SwitchState([]),
-                                    1).encode(schema)
+                cur = program.build(fab.cfg, fab.topo, swc, schema, SwitchState([]), 1).encode(
+                    schema
+                )
             new = program.build(fab.cfg, topo, swc, schema, SwitchState(cur), 1).encode(schema)
             plan = diff(new, cur)
-            updates = [p4r.Update(type=t, entity=e)  # type: ignore[arg-type]
-                       for t, e in ordered_updates(plan)]
+            updates = [
+                p4r.Update(type=t, entity=e)  # type: ignore[arg-type]
+                for t, e in ordered_updates(plan)
+            ]
             errors = [e for e in sim.p4rt.write_updates(updates) if e is not None]
             if errors:
-                raise RuntimeError(f"fail-over on {swc.name}: {errors[0].code} "
-                                   f"{errors[0].message}")
+                raise RuntimeError(f"fail-over on {swc.name}: {errors[0].code} {errors[0].message}")
             written += len(updates)
             self._entities[swc.name] = new
-        self.failovers.append({"t": round((fab.loop.now - self.t0) / self.k, 4),
-                               "dead_links": sorted(dead), "writes": written})
+        self.failovers.append(
+            {
+                "t": round((fab.loop.now - self.t0) / self.k, 4),
+                "dead_links": sorted(dead),
+                "writes": written,
+            }
+        )
         self.dead = dead

@@ -17,13 +17,18 @@ from testbed.scenarios import SuiteBase, SuiteConfig
 from testbed.sim.fabric import SimFabric
 from testbed.sim.operations import SimOperations
 
-_LAWS = {"none": Law.NONE, "dcqcn": Law.DCQCN, "tita": Law.TITA, "hpcc": Law.HPCC,
-         "timely": Law.TIMELY, "swift": Law.SWIFT}
+_LAWS = {
+    "none": Law.NONE,
+    "dcqcn": Law.DCQCN,
+    "tita": Law.TITA,
+    "hpcc": Law.HPCC,
+    "timely": Law.TIMELY,
+    "swift": Law.SWIFT,
+}
 
 
 class SimSuite(SuiteBase):
-    def __init__(self, fab: SimFabric, cfg: SuiteConfig,
-                 say: Callable[[str], None] | None = None):
+    def __init__(self, fab: SimFabric, cfg: SuiteConfig, say: Callable[[str], None] | None = None):
         super().__init__(cfg, say or (lambda line: None))
         self.fab = fab
         self.spec = fab.spec
@@ -72,4 +77,5 @@ class SimSuite(SuiteBase):
 
     def _set_port_rate(self, switch: str, port: int, rate_bps: float) -> None:
         self.fab.switches[switch].admin.SetQueue(
-            switch_pb2.SetQueueRequest(port=port, rate_bps=round(rate_bps)), None)
+            switch_pb2.SetQueueRequest(port=port, rate_bps=round(rate_bps)), None
+        )

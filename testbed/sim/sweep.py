@@ -39,10 +39,10 @@ def run_point(topo: str, scale: float, suite: dict[str, Any], scheme: str) -> li
     from testbed.topo import parse_choice
 
     spec = parse_choice(topo)
-    cfg = SuiteConfig(**{**suite, "schemes": (scheme,),
-                         "scenarios": tuple(suite["scenarios"])})
-    fab = SimFabric(spec, Scaling(scale=scale, max_hops=spec.longest_path_switches()),
-                    seed=cfg.seed)
+    cfg = SuiteConfig(**{**suite, "schemes": (scheme,), "scenarios": tuple(suite["scenarios"])})
+    fab = SimFabric(
+        spec, Scaling(scale=scale, max_hops=spec.longest_path_switches()), seed=cfg.seed
+    )
     return [r.summary() for r in SimSuite(fab, cfg).run()]
 
 
@@ -85,34 +85,48 @@ def aggregate(points: list[dict[str, Any]]) -> dict[tuple[Any, str, str], dict[s
 
 def table(param: str, cells: dict[tuple[Any, str, str], dict[str, Any]]) -> str:
     head = f"{param or '-':<14} {'scenario':<10} {'scheme':<6} {'n':>2} " + " ".join(
-        f"{label:>24}" for label, _, _ in METRICS)
-    lines = [head, f"{'':<14} {'':<10} {'':<6} {'':>2} " + " ".join(
-        f"{'median [min-max]':>24}" for _ in METRICS), "-" * len(head)]
-    for (value, scenario, scheme), agg in sorted(cells.items(),
-                                                 key=lambda kv: tuple(map(str, kv[0]))):
+        f"{label:>24}" for label, _, _ in METRICS
+    )
+    lines = [
+        head,
+        f"{'':<14} {'':<10} {'':<6} {'':>2} "
+        + " ".join(f"{'median [min-max]':>24}" for _ in METRICS),
+        "-" * len(head),
+    ]
+    for (value, scenario, scheme), agg in sorted(
+        cells.items(), key=lambda kv: tuple(map(str, kv[0]))
+    ):
         parts = []
         for label, _, _ in METRICS:
             m = agg.get(label)
-            parts.append(f"{'-':>24}" if m is None else
-                         f"{f'{m[0]:.4g} [{m[1]:.4g}-{m[2]:.4g}]':>24}")
-        lines.append(f"{'-' if value is None else value!s:<14} {scenario:<10} {scheme:<6} "
-                     f"{agg['seeds']:>2} " + " ".join(parts))
+            parts.append(
+                f"{'-':>24}" if m is None else f"{f'{m[0]:.4g} [{m[1]:.4g}-{m[2]:.4g}]':>24}"
+            )
+        lines.append(
+            f"{'-' if value is None else value!s:<14} {scenario:<10} {scheme:<6} "
+            f"{agg['seeds']:>2} " + " ".join(parts)
+        )
     return "\n".join(lines)
 
 
 def build_parser(sub: Any) -> None:
     sw = sub.add_parser("sweep", help="a grid of twin runs on Dask: median and min-max")
     sw.add_argument("--topo", default="leafspine:2,2,4")
-    sw.add_argument("--scale", type=float, default=1.0,
-                    help="model speed / simulated speed (default 1: the model's own speed)")
+    sw.add_argument(
+        "--scale",
+        type=float,
+        default=1.0,
+        help="model speed / simulated speed (default 1: the model's own speed)",
+    )
     sw.add_argument("--schemes", default="dcqcn,tita")
     sw.add_argument("--scenarios", default="incast,websearch")
     sw.add_argument("--param", help="NAME=V1,V2,...: a SuiteConfig field to sweep")
     sw.add_argument("--seeds", default="1,2,3", help="comma-separated seeds (default 1,2,3)")
     sw.add_argument("--quick", action="store_true", help="the short suite's sizes")
     sw.add_argument("--scheduler", help="a Dask scheduler's address (default: a LocalCluster)")
-    sw.add_argument("--workers", type=int, default=0,
-                    help="LocalCluster workers (default: one per core)")
+    sw.add_argument(
+        "--workers", type=int, default=0, help="LocalCluster workers (default: one per core)"
+    )
     sw.add_argument("--run-dir", type=Path, help="where sweep.json goes (default runs/<ts>-sweep)")
 
 
@@ -131,8 +145,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     grid = []
     for value in values:
         for seed in seeds:
-            suite = {**base.__dict__, "scenarios": [s for s in args.scenarios.split(",") if s],
-                     "seed": seed}
+            suite = {
+                **base.__dict__,
+                "scenarios": [s for s in args.scenarios.split(",") if s],
+                "seed": seed,
+            }
             if param:
                 suite[param] = value
             for scheme in schemes:
@@ -145,27 +162,42 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         import os
 
         n = args.workers or os.cpu_count() or 1
-        cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
-                               dashboard_address=None)
+        cluster = LocalCluster(
+            n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None
+        )
         client = Client(cluster)
     try:
-        print(f"sweep: {len(grid)} twin runs on {client.scheduler_info()['address']} "
-              f"({len(client.scheduler_info()['workers'])} workers)", file=sys.stderr)
-        futures = [client.submit(run_point, args.topo, args.scale, suite, scheme,
-                                 pure=False) for _, _, scheme, suite in grid]
+        print(
+            f"sweep: {len(grid)} twin runs on {client.scheduler_info()['address']} "
+            f"({len(client.scheduler_info()['workers'])} workers)",
+            file=sys.stderr,
+        )
+        futures = [
+            client.submit(run_point, args.topo, args.scale, suite, scheme, pure=False)
+            for _, _, scheme, suite in grid
+        ]
         results = client.gather(futures)
     finally:
         client.close()
         if cluster is not None:
             cluster.close()
-    points = [{"value": v, "seed": seed, "scheme": scheme, "runs": runs}
-              for (v, seed, scheme, _), runs in zip(grid, results, strict=True)]
+    points = [
+        {"value": v, "seed": seed, "scheme": scheme, "runs": runs}
+        for (v, seed, scheme, _), runs in zip(grid, results, strict=True)
+    ]
     cells = aggregate(points)
     run_dir = args.run_dir or REPO / "runs" / (time.strftime("%Y%m%d-%H%M%S") + "-sweep")
     run_dir.mkdir(parents=True, exist_ok=True)
-    doc = {"topology": args.topo, "scale": args.scale, "param": param, "values": values,
-           "seeds": seeds, "schemes": schemes, "points": points,
-           "wall_s": round(time.monotonic() - t0, 1)}
+    doc = {
+        "topology": args.topo,
+        "scale": args.scale,
+        "param": param,
+        "values": values,
+        "seeds": seeds,
+        "schemes": schemes,
+        "points": points,
+        "wall_s": round(time.monotonic() - t0, 1),
+    }
     (run_dir / "sweep.json").write_text(json.dumps(doc, indent=1) + "\n")
     print(f"{args.topo}, twin at scale 1/{args.scale:g}; {len(seeds)} seeds per cell")
     print(table(param, cells))

@@ -176,8 +176,7 @@ def cc_params_to_c(p: CcParams, c: Any) -> None:
     c.dcqcn.fast_recovery_steps = d.fast_recovery_steps
     for name in ("wai_bps", "eta", "max_stage", "base_rtt_ns"):
         setattr(c.hpcc, name, getattr(p.hpcc, name))
-    for name in ("delta_bps", "alpha", "beta", "t_low_ns", "t_high_ns", "min_rtt_ns",
-                 "hai_steps"):
+    for name in ("delta_bps", "alpha", "beta", "t_low_ns", "t_high_ns", "min_rtt_ns", "hai_steps"):
         setattr(c.timely, name, getattr(p.timely, name))
     for name in ("ai_bytes", "beta", "max_mdf", "base_target_ns", "per_hop_ns", "sender_ttl"):
         setattr(c.swift, name, getattr(p.swift, name))

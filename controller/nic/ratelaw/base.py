@@ -90,8 +90,9 @@ class CcState:
     hops: list[HopRecord] = field(default_factory=lambda: [HopRecord() for _ in range(MAX_HOPS)])
 
     @classmethod
-    def initial(cls, law: Law, ceil_bps: int, tx_bytes: int, now_ns: int,
-                probe_seq: int = 0) -> CcState:
+    def initial(
+        cls, law: Law, ceil_bps: int, tx_bytes: int, now_ns: int, probe_seq: int = 0
+    ) -> CcState:
         """xm_cc_init(): tc's pending RTT probe counts as taken (it may predate the law)."""
         return cls(
             law=law,

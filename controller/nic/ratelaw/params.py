@@ -104,8 +104,9 @@ class SwiftParams:
     sender_ttl: int  # the TTL feedback leaves its sender with: hops = sender_ttl - TTL
 
     @classmethod
-    def defaults(cls, line_rate_bps: int, base_rtt_ns: int = 100_000,
-                 mtu_bytes: int = SWIFT_MTU_BYTES) -> SwiftParams:
+    def defaults(
+        cls, line_rate_bps: int, base_rtt_ns: int = 100_000, mtu_bytes: int = SWIFT_MTU_BYTES
+    ) -> SwiftParams:
         return cls(
             ai_bytes=mtu_bytes,  # Swift's ai = 1 packet
             beta=to_fixed(0.8),
@@ -129,9 +130,7 @@ class CcParams:
     swift: SwiftParams
 
     @classmethod
-    def defaults(
-        cls, law: Law, line_rate_bps: int, base_rtt_ns: int = 100_000
-    ) -> CcParams:
+    def defaults(cls, law: Law, line_rate_bps: int, base_rtt_ns: int = 100_000) -> CcParams:
         return cls(
             law=law,
             min_rate_bps=max(1, line_rate_bps // 1000),
@@ -170,12 +169,20 @@ class CcParams:
             raise ValueError("HPCC: base RTT outside (0, 1e8] ns or eta outside (0, 1]")
         if not 0 <= h.wai_bps <= line_rate_bps or h.max_stage >= 2**32:
             raise ValueError("HPCC: W_AI must be within [0, line rate], max stage 32 bits")
-        if not (0 <= t.alpha <= UNIT and 0 <= t.beta <= UNIT and 0 <= w.beta <= UNIT
-                and 0 <= w.max_mdf <= UNIT):
+        if not (
+            0 <= t.alpha <= UNIT
+            and 0 <= t.beta <= UNIT
+            and 0 <= w.beta <= UNIT
+            and 0 <= w.max_mdf <= UNIT
+        ):
             raise ValueError("TIMELY/Swift: alpha, beta and max_mdf must be in [0, 1]")
-        for name, v in (("t_low_ns", t.t_low_ns), ("t_high_ns", t.t_high_ns),
-                        ("min_rtt_ns", t.min_rtt_ns), ("base_target_ns", w.base_target_ns),
-                        ("per_hop_ns", w.per_hop_ns)):
+        for name, v in (
+            ("t_low_ns", t.t_low_ns),
+            ("t_high_ns", t.t_high_ns),
+            ("min_rtt_ns", t.min_rtt_ns),
+            ("base_target_ns", w.base_target_ns),
+            ("per_hop_ns", w.per_hop_ns),
+        ):
             if not 0 <= v < 2**32:
                 raise ValueError(f"{name} must fit 32 bits of ns")
         if t.min_rtt_ns == 0 or t.t_low_ns > t.t_high_ns:

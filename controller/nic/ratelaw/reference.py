@@ -116,8 +116,7 @@ class ReferenceNic:
         weight = weight or 1
         cc = self.flows.get(fb.key)
         if cc is None or cc.law != prm.law:
-            cc = CcState.initial(prm.law, ceil, tx_bytes, now_ns,
-                                 rtt_probe.seq if rtt_probe else 0)
+            cc = CcState.initial(prm.law, ceil, tx_bytes, now_ns, rtt_probe.seq if rtt_probe else 0)
             self.flows[fb.key] = cc
         if prm.law in (Law.TITA, Law.HPCC):
             if fb.echo:
@@ -139,7 +138,12 @@ class ReferenceNic:
                     )
         elif prm.law == Law.DCQCN:
             dcqcn_on_feedback(
-                cc, prm, is_cnp=fb.is_cnp, tx_bytes=tx_bytes, now_ns=now_ns, ceil_bps=ceil,
+                cc,
+                prm,
+                is_cnp=fb.is_cnp,
+                tx_bytes=tx_bytes,
+                now_ns=now_ns,
+                ceil_bps=ceil,
                 weight=weight,
             )
         else:

@@ -23,8 +23,9 @@ from controller.nic.ratelaw.base import (
 from controller.nic.ratelaw.params import CcParams
 
 
-def swift_on_rtt(cc: CcState, prm: CcParams, rtt: int, ttl: int, now_ns: int, ceil_bps: int,
-                 weight: int) -> str:
+def swift_on_rtt(
+    cc: CcState, prm: CcParams, rtt: int, ttl: int, now_ns: int, ceil_bps: int, weight: int
+) -> str:
     """xm_swift_on_rtt(): Swift's AIMD on one RTT sample against its scaled target."""
     w = prm.swift
     hops = min(w.sender_ttl - ttl if w.sender_ttl > ttl else 0, MAX_HOPS)
@@ -37,8 +38,9 @@ def swift_on_rtt(cc: CcState, prm: CcParams, rtt: int, ttl: int, now_ns: int, ce
     elif cc.flags & CUT_SEEN and ((now_ns - cc.last_cut_ns) & U64) < rtt:
         return "XDP_SWIFT_DECREASE_HELD"  # at most one decrease per RTT
     else:
-        dec = min((w.beta * (((rtt - target) << UNIT_SHIFT) // (rtt or 1))) >> UNIT_SHIFT,
-                  w.max_mdf)
+        dec = min(
+            (w.beta * (((rtt - target) << UNIT_SHIFT) // (rtt or 1))) >> UNIT_SHIFT, w.max_mdf
+        )
         rate = scale_rate(cc.rate_bps, UNIT - dec)
         cc.last_cut_ns = now_ns
         cc.flags |= CUT_SEEN
