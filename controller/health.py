@@ -159,7 +159,13 @@ class Localizer:
             by_switch.setdefault(sw, []).append((port, excess, ev))
         for sw, ports in by_switch.items():
             busy = self._busy_ports(sw)
-            if len(ports) >= 2 and len(ports) >= self.th.switch_share * max(1, len(busy)):
+            held = self.suspects.get(f"switch {sw}")
+            # A switch already named slow explains its own slow ports while any is still slow:
+            # at a moment when only one of its ports is busy, that port is not a new slow link.
+            still_slow = held is not None and held.kind == "slow-switch"
+            if still_slow or (
+                len(ports) >= 2 and len(ports) >= self.th.switch_share * max(1, len(busy))
+            ):
                 worst = max(e for _, e, _ in ports)
                 found.setdefault(
                     f"switch {sw}",
