@@ -83,6 +83,23 @@ class TableEntries:
         ti = self.table(te.table_id)
         return ti, ti.table.find(self.spec(ti, te.match), te.priority)
 
+    def read_direct(self, te: p4r.TableEntry, attached: str) -> list[tuple[TableInfo, Entry]]:
+        """The entries a direct counter or meter read names: one table's (or every table's
+        with that direct resource, `attached` being the TableInfo field naming it), one entry
+        when the read gives a match, else all of them."""
+        if te.table_id:
+            tables = [self.table(te.table_id)]
+        else:
+            tables = [t for t in self.svc.idx.tables.values() if getattr(t, attached)]
+        out = []
+        for ti in tables:
+            if len(te.match):
+                e = ti.table.find(self.spec(ti, te.match), te.priority)
+                out.extend([(ti, e)] if e else [])
+            else:
+                out.extend((ti, e) for e in ti.table.entries.values())
+        return out
+
     def action_call(
         self, ti: TableInfo | None, action: p4r.Action, default: bool = False
     ) -> ActionCall:
@@ -261,26 +278,12 @@ class DirectCounters:
         e.packet_count, e.byte_count = dce.data.packet_count, dce.data.byte_count
 
     def read(self, req: p4r.DirectCounterEntry) -> list[p4r.Entity]:
-        tid = req.table_entry.table_id
-        tables = (
-            [self.tables.table(tid)]
-            if tid
-            else [t for t in self.svc.idx.tables.values() if t.direct_counter_id]
-        )
         out = []
-        for ti in tables:
-            if len(req.table_entry.match):
-                e = ti.table.find(
-                    self.tables.spec(ti, req.table_entry.match), req.table_entry.priority
-                )
-                entries = [e] if e else []
-            else:
-                entries = list(ti.table.entries.values())
-            for e in entries:
-                dce = p4r.DirectCounterEntry()
-                dce.table_entry.CopyFrom(self.tables.encode(ti, e, False, False))
-                dce.data.packet_count, dce.data.byte_count = e.packet_count, e.byte_count
-                out.append(p4r.Entity(direct_counter_entry=dce))
+        for ti, e in self.tables.read_direct(req.table_entry, "direct_counter_id"):
+            dce = p4r.DirectCounterEntry()
+            dce.table_entry.CopyFrom(self.tables.encode(ti, e, False, False))
+            dce.data.packet_count, dce.data.byte_count = e.packet_count, e.byte_count
+            out.append(p4r.Entity(direct_counter_entry=dce))
         return out
 
 
@@ -301,25 +304,11 @@ class DirectMeters:
             e.meter.reset()
 
     def read(self, req: p4r.DirectMeterEntry) -> list[p4r.Entity]:
-        tid = req.table_entry.table_id
-        tables = (
-            [self.tables.table(tid)]
-            if tid
-            else [t for t in self.svc.idx.tables.values() if t.direct_meter_id]
-        )
         out = []
-        for ti in tables:
-            if len(req.table_entry.match):
-                e = ti.table.find(
-                    self.tables.spec(ti, req.table_entry.match), req.table_entry.priority
-                )
-                entries = [e] if e else []
-            else:
-                entries = list(ti.table.entries.values())
-            for e in entries:
-                dme = p4r.DirectMeterEntry()
-                dme.table_entry.CopyFrom(self.tables.encode(ti, e, False, False))
-                if e.meter is not None and e.meter.configured:
-                    encode_meter(dme.config, e.meter.get_rates())
-                out.append(p4r.Entity(direct_meter_entry=dme))
+        for ti, e in self.tables.read_direct(req.table_entry, "direct_meter_id"):
+            dme = p4r.DirectMeterEntry()
+            dme.table_entry.CopyFrom(self.tables.encode(ti, e, False, False))
+            if e.meter is not None and e.meter.configured:
+                encode_meter(dme.config, e.meter.get_rates())
+            out.append(p4r.Entity(direct_meter_entry=dme))
         return out
