@@ -116,12 +116,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     from testbed.emu.network import install_signal_handlers
     from testbed.plots import write_plots
     from testbed.report import table, verdict, write_results
-    from testbed.scenarios import SCENARIOS, SCHEMES, Suite, SuiteConfig
+    from testbed.scenarios import ALL_SCENARIOS, SCENARIOS, SCHEMES, Suite, SuiteConfig, lossless
 
     schemes = tuple(s for s in args.schemes.split(",") if s)
     scenarios = (tuple(s for s in args.scenarios.split(",") if s) if args.scenarios
                  else SCENARIOS)
-    bad = [s for s in schemes if s not in SCHEMES] + [s for s in scenarios if s not in SCENARIOS]
+    bad = [s for s in schemes if s not in SCHEMES] + [
+        s for s in scenarios if s not in ALL_SCENARIOS]
     if args.engine == "emu" and args.seed != 1:
         print("--seed is the twin's (the emulation's workloads use seed 1)", file=sys.stderr)
         return 2
@@ -153,6 +154,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         return run_sim(args, cfg)
     if args.flows is not None:
         print("--flows runs on the twin (--engine sim)", file=sys.stderr)
+        return 2
+    if any(lossless(s) for s in schemes) or "storm" in scenarios:
+        print("lossless schemes and the storm run on the twin (--engine sim): the "
+              "emulation's NICs do not honour PFC pauses yet", file=sys.stderr)
         return 2
     install_signal_handlers()
     t0 = time.monotonic()
