@@ -1,10 +1,15 @@
 # xingmai: one Makefile for installing, testing, running and benchmarking.
 #   make run      the main job (see README): TiTa vs DCQCN vs no CC on AI traffic (RUN_ARGS=...)
+#   make sim      the short suite on the simulated twin: no root, one process (RUN_ARGS=...)
 #   make cli      the same network with Mininet's CLI and the project's commands
 #   make doctor   what this machine has and lacks for the testbed
-#   make test     installs what is missing, then runs the test suite
+#   make test     installs what is missing, then runs the test suite (root: all of it)
+#   make test-fast  the tests that need neither root nor long runs (under a minute)
+#   make lint     ruff check, ruff format --check, mypy (CI runs it before the tests)
 #   make install  apt packages + virtual environment + pinned pip packages (idempotent)
 #   make bench    benchmarks, written to results/bench.json
+#   make fuzz     fuzz every input surface (FUZZ_CASES each, 10000), counts to results/fuzz.json
+#   make faults   the daemon fault tests (root), their figures to results/faults.json
 #   make p4       recompile p4src/ where p4c is installed, refresh p4src/build/ and its stamp,
 #                 and regenerate the controller's P4 names (controller/p4names.py)
 #   make proto    generate the gRPC stubs of controller/proto/*.proto
@@ -25,7 +30,8 @@ KERNEL_HEADERS := /var/cache/xingmai/kernel-headers
 PROTOS := $(wildcard controller/proto/*.proto)
 PROTO_OUT := $(PROTOS:.proto=_pb2.py)
 
-.PHONY: install apt venv kernel-headers proto test run cli doctor bench p4 lint clean p4runtime-shell
+.PHONY: install apt venv kernel-headers proto test test-fast run sim cli doctor bench fuzz faults p4 \
+	lint clean p4runtime-shell
 
 install: $(STAMP) proto
 
@@ -76,8 +82,14 @@ controller/proto/%_pb2.py: controller/proto/%.proto $(STAMP)
 test: install p4runtime-shell
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+test-fast: install
+	$(PY) -m pytest -q -m "not root and not slow" $(PYTEST_ARGS)
+
 run: install
 	$(PY) -m testbed run $(RUN_ARGS)
+
+sim: install
+	$(PY) -m testbed run --engine sim --quick $(RUN_ARGS)
 
 cli: install
 	$(PY) -m testbed cli $(RUN_ARGS)
@@ -90,6 +102,16 @@ doctor:
 bench: install
 	mkdir -p results
 	$(PY) -m testbed.bench --out results/bench.json
+
+faults: install
+	mkdir -p results
+	rm -f results/faults.json
+	XM_FAULT_FIGURES=results/faults.json $(PY) -m pytest -m fault -p no:cacheprovider $(PYTEST_ARGS)
+
+FUZZ_CASES ?= 10000
+fuzz: install
+	mkdir -p results
+	$(PY) -m tests.fuzz --cases $(FUZZ_CASES) --out results/fuzz.json
 
 p4: install
 	$(PY) -m testbed.p4build
@@ -104,8 +126,10 @@ $(P4RT_SHELL_VENV)/.stamp: Makefile
 	$(P4RT_SHELL_VENV)/bin/python -m pip install -q $(P4RT_SHELL_PINS)
 	touch $@
 
+# install builds the gRPC stubs first (proto): mypy checks the code against them
 lint: install
 	$(VENV)/bin/ruff check controller testbed tests
+	$(VENV)/bin/ruff format --check controller testbed tests
 	$(VENV)/bin/mypy controller testbed
 
 clean:

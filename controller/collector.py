@@ -16,25 +16,38 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import socket
-import threading
 import time
 from collections import Counter, OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.reports import SEQ_BITS, Hop, IntReport, ReportError, decode, decode_inner
+from controller.common.netns import in_netns
 from controller.topology import Topology
+from controller.wire.telemetry_report import (
+    SEQ_BITS,
+    Hop,
+    IntReport,
+    ReportError,
+    decode,
+    decode_inner,
+)
 
 log = logging.getLogger("xingmai.controller.collector")
 
 SEQ_MOD = 1 << SEQ_BITS
-REORDER_WINDOW = 4096  # a late report further behind than this is a restart, not a reorder
+REORDER_WINDOW = 4096  # how far from the expected number a report still belongs to the stream
 
 
 class SeqTracker:
-    """Sequence accounting of one reporting node (node id, hardware id)."""
+    """Sequence accounting of one reporting node (node id, hardware id).
+
+    Within the window around the expected number: a gap is counted lost at once and un-counted
+    if the report turns up late; a number seen before is a duplicate. A 0 out of order is the
+    reporter restarting (its pipeline reloaded), not a loss. Any other number outside the
+    window moves nothing by itself — one corrupt or spoofed report must not count millions
+    lost or reset the count — until the report after it follows it: then the stream really
+    jumped (a long outage: counted lost) or went back (a restart: counted as one)."""
 
     def __init__(self, window: int = REORDER_WINDOW):
         self.window = window
@@ -44,8 +57,25 @@ class SeqTracker:
         self.reordered = 0
         self.duplicates = 0
         self.resets = 0
+        self.out_of_window = 0  # reports far from the stream that no report followed
         self.last_seq: int | None = None
         self._missing: OrderedDict[int, None] = OrderedDict()
+        self._candidate: int | None = None  # a far number waiting for its successor
+
+    def _gap(self, n: int) -> None:
+        """The n numbers before `next + n` did not come: lost, the last `window` of them
+        remembered in case they come late."""
+        assert self.next is not None
+        self.lost += n
+        for s in range(max(0, n - self.window), n):
+            self._missing[(self.next + s) % SEQ_MOD] = None
+        while len(self._missing) > self.window:
+            self._missing.popitem(last=False)  # stays counted lost
+
+    def _restart(self, seq: int) -> None:
+        self.resets += 1
+        self._missing.clear()
+        self.next = (seq + 1) % SEQ_MOD
 
     def see(self, seq: int) -> None:
         self.received += 1
@@ -54,27 +84,32 @@ class SeqTracker:
             self.next = (seq + 1) % SEQ_MOD
             return
         ahead = (seq - self.next) % SEQ_MOD
+        behind = SEQ_MOD - ahead
         if ahead == 0:
             self.next = (seq + 1) % SEQ_MOD
-        elif ahead < SEQ_MOD // 2:
-            self.lost += ahead
-            for s in range(max(0, ahead - self.window), ahead):
-                self._missing[(self.next + s) % SEQ_MOD] = None
-            while len(self._missing) > self.window:
-                self._missing.popitem(last=False)  # stays counted lost
+        elif ahead <= self.window:
+            self._gap(ahead)
             self.next = (seq + 1) % SEQ_MOD
-        else:
-            behind = SEQ_MOD - ahead
-            if seq in self._missing:
-                del self._missing[seq]
-                self.lost -= 1
-                self.reordered += 1
-            elif seq == 0 or behind > self.window:
-                self.resets += 1  # the switch restarted its sequence (pipeline reloaded)
-                self._missing.clear()
+        elif seq in self._missing:
+            del self._missing[seq]
+            self.lost -= 1
+            self.reordered += 1
+        elif seq == 0:
+            self._restart(seq)
+        elif behind <= self.window:
+            self.duplicates += 1
+        elif self._candidate is not None and seq == (self._candidate + 1) % SEQ_MOD:
+            self.out_of_window -= 1  # the candidate was the stream after all
+            jump = (self._candidate - self.next) % SEQ_MOD
+            if jump < SEQ_MOD // 2:
+                self._gap(jump)
                 self.next = (seq + 1) % SEQ_MOD
             else:
-                self.duplicates += 1
+                self._restart(seq)
+            self._candidate = None
+        else:
+            self._candidate = seq
+            self.out_of_window += 1
 
 
 @dataclass
@@ -126,12 +161,20 @@ class NodeStats:
 
 
 class Collector:
+    """With a topology, only its switches are reporters and only its links are tracked (what
+    else a datagram names is counted in `errors`: unknown_node, unknown_link); without one,
+    `max_nodes` and `max_links` bound them. Flows are bounded by `max_flows`, every series by
+    `series_points`: nothing a peer sends grows the collector without bound."""
+
     def __init__(self, topo: Topology | None, int_dscp: int | None = 0x17,
-                 series_points: int = 600, max_flows: int = 10_000):
+                 series_points: int = 600, max_flows: int = 10_000, max_nodes: int = 1024,
+                 max_links: int = 8192):
         self.topo = topo
         self.int_dscp = int_dscp
         self.series_points = series_points
         self.max_flows = max_flows
+        self.max_nodes = max_nodes
+        self.max_links = max_links
         self.nodes: dict[int, NodeStats] = {}
         self.links: dict[str, LinkTelemetry] = {}
         self.flows: OrderedDict[tuple[str, str, int, int, int], FlowRecord] = OrderedDict()
@@ -154,9 +197,17 @@ class Collector:
             return self.topo.by_node_id[node_id]
         return f"node{node_id}"
 
-    def _link(self, name: str, capacity_bps: float | None = None) -> LinkTelemetry:
+    def _link(self, name: str, capacity_bps: float | None = None) -> LinkTelemetry | None:
+        """The link's record, made on first use; None (counted) for a link the topology does
+        not have, or one past `max_links` without a topology."""
         lt = self.links.get(name)
         if lt is None:
+            if self.topo is not None and name not in self.topo.links:
+                self.errors["unknown_link"] += 1
+                return None
+            if len(self.links) >= self.max_links:
+                self.errors["too_many_links"] += 1
+                return None
             if capacity_bps is None and self.topo is not None and name in self.topo.links:
                 capacity_bps = self.topo.links[name].capacity_bps
             lt = LinkTelemetry(name, capacity_bps or 0.0,
@@ -189,6 +240,12 @@ class Collector:
             return
         node = self.nodes.get(dg.node_id)
         if node is None:
+            if self.topo is not None and dg.node_id not in self.topo.by_node_id:
+                self.errors["unknown_node"] += 1
+                return
+            if len(self.nodes) >= self.max_nodes:
+                self.errors["too_many_nodes"] += 1
+                return
             node = self.nodes[dg.node_id] = NodeStats(dg.node_id, self.node_name(dg.node_id))
         tracker = node.seq.get(dg.hw_id)
         if tracker is None:
@@ -204,6 +261,8 @@ class Collector:
         if name is None:
             return None
         lt = self._link(name)
+        if lt is None:
+            return None
         lt.samples += 1
         lt.last_update = now
         if hop.qocc is not None:
@@ -296,6 +355,8 @@ class Collector:
         bps = (tx_bytes - prev[1]) * 8 / (now - prev[0])
         cap = self.topo.port_speed_bps(switch, port) if self.topo is not None else 0.0
         lt = self._link(name, cap)
+        if lt is None:
+            return
         lt.tx_bps_counter = bps
         lt.util_counter = bps / cap if cap > 0 else None
         lt.counter_series.append((wall, bps, lt.util_counter or 0.0))
@@ -310,6 +371,7 @@ class Collector:
         return [{"node_id": n.node_id, "name": n.name, "received": n.total("received"),
                  "lost": n.total("lost"), "reordered": n.total("reordered"),
                  "duplicates": n.total("duplicates"), "resets": n.total("resets"),
+                 "out_of_window": n.total("out_of_window"),
                  "last_seq": max((t.last_seq or 0 for t in n.seq.values()), default=0)}
                 for n in sorted(self.nodes.values(), key=lambda n: n.node_id)]
 
@@ -330,17 +392,6 @@ class _Protocol(asyncio.DatagramProtocol):
         log.warning("collector socket error: %s", exc)
 
 
-def _libc_setns(fd: int) -> None:
-    import ctypes
-    import ctypes.util
-
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    clone_newnet = 0x40000000
-    if libc.setns(fd, clone_newnet) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"setns: {os.strerror(err)}")
-
-
 def udp_socket(listen: str, netns: str | None = None) -> socket.socket:
     """A bound UDP socket for HOST:PORT, created inside network namespace `netns` (a name under
     /run/netns) when given: a socket stays in the namespace it was made in, so the collector can
@@ -348,24 +399,15 @@ def udp_socket(listen: str, netns: str | None = None) -> socket.socket:
     host, _, port = listen.rpartition(":")
     if netns is None:
         return _bound(host, int(port))
-    target = os.open(f"/run/netns/{netns}", os.O_RDONLY)
-    home = os.open(f"/proc/self/task/{threading.get_native_id()}/ns/net", os.O_RDONLY)
-    try:
-        _libc_setns(target)
-        try:
-            return _bound(host, int(port))
-        finally:
-            _libc_setns(home)
-    finally:
-        os.close(target)
-        os.close(home)
+    with in_netns(netns):
+        return _bound(host, int(port))
 
 
 def _bound(host: str, port: int) -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-        sock.bind((host or "0.0.0.0", port))
+        sock.bind((host or "127.0.0.1", port))
     except OSError:
         sock.close()
         raise

@@ -21,14 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from controller import config as config_mod
+from controller.common.logs import setup_logging
 from controller.config import Config, ConfigError
-from controller.logs import setup_logging
 
 log = logging.getLogger("xingmai.controller")
 
 
 class Daemon:
-    def __init__(self, cfg: Config, config_path: Path):
+    def __init__(self, cfg: Config, config_path: Path,
+                 overrides: argparse.Namespace | None = None):
         from controller.collector import Collector
         from controller.hostagents import connect_agents
         from controller.slowloop import SlowLoop
@@ -37,6 +38,7 @@ class Daemon:
 
         self.cfg = cfg
         self.config_path = config_path
+        self.overrides = overrides  # the command line's, applied again on every reload
         self.topo = Topology(cfg)
         self.collector = Collector(self.topo, cfg.int.dscp, cfg.controller.series_points)
         self.sessions = {s.name: SwitchSession(cfg, self.topo, s, self.collector)
@@ -64,27 +66,27 @@ class Daemon:
 
         c = self.cfg.controller
         col = self.cfg.int.collector
-        self._udp = await serve_udp(self.collector, col.listen, col.netns)
-        self._server = await self._start_grpc(c.grpc_addr)
+        self._udp = await serve_udp(self.collector, col.bind, col.netns)
+        self._server = await self._start_grpc(c.grpc_addr, c.tls)
         if c.metrics_addr:
             self._metrics = self._start_metrics(c.metrics_addr)
         for s in self.sessions.values():
             s.start()
         self._tasks.append(asyncio.create_task(self.slowloop.run(), name="slowloop"))
         log.info("controller up", extra={
-            "grpc": c.grpc_addr, "collector": self.cfg.int.collector.listen,
+            "grpc": c.grpc_addr, "collector": col.bind,
             "metrics": c.metrics_addr or "", "switches": len(self.sessions),
             "agents": len(self.agents), "election_id": c.election_id})
 
-    async def _start_grpc(self, addr: str) -> Any:
+    async def _start_grpc(self, addr: str, tls: Any) -> Any:
         import grpc
 
         from controller.proto import controller_pb2_grpc
         from controller.service import ControllerService
 
-        server = grpc.aio.server()
+        # the port is this process's alone (gRPC's default SO_REUSEPORT would share it)
+        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         controller_pb2_grpc.add_ControllerServicer_to_server(ControllerService(self), server)
-        tls = self.cfg.controller.tls
         if tls is not None:
             creds = grpc.ssl_server_credentials(
                 [(tls.key.read_bytes(), tls.cert.read_bytes())],
@@ -93,6 +95,7 @@ class Daemon:
         else:
             bound = server.add_insecure_port(addr)
         if not bound:
+            await server.stop(None)
             raise OSError(f"cannot listen on {addr}")
         await server.start()
         return server
@@ -103,8 +106,11 @@ class Daemon:
         from controller.metrics import registry
 
         host, _, port = addr.rpartition(":")
-        server, _thread = start_http_server(int(port), addr=host or "0.0.0.0",
-                                            registry=registry(self))
+        try:
+            server, _thread = start_http_server(int(port), addr=host or "127.0.0.1",
+                                                registry=registry(self))
+        except OSError as exc:
+            raise OSError(f"cannot serve metrics on {addr}: {exc}") from exc
         return server
 
     async def stop(self) -> None:
@@ -133,12 +139,21 @@ class Daemon:
 
         try:
             cfg = config_mod.load(self.config_path)
+            if self.overrides is not None:
+                cfg = apply_overrides(cfg, self.overrides)
         except ConfigError as exc:
             self.reload_failures += 1
             log.error("reload refused, keeping the running config", extra={"error": str(exc)})
             return
-        topo = Topology(cfg)
         old = self.cfg
+        try:
+            changed = await self._apply_listeners(old, cfg)
+        except (OSError, RuntimeError) as exc:
+            self.reload_failures += 1
+            log.error("reload refused: a listener could not be changed; the running config and "
+                      "listeners stay", extra={"error": str(exc)})
+            return
+        topo = Topology(cfg)
         self.cfg, self.topo = cfg, topo
         self.collector.topo = topo
         for name in list(self.sessions):
@@ -162,7 +177,79 @@ class Daemon:
         self.slowloop.topo = topo
         self.slowloop.set_policy(cfg.policy)
         self.reloads += 1
-        log.info("config reloaded", extra={"file": str(self.config_path)})
+        log.info("config reloaded", extra={"file": str(self.config_path),
+                                           "listeners_changed": changed})
+
+    async def _apply_listeners(self, old: Config, new: Config) -> list[str]:
+        """Rebind what a reload changes: the gRPC API (address or TLS), the collector's socket
+        (address or namespace), the metrics server. All new listeners are made first; if one
+        fails, the ones already made are closed and the running ones stay (the caller refuses
+        the reload)."""
+        oc, nc = old.controller, new.controller
+        ocol, ncol = old.int.collector, new.int.collector
+        grpc_changed = (oc.grpc_addr, oc.tls) != (nc.grpc_addr, nc.tls)
+        udp_changed = (ocol.bind, ocol.netns) != (ncol.bind, ncol.netns)
+        metrics_changed = oc.metrics_addr != nc.metrics_addr
+        if not (grpc_changed or udp_changed or metrics_changed):
+            return []
+        from controller.collector import serve_udp
+
+        # The same address cannot be bound twice: what keeps its address (a TLS change) is
+        # stopped first, and restarted as it was if its successor fails.
+        made: list[tuple[str, Any]] = []
+        try:
+            if grpc_changed:
+                if oc.grpc_addr == nc.grpc_addr and self._server is not None:
+                    await self._server.stop(grace=1.0)
+                    self._server = None
+                made.append(("grpc", await self._start_grpc(nc.grpc_addr, nc.tls)))
+            if udp_changed:
+                if ocol.bind == ncol.bind and self._udp is not None:
+                    self._udp.close()
+                    self._udp = None
+                made.append(("udp", await serve_udp(self.collector, ncol.bind, ncol.netns)))
+            if metrics_changed:
+                if self._metrics is not None and oc.metrics_addr == nc.metrics_addr:
+                    self._metrics.shutdown()
+                    self._metrics = None
+                made.append(("metrics", self._start_metrics(nc.metrics_addr)
+                             if nc.metrics_addr else None))
+        except (OSError, RuntimeError):
+            for kind, obj in made:
+                await self._close_listener(kind, obj)
+            if self._server is None:
+                self._server = await self._start_grpc(oc.grpc_addr, oc.tls)
+            if self._udp is None:
+                self._udp = await serve_udp(self.collector, ocol.bind, ocol.netns)
+            if self._metrics is None and oc.metrics_addr:
+                self._metrics = self._start_metrics(oc.metrics_addr)
+            raise
+        changed = []
+        for kind, obj in made:
+            changed.append(kind)
+            if kind == "grpc":
+                old_server, self._server = self._server, obj
+            elif kind == "udp":
+                old_server, self._udp = self._udp, obj
+            else:
+                old_server, self._metrics = self._metrics, obj
+            if old_server is not None:
+                await self._close_listener(kind, old_server)
+        log.info("listeners changed", extra={"grpc": nc.grpc_addr, "tls": nc.tls is not None,
+                                             "collector": ncol.bind,
+                                             "metrics": nc.metrics_addr or ""})
+        return changed
+
+    @staticmethod
+    async def _close_listener(kind: str, obj: Any) -> None:
+        if obj is None:
+            return
+        if kind == "grpc":
+            await obj.stop(grace=1.0)
+        elif kind == "udp":
+            obj.close()
+        else:
+            obj.shutdown()
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -250,12 +337,12 @@ def main(argv: list[str] | None = None) -> int:
                   console=args.log_console or c.log_file is None, file=c.log_file)
     for w in cfg.warnings():
         log.warning("config: %s", w)
-    return asyncio.run(_run(cfg, args.config))
+    return asyncio.run(_run(cfg, args.config, args))
 
 
-async def _run(cfg: Config, path: Path) -> int:
+async def _run(cfg: Config, path: Path, args: argparse.Namespace) -> int:
     # made inside the event loop: its gRPC channels belong to this loop
-    return await Daemon(cfg, path).run()
+    return await Daemon(cfg, path, args).run()
 
 
 if __name__ == "__main__":

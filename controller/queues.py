@@ -43,8 +43,10 @@ class QueueError(RuntimeError):
 
 
 async def apply_builtin(sw: SwitchConfig, settings: list[QueueSetting],
-                        credentials: grpc.ChannelCredentials | None, timeout: float) -> None:
-    """Through SwitchAdmin on the switch's gRPC address."""
+                        credentials: grpc.ChannelCredentials | None, timeout: float,
+                        election_id: int) -> None:
+    """Through SwitchAdmin on the switch's gRPC address, as the primary controller (the
+    switch takes queue changes from the P4Runtime primary's election id only)."""
     from controller.proto import switch_pb2, switch_pb2_grpc
 
     if credentials is not None:
@@ -54,9 +56,11 @@ async def apply_builtin(sw: SwitchConfig, settings: list[QueueSetting],
     try:
         stub = switch_pb2_grpc.SwitchAdminStub(channel)
         for s in settings:
-            req = switch_pb2.SetQueueRequest(port=s.port, rate_bps=s.rate_bps,
-                                             depth_bytes=s.depth_bytes,
-                                             depth_packets=s.depth_packets)
+            req = switch_pb2.SetQueueRequest(
+                port=s.port, rate_bps=s.rate_bps, depth_bytes=s.depth_bytes,
+                depth_packets=s.depth_packets, device_id=sw.device_id,
+                election_id=switch_pb2.ElectionId(high=election_id >> 64,
+                                                  low=election_id & (2**64 - 1)))
             try:
                 await stub.SetQueue(req, timeout=timeout)
             except grpc.aio.AioRpcError as exc:
@@ -107,5 +111,5 @@ async def apply_queues(cfg: Config, topo: Topology, sw: SwitchConfig,
     if sw.kind == "bmv2":
         await apply_bmv2(sw, settings, cfg.model.mean_packet_bytes, timeout)
     else:
-        await apply_builtin(sw, settings, credentials, timeout)
+        await apply_builtin(sw, settings, credentials, timeout, cfg.controller.election_id)
     log.info("queues set", extra={"switch": sw.name, "ports": len(settings)})

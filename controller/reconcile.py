@@ -255,19 +255,24 @@ class ApplyResult:
     errors: list[str] = field(default_factory=list)
 
 
+def ordered_updates(plan: Plan) -> list[tuple[int, p4r.Entity]]:
+    """The plan's updates in the order they must be written: inserts and modifies, then
+    deletes. Modifies of members/groups must land before table entries that use them: the
+    dependency order interleaves per kind rather than per operation."""
+    steps = [(p4r.Update.INSERT, plan.inserts), (p4r.Update.MODIFY, plan.modifies)]
+    ordered: list[tuple[int, p4r.Entity]] = []
+    for kind in _INSERT_ORDER:
+        for utype, ents in steps:
+            ordered += [(utype, e) for e in ents if normal(e)[0] == kind]
+    ordered += [(p4r.Update.DELETE, e) for e in plan.deletes]
+    return ordered
+
+
 async def apply(switch: fy.Switch, plan: Plan) -> ApplyResult:
     """Write a plan in order (inserts/modifies, then deletes), batch by batch. A failed update is
     logged and counted; the others of its batch still apply and the next reconcile retries."""
     res = ApplyResult()
-    steps = [(p4r.Update.INSERT, plan.inserts), (p4r.Update.MODIFY, plan.modifies),
-             (p4r.Update.DELETE, plan.deletes)]
-    # Modifies of members/groups must land before table entries that use them: keep the
-    # dependency order by interleaving per kind rather than per operation.
-    ordered: list[tuple[int, p4r.Entity]] = []
-    for kind in _INSERT_ORDER:
-        for utype, ents in steps[:2]:
-            ordered += [(utype, e) for e in ents if normal(e)[0] == kind]
-    ordered += [(p4r.Update.DELETE, e) for e in plan.deletes]
+    ordered = ordered_updates(plan)
     for start in range(0, len(ordered), BATCH):
         batch = ordered[start:start + BATCH]
         updates = [p4r.Update(type=t, entity=e) for t, e in batch]  # type: ignore[arg-type]

@@ -181,4 +181,5 @@ class ControllerService(pb_grpc.ControllerServicer):  # type: ignore[misc]
             switches_primary=sum(h.primary for h in hs), agents=len(d.slowloop.agents),
             agents_reachable=sum(st.reachable for st in states),
             slow_loop_runs=d.slowloop.runs, config_reloads=d.reloads,
+            config_reload_failures=d.reload_failures,
             config_file=str(d.config_path), healthy=d.healthy())

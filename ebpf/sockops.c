@@ -10,6 +10,7 @@
 #include <uapi/asm-generic/socket.h>
 
 #include "xingmai.h"
+#include "lib/maps.h"
 
 #define XM_AF_INET 2
 #define XM_SOL_SOCKET 1

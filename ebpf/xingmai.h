@@ -1,17 +1,18 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * xingmai NIC: the one header shared by the three eBPF programs (tc_egress.c, xdp_ingress.c,
- * sockops.c) and by Python. It holds the flow key, every map value, the host configuration,
- * the per-reason counters, the map definitions (bcc style, all pinned) and the small packet
- * helpers the programs share.
+ * xingmai NIC: the one header of what the three eBPF programs (tc_egress.c, xdp_ingress.c,
+ * sockops.c) share with Python: constants, the flow key, every map value, the host
+ * configuration and the per-reason counters. The maps are declared once, in lib/maps.h; the
+ * programs' logic is in lib/*.h (static __always_inline helpers), one program per hook.
  *
  * bcc rewrites map accesses (map.lookup(...)) only in the file it compiles, so the loader
- * (controller/agent/bpfload.py) puts this header's text in front of each program's text
- * rather than letting the preprocessor include it; the include guard makes the programs'
- * own #include "xingmai.h" a no-op.
+ * (controller/nic/bpf/loader.py) expands the programs' #include "..." of this folder into one
+ * text rather than letting the preprocessor include them.
  *
  * Python never re-declares these structs: it takes the ctypes layouts bcc derives from this
- * header (BPF(...)["map"].Key / .Leaf) and parses the XM_CNT_* enum from this file.
+ * header (BPF(...)["map"].Key / .Leaf), and reads the XM_* constants, the enums (XM_CNT_* and
+ * the others) and the map list from the headers (controller/nic/bpf/header.py); the wire
+ * constants are checked against controller/wire by tests/test_wire_sources.py.
  *
  * Byte order: addresses and ports in struct xm_flow_key are kept as on the wire (network
  * order); everything else is host order. Rates are bits per second of the frame as the
@@ -23,10 +24,6 @@
  */
 #ifndef XINGMAI_H
 #define XINGMAI_H
-
-#ifndef XM_PIN_DIR
-#error "XM_PIN_DIR (the bpffs folder of this agent's pinned maps) must be defined by the loader"
-#endif
 
 #define XM_UNIT_SHIFT 20
 #define XM_UNIT (1ULL << XM_UNIT_SHIFT)
@@ -264,88 +261,5 @@ struct xm_hop_key {
 	__u32 node_id;
 	__u32 port;
 };
-
-#define XM_PIN(name) XM_PIN_DIR "/" name
-
-#define XM_MAX_FLOWS 65536
-BPF_TABLE_PINNED("array", __u32, struct xm_host_config, xm_config, 1, XM_PIN("xm_config"));
-BPF_TABLE_PINNED("lru_hash", struct xm_flow_key, struct xm_flow_stats, xm_flows, XM_MAX_FLOWS,
-		 XM_PIN("xm_flows"));
-BPF_TABLE_PINNED("hash", struct xm_flow_key, struct xm_rate, xm_rates, XM_MAX_FLOWS,
-		 XM_PIN("xm_rates"));
-BPF_TABLE_PINNED("hash", struct xm_flow_key, struct xm_cc_state, xm_cc, XM_MAX_FLOWS,
-		 XM_PIN("xm_cc"));
-BPF_TABLE_PINNED("hash", struct xm_flow_key, struct xm_flow_ctl, xm_ctl, XM_MAX_FLOWS,
-		 XM_PIN("xm_ctl"));
-/* HTB class (major:minor) of each flow that has one; written by the agent. */
-BPF_TABLE_PINNED("hash", struct xm_flow_key, __u32, xm_class, XM_MAX_FLOWS,
-		 XM_PIN("xm_class"));
-BPF_TABLE_PINNED("hash", struct xm_hop_key, __u64, xm_hop_speed, 4096, XM_PIN("xm_hop_speed"));
-/* XDP's scratch space for a new xm_cc entry (too large for the stack). */
-BPF_TABLE_PINNED("percpu_array", __u32, struct xm_cc_state, xm_cc_scratch, 1,
-		 XM_PIN("xm_cc_scratch"));
-BPF_TABLE_PINNED("percpu_array", __u32, struct xm_hop_scratch, xm_xdp_scratch, 1,
-		 XM_PIN("xm_xdp_scratch"));
-BPF_TABLE_PINNED("percpu_array", __u32, __u64, xm_counters, XM_CNT_MAX, XM_PIN("xm_counters"));
-
-static __always_inline void xm_count(__u32 reason)
-{
-	__u64 *c = xm_counters.lookup(&reason);
-	if (c)
-		*c += 1; /* per-CPU slot: no atomic needed */
-}
-
-static __always_inline struct xm_host_config *xm_config_get(void)
-{
-	__u32 zero = 0;
-	return xm_config.lookup(&zero);
-}
-
-static __always_inline __u64 xm_min64(__u64 a, __u64 b)
-{
-	return a < b ? a : b;
-}
-
-static __always_inline __u64 xm_max64(__u64 a, __u64 b)
-{
-	return a > b ? a : b;
-}
-
-static __always_inline __u32 xm_popcount16(__u32 x)
-{
-	x = x - ((x >> 1) & 0x5555);
-	x = (x & 0x3333) + ((x >> 2) & 0x3333);
-	x = (x + (x >> 4)) & 0x0f0f;
-	return (x + (x >> 8)) & 0x1f;
-}
-
-/* 4-byte words of the hop metadata an instruction bitmap asks for (bit 0 = MSB): one per
- * bit, two for bits 4-6 (timestamps, L2 ports). Reserved bits 8-14 count one word each, as
- * INT v2.1 asks of nodes that do not understand them. No branches (verifier state). */
-static __always_inline __u32 xm_int_words(__u32 bitmap)
-{
-	bitmap &= 0xffff;
-	return xm_popcount16(bitmap) + xm_popcount16(bitmap & 0x0e00);
-}
-
-/* Upper bound of a flow's rate: the line rate and the controller's cap. */
-static __always_inline __u64 xm_rate_ceiling(const struct xm_host_config *cfg,
-					     const struct xm_flow_ctl *ctl)
-{
-	__u64 ceil = cfg->line_rate_bps;
-	if (ctl && (ctl->flags & XM_CTL_HAS_CAP))
-		ceil = xm_min64(ceil, ctl->cap_bps);
-	return ceil;
-}
-
-/* [min_rate, ceiling]; the ceiling wins when a cap is below min_rate. */
-static __always_inline __u64 xm_bound_rate(__u64 rate, __u64 min_rate, __u64 ceil)
-{
-	if (rate < min_rate)
-		rate = min_rate;
-	if (rate > ceil)
-		rate = ceil;
-	return rate;
-}
 
 #endif /* XINGMAI_H */

@@ -1,4 +1,4 @@
-"""The controller's config for the network the testbed booted (controller/config.py format).
+"""The controller's config for the network the testbed booted (controller/config/ format).
 
 Names are the fabric's (leaf1, h1); host NICs are named as their Mininet interfaces
 (`h1-eth0`); switches are reached on their management addresses, agents on their unix sockets,
@@ -83,7 +83,7 @@ def controller_config(spec: FabricSpec, scaling: Scaling, switches: dict[str, Sw
         links.append([str(spec.collector), "collector"])
     m = scaling.model
     collector: dict[str, Any] = {
-        "listen": f"0.0.0.0:{COLLECTOR_UDP_PORT}", "ip": COLLECTOR_IP, "mac": COLLECTOR_MAC,
+        "ip": COLLECTOR_IP, "mac": COLLECTOR_MAC,  # listens on ip:udp_port
         "udp_port": COLLECTOR_UDP_PORT, "report_src_ip": REPORT_SRC_IP}
     if setup.collector_netns:
         collector["netns"] = setup.collector_netns

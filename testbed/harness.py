@@ -26,9 +26,11 @@ from scapy.packet import Packet, Raw
 from scapy.sendrecv import AsyncSniffer, sendp
 from scapy.utils import rdpcap, wrpcap
 
-from testbed.packets import AETH, BTH, CNP, decode, int_packet, parse_int
-from testbed.packets.int_md import INT_DSCP_DEFAULT, parse_report
-from testbed.packets.roce import OP_ACK, OP_CNP, OP_SEND_ONLY, ROCE_UDP_PORT
+from controller.common.netns import netns_path
+from controller.wire.int_md import INT_DSCP_DEFAULT
+from controller.wire.roce import OP_ACK, OP_CNP, OP_SEND_ONLY, ROCE_UDP_PORT
+from controller.wire.telemetry_report import TELEMETRY_REPORT_PORT
+from testbed.packets import AETH, BTH, CNP, decode, int_packet, parse_int, parse_report
 
 # A plausible hop, used for crafted stacks; node ids count down so newest-first is visible.
 _HOP = {
@@ -101,7 +103,7 @@ def describe(pkt: Packet, int_dscp: int | None) -> str:
             f"[node {h.get('node_id')} lat={h.get('hop_latency')} q={h.get('queue_occupancy')}]"
             for h in info["hops"]
         )
-    if UDP in p and p[UDP].dport == 32766:
+    if UDP in p and p[UDP].dport == TELEMETRY_REPORT_PORT:
         rep = parse_report(bytes(p[UDP].payload), int_dscp)
         line += f" | report seq={rep['seq']} node={rep['node_id']} n={len(rep['reports'])}"
     return line
@@ -173,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     if args.netns:
-        path = args.netns if args.netns.startswith("/") else f"/run/netns/{args.netns}"
+        path = netns_path(args.netns)
         rest = list(argv if argv is not None else sys.argv[1:])
         i = rest.index("--netns")
         del rest[i : i + 2]

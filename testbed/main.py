@@ -1,12 +1,19 @@
 """`xingmai-testbed` (`python -m testbed`): boot the emulated fabric and use it.
 
     xingmai-testbed run      # the main job: TiTa vs DCQCN vs no CC on AI-training traffic
+    xingmai-testbed run --engine sim --scale 1   # the same on the simulated twin, at 400G
+    xingmai-testbed compare RUN_DIR RUN_DIR...   # runs side by side, with ratios
     xingmai-testbed cli      # the same network with Mininet's CLI and project commands
     xingmai-testbed doctor   # what this machine has and lacks
     xingmai-testbed topo leafspine:2,2,4 --dump   # a topology as YAML
+    xingmai-testbed collective --sizes 64K:4M     # collectives over the rails (nccl-tests)
+    xingmai-testbed jobs FILE                     # concurrent jobs of a scenario file
+    xingmai-testbed tune                          # auto-tune algorithm/channels/chunk
 
 Topologies: `single[:H]`, `leafspine[:L,S,H]`, `rail[:K,H,S]` or a YAML file (testbed.topo).
-Needs root. Everything it starts it stops, on exit, error, Ctrl-C or SIGTERM.
+The emulation (`--engine emu`, the default) needs root; everything it starts it stops, on
+exit, error, Ctrl-C or SIGTERM. The simulated twin (`--engine sim`, testbed.sim) runs the same
+suite in one process under a virtual clock, without root.
 """
 
 from __future__ import annotations
@@ -51,9 +58,21 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--schemes", default="none,dcqcn,tita")
     run.add_argument("--scenarios", default="incast,allreduce,websearch")
     run.add_argument("--quick", action="store_true", help="a shorter suite")
+    run.add_argument("--engine", choices=["emu", "sim"], default="emu",
+                     help="emu: the emulation (root, Mininet, eBPF); sim: the simulated twin "
+                          "(one process, virtual time, deterministic)")
+    run.add_argument("--seed", type=int, default=1, help="workloads' seed (default 1)")
+    run.add_argument("--flows", type=Path,
+                     help="a flow list (CSV: src,dst,bytes,start_s; hosts by name) run as the "
+                          "scenario 'flows' instead of the suite's scenarios")
+    compare = sub.add_parser("compare", help="two or more runs side by side, with ratios")
+    compare.add_argument("runs", nargs="+", type=Path, help="run dirs (or results.json files)")
     cli = sub.add_parser("cli", help="Mininet's CLI on the booted network")
     _common(cli)
     sub.add_parser("doctor", help="check the prerequisites")
+    from testbed.collective.cli import add_parsers
+
+    add_parsers(sub)  # collective, jobs, tune
     topo = sub.add_parser("topo", help="print a topology")
     topo.add_argument("topo", nargs="?", default=DEFAULT_TOPO)
     topo.add_argument("--dump", action="store_true", help="as YAML (the file format)")
@@ -62,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _testbed(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from testbed.ctlconfig import Ecn
-    from testbed.network import Testbed, TestbedOptions
+    from testbed.emu.network import Testbed, TestbedOptions
     from testbed.topo import parse_choice
 
     spec = parse_choice(args.topo)
@@ -74,7 +93,7 @@ def _testbed(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from testbed.network import install_signal_handlers
+    from testbed.emu.network import install_signal_handlers
     from testbed.plots import write_plots
     from testbed.report import table, verdict, write_results
     from testbed.scenarios import SCENARIOS, SCHEMES, Suite, SuiteConfig
@@ -82,11 +101,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     schemes = tuple(s for s in args.schemes.split(",") if s)
     scenarios = tuple(s for s in args.scenarios.split(",") if s)
     bad = [s for s in schemes if s not in SCHEMES] + [s for s in scenarios if s not in SCENARIOS]
+    if args.engine == "emu" and args.seed != 1:
+        print("--seed is the twin's (the emulation's workloads use seed 1)", file=sys.stderr)
+        return 2
     if bad:
         print(f"unknown scheme or scenario: {bad}", file=sys.stderr)
         return 2
     base = SuiteConfig.quick() if args.quick else SuiteConfig()
-    cfg = SuiteConfig(**{**base.__dict__, "schemes": schemes, "scenarios": scenarios})
+    if args.flows is not None:
+        scenarios = ("flows",)
+    cfg = SuiteConfig(**{**base.__dict__, "schemes": schemes, "scenarios": scenarios,
+                         "seed": args.seed})
+    if args.engine == "sim":
+        from testbed.sim.run import run_sim
+
+        return run_sim(args, cfg)
+    if args.flows is not None:
+        print("--flows runs on the twin (--engine sim)", file=sys.stderr)
+        return 2
     install_signal_handlers()
     t0 = time.monotonic()
     tb = _testbed(args)
@@ -124,8 +156,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_cli(args: argparse.Namespace) -> int:
-    from testbed.cli import run_cli
-    from testbed.network import install_signal_handlers
+    from testbed.emu.cli import run_cli
+    from testbed.emu.network import install_signal_handlers
 
     install_signal_handlers(SystemExit)
     with _testbed(args) as tb:
@@ -135,8 +167,15 @@ def cmd_cli(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    from testbed.report import compare
+
+    print(compare(args.runs))
+    return 0
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from testbed.doctor import report
+    from testbed.emu.doctor import report
 
     return report()
 
@@ -160,8 +199,10 @@ def cmd_topo(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"run": cmd_run, "cli": cmd_cli, "doctor": cmd_doctor,
-                "topo": cmd_topo}[args.cmd](args)
+        from testbed.collective.cli import COMMANDS
+
+        return {"run": cmd_run, "cli": cmd_cli, "doctor": cmd_doctor, "topo": cmd_topo,
+                "compare": cmd_compare, **COMMANDS}[args.cmd](args)
     except ValueError as exc:  # testbed.topo.TopologyError and bad options
         print(f"xingmai-testbed: {exc}", file=sys.stderr)
         return 2
@@ -170,8 +211,8 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 130
     except Exception as exc:
-        from testbed.network import TestbedError
-        from testbed.procs import ComponentError
+        from testbed.emu.network import TestbedError
+        from testbed.emu.procs import ComponentError
 
         if isinstance(exc, (ComponentError, TestbedError)):
             print(f"xingmai-testbed: {exc}", file=sys.stderr)

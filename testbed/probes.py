@@ -30,10 +30,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from testbed.packets.int_md import decode_stack
+from controller.common.netns import in_netns
+from controller.wire.int_md import INT_DSCP_DEFAULT, decode_stack, int_stack_at
+from controller.wire.roce import ROCE_UDP_PORT
 
 ETH_P_ALL = 0x0003
-CLONE_NEWNET = 0x40000000
 SO_ATTACH_FILTER = 26
 SO_RCVBUFFORCE = 33
 SO_TIMESTAMPNS = 35  # also the SCM_TIMESTAMPNS control message type
@@ -48,7 +49,7 @@ _SKF_AD_PKTTYPE = (-0x1000 + 4) & 0xFFFFFFFF  # SKF_AD_OFF + SKF_AD_PKTTYPE
 PACKET_OUTGOING = 4
 
 
-def _int_filter(int_dscp: int, udp_port: int = 4791) -> list[tuple[int, int, int, int]]:
+def _int_filter(int_dscp: int, udp_port: int = ROCE_UDP_PORT) -> list[tuple[int, int, int, int]]:
     """Incoming IPv4 UDP to `udp_port` with the INT DSCP, first SNAPLEN bytes."""
     return [
         (_LD_W_ABS, 0, 0, _SKF_AD_PKTTYPE),  # 0: A <- packet type (ancillary load)
@@ -78,10 +79,8 @@ def packet_socket_in(netns_path: str, ifname: str,
 
     def make() -> None:
         try:
-            with open(netns_path) as f:
-                if _libc.setns(f.fileno(), CLONE_NEWNET) != 0:
-                    raise OSError(ctypes.get_errno(), f"setns({netns_path})")
-            s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+            with in_netns(netns_path):
+                s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
             if bpf is not None:
                 code = b"".join(struct.pack("HBBI", c, jt, jf, k & 0xFFFFFFFF)
                                 for c, jt, jf, k in bpf)
@@ -148,7 +147,7 @@ class IntSampler:
     """Reads the INT stack of every data packet arriving at the given host interfaces."""
 
     def __init__(self, endpoints: Iterable[tuple[str, str]], links: dict[tuple[int, int], str],
-                 int_dscp: int = 0x17):
+                 int_dscp: int = INT_DSCP_DEFAULT):
         """`endpoints`: (netns path, interface); `links`: (node id, egress port) -> name."""
         self.links = links
         self.socks = [packet_socket_in(ns, ifn, _int_filter(int_dscp)) for ns, ifn in endpoints]
@@ -200,43 +199,47 @@ class IntSampler:
 
     def _parse(self, cap: Capture | None, frame: bytes, now: float) -> None:
         """Decode one frame into `cap` (None: only remember it as the newest)."""
+        got = record_int_frame(cap, frame, now, self.links)
+        if got is not None:
+            self.last[got[0][1]] = (now, got[0], got[1])
+
+
+def record_int_frame(cap: Capture | None, frame: bytes, now: float,
+                     links: dict[tuple[int, int], str]
+                     ) -> tuple[tuple[str, str, int], list[HopSample]] | None:
+    """Decode the INT stack of one Ethernet frame (an INT data packet arriving at a host) into
+    `cap`; returns (flow, hop samples), None when it does not decode (counted). Both engines
+    read INT with this: the emulation's packet sockets and the simulated twin's hosts."""
+    if cap is not None:
+        cap.packets += 1
+    try:
+        ihl = (frame[14] & 0x0F) * 4
+        total_len = struct.unpack_from("!H", frame, 16)[0]
+        src = socket.inet_ntoa(frame[26:30])
+        dst = socket.inet_ntoa(frame[30:34])
+        udp = 14 + ihl
+        sport = struct.unpack_from("!H", frame, udp)[0]
+        bitmap, hop_ml, stack = int_stack_at(frame, udp + 8)
+        hops = decode_stack(stack, bitmap, hop_ml)
+    except (IndexError, ValueError, struct.error):
         if cap is not None:
-            cap.packets += 1
-        try:
-            ihl = (frame[14] & 0x0F) * 4
-            total_len = struct.unpack_from("!H", frame, 16)[0]
-            src = socket.inet_ntoa(frame[26:30])
-            dst = socket.inet_ntoa(frame[30:34])
-            udp = 14 + ihl
-            sport = struct.unpack_from("!H", frame, udp)[0]
-            shim = udp + 8
-            shim_words = frame[shim + 1]
-            md = shim + 4
-            hop_ml = frame[md + 2] & 0x1F
-            bitmap = struct.unpack_from("!H", frame, md + 4)[0]
-            stack_len = 4 * shim_words - 12
-            stack = frame[md + 12: md + 12 + stack_len]
-            if len(stack) != stack_len:
-                raise ValueError("INT stack cut by the capture length")
-            hops = decode_stack(stack, bitmap, hop_ml)
-        except (IndexError, ValueError, struct.error):
-            if cap is not None:
-                cap.undecodable += 1
-            return
-        samples = []
-        for hop in hops:
-            node, port = hop.get("node_id"), hop.get("l1_egress_port")
-            occ = hop.get("queue_occupancy")
-            if node is None or port is None or occ is None:
-                continue
-            link = self.links.get((node, port), f"node{node}:{port}")
-            samples.append(HopSample(now, link, int(occ), hop.get("tx_util"),
-                                     hop.get("hop_latency"), hop.get("egress_ts")))
-        self.last[dst] = (now, (src, dst, sport), samples)
-        if cap is not None:
-            cap.flows[(src, dst, sport)].append((now, total_len + 14))
-            cap.max_hops = max(cap.max_hops, len(hops))
-            cap.hops.extend(samples)
+            cap.undecodable += 1
+        return None
+    samples = []
+    for hop in hops:
+        node, port = hop.get("node_id"), hop.get("l1_egress_port")
+        occ = hop.get("queue_occupancy")
+        if node is None or port is None or occ is None:
+            continue
+        link = links.get((node, port), f"node{node}:{port}")
+        samples.append(HopSample(now, link, int(occ), hop.get("tx_util"),
+                                 hop.get("hop_latency"), hop.get("egress_ts")))
+    flow = (src, dst, sport)
+    if cap is not None:
+        cap.flows[flow].append((now, total_len + 14))
+        cap.max_hops = max(cap.max_hops, len(hops))
+        cap.hops.extend(samples)
+    return flow, samples
 
 
 @dataclass

@@ -26,11 +26,17 @@ def _f(v: float | None, fmt: str, dash: str = "-") -> str:
 
 
 def table(records: list[RunRecord]) -> str:
+    """The comparison table. Bus bandwidth in Mb/s and times in s at the emulation's scale;
+    at the model's speed (the twin's --scale 1) Gb/s and ms, as the magnitudes call for."""
+    fast = any((r.busbw_bps or 0) >= 1e10 for r in records) or (
+        bool(records) and max(r.completion_s for r in records) < 1.0)
+    bw_div, bw_unit = (1e9, "Gb/s") if fast else (1e6, "Mb/s")
+    t_mult, t_unit = (1e3, "ms") if fast else (1.0, "s")
     head = (f"{'scenario':<10} {'scheme':<6} {'bottleneck':<10} {'p50 queue':>9} "
             f"{'p99 queue':>9} {'drops':>6} {'util':>5} {'FCT p50':>8} {'FCT p99':>8} "
             f"{'busbw':>7} {'time':>6}")
     unit = (f"{'':<10} {'':<6} {'':<10} {'KB':>9} {'KB':>9} {'pkts':>6} {'%':>5} "
-            f"{'slowdown':>8} {'slowdown':>8} {'Mb/s':>7} {'s':>6}")
+            f"{'slowdown':>8} {'slowdown':>8} {bw_unit:>7} {t_unit:>6}")
     lines = [head, unit, "-" * len(head)]
     last = ""
     for r in sorted(records, key=lambda r: (_order(r.scenario), _order(r.scheme))):
@@ -38,7 +44,7 @@ def table(records: list[RunRecord]) -> str:
             lines.append("")
         last = r.scenario
         util = None if r.utilization is None else 100 * r.utilization
-        busbw = None if r.busbw_bps is None else r.busbw_bps / 1e6
+        busbw = None if r.busbw_bps is None else r.busbw_bps / bw_div
         note = "" if r.flows_completed == r.flows else f"  ({r.flows - r.flows_completed} " \
                                                        "unfinished)"
         if r.correct is False:
@@ -48,11 +54,12 @@ def table(records: list[RunRecord]) -> str:
             f"{r.queue_p50_bytes / 1e3:>9.1f} {r.queue_p99_bytes / 1e3:>9.1f} {r.drops:>6} "
             f"{_f(util, '.0f'):>5} {_f(r.fct_slowdown_p50, '.2f'):>8} "
             f"{_f(r.fct_slowdown_p99, '.2f'):>8} {_f(busbw, '.2f'):>7} "
-            f"{r.completion_s:>6.2f}{note}")
+            f"{r.completion_s * t_mult:>6.2f}{note}")
     return "\n".join(lines)
 
 
-_ORDER = {"incast": 0, "allreduce": 1, "websearch": 2, "none": 0, "dcqcn": 1, "tita": 2}
+_ORDER = {"incast": 0, "allreduce": 1, "alltoall": 2, "twojob": 3, "websearch": 4,
+          "none": 0, "dcqcn": 1, "tita": 2}
 
 
 def _order(name: str) -> int:
@@ -85,10 +92,13 @@ def verdict(records: list[RunRecord]) -> list[str]:
     return out
 
 
-def results_doc(records: list[RunRecord], setup: dict[str, Any]) -> dict[str, Any]:
+def results_doc(records: list[RunRecord], setup: dict[str, Any],
+                machine_extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The results file. Only `date` and `machine` depend on when and where it ran (the
+    twin's files are otherwise byte-identical for the same inputs and seed)."""
     return {
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": machine_description(),
+        "machine": {**machine_description(), **(machine_extra or {})},
         "setup": setup,
         "table": table(records),
         "verdict": verdict(records),
@@ -110,5 +120,63 @@ def records_from_results(doc: dict[str, Any]) -> list[RunRecord]:
     return out
 
 
-def write_results(path: Path, records: list[RunRecord], setup: dict[str, Any]) -> None:
-    path.write_text(json.dumps(results_doc(records, setup), indent=1) + "\n")
+def write_results(path: Path, records: list[RunRecord], setup: dict[str, Any],
+                  machine_extra: dict[str, Any] | None = None) -> None:
+    path.write_text(json.dumps(results_doc(records, setup, machine_extra), indent=1) + "\n")
+
+
+# ---- comparing runs -------------------------------------------------------------------------
+
+COMPARED = (  # (label, results field, scale to the shown unit)
+    ("p99 queue KB", "queue_p99_bytes", 1e-3),
+    ("drops", "drops", 1.0),
+    ("util %", "utilization", 100.0),
+    ("FCT p50", "fct_slowdown_p50", 1.0),
+    ("FCT p99", "fct_slowdown_p99", 1.0),
+    ("busbw Mb/s", "busbw_bps", 1e-6),
+    ("time s", "completion_s", 1.0),
+)
+
+
+def load_results(path: Path) -> dict[str, Any]:
+    """A run's results.json (a run dir or the file itself)."""
+    p = path / "results.json" if path.is_dir() else path
+    try:
+        doc: dict[str, Any] = json.loads(p.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{p}: not a results file ({exc})") from None
+    if "runs" not in doc or "setup" not in doc:
+        raise ValueError(f"{p}: not a results file (no runs/setup)")
+    return doc
+
+
+def compare(paths: list[Path]) -> str:
+    """Two or more runs side by side: every (scenario, scheme) they share and every metric,
+    with each run's ratio to the first."""
+    if len(paths) < 2:
+        raise ValueError("compare needs at least two runs")
+    docs = [load_results(p) for p in paths]
+    names = [chr(ord("A") + i) for i in range(len(docs))]
+    lines = []
+    for n, p, d in zip(names, paths, docs, strict=True):
+        st = d["setup"]
+        lines.append(f"{n}: {p}  ({st.get('engine', 'emu')}, {st.get('topology')}, scale "
+                     f"1/{st.get('scale', 0):g}, {d.get('date', '')})")
+    by = [{(r["scenario"], r["scheme"]): r for r in d["runs"]} for d in docs]
+    cells = [k for k in by[0] if all(k in b for b in by[1:])]
+    cells.sort(key=lambda k: (_order(k[0]), _order(k[1])))
+    head = f"{'scenario':<10} {'scheme':<6} {'metric':<12} " + " ".join(
+        f"{n:>10}" for n in names) + " " + " ".join(f"{n + '/A':>6}" for n in names[1:])
+    lines += ["", head, "-" * len(head)]
+    for scenario, scheme in cells:
+        for label, key, k in COMPARED:
+            vals = [b[(scenario, scheme)].get(key) for b in by]
+            if all(v is None for v in vals):
+                continue
+            shown = " ".join(f"{'-':>10}" if v is None else f"{v * k:>10.4g}" for v in vals)
+            ratios = " ".join(
+                f"{'-':>6}" if v is None or not vals[0] else f"{v / vals[0]:>6.2f}"
+                for v in vals[1:])
+            lines.append(f"{scenario:<10} {scheme:<6} {label:<12} {shown} {ratios}")
+        lines.append("")
+    return "\n".join(lines).rstrip()

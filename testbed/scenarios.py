@@ -4,7 +4,13 @@ scheme, measured the same way for every scheme.
 Scenarios (testbed.traffic.workloads over the testbed's hosts):
 - `incast`: every other host sends `incast_bytes` to the first host at once (N:1);
 - `allreduce`: ring all-reduce of `allreduce_bytes` of float32 per rank over all hosts
-  (reduce-scatter then all-gather; the sums are checked on every rank);
+  (testbed.collective: reduce-scatter then all-gather, one channel per NIC, so on the rail
+  topology every rail; the sums are checked on every rank);
+- `alltoall`: an MoE dispatch: all-to-all of `alltoall_bytes` per rank over all hosts
+  (testbed.collective, one channel per NIC; every block checked);
+- `twojob`: two training jobs at once, a data-parallel all-reduce on the first half of the
+  hosts and an MoE all-to-all on the other half (`twojob_bytes`, a few iterations of
+  compute + collective), each also alone: per-job iteration time and slowdown;
 - `websearch`: flows with the WebSearch size distribution (sizes divided by
   `websearch_size_divisor`, so that the run holds hundreds of flows rather than a few dozen)
   and Poisson arrivals at `websearch_load` of the NIC line rate per host.
@@ -24,6 +30,11 @@ Measured per (scheme, scenario) — testbed.probes:
 - utilisation of the bottleneck port while the scenario ran;
 - FCT slowdown (FCT / (size / payload line rate + base RTT)), bus bandwidth, completion time;
 - each flow's NIC rate over time (WatchRates).
+
+The suite is written once for two engines (`SuiteBase`): `Suite` runs it on the emulation (a
+booted Testbed: worker processes, packet sockets, agents' streams, kernel counters), and
+testbed.sim.suite.SimSuite on the simulated twin (the same jobs, INT decoding and
+summaries, in virtual time). The engines differ only in how the measurements reach them.
 """
 
 from __future__ import annotations
@@ -33,12 +44,13 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from testbed.model import TRANSPORT_OVERHEAD
-from testbed.network import Testbed
+from testbed.collective import run as coll
+from testbed.collective.run import CollFabric
+from testbed.model import TRANSPORT_OVERHEAD, Scaling, fmt_rate
 from testbed.probes import (
     Capture,
     IntSampler,
@@ -52,9 +64,14 @@ from testbed.probes import (
 from testbed.traffic import generators as gen
 from testbed.traffic import metrics as m
 from testbed.traffic import workloads as wl
+from testbed.traffic.netns import Host
+
+if TYPE_CHECKING:
+    from testbed.emu.network import Testbed
+    from testbed.topo import FabricSpec
 
 SCHEMES = ("none", "dcqcn", "tita")
-SCENARIOS = ("incast", "allreduce", "websearch")
+SCENARIOS = ("incast", "allreduce", "alltoall", "twojob", "websearch")
 SERIES_POINTS = 2000  # per series kept in the results file
 
 
@@ -65,6 +82,8 @@ class SuiteConfig:
     incast_bytes: int = 1_000_000
     allreduce_bytes: int = 4 << 20
     allreduce_chunk: int = 256 << 10
+    alltoall_bytes: int = 1 << 20
+    twojob_bytes: int = 1 << 20
     websearch_load: float = 0.5
     websearch_seconds: float = 5.0
     websearch_size_divisor: float = 10.0
@@ -77,7 +96,8 @@ class SuiteConfig:
     def quick() -> SuiteConfig:
         """A short suite (benchmarks, tests): smaller collectives and a shorter mix."""
         return SuiteConfig(incast_bytes=400_000, allreduce_bytes=1 << 20,
-                           allreduce_chunk=128 << 10, websearch_seconds=2.0)
+                           allreduce_chunk=128 << 10, alltoall_bytes=256 << 10,
+                           twojob_bytes=256 << 10, websearch_seconds=2.0)
 
 
 @dataclass
@@ -112,10 +132,13 @@ class RunRecord:
     slowdowns: list[float] = field(default_factory=list)
     queue_series: dict[str, list[float]] = field(default_factory=dict)
     rate_series: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    flow_fcts: list[dict[str, Any]] = field(default_factory=list)  # per flow (flows runs)
+    port_series: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # per port
+    jobs: list[dict[str, Any]] = field(default_factory=list)  # per job (twojob)
 
     def summary(self) -> dict[str, Any]:
         d = asdict(self)
-        for k in ("queue_series", "rate_series", "slowdowns"):
+        for k in ("queue_series", "rate_series", "slowdowns", "flow_fcts", "port_series"):
             d.pop(k)
         return d
 
@@ -123,33 +146,33 @@ class RunRecord:
 DEFAULT_WINDOW = 64  # packets in flight per queue pair (RoCE NICs bound little)
 
 
-def tita_window(tb: Testbed, tita_t_s: float) -> int:
+def tita_window(s: Scaling, tita_t_s: float) -> int:
     """HPCC's in-flight bound, one bandwidth-delay product B*T per flow, in packets."""
-    s = tb.scaling
     return max(2, math.ceil(s.link_bps * tita_t_s / 8 / s.frame_bytes))
 
 
-def transport_settings(tb: Testbed, window: int = DEFAULT_WINDOW) -> dict[str, Any]:
+def transport_settings(s: Scaling, window: int = DEFAULT_WINDOW) -> dict[str, Any]:
     """The transport's parameters for every run (testbed.traffic.transport.TransportConfig).
 
     - MTU 4096 (RoCE's), jumbo links;
     - a socket buffer of a few frames per queue pair: a real NIC fetches a message's data
       only as its rate allows, so retransmissions do not wait behind seconds of paced data;
-    - the RTO above the deepest queueing delay (a full 500 KB queue drains in 0.2 s);
+    - the RTO above the deepest queueing delay (a full 500 KB queue drains in 0.2 s at the
+      emulation's scale), dilated like every time of the model;
     - an ACK every 2 packets (TiTa's feedback), a CNP at most every 50 us of the paper's
       40 Gb/s time, dilated to the NIC's rate like the agents' DCQCN timers;
     - `window`: packets in flight per queue pair. TiTa is HPCC-like, and HPCC's sender
       bounds its in-flight bytes by B*T (`tita_window`); DCQCN and no-CC senders do not.
     """
-    s = tb.scaling
-    return {"mtu": s.transport_mtu, "window": window, "ack_every": 2, "rto": 1.0,
-            "rto_max": 4.0, "sndbuf": 4 * s.frame_bytes,
+    dilation = min(1.0, s.scale / 20_000)  # the RTO was chosen at the emulation's scale
+    return {"mtu": s.transport_mtu, "window": window, "ack_every": 2,
+            "rto": max(1.0 * dilation, 50e-6), "rto_max": max(4.0 * dilation, 200e-6),
+            "sndbuf": 4 * s.frame_bytes,
             "cnp_interval": 50e-6 * 40e9 / s.nic_bps}
 
 
-def payload_line_rate(tb: Testbed) -> float:
+def payload_line_rate(s: Scaling) -> float:
     """The NIC line rate in payload bits (what an idle path delivers)."""
-    s = tb.scaling
     return s.nic_bps * s.transport_mtu / (s.transport_mtu + TRANSPORT_OVERHEAD)
 
 
@@ -173,18 +196,285 @@ def scheme_params(scheme: str, base_rtt_s: float) -> dict[str, float]:
     return {}
 
 
-class Suite:
-    """Runs the scenarios on a started testbed; `records` collects the results."""
+def websearch_flows(cfg: SuiteConfig, hosts: int, nic_bps: float,
+                    seconds: float) -> list[gen.Flow]:
+    """The WebSearch mix of the suite: sizes divided by the divisor, Poisson arrivals for
+    `seconds`."""
+    cdf = gen.SizeCdf.load("websearch")
+    k = cfg.websearch_size_divisor
+    scaled = gen.SizeCdf([(s / k, p) for s, p in zip(cdf.sizes, cdf.probs, strict=True)],
+                         f"websearch/{k:g}")
+    return gen.poisson(hosts, scaled, cfg.websearch_load, nic_bps, seconds, seed=cfg.seed)
+
+
+class SuiteBase:
+    """The scenario suite on one engine; `records` collects the results. An engine provides
+    the hooks below (`_measure_base_rtt`, `_set_policy`, `_begin`, `_end`, `_counters`,
+    `_quiet_counters`, `runner`); port counters are keyed "switch:port"."""
+
+    spec: FabricSpec
+    scaling: Scaling
+    hosts: list[Host]
+    runner: wl.Runner
+    time_scale: float = 1.0  # timeouts stretch with the model's time (1 at the emulation's)
+
+    def __init__(self, cfg: SuiteConfig, say: Callable[[str], None]):
+        self.cfg = cfg
+        self.say = say
+        self.records: list[RunRecord] = []
+        self.base_rtt_s = 0.0  # measured (FCT slowdown's ideal)
+        self.tita_t_s = 0.0
+        self.flows_override: list[gen.Flow] | None = None  # a --flows file: the "flows" run
+        self._scheme = "none"  # the scheme of the run in progress
+
+    # ---- engine hooks ----
+
+    def _measure_base_rtt(self) -> float:
+        raise NotImplementedError
+
+    def _set_policy(self, scheme: str, params: dict[str, float]) -> int:
+        raise NotImplementedError
+
+    def _begin(self) -> None:
+        raise NotImplementedError
+
+    def _end(self) -> tuple[Capture, list[RateEvent]]:
+        raise NotImplementedError
+
+    def _counters(self) -> dict[str, PortCounters]:
+        raise NotImplementedError
+
+    def _quiet_counters(self) -> dict[str, PortCounters]:
+        raise NotImplementedError
+
+    def _now(self) -> float:
+        raise NotImplementedError
+
+    def _set_port_rate(self, switch: str, port: int, rate_bps: float) -> None:
+        raise NotImplementedError
+
+    # ---- the collective library's view of the engine ----
+
+    def nic_ips(self) -> list[list[str]]:
+        """Every traffic host's NIC addresses, in host order."""
+        by_name = {h.name: [n.ip for n in h.nics] for h in self.spec.hosts}
+        return [by_name[h.name] for h in self.hosts]
+
+    def collective_fabric(self, scheme: str, window: int | None = None) -> CollFabric:
+        s = self.scaling
+        cfg = self.cfg
+
+        def websearch(hosts: int, load: float, seconds: float) -> list[gen.Flow]:
+            wcfg = SuiteConfig(**{**cfg.__dict__, "websearch_load": load})
+            return websearch_flows(wcfg, hosts, s.nic_bps, seconds)
+
+        return CollFabric(
+            topology=self.spec.name, hosts=self.hosts, nic_ips=self.nic_ips(),
+            runner=self.runner, scaling=s, scheme=scheme,
+            transport=transport_settings(s, self.window(scheme) if window is None else window),
+            line_rate=payload_line_rate(s), time_scale=self.time_scale, seed=cfg.seed,
+            set_port_rate=self._set_port_rate, websearch=websearch)
+
+    # ---- running ----
+
+    def prepare(self) -> None:
+        """Measure the base RTT and fix TiTa's T (before the first scheme)."""
+        self.base_rtt_s = self._measure_base_rtt()
+        model_rtt = self.scaling.base_rtt_s
+        self.tita_t_s = self.cfg.tita_base_rtt_s or max(self.base_rtt_s, model_rtt)
+        self.say(f"base RTT {fmt_time(self.base_rtt_s)} ({self.scaling.transport_mtu} B, "
+                 f"{self.hosts[0].name} -> {self.hosts[-1].name}); the model's, dilated: "
+                 f"{fmt_time(model_rtt)}; TiTa's T = {fmt_time(self.tita_t_s)}")
+
+    def run(self) -> list[RunRecord]:
+        cfg = self.cfg
+        self.prepare()
+        total = len(cfg.schemes) * len(cfg.scenarios)
+        n = 0
+        for scheme in cfg.schemes:
+            agents = self._set_policy(scheme, scheme_params(scheme, self.tita_t_s))
+            self.say(f"scheme {scheme}: set on {agents} agents by the controller")
+            for scenario in cfg.scenarios:
+                n += 1
+                self.say(f"[{n}/{total}] {scheme} / {scenario} ...")
+                rec = self.run_one(scheme, scenario)
+                self.records.append(rec)
+                self.say(f"[{n}/{total}] {scheme} / {scenario}: {one_line(rec)}")
+        return self.records
+
+    def window(self, scheme: str) -> int:
+        if scheme == "tita" and self.tita_t_s:
+            return tita_window(self.scaling, self.tita_t_s)
+        return DEFAULT_WINDOW
+
+    def run_one(self, scheme: str, scenario: str) -> RunRecord:
+        before = self._counters()
+        self._begin()
+        t_call = self._now()
+        self._scheme = scheme
+        try:
+            res = self._workload(scenario, self.window(scheme))
+        finally:
+            cap, events = self._end()
+        after = self._quiet_counters()
+        return self._summarise(scheme, scenario, res, cap, events,
+                               counters_delta(before, after), t_call)
+
+    def _workload(self, scenario: str, window: int) -> dict[str, Any]:
+        cfg, s = self.cfg, self.scaling
+        tr = transport_settings(s, window)
+        line = payload_line_rate(s)
+        k = self.time_scale
+        if scenario == "incast":
+            return wl.incast(self.hosts, cfg.incast_bytes, receiver=0, transport=tr,
+                             line_rate=line, base_rtt=self.base_rtt_s, timeout=120 * k,
+                             seed=cfg.seed, runner=self.runner)
+        if scenario == "allreduce":
+            return wl.allreduce(self.hosts, cfg.allreduce_bytes, chunk=cfg.allreduce_chunk,
+                                transport=tr, timeout=180 * k, seed=cfg.seed,
+                                runner=self.runner, nic_ips=self.nic_ips())
+        if scenario in ("alltoall", "twojob"):
+            return self._collective_workload(scenario, window)
+        if scenario == "websearch":
+            seconds = cfg.websearch_seconds * k  # as many flows at any scale
+            flows = websearch_flows(cfg, len(self.hosts), s.nic_bps, seconds)
+            res = wl.run_flows(self.hosts, flows, name="websearch", transport=tr,
+                               line_rate=line, base_rtt=self.base_rtt_s,
+                               timeout=(seconds * 6 + 30 * k), seed=cfg.seed,
+                               runner=self.runner)
+            res["offered_load"] = gen.offered_load(flows, len(self.hosts), s.nic_bps, seconds)
+            return res
+        if scenario == "flows" and self.flows_override is not None:
+            flows = self.flows_override
+            end = max((f.start for f in flows), default=0.0)
+            return wl.run_flows(self.hosts, flows, name="flows", transport=tr,
+                                line_rate=line, base_rtt=self.base_rtt_s,
+                                timeout=end * 6 + 30 * k, seed=cfg.seed, runner=self.runner)
+        raise ValueError(f"unknown scenario {scenario!r} (known: {', '.join(SCENARIOS)})")
+
+    def _collective_workload(self, scenario: str, window: int) -> dict[str, Any]:
+        cfg = self.cfg
+        fab = self.collective_fabric(self._scheme, window)
+        if scenario == "alltoall":
+            return {"workload": "alltoall",
+                    "summary": coll.collective(fab, collective="alltoall",
+                                               size=cfg.alltoall_bytes, chunk=64 << 10)}
+        n = len(self.hosts)
+        half = list(range(n // 2)), list(range(n // 2, n))
+        # each iteration computes for about as long as its collective takes at line rate
+        compute = 2 * cfg.twojob_bytes * 8 / (fab.nics * fab.line_rate) / self.scaling.scale
+        decls = [coll.JobDecl("dp", "training", half[0],
+                              {"collective": "allreduce", "size": cfg.twojob_bytes,
+                               "chunk": 64 << 10, "iters": 3, "compute": compute}),
+                 coll.JobDecl("moe", "training", half[1],
+                              {"collective": "alltoall", "size": cfg.twojob_bytes,
+                               "chunk": 64 << 10, "iters": 3, "compute": compute})]
+        return {"workload": "twojob", "summary": coll.concurrent(fab, decls)}
+
+    # ---- summarising ----
+
+    def _summarise(self, scheme: str, scenario: str, res: dict[str, Any], cap: Capture,
+                   events: list[RateEvent], delta: dict[str, PortCounters],
+                   t_call: float) -> RunRecord:
+        spec = self.spec
+        by_link: dict[str, list[int]] = {}
+        for h in cap.hops:
+            by_link.setdefault(h.link, []).append(h.qocc_bytes)
+        qstats = {lk: {"p50": float(np.percentile(v, 50)), "p99": float(np.percentile(v, 99)),
+                       "max": float(max(v)), "samples": float(len(v))}
+                  for lk, v in sorted(by_link.items())}
+        if scenario == "incast":
+            h0 = spec.hosts[0]
+            bottleneck = str(spec.attachment(h0.name, 0))
+        else:
+            bottleneck = max(qstats, key=lambda lk: (qstats[lk]["p99"], qstats[lk]["max"]),
+                             default="")
+        q = qstats.get(bottleneck, {"p50": 0.0, "p99": 0.0, "max": 0.0, "samples": 0.0})
+        drops_by_switch: dict[str, int] = {}
+        for key, c in sorted(delta.items()):
+            sw = key.split(":", 1)[0]
+            drops_by_switch[sw] = drops_by_switch.get(sw, 0) + c.rx_packets - c.tx_packets
+        # traffic's own start: the first INT data packet seen (workers start a moment after
+        # the call)
+        t_start = min((h.t for h in cap.hops), default=t_call)
+        completion, flows, done, slowdowns, busbw, correct = self._workload_figures(scenario,
+                                                                                    res)
+        util = None
+        if bottleneck and completion > 0:
+            port_delta = delta.get(bottleneck)
+            if port_delta is not None:
+                util = port_delta.tx_bytes * 8 / (self.scaling.link_bps * completion)
+        counters = res.get("counters", {})
+        sd = np.asarray(slowdowns) if slowdowns else None
+        rec = RunRecord(
+            scheme=scheme, scenario=scenario, bottleneck=bottleneck,
+            queue_p50_bytes=q["p50"], queue_p99_bytes=q["p99"], queue_max_bytes=q["max"],
+            queue_samples=int(q["samples"]), drops=sum(drops_by_switch.values()),
+            utilization=util,
+            fct_slowdown_p50=float(np.percentile(sd, 50)) if sd is not None else None,
+            fct_slowdown_p99=float(np.percentile(sd, 99)) if sd is not None else None,
+            flows=flows, flows_completed=done, busbw_bps=busbw, completion_s=completion,
+            int_packets=cap.packets, int_max_hops=cap.max_hops,
+            retransmits=int(counters.get("retransmits", 0)),
+            cnps=int(counters.get("cnps_received", 0)),
+            out_of_order=int(counters.get("drops", {}).get("out_of_order", 0)),
+            window=self.window(scheme), correct=correct,
+            queue_by_link=qstats, drops_by_switch=drops_by_switch, rate_events=len(events),
+            slowdowns=[float(x) for x in slowdowns])
+        points: dict[str, list[tuple[float, float]]] = {}
+        for h in cap.hops:
+            points.setdefault(h.link, []).append((h.t - t_start, float(h.qocc_bytes)))
+        rec.port_series = {lk: _downsample(v) for lk, v in sorted(points.items())}
+        rec.queue_series = rec.port_series.get(bottleneck, _downsample([]))
+        last_seen = {f: pts[-1][0] for f, pts in cap.flows.items() if pts}
+        ip_host = {n.ip: h.name for h in spec.hosts for n in h.nics}
+        rec.rate_series = _rate_series(events, t_start, last_seen, ip_host)
+        rec.flow_fcts = _flow_fcts(res, ip_host, self.hosts)
+        if scenario == "twojob":
+            rec.jobs = res["summary"]["jobs"]
+        return rec
+
+    def _workload_figures(self, scenario: str, res: dict[str, Any]
+                          ) -> tuple[float, int, int, list[float], float | None, bool | None]:
+        """(completion time, flows, completed flows, FCT slowdowns, busbw b/s, correct)."""
+        line = payload_line_rate(self.scaling)
+        scale = self.scaling.scale
+        if scenario == "alltoall":
+            r = res["summary"]
+            n = len(self.hosts)
+            return (r["time_s"] * scale, n, n if r["correct"] else 0, [],
+                    r["busbw_Bps"] * 8 / scale, bool(r["correct"]))
+        if scenario == "twojob":
+            jobs = res["summary"]["jobs"]
+            ok = all(j.get("correct") for j in jobs)
+            end = max(j.get("iter_s", 0.0) for j in jobs) * 3 * scale
+            dp = jobs[0]
+            return (end, len(jobs), sum(bool(j.get("correct")) for j in jobs), [],
+                    dp.get("busbw_Bps", 0.0) * 8 / scale, ok)
+        if scenario == "allreduce":
+            coll = res["collective"]
+            n = len(self.hosts)
+            return (float(coll["time_s"]), n, n if res["correct"] else 0, [],
+                    float(coll["busbw_Bps"]) * 8, bool(res["correct"]))
+        sent = [f for r in res["raw"] for f in r["sent"]]
+        done = [f for f in sent if f["fct"] is not None]
+        slow = [f["fct"] / m.ideal_fct(f["size"], line, self.base_rtt_s) for f in done]
+        end = max((f["start"] + f["fct"] for f in done), default=0.0)
+        complete = len(done) == len(sent) and res.get("corrupt", 0) == 0
+        return (float(end), len(sent), len(done), slow, None, complete)
+
+
+class Suite(SuiteBase):
+    """The suite on the emulation: a started Testbed."""
 
     def __init__(self, tb: Testbed, cfg: SuiteConfig,
                  say: Callable[[str], None] | None = None):
+        super().__init__(cfg, say or tb.say)
         self.tb = tb
-        self.cfg = cfg
-        self.say = say or tb.say
-        self.records: list[RunRecord] = []
+        self.spec = tb.spec
+        self.scaling = tb.scaling
         self.hosts = tb.hosts()
-        self.base_rtt_s = 0.0  # measured (FCT slowdown's ideal)
-        self.tita_t_s = 0.0
+        self.runner = wl.run_job
         self.links: dict[tuple[int, int], str] = {}
         self.port_ifs: dict[str, dict[int, str]] = {}
         for sw in tb.switches():
@@ -210,157 +500,63 @@ class Suite:
         if self.watcher is not None:
             self.watcher.close()
 
-    # ---- running ----
+    # ---- engine hooks ----
 
-    def run(self) -> list[RunRecord]:
-        cfg = self.cfg
-        self.base_rtt_s = measure_base_rtt(self.tb)
-        model_rtt = self.tb.scaling.base_rtt_s
-        self.tita_t_s = cfg.tita_base_rtt_s or max(self.base_rtt_s, model_rtt)
-        self.say(f"base RTT {self.base_rtt_s * 1e3:.2f} ms ({self.tb.scaling.transport_mtu} B "
-                 f"pings, {self.hosts[0].name} -> {self.hosts[-1].name}); the model's, "
-                 f"dilated: {model_rtt * 1e3:.1f} ms; TiTa's T = {self.tita_t_s * 1e3:.1f} ms")
-        total = len(cfg.schemes) * len(cfg.scenarios)
-        n = 0
-        for scheme in cfg.schemes:
-            hosts = self.tb.set_policy(scheme, scheme_params(scheme, self.tita_t_s))
-            self.say(f"scheme {scheme}: set on {len(hosts)} agents by the controller")
-            time.sleep(0.5)
-            for scenario in cfg.scenarios:
-                n += 1
-                self.say(f"[{n}/{total}] {scheme} / {scenario} ...")
-                rec = self.run_one(scheme, scenario)
-                self.records.append(rec)
-                self.say(f"[{n}/{total}] {scheme} / {scenario}: {one_line(rec)}")
-        return self.records
+    def _measure_base_rtt(self) -> float:
+        return measure_base_rtt(self.tb)
+
+    def _set_policy(self, scheme: str, params: dict[str, float]) -> int:
+        hosts = self.tb.set_policy(scheme, params)
+        time.sleep(0.5)
+        return len(hosts)
+
+    def _begin(self) -> None:
+        assert self.sampler is not None and self.watcher is not None
+        self.sampler.begin()
+        self.watcher.begin()
+
+    def _end(self) -> tuple[Capture, list[RateEvent]]:
+        assert self.sampler is not None and self.watcher is not None
+        return self.sampler.end(), self.watcher.end()
+
+    def _now(self) -> float:
+        return time.monotonic()
 
     def _counters(self) -> dict[str, PortCounters]:
         out: dict[str, PortCounters] = {}
         for sw in self.tb.switches():
             ifs = self.port_ifs[sw.name]
+            port_of = {ifn: p for p, ifn in ifs.items()}
             for ifn, c in port_counters(sw.netns_path, ifs.values()).items():
-                out[f"{sw.name}/{ifn}"] = c
+                out[f"{sw.name}:{port_of[ifn]}"] = c
         return out
 
-    def window(self, scheme: str) -> int:
-        if scheme == "tita" and self.tita_t_s:
-            return tita_window(self.tb, self.tita_t_s)
-        return DEFAULT_WINDOW
+    def _quiet_counters(self) -> dict[str, PortCounters]:
+        return wait_quiet(self._counters)
 
-    def run_one(self, scheme: str, scenario: str) -> RunRecord:
-        assert self.sampler is not None and self.watcher is not None
-        before = self._counters()
-        self.sampler.begin()
-        self.watcher.begin()
-        t_call = time.monotonic()
-        try:
-            res = self._workload(scenario, self.window(scheme))
-        finally:
-            cap = self.sampler.end()
-            events = self.watcher.end()
-        after = wait_quiet(self._counters)
-        return self._summarise(scheme, scenario, res, cap, events,
-                               counters_delta(before, after), t_call)
+    def _set_port_rate(self, switch: str, port: int, rate_bps: float) -> None:
+        self.tb.set_queue_rate(switch, port, rate_bps)
 
-    def _workload(self, scenario: str, window: int) -> dict[str, Any]:
-        cfg, tb = self.cfg, self.tb
-        tr = transport_settings(tb, window)
-        line = payload_line_rate(tb)
-        if scenario == "incast":
-            return wl.incast(self.hosts, cfg.incast_bytes, receiver=0, transport=tr,
-                             line_rate=line, base_rtt=self.base_rtt_s, timeout=120,
-                             seed=cfg.seed)
-        if scenario == "allreduce":
-            return wl.allreduce(self.hosts, cfg.allreduce_bytes, chunk=cfg.allreduce_chunk,
-                                transport=tr, timeout=180, seed=cfg.seed)
-        if scenario == "websearch":
-            cdf = gen.SizeCdf.load("websearch")
-            k = cfg.websearch_size_divisor
-            scaled = gen.SizeCdf([(s / k, p) for s, p in zip(cdf.sizes, cdf.probs, strict=True)],
-                                 f"websearch/{k:g}")
-            flows = gen.poisson(len(self.hosts), scaled, cfg.websearch_load,
-                                tb.scaling.nic_bps, cfg.websearch_seconds, seed=cfg.seed)
-            res = wl.run_flows(self.hosts, flows, name="websearch", transport=tr,
-                               line_rate=line, base_rtt=self.base_rtt_s,
-                               timeout=cfg.websearch_seconds * 6 + 30, seed=cfg.seed)
-            res["offered_load"] = gen.offered_load(flows, len(self.hosts), tb.scaling.nic_bps,
-                                                   cfg.websearch_seconds)
-            return res
-        raise ValueError(f"unknown scenario {scenario!r} (known: {', '.join(SCENARIOS)})")
 
-    # ---- summarising ----
+def fmt_time(s: float) -> str:
+    if s >= 1.0:
+        return f"{s:.2f} s"
+    if s >= 1e-3:
+        return f"{s * 1e3:.3g} ms"
+    return f"{s * 1e6:.3g} us"
 
-    def _summarise(self, scheme: str, scenario: str, res: dict[str, Any], cap: Capture,
-                   events: list[RateEvent], delta: dict[str, PortCounters],
-                   t_call: float) -> RunRecord:
-        tb = self.tb
-        by_link: dict[str, list[int]] = {}
-        for h in cap.hops:
-            by_link.setdefault(h.link, []).append(h.qocc_bytes)
-        qstats = {lk: {"p50": float(np.percentile(v, 50)), "p99": float(np.percentile(v, 99)),
-                       "max": float(max(v)), "samples": float(len(v))}
-                  for lk, v in by_link.items()}
-        if scenario == "incast":
-            h0 = tb.spec.hosts[0]
-            bottleneck = str(tb.spec.attachment(h0.name, 0))
-        else:
-            bottleneck = max(qstats, key=lambda lk: (qstats[lk]["p99"], qstats[lk]["max"]),
-                             default="")
-        q = qstats.get(bottleneck, {"p50": 0.0, "p99": 0.0, "max": 0.0, "samples": 0.0})
-        drops_by_switch: dict[str, int] = {}
-        for key, c in delta.items():
-            sw = key.split("/", 1)[0]
-            drops_by_switch[sw] = drops_by_switch.get(sw, 0) + c.rx_packets - c.tx_packets
-        # traffic's own start: the first INT data packet seen (workers start a moment after
-        # the call)
-        t_start = min((h.t for h in cap.hops), default=t_call)
-        completion, flows, done, slowdowns, busbw, correct = self._workload_figures(scenario,
-                                                                                    res)
-        util = None
-        if bottleneck and completion > 0:
-            sw, port = bottleneck.split(":")
-            ifn = self.port_ifs.get(sw, {}).get(int(port))
-            port_delta = delta.get(f"{sw}/{ifn}")
-            if port_delta is not None:
-                util = port_delta.tx_bytes * 8 / (tb.scaling.link_bps * completion)
-        counters = res.get("counters", {})
-        sd = np.asarray(slowdowns) if slowdowns else None
-        rec = RunRecord(
-            scheme=scheme, scenario=scenario, bottleneck=bottleneck,
-            queue_p50_bytes=q["p50"], queue_p99_bytes=q["p99"], queue_max_bytes=q["max"],
-            queue_samples=int(q["samples"]), drops=sum(drops_by_switch.values()),
-            utilization=util,
-            fct_slowdown_p50=float(np.percentile(sd, 50)) if sd is not None else None,
-            fct_slowdown_p99=float(np.percentile(sd, 99)) if sd is not None else None,
-            flows=flows, flows_completed=done, busbw_bps=busbw, completion_s=completion,
-            int_packets=cap.packets, int_max_hops=cap.max_hops,
-            retransmits=int(counters.get("retransmits", 0)),
-            cnps=int(counters.get("cnps_received", 0)),
-            out_of_order=int(counters.get("drops", {}).get("out_of_order", 0)),
-            window=self.window(scheme), correct=correct,
-            queue_by_link=qstats, drops_by_switch=drops_by_switch, rate_events=len(events),
-            slowdowns=[float(x) for x in slowdowns])
-        rec.queue_series = _downsample(
-            [(h.t - t_start, float(h.qocc_bytes)) for h in cap.hops if h.link == bottleneck])
-        last_seen = {f: pts[-1][0] for f, pts in cap.flows.items() if pts}
-        rec.rate_series = _rate_series(events, t_start, last_seen, tb)
-        return rec
 
-    def _workload_figures(self, scenario: str, res: dict[str, Any]
-                          ) -> tuple[float, int, int, list[float], float | None, bool | None]:
-        """(completion time, flows, completed flows, FCT slowdowns, busbw b/s, correct)."""
-        line = payload_line_rate(self.tb)
-        if scenario == "allreduce":
-            coll = res["collective"]
-            n = len(self.hosts)
-            return (float(coll["time_s"]), n, n if res["correct"] else 0, [],
-                    float(coll["busbw_Bps"]) * 8, bool(res["correct"]))
-        sent = [f for r in res["raw"] for f in r["sent"]]
-        done = [f for f in sent if f["fct"] is not None]
-        slow = [f["fct"] / m.ideal_fct(f["size"], line, self.base_rtt_s) for f in done]
-        end = max((f["start"] + f["fct"] for f in done), default=0.0)
-        complete = len(done) == len(sent) and res.get("corrupt", 0) == 0
-        return (float(end), len(sent), len(done), slow, None, complete)
+def _flow_fcts(res: dict[str, Any], ip_host: dict[str, str],
+               hosts: list[Host]) -> list[dict[str, Any]]:
+    """Every flow of a flows run: id, src and dst host, bytes, start and FCT (s; None when
+    it did not complete)."""
+    names = [h.name for h in hosts]
+    out = []
+    for r in res.get("raw", []):
+        for f in r.get("sent", []):
+            out.append({"id": f["id"], "src": names[f["src"]], "dst": names[f["dst"]],
+                        "bytes": f["size"], "start_s": f["start"], "fct_s": f["fct"]})
+    return sorted(out, key=lambda f: f["id"])
 
 
 def _downsample(points: list[tuple[float, float]],
@@ -375,15 +571,19 @@ def _downsample(points: list[tuple[float, float]],
             if b not in buckets or v > buckets[b][1]:
                 buckets[b] = (t, v)
         points = [buckets[b] for b in sorted(buckets)]
-    return {"t": [round(t, 4) for t, _ in points], "v": [v for _, v in points]}
+    return {"t": [_r(t) for t, _ in points], "v": [v for _, v in points]}
+
+
+def _r(t: float) -> float:
+    """A time kept to 6 significant digits (seconds at 20 Mb/s, microseconds at 400G)."""
+    return float(f"{t:.6g}")
 
 
 def _rate_series(events: list[RateEvent], t0: float,
                  last_seen: dict[tuple[str, str, int], float],
-                 tb: Testbed) -> dict[str, dict[str, list[float]]]:
+                 ip_host: dict[str, str]) -> dict[str, dict[str, list[float]]]:
     """Per flow (named 'src->dst:sport'): its NIC rate as a step function over time, up to
     its last packet seen at the receiver (the rate map keeps a finished flow's last rate)."""
-    ip_host = {n.ip: h.name for h in tb.spec.hosts for n in h.nics}
     out: dict[str, dict[str, list[float]]] = {}
     for e in sorted(events, key=lambda e: e.t):
         end = last_seen.get(e.flow)
@@ -391,8 +591,8 @@ def _rate_series(events: list[RateEvent], t0: float,
             continue
         name = f"{ip_host.get(e.flow[0], e.flow[0])}->{ip_host.get(e.flow[1], e.flow[1])}" \
                f":{e.flow[2]}"
-        s = out.setdefault(name, {"t": [], "v": [], "end": [round(end - t0, 4)] if end else []})
-        s["t"].append(round(e.t - t0, 4))
+        s = out.setdefault(name, {"t": [], "v": [], "end": [_r(end - t0)] if end else []})
+        s["t"].append(_r(e.t - t0))
         s["v"].append(float(e.rate_bps))
     return out
 
@@ -405,8 +605,8 @@ def one_line(r: RunRecord) -> str:
     if r.fct_slowdown_p50 is not None:
         parts.append(f"FCT slowdown p50 {r.fct_slowdown_p50:.1f} p99 {r.fct_slowdown_p99:.1f}")
     if r.busbw_bps is not None:
-        parts.append(f"busbw {r.busbw_bps / 1e6:.2f} Mb/s")
-    parts.append(f"done in {r.completion_s:.2f} s")
+        parts.append(f"busbw {fmt_rate(r.busbw_bps)}")
+    parts.append(f"done in {fmt_time(r.completion_s)}")
     if r.flows_completed != r.flows:
         parts.append(f"{r.flows - r.flows_completed} flows incomplete")
     return ", ".join(parts)

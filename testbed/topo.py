@@ -415,7 +415,7 @@ class FabricTopo(Topo):
 
 
 def _nic_params(spec: FabricSpec, nic: NicSpec, switch: str) -> dict[str, str]:
-    """What the host node needs to configure a NIC (testbed.nodes.FabricHost)."""
+    """What the host node needs to configure a NIC (testbed.emu.nodes.FabricHost)."""
     return {"ip": nic.ip, "mac": nic.mac, "gateway": nic.gateway, "subnet": nic.subnet,
             "router_mac": spec.switch(switch).router_mac}
 

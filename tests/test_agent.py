@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import time
@@ -11,18 +10,18 @@ from pathlib import Path
 import grpc
 import pytest
 
-from controller.agent.main import (
+from controller.nic.agent.main import (
     build_parser,
     merged_settings,
     parse_bitmap,
     parse_duration_ns,
     parse_rate,
 )
-from testbed.benchmarks.nic import AgentProcess, NetnsPair, measure_udp_pacing
+from testbed.emu.nicrig import AgentProcess, NetnsPair, measure_udp_pacing
+from tests.faults import record
 
 root = [
     pytest.mark.root,
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (namespaces, eBPF)"),
 ]
 
 
@@ -47,7 +46,6 @@ def _tc(netns: str, *args: str) -> str:
 @pytest.mark.parametrize("_", [0], ids=["lifecycle"])
 @pytest.mark.slow
 @pytest.mark.root
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (namespaces, eBPF)")
 def test_agent_api_and_clean_shutdown(_: int) -> None:
     with NetnsPair.create() as pair:
         agent = AgentProcess(pair.a, pair.dev_a, 100_000_000).start()
@@ -115,9 +113,9 @@ def test_agent_api_and_clean_shutdown(_: int) -> None:
         assert not (Path("/run/xingmai/agents") / agent.name).exists()
 
 
+@pytest.mark.fault
 @pytest.mark.slow
 @pytest.mark.root
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (namespaces, eBPF)")
 def test_sigkill_keeps_pacing_and_restart_adopts_pins() -> None:
     with NetnsPair.create() as pair:
         first = AgentProcess(pair.a, pair.dev_a, 1_000_000_000, extra=("--no-int",)).start()
@@ -146,6 +144,11 @@ def test_sigkill_keeps_pacing_and_restart_adopts_pins() -> None:
             assert f1.tx_bytes > f0.tx_bytes  # counters kept and still counting
             assert f1.paced_rate_bps == 20_000_000  # its HTB class was adopted
             m3 = measure_udp_pacing(pair, second, 20_000_000, duration_s=2.0, sport=7000)
+            record("agent_sigkill_restart", cap_bps=20_000_000,
+                   error_before=round(m["error"], 4),
+                   error_without_agent=round(m2 / 20_000_000 - 1, 4),
+                   error_after_restart=round(m3["error"], 4), pacer_drops=m3["pacer_drops"],
+                   adopted_pins=st.adopted_pins)
             assert abs(m3["error"]) <= 0.05 and m3["pacer_drops"] == 0
         finally:
             assert second.stop(signal.SIGTERM) == 0, second.log_tail()
@@ -154,10 +157,60 @@ def test_sigkill_keeps_pacing_and_restart_adopts_pins() -> None:
 
 
 def measure_udp_pacing_without_agent(pair: NetnsPair, sport: int) -> float:
-    from testbed.benchmarks.nic import udp_receiver, udp_sender
+    from testbed.emu.nicrig import udp_receiver, udp_sender
 
     with udp_receiver(pair) as box:
         udp_sender(pair, sport, 2.0).communicate(timeout=60)
     rx = box["reception"]
     time.sleep(0)
     return rx.rate_bps(rx.first_ns + 500_000_000, rx.last_ns - 200_000_000)
+
+
+@pytest.mark.slow
+@pytest.mark.root
+def test_agent_api_refuses_what_it_cannot_take() -> None:
+    """Issue 18 defect 7: an unknown law enum was INTERNAL; SetCaps applied the first cap of a
+    request that failed; 8 open WatchRates streams took all 8 server threads (GetStatus timed
+    out); SetRate for 1,500 flows that never existed made 1,500 HTB classes."""
+    with NetnsPair.create() as pair:
+        agent = AgentProcess(pair.a, pair.dev_a, 100_000_000).start()
+        try:
+            pb, stub = agent.pb(), agent.stub()
+            with pytest.raises(grpc.RpcError) as err:
+                stub.SetRateLaw(pb.SetRateLawRequest(config=pb.RateLawConfig(law=77)),
+                                timeout=10)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            good, bad = agent.flow(pair.udp_key(6100)), agent.flow(pair.udp_key(6101))
+            with pytest.raises(grpc.RpcError) as err:
+                stub.SetCaps(pb.SetCapsRequest(caps=[pb.FlowCap(flow=good, cap_bps=10_000_000),
+                                                     pb.FlowCap(flow=bad, cap_bps=0)]),
+                             timeout=10)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert not [f for f in agent.flows() if f.cap_bps], "a failed SetCaps applied a cap"
+            # every watcher the agent admits leaves threads for the unary calls
+            streams = [stub.WatchRates(pb.WatchRatesRequest(), timeout=30) for _ in range(12)]
+            time.sleep(1.0)
+            t0 = time.monotonic()
+            assert stub.GetStatus(pb.GetStatusRequest(), timeout=5).healthy
+            assert time.monotonic() - t0 < 2
+            refused = sum(1 for s in streams
+                          if s.done() and s.code() == grpc.StatusCode.RESOURCE_EXHAUSTED)
+            for s in streams:
+                s.cancel()
+            assert refused == 12 - 8
+            # settings for flows that never sent are bounded, and so are the HTB classes
+            accepted = 0
+            for sport in range(20_000, 21_500):
+                try:
+                    stub.SetRate(pb.SetRateRequest(flow=agent.flow(pair.udp_key(sport)),
+                                                   rate_bps=5_000_000), timeout=10)
+                    accepted += 1
+                except grpc.RpcError as exc:
+                    assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, exc.details()
+            assert 200 <= accepted <= 256
+            classes = _tc(pair.a, "class", "show", "dev", pair.dev_a).count("class htb")
+            assert classes <= 256 + 2, classes
+            assert stub.GetStatus(pb.GetStatusRequest(), timeout=5).healthy
+        finally:
+            rc = agent.stop(signal.SIGTERM)
+        assert rc == 0, agent.log_tail()

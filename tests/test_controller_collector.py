@@ -20,8 +20,8 @@ from scapy.layers.inet import IP
 
 from controller.collector import SEQ_MOD, Collector, SeqTracker, udp_socket
 from controller.config import load
-from controller.reports import ReportError, decode
 from controller.topology import Topology
+from controller.wire.telemetry_report import ReportError, decode, encode_report_metadata
 from testbed.packets import (
     TelemetryReportGroup,
     TelemetryReportIndividual,
@@ -30,7 +30,6 @@ from testbed.packets import (
     parse_report,
 )
 from testbed.packets import decode as scapy_decode
-from testbed.packets.int_md import encode_report_metadata
 
 VECTORS = Path(__file__).parent / "data" / "int_v21.json"
 EXAMPLE = Path(__file__).parents[1] / "controller" / "examples" / "leafspine-2x2.yaml"
@@ -213,7 +212,6 @@ def test_int_stack_errors_inside_the_inner_packet() -> None:
 
 
 @pytest.mark.root
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces)")
 def test_udp_socket_opens_inside_a_named_network_namespace() -> None:
     ns = f"xcu{uuid.uuid4().hex[:6]}"
     own = os.readlink(f"/proc/self/task/{threading.get_native_id()}/ns/net")

@@ -20,7 +20,7 @@ import grpc
 import pytest
 import yaml
 
-from tests.test_controller_rig import BMV2_JSON, P4INFO, REPO, FakeHostAgent, free_port
+from tests.controller_rig import BMV2_JSON, P4INFO, REPO, FakeHostAgent, free_port
 
 EXAMPLE = REPO / "controller" / "examples" / "leafspine-2x2.yaml"
 UNIT = REPO / "controller" / "systemd" / "xingmai-controller.service"
@@ -279,6 +279,75 @@ def test_mtls_listener_requires_a_client_certificate(tmp_path: Path) -> None:
         with pytest.raises(grpc.RpcError):
             pb_grpc.ControllerStub(grpc.insecure_channel(f"127.0.0.1:{ctl}")).GetStatus(
                 pb.GetStatusRequest(), timeout=3)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+
+
+@needs_p4
+def test_sighup_applies_listener_and_tls_changes_or_refuses_them(tmp_path: Path) -> None:
+    """Issue 18 defect 3: after adding controller.tls and SIGHUP the daemon said "reloaded"
+    and still took plaintext. A reload now rebinds the gRPC API (address, TLS), the collector
+    and the metrics server; a listener it cannot bind makes it refuse the reload loudly and
+    keep the running ones."""
+    from controller.proto import controller_pb2 as pb
+    from controller.proto import controller_pb2_grpc as pb_grpc
+
+    c = _certs(tmp_path)
+    ctl = free_port()
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["pipeline"] = {"p4info": str(P4INFO), "bmv2_json": str(BMV2_JSON)}
+    doc["controller"] = {"grpc_addr": f"127.0.0.1:{ctl}"}
+    doc["int"]["collector"]["listen"] = f"127.0.0.1:{free_port(socket.SOCK_DGRAM)}"
+    for sw in doc["switches"]:
+        sw["grpc_addr"] = f"127.0.0.1:{free_port()}"
+    for h in doc["hosts"]:
+        h.pop("agent", None)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(doc))
+    log = tmp_path / "log"
+    proc = subprocess.Popen([sys.executable, "-m", "controller.daemon", "--config", str(cfg),
+                             "--log-file", str(log)], cwd=REPO)
+    plain = pb_grpc.ControllerStub(grpc.insecure_channel(f"127.0.0.1:{ctl}"))
+    good = grpc.ssl_channel_credentials(c["ca.pem"].read_bytes(), c["client.key"].read_bytes(),
+                                        c["client.pem"].read_bytes())
+    secure = pb_grpc.ControllerStub(grpc.secure_channel(f"127.0.0.1:{ctl}", good))
+
+    def status(stub: Any, timeout: float = 20.0) -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return stub.GetStatus(pb.GetStatusRequest(), timeout=1)
+            except grpc.RpcError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+    try:
+        assert status(plain).switches == 4
+        # add mTLS on the same address: plaintext is refused from then on
+        doc["controller"]["tls"] = {"cert": str(c["server.pem"]), "key": str(c["server.key"]),
+                                    "ca": str(c["ca.pem"])}
+        cfg.write_text(yaml.safe_dump(doc))
+        proc.send_signal(signal.SIGHUP)
+        st = status(secure)
+        assert st.config_reloads == 1 and st.config_reload_failures == 0
+        with pytest.raises(grpc.RpcError):
+            plain.GetStatus(pb.GetStatusRequest(), timeout=3)
+        # a new collector address that is taken: the reload is refused and said so
+        taken = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        taken.bind(("127.0.0.1", 0))
+        doc["int"]["collector"]["listen"] = f"127.0.0.1:{taken.getsockname()[1]}"
+        doc["policy"] = {"interval_s": 7.0}
+        cfg.write_text(yaml.safe_dump(doc))
+        proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 10
+        while status(secure).config_reload_failures == 0 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        st = status(secure)
+        assert (st.config_reloads, st.config_reload_failures) == (1, 1)
+        assert "reload refused: a listener could not be changed" in log.read_text()
+        taken.close()
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -32,7 +31,7 @@ import yaml
 
 from controller.proto import controller_pb2 as pb
 from controller.proto import controller_pb2_grpc as pb_grpc
-from tests.test_controller_rig import (
+from tests.controller_rig import (
     BMV2_JSON,
     P4INFO,
     Fabric,
@@ -41,11 +40,11 @@ from tests.test_controller_rig import (
     free_port,
     reachability,
 )
+from tests.faults import record
 
 pytestmark = [
     pytest.mark.root,
     pytest.mark.slow,
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (namespaces, veths, raw sockets)"),
     pytest.mark.skipif(not P4INFO.exists(), reason=f"{P4INFO} not built (make p4)"),
 ]
 
@@ -288,6 +287,7 @@ def test_four_flows_through_one_bottleneck_get_quarter_caps(fabric: Fabric) -> N
             a.close()
 
 
+@pytest.mark.fault
 def test_sigkill_restart_keeps_entries_and_traffic(fabric: Fabric) -> None:
     fabric.start_controller()
     fabric.wait_healthy()
@@ -341,10 +341,51 @@ def test_sigkill_restart_keeps_entries_and_traffic(fabric: Fabric) -> None:
             backup.wait(timeout=15)
     after = {name: read_all(fabric, name) for name in fabric.switches}
     assert after == before
+    record("controller_sigkill_restart", switches_primary_after=st.switches_primary,
+           entries_rewritten=sum(s.written for s in sws), entries_changed=int(after != before),
+           packets_sent=sent, packets_received=[next(iter(r.values()))["n"] for r in results],
+           max_gap_s=[round(next(iter(r.values()))["max_gap"], 3) for r in results],
+           backup_writes=0)
     for got, n in zip(results, sent, strict=True):
         (flow,) = got.values()
         assert flow["n"] == n, (flow, n)  # none lost
         assert flow["max_gap"] < 0.2, flow  # and none stopped (one packet every 10 ms)
+
+
+@pytest.mark.fault
+def test_restarted_switch_is_programmed_again(fabric: Fabric) -> None:
+    """A switch process killed and started again comes back empty: the controller finds it,
+    writes its pipeline, entries and queue settings again (SwitchAdmin, as the primary), and
+    every host reaches every other again."""
+    from controller.proto import switch_pb2, switch_pb2_grpc
+
+    fabric.start_controller()
+    fabric.wait_healthy()
+    before = read_all(fabric, "leaf1")
+    sw = fabric.switches["leaf1"]
+    with grpc.insecure_channel(sw.addr) as ch:
+        rates = {q.port: q.rate_bps for q in switch_pb2_grpc.SwitchAdminStub(ch).GetQueues(
+            switch_pb2.GetQueuesRequest(), timeout=5).queues}
+    assert rates and all(rates.values())
+    assert sw.proc is not None
+    sw.proc.kill()
+    sw.proc.wait()
+    t0 = time.monotonic()
+    fabric.start_switch(sw)
+    fabric._wait_tcp(sw.grpc_port, sw)
+    wait_for(lambda: [s for s in _switches(fabric.stub()) if s.name == "leaf1" and s.connected
+                      and s.programmed and s.queues_set and s.connects >= 2], 60,
+             "leaf1 programmed again")
+    wait_for(lambda: read_all(fabric, "leaf1") == before, 30, "leaf1's entries back")
+    reprogram_s = time.monotonic() - t0
+    with grpc.insecure_channel(sw.addr) as ch:
+        again = {q.port: q.rate_bps for q in switch_pb2_grpc.SwitchAdminStub(ch).GetQueues(
+            switch_pb2.GetQueuesRequest(), timeout=5).queues}
+    assert again == rates
+    reach = reachability(fabric)
+    record("switch_restart", reprogram_s=round(reprogram_s, 2), entries=len(before),
+           queue_ports=len(rates), pairs_reachable=sum(reach.values()), pairs=len(reach))
+    assert all(reach.values()), reach
 
 
 def _switches(stub: Any) -> list[Any]:

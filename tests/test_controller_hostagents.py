@@ -6,7 +6,6 @@ counted skip."""
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
 import sys
 import time
@@ -22,8 +21,8 @@ from controller.hostagents import GrpcAgent, rate_law_config
 from controller.proto import agent_pb2 as pb
 from controller.slowloop import AgentError, SlowLoop
 from controller.topology import Topology
+from tests.controller_rig import FakeHostAgent, free_port
 from tests.test_controller_collector import hop, report
-from tests.test_controller_rig import FakeHostAgent, free_port
 
 EXAMPLE = Path(__file__).parents[1] / "controller" / "examples" / "leafspine-2x2.yaml"
 
@@ -159,7 +158,6 @@ def test_policy_in_force_compares_what_the_policy_sets(fakes: dict[str, FakeHost
 
 
 @pytest.mark.root
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespace, eBPF)")
 def test_real_agent_round_trip(tmp_path: Path) -> None:
     """The client against a real xingmai-agent (eBPF NIC) in a namespace: the API agrees."""
     import dataclasses
@@ -176,7 +174,7 @@ def test_real_agent_round_trip(tmp_path: Path) -> None:
                      ["ip", "netns", "exec", ns, "ip", "link", "set", f"{ns}b", "up"],
                      ["ip", "link", "set", f"{ns}a", "up"]):
             subprocess.run(argv, check=True, capture_output=True)
-        proc = subprocess.Popen([sys.executable, "-m", "controller.agent.main", "--netns", ns,
+        proc = subprocess.Popen([sys.executable, "-m", "controller.nic.agent.main", "--netns", ns,
                                  "--name", ns, "--line-rate", "100M", "--listen",
                                  f"unix://{sock}", "--log-file", str(tmp_path / "agent.log")],
                                 cwd=Path(__file__).parents[1])

@@ -19,17 +19,17 @@ from controller import p4gen
 from controller.collector import Collector
 from controller.config import Config, load
 from controller.proto import switch_pb2_grpc
-from controller.reports import decode
 from controller.switches import SwitchSession
 from controller.topology import Topology
+from controller.wire.telemetry_report import decode
 from testbed.packets import decode as scapy_decode
 from testbed.packets import parse_int, parse_report
 from testbed.switch.admin import SwitchAdminService
-from testbed.switch.p4runtime_server import P4RuntimeService, serve
+from testbed.switch.p4runtime import P4RuntimeService, serve
 from testbed.switch.rig import free_tcp_port
 from testbed.switch.traffic_manager import Clock
 from testbed.switch.v1model import V1Switch
-from tests.test_controller_rig import BMV2_JSON, P4INFO, REPO
+from tests.controller_rig import BMV2_JSON, P4INFO, REPO
 
 pytestmark = pytest.mark.skipif(not P4INFO.exists(), reason=f"{P4INFO} not built (make p4)")
 EXAMPLE = REPO / "controller" / "examples" / "leafspine-2x2.yaml"

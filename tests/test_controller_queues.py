@@ -14,7 +14,7 @@ from controller.proto import switch_pb2_grpc
 from controller.queues import QueueError, apply_queues, bmv2_commands, queue_settings
 from controller.topology import Topology
 from testbed.switch.admin import SwitchAdminService
-from testbed.switch.p4runtime_server import P4RuntimeService, serve
+from testbed.switch.p4runtime import P4RuntimeService, serve
 from testbed.switch.rig import free_tcp_port
 from testbed.switch.traffic_manager import Clock
 from testbed.switch.v1model import V1Switch

@@ -185,6 +185,7 @@ def test_auto_tune_sets_w_ai_from_the_bottleneck_flow_count() -> None:
     assert pol is not None and pol.params["w_ai_bps"] == round(100e6 * (1 - 0.95) / 4)
 
 
+@pytest.mark.fault
 def test_a_restarted_controller_leaves_policies_and_caps_in_force_alone() -> None:
     loop, col, agents = setup(["h1", "h2", "h3", "h4"])
     incast_reports(col, 0, SENDERS)
@@ -195,6 +196,12 @@ def test_a_restarted_controller_leaves_policies_and_caps_in_force_alone() -> Non
         a.flows = [AgentFlow(k, 20e6) for k in a.caps]
         a.calls.clear()
     asyncio.run(loop2.step())
+    from tests.faults import record
+
+    record("controller_restart_keeps_rates", agents=len(agents),
+           caps_in_force=sum(len(a.caps) for a in agents.values()),
+           caps_rewritten=sum(a.calls.count("set_caps") for a in agents.values()),
+           policies_rewritten=sum(a.calls.count("set_policy") for a in agents.values()))
     for a in agents.values():
         assert "set_policy" not in a.calls and "set_caps" not in a.calls, a.calls
         assert a.calls[:3] == ["list_flows", "setup", "policy_in_force"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -11,18 +10,17 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 
-from controller.agent.bpfload import FlowKey
-from controller.agent.bpfsys import prog_test_run
-from testbed.benchmarks.nic import standalone_nic
+from controller.nic.bpf.loader import FlowKey
+from controller.nic.bpf.syscalls import prog_test_run
+from testbed.emu.nicrig import standalone_nic
 from testbed.packets.int_md import IntMD, IntShim, decode
 from testbed.packets.roce import AETH, BTH, CNP
 
 pytestmark = [
     pytest.mark.root,
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (eBPF programs, bpffs)"),
 ]
 
-VECTORS = Path(__file__).resolve().parents[2] / "shared" / "vectors" / "int_v21.json"
+VECTORS = Path(__file__).parent / "data" / "int_v21.json"
 TC_ACT_OK = 0
 
 

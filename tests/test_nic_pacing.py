@@ -3,7 +3,7 @@
 Issue targets: at 10, 30 and 100 Mb/s a UDP flow (HTB class) and a TCP flow (sock_ops
 SO_MAX_PACING_RATE) reach the set rate within 5 % with zero pacer drops; after a map update or a
 gRPC call the new rate holds within 10 ms on the receiver's 1 ms bins. The measurements are
-testbed/benchmarks/nic.py's, which `make bench` records.
+testbed/emu/nicrig.py's, which `make bench` records.
 """
 
 from __future__ import annotations
@@ -13,13 +13,12 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-import testbed.benchmarks.nic as nic
-from testbed.benchmarks.nic import (
+import testbed.emu.nicrig as nic
+from testbed.emu.nicrig import (
     AgentProcess,
     NetnsPair,
     RateMapWriter,
@@ -31,35 +30,25 @@ from testbed.benchmarks.nic import (
 pytestmark = [
     pytest.mark.root,
     pytest.mark.slow,
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (namespaces, eBPF)"),
 ]
 
 RATES = [10_000_000, 30_000_000, 100_000_000]
 
 
-@pytest.fixture(scope="module")
-def setup() -> Iterator[tuple[NetnsPair, AgentProcess]]:
-    with NetnsPair.create() as pair:
-        # the test flows are not the transport: no INT, so frames are what the receiver counts
-        agent = AgentProcess(pair.a, pair.dev_a, 1_000_000_000, extra=("--no-int",))
-        with agent:
-            yield pair, agent
-
-
 @pytest.mark.parametrize("rate", RATES)
-def test_udp_pacing_accuracy(setup: tuple[NetnsPair, AgentProcess], rate: int) -> None:
-    pair, agent = setup
+def test_udp_pacing_accuracy(paced_pair: tuple[NetnsPair, AgentProcess], rate: int) -> None:
+    pair, agent = paced_pair
     m = measure_udp_pacing(pair, agent, rate, duration_s=2.5, sport=5000 + RATES.index(rate))
     assert abs(m["error"]) <= 0.05, m
     assert m["pacer_drops"] == 0, m
 
 
-def test_udp_measurement_rides_out_a_sender_stall(setup: tuple[NetnsPair, AgentProcess],
+def test_udp_measurement_rides_out_a_sender_stall(paced_pair: tuple[NetnsPair, AgentProcess],
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """The sender is stopped for 150 ms mid-run (what a loaded CI machine did to it): its
     socket backlog keeps the pacer busy, so the achieved rate is still the set one. With the
     default ~90-frame socket buffer the same stall read 5.3-5.5 % low."""
-    pair, agent = setup
+    pair, agent = paced_pair
     start_sender = nic.udp_sender
 
     def stalled_sender(*args: Any, **kw: Any) -> subprocess.Popen[str]:
@@ -81,8 +70,8 @@ def test_udp_measurement_rides_out_a_sender_stall(setup: tuple[NetnsPair, AgentP
 
 
 @pytest.mark.parametrize("rate", RATES)
-def test_tcp_pacing_accuracy(setup: tuple[NetnsPair, AgentProcess], rate: int) -> None:
-    pair, agent = setup
+def test_tcp_pacing_accuracy(paced_pair: tuple[NetnsPair, AgentProcess], rate: int) -> None:
+    pair, agent = paced_pair
     m = measure_tcp_pacing(pair, agent, rate, duration_s=3.0, cport=41000 + RATES.index(rate))
     assert abs(m["error"]) <= 0.05, m
     assert m["pacer_drops"] == 0, m
@@ -94,9 +83,9 @@ def test_tcp_pacing_accuracy(setup: tuple[NetnsPair, AgentProcess], rate: int) -
     [("grpc", 40_000_000, 80_000_000), ("map", 80_000_000, 40_000_000),
      ("map", 40_000_000, 80_000_000)],
 )
-def test_rate_change_holds_within_10ms(setup: tuple[NetnsPair, AgentProcess], via: str,
+def test_rate_change_holds_within_10ms(paced_pair: tuple[NetnsPair, AgentProcess], via: str,
                                        before: int, after: int) -> None:
-    pair, agent = setup
+    pair, agent = paced_pair
     # The agent's poller is a userspace thread on a shared 2-core machine: a run in which it
     # was starved of CPU is repeated (up to 3 runs); every run is in the failure message, and
     # the benchmark reports the whole distribution.

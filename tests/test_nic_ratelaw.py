@@ -2,14 +2,13 @@
 
 Synthetic ACKs with INT echoes and CNPs, built with the project's scapy layers, go through the
 XDP program; after each one the rate XDP wrote to the rate map must equal the reference's
-(controller/ratelaw.py, same fixed point) within 1 %. The reference is given what XDP read
+(controller/nic/ratelaw/, same fixed point) within 1 %. The reference is given what XDP read
 from other maps (tc's tx bytes and next PSN, the control entry) and XDP's packet time (the
 CC state's last_fb_ns).
 """
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import replace
 
@@ -17,16 +16,15 @@ import pytest
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
-from controller.agent.bpfload import CTL_HAS_CAP, FlowKey, cc_params_to_c
-from controller.agent.bpfsys import prog_test_run
-from controller.ratelaw import CcParams, Law, ReferenceNic
-from testbed.benchmarks.nic import standalone_nic
+from controller.nic.bpf.loader import CTL_HAS_CAP, FlowKey, cc_params_to_c
+from controller.nic.bpf.syscalls import prog_test_run
+from controller.nic.ratelaw import CcParams, Law, ReferenceNic
+from testbed.emu.nicrig import standalone_nic
 from testbed.packets.int_md import IntHop, IntMD, IntShim
 from testbed.packets.roce import AETH, BTH, CNP
 
 pytestmark = [
     pytest.mark.root,
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (eBPF programs, bpffs)"),
 ]
 
 XDP_PASS = 2

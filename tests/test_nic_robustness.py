@@ -7,7 +7,6 @@ on a veth while an agent runs: the agent must keep serving and keep its flows as
 from __future__ import annotations
 
 import errno
-import os
 import random
 import socket
 import subprocess
@@ -19,15 +18,14 @@ from scapy.layers.inet import IP, TCP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 
-from controller.agent.bpfload import FlowKey, counter_names
-from controller.agent.bpfsys import BpfError, prog_test_run
-from testbed.benchmarks.nic import AgentProcess, NetnsPair, standalone_nic
+from controller.nic.bpf.loader import FlowKey, counter_names
+from controller.nic.bpf.syscalls import BpfError, prog_test_run
+from testbed.emu.nicrig import AgentProcess, NetnsPair, standalone_nic
 from testbed.packets.int_md import IntHop, IntMD, IntShim
 from testbed.packets.roce import AETH, BTH, CNP
 
 pytestmark = [
     pytest.mark.root,
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (eBPF programs, namespaces)"),
 ]
 
 A, B = "10.0.1.1", "10.0.2.2"
@@ -122,7 +120,7 @@ def test_random_and_truncated_packets_change_no_state() -> None:
 
 SENDER = r"""
 import socket, sys
-from controller.agent.netdev import enter_netns
+from controller.common.netns import enter_netns
 from tests.test_nic_robustness import fuzz_frames
 enter_netns(sys.argv[1])
 s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)

@@ -17,7 +17,7 @@ from scapy.packet import Raw
 from scapy.utils import checksum
 
 from testbed.packets import decode, encode_stack, int_packet, parse_int, parse_report
-from testbed.packets.int_md import TelemetryReportIndividual
+from testbed.packets.telemetry_report import TelemetryReportIndividual
 from tests.p4 import program as P
 from tests.p4.fixtures import FabricFactory, fabric  # noqa: F401
 from tests.p4.harness import Fabric, Topology

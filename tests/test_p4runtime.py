@@ -19,7 +19,7 @@ from finsy.proto import p4r, p4r_grpc
 from scapy.layers.inet import ICMP, IP, UDP
 from scapy.layers.l2 import Ether
 
-from testbed.switch.p4runtime_server import P4RuntimeService, serve
+from testbed.switch.p4runtime import P4RuntimeService, serve
 from testbed.switch.rig import free_tcp_port
 from testbed.switch.traffic_manager import Clock
 from testbed.switch.v1model import V1Switch

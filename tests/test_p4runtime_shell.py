@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed.switch.p4runtime_server import P4RuntimeService, serve
+from testbed.switch.p4runtime import P4RuntimeService, serve
 from testbed.switch.rig import free_tcp_port
 from testbed.switch.traffic_manager import Clock
 from testbed.switch.v1model import V1Switch

@@ -12,6 +12,20 @@ from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import Raw, raw
 
+from controller.wire.int_md import hop_ml_words, looks_like_int_echo
+from controller.wire.roce import (
+    AETH_NAK_PSN_SEQ_ERR,
+    OP_ACK,
+    OP_CNP,
+    OP_SEND_FIRST,
+    OP_SEND_ONLY,
+    is_nak,
+    pack_aeth,
+    pack_bth,
+    unpack_aeth,
+    unpack_bth,
+)
+from controller.wire.telemetry_report import decode_report_metadata, encode_report_metadata
 from testbed.packets import (
     AETH,
     BTH,
@@ -29,24 +43,6 @@ from testbed.packets import (
     parse_int,
     parse_report,
     verify_icrc,
-)
-from testbed.packets.int_md import (
-    decode_report_metadata,
-    encode_report_metadata,
-    hop_ml_words,
-    looks_like_int_echo,
-)
-from testbed.packets.roce import (
-    AETH_NAK_PSN_SEQ_ERR,
-    OP_ACK,
-    OP_CNP,
-    OP_SEND_FIRST,
-    OP_SEND_ONLY,
-    is_nak,
-    pack_aeth,
-    pack_bth,
-    unpack_aeth,
-    unpack_bth,
 )
 
 VECTORS = json.loads((Path(__file__).parent / "data" / "int_v21.json").read_text())

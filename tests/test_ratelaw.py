@@ -1,4 +1,4 @@
-"""controller/ratelaw.py: the reference rate laws (no kernel needed)."""
+"""controller/nic/ratelaw/: the reference rate laws (no kernel needed)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.ratelaw import (
+from controller.nic.ratelaw import (
     NO_TS,
     UNIT,
     CcParams,
@@ -20,14 +20,14 @@ from controller.ratelaw import (
     TitaParams,
     dcqcn_on_feedback,
     fx_pow,
-    int_words,
     parse_echo,
     psn_ge,
     tita_on_ack,
     to_fixed,
 )
+from controller.wire.int_md import hop_ml_words
 
-VECTORS = Path(__file__).resolve().parents[2] / "shared" / "vectors" / "int_v21.json"
+VECTORS = Path(__file__).parent / "data" / "int_v21.json"
 LINE = 100_000_000
 
 
@@ -57,8 +57,8 @@ def test_params_validation_rejects_what_the_fixed_point_cannot_carry() -> None:
 
 
 def test_int_words_and_golden_echo_parse() -> None:
-    assert int_words(0xF500) == 7  # bits 0,1,2,3,5,7: 1+1+1+1+2+1
-    assert int_words(0xFF00) == 11  # bits 4-6 are two words each
+    assert hop_ml_words(0xF500) == 7  # bits 0,1,2,3,5,7: 1+1+1+1+2+1
+    assert hop_ml_words(0xFF00) == 11  # bits 4-6 are two words each
     doc = json.loads(VECTORS.read_text())
     vec = next(v for v in doc["vectors"] if v["name"] == "three_hops_newest_first")
     frame = bytes.fromhex(vec["hex"])

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed.network import (
+from testbed.emu.network import (
     AGENT_BPFFS_ROOT,
     AGENT_RUN_ROOT,
     BMV2_JSON,
@@ -32,7 +32,6 @@ from testbed.topo import leafspine
 pytestmark = [
     pytest.mark.root,
     pytest.mark.slow,
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (namespaces, veths, eBPF)"),
     pytest.mark.skipif(not (P4INFO.exists() and BMV2_JSON.exists()),
                        reason="p4src/build is missing (make p4)"),
     pytest.mark.timeout(300),
@@ -130,7 +129,7 @@ def test_rail_topology_routes_each_rail_and_across(tmp_path: Path) -> None:
 def test_a_component_that_does_not_come_up_is_named_and_nothing_is_left(tmp_path: Path) -> None:
     """An agent that cannot start (a bad option) fails the boot with its name and the tail of
     its log; what was started by then is removed."""
-    from testbed.procs import ComponentError
+    from testbed.emu.procs import ComponentError
     from testbed.topo import single
 
     tb = Testbed(single(2), TestbedOptions(switch="builtin", run_dir=tmp_path,

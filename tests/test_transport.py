@@ -9,19 +9,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from scapy.layers.inet import IP, UDP
 from scapy.packet import Raw, raw
 
-from testbed.packets import AETH, BTH, CNP, IntShim, int_packet
-from testbed.packets.roce import (
+from controller.wire.roce import (
     AETH_NAK_PSN_SEQ_ERR,
     OP_ACK,
     OP_CNP,
@@ -30,13 +27,13 @@ from testbed.packets.roce import (
     OP_SEND_MIDDLE,
     OP_SEND_ONLY,
 )
+from testbed.packets import AETH, BTH, CNP, IntShim, int_packet
 from testbed.traffic import workloads
 from testbed.traffic.generators import Flow
 from testbed.traffic.netns import Host, NetnsLan
 
 pytestmark = [
     pytest.mark.root,
-    pytest.mark.skipif(os.geteuid() != 0, reason="needs root for network namespaces"),
 ]
 
 SPORT = 50001
@@ -84,12 +81,6 @@ _INJECTOR = textwrap.dedent(
     print(json.dumps(got), flush=True)
     """
 )
-
-
-@pytest.fixture(scope="module")
-def lan() -> Iterator[NetnsLan]:
-    with NetnsLan(2) as lan:
-        yield lan
 
 
 def _start_responder(host: Host, peer: Host, seconds: float, **cfg: Any) -> subprocess.Popen:

@@ -18,7 +18,7 @@ from typing import Any
 from scapy.layers.inet import IP
 
 from controller.collector import Collector, serve_udp
-from controller.reports import decode
+from controller.wire.telemetry_report import decode, encode_report_metadata
 from testbed.packets import (
     TelemetryReportGroup,
     TelemetryReportIndividual,
@@ -27,7 +27,6 @@ from testbed.packets import (
     parse_report,
 )
 from testbed.packets import decode as scapy_decode
-from testbed.packets.int_md import encode_report_metadata
 
 
 def make_reports(n: int) -> list[bytes]:

@@ -18,7 +18,7 @@ from testbed.scenarios import Suite, SuiteConfig
 def run(quick: bool) -> dict[str, Any]:
     if os.geteuid() != 0:
         return {"skipped": "needs root (network namespaces, veths, eBPF)"}
-    from testbed.network import Testbed, TestbedOptions, new_run_dir
+    from testbed.emu.network import Testbed, TestbedOptions, new_run_dir
     from testbed.report import verdict
     from testbed.topo import leafspine
 

@@ -1,14 +1,14 @@
-"""INT-MD v2.1 over UDP and Telemetry Report v2.0 (docs/wire-format.md, shared/vectors).
+"""scapy layers of INT-MD v2.1 over UDP, made from controller/wire/int_md.py's tables.
 
 Layers: `IntShim` (4 B) / `IntMD` (12 B header + metadata stack of `IntHop`s, newest first) /
-the original UDP payload (here the BTH). A hop record's fields depend on the instruction
-bitmap, so the hop layers are classes made per (bitmap, Hop ML) by `int_hop_class()`; the dict
-functions `decode_stack()` / `encode_stack()` do the same with plain bytes for collectors and
-tests. In dicts a value the node could not provide (all-ones on the wire) is `None`.
+the original UDP payload. A hop record's fields depend on the instruction bitmap, so the hop
+layers are classes made per (bitmap, Hop ML) by `int_hop_class()`.
 
 INT presence is signalled by the IPv4 DSCP (0x17 by default), not by a UDP port, so it cannot be
 a static scapy binding: `decode(frame, int_dscp=...)` dissects a frame with a given INT DSCP
-(None = no INT), and plain `Ether(frame)` uses the default DSCP `INT_DSCP_DEFAULT`.
+(None = no INT), and plain `Ether(frame)` uses the default DSCP `INT_DSCP_DEFAULT`. What follows
+the stack on a data packet is found by UDP destination port in `INT_PAYLOAD_BY_PORT`, which the
+transport's layers fill (testbed/packets/roce.py), so this module does not import them.
 """
 
 from __future__ import annotations
@@ -19,57 +19,30 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from scapy.fields import (
-    BitField,
-    ByteField,
-    Field,
-    PacketListField,
-    ShortField,
-    StrFixedLenField,
-    StrLenField,
-    XBitField,
-    XShortField,
-)
+from scapy.fields import ByteField, Field, PacketListField, StrFixedLenField
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
-from scapy.packet import Packet, Raw, bind_layers
+from scapy.packet import Packet, Raw
 
-from testbed.packets.roce import AETH, BTH, ROCE_UDP_PORT
+from controller.wire.int_md import (
+    HOP_METADATA,
+    INT_DSCP_DEFAULT,
+    INT_TYPE_MD,
+    INT_VERSION,
+    MD_FIELDS,
+    MD_LEN,
+    SHIM_FIELDS,
+    decode_stack,
+    encode_stack,
+    hop_ml_words,
+    metadata_len,
+    set_bits,
+)
+from controller.wire.roce import ROCE_UDP_PORT
+from testbed.packets.layout import scapy_fields
 
-INT_DSCP_DEFAULT = 0x17
-INT_TYPE_MD = 1
-INT_VERSION = 2
-SHIM_LEN = 4
-MD_LEN = 12
-TELEMETRY_REPORT_PORT = 32766
-REPORT_GROUP_LEN = 8
-REPORT_FIXED_LEN = 12  # individual report header: first word + RepMdBits..DSMdStatus
-REPORT_TYPE_INT = 1
-IN_TYPE_IPV4 = 4
-REPORT_LEN_TO_END = 0xFF  # "extends to the end of the UDP payload"
-
-# Per-hop metadata in instruction-bitmap order (bit 0 = MSB): (field name, width in bits).
-# One instruction bit is one metadata unit of 4 or 8 bytes; all-ones over the unit = unavailable.
-HOP_METADATA: dict[int, tuple[tuple[str, int], ...]] = {
-    0: (("node_id", 32),),
-    1: (("l1_ingress_port", 16), ("l1_egress_port", 16)),
-    2: (("hop_latency", 32),),
-    3: (("queue_id", 8), ("queue_occupancy", 24)),
-    4: (("ingress_ts", 64),),
-    5: (("egress_ts", 64),),
-    6: (("l2_ingress_port", 32), ("l2_egress_port", 32)),
-    7: (("tx_util", 32),),
-    8: (("buffer_id", 8), ("buffer_occupancy", 24)),
-    **{b: ((f"reserved_bit{b}", 32),) for b in range(9, 15)},
-    15: (("checksum_complement", 32),),
-}
-# Telemetry Report RepMdBits: the same encodings, except bit 0 (node id is in the group header)
-# is reserved and bit 15 is queue id + drop reason + padding.
-REPORT_METADATA: dict[int, tuple[tuple[str, int], ...]] = {
-    **{b: f for b, f in HOP_METADATA.items() if b not in (0, 15)},
-    0: (("reserved_bit0", 32),),
-    15: (("drop_queue_id", 8), ("drop_reason", 8), ("drop_padding", 16)),
-}
+# The layer of the original UDP payload after an INT stack, by UDP destination port.
+INT_PAYLOAD_BY_PORT: dict[int, type[Packet]] = {}
 
 _int_dscp: contextvars.ContextVar[int | None] = contextvars.ContextVar(
     "xingmai_int_dscp", default=INT_DSCP_DEFAULT
@@ -99,139 +72,15 @@ def decode(
         return first(frame)
 
 
-# ---- metadata units -------------------------------------------------------------------------
-
-
-def _bits(bitmap: int, table: Mapping[int, tuple[tuple[str, int], ...]]) -> list[int]:
-    """Set bits in bitmap order; a metadata unit the spec puts last (bit 15) stays last."""
-    return [b for b in range(16) if bitmap & (0x8000 >> b) and b in table]
-
-
-def metadata_len(
-    bitmap: int, table: Mapping[int, tuple[tuple[str, int], ...]] = HOP_METADATA
-) -> int:
-    """Bytes of metadata one node adds for this bitmap (baseline only)."""
-    return sum(w for b in _bits(bitmap, table) for _, w in table[b]) // 8
-
-
-def hop_ml_words(bitmap: int) -> int:
-    """Hop ML (in 4-byte words) for an instruction bitmap without domain-specific metadata."""
-    return metadata_len(bitmap) // 4
-
-
-def _decode_units(
-    data: bytes, bitmap: int, table: Mapping[int, tuple[tuple[str, int], ...]]
-) -> dict[str, int | None]:
-    out: dict[str, int | None] = {}
-    pos = 0
-    for bit in _bits(bitmap, table):
-        fields = table[bit]
-        size = sum(w for _, w in fields) // 8
-        unit = data[pos : pos + size]
-        if len(unit) < size:
-            raise ValueError(f"metadata for bitmap bit {bit} truncated")
-        pos += size
-        if unit == b"\xff" * size:
-            out.update({name: None for name, _ in fields})
-            continue
-        value = int.from_bytes(unit, "big")
-        shift = size * 8
-        for name, width in fields:
-            shift -= width
-            out[name] = (value >> shift) & ((1 << width) - 1)
-    return out
-
-
-def _encode_units(
-    values: Mapping[str, int | None], bitmap: int, table: Mapping[int, tuple[tuple[str, int], ...]]
-) -> bytes:
-    out = bytearray()
-    for bit in _bits(bitmap, table):
-        fields = table[bit]
-        size = sum(w for _, w in fields) // 8
-        missing = [name for name, _ in fields if name not in values]
-        if missing:
-            raise ValueError(f"metadata field(s) {missing} missing for bitmap bit {bit}")
-        if all(values[name] is None for name, _ in fields):
-            out += b"\xff" * size
-            continue
-        word = 0
-        for name, width in fields:
-            v = values[name]
-            if v is None or not 0 <= v < (1 << width):
-                raise ValueError(f"{name}={v!r} does not fit {width} bits")
-            word = (word << width) | v
-        out += word.to_bytes(size, "big")
-    return bytes(out)
-
-
-def decode_stack(stack: bytes, bitmap: int, hop_ml: int | None = None) -> list[dict[str, Any]]:
-    """Split a metadata stack into hop dicts (newest first) for an instruction bitmap.
-
-    Each hop is `hop_ml` words; bytes beyond the bitmap's baseline metadata (domain-specific
-    metadata) are kept under "ds_metadata". Raises ValueError on a stack that does not divide
-    into whole hops.
-    """
-    hop_len = 4 * (hop_ml if hop_ml is not None else hop_ml_words(bitmap))
-    base = metadata_len(bitmap)
-    if hop_len < base or hop_len == 0:
-        if not stack:
-            return []
-        raise ValueError(f"Hop ML of {hop_len} bytes cannot hold {base} bytes of metadata")
-    if len(stack) % hop_len:
-        raise ValueError(
-            f"stack of {len(stack)} bytes is not a whole number of {hop_len}-byte hops"
-        )
-    hops = []
-    for off in range(0, len(stack), hop_len):
-        hop: dict[str, Any] = dict(_decode_units(stack[off : off + base], bitmap, HOP_METADATA))
-        if hop_len > base:
-            hop["ds_metadata"] = stack[off + base : off + hop_len]
-        hops.append(hop)
-    return hops
-
-
-def encode_stack(
-    hops: Iterable[Mapping[str, Any]], bitmap: int, hop_ml: int | None = None
-) -> bytes:
-    """Inverse of `decode_stack`: hop dicts (newest first) to stack bytes."""
-    hop_len = 4 * (hop_ml if hop_ml is not None else hop_ml_words(bitmap))
-    base = metadata_len(bitmap)
-    out = bytearray()
-    for hop in hops:
-        rec = _encode_units(hop, bitmap, HOP_METADATA)
-        ds = bytes(hop.get("ds_metadata", b"\xff" * (hop_len - base)))
-        if len(rec) + len(ds) != hop_len:
-            raise ValueError(f"hop of {len(rec) + len(ds)} bytes, Hop ML says {hop_len}")
-        out += rec + ds
-    return bytes(out)
-
-
-def decode_report_metadata(rep_md_bits: int, metadata: bytes) -> dict[str, int | None]:
-    """A Telemetry Report's own metadata words (per RepMdBits) as a dict."""
-    return _decode_units(metadata, rep_md_bits, REPORT_METADATA)
-
-
-def encode_report_metadata(rep_md_bits: int, values: Mapping[str, int | None]) -> bytes:
-    return _encode_units(values, rep_md_bits, REPORT_METADATA)
-
-
-# ---- scapy layers -----------------------------------------------------------------------
-
-
 class IntShim(Packet):
     """INT shim for TCP/UDP (4 B). `length` (MD header + stack, in words) is computed if None."""
 
     name = "INT shim"
-    fields_desc = [
-        BitField("type", INT_TYPE_MD, 4),
-        BitField("npt", 0, 2),
-        BitField("rsvd", 0, 2),
-        ByteField("length", None),
-        ByteField("rsvd2", 0),
-        BitField("dscp", 0, 6),  # original DSCP, restored by the sink
-        BitField("rsvd3", 0, 2),
-    ]
+    fields_desc = scapy_fields(
+        SHIM_FIELDS,
+        {"type": INT_TYPE_MD, "length": None},
+        special={"length": lambda n, d, _w: ByteField(n, d)},
+    )
 
     def post_build(self, p: bytes, pay: bytes) -> bytes:
         if self.length is None:
@@ -266,9 +115,8 @@ def int_hop_class(bitmap: int, hop_ml: int | None = None) -> type[Packet]:
     """The scapy layer of one hop record for this bitmap (and Hop ML, if it adds DS metadata)."""
     hop_len = 4 * (hop_ml if hop_ml is not None else hop_ml_words(bitmap))
     fields: list[Field[Any, Any]] = []
-    for bit in _bits(bitmap, HOP_METADATA):
-        for name, width in HOP_METADATA[bit]:
-            fields.append(BitField(name, 0, width))
+    for bit in set_bits(bitmap):
+        fields += scapy_fields(HOP_METADATA[bit])
     ds = hop_len - metadata_len(bitmap)
     if ds > 0:
         fields.append(StrFixedLenField("ds_metadata", b"\xff" * ds, ds))
@@ -306,17 +154,11 @@ class IntMD(Packet):
 
     name = "INT-MD"
     fields_desc = [
-        BitField("ver", INT_VERSION, 4),
-        BitField("d", 0, 1),
-        BitField("e", 0, 1),
-        BitField("m", 0, 1),
-        BitField("rsvd", 0, 12),
-        BitField("hop_ml", None, 5),
-        ByteField("remaining_hop_cnt", 8),
-        XShortField("instruction_bitmap", 0),
-        ShortField("domain_id", 0),
-        XShortField("ds_instruction", 0),
-        XShortField("ds_flags", 0),
+        *scapy_fields(
+            MD_FIELDS,
+            {"ver": INT_VERSION, "hop_ml": None, "remaining_hop_cnt": 8},
+            hex_fields=frozenset({"instruction_bitmap", "ds_instruction", "ds_flags"}),
+        ),
         PacketListField("hops", [], next_cls_cb=_next_hop_class, length_from=_stack_len),
     ]
 
@@ -336,100 +178,10 @@ class IntMD(Packet):
     def guess_payload_class(self, payload: bytes) -> type[Packet]:
         shim = self.underlayer
         # An INT echo in an ACK ends the transport payload; on a data packet the original UDP
-        # payload follows, which on the RoCE port is the BTH.
+        # payload follows (on the RoCE port, the BTH).
         if isinstance(shim, IntShim) and isinstance(shim.underlayer, UDP):
-            if shim.underlayer.dport == ROCE_UDP_PORT:
-                return BTH
+            return INT_PAYLOAD_BY_PORT.get(shim.underlayer.dport, Raw)
         return Raw
-
-
-def looks_like_int_echo(rest: bytes) -> bool:
-    """An ACK's bytes after the AETH (ICRC excluded) are an INT echo (docs/wire-format.md)."""
-    return (
-        len(rest) >= SHIM_LEN + MD_LEN
-        and rest[0] >> 4 == INT_TYPE_MD
-        and 4 * (rest[1] + 1) == len(rest)
-    )
-
-
-class TelemetryReportGroup(Packet):
-    """Telemetry Report v2.0 group header (8 B); individual reports follow."""
-
-    name = "Telemetry Report group"
-    fields_desc = [
-        BitField("ver", 2, 4),
-        BitField("hw_id", 0, 6),
-        BitField("seq", 0, 22),
-        XBitField("node_id", 0, 32),
-    ]
-
-    def guess_payload_class(self, payload: bytes) -> type[Packet]:
-        return TelemetryReportIndividual
-
-
-def _inner_len(rep: Packet) -> int:
-    if rep.report_len == REPORT_LEN_TO_END:
-        return 1 << 16  # more than any UDP payload: the rest of it
-    return max(0, ((rep.report_len or 0) - 2) * 4 - (rep.md_len or 0) * 4)
-
-
-class TelemetryReportIndividual(Packet):
-    """One individual report (RepType INT): header, own metadata, inner packet (from IPv4).
-
-    `report_len` and `md_len` are computed if None (the inner packet is padded to whole words).
-    """
-
-    name = "Telemetry Report individual"
-    fields_desc = [
-        BitField("rep_type", REPORT_TYPE_INT, 4),
-        BitField("in_type", IN_TYPE_IPV4, 4),
-        ByteField("report_len", None),
-        ByteField("md_len", None),
-        BitField("d", 0, 1),
-        BitField("q", 0, 1),
-        BitField("f", 0, 1),
-        BitField("i", 0, 1),
-        BitField("rsvd", 0, 4),
-        XShortField("rep_md_bits", 0),
-        ShortField("domain_id", 0),
-        XShortField("ds_md_bits", 0),
-        XShortField("ds_md_status", 0),
-        StrLenField("metadata", b"", length_from=lambda p: (p.md_len or 0) * 4),
-        StrLenField("inner", b"", length_from=_inner_len),
-    ]
-
-    def post_build(self, p: bytes, pay: bytes) -> bytes:
-        md = len(self.metadata)
-        inner = len(self.inner)
-        pad = (-inner) % 4
-        p += b"\x00" * pad
-        if self.md_len is None:
-            p = p[:2] + bytes([md // 4]) + p[3:]
-        if self.report_len is None:
-            words = (REPORT_FIXED_LEN - 4 + md + inner + pad) // 4
-            p = p[:1] + bytes([min(words, REPORT_LEN_TO_END)]) + p[2:]
-        return p + pay
-
-    def guess_payload_class(self, payload: bytes) -> type[Packet]:
-        return TelemetryReportIndividual if payload else Raw
-
-    def metadata_dict(self) -> dict[str, int | None]:
-        return decode_report_metadata(self.rep_md_bits, self.metadata)
-
-    def inner_packet(self, int_dscp: int | None = INT_DSCP_DEFAULT) -> Packet:
-        """The inner packet decoded from its IPv4 header (INT parsed per `int_dscp`)."""
-        if self.in_type != IN_TYPE_IPV4:
-            return Raw(self.inner)
-        return decode(self.inner, int_dscp, first=IP)
-
-
-bind_layers(UDP, TelemetryReportGroup, dport=TELEMETRY_REPORT_PORT)
-# AETH → IntShim (echo) is decided in AETH.guess_payload_class; declared here for scapy's
-# layer graph and for building AETH()/IntShim() without an explicit binding.
-bind_layers(AETH, IntShim)
-
-
-# ---- helpers --------------------------------------------------------------------------------
 
 
 def int_packet(
@@ -517,38 +269,4 @@ def parse_int(pkt: Packet) -> dict[str, Any] | None:
         },
         "hops": md.hop_dicts(),
         "payload": bytes(md.payload),
-    }
-
-
-def parse_report(data: bytes, int_dscp: int | None = INT_DSCP_DEFAULT) -> dict[str, Any]:
-    """A Telemetry Report (UDP payload) as dicts: group fields and each individual report."""
-    grp = TelemetryReportGroup(data)
-    reports = []
-    rep = grp.payload
-    while isinstance(rep, TelemetryReportIndividual):
-        reports.append(
-            {
-                "rep_type": rep.rep_type,
-                "in_type": rep.in_type,
-                "report_len_words": rep.report_len,
-                "md_len_words": rep.md_len,
-                "D": rep.d,
-                "Q": rep.q,
-                "F": rep.f,
-                "I": rep.i,
-                "rep_md_bits": rep.rep_md_bits,
-                "domain_id": rep.domain_id,
-                "ds_md_bits": rep.ds_md_bits,
-                "ds_md_status": rep.ds_md_status,
-                "metadata": rep.metadata,
-                "inner": rep.inner,
-            }
-        )
-        rep = rep.payload
-    return {
-        "ver": grp.ver,
-        "hw_id": grp.hw_id,
-        "seq": grp.seq,
-        "node_id": grp.node_id,
-        "reports": reports,
     }

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import grpc
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from controller.proto import switch_pb2, switch_pb2_grpc
 from testbed.switch.dataplane import Dataplane
-from testbed.switch.p4runtime_server import P4RuntimeService
+from testbed.switch.p4runtime import P4RuntimeService, RpcError
+from testbed.switch.p4runtime.codec import grpc_code
+from testbed.switch.traffic_manager import check_queue_setting
 from testbed.switch.v1model import V1Switch
 
 
@@ -22,14 +25,27 @@ class SwitchAdminService(switch_pb2_grpc.SwitchAdminServicer):  # type: ignore[m
         self.p4rt = p4rt
 
     def SetQueue(self, request: Any, context: Any) -> Any:
-        port = None if request.all_ports else request.port
+        r = request
+        port = None if r.all_ports else r.port
+        pkts = r.depth_packets if r.HasField("depth_packets") else None
+        nbytes = r.depth_bytes if r.HasField("depth_bytes") else None
+        pps = r.rate_pps if r.HasField("rate_pps") else None
+        bps = r.rate_bps if r.HasField("rate_bps") else None
+        if self.p4rt is not None:
+            # the same rule as a P4Runtime Write: only the primary controller changes the switch
+            try:
+                self.p4rt.streams.check_primary(r.device_id, r.election_id, r.role)
+            except RpcError as exc:
+                context.abort(grpc_code(exc.code), exc.message)
+        try:
+            # all of it is checked before any of it is applied
+            check_queue_setting(port, pps, bps, pkts, nbytes)
+        except ValueError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         tm = self.switch.tm
         with self.switch.lock:
-            tm.set_depth(port,
-                         request.depth_packets if request.HasField("depth_packets") else None,
-                         request.depth_bytes if request.HasField("depth_bytes") else None)
-            tm.set_rate(port, request.rate_pps if request.HasField("rate_pps") else None,
-                        request.rate_bps if request.HasField("rate_bps") else None)
+            tm.set_depth(port, pkts, nbytes)
+            tm.set_rate(port, pps, bps)
         return switch_pb2.SetQueueResponse()
 
     def GetQueues(self, request: Any, context: Any) -> Any:
@@ -53,7 +69,11 @@ class SwitchAdminService(switch_pb2_grpc.SwitchAdminServicer):  # type: ignore[m
         for reason, n in sw.stats.dropped.items():
             resp.drops[reason] = n
         if self.dataplane is not None:
-            resp.drops["tx_unknown_port"] = self.dataplane.tx_unknown_port
+            dp = self.dataplane
+            resp.drops["tx_unknown_port"] = dp.tx_unknown_port
+            resp.dataplane_running = dp.running
+            resp.dataplane_errors = dp.loop_errors
+            resp.dataplane_last_error = dp.last_error
             for num, p in sorted(self.dataplane.ports.items()):
                 resp.ports.add(port=num, interface=p.iface, rx_packets=p.stats.rx,
                                tx_packets=p.stats.tx, rx_bytes=p.stats.rx_bytes,

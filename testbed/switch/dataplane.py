@@ -4,6 +4,10 @@ One thread runs the data plane: it waits (poll) for packets on every port and fo
 departure time of the traffic manager, runs ingress on what arrives, and runs egress on what
 the traffic manager releases. Other threads (P4Runtime packet-out, tests) hand packets in with
 `inject()`, which wakes the loop through an eventfd-like pipe.
+
+The loop does not die: an error in one pass (a bug, or a setting no check foresaw) is logged,
+counted in `loop_errors` with the last one kept in `last_error`, and the loop goes on with
+the next packets; SwitchAdmin's GetStatus reports both and whether the loop runs.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ SO_TIMESTAMPNS = 35  # kernel receive time of each packet, as a struct timespec
 _TIMESPEC = struct.Struct("@qq")
 MAX_FRAME = 65535
 RX_BATCH = 64  # packets read from one port before looking at the others
+IDLE_POLL_MS = 200.0  # the longest the loop sleeps: it also wakes for departures and inject()
+ERROR_LOG_INTERVAL_S = 1.0  # a loop error is logged with its traceback at most this often
 
 
 class PcapWriter:
@@ -129,6 +135,9 @@ class Dataplane:
         self.ports: dict[int, Port] = {}
         self.cpu_handler: Callable[[bytes], None] | None = None
         self.tx_unknown_port = 0
+        self.loop_errors = 0
+        self.last_error = ""
+        self._last_error_log = 0.0
         self._inbox: queue.SimpleQueue[tuple[int, bytes]] = queue.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -163,8 +172,30 @@ class Dataplane:
             pass  # the loop is already due to wake up
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="dataplane", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="dataplane", daemon=True)
         self._thread.start()
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:  # only what the loop cannot survive: said loudly
+            self.last_error = f"loop stopped: {type(exc).__name__}: {exc}"
+            log.critical("dataplane loop stopped", exc_info=True)
+            raise
+
+    def _survive(self, exc: Exception) -> None:
+        """One pass failed: count it, log it (not a traceback per packet), go on."""
+        self.loop_errors += 1
+        self.last_error = f"{type(exc).__name__}: {exc}"[:500]
+        now = time.monotonic()
+        if now - self._last_error_log >= ERROR_LOG_INTERVAL_S:
+            self._last_error_log = now
+            log.error("dataplane error (%d so far), forwarding goes on", self.loop_errors,
+                      exc_info=exc)
 
     def stop(self) -> None:
         self._stop.set()
@@ -200,42 +231,62 @@ class Dataplane:
             if time.monotonic() - refreshed > 1.0:
                 offset = time.time_ns() - time.monotonic_ns() + clock.start_ns
                 refreshed = time.monotonic()
-            nxt = sw.tm.next_departure_ns()
-            if nxt is None:
-                timeout_ms = 200.0
-            else:
-                timeout_ms = max(0.0, (nxt - clock.now_ns()) / 1e6)
             try:
+                nxt = tm.next_departure_ns()
+                timeout_ms = IDLE_POLL_MS if nxt is None else \
+                    min(IDLE_POLL_MS, max(0.0, (nxt - clock.now_ns()) / 1e6))
                 events = poller.poll(timeout_ms)
             except InterruptedError:
                 continue
+            except Exception as exc:
+                self._survive(exc)
+                self._stop.wait(0.001)  # an error that repeats must not spin a core
+                continue
             for fd, _ev in events:
-                if fd == self._wake_r:
-                    try:
-                        os.read(self._wake_r, 4096)
-                    except BlockingIOError:
-                        pass
-                    while True:
-                        try:
-                            port, data = self._inbox.get_nowait()
-                        except queue.Empty:
-                            break
-                        sw.receive(port, data)
-                    continue
-                p = by_fd.get(fd)
-                if p is None:
-                    continue
-                for data, t_real in p.recv_batch():
-                    p.stats.rx += 1
-                    p.stats.rx_bytes += len(data)
-                    if p.pcap_in:
-                        p.pcap_in.write(data)
-                    # A packet read late still arrived when the kernel says: first let the
-                    # departures due before it happen, then enqueue it at its arrival time.
-                    t = t_real - offset if t_real else None
-                    if t is not None:
-                        due = tm.next_departure_ns()
-                        if due is not None and due <= t:
-                            sw.service(until_ns=t)
-                    sw.receive(p.number, data, t)
-            sw.service()
+                try:
+                    if fd == self._wake_r:
+                        self._drain_inbox()
+                    else:
+                        p = by_fd.get(fd)
+                        if p is not None:
+                            self._read_port(p, offset)
+                except Exception as exc:
+                    self._survive(exc)
+            try:
+                sw.service()
+            except Exception as exc:
+                self._survive(exc)
+
+    def _drain_inbox(self) -> None:
+        try:
+            os.read(self._wake_r, 4096)
+        except BlockingIOError:
+            pass
+        while True:
+            try:
+                port, data = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            try:
+                self.switch.receive(port, data)
+            except Exception as exc:
+                self._survive(exc)
+
+    def _read_port(self, p: Port, offset: int) -> None:
+        sw, tm = self.switch, self.switch.tm
+        for data, t_real in p.recv_batch():
+            p.stats.rx += 1
+            p.stats.rx_bytes += len(data)
+            if p.pcap_in:
+                p.pcap_in.write(data)
+            # A packet read late still arrived when the kernel says: first let the
+            # departures due before it happen, then enqueue it at its arrival time.
+            t = t_real - offset if t_real else None
+            try:
+                if t is not None:
+                    due = tm.next_departure_ns()
+                    if due is not None and due <= t:
+                        sw.service(until_ns=t)
+                sw.receive(p.number, data, t)
+            except Exception as exc:  # this packet is lost; the batch goes on
+                self._survive(exc)

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from controller.logs import setup_logging
+from controller.common.logs import setup_logging
 from testbed.switch.program import LoadError
 from testbed.switch.traffic_manager import Clock
 from testbed.switch.v1model import V1Switch
@@ -45,8 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
                     metavar="PORT@IFACE", help="attach an interface as a port (repeatable)")
     ap.add_argument("--device-id", type=int, default=0)
     ap.add_argument("--cpu-port", type=int, help="port whose packets go to/come from P4Runtime")
-    ap.add_argument("--grpc-server-addr", default="0.0.0.0:9559",
-                    help="P4Runtime + SwitchAdmin address (default 0.0.0.0:9559)")
+    ap.add_argument("--grpc-server-addr", default="127.0.0.1:9559",
+                    help="P4Runtime + SwitchAdmin address (default 127.0.0.1:9559; bmv2's "
+                         "0.0.0.0 would serve every network the host is on)")
     ap.add_argument("--no-p4", action="store_true", help="start without a program; wait for "
                     "one over P4Runtime")
     ap.add_argument("--p4info", type=Path, help="P4Info (text) of the JSON given at start, so "
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     from controller.proto import switch_pb2_grpc
     from testbed.switch.admin import SwitchAdminService, metrics_registry
     from testbed.switch.dataplane import Dataplane
-    from testbed.switch.p4runtime_server import (
+    from testbed.switch.p4runtime import (
         P4RuntimeService,
         RpcError,
         parse_p4info_text,
@@ -158,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.metrics_addr:
         from prometheus_client import start_http_server
         host, _, port = args.metrics_addr.rpartition(":")
-        start_http_server(int(port), addr=host or "0.0.0.0",
+        start_http_server(int(port), addr=host or "127.0.0.1",
                           registry=metrics_registry(sw, dp, args.name or str(args.device_id)))
     dp.start()
     log.info("switch up", extra={"device_id": args.device_id, "grpc": args.grpc_server_addr,

@@ -60,6 +60,9 @@ class TableInfo:
     direct_counter_id: int = 0
     direct_meter_id: int = 0
     is_const: bool = False
+    # P4Info action id -> the JSON action this table runs for it: p4c gives some tables their
+    # own copy of an action (a per-table NoAction), with its own JSON id and the same name
+    json_actions: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -97,6 +100,11 @@ class P4InfoIndex:
             ai = ActionInfo(a.preamble.id, a.preamble.name, ja.id, params)
             ai.params_by_id = {pp.id: pp for pp in params}
             self.actions[ai.id] = ai
+        # every JSON action, copies included, to the P4Info action of its name
+        action_named = {ai.name: ai for ai in self.actions.values()}
+        self.action_of_json: dict[int, ActionInfo] = {
+            ja.id: action_named[ja.name] for ja in prog.actions.values()
+            if ja.name in action_named}
 
         self.profiles: dict[int, ActionProfile] = {}
         self.profile_info: dict[int, Any] = {}
@@ -104,6 +112,7 @@ class P4InfoIndex:
             obj = compiled.profiles.get(ap.preamble.name)
             if obj is None:
                 raise P4InfoError(f"P4Info action profile {ap.preamble.name!r} not in the JSON")
+            obj.max_group_size = ap.max_group_size
             self.profiles[ap.preamble.id] = obj
             self.profile_info[ap.preamble.id] = ap
 
@@ -127,6 +136,10 @@ class P4InfoIndex:
                 {ar.id for ar in t.action_refs if ar.scope == p4i.ActionRef.DEFAULT_ONLY},
                 {ar.id for ar in t.action_refs if ar.scope == p4i.ActionRef.TABLE_ONLY},
                 t.implementation_id, is_const=t.is_const_table)
+            for aname, json_id in zip(tj.get("actions", []), tj.get("action_ids", []),
+                                      strict=False):
+                if aname in action_named:
+                    ti.json_actions[action_named[aname].id] = json_id
             for rid in t.direct_resource_ids:
                 if any(c.preamble.id == rid for c in info.direct_counters):
                     ti.direct_counter_id = rid

@@ -7,6 +7,7 @@ exact and LPM tables and a priority-ordered scan with a result cache for the oth
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,6 +17,10 @@ from testbed.switch.externs import Meter, MeterArray
 
 ActionFn = Callable[[Any, tuple[int, ...]], None]
 NodeFn = Callable[[Any], Any]
+
+# A program that gives a table or an action profile no size (max_size 0) still gets a bound:
+# every entry a controller writes costs memory, and no request may grow the switch unbounded.
+UNSIZED_LIMIT = 1 << 16
 
 
 class TableError(Exception):
@@ -50,18 +55,27 @@ class Entry:
 
 @dataclass
 class Group:
-    members: list[int] = field(default_factory=list)
+    members: list[int] = field(default_factory=list)  # member ids, each once
     weights: dict[int, int] = field(default_factory=dict)
     max_size: int = 0
+    # running sums of the members' weights: a hash h picks the member whose range holds
+    # h % total (the same member repetition by weight would pick, without the repetition)
+    cumulative: list[int] = field(default_factory=list)
+
+    @property
+    def total_weight(self) -> int:
+        return self.cumulative[-1] if self.cumulative else 0
 
 
 class ActionProfile:
     """Members (action + parameters) and groups of members; with a selector, one member of a
     group is picked per packet by hashing the selector's input fields."""
 
-    def __init__(self, name: str, max_size: int, selector: Callable[[Any], int] | None):
+    def __init__(self, name: str, max_size: int, selector: Callable[[Any], int] | None,
+                 max_group_size: int = 0):
         self.name = name
         self.max_size = max_size
+        self.max_group_size = max_group_size  # P4Info's bound on one group's sum of weights
         self.selector = selector
         self.members: dict[int, ActionCall] = {}
         self.groups: dict[int, Group] = {}
@@ -69,8 +83,9 @@ class ActionProfile:
     def add_member(self, mid: int, call: ActionCall) -> None:
         if mid in self.members:
             raise TableError("ALREADY_EXISTS", f"{self.name}: member {mid} exists")
-        if self.max_size and len(self.members) >= self.max_size:
-            raise TableError("RESOURCE_EXHAUSTED", f"{self.name}: full ({self.max_size})")
+        limit = self.max_size or UNSIZED_LIMIT
+        if len(self.members) >= limit:
+            raise TableError("RESOURCE_EXHAUSTED", f"{self.name}: full ({limit} members)")
         self.members[mid] = call
 
     def modify_member(self, mid: int, call: ActionCall) -> None:
@@ -93,17 +108,40 @@ class ActionProfile:
             raise TableError("ALREADY_EXISTS", f"{self.name}: group {gid} exists")
         if not create and gid not in self.groups:
             raise TableError("NOT_FOUND", f"{self.name}: no group {gid}")
-        for mid, _w in members:
+        # Everything is checked before anything is built: a weight is a count, not a size to
+        # allocate (P4Runtime's sum-of-weights semantics bound it by the group's max_size, the
+        # profile's max_group_size and the profile's size over all its groups).
+        seen: set[int] = set()
+        total = 0
+        for mid, w in members:
             if mid not in self.members:
                 raise TableError("NOT_FOUND", f"{self.name}: group {gid}: no member {mid}")
-        g = Group(max_size=max_size)
-        for mid, w in members:
+            if mid in seen:
+                raise TableError("INVALID_ARGUMENT", f"{self.name}: group {gid}: member {mid} "
+                                 "given twice")
             if w < 1:
                 raise TableError("INVALID_ARGUMENT", f"{self.name}: weight must be >= 1")
+            seen.add(mid)
+            total += w
+        if max_size and total > max_size:
+            raise TableError("RESOURCE_EXHAUSTED", f"{self.name}: group {gid}: weights sum to "
+                             f"{total}, over its max_size {max_size}")
+        if self.max_group_size and (total > self.max_group_size
+                                    or max_size > self.max_group_size):
+            raise TableError("RESOURCE_EXHAUSTED", f"{self.name}: group {gid}: over the "
+                             f"profile's max_group_size {self.max_group_size}")
+        limit = self.max_size or UNSIZED_LIMIT
+        others = sum(g.total_weight for i, g in self.groups.items() if i != gid)
+        if others + total > limit:
+            raise TableError("RESOURCE_EXHAUSTED", f"{self.name}: the groups' weights would sum "
+                             f"to {others + total}, over the profile's size {limit}")
+        g = Group(max_size=max_size)
+        run = 0
+        for mid, w in members:
             g.weights[mid] = w
-            g.members.extend([mid] * w)  # weighted selection by repetition
-        if max_size and len(g.members) > max_size:
-            raise TableError("RESOURCE_EXHAUSTED", f"{self.name}: group {gid} over max_size")
+            g.members.append(mid)
+            run += w
+            g.cumulative.append(run)
         self.groups[gid] = g
 
     def delete_group(self, gid: int) -> None:
@@ -118,7 +156,8 @@ class ActionProfile:
         if g is None or not g.members:
             return None
         assert self.selector is not None
-        return self.members.get(g.members[self.selector(p) % len(g.members)])
+        h = self.selector(p) % g.cumulative[-1]
+        return self.members.get(g.members[bisect.bisect_right(g.cumulative, h)])
 
 
 _CACHE_LIMIT = 4096
@@ -310,8 +349,9 @@ class MatchTable:
         ident = self._ident(entry.spec, entry.priority)
         if ident in self.entries:
             raise TableError("ALREADY_EXISTS", f"{self.name}: entry exists")
-        if self.max_size and len(self.entries) >= self.max_size:
-            raise TableError("RESOURCE_EXHAUSTED", f"{self.name}: table full ({self.max_size})")
+        limit = self.max_size or UNSIZED_LIMIT
+        if len(self.entries) >= limit:
+            raise TableError("RESOURCE_EXHAUSTED", f"{self.name}: table full ({limit})")
         self._check_action(entry)
         if self.direct_meter is not None and entry.meter is None:
             entry.meter = Meter()

@@ -7,6 +7,7 @@ Defaults match bmv2's simple_switch: 64 packets deep, no rate limit, one queue p
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
@@ -48,6 +49,40 @@ class Clock:
             self._virtual_ns = max(self._virtual_ns, ns)
 
 
+# What a queue may be set to. A rate is 0 (no limit) or within these bounds: below them one
+# frame would hold the port for hours (and the loop's timers overflow), above them the model
+# means nothing. Depths bound the memory a queue may hold.
+MIN_RATE_BPS = 1_000.0
+MAX_RATE_BPS = 1e13  # 10 Tb/s
+MIN_RATE_PPS = 1.0
+MAX_RATE_PPS = 1e10
+MAX_DEPTH_PACKETS = 1 << 16
+MAX_DEPTH_BYTES = 1 << 30
+MAX_PORT = 511  # v1model's 9-bit port numbers
+MAX_SERVICE_NS = 10**12  # 1000 s: more than a 64 KB frame takes at the lowest rate (524 s)
+
+
+def check_queue_setting(port: int | None, pps: float | None = None, bps: float | None = None,
+                        depth_pkts: int | None = None, depth_bytes: int | None = None) -> None:
+    """Raise ValueError naming the first setting a queue cannot take."""
+    if port is not None and not 0 <= port <= MAX_PORT:
+        raise ValueError(f"port {port} is not in [0, {MAX_PORT}]")
+    for name, v, lo, hi in (("rate_pps", pps, MIN_RATE_PPS, MAX_RATE_PPS),
+                            ("rate_bps", bps, MIN_RATE_BPS, MAX_RATE_BPS)):
+        if v is None:
+            continue
+        if not math.isfinite(v) or v < 0:
+            raise ValueError(f"{name} must be a finite number >= 0, got {v}")
+        if v != 0 and not lo <= v <= hi:
+            raise ValueError(f"{name} must be 0 (no limit) or within [{lo:g}, {hi:g}], got {v:g}")
+    if depth_pkts is not None and not 0 <= depth_pkts <= MAX_DEPTH_PACKETS:
+        raise ValueError(f"depth_packets must be within [0, {MAX_DEPTH_PACKETS}], "
+                         f"got {depth_pkts}")
+    if depth_bytes is not None and not 0 <= depth_bytes <= MAX_DEPTH_BYTES:
+        raise ValueError(f"depth_bytes must be within [0, {MAX_DEPTH_BYTES}] (0: no limit), "
+                         f"got {depth_bytes}")
+
+
 @dataclass
 class PortQueues:
     port: int
@@ -82,7 +117,7 @@ class PortQueues:
             t = max(t, nbytes * 8e9 / self.rate_bps)
         if self.rate_pps > 0:
             t = max(t, 1e9 / self.rate_pps)
-        return int(t)
+        return int(min(t, MAX_SERVICE_NS))
 
 
 class TrafficManager:
@@ -108,6 +143,7 @@ class TrafficManager:
 
     def set_depth(self, port: int | None, pkts: int | None = None,
                   nbytes: int | None = None) -> None:
+        check_queue_setting(port, depth_pkts=pkts, depth_bytes=nbytes)
         for pq in self._targets(port):
             if pkts is not None:
                 pq.depth_pkts = pkts
@@ -121,11 +157,16 @@ class TrafficManager:
 
     def set_rate(self, port: int | None, pps: float | None = None,
                  bps: float | None = None) -> None:
+        check_queue_setting(port, pps=pps, bps=bps)
+        now = self.clock.now_ns()
         for pq in self._targets(port):
             if pps is not None:
                 pq.rate_pps = pps
             if bps is not None:
                 pq.rate_bps = bps
+            # the port was booked at the old rate: a new rate applies from now on (a port
+            # slowed to a crawl and restored must not wait out the crawl's booking)
+            pq.next_tx_ns = min(pq.next_tx_ns, now)
         if port is None:
             if pps is not None:
                 self.default_rate_pps = pps

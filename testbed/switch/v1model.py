@@ -20,7 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from testbed.switch.codegen import DROP_PORT, Compiled, compile_program
+from testbed.switch.codegen import DROP_PORT, Compiled
+from testbed.switch.compiler import compile_program
 from testbed.switch.packet import (
     PKT_INSTANCE_TYPE_EGRESS_CLONE,
     PKT_INSTANCE_TYPE_INGRESS_CLONE,

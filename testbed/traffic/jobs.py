@@ -1,34 +1,32 @@
 """What one host does in a run: the per-host side of each workload, driving its `Transport`.
 
-A job is made from the run's spec (JSON) and this host's index, creates its queue pairs at
-construction (before the runner says go, so no peer's first packet finds no QP), and `run()`
-executes it from a common start time and returns JSON-able results. Times in results are
-seconds relative to the start time, on CLOCK_MONOTONIC (shared by all namespaces).
+A job is made from the run's spec (JSON) and this host's index, and creates its queue pairs at
+construction (before the runner says go, so no peer's first packet finds no QP). Jobs do no
+I/O and read no clock (like the transport core they drive): `start(t0)` at the common start
+time, then `poll(now)` whenever the transport made progress or `next_wake` came; `poll`
+returns True once this host's part is done, and `result(now)` is JSON-able. Both engines run
+them: the socket worker (testbed.traffic.worker, times on CLOCK_MONOTONIC, shared by all
+namespaces) and the simulated twin (virtual time). Times in results are seconds relative to
+the start time.
 
-Queue pair numbering: the QP of host i towards host j in slot k has QPN `qpn(j, k)` on host i
-and `qpn(i, k)` on host j, so both ends know each other's QPN without a handshake.
+Queue pairs are numbered as testbed.traffic.queue_pairs says (no handshake needed).
 """
 
 from __future__ import annotations
 
 import hashlib
-import time
+import math
 from collections import defaultdict, deque
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
+from testbed.collective.job import COLLECTIVE_JOBS
 from testbed.traffic.generators import Flow
-from testbed.traffic.transport import QueuePair, SendOp, Transport
+from testbed.traffic.queue_pairs import QpHost, qpn
+from testbed.traffic.transport_core import QueuePair, SendOp
 
-QP_SLOTS = 64
 _PATTERN_PERIOD = 4093  # prime, so a packet landing at the wrong offset never matches
-
-
-def qpn(peer: int, slot: int) -> int:
-    if not 0 <= slot < QP_SLOTS:
-        raise ValueError(f"slot {slot} out of range")
-    return 1 + peer * QP_SLOTS + slot
 
 
 def payload(key: int, size: int) -> bytes:
@@ -41,7 +39,7 @@ def digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _peer_qp(t: Transport, me: int, peer: int, slot: int, hosts: list[dict[str, Any]]) -> QueuePair:
+def _peer_qp(t: QpHost, me: int, peer: int, slot: int, hosts: list[dict[str, Any]]) -> QueuePair:
     q = t.qps.get(qpn(peer, slot))
     if q is None:
         q = t.create_qp(qpn(peer, slot), hosts[peer]["ip"], qpn(me, slot))
@@ -55,7 +53,7 @@ class FlowsJob:
     sender's completion (last packet acknowledged) minus its start time.
     """
 
-    def __init__(self, t: Transport, spec: dict[str, Any], me: int) -> None:
+    def __init__(self, t: QpHost, spec: dict[str, Any], me: int) -> None:
         self.t = t
         self.me = me
         self.verify = bool(spec.get("verify", True))
@@ -70,11 +68,21 @@ class FlowsJob:
         self.ops: list[tuple[Flow, SendOp]] = []
         self.received: list[dict[str, Any]] = []
         self.unexpected = 0
+        self.todo: deque[Flow] = deque(self.sends)
+        self.t0 = 0.0
 
     def _key(self, f: Flow) -> int:
         return self.seed * 1_000_003 + f.id
 
-    def _drain_receives(self, t0: float) -> None:
+    def start(self, t0: float) -> None:
+        self.t0 = t0
+
+    @property
+    def next_wake(self) -> float:
+        """When the next flow starts (inf: none left)."""
+        return self.t0 + self.todo[0].start if self.todo else math.inf
+
+    def _drain_receives(self) -> None:
         for qpn_, queue in self.expect.items():
             qp = self.t.qps[qpn_]
             while (msg := qp.poll_recv()) is not None:
@@ -86,33 +94,25 @@ class FlowsJob:
                 if ok and self.verify:
                     ok = msg.data == payload(self._key(f), f.size)
                 self.received.append(
-                    {"id": f.id, "ok": ok, "bytes": len(msg.data), "t_done": msg.t_done - t0}
+                    {"id": f.id, "ok": ok, "bytes": len(msg.data), "t_done": msg.t_done - self.t0}
                 )
 
     def _pending_receives(self) -> int:
         return sum(len(q) for q in self.expect.values())
 
-    def run(self, t0: float, timeout: float) -> dict[str, Any]:
-        t = self.t
-        todo = deque(self.sends)
-        deadline = t0 + timeout
-        while True:
-            now = time.monotonic()
-            while todo and t0 + todo[0].start <= now:
-                f = todo.popleft()
-                data = payload(self._key(f), f.size) if self.verify else bytes(f.size)
-                op = self.send_qp[f.id].post_send(data, tag=f.id)
-                op.t_post = max(op.t_post, t0 + f.start)
-                self.ops.append((f, op))
-            self._drain_receives(t0)
-            sends_done = not todo and all(op.done for _, op in self.ops)
-            if sends_done and not self._pending_receives():
-                break
-            if now >= deadline:
-                break
-            # run the transport until the next flow starts, re-checking completions every 5 ms
-            wake = min(t0 + todo[0].start if todo else deadline, deadline, now + 0.005)
-            t.run_until(lambda: False, timeout=max(0.0, wake - now))
+    def poll(self, now: float) -> bool:
+        todo = self.todo
+        while todo and self.t0 + todo[0].start <= now:
+            f = todo.popleft()
+            data = payload(self._key(f), f.size) if self.verify else bytes(f.size)
+            op = self.send_qp[f.id].post_send(data, max(now, self.t0 + f.start), tag=f.id)
+            self.ops.append((f, op))
+        self._drain_receives()
+        sends_done = not todo and all(op.done for _, op in self.ops)
+        return sends_done and not self._pending_receives()
+
+    def result(self, now: float) -> dict[str, Any]:
+        t0 = self.t0
         return {
             "sent": [
                 {
@@ -136,140 +136,63 @@ class FlowsJob:
                     "done": False,
                     "fct": None,
                 }
-                for f in todo
+                for f in self.todo
             ],
             "received": self.received,
             "missing": [f.id for q in self.expect.values() for f in q],
             "unexpected": self.unexpected,
-            "elapsed": time.monotonic() - t0,
-        }
-
-
-class AllReduceJob:
-    """Ring all-reduce of a float32 vector: reduce-scatter then all-gather, n-1 steps each.
-
-    Each step sends one segment to the next rank (in messages of at most `chunk` bytes) and
-    waits for the segment from the previous rank before the next step, as NCCL's ring does.
-    Rank r starts from integers drawn with seed+r (exact in float32), so every rank can check
-    the reduced vector against the sum it computes itself.
-    """
-
-    def __init__(self, t: Transport, spec: dict[str, Any], me: int) -> None:
-        self.t = t
-        self.me = me
-        self.n = n = len(spec["hosts"])
-        self.count = int(spec["size"]) // 4
-        if self.count < n:
-            raise ValueError("all-reduce size must hold at least one float32 per rank")
-        self.chunk = int(spec.get("chunk", 1 << 20))
-        self.iters = int(spec.get("iters", 1))
-        self.seed = int(spec.get("seed", 1))
-        hosts = spec["hosts"]
-        self.next_qp = _peer_qp(t, me, (me + 1) % n, 0, hosts)
-        self.prev_qp = _peer_qp(t, me, (me - 1) % n, 0, hosts)
-        bounds = np.linspace(0, self.count, n + 1).astype(int)
-        self.segs = [(int(bounds[i]), int(bounds[i + 1])) for i in range(n)]
-
-    def _initial(self, rank: int) -> np.ndarray:
-        rng = np.random.default_rng(self.seed * 7919 + rank)
-        return rng.integers(-1000, 1001, self.count).astype(np.float32)
-
-    def _exchange(self, send: np.ndarray, recv_len: int, deadline: float) -> np.ndarray:
-        raw = send.tobytes()
-        ops = [
-            self.next_qp.post_send(raw[i : i + self.chunk])
-            for i in range(0, max(1, len(raw)), self.chunk)
-        ]
-        parts: list[bytes | bytearray] = []
-        need = recv_len * 4
-        n_msgs = max(1, -(-need // self.chunk))  # the previous rank chunks the same way
-
-        def step_done() -> bool:
-            # take only this step's messages: a faster neighbour may already be a step ahead
-            while len(parts) < n_msgs and (m := self.prev_qp.poll_recv()) is not None:
-                parts.append(m.data)
-            return len(parts) == n_msgs and all(op.done for op in ops)
-
-        if not self.t.run_until(step_done, timeout=max(0.0, deadline - time.monotonic())):
-            raise TimeoutError("all-reduce step timed out")
-        got = b"".join(parts)
-        if len(got) != need:
-            raise ValueError(f"segment of {len(got)} bytes, expected {need}")
-        return np.frombuffer(got, dtype=np.float32)
-
-    def run(self, t0: float, timeout: float) -> dict[str, Any]:
-        n, me = self.n, self.me
-        expected = sum(self._initial(r) for r in range(n))
-        deadline = t0 + timeout
-        times = []
-        ok = True
-        max_err = 0.0
-        for _ in range(self.iters):
-            buf = self._initial(me)
-            start = time.monotonic()
-            for s in range(n - 1):  # reduce-scatter
-                send_i, recv_i = (me - s) % n, (me - s - 1) % n
-                a, b = self.segs[send_i]
-                c, d = self.segs[recv_i]
-                buf[c:d] += self._exchange(buf[a:b], d - c, deadline)
-            for s in range(n - 1):  # all-gather
-                send_i, recv_i = (me + 1 - s) % n, (me - s) % n
-                a, b = self.segs[send_i]
-                c, d = self.segs[recv_i]
-                buf[c:d] = self._exchange(buf[a:b], d - c, deadline)
-            times.append(time.monotonic() - start)
-            err = float(np.max(np.abs(buf - expected)))
-            max_err = max(max_err, err)
-            ok = ok and err == 0.0
-        return {
-            "ok": ok,
-            "max_abs_err": max_err,
-            "times": times,
-            "size": self.count * 4,
-            "checksum": digest(buf.tobytes()),
+            "elapsed": now - t0,
         }
 
 
 class LongLivedJob:
-    """Keep every flow of this host busy for `duration` s with back-to-back messages."""
+    """Keep every flow of this host busy for `duration` s with back-to-back messages, then let
+    what is in flight finish (at most `drain` s more) so every queue pair ends idle."""
 
-    def __init__(self, t: Transport, spec: dict[str, Any], me: int) -> None:
+    def __init__(self, t: QpHost, spec: dict[str, Any], me: int) -> None:
         self.t = t
         self.me = me
         self.duration = float(spec["duration"])
+        self.drain = 2.0
         self.msg = int(spec.get("message", 1 << 20))
         hosts = spec["hosts"]
         flows = [Flow(**f) for f in spec["flows"]]
         self.mine = [(f, _peer_qp(t, me, f.dst, f.slot, hosts)) for f in flows if f.src == me]
         self.incoming = [_peer_qp(t, me, f.src, f.slot, hosts) for f in flows if f.dst == me]
         self.data = payload(int(spec.get("seed", 1)), self.msg)
+        self.end = 0.0
+        self.bad = 0
+        self.received = 0
+        self.acked: dict[int, int] | None = None
 
-    def run(self, t0: float, timeout: float) -> dict[str, Any]:
-        end = t0 + self.duration
+    @property
+    def next_wake(self) -> float:
+        return self.end if self.acked is None else self.end + self.drain
+
+    def start(self, t0: float) -> None:
+        self.end = t0 + self.duration
         for _, qp in self.mine:
             for _ in range(2):
-                qp.post_send(self.data)
-        bad = 0
-        received = 0
+                qp.post_send(self.data, t0)
 
-        def tick() -> bool:
-            nonlocal bad, received
-            now = time.monotonic()
-            for _, qp in self.mine:
-                while qp.completions:
-                    qp.completions.popleft()
-                    if now < end:
-                        qp.post_send(self.data)
-            for qp in self.incoming:
-                while (m := qp.poll_recv()) is not None:
-                    received += 1
-                    bad += m.data != self.data
-            return now >= end
+    def poll(self, now: float) -> bool:
+        for _, qp in self.mine:
+            while qp.completions:
+                qp.completions.popleft()
+                if now < self.end:
+                    qp.post_send(self.data, now)
+        for qp in self.incoming:
+            while (m := qp.poll_recv()) is not None:
+                self.received += 1
+                self.bad += m.data != self.data
+        if now < self.end:
+            return False
+        if self.acked is None:
+            self.acked = {f.id: qp.counters.messages_sent * self.msg for f, qp in self.mine}
+        return all(qp.idle for _, qp in self.mine) or now >= self.end + self.drain
 
-        self.t.run_until(tick)
-        acked = {f.id: qp.counters.messages_sent * self.msg for f, qp in self.mine}
-        # let what is in flight finish so every queue pair ends idle
-        self.t.run_until(lambda: all(qp.idle for _, qp in self.mine), timeout=2.0)
+    def result(self, now: float) -> dict[str, Any]:
+        acked = self.acked or {f.id: qp.counters.messages_sent * self.msg for f, qp in self.mine}
         return {
             "flows": [
                 {
@@ -281,14 +204,74 @@ class LongLivedJob:
                 }
                 for f, _ in self.mine
             ],
-            "received_messages": received,
-            "bad_messages": bad,
+            "received_messages": self.received,
+            "bad_messages": self.bad,
             "duration": self.duration,
         }
 
 
-JOBS: dict[str, type[FlowsJob | AllReduceJob | LongLivedJob]] = {
+class MultiJob:
+    """Several jobs at once on one run's hosts (a scenario file's concurrent jobs): this
+    host's part of each job in `spec["jobs"]` that has it."""
+
+    def __init__(self, t: QpHost, spec: dict[str, Any], me: int) -> None:
+        self.parts: list[tuple[int, Any]] = []
+        self.n_jobs = len(spec["jobs"])
+        for i, sub in enumerate(spec["jobs"]):
+            full = dict(sub, hosts=spec["hosts"], nic_ips=spec.get("nic_ips"))
+            if not _has_host(full, me):
+                continue
+            self.parts.append((i, JOBS[full["kind"]](t, full, me)))
+        self.done: set[int] = set()
+
+    def start(self, t0: float) -> None:
+        for _, job in self.parts:
+            job.start(t0)
+
+    @property
+    def next_wake(self) -> float:
+        wakes = [job.next_wake for i, job in self.parts if i not in self.done]
+        return min(wakes, default=math.inf)
+
+    def poll(self, now: float) -> bool:
+        for i, job in self.parts:
+            if i not in self.done and job.poll(now):
+                self.done.add(i)
+        return len(self.done) == len(self.parts)
+
+    def result(self, now: float) -> dict[str, Any]:
+        out: list[dict[str, Any] | None] = [None] * self.n_jobs
+        for i, job in self.parts:
+            out[i] = job.result(now)
+        return {"kind": "jobs", "jobs": out}
+
+
+def _has_host(spec: dict[str, Any], me: int) -> bool:
+    if spec["kind"] == "collective":
+        return me in [int(h) for h in spec.get("ranks", range(len(spec["hosts"])))]
+    if "flows" in spec:
+        return any(f["src"] == me or f["dst"] == me for f in spec["flows"])
+    return True
+
+
+class Job(Protocol):
+    """What the engines drive (see the module's docstring)."""
+
+    def __init__(self, t: QpHost, spec: dict[str, Any], me: int) -> None: ...
+
+    @property
+    def next_wake(self) -> float: ...
+
+    def start(self, t0: float) -> None: ...
+
+    def poll(self, now: float) -> bool: ...
+
+    def result(self, now: float) -> dict[str, Any]: ...
+
+
+JOBS: dict[str, type[Job]] = {
     "flows": FlowsJob,
-    "allreduce": AllReduceJob,
     "longlived": LongLivedJob,
+    "jobs": MultiJob,
 }
+JOBS.update(COLLECTIVE_JOBS)  # the collective library's (testbed.collective.job)

@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from testbed.collective.plan import bus_factor
+
 # Upper edges of the FCT size buckets, bytes (the last bucket is open).
 SIZE_BUCKETS = (10_000, 100_000, 1_000_000, 10_000_000)
 PERCENTILES = (50, 95, 99)
@@ -91,7 +93,7 @@ def fct_stats(
 
 def collective_bw(kind: str, size: int, seconds: float, n: int) -> dict[str, float]:
     """algbw/busbw in bytes per second, nccl-tests definitions."""
-    factor = {"allreduce": 2 * (n - 1) / n, "alltoall": (n - 1) / n}[kind]
+    factor = bus_factor(kind, n)
     algbw = size / seconds
     return {
         "time_s": seconds,

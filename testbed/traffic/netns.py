@@ -14,6 +14,8 @@ import subprocess
 import uuid
 from dataclasses import dataclass
 
+from controller.common.netns import netns_path
+
 
 @dataclass(frozen=True)
 class Host:
@@ -27,9 +29,7 @@ class Host:
 
     @property
     def netns_path(self) -> str:
-        if not self.netns:
-            return ""
-        return self.netns if self.netns.startswith("/") else f"/run/netns/{self.netns}"
+        return netns_path(self.netns) if self.netns else ""
 
     def command(self, argv: list[str]) -> list[str]:
         """`argv` run inside this host's network namespace (mount namespace untouched)."""

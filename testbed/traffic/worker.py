@@ -20,7 +20,7 @@ import time
 import traceback
 from typing import Any
 
-from testbed.traffic.jobs import JOBS
+from testbed.traffic.jobs import JOBS, Job
 from testbed.traffic.transport import Transport, TransportConfig
 
 
@@ -37,6 +37,19 @@ def _read() -> dict[str, Any]:
     return msg
 
 
+def run_job(t: Transport, job: Job, t0: float, timeout: float) -> dict[str, Any]:
+    """Run `job` on `t` from `t0` until its part is done or `timeout` s pass."""
+    t.run_until(lambda: time.monotonic() >= t0)
+    job.start(t0)
+    deadline = t0 + timeout
+    while True:
+        now = time.monotonic()
+        if job.poll(now) or now >= deadline:
+            break
+        t.step(now, max(0.0, min(0.01, job.next_wake - now, deadline - now)))
+    return job.result(time.monotonic())
+
+
 def main() -> int:
     try:
         hello = _read()
@@ -46,8 +59,7 @@ def main() -> int:
             job = JOBS[spec["kind"]](t, spec, me)
             _emit({"ready": True})
             t0 = float(_read()["start_at"])
-            t.run_until(lambda: time.monotonic() >= t0)
-            _emit({"result": job.run(t0, float(spec.get("timeout", 60.0)))})
+            _emit({"result": run_job(t, job, t0, float(spec.get("timeout", 60.0)))})
             last = 0.0
 
             def exit_requested() -> bool:

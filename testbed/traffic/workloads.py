@@ -10,13 +10,19 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from testbed.collective.metrics import iteration_times
 from testbed.traffic import generators as gen
 from testbed.traffic import metrics as m
 from testbed.traffic.netns import Host, NetnsLan
 from testbed.traffic.runner import RunOutput, run_job
+
+# How a workload's job reaches the hosts: the emulation's worker processes (run_job) or the
+# simulated twin's in-process hosts (testbed.sim); both take the hosts and the job spec.
+Runner = Callable[[list[Host], dict[str, Any]], RunOutput]
 
 DEFAULT_LINE_RATE = 100e6  # b/s: what the emulated links carry (see the transport benchmark)
 DEFAULT_BASE_RTT = 100e-6  # s
@@ -53,6 +59,7 @@ def run_flows(
     timeout: float = 60.0,
     seed: int = 1,
     verify: bool = True,
+    runner: Runner = run_job,
 ) -> dict[str, Any]:
     spec = {
         "kind": "flows",
@@ -62,7 +69,7 @@ def run_flows(
         "seed": seed,
         "verify": verify,
     }
-    return _flows_metrics(name, hosts, run_job(hosts, spec), line_rate, base_rtt)
+    return _flows_metrics(name, hosts, runner(hosts, spec), line_rate, base_rtt)
 
 
 def incast(hosts: list[Host], size: int, *, receiver: int = 0, **kw: Any) -> dict[str, Any]:
@@ -118,10 +125,21 @@ def allreduce(
     transport: dict[str, Any] | None = None,
     timeout: float = 120.0,
     seed: int = 1,
+    runner: Runner = run_job,
+    nic_ips: list[list[str]] | None = None,
+    algorithm: str = "ring",
+    schedule: str = "adaptive",
 ) -> dict[str, Any]:
-    """Ring all-reduce of `size` bytes of float32 per rank; checks the sums on every rank."""
+    """All-reduce of `size` bytes of float32 per rank (testbed.collective: ring by default,
+    one channel per NIC given in `nic_ips`, else one on each host's address); checks the sums
+    on every rank."""
+    channels = min(len(ips) for ips in nic_ips) if nic_ips else 1
     spec = {
-        "kind": "allreduce",
+        "kind": "collective",
+        "collective": "allreduce",
+        "algorithm": algorithm,
+        "schedule": schedule,
+        "channels": channels,
         "size": size,
         "chunk": chunk,
         "iters": iters,
@@ -129,16 +147,21 @@ def allreduce(
         "timeout": timeout,
         "seed": seed,
     }
-    out = run_job(hosts, spec)
-    per_iter = [max(r["times"][i] for r in out.results) for i in range(iters)]
+    if nic_ips:
+        spec["nic_ips"] = nic_ips
+    out = runner(hosts, spec)
+    per_iter = iteration_times(out.results)
     mean_t = sum(per_iter) / len(per_iter)
     return {
         "workload": "allreduce",
         "hosts": [h.name for h in hosts],
+        "channels": channels,
         "correct": all(r["ok"] for r in out.results),
         "max_abs_err": max(r["max_abs_err"] for r in out.results),
-        "collective": m.collective_bw("allreduce", out.results[0]["size"], mean_t, len(hosts)),
+        "collective": m.collective_bw("allreduce", size, mean_t, len(hosts)),
         "iter_times_s": per_iter,
+        "channel_bytes": [sum(r["channel_bytes"][c] for r in out.results)
+                          for c in range(channels)],
         "counters": m.counter_totals(out.counters),
         "raw": out.results,
     }

@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 import finsy as fy
 
-from testbed.switch.p4runtime_server import P4RuntimeService, serve
+from testbed.switch.p4runtime import P4RuntimeService, serve
 from testbed.switch.traffic_manager import Clock
 from testbed.switch.v1model import V1Switch
 

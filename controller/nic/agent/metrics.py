@@ -1,0 +1,91 @@
+"""Prometheus metrics of the host agent, read from the agent and its maps at scrape time."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from controller.nic.agent.pacer import HtbPacer
+
+if TYPE_CHECKING:
+    from controller.nic.agent.agent import Agent
+
+
+class AgentMetrics:
+    def __init__(self, agent: Agent):
+        self.a = agent
+
+    def collect(self) -> Iterator[Any]:
+        a = self.a
+        info = GaugeMetricFamily(
+            "xingmai_agent_info", "agent identity and pacing mode",
+            labels=["agent", "pacing_mode", "adopted_pins"],
+        )
+        info.add_metric([a.opts.name, a.mode.value, str(a.adopted).lower()], 1)
+        yield info
+        up = GaugeMetricFamily("xingmai_agent_healthy", "programs attached and sync running")
+        up.add_metric([], int(a.healthy))
+        yield up
+        if a.bpf is None:
+            return
+        pkts = CounterMetricFamily(
+            "xingmai_nic_packets", "eBPF per-reason packet counters", labels=["reason"]
+        )
+        for name, v in a.bpf.counter_values().items():
+            pkts.add_metric([name], v)
+        yield pkts
+        rate = GaugeMetricFamily(
+            "xingmai_agent_flow_rate_bps", "pacing rate per flow (rate map)",
+            labels=["flow", "origin"],
+        )
+        nflows = 0
+        for key, r in a.bpf.items("xm_rates"):
+            from controller.nic.bpf.loader import ORIGINS
+
+            rate.add_metric([str(key), ORIGINS.get(int(r.origin), "?")], int(r.rate_bps))
+            nflows += 1
+        yield rate
+        flows = GaugeMetricFamily("xingmai_agent_rated_flows", "flows with a rate map entry")
+        flows.add_metric([], nflows)
+        yield flows
+        sync = CounterMetricFamily("xingmai_agent_sync_runs", "rate map polls")
+        sync.add_metric([], a.sync_runs)
+        yield sync
+        sync_s = CounterMetricFamily("xingmai_agent_sync_seconds", "time spent polling")
+        sync_s.add_metric([], a.sync_seconds)
+        yield sync_s
+        errs = CounterMetricFamily("xingmai_agent_sync_errors", "failed polls")
+        errs.add_metric([], a.sync_errors)
+        yield errs
+        retired = CounterMetricFamily("xingmai_agent_flows_retired", "idle flows forgotten")
+        retired.add_metric([], a.flows_retired)
+        yield retired
+        rpcs = CounterMetricFamily("xingmai_agent_rpc_calls", "gRPC calls", labels=["rpc"])
+        for name, n in sorted(a.rpc_calls.items()):
+            rpcs.add_metric([name], n)
+        yield rpcs
+        if isinstance(a.pacer, HtbPacer):
+            classes = GaugeMetricFamily("xingmai_agent_htb_classes", "per-flow HTB classes")
+            classes.add_metric([], len(a.pacer.classes))
+            yield classes
+            rer = CounterMetricFamily("xingmai_agent_htb_rerates", "HTB class writes")
+            rer.add_metric([], a.pacer.rerates)
+            yield rer
+            rer_s = CounterMetricFamily(
+                "xingmai_agent_htb_rerate_seconds", "time spent in HTB netlink writes"
+            )
+            rer_s.add_metric([], a.pacer.rerate_seconds)
+            yield rer_s
+
+
+def registry_for(agent: Agent) -> CollectorRegistry:
+    reg = CollectorRegistry()
+    reg.register(AgentMetrics(agent))  # type: ignore[arg-type]
+    return reg
+
+
+def exposition(reg: CollectorRegistry) -> str:
+    return generate_latest(reg).decode()

@@ -1,0 +1,76 @@
+"""Read constants out of ebpf/xingmai.h, so Python takes them from the one C declaration.
+
+Only the simple forms the header uses: `#define NAME <integer>` (with U/L suffixes, or a
+parenthesised `(1ULL << N)`-style shift of integers), `enum name { A = 0, B, ... };` and the
+`BPF_TABLE_PINNED(..., name, ...)` map declarations.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from pathlib import Path
+
+EBPF_DIR = Path(__file__).resolve().parents[3] / "ebpf"
+HEADER = EBPF_DIR / "xingmai.h"  # constants, enums and structs shared with Python
+MAPS_HEADER = EBPF_DIR / "lib" / "maps.h"  # the map declarations
+
+_INT = r"(?:0[xX][0-9a-fA-F]+|\d+)[uUlL]*"
+_TERM = rf"(?:{_INT}|XM_\w+)"
+_DEFINE = re.compile(
+    rf"^#define\s+(XM_\w+)\s+\(?({_TERM})(?:\s*<<\s*({_TERM}))?\)?\s*(?:/\*.*)?$", re.M
+)
+
+
+def _int(literal: str, known: dict[str, int] | None = None) -> int:
+    if known is not None and literal in known:
+        return known[literal]
+    return int(literal.rstrip("uUlL"), 0)
+
+
+@functools.lru_cache(maxsize=4)
+def _text(path: Path = HEADER) -> str:
+    return path.read_text()
+
+
+def headers() -> list[Path]:
+    """xingmai.h and every ebpf/lib/*.h: where the NIC's constants are declared."""
+    return [HEADER, *sorted((EBPF_DIR / "lib").glob("*.h"))]
+
+
+def defines(paths: list[Path] | None = None) -> dict[str, int]:
+    """Every integer `#define XM_*` of the NIC's headers (a name defined twice is an error)."""
+    out: dict[str, int] = {}
+    for path in paths if paths is not None else headers():
+        for name, value, shift in _DEFINE.findall(_text(path)):
+            if name in out:
+                raise ValueError(f"{name} is defined twice in the NIC's headers ({path})")
+            out[name] = _int(value, out) << (_int(shift, out) if shift else 0)
+    return out
+
+
+def enum(name: str, path: Path = HEADER) -> dict[str, int]:
+    """The members of `enum <name>` in order, with their values."""
+    m = re.search(rf"enum\s+{name}\s*\{{(.*?)\}};", _text(path), re.S)
+    if m is None:
+        raise KeyError(f"enum {name} not in {path}")
+    body = re.sub(r"/\*.*?\*/", "", m.group(1), flags=re.S)
+    out: dict[str, int] = {}
+    value = 0
+    for item in body.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        member, _, explicit = item.partition("=")
+        if explicit.strip():
+            value = _int(explicit.strip())
+        out[member.strip()] = value
+        value += 1
+    return out
+
+
+def pinned_maps(path: Path = MAPS_HEADER) -> tuple[str, ...]:
+    """Names of the maps the header declares, in declaration order."""
+    return tuple(
+        re.findall(r"BPF_TABLE_PINNED\(\s*\"\w+\"\s*,[^;]*?,\s*(xm_\w+)\s*,", _text(path), re.S)
+    )

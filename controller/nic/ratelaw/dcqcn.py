@@ -1,0 +1,142 @@
+"""DCQCN's reaction point: rate cuts on CNPs, timer and byte-counter increases, as
+xm_dcqcn_on_feedback() computes them.
+
+Defaults: the paper's values for 40 Gb/s (R_AI 40 Mb/s, R_HAI 10 x R_AI, byte counter 10 MB,
+timers K = T = 55 us, g = 1/256, F = 5) and the 4 us minimum interval between two cuts of the
+common NIC model, under time dilation by s = line rate / 40 Gb/s: rates times s, time intervals
+divided by s, byte counts unchanged. Every dimensionless ratio of the paper (events per packet,
+increase per event over the line rate) stays the same, and the emulated RTTs, already long in
+absolute terms, are of the same dilated order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from controller.nic.ratelaw.base import CUT_SEEN, U64, UNIT, UNIT_SHIFT, CcState, bound_rate
+
+if TYPE_CHECKING:
+    from controller.nic.ratelaw.params import CcParams
+
+DCQCN_MAX_EVENTS = 4
+DCQCN_BACKLOG = 64
+DCQCN_REFERENCE_RATE_BPS = 40 * 10**9
+
+
+@dataclass(frozen=True)
+class DcqcnParams:
+    rai_bps: int
+    rhai_bps: int
+    byte_counter: int
+    g: int
+    alpha_timer_ns: int
+    rate_timer_ns: int
+    cut_interval_ns: int
+    fast_recovery_steps: int
+
+    @classmethod
+    def scaled(cls, line_rate_bps: int) -> DcqcnParams:
+        s = line_rate_bps / DCQCN_REFERENCE_RATE_BPS
+        rai = int(40e6 * s)
+        return cls(
+            rai_bps=max(1, rai),
+            rhai_bps=max(1, 10 * rai),
+            byte_counter=10 * 1024 * 1024,
+            g=UNIT // 256,
+            alpha_timer_ns=int(55_000 / s),
+            rate_timer_ns=int(55_000 / s),
+            cut_interval_ns=int(4_000 / s),
+            fast_recovery_steps=5,
+        )
+
+
+def fx_pow(base: int, n: int) -> int:
+    """xm_fx_pow(): (base/UNIT)**n, truncating after every product, n < 2**16."""
+    r = UNIT
+    for i in range(16):
+        if (n >> i) & 1:
+            r = (r * base) >> UNIT_SHIFT
+        base = (base * base) >> UNIT_SHIFT
+    return r
+
+
+def _dcqcn_increase(cc: CcState, prm: CcParams, ceil_bps: int, weight: int) -> None:
+    F = prm.dcqcn.fast_recovery_steps
+    mx = max(cc.timer_count, cc.byte_count)
+    mn = min(cc.timer_count, cc.byte_count)
+    target = cc.ref_rate_bps
+    if mn > F:
+        target += (mn - F) * prm.dcqcn.rhai_bps * weight
+    elif mx > F:
+        target += prm.dcqcn.rai_bps * weight
+    target = min(target, ceil_bps)
+    cc.ref_rate_bps = target
+    cc.rate_bps = (cc.rate_bps + target) // 2
+
+
+def dcqcn_on_feedback(
+    cc: CcState,
+    prm: CcParams,
+    *,
+    is_cnp: bool,
+    tx_bytes: int,
+    now_ns: int,
+    ceil_bps: int,
+    weight: int,
+) -> list[str]:
+    """xm_dcqcn_on_feedback(); returns the counters (XM_CNT_* names) it bumped."""
+    d = prm.dcqcn
+    counters: list[str] = []
+    if d.alpha_timer_ns and now_ns > cc.alpha_ts_ns:
+        n = (now_ns - cc.alpha_ts_ns) // d.alpha_timer_ns
+        if n > 0xFFFF:
+            n = 0xFFFF
+            cc.alpha_ts_ns = now_ns
+        else:
+            cc.alpha_ts_ns += n * d.alpha_timer_ns
+        if n:
+            cc.alpha = (cc.alpha * fx_pow(UNIT - d.g, n)) >> UNIT_SHIFT
+
+    if cc.flags & CUT_SEEN:
+        nt = nb = 0
+        if d.rate_timer_ns and now_ns > cc.timer_ts_ns:
+            nt = (now_ns - cc.timer_ts_ns) // d.rate_timer_ns
+            if nt > DCQCN_BACKLOG:
+                cc.timer_ts_ns = now_ns - DCQCN_BACKLOG * d.rate_timer_ns
+                nt = DCQCN_BACKLOG
+            nt = min(nt, DCQCN_MAX_EVENTS)
+            cc.timer_ts_ns += nt * d.rate_timer_ns
+        if d.byte_counter and tx_bytes > cc.bc_base_bytes:
+            nb = (tx_bytes - cc.bc_base_bytes) // d.byte_counter
+            if nb > DCQCN_BACKLOG:
+                cc.bc_base_bytes = tx_bytes - DCQCN_BACKLOG * d.byte_counter
+                nb = DCQCN_BACKLOG
+            nb = min(nb, DCQCN_MAX_EVENTS)
+            cc.bc_base_bytes += nb * d.byte_counter
+        for e in range(nt + nb):
+            if e < nt:
+                cc.timer_count += 1
+            else:
+                cc.byte_count += 1
+            _dcqcn_increase(cc, prm, ceil_bps, weight)
+        if nt + nb:
+            counters.append("XDP_DCQCN_INCREASE")
+
+    if is_cnp:
+        if cc.flags & CUT_SEEN and ((now_ns - cc.last_cut_ns) & U64) < d.cut_interval_ns:
+            counters.append("XDP_DCQCN_CUT_HELD")
+        else:
+            cc.ref_rate_bps = cc.rate_bps
+            cc.rate_bps = (cc.rate_bps * (UNIT - cc.alpha // 2)) >> UNIT_SHIFT
+            cc.alpha = min((((UNIT - d.g) * cc.alpha) >> UNIT_SHIFT) + d.g, UNIT)
+            cc.timer_count = cc.byte_count = 0
+            cc.timer_ts_ns = cc.alpha_ts_ns = now_ns
+            cc.bc_base_bytes = tx_bytes
+            cc.last_cut_ns = now_ns
+            cc.flags |= CUT_SEEN
+            counters.append("XDP_DCQCN_CUT")
+    cc.rate_bps = bound_rate(cc.rate_bps, prm.min_rate_bps, ceil_bps)
+    cc.ref_rate_bps = bound_rate(cc.ref_rate_bps, prm.min_rate_bps, ceil_bps)
+    cc.updates += 1
+    return counters

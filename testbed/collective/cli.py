@@ -1,0 +1,219 @@
+"""The collective library's commands of `xingmai-testbed`:
+
+    xingmai-testbed collective --engine sim --scale 1 --topo rail:2,8,1 --sizes 64K:4M
+        nccl-tests' table (time, algbw, busbw, efficiency per size) and busbw-vs-size plot;
+        --degrade rail2:1=0.25: one rail's port at a quarter rate, static vs adaptive
+    xingmai-testbed jobs FILE --engine sim --scale 1
+        concurrent jobs of a scenario file (testbed.collective.run.load_jobs)
+    xingmai-testbed tune --engine sim --scale 1 --sizes 64K:4M
+        the auto-tuner's table (testbed.collective.tune)
+
+Both engines: `--engine sim` is the simulated twin (no root), `--engine emu` the emulation.
+Figures are in the model's units (times and rates at the model's speed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from testbed.collective.metrics import fmt_size, parse_sizes, table
+from testbed.model import DEFAULT_SCALE, Scaling
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _engine_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--engine", choices=["sim", "emu"], default="sim")
+    ap.add_argument("--topo", default="rail:2,8,1", help="default rail:2,8,1 (8 hosts x 2 "
+                    "rails)")
+    ap.add_argument("--scale", type=float, default=None,
+                    help=f"model speed / engine speed (default: 1 on the twin, "
+                         f"{DEFAULT_SCALE:g} on the emulation)")
+    ap.add_argument("--scheme", choices=["none", "dcqcn", "tita"], default="tita")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--switch", choices=["auto", "bmv2", "builtin"], default="builtin")
+    ap.add_argument("--run-dir", type=Path, help="default: runs/<timestamp>-collective")
+
+
+def _coll_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--collective", default="allreduce",
+                    choices=["allreduce", "reducescatter", "allgather", "alltoall", "sendrecv"])
+    ap.add_argument("--channels", type=int, default=0, help="default: the hosts' NICs")
+    ap.add_argument("--chunk", default="256K", help="bytes per message (default 256K)")
+    ap.add_argument("--schedule", choices=["static", "adaptive"], default="adaptive")
+    ap.add_argument("--iters", type=int, default=2)
+    ap.add_argument("--warmup", type=int, default=1, help="iterations not counted")
+    ap.add_argument("--gpus", type=int, default=0, help="GPUs per host (hier; default K)")
+
+
+def add_parsers(sub: Any) -> None:
+    c = sub.add_parser("collective", help="collectives over the rails: nccl-tests' table")
+    _engine_args(c)
+    _coll_args(c)
+    c.add_argument("--algorithms", default="ring",
+                   help="ring,tree,hier (all-reduce); auto: the tuner's choice per size")
+    c.add_argument("--sizes", default="64K:4M:4", help="from:to[:factor] or a list")
+    c.add_argument("--degrade", help="SWITCH:PORT=FRACTION: that port's rate cut, static "
+                                     "split vs adaptive channels (at the largest size)")
+    j = sub.add_parser("jobs", help="concurrent jobs from a scenario file (YAML)")
+    _engine_args(j)
+    j.add_argument("file", type=Path)
+    t = sub.add_parser("tune", help="auto-tune algorithm, channels, chunk per size")
+    _engine_args(t)
+    t.add_argument("--collective", default="allreduce")
+    t.add_argument("--sizes", default="64K:4M:4")
+    t.add_argument("--cache", type=Path, default=None,
+                   help="the tuner's cache (default runs/tune-cache.json)")
+
+
+def _run_dir(args: argparse.Namespace, what: str) -> Path:
+    path: Path = args.run_dir or REPO / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{what}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@contextlib.contextmanager
+def open_suite(args: argparse.Namespace) -> Iterator[Any]:
+    """A prepared suite (base RTT measured, TiTa's T fixed) on the chosen engine, with the
+    scheme set."""
+    from testbed.scenarios import SuiteConfig, scheme_params
+    from testbed.topo import parse_choice
+
+    spec = parse_choice(args.topo)
+    scale = args.scale if args.scale is not None else (1.0 if args.engine == "sim"
+                                                       else DEFAULT_SCALE)
+    scaling = Scaling(scale=scale, max_hops=spec.longest_path_switches())
+    cfg = SuiteConfig(seed=args.seed)
+    if args.engine == "sim":
+        from testbed.sim.fabric import SimFabric
+        from testbed.sim.suite import SimSuite
+
+        fab = SimFabric(spec, scaling, seed=args.seed)
+        suite: Any = SimSuite(fab, cfg, _say)
+        suite.prepare()
+        suite._set_policy(args.scheme, scheme_params(args.scheme, suite.tita_t_s))
+        yield suite, suite.collective_fabric(args.scheme)
+        return
+    from testbed.ctlconfig import Ecn
+    from testbed.emu.network import Testbed, TestbedOptions, install_signal_handlers
+    from testbed.scenarios import Suite
+
+    install_signal_handlers()
+    opts = TestbedOptions(switch=args.switch, scaling=scaling, rate_law=args.scheme,
+                          ecn=Ecn(), pcap=False, run_dir=args.run_dir, controller_caps=False)
+    tb = Testbed(spec, opts)
+    with tb:
+        with Suite(tb, cfg) as esuite:
+            esuite.prepare()
+            esuite._set_policy(args.scheme, scheme_params(args.scheme, esuite.tita_t_s))
+            yield esuite, esuite.collective_fabric(args.scheme)
+
+
+def _params(args: argparse.Namespace) -> dict[str, Any]:
+    from testbed.collective.metrics import parse_size
+
+    p: dict[str, Any] = {"collective": args.collective, "channels": args.channels,
+                         "chunk": parse_size(args.chunk), "schedule": args.schedule,
+                         "iters": args.iters + args.warmup}
+    if args.gpus:
+        p["gpus"] = args.gpus
+    return p
+
+
+def _note(fab: Any, args: argparse.Namespace) -> str:
+    s = fab.scaling
+    return (f"{fab.topology}, {len(fab.hosts)} hosts x {fab.nics} NICs, "
+            f"{'twin' if args.engine == 'sim' else 'emulation'} at 1/{s.scale:g} of the "
+            f"model ({s.model.port_speed_gbps:g}G); scheme {args.scheme}; figures in the "
+            "model's units")
+
+
+def cmd_collective(args: argparse.Namespace) -> int:
+    from testbed.collective import run
+    from testbed.collective.plots import busbw_plot
+
+    sizes = parse_sizes(args.sizes)
+    algorithms = [a for a in args.algorithms.split(",") if a]
+    out = _run_dir(args, "collective")
+    with open_suite(args) as (_, fab):
+        params = _params(args)
+        warmup = args.warmup
+        rows = run.sweep(fab, sizes, algorithms, say=_say, warmup=warmup, **params)
+        note = _note(fab, args)
+        degraded = None
+        if args.degrade:
+            where, frac = args.degrade.split("=")
+            sw, port = where.split(":")
+            params.pop("schedule")
+            degraded = run.degraded_rail(fab, sw, int(port), float(frac),
+                                         algorithm=algorithms[0], size=max(sizes),
+                                         warmup=warmup, **params)
+    print(table(rows, note))
+    plot = busbw_plot(rows, out / "busbw.png", note)
+    doc: dict[str, Any] = {"note": note, "rows": rows}
+    if degraded is not None:
+        doc["degraded"] = degraded
+        print()
+        print(degraded_text(degraded))
+    (out / "collective.json").write_text(json.dumps(doc, indent=1))
+    print(f"\nresults: {out / 'collective.json'}\nplot:    {plot}")
+    ok = all(r["correct"] for r in rows)
+    return 0 if ok else 1
+
+
+def degraded_text(d: dict[str, Any]) -> str:
+    h, s, a = d["healthy"], d["static"], d["adaptive"]
+    lines = [f"one degraded rail: {d['port']} at {d['fraction']:g} of its rate, "
+             f"{fmt_size(h['size'])} {h['collective']} {h['algorithm']}, K = {d['channels']}",
+             f"  healthy           busbw {h['busbw_Bps'] / 1e9:7.2f} GB/s",
+             f"  degraded, static  busbw {s['busbw_Bps'] / 1e9:7.2f} GB/s  "
+             f"({d['static_ratio']:.0%} of healthy)",
+             f"  degraded, adaptive busbw {a['busbw_Bps'] / 1e9:6.2f} GB/s  "
+             f"({d['adaptive_ratio']:.0%} of healthy; goal >= {d['goal']:.0%}; "
+             f"{a['moved']} transfers moved off their static channel)"]
+    return "\n".join(lines)
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    from testbed.collective import run
+
+    out = _run_dir(args, "jobs")
+    with open_suite(args) as (_, fab):
+        decls = run.load_jobs(args.file, len(fab.hosts))
+        res = run.concurrent(fab, decls)
+        note = _note(fab, args)
+    print(f"# {note}")
+    print(run.jobs_table(res))
+    (out / "jobs.json").write_text(json.dumps({"note": note, **res}, indent=1))
+    print(f"\nresults: {out / 'jobs.json'}")
+    return 0 if all(r.get("correct") for r in res["jobs"]) else 1
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from testbed.collective import run, tune
+
+    out = _run_dir(args, "tune")
+    cache = args.cache or tune.DEFAULT_CACHE
+    with open_suite(args) as (_, fab):
+        res = tune.tune(fab, args.collective, parse_sizes(args.sizes), cache, run.collective,
+                        say=_say)
+        note = _note(fab, args)
+    print(f"# {note}")
+    print(tune.tune_table(res))
+    (out / "tune.json").write_text(json.dumps({"note": note, **res}, indent=1))
+    print(f"\nresults: {out / 'tune.json'}\ncache:   {cache}")
+    return 0
+
+
+COMMANDS = {"collective": cmd_collective, "jobs": cmd_jobs, "tune": cmd_tune}

@@ -1,0 +1,478 @@
+"""One host's side of a collective communicator: a clock-free job (start / poll / next_wake /
+result, as testbed.traffic.jobs) that both engines run, the emulation's workers and the twin.
+
+The communicator is the run's hosts listed in `ranks` (all of them by default), each with K
+channels: channel c is NIC c (`nic_ips[host][c]`, rail c on the rail topology; hosts with one
+NIC run all channels on it, as NCCL runs several channels per NIC). There is one queue pair
+per channel and peer, QPN slot `slot + c` (testbed.traffic.queue_pairs), so jobs sharing hosts
+take different slots.
+
+Each rank runs the plan (testbed.collective.plan) as dataflow: a transfer is ready once its
+dependencies arrived; ready transfers go out in plan order, at most `depth` messages in flight
+per queue pair. Every message starts with an 8-byte header (iteration, transfer id), so a
+receiver takes any transfer from any channel of its peer. The channel of a transfer is:
+- `schedule: static`: the plan's channel (pieces dealt round-robin over the channels);
+- `schedule: adaptive`: the channel towards that peer whose queue would finish it first,
+  (bytes in flight + its bytes) / the channel's measured rate, where a channel's rate is an
+  average of its completed messages' bytes over their service time (from when the message
+  reached the head of its queue pair to its last acknowledgment). A rail that slows down
+  shows in the first messages it completes (a message takes tens of RTTs), and chunks move to
+  the others from then on.
+
+A training job is a loop of iterations: `compute` seconds of computation, then the collective
+(with `overlap`, the next iteration's computation runs while the collective does). The
+hierarchical algorithm's intra-host steps (reduce-scatter before, all-gather after the rails)
+run over a modelled NVLink: ring steps over the host's `gpus` GPUs of `nvlink_latency` s and
+bytes / `nvlink_bps` each (the sums are computed, the time is modelled).
+
+Data: rank r's GPU g starts from integers drawn with (seed, iteration, r, g), exact in
+float32, so every rank checks its result against the sums it computes itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import math
+import struct
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from testbed.collective.plan import ELEM, Op, PlanSpec, Transfer, build, bus_factor, segments
+from testbed.traffic.queue_pairs import QP_SLOTS, QpHost, qpn
+from testbed.traffic.transport_core import QueuePair, SendOp
+
+if TYPE_CHECKING:
+    from testbed.traffic.jobs import Job
+
+HEADER = struct.Struct("!II")  # iteration, transfer id
+RATE_EWMA = 0.5  # weight of the newest sample in a channel's rate
+
+
+@dataclass
+class Channel:
+    """One queue pair (towards one peer on one channel) and what the scheduler knows of it."""
+
+    index: int
+    qp: QueuePair
+    inflight: deque[tuple[SendOp, Transfer, float]] = field(default_factory=deque)
+    inflight_bytes: int = 0
+    rate: float = 0.0  # bytes/s, 0 until measured
+    head_since: float = 0.0  # when the oldest message in flight reached the head
+    sent_bytes: int = 0
+    sent_msgs: int = 0
+
+
+@dataclass
+class CollectiveConfig:
+    collective: str
+    algorithm: str
+    size: int  # bytes per rank (per GPU for hier)
+    channels: int
+    chunk: int
+    schedule: str
+    depth: int
+    gpus: int
+    nvlink_bps: float
+    nvlink_latency: float
+    iters: int
+    compute: float
+    overlap: bool
+    seed: int
+    slot: int
+
+    @classmethod
+    def from_spec(cls, spec: dict[str, Any]) -> CollectiveConfig:
+        algorithm = str(spec.get("algorithm", "ring"))
+        channels = int(spec.get("channels", 1))
+        c = cls(
+            collective=str(spec.get("collective", "allreduce")),
+            algorithm=algorithm,
+            size=int(spec["size"]),
+            channels=channels,
+            chunk=int(spec.get("chunk", 1 << 19)),
+            schedule=str(spec.get("schedule", "static")),
+            depth=int(spec.get("depth", 2)),
+            gpus=int(spec.get("gpus", channels if algorithm == "hier" else 1)),
+            nvlink_bps=float(spec.get("nvlink_bps", 3.6e12)),  # NVLink 4: 900 GB/s
+            nvlink_latency=float(spec.get("nvlink_latency", 2e-6)),
+            iters=int(spec.get("iters", 1)),
+            compute=float(spec.get("compute", 0.0)),
+            overlap=bool(spec.get("overlap", False)),
+            seed=int(spec.get("seed", 1)),
+            slot=int(spec.get("slot", 8)),
+        )
+        if c.schedule not in ("static", "adaptive"):
+            raise ValueError(f"schedule {c.schedule!r}: static or adaptive")
+        if not 1 <= c.depth <= 64 or c.iters < 1 or c.compute < 0:
+            raise ValueError("depth in 1..64, iters >= 1, compute >= 0")
+        if c.nvlink_bps <= 0 or c.nvlink_latency < 0:
+            raise ValueError("nvlink_bps > 0 and nvlink_latency >= 0")
+        if c.size % ELEM:
+            raise ValueError(f"size {c.size}: a whole number of float32 elements")
+        if not 0 <= c.slot or c.slot + c.channels > QP_SLOTS:
+            raise ValueError(f"slots {c.slot}..{c.slot + c.channels - 1} beyond {QP_SLOTS}")
+        return c
+
+
+class CollectiveJob:
+    """This host's rank of the communicator, for `iters` iterations of one collective."""
+
+    def __init__(self, t: QpHost, spec: dict[str, Any], me: int) -> None:
+        self.cfg = cfg = CollectiveConfig.from_spec(spec)
+        hosts = spec["hosts"]
+        self.ranks: list[int] = [int(h) for h in spec.get("ranks", range(len(hosts)))]
+        if me not in self.ranks or len(set(self.ranks)) != len(self.ranks):
+            raise ValueError(f"host {me} is not once in the communicator {self.ranks}")
+        self.me = self.ranks.index(me)
+        self.n = n = len(self.ranks)
+        self.count = cfg.size // ELEM
+        self.plan_spec = PlanSpec(cfg.collective, cfg.algorithm, n, self.count, cfg.channels,
+                                  cfg.chunk, cfg.gpus)
+        self.plan = build(self.plan_spec)
+        self.outgoing = [x for x in self.plan if x.src == self.me]
+        self.incoming = {x.id: x for x in self.plan if x.dst == self.me}
+        self.dependents: dict[int, list[Transfer]] = {}
+        for x in self.outgoing:
+            for d in x.deps:
+                self.dependents.setdefault(d, []).append(x)
+        nic_ips: list[list[str]] = spec.get("nic_ips") or [[h["ip"]] for h in hosts]
+        multi = any(len(ips) > 1 for ips in nic_ips)
+        peers = sorted({x.dst for x in self.outgoing} | {x.src for x in self.incoming.values()})
+        self.channels: dict[int, list[Channel]] = {}
+        for p in peers:
+            host = self.ranks[p]
+            chans = []
+            for c in range(cfg.channels):
+                slot = cfg.slot + c
+                q = t.qps.get(qpn(host, slot))
+                if q is None:
+                    peer_ip = nic_ips[host][c % len(nic_ips[host])]
+                    if multi:
+                        local = nic_ips[me][c % len(nic_ips[me])]
+                        q = t.create_qp(qpn(host, slot), peer_ip, qpn(me, slot), local_ip=local)
+                    else:
+                        q = t.create_qp(qpn(host, slot), peer_ip, qpn(me, slot))
+                chans.append(Channel(c, q))
+            self.channels[p] = chans
+        self.t0 = 0.0
+        self.it = 0
+        self.phase = "idle"  # compute, pre (NVLink), net, post (NVLink), done
+        self.phase_end = math.inf  # when a modelled phase (compute, NVLink step) ends
+        self.compute_end = 0.0  # end of the computation of the iteration being run
+        self.buf = np.zeros(0, dtype=np.float32)
+        self.send_buf = self.buf
+        self.expected = np.zeros(0, dtype=np.float32)
+        self.waiting: dict[int, int] = {}
+        # ready transfers per (peer, channel; -1 for any) in plan order (pieces in the order
+        # they started): a heap of (id, transfer)
+        self.ready: dict[tuple[int, int], list[tuple[int, Transfer]]] = {}
+        self.arrived: set[int] = set()
+        self.early: list[tuple[int, Transfer, bytes]] = []
+        self.ok = True
+        self.max_err = 0.0
+        self.coll: list[tuple[float, float]] = []  # per iteration: collective start, end
+        self.iter_end: list[float] = []
+        self.moved = 0  # transfers the adaptive schedule sent off their static channel
+        self.unexpected = 0
+
+    # ---- data ----
+
+    def _initial(self, it: int, rank: int, gpu: int) -> np.ndarray:
+        rng = np.random.default_rng([self.cfg.seed, it, rank, gpu])
+        return rng.integers(-1000, 1001, self.count).astype(np.float32)
+
+    def _inputs(self, it: int, rank: int) -> np.ndarray:
+        """What rank `rank` puts into the network: its buffer, or for hier its GPUs' sum
+        (what the intra-host reduce-scatter leaves, shard by shard)."""
+        gpus = self.cfg.gpus if self.cfg.algorithm == "hier" else 1
+        out = self._initial(it, rank, 0)
+        for g in range(1, gpus):
+            out = out + self._initial(it, rank, g)
+        return out
+
+    def _expect(self, it: int) -> np.ndarray:
+        """The buffer this rank must end with."""
+        coll, n = self.cfg.collective, self.n
+        if coll in ("allreduce", "reducescatter"):
+            total = sum((self._inputs(it, r) for r in range(n)),
+                        np.zeros(self.count, dtype=np.float32))
+            return total  # reducescatter: only this rank's segment is checked
+        out = np.zeros(self.count, dtype=np.float32)
+        if coll == "allgather":
+            for r, (lo, hi) in enumerate(segments(0, self.count, n)):
+                out[lo:hi] = self._inputs(it, r)[lo:hi]
+        elif coll == "alltoall":
+            out = self._inputs(it, self.me)  # my own block and the remainder stay
+            b, me = self.count // n, self.me
+            for r in range(n):  # block r of my result: what rank r sent me (its block me)
+                if r != me:
+                    out[r * b:(r + 1) * b] = self._inputs(it, r)[me * b:(me + 1) * b]
+        else:  # sendrecv: the previous rank's buffer
+            out[:] = self._inputs(it, (self.me - 1) % n)
+        return out
+
+    def _start_buffer(self, it: int) -> np.ndarray:
+        """The receive buffer; `send_buf` is what goes out. In place (the same array) but for
+        all-to-all and send/recv, whose incoming data would overwrite data still to send."""
+        coll = self.cfg.collective
+        mine = self._inputs(it, self.me)
+        self.send_buf = mine
+        if coll in ("allreduce", "reducescatter"):
+            return mine
+        if coll == "alltoall":
+            return mine.copy()
+        out = np.zeros(self.count, dtype=np.float32)
+        if coll == "allgather":
+            lo, hi = segments(0, self.count, self.n)[self.me]
+            out[lo:hi] = mine[lo:hi]
+            self.send_buf = out
+        return out
+
+    # ---- job protocol ----
+
+    def start(self, t0: float) -> None:
+        self.t0 = t0
+        self._begin_iteration(t0)
+
+    @property
+    def next_wake(self) -> float:
+        return self.phase_end
+
+    def _begin_iteration(self, now: float) -> None:
+        """Start the computation of iteration `it` (its collective follows it)."""
+        self.compute_end = now + self.cfg.compute
+        self.phase = "compute"
+        self.phase_end = self.compute_end
+
+    def _nvlink_time(self) -> float:
+        """One intra-host ring reduce-scatter (or all-gather) over the host's GPUs."""
+        g = self.cfg.gpus
+        if g < 2:
+            return 0.0
+        return (g - 1) * (self.cfg.nvlink_latency + self.cfg.size / g * 8 / self.cfg.nvlink_bps)
+
+    def _begin_collective(self, now: float) -> None:
+        it = self.it
+        self.coll.append((now, math.nan))
+        self.buf = self._start_buffer(it)
+        self.expected = self._expect(it)
+        self.arrived = set()
+        self.waiting = {x.id: len(x.deps) for x in self.outgoing}
+        self.ready = {}
+        for x in self.outgoing:
+            if not x.deps:
+                self._make_ready(x)
+        if self.cfg.algorithm == "hier":
+            self.phase, self.phase_end = "pre", now + self._nvlink_time()
+        else:
+            self._begin_net()
+        if self.cfg.overlap and it + 1 < self.cfg.iters:
+            self.compute_end = now + self.cfg.compute  # the next iteration computes meanwhile
+
+    def _begin_net(self) -> None:
+        self.phase, self.phase_end = "net", math.inf
+        early, self.early = self.early, []
+        for it, x, data in early:
+            if it == self.it:
+                self._apply(x, data)
+            else:
+                self.early.append((it, x, data))
+
+    def _end_collective(self, now: float) -> None:
+        lo, hi = 0, self.count
+        if self.cfg.collective == "reducescatter":  # the rest holds partial sums
+            lo, hi = segments(0, self.count, self.n)[self.me]
+        err = float(np.max(np.abs(self.buf[lo:hi] - self.expected[lo:hi]), initial=0.0))
+        self.max_err = max(self.max_err, err)
+        self.ok = self.ok and err == 0.0
+        start, _ = self.coll[-1]
+        self.coll[-1] = (start, now)
+        self.iter_end.append(now)
+        self.it += 1
+        self.arrived = set()  # the next iteration's messages may come while this one computes
+        if self.it >= self.cfg.iters:
+            self.phase, self.phase_end = "done", math.inf
+        elif self.cfg.overlap:
+            self.phase, self.phase_end = "compute", self.compute_end
+        else:
+            self._begin_iteration(now)
+
+    def poll(self, now: float) -> bool:
+        while True:
+            if self.phase == "done":
+                return True
+            if self.phase == "compute":
+                if now < self.phase_end:
+                    self._receive_early()
+                    return False
+                self._begin_collective(now)
+                continue
+            if self.phase == "pre":
+                if now < self.phase_end:
+                    self._receive_early()
+                    return False
+                self._begin_net()
+                continue
+            if self.phase == "post":
+                if now < self.phase_end:
+                    return False
+                self._end_collective(now)
+                continue
+            # net
+            self._progress(now)
+            if len(self.arrived) < len(self.incoming) or any(self.ready.values()) or any(
+                    ch.inflight for chans in self.channels.values() for ch in chans):
+                return False
+            if self.cfg.algorithm == "hier":
+                self.phase, self.phase_end = "post", now + self._nvlink_time()
+            else:
+                self._end_collective(now)
+
+    # ---- network ----
+
+    def _receive_early(self) -> None:
+        """Take messages of peers already in the collective while this rank still computes
+        (they are kept until it gets there)."""
+        for p, chans in self.channels.items():
+            for ch in chans:
+                while (m := ch.qp.poll_recv()) is not None:
+                    self._on_message(p, m.data)
+
+    def _on_message(self, peer: int, data: bytes | bytearray) -> None:
+        if len(data) < HEADER.size:
+            self.unexpected += 1
+            return
+        it, tid = HEADER.unpack_from(data)
+        x = self.incoming.get(tid)
+        body = bytes(data[HEADER.size:])
+        if x is None or x.src != peer or len(body) != x.nbytes or it < self.it or \
+                (it == self.it and tid in self.arrived):
+            self.unexpected += 1
+            return
+        if it > self.it or self.phase != "net":
+            if any(e[0] == it and e[1].id == tid for e in self.early):
+                self.unexpected += 1
+                return
+            self.early.append((it, x, body))
+            return
+        self._apply(x, body)
+
+    def _apply(self, x: Transfer, body: bytes) -> None:
+        seg = np.frombuffer(body, dtype=np.float32)
+        lo, hi = x.dst_lo, x.dst_lo + x.hi - x.lo
+        if x.op == Op.SUM:
+            self.buf[lo:hi] += seg
+        else:
+            self.buf[lo:hi] = seg
+        self.arrived.add(x.id)
+        for y in self.dependents.get(x.id, ()):
+            self.waiting[y.id] -= 1
+            if self.waiting[y.id] == 0:
+                self._make_ready(y)
+
+    def _make_ready(self, x: Transfer) -> None:
+        key = (x.dst, x.channel if self.cfg.schedule == "static" else -1)
+        heapq.heappush(self.ready.setdefault(key, []), (x.id, x))
+
+    def _progress(self, now: float) -> None:
+        for p, chans in self.channels.items():
+            for ch in chans:
+                while (m := ch.qp.poll_recv()) is not None:
+                    self._on_message(p, m.data)
+                self._complete(ch, now)
+        for queue in self.ready.values():
+            while queue:
+                x = queue[0][1]
+                picked = self._pick(x)
+                if picked is None:
+                    break
+                heapq.heappop(queue)
+                self._send(picked, x, now)
+
+    def _complete(self, ch: Channel, now: float) -> None:
+        while ch.inflight and ch.inflight[0][0].done:
+            op, x, _ = ch.inflight.popleft()
+            ch.inflight_bytes -= x.nbytes
+            t_done = op.t_done if op.t_done is not None else now
+            service = t_done - ch.head_since
+            if service > 0 and x.nbytes > 0:
+                sample = (x.nbytes + HEADER.size) / service
+                ch.rate = sample if ch.rate == 0 else \
+                    RATE_EWMA * sample + (1 - RATE_EWMA) * ch.rate
+            ch.head_since = t_done
+
+    def _pick(self, x: Transfer) -> Channel | None:
+        chans = self.channels[x.dst]
+        depth = self.cfg.depth
+        if self.cfg.schedule == "static":
+            ch = chans[x.channel]
+            return ch if len(ch.inflight) < depth else None
+        # adaptive: the channel that would finish it first; unmeasured channels count as
+        # the fastest measured one (or all equal before any is measured)
+        known = [c.rate for c in chans if c.rate > 0]
+        default = max(known) if known else 1.0
+
+        def finish(c: Channel) -> tuple[float, int]:
+            return ((c.inflight_bytes + x.nbytes + HEADER.size) / (c.rate or default),
+                    0 if c.index == x.channel else 1)
+
+        best = min(chans, key=finish)
+        return best if len(best.inflight) < depth else None
+
+    def _send(self, ch: Channel, x: Transfer, now: float) -> None:
+        data = HEADER.pack(self.it, x.id) + self.send_buf[x.lo:x.hi].tobytes()
+        if not ch.inflight:
+            ch.head_since = now
+        op = ch.qp.post_send(data, now, tag=x.id)
+        ch.inflight.append((op, x, now))
+        ch.inflight_bytes += x.nbytes
+        ch.sent_bytes += len(data)
+        ch.sent_msgs += 1
+        self.moved += ch.index != x.channel
+
+    # ---- results ----
+
+    def result(self, now: float) -> dict[str, Any]:
+        if self.phase != "done":
+            raise TimeoutError(f"{self.cfg.collective} rank {self.me} stuck in iteration "
+                               f"{self.it} ({self.phase}: {len(self.arrived)} of "
+                               f"{len(self.incoming)} transfers in)")
+        per_channel = [0] * self.cfg.channels
+        rates = [0.0] * self.cfg.channels
+        for chans in self.channels.values():
+            for ch in chans:
+                per_channel[ch.index] += ch.sent_bytes
+                rates[ch.index] = max(rates[ch.index], ch.rate * 8)
+        t0 = self.t0
+        return {
+            "kind": "collective",
+            "rank": self.me,
+            "ok": self.ok,
+            "max_abs_err": self.max_err,
+            "collective": self.cfg.collective,
+            "algorithm": self.cfg.algorithm,
+            "schedule": self.cfg.schedule,
+            "size": self.cfg.size,
+            "channels": self.cfg.channels,
+            "chunk": self.cfg.chunk,
+            "ranks": self.n * (self.cfg.gpus if self.cfg.algorithm == "hier" else 1),
+            "bus_factor": bus_factor(self.cfg.collective,
+                                     self.n * (self.cfg.gpus if self.cfg.algorithm == "hier"
+                                               else 1)),
+            "coll": [(a - t0, b - t0) for a, b in self.coll],
+            "iter_end": [e - t0 for e in self.iter_end],
+            "compute": self.cfg.compute,
+            "channel_bytes": per_channel,
+            "channel_rate_bps": rates,
+            "moved": self.moved,
+            "transfers_out": len(self.outgoing),
+            "unexpected": self.unexpected,
+            "checksum": hashlib.sha256(self.buf.tobytes()).hexdigest(),
+        }
+
+
+COLLECTIVE_JOBS: dict[str, type[Job]] = {"collective": CollectiveJob}

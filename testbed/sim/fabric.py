@@ -1,0 +1,344 @@
+"""The twin's fabric: switches, links and hosts of a testbed.topo FabricSpec on one event loop.
+
+- Switches are the built-in switch (testbed.switch.v1model.V1Switch) loading p4c's bmv2 JSON
+  of p4src/, on a virtual clock that the loop advances, with queue depths in bytes as the
+  testbed starts it. They are programmed as the controller programs them: the controller's
+  config for this fabric (testbed.ctlconfig), the entries controller.program derives from
+  it, diffed and ordered by controller.reconcile, written through the switch's own
+  P4Runtime Write path (P4RuntimeService.write_updates), and the queue settings of
+  controller.queues through its SwitchAdmin service.
+- A link has a rate, a propagation delay and an MTU, per direction: a frame leaves when the
+  traffic manager (or the NIC) starts sending it and arrives after its serialization at the
+  link rate plus the delay. Queueing is the traffic manager's.
+- Hosts are testbed.sim.nic.SimHost.
+
+`run_job` runs one testbed.traffic.jobs job on the hosts, like the emulation's worker
+processes do (testbed.traffic.runner.run_job), returning the same RunOutput.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import finsy as fy
+from finsy.proto import p4r
+
+from controller import config as ctlconfig
+from controller import program
+from controller.nic.ratelaw import CcParams, Law
+from controller.proto import switch_pb2
+from controller.queues import queue_settings
+from controller.reconcile import SwitchState, diff, ordered_updates
+from controller.topology import Topology
+from testbed.ctlconfig import ControllerSetup, Ecn, SwitchAccess, controller_config
+from testbed.model import Scaling
+from testbed.probes import Capture, PortCounters, RateEvent
+from testbed.sim.engine import EventLoop
+from testbed.sim.nic import IntSource, SimHost
+from testbed.switch.admin import SwitchAdminService
+from testbed.switch.p4runtime import P4RuntimeService, parse_p4info_text
+from testbed.switch.traffic_manager import Clock
+from testbed.switch.v1model import V1Switch
+from testbed.topo import End, FabricSpec
+from testbed.traffic.generators import Flow
+from testbed.traffic.jobs import JOBS
+from testbed.traffic.netns import Host
+from testbed.traffic.runner import RunError, RunOutput
+from testbed.traffic.transport_core import TransportConfig, TransportCore
+
+REPO = Path(__file__).resolve().parents[2]
+P4INFO = REPO / "p4src" / "build" / "xingmai.p4info.txtpb"
+BMV2_JSON = REPO / "p4src" / "build" / "xingmai.json"
+CPU_PORT = 255  # testbed.emu.nodes.CPU_PORT (nodes imports Mininet)
+# Propagation delay of every link in the model (about 16 m of fiber), dilated by the scale
+# like every time of the model: with 4 KB frames at 400G it makes the leaf-spine's longest
+# path's base RTT about the model's 1 us.
+LINK_DELAY_MODEL_NS = 80
+
+
+@dataclass
+class PortStats:
+    rx_packets: int = 0
+    tx_packets: int = 0
+    rx_bytes: int = 0
+    tx_bytes: int = 0
+
+
+class Wire:
+    """One direction of a link."""
+
+    def __init__(self, loop: EventLoop, rate_bps: float, delay_ns: int, mtu: int,
+                 deliver: Callable[[bytes], None]):
+        self.loop = loop
+        self.ns_per_byte = 8e9 / rate_bps
+        self.delay_ns = delay_ns
+        self.max_frame = mtu + 14
+        self.deliver = deliver
+        self.too_big = 0
+        self.frames = 0
+
+    def send(self, frame: bytes, t_ns: int) -> None:
+        """`frame` starts leaving at `t_ns`; it arrives whole after serialization + delay."""
+        if len(frame) > self.max_frame:
+            self.too_big += 1
+            return
+        self.frames += 1
+        self.loop.at(t_ns + int(len(frame) * self.ns_per_byte) + self.delay_ns,
+                     self.deliver, frame)
+
+
+class SimSwitch:
+    """The built-in switch on the loop's clock."""
+
+    def __init__(self, loop: EventLoop, name: str, device_id: int):
+        self.loop = loop
+        self.name = name
+        self.clock = Clock(virtual=True)
+        self.sw = V1Switch(self.clock, device_id=device_id, cpu_port=CPU_PORT,
+                           qdepth_unit="bytes")
+        self.sw.transmit = self._transmit
+        self.p4rt = P4RuntimeService(self.sw, device_id)
+        # in process the twin is the switch's only controller: no arbitration to check
+        self.admin = SwitchAdminService(self.sw, None, None)
+        self.wires: dict[int, Wire] = {}
+        self.ports: dict[int, PortStats] = {}
+        self.tx_unknown_port = 0
+        self._service_at: int | None = None
+
+    def receive(self, port: int, frame: bytes) -> None:
+        st = self.ports.get(port)
+        if st is not None:
+            st.rx_packets += 1
+            st.rx_bytes += len(frame)
+        self.clock.advance_to(self.loop.now_ns)
+        self.sw.receive(port, frame)
+        self._schedule()
+
+    def _schedule(self) -> None:
+        t = self.sw.tm.next_departure_ns()
+        if t is None:
+            return
+        t = max(t, self.loop.now_ns)
+        if self._service_at is not None and self._service_at <= t:
+            return
+        self._service_at = t
+        self.loop.at(t, self._service, t)
+
+    def _service(self, t: int) -> None:
+        if t != self._service_at:
+            return  # superseded by an earlier service time
+        self._service_at = None
+        self.clock.advance_to(self.loop.now_ns)
+        self.sw.service()
+        self._schedule()
+
+    def _transmit(self, port: int, data: bytes) -> None:
+        wire = self.wires.get(port)
+        if wire is None:
+            self.tx_unknown_port += 1  # the collector's and the CPU port: nothing listens
+            return
+        st = self.ports[port]
+        st.tx_packets += 1
+        st.tx_bytes += len(data)
+        wire.send(data, self.loop.now_ns)
+
+    @property
+    def dropped(self) -> int:
+        return sum(self.sw.stats.dropped.values())
+
+
+def seed_random_extern(sw: V1Switch, seed: int) -> None:
+    """Seed the program's `random` extern (ECN's marking draws, for one): the compiled
+    program draws from its own random.Random, `_rand` in the namespace its code runs in."""
+    assert sw.compiled is not None
+    rng = sw.compiled.ingress.__globals__.get("_rand")
+    if rng is None:
+        raise RuntimeError("the compiled program has no random source to seed")
+    rng.seed(seed)
+
+
+def controller_cfg(spec: FabricSpec, scaling: Scaling, ecn: Ecn) -> ctlconfig.Config:
+    """The controller's config for this fabric, as the emulation writes it."""
+    switches = {s.name: SwitchAccess(f"127.0.0.1:{50000 + i}", "builtin")
+                for i, s in enumerate(spec.switches)}
+    setup = ControllerSetup(grpc_addr="127.0.0.1:1", collector_netns=None, log_file="",
+                            ecn=ecn)
+    doc = controller_config(spec, scaling, switches, {}, setup, str(P4INFO), str(BMV2_JSON))
+    del doc["controller"]["log_file"]  # no controller process: nothing logs
+    return ctlconfig.parse(doc)
+
+
+class SimFabric:
+    def __init__(self, spec: FabricSpec, scaling: Scaling, ecn: Ecn | None = None,
+                 link_delay_ns: int | None = None, seed: int = 1):
+        self.spec = spec
+        self.seed = seed
+        self.scaling = scaling
+        self.loop = EventLoop()
+        self.cfg = controller_cfg(spec, scaling, ecn or Ecn())
+        self.topo = Topology(self.cfg)
+        self.delay_ns = (link_delay_ns if link_delay_ns is not None
+                         else round(LINK_DELAY_MODEL_NS * scaling.scale))
+        self.switches = {s.name: SimSwitch(self.loop, s.name, s.device_id)
+                         for s in spec.switches}
+        self.link_names = {(s.node_id, p): f"{s.name}:{p}"
+                           for s in spec.switches for p in spec.switch_ports(s.name)}
+        self.hosts: dict[str, SimHost] = {}
+        self.law = Law.NONE
+        self._program()
+        self._build()
+
+    # ---- construction ----
+
+    def _program(self) -> None:
+        info = parse_p4info_text(P4INFO.read_text())
+        device_config = BMV2_JSON.read_bytes()
+        schema = fy.P4Schema(P4INFO)
+        for swc in self.cfg.switches:
+            sim = self.switches[swc.name]
+            sim.p4rt.install(info, device_config, 0)
+            seed_random_extern(sim.sw, self.seed * 1_000_003 + swc.device_id)
+            st = sim.admin.GetStatus(switch_pb2.GetStatusRequest(), None)
+            # controller.switches.SwitchSession._detect_qdepth_unit's rule
+            unit = 1 if st.queue_depth_unit == "bytes" else self.cfg.model.mean_packet_bytes
+            desired = program.build(self.cfg, self.topo, swc, schema, SwitchState([]), unit)
+            plan = diff(desired.encode(schema), [])
+            updates = [p4r.Update(type=t, entity=e)  # type: ignore[arg-type]
+                       for t, e in ordered_updates(plan)]
+            errors = [e for e in sim.p4rt.write_updates(updates) if e is not None]
+            if errors:
+                raise RuntimeError(f"{swc.name}: {len(errors)} of {len(updates)} writes "
+                                   f"failed, first: {errors[0].code} {errors[0].message}")
+            for q in queue_settings(self.cfg, self.topo, swc):
+                sim.admin.SetQueue(switch_pb2.SetQueueRequest(
+                    port=q.port, rate_bps=q.rate_bps, depth_bytes=q.depth_bytes,
+                    depth_packets=q.depth_packets), None)
+
+    def _build(self) -> None:
+        s = self.scaling
+        icfg = self.cfg.int
+        int_source = IntSource(True, icfg.dscp, icfg.instruction_bitmap, icfg.hop_budget,
+                               s.link_mtu + 14)
+        by_node = {sw.node_id: sw.name for sw in self.cfg.switches}
+
+        def hop_speed(node: int, port: int) -> int:
+            name = by_node.get(node)
+            return round(self.topo.port_speed_bps(name, port)) if name else 0
+
+        for sw in self.switches.values():
+            for p in self.spec.switch_ports(sw.name):
+                sw.ports[p] = PortStats()
+        for h in self.spec.hosts:
+            nic = h.nics[0]
+            att = self.spec.attachment(h.name, 0)
+            gw = self.spec.switch(att.node).router_mac
+            wire = Wire(self.loop, s.link_bps, self.delay_ns, s.link_mtu, self._to(att))
+            self.hosts[h.name] = SimHost(self.loop, h.name, nic.ip, nic.mac, gw, s.nic_bps,
+                                         hop_speed, wire.send, int_source, self.link_names)
+            for i, extra in enumerate(h.nics[1:], start=1):  # the rails of a multi-NIC host
+                att = self.spec.attachment(h.name, i)
+                wire = Wire(self.loop, s.link_bps, self.delay_ns, s.link_mtu, self._to(att))
+                self.hosts[h.name].add_nic(extra.ip, extra.mac,
+                                           self.spec.switch(att.node).router_mac, wire.send)
+        for lk in self.spec.links:
+            for a, b in ((lk.a, lk.b), (lk.b, lk.a)):
+                if self.spec.is_switch(a.node):
+                    self.switches[a.node].wires[a.index] = Wire(
+                        self.loop, s.link_bps, self.delay_ns, s.link_mtu, self._to(b))
+
+    def _to(self, end: End) -> Callable[[bytes], None]:
+        """Where frames sent towards `end` go: a switch port, or a host (any of its NICs:
+        the host takes what is addressed to one of them)."""
+        if self.spec.is_switch(end.node):
+            sw, port = self.switches[end.node], end.index
+            return lambda frame: sw.receive(port, frame)
+        return lambda frame: self.hosts[end.node].receive(frame)
+
+    # ---- control ----
+
+    def set_law(self, law: Law, base_rtt_ns: int) -> int:
+        """SetRateLaw on every host (what the controller's policy does through the agents):
+        the agents' defaults for their line rate, with TiTa's T."""
+        self.law = law
+        for h in self.hosts.values():
+            h.set_law(CcParams.defaults(law, h.line_rate_bps, base_rtt_ns))
+        return len(self.hosts)
+
+    # ---- measuring ----
+
+    def begin(self) -> None:
+        cap = Capture()
+        events: list[RateEvent] = []
+        for h in self.hosts.values():
+            h.capture, h.rate_events = cap, events
+        self._cap, self._events = cap, events
+
+    def end(self) -> tuple[Capture, list[RateEvent]]:
+        for h in self.hosts.values():
+            h.capture = h.rate_events = None
+        return self._cap, sorted(self._events, key=lambda e: e.t)
+
+    def port_counters(self) -> dict[str, PortCounters]:
+        """Per switch port ("switch:port"): frames in and out. Frames a switch received and
+        did not send (queue tail drops, pipeline drops) show as rx - tx, as the emulation's
+        kernel counters show them."""
+        out = {}
+        for sw in self.switches.values():
+            for p, st in sw.ports.items():
+                out[f"{sw.name}:{p}"] = PortCounters(st.rx_packets, st.tx_packets,
+                                                     st.rx_bytes, st.tx_bytes)
+        return out
+
+    # ---- running jobs ----
+
+    def run_job(self, hosts: list[Host], spec: dict[str, Any]) -> RunOutput:
+        """The job on `hosts` from a common start, until every host's part is done (or the
+        spec's timeout in virtual seconds); like testbed.traffic.runner.run_job."""
+        if len(hosts) < 2:
+            raise ValueError("a run needs at least two hosts")
+        spec = dict(spec, hosts=[{"name": h.name, "ip": h.ip} for h in hosts])
+        timeout_ns = round(float(spec.setdefault("timeout", 60.0)) * 1e9)
+        sims = [self.hosts[h.name] for h in hosts]
+        t0 = self.loop.now_ns + 1000
+        for i, h in enumerate(sims):
+            tcfg = TransportConfig(local_ip=h.ip, **spec.get("transport", {}))
+            core = TransportCore(tcfg, seed=int(spec.get("seed", 1)) * 7919 + i)
+            job = JOBS[spec["kind"]](core, spec, i)
+            h.start_job(core, job, t0)
+        finished = self.loop.run(until_ns=t0 + timeout_ns,
+                                 stop=lambda: all(h.done for h in sims))
+        if not finished:
+            for h in sims:
+                if not h.done and h.job is not None:
+                    try:
+                        h.result = h.job.result(self.loop.now)
+                    except TimeoutError as exc:
+                        raise RunError(f"{h.name}: {exc}") from None
+        results = []
+        for h in sims:
+            assert h.result is not None
+            results.append(h.result)
+        counters = [h.core.counters() if h.core else {} for h in sims]
+        for h in sims:
+            h.core = h.job = None
+        self.loop.run()  # what is still in flight (last ACKs) drains before the next job
+        return RunOutput(spec, results, counters)
+
+    def measure_base_rtt(self, size: int) -> float:
+        """The round trip of one `size`-byte message from the first host to the last (the
+        longest path of the standard topologies) and its ACK, on the idle fabric."""
+        hosts = self.traffic_hosts()
+        flow = Flow(id=0, src=0, dst=len(hosts) - 1, size=size, start=0.0)
+        out = self.run_job(hosts, {"kind": "flows", "flows": [flow.as_dict()], "seed": 1,
+                                   "transport": {"mtu": self.scaling.transport_mtu},
+                                   "timeout": 10.0 + 1e-3 * self.scaling.scale})
+        fct = out.results[0]["sent"][0]["fct"]
+        if fct is None:
+            raise RuntimeError("the twin's fabric does not carry a message first -> last host")
+        return float(fct)
+
+    def traffic_hosts(self) -> list[Host]:
+        return [Host(h.name, "", h.nics[0].ip, h.ifname(0)) for h in self.spec.hosts]

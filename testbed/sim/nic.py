@@ -1,0 +1,320 @@
+"""A host of the twin: its NIC (the tc egress INT source and pacer, the XDP rate law) and its
+transport (the sans-I/O core and the workload's job), on the event loop.
+
+- INT source: `insert_int` does what `xm_int_insert()` in ebpf/tc_egress.c does to a data
+  packet (shim and MD header after the UDP header, INT DSCP, lengths and IPv4 checksum).
+- Rate law: controller.nic.ratelaw.ReferenceNic, the bit-exact reference of ebpf/xdp_ingress.c,
+  fed every arriving frame with the flow's tx bytes and next PSN as tc counts them.
+- Pacer: each flow (5-tuple) sends at exactly its rate, earliest-departure-time first (as
+  EDT pacing does: a packet's departure is the flow's previous one plus its length over the
+  rate, never before now), and the NIC's port sends one frame at a time at the NIC's line
+  rate. The NIC fetches a queue pair's next packet only when the flow may send it (a NIC
+  pulls a message's data as its rate allows), so there is no NIC queue to overflow.
+- Kernel: the IPv4 header checksum the kernel fills in for the transport's raw sockets, and
+  Ethernet towards the gateway (the switch's router MAC).
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from controller.nic.ratelaw import CcParams, HopSpeed, Law, ReferenceNic
+from controller.wire.int_md import hop_ml_words
+from controller.wire.roce import ROCE_UDP_PORT
+from testbed.probes import Capture, RateEvent, record_int_frame
+from testbed.sim.engine import EventLoop
+from testbed.traffic.jobs import Job
+from testbed.traffic.transport_core import TransportCore
+
+INT_SHIM_LEN = 4
+INT_MD_LEN = 12
+OP_DATA_MAX = 0x0B
+OP_ACK = 0x11
+OP_CNP = 0x81
+ETH_IPV4 = b"\x08\x00"
+
+
+def ipv4_checksum(hdr: bytes | bytearray) -> int:
+    s = sum(struct.unpack(f"!{len(hdr) // 2}H", hdr))
+    s = (s & 0xFFFF) + (s >> 16)
+    s = (s & 0xFFFF) + (s >> 16)
+    return ~s & 0xFFFF
+
+
+def with_checksum(pkt: bytes) -> bytes:
+    """The IPv4 packet with its header checksum filled in (the kernel's job for IP_HDRINCL)."""
+    ihl = (pkt[0] & 0x0F) * 4
+    hdr = bytearray(pkt[:ihl])
+    hdr[10:12] = b"\x00\x00"
+    hdr[10:12] = ipv4_checksum(hdr).to_bytes(2, "big")
+    return bytes(hdr) + pkt[ihl:]
+
+
+@dataclass(frozen=True)
+class IntSource:
+    """The host's INT source settings (SetInt): on, DSCP, instruction bitmap, hop budget."""
+
+    enabled: bool
+    dscp: int
+    bitmap: int
+    hop_budget: int
+    max_frame: int  # the NIC's link MTU + Ethernet
+
+
+def insert_int(pkt: bytes, src: IntSource) -> bytes | None:
+    """`xm_int_insert()` on an IPv4 data packet; None when the program leaves it alone."""
+    ihl = (pkt[0] & 0x0F) * 4
+    tos = pkt[1]
+    grow = INT_SHIM_LEN + INT_MD_LEN
+    if ihl != 20 or tos >> 2 == src.dscp or 14 + len(pkt) + grow > src.max_frame:
+        return None
+    bitmap = src.bitmap & 0xFFFF
+    hdr = bytearray(grow)
+    hdr[0] = 1 << 4  # shim: type 1 (INT-MD), NPT 0
+    hdr[1] = INT_MD_LEN // 4  # shim length: MD header, empty stack
+    hdr[3] = tos & 0xFC  # original DSCP, restored by the sink
+    hdr[4] = 2 << 4  # version 2, D/E/M clear
+    hdr[6] = hop_ml_words(bitmap) & 0x1F  # HopML
+    hdr[7] = src.hop_budget & 0xFF  # RemainingHopCnt
+    hdr[8] = bitmap >> 8
+    hdr[9] = bitmap & 0xFF
+    udp = bytearray(pkt[20:28])
+    udp[4:6] = (int.from_bytes(udp[4:6], "big") + grow).to_bytes(2, "big")
+    udp[6:8] = b"\x00\x00"  # INT packets carry no UDP checksum: the stack grows per hop
+    ip = bytearray(pkt[:20])
+    ip[1] = (src.dscp << 2) | (tos & 3)
+    ip[2:4] = (int.from_bytes(ip[2:4], "big") + grow).to_bytes(2, "big")
+    ip[10:12] = b"\x00\x00"
+    ip[10:12] = ipv4_checksum(ip).to_bytes(2, "big")
+    return bytes(ip) + bytes(udp) + bytes(hdr) + pkt[28:]
+
+
+@dataclass
+class NicPort:
+    """A host's NIC beyond the first: its address, Ethernet header, link and pacer state."""
+
+    addr: bytes
+    eth: bytes
+    send: Callable[[bytes, int], None]
+    busy_until: int = 0
+    kick_at: int | None = None
+
+
+@dataclass
+class FlowTx:
+    """tc's per-flow state (xm_flows) and the pacer's departure time."""
+
+    tx_bytes: int = 0
+    snd_nxt_psn: int | None = None
+    next_ns: int = 0
+    rate_bps: int = 0  # 0: the NIC's line rate (no rate set)
+
+
+def flow_key(saddr: bytes, daddr: bytes, sport: int) -> tuple[int, int, int, int, int]:
+    return (int.from_bytes(saddr, "big"), int.from_bytes(daddr, "big"), sport,
+            ROCE_UDP_PORT, 17)
+
+
+class SimHost:
+    """One host: NIC 0 carries its transport (as the workloads use NIC 0 everywhere)."""
+
+    def __init__(self, loop: EventLoop, name: str, ip: str, mac: str, gateway_mac: str,
+                 line_rate_bps: float, hop_speed: HopSpeed,
+                 send: Callable[[bytes, int], None], int_source: IntSource,
+                 links: dict[tuple[int, int], str]):
+        self.loop = loop
+        self.name = name
+        self.ip = ip
+        self.addr = socket.inet_aton(ip)
+        self.eth = bytes.fromhex(gateway_mac.replace(":", "")) + \
+            bytes.fromhex(mac.replace(":", "")) + ETH_IPV4
+        self.line_rate_bps = int(line_rate_bps)
+        self.ns_per_byte = 8e9 / line_rate_bps
+        self.int_source = int_source
+        self.links = links
+        self.nic = ReferenceNic(self.line_rate_bps,
+                                CcParams.defaults(Law.NONE, self.line_rate_bps), hop_speed)
+        self.flows: dict[tuple[int, int, int, int, int], FlowTx] = {}
+        self.core: TransportCore | None = None
+        self.job: Job | None = None
+        self.done = True
+        self.result: dict[str, Any] | None = None
+        # the host's NICs: the first, and more on a multi-rail host (add_nic); each sends
+        # the queue pairs whose source address is its own, on its own link
+        # send: (frame, departure ns) -> the NIC's link towards its switch
+        self.ports: list[NicPort] = [NicPort(self.addr, self.eth, send)]
+        self._timer_at: int | None = None
+        self.capture: Capture | None = None
+        self.rate_events: list[RateEvent] | None = None
+        self.rx_dropped = 0  # frames that are not for this host's transport
+
+    # ---- control ----
+
+    def set_law(self, params: CcParams) -> None:
+        """SetRateLaw on the host: the new law for every flow; flows restart at line rate
+        when their law changes (ReferenceNic re-initialises them)."""
+        self.nic.params = params
+        for f in self.flows.values():
+            f.rate_bps = 0
+
+    def add_nic(self, ip: str, mac: str, gateway_mac: str,
+                send: Callable[[bytes, int], None]) -> NicPort:
+        port = NicPort(socket.inet_aton(ip), bytes.fromhex(gateway_mac.replace(":", "")) +
+                       bytes.fromhex(mac.replace(":", "")) + ETH_IPV4, send)
+        self.ports.append(port)
+        return port
+
+    def start_job(self, core: TransportCore, job: Job, t0_ns: int) -> None:
+        self.core, self.job, self.done, self.result = core, job, False, None
+        self.flows.clear()
+        self.nic.flows.clear()
+        self.loop.at(t0_ns, self._start, job)
+
+    def _start(self, job: Job) -> None:
+        job.start(self.loop.now)
+        self._activity()
+
+    # ---- the host's loop: job, timers, NIC ----
+
+    def _activity(self) -> None:
+        """Something happened (a packet, a timer, a start): let the job look, then the NIC."""
+        core, job = self.core, self.job
+        if core is None or job is None:
+            return
+        now = self.loop.now
+        if not self.done and job.poll(now):
+            self.done = True
+            self.result = job.result(now)
+        for port in self.ports:
+            self._request_kick(port, self.loop.now_ns)
+        wake = core.next_deadline()
+        if not self.done and job.next_wake < (wake if wake is not None else float("inf")):
+            wake = job.next_wake
+        if wake is not None and wake != float("inf"):
+            # 1 ns past the deadline: the core and the job compare in float seconds
+            t = max(self.loop.now_ns + 1, int(wake * 1e9) + 1)
+            if self._timer_at is None or t < self._timer_at:
+                self._timer_at = t
+                self.loop.at(t, self._timer, t)
+
+    def _timer(self, t: int) -> None:
+        if t != self._timer_at:
+            return  # superseded by an earlier timer
+        self._timer_at = None
+        if self.core is not None:
+            self.core.expire(self.loop.now)
+        self._activity()
+
+    def _request_kick(self, port: NicPort, t: int) -> None:
+        t = max(t, port.busy_until)
+        if port.kick_at is not None and port.kick_at <= t:
+            return
+        port.kick_at = t
+        self.loop.at(t, self._kick, port, t)
+
+    def _kick(self, port: NicPort, t: int) -> None:
+        if t != port.kick_at:
+            return
+        port.kick_at = None
+        core = self.core
+        if core is None:
+            return
+        now_ns = self.loop.now_ns
+        if now_ns < port.busy_until:
+            self._request_kick(port, port.busy_until)
+            return
+        single = len(self.ports) == 1
+        fb = core.feedback
+        if fb:  # ACK/NAK/CNP: the default class, not paced per flow
+            i = 0 if single else next((i for i, o in enumerate(fb)
+                                       if o.qp.local_addr == port.addr), -1)
+            if i >= 0:
+                out = fb.popleft() if i == 0 else fb[i]
+                if i:
+                    del fb[i]
+                self._transmit(port, out.packet, None, now_ns)
+                self._request_kick(port, port.busy_until)
+                return
+        now = self.loop.now
+        best = None
+        best_t = 0
+        for qp in core.senders():
+            if not single and qp.local_addr != port.addr:
+                continue
+            f = self._flow(flow_key(port.addr, qp.peer_addr, qp.sport))
+            if best is None or f.next_ns < best_t or (f.next_ns == best_t and qp.qpn < best.qpn):
+                best, best_t = qp, f.next_ns
+        if best is None:
+            return
+        if best_t > now_ns:
+            self._request_kick(port, best_t)
+            return
+        pkt = best.peek(now)
+        assert pkt is not None
+        best.commit(now)
+        self._transmit(port, pkt, best.peer_addr, now_ns)
+        self._request_kick(port, port.busy_until)
+
+    def _flow(self, key: tuple[int, int, int, int, int]) -> FlowTx:
+        f = self.flows.get(key)
+        if f is None:
+            f = self.flows[key] = FlowTx()
+        return f
+
+    def _transmit(self, port: NicPort, pkt: bytes, peer: bytes | None, now_ns: int) -> None:
+        """tc egress (INT source, flow accounting, pacing) and the wire."""
+        pkt = with_checksum(pkt)
+        paced_len = 14 + len(pkt)  # before INT: what the qdisc accounts
+        opcode = pkt[28]
+        sport = int.from_bytes(pkt[20:22], "big")
+        key = flow_key(pkt[12:16], pkt[16:20], sport)
+        data = opcode <= OP_DATA_MAX
+        psn = int.from_bytes(pkt[37:40], "big")  # BTH after IPv4 (20) and UDP (8)
+        if data and self.int_source.enabled:
+            pkt = insert_int(pkt, self.int_source) or pkt
+        frame = port.eth + pkt
+        f = self._flow(key)
+        f.tx_bytes += len(frame)
+        if data:
+            f.snd_nxt_psn = (psn + 1) & 0xFFFFFF
+            rate = f.rate_bps or self.line_rate_bps
+            f.next_ns = max(f.next_ns, now_ns) + int(paced_len * 8e9 / rate)
+        port.busy_until = now_ns + int(paced_len * self.ns_per_byte)
+        port.send(frame, now_ns)
+
+    # ---- receiving ----
+
+    def receive(self, frame: bytes) -> None:
+        """A frame from the switch: XDP's rate law, the INT sampler, then the transport."""
+        now_ns = self.loop.now_ns
+        if len(frame) < 14 + 28 or frame[12:14] != ETH_IPV4 or (
+                frame[30:34] != self.addr and all(frame[30:34] != p.addr for p in self.ports)):
+            self.rx_dropped += 1
+            return
+        ip = frame[14:]
+        ihl = (ip[0] & 0x0F) * 4
+        if ip[9] != 17 or int.from_bytes(ip[ihl + 2 : ihl + 4], "big") != ROCE_UDP_PORT:
+            self.rx_dropped += 1
+            return
+        opcode = ip[ihl + 8] if ip[1] >> 2 != self.int_source.dscp else OP_DATA_MAX
+        if opcode in (OP_ACK, OP_CNP) and self.nic.params.law != Law.NONE:
+            key = flow_key(ip[16:20], ip[12:16], int.from_bytes(ip[ihl : ihl + 2], "big"))
+            f = self._flow(key)
+            rate = self.nic.on_frame(frame, now_ns=now_ns, tx_bytes=f.tx_bytes,
+                                     snd_nxt_psn=f.snd_nxt_psn)
+            if rate is not None and rate != f.rate_bps:
+                f.rate_bps = rate
+                if self.rate_events is not None:
+                    self.rate_events.append(RateEvent(
+                        self.loop.now, self.name,
+                        (socket.inet_ntoa(ip[16:20]), socket.inet_ntoa(ip[12:16]), key[2]),
+                        rate, "law"))
+        elif ip[1] >> 2 == self.int_source.dscp and self.capture is not None:
+            record_int_frame(self.capture, frame, self.loop.now, self.links)
+        if self.core is not None:
+            self.core.receive(ip, self.loop.now)
+            self._activity()

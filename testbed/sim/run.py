@@ -1,0 +1,146 @@
+"""`xingmai-testbed run --engine sim`: the suite on the simulated twin, with the emulation's
+outputs (results.json, the table, the plots) and two CSV files beside them:
+
+- `flows.csv`: one line per flow of every flows run (incast, WebSearch, --flows):
+  `scenario,scheme,id,src,dst,bytes,start_s,fct_s` (fct_s empty: it did not complete);
+- `queues.csv`: the queue at every switch egress port the traffic crossed, as the INT
+  records of the arriving data packets saw it (departure-sampled; at most 2000 points per
+  port and run, each bucket's maximum kept): `scenario,scheme,port,t_s,queue_bytes`.
+
+The flow list of `--flows FILE` is a CSV with a header `src,dst,bytes,start_s`: source and
+destination host names (as the topology names them), the flow's size in bytes and its start
+in seconds of the model at the run's scale (lines starting with # are comments).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+import time
+from pathlib import Path
+
+from testbed.model import Scaling
+from testbed.scenarios import RunRecord, SuiteConfig, fmt_time
+from testbed.sim.fabric import SimFabric
+from testbed.sim.suite import SimSuite
+from testbed.topo import FabricSpec, parse_choice
+from testbed.traffic.generators import Flow
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def load_flows(path: Path, spec: FabricSpec) -> list[Flow]:
+    """A --flows file (see the module's docstring) as the workloads' flows."""
+    index = {h.name: i for i, h in enumerate(spec.hosts)}
+    flows: list[Flow] = []
+    lines = [ln for ln in path.read_text().splitlines() if ln.strip() and
+             not ln.lstrip().startswith("#")]
+    rows = list(csv.DictReader(lines))
+    if not rows or set(rows[0]) != {"src", "dst", "bytes", "start_s"}:
+        raise ValueError(f"{path}: expected a CSV header src,dst,bytes,start_s")
+    slots: dict[tuple[int, int], int] = {}
+    for n, row in enumerate(rows, start=2):
+        try:
+            src, dst = index[row["src"].strip()], index[row["dst"].strip()]
+            size, start = int(row["bytes"]), float(row["start_s"])
+        except KeyError as exc:
+            raise ValueError(f"{path}:{n}: unknown host {exc}") from None
+        except (TypeError, ValueError):
+            raise ValueError(f"{path}:{n}: bytes must be an integer, start_s a number") \
+                from None
+        if src == dst or size < 1 or start < 0:
+            raise ValueError(f"{path}:{n}: a flow needs two different hosts, bytes >= 1 and "
+                             "start_s >= 0")
+        # flows of one pair take turns on a few queue pairs, as the generators do
+        k = slots.get((src, dst), 0)
+        slots[(src, dst)] = (k + 1) % 4
+        flows.append(Flow(id=len(flows), src=src, dst=dst, size=size, start=start, slot=k))
+    return flows
+
+
+def write_csvs(records: list[RunRecord], out: Path) -> list[Path]:
+    flows_path, queues_path = out / "flows.csv", out / "queues.csv"
+    with flows_path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["scenario", "scheme", "id", "src", "dst", "bytes", "start_s", "fct_s"])
+        for r in records:
+            for fl in r.flow_fcts:
+                w.writerow([r.scenario, r.scheme, fl["id"], fl["src"], fl["dst"], fl["bytes"],
+                            repr(fl["start_s"]), "" if fl["fct_s"] is None else
+                            repr(fl["fct_s"])])
+    with queues_path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["scenario", "scheme", "port", "t_s", "queue_bytes"])
+        for r in records:
+            for port, series in sorted(r.port_series.items()):
+                for t, v in zip(series["t"], series["v"], strict=True):
+                    w.writerow([r.scenario, r.scheme, port, repr(t), int(v)])
+    return [flows_path, queues_path]
+
+
+def new_run_dir(base: Path) -> Path:
+    path = base / (time.strftime("%Y%m%d-%H%M%S") + "-sim")
+    n = 1
+    while path.exists():
+        n += 1
+        path = base / f"{time.strftime('%Y%m%d-%H%M%S')}-sim-{n}"
+    path.mkdir(parents=True)
+    return path
+
+
+def run_sim(args: argparse.Namespace, cfg: SuiteConfig) -> int:
+    from testbed.plots import write_plots
+    from testbed.report import table, verdict, write_results
+
+    t0 = time.monotonic()
+    spec = parse_choice(args.topo)
+    scaling = Scaling(scale=args.scale, max_hops=spec.longest_path_switches())
+    run_dir = args.run_dir or new_run_dir(REPO / "runs")
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+    def say(line: str) -> None:
+        print(f"[{time.monotonic() - t0:6.1f}s] {line}", file=sys.stderr, flush=True)
+
+    say(f"twin: {spec.name}, {scaling.describe()}")
+    fab = SimFabric(spec, scaling, seed=cfg.seed)
+    say(f"{len(fab.switches)} built-in switches programmed through P4Runtime "
+        f"({sum(len(s.sw.compiled.tables) for s in fab.switches.values() if s.sw.compiled)}"
+        " tables loaded), " f"{len(fab.hosts)} hosts")
+    suite = SimSuite(fab, cfg, say)
+    if args.flows is not None:
+        suite.flows_override = load_flows(args.flows, spec)
+    records = suite.run()
+    wall = time.monotonic() - t0
+    setup = {"engine": "sim", "topology": spec.name, "switch": "builtin",
+             "scaling": scaling.describe(), "scale": scaling.scale,
+             "link_bps": scaling.link_bps, "nic_bps": scaling.nic_bps,
+             "base_rtt_s": suite.base_rtt_s, "tita_base_rtt_s": suite.tita_t_s,
+             "link_delay_s": fab.delay_ns / 1e9, "suite": cfg.__dict__,
+             "flows_file": str(args.flows) if args.flows else None,
+             "controller_caps": False, "events": fab.loop.events,
+             "simulated_s": fab.loop.now,
+             "queue_source": "INT queue occupancy of every data packet arriving at a "
+                             "host (per departure from each hop)"}
+    write_results(run_dir / "results.json", records, setup,
+                  machine_extra={"wall_s": round(wall, 1),
+                                 "events_per_s": round(fab.loop.events / wall)})
+    plots = write_plots(records, run_dir, scaling.link_bps, scaling.nic_bps)
+    csvs = write_csvs(records, run_dir)
+    print()
+    print(f"{spec.name}, simulated twin (built-in switch pipeline, virtual time); "
+          f"{scaling.describe()}")
+    print(f"base RTT {fmt_time(suite.base_rtt_s)} (simulated), TiTa's T "
+          f"{fmt_time(suite.tita_t_s)}; queue: INT at the bottleneck egress port")
+    print()
+    print(table(records))
+    print()
+    for line in verdict(records):
+        print(line)
+    print()
+    print(f"results: {run_dir / 'results.json'}")
+    print("plots:   " + ", ".join(str(p) for p in plots))
+    print("csv:     " + ", ".join(str(p) for p in csvs))
+    print(f"{fab.loop.events} events, {fab.loop.now:.3g} s simulated in {wall:.0f} s "
+          f"({fab.loop.events / wall:.0f} events/s)")
+    return 0

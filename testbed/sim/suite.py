@@ -1,0 +1,63 @@
+"""The scenario suite (testbed.scenarios.SuiteBase) on the simulated twin.
+
+The same scenarios, jobs, INT decoding and summaries as the emulation; the measurements come
+from the twin's own ends: the INT stacks of the data packets the hosts receive, the rates the
+NICs' rate law sets, and the switch ports' frame counters. Times are virtual seconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from controller.nic.ratelaw import Law
+from controller.proto import switch_pb2
+from testbed.probes import Capture, PortCounters, RateEvent
+from testbed.scenarios import SuiteBase, SuiteConfig
+from testbed.sim.fabric import SimFabric
+
+_LAWS = {"none": Law.NONE, "dcqcn": Law.DCQCN, "tita": Law.TITA}
+
+
+class SimSuite(SuiteBase):
+    def __init__(self, fab: SimFabric, cfg: SuiteConfig,
+                 say: Callable[[str], None] | None = None):
+        super().__init__(cfg, say or (lambda line: None))
+        self.fab = fab
+        self.spec = fab.spec
+        self.scaling = fab.scaling
+        self.hosts = fab.traffic_hosts()
+        self.runner = fab.run_job
+        # timeouts are the emulation's at its scale, in the model's dilated time
+        self.time_scale = min(1.0, fab.scaling.scale / 20_000)
+
+    def __enter__(self) -> SimSuite:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def _measure_base_rtt(self) -> float:
+        return self.fab.measure_base_rtt(self.scaling.transport_mtu)
+
+    def _set_policy(self, scheme: str, params: dict[str, float]) -> int:
+        base_rtt_ns = int(params.get("base_rtt_ns", round(self.scaling.base_rtt_s * 1e9)))
+        return self.fab.set_law(_LAWS[scheme], base_rtt_ns)
+
+    def _begin(self) -> None:
+        self.fab.begin()
+
+    def _end(self) -> tuple[Capture, list[RateEvent]]:
+        return self.fab.end()
+
+    def _now(self) -> float:
+        return self.fab.loop.now
+
+    def _counters(self) -> dict[str, PortCounters]:
+        return self.fab.port_counters()
+
+    def _quiet_counters(self) -> dict[str, PortCounters]:
+        return self.fab.port_counters()  # run_job drained the fabric
+
+    def _set_port_rate(self, switch: str, port: int, rate_bps: float) -> None:
+        self.fab.switches[switch].admin.SetQueue(
+            switch_pb2.SetQueueRequest(port=port, rate_bps=round(rate_bps)), None)

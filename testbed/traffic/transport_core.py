@@ -1,0 +1,623 @@
+"""The RoCEv2-like reliable transport's protocol logic, without I/O (sans-I/O).
+
+`TransportCore` holds one host's queue pairs. It is fed IPv4 packets (`receive`) and timer
+expiries (`expire`), and it returns what to send and when it next needs a timer
+(`next_deadline`); it never opens a socket or reads a clock: every call takes `now` (seconds,
+any monotonic origin). Two engines drive it: the socket runner (testbed.traffic.transport,
+the emulation) and the simulated twin (testbed.sim), so both run this one protocol.
+
+A queue pair (`QueuePair`) is full duplex, like an RC QP: its requester half segments posted
+messages into MTU-sized RC SEND packets and retransmits go-back-N on a NAK or a timeout; its
+responder half reassembles in PSN order, ACKs (coalesced), NAKs a PSN gap once, sends a CNP for
+ECN-CE data at most once per interval, and echoes a received INT stack in the ACK
+(docs/wire-format.md). Queue pairs are set up out of band: both ends are created with each
+other's QPN and the same initial PSNs (the workload runner does that).
+
+Sending data is peek/commit, because the I/O below may push back (a full socket buffer or NIC
+pacing queue): `QueuePair.peek(now)` builds the next data packet the window allows without
+changing any state, and `QueuePair.commit(now)` records it as sent once the I/O took it (or
+lost it, as a wire would). Feedback (ACK, NAK, CNP) is queued in `TransportCore.feedback` as
+it is made and is never retried: I/O that cannot send one counts it (`feedback_not_sent`).
+
+Bad input is counted per reason in `drops` and dropped. A message longer than
+`max_message` is not buffered: its packets are acknowledged (so the sender is not stuck) and
+its data discarded, counted once as `message_too_long`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import struct
+from collections import Counter, deque
+from dataclasses import asdict, dataclass
+from typing import NamedTuple
+
+from controller.wire.int_md import INT_DSCP_DEFAULT, INT_TYPE_MD, looks_like_int_echo
+from controller.wire.roce import (
+    AETH_ACK,
+    AETH_LEN,
+    AETH_NAK_PSN_SEQ_ERR,
+    BTH_LEN,
+    CNP_LEN,
+    DEFAULT_PKEY,
+    ICRC_LEN,
+    OP_ACK,
+    OP_CNP,
+    OP_SEND_FIRST,
+    OP_SEND_LAST,
+    OP_SEND_MIDDLE,
+    OP_SEND_ONLY,
+    PSN_MASK,
+    ROCE_UDP_PORT,
+    icrc,
+    is_nak,
+    pack_aeth,
+)
+
+ECT0 = 0b10
+ECN_CE = 0b11
+_IP_UDP_BTH = struct.Struct("!BBHHHBBH4s4sHHHHBBHII")  # IPv4 (20) + UDP (8) + BTH (12)
+_IPV4_DF = 0x4000
+_HALF = 1 << 23
+_DATA_OPCODES = (OP_SEND_FIRST, OP_SEND_MIDDLE, OP_SEND_LAST, OP_SEND_ONLY)
+
+
+@dataclass(frozen=True)
+class TransportConfig:
+    """Per-host transport parameters (the same on every host of a run)."""
+
+    local_ip: str
+    mtu: int = 1024  # payload bytes per packet; leaves room for INT within a 1500-byte link MTU
+    window: int = 256  # packets in flight per QP
+    ack_every: int = 4  # ACK coalescing: one ACK per this many in-order packets (and per message)
+    rto: float = 0.025  # s; must exceed the NIC queue's drain time (sndbuf / paced rate)
+    # and the scheduling hiccups of a shared machine
+    rto_max: float = 0.200
+    cnp_interval: float = 50e-6  # s; DCQCN's 50 µs, scaled by the testbed with the link rates
+    int_dscp: int | None = INT_DSCP_DEFAULT
+    dscp: int = 0  # DSCP of everything this transport sends (ECN bits are always ECT(0))
+    ttl: int = 64
+    psn_window: int = 1 << 16  # PSNs further ahead or behind than this are out of window
+    sndbuf: int = 1 << 18  # per QP: bounds what waits in the NIC's pacing queue
+    rcvbuf: int = 1 << 24
+    nobufs_backoff: float = 200e-6  # s before re-sending a packet the qdisc refused
+    max_message: int = 1 << 28  # bytes a responder buffers for one message
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.mtu <= 9000 - 100:
+            raise ValueError(f"mtu {self.mtu} out of range")
+        if not 1 <= self.window < _HALF or not 1 <= self.ack_every:
+            raise ValueError("window must be in [1, 2^23) and ack_every >= 1")
+        if not 1 <= self.psn_window <= _HALF:
+            raise ValueError("psn_window must be in [1, 2^23]")
+        if self.max_message < self.mtu:
+            raise ValueError("max_message must hold at least one packet")
+        ipaddress.IPv4Address(self.local_ip)
+
+
+@dataclass
+class QpCounters:
+    tx_packets: int = 0
+    tx_bytes: int = 0  # payload bytes, retransmissions included
+    retransmits: int = 0  # data packets sent again
+    timeouts: int = 0
+    naks_received: int = 0
+    acks_received: int = 0
+    cnps_received: int = 0
+    rx_data_packets: int = 0  # in-order, accepted
+    rx_bytes: int = 0  # payload bytes delivered in order
+    acks_sent: int = 0  # ACKs made (the I/O counts those it could not send)
+    naks_sent: int = 0
+    cnps_sent: int = 0
+    ecn_ce_seen: int = 0
+    int_seen: int = 0
+    int_echoes_sent: int = 0
+    tx_blocked: int = 0  # sends that found the socket buffer full (EAGAIN)
+    tx_nobufs: int = 0  # sends the qdisc refused (ENOBUFS), sent again later
+    tx_errors: int = 0  # sends the I/O lost with another error (e.g. ENETUNREACH)
+    messages_sent: int = 0
+    messages_received: int = 0
+
+
+@dataclass
+class SendOp:
+    """A posted message. `t_done` is set when the last packet is acknowledged."""
+
+    data: memoryview
+    first_seq: int
+    npkts: int
+    t_post: float
+    tag: object = None
+    t_done: float | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.t_done is not None
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+
+@dataclass
+class ReceivedMessage:
+    data: bytearray  # handed over without a copy
+    t_first: float  # first packet of the message accepted
+    t_done: float  # last packet accepted
+
+
+class Outgoing(NamedTuple):
+    """One IPv4 packet to send on `qp`'s behalf."""
+
+    qp: QueuePair
+    packet: bytes
+
+
+class QueuePair:
+    """One end of a reliable connection. Create with `TransportCore.create_qp`."""
+
+    def __init__(
+        self,
+        core: TransportCore,
+        qpn: int,
+        peer_ip: str,
+        remote_qpn: int,
+        sport: int,
+        sq_psn: int,
+        rq_psn: int,
+    ) -> None:
+        self.core = core
+        self.qpn = qpn
+        self.peer_ip = peer_ip
+        self.peer_addr = socket.inet_aton(peer_ip)
+        self.local_addr = core.local_addr
+        self.remote_qpn = remote_qpn
+        self.sport = sport
+        self.counters = QpCounters()
+        # requester: sequence numbers are unbounded ints, PSN = (sq_psn + seq) mod 2^24
+        self.sq_psn = sq_psn & PSN_MASK
+        self.send_q: deque[SendOp] = deque()  # posted, not yet fully acknowledged
+        self.completions: deque[SendOp] = deque()
+        self.una = 0  # oldest unacknowledged
+        self.nxt = 0  # next to send
+        self.high = 0  # one past the highest ever sent
+        self.tail = 0  # one past the last queued
+        self.rto = core.cfg.rto
+        self.last_progress = 0.0
+        self._cur = 0  # index in send_q of the op holding `nxt` (a hint)
+        # responder
+        self.epsn = rq_psn & PSN_MASK  # expected PSN
+        self.msn = 0
+        self.rx_buf = bytearray()
+        self.rx_t_first = 0.0
+        self.in_msg = False
+        self.rx_overflow = False  # the message in progress exceeded max_message: discarded
+        self.unacked = 0
+        self.nak_sent = False
+        self.last_cnp = -1e18
+        self.pending_int: bytes | None = None
+        self.feedback_sport: int | None = None  # the data sender's UDP sport, for ACKs/CNPs
+        self.recv_q: deque[ReceivedMessage] = deque()
+
+    # ---- application API ----
+
+    def post_send(self, data: bytes | bytearray | memoryview, now: float,
+                  tag: object = None) -> SendOp:
+        """Queue a message; returns its SendOp (done when fully acknowledged)."""
+        mv = memoryview(data).cast("B")
+        npkts = max(1, -(-len(mv) // self.core.cfg.mtu))
+        op = SendOp(mv, self.tail, npkts, now, tag)
+        self.tail += npkts
+        self.send_q.append(op)
+        self.core.active.add(self)
+        return op
+
+    def poll_recv(self) -> ReceivedMessage | None:
+        return self.recv_q.popleft() if self.recv_q else None
+
+    @property
+    def idle(self) -> bool:
+        """Everything posted has been acknowledged."""
+        return not self.send_q
+
+    # ---- requester ----
+
+    def _psn(self, seq: int) -> int:
+        return (self.sq_psn + seq) & PSN_MASK
+
+    def _seq_of(self, psn: int, ref: int) -> int:
+        """The unbounded sequence number nearest `ref` whose PSN is `psn`."""
+        d = ((psn - self._psn(ref) + _HALF) & PSN_MASK) - _HALF
+        return ref + d
+
+    def _op_for(self, seq: int) -> SendOp:
+        q = self.send_q
+        i = self._cur if self._cur < len(q) else 0
+        if q[i].first_seq > seq:
+            i = 0
+        while q[i].first_seq + q[i].npkts <= seq:
+            i += 1
+        self._cur = i
+        return q[i]
+
+    @property
+    def wants_to_send(self) -> bool:
+        return self.nxt < self.tail and self.nxt - self.una < self.core.cfg.window
+
+    @property
+    def deadline(self) -> float | None:
+        """When the retransmission timer fires (None: nothing in flight)."""
+        return self.last_progress + self.rto if self.una < self.high else None
+
+    def peek(self, now: float) -> bytes | None:
+        """The next data packet the window allows (None: nothing to send now); no state
+        changes until `commit`."""
+        if not self.wants_to_send:
+            return None
+        cfg = self.core.cfg
+        seq = self.nxt
+        op = self._op_for(seq)
+        i = seq - op.first_seq
+        if op.npkts == 1:
+            opcode = OP_SEND_ONLY
+        elif i == 0:
+            opcode = OP_SEND_FIRST
+        elif i == op.npkts - 1:
+            opcode = OP_SEND_LAST
+        else:
+            opcode = OP_SEND_MIDDLE
+        payload = op.data[i * cfg.mtu : (i + 1) * cfg.mtu]
+        ackreq = i == op.npkts - 1 or seq - self.una + 1 >= cfg.window
+        return self.core.build(self, opcode, self.remote_qpn, self._psn(seq), ackreq,
+                               self.sport, payload)
+
+    def commit(self, now: float) -> None:
+        """The packet `peek` returned left (or was lost on the way out)."""
+        seq = self.nxt
+        op = self._op_for(seq)
+        i = seq - op.first_seq
+        mtu = self.core.cfg.mtu
+        n = min(mtu, op.size - i * mtu) if op.size else 0
+        if self.una == self.high:
+            self.last_progress = now  # the RTO runs from the first packet in flight
+        c = self.counters
+        c.tx_packets += 1
+        c.tx_bytes += n
+        if seq < self.high:
+            c.retransmits += 1
+        self.nxt = seq + 1
+        self.high = max(self.high, self.nxt)
+
+    def _on_ack(self, psn: int, syndrome: int, now: float) -> None:
+        c = self.counters
+        drops = self.core.drops
+        if is_nak(syndrome):
+            if syndrome != AETH_NAK_PSN_SEQ_ERR:
+                drops["nak_unsupported"] += 1
+                return
+            expected = self._seq_of(psn, self.una)
+            if not self.una <= expected <= self.high:
+                drops["ack_out_of_window"] += 1
+                return
+            c.naks_received += 1
+            self._advance(expected, now)
+            if expected < self.high:
+                self.nxt = expected  # go back N
+                self.core.active.add(self)
+            return
+        acked = self._seq_of(psn, self.una)
+        if acked >= self.high:
+            drops["ack_out_of_window"] += 1
+            return
+        c.acks_received += 1
+        if acked >= self.una:
+            self._advance(acked + 1, now)
+
+    def _advance(self, una: int, now: float) -> None:
+        if una <= self.una:
+            return
+        self.una = una
+        self.nxt = max(self.nxt, una)
+        self.rto = self.core.cfg.rto
+        self.last_progress = now
+        q = self.send_q
+        while q and q[0].first_seq + q[0].npkts <= una:
+            op = q.popleft()
+            op.t_done = now
+            self.completions.append(op)
+            self.counters.messages_sent += 1
+            self._cur = max(0, self._cur - 1)
+        if q or self.nxt < self.tail:
+            self.core.active.add(self)
+
+    def _expire(self, now: float) -> None:
+        if self.una < self.high and now >= self.last_progress + self.rto:
+            self.counters.timeouts += 1
+            self.nxt = self.una
+            self.rto = min(self.rto * 2, self.core.cfg.rto_max)
+            self.last_progress = now
+            self.core.active.add(self)
+
+    # ---- responder ----
+
+    def _on_data(
+        self,
+        opcode: int,
+        psn: int,
+        ackreq: bool,
+        payload: memoryview,
+        sport: int,
+        ce: bool,
+        int_bytes: bytes | None,
+        now: float,
+    ) -> None:
+        core = self.core
+        cfg = core.cfg
+        c = self.counters
+        self.feedback_sport = sport
+        if ce:
+            c.ecn_ce_seen += 1
+            if now - self.last_cnp >= cfg.cnp_interval:
+                self.last_cnp = now
+                core._feedback(self, OP_CNP, 0, sport, bytes(CNP_LEN))
+                c.cnps_sent += 1
+        if int_bytes is not None:
+            c.int_seen += 1
+        d = ((psn - self.epsn + _HALF) & PSN_MASK) - _HALF
+        if d > 0:
+            if d >= cfg.psn_window:
+                core.drops["psn_out_of_window"] += 1
+                return
+            core.drops["out_of_order"] += 1
+            if not self.nak_sent or ackreq:
+                self.nak_sent = True
+                self._send_ack(AETH_NAK_PSN_SEQ_ERR, self.epsn, sport)
+            return
+        if d < 0:
+            if d < -cfg.psn_window:
+                core.drops["psn_out_of_window"] += 1
+                return
+            core.drops["duplicate"] += 1
+            if ackreq:
+                self._send_ack(AETH_ACK, (self.epsn - 1) & PSN_MASK, sport)
+            return
+        # in order: check it continues the message the way the opcodes say
+        first = opcode in (OP_SEND_FIRST, OP_SEND_ONLY)
+        last = opcode in (OP_SEND_LAST, OP_SEND_ONLY)
+        if first == self.in_msg:
+            core.drops["bad_opcode_sequence"] += 1
+            return
+        n = len(payload)
+        if n > cfg.mtu or (not last and n != cfg.mtu):
+            core.drops["bad_length"] += 1
+            return
+        if first:
+            self.rx_buf = bytearray()
+            self.rx_t_first = now
+            self.rx_overflow = False
+        if not self.rx_overflow and len(self.rx_buf) + n > cfg.max_message:
+            # a message with no end in sight: stop buffering it, keep the connection going
+            self.rx_overflow = True
+            self.rx_buf = bytearray()
+            core.drops["message_too_long"] += 1
+        if not self.rx_overflow:
+            self.rx_buf += payload
+        self.in_msg = not last
+        self.epsn = (self.epsn + 1) & PSN_MASK
+        self.nak_sent = False
+        c.rx_data_packets += 1
+        c.rx_bytes += n
+        if int_bytes is not None:
+            self.pending_int = int_bytes
+        if last:
+            self.msn = (self.msn + 1) & PSN_MASK
+        self.unacked += 1
+        if last or ackreq or self.unacked >= cfg.ack_every:
+            self._send_ack(AETH_ACK, psn, sport)
+        if last:  # after the ACK: handing over the buffer is the application's time, not the wire's
+            if not self.rx_overflow:
+                self.recv_q.append(ReceivedMessage(self.rx_buf, self.rx_t_first, now))
+                c.messages_received += 1
+            self.rx_buf = bytearray()
+            self.rx_overflow = False
+
+    def _send_ack(self, syndrome: int, psn: int, sport: int) -> None:
+        echo = self.pending_int or b""
+        self.pending_int = None
+        self.core._feedback(self, OP_ACK, psn, sport, pack_aeth(syndrome, self.msn) + echo)
+        self.unacked = 0
+        if syndrome == AETH_ACK:
+            self.counters.acks_sent += 1
+        else:
+            self.counters.naks_sent += 1
+        if echo:
+            self.counters.int_echoes_sent += 1
+
+
+class TransportCore:
+    """All queue pairs of one host: packets and timer expiries in, packets and deadlines out.
+
+    `seed` draws the queue pairs' entropy source ports (a fixed seed: the same ports every
+    run, as the twin needs; the socket runner seeds from its process).
+    """
+
+    def __init__(self, cfg: TransportConfig, seed: int) -> None:
+        self.cfg = cfg
+        self.local_addr = socket.inet_aton(cfg.local_ip)
+        self.qps: dict[int, QueuePair] = {}
+        self.drops: Counter[str] = Counter()
+        self.rx_packets = 0
+        self.active: set[QueuePair] = set()  # QPs that may have something to send
+        self.feedback: deque[Outgoing] = deque()  # ACK/NAK/CNP made, not yet handed to I/O
+        self._hdr = bytearray(_IP_UDP_BTH.size)
+        self._tos = (cfg.dscp << 2) | ECT0
+        self._used_ports: set[int] = set()
+        self._sport_state = seed & 0xFFFFFFFF
+
+    # ---- setup ----
+
+    def _draw_sport(self) -> int:
+        # a 32-bit LCG (Numerical Recipes): deterministic per seed, no global RNG state
+        self._sport_state = (self._sport_state * 1664525 + 1013904223) & 0xFFFFFFFF
+        return 49152 + (self._sport_state >> 16) % 16384
+
+    def create_qp(
+        self,
+        qpn: int,
+        peer_ip: str,
+        remote_qpn: int,
+        *,
+        sport: int | None = None,
+        sq_psn: int = 0,
+        rq_psn: int = 0,
+        local_ip: str | None = None,
+    ) -> QueuePair:
+        """A queue pair; the peer must create the mirror one (its qpn = our remote_qpn, its
+        rq_psn = our sq_psn). `sport` is this QP's entropy source port (drawn if None)."""
+        if not 0 < qpn <= 0xFFFFFF or not 0 < remote_qpn <= 0xFFFFFF:
+            raise ValueError("QPNs must be in 1..2^24-1")
+        if qpn in self.qps:
+            raise ValueError(f"QPN {qpn:#x} exists")
+        if sport is None:
+            sport = self._draw_sport()
+            while sport in self._used_ports:
+                sport = self._draw_sport()
+        self._used_ports.add(sport)
+        qp = QueuePair(self, qpn, peer_ip, remote_qpn, sport, sq_psn, rq_psn)
+        if local_ip is not None:  # a host with several NICs: this QP's source address
+            qp.local_addr = socket.inet_aton(local_ip)
+        self.qps[qpn] = qp
+        return qp
+
+    # ---- timers ----
+
+    def next_deadline(self) -> float | None:
+        """The earliest retransmission timer of any queue pair (None: none running)."""
+        best: float | None = None
+        for qp in self.qps.values():
+            d = qp.deadline
+            if d is not None and (best is None or d < best):
+                best = d
+        return best
+
+    def expire(self, now: float) -> None:
+        """Fire the retransmission timers due at `now`."""
+        for qp in self.qps.values():
+            if qp.una < qp.high:
+                qp._expire(now)
+
+    def senders(self) -> list[QueuePair]:
+        """Queue pairs with a data packet to send now (and forget those that have none)."""
+        out = []
+        for qp in list(self.active):
+            if qp.wants_to_send:
+                out.append(qp)
+            elif qp.nxt >= qp.tail:
+                self.active.discard(qp)
+        return out
+
+    # ---- packets out ----
+
+    def build(self, qp: QueuePair, opcode: int, dqpn: int, psn: int, ackreq: bool,
+              sport: int, payload: bytes | memoryview) -> bytes:
+        """One IPv4 packet of this transport: IPv4 + UDP + BTH + payload + ICRC."""
+        udp_len = 8 + BTH_LEN + len(payload) + ICRC_LEN
+        hdr = self._hdr
+        _IP_UDP_BTH.pack_into(
+            hdr, 0, 0x45, self._tos, 20 + udp_len, 0, _IPV4_DF, self.cfg.ttl,
+            socket.IPPROTO_UDP, 0, qp.local_addr, qp.peer_addr, sport, ROCE_UDP_PORT,
+            udp_len, 0, opcode, 0, DEFAULT_PKEY, dqpn, (int(ackreq) << 31) | psn,
+        )
+        body = bytes(hdr[28:]) + bytes(payload)
+        crc = icrc(hdr[:20], sport, ROCE_UDP_PORT, body)
+        return bytes(hdr[:28]) + body + crc
+
+    def _feedback(self, qp: QueuePair, opcode: int, psn: int, sport: int,
+                  payload: bytes) -> None:
+        self.feedback.append(
+            Outgoing(qp, self.build(qp, opcode, qp.remote_qpn, psn, False, sport, payload)))
+
+    # ---- packets in ----
+
+    def receive(self, pkt: memoryview | bytes, now: float) -> None:
+        """One IPv4 packet arrived (UDP dport 4791)."""
+        self.rx_packets += 1
+        pkt = memoryview(pkt)
+        drops = self.drops
+        n = len(pkt)
+        if n < 20:
+            drops["short"] += 1
+            return
+        ihl = (pkt[0] & 0x0F) * 4
+        tos = pkt[1]
+        if n < ihl + 8 or ihl < 20:
+            drops["short"] += 1
+            return
+        sport, _dport, udp_len = struct.unpack_from("!HHH", pkt, ihl)
+        end = ihl + udp_len
+        if udp_len < 8 or end > n:
+            drops["bad_udp_length"] += 1
+            return
+        off = ihl + 8
+        int_bytes = None
+        if self.cfg.int_dscp is not None and tos >> 2 == self.cfg.int_dscp:
+            if end - off < 4 or pkt[off] >> 4 != INT_TYPE_MD:
+                drops["bad_int"] += 1
+                return
+            int_len = 4 + 4 * pkt[off + 1]
+            if off + int_len > end or int_len < 16:
+                drops["bad_int"] += 1
+                return
+            int_bytes = bytes(pkt[off : off + int_len])
+            off += int_len
+        if end - off < BTH_LEN + ICRC_LEN:
+            drops["short"] += 1
+            return
+        body = pkt[off : end - ICRC_LEN]
+        if icrc(bytes(pkt[:ihl]), sport, ROCE_UDP_PORT, body) != pkt[end - ICRC_LEN : end]:
+            drops["bad_icrc"] += 1
+            return
+        opcode = body[0]
+        dqpn, ap = struct.unpack_from("!II", body, 4)
+        qp = self.qps.get(dqpn & 0xFFFFFF)
+        if qp is None:
+            drops["unknown_qp"] += 1
+            return
+        if pkt[12:16] != qp.peer_addr:
+            drops["wrong_peer"] += 1
+            return
+        psn = ap & PSN_MASK
+        if opcode in _DATA_OPCODES:
+            qp._on_data(opcode, psn, bool(ap >> 31), body[BTH_LEN:], sport,
+                        tos & 0b11 == ECN_CE, int_bytes, now)
+        elif opcode == OP_ACK:
+            if len(body) < BTH_LEN + AETH_LEN:
+                drops["short"] += 1
+                return
+            rest = body[BTH_LEN + AETH_LEN :]
+            if rest and not looks_like_int_echo(bytes(rest)):
+                drops["bad_int_echo"] += 1
+                return
+            qp._on_ack(psn, body[BTH_LEN], now)
+        elif opcode == OP_CNP:
+            qp.counters.cnps_received += 1
+        else:
+            drops["unknown_opcode"] += 1
+
+    # ---- reporting ----
+
+    def counters(self) -> dict[str, object]:
+        total = Counter[str]()
+        for qp in self.qps.values():
+            total.update(asdict(qp.counters))
+        return {
+            "rx_packets": self.rx_packets,
+            "drops": dict(self.drops),
+            "qps": len(self.qps),
+            **{k: total.get(k, 0) for k in QpCounters.__dataclass_fields__},
+        }
+
+
+__all__ = ["Outgoing", "QpCounters", "QueuePair", "ReceivedMessage", "SendOp",
+           "TransportConfig", "TransportCore"]

@@ -1,0 +1,234 @@
+"""The collective library (testbed.collective) on the simulated twin: every collective and
+algorithm gives the right sums on every rank at small sizes, over both rails of a
+rail topology; the check catches a wrong plan; concurrent jobs; the metrics; the scenario
+file's errors; a degraded rail with static and adaptive channels."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from testbed.collective import plan
+from testbed.collective.metrics import parse_sizes, summarize
+from testbed.collective.run import (
+    CollFabric,
+    collective,
+    concurrent,
+    degraded_rail,
+    load_jobs,
+    parse_job,
+)
+from testbed.model import Scaling
+from testbed.scenarios import SuiteConfig, scheme_params
+from testbed.sim.fabric import SimFabric
+from testbed.sim.suite import SimSuite
+from testbed.topo import rail
+
+CASES = [(c, a) for c, algs in plan.SUPPORTED.items() for a in algs]
+
+
+def _fabric(nics: int, hosts: int) -> CollFabric:
+    """The twin at the model's speed, TiTa on every NIC."""
+    spec = rail(nics, hosts, 1)
+    fab = SimFabric(spec, Scaling(scale=1.0, max_hops=spec.longest_path_switches()))
+    suite = SimSuite(fab, SuiteConfig())
+    suite.prepare()
+    suite._set_policy("tita", scheme_params("tita", suite.tita_t_s))
+    return suite.collective_fabric("tita")
+
+
+@pytest.fixture(scope="module")
+def rail3() -> CollFabric:
+    """Three hosts (not a power of two) with two NICs each."""
+    return _fabric(2, 3)
+
+
+@pytest.mark.parametrize(("coll", "alg"), CASES)
+@pytest.mark.parametrize("schedule", ["static", "adaptive"])
+def test_every_algorithm_sums_right_on_every_rank(rail3: CollFabric, coll: str, alg: str,
+                                                  schedule: str) -> None:
+    # an odd element count, several messages per channel, two iterations
+    r = collective(rail3, collective=coll, algorithm=alg, size=4 * 3001,
+                   chunk=2048, schedule=schedule, iters=2)
+    assert r["correct"] and r["wrong_ranks"] == 0
+    assert all(b > 0 for b in r["channel_bytes"]), "both rails carry the collective"
+    assert r["iterations"] == 2 and r["busbw_Bps"] > 0
+
+
+def test_a_wrong_plan_is_caught(rail3: CollFabric, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = plan.build
+
+    def wrong(spec: plan.PlanSpec) -> list[plan.Transfer]:
+        out = real(spec)
+        # the first reduce step overwrites instead of adding: some sums miss a rank
+        out[0] = replace(out[0], op=plan.Op.COPY)
+        return out
+
+    monkeypatch.setattr("testbed.collective.job.build", wrong)
+    r = collective(rail3, collective="allreduce", algorithm="ring", size=4096,
+                   chunk=1024)
+    assert not r["correct"] and r["wrong_ranks"] >= 1
+
+
+def test_plans_respect_causality() -> None:
+    """Every dependency of a transfer arrives at its sender, and earlier in the plan."""
+    for coll, alg in CASES:
+        for n in (2, 3, 5):
+            ps = plan.PlanSpec(coll, alg, n, 4 * 1000 + 3, 2, 512, gpus=2)
+            ts = plan.build(ps)
+            for t in ts:
+                assert 0 <= t.src < n and 0 <= t.dst < n and t.src != t.dst
+                for d in t.deps:
+                    assert d < t.id and ts[d].dst == t.src
+            assert {t.channel for t in ts} == {0, 1}
+
+
+def test_double_binary_tree_leaves_are_inner_nodes_of_the_other() -> None:
+    n = 8
+    a = plan._tree(list(range(n)))
+    b = plan._tree([(r + 1) % n for r in range(n)])
+    leaves_a = set(range(n)) - set(a.values())
+    inner_b = set(b.values())
+    assert len(leaves_a & inner_b) >= len(leaves_a) - 1
+
+
+def test_bad_specs_are_refused() -> None:
+    with pytest.raises(ValueError, match="no 'tree'"):
+        plan.PlanSpec("alltoall", "tree", 4, 1024, 2, 4096)
+    with pytest.raises(ValueError, match="fewer than one"):
+        plan.PlanSpec("allreduce", "ring", 4, 3, 1, 4096)
+    with pytest.raises(ValueError, match="own GPU"):
+        plan.PlanSpec("allreduce", "hier", 4, 1024, 2, 4096, gpus=1)
+
+
+def test_metrics_follow_nccl_tests() -> None:
+    rank = {"size": 8 << 20, "bus_factor": plan.bus_factor("allreduce", 8), "channels": 2,
+            "collective": "allreduce", "algorithm": "ring", "schedule": "static",
+            "chunk": 1 << 20, "ranks": 8, "ok": True, "channel_bytes": [1, 1], "moved": 0,
+            "transfers_out": 1}
+    results: list[dict[str, Any]] = [
+        dict(rank, coll=[(0.0, 0.9), (1.0, 2.0)]), dict(rank, coll=[(0.1, 1.0), (1.0, 1.5)])]
+    r = summarize(results, nic_payload_bps=100e9, nics=2)
+    assert r["time_s"] == pytest.approx(1.0)  # last end - first start, per iteration
+    assert r["algbw_Bps"] == pytest.approx(8 << 20)
+    assert r["busbw_Bps"] == pytest.approx((8 << 20) * 2 * 7 / 8)
+    assert r["efficiency"] == pytest.approx(r["busbw_Bps"] * 8 / 200e9)
+    assert parse_sizes("64K:1M:4") == [64 << 10, 256 << 10, 1 << 20]
+    assert parse_sizes("1M,3K") == [1 << 20, 3 << 10]
+
+
+def test_scenario_file_errors_name_the_job(tmp_path: Path) -> None:
+    f = tmp_path / "jobs.yaml"
+    f.write_text("jobs:\n  - {name: a, hosts: 0-9, collective: allreduce, size: 1M}\n")
+    with pytest.raises(ValueError, match="job 0: hosts"):
+        load_jobs(f, 4)
+    with pytest.raises(ValueError, match="kind 'x'"):
+        parse_job({"name": "b", "hosts": [0, 1], "kind": "x"}, 4, "here")
+    f.write_text("nothing: here\n")
+    with pytest.raises(ValueError, match="list 'jobs'"):
+        load_jobs(f, 4)
+
+
+def test_concurrent_jobs_each_correct_with_slowdown() -> None:
+    fab = _fabric(2, 4)
+    decls = [parse_job({"name": "dp", "hosts": "0-1", "collective": "allreduce",
+                        "size": "64K", "iters": 2, "compute": 5e-6}, 4, "dp"),
+             parse_job({"name": "moe", "hosts": [2, 3], "collective": "alltoall",
+                        "size": "64K", "iters": 2}, 4, "moe"),
+             parse_job({"name": "bg", "kind": "websearch", "hosts": "0-3", "load": 0.2,
+                        "seconds": 20e-6}, 4, "bg")]
+    res = concurrent(fab, decls)
+    rows = {r["name"]: r for r in res["jobs"]}
+    assert all(r["correct"] for r in rows.values())
+    dp = rows["dp"]
+    assert dp["iter_s"] > dp["compute_s"] > 0 and 0 < dp["comm_share"] < 1
+    assert dp["slowdown"] > 0.5 and rows["moe"]["slowdown"] > 0.5
+    assert rows["bg"]["flows"] > 0
+
+
+def test_adaptive_channels_ride_out_a_degraded_rail() -> None:
+    """One rail's port into host 1 at a quarter rate: the static split runs at the slow
+    rail's pace, the adaptive schedule moves chunks to the healthy rail."""
+    fab = _fabric(2, 4)
+    d = degraded_rail(fab, "rail2", 2, 0.25, collective="allreduce",
+                      algorithm="ring", size=512 << 10, chunk=32 << 10, iters=2, warmup=1)
+    assert d["healthy"]["correct"] and d["static"]["correct"] and d["adaptive"]["correct"]
+    assert d["adaptive_ratio"] >= d["goal"]
+    assert d["adaptive_ratio"] > d["static_ratio"] + 0.05
+    assert d["adaptive"]["moved"] > 0
+
+
+def test_tuner_picks_the_fastest_measured_and_auto_uses_it(rail3: CollFabric,
+                                                           tmp_path: Path) -> None:
+    from testbed.collective import tune
+
+    cache = tmp_path / "tune.json"
+    res = tune.tune(rail3, "allreduce", [16 << 10, 64 << 10], cache, collective,
+                    say=lambda _: None)
+    for row in res["rows"]:
+        same = [m["busbw_Bps"] for m in res["measured"] if m["size"] == row["size"]]
+        assert row["busbw_Bps"] == max(same) and row["busbw_Bps"] >= row["default_Bps"]
+        got = tune.choose(cache, rail3.topology, len(rail3.hosts), rail3.nics, "allreduce",
+                          row["size"], "tita")
+        assert got == {k: row[k] for k in ("algorithm", "channels", "chunk")}
+    # another scheme was not tuned: the default
+    assert tune.choose(cache, rail3.topology, len(rail3.hosts), rail3.nics, "allreduce",
+                       16 << 10, "dcqcn") == tune.DEFAULT
+    r = collective(rail3, collective="allreduce", algorithm="auto", size=16 << 10,
+                   tune_cache=cache)
+    assert r["correct"] and r["algorithm"] == res["rows"][0]["algorithm"]
+
+
+class _FakeQp:
+    """A queue pair that hands over what the test puts in and completes every send."""
+
+    def __init__(self, qpn: int) -> None:
+        self.qpn = qpn
+        self.inbox: list[bytes] = []
+
+    def poll_recv(self) -> Any:
+        if not self.inbox:
+            return None
+        return type("Msg", (), {"data": self.inbox.pop(0)})()
+
+    def post_send(self, data: bytes, now: float, tag: object = None) -> Any:
+        return type("Op", (), {"done": True, "t_done": now})()
+
+
+class _FakeHost:
+    def __init__(self) -> None:
+        self.qps: dict[int, Any] = {}
+
+    def create_qp(self, qpn: int, peer_ip: str, remote_qpn: int, *,
+                  local_ip: str | None = None) -> Any:
+        self.qps[qpn] = _FakeQp(qpn)
+        return self.qps[qpn]
+
+
+def test_next_iterations_messages_during_compute_are_kept() -> None:
+    """A peer a step ahead sends iteration i+1's data while this rank still computes: it is
+    kept for i+1, not taken for a duplicate of iteration i's."""
+    from testbed.collective.job import HEADER, CollectiveJob
+
+    host = _FakeHost()
+    spec = {"hosts": [{"ip": "10.0.1.1"}, {"ip": "10.0.1.2"}], "size": 64, "chunk": 64,
+            "collective": "sendrecv", "iters": 2, "compute": 1.0}
+    job = CollectiveJob(host, spec, 1)
+    qp = next(iter(host.qps.values()))
+    (x,) = job.incoming.values()
+
+    def msg(it: int) -> bytes:
+        return HEADER.pack(it, x.id) + job._inputs(it, 0).tobytes()
+
+    job.start(0.0)
+    qp.inbox.append(msg(0))
+    assert not job.poll(1.0)  # iteration 0's collective: data in, own send posted
+    assert not job.poll(1.0)  # the send completed: iteration 1 computes
+    assert job.it == 1 and job.phase == "compute"
+    qp.inbox.append(msg(1))  # the peer is in iteration 1 already
+    assert not job.poll(1.5)
+    assert not job.poll(2.0)  # iteration 1: the kept data in, own send posted
+    assert job.poll(2.0) and job.ok and job.unexpected == 0

@@ -1,0 +1,140 @@
+"""The simulated twin (testbed.sim): no root, one process, virtual time.
+
+- determinism: two runs with the same inputs and seed write byte-identical results (apart
+  from the date and the machine) and CSVs;
+- the mission's verdicts at the model's own speed (--scale 1, the quick suite): TiTa keeps the
+  incast's p99 queue below DCQCN's without a drop, and WebSearch's p99 FCT slowdown below
+  DCQCN's;
+- a YAML topology and a --flows file, end to end through `xingmai-testbed run`;
+- the INT source (testbed.sim.nic.insert_int) builds what the transport and the INT decoder
+  read.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from controller.wire.int_md import INT_DSCP_DEFAULT
+from testbed.main import main
+from testbed.model import Scaling
+from testbed.probes import Capture, record_int_frame
+from testbed.scenarios import SuiteConfig
+from testbed.sim.engine import EventLoop
+from testbed.sim.fabric import SimFabric
+from testbed.sim.nic import IntSource, insert_int, ipv4_checksum
+from testbed.sim.suite import SimSuite
+from testbed.topo import leafspine
+from testbed.traffic.transport_core import TransportConfig, TransportCore
+
+DATA = Path(__file__).parent / "data"
+
+
+def _run(tmp: Path, *argv: str) -> Path:
+    assert main(["run", "--engine", "sim", "--run-dir", str(tmp), *argv]) == 0
+    return tmp
+
+
+def _stable(path: Path) -> str:
+    doc = json.loads((path / "results.json").read_text())
+    del doc["date"], doc["machine"]
+    return json.dumps(doc, sort_keys=True)
+
+
+@pytest.mark.slow
+def test_same_inputs_and_seed_give_identical_results(tmp_path: Path) -> None:
+    argv = ("--topo", "leafspine:2,1,2", "--quick", "--scenarios", "incast,websearch",
+            "--schemes", "dcqcn,tita", "--seed", "3")
+    a = _run(tmp_path / "a", *argv)
+    b = _run(tmp_path / "b", *argv)
+    assert _stable(a) == _stable(b)
+    for name in ("flows.csv", "queues.csv"):
+        assert (a / name).read_bytes() == (b / name).read_bytes()
+    c = _run(tmp_path / "c", *argv[:-1], "4")  # another seed: another WebSearch mix
+    assert _stable(a) != _stable(c)
+    doc = json.loads((a / "results.json").read_text())
+    assert doc["setup"]["engine"] == "sim" and doc["machine"]["wall_s"] > 0
+    assert {(r["scenario"], r["scheme"]) for r in doc["runs"]} == {
+        ("incast", "dcqcn"), ("incast", "tita"), ("websearch", "dcqcn"), ("websearch", "tita")}
+    for plot in ("queue.png", "fct_cdf.png"):
+        assert (a / plot).stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_model_speed_verdicts_on_the_quick_suite() -> None:
+    """At 400G and microsecond RTTs (HPCC's eta 0.95 and T = base RTT; DCQCN's parameters
+    at the NIC's rate; 500 KB per port), on the default fabric."""
+    spec = leafspine(2, 2, 4)
+    fab = SimFabric(spec, Scaling(scale=1, max_hops=spec.longest_path_switches()))
+    cfg = SuiteConfig(**{**SuiteConfig.quick().__dict__, "schemes": ("dcqcn", "tita"),
+                         "scenarios": ("incast", "websearch")})
+    suite = SimSuite(fab, cfg)
+    rec = {(r.scenario, r.scheme): r for r in suite.run()}
+    assert suite.base_rtt_s < 2e-6  # the model's microsecond RTT
+    ti, di = rec[("incast", "tita")], rec[("incast", "dcqcn")]
+    assert ti.flows_completed == ti.flows == 7 and di.flows_completed == 7
+    assert ti.queue_p99_bytes < di.queue_p99_bytes, (ti.queue_p99_bytes, di.queue_p99_bytes)
+    assert ti.drops == 0
+    tw, dw = rec[("websearch", "tita")], rec[("websearch", "dcqcn")]
+    assert tw.flows_completed == tw.flows > 50 and dw.flows_completed == dw.flows
+    assert tw.fct_slowdown_p99 is not None and dw.fct_slowdown_p99 is not None
+    assert tw.fct_slowdown_p99 < dw.fct_slowdown_p99, (tw.fct_slowdown_p99,
+                                                       dw.fct_slowdown_p99)
+
+
+def test_yaml_topology_and_flows_file(tmp_path: Path) -> None:
+    out = _run(tmp_path, "--topo", str(DATA / "twin-fabric.yaml"), "--flows",
+               str(DATA / "twin-flows.csv"), "--schemes", "tita")
+    doc = json.loads((out / "results.json").read_text())
+    (run,) = doc["runs"]
+    assert run["scenario"] == "flows" and run["flows"] == run["flows_completed"] == 4
+    assert run["bottleneck"] in run["queue_by_link"] and run["int_max_hops"] == 3
+    rows = list(csv.DictReader((out / "flows.csv").open()))
+    assert [(r["src"], r["dst"], int(r["bytes"])) for r in rows] == [
+        ("h3", "h1", 300000), ("h4", "h1", 300000), ("h1", "h4", 50000), ("h2", "h3", 8000)]
+    assert all(float(r["fct_s"]) > 0 for r in rows)
+    ports = {r["port"] for r in csv.DictReader((out / "queues.csv").open())}
+    assert "leaf1:1" in ports  # h1's downlink, where the two senders meet
+
+
+def test_flows_file_errors_are_named(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.csv"
+    bad.write_text("src,dst,bytes,start_s\nh1,h9,100,0\n")
+    with pytest.raises(ValueError, match="bad.csv:2: unknown host 'h9'"):
+        from testbed.sim.run import load_flows
+        from testbed.topo import parse_choice
+
+        load_flows(bad, parse_choice("leafspine:2,1,2"))
+
+
+def test_int_source_builds_what_transport_and_decoder_read() -> None:
+    core = TransportCore(TransportConfig(local_ip="10.0.1.1", mtu=1024), seed=1)
+    qp = core.create_qp(5, "10.0.2.1", 6)
+    qp.post_send(bytes(100), 0.0)
+    pkt = qp.peek(0.0)
+    assert pkt is not None
+    src = IntSource(True, INT_DSCP_DEFAULT, 0xF500, 8, 9014)
+    with_int = insert_int(pkt, src)
+    assert with_int is not None and len(with_int) == len(pkt) + 16
+    assert with_int[1] >> 2 == INT_DSCP_DEFAULT and ipv4_checksum(with_int[:20]) == 0
+    assert insert_int(with_int, src) is None  # already marked: left alone, as tc does
+    peer = TransportCore(TransportConfig(local_ip="10.0.2.1", mtu=1024), seed=2)
+    peer.create_qp(6, "10.0.1.1", 5)
+    peer.receive(with_int, 0.0)  # ICRC still valid, INT parsed and echoed
+    assert not peer.drops and peer.qps[6].counters.int_seen == 1
+    cap = Capture()
+    got = record_int_frame(cap, bytes(14) + with_int, 0.0, {})
+    assert got is not None and got[1] == [] and cap.max_hops == 0  # no hop yet
+
+
+def test_event_loop_orders_ties_by_scheduling() -> None:
+    loop = EventLoop()
+    seen: list[str] = []
+    loop.at(5, seen.append, "b")
+    loop.at(3, seen.append, "a")
+    loop.at(5, seen.append, "c")
+    assert not loop.run(stop=lambda: False)
+    assert seen == ["a", "b", "c"] and loop.now_ns == 5 and loop.events == 3

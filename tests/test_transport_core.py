@@ -1,0 +1,210 @@
+"""The transport's sans-I/O core (testbed.traffic.transport_core), with no sockets: two cores
+joined by a function that moves packets, under a clock the test advances. Both engines (the
+socket runner and the simulated twin) run this core; tests/test_transport.py runs it over
+sockets in network namespaces.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+import struct
+from collections.abc import Callable
+
+import pytest
+
+from controller.wire.int_md import INT_DSCP_DEFAULT
+from controller.wire.roce import OP_ACK, OP_CNP, OP_SEND_FIRST, OP_SEND_MIDDLE
+from testbed.traffic import transport as transport_mod
+from testbed.traffic.transport_core import ECN_CE, TransportConfig, TransportCore
+
+A, B = "10.0.0.1", "10.0.0.2"
+MTU = 1024
+
+
+def pair(**cfg: object) -> tuple[TransportCore, TransportCore]:
+    a = TransportCore(TransportConfig(local_ip=A, mtu=MTU, **cfg), seed=1)  # type: ignore[arg-type]
+    b = TransportCore(TransportConfig(local_ip=B, mtu=MTU, **cfg), seed=2)  # type: ignore[arg-type]
+    a.create_qp(5, B, 6)
+    b.create_qp(6, A, 5)
+    return a, b
+
+
+def opcode(pkt: bytes) -> int:
+    ihl = (pkt[0] & 0x0F) * 4
+    return pkt[ihl + 8]
+
+
+def shuttle(a: TransportCore, b: TransportCore, now: float,
+            wire: Callable[[bytes], bytes | None] = lambda p: p) -> list[bytes]:
+    """Move packets both ways until neither core has anything to send; `wire` may change or
+    drop (None) a packet. Returns every packet that was sent."""
+    sent: list[bytes] = []
+    peer = {id(a): b, id(b): a}
+    moved = True
+    while moved:
+        moved = False
+        for core in (a, b):
+            out = []
+            while core.feedback:
+                out.append(core.feedback.popleft().packet)
+            for qp in core.senders():
+                while (pkt := qp.peek(now)) is not None:
+                    qp.commit(now)
+                    out.append(pkt)
+            for pkt in out:
+                moved = True
+                sent.append(pkt)
+                got = wire(pkt)
+                if got is not None:
+                    peer[id(core)].receive(got, now)
+    return sent
+
+
+def test_message_is_delivered_intact_with_coalesced_acks() -> None:
+    a, b = pair(ack_every=4)
+    data = bytes(range(256)) * 40  # 10 packets
+    op = a.qps[5].post_send(data, 0.0, tag="m")
+    sent = shuttle(a, b, 0.0)
+    msg = b.qps[6].poll_recv()
+    assert op.done and msg is not None and bytes(msg.data) == data
+    ops = [opcode(p) for p in sent]
+    assert ops.count(OP_ACK) == 3  # after packets 4, 8 and the last
+    assert a.qps[5].counters.tx_packets == 10 and not a.drops and not b.drops
+    assert a.next_deadline() is None  # nothing in flight: no timer
+
+
+def test_lost_packet_is_recovered_by_nak_and_go_back_n() -> None:
+    a, b = pair()
+    data = bytes(8 * MTU)
+    a.qps[5].post_send(data, 0.0)
+    dropped: list[bytes] = []
+
+    def lose_third_data(p: bytes) -> bytes | None:
+        if opcode(p) in (OP_SEND_FIRST, OP_SEND_MIDDLE) and len(dropped) < 1:
+            ihl = 20
+            psn = struct.unpack_from("!I", p, ihl + 8 + 8)[0] & 0xFFFFFF
+            if psn == 2:
+                dropped.append(p)
+                return None
+        return p
+
+    shuttle(a, b, 0.0, lose_third_data)
+    qa = a.qps[5]
+    assert dropped and qa.idle
+    assert qa.counters.naks_received >= 1 and qa.counters.retransmits >= 1
+    assert b.drops["out_of_order"] >= 1 and b.qps[6].counters.messages_received == 1
+
+
+def test_timeout_retransmits_from_the_oldest_unacknowledged() -> None:
+    a, b = pair(rto=0.01, rto_max=0.04)
+    a.qps[5].post_send(bytes(3 * MTU), 0.0)
+    shuttle(a, b, 0.0, lambda p: None)  # everything lost
+    qa = a.qps[5]
+    assert a.next_deadline() == pytest.approx(0.01)
+    a.expire(0.005)
+    assert qa.counters.timeouts == 0
+    a.expire(0.01)
+    assert qa.counters.timeouts == 1 and qa.nxt == 0
+    assert a.next_deadline() == pytest.approx(0.03)  # backed off
+    shuttle(a, b, 0.01)
+    assert qa.idle and qa.counters.retransmits == 3
+
+
+def test_cnp_for_ecn_ce_at_most_once_per_interval() -> None:
+    a, b = pair(cnp_interval=1.0)
+
+    def mark_ce(p: bytes) -> bytes:
+        return p[:1] + bytes([p[1] | ECN_CE]) + p[2:] if opcode(p) != OP_ACK else p
+
+    a.qps[5].post_send(bytes(4 * MTU), 0.0)
+    sent = shuttle(a, b, 0.0, mark_ce)
+    assert [opcode(p) for p in sent].count(OP_CNP) == 1
+    a.qps[5].post_send(bytes(MTU), 2.0)
+    sent = shuttle(a, b, 2.0, mark_ce)
+    assert [opcode(p) for p in sent].count(OP_CNP) == 1
+    assert a.qps[5].counters.cnps_received == 2
+
+
+def test_int_stack_is_echoed_in_the_ack() -> None:
+    a, b = pair()
+    shim_md = bytes([0x10, 3, 0, 0]) + bytes([0x20, 0, 0, 0]) + bytes(8)  # shim + MD header
+
+    def add_int(p: bytes) -> bytes:
+        if opcode(p) == OP_ACK:
+            return p
+        total = struct.unpack_from("!H", p, 2)[0] + len(shim_md)
+        udp_len = struct.unpack_from("!H", p, 24)[0] + len(shim_md)
+        tos = (INT_DSCP_DEFAULT << 2) | (p[1] & 3)
+        return (p[:1] + bytes([tos]) + struct.pack("!H", total) + p[4:24]
+                + struct.pack("!H", udp_len) + p[26:28] + shim_md + p[28:])
+
+    a.qps[5].post_send(bytes(MTU), 0.0)
+    sent = shuttle(a, b, 0.0, add_int)
+    acks = [p for p in sent if opcode(p) == OP_ACK]
+    assert len(acks) == 1 and acks[0][20 + 8 + 12 + 4 : -4] == shim_md
+    assert b.qps[6].counters.int_echoes_sent == 1 and not a.drops
+
+
+def test_bad_input_is_counted_and_dropped() -> None:
+    a, b = pair()
+    a.qps[5].post_send(bytes(10), 0.0)
+    pkt = a.qps[5].peek(0.0)
+    assert pkt is not None
+    b.receive(pkt[:-1] + bytes([pkt[-1] ^ 1]), 0.0)
+    b.receive(pkt[:10], 0.0)
+    b.receive(pkt[:20] + struct.pack("!HHH", 1, 4791, 4000) + pkt[26:], 0.0)
+    assert b.drops == {"bad_icrc": 1, "short": 1, "bad_udp_length": 1}
+    assert b.qps[6].counters.rx_data_packets == 0
+
+
+def test_message_without_last_packet_does_not_grow_without_bound() -> None:
+    """Issue 18 item 8: a sender that never sends LAST must not grow the responder's buffer
+    past max_message; the connection keeps working for the next message."""
+    a, b = pair(max_message=4 * MTU)
+    a.qps[5].post_send(bytes(10 * MTU), 0.0)  # longer than the responder buffers
+    shuttle(a, b, 0.0)
+    qb = b.qps[6]
+    assert b.drops["message_too_long"] == 1 and qb.poll_recv() is None
+    assert len(qb.rx_buf) == 0 and a.qps[5].idle  # acknowledged, not buffered
+    a.qps[5].post_send(b"next", 1.0)
+    shuttle(a, b, 1.0)
+    msg = qb.poll_recv()
+    assert msg is not None and bytes(msg.data) == b"next"
+
+
+def test_same_seed_same_source_ports() -> None:
+    ports = []
+    for _ in range(2):
+        core = TransportCore(TransportConfig(local_ip=A), seed=7)
+        ports.append([core.create_qp(q, B, q).sport for q in range(1, 20)])
+    assert ports[0] == ports[1] and len(set(ports[0])) == 19
+    assert all(49152 <= p < 65536 for p in ports[0])
+
+
+class _UnreachableSocket:
+    """A sending socket whose route is gone."""
+
+    def sendto(self, data: bytes, addr: object) -> int:
+        raise OSError(errno.ENETUNREACH, "Network is unreachable")
+
+    def close(self) -> None:
+        pass
+
+
+def test_socket_runner_survives_enetunreach(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 18 item 8: ENETUNREACH from a send must not escape step(): it is counted and the
+    packet is treated as lost (the retransmission timer recovers it)."""
+    rx, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    keep, _ = socket.socketpair()
+    monkeypatch.setattr(transport_mod, "open_rx_sockets", lambda port, size: (rx, keep))
+    monkeypatch.setattr(transport_mod, "open_tx_socket", lambda size: _UnreachableSocket())
+    with transport_mod.Transport(TransportConfig(local_ip=A, mtu=MTU, rto=0.001)) as t:
+        qp = t.create_qp(5, B, 6)
+        qp.post_send(bytes(2 * MTU), 0.0)
+        t.step(0.0, 0.0)
+        assert qp.counters.tx_errors == 2 and t.drops["send_error_ENETUNREACH"] == 2
+        assert qp.high == 2  # lost on the way out, in flight as far as the protocol knows
+        t.step(0.01, 0.0)
+        assert qp.counters.timeouts == 1 and qp.counters.retransmits == 2
+    peer.close()
