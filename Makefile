@@ -21,9 +21,11 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 # Debian packages the project uses: mnexec for Mininet, bcc for the eBPF NIC, kernel headers
 # for bcc, traffic tools, and the tools the tests drive (ip, tc, ethtool, tcpdump; openssl
-# makes the controller's mTLS test certificates).
+# makes the controller's mTLS test certificates; prometheus is the testbed's metrics server;
+# chromium and its WebDriver run the fabric page's browser test).
 APT_PACKAGES := mininet python3-bpfcc bpfcc-tools libbpfcc linux-headers-amd64 iproute2 \
-	ethtool iperf3 tcpdump kmod procps psmisc iputils-ping openssl
+	ethtool iperf3 tcpdump kmod procps psmisc iputils-ping openssl prometheus chromium \
+	chromium-driver
 # bcc compiles against kernel headers; when the running kernel ships none, Debian's headers
 # are merged into this folder and the agent points BCC_KERNEL_SOURCE at it.
 KERNEL_HEADERS := /var/cache/xingmai/kernel-headers
@@ -67,7 +69,7 @@ kernel-headers:
 venv:
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,sweep]'
 	@# bcc's Python module comes from Debian (python3-bpfcc) and is pure Python over libbcc:
 	@# expose just that module to the venv, not all of Debian's dist-packages.
 	mkdir -p $(VENV)/debian-bcc

@@ -46,6 +46,9 @@ class Daemon:
         self.agents = connect_agents(cfg)
         self.slowloop = SlowLoop(cfg.policy, self.topo, self.collector, self.agents,
                                  timeout_s=cfg.controller.rpc_timeout_s)
+        from controller.operations import Operations
+
+        self.operations = Operations(self)  # localization and fail-over
         self.started = time.monotonic()
         self.reloads = 0
         self.reload_failures = 0
@@ -54,6 +57,7 @@ class Daemon:
         self._udp: asyncio.DatagramTransport | None = None
         self._server: Any = None
         self._metrics: Any = None
+        self.web: Any = None
 
     def healthy(self) -> bool:
         return all(s.health.connected and (s.health.programmed or not s.health.primary)
@@ -70,12 +74,19 @@ class Daemon:
         self._server = await self._start_grpc(c.grpc_addr, c.tls)
         if c.metrics_addr:
             self._metrics = self._start_metrics(c.metrics_addr)
+        if c.web_addr:
+            from controller.web import WebServer
+
+            self.web = WebServer(self)
+            await self.web.start(c.web_addr)
         for s in self.sessions.values():
             s.start()
         self._tasks.append(asyncio.create_task(self.slowloop.run(), name="slowloop"))
+        self._tasks.append(asyncio.create_task(self.operations.run(), name="operations"))
         log.info("controller up", extra={
             "grpc": c.grpc_addr, "collector": col.bind,
-            "metrics": c.metrics_addr or "", "switches": len(self.sessions),
+            "metrics": c.metrics_addr or "", "web": c.web_addr or "",
+            "switches": len(self.sessions),
             "agents": len(self.agents), "election_id": c.election_id})
 
     async def _start_grpc(self, addr: str, tls: Any) -> Any:
@@ -129,6 +140,8 @@ class Daemon:
             self._udp.close()
         if self._metrics is not None:
             self._metrics.shutdown()
+        if self.web is not None:
+            await self.web.stop()
         log.info("controller stopped")
 
     async def reload(self) -> None:
@@ -182,15 +195,16 @@ class Daemon:
 
     async def _apply_listeners(self, old: Config, new: Config) -> list[str]:
         """Rebind what a reload changes: the gRPC API (address or TLS), the collector's socket
-        (address or namespace), the metrics server. All new listeners are made first; if one
-        fails, the ones already made are closed and the running ones stay (the caller refuses
-        the reload)."""
+        (address or namespace), the metrics server, the fabric page. All new listeners are made
+        first; if one fails, the ones already made are closed and the running ones stay (the
+        caller refuses the reload)."""
         oc, nc = old.controller, new.controller
         ocol, ncol = old.int.collector, new.int.collector
         grpc_changed = (oc.grpc_addr, oc.tls) != (nc.grpc_addr, nc.tls)
         udp_changed = (ocol.bind, ocol.netns) != (ncol.bind, ncol.netns)
         metrics_changed = oc.metrics_addr != nc.metrics_addr
-        if not (grpc_changed or udp_changed or metrics_changed):
+        web_changed = oc.web_addr != nc.web_addr
+        if not (grpc_changed or udp_changed or metrics_changed or web_changed):
             return []
         from controller.collector import serve_udp
 
@@ -214,6 +228,14 @@ class Daemon:
                     self._metrics = None
                 made.append(("metrics", self._start_metrics(nc.metrics_addr)
                              if nc.metrics_addr else None))
+            if web_changed:
+                web = None
+                if nc.web_addr:
+                    from controller.web import WebServer
+
+                    web = WebServer(self)
+                    await web.start(nc.web_addr)
+                made.append(("web", web))
         except (OSError, RuntimeError):
             for kind, obj in made:
                 await self._close_listener(kind, obj)
@@ -231,6 +253,8 @@ class Daemon:
                 old_server, self._server = self._server, obj
             elif kind == "udp":
                 old_server, self._udp = self._udp, obj
+            elif kind == "web":
+                old_server, self.web = self.web, obj
             else:
                 old_server, self._metrics = self._metrics, obj
             if old_server is not None:
@@ -248,6 +272,8 @@ class Daemon:
             await obj.stop(grace=1.0)
         elif kind == "udp":
             obj.close()
+        elif kind == "web":
+            await obj.stop()
         else:
             obj.shutdown()
 
@@ -276,7 +302,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="xingmai-controller", description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="The config format is described in controller/examples/leafspine-2x2.yaml.")
+        epilog="The config format is described in controller/examples/leafspine-2x2.yaml. "
+               "`xingmai-controller suspects --help`: the running controller's suspects.")
     ap.add_argument("--config", "-c", type=Path, required=True, help="YAML config file")
     ap.add_argument("--check", action="store_true",
                     help="validate the config and exit (0: valid, 2: not)")
@@ -284,6 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="override controller.election_id (lower than the primary's: backup)")
     ap.add_argument("--grpc-addr", help="override controller.grpc_addr")
     ap.add_argument("--metrics-addr", help="override controller.metrics_addr")
+    ap.add_argument("--web-addr", help="override controller.web_addr (the fabric page)")
     ap.add_argument("--collector-listen", help="override int.collector.listen")
     ap.add_argument("-L", "--log-level", choices=["trace", "debug", "info", "warn", "error"],
                     help="override controller.log_level")
@@ -302,7 +330,7 @@ def apply_overrides(cfg: Config, args: argparse.Namespace) -> Config:
         if args.election_id < 1:
             raise ConfigError("--election-id: must be at least 1")
         changes["election_id"] = args.election_id
-    for key in ("grpc_addr", "metrics_addr", "log_level", "log_file"):
+    for key in ("grpc_addr", "metrics_addr", "web_addr", "log_level", "log_file"):
         v = getattr(args, key)
         if v is not None:
             changes[key] = v
@@ -315,6 +343,11 @@ def apply_overrides(cfg: Config, args: argparse.Namespace) -> Config:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "suspects":  # a client of the running daemon
+        from controller.suspects import main as suspects_main
+
+        return suspects_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         cfg = apply_overrides(config_mod.load(args.config), args)

@@ -21,7 +21,8 @@ from controller.proto import agent_pb2_grpc as pb_grpc
 from controller.slowloop import AgentError, AgentFlow, AgentPort, FlowKey
 from controller.topology import Topology
 
-_LAWS = {"tita": pb.RATE_LAW_TITA, "dcqcn": pb.RATE_LAW_DCQCN, "none": pb.RATE_LAW_NONE}
+_LAWS = {"tita": pb.RATE_LAW_TITA, "dcqcn": pb.RATE_LAW_DCQCN, "none": pb.RATE_LAW_NONE,
+         "hpcc": pb.RATE_LAW_HPCC, "timely": pb.RATE_LAW_TIMELY, "swift": pb.RATE_LAW_SWIFT}
 _INT_PARAMS = {"w_ai_bps", "max_stage", "base_rtt_ns", "rai_bps", "rhai_bps",
                "byte_counter_bytes", "alpha_timer_ns", "rate_timer_ns", "cut_interval_ns",
                "fast_recovery_steps", "min_rate_bps"}
@@ -37,7 +38,7 @@ def rate_law_config(policy: LawPolicy) -> Any:
         v: float | int = round(value) if name in _INT_PARAMS else float(value)
         if name == "min_rate_bps":
             cfg.min_rate_bps = int(v)
-        elif policy.rate_law == "tita":
+        elif policy.rate_law in ("tita", "hpcc", "swift"):
             setattr(cfg.tita, name, v)
         else:
             setattr(cfg.dcqcn, name, v)

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from controller.service import flow_label, list_flows
+
 if TYPE_CHECKING:
     from controller.daemon import Daemon
 
@@ -75,6 +77,34 @@ class ControllerMetrics:
         flows = GaugeMetricFamily("xingmai_controller_flows", "flows with a cap")
         flows.add_metric([], len(d.slowloop.caps))
         yield from (q, lat, util, flows)
+
+        # the active flows as ListFlows (and the fabric page) lists them
+        fl = ["flow", "src_host", "dst_host"]
+        rate = GaugeMetricFamily("xingmai_controller_flow_rate_bps",
+                                 "flow's NIC rate as its agent reported it (0: unknown)", labels=fl)
+        cap_g = GaugeMetricFamily("xingmai_controller_flow_cap_bps",
+                                  "flow's slow-loop cap (0: none)", labels=fl)
+        fq = GaugeMetricFamily("xingmai_controller_flow_max_qocc_bytes",
+                               "largest queue along the flow's path (INT, last report)", labels=fl)
+        for f in list_flows(d).flows:
+            k = f.key
+            labels = [flow_label((k.src_ip, k.dst_ip, k.protocol, k.src_port, k.dst_port)),
+                      f.src_host, f.dst_host]
+            rate.add_metric(labels, f.rate_bps)
+            cap_g.add_metric(labels, f.cap_bps)
+            fq.add_metric(labels, f.max_qocc_bytes)
+        yield from (rate, cap_g, fq)
+
+        # the localizer's current suspects, as GetSuspects (and the fabric page) ranks them
+        sus = GaugeMetricFamily("xingmai_controller_suspect_score",
+                                "a current suspect's score in [0, 1] (fault localization)",
+                                labels=["element", "kind"])
+        for sp in list(d.operations.loc.ranked()):
+            sus.add_metric([sp.element, sp.kind], sp.score)
+        dead = GaugeMetricFamily("xingmai_controller_dead_links",
+                                 "links routed around (fail-over)")
+        dead.add_metric([], len(d.operations.dead))
+        yield from (sus, dead)
 
         host = ["host"]
         reach = GaugeMetricFamily("xingmai_controller_agent_reachable",

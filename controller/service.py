@@ -25,9 +25,66 @@ def _policy_pb(p: LawPolicy) -> Any:
     return pb.Policy(rate_law=p.rate_law, params=dict(p.params))
 
 
+def flow_label(key: tuple[str, str, int, int, int]) -> str:
+    """A flow's name on the fabric page and in the metrics: src:sport>dst:dport/proto."""
+    src, dst, proto, sport, dport = key
+    return f"{src}:{sport}>{dst}:{dport}/{proto}"
+
+
+def list_flows(d: Daemon, include_idle: bool = False) -> Any:
+    """The flows the collector sees (recently reported) and those the agents report, with
+    path, cap and rate: ListFlows' answer, and what the flow metrics export."""
+    out = pb.ListFlowsResponse()
+    now = time.monotonic()
+    col, loop = d.collector, d.slowloop
+    idle = d.cfg.policy.flow_idle_s
+    seen = set()
+    for rec in list(col.flows.values()):
+        if not include_idle and now - rec.last_seen > idle:
+            continue
+        cap = loop.caps.get(rec.key)
+        src, dst, proto, sport, dport = rec.key
+        out.flows.add(
+            key=pb.FlowKey(src_ip=src, dst_ip=dst, protocol=proto, src_port=sport,
+                           dst_port=dport),
+            src_host=rec.src_host or "", dst_host=rec.dst_host or "", links=rec.links,
+            bottleneck=(cap.bottleneck or "") if cap else "",
+            cap_bps=cap.cap_bps if cap else 0.0, cap_pushed=cap.pushed if cap else False,
+            rate_bps=cap.rate_bps if cap else 0.0, reports=rec.reports,
+            idle_s=now - rec.last_seen, max_qocc_bytes=rec.max_qocc_bytes)
+        seen.add(rec.key)
+    for key, cap in list(loop.caps.items()):  # flows known from the agents only
+        if key in seen:
+            continue
+        src, dst, proto, sport, dport = key
+        out.flows.add(
+            key=pb.FlowKey(src_ip=src, dst_ip=dst, protocol=proto, src_port=sport,
+                           dst_port=dport),
+            src_host=cap.host, dst_host=d.topo.ip_owner.get(dst, ""), links=cap.links,
+            bottleneck=cap.bottleneck or "", cap_bps=cap.cap_bps, cap_pushed=cap.pushed,
+            rate_bps=cap.rate_bps)
+    return out
+
+
 class ControllerService(pb_grpc.ControllerServicer):  # type: ignore[misc]
     def __init__(self, daemon: Daemon):
         self.d = daemon
+
+    async def GetSuspects(self, request: Any, context: Any) -> Any:
+        import json
+
+        ops = self.d.operations
+
+        def suspect(s: Any) -> Any:
+            return pb.Suspect(element=s.element, kind=s.kind, score=s.score,
+                              evidence=s.evidence, first_named_unix=ops.unix(s.first_named),
+                              last_named_unix=ops.unix(s.last_named))
+
+        return pb.GetSuspectsResponse(
+            suspects=[suspect(s) for s in ops.loc.ranked()],
+            named=[suspect(s) for s in ops.loc.named.values()],
+            dead_links=sorted(ops.dead), failovers=ops.failovers,
+            events=[pb.OperationsEvent(json=json.dumps(e)) for e in ops.events])
 
     async def GetTopology(self, request: Any, context: Any) -> Any:
         cfg, topo = self.d.cfg, self.d.topo
@@ -64,36 +121,7 @@ class ControllerService(pb_grpc.ControllerServicer):  # type: ignore[misc]
         return out
 
     async def ListFlows(self, request: Any, context: Any) -> Any:
-        out = pb.ListFlowsResponse()
-        now = time.monotonic()
-        col, loop = self.d.collector, self.d.slowloop
-        idle = self.d.cfg.policy.flow_idle_s
-        seen = set()
-        for rec in list(col.flows.values()):
-            if not request.include_idle and now - rec.last_seen > idle:
-                continue
-            cap = loop.caps.get(rec.key)
-            src, dst, proto, sport, dport = rec.key
-            out.flows.add(
-                key=pb.FlowKey(src_ip=src, dst_ip=dst, protocol=proto, src_port=sport,
-                               dst_port=dport),
-                src_host=rec.src_host or "", dst_host=rec.dst_host or "", links=rec.links,
-                bottleneck=(cap.bottleneck or "") if cap else "",
-                cap_bps=cap.cap_bps if cap else 0.0, cap_pushed=cap.pushed if cap else False,
-                rate_bps=cap.rate_bps if cap else 0.0, reports=rec.reports,
-                idle_s=now - rec.last_seen, max_qocc_bytes=rec.max_qocc_bytes)
-            seen.add(rec.key)
-        for key, cap in loop.caps.items():  # flows known from the agents only
-            if key in seen:
-                continue
-            src, dst, proto, sport, dport = key
-            out.flows.add(
-                key=pb.FlowKey(src_ip=src, dst_ip=dst, protocol=proto, src_port=sport,
-                               dst_port=dport),
-                src_host=cap.host, dst_host=self.d.topo.ip_owner.get(dst, ""), links=cap.links,
-                bottleneck=cap.bottleneck or "", cap_bps=cap.cap_bps, cap_pushed=cap.pushed,
-                rate_bps=cap.rate_bps)
-        return out
+        return list_flows(self.d, request.include_idle)
 
     async def GetTelemetry(self, request: Any, context: Any) -> Any:
         col = self.d.collector

@@ -110,8 +110,12 @@ class SwitchSession:
                 log.warning("switch session ended", extra={
                     "switch": self.name, "error": self.health.last_error})
             finally:
+                # A switch that comes back may have restarted empty: until this controller
+                # programs it again over the new session it is neither programmed nor queued.
                 self.health.connected = False
                 self.health.primary = False
+                self.health.programmed = False
+                self.health.queues_set = False
             if time.monotonic() - started >= STABLE_AFTER_S:
                 backoff = BACKOFF_FIRST_S
             await asyncio.sleep(backoff)

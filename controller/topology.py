@@ -14,6 +14,11 @@ from dataclasses import dataclass
 from controller.config import Config, Endpoint
 
 
+def link_id(a: str, b: str) -> str:
+    """An undirected link's name: its two ends, sorted (`leaf1:3-spine1:1`)."""
+    return "-".join(sorted((a, b)))
+
+
 @dataclass(frozen=True, order=True)
 class NextHop:
     """Leave `port` of the switch with destination MAC `dmac`."""
@@ -41,8 +46,12 @@ class Destination:
 
 
 class Topology:
-    def __init__(self, cfg: Config):
+    """`down`: links (`link_id`, both ends sorted: "leaf1:3-spine1:1") that carry nothing:
+    routing leaves them out (fail-over), everything else still knows them."""
+
+    def __init__(self, cfg: Config, down: frozenset[str] = frozenset()):
         self.cfg = cfg
+        self.down = down
         self.switches = {s.name: s for s in cfg.switches}
         self._peer: dict[str, Endpoint] = {}
         self.links: dict[str, DirLink] = {}
@@ -72,7 +81,8 @@ class Topology:
         self.adj: dict[str, list[tuple[str, int]]] = {s: [] for s in self.switches}
         for link in cfg.links:
             a, b = link.a, link.b
-            if a.node in self.switches and b.node in self.switches:
+            if a.node in self.switches and b.node in self.switches \
+                    and link_id(str(a), str(b)) not in down:
                 assert a.port is not None and b.port is not None
                 self.adj[a.node].append((b.node, a.port))
                 self.adj[b.node].append((a.node, b.port))

@@ -17,6 +17,7 @@
 #include "lib/tc_parse.h"
 #include "lib/int_source.h"
 #include "lib/pacing.h"
+#include "lib/rtt.h"
 
 int xm_tc_egress(struct __sk_buff *skb)
 {
@@ -61,6 +62,14 @@ int xm_tc_egress(struct __sk_buff *skb)
 			xm_edt_pace(skb, &p.key, st, paced_len, now);
 	} else {
 		xm_htb_classify(skb, cfg, own_pacing ? &p.key : 0);
+	}
+	/* TIMELY and Swift's RTT probe; its send time is the EDT departure, or now under HTB
+	 * (which then counts the packet's wait in its class in the RTT) */
+	if (data && st) {
+		__u64 sent = now;
+		if (cfg->pacing_mode == XM_PACING_EDT && skb->tstamp > now)
+			sent = skb->tstamp;
+		xm_rtt_probe(cfg, &p.key, st, p.psn, sent);
 	}
 	return TC_ACT_OK;
 }

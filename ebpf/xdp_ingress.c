@@ -5,7 +5,8 @@
  * Every packet passes (XDP_PASS): the transport needs its ACKs, and anything unknown or
  * malformed is only counted.
  *
- * The laws live in lib/tita.h and lib/dcqcn.h; controller/nic/ratelaw/ is their Python
+ * The laws live in lib/tita.h (TiTa and HPCC), lib/dcqcn.h, lib/timely.h and lib/swift.h
+ * (on RTT samples, lib/rtt.h); controller/nic/ratelaw/ is their Python
  * reference, operation for operation: change one, change the other (tests compare them
  * packet by packet).
  */
@@ -22,6 +23,9 @@
 #include "lib/cc_state.h"
 #include "lib/tita.h"
 #include "lib/dcqcn.h"
+#include "lib/rtt.h"
+#include "lib/swift.h"
+#include "lib/timely.h"
 
 int xm_xdp_ingress(struct xdp_md *ctx)
 {
@@ -47,12 +51,12 @@ int xm_xdp_ingress(struct xdp_md *ctx)
 	if (ctl && (ctl->flags & XM_CTL_HAS_PARAMS))
 		prm = &ctl->params;
 	__u32 law = prm->law;
-	if (law != XM_LAW_TITA && law != XM_LAW_DCQCN) {
+	if (law == XM_LAW_NONE || law > XM_LAW_SWIFT) {
 		xm_count(XM_CNT_XDP_LAW_NONE);
 		return XDP_PASS;
 	}
-	if (law == XM_LAW_TITA && fb.is_cnp) {
-		xm_count(XM_CNT_XDP_TITA_CNP_IGNORED);
+	if (law != XM_LAW_DCQCN && fb.is_cnp) { /* only DCQCN acts on CNPs */
+		xm_count(XM_CNT_XDP_CNP_IGNORED);
 		return XDP_PASS;
 	}
 	__u32 weight = ctl && ctl->weight ? ctl->weight : 1;
@@ -79,14 +83,24 @@ int xm_xdp_ingress(struct xdp_md *ctx)
 	}
 
 	__u64 before = cc->rate_bps;
-	if (law == XM_LAW_TITA) {
+	if (law == XM_LAW_TITA || law == XM_LAW_HPCC) {
 		if (fb.echo_len == 0) {
 			xm_count(XM_CNT_XDP_ACK_NO_INT);
 		} else {
-			xm_tita_on_ack(ctx, cfg, prm, cc, st, &fb, ceil, weight, now);
+			xm_tita_on_ack(ctx, cfg, prm, cc, st, &fb, ceil, weight, now,
+				       law == XM_LAW_HPCC);
 		}
-	} else {
+	} else if (law == XM_LAW_DCQCN) {
 		xm_dcqcn_on_feedback(prm, cc, st, fb.is_cnp, ceil, weight, now);
+	} else {
+		__u64 rtt;
+		if (xm_rtt_sample(cc, st, fb.psn, now, &rtt)) {
+			xm_count(XM_CNT_XDP_RTT_SAMPLE);
+			if (law == XM_LAW_TIMELY)
+				xm_count(xm_timely_on_rtt(prm, cc, rtt, ceil, weight));
+			else
+				xm_count(xm_swift_on_rtt(prm, cc, rtt, fb.ttl, now, ceil, weight));
+		}
 	}
 	cc->last_fb_ns = now;
 	cc->feedback += 1;
@@ -96,7 +110,7 @@ int xm_xdp_ingress(struct xdp_md *ctx)
 		struct xm_rate nr = {};
 		nr.rate_bps = cc->rate_bps;
 		nr.stamp_ns = now;
-		nr.origin = law == XM_LAW_TITA ? XM_ORIGIN_TITA : XM_ORIGIN_DCQCN;
+		nr.origin = law; /* XM_ORIGIN_<law> is the law's value */
 		xm_rates.update(&fb.key, &nr);
 	}
 	return XDP_PASS;

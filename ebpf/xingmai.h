@@ -49,6 +49,9 @@ enum xm_law {
 	XM_LAW_NONE = 0,
 	XM_LAW_TITA = 1,
 	XM_LAW_DCQCN = 2,
+	XM_LAW_HPCC = 3,   /* HPCC as published: TiTa's measurement, U per ACK, maxStage */
+	XM_LAW_TIMELY = 4, /* RTT gradient (tc's RTT probe) */
+	XM_LAW_SWIFT = 5,  /* delay target, AIMD (tc's RTT probe, hops from the ACK's TTL) */
 };
 
 enum xm_pacing_mode {
@@ -61,6 +64,9 @@ enum xm_rate_origin {
 	XM_ORIGIN_AGENT = 0, /* the agent: line rate, cap, or an explicit rate */
 	XM_ORIGIN_TITA = 1,
 	XM_ORIGIN_DCQCN = 2,
+	XM_ORIGIN_HPCC = 3,
+	XM_ORIGIN_TIMELY = 4,
+	XM_ORIGIN_SWIFT = 5,
 };
 
 /*
@@ -82,6 +88,7 @@ enum xm_counter {
 	XM_CNT_TC_HTB_CLASSIFIED,
 	XM_CNT_TC_HTB_DEFAULT,
 	XM_CNT_TC_EDT_PACED,
+	XM_CNT_TC_RTT_PROBE,
 	XM_CNT_XDP_PACKETS,
 	XM_CNT_XDP_NOT_IPV4,
 	XM_CNT_XDP_MALFORMED,
@@ -103,10 +110,17 @@ enum xm_counter {
 	XM_CNT_XDP_TITA_PATH_CHANGE,
 	XM_CNT_XDP_TITA_UPDATE,
 	XM_CNT_XDP_TITA_REF_UPDATE,
-	XM_CNT_XDP_TITA_CNP_IGNORED,
+	XM_CNT_XDP_CNP_IGNORED,
 	XM_CNT_XDP_DCQCN_CUT,
 	XM_CNT_XDP_DCQCN_CUT_HELD,
 	XM_CNT_XDP_DCQCN_INCREASE,
+	XM_CNT_XDP_RTT_SAMPLE,
+	XM_CNT_XDP_TIMELY_FIRST_RTT,
+	XM_CNT_XDP_TIMELY_INCREASE,
+	XM_CNT_XDP_TIMELY_DECREASE,
+	XM_CNT_XDP_SWIFT_INCREASE,
+	XM_CNT_XDP_SWIFT_DECREASE,
+	XM_CNT_XDP_SWIFT_DECREASE_HELD,
 	XM_CNT_SOCKOPS_ESTABLISHED,
 	XM_CNT_SOCKOPS_RATE_SET,
 	XM_CNT_SOCKOPS_SETSOCKOPT_ERROR,
@@ -146,6 +160,28 @@ struct xm_dcqcn_params {
 	__u32 pad;
 };
 
+/* TIMELY parameters (the gradient is normalised by min_rtt_ns). */
+struct xm_timely_params {
+	__u64 delta_bps;   /* additive increase step */
+	__u32 alpha;       /* EWMA weight of a new RTT difference, XM_UNIT scale */
+	__u32 beta;        /* multiplicative decrease factor, XM_UNIT scale */
+	__u32 t_low_ns;
+	__u32 t_high_ns;
+	__u32 min_rtt_ns;
+	__u32 hai_steps;   /* gradient <= 0 this many times in a row: hai_steps x delta */
+};
+
+/* Swift parameters: target = base_target_ns + hops * per_hop_ns. */
+struct xm_swift_params {
+	__u64 ai_bytes;       /* window increase per RTT below the target (ai / RTT as a rate) */
+	__u32 beta;           /* XM_UNIT scale */
+	__u32 max_mdf;        /* largest decrease in one step, XM_UNIT scale */
+	__u32 base_target_ns;
+	__u32 per_hop_ns;
+	__u32 sender_ttl;     /* TTL the feedback leaves its sender with: hops = sender_ttl - TTL */
+	__u32 pad;
+};
+
 /* Rate law selection and parameters (per host in xm_config, per flow in xm_ctl). */
 struct xm_cc_params {
 	__u64 min_rate_bps;
@@ -153,6 +189,9 @@ struct xm_cc_params {
 	__u32 pad;
 	struct xm_tita_params tita;
 	struct xm_dcqcn_params dcqcn;
+	struct xm_tita_params hpcc; /* HPCC's own eta, W_AI, maxStage and T */
+	struct xm_timely_params timely;
+	struct xm_swift_params swift;
 };
 
 /* Host configuration: xm_config[0], written by the agent at load time and on changes. */
@@ -200,6 +239,11 @@ struct xm_flow_stats {
 	__u32 snd_nxt_psn; /* next PSN after the newest data packet sent (24 bits) */
 	__u32 flags;       /* XM_FLOW_* */
 	__u32 ifindex;     /* interface the flow leaves on (the agent puts its class there) */
+	/* RTT probe (TIMELY, Swift): one data packet per RTT. tc starts a new probe when XDP
+	 * has taken the last one (xm_cc_state.rtt_done_seq == rtt_probe_seq) */
+	__u32 rtt_probe_seq;
+	__u64 rtt_probe_ns; /* its departure: the EDT timestamp, or tc's time with HTB */
+	__u32 rtt_probe_psn;
 	__u32 pad;
 };
 
@@ -224,9 +268,9 @@ struct xm_cc_state {
 	__u64 feedback;       /* feedback packets handled */
 	__u64 updates;        /* rate computations */
 	__u64 prev_tx_bytes;  /* flow tx bytes at the previous feedback */
-	/* TiTa */
+	/* TiTa, HPCC */
 	__u32 util;           /* committed EWMA utilisation U, XM_UNIT scale */
-	__u32 inc_stage;
+	__u32 inc_stage;      /* TiTa, HPCC: additive stages; TIMELY: gradient <= 0 in a row */
 	__u32 last_update_psn;
 	__u32 nhops;
 	/* DCQCN */
@@ -237,9 +281,12 @@ struct xm_cc_state {
 	__u64 alpha_ts_ns;    /* start of the current alpha-decay period */
 	__u64 timer_ts_ns;    /* start of the current rate-increase timer period */
 	__u64 bc_base_bytes;  /* tx bytes at the start of the current byte-counter period */
-	__u64 last_cut_ns;
+	__u64 last_cut_ns;    /* DCQCN: last cut; Swift: last decrease */
 	__u32 flags;          /* XM_CC_* */
-	__u32 pad;
+	/* TIMELY, Swift */
+	__u32 rtt_done_seq;   /* the tc probe whose RTT sample has been taken */
+	__u64 rtt_ns;         /* last RTT sample (TIMELY's prev_rtt) */
+	__s64 rtt_diff_ns;    /* TIMELY: EWMA of the RTT difference */
 	struct xm_hop_rec hops[XM_MAX_HOPS];
 };
 

@@ -48,6 +48,8 @@ class ControllerSetup:
     ecn: Ecn = Ecn()
     int_mode: str = "nic"
     caps: bool = False  # the slow loop's max-min caps (off: the NIC's rate law alone)
+    metrics_addr: str | None = None  # Prometheus metrics (loopback)
+    web_addr: str | None = None  # the fabric page (loopback)
 
 
 def controller_config(spec: FabricSpec, scaling: Scaling, switches: dict[str, SwitchAccess],
@@ -87,10 +89,15 @@ def controller_config(spec: FabricSpec, scaling: Scaling, switches: dict[str, Sw
         "udp_port": COLLECTOR_UDP_PORT, "report_src_ip": REPORT_SRC_IP}
     if setup.collector_netns:
         collector["netns"] = setup.collector_netns
+    controller: dict[str, Any] = {
+        "name": "testbed", "grpc_addr": setup.grpc_addr, "counter_poll_s": 1.0,
+        "rpc_timeout_s": 3.0, "reconnect_max_s": 2.0, "log_level": "info",
+        "log_file": setup.log_file}
+    for key in ("metrics_addr", "web_addr"):
+        if getattr(setup, key):
+            controller[key] = getattr(setup, key)
     return {
-        "controller": {"name": "testbed", "grpc_addr": setup.grpc_addr, "counter_poll_s": 1.0,
-                       "rpc_timeout_s": 3.0, "reconnect_max_s": 2.0, "log_level": "info",
-                       "log_file": setup.log_file},
+        "controller": controller,
         "pipeline": {"p4info": p4info, "bmv2_json": bmv2_json},
         "model": {"name": m.describe(), "port_speed_gbps": m.port_speed_gbps,
                   "scale": scaling.scale, "queue_depth_bytes": m.queue_bytes,

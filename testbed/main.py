@@ -3,6 +3,8 @@
     xingmai-testbed run      # the main job: TiTa vs DCQCN vs no CC on AI-training traffic
     xingmai-testbed run --engine sim --scale 1   # the same on the simulated twin, at 400G
     xingmai-testbed compare RUN_DIR RUN_DIR...   # runs side by side, with ratios
+    xingmai-testbed sweep --param incast_bytes=1e5,4e5 --seeds 1,2,3   # twin runs on Dask
+    xingmai-testbed replay RUN_DIR   # name the fault behind a slow job: replays in the twin
     xingmai-testbed cli      # the same network with Mininet's CLI and project commands
     xingmai-testbed doctor   # what this machine has and lacks
     xingmai-testbed topo leafspine:2,2,4 --dump   # a topology as YAML
@@ -55,8 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", required=True)
     run = sub.add_parser("run", help="the scenario suite, once per scheme; table, plots, JSON")
     _common(run)
-    run.add_argument("--schemes", default="none,dcqcn,tita")
-    run.add_argument("--scenarios", default="incast,allreduce,websearch")
+    run.add_argument("--schemes", default="none,dcqcn,tita",
+                     help="comma-separated, of none,dcqcn,tita,hpcc,timely,swift")
+    run.add_argument("--scenarios", default=None,
+                     help="comma-separated (default: all of them, testbed.scenarios.SCENARIOS)")
     run.add_argument("--quick", action="store_true", help="a shorter suite")
     run.add_argument("--engine", choices=["emu", "sim"], default="emu",
                      help="emu: the emulation (root, Mininet, eBPF); sim: the simulated twin "
@@ -65,8 +69,21 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--flows", type=Path,
                      help="a flow list (CSV: src,dst,bytes,start_s; hosts by name) run as the "
                           "scenario 'flows' instead of the suite's scenarios")
+    run.add_argument("--faults", type=Path,
+                     help="faults to inject in every scenario (YAML list of {at: SECONDS, "
+                          "target: leaf1:3|spine1|h3, kind: down|up|loss|rate|delay|kill|slow, "
+                          "value: ...}; testbed/faults.py)")
+    from testbed.sim.sweep import build_parser as sweep_parser
+
+    sweep_parser(sub)
+    from testbed.replay import build_parser as replay_parser
+
+    replay_parser(sub)
     compare = sub.add_parser("compare", help="two or more runs side by side, with ratios")
     compare.add_argument("runs", nargs="+", type=Path, help="run dirs (or results.json files)")
+    compare.add_argument("--median", action="store_true",
+                         help="the runs after the first are repeats: compare the first with "
+                              "their median and show their min-max")
     cli = sub.add_parser("cli", help="Mininet's CLI on the booted network")
     _common(cli)
     sub.add_parser("doctor", help="check the prerequisites")
@@ -99,7 +116,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from testbed.scenarios import SCENARIOS, SCHEMES, Suite, SuiteConfig
 
     schemes = tuple(s for s in args.schemes.split(",") if s)
-    scenarios = tuple(s for s in args.scenarios.split(",") if s)
+    scenarios = (tuple(s for s in args.scenarios.split(",") if s) if args.scenarios
+                 else SCENARIOS)
     bad = [s for s in schemes if s not in SCHEMES] + [s for s in scenarios if s not in SCENARIOS]
     if args.engine == "emu" and args.seed != 1:
         print("--seed is the twin's (the emulation's workloads use seed 1)", file=sys.stderr)
@@ -112,6 +130,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         scenarios = ("flows",)
     cfg = SuiteConfig(**{**base.__dict__, "schemes": schemes, "scenarios": scenarios,
                          "seed": args.seed})
+    if args.faults is not None:
+        from testbed import faults
+        from testbed.topo import parse_choice
+
+        try:
+            args.fault_list = faults.load(parse_choice(args.topo), args.faults)
+        except faults.FaultError as exc:
+            print(f"--faults: {exc}", file=sys.stderr)
+            return 2
+    else:
+        args.fault_list = []
     if args.engine == "sim":
         from testbed.sim.run import run_sim
 
@@ -124,6 +153,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     tb = _testbed(args)
     with tb:
         with Suite(tb, cfg) as suite:
+            suite.faults = args.fault_list
             records = suite.run()
             base_rtt, tita_t = suite.base_rtt_s, suite.tita_t_s
         s = tb.scaling
@@ -132,6 +162,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                  "nic_bps": s.nic_bps, "base_rtt_s": base_rtt, "tita_base_rtt_s": tita_t,
                  "suite": cfg.__dict__,
                  "controller_caps": args.controller_caps,
+                 "faults_file": str(args.faults) if args.faults else None,
                  "queue_source": "INT queue occupancy of every data packet arriving at a "
                                  "host (per departure from each hop)"}
         write_results(tb.run_dir / "results.json", records, setup)
@@ -167,11 +198,23 @@ def cmd_cli(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_replay(args: argparse.Namespace) -> int:
+    from testbed.replay import main
+
+    return main(args)
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     from testbed.report import compare
 
-    print(compare(args.runs))
+    print(compare(args.runs, median=args.median))
     return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from testbed.sim.sweep import cmd_sweep as run
+
+    return run(args)
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -202,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
         from testbed.collective.cli import COMMANDS
 
         return {"run": cmd_run, "cli": cmd_cli, "doctor": cmd_doctor, "topo": cmd_topo,
-                "compare": cmd_compare, **COMMANDS}[args.cmd](args)
+                "compare": cmd_compare, "sweep": cmd_sweep, "replay": cmd_replay,
+                **COMMANDS}[args.cmd](args)
     except ValueError as exc:  # testbed.topo.TopologyError and bad options
         print(f"xingmai-testbed: {exc}", file=sys.stderr)
         return 2

@@ -20,8 +20,10 @@ from matplotlib.ticker import NullFormatter  # noqa: E402
 
 from testbed.scenarios import RunRecord  # noqa: E402
 
-COLORS = {"none": "tab:red", "dcqcn": "tab:blue", "tita": "tab:green"}
-TITLES = {"none": "no CC", "dcqcn": "DCQCN", "tita": "TiTa"}
+COLORS = {"none": "tab:red", "dcqcn": "tab:blue", "tita": "tab:green", "hpcc": "tab:olive",
+          "timely": "tab:purple", "swift": "tab:orange"}
+TITLES = {"none": "no CC", "dcqcn": "DCQCN", "tita": "TiTa", "hpcc": "HPCC",
+          "timely": "TIMELY", "swift": "Swift"}
 
 
 def _gaps(t: list[float], v: list[float], gap_s: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
@@ -35,7 +37,7 @@ def _gaps(t: list[float], v: list[float], gap_s: float = 0.05) -> tuple[np.ndarr
 
 
 def _grid(records: list[RunRecord], scenarios: list[str]) -> tuple[list[str], list[str]]:
-    schemes = [s for s in ("none", "dcqcn", "tita") if any(r.scheme == s for r in records)]
+    schemes = [s for s in COLORS if any(r.scheme == s for r in records)]
     scen = [s for s in scenarios if any(r.scenario == s for r in records)]
     return schemes, scen
 

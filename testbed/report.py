@@ -13,23 +13,23 @@ Columns (per scenario and scheme; emulated units, bytes are not scaled):
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from pathlib import Path
 from typing import Any
 
 from testbed.bench import machine_description
-from testbed.scenarios import RunRecord
+from testbed.scenarios import SCHEMES, RunRecord
 
 
 def _f(v: float | None, fmt: str, dash: str = "-") -> str:
     return dash if v is None else format(v, fmt)
 
 
-def table(records: list[RunRecord]) -> str:
+def table(records: list[RunRecord], link_bps: float | None = None) -> str:
     """The comparison table. Bus bandwidth in Mb/s and times in s at the emulation's scale;
-    at the model's speed (the twin's --scale 1) Gb/s and ms, as the magnitudes call for."""
-    fast = any((r.busbw_bps or 0) >= 1e10 for r in records) or (
-        bool(records) and max(r.completion_s for r in records) < 1.0)
+    with ports of 1 Gb/s and more (the twin's --scale 1: 400G) in Gb/s and ms."""
+    fast = link_bps is not None and link_bps >= 1e9
     bw_div, bw_unit = (1e9, "Gb/s") if fast else (1e6, "Mb/s")
     t_mult, t_unit = (1e3, "ms") if fast else (1.0, "s")
     head = (f"{'scenario':<10} {'scheme':<6} {'bottleneck':<10} {'p50 queue':>9} "
@@ -59,7 +59,7 @@ def table(records: list[RunRecord]) -> str:
 
 
 _ORDER = {"incast": 0, "allreduce": 1, "alltoall": 2, "twojob": 3, "websearch": 4,
-          "none": 0, "dcqcn": 1, "tita": 2}
+          **{scheme: i for i, scheme in enumerate(SCHEMES)}}
 
 
 def _order(name: str) -> int:
@@ -85,11 +85,19 @@ def verdict(records: list[RunRecord]) -> list[str]:
         failed = [k for k, v in checks.items() if not v]
         line = (f"{scenario}: TiTa vs DCQCN p99 queue {t.queue_p99_bytes / 1e3:.1f} vs "
                 f"{d.queue_p99_bytes / 1e3:.1f} KB, drops {t.drops} vs {d.drops}, time "
-                f"{t.completion_s:.2f} vs {d.completion_s:.2f} s: ")
+                f"{_secs(t.completion_s, d.completion_s)}: ")
         line += "all hold" if not failed else (
             f"{', '.join(held) or 'none'} hold; NOT {', '.join(failed)}")
         out.append(line)
     return out
+
+
+def _secs(a: float, b: float) -> str:
+    """Two times in the unit the larger calls for (s at the emulation's scale, the model's
+    microseconds at its own speed)."""
+    m = max(a, b)
+    k, unit = (1.0, "s") if m >= 1 else (1e3, "ms") if m >= 1e-3 else (1e6, "us")
+    return f"{a * k:.2f} vs {b * k:.2f} {unit}"
 
 
 def results_doc(records: list[RunRecord], setup: dict[str, Any],
@@ -100,7 +108,7 @@ def results_doc(records: list[RunRecord], setup: dict[str, Any],
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": {**machine_description(), **(machine_extra or {})},
         "setup": setup,
-        "table": table(records),
+        "table": table(records, setup.get("link_bps")),
         "verdict": verdict(records),
         "runs": [r.summary() for r in records],
         "series": [{"scheme": r.scheme, "scenario": r.scenario, "bottleneck": r.bottleneck,
@@ -150,9 +158,10 @@ def load_results(path: Path) -> dict[str, Any]:
     return doc
 
 
-def compare(paths: list[Path]) -> str:
+def compare(paths: list[Path], median: bool = False) -> str:
     """Two or more runs side by side: every (scenario, scheme) they share and every metric,
-    with each run's ratio to the first."""
+    with each run's ratio to the first. With `median`, the runs after the first are repeats
+    of one experiment: the first is compared with their median, and their min-max is shown."""
     if len(paths) < 2:
         raise ValueError("compare needs at least two runs")
     docs = [load_results(p) for p in paths]
@@ -165,13 +174,29 @@ def compare(paths: list[Path]) -> str:
     by = [{(r["scenario"], r["scheme"]): r for r in d["runs"]} for d in docs]
     cells = [k for k in by[0] if all(k in b for b in by[1:])]
     cells.sort(key=lambda k: (_order(k[0]), _order(k[1])))
-    head = f"{'scenario':<10} {'scheme':<6} {'metric':<12} " + " ".join(
-        f"{n:>10}" for n in names) + " " + " ".join(f"{n + '/A':>6}" for n in names[1:])
+    if median:
+        rest = f"{names[1]}..{names[-1]}"
+        head = (f"{'scenario':<10} {'scheme':<6} {'metric':<12} {'A':>10} "
+                f"{'median ' + rest:>14} {'min-max ' + rest:>22} {'A/median':>8}")
+    else:
+        head = f"{'scenario':<10} {'scheme':<6} {'metric':<12} " + " ".join(
+            f"{n:>10}" for n in names) + " " + " ".join(f"{n + '/A':>6}" for n in names[1:])
     lines += ["", head, "-" * len(head)]
     for scenario, scheme in cells:
         for label, key, k in COMPARED:
             vals = [b[(scenario, scheme)].get(key) for b in by]
             if all(v is None for v in vals):
+                continue
+            if median:
+                reps = sorted(v * k for v in vals[1:] if v is not None)
+                a = None if vals[0] is None else vals[0] * k
+                med = statistics.median(reps) if reps else None
+                rng = f"{reps[0]:.4g}-{reps[-1]:.4g}" if reps else "-"
+                ratio = f"{a / med:.2f}" if a is not None and med else "-"
+                lines.append(f"{scenario:<10} {scheme:<6} {label:<12} "
+                             f"{'-' if a is None else f'{a:.4g}':>10} "
+                             f"{'-' if med is None else f'{med:.4g}':>14} {rng:>22} "
+                             f"{ratio:>8}")
                 continue
             shown = " ".join(f"{'-':>10}" if v is None else f"{v * k:>10.4g}" for v in vals)
             ratios = " ".join(

@@ -50,6 +50,8 @@ import numpy as np
 
 from testbed.collective import run as coll
 from testbed.collective.run import CollFabric
+from testbed.emu.operations import EmuOperations
+from testbed.faults import Fault
 from testbed.model import TRANSPORT_OVERHEAD, Scaling, fmt_rate
 from testbed.probes import (
     Capture,
@@ -70,14 +72,24 @@ if TYPE_CHECKING:
     from testbed.emu.network import Testbed
     from testbed.topo import FabricSpec
 
-SCHEMES = ("none", "dcqcn", "tita")
+# every scheme the suite knows, in table order; the rate law each runs (testbed.emu.network and
+# the twin set it on every host)
+SCHEMES = ("none", "dcqcn", "tita", "hpcc", "timely", "swift")
+DEFAULT_SCHEMES = ("none", "dcqcn", "tita")
+# senders bounded to one B*T in flight: TiTa; HPCC, whose window W starts at B*T; and Swift,
+# a window law whose cwnd our rate law stands for (without the bound, 64 packets per flow
+# stay in flight whatever its rate)
+BDP_WINDOW_SCHEMES = ("tita", "hpcc", "swift")
+# receivers ACK every packet: TIMELY and Swift time one packet per RTT, and a coalesced ACK
+# would add the wait for the next packet to its RTT
+ACK_EVERY_PACKET_SCHEMES = ("timely", "swift")
 SCENARIOS = ("incast", "allreduce", "alltoall", "twojob", "websearch")
 SERIES_POINTS = 2000  # per series kept in the results file
 
 
 @dataclass(frozen=True)
 class SuiteConfig:
-    schemes: tuple[str, ...] = SCHEMES
+    schemes: tuple[str, ...] = DEFAULT_SCHEMES
     scenarios: tuple[str, ...] = SCENARIOS
     incast_bytes: int = 1_000_000
     allreduce_bytes: int = 4 << 20
@@ -132,6 +144,11 @@ class RunRecord:
     slowdowns: list[float] = field(default_factory=list)
     queue_series: dict[str, list[float]] = field(default_factory=dict)
     rate_series: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    # operations (testbed/faults.py, controller/health.py): the faults injected, each suspect
+    # the controller named (first_named: seconds from the scenario's start) and fail-overs
+    faults: list[dict[str, Any]] = field(default_factory=list)
+    suspects: list[dict[str, Any]] = field(default_factory=list)
+    failovers: list[dict[str, Any]] = field(default_factory=list)
     flow_fcts: list[dict[str, Any]] = field(default_factory=list)  # per flow (flows runs)
     port_series: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # per port
     jobs: list[dict[str, Any]] = field(default_factory=list)  # per job (twojob)
@@ -151,7 +168,8 @@ def tita_window(s: Scaling, tita_t_s: float) -> int:
     return max(2, math.ceil(s.link_bps * tita_t_s / 8 / s.frame_bytes))
 
 
-def transport_settings(s: Scaling, window: int = DEFAULT_WINDOW) -> dict[str, Any]:
+def transport_settings(s: Scaling, window: int = DEFAULT_WINDOW,
+                       ack_every: int = 2) -> dict[str, Any]:
     """The transport's parameters for every run (testbed.traffic.transport.TransportConfig).
 
     - MTU 4096 (RoCE's), jumbo links;
@@ -159,13 +177,14 @@ def transport_settings(s: Scaling, window: int = DEFAULT_WINDOW) -> dict[str, An
       only as its rate allows, so retransmissions do not wait behind seconds of paced data;
     - the RTO above the deepest queueing delay (a full 500 KB queue drains in 0.2 s at the
       emulation's scale), dilated like every time of the model;
-    - an ACK every 2 packets (TiTa's feedback), a CNP at most every 50 us of the paper's
+    - an ACK every 2 packets (TiTa's feedback; every packet for TIMELY and Swift, which
+      time packets), a CNP at most every 50 us of the paper's
       40 Gb/s time, dilated to the NIC's rate like the agents' DCQCN timers;
     - `window`: packets in flight per queue pair. TiTa is HPCC-like, and HPCC's sender
       bounds its in-flight bytes by B*T (`tita_window`); DCQCN and no-CC senders do not.
     """
     dilation = min(1.0, s.scale / 20_000)  # the RTO was chosen at the emulation's scale
-    return {"mtu": s.transport_mtu, "window": window, "ack_every": 2,
+    return {"mtu": s.transport_mtu, "window": window, "ack_every": ack_every,
             "rto": max(1.0 * dilation, 50e-6), "rto_max": max(4.0 * dilation, 200e-6),
             "sndbuf": 4 * s.frame_bytes,
             "cnp_interval": 50e-6 * 40e9 / s.nic_bps}
@@ -191,7 +210,9 @@ def measure_base_rtt(tb: Testbed) -> float:
 
 
 def scheme_params(scheme: str, base_rtt_s: float) -> dict[str, float]:
-    if scheme == "tita":
+    """The policy parameters of a scheme: T for the laws that use it (TiTa and HPCC's
+    B*T, Swift's delay target)."""
+    if scheme in ("tita", "hpcc", "swift"):
         return {"base_rtt_ns": round(base_rtt_s * 1e9)}
     return {}
 
@@ -225,6 +246,7 @@ class SuiteBase:
         self.base_rtt_s = 0.0  # measured (FCT slowdown's ideal)
         self.tita_t_s = 0.0
         self.flows_override: list[gen.Flow] | None = None  # a --flows file: the "flows" run
+        self.faults: list[Fault] = []  # a --faults file: injected in every scenario
         self._scheme = "none"  # the scheme of the run in progress
 
     # ---- engine hooks ----
@@ -249,6 +271,10 @@ class SuiteBase:
 
     def _now(self) -> float:
         raise NotImplementedError
+
+    def _operations(self) -> dict[str, list[dict[str, Any]]]:
+        """The scenario's faults, suspects and fail-overs (RunRecord's fields)."""
+        return {}
 
     def _set_port_rate(self, switch: str, port: int, rate_bps: float) -> None:
         raise NotImplementedError
@@ -303,7 +329,7 @@ class SuiteBase:
         return self.records
 
     def window(self, scheme: str) -> int:
-        if scheme == "tita" and self.tita_t_s:
+        if scheme in BDP_WINDOW_SCHEMES and self.tita_t_s:
             return tita_window(self.scaling, self.tita_t_s)
         return DEFAULT_WINDOW
 
@@ -313,16 +339,20 @@ class SuiteBase:
         t_call = self._now()
         self._scheme = scheme
         try:
-            res = self._workload(scenario, self.window(scheme))
+            res = self._workload(scenario, self.window(scheme),
+                                 1 if scheme in ACK_EVERY_PACKET_SCHEMES else 2)
         finally:
             cap, events = self._end()
         after = self._quiet_counters()
-        return self._summarise(scheme, scenario, res, cap, events,
-                               counters_delta(before, after), t_call)
+        rec = self._summarise(scheme, scenario, res, cap, events,
+                              counters_delta(before, after), t_call)
+        for k, v in self._operations().items():
+            setattr(rec, k, v)
+        return rec
 
-    def _workload(self, scenario: str, window: int) -> dict[str, Any]:
+    def _workload(self, scenario: str, window: int, ack_every: int = 2) -> dict[str, Any]:
         cfg, s = self.cfg, self.scaling
-        tr = transport_settings(s, window)
+        tr = transport_settings(s, window, ack_every)
         line = payload_line_rate(s)
         k = self.time_scale
         if scenario == "incast":
@@ -484,6 +514,8 @@ class Suite(SuiteBase):
                 self.links[(sw.node_id, p)] = f"{sw.name}:{p}"
         self.sampler: IntSampler | None = None
         self.watcher: RateWatcher | None = None
+        self.ops = EmuOperations(tb)
+        self._ops: dict[str, list[dict[str, Any]]] = {}
 
     # ---- lifecycle ----
 
@@ -514,10 +546,17 @@ class Suite(SuiteBase):
         assert self.sampler is not None and self.watcher is not None
         self.sampler.begin()
         self.watcher.begin()
+        self.ops.faults = self.faults
+        self.ops.begin()
 
     def _end(self) -> tuple[Capture, list[RateEvent]]:
         assert self.sampler is not None and self.watcher is not None
-        return self.sampler.end(), self.watcher.end()
+        out = self.sampler.end(), self.watcher.end()
+        self._ops = self.ops.end()
+        return out
+
+    def _operations(self) -> dict[str, list[dict[str, Any]]]:
+        return self._ops
 
     def _now(self) -> float:
         return time.monotonic()

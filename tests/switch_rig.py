@@ -34,10 +34,15 @@ CPU_PORT = 255
 
 
 class SwitchRig:
-    def __init__(self, p4info: Path | None = None, json: Path | None = None, device_id: int = 1,
-                 election_id: int = 10, dataplane: Any = None):
-        self.sw = V1Switch(Clock(virtual=dataplane is None), device_id=device_id,
-                           cpu_port=CPU_PORT)
+    def __init__(
+        self,
+        p4info: Path | None = None,
+        json: Path | None = None,
+        device_id: int = 1,
+        election_id: int = 10,
+        dataplane: Any = None,
+    ):
+        self.sw = V1Switch(Clock(virtual=dataplane is None), device_id=device_id, cpu_port=CPU_PORT)
         self.out: list[tuple[int, bytes]] = []
         if dataplane is None:
             self.sw.transmit = lambda port, data: self.out.append((port, data))
@@ -50,9 +55,15 @@ class SwitchRig:
             self.info = parse_p4info_text(p4info.read_text())
             self.service.install(self.info, json.read_bytes(), 0)
         self.addr = f"127.0.0.1:{free_tcp_port()}"
-        self.server = serve(self.service, self.addr, also=(
-            lambda srv: switch_pb2_grpc.add_SwitchAdminServicer_to_server(
-                self.admin_service, srv),))
+        self.server = serve(
+            self.service,
+            self.addr,
+            also=(
+                lambda srv: switch_pb2_grpc.add_SwitchAdminServicer_to_server(
+                    self.admin_service, srv
+                ),
+            ),
+        )
         self.channel = grpc.insecure_channel(self.addr)
         self.stub = p4r_grpc.P4RuntimeStub(self.channel)
         self.admin = switch_pb2_grpc.SwitchAdminStub(self.channel)
@@ -103,13 +114,16 @@ class SwitchRig:
         return [e for resp in self.stub.Read(req, timeout=timeout) for e in resp.entities]
 
     def election(self) -> switch_pb2.ElectionId:
-        return switch_pb2.ElectionId(high=self.election_id >> 64,
-                                     low=self.election_id & (2**64 - 1))
+        return switch_pb2.ElectionId(
+            high=self.election_id >> 64, low=self.election_id & (2**64 - 1)
+        )
 
     def set_queue(self, **kw: Any) -> None:
         """SwitchAdmin.SetQueue as the primary."""
-        self.admin.SetQueue(switch_pb2.SetQueueRequest(
-            device_id=self.device_id, election_id=self.election(), **kw), timeout=10)
+        self.admin.SetQueue(
+            switch_pb2.SetQueueRequest(device_id=self.device_id, election_id=self.election(), **kw),
+            timeout=10,
+        )
 
     # ---- names ----
 
@@ -128,8 +142,9 @@ class SwitchRig:
     def __enter__(self) -> SwitchRig:
         return self
 
-    def __exit__(self, t: type[BaseException] | None, v: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, t: type[BaseException] | None, v: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
 

@@ -187,6 +187,12 @@ def test_agent_api_refuses_what_it_cannot_take() -> None:
                              timeout=10)
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert not [f for f in agent.flows() if f.cap_bps], "a failed SetCaps applied a cap"
+            # a cap slower than the pacer can pace (HTB's 32-bit tick tables): refused, not
+            # INTERNAL (the fuzzer found it)
+            with pytest.raises(grpc.RpcError) as err:
+                stub.SetCaps(pb.SetCapsRequest(caps=[pb.FlowCap(flow=good, cap_bps=20)]),
+                             timeout=10)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             # every watcher the agent admits leaves threads for the unary calls
             streams = [stub.WatchRates(pb.WatchRatesRequest(), timeout=30) for _ in range(12)]
             time.sleep(1.0)

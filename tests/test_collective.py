@@ -48,11 +48,13 @@ def rail3() -> CollFabric:
 
 @pytest.mark.parametrize(("coll", "alg"), CASES)
 @pytest.mark.parametrize("schedule", ["static", "adaptive"])
-def test_every_algorithm_sums_right_on_every_rank(rail3: CollFabric, coll: str, alg: str,
-                                                  schedule: str) -> None:
+def test_every_algorithm_sums_right_on_every_rank(
+    rail3: CollFabric, coll: str, alg: str, schedule: str
+) -> None:
     # an odd element count, several messages per channel, two iterations
-    r = collective(rail3, collective=coll, algorithm=alg, size=4 * 3001,
-                   chunk=2048, schedule=schedule, iters=2)
+    r = collective(
+        rail3, collective=coll, algorithm=alg, size=4 * 3001, chunk=2048, schedule=schedule, iters=2
+    )
     assert r["correct"] and r["wrong_ranks"] == 0
     assert all(b > 0 for b in r["channel_bytes"]), "both rails carry the collective"
     assert r["iterations"] == 2 and r["busbw_Bps"] > 0
@@ -68,8 +70,7 @@ def test_a_wrong_plan_is_caught(rail3: CollFabric, monkeypatch: pytest.MonkeyPat
         return out
 
     monkeypatch.setattr("testbed.collective.job.build", wrong)
-    r = collective(rail3, collective="allreduce", algorithm="ring", size=4096,
-                   chunk=1024)
+    r = collective(rail3, collective="allreduce", algorithm="ring", size=4096, chunk=1024)
     assert not r["correct"] and r["wrong_ranks"] >= 1
 
 
@@ -105,12 +106,24 @@ def test_bad_specs_are_refused() -> None:
 
 
 def test_metrics_follow_nccl_tests() -> None:
-    rank = {"size": 8 << 20, "bus_factor": plan.bus_factor("allreduce", 8), "channels": 2,
-            "collective": "allreduce", "algorithm": "ring", "schedule": "static",
-            "chunk": 1 << 20, "ranks": 8, "ok": True, "channel_bytes": [1, 1], "moved": 0,
-            "transfers_out": 1}
+    rank = {
+        "size": 8 << 20,
+        "bus_factor": plan.bus_factor("allreduce", 8),
+        "channels": 2,
+        "collective": "allreduce",
+        "algorithm": "ring",
+        "schedule": "static",
+        "chunk": 1 << 20,
+        "ranks": 8,
+        "ok": True,
+        "channel_bytes": [1, 1],
+        "moved": 0,
+        "transfers_out": 1,
+    }
     results: list[dict[str, Any]] = [
-        dict(rank, coll=[(0.0, 0.9), (1.0, 2.0)]), dict(rank, coll=[(0.1, 1.0), (1.0, 1.5)])]
+        dict(rank, coll=[(0.0, 0.9), (1.0, 2.0)]),
+        dict(rank, coll=[(0.1, 1.0), (1.0, 1.5)]),
+    ]
     r = summarize(results, nic_payload_bps=100e9, nics=2)
     assert r["time_s"] == pytest.approx(1.0)  # last end - first start, per iteration
     assert r["algbw_Bps"] == pytest.approx(8 << 20)
@@ -134,12 +147,30 @@ def test_scenario_file_errors_name_the_job(tmp_path: Path) -> None:
 
 def test_concurrent_jobs_each_correct_with_slowdown() -> None:
     fab = _fabric(2, 4)
-    decls = [parse_job({"name": "dp", "hosts": "0-1", "collective": "allreduce",
-                        "size": "64K", "iters": 2, "compute": 5e-6}, 4, "dp"),
-             parse_job({"name": "moe", "hosts": [2, 3], "collective": "alltoall",
-                        "size": "64K", "iters": 2}, 4, "moe"),
-             parse_job({"name": "bg", "kind": "websearch", "hosts": "0-3", "load": 0.2,
-                        "seconds": 20e-6}, 4, "bg")]
+    decls = [
+        parse_job(
+            {
+                "name": "dp",
+                "hosts": "0-1",
+                "collective": "allreduce",
+                "size": "64K",
+                "iters": 2,
+                "compute": 5e-6,
+            },
+            4,
+            "dp",
+        ),
+        parse_job(
+            {"name": "moe", "hosts": [2, 3], "collective": "alltoall", "size": "64K", "iters": 2},
+            4,
+            "moe",
+        ),
+        parse_job(
+            {"name": "bg", "kind": "websearch", "hosts": "0-3", "load": 0.2, "seconds": 20e-6},
+            4,
+            "bg",
+        ),
+    ]
     res = concurrent(fab, decls)
     rows = {r["name"]: r for r in res["jobs"]}
     assert all(r["correct"] for r in rows.values())
@@ -153,32 +184,46 @@ def test_adaptive_channels_ride_out_a_degraded_rail() -> None:
     """One rail's port into host 1 at a quarter rate: the static split runs at the slow
     rail's pace, the adaptive schedule moves chunks to the healthy rail."""
     fab = _fabric(2, 4)
-    d = degraded_rail(fab, "rail2", 2, 0.25, collective="allreduce",
-                      algorithm="ring", size=512 << 10, chunk=32 << 10, iters=2, warmup=1)
+    d = degraded_rail(
+        fab,
+        "rail2",
+        2,
+        0.25,
+        collective="allreduce",
+        algorithm="ring",
+        size=512 << 10,
+        chunk=32 << 10,
+        iters=2,
+        warmup=1,
+    )
     assert d["healthy"]["correct"] and d["static"]["correct"] and d["adaptive"]["correct"]
     assert d["adaptive_ratio"] >= d["goal"]
     assert d["adaptive_ratio"] > d["static_ratio"] + 0.05
     assert d["adaptive"]["moved"] > 0
 
 
-def test_tuner_picks_the_fastest_measured_and_auto_uses_it(rail3: CollFabric,
-                                                           tmp_path: Path) -> None:
+def test_tuner_picks_the_fastest_measured_and_auto_uses_it(
+    rail3: CollFabric, tmp_path: Path
+) -> None:
     from testbed.collective import tune
 
     cache = tmp_path / "tune.json"
-    res = tune.tune(rail3, "allreduce", [16 << 10, 64 << 10], cache, collective,
-                    say=lambda _: None)
+    res = tune.tune(rail3, "allreduce", [16 << 10, 64 << 10], cache, collective, say=lambda _: None)
     for row in res["rows"]:
         same = [m["busbw_Bps"] for m in res["measured"] if m["size"] == row["size"]]
         assert row["busbw_Bps"] == max(same) and row["busbw_Bps"] >= row["default_Bps"]
-        got = tune.choose(cache, rail3.topology, len(rail3.hosts), rail3.nics, "allreduce",
-                          row["size"], "tita")
+        got = tune.choose(
+            cache, rail3.topology, len(rail3.hosts), rail3.nics, "allreduce", row["size"], "tita"
+        )
         assert got == {k: row[k] for k in ("algorithm", "channels", "chunk")}
     # another scheme was not tuned: the default
-    assert tune.choose(cache, rail3.topology, len(rail3.hosts), rail3.nics, "allreduce",
-                       16 << 10, "dcqcn") == tune.DEFAULT
-    r = collective(rail3, collective="allreduce", algorithm="auto", size=16 << 10,
-                   tune_cache=cache)
+    assert (
+        tune.choose(
+            cache, rail3.topology, len(rail3.hosts), rail3.nics, "allreduce", 16 << 10, "dcqcn"
+        )
+        == tune.DEFAULT
+    )
+    r = collective(rail3, collective="allreduce", algorithm="auto", size=16 << 10, tune_cache=cache)
     assert r["correct"] and r["algorithm"] == res["rows"][0]["algorithm"]
 
 
@@ -202,8 +247,9 @@ class _FakeHost:
     def __init__(self) -> None:
         self.qps: dict[int, Any] = {}
 
-    def create_qp(self, qpn: int, peer_ip: str, remote_qpn: int, *,
-                  local_ip: str | None = None) -> Any:
+    def create_qp(
+        self, qpn: int, peer_ip: str, remote_qpn: int, *, local_ip: str | None = None
+    ) -> Any:
         self.qps[qpn] = _FakeQp(qpn)
         return self.qps[qpn]
 
@@ -214,8 +260,14 @@ def test_next_iterations_messages_during_compute_are_kept() -> None:
     from testbed.collective.job import HEADER, CollectiveJob
 
     host = _FakeHost()
-    spec = {"hosts": [{"ip": "10.0.1.1"}, {"ip": "10.0.1.2"}], "size": 64, "chunk": 64,
-            "collective": "sendrecv", "iters": 2, "compute": 1.0}
+    spec = {
+        "hosts": [{"ip": "10.0.1.1"}, {"ip": "10.0.1.2"}],
+        "size": 64,
+        "chunk": 64,
+        "collective": "sendrecv",
+        "iters": 2,
+        "compute": 1.0,
+    }
     job = CollectiveJob(host, spec, 1)
     qp = next(iter(host.qps.values()))
     (x,) = job.incoming.values()

@@ -18,8 +18,9 @@ from testbed.topo import rail
 pytestmark = [
     pytest.mark.root,
     pytest.mark.slow,
-    pytest.mark.skipif(not (P4INFO.exists() and BMV2_JSON.exists()),
-                       reason="p4src/build is missing (make p4)"),
+    pytest.mark.skipif(
+        not (P4INFO.exists() and BMV2_JSON.exists()), reason="p4src/build is missing (make p4)"
+    ),
     pytest.mark.timeout(400),
 ]
 
@@ -27,14 +28,23 @@ pytestmark = [
 def test_allreduce_uses_every_rail_and_sums_right(tmp_path: Path) -> None:
     spec = rail(2, 4, 1)
     scaling = Scaling(max_hops=spec.longest_path_switches())
-    tb = Testbed(spec, TestbedOptions(switch="builtin", scaling=scaling, rate_law="tita",
-                                      run_dir=tmp_path))
+    tb = Testbed(
+        spec, TestbedOptions(switch="builtin", scaling=scaling, rate_law="tita", run_dir=tmp_path)
+    )
     with tb, Suite(tb, SuiteConfig()) as suite:
         suite.prepare()
         suite._set_policy("tita", scheme_params("tita", suite.tita_t_s))
         fab = suite.collective_fabric("tita")
-        ar = collective(fab, collective="allreduce", algorithm="ring", size=512 << 10,
-                        chunk=64 << 10, schedule="adaptive", iters=2, warmup=1)
+        ar = collective(
+            fab,
+            collective="allreduce",
+            algorithm="ring",
+            size=512 << 10,
+            chunk=64 << 10,
+            schedule="adaptive",
+            iters=2,
+            warmup=1,
+        )
         a2a = collective(fab, collective="alltoall", size=256 << 10, chunk=32 << 10)
     assert ar["correct"] and a2a["correct"]
     total = sum(ar["channel_bytes"])

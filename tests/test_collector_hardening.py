@@ -126,8 +126,9 @@ def test_report_burst_beyond_the_collector_is_counted_not_lost_silently() -> Non
         box["transport"], box["port"] = transport, sock.getsockname()[1]
         ready.set()
 
-    thread = threading.Thread(target=lambda: (loop.run_until_complete(start()),
-                                              loop.run_forever()), daemon=True)
+    thread = threading.Thread(
+        target=lambda: (loop.run_until_complete(start()), loop.run_forever()), daemon=True
+    )
     thread.start()
     assert ready.wait(10)
     port = int(box["port"])  # type: ignore[call-overload]
@@ -156,8 +157,14 @@ def test_report_burst_beyond_the_collector_is_counted_not_lost_silently() -> Non
     tx.close()
     node = col.nodes[2]
     received, lost = node.total("received"), node.total("lost")
-    record("report_burst", sent=n + 1, received=received, lost=lost, kernel_drops=kernel,
-           burst_reports_per_s=round(n / burst_s))
+    record(
+        "report_burst",
+        sent=n + 1,
+        received=received,
+        lost=lost,
+        kernel_drops=kernel,
+        burst_reports_per_s=round(n / burst_s),
+    )
     assert lost > 0, "the burst did not exceed the collector: no test of overload"
     assert received + lost == n + 1
     assert lost == kernel

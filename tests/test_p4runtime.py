@@ -104,6 +104,22 @@ def test_routes_forward_and_count(h: Harness) -> None:
     h.run(body)
 
 
+def test_direct_counters_read_whole_table_or_one_entry(h: Harness) -> None:
+    async def body(s: fy.Switch) -> None:
+        await s.write([+route("10.0.2.0/24", 2), +route("10.0.0.0/8", 3)])
+        h.send(1, udp("10.0.2.7"))
+        h.send(1, udp("10.0.2.8"))
+        h.send(1, udp("10.9.9.9"))
+        every = [e async for e in s.read(fy.P4DirectCounterEntry("route_hits"))]
+        hits = {e.table_entry.match["dst_addr"]: e.data.packet_count for e in every}
+        assert sorted(hits.values()) == [1, 2]
+        one = fy.P4DirectCounterEntry("route_hits", table_entry=route("10.0.2.0/24", 2))
+        got = [e async for e in s.read(one)]
+        assert [e.data.packet_count for e in got] == [2]
+
+    h.run(body)
+
+
 def test_write_errors_are_per_update(h: Harness) -> None:
     async def body(s: fy.Switch) -> None:
         await s.write([+route("10.0.2.0/24", 2)])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -104,8 +105,8 @@ def test_tita_cuts_above_eta_and_adds_w_ai_below() -> None:
     _tita(cc, prm, 2_000_000, 210_000, 1)
     assert cc.ref_rate_bps == before_ref
     # light load: U drifts down; once below eta with max_stage 1 the law adds W_AI per RTT
-    prm1 = CcParams(prm.law, prm.min_rate_bps, TitaParams(prm.tita.wai_bps, prm.tita.eta, 1,
-                                                          prm.tita.base_rtt_ns), prm.dcqcn)
+    prm1 = replace(prm, tita=TitaParams(prm.tita.wai_bps, prm.tita.eta, 1,
+                                        prm.tita.base_rtt_ns))
     ts, psn = 400_000, 2
     rates = []
     for _ in range(20):
@@ -189,3 +190,79 @@ def test_reference_nic_ignores_what_is_not_feedback() -> None:
     assert nic.on_frame(b"\x00" * 60, now_ns=0, tx_bytes=0, snd_nxt_psn=None) is None
     assert not nic.flows
     assert NO_TS == 2**64 - 1
+
+
+# ---- the baselines: HPCC, TIMELY, Swift --------------------------------------------------------
+
+
+def test_baseline_defaults_are_the_papers_scaled() -> None:
+    from controller.nic.ratelaw import TimelyParams
+
+    p = CcParams.defaults(Law.HPCC, LINE, 200_000)
+    assert p.hpcc.max_stage == 5 and p.hpcc.eta == p.tita.eta and p.tita.max_stage == 0
+    assert p.hpcc.wai_bps == p.tita.wai_bps and p.hpcc.base_rtt_ns == 200_000
+    t10, t100m = TimelyParams.scaled(10 * 10**9), TimelyParams.scaled(LINE)
+    assert (t10.delta_bps, t10.t_low_ns, t10.t_high_ns, t10.min_rtt_ns) == (
+        10_000_000, 50_000, 500_000, 20_000)  # the paper's 10 Gb/s values
+    assert (t100m.delta_bps, t100m.t_low_ns, t100m.t_high_ns) == (100_000, 5_000_000, 50_000_000)
+    assert t10.alpha == to_fixed(0.875) and t10.beta == to_fixed(0.8) and t10.hai_steps == 5
+    s = CcParams.defaults(Law.SWIFT, LINE, 20_000_000).swift
+    assert s.base_target_ns == 20_000_000 and s.per_hop_ns == 5_000_000
+    assert s.ai_bytes == 4154  # one full frame per RTT
+    assert s.beta == to_fixed(0.8) and s.max_mdf == to_fixed(0.5)
+    CcParams.defaults(Law.SWIFT, LINE, 100_000).validate(LINE)
+
+
+def test_hpcc_commits_u_on_every_ack_where_tita_waits_for_the_rtt() -> None:
+    """The one difference of the two measurements: under a step to U = 2 inside one RTT,
+    HPCC's U has moved after the second ACK, TiTa's is still its committed 1.0."""
+    from controller.nic.ratelaw import HPCC_MAX_STAGE
+
+    states = {}
+    for law in (Law.TITA, Law.HPCC):
+        prm = CcParams.defaults(law, LINE, 100_000)
+        cc = CcState.initial(law, LINE, 0, 0)
+        for i, q in enumerate((0, 12_500, 12_500)):  # 12.5 kB = one B*T at 100 Mb/s
+            hop = IntHopValues(node_id=1, port=1, qlen=q, egress_ts_ns=(i + 1) * 30_000,
+                               tx_util_ppm=1_000_000)
+            tita_on_ack(cc, prm, [hop], ack_psn=0, snd_nxt_psn=10, tx_bytes=0,
+                        now_ns=(i + 1) * 30_000, ceil_bps=LINE, weight=1, line_rate_bps=LINE,
+                        hpcc=law == Law.HPCC)
+        states[law] = cc
+    assert states[Law.TITA].util == UNIT
+    assert states[Law.HPCC].util > UNIT + UNIT // 10
+    assert HPCC_MAX_STAGE == 5
+
+
+def test_timely_and_swift_on_rtt_samples() -> None:
+    from controller.nic.ratelaw import RttProbe, swift_on_rtt, take_rtt_sample, timely_on_rtt
+
+    prm = CcParams.defaults(Law.TIMELY, LINE)
+    cc = CcState.initial(Law.TIMELY, LINE, 0, 0)
+    assert timely_on_rtt(cc, prm, 3_000_000, LINE, 1) == "XDP_TIMELY_FIRST_RTT"
+    assert cc.rate_bps == LINE
+    cc.rate_bps = LINE // 2
+    timely_on_rtt(cc, prm, 3_000_000, LINE, 1)  # below T_low (5 ms): + delta
+    assert cc.rate_bps == LINE // 2 + prm.timely.delta_bps
+    timely_on_rtt(cc, prm, 100_000_000, LINE, 1)  # above T_high: x (1 - 0.8 (1 - 50/100))
+    assert cc.rate_bps == pytest.approx((LINE // 2 + 100_000) * 0.6, rel=1e-5)
+    before = cc.rate_bps
+    timely_on_rtt(cc, prm, 20_000_000, LINE, 1)  # falling gradient: + delta
+    assert cc.rate_bps == before + prm.timely.delta_bps and cc.rtt_diff_ns < 0
+    # one sample per probe, and only from an ACK that covers its PSN
+    probe = RttProbe(seq=3, psn=100, sent_ns=1_000)
+    assert take_rtt_sample(cc, probe, 99, 5_000) is None
+    assert take_rtt_sample(cc, probe, 100, 5_000) == 4_000
+    assert take_rtt_sample(cc, probe, 101, 6_000) is None
+
+    prm = CcParams.defaults(Law.SWIFT, LINE, 10_000_000)
+    cc = CcState.initial(Law.SWIFT, LINE // 2, 0, 0)
+    # two hops (TTL 62): target 15 ms; 14 ms increases, 30 ms decreases once per RTT
+    assert swift_on_rtt(cc, prm, 14_000_000, 62, 1, LINE, 1) == "XDP_SWIFT_INCREASE"
+    assert cc.rate_bps == LINE // 2 + 4154 * 8 * 10**9 // 14_000_000  # one frame per RTT
+    up = cc.rate_bps
+    assert swift_on_rtt(cc, prm, 30_000_000, 62, 2, LINE, 1) == "XDP_SWIFT_DECREASE"
+    assert cc.rate_bps == pytest.approx(up * 0.6, rel=1e-5)
+    assert swift_on_rtt(cc, prm, 30_000_000, 62, 3, LINE, 1) == "XDP_SWIFT_DECREASE_HELD"
+    assert swift_on_rtt(cc, prm, 300_000_000, 62, 400_000_000, LINE, 1) == "XDP_SWIFT_DECREASE"
+    assert cc.rate_bps == pytest.approx(up * 0.6 * 0.5, rel=1e-5)  # max_mdf bounds the cut

@@ -46,8 +46,17 @@ def _stable(path: Path) -> str:
 
 @pytest.mark.slow
 def test_same_inputs_and_seed_give_identical_results(tmp_path: Path) -> None:
-    argv = ("--topo", "leafspine:2,1,2", "--quick", "--scenarios", "incast,websearch",
-            "--schemes", "dcqcn,tita", "--seed", "3")
+    argv = (
+        "--topo",
+        "leafspine:2,1,2",
+        "--quick",
+        "--scenarios",
+        "incast,websearch",
+        "--schemes",
+        "dcqcn,tita",
+        "--seed",
+        "3",
+    )
     a = _run(tmp_path / "a", *argv)
     b = _run(tmp_path / "b", *argv)
     assert _stable(a) == _stable(b)
@@ -58,7 +67,11 @@ def test_same_inputs_and_seed_give_identical_results(tmp_path: Path) -> None:
     doc = json.loads((a / "results.json").read_text())
     assert doc["setup"]["engine"] == "sim" and doc["machine"]["wall_s"] > 0
     assert {(r["scenario"], r["scheme"]) for r in doc["runs"]} == {
-        ("incast", "dcqcn"), ("incast", "tita"), ("websearch", "dcqcn"), ("websearch", "tita")}
+        ("incast", "dcqcn"),
+        ("incast", "tita"),
+        ("websearch", "dcqcn"),
+        ("websearch", "tita"),
+    }
     for plot in ("queue.png", "fct_cdf.png"):
         assert (a / plot).stat().st_size > 0
 
@@ -69,8 +82,13 @@ def test_model_speed_verdicts_on_the_quick_suite() -> None:
     at the NIC's rate; 500 KB per port), on the default fabric."""
     spec = leafspine(2, 2, 4)
     fab = SimFabric(spec, Scaling(scale=1, max_hops=spec.longest_path_switches()))
-    cfg = SuiteConfig(**{**SuiteConfig.quick().__dict__, "schemes": ("dcqcn", "tita"),
-                         "scenarios": ("incast", "websearch")})
+    cfg = SuiteConfig(
+        **{
+            **SuiteConfig.quick().__dict__,
+            "schemes": ("dcqcn", "tita"),
+            "scenarios": ("incast", "websearch"),
+        }
+    )
     suite = SimSuite(fab, cfg)
     rec = {(r.scenario, r.scheme): r for r in suite.run()}
     assert suite.base_rtt_s < 2e-6  # the model's microsecond RTT
@@ -81,20 +99,30 @@ def test_model_speed_verdicts_on_the_quick_suite() -> None:
     tw, dw = rec[("websearch", "tita")], rec[("websearch", "dcqcn")]
     assert tw.flows_completed == tw.flows > 50 and dw.flows_completed == dw.flows
     assert tw.fct_slowdown_p99 is not None and dw.fct_slowdown_p99 is not None
-    assert tw.fct_slowdown_p99 < dw.fct_slowdown_p99, (tw.fct_slowdown_p99,
-                                                       dw.fct_slowdown_p99)
+    assert tw.fct_slowdown_p99 < dw.fct_slowdown_p99, (tw.fct_slowdown_p99, dw.fct_slowdown_p99)
 
 
 def test_yaml_topology_and_flows_file(tmp_path: Path) -> None:
-    out = _run(tmp_path, "--topo", str(DATA / "twin-fabric.yaml"), "--flows",
-               str(DATA / "twin-flows.csv"), "--schemes", "tita")
+    out = _run(
+        tmp_path,
+        "--topo",
+        str(DATA / "twin-fabric.yaml"),
+        "--flows",
+        str(DATA / "twin-flows.csv"),
+        "--schemes",
+        "tita",
+    )
     doc = json.loads((out / "results.json").read_text())
     (run,) = doc["runs"]
     assert run["scenario"] == "flows" and run["flows"] == run["flows_completed"] == 4
     assert run["bottleneck"] in run["queue_by_link"] and run["int_max_hops"] == 3
     rows = list(csv.DictReader((out / "flows.csv").open()))
     assert [(r["src"], r["dst"], int(r["bytes"])) for r in rows] == [
-        ("h3", "h1", 300000), ("h4", "h1", 300000), ("h1", "h4", 50000), ("h2", "h3", 8000)]
+        ("h3", "h1", 300000),
+        ("h4", "h1", 300000),
+        ("h1", "h4", 50000),
+        ("h2", "h3", 8000),
+    ]
     assert all(float(r["fct_s"]) > 0 for r in rows)
     ports = {r["port"] for r in csv.DictReader((out / "queues.csv").open())}
     assert "leaf1:1" in ports  # h1's downlink, where the two senders meet
@@ -138,3 +166,100 @@ def test_event_loop_orders_ties_by_scheduling() -> None:
     loop.at(5, seen.append, "c")
     assert not loop.run(stop=lambda: False)
     assert seen == ["a", "b", "c"] and loop.now_ns == 5 and loop.events == 3
+
+
+def test_compare_gives_ratios_per_cell_and_metric(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from testbed.report import write_results
+    from testbed.scenarios import RunRecord
+
+    def rec(scheme: str, q: float, t: float) -> RunRecord:
+        return RunRecord(
+            scheme=scheme,
+            scenario="incast",
+            bottleneck="leaf1:1",
+            queue_p50_bytes=0,
+            queue_p99_bytes=q,
+            queue_max_bytes=q,
+            queue_samples=10,
+            drops=0,
+            utilization=0.5,
+            fct_slowdown_p50=2.0,
+            fct_slowdown_p99=4.0,
+            flows=7,
+            flows_completed=7,
+            busbw_bps=None,
+            completion_s=t,
+            int_packets=10,
+            int_max_hops=3,
+            retransmits=0,
+            cnps=0,
+            out_of_order=0,
+            window=64,
+        )
+
+    for name, q, t in (("a", 100_000.0, 2.0), ("b", 150_000.0, 1.0)):
+        (tmp_path / name).mkdir()
+        write_results(
+            tmp_path / name / "results.json",
+            [rec("tita", q, t)],
+            {"engine": name, "topology": "x", "scale": 20000},
+        )
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    out = capsys.readouterr().out
+    line = next(ln for ln in out.splitlines() if "p99 queue KB" in ln)
+    assert line.split()[-3:] == ["100", "150", "1.50"]
+    line = next(ln for ln in out.splitlines() if "time s" in ln)
+    assert line.split()[-1] == "0.50"
+    with pytest.raises(ValueError, match="at least two"):
+        from testbed.report import compare
+
+        compare([tmp_path / "a"])
+
+
+def test_sweep_on_a_local_dask_cluster(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        main(
+            [
+                "sweep",
+                "--topo",
+                "leafspine:2,1,2",
+                "--quick",
+                "--scenarios",
+                "incast",
+                "--schemes",
+                "tita",
+                "--param",
+                "incast_bytes=50000,100000",
+                "--seeds",
+                "1,2",
+                "--workers",
+                "1",
+                "--run-dir",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
+    doc = json.loads((tmp_path / "sweep.json").read_text())
+    assert doc["param"] == "incast_bytes" and len(doc["points"]) == 4
+    from testbed.sim.sweep import aggregate
+
+    cells = aggregate(doc["points"])
+    small, big = cells[(50000, "incast", "tita")], cells[(100000, "incast", "tita")]
+    assert small["seeds"] == big["seeds"] == 2
+    assert small["time ms"][0] < big["time ms"][0]  # twice the bytes take longer
+    assert "50000" in capsys.readouterr().out
+
+
+def test_link_serializes_delays_and_drops_over_mtu() -> None:
+    from testbed.sim.fabric import Wire
+
+    loop = EventLoop()
+    got: list[tuple[int, int]] = []
+    wire = Wire(loop, 8e9, 100, 1000, lambda f: got.append((loop.now_ns, len(f))))
+    assert wire.send(bytes(1014), 0)  # 1014 B at 8 Gb/s: 1014 ns, then 100 ns
+    assert not wire.send(bytes(1015), 0) and wire.too_big == 1
+    loop.run()
+    assert got == [(1114, 1014)]

@@ -52,18 +52,23 @@ def _rss_mb() -> float:
 
 
 def _member(rig: SwitchRig, mid: int, port: int) -> p4r.Entity:
-    m = p4r.ActionProfileMember(action_profile_id=rig.id_of("action_profiles", "ecmp_selector"),
-                                member_id=mid)
+    m = p4r.ActionProfileMember(
+        action_profile_id=rig.id_of("action_profiles", "ecmp_selector"), member_id=mid
+    )
     m.action.action_id = rig.id_of("actions", "XingmaiIngress.routing.route")
     for pid, v in ((1, port), (2, 0x020000000001), (3, 0x020000000002)):
         m.action.params.add(param_id=pid, value=v.to_bytes(6, "big").lstrip(b"\0") or b"\0")
     return p4r.Entity(action_profile_member=m)
 
 
-def _group(rig: SwitchRig, gid: int, members: list[tuple[int, int]],
-           max_size: int = 0) -> p4r.Entity:
-    g = p4r.ActionProfileGroup(action_profile_id=rig.id_of("action_profiles", "ecmp_selector"),
-                               group_id=gid, max_size=max_size)
+def _group(
+    rig: SwitchRig, gid: int, members: list[tuple[int, int]], max_size: int = 0
+) -> p4r.Entity:
+    g = p4r.ActionProfileGroup(
+        action_profile_id=rig.id_of("action_profiles", "ecmp_selector"),
+        group_id=gid,
+        max_size=max_size,
+    )
     for mid, w in members:
         g.members.add(member_id=mid, weight=w)
     return p4r.Entity(action_profile_group=g)
@@ -79,6 +84,7 @@ def _write_code(rig: SwitchRig, *updates: p4r.Update) -> list[int]:
 
 # ---- defect 1: one Write must not OOM the switch ----------------------------------------------
 
+
 def test_group_weight_is_counted_not_expanded(rig: SwitchRig) -> None:
     """A member of weight 2^31-1 was expanded into a list of 2^31 ids before any size check
     (22.8 GB). Weights are now bounded by the profile's size (4096, sum of weights) and never
@@ -87,20 +93,26 @@ def test_group_weight_is_counted_not_expanded(rig: SwitchRig) -> None:
     before = _rss_mb()
     t0 = time.monotonic()
     assert _write_code(rig, update("INSERT", _group(rig, 7, [(1, 2**31 - 1)]))) == [
-        rpc_code.RESOURCE_EXHAUSTED]
+        rpc_code.RESOURCE_EXHAUSTED
+    ]
     assert _write_code(rig, update("INSERT", _group(rig, 8, [(1, 2**31 - 1)], 2**31 - 1))) == [
-        rpc_code.RESOURCE_EXHAUSTED]
+        rpc_code.RESOURCE_EXHAUSTED
+    ]
     assert time.monotonic() - t0 < 2 and _rss_mb() - before < 50
     # a member twice, a weight over the group's own max_size: refused too
     assert _write_code(rig, update("INSERT", _group(rig, 9, [(1, 1), (1, 1)]))) == [
-        rpc_code.INVALID_ARGUMENT]
+        rpc_code.INVALID_ARGUMENT
+    ]
     assert _write_code(rig, update("INSERT", _group(rig, 9, [(1, 3), (2, 2)], 4))) == [
-        rpc_code.RESOURCE_EXHAUSTED]
+        rpc_code.RESOURCE_EXHAUSTED
+    ]
     # weights within the size still select by weight, and read back as written
     rig.write(update("INSERT", _group(rig, 9, [(1, 3), (2, 1)], 4)))
     prof = rig.service.idx.profiles[rig.id_of("action_profiles", "ecmp_selector")]
-    picks = [prof.groups[9].members[i] for i in
-             (__import__("bisect").bisect_right(prof.groups[9].cumulative, h) for h in range(4))]
+    picks = [
+        prof.groups[9].members[i]
+        for i in (__import__("bisect").bisect_right(prof.groups[9].cumulative, h) for h in range(4))
+    ]
     assert picks == [1, 1, 1, 2]
     (ent,) = rig.read(_group(rig, 9, []))
     assert [(m.member_id, m.weight) for m in ent.action_profile_group.members] == [(1, 3), (2, 1)]
@@ -121,28 +133,35 @@ def test_unsized_tables_and_profiles_are_bounded() -> None:
 # ---- defect 2: one SwitchAdmin call must not stop forwarding ----------------------------------
 
 BAD_QUEUE_SETTINGS = [
-    {"all_ports": True, "rate_bps": 1e-300}, {"all_ports": True, "rate_pps": 1e-7},
-    {"port": 1, "rate_bps": -5.0}, {"port": 1, "rate_bps": math.nan},
-    {"port": 1, "rate_pps": math.inf}, {"port": 1, "rate_bps": 1e30},
-    {"port": 100_000, "rate_bps": 1e6}, {"port": 1, "depth_packets": 2**40},
+    {"all_ports": True, "rate_bps": 1e-300},
+    {"all_ports": True, "rate_pps": 1e-7},
+    {"port": 1, "rate_bps": -5.0},
+    {"port": 1, "rate_bps": math.nan},
+    {"port": 1, "rate_pps": math.inf},
+    {"port": 1, "rate_bps": 1e30},
+    {"port": 100_000, "rate_bps": 1e6},
+    {"port": 1, "depth_packets": 2**40},
     {"port": 1, "depth_bytes": 2**62},
 ]
 
 
 @pytest.mark.parametrize("setting", BAD_QUEUE_SETTINGS, ids=[str(s) for s in BAD_QUEUE_SETTINGS])
-def test_set_queue_refuses_what_a_queue_cannot_take(rig: SwitchRig,
-                                                    setting: dict[str, float]) -> None:
+def test_set_queue_refuses_what_a_queue_cannot_take(
+    rig: SwitchRig, setting: dict[str, float]
+) -> None:
     """Tiny, negative, NaN, infinite and huge rates, depths and ports were taken as given
     (negative and NaN silently meant "unlimited"; 1e-300 b/s made int(inf) and killed the
     packet loop). Now: INVALID_ARGUMENT, and nothing changes."""
     rig.set_queue(port=1, rate_bps=5e6)
-    before = {p: (q.rate_bps, q.rate_pps, q.depth_pkts, q.depth_bytes)
-              for p, q in rig.sw.tm.ports.items()}
+    before = {
+        p: (q.rate_bps, q.rate_pps, q.depth_pkts, q.depth_bytes) for p, q in rig.sw.tm.ports.items()
+    }
     with pytest.raises(grpc.RpcError) as err:
         rig.set_queue(**setting)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
-    after = {p: (q.rate_bps, q.rate_pps, q.depth_pkts, q.depth_bytes)
-             for p, q in rig.sw.tm.ports.items()}
+    after = {
+        p: (q.rate_bps, q.rate_pps, q.depth_pkts, q.depth_bytes) for p, q in rig.sw.tm.ports.items()
+    }
     assert after == before
     assert rig.sw.tm.default_rate_bps == 0 and rig.sw.tm.default_rate_pps == 0
 
@@ -208,6 +227,7 @@ def test_dataplane_loop_survives_errors_and_says_so() -> None:
 
 # ---- defect 6: P4Runtime edge cases ------------------------------------------------------------
 
+
 def _meter(features: SwitchRig, index: int | None, **cfg: int) -> p4r.Entity:
     me = p4r.MeterEntry(meter_id=features.id_of("meters", "port_meter"))
     if index is not None:
@@ -218,15 +238,18 @@ def _meter(features: SwitchRig, index: int | None, **cfg: int) -> p4r.Entity:
     return p4r.Entity(meter_entry=me)
 
 
-@pytest.mark.parametrize("kind,name", [("meters", "port_meter"), ("counters", "port_rx"),
-                                       ("registers", "rx_seen")])
-def test_indexed_entities_answer_out_of_range_alike(features: SwitchRig, kind: str,
-                                                    name: str) -> None:
+@pytest.mark.parametrize(
+    "kind,name", [("meters", "port_meter"), ("counters", "port_rx"), ("registers", "rx_seen")]
+)
+def test_indexed_entities_answer_out_of_range_alike(
+    features: SwitchRig, kind: str, name: str
+) -> None:
     """A meter read by an index out of range gave UNKNOWN (IndexError) where counters and
     registers answered OUT_OF_RANGE: one handler now serves all three."""
     oid = features.id_of(kind, name)
-    field = {"meters": "meter_entry", "counters": "counter_entry",
-             "registers": "register_entry"}[kind]
+    field = {"meters": "meter_entry", "counters": "counter_entry", "registers": "register_entry"}[
+        kind
+    ]
     for index in (10_000, -1):
         ent = p4r.Entity()
         msg = getattr(ent, field)
@@ -241,9 +264,11 @@ def test_meter_config_the_target_cannot_hold_is_refused(features: SwitchRig) -> 
     """A pir of 2^63-1 was accepted and every later meter read failed (its rate no longer fit
     an int64 on the way back). Rates and bursts are bounded; what is written reads back
     exactly."""
-    for cfg in ({"cir": 1, "pir": 2**63 - 1, "cburst": 1, "pburst": 1},
-                {"cir": 1, "pir": 2, "cburst": 1, "pburst": 2**40},
-                {"cir": -1, "pir": 2, "cburst": 1, "pburst": 1}):
+    for cfg in (
+        {"cir": 1, "pir": 2**63 - 1, "cburst": 1, "pburst": 1},
+        {"cir": 1, "pir": 2, "cburst": 1, "pburst": 2**40},
+        {"cir": -1, "pir": 2, "cburst": 1, "pburst": 1},
+    ):
         codes = _write_code(features, update("MODIFY", _meter(features, 3, **cfg)))
         assert codes[0] in (rpc_code.OUT_OF_RANGE, rpc_code.INVALID_ARGUMENT), cfg
     good = {"cir": 123_456_789, "pir": 987_654_321, "cburst": 1500, "pburst": 9000}
@@ -251,18 +276,21 @@ def test_meter_config_the_target_cannot_hold_is_refused(features: SwitchRig) -> 
     entries = features.read(_meter(features, None))  # every index still reads
     assert len(entries) == 512
     got = entries[3].meter_entry.config
-    assert (got.cir, got.pir, got.cburst, got.pburst) == tuple(good[k] for k in (
-        "cir", "pir", "cburst", "pburst"))
+    assert (got.cir, got.pir, got.cburst, got.pburst) == tuple(
+        good[k] for k in ("cir", "pir", "cburst", "pburst")
+    )
 
 
 def test_replica_ports_and_instances_are_range_checked(rig: SwitchRig) -> None:
     """Multicast and clone replicas were not range-checked: a port of 2^32 was kept, and every
     later PRE Read and SwitchAdmin GetQueues failed on it."""
+
     def group(gid: int, port: int, instance: int = 0) -> p4r.Entity:
         pre = p4r.PacketReplicationEngineEntry()
         pre.multicast_group_entry.multicast_group_id = gid
-        pre.multicast_group_entry.replicas.add(port=port.to_bytes(8, "big").lstrip(b"\0"),
-                                               instance=instance)
+        pre.multicast_group_entry.replicas.add(
+            port=port.to_bytes(8, "big").lstrip(b"\0"), instance=instance
+        )
         return p4r.Entity(packet_replication_engine_entry=pre)
 
     assert _write_code(rig, update("INSERT", group(1, 2**32))) == [rpc_code.OUT_OF_RANGE]
@@ -270,12 +298,14 @@ def test_replica_ports_and_instances_are_range_checked(rig: SwitchRig) -> None:
     clone = p4r.PacketReplicationEngineEntry()
     clone.clone_session_entry.session_id = 5
     clone.clone_session_entry.replicas.add(egress_port=70_000, instance=0)
-    assert _write_code(rig, update("INSERT", p4r.Entity(packet_replication_engine_entry=clone))
-                       ) == [rpc_code.OUT_OF_RANGE]
+    assert _write_code(
+        rig, update("INSERT", p4r.Entity(packet_replication_engine_entry=clone))
+    ) == [rpc_code.OUT_OF_RANGE]
     rig.write(update("INSERT", group(3, 7)))
     reads = rig.read(p4r.Entity(packet_replication_engine_entry=p4r.PacketReplicationEngineEntry()))
-    assert [e.packet_replication_engine_entry.multicast_group_entry.multicast_group_id
-            for e in reads] == [3]
+    assert [
+        e.packet_replication_engine_entry.multicast_group_entry.multicast_group_id for e in reads
+    ] == [3]
     rig.admin.GetQueues(switch_pb2.GetQueuesRequest(), timeout=5)
 
 
@@ -291,9 +321,11 @@ def test_default_entry_of_a_per_table_noaction_copy_reads(rig: SwitchRig, table:
 def test_hostile_pipeline_is_invalid_argument_and_compiled_unlocked(rig: SwitchRig) -> None:
     """A 100k-deep JSON gave RecursionError, answered UNKNOWN, and was compiled under the
     switch's lock (no packet ran meanwhile)."""
+
     def push(blob: bytes) -> grpc.RpcError:
         req = p4r.SetForwardingPipelineConfigRequest(
-            device_id=1, action=p4r.SetForwardingPipelineConfigRequest.VERIFY_AND_COMMIT)
+            device_id=1, action=p4r.SetForwardingPipelineConfigRequest.VERIFY_AND_COMMIT
+        )
         req.election_id.low = rig.election_id
         req.config.p4info.CopyFrom(rig.info)
         req.config.p4_device_config = blob
@@ -307,6 +339,7 @@ def test_hostile_pipeline_is_invalid_argument_and_compiled_unlocked(rig: SwitchR
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT, err.details()
     # while a program compiles, the switch's lock is free for packets
     import testbed.switch.compiler as compiler
+
     real = compiler.compile_program
     seen: list[bool] = []
 
@@ -325,7 +358,8 @@ def test_hostile_pipeline_is_invalid_argument_and_compiled_unlocked(rig: SwitchR
     compiler.compile_program = watching  # type: ignore[assignment]
     try:
         req = p4r.SetForwardingPipelineConfigRequest(
-            device_id=1, action=p4r.SetForwardingPipelineConfigRequest.VERIFY)
+            device_id=1, action=p4r.SetForwardingPipelineConfigRequest.VERIFY
+        )
         req.election_id.low = rig.election_id
         req.config.p4info.CopyFrom(rig.info)
         req.config.p4_device_config = XINGMAI_JSON.read_bytes()
@@ -350,13 +384,15 @@ def test_two_switches_cannot_share_a_grpc_port() -> None:
 def test_switch_admin_writes_need_the_primary(rig: SwitchRig) -> None:
     """SetQueue was open to anyone who reached the port; it now takes the P4Runtime primary's
     election id (device id and role) like a Write."""
-    for kw in ({}, {"device_id": 1}, {"device_id": 1, "election_id": switch_pb2.ElectionId(low=9)},
-               {"device_id": 2, "election_id": rig.election()}):
+    for kw in (
+        {},
+        {"device_id": 1},
+        {"device_id": 1, "election_id": switch_pb2.ElectionId(low=9)},
+        {"device_id": 2, "election_id": rig.election()},
+    ):
         with pytest.raises(grpc.RpcError) as err:
-            rig.admin.SetQueue(switch_pb2.SetQueueRequest(port=1, rate_bps=1e6, **kw),
-                               timeout=5)
-        assert err.value.code() in (grpc.StatusCode.PERMISSION_DENIED,
-                                    grpc.StatusCode.NOT_FOUND)
+            rig.admin.SetQueue(switch_pb2.SetQueueRequest(port=1, rate_bps=1e6, **kw), timeout=5)
+        assert err.value.code() in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.NOT_FOUND)
     assert 1 not in rig.sw.tm.ports or rig.sw.tm.ports[1].rate_bps == 0
     rig.set_queue(port=1, rate_bps=1e6)
     assert rig.sw.tm.ports[1].rate_bps == 1e6

@@ -35,8 +35,12 @@ def opcode(pkt: bytes) -> int:
     return pkt[ihl + 8]
 
 
-def shuttle(a: TransportCore, b: TransportCore, now: float,
-            wire: Callable[[bytes], bytes | None] = lambda p: p) -> list[bytes]:
+def shuttle(
+    a: TransportCore,
+    b: TransportCore,
+    now: float,
+    wire: Callable[[bytes], bytes | None] = lambda p: p,
+) -> list[bytes]:
     """Move packets both ways until neither core has anything to send; `wire` may change or
     drop (None) a packet. Returns every packet that was sent."""
     sent: list[bytes] = []
@@ -136,8 +140,16 @@ def test_int_stack_is_echoed_in_the_ack() -> None:
         total = struct.unpack_from("!H", p, 2)[0] + len(shim_md)
         udp_len = struct.unpack_from("!H", p, 24)[0] + len(shim_md)
         tos = (INT_DSCP_DEFAULT << 2) | (p[1] & 3)
-        return (p[:1] + bytes([tos]) + struct.pack("!H", total) + p[4:24]
-                + struct.pack("!H", udp_len) + p[26:28] + shim_md + p[28:])
+        return (
+            p[:1]
+            + bytes([tos])
+            + struct.pack("!H", total)
+            + p[4:24]
+            + struct.pack("!H", udp_len)
+            + p[26:28]
+            + shim_md
+            + p[28:]
+        )
 
     a.qps[5].post_send(bytes(MTU), 0.0)
     sent = shuttle(a, b, 0.0, add_int)

@@ -76,7 +76,9 @@ def test_every_c_define_is_the_python_value() -> None:
 def test_c_enums_are_the_python_ones() -> None:
     assert {f"XM_LAW_{law.name}": law.value for law in base.Law} == header.enum("xm_law")
     assert loader.PACING_HTB == 0 and loader.PACING_EDT == 1  # derived; these are the wire
-    assert set(loader.ORIGINS.values()) == {"agent", "tita", "dcqcn"}
+    assert set(loader.ORIGINS.values()) == {"agent", "tita", "dcqcn", "hpcc", "timely", "swift"}
+    # an XDP-written rate carries its law's value as origin (nr.origin = law)
+    assert all(loader.ORIGINS[law.value] == law.name.lower() for law in base.Law if law)
     counters = header.enum("xm_counter")
     assert list(counters)[-1] == "XM_CNT_MAX" and counters["XM_CNT_MAX"] == len(counters) - 1
     assert len(loader.counter_names()) == len(counters) - 1

@@ -14,10 +14,14 @@ from pathlib import Path
 
 SWITCH_KINDS = ("builtin", "bmv2")
 INT_MODES = ("switch", "nic", "none")
-RATE_LAWS = ("tita", "dcqcn", "none")
+RATE_LAWS = ("tita", "dcqcn", "none", "hpcc", "timely", "swift")
 # Parameters of each rate law, as the host agent names them (controller/proto/agent.proto).
 RATE_LAW_PARAMS: dict[str, frozenset[str]] = {
     "tita": frozenset({"eta", "w_ai_bps", "max_stage", "base_rtt_ns", "min_rate_bps"}),
+    # HPCC takes TiTa's parameter set (its own values); Swift's target scales with T
+    "hpcc": frozenset({"eta", "w_ai_bps", "max_stage", "base_rtt_ns", "min_rate_bps"}),
+    "timely": frozenset({"min_rate_bps"}),
+    "swift": frozenset({"base_rtt_ns", "min_rate_bps"}),
     "dcqcn": frozenset(
         {
             "g",
@@ -52,6 +56,7 @@ class ControllerSection:
     name: str = "xingmai-controller"
     grpc_addr: str = "127.0.0.1:50100"
     metrics_addr: str | None = None
+    web_addr: str | None = None  # the fabric page (controller.web); no authentication
     election_id: int = 10
     tls: TlsConfig | None = None  # the Controller gRPC listener (clients must present a cert)
     p4runtime_tls: TlsConfig | None = None  # our client side towards the switches
@@ -244,9 +249,10 @@ class Config:
         out = []
         for i, h in enumerate(self.hosts):
             # TiTa runs on the INT stack the receiver echoes; only a NIC INT source gets it
-            if self.policy.for_host(h.name).rate_law == "tita" and h.int_mode != "nic":
+            law = self.policy.for_host(h.name).rate_law
+            if law in ("tita", "hpcc") and h.int_mode != "nic":
                 out.append(
-                    f"hosts[{i}] ({h.name}): the tita rate law needs int: nic, not "
+                    f"hosts[{i}] ({h.name}): the {law} rate law needs int: nic, not "
                     f"{h.int_mode!r} (without the NIC as INT source no INT is echoed "
                     "to it, and its rate stays at line rate)"
                 )

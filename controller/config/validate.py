@@ -239,6 +239,7 @@ def _controller(doc: Any, paths: _Paths) -> ControllerSection:
         name=r.get("name", _str, d.name),
         grpc_addr=r.get("grpc_addr", _addr, d.grpc_addr),
         metrics_addr=r.get("metrics_addr", _addr, None),
+        web_addr=r.get("web_addr", _addr, None),
         election_id=r.get("election_id", _int(1, 2**64 - 1), d.election_id),
         tls=r.get("tls", lambda v, p: _tls(v, p, paths), None),
         p4runtime_tls=r.get("p4runtime_tls", lambda v, p: _tls(v, p, paths), None),

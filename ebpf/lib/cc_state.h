@@ -21,6 +21,7 @@ static __always_inline void xm_cc_init(struct xm_cc_state *cc, __u32 law, __u64 
 	cc->timer_ts_ns = now;
 	cc->bc_base_bytes = st->tx_bytes;
 	cc->prev_tx_bytes = st->tx_bytes;
+	cc->rtt_done_seq = st->rtt_probe_seq; /* a pending RTT probe may predate the law */
 }
 
 /* a >= b in 24-bit PSN serial arithmetic */

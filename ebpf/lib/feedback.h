@@ -16,6 +16,7 @@ struct xm_feedback {
 	__u32 echo_len;         /* ACK: those bytes, ICRC excluded */
 	__u32 psn;
 	__u8 is_cnp;
+	__u8 ttl; /* Swift counts the hops from it */
 };
 
 /* Parse Ethernet/IPv4/UDP 4791/BTH and keep ACKs (AETH syndrome ACK) and CNPs. */
@@ -96,6 +97,7 @@ static __always_inline int xm_parse_feedback(struct xdp_md *ctx, struct xm_feedb
 	fb->key.sport = udp->source;
 	fb->key.dport = bpf_htons(XM_ROCE_PORT);
 	fb->key.proto = IPPROTO_UDP;
+	fb->ttl = ip->ttl;
 	return 0;
 }
 

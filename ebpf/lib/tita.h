@@ -35,12 +35,15 @@ static __always_inline __u64 xm_hop_speed_of(const struct xm_host_config *cfg, _
  * U, R_ref and the stage are committed once per RTT (when the ACK covers a PSN sent after the
  * previous commit); R is recomputed on every ACK from the committed values.
  */
+/* With hpcc: HPCC as published, its own parameters (prm->hpcc) and U committed on every ACK
+ * (Algorithm 1's MeasureInflight); R_ref and the stage once per RTT as for TiTa. */
 static __always_inline void xm_tita_on_ack(struct xdp_md *ctx, const struct xm_host_config *cfg,
 					   const struct xm_cc_params *prm, struct xm_cc_state *cc,
 					   const struct xm_flow_stats *st,
 					   const struct xm_feedback *fb, __u64 ceil, __u32 weight,
-					   __u64 now)
+					   __u64 now, int hpcc)
 {
+	const struct xm_tita_params *tp = hpcc ? &prm->hpcc : &prm->tita;
 	__u8 shim[XM_INT_SHIM_LEN];
 	__u8 md[XM_INT_MD_LEN];
 
@@ -77,7 +80,7 @@ static __always_inline void xm_tita_on_ack(struct xdp_md *ctx, const struct xm_h
 		return;
 	}
 
-	__u64 T = prm->tita.base_rtt_ns ? prm->tita.base_rtt_ns : 1;
+	__u64 T = tp->base_rtt_ns ? tp->base_rtt_ns : 1;
 	__u64 local_dt = now > cc->last_fb_ns ? now - cc->last_fb_ns : 0;
 	__u64 sent = st->tx_bytes - cc->prev_tx_bytes;
 	if (sent > (1ULL << 30))
@@ -163,11 +166,13 @@ static __always_inline void xm_tita_on_ack(struct xdp_md *ctx, const struct xm_h
 	if (tau > T)
 		tau = T;
 	__u64 U = ((T - tau) * cc->util + tau * u_max) / T;
-	__u64 eta = prm->tita.eta;
-	__u64 wai = prm->tita.wai_bps * weight;
+	if (hpcc)
+		cc->util = U;
+	__u64 eta = tp->eta;
+	__u64 wai = tp->wai_bps * weight;
 	__u64 R;
 	__u32 stage;
-	if (U >= eta || cc->inc_stage >= prm->tita.max_stage) {
+	if (U >= eta || cc->inc_stage >= tp->max_stage) {
 		__u64 Ud = U ? U : 1;
 		R = cc->ref_rate_bps * eta / Ud + wai;
 		stage = 0;

@@ -48,9 +48,12 @@ print(n)
 
 
 def _rx_packets(netns: str, ifname: str) -> int:
-    out = subprocess.run(["ip", "netns", "exec", netns, "cat",
-                          f"/sys/class/net/{ifname}/statistics/rx_packets"],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        ["ip", "netns", "exec", netns, "cat", f"/sys/class/net/{ifname}/statistics/rx_packets"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return int(out.stdout)
 
 
@@ -64,9 +67,12 @@ def pipeline_pps(name: str, n: int) -> float:
     sw = runner.switch
     sent = 0
     sw.transmit = lambda port, data: None
-    frame = (bytes.fromhex("000000000001" "020000000001" "0800")
-             + bytes.fromhex("4500002e00000000401100000a0001010a000201")
-             + bytes.fromhex("0fa01388001a0000") + bytes(18))
+    frame = (
+        bytes.fromhex("0000000000010200000000010800")
+        + bytes.fromhex("4500002e00000000401100000a0001010a000201")
+        + bytes.fromhex("0fa01388001a0000")
+        + bytes(18)
+    )
     t0 = time.perf_counter()
     for _ in range(n):
         sw.receive(1, frame)
@@ -85,31 +91,52 @@ def veth_pps(name: str, binary: str, seconds: float) -> dict[str, Any]:
         rig.start_switch(None, binary=binary, cpu=0)
 
         async def program() -> None:
-            opts = fy.SwitchOptions(p4info=BUILD / f"{name}.p4info.txtpb",
-                                    p4blob=BUILD / f"{name}.json", device_id=1)
+            opts = fy.SwitchOptions(
+                p4info=BUILD / f"{name}.p4info.txtpb", p4blob=BUILD / f"{name}.json", device_id=1
+            )
             async with fy.Switch("s1", rig.grpc_addr, opts) as s:
-                writes = [+fy.P4TableEntry("routes", match=fy.P4TableMatch(dst_addr="10.0.2.0/24"),
-                                           action=fy.P4TableAction("set_nexthop", dmac=h2.mac,
-                                                                   port=2))]
+                writes = [
+                    +fy.P4TableEntry(
+                        "routes",
+                        match=fy.P4TableMatch(dst_addr="10.0.2.0/24"),
+                        action=fy.P4TableAction("set_nexthop", dmac=h2.mac, port=2),
+                    )
+                ]
                 if name == "bench_two_tables":
-                    writes.append(+fy.P4TableEntry("port_filter",
-                                                   match=fy.P4TableMatch(ingress_port=1),
-                                                   action=fy.P4TableAction("allow")))
+                    writes.append(
+                        +fy.P4TableEntry(
+                            "port_filter",
+                            match=fy.P4TableMatch(ingress_port=1),
+                            action=fy.P4TableAction("allow"),
+                        )
+                    )
                 await s.write(writes)
 
         asyncio.run(program())
         time.sleep(0.5)
         before = _rx_packets(h2.netns, h2.ifname)
         t0 = time.monotonic()
-        sent = subprocess.run(["taskset", "-c", "1", *h1.cmd(
-            sys.executable, "-c", SENDER, h1.ifname, "00:00:00:00:fe:01", str(seconds))],
-            capture_output=True, text=True, check=True)
+        sent = subprocess.run(
+            [
+                "taskset",
+                "-c",
+                "1",
+                *h1.cmd(sys.executable, "-c", SENDER, h1.ifname, "00:00:00:00:fe:01", str(seconds)),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         time.sleep(1.0)  # let the switch drain what it queued
         elapsed = time.monotonic() - t0 - 1.0
         received = _rx_packets(h2.netns, h2.ifname) - before
         offered = int(sent.stdout.strip() or 0)
-        return {"offered_pps": round(offered / seconds), "forwarded_pps": round(received / elapsed),
-                "sent": offered, "received": received}
+        return {
+            "offered_pps": round(offered / seconds),
+            "forwarded_pps": round(received / elapsed),
+            "sent": offered,
+            "received": received,
+        }
 
 
 def bmv2_builds() -> dict[str, str]:
@@ -131,9 +158,13 @@ def run(quick: bool) -> dict[str, Any]:
     if missing:
         raise FileNotFoundError(f"compiled benchmark programs missing: {missing} (make p4)")
     seconds = 3.0 if quick else 10.0
-    out: dict[str, Any] = {"frame_bytes": 60, "conditions": (
-        "sender pinned to CPU 1 (Python AF_PACKET loop), switch pinned to CPU 0; "
-        "forwarded rate counted at the receiving host's interface")}
+    out: dict[str, Any] = {
+        "frame_bytes": 60,
+        "conditions": (
+            "sender pinned to CPU 1 (Python AF_PACKET loop), switch pinned to CPU 0; "
+            "forwarded rate counted at the receiving host's interface"
+        ),
+    }
     for name in PROGRAMS:
         n = 5000 if quick else 30000
         entry: dict[str, Any] = {"pipeline_pps": round(pipeline_pps(name, n))}
@@ -143,7 +174,9 @@ def run(quick: bool) -> dict[str, Any]:
                 entry[build] = {"binary": exe, **veth_pps(name, exe, seconds)}
                 entry[f"ratio_xingmai_to_{build}"] = round(
                     entry["xingmai_switch"]["forwarded_pps"]
-                    / max(1, entry[build]["forwarded_pps"]), 2)
+                    / max(1, entry[build]["forwarded_pps"]),
+                    2,
+                )
         else:
             entry["veth"] = "skipped: needs root"
         out[name] = entry

@@ -35,11 +35,14 @@ def _say(line: str) -> None:
 
 def _engine_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--engine", choices=["sim", "emu"], default="sim")
-    ap.add_argument("--topo", default="rail:2,8,1", help="default rail:2,8,1 (8 hosts x 2 "
-                    "rails)")
-    ap.add_argument("--scale", type=float, default=None,
-                    help=f"model speed / engine speed (default: 1 on the twin, "
-                         f"{DEFAULT_SCALE:g} on the emulation)")
+    ap.add_argument("--topo", default="rail:2,8,1", help="default rail:2,8,1 (8 hosts x 2 rails)")
+    ap.add_argument(
+        "--scale",
+        type=float,
+        default=None,
+        help=f"model speed / engine speed (default: 1 on the twin, "
+        f"{DEFAULT_SCALE:g} on the emulation)",
+    )
     ap.add_argument("--scheme", choices=["none", "dcqcn", "tita"], default="tita")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--switch", choices=["auto", "bmv2", "builtin"], default="builtin")
@@ -47,8 +50,11 @@ def _engine_args(ap: argparse.ArgumentParser) -> None:
 
 
 def _coll_args(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--collective", default="allreduce",
-                    choices=["allreduce", "reducescatter", "allgather", "alltoall", "sendrecv"])
+    ap.add_argument(
+        "--collective",
+        default="allreduce",
+        choices=["allreduce", "reducescatter", "allgather", "alltoall", "sendrecv"],
+    )
     ap.add_argument("--channels", type=int, default=0, help="default: the hosts' NICs")
     ap.add_argument("--chunk", default="256K", help="bytes per message (default 256K)")
     ap.add_argument("--schedule", choices=["static", "adaptive"], default="adaptive")
@@ -61,11 +67,17 @@ def add_parsers(sub: Any) -> None:
     c = sub.add_parser("collective", help="collectives over the rails: nccl-tests' table")
     _engine_args(c)
     _coll_args(c)
-    c.add_argument("--algorithms", default="ring",
-                   help="ring,tree,hier (all-reduce); auto: the tuner's choice per size")
+    c.add_argument(
+        "--algorithms",
+        default="ring",
+        help="ring,tree,hier (all-reduce); auto: the tuner's choice per size",
+    )
     c.add_argument("--sizes", default="64K:4M:4", help="from:to[:factor] or a list")
-    c.add_argument("--degrade", help="SWITCH:PORT=FRACTION: that port's rate cut, static "
-                                     "split vs adaptive channels (at the largest size)")
+    c.add_argument(
+        "--degrade",
+        help="SWITCH:PORT=FRACTION: that port's rate cut, static "
+        "split vs adaptive channels (at the largest size)",
+    )
     j = sub.add_parser("jobs", help="concurrent jobs from a scenario file (YAML)")
     _engine_args(j)
     j.add_argument("file", type=Path)
@@ -73,8 +85,9 @@ def add_parsers(sub: Any) -> None:
     _engine_args(t)
     t.add_argument("--collective", default="allreduce")
     t.add_argument("--sizes", default="64K:4M:4")
-    t.add_argument("--cache", type=Path, default=None,
-                   help="the tuner's cache (default runs/tune-cache.json)")
+    t.add_argument(
+        "--cache", type=Path, default=None, help="the tuner's cache (default runs/tune-cache.json)"
+    )
 
 
 def _run_dir(args: argparse.Namespace, what: str) -> Path:
@@ -91,8 +104,9 @@ def open_suite(args: argparse.Namespace) -> Iterator[Any]:
     from testbed.topo import parse_choice
 
     spec = parse_choice(args.topo)
-    scale = args.scale if args.scale is not None else (1.0 if args.engine == "sim"
-                                                       else DEFAULT_SCALE)
+    scale = (
+        args.scale if args.scale is not None else (1.0 if args.engine == "sim" else DEFAULT_SCALE)
+    )
     scaling = Scaling(scale=scale, max_hops=spec.longest_path_switches())
     cfg = SuiteConfig(seed=args.seed)
     if args.engine == "sim":
@@ -110,8 +124,15 @@ def open_suite(args: argparse.Namespace) -> Iterator[Any]:
     from testbed.scenarios import Suite
 
     install_signal_handlers()
-    opts = TestbedOptions(switch=args.switch, scaling=scaling, rate_law=args.scheme,
-                          ecn=Ecn(), pcap=False, run_dir=args.run_dir, controller_caps=False)
+    opts = TestbedOptions(
+        switch=args.switch,
+        scaling=scaling,
+        rate_law=args.scheme,
+        ecn=Ecn(),
+        pcap=False,
+        run_dir=args.run_dir,
+        controller_caps=False,
+    )
     tb = Testbed(spec, opts)
     with tb:
         with Suite(tb, cfg) as esuite:
@@ -123,9 +144,13 @@ def open_suite(args: argparse.Namespace) -> Iterator[Any]:
 def _params(args: argparse.Namespace) -> dict[str, Any]:
     from testbed.collective.metrics import parse_size
 
-    p: dict[str, Any] = {"collective": args.collective, "channels": args.channels,
-                         "chunk": parse_size(args.chunk), "schedule": args.schedule,
-                         "iters": args.iters + args.warmup}
+    p: dict[str, Any] = {
+        "collective": args.collective,
+        "channels": args.channels,
+        "chunk": parse_size(args.chunk),
+        "schedule": args.schedule,
+        "iters": args.iters + args.warmup,
+    }
     if args.gpus:
         p["gpus"] = args.gpus
     return p
@@ -133,10 +158,12 @@ def _params(args: argparse.Namespace) -> dict[str, Any]:
 
 def _note(fab: Any, args: argparse.Namespace) -> str:
     s = fab.scaling
-    return (f"{fab.topology}, {len(fab.hosts)} hosts x {fab.nics} NICs, "
-            f"{'twin' if args.engine == 'sim' else 'emulation'} at 1/{s.scale:g} of the "
-            f"model ({s.model.port_speed_gbps:g}G); scheme {args.scheme}; figures in the "
-            "model's units")
+    return (
+        f"{fab.topology}, {len(fab.hosts)} hosts x {fab.nics} NICs, "
+        f"{'twin' if args.engine == 'sim' else 'emulation'} at 1/{s.scale:g} of the "
+        f"model ({s.model.port_speed_gbps:g}G); scheme {args.scheme}; figures in the "
+        "model's units"
+    )
 
 
 def cmd_collective(args: argparse.Namespace) -> int:
@@ -156,9 +183,16 @@ def cmd_collective(args: argparse.Namespace) -> int:
             where, frac = args.degrade.split("=")
             sw, port = where.split(":")
             params.pop("schedule")
-            degraded = run.degraded_rail(fab, sw, int(port), float(frac),
-                                         algorithm=algorithms[0], size=max(sizes),
-                                         warmup=warmup, **params)
+            degraded = run.degraded_rail(
+                fab,
+                sw,
+                int(port),
+                float(frac),
+                algorithm=algorithms[0],
+                size=max(sizes),
+                warmup=warmup,
+                **params,
+            )
     print(table(rows, note))
     plot = busbw_plot(rows, out / "busbw.png", note)
     doc: dict[str, Any] = {"note": note, "rows": rows}
@@ -174,14 +208,16 @@ def cmd_collective(args: argparse.Namespace) -> int:
 
 def degraded_text(d: dict[str, Any]) -> str:
     h, s, a = d["healthy"], d["static"], d["adaptive"]
-    lines = [f"one degraded rail: {d['port']} at {d['fraction']:g} of its rate, "
-             f"{fmt_size(h['size'])} {h['collective']} {h['algorithm']}, K = {d['channels']}",
-             f"  healthy           busbw {h['busbw_Bps'] / 1e9:7.2f} GB/s",
-             f"  degraded, static  busbw {s['busbw_Bps'] / 1e9:7.2f} GB/s  "
-             f"({d['static_ratio']:.0%} of healthy)",
-             f"  degraded, adaptive busbw {a['busbw_Bps'] / 1e9:6.2f} GB/s  "
-             f"({d['adaptive_ratio']:.0%} of healthy; goal >= {d['goal']:.0%}; "
-             f"{a['moved']} transfers moved off their static channel)"]
+    lines = [
+        f"one degraded rail: {d['port']} at {d['fraction']:g} of its rate, "
+        f"{fmt_size(h['size'])} {h['collective']} {h['algorithm']}, K = {d['channels']}",
+        f"  healthy           busbw {h['busbw_Bps'] / 1e9:7.2f} GB/s",
+        f"  degraded, static  busbw {s['busbw_Bps'] / 1e9:7.2f} GB/s  "
+        f"({d['static_ratio']:.0%} of healthy)",
+        f"  degraded, adaptive busbw {a['busbw_Bps'] / 1e9:6.2f} GB/s  "
+        f"({d['adaptive_ratio']:.0%} of healthy; goal >= {d['goal']:.0%}; "
+        f"{a['moved']} transfers moved off their static channel)",
+    ]
     return "\n".join(lines)
 
 
@@ -206,8 +242,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     out = _run_dir(args, "tune")
     cache = args.cache or tune.DEFAULT_CACHE
     with open_suite(args) as (_, fab):
-        res = tune.tune(fab, args.collective, parse_sizes(args.sizes), cache, run.collective,
-                        say=_say)
+        res = tune.tune(
+            fab, args.collective, parse_sizes(args.sizes), cache, run.collective, say=_say
+        )
         note = _note(fab, args)
     print(f"# {note}")
     print(tune.tune_table(res))

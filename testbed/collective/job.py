@@ -9,15 +9,18 @@ take different slots.
 
 Each rank runs the plan (testbed.collective.plan) as dataflow: a transfer is ready once its
 dependencies arrived; ready transfers go out in plan order, at most `depth` messages in flight
-per queue pair. Every message starts with an 8-byte header (iteration, transfer id), so a
-receiver takes any transfer from any channel of its peer. The channel of a transfer is:
+per queue pair (8 by default: deep enough that a channel at a quarter of the others' rate
+still gets its share, see below). Every message starts with an 8-byte header (iteration,
+transfer id), so a receiver takes any transfer from any channel of its peer. The channel
+of a transfer is:
 - `schedule: static`: the plan's channel (pieces dealt round-robin over the channels);
 - `schedule: adaptive`: the channel towards that peer whose queue would finish it first,
   (bytes in flight + its bytes) / the channel's measured rate, where a channel's rate is an
   average of its completed messages' bytes over their service time (from when the message
   reached the head of its queue pair to its last acknowledgment). A rail that slows down
   shows in the first messages it completes (a message takes tens of RTTs), and chunks move to
-  the others from then on.
+  the others from then on. A channel at a fraction f of the fastest one's rate gets work
+  only while the fastest has more than 1/f - 1 messages queued, hence the depth of 8.
 
 A training job is a loop of iterations: `compute` seconds of computation, then the collective
 (with `overlap`, the next iteration's computation runs while the collective does). The
@@ -95,7 +98,7 @@ class CollectiveConfig:
             channels=channels,
             chunk=int(spec.get("chunk", 1 << 19)),
             schedule=str(spec.get("schedule", "static")),
-            depth=int(spec.get("depth", 2)),
+            depth=int(spec.get("depth", 8)),
             gpus=int(spec.get("gpus", channels if algorithm == "hier" else 1)),
             nvlink_bps=float(spec.get("nvlink_bps", 3.6e12)),  # NVLink 4: 900 GB/s
             nvlink_latency=float(spec.get("nvlink_latency", 2e-6)),
@@ -130,8 +133,9 @@ class CollectiveJob:
         self.me = self.ranks.index(me)
         self.n = n = len(self.ranks)
         self.count = cfg.size // ELEM
-        self.plan_spec = PlanSpec(cfg.collective, cfg.algorithm, n, self.count, cfg.channels,
-                                  cfg.chunk, cfg.gpus)
+        self.plan_spec = PlanSpec(
+            cfg.collective, cfg.algorithm, n, self.count, cfg.channels, cfg.chunk, cfg.gpus
+        )
         self.plan = build(self.plan_spec)
         self.outgoing = [x for x in self.plan if x.src == self.me]
         self.incoming = {x.id: x for x in self.plan if x.dst == self.me}
@@ -198,8 +202,9 @@ class CollectiveJob:
         """The buffer this rank must end with."""
         coll, n = self.cfg.collective, self.n
         if coll in ("allreduce", "reducescatter"):
-            total = sum((self._inputs(it, r) for r in range(n)),
-                        np.zeros(self.count, dtype=np.float32))
+            total = sum(
+                (self._inputs(it, r) for r in range(n)), np.zeros(self.count, dtype=np.float32)
+            )
             return total  # reducescatter: only this rank's segment is checked
         out = np.zeros(self.count, dtype=np.float32)
         if coll == "allgather":
@@ -210,7 +215,7 @@ class CollectiveJob:
             b, me = self.count // n, self.me
             for r in range(n):  # block r of my result: what rank r sent me (its block me)
                 if r != me:
-                    out[r * b:(r + 1) * b] = self._inputs(it, r)[me * b:(me + 1) * b]
+                    out[r * b : (r + 1) * b] = self._inputs(it, r)[me * b : (me + 1) * b]
         else:  # sendrecv: the previous rank's buffer
             out[:] = self._inputs(it, (self.me - 1) % n)
         return out
@@ -324,8 +329,11 @@ class CollectiveJob:
                 continue
             # net
             self._progress(now)
-            if len(self.arrived) < len(self.incoming) or any(self.ready.values()) or any(
-                    ch.inflight for chans in self.channels.values() for ch in chans):
+            if (
+                len(self.arrived) < len(self.incoming)
+                or any(self.ready.values())
+                or any(ch.inflight for chans in self.channels.values() for ch in chans)
+            ):
                 return False
             if self.cfg.algorithm == "hier":
                 self.phase, self.phase_end = "post", now + self._nvlink_time()
@@ -348,9 +356,14 @@ class CollectiveJob:
             return
         it, tid = HEADER.unpack_from(data)
         x = self.incoming.get(tid)
-        body = bytes(data[HEADER.size:])
-        if x is None or x.src != peer or len(body) != x.nbytes or it < self.it or \
-                (it == self.it and tid in self.arrived):
+        body = bytes(data[HEADER.size :])
+        if (
+            x is None
+            or x.src != peer
+            or len(body) != x.nbytes
+            or it < self.it
+            or (it == self.it and tid in self.arrived)
+        ):
             self.unexpected += 1
             return
         if it > self.it or self.phase != "net":
@@ -401,8 +414,7 @@ class CollectiveJob:
             service = t_done - ch.head_since
             if service > 0 and x.nbytes > 0:
                 sample = (x.nbytes + HEADER.size) / service
-                ch.rate = sample if ch.rate == 0 else \
-                    RATE_EWMA * sample + (1 - RATE_EWMA) * ch.rate
+                ch.rate = sample if ch.rate == 0 else RATE_EWMA * sample + (1 - RATE_EWMA) * ch.rate
             ch.head_since = t_done
 
     def _pick(self, x: Transfer) -> Channel | None:
@@ -417,14 +429,16 @@ class CollectiveJob:
         default = max(known) if known else 1.0
 
         def finish(c: Channel) -> tuple[float, int]:
-            return ((c.inflight_bytes + x.nbytes + HEADER.size) / (c.rate or default),
-                    0 if c.index == x.channel else 1)
+            return (
+                (c.inflight_bytes + x.nbytes + HEADER.size) / (c.rate or default),
+                0 if c.index == x.channel else 1,
+            )
 
         best = min(chans, key=finish)
         return best if len(best.inflight) < depth else None
 
     def _send(self, ch: Channel, x: Transfer, now: float) -> None:
-        data = HEADER.pack(self.it, x.id) + self.send_buf[x.lo:x.hi].tobytes()
+        data = HEADER.pack(self.it, x.id) + self.send_buf[x.lo : x.hi].tobytes()
         if not ch.inflight:
             ch.head_since = now
         op = ch.qp.post_send(data, now, tag=x.id)
@@ -438,9 +452,11 @@ class CollectiveJob:
 
     def result(self, now: float) -> dict[str, Any]:
         if self.phase != "done":
-            raise TimeoutError(f"{self.cfg.collective} rank {self.me} stuck in iteration "
-                               f"{self.it} ({self.phase}: {len(self.arrived)} of "
-                               f"{len(self.incoming)} transfers in)")
+            raise TimeoutError(
+                f"{self.cfg.collective} rank {self.me} stuck in iteration "
+                f"{self.it} ({self.phase}: {len(self.arrived)} of "
+                f"{len(self.incoming)} transfers in)"
+            )
         per_channel = [0] * self.cfg.channels
         rates = [0.0] * self.cfg.channels
         for chans in self.channels.values():
@@ -460,9 +476,9 @@ class CollectiveJob:
             "channels": self.cfg.channels,
             "chunk": self.cfg.chunk,
             "ranks": self.n * (self.cfg.gpus if self.cfg.algorithm == "hier" else 1),
-            "bus_factor": bus_factor(self.cfg.collective,
-                                     self.n * (self.cfg.gpus if self.cfg.algorithm == "hier"
-                                               else 1)),
+            "bus_factor": bus_factor(
+                self.cfg.collective, self.n * (self.cfg.gpus if self.cfg.algorithm == "hier" else 1)
+            ),
             "coll": [(a - t0, b - t0) for a, b in self.coll],
             "iter_end": [e - t0 for e in self.iter_end],
             "compute": self.cfg.compute,

@@ -20,12 +20,19 @@ from typing import Any
 
 def iteration_times(results: list[dict[str, Any]]) -> list[float]:
     iters = min(len(r["coll"]) for r in results)
-    return [max(r["coll"][i][1] for r in results) - min(r["coll"][i][0] for r in results)
-            for i in range(iters)]
+    return [
+        max(r["coll"][i][1] for r in results) - min(r["coll"][i][0] for r in results)
+        for i in range(iters)
+    ]
 
 
-def summarize(results: list[dict[str, Any]], nic_payload_bps: float, nics: int,
-              scale: float = 1.0, warmup: int = 0) -> dict[str, Any]:
+def summarize(
+    results: list[dict[str, Any]],
+    nic_payload_bps: float,
+    nics: int,
+    scale: float = 1.0,
+    warmup: int = 0,
+) -> dict[str, Any]:
     """The figures of one collective job (`results`: its ranks' results)."""
     if not results:
         raise ValueError("no ranks")
@@ -37,13 +44,18 @@ def summarize(results: list[dict[str, Any]], nic_payload_bps: float, nics: int,
     busbw = algbw * r0["bus_factor"]
     per_channel = [sum(r["channel_bytes"][c] for r in results) for c in range(r0["channels"])]
     return {
-        "collective": r0["collective"], "algorithm": r0["algorithm"],
-        "schedule": r0["schedule"], "size": r0["size"], "channels": r0["channels"],
-        "chunk": r0["chunk"], "ranks": r0["ranks"],
+        "collective": r0["collective"],
+        "algorithm": r0["algorithm"],
+        "schedule": r0["schedule"],
+        "size": r0["size"],
+        "channels": r0["channels"],
+        "chunk": r0["chunk"],
+        "ranks": r0["ranks"],
         "time_s": t / scale,  # the model's
         "time_spread_s": (max(used) - min(used)) / scale,
         "iterations": len(used),
-        "algbw_Bps": algbw, "busbw_Bps": busbw,
+        "algbw_Bps": algbw,
+        "busbw_Bps": busbw,
         "efficiency": busbw * 8 / (nics * nic_payload_bps * scale),
         "correct": all(r["ok"] for r in results),
         "wrong_ranks": sum(not r["ok"] for r in results),
@@ -89,20 +101,22 @@ def parse_sizes(text: str) -> list[int]:
 def table(rows: list[dict[str, Any]], unit_note: str = "") -> str:
     """The nccl-tests table (out-of-place columns; times in us and bandwidths in GB/s of the
     model), with the efficiency and the channel split added."""
-    head = (f"{'size':>10} {'count':>10} {'type':>6} {'redop':>6} {'algo':>5} {'sched':>8} "
-            f"{'time(us)':>10} {'algbw(GB/s)':>12} {'busbw(GB/s)':>12} {'eff':>6} "
-            f"{'#wrong':>6}  channel bytes")
+    head = (
+        f"{'size':>10} {'count':>10} {'type':>6} {'redop':>6} {'algo':>5} {'sched':>8} "
+        f"{'time(us)':>10} {'algbw(GB/s)':>12} {'busbw(GB/s)':>12} {'eff':>6} "
+        f"{'#wrong':>6}  channel bytes"
+    )
     lines = []
     if unit_note:
         lines.append(f"# {unit_note}")
     lines.append("#" + head[1:])
     for r in rows:
         redop = "sum" if r["collective"] in ("allreduce", "reducescatter") else "none"
-        share = "/".join(f"{b / max(1, sum(r['channel_bytes'])):.2f}"
-                         for b in r["channel_bytes"])
+        share = "/".join(f"{b / max(1, sum(r['channel_bytes'])):.2f}" for b in r["channel_bytes"])
         lines.append(
             f"{r['size']:>10} {r['size'] // 4:>10} {'float':>6} {redop:>6} "
             f"{r['algorithm']:>5} {r['schedule'][:8]:>8} {r['time_s'] * 1e6:>10.1f} "
             f"{r['algbw_Bps'] / 1e9:>12.2f} {r['busbw_Bps'] / 1e9:>12.2f} "
-            f"{r['efficiency'] * 100:>5.1f}% {r['wrong_ranks']:>6}  {share}")
+            f"{r['efficiency'] * 100:>5.1f}% {r['wrong_ranks']:>6}  {share}"
+        )
     return "\n".join(lines)

@@ -88,16 +88,35 @@ class _Builder:
     def __init__(self) -> None:
         self.transfers: list[Transfer] = []
 
-    def add(self, src: int, dst: int, lo: int, hi: int, op: Op, deps: tuple[int, ...],
-            channel: int, dst_lo: int | None = None) -> int:
-        t = Transfer(len(self.transfers), src, dst, lo, hi, op, deps, channel,
-                     lo if dst_lo is None else dst_lo)
+    def add(
+        self,
+        src: int,
+        dst: int,
+        lo: int,
+        hi: int,
+        op: Op,
+        deps: tuple[int, ...],
+        channel: int,
+        dst_lo: int | None = None,
+    ) -> int:
+        t = Transfer(
+            len(self.transfers),
+            src,
+            dst,
+            lo,
+            hi,
+            op,
+            deps,
+            channel,
+            lo if dst_lo is None else dst_lo,
+        )
         self.transfers.append(t)
         return t.id
 
 
-def _ring_reduce_scatter(b: _Builder, segs: list[tuple[int, int]], ring: list[int],
-                         channel: int) -> list[int]:
+def _ring_reduce_scatter(
+    b: _Builder, segs: list[tuple[int, int]], ring: list[int], channel: int
+) -> list[int]:
     """Ring reduce-scatter of one piece (segs: one per ring position); position p ends with
     segment p reduced. Returns, per position, the transfer that completed its segment."""
     n = len(ring)
@@ -112,8 +131,9 @@ def _ring_reduce_scatter(b: _Builder, segs: list[tuple[int, int]], ring: list[in
     return last
 
 
-def _ring_all_gather(b: _Builder, segs: list[tuple[int, int]], ring: list[int], channel: int,
-                     first: list[int]) -> None:
+def _ring_all_gather(
+    b: _Builder, segs: list[tuple[int, int]], ring: list[int], channel: int, first: list[int]
+) -> None:
     """Ring all-gather of one piece: position p starts with segment p (after transfer
     first[p] arrived, -1: it has it already) and every position ends with all of them."""
     n = len(ring)
@@ -123,8 +143,7 @@ def _ring_all_gather(b: _Builder, segs: list[tuple[int, int]], ring: list[int], 
         for p in range(n):
             lo, hi = segs[(p - k) % n]
             deps = (last[p],) if last[p] >= 0 else ()
-            now[(p + 1) % n] = b.add(ring[p], ring[(p + 1) % n], lo, hi, Op.COPY, deps,
-                                     channel)
+            now[(p + 1) % n] = b.add(ring[p], ring[(p + 1) % n], lo, hi, Op.COPY, deps, channel)
         last = now
 
 
@@ -148,8 +167,9 @@ def _tree(ranks: list[int]) -> dict[int, int]:
     return parent
 
 
-def _tree_all_reduce(b: _Builder, lo: int, hi: int, parent: dict[int, int], n: int,
-                     channel: int) -> None:
+def _tree_all_reduce(
+    b: _Builder, lo: int, hi: int, parent: dict[int, int], n: int, channel: int
+) -> None:
     """Reduce the piece up the tree to the root, then broadcast it down."""
     children: dict[int, list[int]] = {r: [] for r in range(n)}
     for c, p in parent.items():
@@ -187,8 +207,10 @@ class PlanSpec:
         if self.collective not in SUPPORTED:
             raise ValueError(f"unknown collective {self.collective!r}; one of {COLLECTIVES}")
         if self.algorithm not in SUPPORTED[self.collective]:
-            raise ValueError(f"{self.collective} has no {self.algorithm!r} algorithm; "
-                             f"one of {SUPPORTED[self.collective]}")
+            raise ValueError(
+                f"{self.collective} has no {self.algorithm!r} algorithm; "
+                f"one of {SUPPORTED[self.collective]}"
+            )
         if self.ranks < 2 or self.channels < 1 or self.chunk < ELEM or self.gpus < 1:
             raise ValueError("a plan needs >= 2 ranks, >= 1 channel, chunk >= 4 B, >= 1 GPU")
         if self.count < self.ranks * self.gpus:
@@ -234,8 +256,7 @@ def build(spec: PlanSpec) -> list[Transfer]:
         for shift in range(1, n):  # pairwise exchange: step s sends to r+s (NCCL's order)
             for r in range(n):
                 dst = (r + shift) % n
-                for i, (plo, phi) in enumerate(pieces(dst * block, (dst + 1) * block,
-                                                      per_msg, k)):
+                for i, (plo, phi) in enumerate(pieces(dst * block, (dst + 1) * block, per_msg, k)):
                     b.add(r, dst, plo, phi, Op.COPY, (), i % k, r * block + plo - dst * block)
     else:  # sendrecv
         for i, (lo, hi) in enumerate(pieces(0, count, per_msg, k)):

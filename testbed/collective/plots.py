@@ -22,8 +22,12 @@ def busbw_plot(rows: list[dict[str, Any]], path: Path, title: str = "") -> Path:
     peak = None
     for (coll, alg, sched), rs in lines.items():
         rs = sorted(rs, key=lambda r: r["size"])
-        ax.plot([r["size"] for r in rs], [r["busbw_Bps"] / 1e9 for r in rs], marker="o",
-                label=f"{coll} {alg} ({sched})")
+        ax.plot(
+            [r["size"] for r in rs],
+            [r["busbw_Bps"] / 1e9 for r in rs],
+            marker="o",
+            label=f"{coll} {alg} ({sched})",
+        )
         r0 = rs[0]
         if r0["efficiency"] > 0:
             peak = r0["busbw_Bps"] / r0["efficiency"] / 1e9

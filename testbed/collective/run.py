@@ -59,39 +59,56 @@ def _timeout(fab: CollFabric, size: int, n: int) -> float:
 def job_spec(fab: CollFabric, **params: Any) -> dict[str, Any]:
     """A collective job's spec (testbed.collective.job) with the fabric's transport."""
     k = int(params.pop("channels", 0) or fab.nics)
-    spec: dict[str, Any] = {"kind": "collective", "channels": k, "transport": fab.transport,
-                            "nic_ips": fab.nic_ips, "seed": fab.seed}
+    spec: dict[str, Any] = {
+        "kind": "collective",
+        "channels": k,
+        "transport": fab.transport,
+        "nic_ips": fab.nic_ips,
+        "seed": fab.seed,
+    }
     spec.update(params)
     spec.setdefault("timeout", _timeout(fab, int(spec["size"]), int(spec.get("iters", 1))))
     return spec
 
 
-def collective(fab: CollFabric, warmup: int = 0, tune_cache: Path | None = None,
-               **params: Any) -> dict[str, Any]:
+def collective(
+    fab: CollFabric, warmup: int = 0, tune_cache: Path | None = None, **params: Any
+) -> dict[str, Any]:
     """Run one collective job on all the fabric's hosts; nccl-tests' figures. With
     `algorithm: auto`, the algorithm, channels and chunk the tuner chose for this fabric and
     size (testbed.collective.tune, its cache `tune_cache`)."""
     if params.get("algorithm") == "auto":
         from testbed.collective import tune
 
-        choice = tune.choose(tune_cache or tune.DEFAULT_CACHE, fab.topology, len(fab.hosts),
-                             fab.nics, str(params.get("collective", "allreduce")),
-                             int(params["size"]), fab.scheme)
+        choice = tune.choose(
+            tune_cache or tune.DEFAULT_CACHE,
+            fab.topology,
+            len(fab.hosts),
+            fab.nics,
+            str(params.get("collective", "allreduce")),
+            int(params["size"]),
+            fab.scheme,
+        )
         params.update(choice)
     spec = job_spec(fab, **params)
     out = fab.runner(fab.hosts, spec)
     s = fab.scaling
     res = summarize(out.results, fab.line_rate, fab.nics, s.scale, warmup)
     res["scheme"] = fab.scheme
-    res["counters"] = {k: sum(int(c.get(k, 0)) for c in out.counters)
-                       for k in ("retransmits", "timeouts", "cnps_received")}
-    res["rate_bps_per_channel"] = [max(r["channel_rate_bps"][c] for r in out.results) * s.scale
-                                   for c in range(spec["channels"])]
+    res["counters"] = {
+        k: sum(int(c.get(k, 0)) for c in out.counters)
+        for k in ("retransmits", "timeouts", "cnps_received")
+    }
+    res["rate_bps_per_channel"] = [
+        max(r["channel_rate_bps"][c] for r in out.results) * s.scale
+        for c in range(spec["channels"])
+    ]
     return res
 
 
-def sweep(fab: CollFabric, sizes: list[int], algorithms: list[str],
-          say: Any = print, **params: Any) -> list[dict[str, Any]]:
+def sweep(
+    fab: CollFabric, sizes: list[int], algorithms: list[str], say: Any = print, **params: Any
+) -> list[dict[str, Any]]:
     rows = []
     coll = params.get("collective", "allreduce")
     for alg in algorithms:
@@ -99,8 +116,10 @@ def sweep(fab: CollFabric, sizes: list[int], algorithms: list[str],
             raise ValueError(f"{coll} has no {alg!r} algorithm ({SUPPORTED[coll]})")
         for size in sizes:
             r = collective(fab, algorithm=alg, size=size, **params)
-            say(f"{coll} {alg} {size} B: busbw {r['busbw_Bps'] / 1e9:.1f} GB/s, "
-                f"efficiency {r['efficiency']:.1%}, {'ok' if r['correct'] else 'WRONG'}")
+            say(
+                f"{coll} {alg} {size} B: busbw {r['busbw_Bps'] / 1e9:.1f} GB/s, "
+                f"efficiency {r['efficiency']:.1%}, {'ok' if r['correct'] else 'WRONG'}"
+            )
             rows.append(r)
     return rows
 
@@ -121,23 +140,23 @@ class JobDecl:
 def load_jobs(path: Path, n_hosts: int) -> list[JobDecl]:
     """A scenario file (YAML):
 
-        jobs:
-          - name: dp                     # a data-parallel job
-            hosts: 0-3                   # host indices (a range a-b, or a list)
-            collective: allreduce        # testbed.collective.job's parameters
-            algorithm: ring
-            size: 1M
-            iters: 4
-            compute: 20e-6               # s of the model per iteration
-          - name: moe
-            hosts: [4, 5, 6, 7]
-            collective: alltoall
-            size: 1M
-          - name: bg
-            kind: websearch              # background flows over the hosts
-            hosts: 0-7
-            load: 0.3
-            seconds: 200e-6
+    jobs:
+      - name: dp                     # a data-parallel job
+        hosts: 0-3                   # host indices (a range a-b, or a list)
+        collective: allreduce        # testbed.collective.job's parameters
+        algorithm: ring
+        size: 1M
+        iters: 4
+        compute: 20e-6               # s of the model per iteration
+      - name: moe
+        hosts: [4, 5, 6, 7]
+        collective: alltoall
+        size: 1M
+      - name: bg
+        kind: websearch              # background flows over the hosts
+        hosts: 0-7
+        load: 0.3
+        seconds: 200e-6
     """
     doc = yaml.safe_load(path.read_text())
     if not isinstance(doc, dict) or not isinstance(doc.get("jobs"), list) or not doc["jobs"]:
@@ -180,9 +199,12 @@ def _sub_spec(fab: CollFabric, d: JobDecl, slot: int) -> dict[str, Any]:
         seconds = float(d.params.get("seconds", 200e-6)) * fab.scaling.scale
         flows = fab.websearch(len(d.hosts), float(d.params.get("load", 0.3)), seconds)
         # the job's hosts by index; slots 0-3 (the generators' queue pairs)
-        return {"kind": "flows", "seed": fab.seed, "verify": True,
-                "flows": [dict(f.as_dict(), src=d.hosts[f.src], dst=d.hosts[f.dst])
-                          for f in flows]}
+        return {
+            "kind": "flows",
+            "seed": fab.seed,
+            "verify": True,
+            "flows": [dict(f.as_dict(), src=d.hosts[f.src], dst=d.hosts[f.dst]) for f in flows],
+        }
     params = dict(d.params)
     params["compute"] = float(params.get("compute", 0.0)) * fab.scaling.scale
     spec = job_spec(fab, **params)
@@ -199,10 +221,13 @@ def concurrent(fab: CollFabric, decls: list[JobDecl]) -> dict[str, Any]:
     for d in decls:
         specs.append(_sub_spec(fab, d, slots))
         slots += int(specs[-1].get("channels", 0))
-    base = {"kind": "jobs", "transport": fab.transport, "nic_ips": fab.nic_ips,
-            "timeout": 60.0 * fab.time_scale + sum(
-                _timeout(fab, int(sp.get("size", 0)), int(sp.get("iters", 1)))
-                for sp in specs)}
+    base = {
+        "kind": "jobs",
+        "transport": fab.transport,
+        "nic_ips": fab.nic_ips,
+        "timeout": 60.0 * fab.time_scale
+        + sum(_timeout(fab, int(sp.get("size", 0)), int(sp.get("iters", 1))) for sp in specs),
+    }
 
     def run(jobs: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
         out = fab.runner(fab.hosts, dict(base, jobs=jobs))
@@ -228,44 +253,61 @@ def concurrent(fab: CollFabric, decls: list[JobDecl]) -> dict[str, Any]:
     return {"scheme": fab.scheme, "jobs": rows}
 
 
-def _job_figures(spec: dict[str, Any], parts: list[dict[str, Any]],
-                 fab: CollFabric) -> dict[str, Any]:
+def _job_figures(
+    spec: dict[str, Any], parts: list[dict[str, Any]], fab: CollFabric
+) -> dict[str, Any]:
     s = fab.scaling
     if spec["kind"] == "flows":
         sent = [f for p in parts for f in p["sent"]]
         done = [f for f in sent if f["fct"] is not None]
         fcts = sorted(f["fct"] / s.scale for f in done)
-        return {"flows": len(sent), "completed": len(done),
-                "fct_p50_s": fcts[len(fcts) // 2] if fcts else None,
-                "fct_p99_s": fcts[min(len(fcts) - 1, int(len(fcts) * 0.99))] if fcts else None,
-                "correct": len(done) == len(sent) and
-                           all(r["ok"] for p in parts for r in p["received"])}
+        return {
+            "flows": len(sent),
+            "completed": len(done),
+            "fct_p50_s": fcts[len(fcts) // 2] if fcts else None,
+            "fct_p99_s": fcts[min(len(fcts) - 1, int(len(fcts) * 0.99))] if fcts else None,
+            "correct": len(done) == len(sent)
+            and all(r["ok"] for p in parts for r in p["received"]),
+        }
     figs = summarize(parts, fab.line_rate, fab.nics, s.scale)
     ends = [max(p["iter_end"][i] for p in parts) for i in range(len(parts[0]["iter_end"]))]
     iters = [b - a for a, b in zip([0.0, *ends[:-1]], ends, strict=True)]
     iter_s = sum(iters) / len(iters) / s.scale
     comm = [t for t in iteration_times(parts)]
     comm_s = sum(comm) / len(comm) / s.scale
-    return {"iter_s": iter_s, "comm_s": comm_s, "compute_s": parts[0]["compute"] / s.scale,
-            "comm_share": min(1.0, comm_s / iter_s) if iter_s else 0.0,
-            "busbw_Bps": figs["busbw_Bps"], "efficiency": figs["efficiency"],
-            "collective": figs["collective"], "size": figs["size"],
-            "correct": figs["correct"]}
+    return {
+        "iter_s": iter_s,
+        "comm_s": comm_s,
+        "compute_s": parts[0]["compute"] / s.scale,
+        "comm_share": min(1.0, comm_s / iter_s) if iter_s else 0.0,
+        "busbw_Bps": figs["busbw_Bps"],
+        "efficiency": figs["efficiency"],
+        "collective": figs["collective"],
+        "size": figs["size"],
+        "correct": figs["correct"],
+    }
 
 
 def jobs_table(res: dict[str, Any]) -> str:
-    lines = [f"{'job':<8} {'kind':<10} {'hosts':<12} {'what':<16} {'iter(us)':>9} "
-             f"{'alone(us)':>9} {'slowdown':>8} {'comm%':>6} {'busbw(GB/s)':>11} {'ok':>3}"]
+    lines = [
+        f"{'job':<8} {'kind':<10} {'hosts':<12} {'what':<16} {'iter(us)':>9} "
+        f"{'alone(us)':>9} {'slowdown':>8} {'comm%':>6} {'busbw(GB/s)':>11} {'ok':>3}"
+    ]
     for r in res["jobs"]:
-        hosts = f"{min(r['hosts'])}-{max(r['hosts'])}" if r["hosts"] == list(
-            range(min(r["hosts"]), max(r["hosts"]) + 1)) else ",".join(map(str, r["hosts"]))
+        hosts = (
+            f"{min(r['hosts'])}-{max(r['hosts'])}"
+            if r["hosts"] == list(range(min(r["hosts"]), max(r["hosts"]) + 1))
+            else ",".join(map(str, r["hosts"]))
+        )
         if r["kind"] == "websearch":
             p99 = r.get("fct_p99_s")
             what = f"{r.get('completed', 0)}/{r.get('flows', 0)} flows"
-            lines.append(f"{r['name']:<8} {r['kind']:<10} {hosts:<12} {what:<16} "
-                         f"{'':>9} {'':>9} {'':>8} {'':>6} "
-                         f"{'p99 FCT ' + format(p99 * 1e6, '.1f') + 'us' if p99 else '':>11} "
-                         f"{'y' if r.get('correct') else 'n':>3}")
+            lines.append(
+                f"{r['name']:<8} {r['kind']:<10} {hosts:<12} {what:<16} "
+                f"{'':>9} {'':>9} {'':>8} {'':>6} "
+                f"{'p99 FCT ' + format(p99 * 1e6, '.1f') + 'us' if p99 else '':>11} "
+                f"{'y' if r.get('correct') else 'n':>3}"
+            )
             continue
         what = f"{r.get('collective', '?')} {r.get('size', 0) >> 10}K"
         lines.append(
@@ -273,15 +315,17 @@ def jobs_table(res: dict[str, Any]) -> str:
             f"{r.get('iter_s', float('nan')) * 1e6:>9.1f} "
             f"{r.get('alone_iter_s', float('nan')) * 1e6:>9.1f} "
             f"{r.get('slowdown', float('nan')):>8.2f} {r.get('comm_share', 0) * 100:>5.0f}% "
-            f"{r.get('busbw_Bps', 0) / 1e9:>11.1f} {'y' if r.get('correct') else 'n':>3}")
+            f"{r.get('busbw_Bps', 0) / 1e9:>11.1f} {'y' if r.get('correct') else 'n':>3}"
+        )
     return "\n".join(lines)
 
 
 # ---- a degraded rail ------------------------------------------------------------------
 
 
-def degraded_rail(fab: CollFabric, switch: str, port: int, fraction: float,
-                  **params: Any) -> dict[str, Any]:
+def degraded_rail(
+    fab: CollFabric, switch: str, port: int, fraction: float, **params: Any
+) -> dict[str, Any]:
     """Healthy, then `switch:port` at `fraction` of its rate with the static split and with
     adaptive channels; busbw of each and their ratios to healthy."""
     link = fab.scaling.link_bps
@@ -293,8 +337,14 @@ def degraded_rail(fab: CollFabric, switch: str, port: int, fraction: float,
     finally:
         fab.set_port_rate(switch, port, link)
     k = fab.nics
-    return {"port": f"{switch}:{port}", "fraction": fraction, "channels": k,
-            "healthy": healthy, "static": static, "adaptive": adaptive,
-            "static_ratio": static["busbw_Bps"] / healthy["busbw_Bps"],
-            "adaptive_ratio": adaptive["busbw_Bps"] / healthy["busbw_Bps"],
-            "goal": (k - 1) / k}
+    return {
+        "port": f"{switch}:{port}",
+        "fraction": fraction,
+        "channels": k,
+        "healthy": healthy,
+        "static": static,
+        "adaptive": adaptive,
+        "static_ratio": static["busbw_Bps"] / healthy["busbw_Bps"],
+        "adaptive_ratio": adaptive["busbw_Bps"] / healthy["busbw_Bps"],
+        "goal": (k - 1) / k,
+    }

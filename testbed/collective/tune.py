@@ -42,22 +42,32 @@ def _load(cache: Path) -> dict[str, Any]:
     return doc
 
 
-def choose(cache: Path, topology: str, hosts: int, nics: int, collective: str, size: int,
-           scheme: str) -> dict[str, Any]:
+def choose(
+    cache: Path, topology: str, hosts: int, nics: int, collective: str, size: int, scheme: str
+) -> dict[str, Any]:
     """The tuned choice for this size (the nearest tuned size of the same communicator),
     or the default."""
     doc = _load(cache)
     prefix = key(topology, hosts, nics, collective, 0, scheme).rsplit("|", 2)[0]
-    tuned = [(int(k.split("|")[3]), v) for k, v in doc.items() if k.startswith(prefix + "|")
-             and k.endswith("|" + scheme)]
+    tuned = [
+        (int(k.split("|")[3]), v)
+        for k, v in doc.items()
+        if k.startswith(prefix + "|") and k.endswith("|" + scheme)
+    ]
     if not tuned:
         return dict(DEFAULT)
     _, best = min(tuned, key=lambda t: abs(t[0] - size) / max(t[0], size))
     return {k: best[k] for k in DEFAULT}
 
 
-def tune(fab: CollFabric, collective: str, sizes: list[int], cache: Path,
-         measure: Callable[..., dict[str, Any]], say: Any = print) -> dict[str, Any]:
+def tune(
+    fab: CollFabric,
+    collective: str,
+    sizes: list[int],
+    cache: Path,
+    measure: Callable[..., dict[str, Any]],
+    say: Any = print,
+) -> dict[str, Any]:
     """`measure(fab, **params)`: one run's figures (testbed.collective.run.collective)."""
     k = fab.nics
     scheme = fab.scheme
@@ -66,14 +76,24 @@ def tune(fab: CollFabric, collective: str, sizes: list[int], cache: Path,
     def busbw(size: int, alg: str, ch: int, chunk: int) -> float:
         c = (size, alg, ch or k, chunk)
         if c not in measured:
-            r = measure(fab, collective=collective, algorithm=alg, size=size,
-                               channels=ch or k, chunk=chunk, schedule="adaptive", iters=2,
-                               warmup=1)
+            r = measure(
+                fab,
+                collective=collective,
+                algorithm=alg,
+                size=size,
+                channels=ch or k,
+                chunk=chunk,
+                schedule="adaptive",
+                iters=2,
+                warmup=1,
+            )
             if not r["correct"]:
                 raise RuntimeError(f"{collective} {alg} {size} B: wrong result")
             measured[c] = r["busbw_Bps"]
-            say(f"tune {fmt_size(size)}: {alg} ch={ch or k} chunk={fmt_size(chunk)}: "
-                f"{r['busbw_Bps'] / 1e9:.1f} GB/s")
+            say(
+                f"tune {fmt_size(size)}: {alg} ch={ch or k} chunk={fmt_size(chunk)}: "
+                f"{r['busbw_Bps'] / 1e9:.1f} GB/s"
+            )
         return measured[c]
 
     doc = _load(cache)
@@ -90,23 +110,43 @@ def tune(fab: CollFabric, collective: str, sizes: list[int], cache: Path,
         best_fixed = max(fixed.values())
         choice = {"algorithm": best_alg, "channels": best_ch, "chunk": best_chunk}
         doc[key(fab.topology, len(fab.hosts), k, collective, size, scheme)] = {
-            **choice, "busbw_Bps": best}
-        rows.append({"size": size, **choice, "busbw_Bps": best, "default_Bps": default,
-                     "gain": best / default, "best_fixed_Bps": best_fixed,
-                     "candidates": len(fixed)})
+            **choice,
+            "busbw_Bps": best,
+        }
+        rows.append(
+            {
+                "size": size,
+                **choice,
+                "busbw_Bps": best,
+                "default_Bps": default,
+                "gain": best / default,
+                "best_fixed_Bps": best_fixed,
+                "candidates": len(fixed),
+            }
+        )
     cache.parent.mkdir(parents=True, exist_ok=True)
     cache.write_text(json.dumps(doc, indent=1, sort_keys=True))
-    return {"collective": collective, "scheme": scheme, "rows": rows,
-            "measured": [{"size": c[0], "algorithm": c[1], "channels": c[2], "chunk": c[3],
-                          "busbw_Bps": v} for c, v in measured.items()]}
+    return {
+        "collective": collective,
+        "scheme": scheme,
+        "rows": rows,
+        "measured": [
+            {"size": c[0], "algorithm": c[1], "channels": c[2], "chunk": c[3], "busbw_Bps": v}
+            for c, v in measured.items()
+        ],
+    }
 
 
 def tune_table(res: dict[str, Any]) -> str:
-    lines = [f"{'size':>8} {'algorithm':>9} {'channels':>8} {'chunk':>6} "
-             f"{'busbw(GB/s)':>11} {'default':>8} {'gain':>6} {'vs best':>7}"]
+    lines = [
+        f"{'size':>8} {'algorithm':>9} {'channels':>8} {'chunk':>6} "
+        f"{'busbw(GB/s)':>11} {'default':>8} {'gain':>6} {'vs best':>7}"
+    ]
     for r in res["rows"]:
-        lines.append(f"{fmt_size(r['size']):>8} {r['algorithm']:>9} {r['channels']:>8} "
-                     f"{fmt_size(r['chunk']):>6} {r['busbw_Bps'] / 1e9:>11.2f} "
-                     f"{r['default_Bps'] / 1e9:>8.2f} {r['gain']:>5.2f}x "
-                     f"{r['busbw_Bps'] / r['best_fixed_Bps']:>6.0%}")
+        lines.append(
+            f"{fmt_size(r['size']):>8} {r['algorithm']:>9} {r['channels']:>8} "
+            f"{fmt_size(r['chunk']):>6} {r['busbw_Bps'] / 1e9:>11.2f} "
+            f"{r['default_Bps'] / 1e9:>8.2f} {r['gain']:>5.2f}x "
+            f"{r['busbw_Bps'] / r['best_fixed_Bps']:>6.0%}"
+        )
     return "\n".join(lines)

@@ -4,9 +4,14 @@ and the project's own commands:
     flows [HOST]                 flows of the hosts' NICs: rate, who set it, CC state
     int HOST                     the INT stack of the last INT packet that reached HOST
     queue SWITCH[:PORT] [RATE]   show a switch's queues, or set a port's drain rate (e.g. 5M)
-    policy [none|dcqcn|tita]     show or set every host's rate law (through the controller)
-    scenario incast|allreduce|websearch   run one scenario with the current law, summarised
-    status                       the controller's view: switches, agents, slow loop
+    policy [LAW]                 show or set every host's rate law (through the controller)
+    scenario NAME                one scenario with the current law, summarised (incast,
+                                 allreduce, alltoall, twojob, websearch)
+    status                       the controller's view: switches, agents, slow loop, and
+                                 where the fabric page and Prometheus are
+    fault link SW:PORT down|up|loss 1%|rate 25%|delay 2ms    inject or remove a link fault
+    fault switch SW kill|slow [5ms]|up                      a switch fault
+    suspects                     the controller's ranked suspects, with their evidence
 
 Mininet's own commands work as usual (`h1 ping h5`, `nodes`, `net`, `links`, ...), except
 `iperf`/`iperfudp`: they run `killall -9 iperf`, which would reach every iperf on the machine.
@@ -20,6 +25,7 @@ from typing import Any
 import grpc
 from mininet.cli import CLI
 
+from testbed import faults
 from testbed.emu.network import Testbed, TestbedError
 from testbed.model import fmt_rate
 from testbed.scenarios import SCENARIOS, Suite, SuiteConfig, measure_base_rtt, one_line
@@ -56,7 +62,7 @@ class TestbedCLI(CLI):  # type: ignore[misc]
         from controller.proto import agent_pb2
 
         hosts = line.split() or list(self.tb.agents)
-        law_names = {0: "?", 1: "none", 2: "tita", 3: "dcqcn"}
+        law_names = {0: "?", 1: "none", 2: "tita", 3: "dcqcn", 4: "hpcc", 5: "timely", 6: "swift"}
         print(f"{'host':<5} {'flow':<40} {'rate':>12} {'by':<6} {'law':<6} {'U':>5} "
               f"{'tx MB':>8} {'idle s':>7}")
         for h in hosts:
@@ -96,6 +102,17 @@ class TestbedCLI(CLI):  # type: ignore[misc]
             util = "-" if h.tx_util_ppm is None else f"{h.tx_util_ppm / 1e4:.1f} %"
             print(f"  {h.link:<10} queue {h.qocc_bytes:>7} B  hop latency {lat:>9}  "
                   f"tx utilisation {util}")
+
+    def do_fault(self, line: str) -> None:
+        """fault link SW:PORT down|up|loss P%|rate P%|delay Tms; fault switch SW kill|slow
+        [Tms]|up: inject a fault (or remove it with up)."""
+        try:
+            f = faults.parse_command(self.tb.spec, line)
+            self.tb.apply_fault(f)
+        except (faults.FaultError, TestbedError) as exc:
+            print(exc)
+            return
+        print(f"fault: {f.describe()}")
 
     def do_queue(self, line: str) -> None:
         """queue SWITCH[:PORT] [RATE]: show SWITCH's queues, or set PORT's drain rate."""
@@ -139,7 +156,7 @@ class TestbedCLI(CLI):  # type: ignore[misc]
                   f"{q.occupancy_bytes:>8} {q.max_occupancy_bytes:>8} {q.dropped:>8}")
 
     def do_policy(self, line: str) -> None:
-        """policy [none|dcqcn|tita]: show or set every host's rate law (via the controller)."""
+        """policy [LAW]: show or set every host's rate law (via the controller)."""
         from controller.proto import controller_pb2 as pb
 
         law = line.strip()
@@ -156,7 +173,8 @@ class TestbedCLI(CLI):  # type: ignore[misc]
               f"per host: {dict((h, v.rate_law) for h, v in p.hosts.items()) or 'none'}")
 
     def do_scenario(self, line: str) -> None:
-        """scenario incast|allreduce|websearch: one run with the current law, summarised."""
+        """scenario NAME (incast|allreduce|alltoall|twojob|websearch): one run with the
+        current law, summarised."""
         name = line.strip()
         if name not in SCENARIOS:
             print(f"usage: scenario {'|'.join(SCENARIOS)}")
@@ -182,6 +200,11 @@ class TestbedCLI(CLI):  # type: ignore[misc]
         for s in stub.ListSwitches(pb.ListSwitchesRequest(), timeout=3).switches:
             print(f"  {s.name:<8} {s.grpc_addr:<22} connected={s.connected} "
                   f"programmed={s.programmed} queues_set={s.queues_set} {s.last_error}")
+        if self.tb.web_url:
+            print(f"fabric page: {self.tb.web_url}")
+        if self.tb.prometheus is not None:
+            print(f"prometheus:  {self.tb.prometheus.url}/ (targets: "
+                  f"{self.tb.prometheus.url}/targets)")
 
     def do_EOF(self, line: str) -> bool:  # noqa: N802 - cmd's name
         print()

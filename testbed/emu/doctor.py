@@ -214,7 +214,12 @@ def run_checks() -> list[Check]:
     checks += check_bcc() + check_python() + check_p4()
     checks += [_tool("mnexec", "mininet", why="Mininet's node launcher"),
                _tool("ip", "iproute2"), _tool("tc", "iproute2"), _tool("ethtool", "ethtool"),
-               _tool("nsenter", "util-linux"), _tool("ping", "iputils-ping")]
+               _tool("nsenter", "util-linux"), _tool("ping", "iputils-ping"),
+               _tool("prometheus", "prometheus", required=False,
+                     why="the run's metrics server; without it the testbed starts none"),
+               _tool("chromium", "chromium", required=False, why="the fabric page's browser test"),
+               _tool("chromedriver", "chromium-driver", required=False,
+                     why="the fabric page's browser test")]
     if checks[0].ok:
         checks += check_network()
     checks += check_machine()

@@ -44,9 +44,12 @@ import yaml
 from mininet.link import Link
 from mininet.net import Mininet
 
+from testbed import faults
 from testbed.ctlconfig import ControllerSetup, Ecn, SwitchAccess, controller_config
 from testbed.emu.nodes import REPO, FabricHost, P4Switch, SwitchRuntime, choose_switch
 from testbed.emu.procs import Component, ComponentError, wait_all
+from testbed.emu.prometheus import Prometheus, Target
+from testbed.emu.prometheus import binary as prometheus_binary
 from testbed.model import Scaling
 from testbed.topo import COLLECTOR_NODE, FabricSpec, FabricTopo
 from testbed.traffic.netns import Host
@@ -56,7 +59,7 @@ BMV2_JSON = REPO / "p4src" / "build" / "xingmai.json"
 AGENT_RUN_ROOT = Path("/run/xingmai/agents")
 AGENT_BPFFS_ROOT = Path("/run/xingmai/bpffs")
 LOCK_FILE = Path("/run/xingmai/testbed.lock")
-RATE_LAWS = ("none", "dcqcn", "tita")
+RATE_LAWS = ("none", "dcqcn", "tita", "hpcc", "timely", "swift")
 
 
 class TestbedError(RuntimeError):
@@ -81,6 +84,8 @@ class TestbedOptions:
     # Their priority keeps such stalls short on a busy machine.
     switch_nice: int = -10
     boot_timeout_s: float = 180.0
+    # a Prometheus server scraping every daemon, and the controller's fabric page (loopback)
+    monitoring: bool = True
     progress: Callable[[str], None] | None = None
 
 
@@ -121,6 +126,7 @@ class AgentHandle:
     host: str
     name: str
     component: Component
+    metrics_addr: str  # Prometheus, on loopback of the root namespace
 
     @property
     def socket(self) -> Path:
@@ -155,6 +161,9 @@ class Testbed:
         self.agents: dict[str, AgentHandle] = {}
         self.controller: Component | None = None
         self.controller_addr = ""
+        self.controller_metrics_addr = ""
+        self.web_url = ""  # the controller's fabric page
+        self.prometheus: Prometheus | None = None
         self.config_path = self.run_dir / "controller.yaml"
         self._channels: list[grpc.Channel] = []
         self._t0 = time.monotonic()
@@ -256,6 +265,8 @@ class Testbed:
         self.say("agents healthy")
         self._wait_agents_reached(60)
         self.say("controller reaches every agent: the fabric is up")
+        if o.monitoring:
+            self._start_prometheus()
 
     def _switch_of(self, c: Component) -> P4Switch:
         return next(s for s in self.switches() if s.component is c)
@@ -267,18 +278,19 @@ class Testbed:
         for h in self.spec.hosts:
             node = self._node(h.name)
             name = f"{self.prefix}-{h.name}"
+            metrics = f"127.0.0.1:{_free_tcp_port()}"
             argv = [sys.executable, "-m", "controller.nic.agent.main", "--name", name,
                     "--netns", node.netns_path, "--line-rate", str(int(s.nic_bps)),
                     "--rate-law", self.opts.rate_law, "--mtu", str(s.link_mtu),
                     # TiTa's T: the model's base RTT, dilated like every time of the model
                     "--base-rtt", f"{round(s.base_rtt_s * 1e9)}ns",
                     "--no-sockops", "--sync-interval", self.opts.agent_sync,
-                    "--idle-timeout", "10"]
+                    "--idle-timeout", "10", "--metrics-addr", metrics]
             for i in range(len(h.nics)):
                 argv += ["--interface", h.ifname(i)]
             comp = Component(f"agent {h.name}", argv, self.run_dir / "logs" / f"agent-{h.name}.log",
                              cwd=REPO)
-            self.agents[h.name] = AgentHandle(h.name, name, comp)
+            self.agents[h.name] = AgentHandle(h.name, name, comp, metrics)
 
     def _agent_healthy(self, c: Component) -> bool:
         from controller.proto import agent_pb2
@@ -304,6 +316,11 @@ class Testbed:
     def _start_controller(self) -> None:
         port = _free_tcp_port()
         self.controller_addr = f"127.0.0.1:{port}"
+        web_addr = None
+        if self.opts.monitoring:
+            self.controller_metrics_addr = f"127.0.0.1:{_free_tcp_port()}"
+            web_addr = f"127.0.0.1:{_free_tcp_port()}"
+            self.web_url = f"http://{web_addr}/"
         access = {s.name: SwitchAccess(s.grpc_addr, s.kind, s.thrift_port)
                   for s in self.switches()}
         agents = {h: a.target for h, a in self.agents.items()}
@@ -311,7 +328,9 @@ class Testbed:
                                 collector_netns=self.collector_netns,
                                 log_file="", rate_law=self.opts.rate_law,
                                 law_params=self.opts.law_params, ecn=self.opts.ecn,
-                                caps=self.opts.controller_caps)
+                                caps=self.opts.controller_caps,
+                                metrics_addr=self.controller_metrics_addr or None,
+                                web_addr=web_addr)
         doc = controller_config(self.spec, self.scaling, access, agents, setup,
                                 str(P4INFO), str(BMV2_JSON))
         doc["controller"].pop("log_file")  # the log is the process's output
@@ -320,6 +339,38 @@ class Testbed:
             "controller", [sys.executable, "-m", "controller.daemon", "--config",
                            str(self.config_path)], self.run_dir / "logs" / "controller.log",
             cwd=REPO)
+
+    # ---- monitoring -----------------------------------------------------------------------
+
+    def scrape_targets(self) -> list[Target]:
+        """Every daemon's metrics endpoint: the controller, each switch that has one (the
+        built-in switch; bmv2 has none), each agent."""
+        out = [Target("controller", self.controller_metrics_addr, {"node": "controller"})]
+        out += [Target("switch", s.metrics_addr, {"node": s.name})
+                for s in self.switches() if s.metrics_addr]
+        out += [Target("agent", a.metrics_addr, {"node": h}) for h, a in self.agents.items()]
+        return out
+
+    def _start_prometheus(self) -> None:
+        if prometheus_binary() is None:
+            self.say("prometheus is not installed (make install): no metrics server; fabric "
+                     f"page {self.web_url}")
+            return
+        prom = Prometheus(self.run_dir, self.scrape_targets(),
+                          f"127.0.0.1:{_free_tcp_port()}")
+        self.prometheus = prom
+        prom.start()
+        prom.wait_ready(60)
+        assert prom.component is not None
+        try:
+            prom.component.wait_until(prom.all_up, 30, "scraping every daemon", poll=0.5)
+        except ComponentError:
+            down = [f"{t['job']} {t['node']} ({t['error']})" for t in prom.targets()
+                    if t["health"] != "up"]
+            raise ComponentError("prometheus", f"targets not up: {', '.join(down)}",
+                                 prom.component.log) from None
+        self.say(f"prometheus {prom.url}/ scraping {len(prom.targets_wanted)} daemons; "
+                 f"fabric page {self.web_url}")
 
     def controller_stub(self) -> Any:
         from controller.proto import controller_pb2_grpc
@@ -426,6 +477,62 @@ class Testbed:
                 raise TestbedError(f"{switch}: SetQueue: {exc.code().name} "
                                    f"{exc.details()}") from None
 
+    # ---- faults (testbed/faults.py) -------------------------------------------------------
+
+    def apply_fault(self, f: faults.Fault) -> None:
+        """Inject or remove one fault: port settings through SwitchAdmin's SetFault, a
+        switch's process killed (SIGKILL, by the PID this testbed started) or restarted."""
+        faults.check(self.spec, f)
+        if f.kind == "kill":
+            node = self.switch_node(f.target)
+            if node.component is not None and node.component.alive():
+                node.component.proc.kill()
+                node.component.proc.wait()
+            return
+        if f.kind == "up" and faults.target_class(self.spec, f.target) == "switch":
+            node = self.switch_node(f.target)
+            if node.component is not None and not node.component.alive():
+                node.start([])  # a killed switch comes back: the controller reprograms it
+                node.component.wait_until(node.listening, 30, "listening")  # type: ignore[union-attr]
+                return
+        if faults.target_class(self.spec, f.target) == "nic":
+            raise TestbedError(f"{f.describe()}: NIC faults are not implemented in the "
+                               "emulation yet")
+        for ps in faults.port_settings(self.spec, f):
+            self._set_fault(ps)
+
+    def heal(self) -> None:
+        """Every switch port back to healthy, killed switches restarted."""
+        restarted = set()
+        for sw in self.spec.switches:
+            node = self.switch_node(sw.name)
+            if node.component is not None and not node.component.alive():
+                self.apply_fault(faults.Fault(sw.name, "up"))
+                restarted.add(sw.name)  # a new process: no fault (and no primary yet)
+        for ps in faults.heal_all(self.spec):
+            if ps.switch not in restarted:
+                self._set_fault(ps)
+
+    def _set_fault(self, ps: faults.PortSetting) -> None:
+        from controller.config import ControllerSection
+        from controller.proto import switch_pb2, switch_pb2_grpc
+
+        sw = self.switch_node(ps.switch)
+        if sw.kind != "builtin":
+            raise TestbedError(f"{ps.switch}: faults need the built-in switch's traffic "
+                               f"manager (this is {sw.kind})")
+        eid = ControllerSection.election_id  # as set_queue_rate: the primary's election id
+        with grpc.insecure_channel(sw.grpc_addr) as ch:
+            try:
+                switch_pb2_grpc.SwitchAdminStub(ch).SetFault(
+                    switch_pb2.SetFaultRequest(
+                        **faults.request_fields(ps), device_id=sw.device_id,
+                        election_id=switch_pb2.ElectionId(high=eid >> 64, low=eid & (2**64 - 1))),
+                    timeout=5)
+            except grpc.RpcError as exc:
+                raise TestbedError(f"{ps.switch}: SetFault: {exc.code().name} "
+                                   f"{exc.details()}") from None
+
     # ---- what the traffic and the probes need -------------------------------------------
 
     def hosts(self, nic: int = 0) -> list[Host]:
@@ -454,6 +561,8 @@ class Testbed:
         for ch in self._channels:
             ch.close()
         errors: list[str] = []
+        if self.prometheus is not None:
+            self.prometheus.stop()  # first: the daemons it scrapes are going away
         for a in self.agents.values():
             rc = a.component.stop(timeout=15)
             if rc not in (0, None):
@@ -520,6 +629,8 @@ class Testbed:
         out = list(self._teardown_left)
         comps = [a.component for a in self.agents.values()]
         comps += [c for c in [self.controller] if c is not None]
+        if self.prometheus is not None and self.prometheus.component is not None:
+            comps.append(self.prometheus.component)
         comps += [s.component for s in (self.switches() if self.net else []) if s.component]
         out += [f"process {c.name} (pid {c.pid})" for c in comps if c.alive()]
         if self.net is not None:

@@ -25,6 +25,7 @@ from testbed.emu.procs import Component
 REPO = Path(__file__).resolve().parents[2]
 GRPC_PORT = 9559  # P4Runtime (+ SwitchAdmin on the built-in switch), in the switch's netns
 THRIFT_PORT = 9090  # bmv2
+METRICS_PORT = 9560  # Prometheus metrics of the built-in switch, on its management address
 CPU_PORT = 255
 
 
@@ -111,6 +112,11 @@ class P4Switch(Switch):
     def thrift_port(self) -> int | None:
         return None
 
+    @property
+    def metrics_addr(self) -> str | None:
+        """Where the switch serves Prometheus metrics (None: the target has none)."""
+        return None
+
     def port_map(self) -> dict[int, str]:
         """port number -> interface name (Mininet's numbering is the P4 port number)."""
         return {p: str(i) for p, i in self.intfs.items() if str(i) != "lo"}
@@ -155,6 +161,11 @@ class BuiltinSwitch(P4Switch):
 
     kind = "builtin"
 
+    @property
+    def metrics_addr(self) -> str | None:
+        assert self.runtime is not None
+        return f"{self.runtime.mgmt_ip}:{METRICS_PORT}"
+
     def argv(self) -> list[str]:
         rt = self.runtime
         assert rt is not None
@@ -162,7 +173,8 @@ class BuiltinSwitch(P4Switch):
         for port, ifn in sorted(self.port_map().items()):
             argv += ["-i", f"{port}@{ifn}"]
         argv += ["--device-id", str(self.device_id), "--no-p4", "--name", self.name,
-                 "--queue-depth-unit", "bytes", "-L", rt.log_level]
+                 "--queue-depth-unit", "bytes", "-L", rt.log_level,
+                 "--metrics-addr", str(self.metrics_addr)]
         if rt.pcap:
             argv += ["--pcap", str(rt.run_dir / "pcap" / self.name)]
         return argv + ["--", "--grpc-server-addr", self.grpc_addr, "--cpu-port", str(CPU_PORT)]

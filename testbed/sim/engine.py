@@ -26,8 +26,7 @@ class EventLoop:
         self._seq += 1
         heapq.heappush(self._heap, (max(t_ns, self.now_ns), self._seq, fn, args))
 
-    def run(self, until_ns: int | None = None,
-            stop: Callable[[], bool] | None = None) -> bool:
+    def run(self, until_ns: int | None = None, stop: Callable[[], bool] | None = None) -> bool:
         """Run events in order until none are left, the next is after `until_ns`, or `stop()`
         holds after an event (True then)."""
         heap = self._heap

@@ -70,8 +70,14 @@ class PortStats:
 class Wire:
     """One direction of a link."""
 
-    def __init__(self, loop: EventLoop, rate_bps: float, delay_ns: int, mtu: int,
-                 deliver: Callable[[bytes], None]):
+    def __init__(
+        self,
+        loop: EventLoop,
+        rate_bps: float,
+        delay_ns: int,
+        mtu: int,
+        deliver: Callable[[bytes], None],
+    ):
         self.loop = loop
         self.ns_per_byte = 8e9 / rate_bps
         self.delay_ns = delay_ns
@@ -80,14 +86,15 @@ class Wire:
         self.too_big = 0
         self.frames = 0
 
-    def send(self, frame: bytes, t_ns: int) -> None:
-        """`frame` starts leaving at `t_ns`; it arrives whole after serialization + delay."""
+    def send(self, frame: bytes, t_ns: int) -> bool:
+        """`frame` starts leaving at `t_ns`; it arrives whole after serialization + delay.
+        False (counted) for a frame larger than the link's MTU: it is not sent."""
         if len(frame) > self.max_frame:
             self.too_big += 1
-            return
+            return False
         self.frames += 1
-        self.loop.at(t_ns + int(len(frame) * self.ns_per_byte) + self.delay_ns,
-                     self.deliver, frame)
+        self.loop.at(t_ns + int(len(frame) * self.ns_per_byte) + self.delay_ns, self.deliver, frame)
+        return True
 
 
 class SimSwitch:
@@ -97,8 +104,7 @@ class SimSwitch:
         self.loop = loop
         self.name = name
         self.clock = Clock(virtual=True)
-        self.sw = V1Switch(self.clock, device_id=device_id, cpu_port=CPU_PORT,
-                           qdepth_unit="bytes")
+        self.sw = V1Switch(self.clock, device_id=device_id, cpu_port=CPU_PORT, qdepth_unit="bytes")
         self.sw.transmit = self._transmit
         self.p4rt = P4RuntimeService(self.sw, device_id)
         # in process the twin is the switch's only controller: no arbitration to check
@@ -140,10 +146,10 @@ class SimSwitch:
         if wire is None:
             self.tx_unknown_port += 1  # the collector's and the CPU port: nothing listens
             return
-        st = self.ports[port]
-        st.tx_packets += 1
-        st.tx_bytes += len(data)
-        wire.send(data, self.loop.now_ns)
+        if wire.send(data, self.loop.now_ns):  # over the MTU: received, not sent (a drop)
+            st = self.ports[port]
+            st.tx_packets += 1
+            st.tx_bytes += len(data)
 
     @property
     def dropped(self) -> int:
@@ -162,30 +168,42 @@ def seed_random_extern(sw: V1Switch, seed: int) -> None:
 
 def controller_cfg(spec: FabricSpec, scaling: Scaling, ecn: Ecn) -> ctlconfig.Config:
     """The controller's config for this fabric, as the emulation writes it."""
-    switches = {s.name: SwitchAccess(f"127.0.0.1:{50000 + i}", "builtin")
-                for i, s in enumerate(spec.switches)}
-    setup = ControllerSetup(grpc_addr="127.0.0.1:1", collector_netns=None, log_file="",
-                            ecn=ecn)
+    switches = {
+        s.name: SwitchAccess(f"127.0.0.1:{50000 + i}", "builtin")
+        for i, s in enumerate(spec.switches)
+    }
+    setup = ControllerSetup(grpc_addr="127.0.0.1:1", collector_netns=None, log_file="", ecn=ecn)
     doc = controller_config(spec, scaling, switches, {}, setup, str(P4INFO), str(BMV2_JSON))
     del doc["controller"]["log_file"]  # no controller process: nothing logs
     return ctlconfig.parse(doc)
 
 
 class SimFabric:
-    def __init__(self, spec: FabricSpec, scaling: Scaling, ecn: Ecn | None = None,
-                 link_delay_ns: int | None = None, seed: int = 1):
+    def __init__(
+        self,
+        spec: FabricSpec,
+        scaling: Scaling,
+        ecn: Ecn | None = None,
+        link_delay_ns: int | None = None,
+        seed: int = 1,
+    ):
         self.spec = spec
         self.seed = seed
         self.scaling = scaling
         self.loop = EventLoop()
         self.cfg = controller_cfg(spec, scaling, ecn or Ecn())
         self.topo = Topology(self.cfg)
-        self.delay_ns = (link_delay_ns if link_delay_ns is not None
-                         else round(LINK_DELAY_MODEL_NS * scaling.scale))
-        self.switches = {s.name: SimSwitch(self.loop, s.name, s.device_id)
-                         for s in spec.switches}
-        self.link_names = {(s.node_id, p): f"{s.name}:{p}"
-                           for s in spec.switches for p in spec.switch_ports(s.name)}
+        self.delay_ns = (
+            link_delay_ns
+            if link_delay_ns is not None
+            else round(LINK_DELAY_MODEL_NS * scaling.scale)
+        )
+        self.switches = {s.name: SimSwitch(self.loop, s.name, s.device_id) for s in spec.switches}
+        self.link_names = {
+            (s.node_id, p): f"{s.name}:{p}"
+            for s in spec.switches
+            for p in spec.switch_ports(s.name)
+        }
         self.hosts: dict[str, SimHost] = {}
         self.law = Law.NONE
         self._program()
@@ -206,22 +224,33 @@ class SimFabric:
             unit = 1 if st.queue_depth_unit == "bytes" else self.cfg.model.mean_packet_bytes
             desired = program.build(self.cfg, self.topo, swc, schema, SwitchState([]), unit)
             plan = diff(desired.encode(schema), [])
-            updates = [p4r.Update(type=t, entity=e)  # type: ignore[arg-type]
-                       for t, e in ordered_updates(plan)]
+            updates = [
+                p4r.Update(type=t, entity=e)  # type: ignore[arg-type]
+                for t, e in ordered_updates(plan)
+            ]
             errors = [e for e in sim.p4rt.write_updates(updates) if e is not None]
             if errors:
-                raise RuntimeError(f"{swc.name}: {len(errors)} of {len(updates)} writes "
-                                   f"failed, first: {errors[0].code} {errors[0].message}")
+                raise RuntimeError(
+                    f"{swc.name}: {len(errors)} of {len(updates)} writes "
+                    f"failed, first: {errors[0].code} {errors[0].message}"
+                )
             for q in queue_settings(self.cfg, self.topo, swc):
-                sim.admin.SetQueue(switch_pb2.SetQueueRequest(
-                    port=q.port, rate_bps=q.rate_bps, depth_bytes=q.depth_bytes,
-                    depth_packets=q.depth_packets), None)
+                sim.admin.SetQueue(
+                    switch_pb2.SetQueueRequest(
+                        port=q.port,
+                        rate_bps=q.rate_bps,
+                        depth_bytes=q.depth_bytes,
+                        depth_packets=q.depth_packets,
+                    ),
+                    None,
+                )
 
     def _build(self) -> None:
         s = self.scaling
         icfg = self.cfg.int
-        int_source = IntSource(True, icfg.dscp, icfg.instruction_bitmap, icfg.hop_budget,
-                               s.link_mtu + 14)
+        int_source = IntSource(
+            True, icfg.dscp, icfg.instruction_bitmap, icfg.hop_budget, s.link_mtu + 14
+        )
         by_node = {sw.node_id: sw.name for sw in self.cfg.switches}
 
         def hop_speed(node: int, port: int) -> int:
@@ -236,18 +265,30 @@ class SimFabric:
             att = self.spec.attachment(h.name, 0)
             gw = self.spec.switch(att.node).router_mac
             wire = Wire(self.loop, s.link_bps, self.delay_ns, s.link_mtu, self._to(att))
-            self.hosts[h.name] = SimHost(self.loop, h.name, nic.ip, nic.mac, gw, s.nic_bps,
-                                         hop_speed, wire.send, int_source, self.link_names)
+            self.hosts[h.name] = SimHost(
+                self.loop,
+                h.name,
+                nic.ip,
+                nic.mac,
+                gw,
+                s.nic_bps,
+                hop_speed,
+                wire.send,
+                int_source,
+                self.link_names,
+            )
             for i, extra in enumerate(h.nics[1:], start=1):  # the rails of a multi-NIC host
                 att = self.spec.attachment(h.name, i)
                 wire = Wire(self.loop, s.link_bps, self.delay_ns, s.link_mtu, self._to(att))
-                self.hosts[h.name].add_nic(extra.ip, extra.mac,
-                                           self.spec.switch(att.node).router_mac, wire.send)
+                self.hosts[h.name].add_nic(
+                    extra.ip, extra.mac, self.spec.switch(att.node).router_mac, wire.send
+                )
         for lk in self.spec.links:
             for a, b in ((lk.a, lk.b), (lk.b, lk.a)):
                 if self.spec.is_switch(a.node):
                     self.switches[a.node].wires[a.index] = Wire(
-                        self.loop, s.link_bps, self.delay_ns, s.link_mtu, self._to(b))
+                        self.loop, s.link_bps, self.delay_ns, s.link_mtu, self._to(b)
+                    )
 
     def _to(self, end: End) -> Callable[[bytes], None]:
         """Where frames sent towards `end` go: a switch port, or a host (any of its NICs:
@@ -288,8 +329,9 @@ class SimFabric:
         out = {}
         for sw in self.switches.values():
             for p, st in sw.ports.items():
-                out[f"{sw.name}:{p}"] = PortCounters(st.rx_packets, st.tx_packets,
-                                                     st.rx_bytes, st.tx_bytes)
+                out[f"{sw.name}:{p}"] = PortCounters(
+                    st.rx_packets, st.tx_packets, st.rx_bytes, st.tx_bytes
+                )
         return out
 
     # ---- running jobs ----
@@ -303,13 +345,18 @@ class SimFabric:
         timeout_ns = round(float(spec.setdefault("timeout", 60.0)) * 1e9)
         sims = [self.hosts[h.name] for h in hosts]
         t0 = self.loop.now_ns + 1000
+        left = [len(sims)]
+
+        def one_done() -> None:
+            left[0] -= 1
+
         for i, h in enumerate(sims):
+            h.on_done = one_done
             tcfg = TransportConfig(local_ip=h.ip, **spec.get("transport", {}))
             core = TransportCore(tcfg, seed=int(spec.get("seed", 1)) * 7919 + i)
             job = JOBS[spec["kind"]](core, spec, i)
             h.start_job(core, job, t0)
-        finished = self.loop.run(until_ns=t0 + timeout_ns,
-                                 stop=lambda: all(h.done for h in sims))
+        finished = self.loop.run(until_ns=t0 + timeout_ns, stop=lambda: left[0] == 0)
         if not finished:
             for h in sims:
                 if not h.done and h.job is not None:
@@ -332,9 +379,16 @@ class SimFabric:
         longest path of the standard topologies) and its ACK, on the idle fabric."""
         hosts = self.traffic_hosts()
         flow = Flow(id=0, src=0, dst=len(hosts) - 1, size=size, start=0.0)
-        out = self.run_job(hosts, {"kind": "flows", "flows": [flow.as_dict()], "seed": 1,
-                                   "transport": {"mtu": self.scaling.transport_mtu},
-                                   "timeout": 10.0 + 1e-3 * self.scaling.scale})
+        out = self.run_job(
+            hosts,
+            {
+                "kind": "flows",
+                "flows": [flow.as_dict()],
+                "seed": 1,
+                "transport": {"mtu": self.scaling.transport_mtu},
+                "timeout": 10.0 + 1e-3 * self.scaling.scale,
+            },
+        )
         fct = out.results[0]["sent"][0]["fct"]
         if fct is None:
             raise RuntimeError("the twin's fabric does not carry a message first -> last host")

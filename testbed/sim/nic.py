@@ -19,10 +19,18 @@ from __future__ import annotations
 import socket
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from controller.nic.ratelaw import CcParams, HopSpeed, Law, ReferenceNic
+from controller.nic.ratelaw import (
+    RTT_LAWS,
+    CcParams,
+    HopSpeed,
+    Law,
+    ReferenceNic,
+    RttProbe,
+    tc_rtt_probe,
+)
 from controller.wire.int_md import hop_ml_words
 from controller.wire.roce import ROCE_UDP_PORT
 from testbed.probes import Capture, RateEvent, record_int_frame
@@ -99,7 +107,7 @@ class NicPort:
 
     addr: bytes
     eth: bytes
-    send: Callable[[bytes, int], None]
+    send: Callable[[bytes, int], bool]  # (frame, departure ns) -> sent? (over the MTU: not)
     busy_until: int = 0
     kick_at: int | None = None
 
@@ -112,37 +120,51 @@ class FlowTx:
     snd_nxt_psn: int | None = None
     next_ns: int = 0
     rate_bps: int = 0  # 0: the NIC's line rate (no rate set)
+    probe: RttProbe = field(default_factory=RttProbe)  # tc's RTT probe (TIMELY, Swift)
 
 
 def flow_key(saddr: bytes, daddr: bytes, sport: int) -> tuple[int, int, int, int, int]:
-    return (int.from_bytes(saddr, "big"), int.from_bytes(daddr, "big"), sport,
-            ROCE_UDP_PORT, 17)
+    return (int.from_bytes(saddr, "big"), int.from_bytes(daddr, "big"), sport, ROCE_UDP_PORT, 17)
 
 
 class SimHost:
     """One host: NIC 0 carries its transport (as the workloads use NIC 0 everywhere)."""
 
-    def __init__(self, loop: EventLoop, name: str, ip: str, mac: str, gateway_mac: str,
-                 line_rate_bps: float, hop_speed: HopSpeed,
-                 send: Callable[[bytes, int], None], int_source: IntSource,
-                 links: dict[tuple[int, int], str]):
+    def __init__(
+        self,
+        loop: EventLoop,
+        name: str,
+        ip: str,
+        mac: str,
+        gateway_mac: str,
+        line_rate_bps: float,
+        hop_speed: HopSpeed,
+        send: Callable[[bytes, int], bool],
+        int_source: IntSource,
+        links: dict[tuple[int, int], str],
+    ):
         self.loop = loop
         self.name = name
         self.ip = ip
         self.addr = socket.inet_aton(ip)
-        self.eth = bytes.fromhex(gateway_mac.replace(":", "")) + \
-            bytes.fromhex(mac.replace(":", "")) + ETH_IPV4
+        self.eth = (
+            bytes.fromhex(gateway_mac.replace(":", ""))
+            + bytes.fromhex(mac.replace(":", ""))
+            + ETH_IPV4
+        )
         self.line_rate_bps = int(line_rate_bps)
         self.ns_per_byte = 8e9 / line_rate_bps
         self.int_source = int_source
         self.links = links
-        self.nic = ReferenceNic(self.line_rate_bps,
-                                CcParams.defaults(Law.NONE, self.line_rate_bps), hop_speed)
+        self.nic = ReferenceNic(
+            self.line_rate_bps, CcParams.defaults(Law.NONE, self.line_rate_bps), hop_speed
+        )
         self.flows: dict[tuple[int, int, int, int, int], FlowTx] = {}
         self.core: TransportCore | None = None
         self.job: Job | None = None
         self.done = True
         self.result: dict[str, Any] | None = None
+        self.on_done: Callable[[], None] = lambda: None  # the job's part is done
         # the host's NICs: the first, and more on a multi-rail host (add_nic); each sends
         # the queue pairs whose source address is its own, on its own link
         # send: (frame, departure ns) -> the NIC's link towards its switch
@@ -151,6 +173,7 @@ class SimHost:
         self.capture: Capture | None = None
         self.rate_events: list[RateEvent] | None = None
         self.rx_dropped = 0  # frames that are not for this host's transport
+        self.tx_too_big = 0
 
     # ---- control ----
 
@@ -161,10 +184,16 @@ class SimHost:
         for f in self.flows.values():
             f.rate_bps = 0
 
-    def add_nic(self, ip: str, mac: str, gateway_mac: str,
-                send: Callable[[bytes, int], None]) -> NicPort:
-        port = NicPort(socket.inet_aton(ip), bytes.fromhex(gateway_mac.replace(":", "")) +
-                       bytes.fromhex(mac.replace(":", "")) + ETH_IPV4, send)
+    def add_nic(
+        self, ip: str, mac: str, gateway_mac: str, send: Callable[[bytes, int], bool]
+    ) -> NicPort:
+        port = NicPort(
+            socket.inet_aton(ip),
+            bytes.fromhex(gateway_mac.replace(":", ""))
+            + bytes.fromhex(mac.replace(":", ""))
+            + ETH_IPV4,
+            send,
+        )
         self.ports.append(port)
         return port
 
@@ -189,6 +218,7 @@ class SimHost:
         if not self.done and job.poll(now):
             self.done = True
             self.result = job.result(now)
+            self.on_done()
         for port in self.ports:
             self._request_kick(port, self.loop.now_ns)
         wake = core.next_deadline()
@@ -230,8 +260,11 @@ class SimHost:
         single = len(self.ports) == 1
         fb = core.feedback
         if fb:  # ACK/NAK/CNP: the default class, not paced per flow
-            i = 0 if single else next((i for i, o in enumerate(fb)
-                                       if o.qp.local_addr == port.addr), -1)
+            i = (
+                0
+                if single
+                else next((i for i, o in enumerate(fb) if o.qp.local_addr == port.addr), -1)
+            )
             if i >= 0:
                 out = fb.popleft() if i == 0 else fb[i]
                 if i:
@@ -274,25 +307,32 @@ class SimHost:
         key = flow_key(pkt[12:16], pkt[16:20], sport)
         data = opcode <= OP_DATA_MAX
         psn = int.from_bytes(pkt[37:40], "big")  # BTH after IPv4 (20) and UDP (8)
+        f = self._flow(key)
+        # tc's RTT probe: the departure is now (the pacer sends at the EDT time)
+        if data and self.nic.params.law in RTT_LAWS:
+            tc_rtt_probe(f.probe, self.nic.flows.get(key), psn, now_ns)
         if data and self.int_source.enabled:
             pkt = insert_int(pkt, self.int_source) or pkt
         frame = port.eth + pkt
-        f = self._flow(key)
         f.tx_bytes += len(frame)
         if data:
             f.snd_nxt_psn = (psn + 1) & 0xFFFFFF
             rate = f.rate_bps or self.line_rate_bps
             f.next_ns = max(f.next_ns, now_ns) + int(paced_len * 8e9 / rate)
         port.busy_until = now_ns + int(paced_len * self.ns_per_byte)
-        port.send(frame, now_ns)
+        if not port.send(frame, now_ns):
+            self.tx_too_big += 1  # over the link's MTU: lost, as the kernel would refuse it
 
     # ---- receiving ----
 
     def receive(self, frame: bytes) -> None:
         """A frame from the switch: XDP's rate law, the INT sampler, then the transport."""
         now_ns = self.loop.now_ns
-        if len(frame) < 14 + 28 or frame[12:14] != ETH_IPV4 or (
-                frame[30:34] != self.addr and all(frame[30:34] != p.addr for p in self.ports)):
+        if (
+            len(frame) < 14 + 28
+            or frame[12:14] != ETH_IPV4
+            or (frame[30:34] != self.addr and all(frame[30:34] != p.addr for p in self.ports))
+        ):
             self.rx_dropped += 1
             return
         ip = frame[14:]
@@ -304,15 +344,25 @@ class SimHost:
         if opcode in (OP_ACK, OP_CNP) and self.nic.params.law != Law.NONE:
             key = flow_key(ip[16:20], ip[12:16], int.from_bytes(ip[ihl : ihl + 2], "big"))
             f = self._flow(key)
-            rate = self.nic.on_frame(frame, now_ns=now_ns, tx_bytes=f.tx_bytes,
-                                     snd_nxt_psn=f.snd_nxt_psn)
+            rate = self.nic.on_frame(
+                frame,
+                now_ns=now_ns,
+                tx_bytes=f.tx_bytes,
+                snd_nxt_psn=f.snd_nxt_psn,
+                rtt_probe=f.probe,
+            )
             if rate is not None and rate != f.rate_bps:
                 f.rate_bps = rate
                 if self.rate_events is not None:
-                    self.rate_events.append(RateEvent(
-                        self.loop.now, self.name,
-                        (socket.inet_ntoa(ip[16:20]), socket.inet_ntoa(ip[12:16]), key[2]),
-                        rate, "law"))
+                    self.rate_events.append(
+                        RateEvent(
+                            self.loop.now,
+                            self.name,
+                            (socket.inet_ntoa(ip[16:20]), socket.inet_ntoa(ip[12:16]), key[2]),
+                            rate,
+                            "law",
+                        )
+                    )
         elif ip[1] >> 2 == self.int_source.dscp and self.capture is not None:
             record_int_frame(self.capture, frame, self.loop.now, self.links)
         if self.core is not None:

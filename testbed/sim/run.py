@@ -24,7 +24,7 @@ from testbed.model import Scaling
 from testbed.scenarios import RunRecord, SuiteConfig, fmt_time
 from testbed.sim.fabric import SimFabric
 from testbed.sim.suite import SimSuite
-from testbed.topo import FabricSpec, parse_choice
+from testbed.topo import FabricSpec, dump, parse_choice
 from testbed.traffic.generators import Flow
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,8 +34,9 @@ def load_flows(path: Path, spec: FabricSpec) -> list[Flow]:
     """A --flows file (see the module's docstring) as the workloads' flows."""
     index = {h.name: i for i, h in enumerate(spec.hosts)}
     flows: list[Flow] = []
-    lines = [ln for ln in path.read_text().splitlines() if ln.strip() and
-             not ln.lstrip().startswith("#")]
+    lines = [
+        ln for ln in path.read_text().splitlines() if ln.strip() and not ln.lstrip().startswith("#")
+    ]
     rows = list(csv.DictReader(lines))
     if not rows or set(rows[0]) != {"src", "dst", "bytes", "start_s"}:
         raise ValueError(f"{path}: expected a CSV header src,dst,bytes,start_s")
@@ -47,11 +48,11 @@ def load_flows(path: Path, spec: FabricSpec) -> list[Flow]:
         except KeyError as exc:
             raise ValueError(f"{path}:{n}: unknown host {exc}") from None
         except (TypeError, ValueError):
-            raise ValueError(f"{path}:{n}: bytes must be an integer, start_s a number") \
-                from None
+            raise ValueError(f"{path}:{n}: bytes must be an integer, start_s a number") from None
         if src == dst or size < 1 or start < 0:
-            raise ValueError(f"{path}:{n}: a flow needs two different hosts, bytes >= 1 and "
-                             "start_s >= 0")
+            raise ValueError(
+                f"{path}:{n}: a flow needs two different hosts, bytes >= 1 and start_s >= 0"
+            )
         # flows of one pair take turns on a few queue pairs, as the generators do
         k = slots.get((src, dst), 0)
         slots[(src, dst)] = (k + 1) % 4
@@ -66,9 +67,18 @@ def write_csvs(records: list[RunRecord], out: Path) -> list[Path]:
         w.writerow(["scenario", "scheme", "id", "src", "dst", "bytes", "start_s", "fct_s"])
         for r in records:
             for fl in r.flow_fcts:
-                w.writerow([r.scenario, r.scheme, fl["id"], fl["src"], fl["dst"], fl["bytes"],
-                            repr(fl["start_s"]), "" if fl["fct_s"] is None else
-                            repr(fl["fct_s"])])
+                w.writerow(
+                    [
+                        r.scenario,
+                        r.scheme,
+                        fl["id"],
+                        fl["src"],
+                        fl["dst"],
+                        fl["bytes"],
+                        repr(fl["start_s"]),
+                        "" if fl["fct_s"] is None else repr(fl["fct_s"]),
+                    ]
+                )
     with queues_path.open("w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["scenario", "scheme", "port", "t_s", "queue_bytes"])
@@ -98,42 +108,64 @@ def run_sim(args: argparse.Namespace, cfg: SuiteConfig) -> int:
     scaling = Scaling(scale=args.scale, max_hops=spec.longest_path_switches())
     run_dir = args.run_dir or new_run_dir(REPO / "runs")
     run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "topology.yaml").write_text(dump(spec))  # as the emulation does (replay reads it)
 
     def say(line: str) -> None:
         print(f"[{time.monotonic() - t0:6.1f}s] {line}", file=sys.stderr, flush=True)
 
     say(f"twin: {spec.name}, {scaling.describe()}")
     fab = SimFabric(spec, scaling, seed=cfg.seed)
-    say(f"{len(fab.switches)} built-in switches programmed through P4Runtime "
+    say(
+        f"{len(fab.switches)} built-in switches programmed through P4Runtime "
         f"({sum(len(s.sw.compiled.tables) for s in fab.switches.values() if s.sw.compiled)}"
-        " tables loaded), " f"{len(fab.hosts)} hosts")
+        " tables loaded), "
+        f"{len(fab.hosts)} hosts"
+    )
     suite = SimSuite(fab, cfg, say)
     if args.flows is not None:
         suite.flows_override = load_flows(args.flows, spec)
+    suite.faults = getattr(args, "fault_list", [])
     records = suite.run()
     wall = time.monotonic() - t0
-    setup = {"engine": "sim", "topology": spec.name, "switch": "builtin",
-             "scaling": scaling.describe(), "scale": scaling.scale,
-             "link_bps": scaling.link_bps, "nic_bps": scaling.nic_bps,
-             "base_rtt_s": suite.base_rtt_s, "tita_base_rtt_s": suite.tita_t_s,
-             "link_delay_s": fab.delay_ns / 1e9, "suite": cfg.__dict__,
-             "flows_file": str(args.flows) if args.flows else None,
-             "controller_caps": False, "events": fab.loop.events,
-             "simulated_s": fab.loop.now,
-             "queue_source": "INT queue occupancy of every data packet arriving at a "
-                             "host (per departure from each hop)"}
-    write_results(run_dir / "results.json", records, setup,
-                  machine_extra={"wall_s": round(wall, 1),
-                                 "events_per_s": round(fab.loop.events / wall)})
+    setup = {
+        "engine": "sim",
+        "topology": spec.name,
+        "switch": "builtin",
+        "scaling": scaling.describe(),
+        "scale": scaling.scale,
+        "link_bps": scaling.link_bps,
+        "nic_bps": scaling.nic_bps,
+        "base_rtt_s": suite.base_rtt_s,
+        "tita_base_rtt_s": suite.tita_t_s,
+        "link_delay_s": fab.delay_ns / 1e9,
+        "suite": cfg.__dict__,
+        "flows_file": str(args.flows) if args.flows else None,
+        "faults_file": str(args.faults) if getattr(args, "faults", None) else None,
+        "controller_caps": False,
+        "events": fab.loop.events,
+        "simulated_s": fab.loop.now,
+        "queue_source": "INT queue occupancy of every data packet arriving at a "
+        "host (per departure from each hop)",
+    }
+    write_results(
+        run_dir / "results.json",
+        records,
+        setup,
+        machine_extra={"wall_s": round(wall, 1), "events_per_s": round(fab.loop.events / wall)},
+    )
     plots = write_plots(records, run_dir, scaling.link_bps, scaling.nic_bps)
     csvs = write_csvs(records, run_dir)
     print()
-    print(f"{spec.name}, simulated twin (built-in switch pipeline, virtual time); "
-          f"{scaling.describe()}")
-    print(f"base RTT {fmt_time(suite.base_rtt_s)} (simulated), TiTa's T "
-          f"{fmt_time(suite.tita_t_s)}; queue: INT at the bottleneck egress port")
+    print(
+        f"{spec.name}, simulated twin (built-in switch pipeline, virtual time); "
+        f"{scaling.describe()}"
+    )
+    print(
+        f"base RTT {fmt_time(suite.base_rtt_s)} (simulated), TiTa's T "
+        f"{fmt_time(suite.tita_t_s)}; queue: INT at the bottleneck egress port"
+    )
     print()
-    print(table(records))
+    print(table(records, scaling.link_bps))
     print()
     for line in verdict(records):
         print(line)
@@ -141,6 +173,8 @@ def run_sim(args: argparse.Namespace, cfg: SuiteConfig) -> int:
     print(f"results: {run_dir / 'results.json'}")
     print("plots:   " + ", ".join(str(p) for p in plots))
     print("csv:     " + ", ".join(str(p) for p in csvs))
-    print(f"{fab.loop.events} events, {fab.loop.now:.3g} s simulated in {wall:.0f} s "
-          f"({fab.loop.events / wall:.0f} events/s)")
+    print(
+        f"{fab.loop.events} events, {fab.loop.now:.3g} s simulated in {wall:.0f} s "
+        f"({fab.loop.events / wall:.0f} events/s)"
+    )
     return 0

@@ -8,19 +8,27 @@ NICs' rate law sets, and the switch ports' frame counters. Times are virtual sec
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from controller.nic.ratelaw import Law
 from controller.proto import switch_pb2
 from testbed.probes import Capture, PortCounters, RateEvent
 from testbed.scenarios import SuiteBase, SuiteConfig
 from testbed.sim.fabric import SimFabric
+from testbed.sim.operations import SimOperations
 
-_LAWS = {"none": Law.NONE, "dcqcn": Law.DCQCN, "tita": Law.TITA}
+_LAWS = {
+    "none": Law.NONE,
+    "dcqcn": Law.DCQCN,
+    "tita": Law.TITA,
+    "hpcc": Law.HPCC,
+    "timely": Law.TIMELY,
+    "swift": Law.SWIFT,
+}
 
 
 class SimSuite(SuiteBase):
-    def __init__(self, fab: SimFabric, cfg: SuiteConfig,
-                 say: Callable[[str], None] | None = None):
+    def __init__(self, fab: SimFabric, cfg: SuiteConfig, say: Callable[[str], None] | None = None):
         super().__init__(cfg, say or (lambda line: None))
         self.fab = fab
         self.spec = fab.spec
@@ -29,6 +37,8 @@ class SimSuite(SuiteBase):
         self.runner = fab.run_job
         # timeouts are the emulation's at its scale, in the model's dilated time
         self.time_scale = min(1.0, fab.scaling.scale / 20_000)
+        self.ops = SimOperations(fab, self.time_scale)
+        self._ops: dict[str, list[dict[str, Any]]] = {}
 
     def __enter__(self) -> SimSuite:
         return self
@@ -45,9 +55,16 @@ class SimSuite(SuiteBase):
 
     def _begin(self) -> None:
         self.fab.begin()
+        self.ops.faults = self.faults
+        self.ops.begin()
 
     def _end(self) -> tuple[Capture, list[RateEvent]]:
+        applied, suspects = self.ops.end()
+        self._ops = {"faults": applied, "suspects": suspects, "failovers": self.ops.failovers}
         return self.fab.end()
+
+    def _operations(self) -> dict[str, list[dict[str, Any]]]:
+        return self._ops
 
     def _now(self) -> float:
         return self.fab.loop.now
@@ -60,4 +77,5 @@ class SimSuite(SuiteBase):
 
     def _set_port_rate(self, switch: str, port: int, rate_bps: float) -> None:
         self.fab.switches[switch].admin.SetQueue(
-            switch_pb2.SetQueueRequest(port=port, rate_bps=round(rate_bps)), None)
+            switch_pb2.SetQueueRequest(port=port, rate_bps=round(rate_bps)), None
+        )

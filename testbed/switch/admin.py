@@ -13,7 +13,7 @@ from controller.proto import switch_pb2, switch_pb2_grpc
 from testbed.switch.dataplane import Dataplane
 from testbed.switch.p4runtime import P4RuntimeService, RpcError
 from testbed.switch.p4runtime.codec import grpc_code
-from testbed.switch.traffic_manager import check_queue_setting
+from testbed.switch.traffic_manager import check_fault_setting, check_queue_setting
 from testbed.switch.v1model import V1Switch
 
 
@@ -48,6 +48,29 @@ class SwitchAdminService(switch_pb2_grpc.SwitchAdminServicer):  # type: ignore[m
             tm.set_rate(port, pps, bps)
         return switch_pb2.SetQueueResponse()
 
+    def SetFault(self, request: Any, context: Any) -> Any:
+        r = request
+        port = None if r.all_ports else r.port
+        down = r.down if r.HasField("down") else None
+        loss = r.loss if r.HasField("loss") else None
+        delay = r.delay_ns if r.HasField("delay_ns") else None
+        factor = r.rate_factor if r.HasField("rate_factor") else None
+        if self.p4rt is not None:
+            try:
+                self.p4rt.streams.check_primary(r.device_id, r.election_id, r.role)
+            except RpcError as exc:
+                context.abort(grpc_code(exc.code), exc.message)
+        try:
+            check_fault_setting(port, loss, delay, factor)
+        except ValueError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        with self.switch.lock:
+            if port is None and self.dataplane is not None:
+                for num in self.dataplane.ports:  # every port of the switch, seen or not
+                    self.switch.tm.port(num)
+            self.switch.tm.set_fault(port, down, loss, delay, factor)
+        return switch_pb2.SetFaultResponse()
+
     def GetQueues(self, request: Any, context: Any) -> Any:
         resp = switch_pb2.GetQueuesResponse()
         with self.switch.lock:
@@ -58,7 +81,12 @@ class SwitchAdminService(switch_pb2_grpc.SwitchAdminServicer):  # type: ignore[m
                                 rate_bps=pq.rate_bps, occupancy_packets=n, occupancy_bytes=b,
                                 max_occupancy_packets=pq.max_depth_pkts,
                                 max_occupancy_bytes=pq.max_depth_bytes, enqueued=pq.enqueued,
-                                dequeued=pq.dequeued, dropped=pq.dropped)
+                                dequeued=pq.dequeued, dropped=pq.dropped,
+                                down=pq.fault.down, loss=pq.fault.loss,
+                                delay_ns=pq.fault.delay_ns, rate_factor=pq.fault.rate_factor,
+                                fault_drops=pq.fault_drops, rx_errors=pq.rx_errors,
+                                departures=pq.departures, wait_ns=pq.wait_ns,
+                                expected_wait_ns=pq.expected_wait_ns)
         return resp
 
     def GetStatus(self, request: Any, context: Any) -> Any:
@@ -77,7 +105,10 @@ class SwitchAdminService(switch_pb2_grpc.SwitchAdminServicer):  # type: ignore[m
             for num, p in sorted(self.dataplane.ports.items()):
                 resp.ports.add(port=num, interface=p.iface, rx_packets=p.stats.rx,
                                tx_packets=p.stats.tx, rx_bytes=p.stats.rx_bytes,
-                               tx_bytes=p.stats.tx_bytes, tx_errors=p.stats.tx_errors)
+                               tx_bytes=p.stats.tx_bytes, tx_errors=p.stats.tx_errors,
+                               down=sw.tm.port_down(num),
+                               rx_errors=sw.tm.ports[num].rx_errors if num in sw.tm.ports
+                               else 0)
         if self.p4rt is not None:
             for k, v in self.p4rt.counters.items():
                 resp.p4runtime[k] = v
@@ -111,6 +142,14 @@ class SwitchCollector:
             occ.add_metric([self.name, str(port)], pq.total()[1])
             qdrop.add_metric([self.name, str(port)], pq.dropped)
         yield from (rx, tx, drops, occ, qdrop)
+        if self.dataplane is not None:
+            running = GaugeMetricFamily("xingmai_switch_dataplane_running",
+                                        "1 while the packet loop runs", labels=lbl)
+            running.add_metric([self.name], float(self.dataplane.running))
+            errors = CounterMetricFamily("xingmai_switch_dataplane_errors",
+                                         "errors the packet loop survived", labels=lbl)
+            errors.add_metric([self.name], self.dataplane.loop_errors)
+            yield from (running, errors)
 
 
 def metrics_registry(switch: V1Switch, dataplane: Dataplane | None, name: str) -> CollectorRegistry:

@@ -8,6 +8,7 @@ Defaults match bmv2's simple_switch: 64 packets deep, no rate limit, one queue p
 from __future__ import annotations
 
 import math
+import random
 import threading
 import time
 from collections import deque
@@ -60,6 +61,8 @@ MAX_DEPTH_PACKETS = 1 << 16
 MAX_DEPTH_BYTES = 1 << 30
 MAX_PORT = 511  # v1model's 9-bit port numbers
 MAX_SERVICE_NS = 10**12  # 1000 s: more than a 64 KB frame takes at the lowest rate (524 s)
+MAX_FAULT_DELAY_NS = 10**10  # 10 s: a fault's added delay
+MIN_FAULT_RATE_FACTOR = 1e-3  # a port slowed to 0.1 % of its rate (0 would be `down`)
 
 
 def check_queue_setting(port: int | None, pps: float | None = None, bps: float | None = None,
@@ -84,6 +87,47 @@ def check_queue_setting(port: int | None, pps: float | None = None, bps: float |
 
 
 @dataclass
+class PortFault:
+    """An injected fault on a port (testbed/faults.py declares what each fault kind sets).
+    The defaults are a healthy port.
+
+    - down: the link is down: nothing is received on the port or queued for it, and what
+      was queued is dropped (a real port loses its carrier; GetStatus reports it down).
+    - loss: the probability that a frame arriving on the port was corrupted on the wire:
+      the port counts it as a receive error (a MAC's FCS error) and drops it before ingress;
+      the sender's egress counted it sent. A link fault sets both ends: both directions.
+    - delay_ns: a frame may not leave before it has waited this long in the port's queue
+      (it shows in the queue's latency, as a slow port or a slow switch would).
+    - rate_factor: the port drains at this fraction of its configured rate.
+    """
+
+    down: bool = False
+    loss: float = 0.0
+    delay_ns: int = 0
+    rate_factor: float = 1.0
+
+    @property
+    def healthy(self) -> bool:
+        return self == PortFault()
+
+
+def check_fault_setting(port: int | None, loss: float | None = None,
+                        delay_ns: int | None = None,
+                        rate_factor: float | None = None) -> None:
+    """Raise ValueError naming the first fault setting a port cannot take."""
+    if port is not None and not 0 <= port <= MAX_PORT:
+        raise ValueError(f"port {port} is not in [0, {MAX_PORT}]")
+    if loss is not None and not (math.isfinite(loss) and 0.0 <= loss <= 1.0):
+        raise ValueError(f"loss must be a probability within [0, 1], got {loss}")
+    if delay_ns is not None and not 0 <= delay_ns <= MAX_FAULT_DELAY_NS:
+        raise ValueError(f"delay_ns must be within [0, {MAX_FAULT_DELAY_NS}], got {delay_ns}")
+    if rate_factor is not None and not (math.isfinite(rate_factor)
+                                        and MIN_FAULT_RATE_FACTOR <= rate_factor <= 1.0):
+        raise ValueError(f"rate_factor must be within [{MIN_FAULT_RATE_FACTOR:g}, 1], "
+                         f"got {rate_factor}")
+
+
+@dataclass
 class PortQueues:
     port: int
     nb_queues: int = 1
@@ -91,7 +135,8 @@ class PortQueues:
     depth_bytes: int = 0  # 0: no byte limit
     rate_pps: float = 0.0  # 0: no limit
     rate_bps: float = 0.0  # 0: no limit
-    queues: list[deque[tuple[Any, int, int]]] = field(default_factory=list)  # (pkt, bytes, t)
+    # (packet, bytes, enqueue time, expected wait: what the bytes ahead take at the set rate)
+    queues: list[deque[tuple[Any, int, int, int]]] = field(default_factory=list)
     qbytes: list[int] = field(default_factory=list)
     next_tx_ns: int = 0  # earliest time the port may start sending its next packet
     enqueued: int = 0
@@ -99,6 +144,16 @@ class PortQueues:
     dropped: int = 0
     max_depth_pkts: int = 0
     max_depth_bytes: int = 0
+    fault: PortFault = field(default_factory=PortFault)
+    fault_drops: int = 0  # dropped because the port was down
+    rx_errors: int = 0  # frames that arrived corrupted (a `loss` fault), dropped
+    # The port's latency monitor, what INT's hop latency and queue occupancy say per packet,
+    # summed: departures, their waits (enqueue to start of transmission) and the waits the
+    # bytes ahead of them explain at the port's set rate. A healthy port waits what its queue
+    # explains; a slow or delaying one waits longer.
+    departures: int = 0
+    wait_ns: int = 0
+    expected_wait_ns: int = 0
 
     def __post_init__(self) -> None:
         self.queues = [deque() for _ in range(self.nb_queues)]
@@ -117,7 +172,18 @@ class PortQueues:
             t = max(t, nbytes * 8e9 / self.rate_bps)
         if self.rate_pps > 0:
             t = max(t, 1e9 / self.rate_pps)
-        return int(min(t, MAX_SERVICE_NS))
+        return int(min(t / self.fault.rate_factor, MAX_SERVICE_NS))
+
+    def head_ready_ns(self) -> int:
+        """When the packet next in line may leave: its port is free and it has waited out a
+        `delay` fault."""
+        t = self.next_tx_ns
+        if self.fault.delay_ns:
+            for prio in range(self.nb_queues - 1, -1, -1):
+                q = self.queues[prio]
+                if q:
+                    return max(t, q[0][2] + self.fault.delay_ns)
+        return t
 
 
 class TrafficManager:
@@ -130,6 +196,9 @@ class TrafficManager:
         self.default_rate_bps = 0.0
         self.ports: dict[int, PortQueues] = {}
         self._busy: set[int] = set()  # ports with at least one queued packet
+        # draws of `loss` faults; seeded so that a run on a virtual clock repeats (the twin
+        # reseeds it per switch)
+        self.rng = random.Random(0)
 
     def port(self, port: int) -> PortQueues:
         pq = self.ports.get(port)
@@ -173,6 +242,43 @@ class TrafficManager:
             if bps is not None:
                 self.default_rate_bps = bps
 
+    def set_fault(self, port: int | None, down: bool | None = None, loss: float | None = None,
+                  delay_ns: int | None = None, rate_factor: float | None = None) -> None:
+        """Inject (or, with the healthy values, remove) a fault on one port or on every port
+        the traffic manager has seen; settings left None keep their value."""
+        check_fault_setting(port, loss, delay_ns, rate_factor)
+        now = self.clock.now_ns()
+        for pq in self._targets(port):
+            f = pq.fault
+            if down is not None:
+                f.down = down
+            if loss is not None:
+                f.loss = loss
+            if delay_ns is not None:
+                f.delay_ns = delay_ns
+            if rate_factor is not None:
+                f.rate_factor = rate_factor
+                pq.next_tx_ns = min(pq.next_tx_ns, now)  # as set_rate: from now on
+            if f.down:  # what waited for a dead link is lost
+                for prio, q in enumerate(pq.queues):
+                    pq.fault_drops += len(q)
+                    q.clear()
+                    pq.qbytes[prio] = 0
+                self._busy.discard(pq.port)
+
+    def port_down(self, port: int) -> bool:
+        pq = self.ports.get(port)
+        return pq is not None and pq.fault.down
+
+    def corrupted(self, port: int) -> bool:
+        """Whether a frame arriving on the port now was corrupted by a `loss` fault (counted
+        as a receive error)."""
+        pq = self.ports.get(port)
+        if pq is None or not pq.fault.loss or self.rng.random() >= pq.fault.loss:
+            return False
+        pq.rx_errors += 1
+        return True
+
     def _targets(self, port: int | None) -> list[PortQueues]:
         return list(self.ports.values()) if port is None else [self.port(port)]
 
@@ -192,7 +298,10 @@ class TrafficManager:
         if n >= pq.depth_pkts or (pq.depth_bytes and b + nbytes > pq.depth_bytes):
             pq.dropped += 1
             return None
-        q.append((pkt, nbytes, now_ns))
+        expected = max(0, pq.next_tx_ns - now_ns) if port in self._busy else 0
+        if pq.rate_bps > 0:
+            expected += int(b * 8e9 / pq.rate_bps)
+        q.append((pkt, nbytes, now_ns, expected))
         pq.qbytes[prio] = b + nbytes
         pq.enqueued += 1
         if n >= pq.max_depth_pkts:
@@ -206,7 +315,7 @@ class TrafficManager:
         """When the next packet may leave (None: nothing queued)."""
         best = None
         for port in self._busy:
-            t = self.ports[port].next_tx_ns
+            t = self.ports[port].head_ready_ns()
             if best is None or t < best:
                 best = t
         return best
@@ -226,19 +335,26 @@ class TrafficManager:
                 if pq.next_tx_ns > now_ns:
                     continue
                 queues = pq.queues
+                delay = pq.fault.delay_ns
                 for prio in range(pq.nb_queues - 1, -1, -1):  # strict priority: high first
                     q = queues[prio]
                     if q:
-                        pkt, nbytes, enq_ns = q.popleft()
+                        if delay and q[0][2] + delay > now_ns:
+                            break  # the head still serves its delay: the port waits
+                        pkt, nbytes, enq_ns, expected = q.popleft()
                         pq.qbytes[prio] -= nbytes
                         pq.dequeued += 1
                         # the port is busy from when it became free (or the packet came) for
                         # one packet time at its rate
-                        start = pq.next_tx_ns if pq.next_tx_ns > enq_ns else enq_ns
+                        ready = enq_ns + delay
+                        start = pq.next_tx_ns if pq.next_tx_ns > ready else ready
                         done = start
                         if pq.rate_bps or pq.rate_pps:
                             done += pq.service_ns(nbytes)
                         pq.next_tx_ns = done
+                        pq.departures += 1
+                        pq.wait_ns += start - enq_ns
+                        pq.expected_wait_ns += expected
                         out.append((port, prio, pkt, enq_ns, len(q), start))
                         progressed = True
                         break

@@ -204,6 +204,12 @@ class V1Switch:
             if c is None or S is None:
                 self.stats.drop("no_pipeline")
                 return
+            if self.tm.port_down(port):  # a link down delivers nothing
+                self.stats.drop("port_down")
+                return
+            if self.tm.corrupted(port):  # a lossy link: the MAC drops a bad frame
+                self.stats.drop("rx_error")
+                return
             p = self._new(c, len(data))
             now = self.clock.now_ns()
             p.t_ns = now if t_ns is None or t_ns > now else t_ns
@@ -332,6 +338,10 @@ class V1Switch:
         prio = sm[S.priority]
         if prio >= self.tm.nb_queues:
             self.stats.drop("bad_priority")
+            return
+        if self.tm.port_down(port):
+            self.stats.drop("port_down")
+            self.tm.ports[port].fault_drops += 1
             return
         now = p.t_ns
         found = self.tm.enqueue(port, prio, p, p.plen, now)

@@ -33,7 +33,14 @@ from collections import Counter, deque
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
-from controller.wire.int_md import INT_DSCP_DEFAULT, INT_TYPE_MD, looks_like_int_echo
+from controller.wire.int_md import (
+    HEADERS_LEN,
+    INT_DSCP_DEFAULT,
+    INT_TYPE_MD,
+    SHIM_LEN,
+    looks_like_int_echo,
+    shim_total_len,
+)
 from controller.wire.roce import (
     AETH_ACK,
     AETH_LEN,
@@ -202,8 +209,9 @@ class QueuePair:
 
     # ---- application API ----
 
-    def post_send(self, data: bytes | bytearray | memoryview, now: float,
-                  tag: object = None) -> SendOp:
+    def post_send(
+        self, data: bytes | bytearray | memoryview, now: float, tag: object = None
+    ) -> SendOp:
         """Queue a message; returns its SendOp (done when fully acknowledged)."""
         mv = memoryview(data).cast("B")
         npkts = max(1, -(-len(mv) // self.core.cfg.mtu))
@@ -269,8 +277,9 @@ class QueuePair:
             opcode = OP_SEND_MIDDLE
         payload = op.data[i * cfg.mtu : (i + 1) * cfg.mtu]
         ackreq = i == op.npkts - 1 or seq - self.una + 1 >= cfg.window
-        return self.core.build(self, opcode, self.remote_qpn, self._psn(seq), ackreq,
-                               self.sport, payload)
+        return self.core.build(
+            self, opcode, self.remote_qpn, self._psn(seq), ackreq, self.sport, payload
+        )
 
     def commit(self, now: float) -> None:
         """The packet `peek` returned left (or was lost on the way out)."""
@@ -519,24 +528,50 @@ class TransportCore:
 
     # ---- packets out ----
 
-    def build(self, qp: QueuePair, opcode: int, dqpn: int, psn: int, ackreq: bool,
-              sport: int, payload: bytes | memoryview) -> bytes:
+    def build(
+        self,
+        qp: QueuePair,
+        opcode: int,
+        dqpn: int,
+        psn: int,
+        ackreq: bool,
+        sport: int,
+        payload: bytes | memoryview,
+    ) -> bytes:
         """One IPv4 packet of this transport: IPv4 + UDP + BTH + payload + ICRC."""
         udp_len = 8 + BTH_LEN + len(payload) + ICRC_LEN
         hdr = self._hdr
         _IP_UDP_BTH.pack_into(
-            hdr, 0, 0x45, self._tos, 20 + udp_len, 0, _IPV4_DF, self.cfg.ttl,
-            socket.IPPROTO_UDP, 0, qp.local_addr, qp.peer_addr, sport, ROCE_UDP_PORT,
-            udp_len, 0, opcode, 0, DEFAULT_PKEY, dqpn, (int(ackreq) << 31) | psn,
+            hdr,
+            0,
+            0x45,
+            self._tos,
+            20 + udp_len,
+            0,
+            _IPV4_DF,
+            self.cfg.ttl,
+            socket.IPPROTO_UDP,
+            0,
+            qp.local_addr,
+            qp.peer_addr,
+            sport,
+            ROCE_UDP_PORT,
+            udp_len,
+            0,
+            opcode,
+            0,
+            DEFAULT_PKEY,
+            dqpn,
+            (int(ackreq) << 31) | psn,
         )
         body = bytes(hdr[28:]) + bytes(payload)
         crc = icrc(hdr[:20], sport, ROCE_UDP_PORT, body)
         return bytes(hdr[:28]) + body + crc
 
-    def _feedback(self, qp: QueuePair, opcode: int, psn: int, sport: int,
-                  payload: bytes) -> None:
+    def _feedback(self, qp: QueuePair, opcode: int, psn: int, sport: int, payload: bytes) -> None:
         self.feedback.append(
-            Outgoing(qp, self.build(qp, opcode, qp.remote_qpn, psn, False, sport, payload)))
+            Outgoing(qp, self.build(qp, opcode, qp.remote_qpn, psn, False, sport, payload))
+        )
 
     # ---- packets in ----
 
@@ -562,11 +597,11 @@ class TransportCore:
         off = ihl + 8
         int_bytes = None
         if self.cfg.int_dscp is not None and tos >> 2 == self.cfg.int_dscp:
-            if end - off < 4 or pkt[off] >> 4 != INT_TYPE_MD:
+            if end - off < SHIM_LEN or pkt[off] >> 4 != INT_TYPE_MD:
                 drops["bad_int"] += 1
                 return
-            int_len = 4 + 4 * pkt[off + 1]
-            if off + int_len > end or int_len < 16:
+            int_len = shim_total_len(pkt[off + 1])
+            if off + int_len > end or int_len < HEADERS_LEN:
                 drops["bad_int"] += 1
                 return
             int_bytes = bytes(pkt[off : off + int_len])
@@ -589,8 +624,16 @@ class TransportCore:
             return
         psn = ap & PSN_MASK
         if opcode in _DATA_OPCODES:
-            qp._on_data(opcode, psn, bool(ap >> 31), body[BTH_LEN:], sport,
-                        tos & 0b11 == ECN_CE, int_bytes, now)
+            qp._on_data(
+                opcode,
+                psn,
+                bool(ap >> 31),
+                body[BTH_LEN:],
+                sport,
+                tos & 0b11 == ECN_CE,
+                int_bytes,
+                now,
+            )
         elif opcode == OP_ACK:
             if len(body) < BTH_LEN + AETH_LEN:
                 drops["short"] += 1
@@ -619,5 +662,12 @@ class TransportCore:
         }
 
 
-__all__ = ["Outgoing", "QpCounters", "QueuePair", "ReceivedMessage", "SendOp",
-           "TransportConfig", "TransportCore"]
+__all__ = [
+    "Outgoing",
+    "QpCounters",
+    "QueuePair",
+    "ReceivedMessage",
+    "SendOp",
+    "TransportConfig",
+    "TransportCore",
+]

@@ -1,6 +1,6 @@
 """make fuzz: every surface, N cases each, counts to a JSON file.
 
-    python -m tests.fuzz --cases 10000 --out results/fuzz.json [--surface NAME ...]
+python -m tests.fuzz --cases 10000 --out results/fuzz.json [--surface NAME ...]
 """
 
 from __future__ import annotations
@@ -19,11 +19,16 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tests.fuzz", description=__doc__)
     ap.add_argument("--cases", type=int, default=10_000, help="cases per surface")
     ap.add_argument("--out", type=Path, default=Path("results/fuzz.json"))
-    ap.add_argument("--surface", action="append", choices=sorted(SURFACES),
-                    help="only these surfaces (repeatable)")
+    ap.add_argument(
+        "--surface",
+        action="append",
+        choices=sorted(SURFACES),
+        help="only these surfaces (repeatable)",
+    )
     ap.add_argument("--seed", type=int, default=18)
-    ap.add_argument("--merge", action="store_true",
-                    help="keep the other surfaces' results already in --out")
+    ap.add_argument(
+        "--merge", action="store_true", help="keep the other surfaces' results already in --out"
+    )
     args = ap.parse_args(argv)
     from tests.fuzz.harness import run
 
@@ -40,12 +45,19 @@ def main(argv: list[str] | None = None) -> int:
         res = run(SURFACES[name](), args.cases, args.seed)
         clean &= res.clean
         results[name] = res.as_dict()
-        print(f"{name}: {res.cases} cases, {res.crashes} crashes, {res.hangs} hangs, "
-              f"growth {res.growth or 'none'}, {res.seconds:.0f} s", flush=True)
-    doc = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-           "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
-           "python": platform.python_version(), "cases_per_surface": args.cases,
-           "seed": args.seed, "surfaces": results}
+        print(
+            f"{name}: {res.cases} cases, {res.crashes} crashes, {res.hangs} hangs, "
+            f"growth {res.growth or 'none'}, {res.seconds:.0f} s",
+            flush=True,
+        )
+    doc = {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+        "python": platform.python_version(),
+        "cases_per_surface": args.cases,
+        "seed": args.seed,
+        "surfaces": results,
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"wrote {args.out}")

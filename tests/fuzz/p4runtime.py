@@ -39,8 +39,9 @@ ANY_INT = st.one_of(st.integers(0, 16), st.integers(0, 2**32 - 1), I64)
 
 def _bytes_for(width: int) -> st.SearchStrategy[bytes]:
     n = max(1, (width + 7) // 8)
-    return st.one_of(st.integers(0, (1 << width) - 1).map(to_bytes),
-                     st.binary(min_size=0, max_size=n + 2))
+    return st.one_of(
+        st.integers(0, (1 << width) - 1).map(to_bytes), st.binary(min_size=0, max_size=n + 2)
+    )
 
 
 class _Program:
@@ -59,8 +60,11 @@ class _Program:
 
     def _id(self, objs: Any) -> st.SearchStrategy[int]:
         ids = [o.preamble.id for o in objs]
-        return st.one_of(st.sampled_from(ids), st.integers(0, 2**32 - 1)) if ids \
+        return (
+            st.one_of(st.sampled_from(ids), st.integers(0, 2**32 - 1))
+            if ids
             else st.integers(0, 2**32 - 1)
+        )
 
     def action(self) -> st.SearchStrategy[p4r.Action]:
         if self._action is None:
@@ -78,8 +82,11 @@ class _Program:
         @st.composite
         def build(draw: st.DrawFn) -> p4r.Action:
             a = draw(st.sampled_from(acts))
-            msg = p4r.Action(action_id=draw(st.one_of(st.just(a.preamble.id), ANY_INT.filter(
-                lambda v: 0 <= v < 2**32))))
+            msg = p4r.Action(
+                action_id=draw(
+                    st.one_of(st.just(a.preamble.id), ANY_INT.filter(lambda v: 0 <= v < 2**32))
+                )
+            )
             for prm in a.params:
                 if draw(st.integers(0, 9)):
                     msg.params.add(param_id=prm.id, value=draw(_bytes_for(prm.bitwidth)))
@@ -95,9 +102,10 @@ class _Program:
         @st.composite
         def build(draw: st.DrawFn) -> p4r.TableEntry:
             t = draw(st.sampled_from(tables))
-            te = p4r.TableEntry(table_id=draw(st.one_of(st.just(t.preamble.id),
-                                                        st.integers(0, 2**32 - 1))),
-                                priority=draw(st.one_of(st.integers(0, 10), I32)))
+            te = p4r.TableEntry(
+                table_id=draw(st.one_of(st.just(t.preamble.id), st.integers(0, 2**32 - 1))),
+                priority=draw(st.one_of(st.integers(0, 10), I32)),
+            )
             for mf in t.match_fields:
                 if not draw(st.integers(0, 5)):
                     continue
@@ -140,19 +148,24 @@ class _Program:
 
         @st.composite
         def member(draw: st.DrawFn) -> p4r.Entity:
-            m = p4r.ActionProfileMember(action_profile_id=draw(prof),
-                                        member_id=draw(st.integers(0, 40)))
+            m = p4r.ActionProfileMember(
+                action_profile_id=draw(prof), member_id=draw(st.integers(0, 40))
+            )
             m.action.CopyFrom(draw(self.action()))
             return p4r.Entity(action_profile_member=m)
 
         @st.composite
         def group(draw: st.DrawFn) -> p4r.Entity:
-            g = p4r.ActionProfileGroup(action_profile_id=draw(prof),
-                                       group_id=draw(st.integers(0, 40)),
-                                       max_size=draw(st.one_of(st.integers(0, 8), I32)))
+            g = p4r.ActionProfileGroup(
+                action_profile_id=draw(prof),
+                group_id=draw(st.integers(0, 40)),
+                max_size=draw(st.one_of(st.integers(0, 8), I32)),
+            )
             for _ in range(draw(st.integers(0, 5))):
-                g.members.add(member_id=draw(st.integers(0, 40)),
-                              weight=draw(st.one_of(st.integers(0, 5), I32)))
+                g.members.add(
+                    member_id=draw(st.integers(0, 40)),
+                    weight=draw(st.one_of(st.integers(0, 5), I32)),
+                )
             return p4r.Entity(action_profile_group=g)
 
         def indexed(field: str, objs: Any, id_field: str) -> st.SearchStrategy[p4r.Entity]:
@@ -171,6 +184,7 @@ class _Program:
                 elif field == "register_entry":
                     msg.data.bitstring = draw(st.binary(max_size=10))
                 return ent
+
             return build()
 
         @st.composite
@@ -200,7 +214,8 @@ class _Program:
             for _ in range(draw(st.integers(0, 6))):
                 m = v.members.add()
                 m.match.add(field_id=draw(st.integers(0, 3))).exact.value = draw(
-                    st.binary(max_size=4))
+                    st.binary(max_size=4)
+                )
             return p4r.Entity(value_set_entry=v)
 
         @st.composite
@@ -225,7 +240,12 @@ class _Program:
 
         return st.one_of(
             self.table_entry().map(lambda te: p4r.Entity(table_entry=te)),
-            member(), group(), pre(), value_set(), digest(), direct(),
+            member(),
+            group(),
+            pre(),
+            value_set(),
+            digest(),
+            direct(),
             indexed("counter_entry", info.counters, "counter_id"),
             indexed("meter_entry", info.meters, "meter_id"),
             indexed("register_entry", info.registers, "register_id"),
@@ -237,8 +257,10 @@ class P4RuntimeSurface(Surface):
     name = "p4runtime"
 
     def __init__(self) -> None:
-        self.programs = [_Program(XINGMAI_P4INFO, XINGMAI_JSON),
-                         _Program(FEATURES_P4INFO, FEATURES_JSON)]
+        self.programs = [
+            _Program(XINGMAI_P4INFO, XINGMAI_JSON),
+            _Program(FEATURES_P4INFO, FEATURES_JSON),
+        ]
         self.checked = 0
 
     def strategy(self) -> st.SearchStrategy[Any]:
@@ -250,6 +272,7 @@ class P4RuntimeSurface(Surface):
                 st.tuples(st.just(i), st.just("read"), ent),
                 st.tuples(st.just(i), st.just("mutated"), upd, EDITS),
             )
+
         return st.one_of(for_program(0), for_program(1))
 
     def check(self, case: Any) -> str:
@@ -290,10 +313,18 @@ class P4RuntimeSurface(Surface):
     def health(self) -> None:
         """Everything written can still be read back, and packets still run."""
         for prog in self.programs:
-            for field in ("table_entry", "action_profile_member", "action_profile_group",
-                          "counter_entry", "meter_entry", "register_entry",
-                          "packet_replication_engine_entry", "value_set_entry", "digest_entry",
-                          "direct_counter_entry"):
+            for field in (
+                "table_entry",
+                "action_profile_member",
+                "action_profile_group",
+                "counter_entry",
+                "meter_entry",
+                "register_entry",
+                "packet_replication_engine_entry",
+                "value_set_entry",
+                "digest_entry",
+                "direct_counter_entry",
+            ):
                 ent = p4r.Entity()
                 getattr(ent, field).SetInParent()
                 with prog.sw.lock, prog.svc.lock:
@@ -317,8 +348,7 @@ class P4RuntimeSurface(Surface):
                 out.append("a multicast group over its replica bound")
             if len(sw.clone_sessions) > MAX_CLONE_SESSIONS:
                 out.append(f"{len(sw.clone_sessions)} clone sessions")
-            if any(len(d.pending) > MAX_PENDING_DIGESTS
-                   for d in prog.svc.streams.digests.values()):
+            if any(len(d.pending) > MAX_PENDING_DIGESTS for d in prog.svc.streams.digests.values()):
                 out.append("pending digests over their bound")
             if len(sw.tm.ports) > MAX_PORT + 1:
                 out.append(f"{len(sw.tm.ports)} traffic manager ports")
@@ -347,8 +377,11 @@ class FakeContext:
         pass
 
 
-FLOATS = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.floats(0, 1e6),
-                   st.sampled_from([0.0, 1e-300, 5e-324, 1e-7, 999.0, 1000.0, 1e13, 1e308]))
+FLOATS = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.floats(0, 1e6),
+    st.sampled_from([0.0, 1e-300, 5e-324, 1e-7, 999.0, 1000.0, 1e13, 1e308]),
+)
 
 
 class SwitchAdminSurface(Surface):
@@ -365,7 +398,8 @@ class SwitchAdminSurface(Surface):
             r = switch_pb2.SetQueueRequest(
                 port=draw(st.one_of(st.integers(0, 8), st.integers(0, 2**32 - 1))),
                 all_ports=draw(st.booleans()),
-                device_id=draw(st.one_of(st.just(1), U64)))
+                device_id=draw(st.one_of(st.just(1), U64)),
+            )
             eid = draw(st.one_of(st.just(ELECTION), st.integers(0, 2**128 - 1)))
             r.election_id.high, r.election_id.low = eid >> 64, eid & (2**64 - 1)
             for f in ("depth_packets", "depth_bytes"):
@@ -375,6 +409,7 @@ class SwitchAdminSurface(Surface):
                 if draw(st.booleans()):
                     setattr(r, f, draw(FLOATS))
             return r
+
         return st.one_of(request(), st.tuples(request(), EDITS))
 
     def check(self, case: Any) -> str:
@@ -406,9 +441,12 @@ class SwitchAdminSurface(Surface):
         out = []
         tm = self.prog.sw.tm
         for port, q in tm.ports.items():
-            if not (0 <= q.rate_bps <= MAX_RATE_BPS and 0 <= q.rate_pps <= MAX_RATE_PPS
-                    and 0 <= q.depth_pkts <= MAX_DEPTH_PACKETS
-                    and 0 <= q.depth_bytes <= MAX_DEPTH_BYTES):
+            if not (
+                0 <= q.rate_bps <= MAX_RATE_BPS
+                and 0 <= q.rate_pps <= MAX_RATE_PPS
+                and 0 <= q.depth_pkts <= MAX_DEPTH_PACKETS
+                and 0 <= q.depth_bytes <= MAX_DEPTH_BYTES
+            ):
                 out.append(f"port {port}: a setting out of its bounds")
         if len(tm.ports) > MAX_PORT + 1:
             out.append(f"{len(tm.ports)} traffic manager ports")

@@ -32,21 +32,44 @@ class PacketPathSurface(Surface):
         src, dst = h1.nics[0], h2.nics[0]
         bth = b"\x04\x00\xff\xff\x00\x00\x00\x12\x00\x00\x00\x07"  # RC SEND ONLY, QP 0x12
         self.templates = []
-        for hops, payload in (((), bth + bytes(16)),
-                              (({"node_id": 9, "l1_ingress_port": 1, "l1_egress_port": 2,
-                                 "hop_latency": 5, "queue_id": 0, "queue_occupancy": 7,
-                                 "egress_ts": 1, "tx_util": 3},), bth + bytes(64))):
-            ip = int_packet(src_ip=src.ip, dst_ip=dst.ip, sport=49152, hops=hops,
-                            payload=payload, src_mac=src.mac, dst_mac=gw)
-            self.templates.append(bytes(ip if isinstance(ip, Ether) else Ether(
-                src=src.mac, dst=gw) / ip))
+        for hops, payload in (
+            ((), bth + bytes(16)),
+            (
+                (
+                    {
+                        "node_id": 9,
+                        "l1_ingress_port": 1,
+                        "l1_egress_port": 2,
+                        "hop_latency": 5,
+                        "queue_id": 0,
+                        "queue_occupancy": 7,
+                        "egress_ts": 1,
+                        "tx_util": 3,
+                    },
+                ),
+                bth + bytes(64),
+            ),
+        ):
+            ip = int_packet(
+                src_ip=src.ip,
+                dst_ip=dst.ip,
+                sport=49152,
+                hops=hops,
+                payload=payload,
+                src_mac=src.mac,
+                dst_mac=gw,
+            )
+            self.templates.append(
+                bytes(ip if isinstance(ip, Ether) else Ether(src=src.mac, dst=gw) / ip)
+            )
         self.frames = 0
 
     def strategy(self) -> st.SearchStrategy[Any]:
         return st.one_of(
             st.tuples(st.just("valid"), st.integers(0, len(self.templates) - 1), st.just([])),
             st.tuples(st.just("mutated"), st.integers(0, len(self.templates) - 1), EDITS),
-            st.tuples(st.just("random"), st.binary(max_size=400), st.just([])))
+            st.tuples(st.just("random"), st.binary(max_size=400), st.just([])),
+        )
 
     def check(self, case: Any) -> str:
         kind, i, edits = case
@@ -59,8 +82,9 @@ class PacketPathSurface(Surface):
         sw.receive(self.leaf.index, frame)
         self.fab.loop.run(until_ns=self.fab.loop.now_ns + RUN_NS)
         self.frames += 1
-        new = {k: v - before.get(k, 0) for k, v in sw.sw.stats.dropped.items()
-               if v != before.get(k, 0)}
+        new = {
+            k: v - before.get(k, 0) for k, v in sw.sw.stats.dropped.items() if v != before.get(k, 0)
+        }
         if new:
             return "dropped:" + ",".join(sorted(new))
         return "forwarded" if sw.sw.stats.tx > tx else "absorbed"

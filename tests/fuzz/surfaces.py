@@ -9,31 +9,37 @@ from tests.fuzz.harness import Surface
 
 def _p4runtime() -> Surface:
     from tests.fuzz.p4runtime import P4RuntimeSurface
+
     return P4RuntimeSurface()
 
 
 def _switch_admin() -> Surface:
     from tests.fuzz.p4runtime import SwitchAdminSurface
+
     return SwitchAdminSurface()
 
 
 def _collector() -> Surface:
     from tests.fuzz.telemetry import CollectorSurface
+
     return CollectorSurface()
 
 
 def _agent() -> Surface:
     from tests.fuzz.agent import AgentSurface
+
     return AgentSurface()
 
 
 def _packets() -> Surface:
     from tests.fuzz.packets import PacketPathSurface
+
     return PacketPathSurface()
 
 
 def _transport() -> Surface:
     from tests.fuzz.transport import TransportSurface
+
     return TransportSurface()
 
 
@@ -50,5 +56,6 @@ SURFACES: dict[str, Callable[[], Surface]] = {
 def unavailable(name: str) -> str | None:
     if name == "agent_api":
         from tests.fuzz.agent import available
+
         return available()
     return None

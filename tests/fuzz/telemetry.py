@@ -20,22 +20,32 @@ class CollectorSurface(Surface):
     name = "report_decoder_and_collector"
 
     def __init__(self) -> None:
-        self.cols = [Collector(Topology(load(EXAMPLE))), Collector(None, max_nodes=64,
-                                                                   max_links=256,
-                                                                   max_flows=512)]
+        self.cols = [
+            Collector(Topology(load(EXAMPLE))),
+            Collector(None, max_nodes=64, max_links=256, max_flows=512),
+        ]
         # valid reports from the example fabric's switches (scapy builds them once: slow)
-        self.templates = [bytearray(report(1, node, [hop(h, 1, 2, qocc=q), hop(3, 4, 5)],
-                                           sport=1000 + node))
-                          for node in (1, 2, 3, 4) for h in (1, 3, 99) for q in (0, 5000)]
+        self.templates = [
+            bytearray(report(1, node, [hop(h, 1, 2, qocc=q), hop(3, 4, 5)], sport=1000 + node))
+            for node in (1, 2, 3, 4)
+            for h in (1, 3, 99)
+            for q in (0, 5000)
+        ]
 
     def strategy(self) -> st.SearchStrategy[Any]:
-        valid = st.tuples(st.integers(0, len(self.templates) - 1),
-                          st.one_of(st.integers(0, 50), st.integers(0, 2**22 - 1)),
-                          st.one_of(st.integers(1, 4), st.integers(0, 2**32 - 1)))
-        return st.tuples(st.integers(0, 1), st.one_of(
-            st.tuples(st.just("valid"), valid),
-            st.tuples(st.just("mutated"), valid, EDITS),
-            st.tuples(st.just("random"), st.binary(max_size=300))))
+        valid = st.tuples(
+            st.integers(0, len(self.templates) - 1),
+            st.one_of(st.integers(0, 50), st.integers(0, 2**22 - 1)),
+            st.one_of(st.integers(1, 4), st.integers(0, 2**32 - 1)),
+        )
+        return st.tuples(
+            st.integers(0, 1),
+            st.one_of(
+                st.tuples(st.just("valid"), valid),
+                st.tuples(st.just("mutated"), valid, EDITS),
+                st.tuples(st.just("random"), st.binary(max_size=300)),
+            ),
+        )
 
     def _datagram(self, case: Any) -> bytes:
         kind = case[0]

@@ -51,7 +51,8 @@ class TransportSurface(Surface):
             st.tuples(st.just("data"), st.integers(0, 15), EDITS),
             st.tuples(st.just("feedback"), st.integers(0, 15), EDITS),
             st.tuples(st.just("random"), st.binary(max_size=200), st.booleans()),
-            st.tuples(st.just("time"), st.floats(0, 0.5)))
+            st.tuples(st.just("time"), st.floats(0, 0.5)),
+        )
 
     def check(self, case: Any) -> str:
         kind = case[0]

@@ -28,6 +28,7 @@ from typing import Any
 from controller.nic.agent import netdev
 from controller.nic.agent.pacer import (
     DEFAULT_MINOR,
+    MIN_RATE_BPS,
     EdtPacer,
     HtbPacer,
     PacingMode,
@@ -515,8 +516,9 @@ class Agent:
         """All or nothing: every cap is checked before the first is applied."""
         self._count("SetCaps")
         for key, cap in caps:
-            if cap <= 0:
-                raise ValueError(f"cap of {key} must be positive")
+            if cap < MIN_RATE_BPS:
+                raise ValueError(f"cap of {key} must be at least {MIN_RATE_BPS} b/s (the "
+                                 "slowest the pacer paces)")
         with self.lock:
             self._admit([k for k, _ in caps])
             for key, cap in caps:
@@ -560,10 +562,15 @@ class Agent:
     def effective_params(self, base: CcParams, law: Law, overrides: dict[str, Any]) -> CcParams:
         """CcParams for `law`: the defaults for this line rate, then the given overrides."""
         o = self.opts
-        p = CcParams.defaults(law, o.line_rate_bps, base.tita.base_rtt_ns)
-        tita = replace(p.tita, **overrides.get("tita", {}))
-        dcqcn = replace(p.dcqcn, **overrides.get("dcqcn", {}))
-        p = replace(p, tita=tita, dcqcn=dcqcn)
+        # T (TitaParams.base_rtt_ns) also sets HPCC's T and Swift's target
+        tita_o = overrides.get("tita", {})
+        p = CcParams.defaults(law, o.line_rate_bps, tita_o.get("base_rtt_ns",
+                                                               base.tita.base_rtt_ns))
+        if law is Law.HPCC:  # the TitaParams message carries HPCC's own values
+            p = replace(p, hpcc=replace(p.hpcc, **tita_o))
+        else:
+            p = replace(p, tita=replace(p.tita, **tita_o))
+        p = replace(p, dcqcn=replace(p.dcqcn, **overrides.get("dcqcn", {})))
         if "min_rate_bps" in overrides:
             p = replace(p, min_rate_bps=overrides["min_rate_bps"])
         p.validate(o.line_rate_bps)

@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="interface to attach to (repeat; default: every non-loopback one)")
     ap.add_argument("--line-rate", type=parse_rate, help="emulated NIC line rate, e.g. 100M")
     ap.add_argument("--listen", help="gRPC address (default unix:///run/xingmai/agents/NAME/agent.sock)")
-    ap.add_argument("--rate-law", choices=["tita", "dcqcn", "none"], help="host rate law")
+    ap.add_argument("--rate-law", choices=[law.name.lower() for law in Law], help="host rate law")
     ap.add_argument("--base-rtt", type=parse_duration_ns, help="TiTa base RTT T, e.g. 200us")
     ap.add_argument("--int", dest="int_enabled", action=argparse.BooleanOptionalAction,
                     default=None, help="act as INT source for the transport's data packets")
@@ -97,8 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--run-root", type=Path, help="where the agent keeps its state file")
     ap.add_argument("--sync-interval", type=parse_duration_ns, help="rate map poll period (2ms)")
     ap.add_argument("--idle-timeout", type=float, help="seconds before an idle flow is forgotten")
-    ap.add_argument("--metrics-port", type=int, help="Prometheus HTTP port (0: off)")
-    ap.add_argument("--metrics-host", help="address the metrics port binds (127.0.0.1)")
+    ap.add_argument("--metrics-addr",
+                    help="Prometheus HTTP HOST:PORT, bound in the namespace the agent starts in "
+                         "(before --netns), e.g. 127.0.0.1:9470 (default: off)")
     ap.add_argument("--log-level", help="debug, info, warning (default info)")
     ap.add_argument("--log-file", type=Path, help="also write JSON logs here")
     return ap
@@ -121,10 +122,47 @@ def merged_settings(args: argparse.Namespace) -> dict[str, Any]:
     return conf
 
 
+# glibc's mallopt() parameter for the number of malloc arenas (malloc.h: M_ARENA_MAX).
+M_ARENA_MAX = -8
+MALLOC_ARENAS = 2
+
+
+def bound_malloc_arenas(arenas: int = MALLOC_ARENAS) -> bool:
+    """Cap glibc's malloc arenas. By default glibc gives each new thread its own arena, up to
+    8 per core, and keeps what a burst of requests on a gRPC worker grew: 3,000 fuzzed API calls
+    grew the agent by 281 MB that way, with the same calls under two arenas growing 54 MB and
+    then staying flat. True when the cap is in place (False off glibc)."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return False
+    try:
+        return bool(ctypes.CDLL(name).mallopt(M_ARENA_MAX, arenas))
+    except (OSError, AttributeError):
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
+    bound_malloc_arenas()  # before any thread is started
     args = build_parser().parse_args(argv)
     s = merged_settings(args)
     setup_logging("agent", s.get("log_level", "info"), file=s.get("log_file"))
+
+    # The metrics listener is bound before the agent enters the host's namespace: a socket stays
+    # in the namespace it was made in, so Prometheus on the machine reaches it (the testbed's
+    # hosts have no address the root namespace can reach).
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    reg = CollectorRegistry()
+    metrics_server = None
+    if s.get("metrics_addr"):
+        m_host, _, m_port = str(s["metrics_addr"]).rpartition(":")
+        if not m_port.isdigit():
+            raise SystemExit(f"--metrics-addr {s['metrics_addr']!r}: expected HOST:PORT")
+        metrics_server, _ = start_http_server(int(m_port), addr=m_host or "127.0.0.1",
+                                              registry=reg)
 
     # Enter the host's namespace first: everything after (bcc, netlink, sockets) lives there.
     if s.get("netns"):
@@ -144,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         name=name,
         interfaces=tuple(interfaces),
         line_rate_bps=parse_rate(s["line_rate"]),
-        law={"tita": Law.TITA, "dcqcn": Law.DCQCN, "none": Law.NONE}[s.get("rate_law", "tita")],
+        law=Law[str(s.get("rate_law", "tita")).upper()],
         base_rtt_ns=parse_duration_ns(s.get("base_rtt", 100_000)),
         int_enabled=bool(s.get("int_enabled", True)),
         int_dscp=int(s.get("int_dscp", 0x17)),
@@ -182,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             agent.stop()
         return 1
-    reg = registry_for(agent)
+    registry_for(agent, reg)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=MAX_WORKERS,
                                                     thread_name_prefix="grpc"),
                          options=[("grpc.so_reuseport", 0)])
@@ -200,15 +238,12 @@ def main(argv: list[str] | None = None) -> int:
         agent.stop()
         return 1
     server.start()
-    if s.get("metrics_port"):
-        from prometheus_client import start_http_server
-
-        start_http_server(int(s["metrics_port"]), addr=str(s.get("metrics_host", "127.0.0.1")),
-                          registry=reg)
-    log.info("serving", extra={"listen": listen, "metrics_port": s.get("metrics_port", 0)})
+    log.info("serving", extra={"listen": listen, "metrics": s.get("metrics_addr", "")})
     stop.wait()
     log.info("stopping")
     server.stop(grace=1).wait()
+    if metrics_server is not None:
+        metrics_server.shutdown()
     agent.stop()
     if listen.startswith("unix://"):
         Path(listen[len("unix://"):]).unlink(missing_ok=True)

@@ -81,8 +81,9 @@ class AgentMetrics:
             yield rer_s
 
 
-def registry_for(agent: Agent) -> CollectorRegistry:
-    reg = CollectorRegistry()
+def registry_for(agent: Agent, reg: CollectorRegistry | None = None) -> CollectorRegistry:
+    """The agent's metrics, in `reg` (a new registry if none)."""
+    reg = CollectorRegistry() if reg is None else reg
     reg.register(AgentMetrics(agent))  # type: ignore[arg-type]
     return reg
 

@@ -29,6 +29,10 @@ FIRST_FLOW_MINOR = 0x10
 LAST_FLOW_MINOR = 0xFFF0
 MTU = 1600  # HTB rate-table cell sizing (bytes)
 BURST_S = 0.002  # token bucket depth in time at the class rate: catches up timer lateness
+# The slowest an HTB class paces: its rate table and buffer are 32-bit counts of 1/64 us ticks,
+# which overflow for a full-size frame below ~100 b/s (netlink then refuses the class); a
+# slower rate is paced at this one.
+MIN_RATE_BPS = 8_000
 
 
 class PacingMode(enum.StrEnum):
@@ -146,7 +150,7 @@ class HtbPacer:
         raise RuntimeError("no free HTB class id")
 
     def _write(self, cmd: str, minor: int, rate_bps: int, weight: int) -> None:
-        Bps = max(1, rate_bps // 8)
+        Bps = max(MIN_RATE_BPS, rate_bps) // 8
         for idx in self.ifindexes:
             self.ipr.tc(
                 cmd, "htb", idx, classid(minor), parent=ROOT_HANDLE, rate=Bps, ceil=Bps,

@@ -19,7 +19,9 @@ from controller.proto import agent_pb2_grpc as pb_grpc
 
 log = logging.getLogger("xingmai.agent.service")
 
-LAW_TO_PB = {Law.NONE: pb.RATE_LAW_NONE, Law.TITA: pb.RATE_LAW_TITA, Law.DCQCN: pb.RATE_LAW_DCQCN}
+LAW_TO_PB = {Law.NONE: pb.RATE_LAW_NONE, Law.TITA: pb.RATE_LAW_TITA, Law.DCQCN: pb.RATE_LAW_DCQCN,
+             Law.HPCC: pb.RATE_LAW_HPCC, Law.TIMELY: pb.RATE_LAW_TIMELY,
+             Law.SWIFT: pb.RATE_LAW_SWIFT}
 LAW_FROM_PB = {v: k for k, v in LAW_TO_PB.items()}
 
 T = TypeVar("T")
@@ -77,14 +79,15 @@ def overrides_from_pb(c: pb.RateLawConfig) -> dict[str, Any]:
 
 
 def params_to_pb(p: CcParams) -> pb.RateLawConfig:
+    t = p.hpcc if p.law is Law.HPCC else p.tita  # the TitaParams message carries HPCC's own
     return pb.RateLawConfig(
         law=LAW_TO_PB[p.law],
         min_rate_bps=p.min_rate_bps,
         tita=pb.TitaParams(
-            eta=from_fixed(p.tita.eta),
-            w_ai_bps=p.tita.wai_bps,
-            max_stage=p.tita.max_stage,
-            base_rtt_ns=p.tita.base_rtt_ns,
+            eta=from_fixed(t.eta),
+            w_ai_bps=t.wai_bps,
+            max_stage=t.max_stage,
+            base_rtt_ns=t.base_rtt_ns,
         ),
         dcqcn=pb.DcqcnParams(
             g=from_fixed(p.dcqcn.g),

@@ -8,6 +8,7 @@ map list, the counter names and the flag and enum values come from the same head
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import logging
 import os
 import re
@@ -173,13 +174,22 @@ def cc_params_to_c(p: CcParams, c: Any) -> None:
     c.dcqcn.rate_timer_ns = d.rate_timer_ns
     c.dcqcn.cut_interval_ns = d.cut_interval_ns
     c.dcqcn.fast_recovery_steps = d.fast_recovery_steps
+    for name in ("wai_bps", "eta", "max_stage", "base_rtt_ns"):
+        setattr(c.hpcc, name, getattr(p.hpcc, name))
+    for name in ("delta_bps", "alpha", "beta", "t_low_ns", "t_high_ns", "min_rtt_ns", "hai_steps"):
+        setattr(c.timely, name, getattr(p.timely, name))
+    for name in ("ai_bytes", "beta", "max_mdf", "base_target_ns", "per_hop_ns", "sender_ttl"):
+        setattr(c.swift, name, getattr(p.swift, name))
 
 
 def cc_params_from_c(c: Any) -> CcParams:
-    from controller.nic.ratelaw import DcqcnParams, TitaParams
+    from controller.nic.ratelaw import DcqcnParams, SwiftParams, TimelyParams, TitaParams
+
+    def fields(struct: Any, cls: type) -> dict[str, int]:
+        return {f.name: int(getattr(struct, f.name)) for f in dataclasses.fields(cls)}
 
     return CcParams(
-        law=Law(int(c.law)) if int(c.law) in (0, 1, 2) else Law.NONE,
+        law=Law(int(c.law)) if int(c.law) in set(Law) else Law.NONE,
         min_rate_bps=int(c.min_rate_bps),
         tita=TitaParams(
             wai_bps=int(c.tita.wai_bps),
@@ -187,6 +197,9 @@ def cc_params_from_c(c: Any) -> CcParams:
             max_stage=int(c.tita.max_stage),
             base_rtt_ns=int(c.tita.base_rtt_ns),
         ),
+        hpcc=TitaParams(**fields(c.hpcc, TitaParams)),
+        timely=TimelyParams(**fields(c.timely, TimelyParams)),
+        swift=SwiftParams(**fields(c.swift, SwiftParams)),
         dcqcn=DcqcnParams(
             rai_bps=int(c.dcqcn.rai_bps),
             rhai_bps=int(c.dcqcn.rhai_bps),

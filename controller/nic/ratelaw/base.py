@@ -24,6 +24,7 @@ U64 = (1 << 64) - 1
 # (B / 8) * T must stay below 2**64.
 MAX_SPEED_BPS = 10**12
 MAX_BASE_RTT_NS = 10**8
+RTT_MAX_NS = ALL_ONES32  # RTT samples are clamped to 32 bits of ns (4.3 s)
 
 
 class Law(enum.IntEnum):
@@ -32,6 +33,9 @@ class Law(enum.IntEnum):
     NONE = 0
     TITA = 1
     DCQCN = 2
+    HPCC = 3
+    TIMELY = 4
+    SWIFT = 5
 
 
 def to_fixed(x: float) -> int:
@@ -79,13 +83,20 @@ class CcState:
     bc_base_bytes: int = 0
     last_cut_ns: int = 0
     flags: int = 0
+    # TIMELY, Swift
+    rtt_ns: int = 0  # the last RTT sample (TIMELY: prev_rtt)
+    rtt_diff_ns: int = 0  # TIMELY: EWMA of the RTT difference (signed)
+    rtt_done_seq: int = 0  # the tc probe whose sample has been taken
     hops: list[HopRecord] = field(default_factory=lambda: [HopRecord() for _ in range(MAX_HOPS)])
 
     @classmethod
-    def initial(cls, law: Law, ceil_bps: int, tx_bytes: int, now_ns: int) -> CcState:
-        """xm_cc_init()."""
+    def initial(
+        cls, law: Law, ceil_bps: int, tx_bytes: int, now_ns: int, probe_seq: int = 0
+    ) -> CcState:
+        """xm_cc_init(): tc's pending RTT probe counts as taken (it may predate the law)."""
         return cls(
             law=law,
+            rtt_done_seq=probe_seq,
             rate_bps=ceil_bps,
             ref_rate_bps=ceil_bps,
             util=UNIT,
@@ -105,3 +116,8 @@ def bound_rate(rate: int, min_rate: int, ceil: int) -> int:
 
 def psn_ge(a: int, b: int) -> bool:
     return ((a - b) & PSN_MASK) < 0x800000
+
+
+def scale_rate(rate: int, factor: int) -> int:
+    """rate x factor / UNIT for a factor in [0, UNIT]."""
+    return (rate * factor) >> UNIT_SHIFT

@@ -1,54 +1,23 @@
 """DCQCN's reaction point: rate cuts on CNPs, timer and byte-counter increases, as
 xm_dcqcn_on_feedback() computes them.
 
-Defaults: the paper's values for 40 Gb/s (R_AI 40 Mb/s, R_HAI 10 x R_AI, byte counter 10 MB,
-timers K = T = 55 us, g = 1/256, F = 5) and the 4 us minimum interval between two cuts of the
-common NIC model, under time dilation by s = line rate / 40 Gb/s: rates times s, time intervals
-divided by s, byte counts unchanged. Every dimensionless ratio of the paper (events per packet,
-increase per event over the line rate) stays the same, and the emulated RTTs, already long in
-absolute terms, are of the same dilated order.
+Defaults (params.DcqcnParams.scaled): the paper's values for 40 Gb/s (R_AI 40 Mb/s, R_HAI
+10 x R_AI, byte counter 10 MB, timers K = T = 55 us, g = 1/256, F = 5) and the 4 us minimum
+interval between two cuts of the common NIC model, under time dilation by s = line rate /
+40 Gb/s: rates times s, time intervals divided by s, byte counts unchanged. Every
+dimensionless ratio of the paper (events per packet, increase per event over the line rate)
+stays the same, and the emulated RTTs, already long in absolute terms, are of the same dilated
+order.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 from controller.nic.ratelaw.base import CUT_SEEN, U64, UNIT, UNIT_SHIFT, CcState, bound_rate
+from controller.nic.ratelaw.params import CcParams
 
-if TYPE_CHECKING:
-    from controller.nic.ratelaw.params import CcParams
-
+# XM_DCQCN_MAX_EVENTS, XM_DCQCN_BACKLOG of ebpf/lib/dcqcn.h: increase events per feedback packet
 DCQCN_MAX_EVENTS = 4
 DCQCN_BACKLOG = 64
-DCQCN_REFERENCE_RATE_BPS = 40 * 10**9
-
-
-@dataclass(frozen=True)
-class DcqcnParams:
-    rai_bps: int
-    rhai_bps: int
-    byte_counter: int
-    g: int
-    alpha_timer_ns: int
-    rate_timer_ns: int
-    cut_interval_ns: int
-    fast_recovery_steps: int
-
-    @classmethod
-    def scaled(cls, line_rate_bps: int) -> DcqcnParams:
-        s = line_rate_bps / DCQCN_REFERENCE_RATE_BPS
-        rai = int(40e6 * s)
-        return cls(
-            rai_bps=max(1, rai),
-            rhai_bps=max(1, 10 * rai),
-            byte_counter=10 * 1024 * 1024,
-            g=UNIT // 256,
-            alpha_timer_ns=int(55_000 / s),
-            rate_timer_ns=int(55_000 / s),
-            cut_interval_ns=int(4_000 / s),
-            fast_recovery_steps=5,
-        )
 
 
 def fx_pow(base: int, n: int) -> int:

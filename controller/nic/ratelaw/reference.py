@@ -12,6 +12,9 @@ from controller.nic.ratelaw.base import CcState, Law
 from controller.nic.ratelaw.dcqcn import dcqcn_on_feedback
 from controller.nic.ratelaw.echo import EchoError, parse_echo
 from controller.nic.ratelaw.params import CcParams
+from controller.nic.ratelaw.rtt import RttProbe, take_rtt_sample
+from controller.nic.ratelaw.swift import swift_on_rtt
+from controller.nic.ratelaw.timely import timely_on_rtt
 from controller.nic.ratelaw.tita import HopSpeed, tita_on_ack
 from controller.wire.roce import (
     AETH_ACK_MAX,
@@ -33,6 +36,7 @@ class Feedback:
     psn: int
     is_cnp: bool
     echo: bytes
+    ttl: int = 64  # the IPv4 TTL it arrived with (Swift counts hops from it)
 
 
 def parse_feedback(frame: bytes) -> Feedback | None:
@@ -68,9 +72,9 @@ def parse_feedback(frame: bytes) -> Feedback | None:
         if udp[aeth] > AETH_ACK_MAX:
             return None
         echo = bytes(udp[aeth + AETH_LEN : udp_len - ICRC_LEN])
-        return Feedback(key, psn, False, echo)
+        return Feedback(key, psn, False, echo, ip[8])
     if opcode == OP_CNP:
-        return Feedback(key, psn, True, b"")
+        return Feedback(key, psn, True, b"", ip[8])
     return None
 
 
@@ -98,20 +102,23 @@ class ReferenceNic:
         cap_bps: int | None = None,
         weight: int = 1,
         params: CcParams | None = None,
+        rtt_probe: RttProbe | None = None,
     ) -> int | None:
-        """Process one received frame; returns the flow's rate after it (None: not feedback)."""
+        """Process one received frame; returns the flow's rate after it (None: not feedback).
+        `rtt_probe` is tc's probe of the flow (TIMELY and Swift take their samples from it)."""
         fb = parse_feedback(frame)
         if fb is None:
             return None
         prm = params or self.params
-        if prm.law not in (Law.TITA, Law.DCQCN) or (prm.law == Law.TITA and fb.is_cnp):
+        if prm.law == Law.NONE or (prm.law != Law.DCQCN and fb.is_cnp):
             return self.flows[fb.key].rate_bps if fb.key in self.flows else None
         ceil = self.line_rate_bps if cap_bps is None else min(self.line_rate_bps, cap_bps)
+        weight = weight or 1
         cc = self.flows.get(fb.key)
         if cc is None or cc.law != prm.law:
-            cc = CcState.initial(prm.law, ceil, tx_bytes, now_ns)
+            cc = CcState.initial(prm.law, ceil, tx_bytes, now_ns, rtt_probe.seq if rtt_probe else 0)
             self.flows[fb.key] = cc
-        if prm.law == Law.TITA:
+        if prm.law in (Law.TITA, Law.HPCC):
             if fb.echo:
                 hops = parse_echo(fb.echo)
                 if not isinstance(hops, EchoError):
@@ -124,11 +131,12 @@ class ReferenceNic:
                         tx_bytes=tx_bytes,
                         now_ns=now_ns,
                         ceil_bps=ceil,
-                        weight=weight or 1,
+                        weight=weight,
                         line_rate_bps=self.line_rate_bps,
                         hop_speed=self.hop_speed,
+                        hpcc=prm.law == Law.HPCC,
                     )
-        else:
+        elif prm.law == Law.DCQCN:
             dcqcn_on_feedback(
                 cc,
                 prm,
@@ -136,8 +144,15 @@ class ReferenceNic:
                 tx_bytes=tx_bytes,
                 now_ns=now_ns,
                 ceil_bps=ceil,
-                weight=weight or 1,
+                weight=weight,
             )
+        else:
+            rtt = take_rtt_sample(cc, rtt_probe, fb.psn, now_ns)
+            if rtt is not None:
+                if prm.law == Law.TIMELY:
+                    timely_on_rtt(cc, prm, rtt, ceil, weight)
+                else:
+                    swift_on_rtt(cc, prm, rtt, fb.ttl, now_ns, ceil, weight)
         cc.last_fb_ns = now_ns
         cc.feedback += 1
         return cc.rate_bps

@@ -1,15 +1,15 @@
 """TiTa (HPCC-like): the rate from the INT echoed in every ACK, as xm_tita_on_ack() computes it.
 
 Utilisation U = max over hops of txRate/B + qlen/(B*T), an EWMA over the base RTT T; target
-eta, additive step W_AI. Defaults scale with the emulated line rate: eta = 0.95,
-W_AI = line rate * (1 - eta) / 100 (HPCC's W_init(1-eta)/N for N = 100 flows), max stage 0.
+eta, additive step W_AI. Defaults (params.TitaParams.defaults) scale with the emulated line
+rate: eta = 0.95, W_AI = line rate * (1 - eta) / 100 (HPCC's W_init(1-eta)/N for N = 100
+flows), max stage 0.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from controller.nic.ratelaw.base import (
     ALL_ONES32,
@@ -25,31 +25,9 @@ from controller.nic.ratelaw.base import (
     HopRecord,
     bound_rate,
     psn_ge,
-    to_fixed,
 )
 from controller.nic.ratelaw.echo import IntHopValues
-
-if TYPE_CHECKING:
-    from controller.nic.ratelaw.params import CcParams
-
-
-@dataclass(frozen=True)
-class TitaParams:
-    wai_bps: int
-    eta: int = to_fixed(0.95)  # UNIT scale
-    max_stage: int = 0
-    base_rtt_ns: int = 100_000
-
-    @classmethod
-    def defaults(cls, line_rate_bps: int, base_rtt_ns: int = 100_000) -> TitaParams:
-        eta = 0.95
-        return cls(
-            wai_bps=int(line_rate_bps * (1 - eta) / 100),
-            eta=to_fixed(eta),
-            max_stage=0,
-            base_rtt_ns=base_rtt_ns,
-        )
-
+from controller.nic.ratelaw.params import CcParams
 
 HopSpeed = Callable[[int, int], int]  # (node id, port) -> bit/s, 0 for unknown
 
@@ -73,10 +51,15 @@ def tita_on_ack(
     weight: int,
     line_rate_bps: int,
     hop_speed: HopSpeed | None = None,
+    hpcc: bool = False,
 ) -> TitaOutcome:
-    """xm_tita_on_ack() after the echo parsed into `hops`."""
+    """xm_tita_on_ack() after the echo parsed into `hops`.
+
+    With `hpcc`, HPCC as published: its parameters (prm.hpcc) and U committed on every ACK
+    (MeasureInflight), R_ref and the stage once per RTT; TiTa commits U with R_ref only."""
+    tp = prm.hpcc if hpcc else prm.tita
     nh = len(hops)
-    T = prm.tita.base_rtt_ns or 1
+    T = tp.base_rtt_ns or 1
     local_dt = now_ns - cc.last_fb_ns if now_ns > cc.last_fb_ns else 0
     sent = min((tx_bytes - cc.prev_tx_bytes) & U64, 1 << 30)
     comparable = bool(cc.flags & HAVE_RECORDS) and cc.nhops == nh
@@ -116,9 +99,11 @@ def tita_on_ack(
 
     tau = min(tau, T)
     U = ((T - tau) * cc.util + tau * u_max) // T
-    eta = prm.tita.eta
-    wai = prm.tita.wai_bps * weight
-    if U >= eta or cc.inc_stage >= prm.tita.max_stage:
+    if hpcc:
+        cc.util = U
+    eta = tp.eta
+    wai = tp.wai_bps * weight
+    if U >= eta or cc.inc_stage >= tp.max_stage:
         R = cc.ref_rate_bps * eta // (U or 1) + wai
         stage = 0
     else:

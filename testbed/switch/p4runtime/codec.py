@@ -20,10 +20,26 @@ MAX_METER_BURST = (1 << 32) - 1  # bmv2's burst sizes are 32-bit
 MAX_PACKET_OUT = 65535  # the largest frame a port sends
 MAX_STREAM_BACKLOG = 4096  # packet-ins and digests queued for one slow stream
 
-_CODES = {name: getattr(grpc.StatusCode, name) for name in (
-    "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
-    "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
-    "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE")}
+_CODES = {
+    name: getattr(grpc.StatusCode, name)
+    for name in (
+        "OK",
+        "CANCELLED",
+        "UNKNOWN",
+        "INVALID_ARGUMENT",
+        "DEADLINE_EXCEEDED",
+        "NOT_FOUND",
+        "ALREADY_EXISTS",
+        "PERMISSION_DENIED",
+        "RESOURCE_EXHAUSTED",
+        "FAILED_PRECONDITION",
+        "ABORTED",
+        "OUT_OF_RANGE",
+        "UNIMPLEMENTED",
+        "INTERNAL",
+        "UNAVAILABLE",
+    )
+}
 
 
 class RpcError(Exception):
@@ -69,12 +85,15 @@ def meter_rates(cfg: Any) -> list[tuple[float, int]]:
             raise RpcError("INVALID_ARGUMENT", f"meter {name} must not be negative")
     for name in ("cir", "pir"):
         if getattr(cfg, name) > MAX_METER_RATE:
-            raise RpcError("OUT_OF_RANGE", f"meter {name} {getattr(cfg, name)} is over "
-                           f"{MAX_METER_RATE} per second")
+            raise RpcError(
+                "OUT_OF_RANGE",
+                f"meter {name} {getattr(cfg, name)} is over {MAX_METER_RATE} per second",
+            )
     for name in ("cburst", "pburst"):
         if getattr(cfg, name) > MAX_METER_BURST:
-            raise RpcError("OUT_OF_RANGE", f"meter {name} {getattr(cfg, name)} is over "
-                           f"{MAX_METER_BURST}")
+            raise RpcError(
+                "OUT_OF_RANGE", f"meter {name} {getattr(cfg, name)} is over {MAX_METER_BURST}"
+            )
     if cfg.cir > cfg.pir:
         raise RpcError("INVALID_ARGUMENT", "meter cir must not exceed pir")
     # P4Runtime rates are per second; bmv2's per microsecond.

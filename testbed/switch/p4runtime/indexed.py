@@ -71,14 +71,38 @@ def _register_read(arr: Any, i: int, re_: p4r.RegisterEntry) -> None:
     re_.data.bitstring = to_bytes(arr.values[i])
 
 
-KINDS = {k.entity: k for k in (
-    _Kind("counter_entry", "counter", "counter_id", lambda s: s.idx.counters,
-          _counter_prepare, lambda arr, i, v: arr.write(i, *v), _counter_read),
-    _Kind("meter_entry", "meter", "meter_id", lambda s: s.idx.meters,
-          _meter_prepare, _meter_write, _meter_read),
-    _Kind("register_entry", "register", "register_id", lambda s: s.idx.registers,
-          _register_prepare, lambda arr, i, v: arr.write(i, v), _register_read),
-)}
+KINDS = {
+    k.entity: k
+    for k in (
+        _Kind(
+            "counter_entry",
+            "counter",
+            "counter_id",
+            lambda s: s.idx.counters,
+            _counter_prepare,
+            lambda arr, i, v: arr.write(i, *v),
+            _counter_read,
+        ),
+        _Kind(
+            "meter_entry",
+            "meter",
+            "meter_id",
+            lambda s: s.idx.meters,
+            _meter_prepare,
+            _meter_write,
+            _meter_read,
+        ),
+        _Kind(
+            "register_entry",
+            "register",
+            "register_id",
+            lambda s: s.idx.registers,
+            _register_prepare,
+            lambda arr, i, v: arr.write(i, v),
+            _register_read,
+        ),
+    )
+}
 
 
 class IndexedEntities:

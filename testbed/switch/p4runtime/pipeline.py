@@ -26,8 +26,18 @@ log = logging.getLogger("xingmai.switch.p4runtime")
 A = p4r.SetForwardingPipelineConfigRequest
 R = p4r.GetForwardingPipelineConfigRequest
 # What a malformed program can raise while it is parsed or compiled: each is a bad config.
-_BAD_PROGRAM = (LoadError, P4InfoError, ValueError, TypeError, KeyError, IndexError,
-                AttributeError, UnicodeDecodeError, RecursionError, SyntaxError)
+_BAD_PROGRAM = (
+    LoadError,
+    P4InfoError,
+    ValueError,
+    TypeError,
+    KeyError,
+    IndexError,
+    AttributeError,
+    UnicodeDecodeError,
+    RecursionError,
+    SyntaxError,
+)
 
 
 class Pipeline:
@@ -49,15 +59,22 @@ class Pipeline:
                 self.install(info, device_config, cookie)
                 self.saved = None
                 return
-            if action not in (A.VERIFY, A.VERIFY_AND_SAVE, A.VERIFY_AND_COMMIT,
-                              A.RECONCILE_AND_COMMIT):
+            if action not in (
+                A.VERIFY,
+                A.VERIFY_AND_SAVE,
+                A.VERIFY_AND_COMMIT,
+                A.RECONCILE_AND_COMMIT,
+            ):
                 raise RpcError("INVALID_ARGUMENT", f"unsupported action {action}")
             if not cfg.p4_device_config:
-                raise RpcError("INVALID_ARGUMENT",
-                               "the config has no p4_device_config (bmv2 JSON)")
+                raise RpcError("INVALID_ARGUMENT", "the config has no p4_device_config (bmv2 JSON)")
             cookie = cfg.cookie.cookie if cfg.HasField("cookie") else 0
-            if action == A.RECONCILE_AND_COMMIT and svc.index is not None and \
-                    svc.switch.json_bytes == cfg.p4_device_config and svc.p4info == cfg.p4info:
+            if (
+                action == A.RECONCILE_AND_COMMIT
+                and svc.index is not None
+                and svc.switch.json_bytes == cfg.p4_device_config
+                and svc.p4info == cfg.p4info
+            ):
                 svc.cookie = cookie  # same program: keep every entry (a restarted controller)
                 return
             self.verify(cfg.p4info, cfg.p4_device_config)
@@ -70,12 +87,14 @@ class Pipeline:
     def verify(info: p4i.P4Info, device_config: bytes) -> None:
         from testbed.switch.compiler import compile_program
         from testbed.switch.program import Program
+
         try:
             compiled = compile_program(Program(json.loads(device_config)), lambda: 0)
             P4InfoIndex(info, compiled)
         except _BAD_PROGRAM as exc:
-            raise RpcError("INVALID_ARGUMENT", f"bad pipeline config: "
-                           f"{type(exc).__name__}: {str(exc)[:200]}") from exc
+            raise RpcError(
+                "INVALID_ARGUMENT", f"bad pipeline config: {type(exc).__name__}: {str(exc)[:200]}"
+            ) from exc
 
     def install(self, info: p4i.P4Info, device_config: bytes, cookie: int) -> None:
         svc = self.svc
@@ -85,8 +104,9 @@ class Pipeline:
             assert sw.compiled is not None
             index = P4InfoIndex(info, sw.compiled)
         except _BAD_PROGRAM as exc:
-            raise RpcError("INVALID_ARGUMENT", f"bad pipeline config: "
-                           f"{type(exc).__name__}: {str(exc)[:200]}") from exc
+            raise RpcError(
+                "INVALID_ARGUMENT", f"bad pipeline config: {type(exc).__name__}: {str(exc)[:200]}"
+            ) from exc
         with sw.lock, svc.lock:
             svc.index = index
             svc.p4info = p4i.P4Info()
@@ -96,8 +116,9 @@ class Pipeline:
             svc.initial_defaults = {n: t.default for n, t in sw.compiled.tables.items()}
         log.info("pipeline installed (cookie %#x)", cookie)
 
-    def get(self, request: p4r.GetForwardingPipelineConfigRequest
-            ) -> p4r.GetForwardingPipelineConfigResponse:
+    def get(
+        self, request: p4r.GetForwardingPipelineConfigRequest
+    ) -> p4r.GetForwardingPipelineConfigResponse:
         svc = self.svc
         if request.device_id != svc.device_id:
             raise RpcError("NOT_FOUND", f"device {request.device_id} unknown")
@@ -111,5 +132,3 @@ class Pipeline:
         if rt in (R.ALL, R.DEVICE_CONFIG_AND_COOKIE):
             resp.config.p4_device_config = svc.switch.json_bytes
         return resp
-
-

@@ -76,8 +76,9 @@ class ActionProfileGroups(_Profiles):
             for gid, grp in sorted(self.profile(pid).groups.items()):
                 if req.group_id and gid != req.group_id:
                     continue
-                g = p4r.ActionProfileGroup(action_profile_id=pid, group_id=gid,
-                                           max_size=grp.max_size)
+                g = p4r.ActionProfileGroup(
+                    action_profile_id=pid, group_id=gid, max_size=grp.max_size
+                )
                 for mid, w in grp.weights.items():
                     g.members.add(member_id=mid, weight=w)
                 out.append(p4r.Entity(action_profile_group=g))

@@ -48,8 +48,9 @@ class Replication:
             if port > max_port:
                 raise RpcError("OUT_OF_RANGE", f"replica port {port} is not in [0, {max_port}]")
             if r.instance > MAX_RID:
-                raise RpcError("OUT_OF_RANGE",
-                               f"replica instance {r.instance} is not in [0, {MAX_RID}]")
+                raise RpcError(
+                    "OUT_OF_RANGE", f"replica instance {r.instance} is not in [0, {MAX_RID}]"
+                )
             out.append((port, r.instance))
         if len(set(out)) != len(out):
             raise RpcError("INVALID_ARGUMENT", "a replica (port, instance) is given twice")
@@ -85,11 +86,12 @@ class Replication:
                 del sw.clone_sessions[sid]
                 return
             if not exists and len(sw.clone_sessions) >= MAX_CLONE_SESSIONS:
-                raise RpcError("RESOURCE_EXHAUSTED", f"at most {MAX_CLONE_SESSIONS} clone "
-                               "sessions")
+                raise RpcError("RESOURCE_EXHAUSTED", f"at most {MAX_CLONE_SESSIONS} clone sessions")
             if c.class_of_service > MAX_COS:
-                raise RpcError("OUT_OF_RANGE", f"class_of_service {c.class_of_service} is not "
-                               f"in [0, {MAX_COS}]")
+                raise RpcError(
+                    "OUT_OF_RANGE",
+                    f"class_of_service {c.class_of_service} is not in [0, {MAX_COS}]",
+                )
             if c.packet_length_bytes < 0:
                 raise RpcError("INVALID_ARGUMENT", "packet_length_bytes must not be negative")
             replicas = self.replicas(c.replicas)

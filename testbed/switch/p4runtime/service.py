@@ -45,9 +45,13 @@ class P4RuntimeService(p4r_grpc.P4RuntimeServicer):  # type: ignore[misc]
     """The P4Runtime server state machine, independent of the transport (testable in process).
     `max_streams` bounds the open StreamChannels: each holds one of the server's threads."""
 
-    def __init__(self, switch: V1Switch, device_id: int = 0,
-                 inject: Callable[[int, bytes], None] | None = None,
-                 max_streams: int = DEFAULT_WORKERS // 2):
+    def __init__(
+        self,
+        switch: V1Switch,
+        device_id: int = 0,
+        inject: Callable[[int, bytes], None] | None = None,
+        max_streams: int = DEFAULT_WORKERS // 2,
+    ):
         self.switch = switch
         self.device_id = device_id
         self.inject = inject or self._inject_inline
@@ -56,9 +60,16 @@ class P4RuntimeService(p4r_grpc.P4RuntimeServicer):  # type: ignore[misc]
         self.p4info: p4i.P4Info | None = None
         self.cookie = 0
         self.initial_defaults: dict[str, ActionCall | None] = {}
-        self.counters = {"packet_in": 0, "packet_in_dropped": 0, "packet_out": 0,
-                         "packet_out_dropped": 0, "digests_sent": 0, "digests_dropped": 0,
-                         "write_errors": 0, "internal_errors": 0}
+        self.counters = {
+            "packet_in": 0,
+            "packet_in_dropped": 0,
+            "packet_out": 0,
+            "packet_out_dropped": 0,
+            "digests_sent": 0,
+            "digests_dropped": 0,
+            "write_errors": 0,
+            "internal_errors": 0,
+        }
         self.streams = Streams(self, max_streams)
         self.pipeline = Pipeline(self)
         tables = TableEntries(self)
@@ -102,14 +113,16 @@ class P4RuntimeService(p4r_grpc.P4RuntimeServicer):  # type: ignore[misc]
 
     # ---- StreamChannel ----
 
-    def StreamChannel(self, request_iterator: Iterator[p4r.StreamMessageRequest],
-                      context: Any) -> Iterator[p4r.StreamMessageResponse]:
+    def StreamChannel(
+        self, request_iterator: Iterator[p4r.StreamMessageRequest], context: Any
+    ) -> Iterator[p4r.StreamMessageResponse]:
         return self.streams.channel(request_iterator, context)
 
     # ---- pipeline, capabilities ----
 
-    def SetForwardingPipelineConfig(self, request: p4r.SetForwardingPipelineConfigRequest,
-                                    context: Any) -> p4r.SetForwardingPipelineConfigResponse:
+    def SetForwardingPipelineConfig(
+        self, request: p4r.SetForwardingPipelineConfigRequest, context: Any
+    ) -> p4r.SetForwardingPipelineConfigResponse:
         try:
             self.pipeline.set(request)
         except RpcError as exc:
@@ -118,16 +131,18 @@ class P4RuntimeService(p4r_grpc.P4RuntimeServicer):  # type: ignore[misc]
             self._internal(context, "SetForwardingPipelineConfig", exc)
         return p4r.SetForwardingPipelineConfigResponse()
 
-    def GetForwardingPipelineConfig(self, request: p4r.GetForwardingPipelineConfigRequest,
-                                    context: Any) -> p4r.GetForwardingPipelineConfigResponse:
+    def GetForwardingPipelineConfig(
+        self, request: p4r.GetForwardingPipelineConfigRequest, context: Any
+    ) -> p4r.GetForwardingPipelineConfigResponse:
         try:
             return self.pipeline.get(request)
         except RpcError as exc:
             context.abort(grpc_code(exc.code), exc.message)
         raise AssertionError("unreachable")
 
-    def Capabilities(self, request: p4r.CapabilitiesRequest,
-                     context: Any) -> p4r.CapabilitiesResponse:
+    def Capabilities(
+        self, request: p4r.CapabilitiesRequest, context: Any
+    ) -> p4r.CapabilitiesResponse:
         return p4r.CapabilitiesResponse(p4runtime_api_version=API_VERSION)
 
     # ---- Write ----
@@ -146,13 +161,16 @@ class P4RuntimeService(p4r_grpc.P4RuntimeServicer):  # type: ignore[misc]
             self.counters["write_errors"] += 1
             status = rpc_status.Status(code=rpc_code.UNKNOWN, message="write failed")
             for e in errors:
-                err = p4r.Error(canonical_code=rpc_code.OK if e is None else code_int(e.code),
-                                message="" if e is None else e.message)
+                err = p4r.Error(
+                    canonical_code=rpc_code.OK if e is None else code_int(e.code),
+                    message="" if e is None else e.message,
+                )
                 packed = any_pb2.Any()
                 packed.Pack(err)
                 status.details.append(packed)
             context.set_trailing_metadata(
-                (("grpc-status-details-bin", status.SerializeToString()),))
+                (("grpc-status-details-bin", status.SerializeToString()),)
+            )
             first = next(e for e in errors if e is not None)
             context.abort(grpc.StatusCode.UNKNOWN, first.message)
         return p4r.WriteResponse()
@@ -203,7 +221,7 @@ class P4RuntimeService(p4r_grpc.P4RuntimeServicer):  # type: ignore[misc]
         except Exception as exc:
             self._internal(context, "Read", exc)
         for i in range(0, len(entities), READ_CHUNK):
-            yield p4r.ReadResponse(entities=entities[i:i + READ_CHUNK])
+            yield p4r.ReadResponse(entities=entities[i : i + READ_CHUNK])
 
     def read_entity(self, ent: p4r.Entity) -> list[p4r.Entity]:
         kind = ent.WhichOneof("entity")
@@ -213,16 +231,23 @@ class P4RuntimeService(p4r_grpc.P4RuntimeServicer):  # type: ignore[misc]
         return handler.read(getattr(ent, kind))
 
 
-def serve(service: P4RuntimeService, address: str, max_workers: int = DEFAULT_WORKERS,
-          also: tuple[Callable[[grpc.Server], None], ...] = ()) -> grpc.Server:
+def serve(
+    service: P4RuntimeService,
+    address: str,
+    max_workers: int = DEFAULT_WORKERS,
+    also: tuple[Callable[[grpc.Server], None], ...] = (),
+) -> grpc.Server:
     """Start a gRPC server for `service` on `address` (host:port); `also` registers more
     services on the same server before it starts. The port is this server's alone: gRPC's
     default SO_REUSEPORT would let a second switch bind it and take some of the clients."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers,
-                                                    thread_name_prefix="p4rt"),
-                         options=[("grpc.max_receive_message_length", 64 * 2**20),
-                                  ("grpc.max_send_message_length", 64 * 2**20),
-                                  ("grpc.so_reuseport", 0)])
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="p4rt"),
+        options=[
+            ("grpc.max_receive_message_length", 64 * 2**20),
+            ("grpc.max_send_message_length", 64 * 2**20),
+            ("grpc.so_reuseport", 0),
+        ],
+    )
     p4r_grpc.add_P4RuntimeServicer_to_server(service, server)
     for register in also:
         register(server)

@@ -74,8 +74,9 @@ class Streams:
 
     def check_primary(self, device_id: int, eid: Any, role: str = "") -> None:
         if device_id != self.svc.device_id:
-            raise RpcError("NOT_FOUND",
-                           f"device {device_id} unknown (this is {self.svc.device_id})")
+            raise RpcError(
+                "NOT_FOUND", f"device {device_id} unknown (this is {self.svc.device_id})"
+            )
         with self.svc.lock:
             p = self.primary(role)
             if p is None or p.election_id != election(eid):
@@ -111,27 +112,38 @@ class Streams:
         eid = election(req.election_id) if req.HasField("election_id") else None
         with self.svc.lock:
             for other in self.clients.values():
-                if other is not client and other.role == role and eid is not None \
-                        and other.election_id == eid:
+                if (
+                    other is not client
+                    and other.role == role
+                    and eid is not None
+                    and other.election_id == eid
+                ):
                     raise RpcError("INVALID_ARGUMENT", f"election id {eid} is already in use")
             old_primary = self.primary(role)
             client.role, client.election_id = role, eid
             new_primary = self.primary(role)
             if new_primary is not old_primary:
-                log.info("primary for role %r is now stream %s (election id %s)", role,
-                         new_primary.stream_id if new_primary else None, eid)
+                log.info(
+                    "primary for role %r is now stream %s (election id %s)",
+                    role,
+                    new_primary.stream_id if new_primary else None,
+                    eid,
+                )
                 self._notify_all(role)
             else:
                 client.queue.put(self._arbitration_msg(client, role))
 
-    def channel(self, request_iterator: Iterator[p4r.StreamMessageRequest],
-                context: Any) -> Iterator[p4r.StreamMessageResponse]:
+    def channel(
+        self, request_iterator: Iterator[p4r.StreamMessageRequest], context: Any
+    ) -> Iterator[p4r.StreamMessageResponse]:
         with self.svc.lock:
             if len(self.clients) >= self.max_streams:
                 # each stream holds a server thread: beyond this many, Write and Read would
                 # find none left
-                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                              f"at most {self.max_streams} streams at once")
+                context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"at most {self.max_streams} streams at once",
+                )
             client = Client(self._next_stream, queue.Queue(), peer=context.peer())
             self._next_stream += 1
             self.clients[client.stream_id] = client
@@ -144,8 +156,9 @@ class Streams:
                         if kind == "arbitration":
                             self._arbitrate(client, req.arbitration)
                         elif client.election_id is None:
-                            raise RpcError("FAILED_PRECONDITION",
-                                           "send a MasterArbitrationUpdate first")
+                            raise RpcError(
+                                "FAILED_PRECONDITION", "send a MasterArbitrationUpdate first"
+                            )
                         elif kind == "packet":
                             self._packet_out(client, req.packet)
                         elif kind == "digest_ack":
@@ -166,8 +179,7 @@ class Streams:
             finally:
                 client.queue.put(None)
 
-        threading.Thread(target=reader, name=f"p4rt-stream-{client.stream_id}",
-                         daemon=True).start()
+        threading.Thread(target=reader, name=f"p4rt-stream-{client.stream_id}", daemon=True).start()
         try:
             while True:
                 msg = client.queue.get()
@@ -211,8 +223,9 @@ class Streams:
                     value = (value << width) | to_int(given.pop(mid), width, f"metadata {name}")
                     nbits += width
                 if given:
-                    raise RpcError("INVALID_ARGUMENT",
-                                   f"unknown packet-out metadata ids {list(given)}")
+                    raise RpcError(
+                        "INVALID_ARGUMENT", f"unknown packet-out metadata ids {list(given)}"
+                    )
             except RpcError:
                 counters["packet_out_dropped"] += 1
                 raise

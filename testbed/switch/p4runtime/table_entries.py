@@ -16,8 +16,13 @@ if TYPE_CHECKING:
 
 U = p4r.Update
 M = p4i.MatchField
-_KINDS: dict[int, str] = {M.EXACT: "exact", M.LPM: "lpm", M.TERNARY: "ternary",
-                          M.RANGE: "range", M.OPTIONAL: "optional"}
+_KINDS: dict[int, str] = {
+    M.EXACT: "exact",
+    M.LPM: "lpm",
+    M.TERNARY: "ternary",
+    M.RANGE: "range",
+    M.OPTIONAL: "optional",
+}
 
 
 class TableEntries:
@@ -43,8 +48,9 @@ class TableEntries:
             which = fm.WhichOneof("field_match_type")
             expected = _KINDS.get(mf.match_type)
             if which != expected:
-                raise RpcError("INVALID_ARGUMENT",
-                               f"{ti.name}: field {mf.name} is {expected}, got {which}")
+                raise RpcError(
+                    "INVALID_ARGUMENT", f"{ti.name}: field {mf.name} is {expected}, got {which}"
+                )
             w = mf.bitwidth
             if which == "exact":
                 spec[mf.position] = to_int(fm.exact.value, w, mf.name)
@@ -68,16 +74,35 @@ class TableEntries:
             if spec[mf.position] is None:
                 if mf.match_type == M.EXACT:
                     raise RpcError("INVALID_ARGUMENT", f"{ti.name}: exact field {mf.name} missing")
-                spec[mf.position] = (0, (1 << mf.bitwidth) - 1) if mf.match_type == M.RANGE \
-                    else (0, 0)
+                spec[mf.position] = (
+                    (0, (1 << mf.bitwidth) - 1) if mf.match_type == M.RANGE else (0, 0)
+                )
         return tuple(spec)
 
     def find(self, te: p4r.TableEntry) -> tuple[TableInfo, Entry | None]:
         ti = self.table(te.table_id)
         return ti, ti.table.find(self.spec(ti, te.match), te.priority)
 
-    def action_call(self, ti: TableInfo | None, action: p4r.Action,
-                    default: bool = False) -> ActionCall:
+    def read_direct(self, te: p4r.TableEntry, attached: str) -> list[tuple[TableInfo, Entry]]:
+        """The entries a direct counter or meter read names: one table's (or every table's
+        with that direct resource, `attached` being the TableInfo field naming it), one entry
+        when the read gives a match, else all of them."""
+        if te.table_id:
+            tables = [self.table(te.table_id)]
+        else:
+            tables = [t for t in self.svc.idx.tables.values() if getattr(t, attached)]
+        out = []
+        for ti in tables:
+            if len(te.match):
+                e = ti.table.find(self.spec(ti, te.match), te.priority)
+                out.extend([(ti, e)] if e else [])
+            else:
+                out.extend((ti, e) for e in ti.table.entries.values())
+        return out
+
+    def action_call(
+        self, ti: TableInfo | None, action: p4r.Action, default: bool = False
+    ) -> ActionCall:
         svc = self.svc
         compiled = svc.switch.compiled
         assert compiled is not None
@@ -113,8 +138,9 @@ class TableEntries:
         for pi, v in zip(ai.params, call.params, strict=True):
             out.params.add(param_id=pi.id, value=to_bytes(v))
 
-    def encode(self, ti: TableInfo, e: Entry, with_counters: bool,
-               with_meter: bool) -> p4r.TableEntry:
+    def encode(
+        self, ti: TableInfo, e: Entry, with_counters: bool, with_meter: bool
+    ) -> p4r.TableEntry:
         te = p4r.TableEntry(table_id=ti.id, priority=e.priority if ti.table.needs_priority else 0)
         for mf in ti.fields:
             s = e.spec[mf.position]
@@ -161,8 +187,9 @@ class TableEntries:
             elif which == "action_profile_group_id":
                 entry.group = te.action.action_profile_group_id
             else:
-                raise RpcError("INVALID_ARGUMENT",
-                               f"{ti.name} is indirect: give a member or a group")
+                raise RpcError(
+                    "INVALID_ARGUMENT", f"{ti.name} is indirect: give a member or a group"
+                )
         else:
             if which != "action":
                 raise RpcError("INVALID_ARGUMENT", f"{ti.name} needs a direct action")
@@ -200,8 +227,9 @@ class TableEntries:
             return
         entry = self._entry(ti, te)
         rates = meter_rates(te.meter_config) if te.HasField("meter_config") else None
-        if te.HasField("counter_data") and (te.counter_data.packet_count < 0
-                                            or te.counter_data.byte_count < 0):
+        if te.HasField("counter_data") and (
+            te.counter_data.packet_count < 0 or te.counter_data.byte_count < 0
+        ):
             raise RpcError("INVALID_ARGUMENT", "counter data must not be negative")
         if utype == U.INSERT:
             e = table.add(entry, strict=True)
@@ -250,22 +278,12 @@ class DirectCounters:
         e.packet_count, e.byte_count = dce.data.packet_count, dce.data.byte_count
 
     def read(self, req: p4r.DirectCounterEntry) -> list[p4r.Entity]:
-        tid = req.table_entry.table_id
-        tables = [self.tables.table(tid)] if tid else [
-            t for t in self.svc.idx.tables.values() if t.direct_counter_id]
         out = []
-        for ti in tables:
-            if len(req.table_entry.match):
-                e = ti.table.find(self.tables.spec(ti, req.table_entry.match),
-                                  req.table_entry.priority)
-                entries = [e] if e else []
-            else:
-                entries = list(ti.table.entries.values())
-            for e in entries:
-                dce = p4r.DirectCounterEntry()
-                dce.table_entry.CopyFrom(self.tables.encode(ti, e, False, False))
-                dce.data.packet_count, dce.data.byte_count = e.packet_count, e.byte_count
-                out.append(p4r.Entity(direct_counter_entry=dce))
+        for ti, e in self.tables.read_direct(req.table_entry, "direct_counter_id"):
+            dce = p4r.DirectCounterEntry()
+            dce.table_entry.CopyFrom(self.tables.encode(ti, e, False, False))
+            dce.data.packet_count, dce.data.byte_count = e.packet_count, e.byte_count
+            out.append(p4r.Entity(direct_counter_entry=dce))
         return out
 
 
@@ -286,21 +304,11 @@ class DirectMeters:
             e.meter.reset()
 
     def read(self, req: p4r.DirectMeterEntry) -> list[p4r.Entity]:
-        tid = req.table_entry.table_id
-        tables = [self.tables.table(tid)] if tid else [
-            t for t in self.svc.idx.tables.values() if t.direct_meter_id]
         out = []
-        for ti in tables:
-            if len(req.table_entry.match):
-                e = ti.table.find(self.tables.spec(ti, req.table_entry.match),
-                                  req.table_entry.priority)
-                entries = [e] if e else []
-            else:
-                entries = list(ti.table.entries.values())
-            for e in entries:
-                dme = p4r.DirectMeterEntry()
-                dme.table_entry.CopyFrom(self.tables.encode(ti, e, False, False))
-                if e.meter is not None and e.meter.configured:
-                    encode_meter(dme.config, e.meter.get_rates())
-                out.append(p4r.Entity(direct_meter_entry=dme))
+        for ti, e in self.tables.read_direct(req.table_entry, "direct_meter_id"):
+            dme = p4r.DirectMeterEntry()
+            dme.table_entry.CopyFrom(self.tables.encode(ti, e, False, False))
+            if e.meter is not None and e.meter.configured:
+                encode_meter(dme.config, e.meter.get_rates())
+            out.append(p4r.Entity(direct_meter_entry=dme))
         return out

@@ -57,6 +57,7 @@ class ValueSets:
                 for mf, w in zip(info.match, widths, strict=True):
                     shift -= 8 * ((w + 7) // 8)
                     member.match.add(field_id=mf.id).exact.value = to_bytes(
-                        (padded >> shift) & ((1 << w) - 1))
+                        (padded >> shift) & ((1 << w) - 1)
+                    )
             out.append(p4r.Entity(value_set_entry=vse))
         return out

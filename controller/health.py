@@ -1,0 +1,330 @@
+"""Fault detection and localization: the controller's view of what is broken, as ranked
+suspects with evidence, and which links are dead (for fail-over). Sans-I/O: the daemon feeds
+it what it polls from the switches over P4Runtime and SwitchAdmin, the twin feeds it the same
+numbers read in process; both call `evaluate(now)` at their own clock.
+
+What each suspect rests on:
+- **switch unreachable**: its P4Runtime channel is down or it answers no poll for
+  `dead_after_s`; every link of it is dead.
+- **link down**: a port at either end reports its link down (oper status).
+- **lossy link**: a port receiving corrupted frames (its FCS error counter, as a MAC counts
+  them) beyond `min_loss` of what it received. Counters, not packets: every flow on the link
+  counts, whatever its path. (Comparing one end's egress counter with the other end's
+  ingress counter, for silent drops, needs readings closer in time than two busy switch
+  processes give: in the emulation frames waiting in a switch's socket buffer read as lost.)
+- **slow link / slow switch**: a port's departures waited longer than the bytes queued ahead
+  of them explain at the port's rate (its latency monitor: INT's hop latency against its queue
+  occupancy, summed per port). A port that drains below its rate (`rate` fault) or holds every
+  frame (`delay`) shows it; a switch with most of its busy ports slow is the suspect, not
+  each of its links.
+Scores are in [0, 1] and rank the suspects; `first_named` is when a suspect first appeared.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from controller.topology import Topology, link_id
+
+log = logging.getLogger("xingmai.controller.health")
+
+
+@dataclass(frozen=True)
+class PortSample:
+    port: int
+    up: bool = True
+    tx_packets: int | None = None  # egress frames (P4 port_tx); None: not read
+    rx_packets: int | None = None  # ingress frames (P4 port_rx)
+    rx_errors: int = 0  # frames received corrupted (FCS errors), dropped before ingress
+    departures: int = 0  # the port's latency monitor (SwitchAdmin GetQueues)
+    wait_ns: int = 0
+    expected_wait_ns: int = 0
+
+
+@dataclass(frozen=True)
+class SwitchSample:
+    switch: str
+    t: float  # seconds, the caller's clock, when the switch answered
+    ports: dict[int, PortSample]
+
+
+@dataclass
+class Suspect:
+    element: str  # "switch spine1", "link leaf1:3-spine1:1", "nic h3"
+    kind: str  # switch-unreachable | link-down | lossy-link | slow-link | slow-switch
+    score: float
+    evidence: str
+    first_named: float = 0.0
+    last_named: float = 0.0
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    window_s: float = 2.0  # counters and latency are compared over this long
+    dead_after_s: float = 0.3  # a switch silent this long is unreachable
+    min_errors: int = 3  # receive errors before a link is called lossy, and
+    min_loss: float = 0.003  # 0.3 % of the frames it received
+    min_departures: int = 20  # a latency estimate needs this many departures
+    excess_frames: float = 0.75  # a port is slow when its frames wait this many frame
+    #                              times (at its rate) more than its queue explains, and
+    wait_ratio: float = 1.5  # its waits are this many times what the queue explains
+    switch_share: float = 0.6  # a switch is slow when this share of its busy ports is
+    hold_s: float = 3.0  # a suspect not seen again for this long is cleared
+
+
+@dataclass
+class _History:
+    samples: deque[SwitchSample] = field(default_factory=deque)
+    last_seen: float | None = None
+    unreachable_since: float | None = None
+
+
+class Localizer:
+    def __init__(
+        self,
+        topo: Topology,
+        mtu_bytes: int = 4154,
+        thresholds: Thresholds | None = None,
+        on_event: Callable[[str, Suspect], None] | None = None,
+    ):
+        self.topo = topo
+        self.mtu_bytes = mtu_bytes
+        self.th = thresholds or Thresholds()
+        self.on_event = on_event or (lambda what, s: None)
+        self._hist: dict[str, _History] = {s: _History() for s in topo.switches}
+        self.suspects: dict[str, Suspect] = {}  # current, by element
+        self.named: dict[str, Suspect] = {}  # every suspect ever named (first_named kept)
+        self._dead_links: set[str] = set()
+        self._now = 0.0
+
+    # ---- input ----
+
+    def observe(self, sample: SwitchSample) -> None:
+        h = self._hist.get(sample.switch)
+        if h is None:
+            return  # a switch the topology does not know: nothing to localize
+        h.samples.append(sample)
+        h.last_seen = sample.t
+        h.unreachable_since = None
+        keep = self.th.window_s * 2
+        while len(h.samples) > 2 and sample.t - h.samples[1].t >= keep:
+            h.samples.popleft()
+
+    def unreachable(self, switch: str, t: float) -> None:
+        """The switch's channel went down or a poll failed at `t`."""
+        h = self._hist.get(switch)
+        if h is not None and h.unreachable_since is None:
+            h.unreachable_since = t
+
+    # ---- output ----
+
+    def dead_links(self) -> set[str]:
+        """Undirected links (link_id) that must carry nothing: down, or at a dead switch."""
+        return set(self._dead_links)
+
+    def ranked(self) -> list[Suspect]:
+        """Suspects the last evaluation found first (then those held), by score."""
+        return sorted(
+            self.suspects.values(),
+            key=lambda s: (s.last_named < self._now, -s.score, s.first_named, s.element),
+        )
+
+    def evaluate(self, now: float) -> list[Suspect]:
+        self._now = now
+        found: dict[str, tuple[str, float, str]] = {}  # element -> (kind, score, evidence)
+        dead_switches = self._dead_switches(now)
+        dead: set[str] = set()
+        for sw, since in dead_switches.items():
+            found[f"switch {sw}"] = (
+                "switch-unreachable",
+                1.0,
+                f"no answer from {sw} for {now - since:.2f} s",
+            )
+            for _nb, port in self.topo.adj.get(sw, []):
+                peer = self.topo.peer(sw, port)
+                if peer is not None:
+                    dead.add(link_id(f"{sw}:{port}", str(peer)))
+        for lid, ev in self._down_links().items():
+            dead.add(lid)
+            found.setdefault(f"link {lid}", ("link-down", 1.0, ev))
+        for lid, (loss, ev) in self._lossy_links().items():
+            if lid not in dead:
+                found.setdefault(f"link {lid}", ("lossy-link", min(0.99, 0.5 + 10 * loss), ev))
+        slow_ports = self._slow_ports()
+        by_switch: dict[str, list[tuple[int, float, str]]] = {}
+        for (sw, port), (excess, ev) in slow_ports.items():
+            by_switch.setdefault(sw, []).append((port, excess, ev))
+        for sw, ports in by_switch.items():
+            busy = self._busy_ports(sw)
+            held = self.suspects.get(f"switch {sw}")
+            # A switch already named slow explains its own slow ports while any is still slow:
+            # at a moment when only one of its ports is busy, that port is not a new slow link.
+            still_slow = held is not None and held.kind == "slow-switch"
+            if still_slow or (
+                len(ports) >= 2 and len(ports) >= self.th.switch_share * max(1, len(busy))
+            ):
+                worst = max(e for _, e, _ in ports)
+                found.setdefault(
+                    f"switch {sw}",
+                    (
+                        "slow-switch",
+                        min(0.95, 0.4 + 0.1 * worst),
+                        f"{len(ports)} of {len(busy)} busy ports wait beyond their queues: "
+                        + "; ".join(ev for _, _, ev in sorted(ports)[:4]),
+                    ),
+                )
+                continue
+            for port, excess, ev in ports:
+                peer = self.topo.peer(sw, port)
+                lid = link_id(f"{sw}:{port}", str(peer)) if peer is not None else f"{sw}:{port}"
+                if lid in dead:
+                    continue
+                score = min(0.9, 0.3 + 0.1 * excess)
+                old = found.get(f"link {lid}")
+                if old is None or (old[0] == "slow-link" and old[1] < score):
+                    found[f"link {lid}"] = ("slow-link", score, ev)
+        self._dead_links = dead
+        for element, (kind, score, ev) in found.items():
+            s = self.suspects.get(element)
+            if s is None or s.kind != kind:  # named (again, after it cleared): from now
+                s = Suspect(element, kind, score, ev, now, now)
+                self.suspects[element] = s
+                self.named[element] = s
+                log.warning(
+                    "suspect named",
+                    extra={
+                        "element": element,
+                        "kind": kind,
+                        "score": round(score, 3),
+                        "evidence": ev,
+                    },
+                )
+                self.on_event("named", s)
+            s.score, s.evidence, s.last_named = score, ev, now
+        for element in list(self.suspects):
+            s = self.suspects[element]
+            if element not in found and now - s.last_named >= self.th.hold_s:
+                del self.suspects[element]
+                log.info("suspect cleared", extra={"element": element, "kind": s.kind})
+                self.on_event("cleared", s)
+        return self.ranked()
+
+    # ---- rules ----
+
+    def _dead_switches(self, now: float) -> dict[str, float]:
+        out = {}
+        for sw, h in self._hist.items():
+            since = h.unreachable_since
+            if h.last_seen is None:
+                continue  # never seen: not up yet (a start), not a failure
+            if since is not None and now - since >= self.th.dead_after_s:
+                out[sw] = since
+            elif (
+                since is None
+                and h.last_seen is not None
+                and now - h.last_seen >= max(self.th.dead_after_s, self.th.window_s)
+            ):
+                out[sw] = h.last_seen  # answered before, silent since
+        return out
+
+    def _latest(self, sw: str) -> SwitchSample | None:
+        h = self._hist.get(sw)
+        return h.samples[-1] if h is not None and h.samples else None
+
+    def _window(self, sw: str) -> tuple[SwitchSample, SwitchSample] | None:
+        """The oldest sample within the window and the newest."""
+        h = self._hist.get(sw)
+        if h is None or len(h.samples) < 2:
+            return None
+        last = h.samples[-1]
+        first = next((s for s in h.samples if last.t - s.t <= self.th.window_s), None)
+        if first is None or first is last:
+            first = h.samples[-2]
+        return first, last
+
+    def _down_links(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for sw in self.topo.switches:
+            last = self._latest(sw)
+            if last is None:
+                continue
+            for port, ps in last.ports.items():
+                if ps.up:
+                    continue
+                peer = self.topo.peer(sw, port)
+                lid = link_id(f"{sw}:{port}", str(peer)) if peer is not None else f"{sw}:{port}"
+                out.setdefault(lid, f"{sw}:{port} reports its link down")
+        return out
+
+    def _lossy_links(self) -> dict[str, tuple[float, str]]:
+        """Ports receiving corrupted frames (their FCS error counters), over the history kept
+        (up to two windows: at 1 % and a few hundred frames a second, a few errors)."""
+        out: dict[str, tuple[float, str]] = {}
+        for sw in self.topo.switches:
+            h = self._hist[sw]
+            if len(h.samples) < 2:
+                continue
+            first, last = h.samples[0], h.samples[-1]
+            for port, p1 in last.ports.items():
+                p0 = first.ports.get(port)
+                if p0 is None:
+                    continue
+                errors = p1.rx_errors - p0.rx_errors
+                good = (p1.rx_packets or 0) - (p0.rx_packets or 0)
+                if errors < self.th.min_errors or errors + good <= 0:
+                    continue
+                loss = errors / (errors + good)
+                if loss < self.th.min_loss:
+                    continue
+                peer = self.topo.peer(sw, port)
+                lid = link_id(f"{sw}:{port}", str(peer)) if peer is not None else f"{sw}:{port}"
+                ev = (
+                    f"{sw}:{port} received {errors} corrupted frames of {errors + good} in "
+                    f"{last.t - first.t:.1f} s ({loss * 100:.2f} %)"
+                )
+                if lid not in out or out[lid][0] < loss:
+                    out[lid] = (loss, ev)
+        return out
+
+    def _frame_ns(self, sw: str, port: int) -> float:
+        return self.mtu_bytes * 8e9 / self.topo.port_speed_bps(sw, port)
+
+    def _port_deltas(self, sw: str) -> dict[int, tuple[int, int, int]]:
+        w = self._window(sw)
+        if w is None:
+            return {}
+        out = {}
+        for port, p1 in w[1].ports.items():
+            p0 = w[0].ports.get(port)
+            if p0 is None:
+                continue
+            out[port] = (
+                p1.departures - p0.departures,
+                p1.wait_ns - p0.wait_ns,
+                p1.expected_wait_ns - p0.expected_wait_ns,
+            )
+        return out
+
+    def _busy_ports(self, sw: str) -> list[int]:
+        return [p for p, (d, _, _) in self._port_deltas(sw).items() if d >= self.th.min_departures]
+
+    def _slow_ports(self) -> dict[tuple[str, int], tuple[float, str]]:
+        out = {}
+        for sw in self.topo.switches:
+            for port, (deps, wait, expected) in self._port_deltas(sw).items():
+                if deps < self.th.min_departures:
+                    continue
+                frame = self._frame_ns(sw, port)
+                excess = (wait - expected) / deps / frame  # frame times per departure
+                if excess >= self.th.excess_frames and wait >= self.th.wait_ratio * expected:
+                    out[(sw, port)] = (
+                        excess,
+                        (
+                            f"{sw}:{port}: {deps} frames waited {wait / deps / 1e6:.2f} ms on "
+                            f"average, their queue explains {expected / deps / 1e6:.2f} ms"
+                        ),
+                    )
+        return out

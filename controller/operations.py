@@ -1,0 +1,169 @@
+"""The daemon's operations loop: poll every switch's health and counters, localize faults
+(controller/health.py), and fail over: a dead link or switch leaves the ECMP groups that use it
+(the routes are re-computed without it and every live switch is reconciled: only the
+difference is written), and comes back when it is alive again.
+
+What one poll reads from a switch: SwitchAdmin GetStatus (it answers: the switch is alive;
+each port's link status) and GetQueues (each port's latency monitor), and the P4 port
+counters `port_tx`/`port_rx` of the configured ports over P4Runtime. bmv2 has no SwitchAdmin:
+its liveness is its P4Runtime channel and its counters; its ports' status is not read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import finsy as fy
+import grpc
+
+from controller import p4names as P
+from controller.health import Localizer, PortSample, Suspect, SwitchSample
+from controller.topology import Topology
+
+if TYPE_CHECKING:
+    from controller.daemon import Daemon
+    from controller.switches import SwitchSession
+
+log = logging.getLogger("xingmai.controller.operations")
+
+POLL_S = 0.1  # seconds between polls of every switch
+
+
+class Operations:
+    def __init__(self, daemon: Daemon, poll_s: float = POLL_S):
+        self.d = daemon
+        self.poll_s = poll_s
+        self.loc = Localizer(daemon.topo, daemon.cfg.model.mean_packet_bytes, on_event=self._event)
+        self.dead: frozenset[str] = frozenset()
+        self.failovers = 0
+        self.failover_writes_s: list[float] = []  # how long each fail-over's writes took
+        self.events: list[dict[str, Any]] = []  # named/cleared/failover, bounded
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        # the localizer's clock is monotonic; suspects are reported in unix time
+        self._unix_offset = time.time() - time.monotonic()
+
+    def unix(self, t: float) -> float:
+        return t + self._unix_offset
+
+    def _event(self, what: str, s: Suspect) -> None:
+        self._log_event(
+            {
+                "event": what,
+                "element": s.element,
+                "kind": s.kind,
+                "score": round(s.score, 3),
+                "t": round(self.unix(s.last_named), 3),
+                "evidence": s.evidence,
+            }
+        )
+
+    def _log_event(self, ev: dict[str, Any]) -> None:
+        self.events.append(ev)
+        del self.events[:-1000]
+
+    async def run(self) -> None:
+        try:
+            while True:
+                await asyncio.sleep(self.poll_s)
+                try:
+                    await self.tick()
+                except (grpc.RpcError, fy.P4ClientError, OSError) as exc:
+                    log.warning("operations poll failed", extra={"error": str(exc)})
+        finally:
+            for ch in self._channels.values():
+                await ch.close()
+
+    async def tick(self) -> None:
+        sessions = list(self.d.sessions.values())
+        if self.loc.topo.cfg is not self.d.cfg:  # a reload: a new fabric to watch
+            self.loc = Localizer(
+                self.d.topo, self.d.cfg.model.mean_packet_bytes, on_event=self._event
+            )
+        results = await asyncio.gather(*(self._poll(s) for s in sessions))
+        now = time.monotonic()
+        for s, sample in zip(sessions, results, strict=True):
+            if sample is None:
+                self.loc.unreachable(s.name, now)
+            else:
+                self.loc.observe(sample)
+        self.loc.evaluate(now)
+        dead = frozenset(self.loc.dead_links())
+        if dead != self.dead or any(s.topo.down != dead for s in sessions):
+            await self._failover(dead, sessions)
+
+    def _channel(self, s: SwitchSession) -> grpc.aio.Channel:
+        ch = self._channels.get(s.name)
+        if ch is None:
+            ch = self._channels[s.name] = grpc.aio.insecure_channel(s.sw.grpc_addr)
+        return ch
+
+    async def _poll(self, s: SwitchSession) -> SwitchSample | None:
+        from controller.proto import switch_pb2, switch_pb2_grpc
+
+        ports = {p.port: {} for p in s.sw.ports}  # type: dict[int, dict[str, Any]]
+        timeout = min(1.0, self.d.cfg.controller.rpc_timeout_s)
+        if s.sw.kind == "builtin" and self.d.cfg.controller.p4runtime_tls is None:
+            stub = switch_pb2_grpc.SwitchAdminStub(self._channel(s))
+            try:
+                st = await stub.GetStatus(switch_pb2.GetStatusRequest(), timeout=timeout)
+                qs = await stub.GetQueues(switch_pb2.GetQueuesRequest(), timeout=timeout)
+            except grpc.RpcError:
+                return None
+            for p in st.ports:
+                if p.port in ports:
+                    ports[p.port].update(up=not p.down, rx_errors=p.rx_errors)
+            for q in qs.queues:
+                if q.port in ports:
+                    ports[q.port].update(
+                        departures=q.departures,
+                        wait_ns=q.wait_ns,
+                        expected_wait_ns=q.expected_wait_ns,
+                    )
+        sw = s.switch
+        if sw is None or not s.health.connected:
+            return None
+        reader: Any = sw
+        try:
+            async with asyncio.timeout(timeout):
+                for ctr, key in ((P.CTR_PORT_TX, "tx_packets"), (P.CTR_PORT_RX, "rx_packets")):
+                    async for ent in reader.read([fy.P4CounterEntry(ctr, index=p) for p in ports]):
+                        if ent.data is not None and ent.index in ports:
+                            ports[ent.index][key] = ent.data.packet_count
+        except (TimeoutError, fy.P4ClientError, grpc.RpcError):
+            return None
+        return SwitchSample(
+            s.name, time.monotonic(), {p: PortSample(p, **v) for p, v in ports.items()}
+        )
+
+    async def _failover(self, dead: frozenset[str], sessions: list[SwitchSession]) -> None:
+        t0 = time.monotonic()
+        added, removed = dead - self.dead, self.dead - dead
+        topo = Topology(self.d.cfg, down=dead)
+        alive = []
+        for s in sessions:
+            s.topo = topo
+            if s.switch is not None and s.health.connected:
+                alive.append(s)
+        ok = await asyncio.gather(*(s.reconcile() for s in alive))
+        took = time.monotonic() - t0
+        self.dead = dead
+        self.failovers += 1
+        self.failover_writes_s.append(took)
+        del self.failover_writes_s[:-100]
+        ev = {
+            "event": "failover",
+            "t": round(self.unix(t0), 3),
+            "dead_links": sorted(dead),
+            "removed": sorted(added),
+            "restored": sorted(removed),
+            "switches": [s.name for s in alive],
+            "ok": all(ok),
+            "took_s": round(took, 3),
+        }
+        self._log_event(ev)
+        log.warning(
+            "fail-over: routes re-computed", extra={k: v for k, v in ev.items() if k != "event"}
+        )

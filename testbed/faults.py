@@ -1,0 +1,257 @@
+"""Faults to inject: what each one is, how it is written (a CLI line or a YAML list), and what
+it sets on the switches' traffic managers (one mechanism for the emulation and the twin).
+
+A fault names its target and its kind:
+
+    link leaf1:3 down | up | loss 1% | rate 25% | delay 2ms      (a link, by one of its ends)
+    switch spine1 kill | slow [DELAY] | up
+    nic h3 rate 50% | up
+
+A file (`xingmai-testbed run --faults FILE`) is a YAML list of the same, timed from the start
+of each scenario:
+
+    - {at: 1.0, target: leaf1:3, kind: loss, value: 1%}
+    - {at: 3.0, target: leaf1:3, kind: up}
+    - {at: 1.0, target: spine1, kind: slow, value: 5ms}
+
+A link fault acts on both directions: the ports at both ends that are switch ports get the
+same setting (a host's own NIC has no traffic manager: on a host link only the switch's side
+is set). `slow` delays every frame on every port of the switch; `kill` ends the switch's
+process (the emulation) or takes all of its ports down (the twin). A fault is removed by
+`up` on the same target; every fault is removed at the end of each scenario.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from testbed.topo import End, FabricSpec
+
+LINK_KINDS = ("down", "up", "loss", "rate", "delay")
+SWITCH_KINDS = ("kill", "slow", "up")
+NIC_KINDS = ("rate", "up")
+DEFAULT_SLOW_S = 0.005  # a slow switch's added delay per frame when none is given
+
+
+class FaultError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Fault:
+    target: str  # leaf1:3 (a link), spine1 (a switch), h3 (a host's NIC)
+    kind: str
+    value: float | None = None  # loss: probability; rate: fraction; delay, slow: seconds
+    at: float = 0.0  # seconds from the start of the scenario
+
+    def describe(self) -> str:
+        v = ""
+        if self.value is not None:
+            v = (
+                f" {self.value * 1e3:g}ms"
+                if self.kind in ("delay", "slow")
+                else f" {self.value * 100:g}%"
+            )
+        return f"{self.target} {self.kind}{v}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class PortSetting:
+    """What one fault sets on one switch port (port None: every port); None keeps a value."""
+
+    switch: str
+    port: int | None
+    down: bool | None = None
+    loss: float | None = None
+    delay_ns: int | None = None
+    rate_factor: float | None = None
+
+
+def healthy(switch: str, port: int | None) -> PortSetting:
+    """A port (port None: every port) without any fault."""
+    return PortSetting(switch, port, down=False, loss=0.0, delay_ns=0, rate_factor=1.0)
+
+
+_PERCENT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)\s*%\s*$")
+_SECONDS = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)\s*(us|ms|s)\s*$")
+
+
+def parse_value(kind: str, raw: Any) -> float | None:
+    """A fault's value in its unit: a fraction for loss and rate (`1%`, `0.01`), seconds for
+    delay and slow (`2ms`, `0.002`)."""
+    if kind in ("down", "up", "kill"):
+        if raw is not None:
+            raise FaultError(f"{kind} takes no value, got {raw!r}")
+        return None
+    if raw is None:
+        if kind == "slow":
+            return DEFAULT_SLOW_S
+        raise FaultError(f"{kind} needs a value ({'2ms' if kind == 'delay' else '25%'})")
+    if isinstance(raw, bool):
+        raise FaultError(f"{kind}: expected a number, got {raw!r}")
+    if isinstance(raw, int | float):
+        v = float(raw)
+    else:
+        text = str(raw)
+        if kind in ("loss", "rate"):
+            m = _PERCENT.match(text)
+            if m is None:
+                raise FaultError(f"{kind}: expected a percentage like 1%, got {text!r}")
+            v = float(m.group(1)) / 100
+        else:
+            m = _SECONDS.match(text)
+            if m is None:
+                raise FaultError(f"{kind}: expected a time like 2ms, got {text!r}")
+            v = float(m.group(1)) * {"us": 1e-6, "ms": 1e-3, "s": 1.0}[m.group(2)]
+    if kind == "loss" and not 0.0 <= v <= 1.0:
+        raise FaultError(f"loss must be within 0 and 100 %, got {v * 100:g} %")
+    if kind == "rate" and not 0.001 <= v <= 1.0:
+        raise FaultError(f"rate must be within 0.1 and 100 % of the port's, got {v * 100:g} %")
+    if kind in ("delay", "slow") and not 0.0 <= v <= 10.0:
+        raise FaultError(f"{kind} must be within 0 and 10 s, got {v:g} s")
+    return v
+
+
+def target_class(spec: FabricSpec, target: str) -> str:
+    """link, switch or nic; FaultError when the fabric has no such element."""
+    if ":" in target:
+        node, _, idx = target.partition(":")
+        if not idx.isdigit():
+            raise FaultError(f"{target}: a link is named SWITCH:PORT or HOST:NIC")
+        end = End(node, int(idx))
+        if spec.peer(end) is None:
+            raise FaultError(f"{target}: no link at that end in {spec.name}")
+        return "link"
+    if spec.is_switch(target):
+        return "switch"
+    if any(h.name == target for h in spec.hosts):
+        return "nic"
+    raise FaultError(f"{target}: no such switch, host or link end in {spec.name}")
+
+
+def _check_kind(spec: FabricSpec, target: str, kind: str) -> None:
+    cls = target_class(spec, target)
+    kinds = {"link": LINK_KINDS, "switch": SWITCH_KINDS, "nic": NIC_KINDS}[cls]
+    if kind not in kinds:
+        raise FaultError(f"{target}: a {cls} fault is one of {', '.join(kinds)}, not {kind!r}")
+
+
+def check(spec: FabricSpec, f: Fault) -> None:
+    _check_kind(spec, f.target, f.kind)
+    if not 0.0 <= f.at < 1e6:
+        raise FaultError(f"{f.target} {f.kind}: at must be seconds >= 0, got {f.at}")
+
+
+def make(spec: FabricSpec, target: str, kind: str, value: Any = None, at: float = 0.0) -> Fault:
+    _check_kind(spec, target, kind)
+    f = Fault(target, kind, parse_value(kind, value), float(at))
+    check(spec, f)
+    return f
+
+
+def parse_command(spec: FabricSpec, line: str) -> Fault:
+    """`link leaf1:3 loss 1%`, `switch spine1 kill`, `nic h3 rate 50%` (the CLI's words)."""
+    words = line.split()
+    if len(words) not in (3, 4) or words[0] not in ("link", "switch", "nic"):
+        raise FaultError(
+            "usage: fault link SW:PORT down|up|loss P%|rate P%|delay Tms; "
+            "fault switch SW kill|slow [Tms]|up; fault nic HOST rate P%|up"
+        )
+    cls = target_class(spec, words[1])
+    if cls != words[0]:
+        raise FaultError(f"{words[1]} is a {cls}, not a {words[0]}")
+    return make(spec, words[1], words[2], words[3] if len(words) == 4 else None)
+
+
+def from_doc(spec: FabricSpec, doc: Any) -> list[Fault]:
+    if doc is None:
+        return []
+    if not isinstance(doc, list):
+        raise FaultError("a faults file is a YAML list of {at, target, kind, value}")
+    out = []
+    for i, item in enumerate(doc):
+        if not isinstance(item, dict):
+            raise FaultError(f"faults[{i}]: expected a mapping, got {item!r}")
+        unknown = set(item) - {"at", "target", "kind", "value"}
+        if unknown or "target" not in item or "kind" not in item:
+            raise FaultError(
+                f"faults[{i}]: keys are at, target, kind, value "
+                f"(target and kind required), got {sorted(item)}"
+            )
+        at = item.get("at", 0.0)
+        if isinstance(at, bool) or not isinstance(at, int | float):
+            raise FaultError(f"faults[{i}].at: expected seconds, got {at!r}")
+        try:
+            out.append(
+                make(spec, str(item["target"]), str(item["kind"]), item.get("value"), float(at))
+            )
+        except FaultError as exc:
+            raise FaultError(f"faults[{i}]: {exc}") from None
+    return sorted(out, key=lambda f: f.at)
+
+
+def load(spec: FabricSpec, path: str | Path) -> list[Fault]:
+    try:
+        doc = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise FaultError(f"{path}: {exc}") from None
+    try:
+        return from_doc(spec, doc)
+    except FaultError as exc:
+        raise FaultError(f"{path}: {exc}") from None
+
+
+def _link_ends(spec: FabricSpec, target: str) -> list[tuple[str, int]]:
+    node, _, idx = target.partition(":")
+    end = End(node, int(idx))
+    peer = spec.peer(end)
+    assert peer is not None
+    return [(e.node, e.index) for e in (end, peer) if spec.is_switch(e.node)]
+
+
+def port_settings(spec: FabricSpec, f: Fault) -> list[PortSetting]:
+    """What the fault sets on the switches' traffic managers (kill and NIC faults: nothing
+    here, the engine acts on the process or the NIC)."""
+    cls = target_class(spec, f.target)
+    if cls == "link":
+        ends = _link_ends(spec, f.target)
+        if f.kind == "up":
+            return [healthy(sw, p) for sw, p in ends]
+        if f.kind == "down":
+            return [PortSetting(sw, p, down=True) for sw, p in ends]
+        assert f.value is not None
+        if f.kind == "loss":
+            return [PortSetting(sw, p, loss=f.value) for sw, p in ends]
+        if f.kind == "rate":
+            return [PortSetting(sw, p, rate_factor=f.value) for sw, p in ends]
+        return [PortSetting(sw, p, delay_ns=round(f.value * 1e9)) for sw, p in ends]
+    if cls == "switch":
+        if f.kind == "slow":
+            assert f.value is not None
+            return [PortSetting(f.target, None, delay_ns=round(f.value * 1e9))]
+        if f.kind == "up":
+            return [healthy(f.target, None)]
+    return []
+
+
+def heal_all(spec: FabricSpec) -> list[PortSetting]:
+    """Every switch port back to healthy (the end of a scenario)."""
+    return [healthy(s.name, None) for s in spec.switches]
+
+
+def request_fields(ps: PortSetting) -> dict[str, Any]:
+    """The SetFaultRequest fields (controller/proto/switch.proto) of a setting."""
+    out: dict[str, Any] = {"port": ps.port or 0, "all_ports": ps.port is None}
+    for k in ("down", "loss", "delay_ns", "rate_factor"):
+        v = getattr(ps, k)
+        if v is not None:
+            out[k] = v
+    return out

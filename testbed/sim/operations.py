@@ -1,0 +1,199 @@
+"""The operations loop on the twin: the scenario's faults injected at their times (the same
+traffic-manager settings as on the emulation, testbed/faults.py), the controller's localizer
+(controller/health.py) fed every poll with the numbers the daemon reads from the switches
+(P4 port counters, port status, the ports' latency monitors), and fail-over: the routes
+re-computed without the dead links and written as the daemon writes them (the difference).
+
+Times: a fault's `at` and the localizer's windows are emulated seconds, stretched by the
+suite's time scale like the scenarios' timeouts, so one faults file means the same instants
+of the workloads on both engines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import finsy as fy
+from finsy.proto import p4r
+
+from controller import p4names as P
+from controller import program
+from controller.health import Localizer, PortSample, SwitchSample, Thresholds
+from controller.reconcile import SwitchState, diff, ordered_updates
+from controller.topology import Topology
+from testbed import faults
+from testbed.sim.fabric import P4INFO, SimFabric
+
+POLL_S = 0.1  # the daemon's poll interval (controller.health_poll_s), emulated seconds
+
+
+@dataclass
+class Applied:
+    fault: faults.Fault
+    applied_at: float  # seconds from the scenario's start, emulated
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.fault.to_dict(), "applied_at": round(self.applied_at, 4)}
+
+
+class SimOperations:
+    def __init__(self, fab: SimFabric, time_scale: float = 1.0):
+        self.fab = fab
+        self.k = time_scale
+        self.faults: list[faults.Fault] = []
+        self._schema: Any = None
+        self._entities: dict[str, list[p4r.Entity]] = {}
+        self._active = False
+        self.failovers: list[dict[str, Any]] = []
+
+    # ---- scenario lifecycle ----
+
+    def begin(self) -> None:
+        th = Thresholds()
+        th = replace(
+            th,
+            window_s=th.window_s * self.k,
+            dead_after_s=th.dead_after_s * self.k,
+            hold_s=th.hold_s * self.k,
+        )
+        self.loc = Localizer(self.fab.topo, self.fab.scaling.transport_mtu + 58, th)
+        self.t0 = self.fab.loop.now
+        self.applied: list[Applied] = []
+        self.killed: set[str] = set()
+        self.dead: frozenset[str] = frozenset()
+        self.failovers = []
+        self._active = True
+        loop = self.fab.loop
+        for f in self.faults:
+            loop.at(round((self.t0 + f.at * self.k) * 1e9), self._apply, f)
+        loop.at(loop.now_ns + round(POLL_S * self.k * 1e9), self._tick)
+
+    def end(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Heal every fault, restore the routes; the faults applied and every suspect named
+        (times from the scenario's start, emulated seconds)."""
+        self._active = False
+        self.killed.clear()  # healed below with every other port
+        for ps in faults.heal_all(self.fab.spec):
+            self._set(ps)
+        for h in self.fab.hosts.values():
+            h.ns_per_byte = 8e9 / h.line_rate_bps
+        if self.dead:
+            self._failover(frozenset())
+        suspects = [
+            {
+                "element": s.element,
+                "kind": s.kind,
+                "score": round(s.score, 3),
+                "first_named": round((s.first_named - self.t0) / self.k, 4),
+                "evidence": s.evidence,
+            }
+            for s in sorted(self.loc.named.values(), key=lambda s: (-s.score, s.first_named))
+        ]
+        return [a.to_dict() for a in self.applied], suspects
+
+    # ---- faults ----
+
+    def _apply(self, f: faults.Fault) -> None:
+        if not self._active and f.kind != "up":
+            return  # the scenario ended before its time came
+        self.applied.append(Applied(f, (self.fab.loop.now - self.t0) / self.k))
+        if f.kind == "kill":  # no process in the twin: the switch stops answering, its
+            self.killed.add(f.target)  # links carry nothing
+            self._set(faults.PortSetting(f.target, None, down=True))
+            return
+        if f.kind == "up" and f.target in self.killed:
+            self.killed.discard(f.target)
+            self._set(faults.healthy(f.target, None))
+            return
+        if faults.target_class(self.fab.spec, f.target) == "nic":
+            h = self.fab.hosts[f.target]  # the NIC serializes at a fraction of its rate
+            factor = 1.0 if f.kind == "up" else (f.value or 1.0)
+            h.ns_per_byte = 8e9 / (h.line_rate_bps * factor)
+            return
+        for ps in faults.port_settings(self.fab.spec, f):
+            self._set(ps)
+
+    def _set(self, ps: faults.PortSetting) -> None:
+        sim = self.fab.switches[ps.switch]
+        tm = sim.sw.tm
+        if ps.port is None:
+            for p in self.fab.spec.switch_ports(ps.switch):
+                tm.port(p)  # every port of the switch, used or not
+        with sim.sw.lock:
+            tm.set_fault(ps.port, ps.down, ps.loss, ps.delay_ns, ps.rate_factor)
+
+    # ---- the controller's loop ----
+
+    def _tick(self) -> None:
+        if not self._active or not any(h.core is not None for h in self.fab.hosts.values()):
+            return  # the job is over: nothing keeps the event loop alive
+        now = self.fab.loop.now
+        for name in self.fab.switches:
+            if name in self.killed:
+                self.loc.unreachable(name, now)
+                continue
+            self.loc.observe(self.sample(name, now))
+        self.loc.evaluate(now)
+        dead = frozenset(self.loc.dead_links())
+        if dead != self.dead:
+            self._failover(dead)
+        self.fab.loop.at(self.fab.loop.now_ns + round(POLL_S * self.k * 1e9), self._tick)
+
+    def sample(self, name: str, now: float) -> SwitchSample:
+        """What the daemon polls from a switch: port status, P4 port counters, the ports'
+        latency monitors (SwitchAdmin GetQueues)."""
+        sw = self.fab.switches[name].sw
+        assert sw.compiled is not None
+        tx = sw.compiled.counters[P.CTR_PORT_TX]
+        rx = sw.compiled.counters[P.CTR_PORT_RX]
+        ports = {}
+        for p in self.fab.spec.switch_ports(name):
+            pq = sw.tm.ports.get(p)
+            ports[p] = PortSample(
+                p,
+                up=not sw.tm.port_down(p),
+                tx_packets=tx.read(p)[0],
+                rx_packets=rx.read(p)[0],
+                rx_errors=pq.rx_errors if pq else 0,
+                departures=pq.departures if pq else 0,
+                wait_ns=pq.wait_ns if pq else 0,
+                expected_wait_ns=pq.expected_wait_ns if pq else 0,
+            )
+        return SwitchSample(name, now, ports)
+
+    def _failover(self, dead: frozenset[str]) -> None:
+        """Routes without the dead links, written to every live switch as the daemon
+        writes them: the difference from what the switch holds."""
+        fab = self.fab
+        if self._schema is None:
+            self._schema = fy.P4Schema(P4INFO)
+        schema = self._schema
+        topo = Topology(fab.cfg, down=dead)
+        written = 0
+        for swc in fab.cfg.switches:
+            sim = fab.switches[swc.name]
+            cur = self._entities.get(swc.name)
+            if cur is None:  # what SimFabric._program wrote
+                cur = program.build(fab.cfg, fab.topo, swc, schema, SwitchState([]), 1).encode(
+                    schema
+                )
+            new = program.build(fab.cfg, topo, swc, schema, SwitchState(cur), 1).encode(schema)
+            plan = diff(new, cur)
+            updates = [
+                p4r.Update(type=t, entity=e)  # type: ignore[arg-type]
+                for t, e in ordered_updates(plan)
+            ]
+            errors = [e for e in sim.p4rt.write_updates(updates) if e is not None]
+            if errors:
+                raise RuntimeError(f"fail-over on {swc.name}: {errors[0].code} {errors[0].message}")
+            written += len(updates)
+            self._entities[swc.name] = new
+        self.failovers.append(
+            {
+                "t": round((fab.loop.now - self.t0) / self.k, 4),
+                "dead_links": sorted(dead),
+                "writes": written,
+            }
+        )
+        self.dead = dead

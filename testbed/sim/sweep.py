@@ -1,0 +1,205 @@
+"""`xingmai-testbed sweep`: a grid of twin runs on Dask, one table of medians and ranges.
+
+The grid is schemes x values of one suite parameter (a field of testbed.scenarios.SuiteConfig,
+`--param NAME=V1,V2,...`) x seeds. Every point is one twin run of the suite's scenarios under
+one scheme (testbed.sim.suite.SimSuite), run as a task of a dask.distributed cluster: a
+LocalCluster on this machine by default, or the user's cluster (`--scheduler ADDR`). A point
+runs in one process and is deterministic, so a grid spreads over as many workers as it has
+points. The table gives, per (value, scenario, scheme) cell, the median over the seeds and the
+min-max of each metric; `sweep.json` in the run dir holds every point.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from testbed.scenarios import SCHEMES, SuiteConfig
+
+METRICS = (  # (label, RunRecord field, factor to the shown unit)
+    ("p99 queue KB", "queue_p99_bytes", 1e-3),
+    ("drops", "drops", 1.0),
+    ("FCT p99", "fct_slowdown_p99", 1.0),
+    ("busbw Gb/s", "busbw_bps", 1e-9),
+    ("time ms", "completion_s", 1e3),
+)
+
+
+def run_point(topo: str, scale: float, suite: dict[str, Any], scheme: str) -> list[dict[str, Any]]:
+    """One twin run (a Dask task): the suite's scenarios under `scheme`; run summaries."""
+    from testbed.model import Scaling
+    from testbed.sim.fabric import SimFabric
+    from testbed.sim.suite import SimSuite
+    from testbed.topo import parse_choice
+
+    spec = parse_choice(topo)
+    cfg = SuiteConfig(**{**suite, "schemes": (scheme,), "scenarios": tuple(suite["scenarios"])})
+    fab = SimFabric(
+        spec, Scaling(scale=scale, max_hops=spec.longest_path_switches()), seed=cfg.seed
+    )
+    return [r.summary() for r in SimSuite(fab, cfg).run()]
+
+
+def _value(field: dataclasses.Field[Any], text: str) -> Any:
+    kind = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", "")
+    if "int" in kind and "float" not in kind:
+        return int(float(text))
+    if "float" in kind:
+        return float(text)
+    raise ValueError(f"--param {field.name}: only numeric suite parameters can be swept")
+
+
+def parse_param(text: str | None) -> tuple[str, list[Any]]:
+    if not text:
+        return "", [None]
+    name, _, values = text.partition("=")
+    fields = {f.name: f for f in dataclasses.fields(SuiteConfig)}
+    if name not in fields or not values:
+        known = ", ".join(f for f in fields if f not in ("schemes", "scenarios", "seed"))
+        raise ValueError(f"--param NAME=V1,V2,...: NAME is one of {known}")
+    return name, [_value(fields[name], v) for v in values.split(",") if v]
+
+
+def aggregate(points: list[dict[str, Any]]) -> dict[tuple[Any, str, str], dict[str, Any]]:
+    """Per (value, scenario, scheme): each metric's median, min and max over the seeds."""
+    cells: dict[tuple[Any, str, str], list[dict[str, Any]]] = {}
+    for p in points:
+        for run in p["runs"]:
+            cells.setdefault((p["value"], run["scenario"], run["scheme"]), []).append(run)
+    out = {}
+    for key, runs in cells.items():
+        agg: dict[str, Any] = {"seeds": len(runs)}
+        for label, fld, k in METRICS:
+            vals = [r[fld] * k for r in runs if r.get(fld) is not None]
+            if vals:
+                agg[label] = (statistics.median(vals), min(vals), max(vals))
+        out[key] = agg
+    return out
+
+
+def table(param: str, cells: dict[tuple[Any, str, str], dict[str, Any]]) -> str:
+    head = f"{param or '-':<14} {'scenario':<10} {'scheme':<6} {'n':>2} " + " ".join(
+        f"{label:>24}" for label, _, _ in METRICS
+    )
+    lines = [
+        head,
+        f"{'':<14} {'':<10} {'':<6} {'':>2} "
+        + " ".join(f"{'median [min-max]':>24}" for _ in METRICS),
+        "-" * len(head),
+    ]
+    for (value, scenario, scheme), agg in sorted(
+        cells.items(), key=lambda kv: tuple(map(str, kv[0]))
+    ):
+        parts = []
+        for label, _, _ in METRICS:
+            m = agg.get(label)
+            parts.append(
+                f"{'-':>24}" if m is None else f"{f'{m[0]:.4g} [{m[1]:.4g}-{m[2]:.4g}]':>24}"
+            )
+        lines.append(
+            f"{'-' if value is None else value!s:<14} {scenario:<10} {scheme:<6} "
+            f"{agg['seeds']:>2} " + " ".join(parts)
+        )
+    return "\n".join(lines)
+
+
+def build_parser(sub: Any) -> None:
+    sw = sub.add_parser("sweep", help="a grid of twin runs on Dask: median and min-max")
+    sw.add_argument("--topo", default="leafspine:2,2,4")
+    sw.add_argument(
+        "--scale",
+        type=float,
+        default=1.0,
+        help="model speed / simulated speed (default 1: the model's own speed)",
+    )
+    sw.add_argument("--schemes", default="dcqcn,tita")
+    sw.add_argument("--scenarios", default="incast,websearch")
+    sw.add_argument("--param", help="NAME=V1,V2,...: a SuiteConfig field to sweep")
+    sw.add_argument("--seeds", default="1,2,3", help="comma-separated seeds (default 1,2,3)")
+    sw.add_argument("--quick", action="store_true", help="the short suite's sizes")
+    sw.add_argument("--scheduler", help="a Dask scheduler's address (default: a LocalCluster)")
+    sw.add_argument(
+        "--workers", type=int, default=0, help="LocalCluster workers (default: one per core)"
+    )
+    sw.add_argument("--run-dir", type=Path, help="where sweep.json goes (default runs/<ts>-sweep)")
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from dask.distributed import Client, LocalCluster
+
+    from testbed.sim.run import REPO
+
+    schemes = [s for s in args.schemes.split(",") if s]
+    bad = [s for s in schemes if s not in SCHEMES]
+    if bad:
+        raise ValueError(f"unknown scheme(s) {bad}")
+    param, values = parse_param(args.param)
+    seeds = [int(s) for s in args.seeds.split(",") if s]
+    base = SuiteConfig.quick() if args.quick else SuiteConfig()
+    grid = []
+    for value in values:
+        for seed in seeds:
+            suite = {
+                **base.__dict__,
+                "scenarios": [s for s in args.scenarios.split(",") if s],
+                "seed": seed,
+            }
+            if param:
+                suite[param] = value
+            for scheme in schemes:
+                grid.append((value, seed, scheme, suite))
+    t0 = time.monotonic()
+    cluster = None
+    if args.scheduler:
+        client = Client(args.scheduler)
+    else:
+        import os
+
+        n = args.workers or os.cpu_count() or 1
+        cluster = LocalCluster(
+            n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None
+        )
+        client = Client(cluster)
+    try:
+        print(
+            f"sweep: {len(grid)} twin runs on {client.scheduler_info()['address']} "
+            f"({len(client.scheduler_info()['workers'])} workers)",
+            file=sys.stderr,
+        )
+        futures = [
+            client.submit(run_point, args.topo, args.scale, suite, scheme, pure=False)
+            for _, _, scheme, suite in grid
+        ]
+        results = client.gather(futures)
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()
+    points = [
+        {"value": v, "seed": seed, "scheme": scheme, "runs": runs}
+        for (v, seed, scheme, _), runs in zip(grid, results, strict=True)
+    ]
+    cells = aggregate(points)
+    run_dir = args.run_dir or REPO / "runs" / (time.strftime("%Y%m%d-%H%M%S") + "-sweep")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "topology": args.topo,
+        "scale": args.scale,
+        "param": param,
+        "values": values,
+        "seeds": seeds,
+        "schemes": schemes,
+        "points": points,
+        "wall_s": round(time.monotonic() - t0, 1),
+    }
+    (run_dir / "sweep.json").write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"{args.topo}, twin at scale 1/{args.scale:g}; {len(seeds)} seeds per cell")
+    print(table(param, cells))
+    print(f"sweep.json: {run_dir / 'sweep.json'}; {doc['wall_s']} s")
+    return 0

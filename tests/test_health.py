@@ -1,0 +1,206 @@
+"""The localizer (controller/health.py) on hand-made polls of the 2x2 example fabric: each rule
+names the right element, a healthy fabric names nothing, dead links are what fail-over needs,
+and suspects clear when the fault goes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from controller.config import load
+from controller.health import Localizer, PortSample, SwitchSample
+from controller.topology import Topology
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "controller" / "examples" / "leafspine-2x2.yaml"
+PORTS = {
+    "leaf1": (1, 2, 3, 4, 5, 6),
+    "leaf2": (1, 2, 3, 4, 5, 6),
+    "spine1": (1, 2),
+    "spine2": (1, 2),
+}
+
+
+class Fabric:
+    """Counters that grow as traffic flows: every switch port sends `pps` frames per second
+    to its peer, which receives them all unless the link loses some."""
+
+    def __init__(self) -> None:
+        self.topo = Topology(load(EXAMPLE))
+        self.loc = Localizer(self.topo, mtu_bytes=4154)
+        self.tx = {(s, p): 0 for s, ps in PORTS.items() for p in ps}
+        self.rx = dict.fromkeys(self.tx, 0)
+        self.mon = {k: (0, 0, 0) for k in self.tx}  # departures, wait, expected wait
+        self.t = 0.0
+        self.loss: dict[tuple[str, int], float] = {}
+        self.extra_wait_ns: dict[tuple[str, int], int] = {}
+        self.down: set[tuple[str, int]] = set()
+        self.silent: set[str] = set()
+        self._owed: dict[tuple[str, int], float] = {}  # fractions of frames lost so far
+        self.errors: dict[tuple[str, int], int] = {}
+
+    def step(self, dt: float = 0.1, pps: int = 500) -> list[str]:
+        self.t += dt
+        n = int(pps * dt)
+        for s, p in self.tx:
+            if (s, p) in self.down:
+                continue
+            self.tx[(s, p)] += n
+            peer = self.topo.peer(s, p)
+            if peer is not None and peer.node in PORTS and peer.port is not None:
+                # a lossy link's receiving end counts the corrupted frames
+                rx = (peer.node, peer.port)
+                owed = self._owed.get(rx, 0.0) + n * self.loss.get(rx, 0.0)
+                bad = int(owed)
+                self._owed[rx] = owed - bad
+                self.rx[rx] += n - bad
+                self.errors[rx] = self.errors.get(rx, 0) + bad
+            d, w, e = self.mon[(s, p)]
+            # a healthy port waits what its queue explains (2 ms here) plus a little
+            self.mon[(s, p)] = (
+                d + n,
+                w + n * (2_100_000 + self.extra_wait_ns.get((s, p), 0)),
+                e + n * 2_000_000,
+            )
+        for s, ps in PORTS.items():
+            if s in self.silent:
+                self.loc.unreachable(s, self.t)
+                continue
+            self.loc.observe(
+                SwitchSample(
+                    s,
+                    self.t,
+                    {
+                        p: PortSample(
+                            p,
+                            up=(s, p) not in self.down,
+                            tx_packets=self.tx[(s, p)],
+                            rx_packets=self.rx[(s, p)],
+                            rx_errors=self.errors.get((s, p), 0),
+                            departures=self.mon[(s, p)][0],
+                            wait_ns=self.mon[(s, p)][1],
+                            expected_wait_ns=self.mon[(s, p)][2],
+                        )
+                        for p in ps
+                    },
+                )
+            )
+        return [s.element for s in self.loc.evaluate(self.t)]
+
+    def run(self, seconds: float) -> list[str]:
+        out: list[str] = []
+        for _ in range(round(seconds / 0.1)):
+            out = self.step()
+        return out
+
+
+def test_healthy_fabric_names_nothing() -> None:
+    f = Fabric()
+    assert f.run(10) == [] and f.loc.named == {} and f.loc.dead_links() == set()
+
+
+def test_a_switch_never_seen_is_not_dead() -> None:
+    f = Fabric()
+    f.silent.add("spine2")  # not up yet when the controller starts
+    assert f.run(2) == [] and f.loc.dead_links() == set()
+
+
+def test_lossy_link_is_named_within_the_window_and_cleared_after() -> None:
+    f = Fabric()
+    f.run(3)
+    f.loss[("spine1", 1)] = 0.01  # leaf1:5 -> spine1:1 corrupts 1 % of its frames
+    named_at = None
+    for _ in range(50):
+        if f.step():
+            named_at = f.t
+            break
+    assert named_at is not None and named_at - 3 <= 2.5
+    s = f.loc.ranked()[0]
+    assert (s.element, s.kind) == ("link leaf1:5-spine1:1", "lossy-link")
+    assert "spine1:1 received" in s.evidence and f.loc.dead_links() == set()  # not dead
+    f.loss.clear()
+    assert f.run(8) == []  # the window moves past the loss, the hold runs out
+    f.loss[("spine1", 1)] = 0.01  # the same fault again: named again, first named anew
+    f.run(3)
+    assert f.loc.ranked()[0].first_named > named_at + 8
+
+
+def test_down_port_and_dead_switch_give_dead_links() -> None:
+    f = Fabric()
+    f.run(1)
+    f.down.add(("leaf2", 6))
+    assert f.step() == ["link leaf2:6-spine2:2"]
+    assert f.loc.ranked()[0].kind == "link-down"
+    assert f.loc.dead_links() == {"leaf2:6-spine2:2"}
+    f.down.clear()
+    f.run(1)
+    assert f.loc.dead_links() == set()  # restored as soon as the port is up
+    f.silent.add("spine1")
+    f.step()
+    assert f.loc.dead_links() == set()  # not before dead_after_s
+    f.run(0.5)
+    assert f.loc.ranked()[0].element == "switch spine1"
+    assert f.loc.dead_links() == {"leaf1:5-spine1:1", "leaf2:5-spine1:2"}
+
+
+def test_slow_port_is_a_slow_link_and_a_slow_switch_is_named_once() -> None:
+    f = Fabric()
+    f.run(3)
+    f.extra_wait_ns[("leaf1", 5)] = 4_000_000  # 2.4 frame times at 20 Mb/s beyond the queue
+    f.run(3)
+    s = f.loc.ranked()[0]
+    assert (s.element, s.kind) == ("link leaf1:5-spine1:1", "slow-link")
+    g = Fabric()
+    g.run(3)
+    g.extra_wait_ns.update({("spine2", 1): 5_000_000, ("spine2", 2): 5_000_000})
+    g.run(3)
+    assert [(s.element, s.kind) for s in g.loc.ranked()] == [("switch spine2", "slow-switch")]
+
+
+def test_suspects_over_grpc_and_the_command(capsys) -> None:  # type: ignore[no-untyped-def]
+    import asyncio
+    import threading
+    import types
+
+    import grpc
+
+    from controller.proto import controller_pb2_grpc
+    from controller.service import ControllerService
+    from controller.suspects import main as suspects_main
+
+    f = Fabric()
+    f.run(1)
+    f.down.add(("leaf2", 6))
+    f.step()
+    ops = types.SimpleNamespace(
+        loc=f.loc,
+        dead=frozenset(f.loc.dead_links()),
+        failovers=1,
+        events=[{"event": "failover", "t": 1.0}],
+        unix=lambda t: 1e9 + t,
+    )
+    ready, stop = threading.Event(), threading.Event()
+    port: list[int] = []
+
+    async def serve() -> None:
+        server = grpc.aio.server()
+        controller_pb2_grpc.add_ControllerServicer_to_server(
+            ControllerService(types.SimpleNamespace(operations=ops)), server
+        )  # type: ignore[arg-type]
+        port.append(server.add_insecure_port("127.0.0.1:0"))
+        await server.start()
+        ready.set()
+        while not stop.is_set():
+            await asyncio.sleep(0.05)
+        await server.stop(0)
+
+    t = threading.Thread(target=lambda: asyncio.run(serve()), daemon=True)
+    t.start()
+    assert ready.wait(10)
+    try:
+        assert suspects_main(["--addr", f"127.0.0.1:{port[0]}", "--all"]) == 0
+    finally:
+        stop.set()
+        t.join(10)
+    out = capsys.readouterr().out
+    assert "link leaf2:6-spine2:2" in out and "link-down" in out
+    assert "routed around (fail-over 1x): leaf2:6-spine2:2" in out
+    assert suspects_main(["--addr", "127.0.0.1:1"]) == 1  # nothing listens: said, not raised
