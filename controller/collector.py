@@ -6,8 +6,12 @@ numbers: a gap is counted lost at once, and un-counted if the missing report tur
 behind) is a switch restart, not a loss. Per directed link (named by its transmitting end, see
 `controller.topology`) it keeps the queue occupancy, hop latency and tx utilisation reported by
 INT, and the utilisation computed from port counters polled over P4Runtime. Per flow it keeps
-the path and the congestion seen along it. Every time series is a bounded deque; the number of
-flows is bounded too (the least recently seen are evicted and counted).
+the path (and how often it changed), its hop latencies and the congestion seen along it.
+Reporters are the switches (their sinks) and the hosts' NICs (INT sinks of their own flows,
+controller/nic/int_sink.py, with their address as node id); a NIC's report with the D flag
+says packets of the flow were lost before it, on the path its INT names: those go into
+`loss_events` (bounded), which the localizer votes with. Every time series is a bounded
+deque; the number of flows is bounded too (the least recently seen are evicted and counted).
 
 Malformed datagrams are counted by reason and skipped; nothing a peer sends can raise here.
 """
@@ -145,8 +149,24 @@ class FlowRecord:
     path: list[tuple[int, int | None, int | None]] = field(default_factory=list)
     links: list[str] = field(default_factory=list)
     max_qocc_bytes: int = 0  # along the path, in the last report
+    latency_ns: int = 0  # sum of the hop latencies along the path, in the last report
+    latency_max_ns: int = 0
+    path_changes: int = 0
+    loss_reports: int = 0  # reports of packets lost before the reported one (NIC sinks)
+    reporter: str = ""  # who reported it last (the sink)
     series: deque[tuple[float, int, int]] = field(
         default_factory=deque)  # (unix time, max qocc bytes, sum of hop latency ns)
+
+
+@dataclass(frozen=True)
+class LossEvent:
+    """A NIC sink saw a gap in a flow's packets: the links of the path the next packet took
+    (its INT), and the largest queue it met on them (a full queue: a congestion drop)."""
+
+    t: float  # monotonic
+    flow: tuple[str, str, int, int, int]
+    links: tuple[str, ...]
+    max_qocc_bytes: int
 
 
 @dataclass
@@ -183,6 +203,9 @@ class Collector:
         self.errors: Counter[str] = Counter()
         self.flows_evicted = 0
         self.punted = 0  # INT packets received as packet-ins (sinks without a collector)
+        self.loss_events: deque[LossEvent] = deque(maxlen=4096)
+        self.drop_reports = 0  # reports with the D flag
+        self.loss_reports = 0  # of them, NIC sinks' reports of a flow's packets lost
         self._counter_prev: dict[str, tuple[float, int]] = {}
         if topo is not None:
             for name, dl in topo.links.items():
@@ -193,8 +216,10 @@ class Collector:
     def node_name(self, node_id: int | None) -> str:
         if node_id is None:
             return "?"
-        if self.topo is not None and node_id in self.topo.by_node_id:
-            return self.topo.by_node_id[node_id]
+        if self.topo is not None:
+            name = self.topo.by_node_id.get(node_id) or self.topo.nic_by_node_id.get(node_id)
+            if name is not None:
+                return name
         return f"node{node_id}"
 
     def _link(self, name: str, capacity_bps: float | None = None) -> LinkTelemetry | None:
@@ -240,7 +265,8 @@ class Collector:
             return
         node = self.nodes.get(dg.node_id)
         if node is None:
-            if self.topo is not None and dg.node_id not in self.topo.by_node_id:
+            if self.topo is not None and dg.node_id not in self.topo.by_node_id \
+                    and dg.node_id not in self.topo.nic_by_node_id:
                 self.errors["unknown_node"] += 1
                 return
             if len(self.nodes) >= self.max_nodes:
@@ -297,12 +323,24 @@ class Collector:
         rec.last_seen = now
         rec.reports += 1
         rec.reported_bytes += rep.inner_len
-        rec.path = [(h.node_id or 0, h.in_port, h.out_port) for h in path_hops]
+        path = [(h.node_id or 0, h.in_port, h.out_port) for h in path_hops]
+        if rec.path and path != rec.path:
+            rec.path_changes += 1
+        rec.path = path
         rec.links = self._path_links(path_hops)
+        rec.reporter = self.node_name(rep.node_id)
         qmax = max((h.qocc for h in path_hops if h.qocc is not None), default=0)
         lat = sum(h.latency_ns for h in path_hops if h.latency_ns is not None)
         rec.max_qocc_bytes = qmax
+        rec.latency_ns = lat
+        rec.latency_max_ns = max(rec.latency_max_ns, lat)
         rec.series.append((wall, qmax, lat))
+        if rep.dropped:
+            self.drop_reports += 1
+            if self.topo is not None and rep.node_id in self.topo.nic_by_node_id:
+                rec.loss_reports += 1
+                self.loss_reports += 1
+                self.loss_events.append(LossEvent(now, key, tuple(rec.links), qmax))
 
     def _path_links(self, hops: list[Hop]) -> list[str]:
         """Directed links of the path: the sender's uplink, then every hop's egress."""

@@ -39,6 +39,8 @@ class Operations:
         self.loc = Localizer(daemon.topo, daemon.cfg.model.mean_packet_bytes, on_event=self._event)
         self.dead: frozenset[str] = frozenset()
         self.failovers = 0
+        self.links_removed = 0  # links taken out of the routes (reroutes), over all fail-overs
+        self.links_restored = 0
         self.failover_writes_s: list[float] = []  # how long each fail-over's writes took
         self.events: list[dict[str, Any]] = []  # named/cleared/failover, bounded
         self._channels: dict[str, grpc.aio.Channel] = {}
@@ -151,6 +153,8 @@ class Operations:
         took = time.monotonic() - t0
         self.dead = dead
         self.failovers += 1
+        self.links_removed += len(added)
+        self.links_restored += len(removed)
         self.failover_writes_s.append(took)
         del self.failover_writes_s[:-100]
         ev = {
