@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.common.netns import in_netns
+from controller.health import PathLoss
 from controller.topology import Topology
 from controller.wire.telemetry_report import (
     SEQ_BITS,
@@ -158,17 +159,6 @@ class FlowRecord:
         default_factory=deque)  # (unix time, max qocc bytes, sum of hop latency ns)
 
 
-@dataclass(frozen=True)
-class LossEvent:
-    """A NIC sink saw a gap in a flow's packets: the links of the path the next packet took
-    (its INT), and the largest queue it met on them (a full queue: a congestion drop)."""
-
-    t: float  # monotonic
-    flow: tuple[str, str, int, int, int]
-    links: tuple[str, ...]
-    max_qocc_bytes: int
-
-
 @dataclass
 class NodeStats:
     node_id: int
@@ -203,7 +193,7 @@ class Collector:
         self.errors: Counter[str] = Counter()
         self.flows_evicted = 0
         self.punted = 0  # INT packets received as packet-ins (sinks without a collector)
-        self.loss_events: deque[LossEvent] = deque(maxlen=4096)
+        self.loss_events: deque[PathLoss] = deque(maxlen=4096)
         self.drop_reports = 0  # reports with the D flag
         self.loss_reports = 0  # of them, NIC sinks' reports of a flow's packets lost
         self._counter_prev: dict[str, tuple[float, int]] = {}
@@ -340,7 +330,7 @@ class Collector:
             if self.topo is not None and rep.node_id in self.topo.nic_by_node_id:
                 rec.loss_reports += 1
                 self.loss_reports += 1
-                self.loss_events.append(LossEvent(now, key, tuple(rec.links), qmax))
+                self.loss_events.append(PathLoss(now, key, tuple(rec.links), qmax))
 
     def _path_links(self, hops: list[Hop]) -> list[str]:
         """Directed links of the path: the sender's uplink, then every hop's egress."""
@@ -412,6 +402,13 @@ class Collector:
                  "out_of_window": n.total("out_of_window"),
                  "last_seq": max((t.last_seq or 0 for t in n.seq.values()), default=0)}
                 for n in sorted(self.nodes.values(), key=lambda n: n.node_id)]
+
+    def losses_since(self, seen: int) -> tuple[list[PathLoss], int]:
+        """The loss events after the first `seen` (of `loss_reports`), and the new count: what
+        the localizer has not been given yet (those the bounded deque dropped are skipped)."""
+        new = self.loss_reports - seen
+        events = list(self.loss_events)[-new:] if new > 0 else []
+        return events, self.loss_reports
 
     @property
     def lost(self) -> int:
