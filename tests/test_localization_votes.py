@@ -54,11 +54,13 @@ def test_links_no_path_tells_apart_share_the_blame_and_counters_break_the_tie() 
     f.run(2)
     # h1 -> h5 and h2 -> h6 both over spine1: leaf1:5 -> spine1 and spine1:2 -> leaf2 are on
     # every such path, so the vote alone cannot tell them apart
-    paths = [("h1:eth0", "leaf1:5", "spine1:2", "leaf2:1"), ("h2:eth0", "leaf1:5", "spine1:2",
-                                                           "leaf2:2")]
+    paths = [
+        ("h1:eth0", "leaf1:5", "spine1:2", "leaf2:1"),
+        ("h2:eth0", "leaf1:5", "spine1:2", "leaf2:2"),
+    ]
     for i in range(30):
         p = paths[i % 2]
-        f.loc.path_loss(PathLoss(f.t, ("10.0.1.%d" % (1 + i % 2), "x", 17, 1, 4791), p, 0))
+        f.loc.path_loss(PathLoss(f.t, (f"10.0.1.{1 + i % 2}", "x", 17, 1, 4791), p, 0))
         f.step()
     up, down = "link leaf1:5-spine1:1", "link leaf2:5-spine1:2"
     assert {up, down} <= set(f.loc.suspects)
