@@ -82,7 +82,7 @@ def test_congestion_one_flow_and_rare_losses_are_not_blamed() -> None:
         "congestion": [("h1", 1.0), ("h2", 1.0), ("h6", 1.0)] * 10,
         "one flow": [("h1", 0.0)] * 20,  # nothing to vote across
         # 3 losses of the ~1,300 frames the link carried in the history kept (0.23 %, under
-        # min_loss's 0.3 %): what a healthy link may lose
+        # min_vote_loss's 0.5 %): what a healthy link may lose
         "rare": [("h1", 0.0), ("h6", 0.0), ("h1", 0.0)],
     }
     for what, share in cases.items():
