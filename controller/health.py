@@ -94,12 +94,12 @@ class Thresholds:
     switch_share: float = 0.6  # a switch is slow when this share of its busy ports is
     hold_s: float = 3.0  # a suspect not seen again for this long is cleared
     vote_window_s: float = 4.0  # path losses are voted over this long
-    min_vote_flows: int = 2  # a link is named by vote for losses of this many flows
-    min_vote_losses: int = 3  # and at least this many losses
+    min_vote_flows: int = 3  # a link is named by vote for losses of this many flows,
+    min_vote_losses: int = 10  # at least this many losses,
+    min_vote_loss: float = 0.01  # and 1 % of the frames the link carried (the emulation's
+    #                              busy software switches silently lose 0.5-1.4 % of a
+    #                              link's frames now and then, a few losses at a time)
     tie_ratio: float = 0.8  # links within this share of the top vote share the blame
-    min_vote_loss: float = 0.005  # and losses of 0.5 % of the frames the link carried (one
-    #                               loss report can stand for a burst; the emulation's busy
-    #                               software switches lose 0.3-0.4 % now and then)
     congested_share: float = 0.5  # a loss whose path held a queue this share of the
     #                               queue depth is a tail drop of congestion
 
