@@ -7,7 +7,11 @@ Columns (per scenario and scheme; emulated units, bytes are not scaled):
 - `util`: bytes the bottleneck port sent / (its rate x the scenario's completion time);
 - `FCT p50/p99`: FCT slowdown percentiles (incast and WebSearch flows);
 - `busbw`: all-reduce bus bandwidth (Mb/s; x scale for the model's figure);
-- `time`: completion (last flow, or the collective).
+- `time`: completion (last flow, or the collective);
+- with a lossless scheme in the table, `pauses` (PFC pause frames sent by the switches and
+  NICs, XOFF) and `paused` (the time switch egress ports and NICs were held by pauses,
+  summed over ports, in the table's time unit); then one line per victim / storm run: the
+  victim flow's stalls, longest gap and FCT slowdown, and what the PFC watchdog did.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.bench import machine_description
-from testbed.scenarios import SCHEMES, RunRecord
+from testbed.scenarios import SCHEMES, RunRecord, lossless
 
 
 def _f(v: float | None, fmt: str, dash: str = "-") -> str:
@@ -32,11 +36,16 @@ def table(records: list[RunRecord], link_bps: float | None = None) -> str:
     fast = link_bps is not None and link_bps >= 1e9
     bw_div, bw_unit = (1e9, "Gb/s") if fast else (1e6, "Mb/s")
     t_mult, t_unit = (1e3, "ms") if fast else (1.0, "s")
-    head = (f"{'scenario':<10} {'scheme':<6} {'bottleneck':<10} {'p50 queue':>9} "
+    sw = max([6] + [len(r.scheme) for r in records])
+    pfc = any(lossless(r.scheme) for r in records)
+    head = (f"{'scenario':<10} {'scheme':<{sw}} {'bottleneck':<10} {'p50 queue':>9} "
             f"{'p99 queue':>9} {'drops':>6} {'util':>5} {'FCT p50':>8} {'FCT p99':>8} "
             f"{'busbw':>7} {'time':>6}")
-    unit = (f"{'':<10} {'':<6} {'':<10} {'KB':>9} {'KB':>9} {'pkts':>6} {'%':>5} "
+    unit = (f"{'':<10} {'':<{sw}} {'':<10} {'KB':>9} {'KB':>9} {'pkts':>6} {'%':>5} "
             f"{'slowdown':>8} {'slowdown':>8} {bw_unit:>7} {t_unit:>6}")
+    if pfc:
+        head += f" {'pauses':>6} {'paused':>7}"
+        unit += f" {'':>6} {t_unit:>7}"
     lines = [head, unit, "-" * len(head)]
     last = ""
     for r in sorted(records, key=lambda r: (_order(r.scenario), _order(r.scheme))):
@@ -49,16 +58,36 @@ def table(records: list[RunRecord], link_bps: float | None = None) -> str:
                                                        "unfinished)"
         if r.correct is False:
             note += "  (WRONG RESULT)"
+        pfc_cols = f" {r.pauses:>6} {r.paused_s * t_mult:>7.2f}" if pfc else ""
         lines.append(
-            f"{r.scenario:<10} {r.scheme:<6} {r.bottleneck:<10} "
+            f"{r.scenario:<10} {r.scheme:<{sw}} {r.bottleneck:<10} "
             f"{r.queue_p50_bytes / 1e3:>9.1f} {r.queue_p99_bytes / 1e3:>9.1f} {r.drops:>6} "
             f"{_f(util, '.0f'):>5} {_f(r.fct_slowdown_p50, '.2f'):>8} "
             f"{_f(r.fct_slowdown_p99, '.2f'):>8} {_f(busbw, '.2f'):>7} "
-            f"{r.completion_s * t_mult:>6.2f}{note}")
+            f"{r.completion_s * t_mult:>6.2f}{pfc_cols}{note}")
+    victims = [r for r in records if r.victim_stalls is not None]
+    if victims:
+        lines.append("")
+        for r in sorted(victims, key=lambda r: (_order(r.scenario), _order(r.scheme))):
+            lines.append(victim_line(r, t_mult, t_unit))
     return "\n".join(lines)
 
 
+def victim_line(r: RunRecord, t_mult: float = 1.0, t_unit: str = "s") -> str:
+    """A victim or storm run's victim flow and watchdog, in one line."""
+    sd = "-" if r.victim_fct_slowdown is None else f"{r.victim_fct_slowdown:.2f}"
+    gap = (r.victim_longest_gap_s or 0.0) * t_mult
+    line = (f"{r.scenario:<10} {r.scheme:<9} victim flow: {r.victim_stalls} stalls, longest "
+            f"gap {gap:.3f} {t_unit}, FCT slowdown {sd}")
+    if lossless(r.scheme):
+        drops = sum(d.get("watchdog_drops", 0) for d in r.pfc_by_port.values())
+        line += (f"; PFC watchdog: {r.pfc_storms} storms, {r.pfc_restored} restored, "
+                 f"{drops} packets dropped")
+    return line
+
+
 _ORDER = {"incast": 0, "allreduce": 1, "alltoall": 2, "twojob": 3, "websearch": 4,
+          "victim": 5, "storm": 6,
           **{scheme: i for i, scheme in enumerate(SCHEMES)}}
 
 
@@ -89,6 +118,37 @@ def verdict(records: list[RunRecord]) -> list[str]:
         line += "all hold" if not failed else (
             f"{', '.join(held) or 'none'} hold; NOT {', '.join(failed)}")
         out.append(line)
+    out += lossless_verdict(records)
+    return out
+
+
+def lossless_verdict(records: list[RunRecord]) -> list[str]:
+    """Issue 17's goals against the lossless baseline, per scenario: dcqcn+pfc loses
+    nothing; TiTa (tita+pfc, else tita) has p99 queue <= 0.5x and p99 FCT slowdown <= 0.7x
+    dcqcn+pfc's, and fewer victim-flow stalls."""
+    out = []
+    by = {(r.scenario, r.scheme): r for r in records}
+    for scenario in sorted({r.scenario for r in records}, key=_order):
+        d = by.get((scenario, "dcqcn+pfc"))
+        if d is None:
+            continue
+        checks = {"dcqcn+pfc loses nothing": d.drops == 0}
+        t = by.get((scenario, "tita+pfc")) or by.get((scenario, "tita"))
+        desc = f"{scenario}: dcqcn+pfc drops {d.drops}"
+        if t is not None:
+            desc += (f"; {t.scheme} vs dcqcn+pfc p99 queue {t.queue_p99_bytes / 1e3:.1f} vs "
+                     f"{d.queue_p99_bytes / 1e3:.1f} KB")
+            checks["p99 queue <= 0.5x"] = t.queue_p99_bytes <= 0.5 * d.queue_p99_bytes
+            if t.fct_slowdown_p99 is not None and d.fct_slowdown_p99 is not None:
+                desc += f", FCT p99 {t.fct_slowdown_p99:.2f} vs {d.fct_slowdown_p99:.2f}"
+                checks["FCT p99 <= 0.7x"] = t.fct_slowdown_p99 <= 0.7 * d.fct_slowdown_p99
+            if t.victim_stalls is not None and d.victim_stalls is not None:
+                desc += f", victim stalls {t.victim_stalls} vs {d.victim_stalls}"
+                checks["fewer victim stalls"] = t.victim_stalls < d.victim_stalls
+        held = [k for k, v in checks.items() if v]
+        failed = [k for k, v in checks.items() if not v]
+        out.append(desc + ": " + ("all hold" if not failed else
+                                  f"{', '.join(held) or 'none'} hold; NOT {', '.join(failed)}"))
     return out
 
 
