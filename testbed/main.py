@@ -70,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="emu: the emulation (root, Mininet, eBPF); sim: the simulated twin "
                           "(one process, virtual time, deterministic)")
     run.add_argument("--seed", type=int, default=1, help="workloads' seed (default 1)")
+    run.add_argument("--repeat", type=int, default=1, metavar="N",
+                     help="run every (scenario, scheme) N times: the table shows median "
+                          "[min-max], the verdict calls only differences beyond that range")
     run.add_argument("--flows", type=Path,
                      help="a flow list (CSV: src,dst,bytes,start_s; hosts by name) run as the "
                           "scenario 'flows' instead of the suite's scenarios")
@@ -130,11 +133,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     if bad:
         print(f"unknown scheme or scenario: {bad}", file=sys.stderr)
         return 2
+    if args.repeat < 1:
+        print("--repeat must be at least 1", file=sys.stderr)
+        return 2
     base = SuiteConfig.quick() if args.quick else SuiteConfig()
     if args.flows is not None:
         scenarios = ("flows",)
     cfg = SuiteConfig(**{**base.__dict__, "schemes": schemes, "scenarios": scenarios,
-                         "seed": args.seed, "pfc_watchdog": args.pfc_watchdog == "on"})
+                         "seed": args.seed, "repeat": args.repeat,
+                         "pfc_watchdog": args.pfc_watchdog == "on"})
     if args.faults is not None:
         from testbed import faults
         from testbed.topo import parse_choice

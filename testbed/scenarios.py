@@ -53,6 +53,7 @@ summaries, in virtual time). The engines differ only in how the measurements rea
 from __future__ import annotations
 
 import math
+import os
 import re
 import time
 from collections.abc import Callable
@@ -128,6 +129,7 @@ class SuiteConfig:
     websearch_seconds: float = 5.0
     websearch_size_divisor: float = 10.0
     seed: int = 1
+    repeat: int = 1  # runs of every (scenario, scheme); the table shows their median and range
     # TiTa's base RTT T; None: the model's base RTT dilated by the scale, or the RTT measured
     # on the fabric if that is longer
     tita_base_rtt_s: float | None = None
@@ -168,6 +170,8 @@ class RunRecord:
     out_of_order: int  # data packets the receivers dropped for a PSN gap (loss or reordering)
     window: int  # the senders' in-flight bound, packets per queue pair
     correct: bool | None = None
+    repetition: int = 0  # which of the suite's --repeat runs of this (scenario, scheme)
+    load_avg_1m: float | None = None  # the machine's when the run started (emulation only)
     queue_by_link: dict[str, dict[str, float]] = field(default_factory=dict)
     drops_by_switch: dict[str, int] = field(default_factory=dict)
     rate_events: int = 0
@@ -318,6 +322,10 @@ class SuiteBase:
         """The scenario's faults, suspects and fail-overs (RunRecord's fields)."""
         return {}
 
+    def _load_avg(self) -> float | None:
+        """The machine's 1-minute load average, where the engine's timing depends on it."""
+        return None
+
     def _set_port_rate(self, switch: str, port: int, rate_bps: float) -> None:
         raise NotImplementedError
 
@@ -369,19 +377,27 @@ class SuiteBase:
 
     def run(self) -> list[RunRecord]:
         cfg = self.cfg
+        if cfg.repeat < 1:
+            raise ValueError(f"repeat must be at least 1, not {cfg.repeat}")
         self.prepare()
-        total = len(cfg.schemes) * len(cfg.scenarios)
+        total = cfg.repeat * len(cfg.schemes) * len(cfg.scenarios)
         n = 0
-        for scheme in cfg.schemes:
-            self._set_pfc(lossless(scheme))
-            agents = self._set_policy(scheme, scheme_params(scheme, self.tita_t_s))
-            self.say(f"scheme {scheme}: set on {agents} agents by the controller")
-            for scenario in cfg.scenarios:
-                n += 1
-                self.say(f"[{n}/{total}] {scheme} / {scenario} ...")
-                rec = self.run_one(scheme, scenario)
-                self.records.append(rec)
-                self.say(f"[{n}/{total}] {scheme} / {scenario}: {one_line(rec)}")
+        # repetitions outermost: a slow spell of the shared machine then spreads over every
+        # scheme's runs instead of landing on one scheme's
+        for rep in range(cfg.repeat):
+            for scheme in cfg.schemes:
+                self._set_pfc(lossless(scheme))
+                agents = self._set_policy(scheme, scheme_params(scheme, self.tita_t_s))
+                self.say(f"scheme {scheme}: set on {agents} agents by the controller")
+                for scenario in cfg.scenarios:
+                    n += 1
+                    name = f"{scheme} / {scenario}" + (f" #{rep + 1}" if cfg.repeat > 1 else "")
+                    self.say(f"[{n}/{total}] {name} ...")
+                    load = self._load_avg()
+                    rec = self.run_one(scheme, scenario)
+                    rec.repetition, rec.load_avg_1m = rep, load
+                    self.records.append(rec)
+                    self.say(f"[{n}/{total}] {name}: {one_line(rec)}")
         return self.records
 
     def window(self, scheme: str) -> int:
@@ -701,6 +717,9 @@ class Suite(SuiteBase):
 
     def _now(self) -> float:
         return time.monotonic()
+
+    def _load_avg(self) -> float | None:
+        return round(os.getloadavg()[0], 2)
 
     def _counters(self) -> dict[str, PortCounters]:
         out: dict[str, PortCounters] = {}
