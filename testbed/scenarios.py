@@ -23,8 +23,10 @@ classic harms (not in the default list):
   victim flow from the last host to the second, whose own path is idle but shares the
   incast's upstream ports: head-of-line blocking under PFC shows as its stalls;
 - `storm`: the second host's NIC keeps pausing its switch (`storm_seconds` from the start)
-  while the last host sends it a flow and the other far hosts send to the first host (the
-  victims): the watchdog finds the storm, drops the stuck queue and restores it after.
+  while the last host sends it a flow (stuck behind the storm) and the other hosts across
+  the fabric send to the first host: the pauses spread up the stuck flow's path and stall
+  them (the victim: the first of them); the watchdog finds the storm, drops the stuck
+  queue's packets and ignores its pauses, and restores it when the pauses stop.
 
 Schemes: `none` (flows at line rate), `dcqcn` (ECN marks -> CNPs -> the DCQCN law in the
 sender's NIC), `tita` (INT echoed in ACKs -> the proactive law in the sender's NIC; like
@@ -62,6 +64,7 @@ import numpy as np
 
 from testbed.collective import run as coll
 from testbed.collective.run import CollFabric
+from testbed.ctlconfig import COLLECTOR_UDP_PORT
 from testbed.emu.operations import EmuOperations
 from testbed.faults import Fault
 from testbed.model import TRANSPORT_OVERHEAD, Scaling, fmt_rate
@@ -75,6 +78,7 @@ from testbed.probes import (
     port_counters,
     wait_quiet,
 )
+from testbed.topo import COLLECTOR_IP
 from testbed.traffic import generators as gen
 from testbed.traffic import metrics as m
 from testbed.traffic import workloads as wl
@@ -191,6 +195,9 @@ class RunRecord:
     flow_fcts: list[dict[str, Any]] = field(default_factory=list)  # per flow (flows runs)
     port_series: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # per port
     jobs: list[dict[str, Any]] = field(default_factory=list)  # per job (twojob)
+    # Telemetry Reports during the scenario: what the NIC sinks sent (by trigger) and what
+    # the controller's collector received and counted lost (sequence gaps), per reporter
+    telemetry: dict[str, Any] = field(default_factory=dict)
     # PFC (lossless schemes): pause frames sent (XOFF, by switches and NICs), the time
     # switch egress ports and NICs were held by pauses (s, summed), per port, and the
     # watchdog's storms
@@ -239,6 +246,40 @@ def transport_settings(s: Scaling, window: int = DEFAULT_WINDOW,
             "rto": max(1.0 * dilation, 50e-6), "rto_max": max(4.0 * dilation, 200e-6),
             "sndbuf": 4 * s.frame_bytes,
             "cnp_interval": 50e-6 * 40e9 / s.nic_bps}
+
+
+def report_settings(spec: FabricSpec, s: Scaling) -> dict[str, Any]:
+    """The receiving NICs' INT sink (TransportConfig.report_*): Telemetry Reports to the
+    collector, when the fabric has one. A flow is sampled every 0.1 s of the emulation's time
+    (dilated like every time of the model); a packet that met a queue above 5 frames (ECN's
+    kmin) or hop latencies above 10 frame times at the link rate is reported at once, and
+    while that lasts at most every quarter of the sampling interval."""
+    if spec.collector is None:
+        return {}
+    dilation = s.scale / 20_000
+    sample = 0.1 * dilation
+    return {
+        "report_to": f"{COLLECTOR_IP}:{COLLECTOR_UDP_PORT}",
+        "report_sample_s": sample,
+        "report_queue_bytes": 5 * s.frame_bytes,
+        "report_latency_ns": round(10 * s.frame_bytes * 8e9 / s.link_bps),
+        "report_event_gap_s": sample / 4,
+    }
+
+
+def telemetry_summary(sent: dict[str, int], before: dict[str, dict[str, int]],
+                      after: dict[str, dict[str, int]]) -> dict[str, Any]:
+    """A scenario's Telemetry Reports: sent by the NIC sinks (by trigger), received and lost
+    at the collector (the difference of its totals), per reporter."""
+    per = {}
+    for name, a in sorted(after.items()):
+        b = before.get(name, {})
+        d = {k: a.get(k, 0) - b.get(k, 0) for k in ("received", "lost")}
+        if d["received"] or d["lost"]:
+            per[name] = d
+    return {"sent": dict(sorted(sent.items())), "sent_total": sum(sent.values()),
+            "received": sum(d["received"] for d in per.values()),
+            "lost": sum(d["lost"] for d in per.values()), "reporters": per}
 
 
 def payload_line_rate(s: Scaling) -> float:
@@ -334,6 +375,10 @@ class SuiteBase:
     def _set_port_rate(self, switch: str, port: int, rate_bps: float) -> None:
         raise NotImplementedError
 
+    def _report_totals(self) -> dict[str, dict[str, int]]:
+        """The collector's report accounting so far: per reporter, received and lost."""
+        return {}
+
     def _set_pfc(self, on: bool) -> None:
         """PFC on or off in every switch and NIC (the watchdog as the config says)."""
         if on:
@@ -365,7 +410,10 @@ class SuiteBase:
         return CollFabric(
             topology=self.spec.name, hosts=self.hosts, nic_ips=self.nic_ips(),
             runner=self.runner, scaling=s, scheme=scheme,
-            transport=transport_settings(s, self.window(scheme) if window is None else window),
+            transport={
+                **transport_settings(s, self.window(scheme) if window is None else window),
+                **report_settings(self.spec, s),
+            },
             line_rate=payload_line_rate(s), time_scale=self.time_scale, seed=cfg.seed,
             set_port_rate=self._set_port_rate, websearch=websearch)
 
@@ -412,6 +460,7 @@ class SuiteBase:
 
     def run_one(self, scheme: str, scenario: str) -> RunRecord:
         before = self._counters()
+        reports_before = self._report_totals()
         pfc_before = self._pfc_counters()
         self._begin()
         t_call = self._now()
@@ -426,6 +475,8 @@ class SuiteBase:
                               counters_delta(before, after), t_call)
         for k, v in self._operations().items():
             setattr(rec, k, v)
+        rec.telemetry = telemetry_summary(res.get("counters", {}).get("reports", {}),
+                                          reports_before, self._report_totals())
         self._summarise_pfc(rec, pfc_before, self._pfc_counters())
         if scenario in PFC_SCENARIOS:
             self._summarise_victim(rec, cap, res)
@@ -453,25 +504,45 @@ class SuiteBase:
             raise ValueError("the victim and storm scenarios need at least 4 hosts")
         return 0, 1, n - 1, list(range(2, n - 1))
 
+    def _victim_flows(self, scenario: str) -> list[tuple[int, int]]:
+        """(source, destination) of the scenario's victim flows: the victim scenario's one;
+        the storm's flows to the first host (innocent of the storm)."""
+        rx, vdst, vsrc, senders = self._victim_hosts()
+        if scenario == "victim":
+            return [(vsrc, vdst)]
+        return [(s, rx) for s in self._far(senders, rx)]
+
+    def _far(self, senders: list[int], rx: int) -> list[int]:
+        far = [s for s in senders if not self._same_switch(s, rx)]
+        if not far:
+            raise ValueError("the storm scenario needs hosts on another switch than the first")
+        return far
+
     def _summarise_victim(self, rec: RunRecord, cap: Capture, res: dict[str, Any]) -> None:
-        _, dst, src, _ = self._victim_hosts()
-        sip, dip = self.hosts[src].ip, self.hosts[dst].ip
-        arrivals = sorted(t for (fs, fd, _), pts in cap.flows.items() if (fs, fd) == (sip, dip)
-                          for t, _ in pts)
+        """The victim flow's stalls, longest gap between its packets and FCT slowdown (of
+        several, the one with the longest gap)."""
         stall = STALL_FRAMES * self.scaling.frame_bytes * 8 / self.scaling.link_bps
-        gaps = [b - a for a, b in zip(arrivals, arrivals[1:], strict=False)]
-        rec.victim_stalls = sum(1 for g in gaps if g > stall)
-        rec.victim_longest_gap_s = max(gaps, default=0.0)
         line = payload_line_rate(self.scaling)
-        for r in res.get("raw", []):
-            for f in r.get("sent", []):
-                if f["src"] == src and f["dst"] == dst and f["fct"] is not None:
-                    rec.victim_fct_slowdown = f["fct"] / m.ideal_fct(f["size"], line,
-                                                                     self.base_rtt_s)
+        fcts = {(f["src"], f["dst"]): f["fct"] for r in res.get("raw", []) for f in r["sent"]}
+        sizes = {(f["src"], f["dst"]): f["size"] for r in res.get("raw", []) for f in r["sent"]}
+        worst: tuple[float, int, float | None] | None = None
+        for src, dst in self._victim_flows(rec.scenario):
+            sip, dip = self.hosts[src].ip, self.hosts[dst].ip
+            arrivals = sorted(t for (fs, fd, _), pts in cap.flows.items()
+                              if (fs, fd) == (sip, dip) for t, _ in pts)
+            gaps = [b - a for a, b in zip(arrivals, arrivals[1:], strict=False)]
+            fct = fcts.get((src, dst))
+            slowdown = None if fct is None else fct / m.ideal_fct(sizes[(src, dst)], line,
+                                                                 self.base_rtt_s)
+            one = (max(gaps, default=0.0), sum(1 for g in gaps if g > stall), slowdown)
+            if worst is None or one[0] > worst[0]:
+                worst = one
+        if worst is not None:
+            rec.victim_longest_gap_s, rec.victim_stalls, rec.victim_fct_slowdown = worst
 
     def _workload(self, scenario: str, window: int, ack_every: int = 2) -> dict[str, Any]:
         cfg, s = self.cfg, self.scaling
-        tr = transport_settings(s, window, ack_every)
+        tr = {**transport_settings(s, window, ack_every), **report_settings(self.spec, s)}
         line = payload_line_rate(s)
         k = self.time_scale
         if scenario == "incast":
@@ -511,10 +582,9 @@ class SuiteBase:
         if scenario == "victim":
             flows = [gen.Flow(id=i, src=s, dst=rx, size=size, start=0.0)
                      for i, s in enumerate(senders)]
-        else:  # storm: the storming host is the victim's destination; the others go to rx
-            far = [s for s in senders if not self._same_switch(s, rx)]
+        else:  # storm: vdst storms; the far hosts send to rx, vsrc to the storming host
             flows = [gen.Flow(id=i, src=s, dst=rx, size=size, start=0.0)
-                     for i, s in enumerate(far)]
+                     for i, s in enumerate(self._far(senders, rx))]
             self._pfc_storm(vdst, cfg.storm_seconds * k)
         flows.append(gen.Flow(id=len(flows), src=vsrc, dst=vdst, size=size // 2, start=0.0))
         return wl.run_flows(self.hosts, flows, name=scenario, transport=tr, line_rate=line,
@@ -738,6 +808,17 @@ class Suite(SuiteBase):
 
     def _set_port_rate(self, switch: str, port: int, rate_bps: float) -> None:
         self.tb.set_queue_rate(switch, port, rate_bps)
+
+    def _report_totals(self) -> dict[str, dict[str, int]]:
+        import grpc
+
+        from controller.proto import controller_pb2 as pb
+
+        try:
+            snap = self.tb.controller_stub().GetTelemetry(pb.GetTelemetryRequest(), timeout=5)
+        except grpc.RpcError:
+            return {}
+        return {n.switch: {"received": n.received, "lost": n.lost} for n in snap.switches}
 
 
 def fmt_time(s: float) -> str:

@@ -28,6 +28,7 @@ from finsy.proto import p4r
 
 from controller import config as ctlconfig
 from controller import program
+from controller.collector import Collector
 from controller.nic.ratelaw import CcParams, Law
 from controller.proto import switch_pb2
 from controller.queues import queue_settings
@@ -122,6 +123,8 @@ class SimSwitch:
         self.pfc_rx = 0  # MAC Control frames, kept out of the ports' data counters
         self.pfc_tx = 0
         self._service_at: int | None = None
+        # ports with no wire but a listener (the collector's): frame -> the listener
+        self.local: dict[int, Callable[[bytes], None]] = {}
 
     def receive(self, port: int, frame: bytes) -> None:
         st = self.ports.get(port)
@@ -155,7 +158,15 @@ class SimSwitch:
     def _transmit(self, port: int, data: bytes) -> None:
         wire = self.wires.get(port)
         if wire is None:
-            self.tx_unknown_port += 1  # the collector's and the CPU port: nothing listens
+            listener = self.local.get(port)
+            if listener is not None:
+                st = self.ports.get(port)
+                if st is not None:
+                    st.tx_packets += 1
+                    st.tx_bytes += len(data)
+                listener(data)
+                return
+            self.tx_unknown_port += 1  # the CPU port: nothing listens
             return
         if is_mac_control(data):
             self.pfc_tx += 1
@@ -193,6 +204,23 @@ def controller_cfg(spec: FabricSpec, scaling: Scaling, ecn: Ecn) -> ctlconfig.Co
     return ctlconfig.parse(doc)
 
 
+def pfc_request(pfc: PfcConfig, wd: WatchdogConfig | None) -> Any:
+    """SwitchAdmin's SetPfc request for these settings."""
+    return switch_pb2.SetPfcRequest(
+        enable=True,
+        xoff_bytes=pfc.xoff_bytes,
+        xon_bytes=pfc.xon_bytes,
+        headroom_bytes=pfc.headroom_bytes,
+        quanta=pfc.quanta,
+        priority_mask=sum(1 << p for p in pfc.priorities),
+        link_bps=pfc.link_bps,
+        watchdog_poll_ns=wd.poll_ns if wd else 0,
+        detect_polls=wd.detect_polls if wd else 0,
+        restore_polls=wd.restore_polls if wd else 0,
+        watchdog_action=wd.action if wd else "",
+    )
+
+
 class SimFabric:
     def __init__(
         self,
@@ -221,6 +249,12 @@ class SimFabric:
         }
         self.hosts: dict[str, SimHost] = {}
         self.law = Law.NONE
+        # the controller's collector, where the collector's switch port delivers (the
+        # twin's times: virtual seconds for both its clocks)
+        self.collector = Collector(self.topo, self.cfg.int.dscp)
+        self.collector_not_reports = 0  # frames to the collector that are not reports
+        if spec.collector is not None:
+            self.switches[spec.collector.node].local[spec.collector.index] = self._to_collector
         self._program()
         self._build()
 
@@ -315,6 +349,23 @@ class SimFabric:
         nic = end.index
         return lambda frame: self.hosts[end.node].receive(frame, nic)
 
+    def _to_collector(self, frame: bytes) -> None:
+        """A frame the fabric delivered to the collector: its UDP payload, if it is a
+        report to the collector's port (the collector's socket would see only those)."""
+        ip = frame[14:]
+        port = self.cfg.int.collector.udp_port
+        if (
+            frame[12:14] != b"\x08\x00"
+            or len(ip) < 28
+            or ip[9] != 17
+            or int.from_bytes(ip[22:24], "big") != port
+        ):
+            self.collector_not_reports += 1
+            return
+        ihl = (ip[0] & 0x0F) * 4
+        end = int.from_bytes(ip[2:4], "big")
+        self.collector.ingest(ip[ihl + 8 : end], now=self.loop.now, wall=self.loop.now)
+
     # ---- control ----
 
     def set_law(self, law: Law, base_rtt_ns: int) -> int:
@@ -349,11 +400,9 @@ class SimFabric:
         """PFC on (or off) in every switch and NIC, with the PFC watchdog in the switches."""
         for name, sw in self.switches.items():
             sw.clock.advance_to(self.loop.now_ns)
-            if on:
-                wd = self.watchdog_config(action) if watchdog else None
-                sw.sw.tm.set_pfc(self.pfc_config(name), wd)
-            else:
-                sw.sw.tm.set_pfc(None)
+            wd = self.watchdog_config(action) if on and watchdog else None
+            req = pfc_request(self.pfc_config(name), wd) if on else switch_pb2.SetPfcRequest()
+            sw.admin.SetPfc(req, None)  # as a controller sets it, through SwitchAdmin
         for h in self.hosts.values():
             h.pfc = on
             if not on:

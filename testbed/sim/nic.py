@@ -38,6 +38,7 @@ from controller.nic.ratelaw import (
 from controller.wire.int_md import hop_ml_words
 from controller.wire.pfc import MAX_QUANTA, decode_pfc, is_mac_control, pause_ns, pfc_frame
 from controller.wire.roce import ROCE_UDP_PORT
+from controller.wire.telemetry_report import TELEMETRY_REPORT_PORT
 from testbed.probes import Capture, RateEvent, record_int_frame
 from testbed.sim.engine import EventLoop
 from testbed.traffic.jobs import Job
@@ -251,6 +252,10 @@ class SimHost:
         wake = core.next_deadline()
         if not self.done and job.next_wake < (wake if wake is not None else float("inf")):
             wake = job.next_wake
+        self._arm(wake)
+
+    def _arm(self, wake: float | None) -> None:
+        """A timer at `wake` (s), unless an earlier one is set."""
         if wake is not None and wake != float("inf"):
             # 1 ns past the deadline: the core and the job compare in float seconds
             t = max(self.loop.now_ns + 1, int(wake * 1e9) + 1)
@@ -289,6 +294,10 @@ class SimHost:
             return
         single = len(self.ports) == 1
         fb = core.feedback
+        if core.reports and port is self.ports[0]:  # the NIC sink's Telemetry Reports
+            self._send_report(port, core.reports.popleft(), core.cfg.report_to, now_ns)
+            self._request_kick(port, port.busy_until)
+            return
         if fb:  # ACK/NAK/CNP: the default class, not paced per flow
             i = (
                 0
@@ -320,7 +329,35 @@ class SimHost:
         assert pkt is not None
         best.commit(now)
         self._transmit(port, pkt, best.peer_addr, now_ns)
+        # a packet in flight runs the retransmission timer, even if nothing ever comes back
+        # (every packet lost: no ACK would arm it)
+        self._arm(core.next_deadline())
         self._request_kick(port, port.busy_until)
+
+    def _send_report(self, port: NicPort, payload: bytes, to: str | None, now_ns: int) -> None:
+        """A Telemetry Report to the collector: IPv4/UDP from this NIC, as the emulation's
+        transport sends it through the kernel (the default class, not paced)."""
+        if to is None:
+            return
+        host, _, dport = to.rpartition(":")
+        udp = struct.pack("!HHHH", TELEMETRY_REPORT_PORT, int(dport), 8 + len(payload), 0)
+        ip = struct.pack(
+            "!BBHHHBBH4s4s",
+            0x45,
+            0,
+            28 + len(payload),
+            0,
+            0x4000,
+            64,
+            17,
+            0,
+            port.addr,
+            socket.inet_aton(host),
+        )
+        pkt = with_checksum(ip + udp + payload)
+        port.busy_until = now_ns + int((14 + len(pkt)) * self.ns_per_byte)
+        if not port.send(port.eth + pkt, now_ns):
+            self.tx_too_big += 1
 
     def _flow(self, key: tuple[int, int, int, int, int]) -> FlowTx:
         f = self.flows.get(key)

@@ -89,6 +89,12 @@ class SimSuite(SuiteBase):
     def _quiet_counters(self) -> dict[str, PortCounters]:
         return self.fab.port_counters()  # run_job drained the fabric
 
+    def _report_totals(self) -> dict[str, dict[str, int]]:
+        return {
+            n["name"]: {"received": n["received"], "lost": n["lost"]}
+            for n in self.fab.collector.node_summary()
+        }
+
     def _set_port_rate(self, switch: str, port: int, rate_bps: float) -> None:
         self.fab.switches[switch].admin.SetQueue(
             switch_pb2.SetQueueRequest(port=port, rate_bps=round(rate_bps)), None
