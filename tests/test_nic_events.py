@@ -115,3 +115,17 @@ def test_agent_follows_a_datapath_rate_and_sleeps_while_idle() -> None:
             assert before <= change.time_ns <= time.monotonic_ns()  # the kernel's write time
             flows = {(f.flow.src_port, f.paced_rate_bps) for f in agent.flows()}
             assert (5301, 123_000_000) in flows  # its HTB class runs at the new rate
+
+
+def test_map_reads_go_in_chunks_and_miss_nothing() -> None:
+    from controller.nic.bpf.loader import lookup_all
+
+    with standalone_nic(100_000_000) as nic:
+        t = nic.table("xm_rates")
+        assert lookup_all(t) == []
+        for i in range(700):  # more than two chunks of 256
+            nic.set_rate(FlowKey(A, B, 17, 10_000 + i, 4791), 1_000_000 + i, 1)
+        got = {key_from_c(k): int(v.rate_bps) for k, v in lookup_all(t)}
+        assert got == {key_from_c(k): int(v.rate_bps) for k, v in t.items()}
+        assert len(got) == 700 and got[FlowKey(A, B, 17, 10_699, 4791)] == 1_000_699
+        assert {k for k, _ in nic.items("xm_rates")} == set(got)
