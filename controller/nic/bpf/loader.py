@@ -244,8 +244,12 @@ def lookup_all(t: Any, chunk: int = 256) -> list[tuple[Any, Any]]:
             ctypes.byref(count),
         )
         err = ctypes.get_errno()
+        # copies out of the buffers (their elements may be plain ints: a u32 value's)
+        ks, vs = ctypes.sizeof(t.Key), ctypes.sizeof(t.Leaf)
         for i in range(count.value):
-            out.append((t.Key.from_buffer_copy(keys[i]), t.Leaf.from_buffer_copy(values[i])))
+            out.append(
+                (t.Key.from_buffer_copy(keys, i * ks), t.Leaf.from_buffer_copy(values, i * vs))
+            )
         if res == 0:
             first = False
             continue
