@@ -47,10 +47,12 @@ class PfcPause(NamedTuple):
 
 
 def pause_ns(quanta: int, link_bps: float) -> int:
-    """How long `quanta` pause a link of `link_bps`."""
-    if link_bps <= 0:
+    """How long `quanta` pause a link of `link_bps` (b/s, taken as a whole number), in whole
+    ns, rounded down: the NIC's XDP computes it so in 64-bit integers (ebpf/lib/pfc.h)."""
+    rate = round(link_bps)
+    if rate <= 0:
         raise ValueError(f"a pause needs the link's speed, got {link_bps}")
-    return int(quanta * QUANTUM_BITS * 1e9 / link_bps)
+    return quanta * QUANTUM_BITS * 1_000_000_000 // rate
 
 
 def pfc_frame(src_mac: bytes, quanta: dict[int, int]) -> bytes:
