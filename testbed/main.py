@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="emu: the emulation (root, Mininet, eBPF); sim: the simulated twin "
                           "(one process, virtual time, deterministic)")
     run.add_argument("--seed", type=int, default=1, help="workloads' seed (default 1)")
+    run.add_argument("--retransmit", choices=["gbn", "sr"], default="gbn",
+                     help="the transport's retransmission: go-back-N (RC's; default) or "
+                          "selective repeat")
     run.add_argument("--flows", type=Path,
                      help="a flow list (CSV: src,dst,bytes,start_s; hosts by name) run as the "
                           "scenario 'flows' instead of the suite's scenarios")
@@ -129,7 +132,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.flows is not None:
         scenarios = ("flows",)
     cfg = SuiteConfig(**{**base.__dict__, "schemes": schemes, "scenarios": scenarios,
-                         "seed": args.seed})
+                         "seed": args.seed, "retransmit": args.retransmit})
     if args.faults is not None:
         from testbed import faults
         from testbed.topo import parse_choice

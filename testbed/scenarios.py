@@ -103,6 +103,7 @@ class SuiteConfig:
     # TiTa's base RTT T; None: the model's base RTT dilated by the scale, or the RTT measured
     # on the fabric if that is longer
     tita_base_rtt_s: float | None = None
+    retransmit: str = "gbn"  # the transport's: gbn (go-back-N) or sr (selective repeat)
 
     @staticmethod
     def quick() -> SuiteConfig:
@@ -169,7 +170,7 @@ def tita_window(s: Scaling, tita_t_s: float) -> int:
 
 
 def transport_settings(s: Scaling, window: int = DEFAULT_WINDOW,
-                       ack_every: int = 2) -> dict[str, Any]:
+                       ack_every: int = 2, retransmit: str = "gbn") -> dict[str, Any]:
     """The transport's parameters for every run (testbed.traffic.transport.TransportConfig).
 
     - MTU 4096 (RoCE's), jumbo links;
@@ -181,13 +182,14 @@ def transport_settings(s: Scaling, window: int = DEFAULT_WINDOW,
       time packets), a CNP at most every 50 us of the paper's
       40 Gb/s time, dilated to the NIC's rate like the agents' DCQCN timers;
     - `window`: packets in flight per queue pair. TiTa is HPCC-like, and HPCC's sender
-      bounds its in-flight bytes by B*T (`tita_window`); DCQCN and no-CC senders do not.
+      bounds its in-flight bytes by B*T (`tita_window`); DCQCN and no-CC senders do not;
+    - `retransmit`: go-back-N (`gbn`, RC's) or selective repeat (`sr`).
     """
     dilation = min(1.0, s.scale / 20_000)  # the RTO was chosen at the emulation's scale
     return {"mtu": s.transport_mtu, "window": window, "ack_every": ack_every,
             "rto": max(1.0 * dilation, 50e-6), "rto_max": max(4.0 * dilation, 200e-6),
             "sndbuf": 4 * s.frame_bytes,
-            "cnp_interval": 50e-6 * 40e9 / s.nic_bps}
+            "cnp_interval": 50e-6 * 40e9 / s.nic_bps, "retransmit": retransmit}
 
 
 def payload_line_rate(s: Scaling) -> float:
@@ -279,6 +281,10 @@ class SuiteBase:
     def _set_port_rate(self, switch: str, port: int, rate_bps: float) -> None:
         raise NotImplementedError
 
+    def _apply_fault(self, f: Fault) -> None:
+        """Inject (or remove) one fault now, outside a scenario's schedule (a sweep's)."""
+        raise NotImplementedError
+
     # ---- the collective library's view of the engine ----
 
     def nic_ips(self) -> list[list[str]]:
@@ -297,9 +303,11 @@ class SuiteBase:
         return CollFabric(
             topology=self.spec.name, hosts=self.hosts, nic_ips=self.nic_ips(),
             runner=self.runner, scaling=s, scheme=scheme,
-            transport=transport_settings(s, self.window(scheme) if window is None else window),
+            transport=transport_settings(s, self.window(scheme) if window is None else window,
+                                         retransmit=cfg.retransmit),
             line_rate=payload_line_rate(s), time_scale=self.time_scale, seed=cfg.seed,
-            set_port_rate=self._set_port_rate, websearch=websearch)
+            set_port_rate=self._set_port_rate, websearch=websearch,
+            apply_fault=self._apply_fault)
 
     # ---- running ----
 
@@ -352,7 +360,7 @@ class SuiteBase:
 
     def _workload(self, scenario: str, window: int, ack_every: int = 2) -> dict[str, Any]:
         cfg, s = self.cfg, self.scaling
-        tr = transport_settings(s, window, ack_every)
+        tr = transport_settings(s, window, ack_every, cfg.retransmit)
         line = payload_line_rate(s)
         k = self.time_scale
         if scenario == "incast":
@@ -575,6 +583,9 @@ class Suite(SuiteBase):
 
     def _set_port_rate(self, switch: str, port: int, rate_bps: float) -> None:
         self.tb.set_queue_rate(switch, port, rate_bps)
+
+    def _apply_fault(self, f: Fault) -> None:
+        self.tb.apply_fault(f)
 
 
 def fmt_time(s: float) -> str:

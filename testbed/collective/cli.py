@@ -45,6 +45,12 @@ def _engine_args(ap: argparse.ArgumentParser) -> None:
     )
     ap.add_argument("--scheme", choices=["none", "dcqcn", "tita"], default="tita")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument(
+        "--retransmit",
+        choices=["gbn", "sr"],
+        default="gbn",
+        help="the transport's: go-back-N (default) or selective repeat",
+    )
     ap.add_argument("--switch", choices=["auto", "bmv2", "builtin"], default="builtin")
     ap.add_argument("--run-dir", type=Path, help="default: runs/<timestamp>-collective")
 
@@ -108,7 +114,7 @@ def open_suite(args: argparse.Namespace) -> Iterator[Any]:
         args.scale if args.scale is not None else (1.0 if args.engine == "sim" else DEFAULT_SCALE)
     )
     scaling = Scaling(scale=scale, max_hops=spec.longest_path_switches())
-    cfg = SuiteConfig(seed=args.seed)
+    cfg = SuiteConfig(seed=args.seed, retransmit=args.retransmit)
     if args.engine == "sim":
         from testbed.sim.fabric import SimFabric
         from testbed.sim.suite import SimSuite

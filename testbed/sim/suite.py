@@ -12,6 +12,7 @@ from typing import Any
 
 from controller.nic.ratelaw import Law
 from controller.proto import switch_pb2
+from testbed.faults import Fault
 from testbed.probes import Capture, PortCounters, RateEvent
 from testbed.scenarios import SuiteBase, SuiteConfig
 from testbed.sim.fabric import SimFabric
@@ -74,6 +75,9 @@ class SimSuite(SuiteBase):
 
     def _quiet_counters(self) -> dict[str, PortCounters]:
         return self.fab.port_counters()  # run_job drained the fabric
+
+    def _apply_fault(self, f: Fault) -> None:
+        self.ops.apply_now(f)
 
     def _set_port_rate(self, switch: str, port: int, rate_bps: float) -> None:
         self.fab.switches[switch].admin.SetQueue(
