@@ -4,8 +4,10 @@ from a seeded generator, the clock advanced by the test."""
 
 from __future__ import annotations
 
+import argparse
 import random
 import struct
+from pathlib import Path
 
 import pytest
 
@@ -100,6 +102,53 @@ def test_sr_tail_loss_and_lost_resend_recover_by_timeout() -> None:
     assert qa.counters.retransmits == 3  # 4, then 4 and 19 after the timeout
 
 
+def test_sr_resends_a_lost_resend_when_a_later_packet_is_sacked() -> None:
+    # window 8 of 40 packets: new packets follow PSN 4's resend, and their SACKs show it lost
+    a, b = pair(retransmit="sr", window=8)
+    data = bytes(random.Random(5).randbytes(40 * MTU))
+    a.qps[5].post_send(data, 0.0)
+    lost = {4: 2}
+
+    def wire(p: bytes) -> bytes | None:
+        if opcode(p) in DATA_OPCODES and lost.get(psn_of(p), 0) > 0:
+            lost[psn_of(p)] -= 1
+            return None
+        return p
+
+    shuttle(a, b, 0.0, wire)
+    qa = a.qps[5]
+    msg = b.qps[6].poll_recv()
+    assert qa.idle and msg is not None and bytes(msg.data) == data
+    assert qa.counters.timeouts == 0 and qa.counters.retransmits == 2
+
+
+def test_sr_timeout_with_everything_sacked_asks_for_the_lost_ack() -> None:
+    a, b = pair(retransmit="sr", window=64, rto=0.01)
+    data = bytes(random.Random(6).randbytes(8 * MTU))
+    a.qps[5].post_send(data, 0.0)
+    lost_ack = []
+
+    def wire(p: bytes) -> bytes | None:
+        if opcode(p) in DATA_OPCODES and psn_of(p) == 2 and not lost_ack:
+            lost_ack.append(False)
+            return None  # PSN 2 lost once: 3..7 kept and SACKed
+        if opcode(p) == OP_ACK and syndrome_of(p) == 0 and psn_of(p) == 7 and lost_ack == [False]:
+            lost_ack[0] = True
+            return None  # the ACK after the gap filled lost: the requester saw 3..7 SACKed
+        return p
+
+    shuttle(a, b, 0.0, wire)
+    qa = a.qps[5]
+    assert lost_ack == [True] and not qa.idle and qa.high == 8
+    assert 3 <= qa.una and qa.sacked == set(range(qa.una, 8))
+    a.expire(0.01)
+    assert list(qa.rtx_q) == [qa.una]  # all SACKed: the oldest again, asking for an ACK
+    shuttle(a, b, 0.01)
+    msg = b.qps[6].poll_recv()
+    assert qa.idle and msg is not None and bytes(msg.data) == data
+    assert b.drops["duplicate"] == 1 and qa.counters.retransmits == 2
+
+
 def test_sr_keeps_at_most_the_window_and_counts_what_is_beyond() -> None:
     # a requester that ignores the responder's window (bad input): 32 in flight against 8
     a = TransportCore(TransportConfig(local_ip=A, mtu=MTU, window=32, retransmit="sr"), seed=1)
@@ -118,11 +167,11 @@ def test_sr_keeps_at_most_the_window_and_counts_what_is_beyond() -> None:
     qb = b.qps[6]
     assert len(qb.kept) == 7 and qb.counters.rx_kept == 7
     assert b.drops["sr_out_of_window"] == 24
-    b.receive(pkts[3], 0.0)  # a kept PSN again
+    b.receive(pkts[3], 0.0)  # a kept PSN again: SACKed again
     assert b.drops["duplicate"] == 1 and len(qb.kept) == 7
     naks = [o.packet for o in b.feedback]
-    assert len(naks) == 7 and {syndrome_of(n) for n in naks} == {AETH_NAK_PSN_SEQ_ERR_SACK}
-    assert [unpack_sack(n, 20 + 8 + 12 + 4) for n in naks] == list(range(1, 8))
+    assert len(naks) == 8 and {syndrome_of(n) for n in naks} == {AETH_NAK_PSN_SEQ_ERR_SACK}
+    assert [unpack_sack(n, 20 + 8 + 12 + 4) for n in naks] == [*range(1, 8), 3]
     b.feedback.clear()
     b.receive(pkts[0], 0.0)  # the gap filled: 0..7 delivered, one ACK for the lot at least
     assert not qb.kept and qb.counters.rx_data_packets == 8
@@ -223,3 +272,59 @@ def test_scapy_decodes_a_selective_nak() -> None:
     assert nak[SACK].psn == 2
     built = bytes(IP(bytes(nak)))
     assert built == b.feedback[0].packet
+
+
+def sweep_args(**kw: object) -> argparse.Namespace:
+    base = dict(
+        engine="sim",
+        topo="rail:2,4,1",
+        scale=None,
+        scheme="dcqcn",
+        seed=1,
+        switch="builtin",
+        run_dir=None,
+        losses="1%",
+        retransmits="gbn,sr",
+        workloads="allreduce",
+        seeds="1",
+        size="512K",
+        chunk="128K",
+        iters=2,
+        warmup=1,
+        workers=1,
+    )
+    base.update(kw)
+    return argparse.Namespace(**base)
+
+
+@pytest.mark.slow
+def test_twin_sweep_point_sr_at_least_gbn_under_one_percent_loss(tmp_path: Path) -> None:
+    from testbed.collective import loss
+    from testbed.collective.cli import open_suite
+
+    args = sweep_args()
+    rows = loss.run_sweep(args, open_suite, lambda line: None)
+    by = {r["retransmit"]: r for r in rows}
+    assert all(r["completed"] and r["correct"] for r in rows)
+    gbn, sr = by["gbn"], by["sr"]
+    assert gbn["retransmits"] > 0 and sr["retransmits"] > 0  # the loss was there
+    assert sr["retransmits"] < gbn["retransmits"] / 2  # only the holes
+    assert sr["busbw_Bps"] >= gbn["busbw_Bps"] and sr["iter_s"] <= gbn["iter_s"]
+    # the same seed draws the same losses: a point repeats exactly
+    again = loss.run_sweep(sweep_args(retransmits="sr"), open_suite, lambda line: None)[0]
+    assert again["retransmits"] == sr["retransmits"] and again["iter_s"] == sr["iter_s"]
+    text = loss.write(args, rows, tmp_path)
+    assert "allreduce  sr" in text and (tmp_path / "loss.csv").read_text().count("\n") == 3
+
+
+def test_loss_faults_cover_every_link_once() -> None:
+    from testbed.collective import loss
+    from testbed.topo import parse_choice
+
+    spec = parse_choice("rail:2,4,1")
+    fs = loss.fabric_loss_faults(spec, 0.001)
+    assert len(fs) == len(spec.links) and {f.kind for f in fs} == {"loss"}
+    assert all(f.value == 0.001 for f in fs)
+    assert loss.parse_losses("0,0.01%,1%") == [0.0, 0.0001, 0.01]
+    with pytest.raises(ValueError, match="workload 'bogus'"):
+        loss.points(sweep_args(workloads="bogus"))

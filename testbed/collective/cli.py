@@ -7,6 +7,8 @@
         concurrent jobs of a scenario file (testbed.collective.run.load_jobs)
     xingmai-testbed tune --engine sim --scale 1 --sizes 64K:4M
         the auto-tuner's table (testbed.collective.tune)
+    xingmai-testbed loss-sweep --engine sim --losses 0,0.01%,0.1%,1%
+        random loss on every link, go-back-N vs selective repeat (testbed.collective.loss)
 
 Both engines: `--engine sim` is the simulated twin (no root), `--engine emu` the emulation.
 Figures are in the model's units (times and rates at the model's speed).
@@ -87,6 +89,13 @@ def add_parsers(sub: Any) -> None:
     j = sub.add_parser("jobs", help="concurrent jobs from a scenario file (YAML)")
     _engine_args(j)
     j.add_argument("file", type=Path)
+    from testbed.collective.loss import add_arguments as loss_arguments
+
+    ls = sub.add_parser(
+        "loss-sweep", help="random loss on every link: busbw and iteration time, GBN vs SR"
+    )
+    _engine_args(ls)
+    loss_arguments(ls)
     t = sub.add_parser("tune", help="auto-tune algorithm, channels, chunk per size")
     _engine_args(t)
     t.add_argument("--collective", default="allreduce")
@@ -259,4 +268,21 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"collective": cmd_collective, "jobs": cmd_jobs, "tune": cmd_tune}
+def cmd_loss_sweep(args: argparse.Namespace) -> int:
+    from testbed.collective import loss
+    from testbed.collective.plots import loss_plot
+
+    out = _run_dir(args, "loss")
+    rows = loss.run_sweep(args, open_suite, _say)
+    print(loss.write(args, rows, out))
+    plot = loss_plot(loss.summary(rows), args.plot or out / "loss.png", loss.note(args, rows))
+    print(f"\nresults: {out / 'loss.json'}, {out / 'loss.csv'}\nplot:    {plot}")
+    return 0 if all(r["completed"] and r["correct"] for r in rows) else 1
+
+
+COMMANDS = {
+    "collective": cmd_collective,
+    "jobs": cmd_jobs,
+    "tune": cmd_tune,
+    "loss-sweep": cmd_loss_sweep,
+}

@@ -19,9 +19,11 @@ Retransmission is one of two schemes (`TransportConfig.retransmit`, the same on 
   keeps out-of-order packets within the requester's window (at most `window` packets of at
   most `mtu` bytes per QP; one further ahead is a counted drop) and answers each with a NAK
   naming the first missing PSN and, in a SACK header, the PSN it kept; the requester resends
-  only the PSNs below a SACKed one that were neither SACKed nor resent already, and on a
-  timeout every unSACKed PSN in flight. Delivery stays in PSN order: the kept packets are
-  handed on once the gap is filled.
+  only the PSNs below a SACKed one that were neither SACKed nor resent already, a resent PSN
+  again when a packet first sent after its resend is SACKed (the resend was lost: the path
+  keeps order, as RACK reasons), and on a timeout every unSACKed PSN in flight (or, all
+  SACKed, the oldest: the ACK past them was lost); a resend asks for an ACK. Delivery stays in
+  PSN order: the kept packets are handed on once the gap is filled.
 
 Queue pairs are set up out of band: both ends are created with each other's QPN and the same
 initial PSNs (the workload runner does that).
@@ -39,6 +41,7 @@ its data discarded, counted once as `message_too_long`.
 
 from __future__ import annotations
 
+import bisect
 import ipaddress
 import socket
 import struct
@@ -217,11 +220,12 @@ class QueuePair:
         self.rto = core.cfg.rto
         self.last_progress = 0.0
         self._cur = 0  # index in send_q of the op holding `nxt` (a hint)
-        # selective repeat: what the responder SACKed, what to resend (ascending, each >= una,
-        # none SACKed), and the sequence number below which every hole has been queued once
+        # selective repeat: what the responder SACKed, what to resend (ascending, each >= una),
+        # and the sequence number below which every hole has been queued once
         self.sacked: set[int] = set()
         self.rtx_q: deque[int] = deque()
         self.rtx_upto = 0
+        self.rtx_mark: dict[int, int] = {}  # resent seq -> `high` when it was resent
         # responder
         self.epsn = rq_psn & PSN_MASK  # expected PSN
         self.msn = 0
@@ -315,6 +319,8 @@ class QueuePair:
             opcode = OP_SEND_MIDDLE
         payload = op.data[i * cfg.mtu : (i + 1) * cfg.mtu]
         ackreq = i == op.npkts - 1 or seq - self.una + 1 >= cfg.window
+        if cfg.retransmit == "sr" and seq < self.high:
+            ackreq = True  # a resend asks for an ACK: it may be all that is left in flight
         return self.core.build(
             self, opcode, self.remote_qpn, self._psn(seq), ackreq, self.sport, payload
         )
@@ -335,6 +341,7 @@ class QueuePair:
             c.retransmits += 1
         if self.rtx_q:
             self.rtx_q.popleft()
+            self.rtx_mark[seq] = self.high
             return
         self.nxt = seq + 1
         self.high = max(self.high, self.nxt)
@@ -385,12 +392,26 @@ class QueuePair:
                 self.sacked.add(sacked)
                 if sacked < self.rtx_upto and sacked in self.rtx_q:
                     self.rtx_q.remove(sacked)  # a late SACK: it arrived after all
+        if sacked is not None and self.rtx_mark:
+            # a resend older than the packet SACKed now would have arrived before it: lost
+            lost = [s for s, mark in self.rtx_mark.items() if s < sacked and mark <= sacked]
+            for seq in lost:
+                del self.rtx_mark[seq]
+                if seq not in self.sacked:
+                    self._queue_resend(seq)
         for seq in range(max(self.rtx_upto, expected), end):
             if seq not in self.sacked:
                 self.rtx_q.append(seq)
         self.rtx_upto = max(self.rtx_upto, end)
         if self.rtx_q:
             self.core.active.add(self)
+
+    def _queue_resend(self, seq: int) -> None:
+        """Put `seq` in the resend queue, which stays ascending and without repeats."""
+        q = self.rtx_q
+        i = bisect.bisect_left(q, seq)
+        if i == len(q) or q[i] != seq:
+            q.insert(i, seq)
 
     def _advance(self, una: int, now: float) -> None:
         if una <= self.una:
@@ -401,6 +422,8 @@ class QueuePair:
             self.sacked = {s for s in self.sacked if s >= una}
         while self.rtx_q and self.rtx_q[0] < una:
             self.rtx_q.popleft()
+        if self.rtx_mark:
+            self.rtx_mark = {s: m for s, m in self.rtx_mark.items() if s >= una}
         self.rtx_upto = max(self.rtx_upto, una)
         self.rto = self.core.cfg.rto
         self.last_progress = now
@@ -419,7 +442,10 @@ class QueuePair:
             self.counters.timeouts += 1
             if self.core.cfg.retransmit == "sr":  # every PSN in flight not known to be kept
                 self.rtx_q = deque(s for s in range(self.una, self.high) if s not in self.sacked)
+                if not self.rtx_q:  # all SACKed: the ACK past them was lost, ask again
+                    self.rtx_q.append(self.una)
                 self.rtx_upto = self.high
+                self.rtx_mark.clear()
             else:
                 self.nxt = self.una
             self.rto = min(self.rto * 2, self.core.cfg.rto_max)
@@ -486,20 +512,21 @@ class QueuePair:
     ) -> None:
         """Selective repeat: keep a packet `d` PSNs past the expected one and NAK the gap with
         a SACK for it. The requester never has more than `window` packets in flight, so one
-        further ahead is bad input: dropped, counted, as is a kept PSN seen again."""
+        further ahead is bad input: dropped, counted. A kept PSN seen again (resent after
+        its SACK was lost) is counted and SACKed again."""
         core = self.core
         cfg = core.cfg
         if d >= cfg.window:
             core.drops["sr_out_of_window"] += 1
             return
-        if psn in self.kept:
+        if psn in self.kept:  # resent after a lost SACK: SACK it again
             core.drops["duplicate"] += 1
-            return
-        if len(payload) > cfg.mtu:
+        elif len(payload) > cfg.mtu:
             core.drops["bad_length"] += 1
             return
-        self.kept[psn] = (opcode, ackreq, bytes(payload))
-        self.counters.rx_kept += 1
+        else:
+            self.kept[psn] = (opcode, ackreq, bytes(payload))
+            self.counters.rx_kept += 1
         core._feedback(
             self,
             OP_ACK,
