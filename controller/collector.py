@@ -6,8 +6,12 @@ numbers: a gap is counted lost at once, and un-counted if the missing report tur
 behind) is a switch restart, not a loss. Per directed link (named by its transmitting end, see
 `controller.topology`) it keeps the queue occupancy, hop latency and tx utilisation reported by
 INT, and the utilisation computed from port counters polled over P4Runtime. Per flow it keeps
-the path and the congestion seen along it. Every time series is a bounded deque; the number of
-flows is bounded too (the least recently seen are evicted and counted).
+the path (and how often it changed), its hop latencies and the congestion seen along it.
+Reporters are the switches (their sinks) and the hosts' NICs (INT sinks of their own flows,
+controller/nic/int_sink.py, with their address as node id); a NIC's report with the D flag
+says packets of the flow were lost before it, on the path its INT names: those go into
+`loss_events` (bounded), which the localizer votes with. Every time series is a bounded
+deque; the number of flows is bounded too (the least recently seen are evicted and counted).
 
 Malformed datagrams are counted by reason and skipped; nothing a peer sends can raise here.
 """
@@ -23,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.common.netns import in_netns
+from controller.health import PathLoss
 from controller.topology import Topology
 from controller.wire.telemetry_report import (
     SEQ_BITS,
@@ -145,6 +150,11 @@ class FlowRecord:
     path: list[tuple[int, int | None, int | None]] = field(default_factory=list)
     links: list[str] = field(default_factory=list)
     max_qocc_bytes: int = 0  # along the path, in the last report
+    latency_ns: int = 0  # sum of the hop latencies along the path, in the last report
+    latency_max_ns: int = 0
+    path_changes: int = 0
+    loss_reports: int = 0  # reports of packets lost before the reported one (NIC sinks)
+    reporter: str = ""  # who reported it last (the sink)
     series: deque[tuple[float, int, int]] = field(
         default_factory=deque)  # (unix time, max qocc bytes, sum of hop latency ns)
 
@@ -183,6 +193,9 @@ class Collector:
         self.errors: Counter[str] = Counter()
         self.flows_evicted = 0
         self.punted = 0  # INT packets received as packet-ins (sinks without a collector)
+        self.loss_events: deque[PathLoss] = deque(maxlen=4096)
+        self.drop_reports = 0  # reports with the D flag
+        self.loss_reports = 0  # of them, NIC sinks' reports of a flow's packets lost
         self._counter_prev: dict[str, tuple[float, int]] = {}
         if topo is not None:
             for name, dl in topo.links.items():
@@ -193,8 +206,10 @@ class Collector:
     def node_name(self, node_id: int | None) -> str:
         if node_id is None:
             return "?"
-        if self.topo is not None and node_id in self.topo.by_node_id:
-            return self.topo.by_node_id[node_id]
+        if self.topo is not None:
+            name = self.topo.by_node_id.get(node_id) or self.topo.nic_by_node_id.get(node_id)
+            if name is not None:
+                return name
         return f"node{node_id}"
 
     def _link(self, name: str, capacity_bps: float | None = None) -> LinkTelemetry | None:
@@ -240,7 +255,8 @@ class Collector:
             return
         node = self.nodes.get(dg.node_id)
         if node is None:
-            if self.topo is not None and dg.node_id not in self.topo.by_node_id:
+            if self.topo is not None and dg.node_id not in self.topo.by_node_id \
+                    and dg.node_id not in self.topo.nic_by_node_id:
                 self.errors["unknown_node"] += 1
                 return
             if len(self.nodes) >= self.max_nodes:
@@ -297,12 +313,24 @@ class Collector:
         rec.last_seen = now
         rec.reports += 1
         rec.reported_bytes += rep.inner_len
-        rec.path = [(h.node_id or 0, h.in_port, h.out_port) for h in path_hops]
+        path = [(h.node_id or 0, h.in_port, h.out_port) for h in path_hops]
+        if rec.path and path != rec.path:
+            rec.path_changes += 1
+        rec.path = path
         rec.links = self._path_links(path_hops)
+        rec.reporter = self.node_name(rep.node_id)
         qmax = max((h.qocc for h in path_hops if h.qocc is not None), default=0)
         lat = sum(h.latency_ns for h in path_hops if h.latency_ns is not None)
         rec.max_qocc_bytes = qmax
+        rec.latency_ns = lat
+        rec.latency_max_ns = max(rec.latency_max_ns, lat)
         rec.series.append((wall, qmax, lat))
+        if rep.dropped:
+            self.drop_reports += 1
+            if self.topo is not None and rep.node_id in self.topo.nic_by_node_id:
+                rec.loss_reports += 1
+                self.loss_reports += 1
+                self.loss_events.append(PathLoss(now, key, tuple(rec.links), qmax))
 
     def _path_links(self, hops: list[Hop]) -> list[str]:
         """Directed links of the path: the sender's uplink, then every hop's egress."""
@@ -374,6 +402,13 @@ class Collector:
                  "out_of_window": n.total("out_of_window"),
                  "last_seq": max((t.last_seq or 0 for t in n.seq.values()), default=0)}
                 for n in sorted(self.nodes.values(), key=lambda n: n.node_id)]
+
+    def losses_since(self, seen: int) -> tuple[list[PathLoss], int]:
+        """The loss events after the first `seen` (of `loss_reports`), and the new count: what
+        the localizer has not been given yet (those the bounded deque dropped are skipped)."""
+        new = self.loss_reports - seen
+        events = list(self.loss_events)[-new:] if new > 0 else []
+        return events, self.loss_reports
 
     @property
     def lost(self) -> int:

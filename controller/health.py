@@ -17,6 +17,14 @@ What each suspect rests on:
   occupancy, summed per port). A port that drains below its rate (`rate` fault) or holds every
   frame (`delay`) shows it; a switch with most of its busy ports slow is the suspect, not
   each of its links.
+- **lossy link, by vote** (007): each receiving NIC reports a gap in a flow's PSNs with the
+  path its next packet took (its INT, controller/nic/int_sink.py); every such loss gives each
+  link of its path an equal share of one vote, and the link with the most votes explains the
+  losses that crossed it (greedily, as 007 does; links within `tie_ratio` of the top share the
+  blame). A loss whose path held a queue near full is a tail drop of congestion, not a fault,
+  and does not vote; a link is named only for losses of at least `min_vote_flows` flows and
+  `min_loss` of the frames it carried. This sees what counters cannot: a drop that no port
+  counts (a silent drop), or one on a host's downlink, whose receiving end no switch polls.
 Scores are in [0, 1] and rank the suspects; `first_named` is when a suspect first appeared.
 """
 
@@ -51,6 +59,17 @@ class SwitchSample:
     ports: dict[int, PortSample]
 
 
+@dataclass(frozen=True)
+class PathLoss:
+    """A receiving NIC saw packets of a flow lost (a gap in its PSNs) at time `t`, on the
+    path the next packet's INT names: directed links (the collector's names), sender first."""
+
+    t: float
+    flow: tuple[str, str, int, int, int]
+    links: tuple[str, ...]
+    max_qocc_bytes: int = 0  # the largest queue on the path (near full: congestion)
+
+
 @dataclass
 class Suspect:
     element: str  # "switch spine1", "link leaf1:3-spine1:1", "nic h3"
@@ -73,6 +92,12 @@ class Thresholds:
     wait_ratio: float = 1.5  # its waits are this many times what the queue explains
     switch_share: float = 0.6  # a switch is slow when this share of its busy ports is
     hold_s: float = 3.0  # a suspect not seen again for this long is cleared
+    vote_window_s: float = 4.0  # path losses are voted over this long
+    min_vote_flows: int = 2  # a link is named by vote for losses of this many flows
+    min_vote_losses: int = 3  # and at least this many losses
+    tie_ratio: float = 0.8  # links within this share of the top vote share the blame
+    congested_share: float = 0.5  # a loss whose path held a queue this share of the
+    #                               queue depth is a tail drop of congestion
 
 
 @dataclass
@@ -99,6 +124,9 @@ class Localizer:
         self.named: dict[str, Suspect] = {}  # every suspect ever named (first_named kept)
         self._dead_links: set[str] = set()
         self._now = 0.0
+        self._losses: deque[PathLoss] = deque(maxlen=8192)
+        self.losses_seen = 0
+        self.losses_congested = 0  # tail drops of a full queue: not voted
 
     # ---- input ----
 
@@ -112,6 +140,15 @@ class Localizer:
         keep = self.th.window_s * 2
         while len(h.samples) > 2 and sample.t - h.samples[1].t >= keep:
             h.samples.popleft()
+
+    def path_loss(self, loss: PathLoss) -> None:
+        """A receiving NIC's loss report (the collector's loss events)."""
+        self.losses_seen += 1
+        depth = self.topo.cfg.model.queue_depth_bytes
+        if loss.max_qocc_bytes >= self.th.congested_share * depth:
+            self.losses_congested += 1
+            return
+        self._losses.append(loss)
 
     def unreachable(self, switch: str, t: float) -> None:
         """The switch's channel went down or a poll failed at `t`."""
@@ -153,6 +190,12 @@ class Localizer:
         for lid, (loss, ev) in self._lossy_links().items():
             if lid not in dead:
                 found.setdefault(f"link {lid}", ("lossy-link", min(0.99, 0.5 + 10 * loss), ev))
+        for lid, (share, ev) in self._voted_links(now, dead).items():
+            old = found.get(f"link {lid}")
+            if old is not None and old[0] == "lossy-link":  # counters and votes agree
+                found[f"link {lid}"] = (old[0], min(0.99, old[1] + 0.1), f"{old[2]}; {ev}")
+            elif old is None:
+                found[f"link {lid}"] = ("lossy-link", min(0.85, 0.3 + 0.4 * share), ev)
         slow_ports = self._slow_ports()
         by_switch: dict[str, list[tuple[int, float, str]]] = {}
         for (sw, port), (excess, ev) in slow_ports.items():
@@ -287,6 +330,78 @@ class Localizer:
                 )
                 if lid not in out or out[lid][0] < loss:
                     out[lid] = (loss, ev)
+        return out
+
+    def _undirected(self, name: str) -> str | None:
+        dl = self.topo.links.get(name)
+        return link_id(str(dl.tx), str(dl.rx)) if dl is not None else None
+
+    def _frames_over(self, name: str) -> int | None:
+        """Frames the directed link carried over the history kept: its transmitting switch
+        port's egress counter, or for a host's uplink its switch port's ingress counter."""
+        dl = self.topo.links.get(name)
+        if dl is None:
+            return None
+        for ep, attr in ((dl.tx, "tx_packets"), (dl.rx, "rx_packets")):
+            if ep.port is None or ep.node not in self._hist:
+                continue
+            h = self._hist[ep.node]
+            if len(h.samples) < 2:
+                return None
+            p0, p1 = h.samples[0].ports.get(ep.port), h.samples[-1].ports.get(ep.port)
+            if p0 is None or p1 is None:
+                return None
+            a, b = getattr(p0, attr), getattr(p1, attr)
+            return None if a is None or b is None else max(0, b - a)
+        return None
+
+    def _voted_links(self, now: float, dead: set[str]) -> dict[str, tuple[float, str]]:
+        """007: the links that explain the path losses of the window, with the share of the
+        losses they explain (split among links that tie) and the evidence."""
+        th = self.th
+        while self._losses and now - self._losses[0].t > th.vote_window_s:
+            self._losses.popleft()
+        events = []
+        for e in self._losses:
+            lids = {lid for lid in map(self._undirected, e.links) if lid is not None}
+            if lids and not lids & dead:  # a dead link's losses are the fail-over's
+                events.append((e, lids))
+        total = len(events)
+        out: dict[str, tuple[float, str]] = {}
+        for _ in range(3):  # at most three culprits at once
+            votes: dict[str, float] = {}
+            for _e, lids in events:
+                for lid in lids:
+                    votes[lid] = votes.get(lid, 0.0) + 1.0 / len(lids)
+            if not votes:
+                break
+            top = max(votes.values())
+            blamed = []
+            for lid, v in sorted(votes.items(), key=lambda kv: -kv[1]):
+                if v < th.tie_ratio * top:
+                    break
+                crossing = [e for e, lids in events if lid in lids]
+                flows = {e.flow for e in crossing}
+                if len(crossing) < th.min_vote_losses or len(flows) < th.min_vote_flows:
+                    continue
+                names = {n for e in crossing for n in e.links if self._undirected(n) == lid}
+                frames = sum(self._frames_over(n) or 0 for n in names)
+                if frames and len(crossing) / frames < th.min_loss:
+                    continue  # a few drops among many frames: no worse than a healthy link
+                blamed.append((lid, v, len(crossing), len(flows), frames))
+            if not blamed:
+                break
+            for lid, v, n, nflows, frames in blamed:
+                share = n / total / len(blamed)
+                rate = f", {n / frames * 100:.2f} % of its {frames} frames" if frames else ""
+                out[lid] = (
+                    share,
+                    f"007: {n} of {total} path losses ({nflows} flows) in "
+                    f"{th.vote_window_s:.1f} s crossed it{rate} (vote {v:.1f}"
+                    + (f", tied with {len(blamed) - 1} other link(s))" if len(blamed) > 1 else ")"),
+                )
+            gone = {lid for lid, *_ in blamed}
+            events = [(e, lids) for e, lids in events if not lids & gone]
         return out
 
     def _frame_ns(self, sw: str, port: int) -> float:

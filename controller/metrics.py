@@ -101,10 +101,41 @@ class ControllerMetrics:
                                 labels=["element", "kind"])
         for sp in list(d.operations.loc.ranked()):
             sus.add_metric([sp.element, sp.kind], sp.score)
+        ops = d.operations
         dead = GaugeMetricFamily("xingmai_controller_dead_links",
                                  "links routed around (fail-over)")
-        dead.add_metric([], len(d.operations.dead))
-        yield from (sus, dead)
+        dead.add_metric([], len(ops.dead))
+        routed = GaugeMetricFamily("xingmai_controller_link_routed_around",
+                                   "1 while the link is left out of the routes (fail-over)",
+                                   labels=lk)
+        for name in sorted(ops.dead):
+            routed.add_metric([name], 1)
+        fo = CounterMetricFamily("xingmai_controller_failovers",
+                                 "fail-overs: routes re-computed and written")
+        fo.add_metric([], ops.failovers)
+        rr = CounterMetricFamily("xingmai_controller_reroutes",
+                                 "links taken out of the routes or put back", labels=["change"])
+        rr.add_metric(["removed"], ops.links_removed)
+        rr.add_metric(["restored"], ops.links_restored)
+        took = GaugeMetricFamily("xingmai_controller_failover_write_seconds",
+                                 "how long the last fail-over's writes took")
+        if ops.failover_writes_s:
+            took.add_metric([], ops.failover_writes_s[-1])
+        named = CounterMetricFamily("xingmai_controller_suspects_named",
+                                    "elements named as suspects since the start", labels=["kind"])
+        kinds: dict[str, int] = {}
+        for sp in list(ops.loc.named.values()):
+            kinds[sp.kind] = kinds.get(sp.kind, 0) + 1
+        for kind, count in sorted(kinds.items()):
+            named.add_metric([kind], count)
+        yield from (sus, dead, routed, fo, rr, took, named)
+        loss = CounterMetricFamily("xingmai_controller_flow_loss_reports",
+                                   "NIC sinks' reports of a flow's packets lost before them")
+        loss.add_metric([], col.loss_reports)
+        drops = CounterMetricFamily("xingmai_controller_drop_reports",
+                                    "telemetry reports with the D flag")
+        drops.add_metric([], col.drop_reports)
+        yield from (loss, drops)
 
         host = ["host"]
         reach = GaugeMetricFamily("xingmai_controller_agent_reachable",

@@ -39,6 +39,9 @@ class Operations:
         self.loc = Localizer(daemon.topo, daemon.cfg.model.mean_packet_bytes, on_event=self._event)
         self.dead: frozenset[str] = frozenset()
         self.failovers = 0
+        self._losses_seen = 0  # the collector's loss events given to the localizer
+        self.links_removed = 0  # links taken out of the routes (reroutes), over all fail-overs
+        self.links_restored = 0
         self.failover_writes_s: list[float] = []  # how long each fail-over's writes took
         self.events: list[dict[str, Any]] = []  # named/cleared/failover, bounded
         self._channels: dict[str, grpc.aio.Channel] = {}
@@ -89,6 +92,9 @@ class Operations:
                 self.loc.unreachable(s.name, now)
             else:
                 self.loc.observe(sample)
+        losses, self._losses_seen = self.d.collector.losses_since(self._losses_seen)
+        for loss in losses:
+            self.loc.path_loss(loss)
         self.loc.evaluate(now)
         dead = frozenset(self.loc.dead_links())
         if dead != self.dead or any(s.topo.down != dead for s in sessions):
@@ -151,6 +157,8 @@ class Operations:
         took = time.monotonic() - t0
         self.dead = dead
         self.failovers += 1
+        self.links_removed += len(added)
+        self.links_restored += len(removed)
         self.failover_writes_s.append(took)
         del self.failover_writes_s[:-100]
         ev = {

@@ -51,7 +51,10 @@ def list_flows(d: Daemon, include_idle: bool = False) -> Any:
             bottleneck=(cap.bottleneck or "") if cap else "",
             cap_bps=cap.cap_bps if cap else 0.0, cap_pushed=cap.pushed if cap else False,
             rate_bps=cap.rate_bps if cap else 0.0, reports=rec.reports,
-            idle_s=now - rec.last_seen, max_qocc_bytes=rec.max_qocc_bytes)
+            idle_s=now - rec.last_seen, max_qocc_bytes=rec.max_qocc_bytes,
+            latency_ns=rec.latency_ns, latency_max_ns=rec.latency_max_ns,
+            path_changes=rec.path_changes, loss_reports=rec.loss_reports,
+            reporter=rec.reporter)
         seen.add(rec.key)
     for key, cap in list(loop.caps.items()):  # flows known from the agents only
         if key in seen:
@@ -127,7 +130,9 @@ class ControllerService(pb_grpc.ControllerServicer):  # type: ignore[misc]
         col = self.d.collector
         out = pb.TelemetrySnapshot(datagrams=col.datagrams, reports=col.reports,
                                    errors=dict(col.errors), flows=len(col.flows),
-                                   flows_evicted=col.flows_evicted, punted=col.punted)
+                                   flows_evicted=col.flows_evicted, punted=col.punted,
+                                   drop_reports=col.drop_reports,
+                                   loss_events=len(col.loss_events))
         for n in col.node_summary():
             out.switches.add(node_id=n["node_id"], switch=n["name"], received=n["received"],
                              lost=n["lost"], reordered=n["reordered"],

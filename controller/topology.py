@@ -12,6 +12,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from controller.config import Config, Endpoint
+from controller.wire.telemetry_report import nic_node_id
 
 
 def link_id(a: str, b: str) -> str:
@@ -63,6 +64,8 @@ class Topology:
             self.links[str(link.a)] = DirLink(str(link.a), link.a, link.b, cap)
             self.links[str(link.b)] = DirLink(str(link.b), link.b, link.a, cap)
         self.by_node_id = {s.node_id: s.name for s in cfg.switches}
+        # NIC sinks report with their address as node id (wire.telemetry_report.nic_node_id)
+        self.nic_by_node_id = {nic_node_id(n.ip): h.name for h in cfg.hosts for n in h.nics}
         self.destinations: dict[str, Destination] = {}
         self.ip_owner: dict[str, str] = {}  # ip -> host name
         for h in cfg.hosts:

@@ -69,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--retransmit", choices=["gbn", "sr"], default="gbn",
                      help="the transport's retransmission: go-back-N (RC's; default) or "
                           "selective repeat")
+    run.add_argument("--repeat", type=int, default=1, metavar="N",
+                     help="run every (scenario, scheme) N times: the table shows median "
+                          "[min-max], the verdict calls only differences beyond that range")
     run.add_argument("--flows", type=Path,
                      help="a flow list (CSV: src,dst,bytes,start_s; hosts by name) run as the "
                           "scenario 'flows' instead of the suite's scenarios")
@@ -116,23 +119,28 @@ def cmd_run(args: argparse.Namespace) -> int:
     from testbed.emu.network import install_signal_handlers
     from testbed.plots import write_plots
     from testbed.report import table, verdict, write_results
-    from testbed.scenarios import SCENARIOS, SCHEMES, Suite, SuiteConfig
+    from testbed.scenarios import ALL_SCENARIOS, SCENARIOS, SCHEMES, Suite, SuiteConfig, lossless
 
     schemes = tuple(s for s in args.schemes.split(",") if s)
     scenarios = (tuple(s for s in args.scenarios.split(",") if s) if args.scenarios
                  else SCENARIOS)
-    bad = [s for s in schemes if s not in SCHEMES] + [s for s in scenarios if s not in SCENARIOS]
+    bad = [s for s in schemes if s not in SCHEMES] + [
+        s for s in scenarios if s not in ALL_SCENARIOS]
     if args.engine == "emu" and args.seed != 1:
         print("--seed is the twin's (the emulation's workloads use seed 1)", file=sys.stderr)
         return 2
     if bad:
         print(f"unknown scheme or scenario: {bad}", file=sys.stderr)
         return 2
+    if args.repeat < 1:
+        print("--repeat must be at least 1", file=sys.stderr)
+        return 2
     base = SuiteConfig.quick() if args.quick else SuiteConfig()
     if args.flows is not None:
         scenarios = ("flows",)
     cfg = SuiteConfig(**{**base.__dict__, "schemes": schemes, "scenarios": scenarios,
-                         "seed": args.seed, "retransmit": args.retransmit})
+                         "seed": args.seed, "repeat": args.repeat,
+                         "retransmit": args.retransmit})
     if args.faults is not None:
         from testbed import faults
         from testbed.topo import parse_choice
@@ -150,6 +158,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         return run_sim(args, cfg)
     if args.flows is not None:
         print("--flows runs on the twin (--engine sim)", file=sys.stderr)
+        return 2
+    if any(lossless(s) for s in schemes) or "storm" in scenarios:
+        print("lossless schemes and the storm run on the twin (--engine sim): the "
+              "emulation's NICs do not honour PFC pauses yet", file=sys.stderr)
         return 2
     install_signal_handlers()
     t0 = time.monotonic()

@@ -155,7 +155,11 @@ def replot(results: Path) -> list[Path]:
 
 def write_plots(records: list[RunRecord], out: Path, line_rate_bps: float,
                 nic_bps: float) -> list[Path]:
-    """The plots the records have data for."""
+    """The plots the records have data for: of a suite run with repetitions, each
+    (scenario, scheme)'s repetition with the median completion time."""
+    from testbed.report import representative
+
+    records = representative(records)
     made = [queue_plot(records, out / "queue.png", line_rate_bps),
             rates_plot(records, out / "rates.png", nic_bps),
             fct_cdf_plot(records, out / "fct_cdf.png")]

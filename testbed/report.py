@@ -8,6 +8,11 @@ Columns (per scenario and scheme; emulated units, bytes are not scaled):
 - `FCT p50/p99`: FCT slowdown percentiles (incast and WebSearch flows);
 - `busbw`: all-reduce bus bandwidth (Mb/s; x scale for the model's figure);
 - `time`: completion (last flow, or the collective).
+
+A suite run with `--repeat N` has N records per (scenario, scheme) (`RunRecord.repetition`);
+every cell then shows the median over them with the range, `median [min-max]`, and the
+verdict calls a difference only where the ranges do not overlap. One repetition is the same
+with ranges of one point.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,44 +29,128 @@ from testbed.bench import machine_description
 from testbed.scenarios import SCHEMES, RunRecord
 
 
-def _f(v: float | None, fmt: str, dash: str = "-") -> str:
-    return dash if v is None else format(v, fmt)
+@dataclass(frozen=True)
+class Spread:
+    """A figure over repetitions: median and range."""
+
+    lo: float
+    med: float
+    hi: float
+
+    @staticmethod
+    def of(values: Iterable[float | None]) -> Spread | None:
+        vals = sorted(v for v in values if v is not None)
+        if not vals:
+            return None
+        return Spread(vals[0], statistics.median(vals), vals[-1])
+
+    def scaled(self, k: float) -> Spread:
+        return Spread(self.lo * k, self.med * k, self.hi * k)
+
+    def show(self, fmt: str) -> str:
+        """`median` for one point, else `median [min-max]`."""
+        med = format(self.med, fmt)
+        lo, hi = format(self.lo, fmt), format(self.hi, fmt)
+        return med if lo == hi else f"{med} [{lo}-{hi}]"
+
+
+def below(a: Spread, b: Spread, k: float = 1.0) -> str:
+    """Is `a` below `k` x `b`? "holds" where a's range lies wholly below k x b's, "NOT" where
+    wholly above, else "within noise" (the ranges overlap or touch)."""
+    if a.hi < k * b.lo:
+        return "holds"
+    if a.lo > k * b.hi:
+        return "NOT"
+    return "within noise"
+
+
+def cells(records: list[RunRecord]) -> dict[tuple[str, str], list[RunRecord]]:
+    """The records per (scenario, scheme), in table order, repetitions in their order."""
+    out: dict[tuple[str, str], list[RunRecord]] = {}
+    for r in sorted(records, key=lambda r: (_order(r.scenario), _order(r.scheme), r.repetition)):
+        out.setdefault((r.scenario, r.scheme), []).append(r)
+    return out
+
+
+def representative(records: list[RunRecord]) -> list[RunRecord]:
+    """One record per (scenario, scheme): the repetition with the median completion time
+    (the lower of the middle two), e.g. for the plots."""
+    out = []
+    for reps in cells(records).values():
+        ordered = sorted(reps, key=lambda r: (r.completion_s, r.repetition))
+        out.append(ordered[(len(ordered) - 1) // 2])
+    return out
+
+
+def _spread(reps: list[RunRecord], get: Callable[[RunRecord], float | None]) -> Spread | None:
+    return Spread.of(get(r) for r in reps)
 
 
 def table(records: list[RunRecord], link_bps: float | None = None) -> str:
     """The comparison table. Bus bandwidth in Mb/s and times in s at the emulation's scale;
-    with ports of 1 Gb/s and more (the twin's --scale 1: 400G) in Gb/s and ms."""
+    with ports of 1 Gb/s and more (the twin's --scale 1: 400G) in Gb/s and ms. With several
+    repetitions of a cell, `median [min-max]` over them."""
     fast = link_bps is not None and link_bps >= 1e9
     bw_div, bw_unit = (1e9, "Gb/s") if fast else (1e6, "Mb/s")
     t_mult, t_unit = (1e3, "ms") if fast else (1.0, "s")
-    head = (f"{'scenario':<10} {'scheme':<6} {'bottleneck':<10} {'p50 queue':>9} "
-            f"{'p99 queue':>9} {'drops':>6} {'util':>5} {'FCT p50':>8} {'FCT p99':>8} "
-            f"{'busbw':>7} {'time':>6}")
-    unit = (f"{'':<10} {'':<6} {'':<10} {'KB':>9} {'KB':>9} {'pkts':>6} {'%':>5} "
-            f"{'slowdown':>8} {'slowdown':>8} {bw_unit:>7} {t_unit:>6}")
-    lines = [head, unit, "-" * len(head)]
-    last = ""
-    for r in sorted(records, key=lambda r: (_order(r.scenario), _order(r.scheme))):
-        if last and r.scenario != last:
-            lines.append("")
-        last = r.scenario
-        util = None if r.utilization is None else 100 * r.utilization
-        busbw = None if r.busbw_bps is None else r.busbw_bps / bw_div
-        note = "" if r.flows_completed == r.flows else f"  ({r.flows - r.flows_completed} " \
-                                                       "unfinished)"
-        if r.correct is False:
+
+    def util(r: RunRecord) -> float | None:
+        return None if r.utilization is None else 100 * r.utilization
+
+    def busbw(r: RunRecord) -> float | None:
+        return None if r.busbw_bps is None else r.busbw_bps / bw_div
+
+    # (head, unit, value in the shown unit, format)
+    columns: list[tuple[str, str, Callable[[RunRecord], float | None], str]] = [
+        ("p50 queue", "KB", lambda r: r.queue_p50_bytes / 1e3, ".1f"),
+        ("p99 queue", "KB", lambda r: r.queue_p99_bytes / 1e3, ".1f"),
+        ("drops", "pkts", lambda r: r.drops, ".0f"),
+        ("util", "%", util, ".0f"),
+        ("FCT p50", "slowdown", lambda r: r.fct_slowdown_p50, ".2f"),
+        ("FCT p99", "slowdown", lambda r: r.fct_slowdown_p99, ".2f"),
+        ("busbw", bw_unit, busbw, ".2f"),
+        ("time", t_unit, lambda r: r.completion_s * t_mult, ".2f"),
+    ]
+    rows: list[tuple[str, list[str], str]] = []  # (scenario, cells, note)
+    for (scenario, scheme), reps in cells(records).items():
+        shown = [scenario, scheme, representative(reps)[0].bottleneck]
+        for _, _, get, fmt in columns:
+            s = _spread(reps, get)
+            shown.append("-" if s is None else s.show(fmt))
+        unfinished = sum(r.flows - r.flows_completed for r in reps)
+        note = f"  ({unfinished} unfinished)" if unfinished else ""
+        if any(r.correct is False for r in reps):
             note += "  (WRONG RESULT)"
-        lines.append(
-            f"{r.scenario:<10} {r.scheme:<6} {r.bottleneck:<10} "
-            f"{r.queue_p50_bytes / 1e3:>9.1f} {r.queue_p99_bytes / 1e3:>9.1f} {r.drops:>6} "
-            f"{_f(util, '.0f'):>5} {_f(r.fct_slowdown_p50, '.2f'):>8} "
-            f"{_f(r.fct_slowdown_p99, '.2f'):>8} {_f(busbw, '.2f'):>7} "
-            f"{r.completion_s * t_mult:>6.2f}{note}")
-    return "\n".join(lines)
+        rows.append((scenario, shown, note))
+    head = ["scenario", "scheme", "bottleneck", *(c[0] for c in columns)]
+    unit = ["", "", "", *(c[1] for c in columns)]
+    widths = [max(len(x[i]) for x in [head, unit, *(r[1] for r in rows)]) for i in range(len(head))]
+    widths[:3] = [max(widths[0], 10), max(widths[1], 6), max(widths[2], 10)]
+
+    def line(vals: list[str]) -> str:
+        left = [v.ljust(w) for v, w in zip(vals[:3], widths[:3], strict=True)]
+        right = [v.rjust(w) for v, w in zip(vals[3:], widths[3:], strict=True)]
+        return " ".join(left + right)
+
+    out = [line(head), line(unit)]
+    out.append("-" * len(out[0]))
+    last = ""
+    for scenario, shown, note in rows:
+        if last and scenario != last:
+            out.append("")
+        last = scenario
+        out.append(line(shown) + note)
+    return "\n".join(out)
 
 
-_ORDER = {"incast": 0, "allreduce": 1, "alltoall": 2, "twojob": 3, "websearch": 4,
-          **{scheme: i for i, scheme in enumerate(SCHEMES)}}
+_ORDER = {
+    "incast": 0,
+    "allreduce": 1,
+    "alltoall": 2,
+    "twojob": 3,
+    "websearch": 4,
+    **{scheme: i for i, scheme in enumerate(SCHEMES)},
+}
 
 
 def _order(name: str) -> int:
@@ -68,42 +159,74 @@ def _order(name: str) -> int:
 
 def verdict(records: list[RunRecord]) -> list[str]:
     """TiTa against DCQCN on every scenario: lower p99 queue, no loss, no worse completion
-    time? One line per scenario, saying which held and which did not."""
+    time? One line per scenario saying which held, which did not, and which are within the
+    noise of the repetitions (their ranges overlap)."""
     out = []
-    by = {(r.scenario, r.scheme): r for r in records}
+    by = cells(records)
     for scenario in sorted({r.scenario for r in records}, key=_order):
         t, d = by.get((scenario, "tita")), by.get((scenario, "dcqcn"))
         if t is None or d is None:
             continue
+        tq, dq = (_q99(t), _q99(d))
+        tt, dt = (_time(t), _time(d))
+        td = Spread.of(r.drops for r in t)
+        dd = Spread.of(r.drops for r in d)
+        assert tq and dq and tt and dt and td and dd  # every record has them
+        zero = Spread(0.0, 0.0, 0.0)
         checks = {
             # within 10 %: the same queue (e.g. both at the buffer's limit)
-            "lower p99 queue": t.queue_p99_bytes < 0.9 * d.queue_p99_bytes,
-            "no loss": t.drops == 0,
-            "no worse completion time": t.completion_s <= d.completion_s * 1.05,
+            "lower p99 queue": below(tq, dq, 0.9),
+            # drops are never below zero: "holds" is no drop in any repetition
+            "no loss": "holds" if td.hi <= 0 else below(zero, td),
+            "no worse completion time": below(tt, dt, 1.05),
         }
-        held = [k for k, v in checks.items() if v]
-        failed = [k for k, v in checks.items() if not v]
-        line = (f"{scenario}: TiTa vs DCQCN p99 queue {t.queue_p99_bytes / 1e3:.1f} vs "
-                f"{d.queue_p99_bytes / 1e3:.1f} KB, drops {t.drops} vs {d.drops}, time "
-                f"{_secs(t.completion_s, d.completion_s)}: ")
-        line += "all hold" if not failed else (
-            f"{', '.join(held) or 'none'} hold; NOT {', '.join(failed)}")
+        reps = max(len(t), len(d))
+        line = (
+            f"{scenario}: TiTa vs DCQCN{f' over {reps} runs' if reps > 1 else ''} p99 queue "
+            f"{tq.scaled(1e-3).show('.1f')} vs {dq.scaled(1e-3).show('.1f')} KB, drops "
+            f"{td.show('.0f')} vs {dd.show('.0f')}, time {_secs(tt, dt)}: "
+        )
+        line += _outcome(checks)
         out.append(line)
     return out
 
 
-def _secs(a: float, b: float) -> str:
+def _q99(reps: list[RunRecord]) -> Spread | None:
+    return Spread.of(r.queue_p99_bytes for r in reps)
+
+
+def _time(reps: list[RunRecord]) -> Spread | None:
+    return Spread.of(r.completion_s for r in reps)
+
+
+def _outcome(checks: dict[str, str]) -> str:
+    held = [k for k, v in checks.items() if v == "holds"]
+    failed = [k for k, v in checks.items() if v == "NOT"]
+    noise = [k for k, v in checks.items() if v == "within noise"]
+    if len(held) == len(checks):
+        return "all hold"
+    parts = [f"{', '.join(held) or 'none'} hold"]
+    if failed:
+        parts.append(f"NOT {', '.join(failed)}")
+    if noise:
+        parts.append(f"within noise: {', '.join(noise)}")
+    return "; ".join(parts)
+
+
+def _secs(a: Spread, b: Spread) -> str:
     """Two times in the unit the larger calls for (s at the emulation's scale, the model's
     microseconds at its own speed)."""
-    m = max(a, b)
+    m = max(a.hi, b.hi)
     k, unit = (1.0, "s") if m >= 1 else (1e3, "ms") if m >= 1e-3 else (1e6, "us")
-    return f"{a * k:.2f} vs {b * k:.2f} {unit}"
+    return f"{a.scaled(k).show('.2f')} vs {b.scaled(k).show('.2f')} {unit}"
 
 
-def results_doc(records: list[RunRecord], setup: dict[str, Any],
-                machine_extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The results file. Only `date` and `machine` depend on when and where it ran (the
-    twin's files are otherwise byte-identical for the same inputs and seed)."""
+def results_doc(
+    records: list[RunRecord], setup: dict[str, Any], machine_extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The results file: one record per repetition in `runs` (and in `series`). Only `date`,
+    `machine` and the runs' `load_avg_1m` depend on when and where it ran (the twin's files
+    are otherwise byte-identical for the same inputs and seed)."""
     return {
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": {**machine_description(), **(machine_extra or {})},
@@ -111,25 +234,45 @@ def results_doc(records: list[RunRecord], setup: dict[str, Any],
         "table": table(records, setup.get("link_bps")),
         "verdict": verdict(records),
         "runs": [r.summary() for r in records],
-        "series": [{"scheme": r.scheme, "scenario": r.scenario, "bottleneck": r.bottleneck,
-                    "queue_bytes": r.queue_series, "rate_bps": r.rate_series,
-                    "fct_slowdowns": r.slowdowns} for r in records],
+        "series": [
+            {
+                "scheme": r.scheme,
+                "scenario": r.scenario,
+                "repetition": r.repetition,
+                "bottleneck": r.bottleneck,
+                "queue_bytes": r.queue_series,
+                "rate_bps": r.rate_series,
+                "fct_slowdowns": r.slowdowns,
+            }
+            for r in records
+        ],
     }
 
 
 def records_from_results(doc: dict[str, Any]) -> list[RunRecord]:
-    """The records of a results file (summary and series), e.g. to plot them again."""
-    series = {(s["scheme"], s["scenario"]): s for s in doc["series"]}
+    """The records of a results file (summary and series), e.g. to plot them again. Files
+    from before repetitions have none: theirs is repetition 0."""
+    series = {(s["scheme"], s["scenario"], s.get("repetition", 0)): s for s in doc["series"]}
     out = []
     for run in doc["runs"]:
-        s = series[(run["scheme"], run["scenario"])]
-        out.append(RunRecord(**run, slowdowns=s["fct_slowdowns"], queue_series=s["queue_bytes"],
-                             rate_series=s["rate_bps"]))
+        s = series[(run["scheme"], run["scenario"], run.get("repetition", 0))]
+        out.append(
+            RunRecord(
+                **run,
+                slowdowns=s["fct_slowdowns"],
+                queue_series=s["queue_bytes"],
+                rate_series=s["rate_bps"],
+            )
+        )
     return out
 
 
-def write_results(path: Path, records: list[RunRecord], setup: dict[str, Any],
-                  machine_extra: dict[str, Any] | None = None) -> None:
+def write_results(
+    path: Path,
+    records: list[RunRecord],
+    setup: dict[str, Any],
+    machine_extra: dict[str, Any] | None = None,
+) -> None:
     path.write_text(json.dumps(results_doc(records, setup, machine_extra), indent=1) + "\n")
 
 
@@ -158,6 +301,22 @@ def load_results(path: Path) -> dict[str, Any]:
     return doc
 
 
+def _medians(runs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    """A results file's figures per (scenario, scheme): with repetitions, each figure's
+    median over them."""
+    grouped: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in runs:
+        grouped.setdefault((r["scenario"], r["scheme"]), []).append(r)
+    out = {}
+    for k, reps in grouped.items():
+        figures = {}
+        for _, key, _ in COMPARED:
+            s = Spread.of(r.get(key) for r in reps)
+            figures[key] = None if s is None else s.med
+        out[k] = figures
+    return out
+
+
 def compare(paths: list[Path], median: bool = False) -> str:
     """Two or more runs side by side: every (scenario, scheme) they share and every metric,
     with each run's ratio to the first. With `median`, the runs after the first are repeats
@@ -169,20 +328,28 @@ def compare(paths: list[Path], median: bool = False) -> str:
     lines = []
     for n, p, d in zip(names, paths, docs, strict=True):
         st = d["setup"]
-        lines.append(f"{n}: {p}  ({st.get('engine', 'emu')}, {st.get('topology')}, scale "
-                     f"1/{st.get('scale', 0):g}, {d.get('date', '')})")
-    by = [{(r["scenario"], r["scheme"]): r for r in d["runs"]} for d in docs]
-    cells = [k for k in by[0] if all(k in b for b in by[1:])]
-    cells.sort(key=lambda k: (_order(k[0]), _order(k[1])))
+        lines.append(
+            f"{n}: {p}  ({st.get('engine', 'emu')}, {st.get('topology')}, scale "
+            f"1/{st.get('scale', 0):g}, {d.get('date', '')})"
+        )
+    by = [_medians(d["runs"]) for d in docs]
+    shared = [k for k in by[0] if all(k in b for b in by[1:])]
+    shared.sort(key=lambda k: (_order(k[0]), _order(k[1])))
     if median:
         rest = f"{names[1]}..{names[-1]}"
-        head = (f"{'scenario':<10} {'scheme':<6} {'metric':<12} {'A':>10} "
-                f"{'median ' + rest:>14} {'min-max ' + rest:>22} {'A/median':>8}")
+        head = (
+            f"{'scenario':<10} {'scheme':<6} {'metric':<12} {'A':>10} "
+            f"{'median ' + rest:>14} {'min-max ' + rest:>22} {'A/median':>8}"
+        )
     else:
-        head = f"{'scenario':<10} {'scheme':<6} {'metric':<12} " + " ".join(
-            f"{n:>10}" for n in names) + " " + " ".join(f"{n + '/A':>6}" for n in names[1:])
+        head = (
+            f"{'scenario':<10} {'scheme':<6} {'metric':<12} "
+            + " ".join(f"{n:>10}" for n in names)
+            + " "
+            + " ".join(f"{n + '/A':>6}" for n in names[1:])
+        )
     lines += ["", head, "-" * len(head)]
-    for scenario, scheme in cells:
+    for scenario, scheme in shared:
         for label, key, k in COMPARED:
             vals = [b[(scenario, scheme)].get(key) for b in by]
             if all(v is None for v in vals):
@@ -193,15 +360,18 @@ def compare(paths: list[Path], median: bool = False) -> str:
                 med = statistics.median(reps) if reps else None
                 rng = f"{reps[0]:.4g}-{reps[-1]:.4g}" if reps else "-"
                 ratio = f"{a / med:.2f}" if a is not None and med else "-"
-                lines.append(f"{scenario:<10} {scheme:<6} {label:<12} "
-                             f"{'-' if a is None else f'{a:.4g}':>10} "
-                             f"{'-' if med is None else f'{med:.4g}':>14} {rng:>22} "
-                             f"{ratio:>8}")
+                lines.append(
+                    f"{scenario:<10} {scheme:<6} {label:<12} "
+                    f"{'-' if a is None else f'{a:.4g}':>10} "
+                    f"{'-' if med is None else f'{med:.4g}':>14} {rng:>22} "
+                    f"{ratio:>8}"
+                )
                 continue
             shown = " ".join(f"{'-':>10}" if v is None else f"{v * k:>10.4g}" for v in vals)
             ratios = " ".join(
                 f"{'-':>6}" if v is None or not vals[0] else f"{v / vals[0]:>6.2f}"
-                for v in vals[1:])
+                for v in vals[1:]
+            )
             lines.append(f"{scenario:<10} {scheme:<6} {label:<12} {shown} {ratios}")
         lines.append("")
     return "\n".join(lines).rstrip()

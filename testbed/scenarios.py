@@ -15,6 +15,17 @@ Scenarios (testbed.traffic.workloads over the testbed's hosts):
   `websearch_size_divisor`, so that the run holds hundreds of flows rather than a few dozen)
   and Poisson arrivals at `websearch_load` of the NIC line rate per host.
 
+Lossless schemes (`dcqcn+pfc`, `tita+pfc`) run their law with PFC on in every switch and NIC
+(testbed/switch/pfc.py; the twin only: the emulation's NICs do not honour pauses yet), with
+the PFC watchdog in the switches unless `pfc_watchdog` is off. Two scenarios show PFC's
+classic harms (not in the default list):
+- `victim`: an incast to the first host from every host but the second and the last, and a
+  victim flow from the last host to the second, whose own path is idle but shares the
+  incast's upstream ports: head-of-line blocking under PFC shows as its stalls;
+- `storm`: the second host's NIC keeps pausing its switch (`storm_seconds` from the start)
+  while the last host sends it a flow and the other far hosts send to the first host (the
+  victims): the watchdog finds the storm, drops the stuck queue and restores it after.
+
 Schemes: `none` (flows at line rate), `dcqcn` (ECN marks -> CNPs -> the DCQCN law in the
 sender's NIC), `tita` (INT echoed in ACKs -> the proactive law in the sender's NIC; like
 HPCC, whose law it follows, its senders keep at most one bandwidth-delay product B*T in
@@ -40,6 +51,7 @@ summaries, in virtual time). The engines differ only in how the measurements rea
 from __future__ import annotations
 
 import math
+import os
 import re
 import time
 from collections.abc import Callable
@@ -50,6 +62,7 @@ import numpy as np
 
 from testbed.collective import run as coll
 from testbed.collective.run import CollFabric
+from testbed.ctlconfig import COLLECTOR_UDP_PORT
 from testbed.emu.operations import EmuOperations
 from testbed.faults import Fault
 from testbed.model import TRANSPORT_OVERHEAD, Scaling, fmt_rate
@@ -63,6 +76,7 @@ from testbed.probes import (
     port_counters,
     wait_quiet,
 )
+from testbed.topo import COLLECTOR_IP
 from testbed.traffic import generators as gen
 from testbed.traffic import metrics as m
 from testbed.traffic import workloads as wl
@@ -74,8 +88,9 @@ if TYPE_CHECKING:
 
 # every scheme the suite knows, in table order; the rate law each runs (testbed.emu.network and
 # the twin set it on every host)
-SCHEMES = ("none", "dcqcn", "tita", "hpcc", "timely", "swift")
+SCHEMES = ("none", "dcqcn", "tita", "hpcc", "timely", "swift", "dcqcn+pfc", "tita+pfc")
 DEFAULT_SCHEMES = ("none", "dcqcn", "tita")
+LOSSLESS_SUFFIX = "+pfc"  # a scheme with PFC on in every switch and NIC
 # senders bounded to one B*T in flight: TiTa; HPCC, whose window W starts at B*T; and Swift,
 # a window law whose cwnd our rate law stands for (without the bound, 64 packets per flow
 # stay in flight whatever its rate)
@@ -84,7 +99,21 @@ BDP_WINDOW_SCHEMES = ("tita", "hpcc", "swift")
 # would add the wait for the next packet to its RTT
 ACK_EVERY_PACKET_SCHEMES = ("timely", "swift")
 SCENARIOS = ("incast", "allreduce", "alltoall", "twojob", "websearch")
+PFC_SCENARIOS = ("victim", "storm")  # PFC's harms: known, not in the default list
+ALL_SCENARIOS = SCENARIOS + PFC_SCENARIOS
 SERIES_POINTS = 2000  # per series kept in the results file
+# a victim flow "stalls" when no packet of it arrives for this many full-frame times at the
+# link rate (at its fair share behind the incast's flows it gets one every few)
+STALL_FRAMES = 16
+
+
+def scheme_law(scheme: str) -> str:
+    """The rate law a scheme runs (`dcqcn+pfc` runs DCQCN)."""
+    return scheme.removesuffix(LOSSLESS_SUFFIX)
+
+
+def lossless(scheme: str) -> bool:
+    return scheme.endswith(LOSSLESS_SUFFIX)
 
 
 @dataclass(frozen=True)
@@ -100,10 +129,13 @@ class SuiteConfig:
     websearch_seconds: float = 5.0
     websearch_size_divisor: float = 10.0
     seed: int = 1
+    repeat: int = 1  # runs of every (scenario, scheme); the table shows their median and range
     # TiTa's base RTT T; None: the model's base RTT dilated by the scale, or the RTT measured
     # on the fabric if that is longer
     tita_base_rtt_s: float | None = None
     retransmit: str = "gbn"  # the transport's: gbn (go-back-N) or sr (selective repeat)
+    pfc_watchdog: bool = True  # the PFC watchdog in the switches of a lossless scheme
+    storm_seconds: float = 1.0  # how long the storm scenario's NIC keeps pausing
 
     @staticmethod
     def quick() -> SuiteConfig:
@@ -139,6 +171,8 @@ class RunRecord:
     out_of_order: int  # data packets the receivers dropped for a PSN gap (loss or reordering)
     window: int  # the senders' in-flight bound, packets per queue pair
     correct: bool | None = None
+    repetition: int = 0  # which of the suite's --repeat runs of this (scenario, scheme)
+    load_avg_1m: float | None = None  # the machine's when the run started (emulation only)
     queue_by_link: dict[str, dict[str, float]] = field(default_factory=dict)
     drops_by_switch: dict[str, int] = field(default_factory=dict)
     rate_events: int = 0
@@ -153,6 +187,21 @@ class RunRecord:
     flow_fcts: list[dict[str, Any]] = field(default_factory=list)  # per flow (flows runs)
     port_series: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # per port
     jobs: list[dict[str, Any]] = field(default_factory=list)  # per job (twojob)
+    # Telemetry Reports during the scenario: what the NIC sinks sent (by trigger) and what
+    # the controller's collector received and counted lost (sequence gaps), per reporter
+    telemetry: dict[str, Any] = field(default_factory=dict)
+    # PFC (lossless schemes): pause frames sent (XOFF, by switches and NICs), the time
+    # switch egress ports and NICs were held by pauses (s, summed), per port, and the
+    # watchdog's storms
+    pauses: int = 0
+    paused_s: float = 0.0
+    pfc_by_port: dict[str, dict[str, int]] = field(default_factory=dict)
+    pfc_storms: int = 0
+    pfc_restored: int = 0
+    # the victim flow (victim and storm scenarios): its FCT slowdown, stalls and longest gap
+    victim_fct_slowdown: float | None = None
+    victim_stalls: int | None = None
+    victim_longest_gap_s: float | None = None
 
     def summary(self) -> dict[str, Any]:
         d = asdict(self)
@@ -192,6 +241,40 @@ def transport_settings(s: Scaling, window: int = DEFAULT_WINDOW,
             "cnp_interval": 50e-6 * 40e9 / s.nic_bps, "retransmit": retransmit}
 
 
+def report_settings(spec: FabricSpec, s: Scaling) -> dict[str, Any]:
+    """The receiving NICs' INT sink (TransportConfig.report_*): Telemetry Reports to the
+    collector, when the fabric has one. A flow is sampled every 0.1 s of the emulation's time
+    (dilated like every time of the model); a packet that met a queue above 5 frames (ECN's
+    kmin) or hop latencies above 10 frame times at the link rate is reported at once, and
+    while that lasts at most every quarter of the sampling interval."""
+    if spec.collector is None:
+        return {}
+    dilation = s.scale / 20_000
+    sample = 0.1 * dilation
+    return {
+        "report_to": f"{COLLECTOR_IP}:{COLLECTOR_UDP_PORT}",
+        "report_sample_s": sample,
+        "report_queue_bytes": 5 * s.frame_bytes,
+        "report_latency_ns": round(10 * s.frame_bytes * 8e9 / s.link_bps),
+        "report_event_gap_s": sample / 4,
+    }
+
+
+def telemetry_summary(sent: dict[str, int], before: dict[str, dict[str, int]],
+                      after: dict[str, dict[str, int]]) -> dict[str, Any]:
+    """A scenario's Telemetry Reports: sent by the NIC sinks (by trigger), received and lost
+    at the collector (the difference of its totals), per reporter."""
+    per = {}
+    for name, a in sorted(after.items()):
+        b = before.get(name, {})
+        d = {k: a.get(k, 0) - b.get(k, 0) for k in ("received", "lost")}
+        if d["received"] or d["lost"]:
+            per[name] = d
+    return {"sent": dict(sorted(sent.items())), "sent_total": sum(sent.values()),
+            "received": sum(d["received"] for d in per.values()),
+            "lost": sum(d["lost"] for d in per.values()), "reporters": per}
+
+
 def payload_line_rate(s: Scaling) -> float:
     """The NIC line rate in payload bits (what an idle path delivers)."""
     return s.nic_bps * s.transport_mtu / (s.transport_mtu + TRANSPORT_OVERHEAD)
@@ -214,7 +297,7 @@ def measure_base_rtt(tb: Testbed) -> float:
 def scheme_params(scheme: str, base_rtt_s: float) -> dict[str, float]:
     """The policy parameters of a scheme: T for the laws that use it (TiTa and HPCC's
     B*T, Swift's delay target)."""
-    if scheme in ("tita", "hpcc", "swift"):
+    if scheme_law(scheme) in ("tita", "hpcc", "swift"):
         return {"base_rtt_ns": round(base_rtt_s * 1e9)}
     return {}
 
@@ -278,12 +361,32 @@ class SuiteBase:
         """The scenario's faults, suspects and fail-overs (RunRecord's fields)."""
         return {}
 
+    def _load_avg(self) -> float | None:
+        """The machine's 1-minute load average, where the engine's timing depends on it."""
+        return None
+
     def _set_port_rate(self, switch: str, port: int, rate_bps: float) -> None:
         raise NotImplementedError
 
     def _apply_fault(self, f: Fault) -> None:
         """Inject (or remove) one fault now, outside a scenario's schedule (a sweep's)."""
         raise NotImplementedError
+    def _report_totals(self) -> dict[str, dict[str, int]]:
+        """The collector's report accounting so far: per reporter, received and lost."""
+        return {}
+
+    def _set_pfc(self, on: bool) -> None:
+        """PFC on or off in every switch and NIC (the watchdog as the config says)."""
+        if on:
+            raise NotImplementedError("lossless schemes run on the twin (--engine sim)")
+
+    def _pfc_counters(self) -> dict[str, dict[str, int]]:
+        """Per port ("switch:port" or "host:nic"), cumulative PFC counters."""
+        return {}
+
+    def _pfc_storm(self, host: int, seconds: float) -> None:
+        """The host's NIC keeps pausing its switch for `seconds` from now."""
+        raise NotImplementedError("the PFC storm runs on the twin (--engine sim)")
 
     # ---- the collective library's view of the engine ----
 
@@ -303,8 +406,11 @@ class SuiteBase:
         return CollFabric(
             topology=self.spec.name, hosts=self.hosts, nic_ips=self.nic_ips(),
             runner=self.runner, scaling=s, scheme=scheme,
-            transport=transport_settings(s, self.window(scheme) if window is None else window,
-                                         retransmit=cfg.retransmit),
+            transport={
+                **transport_settings(s, self.window(scheme) if window is None else window,
+                                     retransmit=cfg.retransmit),
+                **report_settings(self.spec, s),
+            },
             line_rate=payload_line_rate(s), time_scale=self.time_scale, seed=cfg.seed,
             set_port_rate=self._set_port_rate, websearch=websearch,
             apply_fault=self._apply_fault)
@@ -322,33 +428,44 @@ class SuiteBase:
 
     def run(self) -> list[RunRecord]:
         cfg = self.cfg
+        if cfg.repeat < 1:
+            raise ValueError(f"repeat must be at least 1, not {cfg.repeat}")
         self.prepare()
-        total = len(cfg.schemes) * len(cfg.scenarios)
+        total = cfg.repeat * len(cfg.schemes) * len(cfg.scenarios)
         n = 0
-        for scheme in cfg.schemes:
-            agents = self._set_policy(scheme, scheme_params(scheme, self.tita_t_s))
-            self.say(f"scheme {scheme}: set on {agents} agents by the controller")
-            for scenario in cfg.scenarios:
-                n += 1
-                self.say(f"[{n}/{total}] {scheme} / {scenario} ...")
-                rec = self.run_one(scheme, scenario)
-                self.records.append(rec)
-                self.say(f"[{n}/{total}] {scheme} / {scenario}: {one_line(rec)}")
+        # repetitions outermost: a slow spell of the shared machine then spreads over every
+        # scheme's runs instead of landing on one scheme's
+        for rep in range(cfg.repeat):
+            for scheme in cfg.schemes:
+                self._set_pfc(lossless(scheme))
+                agents = self._set_policy(scheme, scheme_params(scheme, self.tita_t_s))
+                self.say(f"scheme {scheme}: set on {agents} agents by the controller")
+                for scenario in cfg.scenarios:
+                    n += 1
+                    name = f"{scheme} / {scenario}" + (f" #{rep + 1}" if cfg.repeat > 1 else "")
+                    self.say(f"[{n}/{total}] {name} ...")
+                    load = self._load_avg()
+                    rec = self.run_one(scheme, scenario)
+                    rec.repetition, rec.load_avg_1m = rep, load
+                    self.records.append(rec)
+                    self.say(f"[{n}/{total}] {name}: {one_line(rec)}")
         return self.records
 
     def window(self, scheme: str) -> int:
-        if scheme in BDP_WINDOW_SCHEMES and self.tita_t_s:
+        if scheme_law(scheme) in BDP_WINDOW_SCHEMES and self.tita_t_s:
             return tita_window(self.scaling, self.tita_t_s)
         return DEFAULT_WINDOW
 
     def run_one(self, scheme: str, scenario: str) -> RunRecord:
         before = self._counters()
+        reports_before = self._report_totals()
+        pfc_before = self._pfc_counters()
         self._begin()
         t_call = self._now()
         self._scheme = scheme
         try:
             res = self._workload(scenario, self.window(scheme),
-                                 1 if scheme in ACK_EVERY_PACKET_SCHEMES else 2)
+                                 1 if scheme_law(scheme) in ACK_EVERY_PACKET_SCHEMES else 2)
         finally:
             cap, events = self._end()
         after = self._quiet_counters()
@@ -356,11 +473,55 @@ class SuiteBase:
                               counters_delta(before, after), t_call)
         for k, v in self._operations().items():
             setattr(rec, k, v)
+        rec.telemetry = telemetry_summary(res.get("counters", {}).get("reports", {}),
+                                          reports_before, self._report_totals())
+        self._summarise_pfc(rec, pfc_before, self._pfc_counters())
+        if scenario in PFC_SCENARIOS:
+            self._summarise_victim(rec, cap, res)
         return rec
+
+    def _summarise_pfc(self, rec: RunRecord, before: dict[str, dict[str, int]],
+                       after: dict[str, dict[str, int]]) -> None:
+        by_port = {}
+        for port, c in sorted(after.items()):
+            b = before.get(port, {})
+            d = {k: v - b.get(k, 0) for k, v in c.items()}
+            if any(d.values()):
+                by_port[port] = d
+        rec.pfc_by_port = by_port
+        rec.pauses = sum(d.get("xoff_sent", 0) for d in by_port.values())
+        rec.paused_s = sum(d.get("paused_ns", 0) for d in by_port.values()) / 1e9
+        rec.pfc_storms = sum(d.get("storms", 0) for d in by_port.values())
+        rec.pfc_restored = sum(d.get("restored", 0) for d in by_port.values())
+
+    def _victim_hosts(self) -> tuple[int, int, int, list[int]]:
+        """(incast receiver, victim's destination, victim's source, incast senders): the
+        first host, the second (on the receiver's switch), the last (across the fabric)."""
+        n = len(self.hosts)
+        if n < 4:
+            raise ValueError("the victim and storm scenarios need at least 4 hosts")
+        return 0, 1, n - 1, list(range(2, n - 1))
+
+    def _summarise_victim(self, rec: RunRecord, cap: Capture, res: dict[str, Any]) -> None:
+        _, dst, src, _ = self._victim_hosts()
+        sip, dip = self.hosts[src].ip, self.hosts[dst].ip
+        arrivals = sorted(t for (fs, fd, _), pts in cap.flows.items() if (fs, fd) == (sip, dip)
+                          for t, _ in pts)
+        stall = STALL_FRAMES * self.scaling.frame_bytes * 8 / self.scaling.link_bps
+        gaps = [b - a for a, b in zip(arrivals, arrivals[1:], strict=False)]
+        rec.victim_stalls = sum(1 for g in gaps if g > stall)
+        rec.victim_longest_gap_s = max(gaps, default=0.0)
+        line = payload_line_rate(self.scaling)
+        for r in res.get("raw", []):
+            for f in r.get("sent", []):
+                if f["src"] == src and f["dst"] == dst and f["fct"] is not None:
+                    rec.victim_fct_slowdown = f["fct"] / m.ideal_fct(f["size"], line,
+                                                                     self.base_rtt_s)
 
     def _workload(self, scenario: str, window: int, ack_every: int = 2) -> dict[str, Any]:
         cfg, s = self.cfg, self.scaling
-        tr = transport_settings(s, window, ack_every, cfg.retransmit)
+        tr = {**transport_settings(s, window, ack_every, cfg.retransmit),
+              **report_settings(self.spec, s)}
         line = payload_line_rate(s)
         k = self.time_scale
         if scenario == "incast":
@@ -382,6 +543,8 @@ class SuiteBase:
                                runner=self.runner)
             res["offered_load"] = gen.offered_load(flows, len(self.hosts), s.nic_bps, seconds)
             return res
+        if scenario in PFC_SCENARIOS:
+            return self._victim_workload(scenario, tr, line)
         if scenario == "flows" and self.flows_override is not None:
             flows = self.flows_override
             end = max((f.start for f in flows), default=0.0)
@@ -389,6 +552,28 @@ class SuiteBase:
                                 line_rate=line, base_rtt=self.base_rtt_s,
                                 timeout=end * 6 + 30 * k, seed=cfg.seed, runner=self.runner)
         raise ValueError(f"unknown scenario {scenario!r} (known: {', '.join(SCENARIOS)})")
+
+    def _victim_workload(self, scenario: str, tr: dict[str, Any],
+                         line: float) -> dict[str, Any]:
+        cfg, k = self.cfg, self.time_scale
+        rx, vdst, vsrc, senders = self._victim_hosts()
+        size = cfg.incast_bytes
+        if scenario == "victim":
+            flows = [gen.Flow(id=i, src=s, dst=rx, size=size, start=0.0)
+                     for i, s in enumerate(senders)]
+        else:  # storm: the storming host is the victim's destination; the others go to rx
+            far = [s for s in senders if not self._same_switch(s, rx)]
+            flows = [gen.Flow(id=i, src=s, dst=rx, size=size, start=0.0)
+                     for i, s in enumerate(far)]
+            self._pfc_storm(vdst, cfg.storm_seconds * k)
+        flows.append(gen.Flow(id=len(flows), src=vsrc, dst=vdst, size=size // 2, start=0.0))
+        return wl.run_flows(self.hosts, flows, name=scenario, transport=tr, line_rate=line,
+                            base_rtt=self.base_rtt_s, timeout=120 * k, seed=cfg.seed,
+                            runner=self.runner)
+
+    def _same_switch(self, a: int, b: int) -> bool:
+        ha, hb = self.hosts[a].name, self.hosts[b].name
+        return self.spec.attachment(ha, 0).node == self.spec.attachment(hb, 0).node
 
     def _collective_workload(self, scenario: str, window: int) -> dict[str, Any]:
         cfg = self.cfg
@@ -421,7 +606,7 @@ class SuiteBase:
         qstats = {lk: {"p50": float(np.percentile(v, 50)), "p99": float(np.percentile(v, 99)),
                        "max": float(max(v)), "samples": float(len(v))}
                   for lk, v in sorted(by_link.items())}
-        if scenario == "incast":
+        if scenario in ("incast", "victim", "storm"):  # the incast receiver's downlink
             h0 = spec.hosts[0]
             bottleneck = str(spec.attachment(h0.name, 0))
         else:
@@ -569,6 +754,9 @@ class Suite(SuiteBase):
     def _now(self) -> float:
         return time.monotonic()
 
+    def _load_avg(self) -> float | None:
+        return round(os.getloadavg()[0], 2)
+
     def _counters(self) -> dict[str, PortCounters]:
         out: dict[str, PortCounters] = {}
         for sw in self.tb.switches():
@@ -586,6 +774,16 @@ class Suite(SuiteBase):
 
     def _apply_fault(self, f: Fault) -> None:
         self.tb.apply_fault(f)
+    def _report_totals(self) -> dict[str, dict[str, int]]:
+        import grpc
+
+        from controller.proto import controller_pb2 as pb
+
+        try:
+            snap = self.tb.controller_stub().GetTelemetry(pb.GetTelemetryRequest(), timeout=5)
+        except grpc.RpcError:
+            return {}
+        return {n.switch: {"received": n.received, "lost": n.lost} for n in snap.switches}
 
 
 def fmt_time(s: float) -> str:
@@ -659,5 +857,13 @@ def one_line(r: RunRecord) -> str:
     parts.append(f"done in {fmt_time(r.completion_s)}")
     if r.flows_completed != r.flows:
         parts.append(f"{r.flows - r.flows_completed} flows incomplete")
+    if r.pauses or r.paused_s:
+        parts.append(f"{r.pauses} pauses, paused {fmt_time(r.paused_s)}")
+    if r.pfc_storms:
+        parts.append(f"watchdog: {r.pfc_storms} storms, {r.pfc_restored} restored")
+    if r.victim_stalls is not None:
+        vs = "-" if r.victim_fct_slowdown is None else f"{r.victim_fct_slowdown:.1f}"
+        parts.append(f"victim slowdown {vs}, {r.victim_stalls} stalls, longest gap "
+                     f"{fmt_time(r.victim_longest_gap_s or 0.0)}")
     return ", ".join(parts)
 

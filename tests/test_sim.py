@@ -77,6 +77,35 @@ def test_same_inputs_and_seed_give_identical_results(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_repeat_runs_every_cell_n_times_and_keeps_each(tmp_path: Path) -> None:
+    out = _run(
+        tmp_path,
+        "--topo",
+        "leafspine:2,1,2",
+        "--quick",
+        "--scenarios",
+        "incast",
+        "--schemes",
+        "dcqcn,tita",
+        "--repeat",
+        "2",
+    )
+    doc = json.loads((out / "results.json").read_text())
+    assert [(r["scheme"], r["repetition"]) for r in doc["runs"]] == [
+        ("dcqcn", 0),
+        ("tita", 0),
+        ("dcqcn", 1),
+        ("tita", 1),
+    ]
+    assert [(s["scheme"], s["repetition"]) for s in doc["series"]] == [
+        (r["scheme"], r["repetition"]) for r in doc["runs"]
+    ]
+    assert doc["setup"]["suite"]["repeat"] == 2
+    assert doc["verdict"][0].startswith("incast: TiTa vs DCQCN over 2 runs")
+    assert main(["run", "--engine", "sim", "--repeat", "0"]) == 2
+
+
+@pytest.mark.slow
 def test_model_speed_verdicts_on_the_quick_suite() -> None:
     """At 400G and microsecond RTTs (HPCC's eta 0.95 and T = base RTT; DCQCN's parameters
     at the NIC's rate; 500 KB per port), on the default fabric."""

@@ -6,26 +6,60 @@ import json
 from pathlib import Path
 
 from testbed.plots import write_plots
-from testbed.report import records_from_results, results_doc, table, verdict
+from testbed.report import (
+    Spread,
+    below,
+    compare,
+    records_from_results,
+    representative,
+    results_doc,
+    table,
+    verdict,
+    write_results,
+)
 from testbed.scenarios import RunRecord
 
 
-def rec(scheme: str, scenario: str, p99: float, drops: int, time_s: float,
-        busbw: float | None = None, slowdowns: tuple[float, ...] = (1.5, 3.0)) -> RunRecord:
+def rec(
+    scheme: str,
+    scenario: str,
+    p99: float,
+    drops: int,
+    time_s: float,
+    busbw: float | None = None,
+    slowdowns: tuple[float, ...] = (1.5, 3.0),
+) -> RunRecord:
     return RunRecord(
-        scheme=scheme, scenario=scenario, bottleneck="leaf1:1", queue_p50_bytes=p99 / 4,
-        queue_p99_bytes=p99, queue_max_bytes=p99 * 1.1, queue_samples=100, drops=drops,
-        utilization=0.8, fct_slowdown_p50=None if busbw else slowdowns[0],
-        fct_slowdown_p99=None if busbw else slowdowns[-1], flows=7, flows_completed=7,
-        busbw_bps=busbw, completion_s=time_s, int_packets=100, int_max_hops=3,
-        retransmits=0, cnps=0, out_of_order=0, window=64,
+        scheme=scheme,
+        scenario=scenario,
+        bottleneck="leaf1:1",
+        queue_p50_bytes=p99 / 4,
+        queue_p99_bytes=p99,
+        queue_max_bytes=p99 * 1.1,
+        queue_samples=100,
+        drops=drops,
+        utilization=0.8,
+        fct_slowdown_p50=None if busbw else slowdowns[0],
+        fct_slowdown_p99=None if busbw else slowdowns[-1],
+        flows=7,
+        flows_completed=7,
+        busbw_bps=busbw,
+        completion_s=time_s,
+        int_packets=100,
+        int_max_hops=3,
+        retransmits=0,
+        cnps=0,
+        out_of_order=0,
+        window=64,
         slowdowns=[] if busbw else list(slowdowns),
         queue_series={"t": [0.0, 0.01, 0.02, 0.5], "v": [0.0, p99, p99 / 2, 0.0]},
-        rate_series={"h2->h1:5000": {"t": [0.0, 0.1], "v": [19e6, 3e6], "end": [0.4]}})
+        rate_series={"h2->h1:5000": {"t": [0.0, 0.1], "v": [19e6, 3e6], "end": [0.4]}},
+    )
 
 
 RECORDS = [
-    rec("none", "incast", 495e3, 900, 9.0), rec("dcqcn", "incast", 495e3, 300, 8.0),
+    rec("none", "incast", 495e3, 900, 9.0),
+    rec("dcqcn", "incast", 495e3, 300, 8.0),
     rec("tita", "incast", 300e3, 0, 4.0),
     rec("none", "allreduce", 80e3, 0, 3.6, busbw=16e6),
     rec("dcqcn", "allreduce", 100e3, 0, 3.8, busbw=15e6),
@@ -38,8 +72,9 @@ def test_table_rows_units_and_order() -> None:
     lines = text.splitlines()
     assert lines[0].split()[:4] == ["scenario", "scheme", "bottleneck", "p50"]
     rows = [ln.split() for ln in lines[3:] if ln.strip()]
-    assert [(r[0], r[1]) for r in rows] == [(s, m) for s in ("incast", "allreduce")
-                                            for m in ("none", "dcqcn", "tita")]
+    assert [(r[0], r[1]) for r in rows] == [
+        (s, m) for s in ("incast", "allreduce") for m in ("none", "dcqcn", "tita")
+    ]
     tita_incast = rows[2]
     assert tita_incast[3:6] == ["75.0", "300.0", "0"]  # p50, p99 in KB, drops
     assert rows[5][-2:] == ["14.00", "4.20"]  # busbw Mb/s, seconds
@@ -63,6 +98,85 @@ def test_results_file_and_plots(tmp_path: Path) -> None:
     assert [p.name for p in made] == ["queue.png", "rates.png", "fct_cdf.png"]
     assert all(p.stat().st_size > 10_000 for p in made)
     (tmp_path / "x").mkdir()
-    only = write_plots([r for r in RECORDS if r.scenario == "allreduce"], tmp_path / "x", 20e6,
-                       19.5e6)
+    only = write_plots(
+        [r for r in RECORDS if r.scenario == "allreduce"], tmp_path / "x", 20e6, 19.5e6
+    )
     assert [p.name for p in only] == ["queue.png", "rates.png"]  # no FCT without flows
+
+
+# ---- repetitions (--repeat N) -----------------------------------------------------------
+
+
+def reps(
+    scheme: str, scenario: str, p99s: list[float], drops: list[int], times: list[float]
+) -> list[RunRecord]:
+    out = []
+    for i, (q, d, t) in enumerate(zip(p99s, drops, times, strict=True)):
+        r = rec(scheme, scenario, q, d, t)
+        r.repetition = i
+        out.append(r)
+    return out
+
+
+def test_ranges_hold_only_where_they_do_not_overlap() -> None:
+    a, b = Spread(1.0, 2.0, 3.0), Spread(4.0, 5.0, 6.0)
+    assert below(a, b) == "holds" and below(b, a) == "NOT"
+    assert below(Spread(1.0, 2.0, 4.5), b) == "within noise"  # 4.5 is inside 4..6
+    assert below(Spread(4.0, 4.0, 4.0), Spread(4.0, 4.0, 4.0)) == "within noise"
+    assert below(a, b, 0.15) == "NOT"  # 1..3 against 0.6..0.9: wholly above
+    assert below(Spread(3.0, 3.0, 3.0), Spread(3.0, 3.0, 3.0), 1.05) == "holds"
+    assert Spread.of([3.0, None, 1.0, 2.0]) == Spread(1.0, 2.0, 3.0)
+    assert Spread.of([None]) is None
+    assert Spread(1.0, 2.0, 3.0).show(".1f") == "2.0 [1.0-3.0]"
+    assert Spread(2.0, 2.0, 2.0).show(".1f") == "2.0"
+
+
+def test_verdict_over_repetitions_separates_noise_from_differences() -> None:
+    dcqcn = reps("dcqcn", "incast", [490e3, 495e3, 480e3], [200, 250, 300], [8.0, 9.0, 10.0])
+    # queue clearly lower and never a drop; times overlap DCQCN's (7..9.5 vs 8..10)
+    tita = reps("tita", "incast", [300e3, 320e3, 310e3], [0, 0, 0], [7.0, 9.5, 8.0])
+    (line,) = verdict(dcqcn + tita)
+    assert line.startswith("incast: TiTa vs DCQCN over 3 runs p99 queue 310.0 [300.0-320.0]")
+    assert line.endswith("lower p99 queue, no loss hold; within noise: no worse completion time")
+    # one repetition of three dropped packets: loss is within noise, not held
+    tita[1].drops = 4
+    assert "within noise: no loss, no worse completion time" in verdict(dcqcn + tita)[0]
+    # every repetition slower than every DCQCN one by more than 5 %
+    slow = reps("tita", "incast", [300e3] * 3, [0] * 3, [11.0, 12.0, 11.5])
+    assert verdict(dcqcn + slow)[0].endswith("NOT no worse completion time")
+
+
+def test_table_shows_median_and_range_and_results_keep_every_repetition(
+    tmp_path: Path,
+) -> None:
+    records = reps("tita", "incast", [300e3, 320e3, 310e3], [0, 2, 0], [4.0, 4.4, 4.2]) + [
+        rec("dcqcn", "incast", 495e3, 300, 8.0)
+    ]
+    lines = table(records).splitlines()
+    dcqcn_row = next(ln for ln in lines if ln.startswith("incast     dcqcn"))
+    tita_row = next(ln for ln in lines if ln.startswith("incast     tita"))
+    assert "310.0 [300.0-320.0]" in tita_row and "0 [0-2]" in tita_row
+    assert tita_row.endswith("4.20 [4.00-4.40]") and dcqcn_row.endswith("8.00")
+    assert len({len(ln) for ln in (lines[0], dcqcn_row, tita_row)}) == 1  # aligned columns
+    doc = json.loads(json.dumps(results_doc(records, {"scale": 20000})))
+    assert [(r["scheme"], r["repetition"]) for r in doc["runs"]] == [
+        ("tita", 0),
+        ("tita", 1),
+        ("tita", 2),
+        ("dcqcn", 0),
+    ]
+    assert records_from_results(doc) == records
+    # the plots show the repetition with the median time (4.2 s: repetition 2)
+    assert [r.repetition for r in representative(records) if r.scheme == "tita"] == [2]
+    made = write_plots(records, tmp_path, 20e6, 19.5e6)
+    assert [p.name for p in made] == ["queue.png", "rates.png", "fct_cdf.png"]
+
+
+def test_compare_takes_a_repeated_files_median(tmp_path: Path) -> None:
+    one = [rec("tita", "incast", 300e3, 0, 4.0)]
+    three = reps("tita", "incast", [300e3, 600e3, 450e3], [0, 0, 0], [4.0, 9.0, 8.0])
+    for name, records in (("a", one), ("b", three)):
+        write_results(tmp_path / f"{name}.json", records, {"scale": 20000})
+    text = compare([tmp_path / "a.json", tmp_path / "b.json"])
+    line = next(ln for ln in text.splitlines() if "time s" in ln)
+    assert line.split()[-3:] == ["4", "8", "2.00"]

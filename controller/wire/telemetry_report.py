@@ -75,6 +75,62 @@ REPORT_METADATA: dict[int, Unit] = {
 }
 
 
+# Drop reasons a report's bit-15 unit carries (D flag set). The switch's own drop reasons are
+# the P4 program's DROP_* (p4src/include/define.p4); these come from the traffic manager and
+# from a NIC sink, which see drops the pipeline does not.
+DROP_REASON_TM_QUEUE_FULL = 0x80  # the egress queue was full (tail drop)
+DROP_REASON_TM_PORT_DOWN = 0x81  # the egress port is down
+DROP_REASON_TM_CORRUPTED = 0x82  # received corrupted (FCS error) and dropped before ingress
+DROP_REASON_PSN_GAP = 0x90  # a NIC sink: packets of this flow before this one did not arrive
+
+
+def nic_node_id(ip: str) -> int:
+    """The node id a NIC sink reports with: its IPv4 address as a 32-bit number (a NIC has no
+    configured node id; switches' ids are small numbers, far from any address used)."""
+    a, b, c, d = (int(x) for x in ip.split("."))
+    return (a << 24) | (b << 16) | (c << 8) | d
+
+
+def encode_report(
+    *,
+    hw_id: int,
+    seq: int,
+    node_id: int,
+    inner: bytes,
+    rep_md_bits: int = 0,
+    metadata: Mapping[str, int | None] | None = None,
+    dropped: bool = False,
+    congested: bool = False,
+    tracked: bool = False,
+    domain_id: int = 0,
+) -> bytes:
+    """One Telemetry Report datagram (the UDP payload): group header, one individual INT report
+    with the reporter's own metadata (per RepMdBits), then the inner packet from its IPv4
+    header (whole words: a sink truncates it)."""
+    if len(inner) % 4:
+        raise ValueError(f"inner packet of {len(inner)} bytes is not whole words")
+    md = encode_report_metadata(rep_md_bits, metadata or {}) if rep_md_bits else b""
+    words = (INDIVIDUAL_LEN - 4 + len(md) + len(inner)) // 4
+    flags = (FLAG_D if dropped else 0) | (FLAG_Q if congested else 0) | (FLAG_F if tracked else 0)
+    group = _GROUP.pack(
+        (REPORT_VERSION << 28)
+        | ((hw_id & ((1 << HW_ID_BITS) - 1)) << SEQ_BITS)
+        | (seq & ((1 << SEQ_BITS) - 1)),
+        node_id,
+    )
+    indiv = _INDIV.pack(
+        (REPORT_TYPE_INT << 4) | IN_TYPE_IPV4,
+        words if words < REPORT_LEN_TO_END else REPORT_LEN_TO_END,
+        len(md) // 4,
+        flags,
+        rep_md_bits,
+        domain_id,
+        0,
+        0,
+    )
+    return group + indiv + md + inner
+
+
 def decode_report_metadata(rep_md_bits: int, metadata: bytes) -> dict[str, int | None]:
     """A Telemetry Report's own metadata words (per RepMdBits) as a dict."""
     return decode_units(metadata, rep_md_bits, REPORT_METADATA)
@@ -100,6 +156,7 @@ _KEEP = {
     "queue_occupancy": "qocc",
     "egress_ts": "egress_ts",
     "tx_util": "tx_util_ppm",
+    "drop_reason": "drop_reason",
 }
 
 
@@ -121,6 +178,7 @@ class Hop:
     qocc: int | None = None  # bytes
     egress_ts: int | None = None
     tx_util_ppm: int | None = None
+    drop_reason: int | None = None  # reports only (RepMdBits bit 15)
 
 
 @dataclass(slots=True)

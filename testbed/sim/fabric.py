@@ -28,11 +28,13 @@ from finsy.proto import p4r
 
 from controller import config as ctlconfig
 from controller import program
+from controller.collector import Collector
 from controller.nic.ratelaw import CcParams, Law
 from controller.proto import switch_pb2
 from controller.queues import queue_settings
 from controller.reconcile import SwitchState, diff, ordered_updates
 from controller.topology import Topology
+from controller.wire.pfc import is_mac_control
 from testbed.ctlconfig import ControllerSetup, Ecn, SwitchAccess, controller_config
 from testbed.model import Scaling
 from testbed.probes import Capture, PortCounters, RateEvent
@@ -40,6 +42,7 @@ from testbed.sim.engine import EventLoop
 from testbed.sim.nic import IntSource, SimHost
 from testbed.switch.admin import SwitchAdminService
 from testbed.switch.p4runtime import P4RuntimeService, parse_p4info_text
+from testbed.switch.pfc import PfcConfig, WatchdogConfig, pfc_thresholds
 from testbed.switch.traffic_manager import Clock
 from testbed.switch.v1model import V1Switch
 from testbed.topo import End, FabricSpec
@@ -57,6 +60,11 @@ CPU_PORT = 255  # testbed.emu.nodes.CPU_PORT (nodes imports Mininet)
 # like every time of the model: with 4 KB frames at 400G it makes the leaf-spine's longest
 # path's base RTT about the model's 1 us.
 LINK_DELAY_MODEL_NS = 80
+# The PFC watchdog's poll in the model's time (dilated by the scale like every time): long
+# against a congestion pause's XOFF-to-XON cycle (a few frame times of fan-in), short against
+# a storm. SONiC's defaults (100 ms polls, 200 ms detection) are for real time on 100G.
+PFC_WATCHDOG_POLL_MODEL_NS = 5_000
+PFC_WATCHDOG_POLLS = 3  # to detect, and to restore
 
 
 @dataclass
@@ -112,11 +120,17 @@ class SimSwitch:
         self.wires: dict[int, Wire] = {}
         self.ports: dict[int, PortStats] = {}
         self.tx_unknown_port = 0
+        self.pfc_rx = 0  # MAC Control frames, kept out of the ports' data counters
+        self.pfc_tx = 0
         self._service_at: int | None = None
+        # ports with no wire but a listener (the collector's): frame -> the listener
+        self.local: dict[int, Callable[[bytes], None]] = {}
 
     def receive(self, port: int, frame: bytes) -> None:
         st = self.ports.get(port)
-        if st is not None:
+        if is_mac_control(frame):
+            self.pfc_rx += 1
+        elif st is not None:
             st.rx_packets += 1
             st.rx_bytes += len(frame)
         self.clock.advance_to(self.loop.now_ns)
@@ -144,7 +158,19 @@ class SimSwitch:
     def _transmit(self, port: int, data: bytes) -> None:
         wire = self.wires.get(port)
         if wire is None:
-            self.tx_unknown_port += 1  # the collector's and the CPU port: nothing listens
+            listener = self.local.get(port)
+            if listener is not None:
+                st = self.ports.get(port)
+                if st is not None:
+                    st.tx_packets += 1
+                    st.tx_bytes += len(data)
+                listener(data)
+                return
+            self.tx_unknown_port += 1  # the CPU port: nothing listens
+            return
+        if is_mac_control(data):
+            self.pfc_tx += 1
+            wire.send(data, self.loop.now_ns)
             return
         if wire.send(data, self.loop.now_ns):  # over the MTU: received, not sent (a drop)
             st = self.ports[port]
@@ -206,6 +232,12 @@ class SimFabric:
         }
         self.hosts: dict[str, SimHost] = {}
         self.law = Law.NONE
+        # the controller's collector, where the collector's switch port delivers (the
+        # twin's times: virtual seconds for both its clocks)
+        self.collector = Collector(self.topo, self.cfg.int.dscp)
+        self.collector_not_reports = 0  # frames to the collector that are not reports
+        if spec.collector is not None:
+            self.switches[spec.collector.node].local[spec.collector.index] = self._to_collector
         self._program()
         self._build()
 
@@ -293,11 +325,30 @@ class SimFabric:
 
     def _to(self, end: End) -> Callable[[bytes], None]:
         """Where frames sent towards `end` go: a switch port, or a host (any of its NICs:
-        the host takes what is addressed to one of them)."""
+        the host takes what is addressed to one of them; MAC Control frames act on the NIC
+        they arrive at)."""
         if self.spec.is_switch(end.node):
             sw, port = self.switches[end.node], end.index
             return lambda frame: sw.receive(port, frame)
-        return lambda frame: self.hosts[end.node].receive(frame)
+        nic = end.index
+        return lambda frame: self.hosts[end.node].receive(frame, nic)
+
+    def _to_collector(self, frame: bytes) -> None:
+        """A frame the fabric delivered to the collector: its UDP payload, if it is a
+        report to the collector's port (the collector's socket would see only those)."""
+        ip = frame[14:]
+        port = self.cfg.int.collector.udp_port
+        if (
+            frame[12:14] != b"\x08\x00"
+            or len(ip) < 28
+            or ip[9] != 17
+            or int.from_bytes(ip[22:24], "big") != port
+        ):
+            self.collector_not_reports += 1
+            return
+        ihl = (ip[0] & 0x0F) * 4
+        end = int.from_bytes(ip[2:4], "big")
+        self.collector.ingest(ip[ihl + 8 : end], now=self.loop.now, wall=self.loop.now)
 
     # ---- control ----
 
@@ -308,6 +359,70 @@ class SimFabric:
         for h in self.hosts.values():
             h.set_law(CcParams.defaults(law, h.line_rate_bps, base_rtt_ns))
         return len(self.hosts)
+
+    def pfc_config(self, switch: str) -> PfcConfig:
+        """A switch's PFC thresholds: its buffer (one egress queue's depth, which no queue
+        can then exceed) shared by its ports, headroom for the links' rate and delay."""
+        s = self.scaling
+        return pfc_thresholds(
+            s.link_bps,
+            self.delay_ns,
+            s.link_mtu + 14,
+            self.cfg.model.queue_depth_bytes,
+            len(self.spec.switch_ports(switch)),
+        )
+
+    def watchdog_config(self, action: str = "drop") -> WatchdogConfig:
+        return WatchdogConfig(
+            round(PFC_WATCHDOG_POLL_MODEL_NS * self.scaling.scale),
+            PFC_WATCHDOG_POLLS,
+            PFC_WATCHDOG_POLLS,
+            action,
+        )
+
+    def set_pfc(self, on: bool, watchdog: bool = True, action: str = "drop") -> None:
+        """PFC on (or off) in every switch and NIC, with the PFC watchdog in the switches."""
+        for name, sw in self.switches.items():
+            sw.clock.advance_to(self.loop.now_ns)
+            if on:
+                wd = self.watchdog_config(action) if watchdog else None
+                sw.sw.tm.set_pfc(self.pfc_config(name), wd)
+            else:
+                sw.sw.tm.set_pfc(None)
+        for h in self.hosts.values():
+            h.pfc = on
+            if not on:
+                h.release_pauses()
+
+    def pfc_counters(self) -> dict[str, dict[str, int]]:
+        """Per switch port and host NIC ("switch:port", "host:nic"): PFC frames sent and
+        received, paused time (ns) and what the watchdog did; only where something happened."""
+        out: dict[str, dict[str, int]] = {}
+        now = self.loop.now_ns
+        for sw in self.switches.values():
+            for port, pq in sorted(sw.sw.tm.ports.items()):
+                c = pq.pfc
+                d = {
+                    "xoff_sent": c.xoff_sent,
+                    "xon_sent": c.xon_sent,
+                    "pauses_received": c.pauses_received,
+                    "paused_ns": c.paused_ns(now),
+                    "storms": c.storms,
+                    "restored": c.restored,
+                    "watchdog_drops": c.watchdog_drops,
+                }
+                if any(d.values()):
+                    out[f"{sw.name}:{port}"] = d
+        for h in self.hosts.values():
+            for i, nic in enumerate(h.ports):
+                d = {
+                    "xoff_sent": nic.pfc_sent,
+                    "pauses_received": nic.pauses_received,
+                    "paused_ns": nic.paused_ns_at(now),
+                }
+                if any(d.values()):
+                    out[f"{h.name}:{i}"] = d
+        return out
 
     # ---- measuring ----
 

@@ -10,6 +10,10 @@ transport (the sans-I/O core and the workload's job), on the event loop.
   rate, never before now), and the NIC's port sends one frame at a time at the NIC's line
   rate. The NIC fetches a queue pair's next packet only when the flow may send it (a NIC
   pulls a message's data as its rate allows), so there is no NIC queue to overflow.
+- PFC: with `pfc` on, a pause frame (controller/wire/pfc.py) arriving at a NIC stops that
+  NIC's transmission for the pause's time (the frame on the wire finishes; a resume ends it
+  early): the fabric runs one priority, 0, so it holds data and feedback alike. `pfc_storm`
+  makes a NIC that keeps pausing its switch (a stuck receive path), for the watchdog.
 - Kernel: the IPv4 header checksum the kernel fills in for the transport's raw sockets, and
   Ethernet towards the gateway (the switch's router MAC).
 """
@@ -32,7 +36,9 @@ from controller.nic.ratelaw import (
     tc_rtt_probe,
 )
 from controller.wire.int_md import hop_ml_words
+from controller.wire.pfc import MAX_QUANTA, decode_pfc, is_mac_control, pause_ns, pfc_frame
 from controller.wire.roce import ROCE_UDP_PORT
+from controller.wire.telemetry_report import TELEMETRY_REPORT_PORT
 from testbed.probes import Capture, RateEvent, record_int_frame
 from testbed.sim.engine import EventLoop
 from testbed.traffic.jobs import Job
@@ -110,6 +116,25 @@ class NicPort:
     send: Callable[[bytes, int], bool]  # (frame, departure ns) -> sent? (over the MTU: not)
     busy_until: int = 0
     kick_at: int | None = None
+    # PFC: the pause the switch sent (priority 0), its counters, and pauses this NIC sent
+    pause_until: int = 0
+    paused_since: int | None = None
+    paused_ns: int = 0
+    pauses_received: int = 0
+    pfc_sent: int = 0
+
+    def set_pause(self, now_ns: int, until_ns: int) -> None:
+        if self.paused_since is not None:
+            self.paused_ns += max(0, min(now_ns, self.pause_until) - self.paused_since)
+            self.paused_since = None
+        self.pause_until = until_ns
+        if until_ns > now_ns:
+            self.paused_since = now_ns
+
+    def paused_ns_at(self, now_ns: int) -> int:
+        if self.paused_since is None:
+            return self.paused_ns
+        return self.paused_ns + max(0, min(now_ns, self.pause_until) - self.paused_since)
 
 
 @dataclass
@@ -174,6 +199,9 @@ class SimHost:
         self.rate_events: list[RateEvent] | None = None
         self.rx_dropped = 0  # frames that are not for this host's transport
         self.tx_too_big = 0
+        self.pfc = False  # honour pause frames (a lossless scheme)
+        self.pfc_ignored = 0  # pause frames that arrived with PFC off
+        self.mac_control_unknown = 0
 
     # ---- control ----
 
@@ -257,8 +285,15 @@ class SimHost:
         if now_ns < port.busy_until:
             self._request_kick(port, port.busy_until)
             return
+        if now_ns < port.pause_until:  # the switch paused this NIC: nothing leaves
+            self._request_kick(port, port.pause_until)
+            return
         single = len(self.ports) == 1
         fb = core.feedback
+        if core.reports and port is self.ports[0]:  # the NIC sink's Telemetry Reports
+            self._send_report(port, core.reports.popleft(), core.cfg.report_to, now_ns)
+            self._request_kick(port, port.busy_until)
+            return
         if fb:  # ACK/NAK/CNP: the default class, not paced per flow
             i = (
                 0
@@ -292,6 +327,31 @@ class SimHost:
         self._transmit(port, pkt, best.peer_addr, now_ns)
         self._request_kick(port, port.busy_until)
 
+    def _send_report(self, port: NicPort, payload: bytes, to: str | None, now_ns: int) -> None:
+        """A Telemetry Report to the collector: IPv4/UDP from this NIC, as the emulation's
+        transport sends it through the kernel (the default class, not paced)."""
+        if to is None:
+            return
+        host, _, dport = to.rpartition(":")
+        udp = struct.pack("!HHHH", TELEMETRY_REPORT_PORT, int(dport), 8 + len(payload), 0)
+        ip = struct.pack(
+            "!BBHHHBBH4s4s",
+            0x45,
+            0,
+            28 + len(payload),
+            0,
+            0x4000,
+            64,
+            17,
+            0,
+            port.addr,
+            socket.inet_aton(host),
+        )
+        pkt = with_checksum(ip + udp + payload)
+        port.busy_until = now_ns + int((14 + len(pkt)) * self.ns_per_byte)
+        if not port.send(port.eth + pkt, now_ns):
+            self.tx_too_big += 1
+
     def _flow(self, key: tuple[int, int, int, int, int]) -> FlowTx:
         f = self.flows.get(key)
         if f is None:
@@ -323,11 +383,56 @@ class SimHost:
         if not port.send(frame, now_ns):
             self.tx_too_big += 1  # over the link's MTU: lost, as the kernel would refuse it
 
+    # ---- PFC ----
+
+    def _pause(self, nic: int, frame: bytes) -> None:
+        """A MAC Control frame at NIC `nic`: a PFC pause holds it on priority 0."""
+        try:
+            pause = decode_pfc(frame)
+        except ValueError:
+            self.mac_control_unknown += 1
+            return
+        if not self.pfc:
+            self.pfc_ignored += 1
+            return
+        if not pause.class_enable & 1:
+            return  # another priority: the fabric's traffic is all priority 0
+        port = self.ports[nic]
+        now = self.loop.now_ns
+        q = pause.quanta[0]
+        if q:
+            port.pauses_received += 1
+        port.set_pause(now, now + pause_ns(q, self.line_rate_bps) if q else now)
+        self._request_kick(port, max(now, port.pause_until))
+
+    def release_pauses(self) -> None:
+        now = self.loop.now_ns
+        for port in self.ports:
+            port.set_pause(now, now)
+
+    def pfc_storm(self, start_ns: int, end_ns: int, period_ns: int, nic: int = 0) -> None:
+        """From `start_ns` to `end_ns` the NIC keeps pausing its switch: a pause of the
+        longest time every `period_ns` (a NIC whose receive path is stuck), then a resume."""
+        port = self.ports[nic]
+        mac = port.eth[6:12]
+
+        def tick(t: int) -> None:
+            last = t + period_ns >= end_ns
+            port.pfc_sent += 1
+            port.send(pfc_frame(mac, {0: 0 if last else MAX_QUANTA}), t)
+            if not last:
+                self.loop.at(t + period_ns, tick, t + period_ns)
+
+        self.loop.at(start_ns, tick, start_ns)
+
     # ---- receiving ----
 
-    def receive(self, frame: bytes) -> None:
+    def receive(self, frame: bytes, nic: int = 0) -> None:
         """A frame from the switch: XDP's rate law, the INT sampler, then the transport."""
         now_ns = self.loop.now_ns
+        if is_mac_control(frame):
+            self._pause(nic, frame)
+            return
         if (
             len(frame) < 14 + 28
             or frame[12:14] != ETH_IPV4

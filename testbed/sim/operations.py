@@ -54,6 +54,7 @@ class SimOperations:
         th = replace(
             th,
             window_s=th.window_s * self.k,
+            vote_window_s=th.vote_window_s * self.k,
             dead_after_s=th.dead_after_s * self.k,
             hold_s=th.hold_s * self.k,
         )
@@ -63,6 +64,8 @@ class SimOperations:
         self.killed: set[str] = set()
         self.dead: frozenset[str] = frozenset()
         self.failovers = []
+        # the collector's loss events so far belong to earlier scenarios
+        self._losses_seen = self.fab.collector.loss_reports
         self._active = True
         loop = self.fab.loop
         for f in self.faults:
@@ -140,6 +143,9 @@ class SimOperations:
                 self.loc.unreachable(name, now)
                 continue
             self.loc.observe(self.sample(name, now))
+        losses, self._losses_seen = self.fab.collector.losses_since(self._losses_seen)
+        for loss in losses:
+            self.loc.path_loss(loss)
         self.loc.evaluate(now)
         dead = frozenset(self.loc.dead_links())
         if dead != self.dead:

@@ -14,7 +14,7 @@ from controller.nic.ratelaw import Law
 from controller.proto import switch_pb2
 from testbed.faults import Fault
 from testbed.probes import Capture, PortCounters, RateEvent
-from testbed.scenarios import SuiteBase, SuiteConfig
+from testbed.scenarios import SuiteBase, SuiteConfig, scheme_law
 from testbed.sim.fabric import SimFabric
 from testbed.sim.operations import SimOperations
 
@@ -52,7 +52,21 @@ class SimSuite(SuiteBase):
 
     def _set_policy(self, scheme: str, params: dict[str, float]) -> int:
         base_rtt_ns = int(params.get("base_rtt_ns", round(self.scaling.base_rtt_s * 1e9)))
-        return self.fab.set_law(_LAWS[scheme], base_rtt_ns)
+        return self.fab.set_law(_LAWS[scheme_law(scheme)], base_rtt_ns)
+
+    def _set_pfc(self, on: bool) -> None:
+        self.fab.set_pfc(on, watchdog=self.cfg.pfc_watchdog)
+
+    def _pfc_counters(self) -> dict[str, dict[str, int]]:
+        return self.fab.pfc_counters()
+
+    def _pfc_storm(self, host: int, seconds: float) -> None:
+        fab = self.fab
+        start = fab.loop.now_ns + 1000  # with the job (run_job starts it 1 us from now)
+        end = start + round(seconds * 1e9)
+        # a pause every quarter watchdog poll: the stuck NIC never lets its switch go
+        period = max(1, fab.watchdog_config().poll_ns // 4)
+        fab.hosts[self.hosts[host].name].pfc_storm(start, end, period)
 
     def _begin(self) -> None:
         self.fab.begin()
@@ -78,6 +92,12 @@ class SimSuite(SuiteBase):
 
     def _apply_fault(self, f: Fault) -> None:
         self.ops.apply_now(f)
+
+    def _report_totals(self) -> dict[str, dict[str, int]]:
+        return {
+            n["name"]: {"received": n["received"], "lost": n["lost"]}
+            for n in self.fab.collector.node_summary()
+        }
 
     def _set_port_rate(self, switch: str, port: int, rate_bps: float) -> None:
         self.fab.switches[switch].admin.SetQueue(

@@ -3,6 +3,12 @@ configurable depth (packets and bytes) and drain rate (bits/s and packets/s), st
 between a port's queues, and a clock that is either real or virtual (for deterministic tests).
 
 Defaults match bmv2's simple_switch: 64 packets deep, no rate limit, one queue per port.
+
+With PFC on (`set_pfc`, testbed/switch/pfc.py) it also counts each packet against the port and
+priority it came in on, pauses and resumes that port's upstream device with 802.1Qbb frames
+(`send_control`), holds a priority of an egress port while the downstream device's pause
+lasts (`receive_pause`), and runs the PFC watchdog. The PFC priorities are the queue
+priorities (standard_metadata.priority). bmv2 has none of this.
 """
 
 from __future__ import annotations
@@ -12,8 +18,12 @@ import random
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from controller.wire.pfc import PfcPause, pause_ns, pfc_frame
+from testbed.switch.pfc import PfcConfig, PfcPortCounters, PfcQueueState, WatchdogConfig
 
 
 class Clock:
@@ -135,8 +145,9 @@ class PortQueues:
     depth_bytes: int = 0  # 0: no byte limit
     rate_pps: float = 0.0  # 0: no limit
     rate_bps: float = 0.0  # 0: no limit
-    # (packet, bytes, enqueue time, expected wait: what the bytes ahead take at the set rate)
-    queues: list[deque[tuple[Any, int, int, int]]] = field(default_factory=list)
+    # (packet, bytes, enqueue time, expected wait: what the bytes ahead take at the set rate,
+    # the ingress port PFC counts it against or -1)
+    queues: list[deque[tuple[Any, int, int, int, int]]] = field(default_factory=list)
     qbytes: list[int] = field(default_factory=list)
     next_tx_ns: int = 0  # earliest time the port may start sending its next packet
     enqueued: int = 0
@@ -154,10 +165,17 @@ class PortQueues:
     departures: int = 0
     wait_ns: int = 0
     expected_wait_ns: int = 0
+    # PFC: until when each priority's egress is held by the downstream's pause, departures
+    # per priority (the watchdog's), and the port's pause counters and per-priority state
+    pause_until: list[int] = field(default_factory=list)
+    dequeued_prio: list[int] = field(default_factory=list)
+    pfc: PfcPortCounters = field(default_factory=PfcPortCounters)
 
     def __post_init__(self) -> None:
         self.queues = [deque() for _ in range(self.nb_queues)]
         self.qbytes = [0] * self.nb_queues
+        self.pause_until = [0] * self.nb_queues
+        self.dequeued_prio = [0] * self.nb_queues
 
     def depth(self, prio: int) -> tuple[int, int]:
         return len(self.queues[prio]), self.qbytes[prio]
@@ -175,15 +193,23 @@ class PortQueues:
         return int(min(t / self.fault.rate_factor, MAX_SERVICE_NS))
 
     def head_ready_ns(self) -> int:
-        """When the packet next in line may leave: its port is free and it has waited out a
-        `delay` fault."""
+        """When the packet next in line may leave: its port is free, it has waited out a
+        `delay` fault and its priority is not paused."""
         t = self.next_tx_ns
-        if self.fault.delay_ns:
-            for prio in range(self.nb_queues - 1, -1, -1):
-                q = self.queues[prio]
-                if q:
-                    return max(t, q[0][2] + self.fault.delay_ns)
-        return t
+        delay = self.fault.delay_ns
+        if not delay and max(self.pause_until) <= t:
+            return t
+        best: int | None = None
+        for prio in range(self.nb_queues - 1, -1, -1):
+            q = self.queues[prio]
+            if q:
+                r = max(t, self.pause_until[prio], q[0][2] + delay if delay else 0)
+                if best is None or r < best:
+                    best = r
+                if not delay:
+                    continue
+                break  # a delayed head holds the port (dequeue_ready waits for it)
+        return t if best is None else best
 
 
 class TrafficManager:
@@ -199,6 +225,16 @@ class TrafficManager:
         # draws of `loss` faults; seeded so that a run on a virtual clock repeats (the twin
         # reseeds it per switch)
         self.rng = random.Random(0)
+        # PFC (off: None) and its watchdog; the driver sets how MAC Control frames leave a
+        # port (ahead of the port's queues, as a MAC sends them) and each port's MAC address
+        self.pfc: PfcConfig | None = None
+        self.watchdog: WatchdogConfig | None = None
+        self.send_control: Callable[[int, bytes], None] = lambda port, frame: None
+        self.port_mac: Callable[[int], bytes] = lambda port: bytes(6)
+        self.last_drop = ""  # why the last enqueue returned None: queue_full / pfc_watchdog
+        self._pausing: set[tuple[int, int]] = set()  # (ingress port, prio) held paused
+        self._wd_next_ns: int | None = None
+        self._wd_last_ns = 0
 
     def port(self, port: int) -> PortQueues:
         pq = self.ports.get(port)
@@ -260,10 +296,9 @@ class TrafficManager:
                 f.rate_factor = rate_factor
                 pq.next_tx_ns = min(pq.next_tx_ns, now)  # as set_rate: from now on
             if f.down:  # what waited for a dead link is lost
-                for prio, q in enumerate(pq.queues):
-                    pq.fault_drops += len(q)
-                    q.clear()
-                    pq.qbytes[prio] = 0
+                pq.fault_drops += sum(len(q) for q in pq.queues)
+                for prio in range(pq.nb_queues):
+                    self._flush(pq, prio, now)
                 self._busy.discard(pq.port)
 
     def port_down(self, port: int) -> bool:
@@ -289,19 +324,38 @@ class TrafficManager:
         return (0, 0) if pq is None else pq.depth(prio)
 
     def enqueue(self, port: int, prio: int, pkt: Any, nbytes: int,
-                now_ns: int) -> tuple[int, int] | None:
+                now_ns: int, ingress_port: int = -1) -> tuple[int, int] | None:
         """Queue a packet; returns the queue's (packets, bytes) found on arrival, or None when
-        the queue is full (a counted tail drop)."""
+        the queue is full (a counted tail drop) or the PFC watchdog drops the queue's
+        packets (`last_drop` says which). With PFC on, a packet of a lossless priority counts
+        against `ingress_port` (-1: none, as for clones) until it leaves."""
         pq = self.ports.get(port) or self.port(port)
         q = pq.queues[prio]
         n, b = len(q), pq.qbytes[prio]
+        pfc = self.pfc
+        if pfc is not None and pq.pfc.per_prio:
+            st = pq.pfc.per_prio.get(prio)
+            if st is not None and st.storm and self.watchdog is not None \
+                    and self.watchdog.action == "drop":
+                pq.pfc.watchdog_drops += 1
+                self.last_drop = "pfc_watchdog"
+                return None
         if n >= pq.depth_pkts or (pq.depth_bytes and b + nbytes > pq.depth_bytes):
             pq.dropped += 1
+            self.last_drop = "queue_full"
             return None
         expected = max(0, pq.next_tx_ns - now_ns) if port in self._busy else 0
         if pq.rate_bps > 0:
             expected += int(b * 8e9 / pq.rate_bps)
-        q.append((pkt, nbytes, now_ns, expected))
+        if pfc is not None:
+            # the latency monitor: time this priority is paused while the packet waits is
+            # explained (by the downstream), counted from here to its departure
+            expected -= self._paused_cum(pq, prio, now_ns)
+        if pfc is None or ingress_port < 0 or prio not in pfc.priorities:
+            ingress_port = -1
+        q.append((pkt, nbytes, now_ns, expected, ingress_port))
+        if ingress_port >= 0:
+            self._count_in(ingress_port, prio, nbytes, now_ns)
         pq.qbytes[prio] = b + nbytes
         pq.enqueued += 1
         if n >= pq.max_depth_pkts:
@@ -312,12 +366,17 @@ class TrafficManager:
         return n, b
 
     def next_departure_ns(self) -> int | None:
-        """When the next packet may leave (None: nothing queued)."""
+        """When the traffic manager next needs service: a packet may leave, a pause must be
+        refreshed or the PFC watchdog polls (None: nothing to do)."""
         best = None
         for port in self._busy:
             t = self.ports[port].head_ready_ns()
             if best is None or t < best:
                 best = t
+        if self.pfc is not None:
+            for t in self._pfc_timers():
+                if best is None or t < best:
+                    best = t
         return best
 
     def dequeue_ready(self, now_ns: int) -> list[tuple[int, int, Any, int, int, int]]:
@@ -336,17 +395,25 @@ class TrafficManager:
                     continue
                 queues = pq.queues
                 delay = pq.fault.delay_ns
+                paused = pq.pause_until
                 for prio in range(pq.nb_queues - 1, -1, -1):  # strict priority: high first
                     q = queues[prio]
                     if q:
+                        if paused[prio] > now_ns:
+                            continue  # the downstream paused this priority: the next one
                         if delay and q[0][2] + delay > now_ns:
                             break  # the head still serves its delay: the port waits
-                        pkt, nbytes, enq_ns, expected = q.popleft()
+                        pkt, nbytes, enq_ns, expected, in_port = q.popleft()
                         pq.qbytes[prio] -= nbytes
                         pq.dequeued += 1
-                        # the port is busy from when it became free (or the packet came) for
-                        # one packet time at its rate
+                        pq.dequeued_prio[prio] += 1
+                        if in_port >= 0:
+                            self._count_out(in_port, prio, nbytes, now_ns)
+                        # the port is busy from when it became free (or the packet came, or
+                        # its pause ended) for one packet time at its rate
                         ready = enq_ns + delay
+                        if paused[prio] > ready:
+                            ready = paused[prio]
                         start = pq.next_tx_ns if pq.next_tx_ns > ready else ready
                         done = start
                         if pq.rate_bps or pq.rate_pps:
@@ -354,6 +421,8 @@ class TrafficManager:
                         pq.next_tx_ns = done
                         pq.departures += 1
                         pq.wait_ns += start - enq_ns
+                        if self.pfc is not None:
+                            expected = max(0, expected + self._paused_cum(pq, prio, start))
                         pq.expected_wait_ns += expected
                         out.append((port, prio, pkt, enq_ns, len(q), start))
                         progressed = True
@@ -363,3 +432,185 @@ class TrafficManager:
             if not progressed:
                 break
         return out
+
+    # ---- PFC ------------------------------------------------------------------------------
+
+    def set_pfc(self, pfc: PfcConfig | None, watchdog: WatchdogConfig | None = None) -> None:
+        """Turn PFC on with these thresholds (and the watchdog, if given), or off (None): off,
+        every pause this switch holds is released (a resume sent) and received pauses are
+        forgotten."""
+        now = self.clock.now_ns()
+        if pfc is None:
+            for port, prio in sorted(self._pausing):
+                self._send_pause(port, prio, 0)
+                self.ports[port].pfc.state(prio).pausing = False
+            for pq in self.ports.values():
+                for prio, st in pq.pfc.per_prio.items():
+                    self._set_pause(pq, prio, st, now, now)
+                    st.ingress_bytes = 0
+                    st.storm = False
+            self._pausing.clear()
+            self._wd_next_ns = None
+        self.pfc = pfc
+        self.watchdog = watchdog if pfc is not None else None
+
+    def receive_pause(self, port: int, pause: PfcPause, now_ns: int) -> bool:
+        """A PFC frame arrived on `port`: hold (or, with time 0, release) its egress on each
+        lossless priority it names. False when PFC is off: the frame is not honoured."""
+        pfc = self.pfc
+        if pfc is None:
+            return False
+        pq = self.port(port)
+        rate = pq.rate_bps * pq.fault.rate_factor or pfc.link_bps
+        counted = False
+        for prio in pause.priorities():
+            if prio not in pfc.priorities or prio >= pq.nb_queues:
+                continue
+            st = pq.pfc.state(prio)
+            st.last_pause_rx_ns = now_ns
+            q = pause.quanta[prio]
+            if not counted:
+                if q:
+                    pq.pfc.pauses_received += 1
+                else:
+                    pq.pfc.resumes_received += 1
+                counted = True
+            if st.storm:
+                continue  # the watchdog ignores pauses on a storming queue
+            until = now_ns + pause_ns(q, rate) if q and rate > 0 else now_ns
+            self._set_pause(pq, prio, st, now_ns, until)
+        if counted and self.watchdog is not None and self._wd_next_ns is None:
+            self._wd_next_ns = now_ns + self.watchdog.poll_ns
+            self._wd_last_ns = now_ns
+        return True
+
+    def pfc_tick(self, now_ns: int) -> None:
+        """Refresh the pauses this switch holds before they expire; poll the watchdog."""
+        pfc = self.pfc
+        if pfc is None:
+            return
+        for port, prio in sorted(self._pausing):
+            st = self.ports[port].pfc.state(prio)
+            if now_ns >= st.xoff_sent_ns + self._refresh_ns(port):
+                self._send_pause(port, prio, pfc.quanta)
+                st.xoff_sent_ns = now_ns
+        if self._wd_next_ns is not None and now_ns >= self._wd_next_ns:
+            self._watchdog_poll(now_ns)
+
+    def pfc_drops(self) -> int:
+        return sum(pq.pfc.watchdog_drops for pq in self.ports.values())
+
+    @staticmethod
+    def _paused_cum(pq: PortQueues, prio: int, now_ns: int) -> int:
+        """The time a port's priority has been paused so far."""
+        st = pq.pfc.per_prio.get(prio)
+        if st is None:
+            return 0
+        if st.paused_since_ns is None:
+            return st.paused_ns
+        return st.paused_ns + max(0, min(now_ns, st.paused_until_ns) - st.paused_since_ns)
+
+    def _refresh_ns(self, port: int) -> int:
+        assert self.pfc is not None
+        pq = self.ports[port]
+        rate = pq.rate_bps * pq.fault.rate_factor or self.pfc.link_bps
+        return max(1, pause_ns(self.pfc.quanta, rate) // 2) if rate > 0 else 1 << 62
+
+    def _pfc_timers(self) -> list[int]:
+        out = [
+            self.ports[port].pfc.state(prio).xoff_sent_ns + self._refresh_ns(port)
+            for port, prio in self._pausing
+        ]
+        if self._wd_next_ns is not None:
+            out.append(self._wd_next_ns)
+        return out
+
+    def _count_in(self, port: int, prio: int, nbytes: int, now_ns: int) -> None:
+        assert self.pfc is not None
+        st = self.port(port).pfc.state(prio)
+        st.ingress_bytes += nbytes
+        if not st.pausing and st.ingress_bytes >= self.pfc.xoff_bytes:
+            st.pausing = True
+            st.xoff_sent_ns = now_ns
+            self._pausing.add((port, prio))
+            self._send_pause(port, prio, self.pfc.quanta)
+
+    def _count_out(self, port: int, prio: int, nbytes: int, now_ns: int) -> None:
+        st = self.ports[port].pfc.state(prio)
+        st.ingress_bytes -= nbytes
+        if st.pausing and self.pfc is not None and st.ingress_bytes <= self.pfc.xon_bytes:
+            st.pausing = False
+            self._pausing.discard((port, prio))
+            self._send_pause(port, prio, 0)
+
+    def _send_pause(self, port: int, prio: int, quanta: int) -> None:
+        c = self.port(port).pfc
+        if quanta:
+            c.xoff_sent += 1
+        else:
+            c.xon_sent += 1
+        self.send_control(port, pfc_frame(self.port_mac(port), {prio: quanta}))
+
+    @staticmethod
+    def _set_pause(pq: PortQueues, prio: int, st: PfcQueueState, now_ns: int,
+                   until_ns: int) -> None:
+        """Hold the priority until `until_ns` (now: release it), closing the paused time
+        counted so far."""
+        if st.paused_since_ns is not None:
+            st.paused_ns += max(0, min(now_ns, st.paused_until_ns) - st.paused_since_ns)
+            st.paused_since_ns = None
+        st.paused_until_ns = until_ns
+        if until_ns > now_ns:
+            st.paused_since_ns = now_ns
+        if prio < pq.nb_queues:
+            pq.pause_until[prio] = until_ns
+
+    def _flush(self, pq: PortQueues, prio: int, now_ns: int) -> int:
+        """Drop every packet of one queue (releasing what PFC counted of them)."""
+        q = pq.queues[prio]
+        n = len(q)
+        for _pkt, nbytes, _enq, _exp, in_port in q:
+            if in_port >= 0:
+                self._count_out(in_port, prio, nbytes, now_ns)
+        q.clear()
+        pq.qbytes[prio] = 0
+        if not any(pq.queues):
+            self._busy.discard(pq.port)
+        return n
+
+    def _watchdog_poll(self, now_ns: int) -> None:
+        wd = self.watchdog
+        assert wd is not None
+        active = False
+        since = self._wd_last_ns
+        for pq in self.ports.values():
+            for prio, st in pq.pfc.per_prio.items():
+                if st.storm:
+                    quiet = st.last_pause_rx_ns is None or st.last_pause_rx_ns < since
+                    st.wd_quiet_polls = st.wd_quiet_polls + 1 if quiet else 0
+                    if st.wd_quiet_polls >= wd.restore_polls:
+                        st.storm = False
+                        st.wd_stalled_polls = 0
+                        pq.pfc.restored += 1
+                    else:
+                        active = True
+                else:
+                    sent = pq.dequeued_prio[prio]
+                    # paused, packets waiting, the port idle (not sending a long frame) and
+                    # nothing sent since the last poll
+                    stalled = (pq.pause_until[prio] > now_ns and bool(pq.queues[prio])
+                               and pq.next_tx_ns <= now_ns and sent == st.wd_seen_dequeued)
+                    st.wd_stalled_polls = st.wd_stalled_polls + 1 if stalled else 0
+                    if st.wd_stalled_polls >= wd.detect_polls:
+                        st.storm = True
+                        st.wd_quiet_polls = 0
+                        pq.pfc.storms += 1
+                        self._set_pause(pq, prio, st, now_ns, now_ns)  # pauses ignored
+                        if wd.action == "drop":
+                            pq.pfc.watchdog_drops += self._flush(pq, prio, now_ns)
+                        active = True
+                    elif pq.pause_until[prio] > now_ns:
+                        active = True
+                st.wd_seen_dequeued = pq.dequeued_prio[prio]
+        self._wd_last_ns = now_ns
+        self._wd_next_ns = now_ns + wd.poll_ns if active else None

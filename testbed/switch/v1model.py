@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from controller.wire.pfc import decode_pfc, is_mac_control
 from testbed.switch.codegen import DROP_PORT, Compiled
 from testbed.switch.compiler import compile_program
 from testbed.switch.packet import (
@@ -146,6 +147,10 @@ class V1Switch:
         self.drop_port = drop_port
         self.qdepth_unit = qdepth_unit  # what enq_qdepth / deq_qdepth count: packets or bytes
         self.tm = TrafficManager(self.clock, nb_queues)
+        # PFC frames leave a port ahead of its queues (the MAC sends them), from the port's MAC
+        self.tm.send_control = lambda port, frame: self._send_control(port, frame)
+        self.tm.port_mac = self.port_mac
+        self.pfc_frames_sent = 0
         self.lock = threading.RLock()  # held while a packet runs or the control plane writes
         self.compiled: Compiled | None = None
         self.json_bytes: bytes = b""
@@ -210,6 +215,9 @@ class V1Switch:
             if self.tm.corrupted(port):  # a lossy link: the MAC drops a bad frame
                 self.stats.drop("rx_error")
                 return
+            if is_mac_control(data):  # the MAC consumes it: PFC pauses, never forwarded
+                self._mac_control(port, data)
+                return
             p = self._new(c, len(data))
             now = self.clock.now_ns()
             p.t_ns = now if t_ns is None or t_ns > now else t_ns
@@ -219,6 +227,26 @@ class V1Switch:
             sm[S.instance_type] = PKT_INSTANCE_TYPE_NORMAL
             sm[S.ingress_global_timestamp] = (p.t_ns // 1000) & S.m_ingress_global_timestamp
             self._run_ingress(c, S, p, bytes(data), port)
+
+    def _mac_control(self, port: int, data: bytes) -> None:
+        try:
+            pause = decode_pfc(data)
+        except ValueError:
+            self.stats.drop("mac_control_unknown")
+            return
+        now = self.clock.now_ns()
+        if not self.tm.receive_pause(port, pause, now):
+            self.stats.drop("pfc_off")  # PFC is off on this switch: the pause is not honoured
+
+    def port_mac(self, port: int) -> bytes:
+        """The MAC address a port's MAC Control frames come from (locally administered, from
+        the device id and the port)."""
+        return bytes([0x02, 0x58]) + (self.device_id & 0xFFFF).to_bytes(2, "big") + \
+            (port & 0xFFFF).to_bytes(2, "big")
+
+    def _send_control(self, port: int, frame: bytes) -> None:
+        self.pfc_frames_sent += 1
+        self.transmit(port, frame)
 
     def _new(self, c: Compiled, length: int) -> Packet:
         p = c.new_packet()
@@ -344,9 +372,13 @@ class V1Switch:
             self.tm.ports[port].fault_drops += 1
             return
         now = p.t_ns
-        found = self.tm.enqueue(port, prio, p, p.plen, now)
+        itype = sm[S.instance_type]
+        # PFC counts what came in from a port (not clones or recirculations) against it
+        in_port = sm[S.ingress_port] if itype in (PKT_INSTANCE_TYPE_NORMAL,
+                                                  PKT_INSTANCE_TYPE_REPLICATION) else -1
+        found = self.tm.enqueue(port, prio, p, p.plen, now, in_port)
         if found is None:
-            self.stats.drop("queue_full")
+            self.stats.drop(self.tm.last_drop)
             return
         sm[S.enq_timestamp] = (now // 1000) & S.m_enq_timestamp
         depth = found[1] if self.qdepth_unit == "bytes" else found[0]
@@ -364,6 +396,7 @@ class V1Switch:
                 limit = self.clock.now_ns()
                 if until_ns is not None and until_ns < limit:
                     limit = until_ns
+                self.tm.pfc_tick(limit)
                 ready = self.tm.dequeue_ready(limit)
                 if not ready:
                     return done

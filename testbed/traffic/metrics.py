@@ -107,12 +107,16 @@ def collective_bw(kind: str, size: int, seconds: float, n: int) -> dict[str, flo
 def counter_totals(counters: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     total: dict[str, Any] = {k: 0 for k in COUNTER_KEYS}
     drops: dict[str, int] = {}
+    reports: dict[str, int] = {}  # Telemetry Reports the NIC sinks sent, by trigger
     for c in counters:
         for k in COUNTER_KEYS:
             total[k] += int(c.get(k, 0))
         for reason, n in dict(c.get("drops", {})).items():
             drops[reason] = drops.get(reason, 0) + int(n)
+        for why, n in dict(c.get("reports", {})).items():
+            reports[why] = reports.get(why, 0) + int(n)
     total["drops"] = drops
+    total["reports"] = reports
     return total
 
 

@@ -53,6 +53,14 @@ class Transport:
         self._sel = selectors.DefaultSelector()
         self._sel.register(self.rx, selectors.EVENT_READ)
         self._buf = bytearray(65536)
+        # the NIC sink's Telemetry Reports go to the collector over the fabric (UDP)
+        self._report_sock: socket.socket | None = None
+        self._report_addr: tuple[str, int] | None = None
+        if self.core.sink is not None and cfg.report_to is not None:
+            host, _, port = cfg.report_to.rpartition(":")
+            self._report_addr = (host, int(port))
+            self._report_sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            self._report_sock.setblocking(False)
 
     @property
     def qps(self) -> dict[int, QueuePair]:
@@ -77,6 +85,8 @@ class Transport:
     def close(self) -> None:
         for s in self._socks.values():
             s.close()
+        if self._report_sock is not None:
+            self._report_sock.close()
         self._sel.close()
         self.rx.close()
         self._rx_udp.close()
@@ -103,6 +113,7 @@ class Transport:
         busy = self._receive(now, 256)
         core = self.core
         self._send_feedback()
+        self._send_reports()
         core.expire(now)
         busy |= self._send_round(now)
         if not busy:
@@ -114,6 +125,20 @@ class Transport:
             qp, pkt = fb.popleft()
             if self._sendto(qp, pkt) != _Outcome.SENT:
                 self.core.drops["feedback_not_sent"] += 1
+
+    def _send_reports(self) -> None:
+        """Telemetry Reports, never retried: one the socket refuses is counted, and the
+        collector counts it lost from the sequence numbers."""
+        reports = self.core.reports
+        sock, addr = self._report_sock, self._report_addr
+        while reports:
+            rep = reports.popleft()
+            if sock is None or addr is None:
+                continue
+            try:
+                sock.sendto(rep, addr)
+            except OSError:
+                self.core.drops["report_not_sent"] += 1
 
     def _send_round(self, now: float) -> bool:
         sent = 0

@@ -49,6 +49,7 @@ from collections import Counter, deque
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
+from controller.nic.int_sink import IntSink, SinkConfig
 from controller.wire.int_md import (
     HEADERS_LEN,
     INT_DSCP_DEFAULT,
@@ -112,6 +113,13 @@ class TransportConfig:
     nobufs_backoff: float = 200e-6  # s before re-sending a packet the qdisc refused
     max_message: int = 1 << 28  # bytes a responder buffers for one message
     retransmit: str = "gbn"  # gbn (go-back-N) or sr (selective repeat): RETRANSMIT_SCHEMES
+    # The NIC as INT sink (controller.nic.int_sink): "ip:port" of the collector, or None for
+    # no Telemetry Reports; when to report (seconds; 0 turns a trigger off).
+    report_to: str | None = None
+    report_sample_s: float = 0.1
+    report_queue_bytes: int = 0
+    report_latency_ns: int = 0
+    report_event_gap_s: float = 0.01
 
     def __post_init__(self) -> None:
         if not 1 <= self.mtu <= 9000 - 100:
@@ -535,6 +543,7 @@ class QueuePair:
             pack_aeth(AETH_NAK_PSN_SEQ_ERR_SACK, self.msn) + pack_sack(psn),
         )
         self.counters.naks_sent += 1
+        self.nak_sent = True  # this gap is NAKed (the INT sink reports the first packet past it)
 
     def _accept(
         self,
@@ -623,6 +632,17 @@ class TransportCore:
         self._tos = (cfg.dscp << 2) | ECT0
         self._used_ports: set[int] = set()
         self._sport_state = seed & 0xFFFFFFFF
+        # Telemetry Reports made (UDP payloads for cfg.report_to), not yet handed to I/O
+        self.reports: deque[bytes] = deque()
+        self.sink: IntSink | None = None
+        if cfg.report_to is not None and cfg.int_dscp is not None:
+            sink_cfg = SinkConfig(
+                sample_s=cfg.report_sample_s,
+                queue_bytes=cfg.report_queue_bytes,
+                latency_ns=cfg.report_latency_ns,
+                event_gap_s=cfg.report_event_gap_s,
+            )
+            self.sink = IntSink(cfg.local_ip, sink_cfg, cfg.int_dscp)
 
     # ---- setup ----
 
@@ -784,6 +804,12 @@ class TransportCore:
             return
         psn = ap & PSN_MASK
         if opcode in _DATA_OPCODES:
+            if self.sink is not None and int_bytes is not None:
+                d = ((psn - qp.epsn + _HALF) & PSN_MASK) - _HALF
+                gap = 0 < d < self.cfg.psn_window and not qp.nak_sent  # first after a gap
+                rep = self.sink.observe(pkt[:end], ihl + 8, now, lost=gap)
+                if rep is not None:
+                    self.reports.append(rep)
             qp._on_data(
                 opcode,
                 psn,
@@ -821,8 +847,11 @@ class TransportCore:
         total = Counter[str]()
         for qp in self.qps.values():
             total.update(asdict(qp.counters))
+        sink = self.sink
         return {
             "rx_packets": self.rx_packets,
+            "reports": dict(sink.reports) if sink is not None else {},
+            "report_errors": dict(sink.errors) if sink is not None else {},
             "drops": dict(self.drops),
             "qps": len(self.qps),
             **{k: total.get(k, 0) for k in QpCounters.__dataclass_fields__},

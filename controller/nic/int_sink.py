@@ -1,0 +1,165 @@
+"""The receiving NIC as INT sink for the monitoring path (sans-I/O).
+
+A host NIC that is the INT sink of its flows' packets echoes their INT stacks to the sender
+for the rate law (the transport does that) and, for the operators, sends Telemetry Report
+v2.0 (controller/wire/telemetry_report.py) to the collector: not one per packet, but
+
+- **sampled**: a flow's first INT packet, then one at least every `sample_s`;
+- **event-triggered**: a packet that saw a queue above `queue_bytes` at some hop, or whose hop
+  latencies add up to more than `latency_ns` (flag Q), at most one per flow per `event_gap_s`
+  while the condition lasts, and at once when it starts; a packet whose path (the hops' node
+  ids and ports) differs from the flow's last one; a packet after a gap in the flow's PSNs
+  (flag D, drop reason `DROP_REASON_PSN_GAP`: packets before it were lost on the path its INT
+  names, what 007 votes with).
+
+Each datagram carries one report with this NIC's sequence number (22 bits, +1 per report,
+so the collector counts the reports lost on the way), the NIC's node id (its IPv4 address,
+`nic_node_id`), its own metadata (its receive time; the drop reason on a loss report) and the
+inner packet from its IPv4 header to 16 bytes past the INT stack, as the switch's sink
+(p4src/control/int_sink.p4) truncates it. The engines send what `observe` returns: the
+emulation's transport over a UDP socket, the twin's host through its simulated link.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+from dataclasses import dataclass
+
+from controller.wire.int_md import BIT_INGRESS_TS, bitmap_bit, shim_total_len
+from controller.wire.telemetry_report import (
+    DROP_REASON_PSN_GAP,
+    SEQ_BITS,
+    Hop,
+    IntReport,
+    ReportError,
+    decode_inner,
+    encode_report,
+    nic_node_id,
+)
+
+INNER_PAYLOAD_BYTES = 16  # of the packet after its INT stack (p4src REPORT_INNER_PAYLOAD_BYTES)
+BIT_DROP = 15  # RepMdBits: drop queue id + reason
+REP_MD_SAMPLE = bitmap_bit(BIT_INGRESS_TS)
+REP_MD_DROP = bitmap_bit(BIT_INGRESS_TS) | bitmap_bit(BIT_DROP)
+
+Path = tuple[tuple[int | None, int | None, int | None], ...]
+
+
+@dataclass(frozen=True)
+class SinkConfig:
+    """When the NIC reports (seconds on the caller's clock; 0 turns a trigger off)."""
+
+    sample_s: float = 0.1
+    queue_bytes: int = 0
+    latency_ns: int = 0
+    event_gap_s: float = 0.01
+    hw_id: int = 0
+    max_flows: int = 4096
+
+    def __post_init__(self) -> None:
+        if self.sample_s <= 0 or self.event_gap_s < 0:
+            raise ValueError("sample_s must be > 0 and event_gap_s >= 0")
+        if self.queue_bytes < 0 or self.latency_ns < 0 or self.max_flows < 1:
+            raise ValueError("queue_bytes and latency_ns must be >= 0, max_flows >= 1")
+
+
+@dataclass
+class _FlowState:
+    path: Path
+    last_report: float
+    last_event: float | None = None  # the last report a queue/latency condition triggered
+    in_event: bool = False
+
+
+class IntSink:
+    """One NIC's sink: `observe()` every INT data packet that arrives; it returns the report
+    datagram to send to the collector (the UDP payload), or None."""
+
+    def __init__(self, ip: str, cfg: SinkConfig, int_dscp: int):
+        self.cfg = cfg
+        self.node_id = nic_node_id(ip)
+        self.int_dscp = int_dscp
+        self.seq = 0
+        self.flows: OrderedDict[tuple[bytes, int, int], _FlowState] = OrderedDict()
+        self.reports: Counter[str] = Counter()  # by trigger
+        self.errors: Counter[str] = Counter()  # packets the sink could not read
+        self.flows_evicted = 0
+
+    def observe(
+        self, pkt: bytes | memoryview, int_off: int, now: float, lost: bool = False
+    ) -> bytes | None:
+        """An IPv4 packet with INT at `int_off` (its shim) arrived at `now`; `lost`: the
+        transport saw a gap in its flow's PSNs before it."""
+        pkt = bytes(pkt)
+        if len(pkt) < int_off + 2:
+            self.errors["short"] += 1
+            return None
+        end = int_off + shim_total_len(pkt[int_off + 1]) + INNER_PAYLOAD_BYTES
+        inner = pkt[: min(end, len(pkt))]
+        inner = inner[: len(inner) & ~3]
+        rep = IntReport(0, 0, 0, False, False, False, Hop())
+        try:
+            decode_inner(inner, self.int_dscp, rep)
+        except ReportError as exc:
+            self.errors[exc.reason] += 1
+            return None
+        if rep.flow is None:
+            self.errors["no_flow"] += 1
+            return None
+        path: Path = tuple((h.node_id, h.in_port, h.out_port) for h in rep.hops)
+        qmax = max((h.qocc for h in rep.hops if h.qocc is not None), default=0)
+        latency = sum(h.latency_ns for h in rep.hops if h.latency_ns is not None)
+        cfg = self.cfg
+        event = (cfg.queue_bytes > 0 and qmax > cfg.queue_bytes) or (
+            cfg.latency_ns > 0 and latency > cfg.latency_ns
+        )
+        key = (pkt[12:16], rep.flow.sport, rep.flow.dport)
+        st = self.flows.get(key)
+        why = None
+        if st is None:
+            why = "new"
+            st = self.flows[key] = _FlowState(path, now)
+            if len(self.flows) > cfg.max_flows:
+                self.flows.popitem(last=False)
+                self.flows_evicted += 1
+        else:
+            self.flows.move_to_end(key)
+            if lost:
+                why = "loss"
+            elif path != st.path:
+                why = "path"
+            elif event and (
+                not st.in_event or st.last_event is None or now - st.last_event >= cfg.event_gap_s
+            ):
+                why = "queue" if cfg.queue_bytes > 0 and qmax > cfg.queue_bytes else "latency"
+            elif now - st.last_report >= cfg.sample_s:
+                why = "sample"
+        if lost and why == "new":
+            why = "loss"
+        st.in_event = event
+        if why is None:
+            return None
+        st.path = path
+        st.last_report = now
+        if event:
+            st.last_event = now
+        self.reports[why] += 1
+        md = {"ingress_ts": int(now * 1e9) & ((1 << 64) - 1)}
+        bits = REP_MD_SAMPLE
+        if why == "loss":
+            bits = REP_MD_DROP
+            md.update(drop_queue_id=0, drop_reason=DROP_REASON_PSN_GAP, drop_padding=0)
+        seq = self.seq
+        self.seq = (seq + 1) % (1 << SEQ_BITS)
+        return encode_report(
+            hw_id=cfg.hw_id,
+            seq=seq,
+            node_id=self.node_id,
+            inner=inner,
+            rep_md_bits=bits,
+            metadata=md,
+            dropped=why == "loss",
+            congested=event,
+            tracked=True,
+            domain_id=int.from_bytes(inner[int_off + 10 : int_off + 12], "big"),
+        )
