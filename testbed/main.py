@@ -58,9 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="the scenario suite, once per scheme; table, plots, JSON")
     _common(run)
     run.add_argument("--schemes", default="none,dcqcn,tita",
-                     help="comma-separated, of none,dcqcn,tita,hpcc,timely,swift")
+                     help="comma-separated, of none,dcqcn,tita,hpcc,timely,swift and the "
+                          "lossless dcqcn+pfc,tita+pfc (PFC in every switch and NIC; twin)")
     run.add_argument("--scenarios", default=None,
-                     help="comma-separated (default: all of them, testbed.scenarios.SCENARIOS)")
+                     help="comma-separated (default: all of them, testbed.scenarios.SCENARIOS; "
+                          "also victim, storm: PFC's harms)")
+    run.add_argument("--pfc-watchdog", choices=["on", "off"], default="on",
+                     help="the PFC watchdog in the switches of a lossless scheme (default on)")
     run.add_argument("--quick", action="store_true", help="a shorter suite")
     run.add_argument("--engine", choices=["emu", "sim"], default="emu",
                      help="emu: the emulation (root, Mininet, eBPF); sim: the simulated twin "
@@ -140,7 +144,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         scenarios = ("flows",)
     cfg = SuiteConfig(**{**base.__dict__, "schemes": schemes, "scenarios": scenarios,
                          "seed": args.seed, "repeat": args.repeat,
-                         "retransmit": args.retransmit})
+                         "retransmit": args.retransmit,
+                         "pfc_watchdog": args.pfc_watchdog == "on"})
     if args.faults is not None:
         from testbed import faults
         from testbed.topo import parse_choice

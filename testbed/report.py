@@ -7,7 +7,11 @@ Columns (per scenario and scheme; emulated units, bytes are not scaled):
 - `util`: bytes the bottleneck port sent / (its rate x the scenario's completion time);
 - `FCT p50/p99`: FCT slowdown percentiles (incast and WebSearch flows);
 - `busbw`: all-reduce bus bandwidth (Mb/s; x scale for the model's figure);
-- `time`: completion (last flow, or the collective).
+- `time`: completion (last flow, or the collective);
+- with a lossless scheme in the table, `pauses` (PFC pause frames sent by the switches and
+  NICs, XOFF) and `paused` (the time switch egress ports and NICs were held by pauses,
+  summed over ports, in the table's time unit); then one line per victim / storm run: the
+  victim flow's stalls, longest gap and FCT slowdown, and what the PFC watchdog did.
 
 A suite run with `--repeat N` has N records per (scenario, scheme) (`RunRecord.repetition`);
 every cell then shows the median over them with the range, `median [min-max]`, and the
@@ -26,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.bench import machine_description
-from testbed.scenarios import SCHEMES, RunRecord
+from testbed.scenarios import SCHEMES, RunRecord, lossless
 
 
 @dataclass(frozen=True)
@@ -111,6 +115,11 @@ def table(records: list[RunRecord], link_bps: float | None = None) -> str:
         ("busbw", bw_unit, busbw, ".2f"),
         ("time", t_unit, lambda r: r.completion_s * t_mult, ".2f"),
     ]
+    if any(lossless(r.scheme) for r in records):
+        columns += [
+            ("pauses", "", lambda r: r.pauses, ".0f"),
+            ("paused", t_unit, lambda r: r.paused_s * t_mult, ".2f"),
+        ]
     rows: list[tuple[str, list[str], str]] = []  # (scenario, cells, note)
     for (scenario, scheme), reps in cells(records).items():
         shown = [scenario, scheme, representative(reps)[0].bottleneck]
@@ -140,7 +149,37 @@ def table(records: list[RunRecord], link_bps: float | None = None) -> str:
             out.append("")
         last = scenario
         out.append(line(shown) + note)
+    victims = [(k, reps) for k, reps in cells(records).items() if reps[0].victim_stalls is not None]
+    if victims:
+        out.append("")
+        out += [victim_line(reps, t_mult, t_unit) for _, reps in victims]
     return "\n".join(out)
+
+
+def victim_line(reps: list[RunRecord], t_mult: float = 1.0, t_unit: str = "s") -> str:
+    """A victim or storm cell's victim flow and PFC watchdog, in one line."""
+    r0 = reps[0]
+    stalls = _spread(reps, lambda r: r.victim_stalls)
+    gap = _spread(reps, lambda r: (r.victim_longest_gap_s or 0.0) * t_mult)
+    sd = _spread(reps, lambda r: r.victim_fct_slowdown)
+    line = (
+        f"{r0.scenario:<10} {r0.scheme:<9} victim flow: "
+        f"{'-' if stalls is None else stalls.show('.0f')} stalls, longest gap "
+        f"{'-' if gap is None else gap.show('.3f')} {t_unit}, FCT slowdown "
+        f"{'-' if sd is None else sd.show('.2f')}"
+    )
+    if lossless(r0.scheme):
+        storms = _spread(reps, lambda r: r.pfc_storms)
+        restored = _spread(reps, lambda r: r.pfc_restored)
+        drops = _spread(
+            reps, lambda r: sum(d.get("watchdog_drops", 0) for d in r.pfc_by_port.values())
+        )
+        assert storms and restored and drops
+        line += (
+            f"; PFC watchdog: {storms.show('.0f')} storms, {restored.show('.0f')} restored, "
+            f"{drops.show('.0f')} packets dropped"
+        )
+    return line
 
 
 _ORDER = {
@@ -149,6 +188,8 @@ _ORDER = {
     "alltoall": 2,
     "twojob": 3,
     "websearch": 4,
+    "victim": 5,
+    "storm": 6,
     **{scheme: i for i, scheme in enumerate(SCHEMES)},
 }
 
@@ -188,6 +229,45 @@ def verdict(records: list[RunRecord]) -> list[str]:
         )
         line += _outcome(checks)
         out.append(line)
+    out += lossless_verdict(records)
+    return out
+
+
+def lossless_verdict(records: list[RunRecord]) -> list[str]:
+    """Issue 17's goals against the lossless baseline, per scenario: dcqcn+pfc loses
+    nothing; TiTa (tita+pfc, else tita) has p99 queue <= 0.5x and p99 FCT slowdown <= 0.7x
+    dcqcn+pfc's, and fewer victim-flow stalls."""
+    out = []
+    by = cells(records)
+    for scenario in sorted({r.scenario for r in records}, key=_order):
+        d = by.get((scenario, "dcqcn+pfc"))
+        if d is None:
+            continue
+        dd = Spread.of(r.drops for r in d)
+        assert dd
+        zero = Spread(0.0, 0.0, 0.0)
+        checks = {"dcqcn+pfc loses nothing": "holds" if dd.hi <= 0 else below(zero, dd)}
+        desc = f"{scenario}: dcqcn+pfc drops {dd.show('.0f')}"
+        t = by.get((scenario, "tita+pfc")) or by.get((scenario, "tita"))
+        if t is not None:
+            tq, dq = _q99(t), _q99(d)
+            assert tq and dq
+            desc += (
+                f"; {t[0].scheme} vs dcqcn+pfc p99 queue {tq.scaled(1e-3).show('.1f')} vs "
+                f"{dq.scaled(1e-3).show('.1f')} KB"
+            )
+            checks["p99 queue <= 0.5x"] = below(tq, dq, 0.5)
+            tf = _spread(t, lambda r: r.fct_slowdown_p99)
+            df = _spread(d, lambda r: r.fct_slowdown_p99)
+            if tf is not None and df is not None:
+                desc += f", FCT p99 {tf.show('.2f')} vs {df.show('.2f')}"
+                checks["FCT p99 <= 0.7x"] = below(tf, df, 0.7)
+            ts = _spread(t, lambda r: r.victim_stalls)
+            ds = _spread(d, lambda r: r.victim_stalls)
+            if ts is not None and ds is not None:
+                desc += f", victim stalls {ts.show('.0f')} vs {ds.show('.0f')}"
+                checks["fewer victim stalls"] = below(ts, ds)
+        out.append(f"{desc}: {_outcome(checks)}")
     return out
 
 

@@ -23,8 +23,10 @@ classic harms (not in the default list):
   victim flow from the last host to the second, whose own path is idle but shares the
   incast's upstream ports: head-of-line blocking under PFC shows as its stalls;
 - `storm`: the second host's NIC keeps pausing its switch (`storm_seconds` from the start)
-  while the last host sends it a flow and the other far hosts send to the first host (the
-  victims): the watchdog finds the storm, drops the stuck queue and restores it after.
+  while the last host sends it a flow (stuck behind the storm) and the other hosts across
+  the fabric send to the first host: the pauses spread up the stuck flow's path and stall
+  them (the victim: the first of them); the watchdog finds the storm, drops the stuck
+  queue's packets and ignores its pauses, and restores it when the pauses stop.
 
 Schemes: `none` (flows at line rate), `dcqcn` (ECN marks -> CNPs -> the DCQCN law in the
 sender's NIC), `tita` (INT echoed in ACKs -> the proactive law in the sender's NIC; like
@@ -502,21 +504,41 @@ class SuiteBase:
             raise ValueError("the victim and storm scenarios need at least 4 hosts")
         return 0, 1, n - 1, list(range(2, n - 1))
 
+    def _victim_flows(self, scenario: str) -> list[tuple[int, int]]:
+        """(source, destination) of the scenario's victim flows: the victim scenario's one;
+        the storm's flows to the first host (innocent of the storm)."""
+        rx, vdst, vsrc, senders = self._victim_hosts()
+        if scenario == "victim":
+            return [(vsrc, vdst)]
+        return [(s, rx) for s in self._far(senders, rx)]
+
+    def _far(self, senders: list[int], rx: int) -> list[int]:
+        far = [s for s in senders if not self._same_switch(s, rx)]
+        if not far:
+            raise ValueError("the storm scenario needs hosts on another switch than the first")
+        return far
+
     def _summarise_victim(self, rec: RunRecord, cap: Capture, res: dict[str, Any]) -> None:
-        _, dst, src, _ = self._victim_hosts()
-        sip, dip = self.hosts[src].ip, self.hosts[dst].ip
-        arrivals = sorted(t for (fs, fd, _), pts in cap.flows.items() if (fs, fd) == (sip, dip)
-                          for t, _ in pts)
+        """The victim flow's stalls, longest gap between its packets and FCT slowdown (of
+        several, the one with the longest gap)."""
         stall = STALL_FRAMES * self.scaling.frame_bytes * 8 / self.scaling.link_bps
-        gaps = [b - a for a, b in zip(arrivals, arrivals[1:], strict=False)]
-        rec.victim_stalls = sum(1 for g in gaps if g > stall)
-        rec.victim_longest_gap_s = max(gaps, default=0.0)
         line = payload_line_rate(self.scaling)
-        for r in res.get("raw", []):
-            for f in r.get("sent", []):
-                if f["src"] == src and f["dst"] == dst and f["fct"] is not None:
-                    rec.victim_fct_slowdown = f["fct"] / m.ideal_fct(f["size"], line,
-                                                                     self.base_rtt_s)
+        fcts = {(f["src"], f["dst"]): f["fct"] for r in res.get("raw", []) for f in r["sent"]}
+        sizes = {(f["src"], f["dst"]): f["size"] for r in res.get("raw", []) for f in r["sent"]}
+        worst: tuple[float, int, float | None] | None = None
+        for src, dst in self._victim_flows(rec.scenario):
+            sip, dip = self.hosts[src].ip, self.hosts[dst].ip
+            arrivals = sorted(t for (fs, fd, _), pts in cap.flows.items()
+                              if (fs, fd) == (sip, dip) for t, _ in pts)
+            gaps = [b - a for a, b in zip(arrivals, arrivals[1:], strict=False)]
+            fct = fcts.get((src, dst))
+            slowdown = None if fct is None else fct / m.ideal_fct(sizes[(src, dst)], line,
+                                                                 self.base_rtt_s)
+            one = (max(gaps, default=0.0), sum(1 for g in gaps if g > stall), slowdown)
+            if worst is None or one[0] > worst[0]:
+                worst = one
+        if worst is not None:
+            rec.victim_longest_gap_s, rec.victim_stalls, rec.victim_fct_slowdown = worst
 
     def _workload(self, scenario: str, window: int, ack_every: int = 2) -> dict[str, Any]:
         cfg, s = self.cfg, self.scaling
@@ -561,10 +583,9 @@ class SuiteBase:
         if scenario == "victim":
             flows = [gen.Flow(id=i, src=s, dst=rx, size=size, start=0.0)
                      for i, s in enumerate(senders)]
-        else:  # storm: the storming host is the victim's destination; the others go to rx
-            far = [s for s in senders if not self._same_switch(s, rx)]
+        else:  # storm: vdst storms; the far hosts send to rx, vsrc to the storming host
             flows = [gen.Flow(id=i, src=s, dst=rx, size=size, start=0.0)
-                     for i, s in enumerate(far)]
+                     for i, s in enumerate(self._far(senders, rx))]
             self._pfc_storm(vdst, cfg.storm_seconds * k)
         flows.append(gen.Flow(id=len(flows), src=vsrc, dst=vdst, size=size // 2, start=0.0))
         return wl.run_flows(self.hosts, flows, name=scenario, transport=tr, line_rate=line,

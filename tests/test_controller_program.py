@@ -19,7 +19,7 @@ from controller import p4gen
 from controller.collector import Collector
 from controller.config import Config, load
 from controller.proto import switch_pb2_grpc
-from controller.switches import SwitchSession
+from controller.switches import SwitchHealth, SwitchSession
 from controller.topology import Topology
 from controller.wire.telemetry_report import decode
 from testbed.packets import decode as scapy_decode
@@ -105,13 +105,15 @@ def test_leaf_programmed_routes_ecmp_int_and_reports(leaf1: InProcessSwitch) -> 
     cfg = example(leaf1.addr)
     col = Collector(Topology(cfg))
 
-    async def body() -> SwitchSession:
+    async def body() -> SwitchHealth:
         sess = await run_session(cfg, "leaf1", col)
+        seen = dataclasses.replace(sess.health)  # while the session is up
         await sess.stop()
-        return sess
+        # a session that ended knows nothing of the switch any more (it may restart empty)
+        assert not (sess.health.connected or sess.health.programmed or sess.health.queues_set)
+        return seen
 
-    sess = asyncio.run(body())
-    h = sess.health
+    h = asyncio.run(body())
     assert h.programmed and h.queues_set and h.write_failures == 0, h
     # 9 routes, 4 host next hops + collector + 1 ECMP next id; members: 5 + 2 spines
     assert h.last_plan["insert"] >= 9 + 6 + 7 + 1 and h.last_plan["delete"] == 0

@@ -302,19 +302,21 @@ def test_twin_sweep_point_sr_at_least_gbn_under_one_percent_loss(tmp_path: Path)
     from testbed.collective import loss
     from testbed.collective.cli import open_suite
 
-    args = sweep_args()
+    # three seeds: a single timeout (a lost tail packet, either scheme) moves one run a lot
+    args = sweep_args(seeds="1,2,3")
     rows = loss.run_sweep(args, open_suite, lambda line: None)
-    by = {r["retransmit"]: r for r in rows}
-    assert all(r["completed"] and r["correct"] for r in rows)
-    gbn, sr = by["gbn"], by["sr"]
-    assert gbn["retransmits"] > 0 and sr["retransmits"] > 0  # the loss was there
-    assert sr["retransmits"] < gbn["retransmits"] / 2  # only the holes
-    assert sr["busbw_Bps"] >= gbn["busbw_Bps"] and sr["iter_s"] <= gbn["iter_s"]
+    assert len(rows) == 6 and all(r["completed"] and r["correct"] for r in rows)
+    cells = {c["retransmit"]: c for c in loss.summary(rows)}
+    gbn, sr = cells["gbn"], cells["sr"]
+    assert gbn["resent_share"]["min"] > 0.02  # the loss was there; GBN resends the window
+    assert sr["resent_share"]["max"] < 0.02  # SR only the holes (about the 1 % lost)
+    assert sr["busbw_Bps"]["median"] >= gbn["busbw_Bps"]["median"]
     # the same seed draws the same losses: a point repeats exactly
     again = loss.run_sweep(sweep_args(retransmits="sr"), open_suite, lambda line: None)[0]
-    assert again["retransmits"] == sr["retransmits"] and again["iter_s"] == sr["iter_s"]
+    first = next(r for r in rows if r["retransmit"] == "sr" and r["seed"] == 1)
+    assert again["retransmits"] == first["retransmits"] and again["iter_s"] == first["iter_s"]
     text = loss.write(args, rows, tmp_path)
-    assert "allreduce  sr" in text and (tmp_path / "loss.csv").read_text().count("\n") == 3
+    assert "allreduce  sr" in text and (tmp_path / "loss.csv").read_text().count("\n") == 7
 
 
 def test_loss_faults_cover_every_link_once() -> None:

@@ -204,6 +204,23 @@ def controller_cfg(spec: FabricSpec, scaling: Scaling, ecn: Ecn) -> ctlconfig.Co
     return ctlconfig.parse(doc)
 
 
+def pfc_request(pfc: PfcConfig, wd: WatchdogConfig | None) -> Any:
+    """SwitchAdmin's SetPfc request for these settings."""
+    return switch_pb2.SetPfcRequest(
+        enable=True,
+        xoff_bytes=pfc.xoff_bytes,
+        xon_bytes=pfc.xon_bytes,
+        headroom_bytes=pfc.headroom_bytes,
+        quanta=pfc.quanta,
+        priority_mask=sum(1 << p for p in pfc.priorities),
+        link_bps=pfc.link_bps,
+        watchdog_poll_ns=wd.poll_ns if wd else 0,
+        detect_polls=wd.detect_polls if wd else 0,
+        restore_polls=wd.restore_polls if wd else 0,
+        watchdog_action=wd.action if wd else "",
+    )
+
+
 class SimFabric:
     def __init__(
         self,
@@ -384,11 +401,9 @@ class SimFabric:
         """PFC on (or off) in every switch and NIC, with the PFC watchdog in the switches."""
         for name, sw in self.switches.items():
             sw.clock.advance_to(self.loop.now_ns)
-            if on:
-                wd = self.watchdog_config(action) if watchdog else None
-                sw.sw.tm.set_pfc(self.pfc_config(name), wd)
-            else:
-                sw.sw.tm.set_pfc(None)
+            wd = self.watchdog_config(action) if on and watchdog else None
+            req = pfc_request(self.pfc_config(name), wd) if on else switch_pb2.SetPfcRequest()
+            sw.admin.SetPfc(req, None)  # as a controller sets it, through SwitchAdmin
         for h in self.hosts.values():
             h.pfc = on
             if not on:

@@ -252,6 +252,10 @@ class SimHost:
         wake = core.next_deadline()
         if not self.done and job.next_wake < (wake if wake is not None else float("inf")):
             wake = job.next_wake
+        self._arm(wake)
+
+    def _arm(self, wake: float | None) -> None:
+        """A timer at `wake` (s), unless an earlier one is set."""
         if wake is not None and wake != float("inf"):
             # 1 ns past the deadline: the core and the job compare in float seconds
             t = max(self.loop.now_ns + 1, int(wake * 1e9) + 1)
@@ -325,6 +329,9 @@ class SimHost:
         assert pkt is not None
         best.commit(now)
         self._transmit(port, pkt, best.peer_addr, now_ns)
+        # a packet in flight runs the retransmission timer, even if nothing ever comes back
+        # (every packet lost: no ACK would arm it)
+        self._arm(core.next_deadline())
         self._request_kick(port, port.busy_until)
 
     def _send_report(self, port: NicPort, payload: bytes, to: str | None, now_ns: int) -> None:

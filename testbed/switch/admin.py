@@ -13,6 +13,7 @@ from controller.proto import switch_pb2, switch_pb2_grpc
 from testbed.switch.dataplane import Dataplane
 from testbed.switch.p4runtime import P4RuntimeService, RpcError
 from testbed.switch.p4runtime.codec import grpc_code
+from testbed.switch.pfc import PfcConfig, WatchdogConfig
 from testbed.switch.traffic_manager import check_fault_setting, check_queue_setting
 from testbed.switch.v1model import V1Switch
 
@@ -71,11 +72,36 @@ class SwitchAdminService(switch_pb2_grpc.SwitchAdminServicer):  # type: ignore[m
             self.switch.tm.set_fault(port, down, loss, delay, factor)
         return switch_pb2.SetFaultResponse()
 
+    def SetPfc(self, request: Any, context: Any) -> Any:
+        r = request
+        if self.p4rt is not None:
+            try:
+                self.p4rt.streams.check_primary(r.device_id, r.election_id, r.role)
+            except RpcError as exc:
+                context.abort(grpc_code(exc.code), exc.message)
+        pfc: PfcConfig | None = None
+        wd: WatchdogConfig | None = None
+        if r.enable:
+            mask = r.priority_mask or 1
+            try:
+                pfc = PfcConfig(r.xoff_bytes, r.xon_bytes, r.headroom_bytes, r.quanta or 0xFFFF,
+                                frozenset(p for p in range(16) if mask >> p & 1), r.link_bps)
+                if r.watchdog_poll_ns:
+                    wd = WatchdogConfig(r.watchdog_poll_ns, r.detect_polls or 2,
+                                        r.restore_polls or 2, r.watchdog_action or "drop")
+            except ValueError as exc:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        with self.switch.lock:
+            self.switch.tm.set_pfc(pfc, wd)
+        return switch_pb2.SetPfcResponse()
+
     def GetQueues(self, request: Any, context: Any) -> Any:
         resp = switch_pb2.GetQueuesResponse()
         with self.switch.lock:
+            now = self.switch.clock.now_ns()
             for port, pq in sorted(self.switch.tm.ports.items()):
                 n, b = pq.total()
+                c = pq.pfc
                 resp.queues.add(port=port, depth_packets=pq.depth_pkts,
                                 depth_bytes=pq.depth_bytes, rate_pps=pq.rate_pps,
                                 rate_bps=pq.rate_bps, occupancy_packets=n, occupancy_bytes=b,
@@ -86,14 +112,23 @@ class SwitchAdminService(switch_pb2_grpc.SwitchAdminServicer):  # type: ignore[m
                                 delay_ns=pq.fault.delay_ns, rate_factor=pq.fault.rate_factor,
                                 fault_drops=pq.fault_drops, rx_errors=pq.rx_errors,
                                 departures=pq.departures, wait_ns=pq.wait_ns,
-                                expected_wait_ns=pq.expected_wait_ns)
+                                expected_wait_ns=pq.expected_wait_ns,
+                                pfc_xoff_sent=c.xoff_sent, pfc_xon_sent=c.xon_sent,
+                                pfc_pauses_received=c.pauses_received,
+                                pfc_resumes_received=c.resumes_received,
+                                pfc_paused_ns=c.paused_ns(now), pfc_storms=c.storms,
+                                pfc_restored=c.restored, pfc_watchdog_drops=c.watchdog_drops,
+                                pfc_ingress_bytes=sum(st.ingress_bytes
+                                                      for st in c.per_prio.values()),
+                                pfc_pausing=any(st.pausing for st in c.per_prio.values()))
         return resp
 
     def GetStatus(self, request: Any, context: Any) -> Any:
         sw = self.switch
         resp = switch_pb2.GetStatusResponse(
             device_id=sw.device_id, pipeline_loaded=sw.ready, rx_packets=sw.stats.rx,
-            tx_packets=sw.stats.tx, uptime_us=sw.clock.now_us(), queue_depth_unit=sw.qdepth_unit)
+            tx_packets=sw.stats.tx, uptime_us=sw.clock.now_us(), queue_depth_unit=sw.qdepth_unit,
+            pfc_enabled=sw.tm.pfc is not None)
         for reason, n in sw.stats.dropped.items():
             resp.drops[reason] = n
         if self.dataplane is not None:
@@ -138,10 +173,34 @@ class SwitchCollector:
                                 labels=lbl + ["port"])
         qdrop = CounterMetricFamily("xingmai_switch_queue_drops", "tail drops per port",
                                     labels=lbl + ["port"])
+        pl = lbl + ["port"]
+        sent = CounterMetricFamily("xingmai_switch_pfc_pauses_sent",
+                                   "PFC pause frames sent to the port's upstream (XOFF)", labels=pl)
+        resumed = CounterMetricFamily("xingmai_switch_pfc_resumes_sent",
+                                      "PFC resume frames sent (XON, time 0)", labels=pl)
+        received = CounterMetricFamily("xingmai_switch_pfc_pauses_received",
+                                       "PFC pause frames received from the port's downstream",
+                                       labels=pl)
+        paused = CounterMetricFamily("xingmai_switch_pfc_paused_seconds",
+                                     "time the port's egress was held by received pauses",
+                                     labels=pl)
+        storms = CounterMetricFamily("xingmai_switch_pfc_storms",
+                                     "PFC storms the watchdog detected on the port", labels=pl)
+        wdrops = CounterMetricFamily("xingmai_switch_pfc_watchdog_drops",
+                                     "packets the PFC watchdog dropped on the port", labels=pl)
+        now = sw.clock.now_ns()
         for port, pq in list(sw.tm.ports.items()):
-            occ.add_metric([self.name, str(port)], pq.total()[1])
-            qdrop.add_metric([self.name, str(port)], pq.dropped)
-        yield from (rx, tx, drops, occ, qdrop)
+            lv = [self.name, str(port)]
+            occ.add_metric(lv, pq.total()[1])
+            qdrop.add_metric(lv, pq.dropped)
+            c = pq.pfc
+            sent.add_metric(lv, c.xoff_sent)
+            resumed.add_metric(lv, c.xon_sent)
+            received.add_metric(lv, c.pauses_received)
+            paused.add_metric(lv, c.paused_ns(now) / 1e9)
+            storms.add_metric(lv, c.storms)
+            wdrops.add_metric(lv, c.watchdog_drops)
+        yield from (rx, tx, drops, occ, qdrop, sent, resumed, received, paused, storms, wdrops)
         if self.dataplane is not None:
             running = GaugeMetricFamily("xingmai_switch_dataplane_running",
                                         "1 while the packet loop runs", labels=lbl)

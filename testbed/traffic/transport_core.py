@@ -22,7 +22,9 @@ Retransmission is one of two schemes (`TransportConfig.retransmit`, the same on 
   only the PSNs below a SACKed one that were neither SACKed nor resent already, a resent PSN
   again when a packet first sent after its resend is SACKed (the resend was lost: the path
   keeps order, as RACK reasons), and on a timeout every unSACKed PSN in flight (or, all
-  SACKed, the oldest: the ACK past them was lost); a resend asks for an ACK. Delivery stays in
+  SACKed, the oldest: the ACK past them was lost); a resend asks for an ACK. With at most
+  SR_FEW_IN_FLIGHT packets in flight the timer runs at IRN's RTO_low (a tail loss has nothing
+  after it to be SACKed). Delivery stays in
   PSN order: the kept packets are handed on once the gap is filled.
 
 Queue pairs are set up out of band: both ends are created with each other's QPN and the same
@@ -90,6 +92,10 @@ _IPV4_DF = 0x4000
 _HALF = 1 << 23
 _DATA_OPCODES = (OP_SEND_FIRST, OP_SEND_MIDDLE, OP_SEND_LAST, OP_SEND_ONLY)
 RETRANSMIT_SCHEMES = ("gbn", "sr")  # go-back-N, selective repeat
+# Selective repeat's RTO_low (IRN): with at most this many packets in flight a loss cannot be
+# SACKed (nothing follows it), so the timer is the RTO times 100/320, IRN's RTO_low/RTO_high.
+SR_FEW_IN_FLIGHT = 3
+SR_RTO_LOW_FACTOR = 100 / 320
 
 
 @dataclass(frozen=True)
@@ -306,7 +312,12 @@ class QueuePair:
     @property
     def deadline(self) -> float | None:
         """When the retransmission timer fires (None: nothing in flight)."""
-        return self.last_progress + self.rto if self.una < self.high else None
+        return self.last_progress + self._rto() if self.una < self.high else None
+
+    def _rto(self) -> float:
+        if self.core.cfg.retransmit == "sr" and self.high - self.una <= SR_FEW_IN_FLIGHT:
+            return self.rto * SR_RTO_LOW_FACTOR
+        return self.rto
 
     def peek(self, now: float) -> bytes | None:
         """The next data packet the window allows (None: nothing to send now); no state
@@ -446,7 +457,7 @@ class QueuePair:
             self.core.active.add(self)
 
     def _expire(self, now: float) -> None:
-        if self.una < self.high and now >= self.last_progress + self.rto:
+        if self.una < self.high and now >= self.last_progress + self._rto():
             self.counters.timeouts += 1
             if self.core.cfg.retransmit == "sr":  # every PSN in flight not known to be kept
                 self.rtx_q = deque(s for s in range(self.una, self.high) if s not in self.sacked)
