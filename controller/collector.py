@@ -131,6 +131,7 @@ class LinkTelemetry:
     util_counter: float | None = None  # fraction of capacity, from polled port counters
     tx_bps_counter: float | None = None
     samples: int = 0
+    drops_reported: int = 0  # drop reports of the switch whose egress this is
     last_update: float = 0.0  # monotonic
     int_series: deque[tuple[float, int | None, int | None, float | None]] = field(
         default_factory=deque)  # (unix time, qocc bytes, latency ns, util)
@@ -154,6 +155,7 @@ class FlowRecord:
     latency_max_ns: int = 0
     path_changes: int = 0
     loss_reports: int = 0  # reports of packets lost before the reported one (NIC sinks)
+    drops_reported: int = 0  # switches' drop reports of its packets
     reporter: str = ""  # who reported it last (the sink)
     series: deque[tuple[float, int, int]] = field(
         default_factory=deque)  # (unix time, max qocc bytes, sum of hop latency ns)
@@ -195,6 +197,7 @@ class Collector:
         self.punted = 0  # INT packets received as packet-ins (sinks without a collector)
         self.loss_events: deque[PathLoss] = deque(maxlen=4096)
         self.drop_reports = 0  # reports with the D flag
+        self.drop_reasons: Counter[int] = Counter()  # switches' drop reports by reason
         self.loss_reports = 0  # of them, NIC sinks' reports of a flow's packets lost
         self._counter_prev: dict[str, tuple[float, int]] = {}
         if topo is not None:
@@ -292,7 +295,27 @@ class Collector:
         lt.int_series.append((wall, hop.qocc, hop.latency_ns, lt.util_int))
         return name
 
+    def _drop_report(self, rep: IntReport, now: float) -> None:
+        """A switch's drop report: the packet died at the reporter's egress port (its flow's
+        path stops there, so the flow's path is left as it was)."""
+        self.drop_reports += 1
+        self.drop_reasons[rep.sink.drop_reason or 0] += 1
+        name = self.link_of_hop(rep.node_id, rep.sink.out_port)
+        lt = self._link(name) if name is not None else None
+        if lt is not None:
+            lt.drops_reported += 1
+            if rep.sink.qocc is not None:
+                lt.qocc_bytes = rep.sink.qocc
+                lt.qocc_max_bytes = max(lt.qocc_max_bytes, rep.sink.qocc)
+            lt.last_update = now
+        rec = self.flows.get(rep.flow.astuple()) if rep.flow is not None else None
+        if rec is not None:
+            rec.drops_reported += 1
+
     def _report(self, rep: IntReport, now: float, wall: float) -> None:
+        if rep.dropped and self.topo is not None and rep.node_id in self.topo.by_node_id:
+            self._drop_report(rep, now)
+            return
         path_hops = list(reversed(rep.hops)) + [rep.sink]  # oldest first, the sink last
         for hop in path_hops:
             self._hop_sample(hop, now, wall)
@@ -314,7 +337,9 @@ class Collector:
         rec.reports += 1
         rec.reported_bytes += rep.inner_len
         path = [(h.node_id or 0, h.in_port, h.out_port) for h in path_hops]
-        if rec.path and path != rec.path:
+        old_links = rec.links
+        changed = bool(rec.path) and path != rec.path
+        if changed:
             rec.path_changes += 1
         rec.path = path
         rec.links = self._path_links(path_hops)
@@ -330,7 +355,10 @@ class Collector:
             if self.topo is not None and rep.node_id in self.topo.nic_by_node_id:
                 rec.loss_reports += 1
                 self.loss_reports += 1
-                self.loss_events.append(PathLoss(now, key, tuple(rec.links), qmax))
+                # packets lost as the flow moved were lost on the path it left (a link or
+                # switch that died): the old path takes the vote
+                links = old_links if changed and old_links else rec.links
+                self.loss_events.append(PathLoss(now, key, tuple(links), qmax))
 
     def _path_links(self, hops: list[Hop]) -> list[str]:
         """Directed links of the path: the sender's uplink, then every hop's egress."""

@@ -23,7 +23,8 @@ What each suspect rests on:
   losses that crossed it (greedily, as 007 does; links within `tie_ratio` of the top share the
   blame). A loss whose path held a queue near full is a tail drop of congestion, not a fault,
   and does not vote; a link is named only for losses of at least `min_vote_flows` flows and
-  `min_loss` of the frames it carried. This sees what counters cannot: a drop that no port
+  `min_vote_loss` of the frames it carried; a loss whose flow's path just changed counts for
+  the path it left. This sees what counters cannot: a drop that no port
   counts (a silent drop), or one on a host's downlink, whose receiving end no switch polls.
 Scores are in [0, 1] and rank the suspects; `first_named` is when a suspect first appeared.
 """
@@ -93,8 +94,11 @@ class Thresholds:
     switch_share: float = 0.6  # a switch is slow when this share of its busy ports is
     hold_s: float = 3.0  # a suspect not seen again for this long is cleared
     vote_window_s: float = 4.0  # path losses are voted over this long
-    min_vote_flows: int = 2  # a link is named by vote for losses of this many flows
-    min_vote_losses: int = 3  # and at least this many losses
+    min_vote_flows: int = 3  # a link is named by vote for losses of this many flows,
+    min_vote_losses: int = 10  # at least this many losses,
+    min_vote_loss: float = 0.01  # and 1 % of the frames the link carried (the emulation's
+    #                              busy software switches silently lose 0.5-1.4 % of a
+    #                              link's frames now and then, a few losses at a time)
     tie_ratio: float = 0.8  # links within this share of the top vote share the blame
     congested_share: float = 0.5  # a loss whose path held a queue this share of the
     #                               queue depth is a tail drop of congestion
@@ -386,7 +390,7 @@ class Localizer:
                     continue
                 names = {n for e in crossing for n in e.links if self._undirected(n) == lid}
                 frames = sum(self._frames_over(n) or 0 for n in names)
-                if frames and len(crossing) / frames < th.min_loss:
+                if frames and len(crossing) / frames < th.min_vote_loss:
                     continue  # a few drops among many frames: no worse than a healthy link
                 blamed.append((lid, v, len(crossing), len(flows), frames))
             if not blamed:

@@ -65,7 +65,12 @@ class ControllerMetrics:
                                 "hop latency (INT, last)", labels=lk)
         util = GaugeMetricFamily("xingmai_controller_link_utilization",
                                  "tx utilisation, fraction of capacity", labels=lk + ["source"])
+        ldrops = CounterMetricFamily("xingmai_controller_link_drops_reported",
+                                     "drop reports of the link's egress (switches' TM)",
+                                     labels=lk)
         for name, lt in list(col.links.items()):
+            if lt.drops_reported:
+                ldrops.add_metric([name], lt.drops_reported)
             if lt.qocc_bytes is not None:
                 q.add_metric([name], lt.qocc_bytes)
             if lt.latency_ns is not None:
@@ -76,7 +81,7 @@ class ControllerMetrics:
                 util.add_metric([name, "counter"], lt.util_counter)
         flows = GaugeMetricFamily("xingmai_controller_flows", "flows with a cap")
         flows.add_metric([], len(d.slowloop.caps))
-        yield from (q, lat, util, flows)
+        yield from (q, lat, util, flows, ldrops)
 
         # the active flows as ListFlows (and the fabric page) lists them
         fl = ["flow", "src_host", "dst_host"]

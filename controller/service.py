@@ -147,7 +147,7 @@ class ControllerService(pb_grpc.ControllerServicer):  # type: ignore[misc]
                 latency_ns=-1 if lt.latency_ns is None else lt.latency_ns,
                 util_int=-1.0 if lt.util_int is None else lt.util_int,
                 util_counter=-1.0 if lt.util_counter is None else lt.util_counter,
-                samples=lt.samples)
+                samples=lt.samples, drops_reported=lt.drops_reported)
             if k:
                 for t, q, lat, u in list(lt.int_series)[-k:]:
                     ls.int_series.add(t_unix=t, qocc_bytes=_nan(q), latency_ns=_nan(lat),

@@ -172,11 +172,14 @@ def test_collector_counts_lost_nic_reports_and_builds_the_flow_view() -> None:
     (ev,) = col.loss_events
     assert ev.links == tuple(flow.links) and ev.max_qocc_bytes == 8000
     assert col.links["spine1:2"].latency_ns == 9000
-    # the flow moves to spine2: one path change, the new links
+    # the flow moves to spine2 with packets lost (the report says so): one path change, the
+    # new links; the loss counts for the path it left
+    old_links = tuple(flow.links)
     for rep in nic_reports(1, set(), PATH_SPINE2):
         col.ingest(rep, now=30.0)
-    assert flow.path_changes == 1
+    assert flow.path_changes == 1 and flow.loss_reports == 2
     assert flow.links == ["h1:eth0", "leaf1:6", "spine2:2", "leaf2:1"]
+    assert col.loss_events[-1].links == old_links
 
 
 def test_reports_flow_to_the_collector_in_a_twin_run() -> None:
@@ -207,3 +210,41 @@ def test_reports_flow_to_the_collector_in_a_twin_run() -> None:
         assert f.links[0] == str(src.endpoint)  # the sender's uplink ...
         assert f.links[-1] == str(dst.attached)  # ... to the receiver's downlink
         assert len(f.links) == 4 and f.latency_ns > 0 and f.reporter == f.dst_host
+
+
+def test_switches_report_their_tail_drops_to_the_collector() -> None:
+    from controller.wire.telemetry_report import DROP_REASON_TM_QUEUE_FULL
+    from testbed.model import Scaling
+    from testbed.scenarios import report_settings, transport_settings
+    from testbed.sim.fabric import SimFabric
+    from testbed.switch.drop_reports import HW_ID_TM
+    from testbed.topo import leafspine
+    from testbed.traffic.generators import Flow
+
+    spec = leafspine(2, 2, 2)
+    s = Scaling(scale=20_000, max_hops=spec.longest_path_switches())
+    fab = SimFabric(spec, s)
+    hosts = fab.traffic_hosts()
+    # an incast with no rate law and 64 packets in flight per flow: h1's downlink overflows
+    flows = [Flow(id=i, src=i, dst=0, size=1_000_000, start=0.0) for i in (1, 2, 3)]
+    tr = {**transport_settings(s, window=64), **report_settings(spec, s)}
+    fab.run_job(
+        hosts,
+        {"kind": "flows", "flows": [f.as_dict() for f in flows], "transport": tr, "timeout": 60},
+    )
+    downlink = str(fab.topo.destinations[hosts[0].ip].attached)  # leaf1's port to h1
+    col = fab.collector
+    sent = {n: sw.sw.drop_reports.sent for n, sw in fab.switches.items()}
+    for name, sim in fab.switches.items():
+        rep = sim.sw.drop_reports
+        dropped = sim.sw.stats.dropped.get("queue_full", 0)
+        assert rep.sent + rep.suppressed == dropped, name  # each drop reported or held back
+        if rep.sent:
+            tm = next(n for n in col.nodes.values() if n.name == name).seq[HW_ID_TM]
+            assert (tm.received, tm.lost) == (rep.sent, 0), name
+    assert sent[downlink.split(":")[0]] > 0  # h1's downlink overflowed, and said so
+    assert col.links[downlink].drops_reported > 0
+    assert col.drop_reasons == {DROP_REASON_TM_QUEUE_FULL: sum(sent.values())}
+    assert sum(lt.drops_reported for lt in col.links.values()) == sum(sent.values())
+    assert sum(f.drops_reported for f in col.flows.values()) == sum(sent.values())
+    assert col.errors == {}

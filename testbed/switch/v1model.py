@@ -23,6 +23,7 @@ from typing import Any
 from controller.wire.pfc import decode_pfc, is_mac_control
 from testbed.switch.codegen import DROP_PORT, Compiled
 from testbed.switch.compiler import compile_program
+from testbed.switch.drop_reports import DROP_REASONS, DropReporter
 from testbed.switch.packet import (
     PKT_INSTANCE_TYPE_EGRESS_CLONE,
     PKT_INSTANCE_TYPE_INGRESS_CLONE,
@@ -159,6 +160,7 @@ class V1Switch:
         self.mcast_groups: dict[int, list[tuple[int, int]]] = {}  # mgid -> [(port, rid)]
         self.stats = Stats()
         self.transmit: TransmitFn = lambda port, data: None
+        self.drop_reports = DropReporter(self)  # the traffic manager's drops, reported
         self.on_digest: DigestFn = lambda list_id, name, values: None
         self.log_fn: Callable[[str], None] = lambda msg: log.info("log_msg: %s", msg)
         self._uid = 0
@@ -370,6 +372,7 @@ class V1Switch:
         if self.tm.port_down(port):
             self.stats.drop("port_down")
             self.tm.ports[port].fault_drops += 1
+            self._report_drop(S, port, p, "port_down")
             return
         now = p.t_ns
         itype = sm[S.instance_type]
@@ -379,10 +382,24 @@ class V1Switch:
         found = self.tm.enqueue(port, prio, p, p.plen, now, in_port)
         if found is None:
             self.stats.drop(self.tm.last_drop)
+            if self.tm.last_drop in DROP_REASONS:
+                self._report_drop(S, port, p, self.tm.last_drop)
             return
         sm[S.enq_timestamp] = (now // 1000) & S.m_enq_timestamp
         depth = found[1] if self.qdepth_unit == "bytes" else found[0]
         sm[S.enq_qdepth] = depth & S.m_enq_qdepth
+
+    def _report_drop(self, S: StdMeta, port: int, p: Packet, why: str) -> None:
+        c = self.compiled
+        if c is None:
+            return
+        try:
+            frame = c.deparse(p)
+        except (PipelineAbort, IndexError, KeyError, TypeError, ValueError):
+            return  # not a packet the deparser can write: counted as dropped, not reported
+        sm = p.h[S.h]
+        self.drop_reports.dropped(sm[S.ingress_port], port, DROP_REASONS[why], frame,
+                                  self.tm.ports[port].qbytes[sm[S.priority]], p.t_ns)
 
     # ---- egress ---------------------------------------------------------------------------
 
