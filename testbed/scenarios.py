@@ -175,6 +175,13 @@ class RunRecord:
     correct: bool | None = None
     repetition: int = 0  # which of the suite's --repeat runs of this (scenario, scheme)
     load_avg_1m: float | None = None  # the machine's when the run started (emulation only)
+    # at a bottleneck that is a host's downlink (the incast's), over the flows to that host:
+    # Jain's index of their received rates per window of 10 T while >= 2 are active (worst
+    # and median window), and the link's utilization after the first 2 T
+    fairness_min: float | None = None
+    fairness_p50: float | None = None
+    fairness_windows: int = 0
+    util_after_2t: float | None = None
     queue_by_link: dict[str, dict[str, float]] = field(default_factory=dict)
     drops_by_switch: dict[str, int] = field(default_factory=dict)
     rate_events: int = 0
@@ -668,6 +675,7 @@ class SuiteBase:
         points: dict[str, list[tuple[float, float]]] = {}
         for h in cap.hops:
             points.setdefault(h.link, []).append((h.t - t_start, float(h.qocc_bytes)))
+        self._fairness(rec, cap, t_start)
         rec.port_series = {lk: _downsample(v) for lk, v in sorted(points.items())}
         rec.queue_series = rec.port_series.get(bottleneck, _downsample([]))
         last_seen = {f: pts[-1][0] for f, pts in cap.flows.items() if pts}
@@ -677,6 +685,22 @@ class SuiteBase:
         if scenario == "twojob":
             rec.jobs = res["summary"]["jobs"]
         return rec
+
+    def _fairness(self, rec: RunRecord, cap: Capture, t_start: float) -> None:
+        """RunRecord's fairness and utilization after startup, when the bottleneck is a
+        host's downlink: every flow to that host crosses it."""
+        spec, t = self.spec, self.tita_t_s
+        behind = [n.ip for h in spec.hosts for i, n in enumerate(h.nics)
+                  if str(spec.attachment(h.name, i)) == rec.bottleneck]
+        if not behind or t <= 0:
+            return
+        arrivals = {f: pts for f, pts in cap.flows.items() if f[1] in behind and pts}
+        windows = m.window_fairness(arrivals, t_start, 10 * t)
+        if windows:
+            rec.fairness_min = min(windows)
+            rec.fairness_p50 = float(np.median(windows))
+            rec.fairness_windows = len(windows)
+        rec.util_after_2t = m.link_utilization(arrivals, self.scaling.link_bps, t_start + 2 * t)
 
     def _workload_figures(self, scenario: str, res: dict[str, Any]
                           ) -> tuple[float, int, int, list[float], float | None, bool | None]:
