@@ -70,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="emu: the emulation (root, Mininet, eBPF); sim: the simulated twin "
                           "(one process, virtual time, deterministic)")
     run.add_argument("--seed", type=int, default=1, help="workloads' seed (default 1)")
+    run.add_argument("--retransmit", choices=["gbn", "sr"], default="gbn",
+                     help="the transport's retransmission: go-back-N (RC's; default) or "
+                          "selective repeat")
     run.add_argument("--repeat", type=int, default=1, metavar="N",
                      help="run every (scenario, scheme) N times: the table shows median "
                           "[min-max], the verdict calls only differences beyond that range")
@@ -141,6 +144,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         scenarios = ("flows",)
     cfg = SuiteConfig(**{**base.__dict__, "schemes": schemes, "scenarios": scenarios,
                          "seed": args.seed, "repeat": args.repeat,
+                         "retransmit": args.retransmit,
                          "pfc_watchdog": args.pfc_watchdog == "on"})
     if args.faults is not None:
         from testbed import faults
