@@ -817,7 +817,8 @@ class TransportCore:
         if opcode in _DATA_OPCODES:
             if self.sink is not None and int_bytes is not None:
                 d = ((psn - qp.epsn + _HALF) & PSN_MASK) - _HALF
-                gap = 0 < d < self.cfg.psn_window and not qp.nak_sent  # first after a gap
+                # after a gap (go-back-N: the first since its NAK; the sink reports a gap once)
+                gap = 0 < d < self.cfg.psn_window and not qp.nak_sent
                 rep = self.sink.observe(pkt[:end], ihl + 8, now, lost=gap)
                 if rep is not None:
                     self.reports.append(rep)
