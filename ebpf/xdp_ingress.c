@@ -111,7 +111,7 @@ int xm_xdp_ingress(struct xdp_md *ctx)
 		nr.rate_bps = cc->rate_bps;
 		nr.stamp_ns = now;
 		nr.origin = law; /* XM_ORIGIN_<law> is the law's value */
-		xm_rates.update(&fb.key, &nr);
+		xm_rate_write(&fb.key, &nr);
 	}
 	return XDP_PASS;
 }

@@ -124,6 +124,7 @@ enum xm_counter {
 	XM_CNT_SOCKOPS_ESTABLISHED,
 	XM_CNT_SOCKOPS_RATE_SET,
 	XM_CNT_SOCKOPS_SETSOCKOPT_ERROR,
+	XM_CNT_EVENT_LOST, /* xm_events was full: the agent re-reads the rate map */
 	XM_CNT_MAX
 };
 
@@ -224,6 +225,22 @@ struct xm_rate {
 	__u64 rate_bps;
 	__u64 stamp_ns; /* bpf_ktime_get_ns() of the last write */
 	__u32 origin;   /* enum xm_rate_origin */
+	__u32 pad;
+};
+
+/*
+ * What the datapath tells the agent, through the ring buffer xm_events (the agent blocks on
+ * it instead of scanning the rate map): XDP wrote a flow's rate, or tc saw a new flow.
+ */
+enum xm_event_kind {
+	XM_EV_RATE = 0, /* rate: the value XDP wrote to xm_rates */
+	XM_EV_FLOW = 1, /* tc made the flow's xm_flows entry; rate is zero */
+};
+
+struct xm_event {
+	struct xm_flow_key key;
+	struct xm_rate rate;
+	__u32 kind; /* enum xm_event_kind */
 	__u32 pad;
 };
 

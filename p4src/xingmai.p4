@@ -24,8 +24,12 @@
 
 parser V1ModelParser(packet_in pkt, out headers_t hdr, inout local_md_t md,
                      inout standard_metadata_t sm) {
-    XingmaiParser(true) xingmai_parser;  // the sink strips the stack in egress, which
-                                         // does not parse again
+    // The sink strips the stack in egress, which does not parse again, so the stack is
+    // extracted here, after XingmaiParser, and not by XingmaiParser(true): with v1model's
+    // INT_STACK_MAX_WORDS every shim length fits, p4c-bm2-ss writes the sub-parser's
+    // `0 &&& 0` case as a "default" transition, and bmv2 falls back to the state's last
+    // default (int_ok), which left the stack in the payload.
+    XingmaiParser(false) xingmai_parser;
 
     state start {
         md.ingress_port = sm.ingress_port;
@@ -42,6 +46,23 @@ parser V1ModelParser(packet_in pkt, out headers_t hdr, inout local_md_t md,
 
     state parse_packet {
         xingmai_parser.apply(pkt, hdr, md);
+        transition select(md.int_status) {
+            INT_OK: parse_int_stack_start;
+            default: accept;
+        }
+    }
+
+    // A packet whose INT headers passed is INT_OK only once its stack is in: a truncated stack
+    // is judged truncated at ingress, as truncated headers before it are.
+    state parse_int_stack_start {
+        md.int_status = INT_NONE;
+        transition parse_int_stack;
+    }
+
+    INT_STACK_PARSER_STATES(int_stack_ok)
+
+    state int_stack_ok {
+        md.int_status = INT_OK;
         transition accept;
     }
 }

@@ -19,8 +19,8 @@ import traceback
 from pathlib import Path
 
 # Benchmark modules, in the order they run. Add a component's module here.
-BENCHMARKS: tuple[str, ...] = ("switch", "transport", "collector", "nic", "scenarios", "twin",
-                              "localization")
+BENCHMARKS: tuple[str, ...] = ("switch", "transport", "collector", "nic", "cpu", "scenarios",
+                              "twin", "localization")
 
 
 def machine_description() -> dict[str, object]:

@@ -139,7 +139,7 @@ P4SRC = Project(REPO / "p4src", (
 TESTS = Project(REPO / "tests" / "p4", tuple(
     bmv2_target(name, f"{name}.p4")
     for name in ("switch_features", "primitives", "queue_probe", "bench_l3",
-                 "bench_two_tables")))
+                 "bench_two_tables", "parser_default_case")))
 PROJECTS: tuple[Project, ...] = (P4SRC, TESTS)
 
 

@@ -100,7 +100,12 @@ def rates_plot(records: list[RunRecord], path: Path, nic_bps: float) -> Path | N
                 t = [*s["t"], stop]
                 v = [*s["v"], s["v"][-1]]
                 ax.step(t, np.asarray(v) / 1e6, where="post", lw=0.8, label=name)
-            ax.set_title(f"{sc}, {TITLES[sch]}", fontsize=9)
+            title = f"{sc}, {TITLES[sch]}"
+            if r.fairness_min is not None:
+                title += f": Jain min {r.fairness_min:.2f} (p50 {r.fairness_p50:.2f})"
+            if r.util_after_2t is not None:
+                title += f", util>2T {r.util_after_2t:.0%}"
+            ax.set_title(title, fontsize=9)
             ax.grid(alpha=0.3)
             if j == 0:
                 ax.set_ylabel("NIC rate per flow (Mb/s)", fontsize=8)

@@ -5,6 +5,9 @@ Columns (per scenario and scheme; emulated units, bytes are not scaled):
   bottleneck egress port (KB), from INT (the maximum is in the results JSON);
 - `drops`: packets the switches received but did not send (all switches);
 - `util`: bytes the bottleneck port sent / (its rate x the scenario's completion time);
+- `util>2T`, `Jain min`: where the bottleneck is a host's downlink (the incast's), its
+  utilization after the first 2 T (from the arrivals at that host) and the worst window's
+  Jain fairness index of the flows' received rates (windows of 10 T with >= 2 flows active);
 - `FCT p50/p99`: FCT slowdown percentiles (incast and WebSearch flows);
 - `busbw`: all-reduce bus bandwidth (Mb/s; x scale for the model's figure);
 - `time`: completion (last flow, or the collective);
@@ -101,6 +104,9 @@ def table(records: list[RunRecord], link_bps: float | None = None) -> str:
     def util(r: RunRecord) -> float | None:
         return None if r.utilization is None else 100 * r.utilization
 
+    def util2t(r: RunRecord) -> float | None:
+        return None if r.util_after_2t is None else 100 * r.util_after_2t
+
     def busbw(r: RunRecord) -> float | None:
         return None if r.busbw_bps is None else r.busbw_bps / bw_div
 
@@ -110,6 +116,8 @@ def table(records: list[RunRecord], link_bps: float | None = None) -> str:
         ("p99 queue", "KB", lambda r: r.queue_p99_bytes / 1e3, ".1f"),
         ("drops", "pkts", lambda r: r.drops, ".0f"),
         ("util", "%", util, ".0f"),
+        ("util>2T", "%", util2t, ".0f"),
+        ("Jain", "min", lambda r: r.fairness_min, ".2f"),
         ("FCT p50", "slowdown", lambda r: r.fct_slowdown_p50, ".2f"),
         ("FCT p99", "slowdown", lambda r: r.fct_slowdown_p99, ".2f"),
         ("busbw", bw_unit, busbw, ".2f"),

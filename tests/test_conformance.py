@@ -1,5 +1,8 @@
 """The built-in switch runs p4c's bmv2 conformance programs as bmv2 does.
 
+The project's own cases (`tests/p4/NAME.p4` with `NAME.stf`, compiled into `tests/p4/build/`)
+pin down where the built-in switch once did otherwise than bmv2; they always run.
+
 Every case of ../shared/conformance (146 p4c test programs with STF packet tests that pass on
 real bmv2) runs on the built-in switch; `tests/data/conformance_expected.txt` lists which are
 expected to pass, and the suite fails when one of them regresses. The corpus is not part of a
@@ -19,6 +22,7 @@ from testbed.switch.stf import run_stf
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = Path(os.environ.get("XINGMAI_CONFORMANCE", REPO.parent / "shared" / "conformance"))
 EXPECTED_FILE = REPO / "tests" / "data" / "conformance_expected.txt"
+OWN_CASES = REPO / "tests" / "p4"
 
 
 def load_expected() -> dict[str, tuple[str, str]]:
@@ -58,4 +62,10 @@ def test_every_corpus_case_is_listed() -> None:
 @pytest.mark.parametrize("name", sorted(n for n, (s, _) in EXPECTED.items() if s == "pass"))
 def test_case_passes(name: str) -> None:
     res = run_stf(CORPUS / f"{name}.json", CORPUS / f"{name}.stf")
+    assert res.passed, "\n".join(res.messages)
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in OWN_CASES.glob("*.stf")))
+def test_own_case_passes(name: str) -> None:
+    res = run_stf(OWN_CASES / "build" / f"{name}.json", OWN_CASES / f"{name}.stf")
     assert res.passed, "\n".join(res.messages)

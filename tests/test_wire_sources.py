@@ -90,7 +90,8 @@ def test_c_enums_are_the_python_ones() -> None:
 
 def test_bpfload_map_list_is_the_header_declarations() -> None:
     text = "\n".join(p.read_text() for p in header.headers())
-    assert len(loader.MAPS) == text.count("BPF_TABLE_PINNED(") == 10
+    assert len(loader.MAPS) == text.count("BPF_TABLE_PINNED(") + 1 == 11
+    assert loader.RING_BUFFERS == ("xm_events",) and "xm_events" in loader.MAPS
     for name in loader.MAPS:
         assert f'XM_PIN("{name}")' in text
 

@@ -35,11 +35,54 @@ BPF_TABLE_PINNED("percpu_array", __u32, struct xm_hop_scratch, xm_xdp_scratch, 1
 		 XM_PIN("xm_xdp_scratch"));
 BPF_TABLE_PINNED("percpu_array", __u32, __u64, xm_counters, XM_CNT_MAX, XM_PIN("xm_counters"));
 
+/*
+ * A pinned ring buffer: bcc's BPF_RINGBUF_OUTPUT with a pin (every program's module shares
+ * it, as they share the tables). Its `leaf` member names the record type, which gives
+ * Python the record's layout (the table's .Leaf) from this header. Size: bytes, a power of
+ * two multiple of the page size.
+ */
+#define XM_RINGBUF_PINNED(_name, _record, _bytes, _pin)                                     \
+	struct _name##_table_t {                                                           \
+		int key;                                                                   \
+		_record leaf;                                                              \
+		int (*ringbuf_output)(void *, u64, u64);                                   \
+		void *(*ringbuf_reserve)(u64);                                             \
+		void (*ringbuf_discard)(void *, u64);                                      \
+		void (*ringbuf_submit)(void *, u64);                                       \
+		u32 max_entries;                                                           \
+	};                                                                                 \
+	__attribute__((section("maps/ringbuf:" _pin))) struct _name##_table_t _name = {    \
+		.max_entries = (_bytes)}
+
+/* 256 KiB: about 4,600 events, a few seconds of every flow's rate changes at the emulation's
+ * scale; when it is full an event is counted as lost and the agent re-reads xm_rates. */
+XM_RINGBUF_PINNED(xm_events, struct xm_event, 1 << 18, XM_PIN("xm_events"));
+
 static __always_inline void xm_count(__u32 reason)
 {
 	__u64 *c = xm_counters.lookup(&reason);
 	if (c)
 		*c += 1; /* per-CPU slot: no atomic needed */
+}
+
+/* Tell the agent (xm_events); `rate` may be 0 (a new flow). */
+static __always_inline void xm_event_emit(const struct xm_flow_key *key,
+					  const struct xm_rate *rate, __u32 kind)
+{
+	struct xm_event ev = {};
+	ev.key = *key;
+	if (rate)
+		ev.rate = *rate;
+	ev.kind = kind;
+	if (xm_events.ringbuf_output(&ev, sizeof(ev), 0) < 0)
+		xm_count(XM_CNT_EVENT_LOST);
+}
+
+/* A rate law's write: the rate map, and the event that tells the agent. */
+static __always_inline void xm_rate_write(struct xm_flow_key *key, struct xm_rate *r)
+{
+	xm_rates.update(key, r);
+	xm_event_emit(key, r, XM_EV_RATE);
 }
 
 static __always_inline struct xm_host_config *xm_config_get(void)

@@ -16,7 +16,9 @@ static __always_inline struct xm_flow_stats *xm_flow_stats_get(struct xm_flow_ke
 		return st;
 	struct xm_flow_stats init = {};
 	init.first_ns = now;
-	xm_flows.insert(key, &init); /* BPF_NOEXIST: another CPU may have won the race */
+	/* BPF_NOEXIST: another CPU may have won the race (and told the agent) */
+	if (xm_flows.insert(key, &init) == 0)
+		xm_event_emit(key, 0, XM_EV_FLOW);
 	st = xm_flows.lookup(key);
 	if (!st)
 		xm_count(XM_CNT_TC_FLOW_TABLE_FULL);

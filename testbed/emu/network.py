@@ -78,7 +78,7 @@ class TestbedOptions:
     pcap: bool = False
     run_dir: Path | None = None
     switch_log_level: str = "info"
-    agent_sync: str = "5ms"  # the agents' rate-map poll period (HTB re-rates)
+    agent_sync: str = "5ms"  # least time between two HTB re-rate passes of an agent
     # The switches forward in software: a switch process that waits for a CPU holds packets
     # back, and the backlog drains only as fast as the port's rate exceeds the offered load.
     # Their priority keeps such stalls short on a busy machine.

@@ -581,16 +581,26 @@ def measure_rate_change(
 
 
 class RateMapWriter:
-    """Writes an agent's rate map from outside the agent (as the XDP program does)."""
+    """Writes a flow's rate into an agent's maps from outside the agent, as XDP's rate laws
+    do: the rate map and the event that tells the agent (ebpf/rig_rate_write.c, run with
+    BPF_PROG_TEST_RUN)."""
 
     def __init__(self, pin_dir: Path):
-        from controller.nic.bpf.loader import FlowKey, NicBpf
+        from controller.nic.bpf.loader import NicBpf
 
-        self.FlowKey = FlowKey
-        self.bpf = NicBpf(pin_dir, programs=("tc",))
+        self.bpf = NicBpf(pin_dir, programs=("rig_rate_write",))
 
     def __call__(self, key: tuple[str, str, int, int, int], rate_bps: int) -> None:
-        self.bpf.set_rate(self.FlowKey(*key), rate_bps, time.monotonic_ns())
+        from controller.nic.bpf.loader import ORIGIN_AGENT, FlowKey, key_to_c
+        from controller.nic.bpf.syscalls import prog_test_run
+
+        t = self.bpf.table("xm_events")
+        ev = t.Leaf()
+        ev.key = key_to_c(FlowKey(*key), type(ev.key))
+        ev.rate.rate_bps, ev.rate.origin = rate_bps, ORIGIN_AGENT
+        run = prog_test_run(self.bpf.fd("rig_rate_write"), bytes(ev))
+        if run.retval != 2:  # XDP_PASS
+            raise RuntimeError(f"the rig's rate write returned {run.retval}")
 
     def close(self) -> None:
         self.bpf.close()

@@ -823,30 +823,43 @@ class Codegen:
 
         keys = s.get("transition_key", [])
         trans = s.get("transitions", [])
-        if keys:
-            parts: list[tuple[str, int]] = []
-            for k in keys:
-                if k["type"] == "lookahead":
-                    w = int(k["value"][1])
-                    parts.append((f"_peek(buf, pos, {int(k['value'][0])}, {w})", w))
-                else:
-                    e = self.ex(k, parser=True)
-                    w = e.width or 1
-                    code = f"({e.code} & {_mask(w)})" if e.signed else e.code
-                    parts.append((code, w))
-            total = sum(8 * ((w + 7) // 8) for _, w in parts)
-            terms = []
-            for code, w in parts:
-                total -= 8 * ((w + 7) // 8)
-                terms.append(f"({code} << {total})" if total else code)
-            self.src.add(f"k = {' | '.join(terms)}", 1)
+        def ttype_of(t: Json) -> str:  # (bmv2's reading of older JSON: no type is hexstr)
+            ttype = str(t.get("type", "hexstr"))
+            return "default" if ttype == "hexstr" and t.get("value") == "default" else ttype
+
+        # bmv2 tries the value cases in order and falls back to the state's default next state,
+        # which is the last "default" transition listed, wherever the defaults stand: p4c emits
+        # a keyset that matches everything (`0 &&& 0`) as a "default", so it loses to the value
+        # cases after it and to a later default (P4 itself would take the first case).
+        default = "None"
         for t in trans:
-            ttype = t.get("type", "default")
+            if ttype_of(t) == "default":
+                default = target(t.get("next_state"))
+        if not keys:  # no key: bmv2 goes to the default next state
+            self.src.add(f"return {default}, pos", 1)
+            return
+        parts: list[tuple[str, int]] = []
+        for k in keys:
+            if k["type"] == "lookahead":
+                w = int(k["value"][1])
+                parts.append((f"_peek(buf, pos, {int(k['value'][0])}, {w})", w))
+            else:
+                e = self.ex(k, parser=True)
+                w = e.width or 1
+                code = f"({e.code} & {_mask(w)})" if e.signed else e.code
+                parts.append((code, w))
+        total = sum(8 * ((w + 7) // 8) for _, w in parts)
+        terms = []
+        for code, w in parts:
+            total -= 8 * ((w + 7) // 8)
+            terms.append(f"({code} << {total})" if total else code)
+        self.src.add(f"k = {' | '.join(terms)}", 1)
+        for t in trans:
+            ttype = ttype_of(t)
             nxt = target(t.get("next_state"))
             mask = t.get("mask")
             if ttype == "default":
-                self.src.add(f"return {nxt}, pos", 1)
-                return
+                continue
             if ttype == "hexstr":
                 val = hexint(t["value"])
                 if mask is None:
@@ -860,7 +873,7 @@ class Codegen:
                 self.src.add(f"if {vs}.contains(k, {vmask}): return {nxt}, pos", 1)
             else:
                 raise LoadError(f"unsupported transition type {ttype!r}")
-        self.src.add("return None, pos", 1)
+        self.src.add(f"return {default}, pos", 1)
 
     def _vset(self, name: str) -> str:
         key = f"VS_{self._ident(name)}"

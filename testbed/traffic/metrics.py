@@ -7,6 +7,10 @@ Definitions:
 - algbw = bytes per rank / time; busbw as nccl-tests: all-reduce algbw * 2(n-1)/n,
   all-to-all algbw * (n-1)/n (time = slowest rank).
 - goodput: bytes delivered intact / time from the run's start to the last delivery.
+- Jain's fairness index of rates x_1..x_n: (sum x)^2 / (n sum x^2), 1 when all are equal,
+  1/n when one takes everything; `window_fairness` takes it per window over the flows active
+  for the whole window (the rate of a flow: bytes received in the window / its length).
+- utilization of a link from arrivals: bytes received over it / (rate x time).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ COUNTER_KEYS = (
     "tx_packets",
     "rx_data_packets",
     "tx_nobufs",
+    "rx_kept",
 )
 
 
@@ -164,3 +169,48 @@ def table(metrics: Mapping[str, Any]) -> str:
         if c.get("drops"):
             lines.append("drops: " + ", ".join(f"{k}={v}" for k, v in sorted(c["drops"].items())))
     return "\n".join(lines)
+
+
+Arrivals = Mapping[Any, list[tuple[float, int]]]  # flow -> [(time s, frame bytes)], in order
+
+
+def jain(rates: Iterable[float]) -> float:
+    """Jain's fairness index; ValueError for no rates, or rates all zero or negative."""
+    xs = [float(x) for x in rates]
+    if not xs or any(x < 0 for x in xs) or not any(xs):
+        raise ValueError(f"Jain's index needs non-negative rates, not all zero: {xs}")
+    return sum(xs) ** 2 / (len(xs) * sum(x * x for x in xs))
+
+
+def window_fairness(arrivals: Arrivals, t0: float, window_s: float) -> list[float]:
+    """Jain's index of the flows' received rates in each window [t0 + k w, t0 + (k+1) w) in
+    which at least two flows are active (their first arrival at or before the window's start,
+    their last at or after its end)."""
+    if window_s <= 0:
+        raise ValueError("the window must be positive")
+    spans = {f: (a[0][0], a[-1][0]) for f, a in arrivals.items() if a}
+    if not spans:
+        return []
+    end = max(last for _, last in spans.values())
+    out = []
+    k = 0
+    while t0 + (k + 1) * window_s <= end:
+        lo, hi = t0 + k * window_s, t0 + (k + 1) * window_s
+        k += 1
+        active = [f for f, (first, last) in spans.items() if first <= lo and last >= hi]
+        if len(active) < 2:
+            continue
+        rates = [sum(b for t, b in arrivals[f] if lo <= t < hi) for f in active]
+        if any(rates):
+            out.append(jain(rates))
+    return out
+
+
+def link_utilization(arrivals: Arrivals, link_bps: float, t_from: float) -> float | None:
+    """Bytes received from `t_from` on over the link they all crossed / (its rate x the time
+    from `t_from` to the last arrival); None when nothing arrived after `t_from`."""
+    times = [t for a in arrivals.values() for t, _ in a if t >= t_from]
+    if not times or max(times) <= t_from:
+        return None
+    sent = sum(b for a in arrivals.values() for t, b in a if t >= t_from)
+    return sent * 8 / (link_bps * (max(times) - t_from))

@@ -1,10 +1,14 @@
 """The host agent's core: loads the NIC programs, keeps the pacer in step with the rate map,
 and carries out the controller's requests (caps, weights, rate laws, INT settings).
 
-Threads: gRPC workers call the public methods; one sync thread polls the rate map every
-`sync_interval_s` and re-rates HTB classes whose flow rate moved, publishes rate changes to
-watchers, and retires idle flows. Map updates are single syscalls; netlink work is serialised
-by the pacer's lock.
+Threads: gRPC workers call the public methods; one event thread blocks on the datapath's ring
+buffer (xm_events: XDP wrote a flow's rate, tc saw a new flow), re-rates the HTB classes of
+the flows that changed, publishes the changes to watchers, and retires idle flows when the
+first of them can expire. Nothing runs while nothing happens: no periodic scan of the rate
+map (it is read whole only at start, after the agent's own writes, and when the ring was full
+and events were lost). While rates move, passes over them are at least `sync_interval_s`
+apart (the changes in between are handled together). Map updates are single syscalls;
+netlink work is serialised by the pacer's lock.
 
 Restart: pinned maps (flows, rates, CC state, caps, config) are adopted, the root HTB and its
 classes are adopted from the kernel and the class map, and the programs are re-attached in
@@ -38,6 +42,7 @@ from controller.nic.agent.pacer import (
 from controller.nic.bpf.loader import (
     CTL_HAS_CAP,
     CTL_HAS_PARAMS,
+    EV_RATE,
     ORIGINS,
     PACING_EDT,
     PACING_HTB,
@@ -45,7 +50,9 @@ from controller.nic.bpf.loader import (
     NicBpf,
     cc_params_from_c,
     cc_params_to_c,
+    key_from_c,
 )
+from controller.nic.bpf.ringbuf import RingBuffer
 from controller.nic.ratelaw import UNIT, CcParams, Law
 
 log = logging.getLogger("xingmai.agent")
@@ -79,7 +86,7 @@ class AgentOptions:
     cgroup: Path | None = None  # default: the cgroup v2 mount
     bpffs_root: Path = Path("/run/xingmai/bpffs")
     run_root: Path = Path("/run/xingmai/agents")
-    sync_interval_s: float = 0.002
+    sync_interval_s: float = 0.002  # least time between two passes over rate changes
     rerate_min_change: float = 0.005  # relative change of a flow's rate worth a netlink call
     idle_timeout_s: float = 30.0
     # flows the controller may set (rate, cap, weight, law) before they have sent anything:
@@ -172,6 +179,11 @@ class Agent:
         self.sync_thread: threading.Thread | None = None
         self.watchers: list[Watcher] = []
         self.rates_seen: dict[FlowKey, tuple[int, int]] = {}  # rate, origin
+        self.events: RingBuffer | None = None
+        self.event_type: Any = None  # struct xm_event's ctypes (bcc derives it)
+        self.events_seen = 0
+        self.events_lost = 0  # the datapath's count when the rate map was last read whole
+        self.retire_at: float | None = None  # monotonic s: when the first idle flow can expire
         self.sync_runs = 0
         self.sync_seconds = 0.0
         self.sync_errors = 0
@@ -205,6 +217,7 @@ class Agent:
             if self.pacer.setup():
                 self._adopt_classes()
         self._write_config()
+        self.events, self.event_type = self.bpf.events()
         for name, idx in self.ifindex.items():
             if o.int_enabled:
                 self._tx_checksum_off(name)
@@ -235,14 +248,19 @@ class Agent:
                 "bpffs": str(o.pin_dir),
             },
         )
-        self.sync_thread = threading.Thread(target=self._sync_loop, name="rate-sync", daemon=True)
+        self.sync_thread = threading.Thread(target=self._event_loop, name="rate-events",
+                                            daemon=True)
         self.sync_thread.start()
 
     def stop(self) -> None:
         """Detach every program, remove every class and pin this agent made."""
         self.stop_event.set()
+        if self.events is not None:
+            self.events.wake()
         if self.sync_thread:
             self.sync_thread.join(timeout=2)
+        if self.events is not None and not (self.sync_thread and self.sync_thread.is_alive()):
+            self.events.close()
         self.healthy = False
         for w in self.watchers:
             w.q.put(None)
@@ -359,20 +377,76 @@ class Agent:
 
     # ---- the sync loop ------------------------------------------------------------------
 
-    def _sync_loop(self) -> None:
-        last_gc = time.monotonic()
-        while not self.stop_event.wait(self.opts.sync_interval_s):
+    def _event_loop(self) -> None:
+        """Block on the datapath's events; wake for nothing else than the first idle flow's
+        expiry (retire_at) and stop()."""
+        assert self.bpf is not None and self.events is not None
+        with self.lock:
+            self.events_lost = self.bpf.counter("event_lost")
+            self.sync_once()  # the flows a previous agent left (adopted pins)
+            self.retire_idle_flows()
+        while not self.stop_event.is_set():
+            timeout = None
+            if self.retire_at is not None:
+                timeout = max(0.0, self.retire_at - time.monotonic())
+            records = self.events.wait(timeout)
+            if self.stop_event.is_set():
+                break
             t0 = time.perf_counter()
             try:
-                self.sync_once()
-                if time.monotonic() - last_gc > 1.0:
-                    last_gc = time.monotonic()
+                if records:
+                    self.on_events(records)
+                if self.retire_at is not None and time.monotonic() >= self.retire_at:
                     self.retire_idle_flows()
             except Exception:
                 self.sync_errors += 1
-                log.exception("rate sync failed")
+                log.exception("rate events failed")
             self.sync_runs += 1
             self.sync_seconds += time.perf_counter() - t0
+            if records:
+                # rates are moving: the next pass takes what came in the meantime together
+                self.stop_event.wait(self.opts.sync_interval_s)
+
+    def on_events(self, records: list[bytes]) -> None:
+        """Handle a batch of ring records: the flows they name get the rate the rate map
+        holds now (the last write wins, whoever made it); watchers get every change the
+        events carry, at the kernel's time of the write."""
+        assert self.bpf is not None and self.event_type is not None
+        self.events_seen += len(records)
+        changed: dict[FlowKey, list[Any]] = {}
+        for rec in records:
+            ev = self.event_type.from_buffer_copy(rec)
+            changed.setdefault(key_from_c(ev.key), []).append(ev)
+        with self.lock:
+            lost = self.bpf.counter("event_lost")
+            if lost != self.events_lost:  # the ring was full: read the whole map
+                self.events_lost = lost
+                self.sync_once()
+                return
+            for key, evs in changed.items():
+                cur = self.bpf.get("xm_rates", key)
+                prev = self.rates_seen.get(key)
+                if cur is None:
+                    if prev is not None:
+                        self._drop_pacing(key)
+                        del self.rates_seen[key]
+                    continue
+                last = prev[0] if prev else 0
+                for ev in evs:
+                    rate = int(ev.rate.rate_bps)
+                    if int(ev.kind) != EV_RATE or rate == last:
+                        continue
+                    out = RateEvent(key, rate, last, ORIGINS.get(int(ev.rate.origin), "?"),
+                                    int(ev.rate.stamp_ns))
+                    for w in list(self.watchers):
+                        w.offer(out)
+                    last = rate
+                rate, origin = int(cur.rate_bps), int(cur.origin)
+                if prev is None or prev[0] != rate:
+                    self._apply_pacing(key, rate)
+                self.rates_seen[key] = (rate, origin)
+            if self.retire_at is None:
+                self.retire_at = time.monotonic() + self.opts.idle_timeout_s
 
     def _ceiling(self, key: FlowKey, ctl: Any | None) -> int:
         ceil = self.opts.line_rate_bps
@@ -400,6 +474,8 @@ class Agent:
             for key in set(self.rates_seen) - set(current):
                 self._drop_pacing(key)
             self.rates_seen = current
+            if current and self.retire_at is None:
+                self.retire_at = time.monotonic() + self.opts.idle_timeout_s
 
     def _apply_pacing(self, key: FlowKey, rate: int) -> None:
         """HTB mode: a non-TCP flow below the line rate gets (or re-rates) its own class."""
@@ -423,25 +499,35 @@ class Agent:
             self.pacer.remove(key)
 
     def retire_idle_flows(self) -> int:
-        """Forget flows that sent nothing for idle_timeout_s and carry no controller setting."""
+        """Forget flows that sent nothing for idle_timeout_s and carry no controller setting;
+        set retire_at to when the first of the others can expire (None: none can)."""
         assert self.bpf is not None
-        now = time.monotonic_ns()
+        now = time.monotonic_ns()  # CLOCK_MONOTONIC, as bpf_ktime_get_ns()
         limit = int(self.opts.idle_timeout_s * 1e9)
         ctl_keys = {k for k, _ in self.bpf.items("xm_ctl")}
         retired = 0
+        expiries = []
         flows = dict(self.bpf.items("xm_flows"))
         for key, st in list(flows.items()):
-            if key in ctl_keys or now - int(st.last_ns) < limit:
+            if key in ctl_keys:
+                continue
+            if now - int(st.last_ns) < limit:
+                expiries.append(int(st.last_ns) + limit)
                 continue
             self._retire(key)
             retired += 1
         # a rate set for a flow that never sent (SetRate ahead of traffic) goes the same way
         for key, r in list(self.bpf.items("xm_rates")):
-            if key in flows or key in ctl_keys or now - int(r.stamp_ns) < limit:
+            if key in flows or key in ctl_keys:
+                continue
+            if now - int(r.stamp_ns) < limit:
+                expiries.append(int(r.stamp_ns) + limit)
                 continue
             self._retire(key)
             retired += 1
         self.flows_retired += retired
+        # a little after the expiry: a flow exactly at the limit would be rescheduled again
+        self.retire_at = min(expiries) / 1e9 + 0.01 if expiries else None
         return retired
 
     def _retire(self, key: FlowKey) -> None:

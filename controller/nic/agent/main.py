@@ -95,7 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--cgroup", type=Path, help="cgroup v2 folder for sock_ops (default: mount)")
     ap.add_argument("--bpffs-root", type=Path, help="where the agent mounts its bpffs")
     ap.add_argument("--run-root", type=Path, help="where the agent keeps its state file")
-    ap.add_argument("--sync-interval", type=parse_duration_ns, help="rate map poll period (2ms)")
+    ap.add_argument("--sync-interval", type=parse_duration_ns,
+                    help="least time between two passes over rate changes while rates move "
+                         "(2ms); idle, the agent waits for the datapath's events")
     ap.add_argument("--idle-timeout", type=float, help="seconds before an idle flow is forgotten")
     ap.add_argument("--metrics-addr",
                     help="Prometheus HTTP HOST:PORT, bound in the namespace the agent starts in "

@@ -26,7 +26,8 @@ class AgentMetrics:
         )
         info.add_metric([a.opts.name, a.mode.value, str(a.adopted).lower()], 1)
         yield info
-        up = GaugeMetricFamily("xingmai_agent_healthy", "programs attached and sync running")
+        up = GaugeMetricFamily("xingmai_agent_healthy",
+                               "programs attached and the rate thread running")
         up.add_metric([], int(a.healthy))
         yield up
         if a.bpf is None:
@@ -51,13 +52,14 @@ class AgentMetrics:
         flows = GaugeMetricFamily("xingmai_agent_rated_flows", "flows with a rate map entry")
         flows.add_metric([], nflows)
         yield flows
-        sync = CounterMetricFamily("xingmai_agent_sync_runs", "rate map polls")
+        sync = CounterMetricFamily("xingmai_agent_sync_runs",
+                                   "wake-ups of the rate thread (datapath events, expiry)")
         sync.add_metric([], a.sync_runs)
         yield sync
-        sync_s = CounterMetricFamily("xingmai_agent_sync_seconds", "time spent polling")
+        sync_s = CounterMetricFamily("xingmai_agent_sync_seconds", "time spent handling them")
         sync_s.add_metric([], a.sync_seconds)
         yield sync_s
-        errs = CounterMetricFamily("xingmai_agent_sync_errors", "failed polls")
+        errs = CounterMetricFamily("xingmai_agent_sync_errors", "failed wake-ups")
         errs.add_metric([], a.sync_errors)
         yield errs
         retired = CounterMetricFamily("xingmai_agent_flows_retired", "idle flows forgotten")

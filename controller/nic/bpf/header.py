@@ -2,7 +2,7 @@
 
 Only the simple forms the header uses: `#define NAME <integer>` (with U/L suffixes, or a
 parenthesised `(1ULL << N)`-style shift of integers), `enum name { A = 0, B, ... };` and the
-`BPF_TABLE_PINNED(..., name, ...)` map declarations.
+`BPF_TABLE_PINNED(..., name, ...)` and `XM_RINGBUF_PINNED(name, ...)` map declarations.
 """
 
 from __future__ import annotations
@@ -69,8 +69,17 @@ def enum(name: str, path: Path = HEADER) -> dict[str, int]:
     return out
 
 
+_TABLE = r"BPF_TABLE_PINNED\(\s*\"\w+\"\s*,[^;]*?,\s*(xm_\w+)\s*,"
+_RINGBUF = r"XM_RINGBUF_PINNED\(\s*(xm_\w+)\s*,"
+
+
 def pinned_maps(path: Path = MAPS_HEADER) -> tuple[str, ...]:
-    """Names of the maps the header declares, in declaration order."""
-    return tuple(
-        re.findall(r"BPF_TABLE_PINNED\(\s*\"\w+\"\s*,[^;]*?,\s*(xm_\w+)\s*,", _text(path), re.S)
-    )
+    """Names of the maps the header declares (tables and ring buffers), in declaration
+    order."""
+    found = re.finditer(f"{_TABLE}|{_RINGBUF}", _text(path), re.S)
+    return tuple(m.group(1) or m.group(2) for m in found)
+
+
+def ring_buffers(path: Path = MAPS_HEADER) -> tuple[str, ...]:
+    """Names of the ring buffers the header declares (XM_RINGBUF_PINNED)."""
+    return tuple(re.findall(_RINGBUF, _text(path)))

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from controller.nic.bpf import header, syscalls
+from controller.nic.bpf.ringbuf import RingBuffer
 from controller.nic.ratelaw import CcParams, Law
 
 log = logging.getLogger("xingmai.agent.bpf")
@@ -28,6 +29,7 @@ HEADER = header.HEADER
 KERNEL_HEADERS_CACHE = Path("/var/cache/xingmai/kernel-headers")
 
 MAPS = header.pinned_maps()
+RING_BUFFERS = header.ring_buffers()
 PROG_PINS = {"sockops": "prog_sockops"}
 
 _ORIGIN = header.enum("xm_rate_origin")
@@ -40,6 +42,9 @@ _DEFINES = header.defines()
 CTL_HAS_CAP = _DEFINES["XM_CTL_HAS_CAP"]
 CTL_HAS_PARAMS = _DEFINES["XM_CTL_HAS_PARAMS"]
 ALL_PORTS = _DEFINES["XM_ALL_ONES32"]  # xm_hop_key.port of a node's default speed
+_EVENT = header.enum("xm_event_kind")
+EV_RATE = _EVENT["XM_EV_RATE"]
+EV_FLOW = _EVENT["XM_EV_FLOW"]
 
 
 class BpfSetupError(RuntimeError):
@@ -61,6 +66,8 @@ def program_specs() -> tuple[ProgramSpec, ...]:
         ProgramSpec("tc", "tc_egress.c", "xm_tc_egress", BPF.SCHED_CLS),
         ProgramSpec("xdp", "xdp_ingress.c", "xm_xdp_ingress", BPF.XDP),
         ProgramSpec("sockops", "sockops.c", "xm_sockops", BPF.SOCK_OPS),
+        # the NIC rig's rate-law stand-in (never attached; testbed/emu/nicrig.py)
+        ProgramSpec("rig_rate_write", "rig_rate_write.c", "xm_rig_rate_write", BPF.XDP),
     )
 
 
@@ -258,6 +265,8 @@ class NicBpf:
             info = syscalls.map_info(t.map_fd)
             leaf = getattr(t, "sLeaf", t.Leaf)  # per-CPU tables: one CPU's value
             want = (ctypes.sizeof(t.Key), ctypes.sizeof(leaf), int(t.max_entries))
+            if name in RING_BUFFERS:  # records, no keys or values: only the size
+                want = (0, 0, int(t.max_entries))
             have = (info.key_size, info.value_size, info.max_entries)
             if want != have:
                 raise BpfSetupError(
@@ -287,6 +296,15 @@ class NicBpf:
 
     def write_config(self, cfg: Any) -> None:
         self.table("xm_config")[ctypes.c_uint(0)] = cfg
+
+    def counter(self, name: str) -> int:
+        """One of the per-reason counters (summed over CPUs)."""
+        return int(sum(self.table("xm_counters")[ctypes.c_uint(self.counters.index(name))]))
+
+    def events(self) -> tuple[RingBuffer, Any]:
+        """The datapath's event ring (xm_events) and its record's ctypes (struct xm_event)."""
+        t = self.table("xm_events")
+        return RingBuffer(int(t.map_fd), int(t.max_entries)), t.Leaf
 
     def counter_values(self) -> dict[str, int]:
         t = self.table("xm_counters")
