@@ -108,6 +108,8 @@ def test_sink_reports_on_its_triggers_with_increasing_sequence_numbers() -> None
     assert feed(0.15, PATH_SPINE2) is not None  # the path changed
     assert feed(0.16, PATH_SPINE2) is None
     assert feed(0.17, PATH_SPINE2, lost=True) is not None  # a PSN gap before this packet
+    assert feed(0.171, PATH_SPINE2, lost=True) is None  # still behind the same gap
+    assert feed(0.172, PATH_SPINE2) is None  # the gap filled
     assert dict(sink.reports) == {
         "new": 1,
         "sample": 1,

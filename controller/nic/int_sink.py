@@ -69,6 +69,7 @@ class _FlowState:
     last_report: float
     last_event: float | None = None  # the last report a queue/latency condition triggered
     in_event: bool = False
+    in_gap: bool = False  # the last packet came after a gap too (one report per gap)
 
 
 class IntSink:
@@ -88,8 +89,8 @@ class IntSink:
     def observe(
         self, pkt: bytes | memoryview, int_off: int, now: float, lost: bool = False
     ) -> bytes | None:
-        """An IPv4 packet with INT at `int_off` (its shim) arrived at `now`; `lost`: the
-        transport saw a gap in its flow's PSNs before it."""
+        """An IPv4 packet with INT at `int_off` (its shim) arrived at `now`; `lost`: it came
+        after a gap in its flow's PSNs (reported for the first packet of each gap)."""
         pkt = bytes(pkt)
         if len(pkt) < int_off + 2:
             self.errors["short"] += 1
@@ -115,6 +116,9 @@ class IntSink:
         )
         key = (pkt[12:16], rep.flow.sport, rep.flow.dport)
         st = self.flows.get(key)
+        # a gap is reported once: a receiver that keeps what arrives behind it (selective
+        # repeat) sees every packet until it is filled come after it
+        gap_started = lost and not (st is not None and st.in_gap)
         why = None
         if st is None:
             why = "new"
@@ -124,7 +128,7 @@ class IntSink:
                 self.flows_evicted += 1
         else:
             self.flows.move_to_end(key)
-            if lost:
+            if gap_started:
                 why = "loss"
             elif path != st.path:
                 why = "path"
@@ -137,6 +141,7 @@ class IntSink:
         if lost and why == "new":
             why = "loss"
         st.in_event = event
+        st.in_gap = lost
         if why is None:
             return None
         st.path = path

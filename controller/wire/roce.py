@@ -41,6 +41,12 @@ DATA_OPCODES = frozenset({OP_SEND_FIRST, OP_SEND_MIDDLE, OP_SEND_LAST, OP_SEND_O
 AETH_ACK = 0x00
 AETH_ACK_MAX = 0x1F
 AETH_NAK_PSN_SEQ_ERR = 0x60
+# "NAK: PSN sequence error, selective": the project's use of a NAK code the IBTA spec reserves
+# (0x65), for a receiver that keeps out-of-order packets (selective repeat, as IRN and the
+# RoCE NICs with selective repeat do). Its BTH PSN is the first missing PSN, like 0x60's, and
+# a SACK header follows the AETH naming the out-of-order PSN that made the NAK (received and
+# kept: the sender need not resend it). A go-back-N sender may treat it as 0x60.
+AETH_NAK_PSN_SEQ_ERR_SACK = 0x65
 
 BTH_FIELDS: Fields = (
     ("opcode", 8),
@@ -58,8 +64,11 @@ BTH_FIELDS: Fields = (
     ("psn", 24),
 )
 AETH_FIELDS: Fields = (("syndrome", 8), ("msn", 24))
+# after an AETH with syndrome AETH_NAK_PSN_SEQ_ERR_SACK (and nothing else: no INT echo)
+SACK_FIELDS: Fields = (("resv", 8), ("psn", 24))
 BTH_LEN = byte_size(BTH_FIELDS)
 AETH_LEN = byte_size(AETH_FIELDS)
+SACK_LEN = byte_size(SACK_FIELDS)
 CNP_LEN = 16  # reserved bytes after a CNP's BTH
 ICRC_LEN = 4
 BTH_PSN_OFFSET = 9  # the PSN is the BTH's last 3 bytes
@@ -69,7 +78,7 @@ DEFAULT_PKEY = 0xFFFF
 
 _BTH = struct.Struct("!BBHII")
 _AETH = struct.Struct("!I")
-assert _BTH.size == BTH_LEN and _AETH.size == AETH_LEN
+assert _BTH.size == BTH_LEN and _AETH.size == AETH_LEN == SACK_LEN
 
 
 class Bth(NamedTuple):
@@ -114,6 +123,18 @@ def unpack_aeth(buf: bytes | memoryview, offset: int = 0) -> tuple[int, int]:
         raise ValueError(f"AETH needs {AETH_LEN} bytes, {len(buf) - offset} left")
     (word,) = _AETH.unpack_from(buf, offset)
     return word >> 24, word & 0xFFFFFF
+
+
+def pack_sack(psn: int) -> bytes:
+    return _AETH.pack(psn & PSN_MASK)
+
+
+def unpack_sack(buf: bytes | memoryview, offset: int = 0) -> int:
+    """The SACK header's PSN; raises ValueError on a short buffer."""
+    if len(buf) - offset < SACK_LEN:
+        raise ValueError(f"SACK needs {SACK_LEN} bytes, {len(buf) - offset} left")
+    (word,) = _AETH.unpack_from(buf, offset)
+    return int(word) & PSN_MASK
 
 
 def is_ack(syndrome: int) -> bool:

@@ -7,6 +7,8 @@
         concurrent jobs of a scenario file (testbed.collective.run.load_jobs)
     xingmai-testbed tune --engine sim --scale 1 --sizes 64K:4M
         the auto-tuner's table (testbed.collective.tune)
+    xingmai-testbed loss-sweep --engine sim --losses 0,0.01%,0.1%,1%
+        random loss on every link, go-back-N vs selective repeat (testbed.collective.loss)
 
 Both engines: `--engine sim` is the simulated twin (no root), `--engine emu` the emulation.
 Figures are in the model's units (times and rates at the model's speed).
@@ -45,6 +47,12 @@ def _engine_args(ap: argparse.ArgumentParser) -> None:
     )
     ap.add_argument("--scheme", choices=["none", "dcqcn", "tita"], default="tita")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument(
+        "--retransmit",
+        choices=["gbn", "sr"],
+        default="gbn",
+        help="the transport's: go-back-N (default) or selective repeat",
+    )
     ap.add_argument("--switch", choices=["auto", "bmv2", "builtin"], default="builtin")
     ap.add_argument("--run-dir", type=Path, help="default: runs/<timestamp>-collective")
 
@@ -81,6 +89,13 @@ def add_parsers(sub: Any) -> None:
     j = sub.add_parser("jobs", help="concurrent jobs from a scenario file (YAML)")
     _engine_args(j)
     j.add_argument("file", type=Path)
+    from testbed.collective.loss import add_arguments as loss_arguments
+
+    ls = sub.add_parser(
+        "loss-sweep", help="random loss on every link: busbw and iteration time, GBN vs SR"
+    )
+    _engine_args(ls)
+    loss_arguments(ls)
     t = sub.add_parser("tune", help="auto-tune algorithm, channels, chunk per size")
     _engine_args(t)
     t.add_argument("--collective", default="allreduce")
@@ -108,7 +123,7 @@ def open_suite(args: argparse.Namespace) -> Iterator[Any]:
         args.scale if args.scale is not None else (1.0 if args.engine == "sim" else DEFAULT_SCALE)
     )
     scaling = Scaling(scale=scale, max_hops=spec.longest_path_switches())
-    cfg = SuiteConfig(seed=args.seed)
+    cfg = SuiteConfig(seed=args.seed, retransmit=args.retransmit)
     if args.engine == "sim":
         from testbed.sim.fabric import SimFabric
         from testbed.sim.suite import SimSuite
@@ -253,4 +268,21 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"collective": cmd_collective, "jobs": cmd_jobs, "tune": cmd_tune}
+def cmd_loss_sweep(args: argparse.Namespace) -> int:
+    from testbed.collective import loss
+    from testbed.collective.plots import loss_plot
+
+    out = _run_dir(args, "loss")
+    rows = loss.run_sweep(args, open_suite, _say)
+    print(loss.write(args, rows, out))
+    plot = loss_plot(loss.summary(rows), args.plot or out / "loss.png", loss.note(args, rows))
+    print(f"\nresults: {out / 'loss.json'}, {out / 'loss.csv'}\nplot:    {plot}")
+    return 0 if all(r["completed"] and r["correct"] for r in rows) else 1
+
+
+COMMANDS = {
+    "collective": cmd_collective,
+    "jobs": cmd_jobs,
+    "tune": cmd_tune,
+    "loss-sweep": cmd_loss_sweep,
+}

@@ -48,3 +48,44 @@ def busbw_plot(rows: list[dict[str, Any]], path: Path, title: str = "") -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def loss_plot(cells: list[dict[str, Any]], path: Path, title: str = "") -> Path:
+    """The loss sweep (testbed.collective.loss.summary): busbw of the all-reduce and the
+    training iteration's time against the loss per link, one line per retransmission
+    scheme, median over the seeds with min-max bars."""
+    panels = [
+        ("allreduce", "busbw_Bps", 1e-9, "all-reduce busbw (GB/s)"),
+        ("training", "iter_s", 1e6, "training iteration (us)"),
+    ]
+    panels = [p for p in panels if any(c["workload"] == p[0] for c in cells)]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.2), squeeze=False)
+    losses = sorted({c["loss"] for c in cells})
+    names = {"gbn": "go-back-N", "sr": "selective repeat"}
+    for ax, (workload, key, unit, label) in zip(axes[0], panels, strict=True):
+        for rt in ("gbn", "sr"):
+            cs = sorted(
+                (c for c in cells if c["workload"] == workload and c["retransmit"] == rt),
+                key=lambda c: c["loss"],
+            )
+            cs = [c for c in cs if key in c]
+            if not cs:
+                continue
+            x = [losses.index(c["loss"]) for c in cs]
+            y = [c[key]["median"] * unit for c in cs]
+            lo = [y_ - c[key]["min"] * unit for y_, c in zip(y, cs, strict=True)]
+            hi = [c[key]["max"] * unit - y_ for y_, c in zip(y, cs, strict=True)]
+            ax.errorbar(x, y, yerr=[lo, hi], marker="o", capsize=3, label=names[rt])
+        ax.set_xticks(range(len(losses)), [f"{v * 100:g}%" for v in losses])
+        ax.set_xlabel("random loss per link")
+        ax.set_ylabel(label)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

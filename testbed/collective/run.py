@@ -22,6 +22,7 @@ import yaml
 
 from testbed.collective.metrics import iteration_times, parse_size, summarize
 from testbed.collective.plan import SUPPORTED
+from testbed.faults import Fault
 from testbed.model import Scaling
 from testbed.traffic.generators import Flow
 from testbed.traffic.netns import Host
@@ -44,6 +45,7 @@ class CollFabric:
     seed: int
     set_port_rate: Callable[[str, int, float], None]  # switch, port, b/s
     websearch: Callable[[int, float, float], list[Flow]]  # hosts, load, seconds -> flows
+    apply_fault: Callable[[Fault], None]  # a link or switch fault (testbed/faults.py), now
 
     @property
     def nics(self) -> int:

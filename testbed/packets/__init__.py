@@ -16,7 +16,7 @@ from testbed.packets.int_md import (
     int_packet,
     parse_int,
 )
-from testbed.packets.roce import AETH, BTH, CNP
+from testbed.packets.roce import AETH, BTH, CNP, SACK
 from testbed.packets.telemetry_report import (
     TelemetryReportGroup,
     TelemetryReportIndividual,
@@ -27,6 +27,7 @@ __all__ = [
     "AETH",
     "BTH",
     "CNP",
+    "SACK",
     "INT_DSCP_DEFAULT",
     "ROCE_UDP_PORT",
     "IntHop",

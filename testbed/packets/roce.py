@@ -20,6 +20,7 @@ from controller.wire.int_md import looks_like_int_echo
 from controller.wire.roce import (
     AETH_ACK,
     AETH_FIELDS,
+    AETH_NAK_PSN_SEQ_ERR_SACK,
     BTH_FIELDS,
     CNP_LEN,
     DEFAULT_PKEY,
@@ -29,6 +30,7 @@ from controller.wire.roce import (
     OP_SEND_ONLY,
     OPCODE_NAMES,
     ROCE_UDP_PORT,
+    SACK_FIELDS,
     icrc,
 )
 from testbed.packets.int_md import INT_PAYLOAD_BY_PORT, IntShim, current_int_dscp
@@ -88,9 +90,19 @@ class AETH(Packet):
 
     def guess_payload_class(self, payload: bytes) -> type[Packet]:
         # The ICRC has already been taken off the end by BTH's trailer field.
+        if self.syndrome == AETH_NAK_PSN_SEQ_ERR_SACK:
+            return SACK
         if looks_like_int_echo(payload):
             return IntShim
         return Raw
+
+
+class SACK(Packet):
+    """The SACK header (4 B) after a selective NAK's AETH: the out-of-order PSN the receiver
+    kept (controller.wire.roce.AETH_NAK_PSN_SEQ_ERR_SACK)."""
+
+    name = "SACK"
+    fields_desc = scapy_fields(SACK_FIELDS, {})
 
 
 class CNP(Packet):
@@ -104,6 +116,7 @@ bind_layers(UDP, BTH, dport=ROCE_UDP_PORT)
 # AETH → IntShim (echo) is decided in AETH.guess_payload_class; declared for scapy's layer graph
 # and for building AETH()/IntShim() without an explicit binding.
 bind_layers(AETH, IntShim)
+bind_layers(AETH, SACK, syndrome=AETH_NAK_PSN_SEQ_ERR_SACK)
 INT_PAYLOAD_BY_PORT[ROCE_UDP_PORT] = BTH
 
 

@@ -268,6 +268,7 @@ class SimFabric:
             sim = self.switches[swc.name]
             sim.p4rt.install(info, device_config, 0)
             seed_random_extern(sim.sw, self.seed * 1_000_003 + swc.device_id)
+            sim.sw.tm.rng.seed(self.seed * 1_000_033 + swc.device_id)  # `loss` faults' draws
             st = sim.admin.GetStatus(switch_pb2.GetStatusRequest(), None)
             # controller.switches.SwitchSession._detect_qdepth_unit's rule
             unit = 1 if st.queue_depth_unit == "bytes" else self.cfg.model.mean_packet_bytes
@@ -431,8 +432,8 @@ class SimFabric:
             for i, nic in enumerate(h.ports):
                 d = {
                     "xoff_sent": nic.pfc_sent,
-                    "pauses_received": nic.pauses_received,
-                    "paused_ns": nic.paused_ns_at(now),
+                    "pauses_received": nic.pfc.prio[0].pauses,
+                    "paused_ns": nic.pfc.prio[0].held_ns(now),
                 }
                 if any(d.values()):
                     out[f"{h.name}:{i}"] = d

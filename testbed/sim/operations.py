@@ -117,6 +117,12 @@ class SimOperations:
         for ps in faults.port_settings(self.fab.spec, f):
             self._set(ps)
 
+    def apply_now(self, f: faults.Fault) -> None:
+        """Set one link or switch fault's port settings now, outside a scenario's schedule
+        (a sweep's loss on every link)."""
+        for ps in faults.port_settings(self.fab.spec, f):
+            self._set(ps)
+
     def _set(self, ps: faults.PortSetting) -> None:
         sim = self.fab.switches[ps.switch]
         tm = sim.sw.tm

@@ -12,6 +12,7 @@ from typing import Any
 
 from controller.nic.ratelaw import Law
 from controller.proto import switch_pb2
+from testbed.faults import Fault
 from testbed.probes import Capture, PortCounters, RateEvent
 from testbed.scenarios import SuiteBase, SuiteConfig, scheme_law
 from testbed.sim.fabric import SimFabric
@@ -88,6 +89,9 @@ class SimSuite(SuiteBase):
 
     def _quiet_counters(self) -> dict[str, PortCounters]:
         return self.fab.port_counters()  # run_job drained the fabric
+
+    def _apply_fault(self, f: Fault) -> None:
+        self.ops.apply_now(f)
 
     def _report_totals(self) -> dict[str, dict[str, int]]:
         return {

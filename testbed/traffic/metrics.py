@@ -37,6 +37,7 @@ COUNTER_KEYS = (
     "tx_packets",
     "rx_data_packets",
     "tx_nobufs",
+    "rx_kept",
 )
 
 

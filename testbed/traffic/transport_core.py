@@ -7,11 +7,28 @@ any monotonic origin). Two engines drive it: the socket runner (testbed.traffic.
 the emulation) and the simulated twin (testbed.sim), so both run this one protocol.
 
 A queue pair (`QueuePair`) is full duplex, like an RC QP: its requester half segments posted
-messages into MTU-sized RC SEND packets and retransmits go-back-N on a NAK or a timeout; its
-responder half reassembles in PSN order, ACKs (coalesced), NAKs a PSN gap once, sends a CNP for
-ECN-CE data at most once per interval, and echoes a received INT stack in the ACK
-(docs/wire-format.md). Queue pairs are set up out of band: both ends are created with each
-other's QPN and the same initial PSNs (the workload runner does that).
+messages into MTU-sized RC SEND packets and retransmits on a NAK or a timeout; its responder
+half reassembles in PSN order, ACKs (coalesced), sends a CNP for ECN-CE data at most once per
+interval, and echoes a received INT stack in the ACK (docs/wire-format.md).
+
+Retransmission is one of two schemes (`TransportConfig.retransmit`, the same on every host):
+- `gbn`, go-back-N as RC does it: the responder drops a packet past a PSN gap and NAKs the gap
+  once; the requester resends everything from the PSN the NAK names (or, on a timeout, from
+  the oldest unacknowledged).
+- `sr`, selective repeat as IRN and the RoCE NICs with selective repeat do it: the responder
+  keeps out-of-order packets within the requester's window (at most `window` packets of at
+  most `mtu` bytes per QP; one further ahead is a counted drop) and answers each with a NAK
+  naming the first missing PSN and, in a SACK header, the PSN it kept; the requester resends
+  only the PSNs below a SACKed one that were neither SACKed nor resent already, a resent PSN
+  again when a packet first sent after its resend is SACKed (the resend was lost: the path
+  keeps order, as RACK reasons), and on a timeout every unSACKed PSN in flight (or, all
+  SACKed, the oldest: the ACK past them was lost); a resend asks for an ACK. With at most
+  SR_FEW_IN_FLIGHT packets in flight the timer runs at IRN's RTO_low (a tail loss has nothing
+  after it to be SACKed). Delivery stays in
+  PSN order: the kept packets are handed on once the gap is filled.
+
+Queue pairs are set up out of band: both ends are created with each other's QPN and the same
+initial PSNs (the workload runner does that).
 
 Sending data is peek/commit, because the I/O below may push back (a full socket buffer or NIC
 pacing queue): `QueuePair.peek(now)` builds the next data packet the window allows without
@@ -26,6 +43,7 @@ its data discarded, counted once as `message_too_long`.
 
 from __future__ import annotations
 
+import bisect
 import ipaddress
 import socket
 import struct
@@ -46,6 +64,7 @@ from controller.wire.roce import (
     AETH_ACK,
     AETH_LEN,
     AETH_NAK_PSN_SEQ_ERR,
+    AETH_NAK_PSN_SEQ_ERR_SACK,
     BTH_LEN,
     CNP_LEN,
     DEFAULT_PKEY,
@@ -58,9 +77,12 @@ from controller.wire.roce import (
     OP_SEND_ONLY,
     PSN_MASK,
     ROCE_UDP_PORT,
+    SACK_LEN,
     icrc,
     is_nak,
     pack_aeth,
+    pack_sack,
+    unpack_sack,
 )
 
 ECT0 = 0b10
@@ -69,6 +91,11 @@ _IP_UDP_BTH = struct.Struct("!BBHHHBBH4s4sHHHHBBHII")  # IPv4 (20) + UDP (8) + B
 _IPV4_DF = 0x4000
 _HALF = 1 << 23
 _DATA_OPCODES = (OP_SEND_FIRST, OP_SEND_MIDDLE, OP_SEND_LAST, OP_SEND_ONLY)
+RETRANSMIT_SCHEMES = ("gbn", "sr")  # go-back-N, selective repeat
+# Selective repeat's RTO_low (IRN): with at most this many packets in flight a loss cannot be
+# SACKed (nothing follows it), so the timer is the RTO times 100/320, IRN's RTO_low/RTO_high.
+SR_FEW_IN_FLIGHT = 3
+SR_RTO_LOW_FACTOR = 100 / 320
 
 
 @dataclass(frozen=True)
@@ -91,6 +118,7 @@ class TransportConfig:
     rcvbuf: int = 1 << 24
     nobufs_backoff: float = 200e-6  # s before re-sending a packet the qdisc refused
     max_message: int = 1 << 28  # bytes a responder buffers for one message
+    retransmit: str = "gbn"  # gbn (go-back-N) or sr (selective repeat): RETRANSMIT_SCHEMES
     # The NIC as INT sink (controller.nic.int_sink): "ip:port" of the collector, or None for
     # no Telemetry Reports; when to report (seconds; 0 turns a trigger off).
     report_to: str | None = None
@@ -108,6 +136,10 @@ class TransportConfig:
             raise ValueError("psn_window must be in [1, 2^23]")
         if self.max_message < self.mtu:
             raise ValueError("max_message must hold at least one packet")
+        if self.retransmit not in RETRANSMIT_SCHEMES:
+            raise ValueError(
+                f"retransmit {self.retransmit!r}: one of {', '.join(RETRANSMIT_SCHEMES)}"
+            )
         ipaddress.IPv4Address(self.local_ip)
 
 
@@ -121,6 +153,7 @@ class QpCounters:
     acks_received: int = 0
     cnps_received: int = 0
     rx_data_packets: int = 0  # in-order, accepted
+    rx_kept: int = 0  # out-of-order, kept until the gap is filled (selective repeat)
     rx_bytes: int = 0  # payload bytes delivered in order
     acks_sent: int = 0  # ACKs made (the I/O counts those it could not send)
     naks_sent: int = 0
@@ -201,6 +234,12 @@ class QueuePair:
         self.rto = core.cfg.rto
         self.last_progress = 0.0
         self._cur = 0  # index in send_q of the op holding `nxt` (a hint)
+        # selective repeat: what the responder SACKed, what to resend (ascending, each >= una),
+        # and the sequence number below which every hole has been queued once
+        self.sacked: set[int] = set()
+        self.rtx_q: deque[int] = deque()
+        self.rtx_upto = 0
+        self.rtx_mark: dict[int, int] = {}  # resent seq -> `high` when it was resent
         # responder
         self.epsn = rq_psn & PSN_MASK  # expected PSN
         self.msn = 0
@@ -214,6 +253,8 @@ class QueuePair:
         self.pending_int: bytes | None = None
         self.feedback_sport: int | None = None  # the data sender's UDP sport, for ACKs/CNPs
         self.recv_q: deque[ReceivedMessage] = deque()
+        # selective repeat: out-of-order packets kept, by PSN: (opcode, ackreq, payload)
+        self.kept: dict[int, tuple[int, bool, bytes]] = {}
 
     # ---- application API ----
 
@@ -259,12 +300,24 @@ class QueuePair:
 
     @property
     def wants_to_send(self) -> bool:
-        return self.nxt < self.tail and self.nxt - self.una < self.core.cfg.window
+        return bool(self.rtx_q) or (
+            self.nxt < self.tail and self.nxt - self.una < self.core.cfg.window
+        )
+
+    def _send_seq(self) -> int:
+        """The sequence number the next data packet carries (when `wants_to_send`): a
+        selective resend first, else the next new one."""
+        return self.rtx_q[0] if self.rtx_q else self.nxt
 
     @property
     def deadline(self) -> float | None:
         """When the retransmission timer fires (None: nothing in flight)."""
-        return self.last_progress + self.rto if self.una < self.high else None
+        return self.last_progress + self._rto() if self.una < self.high else None
+
+    def _rto(self) -> float:
+        if self.core.cfg.retransmit == "sr" and self.high - self.una <= SR_FEW_IN_FLIGHT:
+            return self.rto * SR_RTO_LOW_FACTOR
+        return self.rto
 
     def peek(self, now: float) -> bytes | None:
         """The next data packet the window allows (None: nothing to send now); no state
@@ -272,7 +325,7 @@ class QueuePair:
         if not self.wants_to_send:
             return None
         cfg = self.core.cfg
-        seq = self.nxt
+        seq = self._send_seq()
         op = self._op_for(seq)
         i = seq - op.first_seq
         if op.npkts == 1:
@@ -285,13 +338,15 @@ class QueuePair:
             opcode = OP_SEND_MIDDLE
         payload = op.data[i * cfg.mtu : (i + 1) * cfg.mtu]
         ackreq = i == op.npkts - 1 or seq - self.una + 1 >= cfg.window
+        if cfg.retransmit == "sr" and seq < self.high:
+            ackreq = True  # a resend asks for an ACK: it may be all that is left in flight
         return self.core.build(
             self, opcode, self.remote_qpn, self._psn(seq), ackreq, self.sport, payload
         )
 
     def commit(self, now: float) -> None:
         """The packet `peek` returned left (or was lost on the way out)."""
-        seq = self.nxt
+        seq = self._send_seq()
         op = self._op_for(seq)
         i = seq - op.first_seq
         mtu = self.core.cfg.mtu
@@ -303,23 +358,36 @@ class QueuePair:
         c.tx_bytes += n
         if seq < self.high:
             c.retransmits += 1
+        if self.rtx_q:
+            self.rtx_q.popleft()
+            self.rtx_mark[seq] = self.high
+            return
         self.nxt = seq + 1
         self.high = max(self.high, self.nxt)
 
-    def _on_ack(self, psn: int, syndrome: int, now: float) -> None:
+    def _on_ack(self, psn: int, syndrome: int, now: float, sack_psn: int | None = None) -> None:
+        """An ACK or NAK (`sack_psn`: the SACK header's PSN of a selective NAK)."""
         c = self.counters
         drops = self.core.drops
         if is_nak(syndrome):
-            if syndrome != AETH_NAK_PSN_SEQ_ERR:
+            if syndrome not in (AETH_NAK_PSN_SEQ_ERR, AETH_NAK_PSN_SEQ_ERR_SACK):
                 drops["nak_unsupported"] += 1
                 return
             expected = self._seq_of(psn, self.una)
             if not self.una <= expected <= self.high:
                 drops["ack_out_of_window"] += 1
                 return
+            sacked = None
+            if sack_psn is not None:
+                sacked = self._seq_of(sack_psn, self.una)
+                if not expected < sacked < self.high:
+                    drops["sack_out_of_window"] += 1
+                    return
             c.naks_received += 1
             self._advance(expected, now)
-            if expected < self.high:
+            if self.core.cfg.retransmit == "sr":
+                self._resend_holes(expected, sacked)
+            elif expected < self.high:
                 self.nxt = expected  # go back N
                 self.core.active.add(self)
             return
@@ -331,11 +399,51 @@ class QueuePair:
         if acked >= self.una:
             self._advance(acked + 1, now)
 
+    def _resend_holes(self, expected: int, sacked: int | None) -> None:
+        """Selective repeat on a NAK: `sacked` arrived (kept by the responder), so every PSN
+        from `expected` up to it that is neither SACKed nor queued already is a hole to resend
+        once. A NAK without a SACK (a go-back-N responder's) names one hole: `expected`."""
+        if sacked is None:
+            end = min(expected + 1, self.high)
+        else:
+            end = sacked
+            if sacked not in self.sacked:
+                self.sacked.add(sacked)
+                if sacked < self.rtx_upto and sacked in self.rtx_q:
+                    self.rtx_q.remove(sacked)  # a late SACK: it arrived after all
+        if sacked is not None and self.rtx_mark:
+            # a resend older than the packet SACKed now would have arrived before it: lost
+            lost = [s for s, mark in self.rtx_mark.items() if s < sacked and mark <= sacked]
+            for seq in lost:
+                del self.rtx_mark[seq]
+                if seq not in self.sacked:
+                    self._queue_resend(seq)
+        for seq in range(max(self.rtx_upto, expected), end):
+            if seq not in self.sacked:
+                self.rtx_q.append(seq)
+        self.rtx_upto = max(self.rtx_upto, end)
+        if self.rtx_q:
+            self.core.active.add(self)
+
+    def _queue_resend(self, seq: int) -> None:
+        """Put `seq` in the resend queue, which stays ascending and without repeats."""
+        q = self.rtx_q
+        i = bisect.bisect_left(q, seq)
+        if i == len(q) or q[i] != seq:
+            q.insert(i, seq)
+
     def _advance(self, una: int, now: float) -> None:
         if una <= self.una:
             return
         self.una = una
         self.nxt = max(self.nxt, una)
+        if self.sacked:
+            self.sacked = {s for s in self.sacked if s >= una}
+        while self.rtx_q and self.rtx_q[0] < una:
+            self.rtx_q.popleft()
+        if self.rtx_mark:
+            self.rtx_mark = {s: m for s, m in self.rtx_mark.items() if s >= una}
+        self.rtx_upto = max(self.rtx_upto, una)
         self.rto = self.core.cfg.rto
         self.last_progress = now
         q = self.send_q
@@ -349,9 +457,16 @@ class QueuePair:
             self.core.active.add(self)
 
     def _expire(self, now: float) -> None:
-        if self.una < self.high and now >= self.last_progress + self.rto:
+        if self.una < self.high and now >= self.last_progress + self._rto():
             self.counters.timeouts += 1
-            self.nxt = self.una
+            if self.core.cfg.retransmit == "sr":  # every PSN in flight not known to be kept
+                self.rtx_q = deque(s for s in range(self.una, self.high) if s not in self.sacked)
+                if not self.rtx_q:  # all SACKed: the ACK past them was lost, ask again
+                    self.rtx_q.append(self.una)
+                self.rtx_upto = self.high
+                self.rtx_mark.clear()
+            else:
+                self.nxt = self.una
             self.rto = min(self.rto * 2, self.core.cfg.rto_max)
             self.last_progress = now
             self.core.active.add(self)
@@ -386,6 +501,9 @@ class QueuePair:
             if d >= cfg.psn_window:
                 core.drops["psn_out_of_window"] += 1
                 return
+            if cfg.retransmit == "sr":
+                self._keep(opcode, psn, ackreq, payload, d, sport)
+                return
             core.drops["out_of_order"] += 1
             if not self.nak_sent or ackreq:
                 self.nak_sent = True
@@ -399,16 +517,69 @@ class QueuePair:
             if ackreq:
                 self._send_ack(AETH_ACK, (self.epsn - 1) & PSN_MASK, sport)
             return
+        if not self._accept(opcode, psn, ackreq, payload, sport, int_bytes, now):
+            return
+        if self.kept:  # selective repeat: the gap is filled, hand on what was kept behind it
+            while (k := self.kept.pop(self.epsn, None)) is not None:
+                if not self._accept(k[0], self.epsn, k[1], memoryview(k[2]), sport, None, now):
+                    break
+            if self.unacked:  # the requester may have nothing more in flight to make an ACK
+                self._send_ack(AETH_ACK, (self.epsn - 1) & PSN_MASK, sport)
+
+    def _keep(
+        self, opcode: int, psn: int, ackreq: bool, payload: memoryview, d: int, sport: int
+    ) -> None:
+        """Selective repeat: keep a packet `d` PSNs past the expected one and NAK the gap with
+        a SACK for it. The requester never has more than `window` packets in flight, so one
+        further ahead is bad input: dropped, counted. A kept PSN seen again (resent after
+        its SACK was lost) is counted and SACKed again."""
+        core = self.core
+        cfg = core.cfg
+        if d >= cfg.window:
+            core.drops["sr_out_of_window"] += 1
+            return
+        if psn in self.kept:  # resent after a lost SACK: SACK it again
+            core.drops["duplicate"] += 1
+        elif len(payload) > cfg.mtu:
+            core.drops["bad_length"] += 1
+            return
+        else:
+            self.kept[psn] = (opcode, ackreq, bytes(payload))
+            self.counters.rx_kept += 1
+        core._feedback(
+            self,
+            OP_ACK,
+            self.epsn,
+            sport,
+            pack_aeth(AETH_NAK_PSN_SEQ_ERR_SACK, self.msn) + pack_sack(psn),
+        )
+        self.counters.naks_sent += 1
+        self.nak_sent = True  # this gap is NAKed (the INT sink reports the first packet past it)
+
+    def _accept(
+        self,
+        opcode: int,
+        psn: int,
+        ackreq: bool,
+        payload: memoryview,
+        sport: int,
+        int_bytes: bytes | None,
+        now: float,
+    ) -> bool:
+        """The packet with the expected PSN; False when it is dropped (counted)."""
+        core = self.core
+        cfg = core.cfg
+        c = self.counters
         # in order: check it continues the message the way the opcodes say
         first = opcode in (OP_SEND_FIRST, OP_SEND_ONLY)
         last = opcode in (OP_SEND_LAST, OP_SEND_ONLY)
         if first == self.in_msg:
             core.drops["bad_opcode_sequence"] += 1
-            return
+            return False
         n = len(payload)
         if n > cfg.mtu or (not last and n != cfg.mtu):
             core.drops["bad_length"] += 1
-            return
+            return False
         if first:
             self.rx_buf = bytearray()
             self.rx_t_first = now
@@ -438,6 +609,7 @@ class QueuePair:
                 c.messages_received += 1
             self.rx_buf = bytearray()
             self.rx_overflow = False
+        return True
 
     def _send_ack(self, syndrome: int, psn: int, sport: int) -> None:
         echo = self.pending_int or b""
@@ -541,7 +713,7 @@ class TransportCore:
         for qp in list(self.active):
             if qp.wants_to_send:
                 out.append(qp)
-            elif qp.nxt >= qp.tail:
+            elif qp.nxt >= qp.tail and not qp.rtx_q:
                 self.active.discard(qp)
         return out
 
@@ -645,7 +817,8 @@ class TransportCore:
         if opcode in _DATA_OPCODES:
             if self.sink is not None and int_bytes is not None:
                 d = ((psn - qp.epsn + _HALF) & PSN_MASK) - _HALF
-                gap = 0 < d < self.cfg.psn_window and not qp.nak_sent  # first after a gap
+                # after a gap (go-back-N: the first since its NAK; the sink reports a gap once)
+                gap = 0 < d < self.cfg.psn_window and not qp.nak_sent
                 rep = self.sink.observe(pkt[:end], ihl + 8, now, lost=gap)
                 if rep is not None:
                     self.reports.append(rep)
@@ -664,10 +837,17 @@ class TransportCore:
                 drops["short"] += 1
                 return
             rest = body[BTH_LEN + AETH_LEN :]
+            syndrome = body[BTH_LEN]
+            if syndrome == AETH_NAK_PSN_SEQ_ERR_SACK:  # a SACK header and nothing else
+                if len(rest) != SACK_LEN:
+                    drops["bad_sack"] += 1
+                    return
+                qp._on_ack(psn, syndrome, now, unpack_sack(rest))
+                return
             if rest and not looks_like_int_echo(bytes(rest)):
                 drops["bad_int_echo"] += 1
                 return
-            qp._on_ack(psn, body[BTH_LEN], now)
+            qp._on_ack(psn, syndrome, now)
         elif opcode == OP_CNP:
             qp.counters.cnps_received += 1
         else:
@@ -691,6 +871,7 @@ class TransportCore:
 
 
 __all__ = [
+    "RETRANSMIT_SCHEMES",
     "Outgoing",
     "QpCounters",
     "QueuePair",
