@@ -432,8 +432,8 @@ class SimFabric:
             for i, nic in enumerate(h.ports):
                 d = {
                     "xoff_sent": nic.pfc_sent,
-                    "pauses_received": nic.pauses_received,
-                    "paused_ns": nic.paused_ns_at(now),
+                    "pauses_received": nic.pfc.prio[0].pauses,
+                    "paused_ns": nic.pfc.prio[0].held_ns(now),
                 }
                 if any(d.values()):
                     out[f"{h.name}:{i}"] = d

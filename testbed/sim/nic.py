@@ -12,7 +12,8 @@ transport (the sans-I/O core and the workload's job), on the event loop.
   pulls a message's data as its rate allows), so there is no NIC queue to overflow.
 - PFC: with `pfc` on, a pause frame (controller/wire/pfc.py) arriving at a NIC stops that
   NIC's transmission for the pause's time (the frame on the wire finishes; a resume ends it
-  early): the fabric runs one priority, 0, so it holds data and feedback alike. `pfc_storm`
+  early), as controller/nic/pfc.py records it: the fabric runs one priority, 0, so it holds
+  data and feedback alike. `pfc_storm`
   makes a NIC that keeps pausing its switch (a stuck receive path), for the watchdog.
 - Kernel: the IPv4 header checksum the kernel fills in for the transport's raw sockets, and
   Ethernet towards the gateway (the switch's router MAC).
@@ -26,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from controller.nic.pfc import PfcNic
 from controller.nic.ratelaw import (
     RTT_LAWS,
     CcParams,
@@ -36,7 +38,7 @@ from controller.nic.ratelaw import (
     tc_rtt_probe,
 )
 from controller.wire.int_md import hop_ml_words
-from controller.wire.pfc import MAX_QUANTA, decode_pfc, is_mac_control, pause_ns, pfc_frame
+from controller.wire.pfc import MAX_QUANTA, is_mac_control, pfc_frame
 from controller.wire.roce import ROCE_UDP_PORT
 from controller.wire.telemetry_report import TELEMETRY_REPORT_PORT
 from testbed.probes import Capture, RateEvent, record_int_frame
@@ -116,25 +118,9 @@ class NicPort:
     send: Callable[[bytes, int], bool]  # (frame, departure ns) -> sent? (over the MTU: not)
     busy_until: int = 0
     kick_at: int | None = None
-    # PFC: the pause the switch sent (priority 0), its counters, and pauses this NIC sent
-    pause_until: int = 0
-    paused_since: int | None = None
-    paused_ns: int = 0
-    pauses_received: int = 0
+    # PFC: the pauses the switch sent, and pause frames this NIC sent
+    pfc: PfcNic = field(default_factory=PfcNic)
     pfc_sent: int = 0
-
-    def set_pause(self, now_ns: int, until_ns: int) -> None:
-        if self.paused_since is not None:
-            self.paused_ns += max(0, min(now_ns, self.pause_until) - self.paused_since)
-            self.paused_since = None
-        self.pause_until = until_ns
-        if until_ns > now_ns:
-            self.paused_since = now_ns
-
-    def paused_ns_at(self, now_ns: int) -> int:
-        if self.paused_since is None:
-            return self.paused_ns
-        return self.paused_ns + max(0, min(now_ns, self.pause_until) - self.paused_since)
 
 
 @dataclass
@@ -289,8 +275,9 @@ class SimHost:
         if now_ns < port.busy_until:
             self._request_kick(port, port.busy_until)
             return
-        if now_ns < port.pause_until:  # the switch paused this NIC: nothing leaves
-            self._request_kick(port, port.pause_until)
+        pause = port.pfc.prio[0]
+        if pause.holds(now_ns):  # the switch paused this NIC: nothing leaves
+            self._request_kick(port, pause.pause_until_ns)
             return
         single = len(self.ports) == 1
         fb = core.feedback
@@ -393,29 +380,20 @@ class SimHost:
     # ---- PFC ----
 
     def _pause(self, nic: int, frame: bytes) -> None:
-        """A MAC Control frame at NIC `nic`: a PFC pause holds it on priority 0."""
-        try:
-            pause = decode_pfc(frame)
-        except ValueError:
-            self.mac_control_unknown += 1
-            return
+        """A MAC Control frame at NIC `nic`: the NIC's record of a PFC pause holds priority 0."""
         if not self.pfc:
             self.pfc_ignored += 1
             return
-        if not pause.class_enable & 1:
-            return  # another priority: the fabric's traffic is all priority 0
         port = self.ports[nic]
         now = self.loop.now_ns
-        q = pause.quanta[0]
-        if q:
-            port.pauses_received += 1
-        port.set_pause(now, now + pause_ns(q, self.line_rate_bps) if q else now)
-        self._request_kick(port, max(now, port.pause_until))
+        if port.pfc.on_frame(frame, self.line_rate_bps, now) == ["PFC_MALFORMED"]:
+            self.mac_control_unknown += 1
+        self._request_kick(port, max(now, port.pfc.prio[0].pause_until_ns))
 
     def release_pauses(self) -> None:
         now = self.loop.now_ns
         for port in self.ports:
-            port.set_pause(now, now)
+            port.pfc.release(now)
 
     def pfc_storm(self, start_ns: int, end_ns: int, period_ns: int, nic: int = 0) -> None:
         """From `start_ns` to `end_ns` the NIC keeps pausing its switch: a pause of the

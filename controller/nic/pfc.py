@@ -1,0 +1,81 @@
+"""PFC pauses arriving at the NIC: what a NIC records of a pause frame, per priority; the
+twin's NICs run it. Written as the XDP program will do it (64-bit integers, one state per
+priority, the MAC Control frame consumed), which has no PFC yet (README, lossless mode).
+
+A PFC frame (controller/wire/pfc.py) names priorities and a pause time for each in quanta
+of 512 bit times at the NIC's line rate; a time of 0 resumes the priority. Per priority the
+NIC keeps until when it is held and the time held so far.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from controller.wire.pfc import PRIORITIES, decode_pfc, is_mac_control, pause_ns
+
+
+@dataclass
+class PfcState:
+    """One priority's pause."""
+
+    pause_until_ns: int = 0
+    since_ns: int = 0
+    paused_ns: int = 0
+    pauses: int = 0
+    resumes: int = 0
+    active: bool = False
+
+    def set(self, now_ns: int, until_ns: int) -> None:
+        """Hold until `until_ns` (now: release), closing the time held so far."""
+        if self.active and now_ns > self.since_ns:
+            self.paused_ns += min(now_ns, self.pause_until_ns) - self.since_ns
+        self.active = False
+        self.pause_until_ns = until_ns
+        if until_ns > now_ns:
+            self.since_ns = now_ns
+            self.active = True
+
+    def holds(self, now_ns: int) -> bool:
+        return self.active and now_ns < self.pause_until_ns
+
+    def held_ns(self, now_ns: int) -> int:
+        """The time held so far, up to `now_ns`."""
+        if not self.active or now_ns <= self.since_ns:
+            return self.paused_ns
+        return self.paused_ns + min(now_ns, self.pause_until_ns) - self.since_ns
+
+
+@dataclass
+class PfcNic:
+    """Every priority's pause on one NIC."""
+
+    prio: list[PfcState] = field(default_factory=lambda: [PfcState() for _ in range(PRIORITIES)])
+
+    def on_frame(self, frame: bytes, line_rate_bps: int, now_ns: int) -> list[str] | None:
+        """None for a frame that is not MAC Control (it goes on to the rate law), else what
+        it did, per priority named, in order (PFC_PAUSE, PFC_RESUME; PFC_MALFORMED)."""
+        if not is_mac_control(frame):
+            return None
+        try:
+            pause = decode_pfc(frame)
+        except ValueError:
+            return ["PFC_MALFORMED"]
+        if not line_rate_bps:
+            return ["NO_CONFIG"]
+        counted = []
+        for p in pause.priorities():
+            st = self.prio[p]
+            q = pause.quanta[p]
+            if q:
+                st.pauses += 1
+                st.set(now_ns, now_ns + pause_ns(q, line_rate_bps))
+                counted.append("PFC_PAUSE")
+            else:
+                st.resumes += 1
+                st.set(now_ns, now_ns)
+                counted.append("PFC_RESUME")
+        return counted
+
+    def release(self, now_ns: int) -> None:
+        for st in self.prio:
+            st.set(now_ns, now_ns)
