@@ -5,9 +5,9 @@ Columns (per scenario and scheme; emulated units, bytes are not scaled):
   bottleneck egress port (KB), from INT (the maximum is in the results JSON);
 - `drops`: packets the switches received but did not send (all switches);
 - `util`: bytes the bottleneck port sent / (its rate x the scenario's completion time);
-- `util>2T`, `Jain min`: where the bottleneck is a host's downlink (the incast's), its
-  utilization after the first 2 T (from the arrivals at that host) and the worst window's
-  Jain fairness index of the flows' received rates (windows of 10 T with >= 2 flows active);
+- `util>2T`, `Jain min`: the incast's, at the receiver's downlink: its utilization after the
+  first 2 T (from the arrivals at the receiver) and the worst window's Jain fairness index of
+  the flows' received rates (windows of 10 T with >= 2 flows active);
 - `FCT p50/p99`: FCT slowdown percentiles (incast and WebSearch flows);
 - `busbw`: all-reduce bus bandwidth (Mb/s; x scale for the model's figure);
 - `time`: completion (last flow, or the collective);

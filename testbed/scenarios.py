@@ -175,7 +175,7 @@ class RunRecord:
     correct: bool | None = None
     repetition: int = 0  # which of the suite's --repeat runs of this (scenario, scheme)
     load_avg_1m: float | None = None  # the machine's when the run started (emulation only)
-    # at a bottleneck that is a host's downlink (the incast's), over the flows to that host:
+    # the incast's, at the receiver's downlink, over the flows to it:
     # Jain's index of their received rates per window of 10 T while >= 2 are active (worst
     # and median window), and the link's utilization after the first 2 T
     fairness_min: float | None = None
@@ -687,9 +687,12 @@ class SuiteBase:
         return rec
 
     def _fairness(self, rec: RunRecord, cap: Capture, t_start: float) -> None:
-        """RunRecord's fairness and utilization after startup, when the bottleneck is a
-        host's downlink: every flow to that host crosses it."""
+        """RunRecord's fairness and utilization after startup, for the incast: its
+        bottleneck is the receiver's downlink, which every flow crosses (elsewhere flows of
+        any size meet, bottlenecked elsewhere too, and their Jain index says little)."""
         spec, t = self.spec, self.tita_t_s
+        if rec.scenario != "incast":
+            return
         behind = [n.ip for h in spec.hosts for i, n in enumerate(h.nics)
                   if str(spec.attachment(h.name, i)) == rec.bottleneck]
         if not behind or t <= 0:

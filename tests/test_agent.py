@@ -56,7 +56,7 @@ def test_agent_api_and_clean_shutdown(_: int) -> None:
             if st.pacing_mode == "htb":
                 assert "sch_fq" in st.pacing_detail
             assert st.line_rate_bps == 100_000_000 and st.host_law.law == pb.RATE_LAW_TITA
-            assert st.host_law.tita.w_ai_bps == 50_000 and not st.adopted_pins
+            assert st.host_law.tita.w_ai_bps == 5_000_000 and not st.adopted_pins  # (1-eta) x line
             assert "xdp" in subprocess.run(["ip", "-n", pair.a, "link", "show", pair.dev_a],
                                            capture_output=True, text=True).stdout
             assert "xm_tc_egress" in _tc(pair.a, "filter", "show", "dev", pair.dev_a, "egress")

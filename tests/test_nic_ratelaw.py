@@ -106,7 +106,8 @@ def test_tita_ramp_across_eta_matches_reference() -> None:
             assert x == pytest.approx(r, rel=0.01), f"ACK {i}: XDP {x} vs reference {r}"
             rates.append(x)
         assert min(rates[100:140]) < 0.7 * LINE  # cut while U > eta
-        assert rates[-1] > 100 * min(rates)  # and recovered under light load
+        # and recovered under light load (W_AI, 5 % of the line rate, is the floor of a cut)
+        assert min(rates) < 0.1 * LINE and rates[-1] == LINE
         cc = nic.get("xm_cc", d.key)
         assert cc.feedback == 340 and cc.updates == 339
 

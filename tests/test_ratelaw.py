@@ -34,7 +34,8 @@ LINE = 100_000_000
 
 def test_defaults_scale_with_the_line_rate() -> None:
     slow, fast = CcParams.defaults(Law.TITA, 100_000_000), CcParams.defaults(Law.TITA, 10**9)
-    assert slow.tita.wai_bps == 50_000  # 100 Mb/s * (1 - 0.95) / 100
+    assert slow.tita.wai_bps == 5_000_000  # 100 Mb/s * (1 - 0.95): N = 1
+    assert CcParams.defaults(Law.HPCC, 100_000_000).hpcc.wai_bps == 50_000  # HPCC's N = 100
     assert fast.tita.wai_bps == 10 * slow.tita.wai_bps
     assert slow.tita.eta == to_fixed(0.95) and slow.tita.max_stage == 0
     assert fast.min_rate_bps == 10 * slow.min_rate_bps == 1_000_000
@@ -200,7 +201,7 @@ def test_baseline_defaults_are_the_papers_scaled() -> None:
 
     p = CcParams.defaults(Law.HPCC, LINE, 200_000)
     assert p.hpcc.max_stage == 5 and p.hpcc.eta == p.tita.eta and p.tita.max_stage == 0
-    assert p.hpcc.wai_bps == p.tita.wai_bps and p.hpcc.base_rtt_ns == 200_000
+    assert p.hpcc.wai_bps == p.tita.wai_bps // 100 and p.hpcc.base_rtt_ns == 200_000  # N 100 vs 1
     t10, t100m = TimelyParams.scaled(10 * 10**9), TimelyParams.scaled(LINE)
     assert (t10.delta_bps, t10.t_low_ns, t10.t_high_ns, t10.min_rtt_ns) == (
         10_000_000, 50_000, 500_000, 20_000)  # the paper's 10 Gb/s values

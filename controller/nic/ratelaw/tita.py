@@ -2,8 +2,8 @@
 
 Utilisation U = max over hops of txRate/B + qlen/(B*T), an EWMA over the base RTT T; target
 eta, additive step W_AI. Defaults (params.TitaParams.defaults) scale with the emulated line
-rate: eta = 0.95, W_AI = line rate * (1 - eta) / 100 (HPCC's W_init(1-eta)/N for N = 100
-flows), max stage 0.
+rate: eta = 0.95, W_AI = line rate * (1 - eta) (HPCC's W_init(1-eta)/N for N = 1: see
+params.TITA_WAI_FLOWS; HPCC's own defaults keep N = 100), max stage 0.
 """
 
 from __future__ import annotations
