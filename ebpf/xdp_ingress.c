@@ -3,7 +3,8 @@
  * XDP ingress of the xingmai NIC: reads the transport's feedback (ACKs with an echoed INT
  * stack, CNPs), runs the flow's rate law in fixed point and writes the new rate to xm_rates.
  * Every packet passes (XDP_PASS): the transport needs its ACKs, and anything unknown or
- * malformed is only counted.
+ * malformed is only counted. PFC pause frames are the exception: the NIC's MAC consumes MAC
+ * Control frames, so XDP records the pause (lib/pfc.h) and drops them.
  *
  * The laws live in lib/tita.h (TiTa and HPCC), lib/dcqcn.h, lib/timely.h and lib/swift.h
  * (on RTT samples, lib/rtt.h); controller/nic/ratelaw/ is their Python
@@ -26,12 +27,15 @@
 #include "lib/rtt.h"
 #include "lib/swift.h"
 #include "lib/timely.h"
+#include "lib/pfc.h"
 
 int xm_xdp_ingress(struct xdp_md *ctx)
 {
 	struct xm_feedback fb = {};
 
 	xm_count(XM_CNT_XDP_PACKETS);
+	if (xm_pfc_frame(ctx, bpf_ktime_get_ns()))
+		return XDP_DROP;
 	if (xm_parse_feedback(ctx, &fb) < 0)
 		return XDP_PASS;
 

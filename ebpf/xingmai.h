@@ -44,6 +44,12 @@
 /* Data-carrying RC requests (SEND and RDMA WRITE families) get INT; feedback never does. */
 #define XM_OP_DATA_MAX 0x0b
 #define XM_AETH_NAK_MIN 0x60
+/* IEEE 802.1Qbb PFC (controller/wire/pfc.py): a MAC Control frame the NIC consumes. */
+#define XM_ETH_P_MAC_CONTROL 0x8808
+#define XM_PFC_OPCODE 0x0101
+#define XM_PFC_LEN 20 /* opcode, class-enable vector, eight 16-bit pause times */
+#define XM_PFC_PRIORITIES 8
+#define XM_PFC_QUANTUM_BITS 512
 
 enum xm_law {
 	XM_LAW_NONE = 0,
@@ -121,6 +127,9 @@ enum xm_counter {
 	XM_CNT_XDP_SWIFT_INCREASE,
 	XM_CNT_XDP_SWIFT_DECREASE,
 	XM_CNT_XDP_SWIFT_DECREASE_HELD,
+	XM_CNT_XDP_PFC_PAUSE,
+	XM_CNT_XDP_PFC_RESUME,
+	XM_CNT_XDP_PFC_MALFORMED,
 	XM_CNT_SOCKOPS_ESTABLISHED,
 	XM_CNT_SOCKOPS_RATE_SET,
 	XM_CNT_SOCKOPS_SETSOCKOPT_ERROR,
@@ -273,6 +282,18 @@ struct xm_hop_rec {
 	__u32 pad;
 };
 #define XM_NO_TS 0xffffffffffffffffULL
+
+/* A PFC priority's pause as the switch asked it, written by XDP: xm_pfc[priority]. The time
+ * held so far is paused_ns plus, while active, min(now, pause_until_ns) - since_ns. */
+struct xm_pfc_state {
+	__u64 pause_until_ns; /* the NIC holds the priority until then (CLOCK_MONOTONIC) */
+	__u64 since_ns;       /* start of the pause in force (when active) */
+	__u64 paused_ns;      /* closed pause intervals */
+	__u64 pauses;         /* frames with a non-zero time for this priority */
+	__u64 resumes;        /* frames with time 0 (XON) */
+	__u32 active;
+	__u32 pad;
+};
 
 /* Per-flow congestion-control state, written by XDP only: xm_cc. */
 #define XM_CC_HAVE_RECORDS 1

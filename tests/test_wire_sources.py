@@ -12,7 +12,7 @@ import pytest
 
 from controller.nic.bpf import header, loader
 from controller.nic.ratelaw import base, dcqcn, echo
-from controller.wire import int_md, roce
+from controller.wire import int_md, pfc, roce
 from controller.wire import telemetry_report as tr
 from controller.wire.layout import Fields
 
@@ -41,6 +41,11 @@ C_DEFINES: dict[str, int | None] = {
     "XM_OP_CNP": roce.OP_CNP,
     "XM_OP_DATA_MAX": roce.OP_RC_DATA_MAX,
     "XM_AETH_NAK_MIN": roce.AETH_NAK_PSN_SEQ_ERR,
+    "XM_ETH_P_MAC_CONTROL": pfc.ETH_P_MAC_CONTROL,
+    "XM_PFC_OPCODE": pfc.PFC_OPCODE,
+    "XM_PFC_LEN": pfc.PFC_BYTES,
+    "XM_PFC_PRIORITIES": pfc.PRIORITIES,
+    "XM_PFC_QUANTUM_BITS": pfc.QUANTUM_BITS,
     "XM_CTL_HAS_CAP": loader.CTL_HAS_CAP,
     "XM_CTL_HAS_PARAMS": loader.CTL_HAS_PARAMS,
     "XM_FLOW_PSN_VALID": None,
@@ -90,7 +95,7 @@ def test_c_enums_are_the_python_ones() -> None:
 
 def test_bpfload_map_list_is_the_header_declarations() -> None:
     text = "\n".join(p.read_text() for p in header.headers())
-    assert len(loader.MAPS) == text.count("BPF_TABLE_PINNED(") + 1 == 11
+    assert len(loader.MAPS) == text.count("BPF_TABLE_PINNED(") + 1 == 12
     assert loader.RING_BUFFERS == ("xm_events",) and "xm_events" in loader.MAPS
     for name in loader.MAPS:
         assert f'XM_PIN("{name}")' in text

@@ -1,6 +1,5 @@
-"""PFC pauses arriving at the NIC: what a NIC records of a pause frame, per priority; the
-twin's NICs run it. Written as the XDP program will do it (64-bit integers, one state per
-priority, the MAC Control frame consumed), which has no PFC yet (README, lossless mode).
+"""PFC pauses arriving at the NIC: the Python reference of ebpf/lib/pfc.h, operation for
+operation (tests/test_nic_pfc.py compares them frame by frame); the twin's NICs run it.
 
 A PFC frame (controller/wire/pfc.py) names priorities and a pause time for each in quanta
 of 512 bit times at the NIC's line rate; a time of 0 resumes the priority. Per priority the
@@ -16,7 +15,7 @@ from controller.wire.pfc import PRIORITIES, decode_pfc, is_mac_control, pause_ns
 
 @dataclass
 class PfcState:
-    """One priority's pause."""
+    """xm_pfc_state: one priority's pause."""
 
     pause_until_ns: int = 0
     since_ns: int = 0
@@ -26,7 +25,7 @@ class PfcState:
     active: bool = False
 
     def set(self, now_ns: int, until_ns: int) -> None:
-        """Hold until `until_ns` (now: release), closing the time held so far."""
+        """xm_pfc_set: hold until `until_ns` (now: release), closing the time held so far."""
         if self.active and now_ns > self.since_ns:
             self.paused_ns += min(now_ns, self.pause_until_ns) - self.since_ns
         self.active = False
@@ -47,13 +46,13 @@ class PfcState:
 
 @dataclass
 class PfcNic:
-    """Every priority's pause on one NIC."""
+    """xm_pfc: every priority's pause on one NIC."""
 
     prio: list[PfcState] = field(default_factory=lambda: [PfcState() for _ in range(PRIORITIES)])
 
     def on_frame(self, frame: bytes, line_rate_bps: int, now_ns: int) -> list[str] | None:
-        """None for a frame that is not MAC Control (it goes on to the rate law), else what
-        it did, per priority named, in order (PFC_PAUSE, PFC_RESUME; PFC_MALFORMED)."""
+        """xm_pfc_frame: None for a frame that is not MAC Control (it goes on to the rate
+        law), else the counters it bumps (XM_CNT_XDP_<name>), in order."""
         if not is_mac_control(frame):
             return None
         try:

@@ -1,7 +1,9 @@
 """IEEE 802.1Qbb Priority-based Flow Control (PFC) pause frames (docs/wire-format.md).
 
 The one declaration of the frame in the project: the built-in switch's traffic manager sends
-and honours it, the twin's NICs honour and (in a storm) send it (controller/nic/pfc.py).
+and honours it, the twin's NICs honour and (in a storm) send it, and the NIC's XDP program
+reads it (ebpf/xingmai.h's XM_ETH_P_MAC_CONTROL and XM_PFC_OPCODE, held against these values
+by tests/test_wire_sources.py).
 
 A PFC frame is a MAC Control frame (EtherType 0x8808) to the reserved multicast address
 01:80:C2:00:00:01, opcode 0x0101, then a 16-bit class-enable vector (bit i: priority i; the
@@ -46,7 +48,7 @@ class PfcPause(NamedTuple):
 
 def pause_ns(quanta: int, link_bps: float) -> int:
     """How long `quanta` pause a link of `link_bps` (b/s, taken as a whole number), in whole
-    ns, rounded down (in integers, as an XDP program would compute it)."""
+    ns, rounded down: the NIC's XDP computes it so in 64-bit integers (ebpf/lib/pfc.h)."""
     rate = round(link_bps)
     if rate <= 0:
         raise ValueError(f"a pause needs the link's speed, got {link_bps}")

@@ -33,6 +33,9 @@ BPF_TABLE_PINNED("percpu_array", __u32, struct xm_cc_state, xm_cc_scratch, 1,
 		 XM_PIN("xm_cc_scratch"));
 BPF_TABLE_PINNED("percpu_array", __u32, struct xm_hop_scratch, xm_xdp_scratch, 1,
 		 XM_PIN("xm_xdp_scratch"));
+/* The pause the switch sent, per PFC priority (written by XDP, read by the sender). */
+BPF_TABLE_PINNED("array", __u32, struct xm_pfc_state, xm_pfc, XM_PFC_PRIORITIES,
+		 XM_PIN("xm_pfc"));
 BPF_TABLE_PINNED("percpu_array", __u32, __u64, xm_counters, XM_CNT_MAX, XM_PIN("xm_counters"));
 
 /*

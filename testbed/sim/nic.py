@@ -12,8 +12,8 @@ transport (the sans-I/O core and the workload's job), on the event loop.
   pulls a message's data as its rate allows), so there is no NIC queue to overflow.
 - PFC: with `pfc` on, a pause frame (controller/wire/pfc.py) arriving at a NIC stops that
   NIC's transmission for the pause's time (the frame on the wire finishes; a resume ends it
-  early), as controller/nic/pfc.py records it: the fabric runs one priority, 0, so it holds
-  data and feedback alike. `pfc_storm`
+  early), as XDP records it (controller/nic/pfc.py, the reference of ebpf/lib/pfc.h): the
+  fabric runs one priority, 0, so it holds data and feedback alike. `pfc_storm`
   makes a NIC that keeps pausing its switch (a stuck receive path), for the watchdog.
 - Kernel: the IPv4 header checksum the kernel fills in for the transport's raw sockets, and
   Ethernet towards the gateway (the switch's router MAC).
@@ -118,7 +118,7 @@ class NicPort:
     send: Callable[[bytes, int], bool]  # (frame, departure ns) -> sent? (over the MTU: not)
     busy_until: int = 0
     kick_at: int | None = None
-    # PFC: the pauses the switch sent, and pause frames this NIC sent
+    # PFC: the pauses the switch sent (XDP's xm_pfc), and pause frames this NIC sent
     pfc: PfcNic = field(default_factory=PfcNic)
     pfc_sent: int = 0
 
@@ -380,7 +380,7 @@ class SimHost:
     # ---- PFC ----
 
     def _pause(self, nic: int, frame: bytes) -> None:
-        """A MAC Control frame at NIC `nic`: the NIC's record of a PFC pause holds priority 0."""
+        """A MAC Control frame at NIC `nic`: XDP's record of a PFC pause holds priority 0."""
         if not self.pfc:
             self.pfc_ignored += 1
             return
