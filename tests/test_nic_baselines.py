@@ -215,22 +215,24 @@ def test_timely_rtt_regions_match_reference() -> None:
 
 
 def test_swift_target_hops_and_one_decrease_per_rtt_match_reference() -> None:
-    base = 10 * MS
+    # Times ten times the other tests': the steps below must come far faster than one RTT on
+    # a loaded box too (the held decreases are counted), so the RTTs are hundreds of ms.
+    base = 100 * MS
     with standalone_nic(LINE, law="swift", base_rtt_ns=base) as nic:
         prm = CcParams.defaults(Law.SWIFT, LINE, base)
-        w = prm.swift  # target 10 ms + 2.5 ms per hop
+        w = prm.swift  # target 100 ms + 25 ms per hop
         assert (w.base_target_ns, w.per_hop_ns, w.sender_ttl) == (base, base // 4, 64)
         ref = ReferenceNic(LINE, prm)
         d = Driver(nic, ref, sport=51003)
         psn, tx = 0, 0
         d.send(ack(d.sport, psn), tx, psn + 1)
-        # (RTT, TTL of the ACK): 2 hops (target 15 ms), 3 hops (17.5 ms), 0 hops
+        # (RTT, TTL of the ACK): 2 hops (target 150 ms), 3 hops (175 ms), 0 hops
         steps = (
-            [(30 * MS, 62)] * 6
-            + [(15 * MS, 61)] * 4
-            + [(16 * MS, 62)] * 3
-            + [(8 * MS, 64)] * 12
-            + [(200 * MS, 62)] * 3
+            [(300 * MS, 62)] * 6
+            + [(150 * MS, 61)] * 4
+            + [(160 * MS, 62)] * 3
+            + [(80 * MS, 64)] * 12
+            + [(2000 * MS, 62)] * 3
         )
         rates = []
         for i, (rtt, ttl) in enumerate(steps):
@@ -245,10 +247,10 @@ def test_swift_target_hops_and_one_decrease_per_rtt_match_reference() -> None:
         # after the first of a burst wait for one RTT
         assert c["xdp_swift_decrease_held"] >= 3 and c["xdp_swift_decrease"] >= 1
         assert c["xdp_swift_increase"] >= 12
-        assert rates[0] == pytest.approx(0.6 * LINE, rel=0.02)  # 1 - 0.8 x (30 - 15) / 30
+        assert rates[0] == pytest.approx(0.6 * LINE, rel=0.02)  # 1 - 0.8 x (300 - 150) / 300
         assert rates[9] > rates[6]  # below the 3-hop target: increases
-        time.sleep(0.21)  # one 200 ms RTT later a decrease is allowed again
-        d.set_probe(psn + 1, 200 * MS)
+        time.sleep(2.1)  # one 2 s RTT later a decrease is allowed again
+        d.set_probe(psn + 1, 2000 * MS)
         psn += 4
         x, r = d.send(ack(d.sport, psn, ttl=62), tx, psn + 1)
         assert x == r and x < rates[-1]
