@@ -25,6 +25,15 @@ class SwitchAdminService(switch_pb2_grpc.SwitchAdminServicer):  # type: ignore[m
         self.dataplane = dataplane
         self.p4rt = p4rt
 
+    def _check_primary(self, r: Any, context: Any) -> None:
+        """The same rule as a P4Runtime Write: only the primary controller changes the switch."""
+        if self.p4rt is None:
+            return
+        try:
+            self.p4rt.streams.check_primary(r.device_id, r.election_id, r.role)
+        except RpcError as exc:
+            context.abort(grpc_code(exc.code), exc.message)
+
     def SetQueue(self, request: Any, context: Any) -> Any:
         r = request
         port = None if r.all_ports else r.port
@@ -32,12 +41,7 @@ class SwitchAdminService(switch_pb2_grpc.SwitchAdminServicer):  # type: ignore[m
         nbytes = r.depth_bytes if r.HasField("depth_bytes") else None
         pps = r.rate_pps if r.HasField("rate_pps") else None
         bps = r.rate_bps if r.HasField("rate_bps") else None
-        if self.p4rt is not None:
-            # the same rule as a P4Runtime Write: only the primary controller changes the switch
-            try:
-                self.p4rt.streams.check_primary(r.device_id, r.election_id, r.role)
-            except RpcError as exc:
-                context.abort(grpc_code(exc.code), exc.message)
+        self._check_primary(r, context)
         try:
             # all of it is checked before any of it is applied
             check_queue_setting(port, pps, bps, pkts, nbytes)
@@ -56,11 +60,7 @@ class SwitchAdminService(switch_pb2_grpc.SwitchAdminServicer):  # type: ignore[m
         loss = r.loss if r.HasField("loss") else None
         delay = r.delay_ns if r.HasField("delay_ns") else None
         factor = r.rate_factor if r.HasField("rate_factor") else None
-        if self.p4rt is not None:
-            try:
-                self.p4rt.streams.check_primary(r.device_id, r.election_id, r.role)
-            except RpcError as exc:
-                context.abort(grpc_code(exc.code), exc.message)
+        self._check_primary(r, context)
         try:
             check_fault_setting(port, loss, delay, factor)
         except ValueError as exc:
@@ -74,11 +74,7 @@ class SwitchAdminService(switch_pb2_grpc.SwitchAdminServicer):  # type: ignore[m
 
     def SetPfc(self, request: Any, context: Any) -> Any:
         r = request
-        if self.p4rt is not None:
-            try:
-                self.p4rt.streams.check_primary(r.device_id, r.election_id, r.role)
-            except RpcError as exc:
-                context.abort(grpc_code(exc.code), exc.message)
+        self._check_primary(r, context)
         pfc: PfcConfig | None = None
         wd: WatchdogConfig | None = None
         if r.enable:
