@@ -16,12 +16,13 @@ What each suspect rests on:
   of them explain at the port's rate (its latency monitor: INT's hop latency against its queue
   occupancy, summed per port). A port that drains below its rate (`rate` fault) or holds every
   frame (`delay`) shows it; a switch with most of its busy ports slow is the suspect, not
-  each of its links.
+  each of its links (ports counted over `hold_s`: a spine's ports are often busy in turns).
 - **lossy link, by vote** (007): each receiving NIC reports a gap in a flow's PSNs with the
   path its next packet took (its INT, controller/nic/int_sink.py); every such loss gives each
   link of its path an equal share of one vote, and the link with the most votes explains the
   losses that crossed it (greedily, as 007 does; links within `tie_ratio` of the top share the
-  blame). A loss whose path held a queue near full is a tail drop of congestion, not a fault,
+  blame; a link named by the vote alone ranks below any link the counters name). A loss
+  whose path held a queue near full is a tail drop of congestion, not a fault,
   and does not vote; a link is named only for losses of at least `min_vote_flows` flows and
   `min_vote_loss` of the frames it carried; a loss whose flow's path just changed counts for
   the path it left. This sees what counters cannot: a drop that no port
@@ -131,6 +132,9 @@ class Localizer:
         self._losses: deque[PathLoss] = deque(maxlen=8192)
         self.losses_seen = 0
         self.losses_congested = 0  # tail drops of a full queue: not voted
+        # when each port was last slow and last busy (the slow-switch rule's memory)
+        self._slow_at: dict[tuple[str, int], float] = {}
+        self._busy_at: dict[tuple[str, int], float] = {}
 
     # ---- input ----
 
@@ -199,19 +203,32 @@ class Localizer:
             if old is not None and old[0] == "lossy-link":  # counters and votes agree
                 found[f"link {lid}"] = (old[0], min(0.99, old[1] + 0.1), f"{old[2]}; {ev}")
             elif old is None:
-                found[f"link {lid}"] = ("lossy-link", min(0.85, 0.3 + 0.4 * share), ev)
+                # Below any link the counters name (0.5 and up): a counted error is measured
+                # where it happened, a vote is inferred from paths, and a receiving host that
+                # drops what it cannot read in time votes against its own downlink.
+                found[f"link {lid}"] = ("lossy-link", 0.3 + 0.2 * share, ev)
         slow_ports = self._slow_ports()
         by_switch: dict[str, list[tuple[int, float, str]]] = {}
         for (sw, port), (excess, ev) in slow_ports.items():
             by_switch.setdefault(sw, []).append((port, excess, ev))
+            self._slow_at[(sw, port)] = now
+        for sw in self.topo.switches:
+            for port in self._busy_ports(sw):
+                self._busy_at[(sw, port)] = now
         for sw, ports in by_switch.items():
-            busy = self._busy_ports(sw)
+            # A switch's ports are busy in turns (a spine carries one direction of a flow
+            # on each), so a slow switch shows one slow port at a time: its ports are counted
+            # over the hold time, not within one window.
+            slow = {p for (s, p), t in self._slow_at.items() if s == sw and now - t <= self.th.hold_s}
+            busy = slow | {
+                p for (s, p), t in self._busy_at.items() if s == sw and now - t <= self.th.hold_s
+            }
             held = self.suspects.get(f"switch {sw}")
             # A switch already named slow explains its own slow ports while any is still slow:
             # at a moment when only one of its ports is busy, that port is not a new slow link.
             still_slow = held is not None and held.kind == "slow-switch"
             if still_slow or (
-                len(ports) >= 2 and len(ports) >= self.th.switch_share * max(1, len(busy))
+                len(slow) >= 2 and len(slow) >= self.th.switch_share * len(busy)
             ):
                 worst = max(e for _, e, _ in ports)
                 found.setdefault(
@@ -219,7 +236,8 @@ class Localizer:
                     (
                         "slow-switch",
                         min(0.95, 0.4 + 0.1 * worst),
-                        f"{len(ports)} of {len(busy)} busy ports wait beyond their queues: "
+                        f"{len(slow)} of {len(busy)} ports busy in the last "
+                        f"{self.th.hold_s:g} s waited beyond their queues: "
                         + "; ".join(ev for _, _, ev in sorted(ports)[:4]),
                     ),
                 )

@@ -62,7 +62,10 @@ async def apply_builtin(sw: SwitchConfig, settings: list[QueueSetting],
                 election_id=switch_pb2.ElectionId(high=election_id >> 64,
                                                   low=election_id & (2**64 - 1)))
             try:
-                await stub.SetQueue(req, timeout=timeout)
+                # wait_for_ready: a switch that just came back may still sit in gRPC's
+                # reconnect backoff from its downtime (subchannels are shared process-wide),
+                # and failing fast then would leave its queues unset
+                await stub.SetQueue(req, timeout=timeout, wait_for_ready=True)
             except grpc.aio.AioRpcError as exc:
                 raise QueueError(f"{sw.name}: SwitchAdmin.SetQueue port {s.port}: "
                                  f"{exc.code().name} {exc.details()}") from None

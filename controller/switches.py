@@ -71,6 +71,7 @@ class SwitchSession:
         self._task: asyncio.Task[None] | None = None
         self._down = asyncio.Event()
         self._qdepth_unit: int | None = None
+        self._retry: asyncio.Task[None] | None = None
 
     @property
     def name(self) -> str:
@@ -148,6 +149,9 @@ class SwitchSession:
             await self._down.wait()
             raise ConnectionError("P4Runtime channel went down")
         finally:
+            if self._retry is not None:
+                helpers.append(self._retry)
+                self._retry = None
             for t in helpers:
                 t.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -163,8 +167,26 @@ class SwitchSession:
             log.info("switch: backup (another controller is primary)",
                      extra={"switch": self.name, "primary_id": sw.primary_id})
             return
-        await self.reconcile()
-        await self.set_queues()
+        if not await self._program():
+            self._start_retry()
+
+    async def _program(self) -> bool:
+        """Entries, then queue settings. True when both are in place."""
+        return await self.reconcile() and await self.set_queues()
+
+    def _start_retry(self) -> None:
+        """A switch that refused a write or a queue setting is tried again with backoff for
+        as long as this session is up and primary, instead of staying half-programmed."""
+        if self._retry is None or self._retry.done():
+            self._retry = asyncio.create_task(self._retry_program(), name=f"program:{self.name}")
+
+    async def _retry_program(self) -> None:
+        backoff = BACKOFF_FIRST_S
+        while self.switch is not None and self.switch.is_primary:
+            await asyncio.sleep(backoff)
+            if self.switch is None or not self.switch.is_primary or await self._program():
+                return
+            backoff = min(backoff * 2, self.cfg.controller.reconnect_max_s)
 
     # ---- programming ----
 
@@ -221,7 +243,7 @@ class SwitchSession:
                                           "failed": res.failed if res else 0})
             return h.programmed
 
-    async def set_queues(self) -> None:
+    async def set_queues(self) -> bool:
         try:
             await apply_queues(self.cfg, self.topo, self.sw,
                                _grpc_creds(self.cfg.controller.p4runtime_tls))
@@ -230,6 +252,7 @@ class SwitchSession:
             self.health.queues_set = False
             self.health.last_error = f"queues: {exc}"[:500]
             log.error("setting queues failed", extra={"switch": self.name, "error": str(exc)})
+        return self.health.queues_set
 
     async def reload(self, cfg: Config, topo: Topology, sw: SwitchConfig) -> None:
         """A new config: reconnect if the switch's identity changed, else re-program the
@@ -246,8 +269,8 @@ class SwitchSession:
             await self.stop()
             self.start()
             return
-        if await self.reconcile():
-            await self.set_queues()
+        if not await self._program():
+            self._start_retry()
 
     # ---- packet-ins ----
 

@@ -94,3 +94,20 @@ def test_congestion_one_flow_and_rare_losses_are_not_blamed() -> None:
         assert f.loc.losses_seen == len(losses)
         if what == "congestion":
             assert f.loc.losses_congested == len(losses)
+
+
+def test_a_link_the_counters_name_ranks_above_a_link_named_by_vote_alone() -> None:
+    """On the emulation a receiving host that cannot read its socket in time loses frames
+    that vote against its own downlink, sometimes more than a faulty link's losses do (CI:
+    h4's downlink ranked above the 1 % lossy link leaf1:3 that leaf1's counters named). A
+    counted error is measured where it happened and ranks first."""
+    f = Fabric()
+    f.run(2)
+    f.loss[("spine1", 1)] = 0.01  # leaf1:5 -> spine1:1 corrupts 1 % of its frames
+    losses = [("h1", 0), ("h2", 0), ("h6", 0)] * 20  # and h5's downlink loses more
+    run_with_losses(f, losses)
+    counted, voted = "link leaf1:5-spine1:1", H5_DOWNLINK
+    assert {counted, voted} <= set(f.loc.suspects)
+    assert "corrupted frames" in f.loc.suspects[counted].evidence
+    assert "007: " in f.loc.suspects[voted].evidence
+    assert [s.element for s in f.loc.ranked()][:2] == [counted, voted]

@@ -52,8 +52,12 @@ def test_faults_localized_and_failed_over(tmp_path: Path) -> None:
             results[line] = rec
             report.append(
                 f"{line}: {rec.flows_completed}/{rec.flows} flows, faults "
-                f"{rec.faults}, suspects {[(s['element'], s['kind'], s['first_named']) for s in rec.suspects]}, "  # noqa: E501
-                f"failovers {rec.failovers}"
+                f"{rec.faults}, failovers {rec.failovers}, suspects:\n"
+                + "\n".join(
+                    f"  {s['element']} {s['kind']} score {s['score']} first named "
+                    f"{s['first_named']} s: {s['evidence']}"
+                    for s in rec.suspects
+                )
             )
     print("\n".join(report))
     assert healthy.suspects == [] and healthy.flows_completed == healthy.flows
