@@ -219,7 +219,9 @@ class Localizer:
             # A switch's ports are busy in turns (a spine carries one direction of a flow
             # on each), so a slow switch shows one slow port at a time: its ports are counted
             # over the hold time, not within one window.
-            slow = {p for (s, p), t in self._slow_at.items() if s == sw and now - t <= self.th.hold_s}
+            slow = {
+                p for (s, p), t in self._slow_at.items() if s == sw and now - t <= self.th.hold_s
+            }
             busy = slow | {
                 p for (s, p), t in self._busy_at.items() if s == sw and now - t <= self.th.hold_s
             }
@@ -227,9 +229,7 @@ class Localizer:
             # A switch already named slow explains its own slow ports while any is still slow:
             # at a moment when only one of its ports is busy, that port is not a new slow link.
             still_slow = held is not None and held.kind == "slow-switch"
-            if still_slow or (
-                len(slow) >= 2 and len(slow) >= self.th.switch_share * len(busy)
-            ):
+            if still_slow or (len(slow) >= 2 and len(slow) >= self.th.switch_share * len(busy)):
                 worst = max(e for _, e, _ in ports)
                 found.setdefault(
                     f"switch {sw}",

@@ -166,9 +166,7 @@ def test_a_slow_switch_whose_ports_are_busy_in_turns_is_named_as_the_switch() ->
     f.extra_wait_ns.update(slow)
     f.idle.add(("spine2", 2))
     f.run(2.5)
-    assert [(s.element, s.kind) for s in f.loc.ranked()] == [
-        ("link leaf1:6-spine2:1", "slow-link")
-    ]
+    assert [(s.element, s.kind) for s in f.loc.ranked()] == [("link leaf1:6-spine2:1", "slow-link")]
     f.idle = {("spine2", 1)}  # the traffic turns: now only port 2 is busy
     for _ in range(30):
         if "switch spine2" in f.loc.suspects:
