@@ -49,10 +49,14 @@ async def apply_builtin(sw: SwitchConfig, settings: list[QueueSetting],
     switch takes queue changes from the P4Runtime primary's election id only)."""
     from controller.proto import switch_pb2, switch_pb2_grpc
 
+    # A subchannel of this channel's own: gRPC shares subchannels process-wide, and the one
+    # to a switch that just came back may still sit in its reconnect backoff from the
+    # downtime, failing every call fast (the restarted switch was then left unqueued).
+    options = [("grpc.use_local_subchannel_pool", 1)]
     if credentials is not None:
-        channel = grpc.aio.secure_channel(sw.grpc_addr, credentials)
+        channel = grpc.aio.secure_channel(sw.grpc_addr, credentials, options=options)
     else:
-        channel = grpc.aio.insecure_channel(sw.grpc_addr)
+        channel = grpc.aio.insecure_channel(sw.grpc_addr, options=options)
     try:
         stub = switch_pb2_grpc.SwitchAdminStub(channel)
         for s in settings:
@@ -62,10 +66,7 @@ async def apply_builtin(sw: SwitchConfig, settings: list[QueueSetting],
                 election_id=switch_pb2.ElectionId(high=election_id >> 64,
                                                   low=election_id & (2**64 - 1)))
             try:
-                # wait_for_ready: a switch that just came back may still sit in gRPC's
-                # reconnect backoff from its downtime (subchannels are shared process-wide),
-                # and failing fast then would leave its queues unset
-                await stub.SetQueue(req, timeout=timeout, wait_for_ready=True)
+                await stub.SetQueue(req, timeout=timeout)
             except grpc.aio.AioRpcError as exc:
                 raise QueueError(f"{sw.name}: SwitchAdmin.SetQueue port {s.port}: "
                                  f"{exc.code().name} {exc.details()}") from None
