@@ -73,11 +73,15 @@ class Scaling:
         return self.transport_mtu + TRANSPORT_OVERHEAD
 
     @property
+    def wire_frame_bytes(self) -> int:
+        """A full transport frame on the longest path's last link, with its INT."""
+        return self.frame_bytes + INT_HEADER_BYTES + self.max_hops * self.int_hop_bytes
+
+    @property
     def nic_bps(self) -> float:
         """NIC line rate: the link rate less the INT bytes a full frame picks up on the
         longest path, so that a NIC at line rate fits its link."""
-        wire = self.frame_bytes + INT_HEADER_BYTES + self.max_hops * self.int_hop_bytes
-        return self.link_bps * self.frame_bytes / wire
+        return self.link_bps * self.frame_bytes / self.wire_frame_bytes
 
     @property
     def base_rtt_s(self) -> float:

@@ -21,9 +21,10 @@ from matplotlib.ticker import NullFormatter  # noqa: E402
 from testbed.scenarios import RunRecord  # noqa: E402
 
 COLORS = {"none": "tab:red", "dcqcn": "tab:blue", "tita": "tab:green", "hpcc": "tab:olive",
-          "timely": "tab:purple", "swift": "tab:orange"}
+          "timely": "tab:purple", "swift": "tab:orange", "dcqcn+pfc": "tab:cyan",
+          "tita+pfc": "tab:brown"}
 TITLES = {"none": "no CC", "dcqcn": "DCQCN", "tita": "TiTa", "hpcc": "HPCC",
-          "timely": "TIMELY", "swift": "Swift"}
+          "timely": "TIMELY", "swift": "Swift", "dcqcn+pfc": "DCQCN+PFC", "tita+pfc": "TiTa+PFC"}
 
 
 def _gaps(t: list[float], v: list[float], gap_s: float = 0.05) -> tuple[np.ndarray, np.ndarray]:

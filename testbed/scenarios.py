@@ -16,8 +16,9 @@ Scenarios (testbed.traffic.workloads over the testbed's hosts):
   and Poisson arrivals at `websearch_load` of the NIC line rate per host.
 
 Lossless schemes (`dcqcn+pfc`, `tita+pfc`) run their law with PFC on in every switch and NIC
-(testbed/switch/pfc.py; the twin only: the emulation's NICs do not honour pauses yet), with
-the PFC watchdog in the switches unless `pfc_watchdog` is off. Two scenarios show PFC's
+(testbed/switch/pfc.py; on the emulation the built-in switch only, and a host's transport
+holds its sends while its NIC's XDP records a pause), with the PFC watchdog in the switches
+unless `pfc_watchdog` is off. Two scenarios show PFC's
 classic harms (not in the default list):
 - `victim`: an incast to the first host from every host but the second and the last, and a
   victim flow from the last host to the second, whose own path is idle but shares the
@@ -62,6 +63,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from controller.wire.pfc import MIN_FRAME as PFC_FRAME_BYTES
 from testbed.collective import run as coll
 from testbed.collective.run import CollFabric
 from testbed.ctlconfig import COLLECTOR_UDP_PORT
@@ -204,6 +206,10 @@ class RunRecord:
     # watchdog's storms
     pauses: int = 0
     paused_s: float = 0.0
+    # the emulation's senders: pauses of their NIC their transport held for, and the time
+    # held (s, summed over hosts); the twin's NICs hold by themselves (paused_s)
+    sender_holds: int = 0
+    sender_held_s: float = 0.0
     pfc_by_port: dict[str, dict[str, int]] = field(default_factory=dict)
     pfc_storms: int = 0
     pfc_restored: int = 0
@@ -669,6 +675,8 @@ class SuiteBase:
             retransmits=int(counters.get("retransmits", 0)),
             cnps=int(counters.get("cnps_received", 0)),
             out_of_order=int(counters.get("drops", {}).get("out_of_order", 0)),
+            sender_holds=int(counters.get("pfc_holds", 0)),
+            sender_held_s=int(counters.get("pfc_held_us", 0)) / 1e6,
             window=self.window(scheme), correct=correct,
             queue_by_link=qstats, drops_by_switch=drops_by_switch, rate_events=len(events),
             slowdowns=[float(x) for x in slowdowns])
@@ -745,7 +753,7 @@ class Suite(SuiteBase):
         self.spec = tb.spec
         self.scaling = tb.scaling
         self.hosts = tb.hosts()
-        self.runner = wl.run_job
+        self.runner = self._run_job
         self.links: dict[tuple[int, int], str] = {}
         self.port_ifs: dict[str, dict[int, str]] = {}
         for sw in tb.switches():
@@ -779,7 +787,7 @@ class Suite(SuiteBase):
         return measure_base_rtt(self.tb)
 
     def _set_policy(self, scheme: str, params: dict[str, float]) -> int:
-        hosts = self.tb.set_policy(scheme, params)
+        hosts = self.tb.set_policy(scheme_law(scheme), params)
         time.sleep(0.5)
         return len(hosts)
 
@@ -802,6 +810,19 @@ class Suite(SuiteBase):
     def _now(self) -> float:
         return time.monotonic()
 
+    def _run_job(self, hosts: list[Host], spec: dict[str, Any]) -> Any:
+        """Every job of the suite: with PFC on, each host's transport holds its sends while
+        its NIC's `xm_pfc` says its switch paused it."""
+        if self.tb.pfc_on:
+            spec = {**spec, "pfc_pins": self.tb.pfc_pins()}
+        return wl.run_job(hosts, spec)
+
+    def _set_pfc(self, on: bool) -> None:
+        self.tb.set_pfc(on, watchdog=self.cfg.pfc_watchdog)
+
+    def _pfc_counters(self) -> dict[str, dict[str, int]]:
+        return self.tb.pfc_counters() if self.tb.pfc_on else {}
+
     def _load_avg(self) -> float | None:
         return round(os.getloadavg()[0], 2)
 
@@ -812,6 +833,18 @@ class Suite(SuiteBase):
             port_of = {ifn: p for p, ifn in ifs.items()}
             for ifn, c in port_counters(sw.netns_path, ifs.values()).items():
                 out[f"{sw.name}:{port_of[ifn]}"] = c
+        if self.tb.pfc_on:
+            # the switches' own MAC Control frames (pauses they sent and consumed) are not
+            # traffic: out of the ports' counters, as the twin keeps them
+            for port, pfc in self.tb.switch_pfc_counters().items():
+                k = out.get(port)
+                if k is None:
+                    continue
+                sent = pfc["xoff_sent"] + pfc["xon_sent"]
+                got = pfc["pauses_received"] + pfc["resumes_received"]
+                out[port] = PortCounters(k.rx_packets - got, k.tx_packets - sent,
+                                         k.rx_bytes - got * PFC_FRAME_BYTES,
+                                         k.tx_bytes - sent * PFC_FRAME_BYTES)
         return out
 
     def _quiet_counters(self) -> dict[str, PortCounters]:
@@ -907,6 +940,8 @@ def one_line(r: RunRecord) -> str:
         parts.append(f"{r.flows - r.flows_completed} flows incomplete")
     if r.pauses or r.paused_s:
         parts.append(f"{r.pauses} pauses, paused {fmt_time(r.paused_s)}")
+    if r.sender_holds:
+        parts.append(f"senders held {r.sender_holds} times, {fmt_time(r.sender_held_s)}")
     if r.pfc_storms:
         parts.append(f"watchdog: {r.pfc_storms} storms, {r.pfc_restored} restored")
     if r.victim_stalls is not None:

@@ -14,7 +14,7 @@ import os
 import pytest
 
 from controller.nic.bpf.syscalls import prog_test_run
-from controller.nic.pfc import PfcNic, PfcState
+from controller.nic.pfc import PfcNic, PfcState, PinnedPfc
 from controller.wire.pfc import pause_ns, pfc_frame
 from testbed.emu.nicrig import standalone_nic
 
@@ -74,6 +74,28 @@ def test_pause_and_resume_match_the_reference() -> None:
         after = nic.counter_values()
         assert after["xdp_pfc_pause"] - before["xdp_pfc_pause"] == 3
         assert after["xdp_pfc_resume"] - before["xdp_pfc_resume"] == 1
+
+
+def test_the_pinned_map_read_without_bcc_is_what_xdp_wrote() -> None:
+    """PinnedPfc (bpf(2) and the header's struct layout, no bcc) is how the emulation's
+    transport learns that its switch paused it: the same state as bcc's view, field by field,
+    and a hold until the pause's end, none after a resume."""
+    with standalone_nic(LINE, law="dcqcn") as nic:
+        pinned = PinnedPfc(nic.pin_dir / "xm_pfc")
+        try:
+            assert pinned.state(0) == PfcState() and pinned.hold_until_ns(1) == 0
+            assert (
+                prog_test_run(nic.fd("xdp"), pfc_frame(MAC, {0: 0xFFFF, 5: 7})).retval == XDP_DROP
+            )
+            for prio in range(8):
+                assert pinned.state(prio) == state(nic, prio)
+            x0 = state(nic, 0)
+            assert pinned.hold_until_ns(x0.since_ns + 1) == x0.pause_until_ns
+            assert pinned.hold_until_ns(x0.pause_until_ns) == 0  # the pause is over
+            prog_test_run(nic.fd("xdp"), pfc_frame(MAC, {0: 0}))
+            assert pinned.state(0) == state(nic, 0) and pinned.hold_until_ns(x0.since_ns) == 0
+        finally:
+            pinned.close()
 
 
 @pytest.mark.parametrize(

@@ -106,6 +106,29 @@ def test_incast_per_scheme_int_rates_queues_and_clean_teardown(tmp_path: Path) -
     assert prefix not in mounts
 
 
+def test_lossless_incast_pauses_every_hop_back_to_the_senders_and_drops_nothing(
+        tmp_path: Path) -> None:
+    """PFC on the emulation (`dcqcn+pfc`): the built-in switches pause their upstream ports,
+    the NICs' XDP records the pauses and the senders' transports hold while it says so; the
+    3:1 incast completes without a drop."""
+    cfg = SuiteConfig(scenarios=("incast",), schemes=("dcqcn+pfc",), incast_bytes=1_000_000)
+    tb = Testbed(leafspine(2, 1, 2), TestbedOptions(switch="builtin", run_dir=tmp_path))
+    with tb, Suite(tb, cfg) as suite:
+        suite.run()
+        (r,) = suite.records
+        assert tb.pfc_on
+    assert r.flows == r.flows_completed == 3
+    assert r.drops == 0, r.drops
+    assert r.pauses > 0 and r.paused_s > 0
+    by_port = r.pfc_by_port
+    # h1's switch paused its upstreams, and the pauses reached the sending NICs
+    assert any(p.startswith("leaf1:") and c.get("xoff_sent", 0) for p, c in by_port.items())
+    nics = {p: c for p, c in by_port.items() if p.startswith("h")}
+    assert nics and all(c["pauses_received"] > 0 and c["paused_ns"] > 0 for c in nics.values())
+    assert set(nics) <= {"h2:0", "h3:0", "h4:0"}  # senders only
+    assert r.sender_holds > 0 and r.sender_held_s > 0  # and their transports held
+
+
 def test_rail_topology_routes_each_rail_and_across(tmp_path: Path) -> None:
     """Two hosts with two NICs each on two rail leaves and a spine: NIC i talks to NIC i over
     rail i, and across rails through the spine; one agent per host on both NICs."""

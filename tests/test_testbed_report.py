@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -102,6 +103,15 @@ def test_results_file_and_plots(tmp_path: Path) -> None:
         [r for r in RECORDS if r.scenario == "allreduce"], tmp_path / "x", 20e6, 19.5e6
     )
     assert [p.name for p in only] == ["queue.png", "rates.png"]  # no FCT without flows
+    # lossless schemes alone are plotted too (a run of dcqcn+pfc,tita+pfc once had no column)
+    (tmp_path / "pfc").mkdir()
+    lossless = [
+        dataclasses.replace(r, scheme=r.scheme + "+pfc")
+        for r in RECORDS
+        if r.scheme in ("dcqcn", "tita")
+    ]
+    made = write_plots(lossless, tmp_path / "pfc", 20e6, 19.5e6)
+    assert [p.name for p in made] == ["queue.png", "rates.png", "fct_cdf.png"]
 
 
 # ---- repetitions (--repeat N) -----------------------------------------------------------

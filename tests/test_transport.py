@@ -83,6 +83,33 @@ _INJECTOR = textwrap.dedent(
 )
 
 
+# Runs in the sender's namespace: a NIC paused for `pause` s from its first look (a PFC pause
+# as PinnedPfc reads it), one message to the responder; when each packet left, and the counters.
+_PAUSED_SENDER = textwrap.dedent(
+    """
+    import json, sys, time
+    from testbed.traffic.transport import Transport, TransportConfig
+    args = json.loads(sys.argv[1])
+    until = []
+
+    def hold(now_ns):
+        if not until:
+            until.append(now_ns + int(args["pause"] * 1e9))
+        return until[0] if now_ns < until[0] else 0
+
+    with Transport(TransportConfig(**args["cfg"]), hold) as t:
+        qp = t.create_qp(args["qpn"], args["peer"], args["qpn"])
+        sent = []
+        send = t._sendto
+        t._sendto = lambda q, pkt: (sent.append(time.monotonic_ns()), send(q, pkt))[1]
+        op = qp.post_send(bytes(range(256)) * (args["size"] // 256), time.monotonic())
+        t.run_until(lambda: op.done, timeout=30)
+        print(json.dumps({"done": op.done, "until": until[0], "sent": sent,
+                          "counters": t.counters()}), flush=True)
+    """
+)
+
+
 def _start_responder(host: Host, peer: Host, seconds: float, **cfg: Any) -> subprocess.Popen:
     args = {
         "cfg": {"local_ip": host.ip, "mtu": MTU, **cfg},
@@ -199,6 +226,38 @@ def test_10mb_message_intact_through_1pct_loss_with_selective_repeat(lan: NetnsL
 
 
 # ---- injected packets ---------------------------------------------------------------------
+
+
+def test_a_paused_nic_sends_nothing_until_the_pause_ends(lan: NetnsLan) -> None:
+    """PFC on the emulation: the runner holds every send (data and feedback) while its NIC's
+    record of the switch's pause says so (tests/test_nic_pfc.py: that record, read without
+    bcc), then sends the message whole; the time held is counted."""
+    a, b = lan.hosts
+    size = 1 << 20
+    responder = _start_responder(b, a, seconds=4.0)
+    args = {
+        "cfg": {"local_ip": a.ip, "mtu": MTU},
+        "qpn": QPN,
+        "peer": b.ip,
+        "size": size,
+        "pause": 0.4,
+    }
+    out = subprocess.run(
+        a.command([sys.executable, "-c", _PAUSED_SENDER, json.dumps(args)]),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    res = _finish(responder)
+    assert got["done"] and got["sent"]
+    assert min(got["sent"]) >= got["until"]  # not one packet while paused
+    c = got["counters"]
+    assert c["pfc_holds"] == 1 and 350_000 <= c["pfc_held_us"] <= 800_000, c
+    assert [m["len"] for m in res["messages"]] == [size]
+    sha = hashlib.sha256(bytes(range(256)) * (size // 256)).hexdigest()
+    assert res["messages"][0]["sha"] == sha
 
 
 def test_reordered_packets_are_nakd_and_the_message_completes_intact(lan: NetnsLan) -> None:

@@ -93,6 +93,34 @@ def test_c_enums_are_the_python_ones() -> None:
         assert err.value in names
 
 
+def test_struct_layouts_read_from_the_header_follow_c_alignment(tmp_path: Path) -> None:
+    """header.struct_layout is how a reader without bcc (the transport's PinnedPfc) gets a
+    map value's bytes; it lays fields out as the compiler does. (The root test
+    test_nic_pfc.py reads the real map through it.)"""
+    names, layout = header.struct_layout("xm_pfc_state")
+    assert names == (
+        "pause_until_ns",
+        "since_ns",
+        "paused_ns",
+        "pauses",
+        "resumes",
+        "active",
+        "pad",
+    )
+    assert layout.size == 48
+    h = tmp_path / "h.h"
+    h.write_text(
+        "struct t {\n\t__u8 a; /* one */\n\t__u32 b;\n\t__u16 c;\n\t__u64 d;\n"
+        "\t__u8 e;\n};\nstruct u { __u32 x; struct t y; };\n"
+    )
+    names, layout = header.struct_layout("t", h)
+    assert names == ("a", "b", "c", "d", "e") and layout.size == 32
+    assert layout.unpack(layout.pack(1, 2, 3, 4, 5)) == (1, 2, 3, 4, 5)
+    assert layout.pack(1, 2, 3, 4, 5)[4:8] == (2).to_bytes(4, "little")  # b after 3 pad bytes
+    with pytest.raises(ValueError, match="not a scalar field"):
+        header.struct_layout("u", h)
+
+
 def test_bpfload_map_list_is_the_header_declarations() -> None:
     text = "\n".join(p.read_text() for p in header.headers())
     assert len(loader.MAPS) == text.count("BPF_TABLE_PINNED(") + 1 == 12

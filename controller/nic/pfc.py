@@ -8,8 +8,12 @@ NIC keeps until when it is held and the time held so far.
 
 from __future__ import annotations
 
+import os
+import struct
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from controller.nic.bpf import header, syscalls
 from controller.wire.pfc import PRIORITIES, decode_pfc, is_mac_control, pause_ns
 
 
@@ -78,3 +82,41 @@ class PfcNic:
     def release(self, now_ns: int) -> None:
         for st in self.prio:
             st.set(now_ns, now_ns)
+
+
+class PinnedPfc:
+    """A NIC's `xm_pfc` as its agent pinned it, read with bpf(2) (no bcc): what the emulation's
+    transport asks before it sends, since tc cannot hold a packet (without `sch_fq` it could
+    only drop it). The layout is `struct xm_pfc_state`'s, read from the header."""
+
+    def __init__(self, path: Path | str):
+        self.path = Path(path)
+        names, self._layout = header.struct_layout("xm_pfc_state")
+        if names != _PFC_FIELDS:
+            raise ValueError(f"xm_pfc_state has fields {names}, this reader knows {_PFC_FIELDS}")
+        self._fd = syscalls.obj_get(str(self.path))
+        info = syscalls.map_info(self._fd)
+        if (info.key_size, info.value_size) != (4, self._layout.size):
+            self.close()
+            raise ValueError(
+                f"{self.path}: key/value sizes {info.key_size}/{info.value_size}, "
+                f"struct xm_pfc_state says 4/{self._layout.size}"
+            )
+
+    def state(self, prio: int = 0) -> PfcState:
+        raw = syscalls.map_lookup(self._fd, struct.pack("<I", prio), self._layout.size)
+        until, since, paused, pauses, resumes, active, _pad = self._layout.unpack(raw)
+        return PfcState(until, since, paused, pauses, resumes, bool(active))
+
+    def hold_until_ns(self, now_ns: int, prio: int = 0) -> int:
+        """Until when the switch holds the priority (CLOCK_MONOTONIC ns); 0 when it does not."""
+        st = self.state(prio)
+        return st.pause_until_ns if st.holds(now_ns) else 0
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+_PFC_FIELDS = ("pause_until_ns", "since_ns", "paused_ns", "pauses", "resumes", "active", "pad")

@@ -51,6 +51,7 @@ from testbed.emu.procs import Component, ComponentError, wait_all
 from testbed.emu.prometheus import Prometheus, Target
 from testbed.emu.prometheus import binary as prometheus_binary
 from testbed.model import Scaling
+from testbed.switch.pfc import PfcConfig, model_watchdog, pfc_request, pfc_thresholds
 from testbed.topo import COLLECTOR_NODE, FabricSpec, FabricTopo
 from testbed.traffic.netns import Host
 
@@ -58,6 +59,13 @@ P4INFO = REPO / "p4src" / "build" / "xingmai.p4info.txtpb"
 BMV2_JSON = REPO / "p4src" / "build" / "xingmai.json"
 AGENT_RUN_ROOT = Path("/run/xingmai/agents")
 AGENT_BPFFS_ROOT = Path("/run/xingmai/bpffs")
+# PFC headroom for what the emulation adds after a switch pauses its upstream: the frames a
+# host has already handed its kernel (the transport's socket buffer of a queue pair,
+# scenarios.transport_settings' 4 frames, and the one HTB is sending), and the reaction time
+# of the software on a busy machine (the switch process sending the pause, the transport
+# reading its NIC's record before its next send).
+EMU_PFC_QUEUED_FRAMES = 5
+EMU_PFC_REACTION_S = 0.005
 LOCK_FILE = Path("/run/xingmai/testbed.lock")
 RATE_LAWS = ("none", "dcqcn", "tita", "hpcc", "timely", "swift")
 
@@ -170,6 +178,7 @@ class Testbed:
         self._closed = False
         self._teardown_left: list[str] = []  # what the agents left in the hosts (seen once)
         self.started = False
+        self.pfc_on = False  # SetPfc turned PFC on in the switches (a lossless scheme)
 
     # ---- progress -------------------------------------------------------------------------
 
@@ -460,21 +469,27 @@ class Testbed:
             if out.returncode != 0 or "Error" in out.stdout:
                 raise TestbedError(f"simple_switch_CLI: {out.stdout.strip()[-300:]}")
             return
+        from controller.proto import switch_pb2
+
+        self._switch_admin(sw, "SetQueue", switch_pb2.SetQueueRequest(port=port,
+                                                                       rate_bps=rate_bps))
+
+    def _switch_admin(self, sw: P4Switch, method: str, request: Any) -> Any:
+        """A SwitchAdmin write to a built-in switch. Its settings are the primary controller's:
+        ask with its device and election id (the testbed's controller runs with the config's
+        default)."""
         from controller.config import ControllerSection
         from controller.proto import switch_pb2, switch_pb2_grpc
 
-        # queue changes are the primary controller's: ask with its election id (the
-        # testbed's controller runs with the config's default)
         eid = ControllerSection.election_id
+        request.device_id = sw.device_id
+        request.election_id.CopyFrom(switch_pb2.ElectionId(high=eid >> 64,
+                                                           low=eid & (2**64 - 1)))
         with grpc.insecure_channel(sw.grpc_addr) as ch:
             try:
-                switch_pb2_grpc.SwitchAdminStub(ch).SetQueue(
-                    switch_pb2.SetQueueRequest(
-                        port=port, rate_bps=rate_bps, device_id=sw.device_id,
-                        election_id=switch_pb2.ElectionId(high=eid >> 64, low=eid & (2**64 - 1))),
-                    timeout=5)
+                return getattr(switch_pb2_grpc.SwitchAdminStub(ch), method)(request, timeout=5)
             except grpc.RpcError as exc:
-                raise TestbedError(f"{switch}: SetQueue: {exc.code().name} "
+                raise TestbedError(f"{sw.name}: {method}: {exc.code().name} "
                                    f"{exc.details()}") from None
 
     # ---- faults (testbed/faults.py) -------------------------------------------------------
@@ -514,24 +529,92 @@ class Testbed:
                 self._set_fault(ps)
 
     def _set_fault(self, ps: faults.PortSetting) -> None:
-        from controller.config import ControllerSection
-        from controller.proto import switch_pb2, switch_pb2_grpc
+        from controller.proto import switch_pb2
 
         sw = self.switch_node(ps.switch)
         if sw.kind != "builtin":
             raise TestbedError(f"{ps.switch}: faults need the built-in switch's traffic "
                                f"manager (this is {sw.kind})")
-        eid = ControllerSection.election_id  # as set_queue_rate: the primary's election id
-        with grpc.insecure_channel(sw.grpc_addr) as ch:
+        self._switch_admin(sw, "SetFault",
+                           switch_pb2.SetFaultRequest(**faults.request_fields(ps)))
+
+    # ---- PFC (lossless schemes) ------------------------------------------------------------
+
+    def pfc_config(self, switch: str) -> PfcConfig:
+        """A switch's PFC thresholds: its buffer shared by its ports, as the twin's (veths add
+        no propagation delay), with headroom for what the emulation adds after a pause: the
+        frames an upstream host already handed its kernel (its socket buffers) and the
+        software's reaction time on a busy machine."""
+        s = self.scaling
+        frame = s.wire_frame_bytes  # the largest the hosts send (the links allow jumbo frames)
+        queued_s = EMU_PFC_QUEUED_FRAMES * frame * 8 / s.link_bps
+        return pfc_thresholds(s.link_bps, 0, frame, s.model.queue_bytes,
+                              len(self.spec.switch_ports(switch)),
+                              response_ns=round((queued_s + EMU_PFC_REACTION_S) * 1e9))
+
+    def set_pfc(self, on: bool, watchdog: bool = True) -> None:
+        """PFC on (or off) in every switch (SwitchAdmin SetPfc, with the PFC watchdog) and NIC
+        (the runs' transports hold while their NIC's `xm_pfc` says paused: `pfc_pins`)."""
+        from controller.proto import switch_pb2
+
+        if not on and not self.pfc_on:
+            return
+        for sw in self.switches():
+            if sw.kind != "builtin":
+                raise TestbedError(f"{sw.name}: PFC needs the built-in switch's traffic "
+                                   f"manager ({sw.kind} has no PFC)")
+            wd = model_watchdog(self.scaling.scale) if watchdog else None
+            req = (pfc_request(self.pfc_config(sw.name), wd) if on
+                   else switch_pb2.SetPfcRequest())
+            self._switch_admin(sw, "SetPfc", req)
+        self.pfc_on = on
+
+    def pfc_pins(self) -> dict[str, str]:
+        """Each host's pinned `xm_pfc` (its agent's), where its NIC records the pauses."""
+        return {h: str(AGENT_BPFFS_ROOT / a.name / "xm_pfc") for h, a in self.agents.items()}
+
+    def pfc_counters(self) -> dict[str, dict[str, int]]:
+        """Per switch port and host NIC ("switch:port", "host:0"): PFC frames sent and
+        received, paused time (ns) and what the watchdog did; only where something happened
+        (the twin's SimFabric.pfc_counters, from SwitchAdmin and the NICs' `xm_pfc`)."""
+        from controller.nic.pfc import PinnedPfc
+
+        out = self.switch_pfc_counters()
+        now = time.monotonic_ns()
+        for host, pin in self.pfc_pins().items():
+            if not Path(pin).exists():
+                continue
+            reader = PinnedPfc(pin)
             try:
-                switch_pb2_grpc.SwitchAdminStub(ch).SetFault(
-                    switch_pb2.SetFaultRequest(
-                        **faults.request_fields(ps), device_id=sw.device_id,
-                        election_id=switch_pb2.ElectionId(high=eid >> 64, low=eid & (2**64 - 1))),
-                    timeout=5)
-            except grpc.RpcError as exc:
-                raise TestbedError(f"{ps.switch}: SetFault: {exc.code().name} "
-                                   f"{exc.details()}") from None
+                st = reader.state(0)
+            finally:
+                reader.close()
+            d = {"pauses_received": st.pauses, "resumes_received": st.resumes,
+                 "paused_ns": st.held_ns(now)}
+            if any(d.values()):
+                out[f"{host}:0"] = d
+        return out
+
+    def switch_pfc_counters(self) -> dict[str, dict[str, int]]:
+        """The switch ports' part of `pfc_counters` (SwitchAdmin GetQueues)."""
+        from controller.proto import switch_pb2, switch_pb2_grpc
+
+        out: dict[str, dict[str, int]] = {}
+        for sw in self.switches():
+            if sw.kind != "builtin":
+                continue
+            with grpc.insecure_channel(sw.grpc_addr) as ch:
+                queues = switch_pb2_grpc.SwitchAdminStub(ch).GetQueues(
+                    switch_pb2.GetQueuesRequest(), timeout=5).queues
+            for q in queues:
+                d = {"xoff_sent": q.pfc_xoff_sent, "xon_sent": q.pfc_xon_sent,
+                     "pauses_received": q.pfc_pauses_received,
+                     "resumes_received": q.pfc_resumes_received, "paused_ns": q.pfc_paused_ns,
+                     "storms": q.pfc_storms, "restored": q.pfc_restored,
+                     "watchdog_drops": q.pfc_watchdog_drops}
+                if any(d.values()):
+                    out[f"{sw.name}:{q.port}"] = d
+        return out
 
     # ---- what the traffic and the probes need -------------------------------------------
 

@@ -42,7 +42,13 @@ from testbed.sim.engine import EventLoop
 from testbed.sim.nic import IntSource, SimHost
 from testbed.switch.admin import SwitchAdminService
 from testbed.switch.p4runtime import P4RuntimeService, parse_p4info_text
-from testbed.switch.pfc import PfcConfig, WatchdogConfig, pfc_thresholds
+from testbed.switch.pfc import (
+    PfcConfig,
+    WatchdogConfig,
+    model_watchdog,
+    pfc_request,
+    pfc_thresholds,
+)
 from testbed.switch.traffic_manager import Clock
 from testbed.switch.v1model import V1Switch
 from testbed.topo import End, FabricSpec
@@ -60,11 +66,6 @@ CPU_PORT = 255  # testbed.emu.nodes.CPU_PORT (nodes imports Mininet)
 # like every time of the model: with 4 KB frames at 400G it makes the leaf-spine's longest
 # path's base RTT about the model's 1 us.
 LINK_DELAY_MODEL_NS = 80
-# The PFC watchdog's poll in the model's time (dilated by the scale like every time): long
-# against a congestion pause's XOFF-to-XON cycle (a few frame times of fan-in), short against
-# a storm. SONiC's defaults (100 ms polls, 200 ms detection) are for real time on 100G.
-PFC_WATCHDOG_POLL_MODEL_NS = 5_000
-PFC_WATCHDOG_POLLS = 3  # to detect, and to restore
 
 
 @dataclass
@@ -202,23 +203,6 @@ def controller_cfg(spec: FabricSpec, scaling: Scaling, ecn: Ecn) -> ctlconfig.Co
     doc = controller_config(spec, scaling, switches, {}, setup, str(P4INFO), str(BMV2_JSON))
     del doc["controller"]["log_file"]  # no controller process: nothing logs
     return ctlconfig.parse(doc)
-
-
-def pfc_request(pfc: PfcConfig, wd: WatchdogConfig | None) -> Any:
-    """SwitchAdmin's SetPfc request for these settings."""
-    return switch_pb2.SetPfcRequest(
-        enable=True,
-        xoff_bytes=pfc.xoff_bytes,
-        xon_bytes=pfc.xon_bytes,
-        headroom_bytes=pfc.headroom_bytes,
-        quanta=pfc.quanta,
-        priority_mask=sum(1 << p for p in pfc.priorities),
-        link_bps=pfc.link_bps,
-        watchdog_poll_ns=wd.poll_ns if wd else 0,
-        detect_polls=wd.detect_polls if wd else 0,
-        restore_polls=wd.restore_polls if wd else 0,
-        watchdog_action=wd.action if wd else "",
-    )
 
 
 class SimFabric:
@@ -390,12 +374,7 @@ class SimFabric:
         )
 
     def watchdog_config(self, action: str = "drop") -> WatchdogConfig:
-        return WatchdogConfig(
-            round(PFC_WATCHDOG_POLL_MODEL_NS * self.scaling.scale),
-            PFC_WATCHDOG_POLLS,
-            PFC_WATCHDOG_POLLS,
-            action,
-        )
+        return model_watchdog(self.scaling.scale, action)
 
     def set_pfc(self, on: bool, watchdog: bool = True, action: str = "drop") -> None:
         """PFC on (or off) in every switch and NIC, with the PFC watchdog in the switches."""

@@ -22,10 +22,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from controller.wire.pfc import MAX_QUANTA, MIN_FRAME, PRIORITIES
 
 WATCHDOG_ACTIONS = ("drop", "forward")
+# The PFC watchdog's poll in the model's time (dilated by the scale like every time): long
+# against a congestion pause's XOFF-to-XON cycle (a few frame times of fan-in), short against
+# a storm. SONiC's defaults (100 ms polls, 200 ms detection) are for real time on 100G.
+WATCHDOG_POLL_MODEL_NS = 5_000
+WATCHDOG_POLLS = 3  # to detect, and to restore
 
 
 @dataclass(frozen=True)
@@ -93,6 +99,32 @@ class WatchdogConfig:
             raise ValueError(
                 f"PFC watchdog action {self.action!r} is not one of {', '.join(WATCHDOG_ACTIONS)}"
             )
+
+
+def model_watchdog(scale: float, action: str = "drop") -> WatchdogConfig:
+    """The watchdog both engines run: the model's poll, dilated by the scale."""
+    return WatchdogConfig(
+        round(WATCHDOG_POLL_MODEL_NS * scale), WATCHDOG_POLLS, WATCHDOG_POLLS, action
+    )
+
+
+def pfc_request(pfc: PfcConfig, wd: WatchdogConfig | None) -> Any:
+    """SwitchAdmin's SetPfc request for these settings (as a controller sets them)."""
+    from controller.proto import switch_pb2
+
+    return switch_pb2.SetPfcRequest(
+        enable=True,
+        xoff_bytes=pfc.xoff_bytes,
+        xon_bytes=pfc.xon_bytes,
+        headroom_bytes=pfc.headroom_bytes,
+        quanta=pfc.quanta,
+        priority_mask=sum(1 << p for p in pfc.priorities),
+        link_bps=pfc.link_bps,
+        watchdog_poll_ns=wd.poll_ns if wd else 0,
+        detect_polls=wd.detect_polls if wd else 0,
+        restore_polls=wd.restore_polls if wd else 0,
+        watchdog_action=wd.action if wd else "",
+    )
 
 
 @dataclass

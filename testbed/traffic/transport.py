@@ -11,6 +11,13 @@ become writable; a packet the qdisc refuses (ENOBUFS) is sent again after a back
 skipped. Any other send error (e.g. ENETUNREACH while a route is being changed) is counted
 (`tx_errors`, `send_error_<errno>`) and the packet treated as lost on the wire: the
 retransmission timer recovers it, and the runner keeps going.
+
+PFC: tc cannot hold a packet on this kernel (without `sch_fq` it can only drop it), so the
+hold of a paused NIC is here. With `hold` (the NIC's `xm_pfc` as XDP records the switch's
+pauses: controller.nic.pfc.PinnedPfc) the runner sends nothing (data, feedback, reports: the
+fabric runs one priority) until the pause ends, looking again every `PAUSE_POLL_S` since a
+resume can end it early. What already waits below the socket (its few frames of send buffer)
+still leaves: the switch's PFC headroom covers it.
 """
 
 from __future__ import annotations
@@ -34,6 +41,10 @@ from testbed.traffic.transport_core import (
     TransportCore,
 )
 
+# A paused NIC's hold: CLOCK_MONOTONIC ns -> until when it must not send (0: it may).
+HoldFn = Callable[[int], int]
+PAUSE_POLL_S = 0.001  # while paused, how often the hold is read again (a resume ends it)
+
 
 class _Outcome:
     SENT, BLOCKED, LOST = range(3)
@@ -42,8 +53,13 @@ class _Outcome:
 class Transport:
     """All queue pairs of one host (a `TransportCore`), their sockets and one receive loop."""
 
-    def __init__(self, cfg: TransportConfig) -> None:
+    def __init__(self, cfg: TransportConfig, hold: HoldFn | None = None) -> None:
         self.cfg = cfg
+        self._hold = hold
+        self._held_until = 0.0  # time.monotonic() until which the NIC is paused
+        self._last_look = 0.0
+        self.held_s = 0.0  # time spent paused (between steps that found the NIC held)
+        self.holds = 0  # pauses found (steps that found it held after one that did not)
         self.core = TransportCore(cfg, seed=os.getpid() ^ time.time_ns())
         self.rx, self._rx_udp = open_rx_sockets(ROCE_UDP_PORT, cfg.rcvbuf)
         self.rx.setblocking(False)
@@ -112,12 +128,28 @@ class Transport:
     def step(self, now: float, max_wait: float) -> None:
         busy = self._receive(now, 256)
         core = self.core
-        self._send_feedback()
-        self._send_reports()
+        held = self._paused(now)
+        if not held:
+            self._send_feedback()
+            self._send_reports()
         core.expire(now)
-        busy |= self._send_round(now)
+        if not held:
+            busy |= self._send_round(now)
         if not busy:
             self._wait(now, max_wait)
+
+    def _paused(self, now: float) -> bool:
+        """Whether the NIC is paused now (a PFC pause from its switch)."""
+        if self._hold is None:
+            return False
+        was = self._held_until
+        until = self._hold(int(now * 1e9)) / 1e9
+        if was > 0.0:  # the time since the last look was held (up to the pause's end)
+            self.held_s += max(0.0, min(now, was) - self._last_look)
+        elif until > 0.0:
+            self.holds += 1
+        self._held_until, self._last_look = until, now
+        return until > now
 
     def _send_feedback(self) -> None:
         fb = self.core.feedback
@@ -163,6 +195,8 @@ class Transport:
             timeout = min(timeout, d - now)
         for t in self._retry_at.values():
             timeout = min(timeout, t - now)
+        if self._held_until > now:
+            timeout = min(timeout, self._held_until - now, PAUSE_POLL_S)
         for key, _ in self._sel.select(max(0.0, timeout)):
             obj = key.data
             if isinstance(obj, QueuePair):
@@ -210,7 +244,10 @@ class Transport:
     # ---- reporting ----
 
     def counters(self) -> dict[str, object]:
-        return self.core.counters()
+        out = self.core.counters()
+        if self._hold is not None:
+            out["pfc_holds"], out["pfc_held_us"] = self.holds, round(self.held_s * 1e6)
+        return out
 
 
 __all__ = ["QpCounters", "QueuePair", "ReceivedMessage", "SendOp", "Transport",

@@ -20,6 +20,7 @@ import time
 import traceback
 from typing import Any
 
+from controller.nic.pfc import PinnedPfc
 from testbed.traffic.jobs import JOBS, Job
 from testbed.traffic.transport import Transport, TransportConfig
 
@@ -54,8 +55,12 @@ def main() -> int:
     try:
         hello = _read()
         spec, me = hello["spec"], int(hello["me"])
-        cfg = TransportConfig(local_ip=spec["hosts"][me]["ip"], **spec.get("transport", {}))
-        with Transport(cfg) as t:
+        host = spec["hosts"][me]
+        cfg = TransportConfig(local_ip=host["ip"], **spec.get("transport", {}))
+        # a lossless run: the NIC's record of its switch's PFC pauses holds the sends
+        pin = spec.get("pfc_pins", {}).get(host["name"])
+        pfc = PinnedPfc(pin) if pin else None
+        with Transport(cfg, pfc.hold_until_ns if pfc else None) as t:
             job = JOBS[spec["kind"]](t, spec, me)
             _emit({"ready": True})
             t0 = float(_read()["start_at"])

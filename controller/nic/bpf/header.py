@@ -1,14 +1,16 @@
 """Read constants out of ebpf/xingmai.h, so Python takes them from the one C declaration.
 
 Only the simple forms the header uses: `#define NAME <integer>` (with U/L suffixes, or a
-parenthesised `(1ULL << N)`-style shift of integers), `enum name { A = 0, B, ... };` and the
-`BPF_TABLE_PINNED(..., name, ...)` and `XM_RINGBUF_PINNED(name, ...)` map declarations.
+parenthesised `(1ULL << N)`-style shift of integers), `enum name { A = 0, B, ... };`, the
+`BPF_TABLE_PINNED(..., name, ...)` and `XM_RINGBUF_PINNED(name, ...)` map declarations, and
+structs of scalar fields (`__u8` to `__u64`), for a reader without bcc.
 """
 
 from __future__ import annotations
 
 import functools
 import re
+import struct
 from pathlib import Path
 
 EBPF_DIR = Path(__file__).resolve().parents[3] / "ebpf"
@@ -83,3 +85,30 @@ def pinned_maps(path: Path = MAPS_HEADER) -> tuple[str, ...]:
 def ring_buffers(path: Path = MAPS_HEADER) -> tuple[str, ...]:
     """Names of the ring buffers the header declares (XM_RINGBUF_PINNED)."""
     return tuple(re.findall(_RINGBUF, _text(path)))
+
+
+_SCALARS = {"__u8": "B", "__u16": "H", "__u32": "I", "__u64": "Q", "__s32": "i", "__s64": "q"}
+
+
+def struct_layout(name: str, path: Path = HEADER) -> tuple[tuple[str, ...], struct.Struct]:
+    """`struct <name>`'s field names and its bytes as the compiler lays them out (each field
+    at its natural alignment, the whole padded to the largest), for a struct of scalars."""
+    m = re.search(rf"struct\s+{name}\s*\{{(.*?)\}};", _text(path), re.S)
+    if m is None:
+        raise KeyError(f"struct {name} not in {path}")
+    body = re.sub(r"/\*.*?\*/", "", m.group(1), flags=re.S)
+    names: list[str] = []
+    fmt, offset, align = "<", 0, 1
+    for decl in filter(None, (d.strip() for d in body.split(";"))):
+        f = re.fullmatch(r"(__[us]\d+)\s+(\w+)", decl)
+        if f is None or f.group(1) not in _SCALARS:
+            raise ValueError(f"struct {name}: {decl!r} is not a scalar field")
+        code = _SCALARS[f.group(1)]
+        size = struct.calcsize("<" + code)
+        pad = -offset % size
+        fmt += "x" * pad + code
+        offset += pad + size
+        align = max(align, size)
+        names.append(f.group(2))
+    fmt += "x" * (-offset % align)
+    return tuple(names), struct.Struct(fmt)

@@ -1,8 +1,10 @@
 """The few bpf(2) commands the agent needs that bcc's Python module does not offer.
 
 Pinning and opening pins, cgroup attach/detach (sock_ops), object info (to check adopted pins
-against the header's layouts) and BPF_PROG_TEST_RUN (tests drive the programs with crafted
-packets). Raw syscalls through ctypes: no dependency beyond libc.
+against the header's layouts), BPF_PROG_TEST_RUN (tests drive the programs with crafted
+packets) and a map lookup (for a process that reads a pinned map without bcc: the
+emulation's transport asks the NIC's `xm_pfc` whether it may send). Raw syscalls through
+ctypes: no dependency beyond libc.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 from dataclasses import dataclass
 
 SYS_BPF = 321  # x86_64
+BPF_MAP_LOOKUP_ELEM = 1
 BPF_OBJ_PIN = 6
 BPF_OBJ_GET = 7
 BPF_PROG_ATTACH = 8
@@ -51,6 +54,16 @@ class _ObjAttr(ctypes.Structure):
         ("file_flags", ctypes.c_uint32),
         ("path_fd", ctypes.c_int32),
         ("_pad", ctypes.c_uint32),
+    ]
+
+
+class _MapElemAttr(ctypes.Structure):
+    _fields_ = [
+        ("map_fd", ctypes.c_uint32),
+        ("_pad", ctypes.c_uint32),
+        ("key", ctypes.c_uint64),
+        ("value", ctypes.c_uint64),
+        ("flags", ctypes.c_uint64),
     ]
 
 
@@ -118,6 +131,17 @@ def obj_get(path: str) -> int:
     p = ctypes.create_string_buffer(path.encode())
     attr = _ObjAttr(pathname=ctypes.addressof(p))
     return _bpf(BPF_OBJ_GET, attr)
+
+
+def map_lookup(fd: int, key: bytes, value_size: int) -> bytes:
+    """BPF_MAP_LOOKUP_ELEM: the value of `key` (ENOENT raises BpfError)."""
+    k = ctypes.create_string_buffer(key, len(key))
+    v = ctypes.create_string_buffer(value_size)
+    _bpf(
+        BPF_MAP_LOOKUP_ELEM,
+        _MapElemAttr(map_fd=fd, key=ctypes.addressof(k), value=ctypes.addressof(v)),
+    )
+    return v.raw
 
 
 def prog_attach(prog_fd: int, target_fd: int, attach_type: int, flags: int = 0) -> None:
