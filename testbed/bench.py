@@ -20,7 +20,7 @@ from pathlib import Path
 
 # Benchmark modules, in the order they run. Add a component's module here.
 BENCHMARKS: tuple[str, ...] = ("switch", "transport", "collector", "nic", "cpu", "scenarios",
-                              "twin", "localization")
+                              "twin", "ns3", "localization")
 
 
 def machine_description() -> dict[str, object]:
