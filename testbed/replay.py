@@ -46,6 +46,7 @@ from testbed.faults import Fault
 from testbed.model import Scaling
 from testbed.scenarios import SuiteConfig, scheme_params
 from testbed.topo import FabricSpec, load
+from testbed.traffic.runner import RunError
 
 # the faults each kind of suspect stands for (the localizer's kinds, controller/health.py)
 SUSPECT_FAULTS: dict[str, list[tuple[str, str | None]]] = {
@@ -159,12 +160,22 @@ def pick_run(rec: Recording, scenario: str | None, scheme: str | None) -> dict[s
 # ---- candidates -------------------------------------------------------------------------------
 
 
-def suspect_target(element: str) -> str | None:
+def suspect_target(spec: FabricSpec, element: str) -> str | None:
     """A suspect's element as a fault target: "link leaf1:5-spine1:1" -> leaf1:5 (one end
-    names the link), "switch spine1" -> spine1, "nic h3" -> h3."""
+    names the link), "link h1:h1-eth0-leaf1:1" -> leaf1:1 (a host link's switch end: a host's
+    interface name may hold a '-' too), "switch spine1" -> spine1, "nic h3" -> h3."""
     kind, _, name = element.partition(" ")
     if kind == "link":
-        return name.split("-", 1)[0] or None
+        for i, c in enumerate(name):
+            if c != "-":
+                continue
+            for end in (name[:i], name[i + 1 :]):
+                try:
+                    if faults.target_class(spec, end) == "link":
+                        return end
+                except faults.FaultError:
+                    continue
+        return None
     if kind in ("switch", "nic"):
         return name or None
     return None
@@ -206,7 +217,7 @@ def candidates(spec: FabricSpec, obs: Observed, widen: int = 0) -> list[tuple[Fa
         out.append((f, why))
 
     for i, s in enumerate(obs.suspects):
-        target = suspect_target(str(s.get("element", "")))
+        target = suspect_target(spec, str(s.get("element", "")))
         if target is None:
             continue
         for kind, value in SUSPECT_FAULTS.get(str(s.get("kind", "")), []):
@@ -252,9 +263,11 @@ class Replayed:
     suspects: list[str]  # what the twin's localizer named (elements, ranked)
     wall_s: float
     cpu_s: float  # the worker's CPU time for this replay
+    failed: str | None = None  # why the job did not complete under this fault (time: inf)
 
 
-_twin: Any = None  # the worker's twin (SimSuite), built once by _init_worker
+_twin: Any = None  # the worker's twin (SimSuite), built by _init_worker
+_twin_args: tuple[Any, ...] = ()  # what it was built from: a job that fails leaves it dirty
 
 
 def _init_worker(spec: FabricSpec, scaling: Scaling, cfg: SuiteConfig, scheme: str) -> None:
@@ -263,7 +276,8 @@ def _init_worker(spec: FabricSpec, scaling: Scaling, cfg: SuiteConfig, scheme: s
     from testbed.sim.fabric import SimFabric
     from testbed.sim.suite import SimSuite
 
-    global _twin
+    global _twin, _twin_args
+    _twin_args = (spec, scaling, cfg, scheme)
     # the twin localizer's events (warnings) belong to the candidates: the ranking lists them
     logging.getLogger("xingmai").setLevel(logging.ERROR)
     fab = SimFabric(spec, scaling, seed=cfg.seed)
@@ -277,8 +291,26 @@ def _replay_one(scenario: str, scheme: str, fault: Fault | None) -> Replayed:
     t0, c0 = time.monotonic(), time.process_time()
     suite = _twin
     suite.faults = [fault] if fault is not None else []
-    rec = suite.run_one(scheme, scenario)
-    suite.faults = []
+    try:
+        rec = suite.run_one(scheme, scenario)
+    except RunError as exc:
+        # the job cannot finish under this fault (a host cut off, a collective stuck): a
+        # candidate that explains no completion at all, and a twin left mid-job, built anew
+        _init_worker(*_twin_args)
+        return Replayed(
+            fault,
+            math.inf,
+            {},
+            0,
+            None,
+            None,
+            [],
+            time.monotonic() - t0,
+            time.process_time() - c0,
+            failed=str(exc),
+        )
+    finally:
+        suite.faults = []
     return Replayed(
         fault,
         rec.completion_s,
@@ -412,8 +444,11 @@ class ReplayResult:
                     "candidate": r.name,
                     "fault": r.replayed.fault.to_dict() if r.replayed.fault else None,
                     "why": r.why,
-                    "score": {k: round(v, 4) for k, v in r.terms.items()},
-                    "completion_s": r.replayed.completion_s,
+                    "score": {
+                        k: round(v, 4) if math.isfinite(v) else None for k, v in r.terms.items()
+                    },
+                    "completion_s": None if r.replayed.failed else r.replayed.completion_s,
+                    "failed": r.replayed.failed,
                     "queue_p99": r.replayed.queue_p99,
                     "retransmits": r.replayed.retransmits,
                     "twin_suspects": r.replayed.suspects,
@@ -506,6 +541,12 @@ def main(args: argparse.Namespace) -> int:
     )
     for i, r in enumerate(res.ranked, 1):
         t = r.terms
+        if r.replayed.failed:
+            print(
+                f"{i:>4} {r.name:<26} {'-':>6} {'-':>6} {'-':>6} {'-':>6} "
+                f"{'no end':>10}  ({r.replayed.failed})"
+            )
+            continue
         print(
             f"{i:>4} {r.name:<26} {t['total']:>6.3f} {t['time']:>6.3f} {t['queue']:>6.3f} "
             f"{t['retransmits']:>6.3f} {r.replayed.completion_s:>10.3g}"

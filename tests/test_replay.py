@@ -117,3 +117,50 @@ def test_candidates_and_bad_input(recorded: Path, tmp_path: Path) -> None:
         timeout=60,
     )
     assert res.returncode == 2 and "not a results file" in res.stderr
+
+
+def test_a_candidate_the_job_cannot_finish_under_ranks_last_and_the_twin_goes_on(
+    recorded: Path,
+) -> None:
+    """A candidate that cuts a host off (its only link down) stalls the collective: that
+    replay is scored as no completion, ranked last, and the next one runs on a fresh twin
+    (an emulation run's telemetry named host links, and the whole replay stopped at the first
+    such candidate)."""
+    from testbed import replay as rp
+
+    rec = load_recording(recorded)
+    obs = Observed.of(pick_run(rec, None, None))
+    cut = faults.make(rec.spec, "leaf1:1", "down", None)  # h1's only link
+    rp._init_worker(rec.spec, rec.scaling, rec.cfg, obs.scheme)
+    stuck = rp._replay_one(obs.scenario, obs.scheme, cut)
+    healthy = rp._replay_one(obs.scenario, obs.scheme, None)
+    assert stuck.failed and "stuck" in stuck.failed and stuck.completion_s == float("inf")
+    assert healthy.failed is None and 0 < healthy.completion_s < obs.completion_s
+    ranked = rp.rank(obs, [stuck, healthy], ["cut", "healthy"])
+    assert [r.why for r in ranked] == ["healthy", "cut"]
+
+
+def test_a_suspect_on_a_host_link_is_a_candidate() -> None:
+    """The controller names a host link by its ends, the host's interface name holding a '-'
+    ("link h1:h1-eth0-leaf1:1"): its candidate faults go on the switch's end (the emulation's
+    replay once found no candidate at all for such a suspect)."""
+    from testbed.replay import suspect_target
+
+    spec = parse_choice("leafspine:2,2,4")
+    assert suspect_target(spec, "link h1:h1-eth0-leaf1:1") == "leaf1:1"
+    assert suspect_target(spec, "link leaf1:5-spine1:1") == "leaf1:5"
+    assert suspect_target(spec, "switch spine1") == "spine1"
+    assert suspect_target(spec, "link nowhere-else:1") is None
+    obs = Observed(
+        scenario="allreduce",
+        scheme="tita",
+        completion_s=3.0,
+        queue_p99={},
+        retransmits=0,
+        fct_p50=None,
+        fct_p99=None,
+        suspects=[{"element": "link h1:h1-eth0-leaf1:1", "kind": "slow-link"}],
+        drops_by_switch={},
+    )
+    cands = candidates(spec, obs)
+    assert cands and {f.target for f, _ in cands} == {"leaf1:1"}
