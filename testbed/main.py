@@ -57,8 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", required=True)
     run = sub.add_parser("run", help="the scenario suite, once per scheme; table, plots, JSON")
     _common(run)
-    run.add_argument("--schemes", default="none,dcqcn,tita",
-                     help="comma-separated, of none,dcqcn,tita,hpcc,timely,swift and the "
+    run.add_argument("--schemes", default=None,
+                     help="comma-separated (default: testbed.scenarios.DEFAULT_SCHEMES, no CC, "
+                          "DCQCN lossy and on PFC, TiTa), of none,dcqcn,tita,hpcc,timely,swift "
+                          "and the "
                           "lossless dcqcn+pfc,tita+pfc (PFC in every switch and NIC; the "
                           "built-in switch)")
     run.add_argument("--scenarios", default=None,
@@ -124,9 +126,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     from testbed.emu.network import install_signal_handlers
     from testbed.plots import write_plots
     from testbed.report import table, verdict, write_results
-    from testbed.scenarios import ALL_SCENARIOS, SCENARIOS, SCHEMES, Suite, SuiteConfig, lossless
+    from testbed.scenarios import (
+        ALL_SCENARIOS,
+        DEFAULT_SCHEMES,
+        SCENARIOS,
+        SCHEMES,
+        Suite,
+        SuiteConfig,
+        lossless,
+    )
 
-    schemes = tuple(s for s in args.schemes.split(",") if s)
+    schemes = (tuple(s for s in args.schemes.split(",") if s) if args.schemes
+               else DEFAULT_SCHEMES)
     scenarios = (tuple(s for s in args.scenarios.split(",") if s) if args.scenarios
                  else SCENARIOS)
     bad = [s for s in schemes if s not in SCHEMES] + [

@@ -93,7 +93,9 @@ if TYPE_CHECKING:
 # every scheme the suite knows, in table order; the rate law each runs (testbed.emu.network and
 # the twin set it on every host)
 SCHEMES = ("none", "dcqcn", "tita", "hpcc", "timely", "swift", "dcqcn+pfc", "tita+pfc")
-DEFAULT_SCHEMES = ("none", "dcqcn", "tita")
+# What `make run` compares: DCQCN as RoCE deploys it (on PFC) and as the papers' lossy runs
+# had it, against TiTa; no CC for reference.
+DEFAULT_SCHEMES = ("none", "dcqcn", "dcqcn+pfc", "tita")
 LOSSLESS_SUFFIX = "+pfc"  # a scheme with PFC on in every switch and NIC
 # senders bounded to one B*T in flight: TiTa; HPCC, whose window W starts at B*T; and Swift,
 # a window law whose cwnd our rate law stands for (without the bound, 64 packets per flow

@@ -56,7 +56,8 @@ def _pids_alive(pids: list[int]) -> list[int]:
 
 
 def test_incast_per_scheme_int_rates_queues_and_clean_teardown(tmp_path: Path) -> None:
-    cfg = SuiteConfig(scenarios=("incast",), incast_bytes=1_000_000)
+    cfg = SuiteConfig(scenarios=("incast",), schemes=("none", "dcqcn", "tita"),
+                      incast_bytes=1_000_000)
     tb = Testbed(leafspine(2, 1, 2), TestbedOptions(switch="builtin", run_dir=tmp_path))
     records: dict[str, RunRecord] = {}
     with tb:
