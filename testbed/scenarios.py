@@ -96,6 +96,8 @@ SCHEMES = ("none", "dcqcn", "tita", "hpcc", "timely", "swift", "dcqcn+pfc", "tit
 # What `make run` compares: DCQCN as RoCE deploys it (on PFC) and as the papers' lossy runs
 # had it, against TiTa; no CC for reference.
 DEFAULT_SCHEMES = ("none", "dcqcn", "dcqcn+pfc", "tita")
+# the switches' drop reasons that are about MAC Control frames, not traffic
+CONTROL_DROPS = ("pfc_off", "mac_control_unknown")
 LOSSLESS_SUFFIX = "+pfc"  # a scheme with PFC on in every switch and NIC
 # senders bounded to one B*T in flight: TiTa; HPCC, whose window W starts at B*T; and Swift,
 # a window law whose cwnd our rate law stands for (without the bound, 64 packets per flow
@@ -188,6 +190,12 @@ class RunRecord:
     util_after_2t: float | None = None
     queue_by_link: dict[str, dict[str, float]] = field(default_factory=dict)
     drops_by_switch: dict[str, int] = field(default_factory=dict)
+    # what the switches themselves counted of those drops, by reason (GetStatus: a full
+    # queue, the pipeline, a port down, the PFC watchdog, ...), and the rest: frames their
+    # ports received that no switch counted (the emulation: a switch process that did not read
+    # them in time); None where the engine gives no counts
+    drops_by_reason: dict[str, int] = field(default_factory=dict)
+    drops_uncounted: int | None = None
     rate_events: int = 0
     slowdowns: list[float] = field(default_factory=list)
     queue_series: dict[str, list[float]] = field(default_factory=dict)
@@ -392,6 +400,11 @@ class SuiteBase:
         """The collector's report accounting so far: per reporter, received and lost."""
         return {}
 
+    def _switch_drops(self) -> dict[str, int] | None:
+        """The switches' own drop counters so far, by reason, summed over the switches
+        (SwitchAdmin GetStatus); None where the engine cannot read them."""
+        return None
+
     def _set_pfc(self, on: bool) -> None:
         """PFC on or off in every switch and NIC (the watchdog as the config says)."""
         if on:
@@ -477,6 +490,7 @@ class SuiteBase:
         before = self._counters()
         reports_before = self._report_totals()
         pfc_before = self._pfc_counters()
+        drops_before = self._switch_drops()
         self._begin()
         t_call = self._now()
         self._scheme = scheme
@@ -493,9 +507,21 @@ class SuiteBase:
         rec.telemetry = telemetry_summary(res.get("counters", {}).get("reports", {}),
                                           reports_before, self._report_totals())
         self._summarise_pfc(rec, pfc_before, self._pfc_counters())
+        self._summarise_drops(rec, drops_before, self._switch_drops())
         if scenario in PFC_SCENARIOS:
             self._summarise_victim(rec, cap, res)
         return rec
+
+    def _summarise_drops(self, rec: RunRecord, before: dict[str, int] | None,
+                         after: dict[str, int] | None) -> None:
+        if before is None or after is None:
+            return
+        rec.drops_by_reason = {r: n - before.get(r, 0) for r, n in sorted(after.items())
+                               if n - before.get(r, 0) > 0}
+        # the drop counters of MAC Control frames are not traffic: the ports' counters leave
+        # those frames out
+        counted = sum(n for r, n in rec.drops_by_reason.items() if r not in CONTROL_DROPS)
+        rec.drops_uncounted = max(0, rec.drops - counted)
 
     def _summarise_pfc(self, rec: RunRecord, before: dict[str, dict[str, int]],
                        after: dict[str, dict[str, int]]) -> None:
@@ -857,6 +883,9 @@ class Suite(SuiteBase):
 
     def _apply_fault(self, f: Fault) -> None:
         self.tb.apply_fault(f)
+    def _switch_drops(self) -> dict[str, int] | None:
+        return self.tb.switch_drops()
+
     def _report_totals(self) -> dict[str, dict[str, int]]:
         import grpc
 
@@ -942,6 +971,8 @@ def one_line(r: RunRecord) -> str:
         parts.append(f"{r.flows - r.flows_completed} flows incomplete")
     if r.pauses or r.paused_s:
         parts.append(f"{r.pauses} pauses, paused {fmt_time(r.paused_s)}")
+    if r.drops_uncounted:
+        parts.append(f"{r.drops_uncounted} of the drops not counted by the switches")
     if r.sender_holds:
         parts.append(f"senders held {r.sender_holds} times, {fmt_time(r.sender_held_s)}")
     if r.pfc_storms:

@@ -125,6 +125,12 @@ def test_model_speed_verdicts_on_the_quick_suite() -> None:
     assert ti.flows_completed == ti.flows == 7 and di.flows_completed == 7
     assert ti.queue_p99_bytes < di.queue_p99_bytes, (ti.queue_p99_bytes, di.queue_p99_bytes)
     assert ti.drops == 0
+    # every drop of the twin is one its switches counted, with its reason (on the emulation
+    # the rest is what the switch processes did not read: drops_uncounted). The switches
+    # count more than their ports' received-minus-sent: their own drop reports leave too.
+    assert di.drops > 0 and set(di.drops_by_reason) == {"queue_full"}
+    assert di.drops_by_reason["queue_full"] >= di.drops and di.drops_uncounted == 0
+    assert ti.drops_by_reason == {} and ti.drops_uncounted == 0
     tw, dw = rec[("websearch", "tita")], rec[("websearch", "dcqcn")]
     assert tw.flows_completed == tw.flows > 50 and dw.flows_completed == dw.flows
     assert tw.fct_slowdown_p99 is not None and dw.fct_slowdown_p99 is not None

@@ -595,6 +595,25 @@ class Testbed:
                 out[f"{host}:0"] = d
         return out
 
+    def switch_drops(self) -> dict[str, int] | None:
+        """Every built-in switch's own drop counters (GetStatus), by reason, summed; None
+        when a switch cannot say (bmv2, or one that does not answer)."""
+        from controller.proto import switch_pb2, switch_pb2_grpc
+
+        out: dict[str, int] = {}
+        for sw in self.switches():
+            if sw.kind != "builtin":
+                return None
+            try:
+                with grpc.insecure_channel(sw.grpc_addr) as ch:
+                    st = switch_pb2_grpc.SwitchAdminStub(ch).GetStatus(
+                        switch_pb2.GetStatusRequest(), timeout=5)
+            except grpc.RpcError:
+                return None
+            for reason, n in st.drops.items():
+                out[reason] = out.get(reason, 0) + n
+        return out
+
     def switch_pfc_counters(self) -> dict[str, dict[str, int]]:
         """The switch ports' part of `pfc_counters` (SwitchAdmin GetQueues)."""
         from controller.proto import switch_pb2, switch_pb2_grpc

@@ -388,6 +388,15 @@ class SimFabric:
             if not on:
                 h.release_pauses()
 
+    def switch_drops(self) -> dict[str, int]:
+        """Every switch's own drop counters (its SwitchAdmin GetStatus), by reason, summed."""
+        out: dict[str, int] = {}
+        for sw in self.switches.values():
+            st = sw.admin.GetStatus(switch_pb2.GetStatusRequest(), None)
+            for reason, n in st.drops.items():
+                out[reason] = out.get(reason, 0) + n
+        return out
+
     def pfc_counters(self) -> dict[str, dict[str, int]]:
         """Per switch port and host NIC ("switch:port", "host:nic"): PFC frames sent and
         received, paused time (ns) and what the watchdog did; only where something happened."""

@@ -60,6 +60,9 @@ class SimSuite(SuiteBase):
     def _pfc_counters(self) -> dict[str, dict[str, int]]:
         return self.fab.pfc_counters()
 
+    def _switch_drops(self) -> dict[str, int] | None:
+        return self.fab.switch_drops()
+
     def _pfc_storm(self, host: int, seconds: float) -> None:
         fab = self.fab
         start = fab.loop.now_ns + 1000  # with the job (run_job starts it 1 us from now)

@@ -125,7 +125,7 @@ class SwitchAdminService(switch_pb2_grpc.SwitchAdminServicer):  # type: ignore[m
             device_id=sw.device_id, pipeline_loaded=sw.ready, rx_packets=sw.stats.rx,
             tx_packets=sw.stats.tx, uptime_us=sw.clock.now_us(), queue_depth_unit=sw.qdepth_unit,
             pfc_enabled=sw.tm.pfc is not None)
-        for reason, n in sw.stats.dropped.items():
+        for reason, n in sw.drop_counts().items():
             resp.drops[reason] = n
         if self.dataplane is not None:
             dp = self.dataplane

@@ -240,6 +240,22 @@ class V1Switch:
         if not self.tm.receive_pause(port, pause, now):
             self.stats.drop("pfc_off")  # PFC is off on this switch: the pause is not honoured
 
+    def drop_counts(self) -> dict[str, int]:
+        """Every packet this switch dropped, by reason: the pipeline's and the ports' (see
+        `stats.dropped`) and the traffic manager's (a full queue, a queue flushed when its
+        port went down, the PFC watchdog)."""
+        with self.lock:
+            out = dict(self.stats.dropped)
+            ports = self.tm.ports.values()
+            for reason, n in (
+                ("queue_full", sum(pq.dropped for pq in ports)),
+                ("flushed_port_down", sum(pq.fault_drops for pq in ports)),
+                ("pfc_watchdog", sum(pq.pfc.watchdog_drops for pq in ports)),
+            ):
+                if n:
+                    out[reason] = n
+            return out
+
     def port_mac(self, port: int) -> bytes:
         """The MAC address a port's MAC Control frames come from (locally administered, from
         the device id and the port)."""
