@@ -20,9 +20,10 @@ from matplotlib.ticker import NullFormatter  # noqa: E402
 
 from testbed.scenarios import RunRecord  # noqa: E402
 
-COLORS = {"none": "tab:red", "dcqcn": "tab:blue", "tita": "tab:green", "hpcc": "tab:olive",
-          "timely": "tab:purple", "swift": "tab:orange", "dcqcn+pfc": "tab:cyan",
-          "tita+pfc": "tab:brown"}
+# (in the plots' column order: a lossless scheme beside its lossy one)
+COLORS = {"none": "tab:red", "dcqcn": "tab:blue", "dcqcn+pfc": "tab:cyan", "tita": "tab:green",
+          "tita+pfc": "tab:brown", "hpcc": "tab:olive", "timely": "tab:purple",
+          "swift": "tab:orange"}
 TITLES = {"none": "no CC", "dcqcn": "DCQCN", "tita": "TiTa", "hpcc": "HPCC",
           "timely": "TIMELY", "swift": "Swift", "dcqcn+pfc": "DCQCN+PFC", "tita+pfc": "TiTa+PFC"}
 

@@ -136,6 +136,9 @@ def table(records: list[RunRecord], link_bps: float | None = None) -> str:
             shown.append("-" if s is None else s.show(fmt))
         unfinished = sum(r.flows - r.flows_completed for r in reps)
         note = f"  ({unfinished} unfinished)" if unfinished else ""
+        failed = sum(1 for r in reps if r.error)
+        if failed:
+            note += f"  (FAILED {failed} of {len(reps)}: {reps[0].error or 'see results.json'})"
         if any(r.correct is False for r in reps):
             note += "  (WRONG RESULT)"
         rows.append((scenario, shown, note))
@@ -222,12 +225,14 @@ def verdict(records: list[RunRecord]) -> list[str]:
         dd = Spread.of(r.drops for r in d)
         assert tq and dq and tt and dt and td and dd  # every record has them
         zero = Spread(0.0, 0.0, 0.0)
+        finished = all(not r.error and r.flows_completed == r.flows for r in t + d)
         checks = {
             # within 10 %: the same queue (e.g. both at the buffer's limit)
             "lower p99 queue": below(tq, dq, 0.9),
             # drops are never below zero: "holds" is no drop in any repetition
             "no loss": "holds" if td.hi <= 0 else below(zero, td),
-            "no worse completion time": below(tt, dt, 1.05),
+            # a run that did not finish has no completion time to compare
+            "no worse completion time": below(tt, dt, 1.05) if finished else "unfinished",
         }
         reps = max(len(t), len(d))
         line = (
@@ -291,6 +296,7 @@ def _outcome(checks: dict[str, str]) -> str:
     held = [k for k, v in checks.items() if v == "holds"]
     failed = [k for k, v in checks.items() if v == "NOT"]
     noise = [k for k, v in checks.items() if v == "within noise"]
+    unfinished = [k for k, v in checks.items() if v == "unfinished"]
     if len(held) == len(checks):
         return "all hold"
     parts = [f"{', '.join(held) or 'none'} hold"]
@@ -298,6 +304,8 @@ def _outcome(checks: dict[str, str]) -> str:
         parts.append(f"NOT {', '.join(failed)}")
     if noise:
         parts.append(f"within noise: {', '.join(noise)}")
+    if unfinished:
+        parts.append(f"no verdict (a run did not finish): {', '.join(unfinished)}")
     return "; ".join(parts)
 
 

@@ -85,6 +85,7 @@ from testbed.traffic import generators as gen
 from testbed.traffic import metrics as m
 from testbed.traffic import workloads as wl
 from testbed.traffic.netns import Host
+from testbed.traffic.runner import RunError
 
 if TYPE_CHECKING:
     from testbed.emu.network import Testbed
@@ -196,6 +197,7 @@ class RunRecord:
     # them in time); None where the engine gives no counts
     drops_by_reason: dict[str, int] = field(default_factory=dict)
     drops_uncounted: int | None = None
+    error: str = ""  # why the workload did not finish (its figures then say nothing)
     rate_events: int = 0
     slowdowns: list[float] = field(default_factory=list)
     queue_series: dict[str, list[float]] = field(default_factory=dict)
@@ -497,6 +499,10 @@ class SuiteBase:
         try:
             res = self._workload(scenario, self.window(scheme),
                                  1 if scheme_law(scheme) in ACK_EVERY_PACKET_SCHEMES else 2)
+        except RunError as exc:
+            # a job that cannot finish (a collective stuck, a worker gone) is this run's
+            # result, not the end of the suite: recorded as failed, the next run goes on
+            res = {"failed": str(exc)}
         finally:
             cap, events = self._end()
         after = self._quiet_counters()
@@ -718,8 +724,9 @@ class SuiteBase:
         ip_host = {n.ip: h.name for h in spec.hosts for n in h.nics}
         rec.rate_series = _rate_series(events, t_start, last_seen, ip_host)
         rec.flow_fcts = _flow_fcts(res, ip_host, self.hosts)
-        if scenario == "twojob":
+        if scenario == "twojob" and "summary" in res:
             rec.jobs = res["summary"]["jobs"]
+        rec.error = str(res.get("failed", ""))
         return rec
 
     def _fairness(self, rec: RunRecord, cap: Capture, t_start: float) -> None:
@@ -744,6 +751,8 @@ class SuiteBase:
     def _workload_figures(self, scenario: str, res: dict[str, Any]
                           ) -> tuple[float, int, int, list[float], float | None, bool | None]:
         """(completion time, flows, completed flows, FCT slowdowns, busbw b/s, correct)."""
+        if "failed" in res:
+            return (0.0, 0, 0, [], None, None)
         line = payload_line_rate(self.scaling)
         scale = self.scaling.scale
         if scenario == "alltoall":
@@ -960,6 +969,8 @@ def _rate_series(events: list[RateEvent], t0: float,
 def one_line(r: RunRecord) -> str:
     parts = [f"p99 queue {r.queue_p99_bytes / 1e3:.0f} KB at {r.bottleneck or '-'}",
              f"drops {r.drops}"]
+    if r.error:
+        return f"FAILED ({r.error}); " + ", ".join(parts)
     if r.utilization is not None:
         parts.append(f"util {r.utilization:.0%}")
     if r.fct_slowdown_p50 is not None:

@@ -298,3 +298,39 @@ def test_link_serializes_delays_and_drops_over_mtu() -> None:
     assert not wire.send(bytes(1015), 0) and wire.too_big == 1
     loop.run()
     assert got == [(1114, 1014)]
+
+
+def test_a_run_that_cannot_finish_is_recorded_and_the_suite_goes_on() -> None:
+    """A workload that stalls (here h1 cut off: its only link down, so the ring all-reduce
+    never completes) is that run's result: recorded as failed with why, in the table and with
+    no completion-time verdict, and the next run goes on (the emulation's TIMELY all-reduce
+    once stalled and ended the whole suite with a traceback)."""
+    from testbed.faults import Fault
+    from testbed.report import table, verdict
+
+    spec = leafspine(2, 1, 2)
+    fab = SimFabric(spec, Scaling(max_hops=spec.longest_path_switches()))
+    cfg = SuiteConfig(
+        **{
+            **SuiteConfig.quick().__dict__,
+            "schemes": ("dcqcn", "tita"),
+            "scenarios": ("allreduce", "incast"),
+        }
+    )
+    suite = SimSuite(fab, cfg)
+    suite.faults = [Fault("leaf1:1", "down", None, 0.0)]
+    records = suite.run()
+    assert [(r.scheme, r.scenario) for r in records] == [
+        ("dcqcn", "allreduce"),
+        ("dcqcn", "incast"),
+        ("tita", "allreduce"),
+        ("tita", "incast"),
+    ]
+    stuck = [r for r in records if r.scenario == "allreduce"]
+    assert all("stuck" in r.error and r.flows_completed == 0 for r in stuck), stuck[0].error
+    assert all(not r.error for r in records if r.scenario == "incast")
+    assert "FAILED 1 of 1" in table(records)
+    lines = verdict(records)
+    assert any(
+        v.startswith("allreduce") and "no verdict (a run did not finish)" in v for v in lines
+    ), lines
