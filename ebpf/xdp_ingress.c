@@ -81,7 +81,13 @@ int xm_xdp_ingress(struct xdp_md *ctx)
 			xm_count(XM_CNT_XDP_CC_TABLE_FULL);
 			return XDP_PASS;
 		}
-		xm_cc_init(cc, law, ceil, st, now);
+		/* A flow already paced below the ceiling before its first feedback (its start
+		 * rate, set through the agent: the application's hint) starts its law there. */
+		struct xm_rate *paced = xm_rates.lookup(&fb.key);
+		__u64 start = ceil;
+		if (paced && paced->rate_bps && paced->rate_bps < ceil)
+			start = paced->rate_bps;
+		xm_cc_init(cc, law, start, st, now);
 	} else if (cc->law != law) {
 		xm_cc_init(cc, law, ceil, st, now);
 	}

@@ -66,6 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--scenarios", default=None,
                      help="comma-separated (default: all of them, testbed.scenarios.SCENARIOS; "
                           "also victim, storm: PFC's harms)")
+    run.add_argument("--proactive-start", action="store_true",
+                     help="the incast's senders declare their fair share to their NICs before "
+                          "they send (schemes with a rate law); default: they start at line "
+                          "rate")
     run.add_argument("--pfc-watchdog", choices=["on", "off"], default="on",
                      help="the PFC watchdog in the switches of a lossless scheme (default on)")
     run.add_argument("--quick", action="store_true", help="a shorter suite")
@@ -157,7 +161,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = SuiteConfig(**{**base.__dict__, "schemes": schemes, "scenarios": scenarios,
                          "seed": args.seed, "repeat": args.repeat,
                          "retransmit": args.retransmit,
-                         "pfc_watchdog": args.pfc_watchdog == "on"})
+                         "pfc_watchdog": args.pfc_watchdog == "on",
+                         "proactive_start": args.proactive_start})
     if args.faults is not None:
         from testbed import faults
         from testbed.topo import parse_choice

@@ -144,6 +144,8 @@ class SuiteConfig:
     tita_base_rtt_s: float | None = None
     retransmit: str = "gbn"  # the transport's: gbn (go-back-N) or sr (selective repeat)
     pfc_watchdog: bool = True  # the PFC watchdog in the switches of a lossless scheme
+    # the incast's senders declare their fair share to their NICs before they send
+    proactive_start: bool = False
     storm_seconds: float = 1.0  # how long the storm scenario's NIC keeps pausing
 
     @staticmethod
@@ -222,6 +224,7 @@ class RunRecord:
     # held (s, summed over hosts); the twin's NICs hold by themselves (paused_s)
     sender_holds: int = 0
     sender_held_s: float = 0.0
+    start_hints: int = 0  # flows whose start rate the application handed its NIC
     pfc_by_port: dict[str, dict[str, int]] = field(default_factory=dict)
     pfc_storms: int = 0
     pfc_restored: int = 0
@@ -587,6 +590,15 @@ class SuiteBase:
         if worst is not None:
             rec.victim_longest_gap_s, rec.victim_stalls, rec.victim_fct_slowdown = worst
 
+    def _incast_start_rate(self) -> float | None:
+        """The proactive start (`proactive_start`): the incast's senders know its fan-in and
+        declare their fair share of the receiver's link to their NICs, which pace them at
+        it from the first packet; the rate law moves on from there. None: they declare
+        nothing and start at line rate (and so always under no CC, which has no law)."""
+        if not self.cfg.proactive_start or scheme_law(self._scheme) == "none":
+            return None
+        return self.scaling.nic_bps / (len(self.hosts) - 1)
+
     def _workload(self, scenario: str, window: int, ack_every: int = 2) -> dict[str, Any]:
         cfg, s = self.cfg, self.scaling
         tr = {**transport_settings(s, window, ack_every, cfg.retransmit),
@@ -596,7 +608,8 @@ class SuiteBase:
         if scenario == "incast":
             return wl.incast(self.hosts, cfg.incast_bytes, receiver=0, transport=tr,
                              line_rate=line, base_rtt=self.base_rtt_s, timeout=120 * k,
-                             seed=cfg.seed, runner=self.runner)
+                             seed=cfg.seed, runner=self.runner,
+                             start_rate=self._incast_start_rate())
         if scenario == "allreduce":
             return wl.allreduce(self.hosts, cfg.allreduce_bytes, chunk=cfg.allreduce_chunk,
                                 transport=tr, timeout=180 * k, seed=cfg.seed,
@@ -710,6 +723,7 @@ class SuiteBase:
             cnps=int(counters.get("cnps_received", 0)),
             out_of_order=int(counters.get("drops", {}).get("out_of_order", 0)),
             sender_holds=int(counters.get("pfc_holds", 0)),
+            start_hints=int(counters.get("rate_hints", 0)),
             sender_held_s=int(counters.get("pfc_held_us", 0)) / 1e6,
             window=self.window(scheme), correct=correct,
             queue_by_link=qstats, drops_by_switch=drops_by_switch, rate_events=len(events),
@@ -851,9 +865,12 @@ class Suite(SuiteBase):
 
     def _run_job(self, hosts: list[Host], spec: dict[str, Any]) -> Any:
         """Every job of the suite: with PFC on, each host's transport holds its sends while
-        its NIC's `xm_pfc` says its switch paused it."""
+        its NIC's `xm_pfc` says its switch paused it; a job whose flows declare a start rate
+        hands it to each host's agent."""
         if self.tb.pfc_on:
             spec = {**spec, "pfc_pins": self.tb.pfc_pins()}
+        if spec.get("start_rate_bps"):
+            spec = {**spec, "agents": {h: a.target for h, a in self.tb.agents.items()}}
         return wl.run_job(hosts, spec)
 
     def _set_pfc(self, on: bool) -> None:

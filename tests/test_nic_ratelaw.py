@@ -53,10 +53,14 @@ def cnp(sport: int) -> bytes:
 class Driver:
     """Feeds frames to XDP and to the reference, with tc's view of the flow set alike."""
 
-    def __init__(self, nic, ref: ReferenceNic, sport: int, cap: int | None = None):  # type: ignore[no-untyped-def]
+    def __init__(self, nic, ref: ReferenceNic, sport: int, cap: int | None = None,  # type: ignore[no-untyped-def]
+                 start: int | None = None):
         self.nic, self.ref, self.sport, self.cap = nic, ref, sport, cap
         self.key = FlowKey(A, B, 17, sport, 4791)
         self.tx_bytes = 0
+        self.paced = start  # the rate map's entry before the next frame
+        if start is not None:  # paced before its first feedback, as the agent's SetRate does
+            nic.set_rate(self.key, start, time.monotonic_ns())
         if cap is not None:
             ctl = nic.new_value("xm_ctl")
             ctl.cap_bps, ctl.flags, ctl.weight = cap, CTL_HAS_CAP, 1
@@ -70,8 +74,10 @@ class Driver:
         cc = self.nic.get("xm_cc", self.key)
         xdp_rate = int(self.nic.get("xm_rates", self.key).rate_bps)
         ref_rate = self.ref.on_frame(frame, now_ns=int(cc.last_fb_ns), tx_bytes=tx_bytes,
-                                     snd_nxt_psn=snd_nxt, cap_bps=self.cap)
+                                     snd_nxt_psn=snd_nxt, cap_bps=self.cap,
+                                     paced_bps=self.paced)
         assert ref_rate is not None
+        self.paced = xdp_rate
         return xdp_rate, ref_rate
 
 
@@ -127,6 +133,31 @@ def test_tita_without_tx_utilisation_and_with_a_cap_matches_reference() -> None:
             x, r = d.send(ack(d.sport, i, hops, bitmap), tx, snd_nxt=i + 2)
             assert x == pytest.approx(r, rel=0.01), f"ACK {i}: XDP {x} vs reference {r}"
             assert x <= 40_000_000
+
+
+@pytest.mark.parametrize("law", ["tita", "dcqcn"])
+def test_a_flow_paced_before_its_first_feedback_starts_its_law_there(law: str) -> None:
+    """The proactive start: the agent paces a new flow at a start rate (an application's
+    hint, e.g. its share of an incast) before it sends; its law starts from that rate, not
+    from the line rate, in XDP and in the reference alike."""
+    start = LINE // 7
+    with standalone_nic(LINE, law=law, base_rtt_ns=100_000) as nic:
+        ref = ReferenceNic(LINE, CcParams.defaults(Law[law.upper()], LINE, 100_000))
+        d = Driver(nic, ref, sport=50003, start=start)
+        hops = [{"node_id": 2, "l1_ingress_port": 4, "l1_egress_port": 5, "hop_latency": 900,
+                 "queue_id": 0, "queue_occupancy": 0, "egress_ts": 1_000, "tx_util": 100_000}]
+        frame = ack(d.sport, 0, hops) if law == "tita" else cnp(d.sport)
+        x, r = d.send(frame, 1500, snd_nxt=4)
+        assert x == r
+        cc = nic.get("xm_cc", d.key)
+        assert int(cc.ref_rate_bps) == start or law == "dcqcn"  # DCQCN's cut sets its target
+        assert x <= start  # not the line rate: a plain flow's first feedback starts at LINE
+        # a flow that was not paced before starts at the line rate, as before
+        plain = Driver(nic, ReferenceNic(LINE, CcParams.defaults(Law[law.upper()], LINE,
+                                                                 100_000)), sport=50004)
+        frame = ack(plain.sport, 0, hops) if law == "tita" else cnp(plain.sport)
+        x2, r2 = plain.send(frame, 1500, snd_nxt=4)
+        assert x2 == r2 and x2 > x
 
 
 def test_dcqcn_cnp_burst_and_recovery_matches_reference() -> None:

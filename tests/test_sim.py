@@ -334,3 +334,39 @@ def test_a_run_that_cannot_finish_is_recorded_and_the_suite_goes_on() -> None:
     assert any(
         v.startswith("allreduce") and "no verdict (a run did not finish)" in v for v in lines
     ), lines
+
+
+def test_the_proactive_start_paces_the_incast_at_its_fair_share_from_the_first_packet() -> None:
+    """`proactive_start`: the incast's senders declare their share of the receiver's link to
+    their NICs; each flow is paced at it from its first packet and its law starts there, so
+    the startup burst that fills the queue does not happen. A switch-able option: without it
+    the same law starts at line rate."""
+    spec = leafspine(2, 2, 4)
+    runs = {}
+    for proactive in (False, True):
+        fab = SimFabric(spec, Scaling(max_hops=spec.longest_path_switches()))
+        cfg = SuiteConfig(
+            **{
+                **SuiteConfig.quick().__dict__,
+                "schemes": ("none", "tita"),
+                "scenarios": ("incast",),
+                "proactive_start": proactive,
+            }
+        )
+        runs[proactive] = {r.scheme: r for r in SimSuite(fab, cfg).run()}
+    plain, hinted = runs[False]["tita"], runs[True]["tita"]
+    assert plain.start_hints == 0 and hinted.start_hints == 7  # one flow per sender
+    assert runs[True]["none"].start_hints == 0  # no law, no hint: no CC stays no CC
+    assert hinted.drops == 0 and hinted.flows_completed == hinted.flows == 7
+    assert hinted.queue_p99_bytes < 0.6 * plain.queue_p99_bytes, (
+        hinted.queue_p99_bytes,
+        plain.queue_p99_bytes,
+    )
+    assert hinted.completion_s <= 1.05 * plain.completion_s
+    # the law's first rate of every flow is near the share (1/7 of the line), not the line
+    # rate it starts from without the hint
+    line = fab.scaling.nic_bps
+    firsts = [s["v"][0] for s in hinted.rate_series.values() if s["v"]]
+    assert len(firsts) == 7 and all(v < 0.25 * line for v in firsts), (firsts, line)
+    plain_firsts = [s["v"][0] for s in plain.rate_series.values() if s["v"]]
+    assert all(v > 0.5 * line for v in plain_firsts), plain_firsts

@@ -130,6 +130,26 @@ def test_lossless_incast_pauses_every_hop_back_to_the_senders_and_drops_nothing(
     assert r.sender_holds > 0 and r.sender_held_s > 0  # and their transports held
 
 
+def test_the_proactive_start_reaches_the_nics_through_the_agents(tmp_path: Path) -> None:
+    """`--proactive-start` on the emulation: each incast sender's transport hands its flow's
+    fair share to its host's agent (SetRate) before it sends; the NIC paces the flow at it
+    from the first packet and TiTa's law starts there, so the startup burst is gone."""
+    tb = Testbed(leafspine(2, 1, 2), TestbedOptions(switch="builtin", run_dir=tmp_path))
+    recs = {}
+    with tb:
+        for proactive in (False, True):
+            cfg = SuiteConfig(scenarios=("incast",), schemes=("tita",), incast_bytes=1_000_000,
+                              proactive_start=proactive)
+            with Suite(tb, cfg) as suite:
+                suite.run()
+                (recs[proactive],) = suite.records
+    plain, hinted = recs[False], recs[True]
+    assert plain.start_hints == 0 and hinted.start_hints == 3
+    assert hinted.flows_completed == hinted.flows == 3 and hinted.drops == 0
+    assert hinted.queue_max_bytes < plain.queue_max_bytes, (hinted.queue_max_bytes,
+                                                            plain.queue_max_bytes)
+
+
 def test_rail_topology_routes_each_rail_and_across(tmp_path: Path) -> None:
     """Two hosts with two NICs each on two rail leaves and a spine: NIC i talks to NIC i over
     rail i, and across rails through the spine; one agent per host on both NICs."""

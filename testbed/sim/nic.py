@@ -215,6 +215,12 @@ class SimHost:
         self.core, self.job, self.done, self.result = core, job, False, None
         self.flows.clear()
         self.nic.flows.clear()
+        # the application's start rates: the flows are paced at them from their first packet,
+        # as the agent's SetRate does on the emulation
+        while core.rate_hints:
+            qp, bps = core.rate_hints.popleft()
+            f = self._flow(flow_key(qp.local_addr, qp.peer_addr, qp.sport))
+            f.rate_bps = max(self.nic.params.min_rate_bps, min(bps, self.line_rate_bps))
         self.loop.at(t0_ns, self._start, job)
 
     def _start(self, job: Job) -> None:
@@ -440,6 +446,7 @@ class SimHost:
                 tx_bytes=f.tx_bytes,
                 snd_nxt_psn=f.snd_nxt_psn,
                 rtt_probe=f.probe,
+                paced_bps=f.rate_bps or None,
             )
             if rate is not None and rate != f.rate_bps:
                 f.rate_bps = rate

@@ -65,6 +65,12 @@ class FlowsJob:
         for f in sorted((f for f in flows if f.dst == me), key=lambda f: (f.start, f.id)):
             self.expect[_peer_qp(t, me, f.src, f.slot, hosts).qpn].append(f)
         self.send_qp = {f.id: _peer_qp(t, me, f.dst, f.slot, hosts) for f in self.sends}
+        # the application's declared pattern: its flows start at this rate (e.g. an incast's
+        # fair share), handed to the NIC before they send
+        start = spec.get("start_rate_bps")
+        if start:
+            for qp in {q.qpn: q for q in self.send_qp.values()}.values():
+                t.hint_rate(qp, int(start))
         self.ops: list[tuple[Flow, SendOp]] = []
         self.received: list[dict[str, Any]] = []
         self.unexpected = 0

@@ -38,6 +38,7 @@ COUNTER_KEYS = (
     "rx_data_packets",
     "tx_nobufs",
     "rx_kept",
+    "rate_hints",  # start rates the application handed its NIC (the proactive start)
     "pfc_holds",  # the emulation's transports: pauses of their NIC they held for
     "pfc_held_us",  # ... and for how long, microseconds
 )

@@ -43,6 +43,8 @@ from testbed.traffic.transport_core import (
 
 # A paused NIC's hold: CLOCK_MONOTONIC ns -> until when it must not send (0: it may).
 HoldFn = Callable[[int], int]
+# The NIC's start rate of a flow: (src ip, dst ip, sport, rate b/s) -> the rate it took.
+StartRateFn = Callable[[str, str, int, int], int]
 PAUSE_POLL_S = 0.001  # while paused, how often the hold is read again (a resume ends it)
 
 
@@ -53,9 +55,15 @@ class _Outcome:
 class Transport:
     """All queue pairs of one host (a `TransportCore`), their sockets and one receive loop."""
 
-    def __init__(self, cfg: TransportConfig, hold: HoldFn | None = None) -> None:
+    def __init__(
+        self,
+        cfg: TransportConfig,
+        hold: HoldFn | None = None,
+        start_rate: StartRateFn | None = None,
+    ) -> None:
         self.cfg = cfg
         self._hold = hold
+        self._start_rate = start_rate
         self._held_until = 0.0  # time.monotonic() until which the NIC is paused
         self._last_look = 0.0
         self.held_s = 0.0  # time spent paused (between steps that found the NIC held)
@@ -98,6 +106,9 @@ class Transport:
         self._socks[qp] = open_tx_socket(self.cfg.sndbuf)
         return qp
 
+    def hint_rate(self, qp: QueuePair, rate_bps: int) -> None:
+        self.core.hint_rate(qp, rate_bps)
+
     def close(self) -> None:
         for s in self._socks.values():
             s.close()
@@ -128,6 +139,7 @@ class Transport:
     def step(self, now: float, max_wait: float) -> None:
         busy = self._receive(now, 256)
         core = self.core
+        self.apply_hints()
         held = self._paused(now)
         if not held:
             self._send_feedback()
@@ -137,6 +149,17 @@ class Transport:
             busy |= self._send_round(now)
         if not busy:
             self._wait(now, max_wait)
+
+    def apply_hints(self) -> None:
+        """The application's start rates, to the NIC before the flows' first packets (the
+        agent paces them from then on); without an agent they are counted and left."""
+        hints = self.core.rate_hints
+        while hints:
+            qp, bps = hints.popleft()
+            if self._start_rate is None:
+                self.core.drops["rate_hint_no_nic"] += 1
+                continue
+            self._start_rate(socket.inet_ntoa(qp.local_addr), qp.peer_ip, qp.sport, bps)
 
     def _paused(self, now: float) -> bool:
         """Whether the NIC is paused now (a PFC pause from its switch)."""

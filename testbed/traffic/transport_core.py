@@ -645,6 +645,9 @@ class TransportCore:
         self._sport_state = seed & 0xFFFFFFFF
         # Telemetry Reports made (UDP payloads for cfg.report_to), not yet handed to I/O
         self.reports: deque[bytes] = deque()
+        # start rates the application declared for its QPs' flows, not yet handed to the NIC
+        self.rate_hints: deque[tuple[QueuePair, int]] = deque()
+        self.rate_hints_made = 0
         self.sink: IntSink | None = None
         if cfg.report_to is not None and cfg.int_dscp is not None:
             sink_cfg = SinkConfig(
@@ -656,6 +659,13 @@ class TransportCore:
             self.sink = IntSink(cfg.local_ip, sink_cfg, cfg.int_dscp)
 
     # ---- setup ----
+
+    def hint_rate(self, qp: QueuePair, rate_bps: int) -> None:
+        """The application's start rate for `qp`'s flow (its share of a transfer pattern it
+        knows, e.g. an incast's fan-in): the runner hands it to the NIC, which paces the flow
+        at it from its first packet and starts the rate law there."""
+        self.rate_hints.append((qp, int(rate_bps)))
+        self.rate_hints_made += 1
 
     def _draw_sport(self) -> int:
         # a 32-bit LCG (Numerical Recipes): deterministic per seed, no global RNG state
@@ -866,6 +876,7 @@ class TransportCore:
             "report_errors": dict(sink.errors) if sink is not None else {},
             "drops": dict(self.drops),
             "qps": len(self.qps),
+            "rate_hints": self.rate_hints_made,
             **{k: total.get(k, 0) for k in QpCounters.__dataclass_fields__},
         }
 

@@ -21,8 +21,9 @@ import traceback
 from typing import Any
 
 from controller.nic.pfc import PinnedPfc
+from controller.wire.roce import ROCE_UDP_PORT
 from testbed.traffic.jobs import JOBS, Job
-from testbed.traffic.transport import Transport, TransportConfig
+from testbed.traffic.transport import StartRateFn, Transport, TransportConfig
 
 
 def _emit(obj: dict[str, Any]) -> None:
@@ -36,6 +37,26 @@ def _read() -> dict[str, Any]:
         raise EOFError("runner closed the control pipe")
     msg: dict[str, Any] = json.loads(line)
     return msg
+
+
+def agent_start_rate(target: str) -> StartRateFn:
+    """The host's NIC agent (gRPC at `target`) as the hand the application's start rates go
+    through: SetRate on the flow before it sends (the agent paces it from its first packet,
+    and the rate law starts there)."""
+    import grpc
+
+    from controller.proto import agent_pb2, agent_pb2_grpc
+
+    stub = agent_pb2_grpc.HostAgentStub(grpc.insecure_channel(target))
+
+    def start_rate(src: str, dst: str, sport: int, rate_bps: int) -> int:
+        key = agent_pb2.FlowKey(
+            src_ip=src, dst_ip=dst, protocol=17, src_port=sport, dst_port=ROCE_UDP_PORT
+        )
+        resp = stub.SetRate(agent_pb2.SetRateRequest(flow=key, rate_bps=rate_bps), timeout=5)
+        return int(resp.rate_bps)
+
+    return start_rate
 
 
 def run_job(t: Transport, job: Job, t0: float, timeout: float) -> dict[str, Any]:
@@ -60,8 +81,11 @@ def main() -> int:
         # a lossless run: the NIC's record of its switch's PFC pauses holds the sends
         pin = spec.get("pfc_pins", {}).get(host["name"])
         pfc = PinnedPfc(pin) if pin else None
-        with Transport(cfg, pfc.hold_until_ns if pfc else None) as t:
+        agent = spec.get("agents", {}).get(host["name"])
+        start_rate = agent_start_rate(agent) if agent else None
+        with Transport(cfg, pfc.hold_until_ns if pfc else None, start_rate) as t:
             job = JOBS[spec["kind"]](t, spec, me)
+            t.apply_hints()  # the NIC paces the hinted flows before any of them sends
             _emit({"ready": True})
             t0 = float(_read()["start_at"])
             _emit({"result": run_job(t, job, t0, float(spec.get("timeout", 60.0)))})

@@ -60,8 +60,11 @@ def run_flows(
     seed: int = 1,
     verify: bool = True,
     runner: Runner = run_job,
+    start_rate: float | None = None,
 ) -> dict[str, Any]:
-    spec = {
+    """`start_rate`: the rate every flow declares to its NIC before it sends (b/s; None: the
+    NIC's line rate, as a flow that declares nothing)."""
+    spec: dict[str, Any] = {
         "kind": "flows",
         "flows": [f.as_dict() for f in flows],
         "transport": transport or {},
@@ -69,6 +72,8 @@ def run_flows(
         "seed": seed,
         "verify": verify,
     }
+    if start_rate:
+        spec["start_rate_bps"] = round(start_rate)
     return _flows_metrics(name, hosts, runner(hosts, spec), line_rate, base_rtt)
 
 

@@ -103,9 +103,13 @@ class ReferenceNic:
         weight: int = 1,
         params: CcParams | None = None,
         rtt_probe: RttProbe | None = None,
+        paced_bps: int | None = None,
     ) -> int | None:
         """Process one received frame; returns the flow's rate after it (None: not feedback).
-        `rtt_probe` is tc's probe of the flow (TIMELY and Swift take their samples from it)."""
+        `rtt_probe` is tc's probe of the flow (TIMELY and Swift take their samples from it);
+        `paced_bps` its rate in the rate map before this frame (a flow paced below the
+        ceiling before its first feedback, at a start rate the agent set, starts its law
+        there)."""
         fb = parse_feedback(frame)
         if fb is None:
             return None
@@ -116,7 +120,11 @@ class ReferenceNic:
         weight = weight or 1
         cc = self.flows.get(fb.key)
         if cc is None or cc.law != prm.law:
-            cc = CcState.initial(prm.law, ceil, tx_bytes, now_ns, rtt_probe.seq if rtt_probe else 0)
+            start = ceil
+            if cc is None and paced_bps and paced_bps < ceil:
+                start = paced_bps
+            probe = rtt_probe.seq if rtt_probe else 0
+            cc = CcState.initial(prm.law, start, tx_bytes, now_ns, probe)
             self.flows[fb.key] = cc
         if prm.law in (Law.TITA, Law.HPCC):
             if fb.echo:
