@@ -46,7 +46,6 @@ from testbed.faults import Fault
 from testbed.model import Scaling
 from testbed.scenarios import SuiteConfig, scheme_params
 from testbed.topo import FabricSpec, load
-from testbed.traffic.runner import RunError
 
 # the faults each kind of suspect stands for (the localizer's kinds, controller/health.py)
 SUSPECT_FAULTS: dict[str, list[tuple[str, str | None]]] = {
@@ -266,8 +265,7 @@ class Replayed:
     failed: str | None = None  # why the job did not complete under this fault (time: inf)
 
 
-_twin: Any = None  # the worker's twin (SimSuite), built by _init_worker
-_twin_args: tuple[Any, ...] = ()  # what it was built from: a job that fails leaves it dirty
+_twin: Any = None  # the worker's twin (SimSuite), built once by _init_worker
 
 
 def _init_worker(spec: FabricSpec, scaling: Scaling, cfg: SuiteConfig, scheme: str) -> None:
@@ -276,8 +274,7 @@ def _init_worker(spec: FabricSpec, scaling: Scaling, cfg: SuiteConfig, scheme: s
     from testbed.sim.fabric import SimFabric
     from testbed.sim.suite import SimSuite
 
-    global _twin, _twin_args
-    _twin_args = (spec, scaling, cfg, scheme)
+    global _twin
     # the twin localizer's events (warnings) belong to the candidates: the ranking lists them
     logging.getLogger("xingmai").setLevel(logging.ERROR)
     fab = SimFabric(spec, scaling, seed=cfg.seed)
@@ -293,10 +290,11 @@ def _replay_one(scenario: str, scheme: str, fault: Fault | None) -> Replayed:
     suite.faults = [fault] if fault is not None else []
     try:
         rec = suite.run_one(scheme, scenario)
-    except RunError as exc:
+    finally:
+        suite.faults = []
+    if rec.error:
         # the job cannot finish under this fault (a host cut off, a collective stuck): a
-        # candidate that explains no completion at all, and a twin left mid-job, built anew
-        _init_worker(*_twin_args)
+        # candidate that explains no completion at all (the twin left that job behind)
         return Replayed(
             fault,
             math.inf,
@@ -307,10 +305,8 @@ def _replay_one(scenario: str, scheme: str, fault: Fault | None) -> Replayed:
             [],
             time.monotonic() - t0,
             time.process_time() - c0,
-            failed=str(exc),
+            failed=rec.error,
         )
-    finally:
-        suite.faults = []
     return Replayed(
         fault,
         rec.completion_s,

@@ -123,7 +123,7 @@ def test_a_candidate_the_job_cannot_finish_under_ranks_last_and_the_twin_goes_on
     recorded: Path,
 ) -> None:
     """A candidate that cuts a host off (its only link down) stalls the collective: that
-    replay is scored as no completion, ranked last, and the next one runs on a fresh twin
+    replay is scored as no completion, ranked last, and the next one runs on a clean twin
     (an emulation run's telemetry named host links, and the whole replay stopped at the first
     such candidate)."""
     from testbed import replay as rp

@@ -622,9 +622,12 @@ class Testbed:
         for sw in self.switches():
             if sw.kind != "builtin":
                 continue
-            with grpc.insecure_channel(sw.grpc_addr) as ch:
-                queues = switch_pb2_grpc.SwitchAdminStub(ch).GetQueues(
-                    switch_pb2.GetQueuesRequest(), timeout=5).queues
+            try:
+                with grpc.insecure_channel(sw.grpc_addr) as ch:
+                    queues = switch_pb2_grpc.SwitchAdminStub(ch).GetQueues(
+                        switch_pb2.GetQueuesRequest(), timeout=5).queues
+            except grpc.RpcError:
+                continue  # a switch down (a `kill` fault) has nothing to say
             for q in queues:
                 d = {"xoff_sent": q.pfc_xoff_sent, "xon_sent": q.pfc_xon_sent,
                      "pauses_received": q.pfc_pauses_received,

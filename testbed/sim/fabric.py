@@ -482,6 +482,11 @@ class SimFabric:
                     try:
                         h.result = h.job.result(self.loop.now)
                     except TimeoutError as exc:
+                        # the hosts leave this job, as a worker that gives up exits: the next
+                        # job starts on a clean fabric
+                        for other in sims:
+                            other.core = other.job = None
+                        self.loop.run()
                         raise RunError(f"{h.name}: {exc}") from None
         results = []
         for h in sims:
