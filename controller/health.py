@@ -207,14 +207,16 @@ class Localizer:
                 # where it happened, a vote is inferred from paths, and a receiving host that
                 # drops what it cannot read in time votes against its own downlink.
                 found[f"link {lid}"] = ("lossy-link", 0.3 + 0.2 * share, ev)
-        slow_ports = self._slow_ports()
+        deltas = {sw: self._port_deltas(sw) for sw in self.topo.switches}
+        slow_ports = self._slow_ports(deltas)
         by_switch: dict[str, list[tuple[int, float, str]]] = {}
         for (sw, port), (excess, ev) in slow_ports.items():
             by_switch.setdefault(sw, []).append((port, excess, ev))
             self._slow_at[(sw, port)] = now
-        for sw in self.topo.switches:
-            for port in self._busy_ports(sw):
-                self._busy_at[(sw, port)] = now
+        for sw, ports_deltas in deltas.items():
+            for port, (departures, _, _) in ports_deltas.items():
+                if departures >= self.th.min_departures:  # busy in this window
+                    self._busy_at[(sw, port)] = now
         for sw, ports in by_switch.items():
             # A switch's ports are busy in turns (a spine carries one direction of a flow
             # on each), so a slow switch shows one slow port at a time: its ports are counted
@@ -445,13 +447,12 @@ class Localizer:
             )
         return out
 
-    def _busy_ports(self, sw: str) -> list[int]:
-        return [p for p, (d, _, _) in self._port_deltas(sw).items() if d >= self.th.min_departures]
-
-    def _slow_ports(self) -> dict[tuple[str, int], tuple[float, str]]:
+    def _slow_ports(
+        self, deltas: dict[str, dict[int, tuple[int, int, int]]]
+    ) -> dict[tuple[str, int], tuple[float, str]]:
         out = {}
-        for sw in self.topo.switches:
-            for port, (deps, wait, expected) in self._port_deltas(sw).items():
+        for sw, ports in deltas.items():
+            for port, (deps, wait, expected) in ports.items():
                 if deps < self.th.min_departures:
                     continue
                 frame = self._frame_ns(sw, port)

@@ -139,7 +139,6 @@ class Transport:
     def step(self, now: float, max_wait: float) -> None:
         busy = self._receive(now, 256)
         core = self.core
-        self.apply_hints()
         held = self._paused(now)
         if not held:
             self._send_feedback()
@@ -152,7 +151,8 @@ class Transport:
 
     def apply_hints(self) -> None:
         """The application's start rates, to the NIC before the flows' first packets (the
-        agent paces them from then on); without an agent they are counted and left."""
+        agent paces them from then on; the worker calls it once the job has made its queue
+        pairs); without an agent they are counted and left."""
         hints = self.core.rate_hints
         while hints:
             qp, bps = hints.popleft()
