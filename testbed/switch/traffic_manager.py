@@ -150,6 +150,10 @@ class PortQueues:
     queues: list[deque[tuple[Any, int, int, int, int]]] = field(default_factory=list)
     qbytes: list[int] = field(default_factory=list)
     next_tx_ns: int = 0  # earliest time the port may start sending its next packet
+    # the fraction of a nanosecond the bookings so far left over: carried into the next, so
+    # the port sends at exactly its rate over time (rounding each frame's time down would
+    # send up to 1 ns per frame faster: 1.2 % at 400G)
+    tx_carry_ns: float = 0.0
     enqueued: int = 0
     dequeued: int = 0
     dropped: int = 0
@@ -183,14 +187,30 @@ class PortQueues:
     def total(self) -> tuple[int, int]:
         return sum(len(q) for q in self.queues), sum(self.qbytes)
 
-    def service_ns(self, nbytes: int) -> int:
-        """How long the port is busy sending `nbytes` at its configured rate."""
+    def service_ns(self, nbytes: int) -> float:
+        """How long the port is busy sending `nbytes` at its configured rate (ns, exact)."""
         t = 0.0
         if self.rate_bps > 0:
             t = max(t, nbytes * 8e9 / self.rate_bps)
         if self.rate_pps > 0:
             t = max(t, 1e9 / self.rate_pps)
-        return int(min(t / self.fault.rate_factor, MAX_SERVICE_NS))
+        return min(t / self.fault.rate_factor, MAX_SERVICE_NS)
+
+    def book_ns(self, t: float) -> int:
+        """Whole nanoseconds of the port's time for `t` ns more (may be negative: a
+        correction), the fraction carried to the next booking."""
+        acc = self.tx_carry_ns + t
+        whole = math.floor(acc)
+        self.tx_carry_ns = acc - whole
+        return whole
+
+    def resize(self, booked_bytes: int, sent_bytes: int) -> None:
+        """The frame booked at `booked_bytes` left the egress pipeline as `sent_bytes` (INT
+        metadata added, or taken off by a sink): the port is busy for what it really sends."""
+        if sent_bytes != booked_bytes and (self.rate_bps or self.rate_pps):
+            self.next_tx_ns += self.book_ns(
+                self.service_ns(sent_bytes) - self.service_ns(booked_bytes)
+            )
 
     def head_ready_ns(self) -> int:
         """When the packet next in line may leave: its port is free, it has waited out a
@@ -417,7 +437,7 @@ class TrafficManager:
                         start = pq.next_tx_ns if pq.next_tx_ns > ready else ready
                         done = start
                         if pq.rate_bps or pq.rate_pps:
-                            done += pq.service_ns(nbytes)
+                            done += pq.book_ns(pq.service_ns(nbytes))
                         pq.next_tx_ns = done
                         pq.departures += 1
                         pq.wait_ns += start - enq_ns

@@ -442,6 +442,7 @@ class V1Switch:
     def _run_egress(self, c: Compiled, S: StdMeta, port: int, prio: int, p: Packet,
                     enq_ns: int, left: int) -> None:
         now = p.t_ns // 1000
+        booked = p.plen  # what the traffic manager booked the port's time for
         sm = p.h[S.h]
         sm[S.egress_global_timestamp] = now & S.m_egress_global_timestamp
         sm[S.deq_timedelta] = (now - enq_ns // 1000) & S.m_deq_timedelta
@@ -494,5 +495,6 @@ class V1Switch:
             return
         if p.truncate_len >= 0:
             out = out[: p.truncate_len]
+        self.tm.ports[port].resize(booked, len(out))  # the port sends the frame as it left
         self.stats.tx += 1
         self.transmit(port, out)
