@@ -11,44 +11,16 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
-import platform
 import sys
 import time
 import traceback
 from pathlib import Path
 
+from testbed.experiment.machine import machine_description
+
 # Benchmark modules, in the order they run. Add a component's module here.
 BENCHMARKS: tuple[str, ...] = ("switch", "transport", "collector", "nic", "cpu", "scenarios",
                               "twin", "ns3", "localization")
-
-
-def machine_description() -> dict[str, object]:
-    """What the figures were measured on."""
-    cpu = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem_kib = 0
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                mem_kib = int(line.split()[1])
-    except OSError:
-        pass
-    return {
-        "hostname": platform.node(),
-        "kernel": platform.release(),
-        "python": platform.python_version(),
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "memory_gib": round(mem_kib / 2**20, 1),
-        "load_avg": os.getloadavg(),
-    }
 
 
 def main(argv: list[str] | None = None) -> int:

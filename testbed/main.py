@@ -58,13 +58,15 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="the scenario suite, once per scheme; table, plots, JSON")
     _common(run)
     run.add_argument("--schemes", default=None,
-                     help="comma-separated (default: testbed.scenarios.DEFAULT_SCHEMES, no CC, "
+                     help="comma-separated (default: "
+                          "testbed.experiment.schemes.DEFAULT_SCHEMES, no CC, "
                           "DCQCN lossy and on PFC, TiTa), of none,dcqcn,tita,hpcc,timely,swift "
                           "and the "
                           "lossless dcqcn+pfc,tita+pfc (PFC in every switch and NIC; the "
                           "built-in switch)")
     run.add_argument("--scenarios", default=None,
-                     help="comma-separated (default: all of them, testbed.scenarios.SCENARIOS; "
+                     help="comma-separated (default: all of them, "
+                          "testbed.experiment.suite.SCENARIOS; "
                           "also victim, storm: PFC's harms)")
     run.add_argument("--proactive-start", action="store_true",
                      help="the incast's senders declare their fair share to their NICs before "
@@ -104,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli = sub.add_parser("cli", help="Mininet's CLI on the booted network")
     _common(cli)
     sub.add_parser("doctor", help="check the prerequisites")
-    from testbed.collective.cli import add_parsers
+    from testbed.collective_cli import add_parsers
 
     add_parsers(sub)  # collective, jobs, tune
     topo = sub.add_parser("topo", help="print a topology")
@@ -128,17 +130,11 @@ def _testbed(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 def cmd_run(args: argparse.Namespace) -> int:
     from testbed.emu.network import install_signal_handlers
-    from testbed.plots import write_plots
-    from testbed.report import table, verdict, write_results
-    from testbed.scenarios import (
-        ALL_SCENARIOS,
-        DEFAULT_SCHEMES,
-        SCENARIOS,
-        SCHEMES,
-        Suite,
-        SuiteConfig,
-        lossless,
-    )
+    from testbed.emu.suite import EmuSuite
+    from testbed.experiment.plots import write_plots
+    from testbed.experiment.report import table, verdict, write_results
+    from testbed.experiment.schemes import DEFAULT_SCHEMES, SCHEMES, lossless
+    from testbed.experiment.suite import ALL_SCENARIOS, SCENARIOS, SuiteConfig
 
     schemes = (tuple(s for s in args.schemes.split(",") if s) if args.schemes
                else DEFAULT_SCHEMES)
@@ -193,7 +189,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     tb = _testbed(args)
     with tb:
-        with Suite(tb, cfg) as suite:
+        with EmuSuite(tb, cfg) as suite:
             suite.faults = args.fault_list
             records = suite.run()
             base_rtt, tita_t = suite.base_rtt_s, suite.tita_t_s
@@ -248,7 +244,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from testbed.report import compare
+    from testbed.experiment.report import compare
 
     print(compare(args.runs, median=args.median))
     return 0
@@ -285,7 +281,7 @@ def cmd_topo(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        from testbed.collective.cli import COMMANDS
+        from testbed.collective_cli import COMMANDS
 
         return {"run": cmd_run, "cli": cmd_cli, "doctor": cmd_doctor, "topo": cmd_topo,
                 "compare": cmd_compare, "sweep": cmd_sweep, "replay": cmd_replay,

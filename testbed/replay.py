@@ -42,9 +42,9 @@ from pathlib import Path
 from typing import Any
 
 from testbed import faults
+from testbed.experiment.suite import SuiteConfig
 from testbed.faults import Fault
 from testbed.model import Scaling
-from testbed.scenarios import SuiteConfig, scheme_params
 from testbed.topo import FabricSpec, load
 
 # the faults each kind of suspect stands for (the localizer's kinds, controller/health.py)
@@ -279,8 +279,7 @@ def _init_worker(spec: FabricSpec, scaling: Scaling, cfg: SuiteConfig, scheme: s
     logging.getLogger("xingmai").setLevel(logging.ERROR)
     fab = SimFabric(spec, scaling, seed=cfg.seed)
     suite = SimSuite(fab, cfg)
-    suite.prepare()
-    suite._set_policy(scheme, scheme_params(scheme, suite.tita_t_s))
+    suite.prepare()  # every candidate's run then starts on a fresh fabric with the scheme set
     _twin = suite
 
 

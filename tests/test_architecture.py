@@ -177,3 +177,94 @@ def test_controller_daemon_does_not_import_the_nic() -> None:
         if under(dst, "controller.nic")
     ]
     assert bad == []
+
+
+# testbed/'s packages and top-level modules, in layers from the top down (docs/architecture.md):
+# a module imports from its own package, its layer (not another engine) or a lower layer.
+TESTBED_LAYERS: tuple[tuple[str, ...], ...] = (
+    # the tools: the command line, benchmarks, replay, the collective library's CLI
+    (
+        "testbed.__main__",
+        "testbed.main",
+        "testbed.bench",
+        "testbed.benchmarks",
+        "testbed.replay",
+        "testbed.collective_cli",
+        "testbed.p4build",
+    ),
+    # the engines, side by side: neither imports the other
+    ("testbed.emu", "testbed.sim"),
+    # the engine-neutral experiment layer: schemes, suite, report, plots
+    ("testbed.experiment",),
+    # the collective library: communicators, tuner, loss study (over any engine's runner)
+    ("testbed.collective",),
+    # what the hosts run: the transport, the jobs (flows, collective ranks), workloads
+    ("testbed.traffic",),
+    ("testbed.probes", "testbed.faults", "testbed.ctlconfig", "testbed.harness"),
+    ("testbed.topo", "testbed.model", "testbed.switch", "testbed.packets"),
+)
+ENGINES = ("testbed.emu", "testbed.sim")
+
+
+def unit_of(module: str) -> str | None:
+    """The package or top-level module of testbed/ that `module` belongs to."""
+    for layer in TESTBED_LAYERS:
+        for unit in layer:
+            if under(module, unit):
+                return unit
+    return None
+
+
+def layer_of(unit: str) -> int:
+    return next(i for i, layer in enumerate(TESTBED_LAYERS) if unit in layer)
+
+
+def layer_violations(g: dict[str, set[str]]) -> list[str]:
+    out = []
+    for src, dsts in sorted(g.items()):
+        a = unit_of(src)
+        if a is None:
+            continue
+        for dst in sorted(dsts):
+            b = unit_of(dst)
+            if b is None or a == b:
+                continue
+            if layer_of(b) < layer_of(a):
+                out.append(f"{src} imports {dst}: {b} is above {a}")
+            elif a in ENGINES and b in ENGINES:
+                out.append(f"{src} imports {dst}: one engine imports another")
+    return out
+
+
+def test_every_testbed_module_has_a_layer() -> None:
+    unplaced = [m for m in graph() if under(m, "testbed") and m != "testbed" and unit_of(m) is None]
+    assert unplaced == [], "add them to TESTBED_LAYERS (and to docs/architecture.md)"
+
+
+def test_testbed_imports_run_down_its_layers() -> None:
+    assert layer_violations(graph()) == []
+
+
+def test_no_cycle_between_testbed_packages() -> None:
+    units: dict[str, set[str]] = {}
+    for src, dsts in graph().items():
+        a = unit_of(src)
+        if a is None:
+            continue
+        units.setdefault(a, set()).update(
+            b for d in dsts if (b := unit_of(d)) is not None and b != a
+        )
+    assert cycles({u: units.get(u, set()) & set(units) for u in units}) == []
+
+
+def test_layer_rule_finds_an_upward_import() -> None:
+    g = {
+        "testbed.traffic.jobs": {"testbed.collective.run"},
+        "testbed.sim.fabric": {"testbed.emu.network"},
+        "testbed.experiment.suite": {"testbed.traffic.jobs"},
+    }
+    assert layer_violations(g) == [
+        "testbed.sim.fabric imports testbed.emu.network: one engine imports another",
+        "testbed.traffic.jobs imports testbed.collective.run: testbed.collective is above "
+        "testbed.traffic",
+    ]

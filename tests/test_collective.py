@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from testbed.collective import plan
 from testbed.collective.metrics import parse_sizes, summarize
 from testbed.collective.run import (
     CollFabric,
@@ -21,11 +20,12 @@ from testbed.collective.run import (
     load_jobs,
     parse_job,
 )
+from testbed.experiment.suite import SuiteConfig
 from testbed.model import Scaling
-from testbed.scenarios import SuiteConfig, scheme_params
 from testbed.sim.fabric import SimFabric
 from testbed.sim.suite import SimSuite
 from testbed.topo import rail
+from testbed.traffic import collective_plans as plan
 
 CASES = [(c, a) for c, algs in plan.SUPPORTED.items() for a in algs]
 
@@ -36,7 +36,7 @@ def _fabric(nics: int, hosts: int) -> CollFabric:
     fab = SimFabric(spec, Scaling(scale=1.0, max_hops=spec.longest_path_switches()))
     suite = SimSuite(fab, SuiteConfig())
     suite.prepare()
-    suite._set_policy("tita", scheme_params("tita", suite.tita_t_s))
+    suite.use_scheme("tita")
     return suite.collective_fabric("tita")
 
 
@@ -69,7 +69,7 @@ def test_a_wrong_plan_is_caught(rail3: CollFabric, monkeypatch: pytest.MonkeyPat
         out[0] = replace(out[0], op=plan.Op.COPY)
         return out
 
-    monkeypatch.setattr("testbed.collective.job.build", wrong)
+    monkeypatch.setattr("testbed.traffic.collective_jobs.build", wrong)
     r = collective(rail3, collective="allreduce", algorithm="ring", size=4096, chunk=1024)
     assert not r["correct"] and r["wrong_ranks"] >= 1
 
@@ -257,7 +257,7 @@ class _FakeHost:
 def test_next_iterations_messages_during_compute_are_kept() -> None:
     """A peer a step ahead sends iteration i+1's data while this rank still computes: it is
     kept for i+1, not taken for a duplicate of iteration i's."""
-    from testbed.collective.job import HEADER, CollectiveJob
+    from testbed.traffic.collective_jobs import HEADER, CollectiveJob
 
     host = _FakeHost()
     spec = {

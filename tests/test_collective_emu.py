@@ -11,8 +11,9 @@ import pytest
 
 from testbed.collective.run import collective
 from testbed.emu.network import BMV2_JSON, P4INFO, Testbed, TestbedOptions
+from testbed.emu.suite import EmuSuite
+from testbed.experiment.suite import SuiteConfig
 from testbed.model import Scaling
-from testbed.scenarios import Suite, SuiteConfig, scheme_params
 from testbed.topo import rail
 
 pytestmark = [
@@ -31,9 +32,9 @@ def test_allreduce_uses_every_rail_and_sums_right(tmp_path: Path) -> None:
     tb = Testbed(
         spec, TestbedOptions(switch="builtin", scaling=scaling, rate_law="tita", run_dir=tmp_path)
     )
-    with tb, Suite(tb, SuiteConfig()) as suite:
+    with tb, EmuSuite(tb, SuiteConfig()) as suite:
         suite.prepare()
-        suite._set_policy("tita", scheme_params("tita", suite.tita_t_s))
+        suite.use_scheme("tita")
         fab = suite.collective_fabric("tita")
         ar = collective(
             fab,

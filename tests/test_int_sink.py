@@ -185,8 +185,8 @@ def test_collector_counts_lost_nic_reports_and_builds_the_flow_view() -> None:
 
 
 def test_reports_flow_to_the_collector_in_a_twin_run() -> None:
+    from testbed.experiment.suite import report_settings, transport_settings
     from testbed.model import Scaling
-    from testbed.scenarios import report_settings, transport_settings
     from testbed.sim.fabric import SimFabric
     from testbed.topo import leafspine
     from testbed.traffic.generators import Flow
@@ -216,8 +216,8 @@ def test_reports_flow_to_the_collector_in_a_twin_run() -> None:
 
 def test_switches_report_their_tail_drops_to_the_collector() -> None:
     from controller.wire.telemetry_report import DROP_REASON_TM_QUEUE_FULL
+    from testbed.experiment.suite import report_settings, transport_settings
     from testbed.model import Scaling
-    from testbed.scenarios import report_settings, transport_settings
     from testbed.sim.fabric import SimFabric
     from testbed.switch.drop_reports import HW_ID_TM
     from testbed.topo import leafspine

@@ -13,7 +13,8 @@ import pytest
 
 from testbed import faults
 from testbed.emu.network import BMV2_JSON, P4INFO, Testbed, TestbedOptions
-from testbed.scenarios import Suite, SuiteConfig
+from testbed.emu.suite import EmuSuite
+from testbed.experiment.suite import SuiteConfig
 from testbed.topo import leafspine
 
 pytestmark = [
@@ -39,7 +40,7 @@ def test_faults_localized_and_failed_over(tmp_path: Path) -> None:
     cfg = SuiteConfig(**{**SuiteConfig.quick().__dict__, "websearch_seconds": 6.0})
     tb = Testbed(SPEC, TestbedOptions(switch="builtin", run_dir=tmp_path))
     report = []
-    with tb, Suite(tb, cfg) as suite:
+    with tb, EmuSuite(tb, cfg) as suite:
         suite.prepare()
         tb.set_policy("tita", {"base_rtt_ns": round(suite.tita_t_s * 1e9)})
         healthy = suite.run_one("tita", "websearch")

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from testbed import faults
+from testbed.experiment.suite import RunRecord, SuiteConfig
 from testbed.model import Scaling
-from testbed.scenarios import RunRecord, SuiteConfig
 from testbed.sim.fabric import SimFabric
 from testbed.sim.suite import SimSuite
 from testbed.topo import leafspine

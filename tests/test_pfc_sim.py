@@ -10,8 +10,8 @@ import grpc
 import pytest
 
 from controller.proto import switch_pb2
+from testbed.experiment.suite import STALL_FRAMES, RunRecord, SuiteConfig
 from testbed.model import Scaling
-from testbed.scenarios import STALL_FRAMES, RunRecord, SuiteConfig
 from testbed.sim.fabric import SimFabric
 from testbed.sim.suite import SimSuite
 from testbed.topo import leafspine
@@ -28,7 +28,9 @@ def run(schemes: tuple[str, ...], scenario: str, **cfg: Any) -> tuple[SimFabric,
             **cfg,
         }
     )
-    return fab, SimSuite(fab, suite_cfg).run()
+    suite = SimSuite(fab, suite_cfg)
+    records = suite.run()
+    return suite.fab, records  # the last run's fabric (every run has a fresh one)
 
 
 def test_dcqcn_pfc_loses_nothing_on_the_incast_where_dcqcn_drops() -> None:

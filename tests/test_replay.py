@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from testbed import faults
+from testbed.experiment.suite import SuiteConfig
 from testbed.replay import Observed, ReplayError, candidates, load_recording, pick_run, replay
-from testbed.scenarios import SuiteConfig
 from testbed.sim.fabric import P4INFO
 from testbed.topo import parse_choice
 

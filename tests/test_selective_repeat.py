@@ -300,7 +300,7 @@ def sweep_args(**kw: object) -> argparse.Namespace:
 @pytest.mark.slow
 def test_twin_sweep_point_sr_at_least_gbn_under_one_percent_loss(tmp_path: Path) -> None:
     from testbed.collective import loss
-    from testbed.collective.cli import open_suite
+    from testbed.collective_cli import open_suite
 
     # three seeds: a single timeout (a lost tail packet, either scheme) moves one run a lot
     args = sweep_args(seeds="1,2,3")

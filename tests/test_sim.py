@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from controller.wire.int_md import INT_DSCP_DEFAULT
+from testbed.experiment.suite import SuiteConfig
 from testbed.main import main
 from testbed.model import Scaling
 from testbed.probes import Capture, record_int_frame
-from testbed.scenarios import SuiteConfig
 from testbed.sim.engine import EventLoop
 from testbed.sim.fabric import SimFabric
 from testbed.sim.nic import IntSource, insert_int, ipv4_checksum
@@ -206,8 +206,8 @@ def test_event_loop_orders_ties_by_scheduling() -> None:
 def test_compare_gives_ratios_per_cell_and_metric(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from testbed.report import write_results
-    from testbed.scenarios import RunRecord
+    from testbed.experiment.report import write_results
+    from testbed.experiment.suite import RunRecord
 
     def rec(scheme: str, q: float, t: float) -> RunRecord:
         return RunRecord(
@@ -248,7 +248,7 @@ def test_compare_gives_ratios_per_cell_and_metric(
     line = next(ln for ln in out.splitlines() if "time s" in ln)
     assert line.split()[-1] == "0.50"
     with pytest.raises(ValueError, match="at least two"):
-        from testbed.report import compare
+        from testbed.experiment.report import compare
 
         compare([tmp_path / "a"])
 
@@ -305,8 +305,8 @@ def test_a_run_that_cannot_finish_is_recorded_and_the_suite_goes_on() -> None:
     never completes) is that run's result: recorded as failed with why, in the table and with
     no completion-time verdict, and the next run goes on (the emulation's TIMELY all-reduce
     once stalled and ended the whole suite with a traceback)."""
+    from testbed.experiment.report import table, verdict
     from testbed.faults import Fault
-    from testbed.report import table, verdict
 
     spec = leafspine(2, 1, 2)
     fab = SimFabric(spec, Scaling(max_hops=spec.longest_path_switches()))

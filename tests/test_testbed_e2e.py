@@ -26,7 +26,8 @@ from testbed.emu.network import (
     Testbed,
     TestbedOptions,
 )
-from testbed.scenarios import RunRecord, Suite, SuiteConfig
+from testbed.emu.suite import EmuSuite
+from testbed.experiment.suite import RunRecord, SuiteConfig
 from testbed.topo import leafspine
 
 pytestmark = [
@@ -69,7 +70,7 @@ def test_incast_per_scheme_int_rates_queues_and_clean_teardown(tmp_path: Path) -
         h1 = tb.node("h1")
         assert "xdp" in h1.cmd("ip -d link show dev h1-eth0")  # the NIC programs are on
         assert "htb" in h1.cmd("tc qdisc show dev h1-eth0")
-        with Suite(tb, cfg) as suite:
+        with EmuSuite(tb, cfg) as suite:
             suite.run()
             records = {r.scheme: r for r in suite.records}
         prefix = tb.prefix
@@ -114,7 +115,7 @@ def test_lossless_incast_pauses_every_hop_back_to_the_senders_and_drops_nothing(
     3:1 incast completes without a drop."""
     cfg = SuiteConfig(scenarios=("incast",), schemes=("dcqcn+pfc",), incast_bytes=1_000_000)
     tb = Testbed(leafspine(2, 1, 2), TestbedOptions(switch="builtin", run_dir=tmp_path))
-    with tb, Suite(tb, cfg) as suite:
+    with tb, EmuSuite(tb, cfg) as suite:
         suite.run()
         (r,) = suite.records
         assert tb.pfc_on
@@ -140,7 +141,7 @@ def test_the_proactive_start_reaches_the_nics_through_the_agents(tmp_path: Path)
         for proactive in (False, True):
             cfg = SuiteConfig(scenarios=("incast",), schemes=("tita",), incast_bytes=1_000_000,
                               proactive_start=proactive)
-            with Suite(tb, cfg) as suite:
+            with EmuSuite(tb, cfg) as suite:
                 suite.run()
                 (recs[proactive],) = suite.records
     plain, hinted = recs[False], recs[True]

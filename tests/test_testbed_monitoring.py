@@ -13,7 +13,8 @@ import pytest
 
 from testbed.emu.network import BMV2_JSON, P4INFO, Testbed, TestbedOptions
 from testbed.emu.prometheus import binary
-from testbed.scenarios import Suite, SuiteConfig
+from testbed.emu.suite import EmuSuite
+from testbed.experiment.suite import SuiteConfig
 from testbed.topo import leafspine
 from tests.test_grafana_dashboard import queries
 
@@ -50,7 +51,7 @@ def test_prometheus_scrapes_every_daemon_and_the_page_answers(tmp_path: Path) ->
             assert host == "127.0.0.1" or host.startswith("169.254."), t
         # no CC keeps the receiver's downlink queue full for a second or so; TiTa sets the
         # NICs' rates
-        with Suite(
+        with EmuSuite(
             tb, SuiteConfig(scenarios=("incast",), schemes=("none", "tita"), incast_bytes=1_000_000)
         ) as suite:
             suite.run()

@@ -6,8 +6,8 @@ import dataclasses
 import json
 from pathlib import Path
 
-from testbed.plots import write_plots
-from testbed.report import (
+from testbed.experiment.plots import write_plots
+from testbed.experiment.report import (
     Spread,
     below,
     compare,
@@ -18,7 +18,7 @@ from testbed.report import (
     verdict,
     write_results,
 )
-from testbed.scenarios import RunRecord
+from testbed.experiment.suite import RunRecord
 
 
 def rec(

@@ -127,7 +127,7 @@ def _spread(vals: list[float]) -> dict[str, float]:
 
 def allreduce_cpu(tb: Any, suite: Any, schemes: tuple[str, ...]) -> dict[str, Any]:
     """The suite's all-reduce once per scheme, with the CPU of every role over it."""
-    from testbed.scenarios import scheme_params
+    from testbed.experiment.suite import scheme_params
 
     roles = {k: v for k, v in testbed_roles(tb).items() if not k.startswith("agent:")}
     n = len(suite.hosts)
@@ -157,7 +157,8 @@ def run(quick: bool) -> dict[str, Any]:
     if os.geteuid() != 0:
         return {"skipped": "needs root (network namespaces, veths, eBPF)"}
     from testbed.emu.network import Testbed, TestbedOptions, new_run_dir
-    from testbed.scenarios import Suite, SuiteConfig
+    from testbed.emu.suite import EmuSuite
+    from testbed.experiment.suite import SuiteConfig
     from testbed.topo import leafspine
 
     spec = leafspine(2, 1, 2) if quick else leafspine(2, 2, 4)
@@ -165,7 +166,7 @@ def run(quick: bool) -> dict[str, Any]:
     cfg = SuiteConfig(**{**base.__dict__, "scenarios": ("allreduce",)})
     run_dir = new_run_dir(Path(__file__).resolve().parents[2] / "runs")
     tb = Testbed(spec, TestbedOptions(run_dir=run_dir, progress=lambda line: None))
-    with tb, Suite(tb, cfg) as suite:
+    with tb, EmuSuite(tb, cfg) as suite:
         time.sleep(3.0)  # boot's last RPCs and compiles settle
         roles = testbed_roles(tb)
         idle = idle_cpu(roles, 1 if quick else 3, IDLE_WINDOW_S)

@@ -18,8 +18,8 @@ import time
 from typing import Any
 
 from testbed import faults
+from testbed.experiment.suite import SuiteConfig
 from testbed.model import Scaling
-from testbed.scenarios import SuiteConfig
 from testbed.sim.fabric import SimFabric
 from testbed.sim.suite import SimSuite
 from testbed.topo import leafspine

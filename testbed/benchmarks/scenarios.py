@@ -1,7 +1,7 @@
 """The scenario comparison (a short `make run`): TiTa vs DCQCN vs no CC on the default fabric.
 
 Boots the default leaf-spine (2 leaves, 2 spines, 8 hosts; `quick`: 2 leaves, 1 spine, 4 hosts
-and the incast only), runs the short suite (testbed.scenarios.SuiteConfig.quick) once per
+and the incast only), runs the short suite (testbed.experiment.suite.SuiteConfig.quick) once per
 scheme, and returns per scheme and scenario the figures of the README's table, the verdict
 lines, and the conditions (switch target, scale, base RTT). Runs only as root.
 """
@@ -12,14 +12,15 @@ import os
 from pathlib import Path
 from typing import Any
 
-from testbed.scenarios import Suite, SuiteConfig
+from testbed.emu.suite import EmuSuite
+from testbed.experiment.suite import SuiteConfig
 
 
 def run(quick: bool) -> dict[str, Any]:
     if os.geteuid() != 0:
         return {"skipped": "needs root (network namespaces, veths, eBPF)"}
     from testbed.emu.network import Testbed, TestbedOptions, new_run_dir
-    from testbed.report import verdict
+    from testbed.experiment.report import verdict
     from testbed.topo import leafspine
 
     spec = leafspine(2, 1, 2) if quick else leafspine(2, 2, 4)
@@ -27,7 +28,7 @@ def run(quick: bool) -> dict[str, Any]:
     cfg = SuiteConfig(**{**base.__dict__, "scenarios": ("incast",)}) if quick else base
     run_dir = new_run_dir(Path(__file__).resolve().parents[2] / "runs")
     tb = Testbed(spec, TestbedOptions(run_dir=run_dir, progress=lambda line: None))
-    with tb, Suite(tb, cfg) as suite:
+    with tb, EmuSuite(tb, cfg) as suite:
         records = suite.run()
         figures: dict[str, Any] = {}
         for r in records:

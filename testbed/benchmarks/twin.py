@@ -24,8 +24,8 @@ FABRICS = {8: (2, 2, 4), 16: (4, 2, 4), 32: (4, 2, 8), 64: (8, 4, 8), 128: (8, 4
 
 def _point(hosts: int, scale: float, per_host: int) -> dict[str, Any]:
     from controller.nic.ratelaw import Law
+    from testbed.experiment.suite import tita_window, transport_settings
     from testbed.model import Scaling
-    from testbed.scenarios import tita_window, transport_settings
     from testbed.sim.fabric import SimFabric
     from testbed.topo import leafspine
     from testbed.traffic.generators import Flow
@@ -80,8 +80,8 @@ def _point(hosts: int, scale: float, per_host: int) -> dict[str, Any]:
 
 def _allreduce64(size: int = 16 << 20) -> dict[str, Any]:
     from controller.nic.ratelaw import Law
+    from testbed.experiment.suite import tita_window, transport_settings
     from testbed.model import Scaling
-    from testbed.scenarios import tita_window, transport_settings
     from testbed.sim.fabric import SimFabric
     from testbed.topo import leafspine
     from testbed.traffic import workloads as wl

@@ -169,7 +169,7 @@ def _suite_args(args: argparse.Namespace, seed: int) -> argparse.Namespace:
     return argparse.Namespace(**{**vars(args), "seed": seed, "retransmit": "gbn"})
 
 
-# testbed.collective.cli.open_suite: a prepared suite and its collective fabric
+# testbed.collective_cli.open_suite: a prepared suite and its collective fabric
 OpenSuite = Callable[[argparse.Namespace], AbstractContextManager[Any]]
 
 
@@ -333,7 +333,7 @@ def write_csv(rows: list[dict[str, Any]], path: Path) -> Path:
     return path
 
 
-# ---- the command (testbed.collective.cli) ----------------------------------------------
+# ---- the command (testbed.collective_cli) ----------------------------------------------
 
 
 def add_arguments(ls: argparse.ArgumentParser) -> None:

@@ -17,13 +17,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-
-def iteration_times(results: list[dict[str, Any]]) -> list[float]:
-    iters = min(len(r["coll"]) for r in results)
-    return [
-        max(r["coll"][i][1] for r in results) - min(r["coll"][i][0] for r in results)
-        for i in range(iters)
-    ]
+from testbed.traffic.metrics import iteration_times
 
 
 def summarize(

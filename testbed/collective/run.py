@@ -1,7 +1,7 @@
 """The collective library's workloads on either engine. A `CollFabric` says what they need
 of the engine (hosts and their NICs, the job runner, the transport for the scheme in force,
 a port's rate); the scenario suite makes one for its engine
-(testbed.scenarios.SuiteBase.collective_fabric), so the same code runs on the emulation and
+(testbed.experiment.suite.Suite.collective_fabric), so the same code runs on the emulation and
 on the twin.
 
 - `collective()`: one collective job on all hosts, K channels over the hosts' NICs;
@@ -20,11 +20,12 @@ from typing import Any
 
 import yaml
 
-from testbed.collective.metrics import iteration_times, parse_size, summarize
-from testbed.collective.plan import SUPPORTED
+from testbed.collective.metrics import parse_size, summarize
 from testbed.faults import Fault
 from testbed.model import Scaling
+from testbed.traffic.collective_plans import SUPPORTED
 from testbed.traffic.generators import Flow
+from testbed.traffic.metrics import iteration_times
 from testbed.traffic.netns import Host
 from testbed.traffic.runner import RunOutput
 
@@ -39,7 +40,7 @@ class CollFabric:
     runner: Callable[[list[Host], dict[str, Any]], RunOutput]
     scaling: Scaling
     scheme: str
-    transport: dict[str, Any]  # testbed.scenarios.transport_settings for the scheme
+    transport: dict[str, Any]  # testbed.experiment.suite.transport_settings for the scheme
     line_rate: float  # NIC line rate in payload bits/s (the engine's)
     time_scale: float  # timeouts stretch with the model's time
     seed: int
@@ -59,7 +60,7 @@ def _timeout(fab: CollFabric, size: int, n: int) -> float:
 
 
 def job_spec(fab: CollFabric, **params: Any) -> dict[str, Any]:
-    """A collective job's spec (testbed.collective.job) with the fabric's transport."""
+    """A collective job's spec (testbed.traffic.collective_jobs) with the fabric's transport."""
     k = int(params.pop("channels", 0) or fab.nics)
     spec: dict[str, Any] = {
         "kind": "collective",
@@ -145,7 +146,7 @@ def load_jobs(path: Path, n_hosts: int) -> list[JobDecl]:
     jobs:
       - name: dp                     # a data-parallel job
         hosts: 0-3                   # host indices (a range a-b, or a list)
-        collective: allreduce        # testbed.collective.job's parameters
+        collective: allreduce        # testbed.traffic.collective_jobs's parameters
         algorithm: ring
         size: 1M
         iters: 4

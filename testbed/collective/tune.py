@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from testbed.collective.metrics import fmt_size
-from testbed.collective.plan import SUPPORTED
+from testbed.traffic.collective_plans import SUPPORTED
 
 if TYPE_CHECKING:
     from testbed.collective.run import CollFabric

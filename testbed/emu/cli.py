@@ -27,8 +27,9 @@ from mininet.cli import CLI
 
 from testbed import faults
 from testbed.emu.network import Testbed, TestbedError
+from testbed.emu.suite import EmuSuite, measure_base_rtt
+from testbed.experiment.suite import SCENARIOS, SuiteConfig, one_line
 from testbed.model import fmt_rate
-from testbed.scenarios import SCENARIOS, Suite, SuiteConfig, measure_base_rtt, one_line
 
 
 def _rate(text: str) -> float:
@@ -40,7 +41,7 @@ def _rate(text: str) -> float:
 class TestbedCLI(CLI):  # type: ignore[misc]
     prompt = "xingmai> "
 
-    def __init__(self, tb: Testbed, suite: Suite, **kw: Any):
+    def __init__(self, tb: Testbed, suite: EmuSuite, **kw: Any):
         self.tb = tb
         self.suite = suite  # its INT sampler watches every host from the start
         super().__init__(tb.net, **kw)
@@ -213,6 +214,6 @@ class TestbedCLI(CLI):  # type: ignore[misc]
 
 def run_cli(tb: Testbed) -> None:
     print(__doc__.split("\n\n")[1])
-    with Suite(tb, SuiteConfig.quick()) as suite:
+    with EmuSuite(tb, SuiteConfig.quick()) as suite:
         TestbedCLI(tb, suite)
 

@@ -50,6 +50,7 @@ from testbed.emu.nodes import REPO, FabricHost, P4Switch, SwitchRuntime, choose_
 from testbed.emu.procs import Component, ComponentError, wait_all
 from testbed.emu.prometheus import Prometheus, Target
 from testbed.emu.prometheus import binary as prometheus_binary
+from testbed.experiment.schemes import RATE_LAWS
 from testbed.model import Scaling
 from testbed.switch.pfc import PfcConfig, model_watchdog, pfc_request, pfc_thresholds
 from testbed.topo import COLLECTOR_NODE, FabricSpec, FabricTopo
@@ -67,7 +68,6 @@ AGENT_BPFFS_ROOT = Path("/run/xingmai/bpffs")
 EMU_PFC_QUEUED_FRAMES = 5
 EMU_PFC_REACTION_S = 0.005
 LOCK_FILE = Path("/run/xingmai/testbed.lock")
-RATE_LAWS = ("none", "dcqcn", "tita", "hpcc", "timely", "swift")
 
 
 class TestbedError(RuntimeError):

@@ -10,5 +10,5 @@ each flow at exactly its rate; hosts running the transport's sans-I/O core
 
 - `engine`: the discrete-event loop (virtual ns clock, ordered heap);
 - `fabric`: switches, links, NICs and hosts built from a testbed.topo FabricSpec;
-- `suite`: the scenario suite (testbed.scenarios) on the twin.
+- `suite`: the scenario suite (testbed.experiment.suite) on the twin.
 """

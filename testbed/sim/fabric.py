@@ -217,8 +217,9 @@ class SimFabric:
         self.spec = spec
         self.seed = seed
         self.scaling = scaling
+        self.ecn = ecn or Ecn()
         self.loop = EventLoop()
-        self.cfg = controller_cfg(spec, scaling, ecn or Ecn())
+        self.cfg = controller_cfg(spec, scaling, self.ecn)
         self.topo = Topology(self.cfg)
         self.delay_ns = (
             link_delay_ns
@@ -241,6 +242,11 @@ class SimFabric:
             self.switches[spec.collector.node].local[spec.collector.index] = self._to_collector
         self._program()
         self._build()
+
+    def fresh(self) -> SimFabric:
+        """The same fabric built anew: switches, NICs, hosts, the clock at 0 and every random
+        stream as seeded, nothing of what ran on this one."""
+        return SimFabric(self.spec, self.scaling, self.ecn, self.delay_ns, self.seed)
 
     # ---- construction ----
 

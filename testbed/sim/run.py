@@ -20,8 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+from testbed.experiment.suite import RunRecord, SuiteConfig, fmt_time
 from testbed.model import Scaling
-from testbed.scenarios import RunRecord, SuiteConfig, fmt_time
 from testbed.sim.fabric import SimFabric
 from testbed.sim.suite import SimSuite
 from testbed.topo import FabricSpec, dump, parse_choice
@@ -100,8 +100,8 @@ def new_run_dir(base: Path) -> Path:
 
 
 def run_sim(args: argparse.Namespace, cfg: SuiteConfig) -> int:
-    from testbed.plots import write_plots
-    from testbed.report import table, verdict, write_results
+    from testbed.experiment.plots import write_plots
+    from testbed.experiment.report import table, verdict, write_results
 
     t0 = time.monotonic()
     spec = parse_choice(args.topo)
@@ -142,8 +142,8 @@ def run_sim(args: argparse.Namespace, cfg: SuiteConfig) -> int:
         "flows_file": str(args.flows) if args.flows else None,
         "faults_file": str(args.faults) if getattr(args, "faults", None) else None,
         "controller_caps": False,
-        "events": fab.loop.events,
-        "simulated_s": fab.loop.now,
+        "events": suite.total_events,
+        "simulated_s": suite.total_simulated_s,
         "queue_source": "INT queue occupancy of every data packet arriving at a "
         "host (per departure from each hop)",
     }
@@ -151,7 +151,7 @@ def run_sim(args: argparse.Namespace, cfg: SuiteConfig) -> int:
         run_dir / "results.json",
         records,
         setup,
-        machine_extra={"wall_s": round(wall, 1), "events_per_s": round(fab.loop.events / wall)},
+        machine_extra={"wall_s": round(wall, 1), "events_per_s": round(suite.total_events / wall)},
     )
     plots = write_plots(records, run_dir, scaling.link_bps, scaling.nic_bps)
     csvs = write_csvs(records, run_dir)
@@ -174,7 +174,7 @@ def run_sim(args: argparse.Namespace, cfg: SuiteConfig) -> int:
     print("plots:   " + ", ".join(str(p) for p in plots))
     print("csv:     " + ", ".join(str(p) for p in csvs))
     print(
-        f"{fab.loop.events} events, {fab.loop.now:.3g} s simulated in {wall:.0f} s "
-        f"({fab.loop.events / wall:.0f} events/s)"
+        f"{suite.total_events} events, {suite.total_simulated_s:.3g} s simulated in {wall:.0f} s "
+        f"({suite.total_events / wall:.0f} events/s)"
     )
     return 0

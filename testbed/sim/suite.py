@@ -1,4 +1,4 @@
-"""The scenario suite (testbed.scenarios.SuiteBase) on the simulated twin.
+"""The scenario suite (testbed.experiment.suite.Suite) on the simulated twin.
 
 The same scenarios, jobs, INT decoding and summaries as the emulation; the measurements come
 from the twin's own ends: the INT stacks of the data packets the hosts receive, the rates the
@@ -10,36 +10,50 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from controller.nic.ratelaw import Law
 from controller.proto import switch_pb2
+from testbed.experiment.schemes import law, scheme_law
+from testbed.experiment.suite import Suite, SuiteConfig
 from testbed.faults import Fault
 from testbed.probes import Capture, PortCounters, RateEvent
-from testbed.scenarios import SuiteBase, SuiteConfig, scheme_law
 from testbed.sim.fabric import SimFabric
 from testbed.sim.operations import SimOperations
-
-_LAWS = {
-    "none": Law.NONE,
-    "dcqcn": Law.DCQCN,
-    "tita": Law.TITA,
-    "hpcc": Law.HPCC,
-    "timely": Law.TIMELY,
-    "swift": Law.SWIFT,
-}
+from testbed.traffic.netns import Host
+from testbed.traffic.runner import RunOutput
 
 
-class SimSuite(SuiteBase):
+class SimSuite(Suite):
     def __init__(self, fab: SimFabric, cfg: SuiteConfig, say: Callable[[str], None] | None = None):
         super().__init__(cfg, say or (lambda line: None))
         self.fab = fab
         self.spec = fab.spec
         self.scaling = fab.scaling
         self.hosts = fab.traffic_hosts()
-        self.runner = fab.run_job
         # timeouts are the emulation's at its scale, in the model's dilated time
         self.time_scale = min(1.0, fab.scaling.scale / 20_000)
         self.ops = SimOperations(fab, self.time_scale)
         self._ops: dict[str, list[dict[str, Any]]] = {}
+        self.events = 0  # events run on the fabrics of the runs before the current one
+        self.simulated_s = 0.0  # their virtual time
+
+    def runner(self, hosts: list[Host], spec: dict[str, Any]) -> RunOutput:
+        """A job on the current run's fabric."""
+        return self.fab.run_job(hosts, spec)
+
+    @property
+    def total_events(self) -> int:
+        """Events run so far, on every run's fabric."""
+        return self.events + self.fab.loop.events
+
+    @property
+    def total_simulated_s(self) -> float:
+        return self.simulated_s + self.fab.loop.now
+
+    def _fresh(self) -> bool:
+        self.events += self.fab.loop.events
+        self.simulated_s += self.fab.loop.now
+        self.fab = self.fab.fresh()
+        self.ops = SimOperations(self.fab, self.time_scale)
+        return True
 
     def __enter__(self) -> SimSuite:
         return self
@@ -52,7 +66,7 @@ class SimSuite(SuiteBase):
 
     def _set_policy(self, scheme: str, params: dict[str, float]) -> int:
         base_rtt_ns = int(params.get("base_rtt_ns", round(self.scaling.base_rtt_s * 1e9)))
-        return self.fab.set_law(_LAWS[scheme_law(scheme)], base_rtt_ns)
+        return self.fab.set_law(law(scheme_law(scheme)), base_rtt_ns)
 
     def _set_pfc(self, on: bool) -> None:
         self.fab.set_pfc(on, watchdog=self.cfg.pfc_watchdog)

@@ -1,12 +1,13 @@
 """`xingmai-testbed sweep`: a grid of twin runs on Dask, one table of medians and ranges.
 
-The grid is schemes x values of one suite parameter (a field of testbed.scenarios.SuiteConfig,
-`--param NAME=V1,V2,...`) x seeds. Every point is one twin run of the suite's scenarios under
-one scheme (testbed.sim.suite.SimSuite), run as a task of a dask.distributed cluster: a
-LocalCluster on this machine by default, or the user's cluster (`--scheduler ADDR`). A point
-runs in one process and is deterministic, so a grid spreads over as many workers as it has
-points. The table gives, per (value, scenario, scheme) cell, the median over the seeds and the
-min-max of each metric; `sweep.json` in the run dir holds every point.
+The grid is schemes x values of one suite parameter (a field of
+testbed.experiment.suite.SuiteConfig, `--param NAME=V1,V2,...`) x seeds. Every point is one
+twin run of the suite's scenarios under one scheme (testbed.sim.suite.SimSuite), run as a task
+of a dask.distributed cluster: a LocalCluster on this machine by default, or the user's cluster
+(`--scheduler ADDR`). A point runs in one process and is deterministic, so a grid spreads over
+as many workers as it has points. The table gives, per (value, scenario, scheme) cell, the
+median over the seeds and the min-max of each metric; `sweep.json` in the run dir holds every
+point.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from testbed.scenarios import SCHEMES, SuiteConfig
+from testbed.experiment.schemes import SCHEMES
+from testbed.experiment.suite import SuiteConfig
 
 METRICS = (  # (label, RunRecord field, factor to the shown unit)
     ("p99 queue KB", "queue_p99_bytes", 1e-3),

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from testbed.collective.job import COLLECTIVE_JOBS
+from testbed.traffic.collective_jobs import COLLECTIVE_JOBS
 from testbed.traffic.generators import Flow
 from testbed.traffic.queue_pairs import QpHost, qpn
 from testbed.traffic.transport_core import QueuePair, SendOp
@@ -280,4 +280,4 @@ JOBS: dict[str, type[Job]] = {
     "longlived": LongLivedJob,
     "jobs": MultiJob,
 }
-JOBS.update(COLLECTIVE_JOBS)  # the collective library's (testbed.collective.job)
+JOBS.update(COLLECTIVE_JOBS)  # the collective library's (testbed.traffic.collective_jobs)

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from testbed.collective.plan import bus_factor
+from testbed.traffic.collective_plans import bus_factor
 
 # Upper edges of the FCT size buckets, bytes (the last bucket is open).
 SIZE_BUCKETS = (10_000, 100_000, 1_000_000, 10_000_000)
@@ -217,3 +217,13 @@ def link_utilization(arrivals: Arrivals, link_bps: float, t_from: float) -> floa
         return None
     sent = sum(b for a in arrivals.values() for t, b in a if t >= t_from)
     return sent * 8 / (link_bps * (max(times) - t_from))
+
+
+def iteration_times(results: list[dict[str, Any]]) -> list[float]:
+    """A collective job's iterations (every rank's `coll` (start, end) pairs): from the first
+    rank's start to the last rank's end of each, in the job's seconds."""
+    iters = min(len(r["coll"]) for r in results)
+    return [
+        max(r["coll"][i][1] for r in results) - min(r["coll"][i][0] for r in results)
+        for i in range(iters)
+    ]

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from testbed.collective.metrics import iteration_times
 from testbed.traffic import generators as gen
 from testbed.traffic import metrics as m
+from testbed.traffic.metrics import iteration_times
 from testbed.traffic.netns import Host, NetnsLan
 from testbed.traffic.runner import RunOutput, run_job
 

@@ -32,8 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from testbed.bench import machine_description
-from testbed.scenarios import SCHEMES, RunRecord, lossless
+from testbed.experiment.machine import machine_description
+from testbed.experiment.schemes import SCHEMES, lossless
+from testbed.experiment.suite import RunRecord
 
 
 @dataclass(frozen=True)

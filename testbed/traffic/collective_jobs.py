@@ -7,7 +7,7 @@ NIC run all channels on it, as NCCL runs several channels per NIC). There is one
 per channel and peer, QPN slot `slot + c` (testbed.traffic.queue_pairs), so jobs sharing hosts
 take different slots.
 
-Each rank runs the plan (testbed.collective.plan) as dataflow: a transfer is ready once its
+Each rank runs the plan (testbed.traffic.collective_plans) as dataflow: a transfer is ready once its
 dependencies arrived; ready transfers go out in plan order, at most `depth` messages in flight
 per queue pair (8 by default: deep enough that a channel at a quarter of the others' rate
 still gets its share, see below). Every message starts with an 8-byte header (iteration,
@@ -44,7 +44,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from testbed.collective.plan import ELEM, Op, PlanSpec, Transfer, build, bus_factor, segments
+from testbed.traffic.collective_plans import (
+    ELEM,
+    Op,
+    PlanSpec,
+    Transfer,
+    build,
+    bus_factor,
+    segments,
+)
 from testbed.traffic.queue_pairs import QP_SLOTS, QpHost, qpn
 from testbed.traffic.transport_core import QueuePair, SendOp
 

@@ -115,7 +115,7 @@ def _run_dir(args: argparse.Namespace, what: str) -> Path:
 def open_suite(args: argparse.Namespace) -> Iterator[Any]:
     """A prepared suite (base RTT measured, TiTa's T fixed) on the chosen engine, with the
     scheme set."""
-    from testbed.scenarios import SuiteConfig, scheme_params
+    from testbed.experiment.suite import SuiteConfig
     from testbed.topo import parse_choice
 
     spec = parse_choice(args.topo)
@@ -131,12 +131,12 @@ def open_suite(args: argparse.Namespace) -> Iterator[Any]:
         fab = SimFabric(spec, scaling, seed=args.seed)
         suite: Any = SimSuite(fab, cfg, _say)
         suite.prepare()
-        suite._set_policy(args.scheme, scheme_params(args.scheme, suite.tita_t_s))
+        suite.use_scheme(args.scheme)
         yield suite, suite.collective_fabric(args.scheme)
         return
     from testbed.ctlconfig import Ecn
     from testbed.emu.network import Testbed, TestbedOptions, install_signal_handlers
-    from testbed.scenarios import Suite
+    from testbed.emu.suite import EmuSuite
 
     install_signal_handlers()
     opts = TestbedOptions(
@@ -150,9 +150,9 @@ def open_suite(args: argparse.Namespace) -> Iterator[Any]:
     )
     tb = Testbed(spec, opts)
     with tb:
-        with Suite(tb, cfg) as esuite:
+        with EmuSuite(tb, cfg) as esuite:
             esuite.prepare()
-            esuite._set_policy(args.scheme, scheme_params(args.scheme, esuite.tita_t_s))
+            esuite.use_scheme(args.scheme)
             yield esuite, esuite.collective_fabric(args.scheme)
 
 

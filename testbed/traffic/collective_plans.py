@@ -3,7 +3,7 @@
 A plan is a list of `Transfer`s over one communicator: `src` sends elements [lo, hi) of its
 buffer to `dst`, which adds them into its own (SUM) or overwrites its own with them (COPY),
 once the transfers listed in `deps` have arrived at `src` (their data is part of what is
-sent). Each rank runs the plan as a state machine (testbed.collective.job): a transfer goes
+sent). Each rank runs the plan as a state machine (testbed.traffic.collective_jobs): a transfer goes
 out as soon as its dependencies are in, so chunks pipeline through the steps by themselves,
 and any transfer may take any channel (the receiver matches it by its id, not by its queue
 pair), which is what lets the scheduler move chunks off a slow rail.
@@ -15,7 +15,7 @@ keeps it, the adaptive scheduler treats it as a hint.
 
 Ranks are the communicator's hosts (one job per host, K NICs each). The hierarchical
 algorithm also models the G GPUs inside a host (`gpus` per rank): the intra-host steps run in
-the job over a modelled NVLink (testbed.collective.job), the inter-host step is a plan over
+the job over a modelled NVLink (testbed.traffic.collective_jobs), the inter-host step is a plan over
 the rails in which GPU g's shard of the host's data travels on rail g only.
 
 Collectives and their buffers (`count` float32 elements per rank, nccl-tests' sizes):

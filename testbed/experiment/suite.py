@@ -45,68 +45,43 @@ Measured per (scheme, scenario) — testbed.probes:
 - FCT slowdown (FCT / (size / payload line rate + base RTT)), bus bandwidth, completion time;
 - each flow's NIC rate over time (WatchRates).
 
-The suite is written once for two engines (`SuiteBase`): `Suite` runs it on the emulation (a
-booted Testbed: worker processes, packet sockets, agents' streams, kernel counters), and
-testbed.sim.suite.SimSuite on the simulated twin (the same jobs, INT decoding and
-summaries, in virtual time). The engines differ only in how the measurements reach them.
+The suite is written once, engine-neutral (`Suite`, importing no engine): an engine is a
+subclass that implements the hooks in `Suite`'s "engine hooks" section (the interface,
+docs/architecture.md) and says how the measurements reach it. testbed.emu.suite.EmuSuite
+runs it on the emulation (a booted Testbed: worker processes, packet sockets, agents'
+streams, kernel counters), testbed.sim.suite.SimSuite on the simulated twin (the same jobs,
+INT decoding and summaries, in virtual time, a fresh fabric for every run).
 """
 
 from __future__ import annotations
 
 import math
-import os
-import re
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from controller.wire.pfc import MIN_FRAME as PFC_FRAME_BYTES
 from testbed.collective import run as coll
 from testbed.collective.run import CollFabric
 from testbed.ctlconfig import COLLECTOR_UDP_PORT
-from testbed.emu.operations import EmuOperations
+from testbed.experiment.schemes import DEFAULT_SCHEMES, lossless, scheme_law
+from testbed.experiment.schemes import scheme as scheme_info
 from testbed.faults import Fault
 from testbed.model import TRANSPORT_OVERHEAD, Scaling, fmt_rate
-from testbed.probes import (
-    Capture,
-    IntSampler,
-    PortCounters,
-    RateEvent,
-    RateWatcher,
-    counters_delta,
-    port_counters,
-    wait_quiet,
-)
+from testbed.probes import Capture, PortCounters, RateEvent, counters_delta
 from testbed.topo import COLLECTOR_IP
 from testbed.traffic import generators as gen
 from testbed.traffic import metrics as m
 from testbed.traffic import workloads as wl
 from testbed.traffic.netns import Host
-from testbed.traffic.runner import RunError
+from testbed.traffic.runner import RunError, RunOutput
 
 if TYPE_CHECKING:
-    from testbed.emu.network import Testbed
     from testbed.topo import FabricSpec
 
-# every scheme the suite knows, in table order; the rate law each runs (testbed.emu.network and
-# the twin set it on every host)
-SCHEMES = ("none", "dcqcn", "tita", "hpcc", "timely", "swift", "dcqcn+pfc", "tita+pfc")
-# What `make run` compares: DCQCN as RoCE deploys it (on PFC) and as the papers' lossy runs
-# had it, against TiTa; no CC for reference.
-DEFAULT_SCHEMES = ("none", "dcqcn", "dcqcn+pfc", "tita")
 # the switches' drop reasons that are about MAC Control frames, not traffic
 CONTROL_DROPS = ("pfc_off", "mac_control_unknown")
-LOSSLESS_SUFFIX = "+pfc"  # a scheme with PFC on in every switch and NIC
-# senders bounded to one B*T in flight: TiTa; HPCC, whose window W starts at B*T; and Swift,
-# a window law whose cwnd our rate law stands for (without the bound, 64 packets per flow
-# stay in flight whatever its rate)
-BDP_WINDOW_SCHEMES = ("tita", "hpcc", "swift")
-# receivers ACK every packet: TIMELY and Swift time one packet per RTT, and a coalesced ACK
-# would add the wait for the next packet to its RTT
-ACK_EVERY_PACKET_SCHEMES = ("timely", "swift")
 SCENARIOS = ("incast", "allreduce", "alltoall", "twojob", "websearch")
 PFC_SCENARIOS = ("victim", "storm")  # PFC's harms: known, not in the default list
 ALL_SCENARIOS = SCENARIOS + PFC_SCENARIOS
@@ -114,15 +89,6 @@ SERIES_POINTS = 2000  # per series kept in the results file
 # a victim flow "stalls" when no packet of it arrives for this many full-frame times at the
 # link rate (at its fair share behind the incast's flows it gets one every few)
 STALL_FRAMES = 16
-
-
-def scheme_law(scheme: str) -> str:
-    """The rate law a scheme runs (`dcqcn+pfc` runs DCQCN)."""
-    return scheme.removesuffix(LOSSLESS_SUFFIX)
-
-
-def lossless(scheme: str) -> bool:
-    return scheme.endswith(LOSSLESS_SUFFIX)
 
 
 @dataclass(frozen=True)
@@ -310,24 +276,10 @@ def payload_line_rate(s: Scaling) -> float:
     return s.nic_bps * s.transport_mtu / (s.transport_mtu + TRANSPORT_OVERHEAD)
 
 
-def measure_base_rtt(tb: Testbed) -> float:
-    """Median RTT of MTU-sized pings between the first host and the last (the longest path
-    of the standard topologies), in seconds."""
-    hosts = tb.hosts()
-    src, dst = tb.node(hosts[0].name), hosts[-1]
-    size = tb.scaling.transport_mtu
-    out = src.cmd(f"ping -c 11 -i 0.1 -s {size} -W 1 {dst.ip}")
-    rtts = [float(x) for x in re.findall(r"time=([0-9.]+) ms", out)]
-    if len(rtts) < 5:
-        raise RuntimeError(f"the fabric does not carry pings {hosts[0].name} -> {dst.name}:\n"
-                           f"{out.strip()[-800:]}")
-    return float(np.median(rtts[1:] or rtts)) / 1e3
-
-
-def scheme_params(scheme: str, base_rtt_s: float) -> dict[str, float]:
+def scheme_params(name: str, base_rtt_s: float) -> dict[str, float]:
     """The policy parameters of a scheme: T for the laws that use it (TiTa and HPCC's
     B*T, Swift's delay target)."""
-    if scheme_law(scheme) in ("tita", "hpcc", "swift"):
+    if scheme_info(name).takes_t:
         return {"base_rtt_ns": round(base_rtt_s * 1e9)}
     return {}
 
@@ -343,15 +295,17 @@ def websearch_flows(cfg: SuiteConfig, hosts: int, nic_bps: float,
     return gen.poisson(hosts, scaled, cfg.websearch_load, nic_bps, seconds, seed=cfg.seed)
 
 
-class SuiteBase:
-    """The scenario suite on one engine; `records` collects the results. An engine provides
-    the hooks below (`_measure_base_rtt`, `_set_policy`, `_begin`, `_end`, `_counters`,
-    `_quiet_counters`, `runner`); port counters are keyed "switch:port"."""
+class Suite:
+    """The scenario suite on one engine; `records` collects the results.
+
+    An engine subclasses it and sets `spec`, `scaling`, `hosts`, `runner` (how a job reaches
+    the hosts) and `time_scale`, and implements the hooks below: those that raise
+    NotImplementedError it must, the others where it can (their defaults say "the engine
+    cannot"). Port counters are keyed "switch:port"; times are the engine's seconds."""
 
     spec: FabricSpec
     scaling: Scaling
     hosts: list[Host]
-    runner: wl.Runner
     time_scale: float = 1.0  # timeouts stretch with the model's time (1 at the emulation's)
 
     def __init__(self, cfg: SuiteConfig, say: Callable[[str], None]):
@@ -363,8 +317,19 @@ class SuiteBase:
         self.flows_override: list[gen.Flow] | None = None  # a --flows file: the "flows" run
         self.faults: list[Fault] = []  # a --faults file: injected in every scenario
         self._scheme = "none"  # the scheme of the run in progress
+        self._scheme_set: str | None = None  # the scheme the engine's fabric has now
 
     # ---- engine hooks ----
+
+    def runner(self, hosts: list[Host], spec: dict[str, Any]) -> RunOutput:
+        """Run one job (testbed.traffic.jobs) on `hosts` from a common start."""
+        raise NotImplementedError
+
+    def _fresh(self) -> bool:
+        """A fabric in its initial state for the next run (switches, NICs, transports, the
+        clock and every random stream as built): True where the engine built one (its scheme
+        must be set again), False where its fabric lives on from run to run."""
+        return False
 
     def _measure_base_rtt(self) -> float:
         raise NotImplementedError
@@ -472,9 +437,6 @@ class SuiteBase:
         # scheme's runs instead of landing on one scheme's
         for rep in range(cfg.repeat):
             for scheme in cfg.schemes:
-                self._set_pfc(lossless(scheme))
-                agents = self._set_policy(scheme, scheme_params(scheme, self.tita_t_s))
-                self.say(f"scheme {scheme}: set on {agents} agents by the controller")
                 for scenario in cfg.scenarios:
                     n += 1
                     name = f"{scheme} / {scenario}" + (f" #{rep + 1}" if cfg.repeat > 1 else "")
@@ -486,12 +448,30 @@ class SuiteBase:
                     self.say(f"[{n}/{total}] {name}: {one_line(rec)}")
         return self.records
 
-    def window(self, scheme: str) -> int:
-        if scheme_law(scheme) in BDP_WINDOW_SCHEMES and self.tita_t_s:
+    def use_scheme(self, scheme: str) -> None:
+        """The scheme on the engine's fabric as it stands: PFC on or off, the rate law on
+        every host (the controller's SetPolicy)."""
+        self._set_pfc(lossless(scheme))
+        agents = self._set_policy(scheme, scheme_params(scheme, self.tita_t_s))
+        self.say(f"scheme {scheme}: set on {agents} agents by the controller")
+        self._scheme_set = scheme
+
+    def start_run(self, scheme: str) -> None:
+        """Before every run: a fresh fabric where the engine can build one (the twin: its
+        result then depends only on the scenario, scheme, parameters and seed, whatever ran
+        before it), and the scheme set on it. An engine whose fabric lives on (the emulation)
+        sets the scheme only when it changes."""
+        if self._fresh() or self._scheme_set != scheme:
+            self.use_scheme(scheme)
+
+    def window(self, name: str) -> int:
+        if scheme_info(name).bdp_window and self.tita_t_s:
             return tita_window(self.scaling, self.tita_t_s)
         return DEFAULT_WINDOW
 
     def run_one(self, scheme: str, scenario: str) -> RunRecord:
+        """One scenario under one scheme, on a fresh fabric where the engine builds one."""
+        self.start_run(scheme)
         before = self._counters()
         reports_before = self._report_totals()
         pfc_before = self._pfc_counters()
@@ -501,7 +481,7 @@ class SuiteBase:
         self._scheme = scheme
         try:
             res = self._workload(scenario, self.window(scheme),
-                                 1 if scheme_law(scheme) in ACK_EVERY_PACKET_SCHEMES else 2)
+                                 scheme_info(scheme).ack_every)
         except RunError as exc:
             # a job that cannot finish (a collective stuck, a worker gone) is this run's
             # result, not the end of the suite: recorded as failed, the next run goes on
@@ -794,136 +774,6 @@ class SuiteBase:
         # apart, as flows - completed)
         intact = res.get("corrupt", 0) == 0
         return (float(end), len(sent), len(done), slow, None, intact)
-
-
-class Suite(SuiteBase):
-    """The suite on the emulation: a started Testbed."""
-
-    def __init__(self, tb: Testbed, cfg: SuiteConfig,
-                 say: Callable[[str], None] | None = None):
-        super().__init__(cfg, say or tb.say)
-        self.tb = tb
-        self.spec = tb.spec
-        self.scaling = tb.scaling
-        self.hosts = tb.hosts()
-        self.runner = self._run_job
-        self.links: dict[tuple[int, int], str] = {}
-        self.port_ifs: dict[str, dict[int, str]] = {}
-        for sw in tb.switches():
-            ports = sw.port_map()
-            self.port_ifs[sw.name] = ports
-            for p in ports:
-                self.links[(sw.node_id, p)] = f"{sw.name}:{p}"
-        self.sampler: IntSampler | None = None
-        self.watcher: RateWatcher | None = None
-        self.ops = EmuOperations(tb)
-        self._ops: dict[str, list[dict[str, Any]]] = {}
-
-    # ---- lifecycle ----
-
-    def __enter__(self) -> Suite:
-        endpoints = [(self.tb.node(h.name).netns_path, h.ifname(i))
-                     for h in self.tb.spec.hosts for i in range(len(h.nics))]
-        self.sampler = IntSampler(endpoints, self.links)
-        self.watcher = RateWatcher({h.name: self.tb.agent_stub(h.name) for h in self.hosts})
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.sampler is not None:
-            self.sampler.close()
-        if self.watcher is not None:
-            self.watcher.close()
-
-    # ---- engine hooks ----
-
-    def _measure_base_rtt(self) -> float:
-        return measure_base_rtt(self.tb)
-
-    def _set_policy(self, scheme: str, params: dict[str, float]) -> int:
-        hosts = self.tb.set_policy(scheme_law(scheme), params)
-        time.sleep(0.5)
-        return len(hosts)
-
-    def _begin(self) -> None:
-        assert self.sampler is not None and self.watcher is not None
-        self.sampler.begin()
-        self.watcher.begin()
-        self.ops.faults = self.faults
-        self.ops.begin()
-
-    def _end(self) -> tuple[Capture, list[RateEvent]]:
-        assert self.sampler is not None and self.watcher is not None
-        out = self.sampler.end(), self.watcher.end()
-        self._ops = self.ops.end()
-        return out
-
-    def _operations(self) -> dict[str, list[dict[str, Any]]]:
-        return self._ops
-
-    def _now(self) -> float:
-        return time.monotonic()
-
-    def _run_job(self, hosts: list[Host], spec: dict[str, Any]) -> Any:
-        """Every job of the suite: with PFC on, each host's transport holds its sends while
-        its NIC's `xm_pfc` says its switch paused it; a job whose flows declare a start rate
-        hands it to each host's agent."""
-        if self.tb.pfc_on:
-            spec = {**spec, "pfc_pins": self.tb.pfc_pins()}
-        if spec.get("start_rate_bps"):
-            spec = {**spec, "agents": {h: a.target for h, a in self.tb.agents.items()}}
-        return wl.run_job(hosts, spec)
-
-    def _set_pfc(self, on: bool) -> None:
-        self.tb.set_pfc(on, watchdog=self.cfg.pfc_watchdog)
-
-    def _pfc_counters(self) -> dict[str, dict[str, int]]:
-        return self.tb.pfc_counters() if self.tb.pfc_on else {}
-
-    def _load_avg(self) -> float | None:
-        return round(os.getloadavg()[0], 2)
-
-    def _counters(self) -> dict[str, PortCounters]:
-        out: dict[str, PortCounters] = {}
-        for sw in self.tb.switches():
-            ifs = self.port_ifs[sw.name]
-            port_of = {ifn: p for p, ifn in ifs.items()}
-            for ifn, c in port_counters(sw.netns_path, ifs.values()).items():
-                out[f"{sw.name}:{port_of[ifn]}"] = c
-        if self.tb.pfc_on:
-            # the switches' own MAC Control frames (pauses they sent and consumed) are not
-            # traffic: out of the ports' counters, as the twin keeps them
-            for port, pfc in self.tb.switch_pfc_counters().items():
-                k = out.get(port)
-                if k is None:
-                    continue
-                sent = pfc["xoff_sent"] + pfc["xon_sent"]
-                got = pfc["pauses_received"] + pfc["resumes_received"]
-                out[port] = PortCounters(k.rx_packets - got, k.tx_packets - sent,
-                                         k.rx_bytes - got * PFC_FRAME_BYTES,
-                                         k.tx_bytes - sent * PFC_FRAME_BYTES)
-        return out
-
-    def _quiet_counters(self) -> dict[str, PortCounters]:
-        return wait_quiet(self._counters)
-
-    def _set_port_rate(self, switch: str, port: int, rate_bps: float) -> None:
-        self.tb.set_queue_rate(switch, port, rate_bps)
-
-    def _apply_fault(self, f: Fault) -> None:
-        self.tb.apply_fault(f)
-    def _switch_drops(self) -> dict[str, int] | None:
-        return self.tb.switch_drops()
-
-    def _report_totals(self) -> dict[str, dict[str, int]]:
-        import grpc
-
-        from controller.proto import controller_pb2 as pb
-
-        try:
-            snap = self.tb.controller_stub().GetTelemetry(pb.GetTelemetryRequest(), timeout=5)
-        except grpc.RpcError:
-            return {}
-        return {n.switch: {"received": n.received, "lost": n.lost} for n in snap.switches}
 
 
 def fmt_time(s: float) -> str:

@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.ticker import NullFormatter  # noqa: E402
 
-from testbed.scenarios import RunRecord  # noqa: E402
+from testbed.experiment.suite import RunRecord  # noqa: E402
 
 # (in the plots' column order: a lossless scheme beside its lossy one)
 COLORS = {"none": "tab:red", "dcqcn": "tab:blue", "dcqcn+pfc": "tab:cyan", "tita": "tab:green",
@@ -152,7 +152,7 @@ def replot(results: Path) -> list[Path]:
     """The plots again, from a run's results.json (next to it)."""
     import json
 
-    from testbed.report import records_from_results
+    from testbed.experiment.report import records_from_results
 
     doc = json.loads(results.read_text())
     setup = doc["setup"]
@@ -164,7 +164,7 @@ def write_plots(records: list[RunRecord], out: Path, line_rate_bps: float,
                 nic_bps: float) -> list[Path]:
     """The plots the records have data for: of a suite run with repetitions, each
     (scenario, scheme)'s repetition with the median completion time."""
-    from testbed.report import representative
+    from testbed.experiment.report import representative
 
     records = representative(records)
     made = [queue_plot(records, out / "queue.png", line_rate_bps),
@@ -178,7 +178,7 @@ if __name__ == "__main__":
 
     for arg in sys.argv[1:] or ["--help"]:
         if arg.startswith("-"):
-            print("usage: python -m testbed.plots RUN_DIR/results.json ...")
+            print("usage: python -m testbed.experiment.plots RUN_DIR/results.json ...")
             break
         for made in replot(Path(arg)):
             print(made)

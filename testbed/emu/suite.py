@@ -1,0 +1,187 @@
+"""The scenario suite (testbed.experiment.suite.Suite) on the emulation: a booted Testbed.
+
+Worker processes run the jobs on the hosts' namespaces, INT records are sampled from the
+hosts' interfaces, the NICs' rates come from the agents' WatchRates streams and the ports'
+counters from the kernel. The emulation runs on real clocks and kernels: its runs share the
+fabric, so a run starts where the previous one left the switches and NICs (the twin builds
+a fresh fabric for every run; docs/fidelity.md).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from controller.wire.pfc import MIN_FRAME as PFC_FRAME_BYTES
+from testbed.emu.network import Testbed
+from testbed.emu.operations import EmuOperations
+from testbed.experiment.schemes import scheme_law
+from testbed.experiment.suite import Suite, SuiteConfig
+from testbed.faults import Fault
+from testbed.probes import (
+    Capture,
+    IntSampler,
+    PortCounters,
+    RateEvent,
+    RateWatcher,
+    port_counters,
+    wait_quiet,
+)
+from testbed.traffic import workloads as wl
+from testbed.traffic.netns import Host
+from testbed.traffic.runner import RunOutput
+
+
+def measure_base_rtt(tb: Testbed) -> float:
+    """Median RTT of MTU-sized pings between the first host and the last (the longest path
+    of the standard topologies), in seconds."""
+    hosts = tb.hosts()
+    src, dst = tb.node(hosts[0].name), hosts[-1]
+    size = tb.scaling.transport_mtu
+    out = src.cmd(f"ping -c 11 -i 0.1 -s {size} -W 1 {dst.ip}")
+    rtts = [float(x) for x in re.findall(r"time=([0-9.]+) ms", out)]
+    if len(rtts) < 5:
+        raise RuntimeError(
+            f"the fabric does not carry pings {hosts[0].name} -> {dst.name}:\n{out.strip()[-800:]}"
+        )
+    return float(np.median(rtts[1:] or rtts)) / 1e3
+
+
+class EmuSuite(Suite):
+    """The suite on the emulation: a started Testbed."""
+
+    def __init__(self, tb: Testbed, cfg: SuiteConfig, say: Callable[[str], None] | None = None):
+        super().__init__(cfg, say or tb.say)
+        self.tb = tb
+        self.spec = tb.spec
+        self.scaling = tb.scaling
+        self.hosts = tb.hosts()
+        self.links: dict[tuple[int, int], str] = {}
+        self.port_ifs: dict[str, dict[int, str]] = {}
+        for sw in tb.switches():
+            ports = sw.port_map()
+            self.port_ifs[sw.name] = ports
+            for p in ports:
+                self.links[(sw.node_id, p)] = f"{sw.name}:{p}"
+        self.sampler: IntSampler | None = None
+        self.watcher: RateWatcher | None = None
+        self.ops = EmuOperations(tb)
+        self._ops: dict[str, list[dict[str, Any]]] = {}
+
+    # ---- lifecycle ----
+
+    def __enter__(self) -> EmuSuite:
+        endpoints = [
+            (self.tb.node(h.name).netns_path, h.ifname(i))
+            for h in self.tb.spec.hosts
+            for i in range(len(h.nics))
+        ]
+        self.sampler = IntSampler(endpoints, self.links)
+        self.watcher = RateWatcher({h.name: self.tb.agent_stub(h.name) for h in self.hosts})
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.sampler is not None:
+            self.sampler.close()
+        if self.watcher is not None:
+            self.watcher.close()
+
+    # ---- engine hooks ----
+
+    def _measure_base_rtt(self) -> float:
+        return measure_base_rtt(self.tb)
+
+    def _set_policy(self, scheme: str, params: dict[str, float]) -> int:
+        hosts = self.tb.set_policy(scheme_law(scheme), params)
+        time.sleep(0.5)
+        return len(hosts)
+
+    def _begin(self) -> None:
+        assert self.sampler is not None and self.watcher is not None
+        self.sampler.begin()
+        self.watcher.begin()
+        self.ops.faults = self.faults
+        self.ops.begin()
+
+    def _end(self) -> tuple[Capture, list[RateEvent]]:
+        assert self.sampler is not None and self.watcher is not None
+        out = self.sampler.end(), self.watcher.end()
+        self._ops = self.ops.end()
+        return out
+
+    def _operations(self) -> dict[str, list[dict[str, Any]]]:
+        return self._ops
+
+    def _now(self) -> float:
+        return time.monotonic()
+
+    def runner(self, hosts: list[Host], spec: dict[str, Any]) -> RunOutput:
+        """Every job of the suite: with PFC on, each host's transport holds its sends while
+        its NIC's `xm_pfc` says its switch paused it; a job whose flows declare a start rate
+        hands it to each host's agent."""
+        if self.tb.pfc_on:
+            spec = {**spec, "pfc_pins": self.tb.pfc_pins()}
+        if spec.get("start_rate_bps"):
+            spec = {**spec, "agents": {h: a.target for h, a in self.tb.agents.items()}}
+        return wl.run_job(hosts, spec)
+
+    def _set_pfc(self, on: bool) -> None:
+        self.tb.set_pfc(on, watchdog=self.cfg.pfc_watchdog)
+
+    def _pfc_counters(self) -> dict[str, dict[str, int]]:
+        return self.tb.pfc_counters() if self.tb.pfc_on else {}
+
+    def _load_avg(self) -> float | None:
+        return round(os.getloadavg()[0], 2)
+
+    def _counters(self) -> dict[str, PortCounters]:
+        out: dict[str, PortCounters] = {}
+        for sw in self.tb.switches():
+            ifs = self.port_ifs[sw.name]
+            port_of = {ifn: p for p, ifn in ifs.items()}
+            for ifn, c in port_counters(sw.netns_path, ifs.values()).items():
+                out[f"{sw.name}:{port_of[ifn]}"] = c
+        if self.tb.pfc_on:
+            # the switches' own MAC Control frames (pauses they sent and consumed) are not
+            # traffic: out of the ports' counters, as the twin keeps them
+            for port, pfc in self.tb.switch_pfc_counters().items():
+                k = out.get(port)
+                if k is None:
+                    continue
+                sent = pfc["xoff_sent"] + pfc["xon_sent"]
+                got = pfc["pauses_received"] + pfc["resumes_received"]
+                out[port] = PortCounters(
+                    k.rx_packets - got,
+                    k.tx_packets - sent,
+                    k.rx_bytes - got * PFC_FRAME_BYTES,
+                    k.tx_bytes - sent * PFC_FRAME_BYTES,
+                )
+        return out
+
+    def _quiet_counters(self) -> dict[str, PortCounters]:
+        return wait_quiet(self._counters)
+
+    def _set_port_rate(self, switch: str, port: int, rate_bps: float) -> None:
+        self.tb.set_queue_rate(switch, port, rate_bps)
+
+    def _apply_fault(self, f: Fault) -> None:
+        self.tb.apply_fault(f)
+
+    def _switch_drops(self) -> dict[str, int] | None:
+        return self.tb.switch_drops()
+
+    def _report_totals(self) -> dict[str, dict[str, int]]:
+        import grpc
+
+        from controller.proto import controller_pb2 as pb
+
+        try:
+            snap = self.tb.controller_stub().GetTelemetry(pb.GetTelemetryRequest(), timeout=5)
+        except grpc.RpcError:
+            return {}
+        return {n.switch: {"received": n.received, "lost": n.lost} for n in snap.switches}

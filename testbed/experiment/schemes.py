@@ -1,0 +1,77 @@
+"""Every congestion-control scheme the experiments know, declared once: its name, the NIC's
+rate law it runs, whether the fabric is lossless (PFC in every switch and NIC), how its senders
+bound what they keep in flight, how often its receivers ACK, and whether its law takes the
+base RTT T. The suite, both engines, the CLIs and the report read this table; the rate laws'
+names come from the NIC's own enum (controller.nic.ratelaw.Law, the values of `enum xm_law`
+in ebpf/xingmai.h).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from controller.nic.ratelaw import Law
+
+# the NIC's rate laws by name, in the enum's order
+RATE_LAWS: tuple[str, ...] = tuple(law.name.lower() for law in Law)
+LOSSLESS_SUFFIX = "+pfc"  # a scheme with PFC on in every switch and NIC
+
+
+@dataclass(frozen=True)
+class Scheme:
+    name: str
+    law: str  # the rate law in every sender's NIC (a RATE_LAWS name)
+    lossless: bool = False  # PFC on in every switch and NIC
+    # senders keep at most one bandwidth-delay product B*T in flight per flow (else
+    # DEFAULT_WINDOW packets per queue pair, as RoCE NICs bound little)
+    bdp_window: bool = False
+    ack_every: int = 2  # the receivers ACK every N packets
+    takes_t: bool = False  # the law is given T (TiTa's and HPCC's B*T, Swift's delay target)
+
+
+_SCHEMES = (
+    Scheme("none", "none"),
+    Scheme("dcqcn", "dcqcn"),
+    # TiTa follows HPCC's law and its B*T bound
+    Scheme("tita", "tita", bdp_window=True, takes_t=True),
+    # HPCC: its window W starts at B*T
+    Scheme("hpcc", "hpcc", bdp_window=True, takes_t=True),
+    # TIMELY and Swift time one packet per RTT: a coalesced ACK would add the wait for the
+    # next packet to the RTT
+    Scheme("timely", "timely", ack_every=1),
+    # Swift is a window law whose cwnd the rate law stands for: without the bound, 64 packets
+    # per flow stay in flight whatever its rate
+    Scheme("swift", "swift", bdp_window=True, ack_every=1, takes_t=True),
+    Scheme("dcqcn+pfc", "dcqcn", lossless=True),
+    Scheme("tita+pfc", "tita", lossless=True, bdp_window=True, takes_t=True),
+)
+BY_NAME: dict[str, Scheme] = {s.name: s for s in _SCHEMES}
+# every scheme, in table order
+SCHEMES: tuple[str, ...] = tuple(BY_NAME)
+# What `make run` compares: DCQCN as RoCE deploys it (on PFC) and as the papers' lossy runs
+# had it, against TiTa; no CC for reference.
+DEFAULT_SCHEMES: tuple[str, ...] = ("none", "dcqcn", "dcqcn+pfc", "tita")
+
+
+def scheme(name: str) -> Scheme:
+    """The scheme called `name`; a ValueError naming the known ones otherwise."""
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        raise ValueError(f"unknown scheme {name!r} (known: {', '.join(SCHEMES)})") from None
+
+
+def scheme_law(name: str) -> str:
+    """The rate law a scheme runs (`dcqcn+pfc` runs DCQCN)."""
+    return scheme(name).law
+
+
+def lossless(name: str) -> bool:
+    return scheme(name).lossless
+
+
+def law(name: str) -> Law:
+    """The NIC's Law of a rate law's name."""
+    if name not in RATE_LAWS:
+        raise ValueError(f"unknown rate law {name!r} (known: {', '.join(RATE_LAWS)})")
+    return Law[name.upper()]
