@@ -3,7 +3,8 @@
 #   make sim      the short suite on the simulated twin: no root, one process (RUN_ARGS=...)
 #   make cli      the same network with Mininet's CLI and the project's commands
 #   make doctor   what this machine has and lacks for the testbed
-#   make test     installs what is missing, then runs the test suite (root: all of it)
+#   make test     installs what is missing, builds the docs, then runs the test suite (root: all of it)
+#   make docs     the documentation site (mkdocs, strict: a broken link fails it) into site/
 #   make test-fast  the tests that need neither root nor long runs (under a minute)
 #   make lint     ruff check, ruff format --check, mypy (CI runs it before the tests)
 #   make install  apt packages + virtual environment + pinned pip packages (idempotent)
@@ -33,7 +34,7 @@ PROTOS := $(wildcard controller/proto/*.proto)
 PROTO_OUT := $(PROTOS:.proto=_pb2.py)
 
 .PHONY: install apt venv kernel-headers proto test test-fast run sim cli doctor bench fuzz faults p4 \
-	lint clean p4runtime-shell
+	lint clean p4runtime-shell docs
 
 install: $(STAMP) proto
 
@@ -81,7 +82,7 @@ proto: $(PROTO_OUT)
 controller/proto/%_pb2.py: controller/proto/%.proto $(STAMP)
 	$(PY) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. --pyi_out=. $<
 
-test: install p4runtime-shell
+test: install p4runtime-shell docs
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: install
@@ -128,6 +129,10 @@ $(P4RT_SHELL_VENV)/.stamp: Makefile
 	$(P4RT_SHELL_VENV)/bin/python -m pip install -q $(P4RT_SHELL_PINS)
 	touch $@
 
+# the docs site (mkdocs.yml: docs/ as pages, strict, so a broken link or anchor fails the build)
+docs: install
+	$(VENV)/bin/mkdocs build --strict --site-dir site
+
 # install builds the gRPC stubs first (proto): mypy checks the code against them
 lint: install
 	$(VENV)/bin/ruff check controller testbed tests
@@ -135,4 +140,4 @@ lint: install
 	$(VENV)/bin/mypy controller testbed
 
 clean:
-	rm -rf $(VENV) $(P4RT_SHELL_VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(P4RT_SHELL_VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info site

@@ -5,7 +5,7 @@ browser loads the page, and what the page shows — every link's utilisation and
 colours in the screenshot, the flows with rates and caps, the switches' health — is checked
 against the controller's gRPC API and its Prometheus metrics.
 
-XINGMAI_SCREENSHOT=docs/img/fabric-page.png saves the screenshot there too (the README's)."""
+XINGMAI_SCREENSHOT=docs/img/fabric-page.png saves the screenshot there too (docs/operations.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Print an INT packet before and after three switches (the README's `## INT` example).
+"""Print an INT packet before and after three switches (the example in docs/int.md).
 
     .venv/bin/python -m tests.p4.int_example
 
