@@ -100,6 +100,8 @@ def test_repeat_runs_every_cell_n_times_and_keeps_each(tmp_path: Path) -> None:
     assert [(s["scheme"], s["repetition"]) for s in doc["series"]] == [
         (r["scheme"], r["repetition"]) for r in doc["runs"]
     ]
+    # the twin is deterministic: its repetitions run under the next seeds
+    assert [r["seed"] for r in doc["runs"]] == [1, 1, 2, 2]
     assert doc["setup"]["suite"]["repeat"] == 2
     assert doc["verdict"][0].startswith("incast: TiTa vs DCQCN over 2 runs")
     assert main(["run", "--engine", "sim", "--repeat", "0"]) == 2

@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -65,6 +65,7 @@ import numpy as np
 from testbed.collective import run as coll
 from testbed.collective.run import CollFabric
 from testbed.ctlconfig import COLLECTOR_UDP_PORT
+from testbed.experiment import metrics
 from testbed.experiment.schemes import DEFAULT_SCHEMES, lossless, scheme_law
 from testbed.experiment.schemes import scheme as scheme_info
 from testbed.faults import Fault
@@ -149,6 +150,7 @@ class RunRecord:
     window: int  # the senders' in-flight bound, packets per queue pair
     correct: bool | None = None
     repetition: int = 0  # which of the suite's --repeat runs of this (scenario, scheme)
+    seed: int = 1  # the run's seed (the suite's, plus the repetition on the twin)
     load_avg_1m: float | None = None  # the machine's when the run started (emulation only)
     # the incast's, at the receiver's downlink, over the flows to it:
     # Jain's index of their received rates per window of 10 T while >= 2 are active (worst
@@ -307,6 +309,9 @@ class Suite:
     scaling: Scaling
     hosts: list[Host]
     time_scale: float = 1.0  # timeouts stretch with the model's time (1 at the emulation's)
+    # repetition r runs with seed + r (a deterministic engine); else every repetition has the
+    # suite's seed and measures the machine's noise (the emulation)
+    reseed_repetitions: bool = False
 
     def __init__(self, cfg: SuiteConfig, say: Callable[[str], None]):
         self.cfg = cfg
@@ -369,6 +374,11 @@ class Suite:
     def _report_totals(self) -> dict[str, dict[str, int]]:
         """The collector's report accounting so far: per reporter, received and lost."""
         return {}
+
+    def _port_busy_span(self, port: str) -> float:
+        """The span of a switch port's transmissions in the run so far (first start to last
+        end, the engine's seconds); 0 where the engine does not know it."""
+        return 0.0
 
     def _switch_drops(self) -> dict[str, int] | None:
         """The switches' own drop counters so far, by reason, summed over the switches
@@ -436,6 +446,10 @@ class Suite:
         # repetitions outermost: a slow spell of the shared machine then spreads over every
         # scheme's runs instead of landing on one scheme's
         for rep in range(cfg.repeat):
+            if self.reseed_repetitions:
+                # a deterministic engine repeats a run identically: its repetitions are the
+                # same runs under the next seeds (workloads and the switches' random draws)
+                self.cfg = replace(cfg, seed=cfg.seed + rep)
             for scheme in cfg.schemes:
                 for scenario in cfg.scenarios:
                     n += 1
@@ -443,9 +457,12 @@ class Suite:
                     self.say(f"[{n}/{total}] {name} ...")
                     load = self._load_avg()
                     rec = self.run_one(scheme, scenario)
-                    rec.repetition, rec.load_avg_1m = rep, load
+                    rec.repetition, rec.load_avg_1m, rec.seed = rep, load, self.cfg.seed
+                    for bad in metrics.out_of_range(rec.summary()):
+                        self.say(f"[{n}/{total}] {name}: WARNING: {bad} (a defect: report it)")
                     self.records.append(rec)
                     self.say(f"[{n}/{total}] {name}: {one_line(rec)}")
+        self.cfg = cfg
         return self.records
 
     def use_scheme(self, scheme: str) -> None:
@@ -664,9 +681,7 @@ class Suite:
         by_link: dict[str, list[int]] = {}
         for h in cap.hops:
             by_link.setdefault(h.link, []).append(h.qocc_bytes)
-        qstats = {lk: {"p50": float(np.percentile(v, 50)), "p99": float(np.percentile(v, 99)),
-                       "max": float(max(v)), "samples": float(len(v))}
-                  for lk, v in sorted(by_link.items())}
+        qstats = {lk: metrics.queue_stats(v) for lk, v in sorted(by_link.items())}
         if scenario in ("incast", "victim", "storm"):  # the incast receiver's downlink
             h0 = spec.hosts[0]
             bottleneck = str(spec.attachment(h0.name, 0))
@@ -684,10 +699,10 @@ class Suite:
         completion, flows, done, slowdowns, busbw, correct = self._workload_figures(scenario,
                                                                                     res)
         util = None
-        if bottleneck and completion > 0:
-            port_delta = delta.get(bottleneck)
-            if port_delta is not None:
-                util = port_delta.tx_bytes * 8 / (self.scaling.link_bps * completion)
+        port_delta = delta.get(bottleneck) if bottleneck else None
+        if port_delta is not None and completion > 0:
+            util = metrics.utilization(port_delta.tx_bytes, self.scaling.link_bps, completion,
+                                       self._port_busy_span(bottleneck))
         counters = res.get("counters", {})
         sd = np.asarray(slowdowns) if slowdowns else None
         rec = RunRecord(

@@ -243,10 +243,12 @@ class SimFabric:
         self._program()
         self._build()
 
-    def fresh(self) -> SimFabric:
+    def fresh(self, seed: int | None = None) -> SimFabric:
         """The same fabric built anew: switches, NICs, hosts, the clock at 0 and every random
-        stream as seeded, nothing of what ran on this one."""
-        return SimFabric(self.spec, self.scaling, self.ecn, self.delay_ns, self.seed)
+        stream seeded (with `seed`, default this fabric's), nothing of what ran on this one."""
+        return SimFabric(
+            self.spec, self.scaling, self.ecn, self.delay_ns, self.seed if seed is None else seed
+        )
 
     # ---- construction ----
 

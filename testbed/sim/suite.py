@@ -22,6 +22,8 @@ from testbed.traffic.runner import RunOutput
 
 
 class SimSuite(Suite):
+    reseed_repetitions = True  # deterministic: a repetition under the same seed is identical
+
     def __init__(self, fab: SimFabric, cfg: SuiteConfig, say: Callable[[str], None] | None = None):
         super().__init__(cfg, say or (lambda line: None))
         self.fab = fab
@@ -51,7 +53,7 @@ class SimSuite(Suite):
     def _fresh(self) -> bool:
         self.events += self.fab.loop.events
         self.simulated_s += self.fab.loop.now
-        self.fab = self.fab.fresh()
+        self.fab = self.fab.fresh(self.cfg.seed)
         self.ops = SimOperations(self.fab, self.time_scale)
         return True
 
@@ -103,6 +105,13 @@ class SimSuite(Suite):
 
     def _counters(self) -> dict[str, PortCounters]:
         return self.fab.port_counters()
+
+    def _port_busy_span(self, port: str) -> float:
+        switch, p = port.split(":")
+        pq = self.fab.switches[switch].sw.tm.ports.get(int(p))
+        if pq is None or pq.first_tx_ns < 0:
+            return 0.0
+        return (pq.last_tx_end_ns - pq.first_tx_ns) / 1e9
 
     def _quiet_counters(self) -> dict[str, PortCounters]:
         return self.fab.port_counters()  # run_job drained the fabric

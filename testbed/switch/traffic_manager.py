@@ -154,6 +154,10 @@ class PortQueues:
     # the port sends at exactly its rate over time (rounding each frame's time down would
     # send up to 1 ns per frame faster: 1.2 % at 400G)
     tx_carry_ns: float = 0.0
+    # the span of the port's transmissions since it was set up: the first departure's start
+    # and the end of the last one (-1: none yet). Bytes sent / rate never exceeds it.
+    first_tx_ns: int = -1
+    last_tx_end_ns: int = -1
     enqueued: int = 0
     dequeued: int = 0
     dropped: int = 0
@@ -211,6 +215,7 @@ class PortQueues:
             self.next_tx_ns += self.book_ns(
                 self.service_ns(sent_bytes) - self.service_ns(booked_bytes)
             )
+            self.last_tx_end_ns = self.next_tx_ns
 
     def head_ready_ns(self) -> int:
         """When the packet next in line may leave: its port is free, it has waited out a
@@ -439,6 +444,9 @@ class TrafficManager:
                         if pq.rate_bps or pq.rate_pps:
                             done += pq.book_ns(pq.service_ns(nbytes))
                         pq.next_tx_ns = done
+                        if pq.first_tx_ns < 0:
+                            pq.first_tx_ns = start
+                        pq.last_tx_end_ns = done
                         pq.departures += 1
                         pq.wait_ns += start - enq_ns
                         if self.pfc is not None:

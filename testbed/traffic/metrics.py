@@ -10,7 +10,8 @@ Definitions:
 - Jain's fairness index of rates x_1..x_n: (sum x)^2 / (n sum x^2), 1 when all are equal,
   1/n when one takes everything; `window_fairness` takes it per window over the flows active
   for the whole window (the rate of a flow: bytes received in the window / its length).
-- utilization of a link from arrivals: bytes received over it / (rate x time).
+- utilization of a link from arrivals: bytes received over it after the first arrival /
+  (rate x time from the first arrival to the last).
 """
 
 from __future__ import annotations
@@ -210,13 +211,16 @@ def window_fairness(arrivals: Arrivals, t0: float, window_s: float) -> list[floa
 
 
 def link_utilization(arrivals: Arrivals, link_bps: float, t_from: float) -> float | None:
-    """Bytes received from `t_from` on over the link they all crossed / (its rate x the time
-    from `t_from` to the last arrival); None when nothing arrived after `t_from`."""
-    times = [t for a in arrivals.values() for t, _ in a if t >= t_from]
-    if not times or max(times) <= t_from:
+    """Utilization of the link every arrival crossed, from the first arrival at or after
+    `t_from` to the last: the bytes that arrived after that first one / (its rate x the time
+    between them). The first arrival's own bytes crossed the link before it, so they are not
+    counted: a link that delivers back to back at its rate reads exactly 1, never more. None
+    when fewer than two frames arrived after `t_from`."""
+    after = sorted((t, b) for a in arrivals.values() for t, b in a if t >= t_from)
+    if len(after) < 2 or after[-1][0] <= after[0][0]:
         return None
-    sent = sum(b for a in arrivals.values() for t, b in a if t >= t_from)
-    return sent * 8 / (link_bps * (max(times) - t_from))
+    sent = sum(b for _, b in after[1:])
+    return sent * 8 / (link_bps * (after[-1][0] - after[0][0]))
 
 
 def iteration_times(results: list[dict[str, Any]]) -> list[float]:
