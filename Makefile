@@ -70,7 +70,7 @@ kernel-headers:
 venv:
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,sweep]'
+	$(PY) -m pip install -q -e '.[dev,emu,plots,sweep]'
 	@# bcc's Python module comes from Debian (python3-bpfcc) and is pure Python over libbcc:
 	@# expose just that module to the venv, not all of Debian's dist-packages.
 	mkdir -p $(VENV)/debian-bcc

@@ -25,6 +25,7 @@ import sys
 import time
 from pathlib import Path
 
+from testbed.errors import UserError
 from testbed.model import DEFAULT_SCALE, Scaling
 
 # Mininet, bcc and the gRPC stubs are imported where a command needs them: `doctor` must run
@@ -129,10 +130,7 @@ def _testbed(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from testbed.emu.network import install_signal_handlers
-    from testbed.emu.suite import EmuSuite
-    from testbed.experiment.plots import write_plots
-    from testbed.experiment.report import table, verdict, write_results
+    from testbed.experiment.report import table, verdict, write_plots, write_results
     from testbed.experiment.schemes import DEFAULT_SCHEMES, SCHEMES, lossless
     from testbed.experiment.suite import ALL_SCENARIOS, SCENARIOS, SuiteConfig
 
@@ -185,6 +183,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         print("lossless schemes need the built-in switch (--switch builtin): bmv2 has no PFC",
               file=sys.stderr)
         return 2
+    from testbed.emu.network import install_signal_handlers
+    from testbed.emu.suite import EmuSuite
+
     install_signal_handlers()
     t0 = time.monotonic()
     tb = _testbed(args)
@@ -219,7 +220,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(line)
     print()
     print(f"results: {tb.run_dir / 'results.json'}")
-    print("plots:   " + ", ".join(str(p) for p in plots))
+    print("plots:   " + (", ".join(str(p) for p in plots) or "none"))
     print(f"logs:    {tb.run_dir / 'logs'}")
     print(f"total {time.monotonic() - t0:.0f} s; left behind: {', '.join(left) or 'nothing'}")
     return 0 if not left else 1
@@ -293,14 +294,9 @@ def main(argv: list[str] | None = None) -> int:
         print("xingmai-testbed: interrupted; everything it started is stopped",
               file=sys.stderr)
         return 130
-    except Exception as exc:
-        from testbed.emu.network import TestbedError
-        from testbed.emu.procs import ComponentError
-
-        if isinstance(exc, (ComponentError, TestbedError)):
-            print(f"xingmai-testbed: {exc}", file=sys.stderr)
-            return 1
-        raise
+    except UserError as exc:  # a testbed or component that cannot start, a missing extra
+        print(f"xingmai-testbed: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Topologies: single switch, leaf-spine, rail-optimized; a YAML file format; Mininet Topos.
+"""Topologies: single switch, leaf-spine, rail-optimized; a YAML file format.
 
 A `FabricSpec` is the whole network as data: switches (with the node id INT reports and the
 router MAC hosts send to), hosts with their NICs (address, MAC), numbered links, and the switch
@@ -13,10 +13,10 @@ make the standard shapes; `load()` / `dump()` read and write the YAML format:
       - [leaf1:3, spine1:1]
     collector: leaf1:4                        # optional: where telemetry reports leave
 
-`FabricTopo` turns a spec into a Mininet `Topo` (`SingleTopo`, `LeafSpineTopo` and `RailTopo`
-are its parametrised forms, Mininet style). Host NIC i is Mininet interface `<host>-eth<i>`.
-Hosts route everything through their switch: each NIC has a static neighbour entry for a
-gateway address that resolves to the switch's router MAC (the P4 program does no ARP).
+testbed.emu.topo turns a spec into a Mininet `Topo` (this module imports no Mininet: the twin
+runs without it). Host NIC i is interface `<host>-eth<i>`. Hosts route everything through their
+switch: each NIC has a static neighbour entry for a gateway address that resolves to the
+switch's router MAC (the P4 program does no ARP).
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from mininet.topo import Topo
 
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,9}$")  # short: Mininet builds interface names
 MAX_PORT = 510  # p4src: 9-bit ports, 511 is the drop port
@@ -387,50 +386,3 @@ def parse_choice(text: str) -> FabricSpec:
         return load(text)
     raise TopologyError(f"{text!r}: not single[:H], leafspine[:L,S,H], rail[:K,H,S] or a "
                         "YAML file")
-
-
-# ---- Mininet --------------------------------------------------------------------------------
-
-
-class FabricTopo(Topo):
-    """A FabricSpec as a Mininet topology. Node options carry what the testbed's node
-    classes need: switches their device id, node id and router MAC; hosts their NICs."""
-
-    def build(self, spec: FabricSpec, mtu: int = 9000) -> None:  # type: ignore[override]
-        self.spec = spec
-        for s in spec.switches:
-            self.addSwitch(s.name, dpid=f"{s.device_id:016x}", device_id=s.device_id,
-                           node_id=s.node_id, router_mac=s.router_mac)
-        for h in spec.hosts:
-            nics = tuple(_nic_params(spec, n, spec.attachment(h.name, i).node)
-                         for i, n in enumerate(h.nics))
-            self.addHost(h.name, ip=None, nics=nics, mtu=mtu)
-        for lk in spec.links:
-            self.addLink(lk.a.node, lk.b.node, port1=lk.a.index, port2=lk.b.index)
-        if spec.collector is not None:
-            nic = _nic_params(spec, NicSpec(COLLECTOR_IP, COLLECTOR_MAC), spec.collector.node)
-            self.addHost(COLLECTOR_NODE, ip=None, nics=(nic,), mtu=mtu, collector=True)
-            self.addLink(COLLECTOR_NODE, spec.collector.node, port1=0,
-                         port2=spec.collector.index)
-
-
-def _nic_params(spec: FabricSpec, nic: NicSpec, switch: str) -> dict[str, str]:
-    """What the host node needs to configure a NIC (testbed.emu.nodes.FabricHost)."""
-    return {"ip": nic.ip, "mac": nic.mac, "gateway": nic.gateway, "subnet": nic.subnet,
-            "router_mac": spec.switch(switch).router_mac}
-
-
-class SingleTopo(FabricTopo):
-    def build(self, hosts: int = 4) -> None:  # type: ignore[override]
-        super().build(single(hosts))
-
-
-class LeafSpineTopo(FabricTopo):
-    def build(self, leaves: int = 2, spines: int = 2,  # type: ignore[override]
-              hosts_per_leaf: int = 4) -> None:
-        super().build(leafspine(leaves, spines, hosts_per_leaf))
-
-
-class RailTopo(FabricTopo):
-    def build(self, nics: int = 2, hosts: int = 4, spines: int = 1) -> None:  # type: ignore[override]
-        super().build(rail(nics, hosts, spines))

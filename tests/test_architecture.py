@@ -201,7 +201,14 @@ TESTBED_LAYERS: tuple[tuple[str, ...], ...] = (
     # what the hosts run: the transport, the jobs (flows, collective ranks), workloads
     ("testbed.traffic",),
     ("testbed.probes", "testbed.faults", "testbed.ctlconfig", "testbed.harness"),
-    ("testbed.topo", "testbed.model", "testbed.switch", "testbed.packets"),
+    (
+        "testbed.topo",
+        "testbed.model",
+        "testbed.p4files",
+        "testbed.errors",
+        "testbed.switch",
+        "testbed.packets",
+    ),
 )
 ENGINES = ("testbed.emu", "testbed.sim")
 

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from testbed.collective.run import collective
-from testbed.emu.network import BMV2_JSON, P4INFO, Testbed, TestbedOptions
+from testbed.emu.network import Testbed, TestbedOptions
 from testbed.emu.suite import EmuSuite
 from testbed.experiment.suite import SuiteConfig
 from testbed.model import Scaling
+from testbed.p4files import BMV2_JSON, P4INFO
 from testbed.topo import rail
 
 pytestmark = [

@@ -15,8 +15,8 @@ import pytest
 
 from testbed import faults
 from testbed.experiment.suite import SuiteConfig
+from testbed.p4files import P4INFO
 from testbed.replay import Observed, ReplayError, candidates, load_recording, pick_run, replay
-from testbed.sim.fabric import P4INFO
 from testbed.topo import parse_choice
 
 REPO = Path(__file__).resolve().parent.parent

@@ -21,20 +21,20 @@ import pytest
 from testbed.emu.network import (
     AGENT_BPFFS_ROOT,
     AGENT_RUN_ROOT,
-    BMV2_JSON,
-    P4INFO,
     Testbed,
     TestbedOptions,
 )
 from testbed.emu.suite import EmuSuite
 from testbed.experiment.suite import RunRecord, SuiteConfig
+from testbed.p4files import BMV2_JSON, P4INFO
 from testbed.topo import leafspine
 
 pytestmark = [
     pytest.mark.root,
     pytest.mark.slow,
-    pytest.mark.skipif(not (P4INFO.exists() and BMV2_JSON.exists()),
-                       reason="p4src/build is missing (make p4)"),
+    pytest.mark.skipif(
+        not (P4INFO.exists() and BMV2_JSON.exists()), reason="p4src/build is missing (make p4)"
+    ),
     pytest.mark.timeout(300),
 ]
 
@@ -57,8 +57,9 @@ def _pids_alive(pids: list[int]) -> list[int]:
 
 
 def test_incast_per_scheme_int_rates_queues_and_clean_teardown(tmp_path: Path) -> None:
-    cfg = SuiteConfig(scenarios=("incast",), schemes=("none", "dcqcn", "tita"),
-                      incast_bytes=1_000_000)
+    cfg = SuiteConfig(
+        scenarios=("incast",), schemes=("none", "dcqcn", "tita"), incast_bytes=1_000_000
+    )
     tb = Testbed(leafspine(2, 1, 2), TestbedOptions(switch="builtin", run_dir=tmp_path))
     records: dict[str, RunRecord] = {}
     with tb:
@@ -91,8 +92,7 @@ def test_incast_per_scheme_int_rates_queues_and_clean_teardown(tmp_path: Path) -
         lows = [v for s in r.rate_series.values() for v in s["v"] if v < 0.5 * line]
         assert r.rate_events > 3 and lows, (r.scheme, r.rate_events)
     assert dcqcn.cnps > 0
-    assert tita.queue_max_bytes < none.queue_max_bytes, (tita.queue_max_bytes,
-                                                         none.queue_max_bytes)
+    assert tita.queue_max_bytes < none.queue_max_bytes, (tita.queue_max_bytes, none.queue_max_bytes)
     # nothing of the testbed is left on the machine
     assert tb.leftovers() == []
     assert _pids_alive(pids + shells) == []
@@ -109,7 +109,8 @@ def test_incast_per_scheme_int_rates_queues_and_clean_teardown(tmp_path: Path) -
 
 
 def test_lossless_incast_pauses_every_hop_back_to_the_senders_and_drops_nothing(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """PFC on the emulation (`dcqcn+pfc`): the built-in switches pause their upstream ports,
     the NICs' XDP records the pauses and the senders' transports hold while it says so; the
     3:1 incast completes without a drop."""
@@ -139,16 +140,22 @@ def test_the_proactive_start_reaches_the_nics_through_the_agents(tmp_path: Path)
     recs = {}
     with tb:
         for proactive in (False, True):
-            cfg = SuiteConfig(scenarios=("incast",), schemes=("tita",), incast_bytes=1_000_000,
-                              proactive_start=proactive)
+            cfg = SuiteConfig(
+                scenarios=("incast",),
+                schemes=("tita",),
+                incast_bytes=1_000_000,
+                proactive_start=proactive,
+            )
             with EmuSuite(tb, cfg) as suite:
                 suite.run()
                 (recs[proactive],) = suite.records
     plain, hinted = recs[False], recs[True]
     assert plain.start_hints == 0 and hinted.start_hints == 3
     assert hinted.flows_completed == hinted.flows == 3 and hinted.drops == 0
-    assert hinted.queue_max_bytes < plain.queue_max_bytes, (hinted.queue_max_bytes,
-                                                            plain.queue_max_bytes)
+    assert hinted.queue_max_bytes < plain.queue_max_bytes, (
+        hinted.queue_max_bytes,
+        plain.queue_max_bytes,
+    )
 
 
 def test_rail_topology_routes_each_rail_and_across(tmp_path: Path) -> None:
@@ -156,8 +163,9 @@ def test_rail_topology_routes_each_rail_and_across(tmp_path: Path) -> None:
     rail i, and across rails through the spine; one agent per host on both NICs."""
     from testbed.topo import rail
 
-    tb = Testbed(rail(nics=2, hosts=2, spines=1), TestbedOptions(switch="builtin",
-                                                                 run_dir=tmp_path))
+    tb = Testbed(
+        rail(nics=2, hosts=2, spines=1), TestbedOptions(switch="builtin", run_dir=tmp_path)
+    )
     with tb:
         h1 = tb.node("h1")
         for dst in ("10.0.1.2", "10.0.2.2"):  # same rail each
@@ -177,8 +185,7 @@ def test_a_component_that_does_not_come_up_is_named_and_nothing_is_left(tmp_path
     from testbed.emu.procs import ComponentError
     from testbed.topo import single
 
-    tb = Testbed(single(2), TestbedOptions(switch="builtin", run_dir=tmp_path,
-                                           agent_sync="soon"))
+    tb = Testbed(single(2), TestbedOptions(switch="builtin", run_dir=tmp_path, agent_sync="soon"))
     with pytest.raises(ComponentError) as info:
         tb.start()
     assert info.value.component.startswith("agent h")

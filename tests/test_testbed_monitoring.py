@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from testbed.emu.network import BMV2_JSON, P4INFO, Testbed, TestbedOptions
+from testbed.emu.network import Testbed, TestbedOptions
 from testbed.emu.prometheus import binary
 from testbed.emu.suite import EmuSuite
 from testbed.experiment.suite import SuiteConfig
+from testbed.p4files import BMV2_JSON, P4INFO
 from testbed.topo import leafspine
 from tests.test_grafana_dashboard import queries
 

@@ -12,14 +12,11 @@ import yaml
 from controller.config import parse
 from controller.topology import NextHop, Topology
 from testbed.ctlconfig import ControllerSetup, SwitchAccess, controller_config
+from testbed.emu.topo import FabricTopo, LeafSpineTopo, RailTopo, SingleTopo
 from testbed.model import Scaling, SwitchModel
 from testbed.topo import (
     COLLECTOR_NODE,
     End,
-    FabricTopo,
-    LeafSpineTopo,
-    RailTopo,
-    SingleTopo,
     TopologyError,
     dump,
     from_doc,

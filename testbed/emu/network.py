@@ -50,14 +50,15 @@ from testbed.emu.nodes import REPO, FabricHost, P4Switch, SwitchRuntime, choose_
 from testbed.emu.procs import Component, ComponentError, wait_all
 from testbed.emu.prometheus import Prometheus, Target
 from testbed.emu.prometheus import binary as prometheus_binary
+from testbed.emu.topo import FabricTopo
+from testbed.errors import UserError
 from testbed.experiment.schemes import RATE_LAWS
 from testbed.model import Scaling
+from testbed.p4files import BMV2_JSON, P4INFO
 from testbed.switch.pfc import PfcConfig, model_watchdog, pfc_request, pfc_thresholds
-from testbed.topo import COLLECTOR_NODE, FabricSpec, FabricTopo
+from testbed.topo import COLLECTOR_NODE, FabricSpec
 from testbed.traffic.netns import Host
 
-P4INFO = REPO / "p4src" / "build" / "xingmai.p4info.txtpb"
-BMV2_JSON = REPO / "p4src" / "build" / "xingmai.json"
 AGENT_RUN_ROOT = Path("/run/xingmai/agents")
 AGENT_BPFFS_ROOT = Path("/run/xingmai/bpffs")
 # PFC headroom for what the emulation adds after a switch pauses its upstream: the frames a
@@ -70,7 +71,7 @@ EMU_PFC_REACTION_S = 0.005
 LOCK_FILE = Path("/run/xingmai/testbed.lock")
 
 
-class TestbedError(RuntimeError):
+class TestbedError(UserError):
     pass
 
 

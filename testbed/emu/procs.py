@@ -16,11 +16,14 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from testbed.errors import UserError
+
 PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-class ComponentError(RuntimeError):
+
+class ComponentError(UserError):
     """A component did not come up: the message names it and ends with its log's tail."""
 
     def __init__(self, name: str, what: str, log: Path | None):

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import finsy as fy
@@ -37,6 +36,7 @@ from controller.topology import Topology
 from controller.wire.pfc import is_mac_control
 from testbed.ctlconfig import ControllerSetup, Ecn, SwitchAccess, controller_config
 from testbed.model import Scaling
+from testbed.p4files import BMV2_JSON, P4INFO
 from testbed.probes import Capture, PortCounters, RateEvent
 from testbed.sim.engine import EventLoop
 from testbed.sim.nic import IntSource, SimHost
@@ -58,9 +58,6 @@ from testbed.traffic.netns import Host
 from testbed.traffic.runner import RunError, RunOutput
 from testbed.traffic.transport_core import TransportConfig, TransportCore
 
-REPO = Path(__file__).resolve().parents[2]
-P4INFO = REPO / "p4src" / "build" / "xingmai.p4info.txtpb"
-BMV2_JSON = REPO / "p4src" / "build" / "xingmai.json"
 CPU_PORT = 255  # testbed.emu.nodes.CPU_PORT (nodes imports Mininet)
 # Propagation delay of every link in the model (about 16 m of fiber), dilated by the scale
 # like every time of the model: with 4 KB frames at 400G it makes the leaf-spine's longest

@@ -23,7 +23,8 @@ from controller.health import Localizer, PortSample, SwitchSample, Thresholds
 from controller.reconcile import SwitchState, diff, ordered_updates
 from controller.topology import Topology
 from testbed import faults
-from testbed.sim.fabric import P4INFO, SimFabric
+from testbed.p4files import P4INFO
+from testbed.sim.fabric import SimFabric
 
 POLL_S = 0.1  # the daemon's poll interval (controller.health_poll_s), emulated seconds
 

@@ -100,8 +100,7 @@ def new_run_dir(base: Path) -> Path:
 
 
 def run_sim(args: argparse.Namespace, cfg: SuiteConfig) -> int:
-    from testbed.experiment.plots import write_plots
-    from testbed.experiment.report import table, verdict, write_results
+    from testbed.experiment.report import table, verdict, write_plots, write_results
 
     t0 = time.monotonic()
     spec = parse_choice(args.topo)
@@ -171,7 +170,7 @@ def run_sim(args: argparse.Namespace, cfg: SuiteConfig) -> int:
         print(line)
     print()
     print(f"results: {run_dir / 'results.json'}")
-    print("plots:   " + ", ".join(str(p) for p in plots))
+    print("plots:   " + (", ".join(str(p) for p in plots) or "none"))
     print("csv:     " + ", ".join(str(p) for p in csvs))
     print(
         f"{suite.total_events} events, {suite.total_simulated_s:.3g} s simulated in {wall:.0f} s "
