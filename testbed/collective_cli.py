@@ -20,15 +20,13 @@ import argparse
 import contextlib
 import json
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from testbed.collective.metrics import fmt_size, parse_sizes, table
+from testbed.experiment.rundir import new_run_dir
 from testbed.model import DEFAULT_SCALE, Scaling
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _say(line: str) -> None:
@@ -106,7 +104,7 @@ def add_parsers(sub: Any) -> None:
 
 
 def _run_dir(args: argparse.Namespace, what: str) -> Path:
-    path: Path = args.run_dir or REPO / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{what}"
+    path: Path = args.run_dir or new_run_dir(what)
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -156,15 +156,16 @@ def allreduce_cpu(tb: Any, suite: Any, schemes: tuple[str, ...]) -> dict[str, An
 def run(quick: bool) -> dict[str, Any]:
     if os.geteuid() != 0:
         return {"skipped": "needs root (network namespaces, veths, eBPF)"}
-    from testbed.emu.network import Testbed, TestbedOptions, new_run_dir
+    from testbed.emu.network import Testbed, TestbedOptions
     from testbed.emu.suite import EmuSuite
+    from testbed.experiment.rundir import new_run_dir
     from testbed.experiment.suite import SuiteConfig
     from testbed.topo import leafspine
 
     spec = leafspine(2, 1, 2) if quick else leafspine(2, 2, 4)
     base = SuiteConfig.quick() if quick else SuiteConfig()
     cfg = SuiteConfig(**{**base.__dict__, "scenarios": ("allreduce",)})
-    run_dir = new_run_dir(Path(__file__).resolve().parents[2] / "runs")
+    run_dir = new_run_dir()
     tb = Testbed(spec, TestbedOptions(run_dir=run_dir, progress=lambda line: None))
     with tb, EmuSuite(tb, cfg) as suite:
         time.sleep(3.0)  # boot's last RPCs and compiles settle

@@ -9,7 +9,6 @@ lines, and the conditions (switch target, scale, base RTT). Runs only as root.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 from testbed.emu.suite import EmuSuite
@@ -19,14 +18,15 @@ from testbed.experiment.suite import SuiteConfig
 def run(quick: bool) -> dict[str, Any]:
     if os.geteuid() != 0:
         return {"skipped": "needs root (network namespaces, veths, eBPF)"}
-    from testbed.emu.network import Testbed, TestbedOptions, new_run_dir
+    from testbed.emu.network import Testbed, TestbedOptions
     from testbed.experiment.report import verdict
+    from testbed.experiment.rundir import new_run_dir
     from testbed.topo import leafspine
 
     spec = leafspine(2, 1, 2) if quick else leafspine(2, 2, 4)
     base = SuiteConfig.quick()
     cfg = SuiteConfig(**{**base.__dict__, "scenarios": ("incast",)}) if quick else base
-    run_dir = new_run_dir(Path(__file__).resolve().parents[2] / "runs")
+    run_dir = new_run_dir()
     tb = Testbed(spec, TestbedOptions(run_dir=run_dir, progress=lambda line: None))
     with tb, EmuSuite(tb, cfg) as suite:
         records = suite.run()

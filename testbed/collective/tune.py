@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 DEFAULT_ALGORITHM, DEFAULT_CHUNK = "ring", 1 << 20  # the library's fixed choice, every NIC
 DEFAULT: dict[str, Any] = {"algorithm": DEFAULT_ALGORITHM, "channels": 0, "chunk": DEFAULT_CHUNK}
 CHUNKS = (64 << 10, 256 << 10, 1 << 20)
-DEFAULT_CACHE = Path(__file__).resolve().parents[2] / "runs" / "tune-cache.json"
+DEFAULT_CACHE = Path("runs") / "tune-cache.json"  # the working directory's runs/
 
 
 def key(topology: str, hosts: int, nics: int, collective: str, size: int, scheme: str) -> str:

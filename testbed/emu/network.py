@@ -52,6 +52,7 @@ from testbed.emu.prometheus import Prometheus, Target
 from testbed.emu.prometheus import binary as prometheus_binary
 from testbed.emu.topo import FabricTopo
 from testbed.errors import UserError
+from testbed.experiment.rundir import new_run_dir
 from testbed.experiment.schemes import RATE_LAWS
 from testbed.model import Scaling
 from testbed.p4files import BMV2_JSON, P4INFO
@@ -96,16 +97,6 @@ class TestbedOptions:
     # a Prometheus server scraping every daemon, and the controller's fabric page (loopback)
     monitoring: bool = True
     progress: Callable[[str], None] | None = None
-
-
-def new_run_dir(base: Path = REPO / "runs") -> Path:
-    path = base / time.strftime("%Y%m%d-%H%M%S")
-    n = 1
-    while path.exists():
-        n += 1
-        path = base / f"{time.strftime('%Y%m%d-%H%M%S')}-{n}"
-    path.mkdir(parents=True)
-    return path
 
 
 def _sh(*argv: str, check: bool = True) -> str:

@@ -20,14 +20,13 @@ import sys
 import time
 from pathlib import Path
 
+from testbed.experiment.rundir import new_run_dir
 from testbed.experiment.suite import RunRecord, SuiteConfig, fmt_time
 from testbed.model import Scaling
 from testbed.sim.fabric import SimFabric
 from testbed.sim.suite import SimSuite
 from testbed.topo import FabricSpec, dump, parse_choice
 from testbed.traffic.generators import Flow
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def load_flows(path: Path, spec: FabricSpec) -> list[Flow]:
@@ -89,23 +88,13 @@ def write_csvs(records: list[RunRecord], out: Path) -> list[Path]:
     return [flows_path, queues_path]
 
 
-def new_run_dir(base: Path) -> Path:
-    path = base / (time.strftime("%Y%m%d-%H%M%S") + "-sim")
-    n = 1
-    while path.exists():
-        n += 1
-        path = base / f"{time.strftime('%Y%m%d-%H%M%S')}-sim-{n}"
-    path.mkdir(parents=True)
-    return path
-
-
 def run_sim(args: argparse.Namespace, cfg: SuiteConfig) -> int:
     from testbed.experiment.report import table, verdict, write_plots, write_results
 
     t0 = time.monotonic()
     spec = parse_choice(args.topo)
     scaling = Scaling(scale=args.scale, max_hops=spec.longest_path_switches())
-    run_dir = args.run_dir or new_run_dir(REPO / "runs")
+    run_dir = args.run_dir or new_run_dir("sim")
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "topology.yaml").write_text(dump(spec))  # as the emulation does (replay reads it)
 

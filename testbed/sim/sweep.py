@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from testbed.experiment.rundir import new_run_dir
 from testbed.experiment.schemes import SCHEMES
 from testbed.experiment.suite import SuiteConfig
 
@@ -133,9 +134,10 @@ def build_parser(sub: Any) -> None:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from dask.distributed import Client, LocalCluster
+    from testbed.errors import require
 
-    from testbed.sim.run import REPO
+    require("dask.distributed", "the sweep")
+    from dask.distributed import Client, LocalCluster
 
     schemes = [s for s in args.schemes.split(",") if s]
     bad = [s for s in schemes if s not in SCHEMES]
@@ -188,7 +190,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         for (v, seed, scheme, _), runs in zip(grid, results, strict=True)
     ]
     cells = aggregate(points)
-    run_dir = args.run_dir or REPO / "runs" / (time.strftime("%Y%m%d-%H%M%S") + "-sweep")
+    run_dir = args.run_dir or new_run_dir("sweep")
     run_dir.mkdir(parents=True, exist_ok=True)
     doc = {
         "topology": args.topo,
