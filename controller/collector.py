@@ -29,6 +29,7 @@ from typing import Any
 from controller.common.netns import in_netns
 from controller.health import PathLoss
 from controller.topology import Topology
+from controller.wire.int_md import INT_DSCP_DEFAULT
 from controller.wire.telemetry_report import (
     SEQ_BITS,
     Hop,
@@ -178,7 +179,7 @@ class Collector:
     `max_nodes` and `max_links` bound them. Flows are bounded by `max_flows`, every series by
     `series_points`: nothing a peer sends grows the collector without bound."""
 
-    def __init__(self, topo: Topology | None, int_dscp: int | None = 0x17,
+    def __init__(self, topo: Topology | None, int_dscp: int | None = INT_DSCP_DEFAULT,
                  series_points: int = 600, max_flows: int = 10_000, max_nodes: int = 1024,
                  max_links: int = 8192):
         self.topo = topo

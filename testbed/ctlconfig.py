@@ -13,13 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from controller.wire.int_md import INT_DSCP_DEFAULT
 from testbed.model import Scaling
 from testbed.topo import COLLECTOR_IP, COLLECTOR_MAC, FabricSpec
 
 REPORT_SRC_IP = "10.0.100.254"
 COLLECTOR_UDP_PORT = 32766
 INT_BITMAP = 0xF500  # node id, L1 ports, hop latency, queue, egress timestamp, tx utilisation
-INT_DSCP = 0x17
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ def controller_config(spec: FabricSpec, scaling: Scaling, switches: dict[str, Sw
                   # the byte limit binds on the built-in switch; bmv2 counts packets only
                   "queue_depth_packets": scaling.queue_packets(),
                   "mean_packet_bytes": min(9216, scaling.frame_bytes), "cell_bytes": 1},
-        "int": {"dscp": INT_DSCP, "instruction_bitmap": INT_BITMAP, "hop_budget": 8,
+        "int": {"dscp": INT_DSCP_DEFAULT, "instruction_bitmap": INT_BITMAP, "hop_budget": 8,
                 "mtu": scaling.link_mtu, "collector": collector},
         "ecn": {"kmin_bytes": setup.ecn.kmin_bytes, "kmax_bytes": setup.ecn.kmax_bytes,
                 "pmax": setup.ecn.pmax},

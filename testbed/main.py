@@ -130,7 +130,8 @@ def _testbed(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from testbed.experiment.report import table, verdict, write_plots, write_results
+    from testbed.experiment.plots import write_plots
+    from testbed.experiment.report import table, verdict, write_results
     from testbed.experiment.schemes import DEFAULT_SCHEMES, SCHEMES, lossless
     from testbed.experiment.suite import ALL_SCENARIOS, SCENARIOS, SuiteConfig
 

@@ -277,7 +277,7 @@ class RateWatcher:
         try:
             for ev in call:
                 k = ev.flow
-                if k.protocol != 17 or k.dst_port != 4791:
+                if k.protocol != 17 or k.dst_port != ROCE_UDP_PORT:
                     continue
                 e = RateEvent(ev.time_ns / 1e9, host, (k.src_ip, k.dst_ip, k.src_port),
                               int(ev.rate_bps), ev.origin)

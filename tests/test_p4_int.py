@@ -16,6 +16,7 @@ from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 from scapy.utils import checksum
 
+from controller.wire.int_md import INT_DSCP_DEFAULT
 from testbed.packets import decode, encode_stack, int_packet, parse_int, parse_report
 from testbed.packets.telemetry_report import TelemetryReportIndividual
 from tests.p4 import program as P
@@ -24,7 +25,6 @@ from tests.p4.harness import Fabric, Topology
 
 VECTORS = {v["name"]: v for v in
            json.loads((Path(__file__).parent / "data" / "int_v21.json").read_text())["vectors"]}
-INT_DSCP = 0x17
 BITMAP = 0xF500  # bits 0,1,2,3,5,7: Hop ML 7
 HOP_BYTES = 28
 STACK_AT = 14 + 20 + 8 + 4 + 12  # where the metadata stack starts in a frame without options
@@ -102,7 +102,7 @@ def routed(frame: bytes, smac: int, dmac: int, hops: int = 1) -> bytes:
 
 
 def int_of(frame: bytes) -> dict[str, Any]:
-    info = parse_int(decode(frame, INT_DSCP))
+    info = parse_int(decode(frame, INT_DSCP_DEFAULT))
     assert info is not None, "no INT in the frame"
     return info
 
@@ -339,7 +339,7 @@ def test_source_and_sink_restore_the_packet_and_report(fabric: FabricFactory) ->
         assert pkt[IP].src == "10.0.0.3" and pkt[IP].dst == "10.0.9.9" and pkt[IP].ttl == 64
         assert ipv4_ok(frame) and pkt[IP].len == len(frame) - 14
         assert pkt[UDP].dport == 32766 and pkt[UDP].len == len(frame) - 34
-        rep = parse_report(bytes(pkt[UDP].payload), INT_DSCP)
+        rep = parse_report(bytes(pkt[UDP].payload), INT_DSCP_DEFAULT)
         assert rep["ver"] == 2 and rep["node_id"] == 3
         seqs.append(rep["seq"])
         (ind,) = rep["reports"]
@@ -352,11 +352,11 @@ def test_source_and_sink_restore_the_packet_and_report(fabric: FabricFactory) ->
         assert (sink_md["l1_ingress_port"], sink_md["l1_egress_port"]) == (1, 2)
         assert sink_md["egress_ts"] is not None and sink_md["tx_util"] is not None
         # inner: the packet as the sink received it, INT stack included, 16 bytes past it
-        inner = decode(ind["inner"], INT_DSCP, first=IP)
+        inner = decode(ind["inner"], INT_DSCP_DEFAULT, first=IP)
         info = parse_int(inner)
         assert info is not None
         assert inner[IP].src == "10.0.1.1" and inner[IP].dst == "10.0.2.2"
-        assert inner[IP].tos >> 2 == INT_DSCP and inner[IP].ttl == 62
+        assert inner[IP].tos >> 2 == INT_DSCP_DEFAULT and inner[IP].ttl == 62
         assert info["shim"]["dscp"] == 0x0A
         assert info["md"]["domain_id"] == 5 and info["md"]["remaining_hop_cnt"] == 6
         assert [h["node_id"] for h in info["hops"]] == [2, 1]
@@ -385,8 +385,8 @@ def test_report_carries_the_sink_ports_utilization(fabric: FabricFactory) -> Non
         payload = bytes(Ether(frame)[UDP].payload)
         utils.append(TelemetryReportIndividual(payload[8:]).metadata_dict()["tx_util"])
     # the sink port's packets as enqueued: the INT packet as the sink received it
-    (ind,) = parse_report(bytes(Ether(reports[0])[UDP].payload), INT_DSCP)["reports"]
-    frame_len = 14 + decode(ind["inner"], INT_DSCP, first=IP)[IP].len
+    (ind,) = parse_report(bytes(Ether(reports[0])[UDP].payload), INT_DSCP_DEFAULT)["reports"]
+    frame_len = 14 + decode(ind["inner"], INT_DSCP_DEFAULT, first=IP)[IP].len
     per_packet = (frame_len * P.tx_util_mult(100e6)) >> 8
     possible = {(c * per_packet) >> 8 for c in range(0, 13)}
     assert set(utils) <= possible, (utils, frame_len)

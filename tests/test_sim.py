@@ -19,13 +19,14 @@ from pathlib import Path
 import pytest
 
 from controller.wire.int_md import INT_DSCP_DEFAULT
+from controller.wire.ipv4 import checksum as ipv4_checksum
 from testbed.experiment.suite import SuiteConfig
 from testbed.main import main
 from testbed.model import Scaling
 from testbed.probes import Capture, record_int_frame
 from testbed.sim.engine import EventLoop
 from testbed.sim.fabric import SimFabric
-from testbed.sim.nic import IntSource, insert_int, ipv4_checksum
+from testbed.sim.nic import IntSource, insert_int
 from testbed.sim.suite import SimSuite
 from testbed.topo import leafspine
 from testbed.traffic.transport_core import TransportConfig, TransportCore

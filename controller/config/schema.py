@@ -12,6 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from controller.wire.int_md import INT_DSCP_DEFAULT
+from controller.wire.roce import ROCE_UDP_PORT
+
 SWITCH_KINDS = ("builtin", "bmv2")
 INT_MODES = ("switch", "nic", "none")
 RATE_LAWS = ("tita", "dcqcn", "none", "hpcc", "timely", "swift")
@@ -117,13 +120,13 @@ class WatchEntry:
 
 @dataclass(frozen=True)
 class IntConfig:
-    dscp: int = 0x17
+    dscp: int = INT_DSCP_DEFAULT
     instruction_bitmap: int = 0xF500  # bits 0,1,2,3,5,7
     hop_budget: int = 8
     domain_id: int = 0
     mtu: int = 1500
     collector: CollectorConfig = field(default_factory=CollectorConfig)
-    watchlist: tuple[WatchEntry, ...] = (WatchEntry(proto=17, dport=4791),)
+    watchlist: tuple[WatchEntry, ...] = (WatchEntry(proto=17, dport=ROCE_UDP_PORT),)
 
 
 @dataclass(frozen=True)

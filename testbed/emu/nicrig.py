@@ -39,9 +39,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from controller.wire.int_md import INT_DSCP_DEFAULT
+from controller.wire.roce import ROCE_UDP_PORT
 from testbed.traffic.netns import NetnsLan
 
-ROCE_PORT = 4791
 UDP_PAYLOAD = 1400
 FRAME_OVERHEAD = 14 + 20 + 8  # Ethernet + IPv4 + UDP
 BIN_NS = 1_000_000
@@ -85,7 +86,7 @@ class NetnsPair:
             yield cls(a.netns, b.netns, a.ifname, b.ifname, a.ip, b.ip)
 
     def udp_key(self, sport: int) -> tuple[str, str, int, int, int]:
-        return (self.ip_a, self.ip_b, 17, sport, ROCE_PORT)
+        return (self.ip_a, self.ip_b, 17, sport, ROCE_UDP_PORT)
 
 
 # ---- the agent ----------------------------------------------------------------------------
@@ -249,7 +250,7 @@ def standalone_nic(
         cfg.line_rate_bps = line_rate_bps
         cc_params_to_c(CcParams.defaults(Law[law.upper()], line_rate_bps, base_rtt_ns), cfg.cc)
         cfg.int_enabled = int(int_enabled)
-        cfg.int_dscp = 0x17
+        cfg.int_dscp = INT_DSCP_DEFAULT
         cfg.int_bitmap = 0xF500
         cfg.int_hop_budget = 8
         cfg.int_max_frame = mtu + 14
@@ -282,7 +283,7 @@ def receiver_main(args: argparse.Namespace) -> None:
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
     s.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
-    s.bind((args.ip, ROCE_PORT))
+    s.bind((args.ip, ROCE_UDP_PORT))
     s.settimeout(args.first_timeout)
     rt_minus_mono = time.time_ns() - time.monotonic_ns()
     print("ready", flush=True)
@@ -320,7 +321,7 @@ def sender_main(args: argparse.Namespace) -> None:
     s.setsockopt(socket.SOL_SOCKET, SO_SNDBUFFORCE, SENDER_SNDBUF)
     s.bind((args.ip, args.sport))
     payload = bytes(args.payload)
-    dst = (args.dst, ROCE_PORT)
+    dst = (args.dst, ROCE_UDP_PORT)
     end = time.monotonic() + args.duration
     n = 0
     while time.monotonic() < end:

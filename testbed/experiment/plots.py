@@ -9,23 +9,45 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+from typing import Any
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.ticker import NullFormatter  # noqa: E402
-
-from testbed.experiment.suite import RunRecord  # noqa: E402
+from testbed.experiment.suite import RunRecord
 
 # (in the plots' column order: a lossless scheme beside its lossy one)
-COLORS = {"none": "tab:red", "dcqcn": "tab:blue", "dcqcn+pfc": "tab:cyan", "tita": "tab:green",
-          "tita+pfc": "tab:brown", "hpcc": "tab:olive", "timely": "tab:purple",
-          "swift": "tab:orange"}
-TITLES = {"none": "no CC", "dcqcn": "DCQCN", "tita": "TiTa", "hpcc": "HPCC",
-          "timely": "TIMELY", "swift": "Swift", "dcqcn+pfc": "DCQCN+PFC", "tita+pfc": "TiTa+PFC"}
+COLORS = {
+    "none": "tab:red",
+    "dcqcn": "tab:blue",
+    "dcqcn+pfc": "tab:cyan",
+    "tita": "tab:green",
+    "tita+pfc": "tab:brown",
+    "hpcc": "tab:olive",
+    "timely": "tab:purple",
+    "swift": "tab:orange",
+}
+TITLES = {
+    "none": "no CC",
+    "dcqcn": "DCQCN",
+    "tita": "TiTa",
+    "hpcc": "HPCC",
+    "timely": "TIMELY",
+    "swift": "Swift",
+    "dcqcn+pfc": "DCQCN+PFC",
+    "tita+pfc": "TiTa+PFC",
+}
+
+
+def _pyplot() -> Any:
+    """matplotlib's pyplot without a display (the `plots` extra)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def _gaps(t: list[float], v: list[float], gap_s: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
@@ -45,12 +67,18 @@ def _grid(records: list[RunRecord], scenarios: list[str]) -> tuple[list[str], li
 
 
 def queue_plot(records: list[RunRecord], path: Path, line_rate_bps: float) -> Path | None:
+    plt = _pyplot()
     schemes, scen = _grid(records, ["incast", "allreduce", "websearch"])
     if not scen:
         return None
     by = {(r.scenario, r.scheme): r for r in records}
-    fig, axes = plt.subplots(len(scen), len(schemes), figsize=(4.2 * len(schemes),
-                             2.6 * len(scen)), squeeze=False, sharey="row")
+    fig, axes = plt.subplots(
+        len(scen),
+        len(schemes),
+        figsize=(4.2 * len(schemes), 2.6 * len(scen)),
+        squeeze=False,
+        sharey="row",
+    )
     for i, sc in enumerate(scen):
         for j, sch in enumerate(schemes):
             ax = axes[i][j]
@@ -61,15 +89,21 @@ def queue_plot(records: list[RunRecord], path: Path, line_rate_bps: float) -> Pa
             t, v = _gaps(r.queue_series.get("t", []), r.queue_series.get("v", []))
             ax.plot(t, v / 1e3, lw=0.8, marker=".", ms=1.5, color=COLORS[sch])
             ax.axhline(r.queue_p99_bytes / 1e3, ls="--", lw=0.7, color="k")
-            ax.set_title(f"{sc}, {TITLES[sch]} at {r.bottleneck}: p99 "
-                         f"{r.queue_p99_bytes / 1e3:.0f} KB, drops {r.drops}", fontsize=9)
+            ax.set_title(
+                f"{sc}, {TITLES[sch]} at {r.bottleneck}: p99 "
+                f"{r.queue_p99_bytes / 1e3:.0f} KB, drops {r.drops}",
+                fontsize=9,
+            )
             ax.grid(alpha=0.3)
             if j == 0:
                 ax.set_ylabel("queue (KB)", fontsize=8)
             if i == len(scen) - 1:
                 ax.set_xlabel("time (s)")
-    fig.suptitle(f"Queue occupancy at the bottleneck (INT, per departing packet); links "
-                 f"{line_rate_bps / 1e6:g} Mb/s", fontsize=10)
+    fig.suptitle(
+        f"Queue occupancy at the bottleneck (INT, per departing packet); links "
+        f"{line_rate_bps / 1e6:g} Mb/s",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -77,12 +111,18 @@ def queue_plot(records: list[RunRecord], path: Path, line_rate_bps: float) -> Pa
 
 
 def rates_plot(records: list[RunRecord], path: Path, nic_bps: float) -> Path | None:
+    plt = _pyplot()
     schemes, scen = _grid(records, ["incast", "allreduce"])
     if not scen:
         return None
     by = {(r.scenario, r.scheme): r for r in records}
-    fig, axes = plt.subplots(len(scen), len(schemes), figsize=(4.2 * len(schemes),
-                             2.6 * len(scen)), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(
+        len(scen),
+        len(schemes),
+        figsize=(4.2 * len(schemes), 2.6 * len(scen)),
+        squeeze=False,
+        sharey=True,
+    )
     for i, sc in enumerate(scen):
         for j, sch in enumerate(schemes):
             ax = axes[i][j]
@@ -90,13 +130,20 @@ def rates_plot(records: list[RunRecord], path: Path, nic_bps: float) -> Path | N
             if r is None:
                 ax.set_visible(False)
                 continue
-            end = max(r.completion_s, max((max(s["t"]) for s in r.rate_series.values()
-                                           if s["t"]), default=0.0))
+            end = max(
+                r.completion_s,
+                max((max(s["t"]) for s in r.rate_series.values() if s["t"]), default=0.0),
+            )
             if not r.rate_series:
                 # no rate law acts: every flow runs at the line rate
                 ax.plot([0, end], [nic_bps / 1e6] * 2, color="0.4", lw=1)
-                ax.text(0.02, 0.5, "no rate changes:\nflows at line rate",
-                        transform=ax.transAxes, fontsize=8)
+                ax.text(
+                    0.02,
+                    0.5,
+                    "no rate changes:\nflows at line rate",
+                    transform=ax.transAxes,
+                    fontsize=8,
+                )
             for name, s in sorted(r.rate_series.items()):
                 stop = s["end"][0] if s.get("end") else end
                 t = [*s["t"], stop]
@@ -121,6 +168,7 @@ def rates_plot(records: list[RunRecord], path: Path, nic_bps: float) -> Path | N
 
 
 def fct_cdf_plot(records: list[RunRecord], path: Path) -> Path | None:
+    plt = _pyplot()
     schemes, scen = _grid(records, ["incast", "websearch"])
     if not scen:
         return None
@@ -133,10 +181,15 @@ def fct_cdf_plot(records: list[RunRecord], path: Path) -> Path | None:
                 continue
             x = np.sort(np.asarray(r.slowdowns))
             y = np.arange(1, len(x) + 1) / len(x)
-            ax.step(x, y, where="post", color=COLORS[sch],
-                    label=f"{TITLES[sch]} (p99 {r.fct_slowdown_p99:.1f})")
+            ax.step(
+                x,
+                y,
+                where="post",
+                color=COLORS[sch],
+                label=f"{TITLES[sch]} (p99 {r.fct_slowdown_p99:.1f})",
+            )
         ax.set_xscale("log")
-        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.xaxis.set_minor_formatter(plt.NullFormatter())
         ax.set_xlabel("FCT slowdown")
         ax.set_ylabel("CDF")
         ax.set_title(sc, fontsize=10)
@@ -156,26 +209,41 @@ def replot(results: Path) -> list[Path]:
 
     doc = json.loads(results.read_text())
     setup = doc["setup"]
-    return write_plots(records_from_results(doc), results.parent, setup["link_bps"],
-                       setup["nic_bps"])
+    return write_plots(
+        records_from_results(doc), results.parent, setup["link_bps"], setup["nic_bps"]
+    )
 
 
-def write_plots(records: list[RunRecord], out: Path, line_rate_bps: float,
-                nic_bps: float) -> list[Path]:
+def write_plots(
+    records: list[RunRecord], out: Path, line_rate_bps: float, nic_bps: float
+) -> list[Path]:
     """The plots the records have data for: of a suite run with repetitions, each
-    (scenario, scheme)'s repetition with the median completion time."""
+    (scenario, scheme)'s repetition with the median completion time. None, said on stderr,
+    where matplotlib (the `plots` extra) is not installed: the figures are in results.json
+    all the same."""
     from testbed.experiment.report import representative
 
+    try:
+        _pyplot()
+    except ImportError as exc:
+        if exc.name is None or exc.name.split(".")[0] != "matplotlib":
+            raise
+        print(
+            "plots: none (matplotlib is not installed: pip install 'xingmai[plots]')",
+            file=sys.stderr,
+        )
+        return []
+
     records = representative(records)
-    made = [queue_plot(records, out / "queue.png", line_rate_bps),
-            rates_plot(records, out / "rates.png", nic_bps),
-            fct_cdf_plot(records, out / "fct_cdf.png")]
+    made = [
+        queue_plot(records, out / "queue.png", line_rate_bps),
+        rates_plot(records, out / "rates.png", nic_bps),
+        fct_cdf_plot(records, out / "fct_cdf.png"),
+    ]
     return [p for p in made if p is not None]
 
 
 if __name__ == "__main__":
-    import sys
-
     for arg in sys.argv[1:] or ["--help"]:
         if arg.startswith("-"):
             print("usage: python -m testbed.experiment.plots RUN_DIR/results.json ...")

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -473,19 +472,3 @@ def compare(paths: list[Path], median: bool = False) -> str:
             lines.append(f"{scenario:<10} {scheme:<6} {label:<12} {shown} {ratios}")
         lines.append("")
     return "\n".join(lines).rstrip()
-
-
-def write_plots(records: list[RunRecord], out: Path, link_bps: float, nic_bps: float) -> list[Path]:
-    """The run's plots (testbed.experiment.plots), or none, said on stderr, where matplotlib
-    (the `plots` extra) is not installed: the figures are in results.json all the same."""
-    try:
-        from testbed.experiment import plots
-    except ImportError as exc:
-        if exc.name is None or exc.name.split(".")[0] != "matplotlib":
-            raise
-        print(
-            "plots: none (matplotlib is not installed: pip install 'xingmai[plots]')",
-            file=sys.stderr,
-        )
-        return []
-    return plots.write_plots(records, out, link_bps, nic_bps)

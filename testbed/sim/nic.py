@@ -37,37 +37,15 @@ from controller.nic.ratelaw import (
     RttProbe,
     tc_rtt_probe,
 )
-from controller.wire.int_md import hop_ml_words
+from controller.wire.int_md import MD_LEN, SHIM_LEN, hop_ml_words
+from controller.wire.ipv4 import ETHERTYPE_IPV4, checksum, with_checksum
 from controller.wire.pfc import MAX_QUANTA, is_mac_control, pfc_frame
-from controller.wire.roce import ROCE_UDP_PORT
+from controller.wire.roce import OP_ACK, OP_CNP, OP_RC_DATA_MAX, ROCE_UDP_PORT
 from controller.wire.telemetry_report import TELEMETRY_REPORT_PORT
 from testbed.probes import Capture, RateEvent, record_int_frame
 from testbed.sim.engine import EventLoop
 from testbed.traffic.jobs import Job
 from testbed.traffic.transport_core import TransportCore
-
-INT_SHIM_LEN = 4
-INT_MD_LEN = 12
-OP_DATA_MAX = 0x0B
-OP_ACK = 0x11
-OP_CNP = 0x81
-ETH_IPV4 = b"\x08\x00"
-
-
-def ipv4_checksum(hdr: bytes | bytearray) -> int:
-    s = sum(struct.unpack(f"!{len(hdr) // 2}H", hdr))
-    s = (s & 0xFFFF) + (s >> 16)
-    s = (s & 0xFFFF) + (s >> 16)
-    return ~s & 0xFFFF
-
-
-def with_checksum(pkt: bytes) -> bytes:
-    """The IPv4 packet with its header checksum filled in (the kernel's job for IP_HDRINCL)."""
-    ihl = (pkt[0] & 0x0F) * 4
-    hdr = bytearray(pkt[:ihl])
-    hdr[10:12] = b"\x00\x00"
-    hdr[10:12] = ipv4_checksum(hdr).to_bytes(2, "big")
-    return bytes(hdr) + pkt[ihl:]
 
 
 @dataclass(frozen=True)
@@ -85,13 +63,13 @@ def insert_int(pkt: bytes, src: IntSource) -> bytes | None:
     """`xm_int_insert()` on an IPv4 data packet; None when the program leaves it alone."""
     ihl = (pkt[0] & 0x0F) * 4
     tos = pkt[1]
-    grow = INT_SHIM_LEN + INT_MD_LEN
+    grow = SHIM_LEN + MD_LEN
     if ihl != 20 or tos >> 2 == src.dscp or 14 + len(pkt) + grow > src.max_frame:
         return None
     bitmap = src.bitmap & 0xFFFF
     hdr = bytearray(grow)
     hdr[0] = 1 << 4  # shim: type 1 (INT-MD), NPT 0
-    hdr[1] = INT_MD_LEN // 4  # shim length: MD header, empty stack
+    hdr[1] = MD_LEN // 4  # shim length: MD header, empty stack
     hdr[3] = tos & 0xFC  # original DSCP, restored by the sink
     hdr[4] = 2 << 4  # version 2, D/E/M clear
     hdr[6] = hop_ml_words(bitmap) & 0x1F  # HopML
@@ -105,7 +83,7 @@ def insert_int(pkt: bytes, src: IntSource) -> bytes | None:
     ip[1] = (src.dscp << 2) | (tos & 3)
     ip[2:4] = (int.from_bytes(ip[2:4], "big") + grow).to_bytes(2, "big")
     ip[10:12] = b"\x00\x00"
-    ip[10:12] = ipv4_checksum(ip).to_bytes(2, "big")
+    ip[10:12] = checksum(ip).to_bytes(2, "big")
     return bytes(ip) + bytes(udp) + bytes(hdr) + pkt[28:]
 
 
@@ -161,7 +139,7 @@ class SimHost:
         self.eth = (
             bytes.fromhex(gateway_mac.replace(":", ""))
             + bytes.fromhex(mac.replace(":", ""))
-            + ETH_IPV4
+            + ETHERTYPE_IPV4
         )
         self.line_rate_bps = int(line_rate_bps)
         self.ns_per_byte = 8e9 / line_rate_bps
@@ -205,7 +183,7 @@ class SimHost:
             socket.inet_aton(ip),
             bytes.fromhex(gateway_mac.replace(":", ""))
             + bytes.fromhex(mac.replace(":", ""))
-            + ETH_IPV4,
+            + ETHERTYPE_IPV4,
             send,
         )
         self.ports.append(port)
@@ -365,7 +343,7 @@ class SimHost:
         opcode = pkt[28]
         sport = int.from_bytes(pkt[20:22], "big")
         key = flow_key(pkt[12:16], pkt[16:20], sport)
-        data = opcode <= OP_DATA_MAX
+        data = opcode <= OP_RC_DATA_MAX
         psn = int.from_bytes(pkt[37:40], "big")  # BTH after IPv4 (20) and UDP (8)
         f = self._flow(key)
         # tc's RTT probe: the departure is now (the pacer sends at the EDT time)
@@ -426,7 +404,7 @@ class SimHost:
             return
         if (
             len(frame) < 14 + 28
-            or frame[12:14] != ETH_IPV4
+            or frame[12:14] != ETHERTYPE_IPV4
             or (frame[30:34] != self.addr and all(frame[30:34] != p.addr for p in self.ports))
         ):
             self.rx_dropped += 1
@@ -436,7 +414,7 @@ class SimHost:
         if ip[9] != 17 or int.from_bytes(ip[ihl + 2 : ihl + 4], "big") != ROCE_UDP_PORT:
             self.rx_dropped += 1
             return
-        opcode = ip[ihl + 8] if ip[1] >> 2 != self.int_source.dscp else OP_DATA_MAX
+        opcode = ip[ihl + 8] if ip[1] >> 2 != self.int_source.dscp else OP_RC_DATA_MAX
         if opcode in (OP_ACK, OP_CNP) and self.nic.params.law != Law.NONE:
             key = flow_key(ip[16:20], ip[12:16], int.from_bytes(ip[ihl : ihl + 2], "big"))
             f = self._flow(key)

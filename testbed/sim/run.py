@@ -89,7 +89,8 @@ def write_csvs(records: list[RunRecord], out: Path) -> list[Path]:
 
 
 def run_sim(args: argparse.Namespace, cfg: SuiteConfig) -> int:
-    from testbed.experiment.report import table, verdict, write_plots, write_results
+    from testbed.experiment.plots import write_plots
+    from testbed.experiment.report import table, verdict, write_results
 
     t0 = time.monotonic()
     spec = parse_choice(args.topo)

@@ -26,6 +26,7 @@ from controller.wire.int_md import (
     bitmap_bit,
     shim_total_len,
 )
+from controller.wire.ipv4 import ETHERTYPE_IPV4, checksum
 from controller.wire.telemetry_report import (
     DROP_REASON_TM_PORT_DOWN,
     DROP_REASON_TM_QUEUE_FULL,
@@ -126,8 +127,8 @@ class DropReporter:
                 dst_ip.to_bytes(4, "big"),
             )
         )
-        ip[10:12] = _checksum(bytes(ip)).to_bytes(2, "big")
-        eth = dst_mac.to_bytes(6, "big") + src_mac.to_bytes(6, "big") + b"\x08\x00"
+        ip[10:12] = checksum(bytes(ip)).to_bytes(2, "big")
+        eth = dst_mac.to_bytes(6, "big") + src_mac.to_bytes(6, "big") + ETHERTYPE_IPV4
         self.sent += 1
         self.sw.transmit(report_port, eth + bytes(ip) + udp + payload)
 
@@ -138,7 +139,7 @@ DROP_REASONS = {"queue_full": DROP_REASON_TM_QUEUE_FULL, "port_down": DROP_REASO
 def _inner(frame: bytes) -> bytes | None:
     """The dropped packet from its IPv4 header to 16 bytes past its INT stack (or past its
     UDP header), whole words; None when it is not IPv4."""
-    if len(frame) < 34 or frame[12:14] != b"\x08\x00":
+    if len(frame) < 34 or frame[12:14] != ETHERTYPE_IPV4:
         return None
     ip = frame[14:]
     ihl = (ip[0] & 0x0F) * 4
@@ -147,10 +148,3 @@ def _inner(frame: bytes) -> bytes | None:
         end = ihl + 8 + shim_total_len(ip[ihl + 9]) + INNER_PAYLOAD_BYTES
     inner = ip[: min(end, len(ip))]
     return inner[: len(inner) & ~3]
-
-
-def _checksum(hdr: bytes) -> int:
-    s = sum(struct.unpack(f"!{len(hdr) // 2}H", hdr))
-    s = (s & 0xFFFF) + (s >> 16)
-    s = (s & 0xFFFF) + (s >> 16)
-    return ~s & 0xFFFF

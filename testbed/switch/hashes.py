@@ -11,6 +11,8 @@ import itertools
 import random
 from collections.abc import Callable
 
+from controller.wire.ipv4 import checksum as ipv4_checksum
+
 HashFn = Callable[[bytes], int]
 
 
@@ -87,20 +89,8 @@ def crc32(data: bytes) -> int:
 crcCCITT = make_crc(0x1021, 16, 0xFFFF, 0x0000, False, False)
 
 
-def csum16(data: bytes) -> int:
-    """RFC 1071 ones' complement checksum (bmv2 "csum16" / "cksum16").
-
-    The ones' complement sum of 16-bit words is the big-endian number they form taken modulo
-    0xFFFF (2**16 = 1 mod 0xFFFF), with 0xFFFF instead of 0 for a non-zero input; one bignum
-    modulo is much faster in Python than a loop over words.
-    """
-    if len(data) % 2:
-        data += b"\x00"
-    n = int.from_bytes(data, "big")
-    r = n % 0xFFFF
-    if r == 0 and n:
-        r = 0xFFFF
-    return ~r & 0xFFFF
+# bmv2's "csum16" / "cksum16": RFC 1071's ones' complement checksum, the IPv4 header's
+csum16 = ipv4_checksum
 
 
 def _xor(width_bytes: int) -> HashFn:

@@ -54,13 +54,14 @@ from controller.nic.bpf.loader import (
 )
 from controller.nic.bpf.ringbuf import RingBuffer
 from controller.nic.ratelaw import UNIT, CcParams, Law
+from controller.wire.int_md import INT_DSCP_DEFAULT
+from controller.wire.roce import ROCE_UDP_PORT
 
 log = logging.getLogger("xingmai.agent")
 
 VERSION = "0.1.0"
 TCP = 6
 UDP = 17
-ROCE_PORT = 4791
 MAX_WEIGHT = 100
 INT_BITMAP_DEFAULT = 0xF500  # node id, L1 ports, hop latency, queue, egress ts, tx utilisation
 
@@ -77,7 +78,7 @@ class AgentOptions:
     law: Law = Law.TITA
     base_rtt_ns: int = 100_000
     int_enabled: bool = True
-    int_dscp: int = 0x17
+    int_dscp: int = INT_DSCP_DEFAULT
     int_bitmap: int = INT_BITMAP_DEFAULT
     int_hop_budget: int = 8
     mtu: int = 1500
@@ -569,7 +570,7 @@ class Agent:
         """The rate laws act on the RoCEv2-like transport's feedback; any other flow (TCP,
         other UDP) is paced at min(line rate, cap)."""
         assert self.bpf is not None
-        if key.proto != UDP or key.dport != ROCE_PORT:
+        if key.proto != UDP or key.dport != ROCE_UDP_PORT:
             return Law.NONE
         if ctl is not None and int(ctl.flags) & CTL_HAS_PARAMS:
             return Law(int(ctl.params.law))
@@ -763,7 +764,7 @@ class Agent:
         views: dict[FlowKey, FlowView] = {}
 
         def view(k: FlowKey) -> FlowView:
-            roce = k.proto == UDP and k.dport == ROCE_PORT
+            roce = k.proto == UDP and k.dport == ROCE_UDP_PORT
             return views.setdefault(k, FlowView(k, law=host_law if roce else Law.NONE))
 
         names = {idx: name for name, idx in self.ifindex.items()}
