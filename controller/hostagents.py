@@ -21,8 +21,6 @@ from controller.proto import agent_pb2_grpc as pb_grpc
 from controller.slowloop import AgentError, AgentFlow, AgentPort, FlowKey
 from controller.topology import Topology
 
-_LAWS = {"tita": pb.RATE_LAW_TITA, "dcqcn": pb.RATE_LAW_DCQCN, "none": pb.RATE_LAW_NONE,
-         "hpcc": pb.RATE_LAW_HPCC, "timely": pb.RATE_LAW_TIMELY, "swift": pb.RATE_LAW_SWIFT}
 _INT_PARAMS = {"w_ai_bps", "max_stage", "base_rtt_ns", "rai_bps", "rhai_bps",
                "byte_counter_bytes", "alpha_timer_ns", "rate_timer_ns", "cut_interval_ns",
                "fast_recovery_steps", "min_rate_bps"}
@@ -31,7 +29,7 @@ _INT_PARAMS = {"w_ai_bps", "max_stage", "base_rtt_ns", "rai_bps", "rhai_bps",
 def rate_law_config(policy: LawPolicy) -> Any:
     """A LawPolicy as the agent's RateLawConfig (unset parameters: the agent's defaults)."""
     allowed = RATE_LAW_PARAMS[policy.rate_law]
-    cfg = pb.RateLawConfig(law=_LAWS[policy.rate_law])
+    cfg = pb.RateLawConfig(law=pb.RateLaw.Value(f"RATE_LAW_{policy.rate_law.upper()}"))
     for name, value in policy.params.items():
         if name not in allowed:
             raise ValueError(f"{policy.rate_law} has no parameter {name!r}")

@@ -132,7 +132,7 @@ def open_suite(args: argparse.Namespace) -> Iterator[Any]:
         suite.use_scheme(args.scheme)
         yield suite, suite.collective_fabric(args.scheme)
         return
-    from testbed.ctlconfig import Ecn
+    from controller.config import EcnConfig
     from testbed.emu.network import Testbed, TestbedOptions, install_signal_handlers
     from testbed.emu.suite import EmuSuite
 
@@ -141,7 +141,7 @@ def open_suite(args: argparse.Namespace) -> Iterator[Any]:
         switch=args.switch,
         scaling=scaling,
         rate_law=args.scheme,
-        ecn=Ecn(),
+        ecn=EcnConfig(),
         pcap=False,
         run_dir=args.run_dir,
         controller_caps=False,

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from controller.config import EcnConfig
 from controller.wire.int_md import INT_DSCP_DEFAULT
 from testbed.model import Scaling
 from testbed.topo import COLLECTOR_IP, COLLECTOR_MAC, FabricSpec
@@ -20,15 +21,6 @@ from testbed.topo import COLLECTOR_IP, COLLECTOR_MAC, FabricSpec
 REPORT_SRC_IP = "10.0.100.254"
 COLLECTOR_UDP_PORT = 32766
 INT_BITMAP = 0xF500  # node id, L1 ports, hop latency, queue, egress timestamp, tx utilisation
-
-
-@dataclass(frozen=True)
-class Ecn:
-    """ECN marking at every egress queue (the DCQCN baseline's signal). Bytes, not scaled."""
-
-    kmin_bytes: int = 20_000
-    kmax_bytes: int = 100_000
-    pmax: float = 0.2
 
 
 @dataclass(frozen=True)
@@ -45,7 +37,7 @@ class ControllerSetup:
     log_file: str
     rate_law: str = "tita"
     law_params: dict[str, float] = field(default_factory=dict)
-    ecn: Ecn = Ecn()
+    ecn: EcnConfig = EcnConfig()
     int_mode: str = "nic"
     caps: bool = False  # the slow loop's max-min caps (off: the NIC's rate law alone)
     metrics_addr: str | None = None  # Prometheus metrics (loopback)

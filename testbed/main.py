@@ -21,11 +21,13 @@ suite in one process under a virtual clock, without root.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import time
 from pathlib import Path
 
 from testbed.errors import UserError
+from testbed.experiment.schemes import RATE_LAWS
 from testbed.model import DEFAULT_SCALE, Scaling
 
 # Mininet, bcc and the gRPC stubs are imported where a command needs them: `doctor` must run
@@ -47,7 +49,7 @@ def _common(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--run-dir", type=Path, help="default: runs/<timestamp>")
     ap.add_argument("--controller-caps", action="store_true",
                     help="let the controller's slow loop push max-min caps to the NICs")
-    ap.add_argument("--rate-law", choices=["none", "dcqcn", "tita"], default="tita",
+    ap.add_argument("--rate-law", choices=RATE_LAWS, default="tita",
                     help="the hosts' rate law at start (cli; run sets each scheme in turn)")
 
 
@@ -104,6 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--median", action="store_true",
                          help="the runs after the first are repeats: compare the first with "
                               "their median and show their min-max")
+    report = sub.add_parser("report", help="a run's table again: as text, or as Markdown for "
+                            "the docs with the run's command, commit, date and machine")
+    report.add_argument("run", type=Path, help="a run dir (or its results.json)")
+    report.add_argument("--markdown", action="store_true", help="Markdown, with the run named")
     cli = sub.add_parser("cli", help="Mininet's CLI on the booted network")
     _common(cli)
     sub.add_parser("doctor", help="check the prerequisites")
@@ -117,14 +123,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _testbed(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from testbed.ctlconfig import Ecn
+    from controller.config import EcnConfig
     from testbed.emu.network import Testbed, TestbedOptions
     from testbed.topo import parse_choice
 
     spec = parse_choice(args.topo)
     scaling = Scaling(scale=args.scale, max_hops=spec.longest_path_switches())
     opts = TestbedOptions(switch=args.switch, scaling=scaling, rate_law=args.rate_law,
-                          ecn=Ecn(), pcap=args.pcap, run_dir=args.run_dir,
+                          ecn=EcnConfig(), pcap=args.pcap, run_dir=args.run_dir,
                           controller_caps=args.controller_caps)
     return Testbed(spec, opts)
 
@@ -196,7 +202,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             records = suite.run()
             base_rtt, tita_t = suite.base_rtt_s, suite.tita_t_s
         s = tb.scaling
-        setup = {"topology": tb.spec.name, "switch": tb.switch_cls.kind,
+        setup = {"engine": "emu", "command": args.command,
+                 "topology": tb.spec.name, "switch": tb.switch_cls.kind,
                  "scaling": s.describe(), "scale": s.scale, "link_bps": s.link_bps,
                  "nic_bps": s.nic_bps, "base_rtt_s": base_rtt, "tita_base_rtt_s": tita_t,
                  "suite": cfg.__dict__,
@@ -245,6 +252,16 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return main(args)
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from testbed.experiment.report import load_results, markdown_report
+
+    if args.markdown:
+        print(markdown_report(args.run))
+    else:
+        print(load_results(args.run)["table"])
+    return 0
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     from testbed.experiment.report import compare
 
@@ -282,11 +299,14 @@ def cmd_topo(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # what the user typed, kept in the results file (the docs name the command of a table)
+    args.command = shlex.join(["xingmai-testbed", *(sys.argv[1:] if argv is None else argv)])
     try:
         from testbed.collective_cli import COMMANDS
 
         return {"run": cmd_run, "cli": cmd_cli, "doctor": cmd_doctor, "topo": cmd_topo,
-                "compare": cmd_compare, "sweep": cmd_sweep, "replay": cmd_replay,
+                "compare": cmd_compare, "report": cmd_report, "sweep": cmd_sweep,
+                "replay": cmd_replay,
                 **COMMANDS}[args.cmd](args)
     except ValueError as exc:  # testbed.topo.TopologyError and bad options
         print(f"xingmai-testbed: {exc}", file=sys.stderr)

@@ -33,7 +33,6 @@ from tests.test_grafana_dashboard import queries
 from tests.webdriver import Browser, available
 
 EXAMPLE = REPO / "controller" / "examples" / "leafspine-2x2.yaml"
-KMIN, KMAX = 20_000, 80_000
 
 pytestmark = [
     pytest.mark.skipif(not P4INFO.exists(), reason="p4src not built (make p4)"),

@@ -11,6 +11,7 @@ from testbed.experiment.report import (
     Spread,
     below,
     compare,
+    markdown_report,
     records_from_results,
     representative,
     results_doc,
@@ -190,3 +191,24 @@ def test_compare_takes_a_repeated_files_median(tmp_path: Path) -> None:
     text = compare([tmp_path / "a.json", tmp_path / "b.json"])
     line = next(ln for ln in text.splitlines() if "time s" in ln)
     assert line.split()[-3:] == ["4", "8", "2.00"]
+
+
+def test_markdown_report_names_the_run_commit_date_and_machine(tmp_path: Path) -> None:
+    setup = {
+        "engine": "sim",
+        "topology": "leafspine-2x2x4",
+        "scaling": "scale 1/20000",
+        "command": "xingmai-testbed run --engine sim",
+        "link_bps": 20e6,
+    }
+    write_results(tmp_path / "results.json", RECORDS, setup)
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert doc["source"]["commit"]  # the tests run in a checkout
+    out = markdown_report(tmp_path).splitlines()
+    assert out[0].startswith(f"Run `{tmp_path}` (sim, leafspine-2x2x4; scale 1/20000), commit ")
+    assert doc["source"]["commit"][:7] in out[0] and doc["date"] in out[0]
+    assert out[0].endswith("; `xingmai-testbed run --engine sim`:")
+    assert out[2].startswith("| scenario | scheme | bottleneck | p50 queue (KB) | p99 queue (KB)")
+    rows = [ln for ln in out if ln.startswith("| incast") or ln.startswith("| allreduce")]
+    assert len(rows) == 6 and rows[2].startswith("| incast | tita | leaf1:1 | 75.0 | 300.0 | 0 |")
+    assert out[-1].startswith("- allreduce: TiTa vs DCQCN")

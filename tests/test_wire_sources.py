@@ -80,6 +80,12 @@ def test_every_c_define_is_the_python_value() -> None:
 
 def test_c_enums_are_the_python_ones() -> None:
     assert {f"XM_LAW_{law.name}": law.value for law in base.Law} == header.enum("xm_law")
+    # the agents' API names the same laws (the controller's config reads them from there,
+    # the testbed's schemes from the NIC's enum)
+    from controller.config import RATE_LAWS
+    from testbed.experiment.schemes import RATE_LAWS as TESTBED_LAWS
+
+    assert set(RATE_LAWS) == set(TESTBED_LAWS) == {law.name.lower() for law in base.Law}
     assert loader.PACING_HTB == 0 and loader.PACING_EDT == 1  # derived; these are the wire
     assert set(loader.ORIGINS.values()) == {"agent", "tita", "dcqcn", "hpcc", "timely", "swift"}
     # an XDP-written rate carries its law's value as origin (nr.origin = law)

@@ -12,12 +12,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from controller.proto import agent_pb2
 from controller.wire.int_md import INT_DSCP_DEFAULT
 from controller.wire.roce import ROCE_UDP_PORT
 
 SWITCH_KINDS = ("builtin", "bmv2")
 INT_MODES = ("switch", "nic", "none")
-RATE_LAWS = ("tita", "dcqcn", "none", "hpcc", "timely", "swift")
+# the rate laws by name, as the agents' API declares them (agent.proto's RateLaw; the NIC's
+# `enum xm_law` and controller.nic.ratelaw.Law hold the same, tests/test_wire_sources.py)
+RATE_LAWS: tuple[str, ...] = tuple(
+    name.removeprefix("RATE_LAW_").lower() for name, value in agent_pb2.RateLaw.items() if value
+)
 # Parameters of each rate law, as the host agent names them (controller/proto/agent.proto).
 RATE_LAW_PARAMS: dict[str, frozenset[str]] = {
     "tita": frozenset({"eta", "w_ai_bps", "max_stage", "base_rtt_ns", "min_rate_bps"}),
@@ -131,8 +136,11 @@ class IntConfig:
 
 @dataclass(frozen=True)
 class EcnConfig:
+    """ECN marking at every egress queue (the DCQCN baseline's signal): RED-like between
+    kmin and kmax bytes, up to probability pmax. Bytes, not scaled with the model."""
+
     kmin_bytes: int = 20_000
-    kmax_bytes: int = 80_000
+    kmax_bytes: int = 100_000
     pmax: float = 0.2
 
 

@@ -44,8 +44,9 @@ import yaml
 from mininet.link import Link
 from mininet.net import Mininet
 
+from controller.config import EcnConfig
 from testbed import faults
-from testbed.ctlconfig import ControllerSetup, Ecn, SwitchAccess, controller_config
+from testbed.ctlconfig import ControllerSetup, SwitchAccess, controller_config
 from testbed.emu.nodes import REPO, FabricHost, P4Switch, SwitchRuntime, choose_switch
 from testbed.emu.procs import Component, ComponentError, wait_all
 from testbed.emu.prometheus import Prometheus, Target
@@ -83,7 +84,7 @@ class TestbedOptions:
     scaling: Scaling = field(default_factory=Scaling)
     rate_law: str = "tita"  # the policy the controller starts with
     law_params: dict[str, float] = field(default_factory=dict)
-    ecn: Ecn = field(default_factory=Ecn)
+    ecn: EcnConfig = field(default_factory=EcnConfig)
     controller_caps: bool = False  # the controller's slow-loop caps on top of the NIC's law
     pcap: bool = False
     run_dir: Path | None = None

@@ -1,10 +1,12 @@
-"""What a run or a benchmark was measured on: every results file records it beside its
-figures (the docs name the machine of each table)."""
+"""What a run or a benchmark was measured on, and which code ran: every results file records
+both beside its figures (the docs name the run, commit, date and machine of each table)."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import platform
+import subprocess
 from pathlib import Path
 
 
@@ -34,3 +36,30 @@ def machine_description() -> dict[str, object]:
         "memory_gib": round(mem_kib / 2**20, 1),
         "load_avg": os.getloadavg(),
     }
+
+
+def source_description() -> dict[str, object]:
+    """Which code ran: the checkout's commit and whether it had uncommitted changes to tracked
+    files, or, installed from a package, its version."""
+    root = Path(__file__).resolve().parents[2]
+    out: dict[str, object] = {}
+    try:
+        out["version"] = importlib.metadata.version("xingmai")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    if (root / ".git").exists():
+        try:
+            git = ["git", "-C", str(root)]
+            sha = subprocess.run(
+                [*git, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True
+            ).stdout.strip()
+            status = subprocess.run(
+                [*git, "status", "--porcelain", "--untracked-files=no"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            ).stdout
+            out.update(commit=sha, dirty=bool(status.strip()))
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return out

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from testbed.experiment.machine import machine_description
+from testbed.experiment.machine import machine_description, source_description
 from testbed.experiment.schemes import SCHEMES, lossless
 from testbed.experiment.suite import RunRecord
 
@@ -94,10 +94,11 @@ def _spread(reps: list[RunRecord], get: Callable[[RunRecord], float | None]) -> 
     return Spread.of(get(r) for r in reps)
 
 
-def table(records: list[RunRecord], link_bps: float | None = None) -> str:
+def table(records: list[RunRecord], link_bps: float | None = None, markdown: bool = False) -> str:
     """The comparison table. Bus bandwidth in Mb/s and times in s at the emulation's scale;
     with ports of 1 Gb/s and more (the twin's --scale 1: 400G) in Gb/s and ms. With several
-    repetitions of a cell, `median [min-max]` over them."""
+    repetitions of a cell, `median [min-max]` over them. `markdown`: as a Markdown table
+    (the docs' tables), the victim lines under it."""
     fast = link_bps is not None and link_bps >= 1e9
     bw_div, bw_unit = (1e9, "Gb/s") if fast else (1e6, "Mb/s")
     t_mult, t_unit = (1e3, "ms") if fast else (1.0, "s")
@@ -145,6 +146,15 @@ def table(records: list[RunRecord], link_bps: float | None = None) -> str:
         rows.append((scenario, shown, note))
     head = ["scenario", "scheme", "bottleneck", *(c[0] for c in columns)]
     unit = ["", "", "", *(c[1] for c in columns)]
+    victims = [(k, reps) for k, reps in cells(records).items() if reps[0].victim_stalls is not None]
+    if markdown:
+        titles = [f"{h} ({u})" if u else h for h, u in zip(head, unit, strict=True)]
+        md = ["| " + " | ".join([*titles, "note"]) + " |"]
+        md.append("| " + " | ".join(["---"] * 3 + ["---:"] * (len(head) - 3) + ["---"]) + " |")
+        md += ["| " + " | ".join([*shown, note.strip()]) + " |" for _, shown, note in rows]
+        if victims:
+            md += ["", *(f"- {victim_line(reps, t_mult, t_unit)}" for _, reps in victims)]
+        return "\n".join(md)
     widths = [max(len(x[i]) for x in [head, unit, *(r[1] for r in rows)]) for i in range(len(head))]
     widths[:3] = [max(widths[0], 10), max(widths[1], 6), max(widths[2], 10)]
 
@@ -161,7 +171,6 @@ def table(records: list[RunRecord], link_bps: float | None = None) -> str:
             out.append("")
         last = scenario
         out.append(line(shown) + note)
-    victims = [(k, reps) for k, reps in cells(records).items() if reps[0].victim_stalls is not None]
     if victims:
         out.append("")
         out += [victim_line(reps, t_mult, t_unit) for _, reps in victims]
@@ -327,6 +336,7 @@ def results_doc(
     return {
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": {**machine_description(), **(machine_extra or {})},
+        "source": source_description(),
         "setup": setup,
         "table": table(records, setup.get("link_bps")),
         "verdict": verdict(records),
@@ -472,3 +482,26 @@ def compare(paths: list[Path], median: bool = False) -> str:
             lines.append(f"{scenario:<10} {scheme:<6} {label:<12} {shown} {ratios}")
         lines.append("")
     return "\n".join(lines).rstrip()
+
+
+def markdown_report(path: Path) -> str:
+    """A run's table as the docs show it: which run (its command, engine, topology and
+    scaling), the commit, date and machine it ran on, the table in Markdown and its verdict."""
+    doc = load_results(path)
+    setup, machine, source = doc["setup"], doc["machine"], doc.get("source", {})
+    commit = str(source.get("commit", ""))[:7] or f"version {source.get('version', '?')}"
+    if source.get("dirty"):
+        commit += " with uncommitted changes"
+    where = f"{machine.get('cpu') or '?'}, {machine.get('cores', '?')} cores"
+    cmd = setup.get("command")
+    lines = [
+        f"Run `{path}` ({setup.get('engine', '?')}, {setup.get('topology', '?')}; "
+        f"{setup.get('scaling', '')}), commit {commit}, {doc['date']}, {where}"
+        + (f"; `{cmd}`" if cmd else "")
+        + ":",
+        "",
+        table(records_from_results(doc), setup.get("link_bps"), markdown=True),
+    ]
+    if doc.get("verdict"):
+        lines += ["", *(f"- {v}" for v in doc["verdict"])]
+    return "\n".join(lines)

@@ -19,7 +19,6 @@ processes do (testbed.traffic.runner.run_job), returning the same RunOutput.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import finsy as fy
@@ -28,19 +27,21 @@ from finsy.proto import p4r
 from controller import config as ctlconfig
 from controller import program
 from controller.collector import Collector
+from controller.config import EcnConfig
 from controller.nic.ratelaw import CcParams, Law
 from controller.proto import switch_pb2
 from controller.queues import queue_settings
 from controller.reconcile import SwitchState, diff, ordered_updates
 from controller.topology import Topology
 from controller.wire.pfc import is_mac_control
-from testbed.ctlconfig import ControllerSetup, Ecn, SwitchAccess, controller_config
+from testbed.ctlconfig import ControllerSetup, SwitchAccess, controller_config
 from testbed.model import Scaling
 from testbed.p4files import BMV2_JSON, P4INFO
 from testbed.probes import Capture, PortCounters, RateEvent
 from testbed.sim.engine import EventLoop
 from testbed.sim.nic import IntSource, SimHost
 from testbed.switch.admin import SwitchAdminService
+from testbed.switch.dataplane import PortStats  # the switch process's own port counters
 from testbed.switch.p4runtime import P4RuntimeService, parse_p4info_text
 from testbed.switch.pfc import (
     PfcConfig,
@@ -63,14 +64,6 @@ CPU_PORT = 255  # testbed.emu.nodes.CPU_PORT (nodes imports Mininet)
 # like every time of the model: with 4 KB frames at 400G it makes the leaf-spine's longest
 # path's base RTT about the model's 1 us.
 LINK_DELAY_MODEL_NS = 80
-
-
-@dataclass
-class PortStats:
-    rx_packets: int = 0
-    tx_packets: int = 0
-    rx_bytes: int = 0
-    tx_bytes: int = 0
 
 
 class Wire:
@@ -129,7 +122,7 @@ class SimSwitch:
         if is_mac_control(frame):
             self.pfc_rx += 1
         elif st is not None:
-            st.rx_packets += 1
+            st.rx += 1
             st.rx_bytes += len(frame)
         self.clock.advance_to(self.loop.now_ns)
         self.sw.receive(port, frame)
@@ -160,7 +153,7 @@ class SimSwitch:
             if listener is not None:
                 st = self.ports.get(port)
                 if st is not None:
-                    st.tx_packets += 1
+                    st.tx += 1
                     st.tx_bytes += len(data)
                 listener(data)
                 return
@@ -172,7 +165,7 @@ class SimSwitch:
             return
         if wire.send(data, self.loop.now_ns):  # over the MTU: received, not sent (a drop)
             st = self.ports[port]
-            st.tx_packets += 1
+            st.tx += 1
             st.tx_bytes += len(data)
 
     @property
@@ -190,7 +183,7 @@ def seed_random_extern(sw: V1Switch, seed: int) -> None:
     rng.seed(seed)
 
 
-def controller_cfg(spec: FabricSpec, scaling: Scaling, ecn: Ecn) -> ctlconfig.Config:
+def controller_cfg(spec: FabricSpec, scaling: Scaling, ecn: EcnConfig) -> ctlconfig.Config:
     """The controller's config for this fabric, as the emulation writes it."""
     switches = {
         s.name: SwitchAccess(f"127.0.0.1:{50000 + i}", "builtin")
@@ -207,14 +200,14 @@ class SimFabric:
         self,
         spec: FabricSpec,
         scaling: Scaling,
-        ecn: Ecn | None = None,
+        ecn: EcnConfig | None = None,
         link_delay_ns: int | None = None,
         seed: int = 1,
     ):
         self.spec = spec
         self.seed = seed
         self.scaling = scaling
-        self.ecn = ecn or Ecn()
+        self.ecn = ecn or EcnConfig()
         self.loop = EventLoop()
         self.cfg = controller_cfg(spec, scaling, self.ecn)
         self.topo = Topology(self.cfg)
@@ -454,7 +447,7 @@ class SimFabric:
         for sw in self.switches.values():
             for p, st in sw.ports.items():
                 out[f"{sw.name}:{p}"] = PortCounters(
-                    st.rx_packets, st.tx_packets, st.rx_bytes, st.tx_bytes
+                    st.rx, st.tx, st.rx_bytes, st.tx_bytes
                 )
         return out
 

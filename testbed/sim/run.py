@@ -118,6 +118,7 @@ def run_sim(args: argparse.Namespace, cfg: SuiteConfig) -> int:
     wall = time.monotonic() - t0
     setup = {
         "engine": "sim",
+        "command": getattr(args, "command", None),
         "topology": spec.name,
         "switch": "builtin",
         "scaling": scaling.describe(),
