@@ -1,0 +1,188 @@
+"""Named CC profiles (controller/nic/ratelaw/profiles.py): every file loads and validates,
+each source unit converts as hand-checked, bad names and values fail with a clear message,
+and the paper profiles reproduce the old defaults (CcParams.defaults) exactly."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import yaml
+
+from controller.nic.ratelaw import UNIT, CcParams, Law
+from controller.nic.ratelaw.profiles import (
+    DEFAULT_PROFILES,
+    PROFILE_DIR,
+    ProfileError,
+    known_profiles,
+    load_profile,
+    parse_profile,
+)
+from testbed.model import Scaling
+
+EMU_NIC = int(Scaling().nic_bps)  # the emulation's NIC at the default scale
+G400_NIC = int(Scaling(scale=1).nic_bps)  # the twin at 400G
+RATES = (EMU_NIC, G400_NIC, 19_531_250, 10**9, 40 * 10**9, 100 * 10**9, 123_456_789)
+
+
+def doc(name: str) -> dict[str, Any]:
+    return yaml.safe_load((PROFILE_DIR / f"{name}.yaml").read_text())
+
+
+def test_every_profile_file_loads_and_builds_valid_params() -> None:
+    names = known_profiles()
+    assert {
+        "dcqcn-nvidia",
+        "dcqcn-hpcc-sim",
+        "dcqcn-paper",
+        "hpcc-paper",
+        "timely-paper",
+        "swift-paper",
+        "tita",
+        "none",
+    } <= set(names)
+    for name in names:
+        p = load_profile(name)
+        assert p.name == name and p.source["url"] and p.source["title"]
+        # a NIC at the model's speed (400G), or the emulation's dilated 20,000 times
+        for rate, dilation in ((G400_NIC, 1.0), (EMU_NIC, Scaling().scale), (10**9, 1.0)):
+            cc = p.cc_params(rate, 100_000, dilation)  # validates
+            assert cc.law is p.law
+        # every field says where its value comes from: the source's words or our reason
+        assert all(prm.origin for prm in p.params.values())
+
+
+def test_a_default_profile_per_law() -> None:
+    assert set(DEFAULT_PROFILES) == set(Law)
+    for law, name in DEFAULT_PROFILES.items():
+        assert load_profile(name).law is law
+    assert DEFAULT_PROFILES[Law.DCQCN] == "dcqcn-nvidia"
+
+
+@pytest.mark.parametrize(
+    ("name", "law"),
+    [
+        ("dcqcn-paper", Law.DCQCN),
+        ("tita", Law.TITA),
+        ("hpcc-paper", Law.HPCC),
+        ("timely-paper", Law.TIMELY),
+        ("swift-paper", Law.SWIFT),
+        ("none", Law.NONE),
+    ],
+)
+def test_paper_profiles_are_the_old_defaults(name: str, law: Law) -> None:
+    """Old results reproduce: whatever the dilation, these scale by line rate as before."""
+    p = load_profile(name)
+    for rate in RATES:
+        for t in (8_000, 100_000, 12_345_678):
+            want = CcParams.defaults(law, rate, t)
+            assert p.cc_params(rate, t) == want
+            assert p.cc_params(rate, t, 20_000.0) == want
+
+
+def test_nvidia_units_hand_checked() -> None:
+    """ConnectX defaults at 400 Gb/s, then dilated by 20,000 (the emulation's scale)."""
+    p = load_profile("dcqcn-nvidia")
+    d = p.cc_params(400 * 10**9, 10_000).dcqcn
+    assert d.rai_bps == 5_000_000  # rpg_ai_rate 5 Mb/s
+    assert d.rhai_bps == 50_000_000  # rpg_hai_rate 50 Mb/s
+    assert d.byte_counter == 32_767  # rpg_byte_reset, bytes
+    assert d.g == 5 * UNIT // 1024  # dce_tcp_g 1019: g = (1024 - 1019) / 1024
+    assert d.alpha_timer_ns == 1_000  # dce_tcp_rtt 1 us
+    assert d.rate_timer_ns == 300_000  # rpg_time_reset 300 us
+    assert d.cut_interval_ns == 4_000  # rate_reduce_monitor_period 4 us
+    assert d.fast_recovery_steps == 1  # rpg_threshold
+    assert p.cc_params(400 * 10**9, 10_000).min_rate_bps == 1_000_000  # rpg_min_rate 1 Mb/s
+    slow = p.cc_params(20_000_000, 10_000, 20_000.0)
+    assert slow.dcqcn.rai_bps == 250  # 5 Mb/s / 20,000
+    assert slow.min_rate_bps == 50
+    assert slow.dcqcn.alpha_timer_ns == 20_000_000  # 1 us x 20,000
+    assert slow.dcqcn.byte_counter == 32_767  # bytes do not dilate
+    # 300 us x 20,000 = 6 s does not fit the NIC's 32-bit ns: clamped, and said
+    assert slow.dcqcn.rate_timer_ns == 2**32 - 1
+    assert p.clamped(20_000_000, 10_000, 20_000.0) == {"rate_timer_ns": 6_000_000_000}
+    assert p.clamped(400 * 10**9, 10_000) == {}
+
+
+def test_hpcc_simulator_units_hand_checked() -> None:
+    """run.py: RATE_AI 5 Mb/s and RATE_HAI 50 Mb/s per 25 Gb/s, MIN_RATE 1000 Mb/s flat."""
+    p = load_profile("dcqcn-hpcc-sim")
+    cc = p.cc_params(100 * 10**9, 10_000)
+    assert (cc.dcqcn.rai_bps, cc.dcqcn.rhai_bps) == (20_000_000, 200_000_000)
+    assert cc.min_rate_bps == 1_000_000_000
+    assert cc.dcqcn.g == UNIT // 256 and cc.dcqcn.byte_counter == 0
+    assert (cc.dcqcn.alpha_timer_ns, cc.dcqcn.rate_timer_ns, cc.dcqcn.cut_interval_ns) == (
+        1_000,
+        300_000,
+        4_000,
+    )
+    # rates already follow the line rate: dilation changes only the absolute ones
+    slow = p.cc_params(5 * 10**6, 10_000, 20_000.0)
+    assert slow.dcqcn.rai_bps == 1_000 and slow.min_rate_bps == 50_000
+    assert slow.dcqcn.cut_interval_ns == 80_000_000
+
+
+def test_relative_units_hand_checked() -> None:
+    swift = load_profile("swift-paper").cc_params(10**9, 100_001).swift
+    assert swift.ai_bytes == 4154 and swift.per_hop_ns == 25_000  # 1 packet, T / 4 floored
+    hpcc = load_profile("hpcc-paper").cc_params(10**9, 50_000).hpcc
+    assert hpcc.wai_bps == 500_000 and hpcc.base_rtt_ns == 50_000  # 0.0005 x line, 1 T
+    paper = load_profile("dcqcn-paper").cc_params(40 * 10**9, 1).dcqcn
+    assert (paper.rai_bps, paper.rhai_bps, paper.alpha_timer_ns) == (
+        40_000_000,
+        400_000_000,
+        55_000,
+    )
+    assert paper.byte_counter == 10 << 20
+
+
+def test_unknown_profile_names_the_known_ones() -> None:
+    with pytest.raises(
+        ProfileError,
+        match=r"unknown cc profile 'dcqcn-acme' \(known: .*"
+        r"dcqcn-nvidia.*tita",
+    ):
+        load_profile("dcqcn-acme")
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda d: d["parameters"]["g"].update(value=1024), r"g: DCE_TCP_G 1024 must be"),
+        (
+            lambda d: d["parameters"]["rai_bps"].update(unit="furlongs"),
+            r"rai_bps: unit 'furlongs' is not a rate unit",
+        ),
+        (lambda d: d["parameters"]["rai_bps"].update(value=-5), r"rai_bps: value -5 must be"),
+        (
+            lambda d: d["parameters"]["fast_recovery_steps"].update(value=1.5),
+            r"fast_recovery_steps: 1.5 must be an integer count",
+        ),
+        (lambda d: d["parameters"].pop("rate_timer_ns"), r"missing \['rate_timer_ns'\]"),
+        (
+            lambda d: d["parameters"].update(eta={"value": 0.9, "unit": "fraction", "from": "x"}),
+            r"not its own \['eta'\]",
+        ),
+        (lambda d: d["parameters"]["rai_bps"].pop("from"), r"rai_bps: say either from"),
+        (
+            lambda d: d["parameters"]["byte_counter"].update(per="40 Gb/s"),
+            r"byte_counter: per applies to rates and times",
+        ),
+        (lambda d: d.update(law="reno"), r"law 'reno' is none of"),
+        (lambda d: d["source"].pop("url"), r"source needs title, by, year, section, url"),
+    ],
+)
+def test_bad_values_fail_with_a_clear_message(edit: Any, message: str) -> None:
+    d = copy.deepcopy(doc("dcqcn-nvidia"))
+    edit(d)
+    with pytest.raises(ProfileError, match=r"cc profile 'dcqcn-nvidia': .*" + message):
+        parse_profile(d, "dcqcn-nvidia")
+
+
+def test_a_value_out_of_range_at_a_line_rate_names_the_profile() -> None:
+    d = copy.deepcopy(doc("dcqcn-nvidia"))
+    d["parameters"]["rhai_bps"].update(value=2, unit="Gb/s")  # above a 1 Gb/s line
+    p = parse_profile(d, "dcqcn-nvidia")
+    with pytest.raises(ProfileError, match=r"'dcqcn-nvidia' at 1000000000 b/s: rhai_bps must"):
+        p.cc_params(10**9, 10_000)
