@@ -18,6 +18,7 @@ from controller.nic.ratelaw.profiles import (
     known_profiles,
     load_profile,
     parse_profile,
+    policy_params,
 )
 from testbed.model import Scaling
 
@@ -186,3 +187,43 @@ def test_a_value_out_of_range_at_a_line_rate_names_the_profile() -> None:
     p = parse_profile(d, "dcqcn-nvidia")
     with pytest.raises(ProfileError, match=r"'dcqcn-nvidia' at 1000000000 b/s: rhai_bps must"):
         p.cc_params(10**9, 10_000)
+
+
+def test_policy_params_carry_every_parameter_of_the_law() -> None:
+    from controller.config import RATE_LAW_PARAMS
+
+    for name in known_profiles():
+        p = load_profile(name)
+        pp = policy_params(p.cc_params(10**9, 100_000))
+        allowed = RATE_LAW_PARAMS[p.law.name.lower()]
+        # Swift's T only defaults its target, which the profile gives
+        assert set(pp) <= allowed and allowed - set(pp) <= {"base_rtt_ns"}, name
+
+
+@pytest.mark.parametrize("name", known_profiles())
+def test_a_profile_reaches_the_emulations_agents_whole(name: str) -> None:
+    """The emulation's path: the controller's policy (its params map) -> the agent's
+    RateLawConfig -> the agent's effective parameters are the profile's, field for field."""
+    from types import SimpleNamespace
+
+    from controller.config import LawPolicy
+    from controller.hostagents import rate_law_config
+    from controller.nic.agent.agent import Agent
+    from controller.nic.agent.service import overrides_from_pb
+
+    p = load_profile(name)
+    want = p.cc_params(EMU_NIC, 12_345_678, Scaling().scale)
+    cfg = rate_law_config(LawPolicy(p.law.name.lower(), policy_params(want)))
+    agent = SimpleNamespace(opts=SimpleNamespace(line_rate_bps=EMU_NIC))
+    base = CcParams.defaults(Law.TITA, EMU_NIC, 100_000)  # what the agent had before
+    got = Agent.effective_params(agent, base, p.law, overrides_from_pb(cfg))  # type: ignore[arg-type]
+    law_struct = {
+        Law.TITA: "tita",
+        Law.HPCC: "hpcc",
+        Law.DCQCN: "dcqcn",
+        Law.TIMELY: "timely",
+        Law.SWIFT: "swift",
+    }.get(p.law)
+    assert got.min_rate_bps == want.min_rate_bps
+    if law_struct:
+        assert getattr(got, law_struct) == getattr(want, law_struct)
