@@ -5,6 +5,7 @@ and the paper profiles reproduce the old defaults (CcParams.defaults) exactly.""
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -227,3 +228,72 @@ def test_a_profile_reaches_the_emulations_agents_whole(name: str) -> None:
     assert got.min_rate_bps == want.min_rate_bps
     if law_struct:
         assert getattr(got, law_struct) == getattr(want, law_struct)
+
+
+def test_the_twin_sets_each_profiles_params_on_its_hosts() -> None:
+    from testbed.sim.fabric import SimFabric
+    from testbed.topo import leafspine
+
+    spec = leafspine(2, 1, 2)
+    scaling = Scaling(max_hops=spec.longest_path_switches())
+    fab = SimFabric(spec, scaling)
+    got = {}
+    for name in ("dcqcn-nvidia", "dcqcn-paper"):
+        assert fab.set_law(Law.DCQCN, 1_000_000, name) == len(fab.hosts)
+        params = {h: host.nic.params for h, host in fab.hosts.items()}
+        assert len(set(params.values())) == 1  # every host the same
+        got[name] = next(iter(params.values()))
+    nv, paper = got["dcqcn-nvidia"], got["dcqcn-paper"]
+    assert nv.law is paper.law is Law.DCQCN and nv.dcqcn != paper.dcqcn
+    line = int(scaling.nic_bps)
+    assert nv == load_profile("dcqcn-nvidia").cc_params(line, 1_000_000, scaling.scale)
+    assert paper == CcParams.defaults(Law.DCQCN, line, 1_000_000)  # the old behaviour
+    with pytest.raises(ValueError, match="cc profile 'tita' is not for dcqcn"):
+        fab.set_law(Law.DCQCN, 1_000_000, "tita")
+
+
+def test_cc_profile_option_parses_laws_and_names() -> None:
+    from testbed.experiment.schemes import default_cc_profiles, parse_cc_profiles
+
+    assert parse_cc_profiles("") == default_cc_profiles()
+    got = parse_cc_profiles("dcqcn-paper, hpcc=hpcc-paper")
+    assert got["dcqcn"] == "dcqcn-paper" and got["tita"] == "tita"
+    with pytest.raises(ValueError, match="is for dcqcn, not 'swift'"):
+        parse_cc_profiles("swift=dcqcn-hpcc-sim")
+    with pytest.raises(ValueError, match="unknown cc profile 'acme'"):
+        parse_cc_profiles("acme")
+
+
+def test_results_json_records_each_schemes_profile(tmp_path: Path) -> None:
+    """End to end on the twin: `--cc-profile` reaches the NICs and results.json says which
+    profile each scheme ran, its source and every value."""
+    import json
+
+    from testbed.main import main
+
+    data = Path(__file__).parent / "data"
+    argv = [
+        "run",
+        "--engine",
+        "sim",
+        "--run-dir",
+        str(tmp_path),
+        "--schemes",
+        "dcqcn,tita",
+        "--topo",
+        str(data / "twin-fabric.yaml"),
+        "--flows",
+        str(data / "twin-flows.csv"),
+        "--cc-profile",
+        "dcqcn-hpcc-sim",
+    ]
+    assert main(argv) == 0
+    setup = json.loads((tmp_path / "results.json").read_text())["setup"]
+    assert setup["suite"]["cc_profiles"]["dcqcn"] == "dcqcn-hpcc-sim"
+    dcqcn, tita = setup["cc_profiles"]["dcqcn"], setup["cc_profiles"]["tita"]
+    assert dcqcn["profile"] == "dcqcn-hpcc-sim" and dcqcn["law"] == "dcqcn"
+    assert "alibaba-edu/High-Precision-Congestion-Control" in dcqcn["source"]["url"]
+    assert dcqcn["values"]["byte_counter"] == 0 and dcqcn["values"]["g"] == 1 / 256
+    assert set(dcqcn["values"]) == {f for f in load_profile("dcqcn-hpcc-sim").params}
+    assert dcqcn["clamped_from"] == {"rate_timer_ns": 6_000_000_000}  # 300 us x 20,000
+    assert tita["profile"] == "tita" and tita["values"]["eta"] == pytest.approx(0.95)
