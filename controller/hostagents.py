@@ -23,7 +23,12 @@ from controller.topology import Topology
 
 _INT_PARAMS = {"w_ai_bps", "max_stage", "base_rtt_ns", "rai_bps", "rhai_bps",
                "byte_counter_bytes", "alpha_timer_ns", "rate_timer_ns", "cut_interval_ns",
-               "fast_recovery_steps", "min_rate_bps"}
+               "fast_recovery_steps", "min_rate_bps", "delta_bps", "t_low_ns", "t_high_ns",
+               "min_rtt_ns", "hai_steps", "ai_bytes", "base_target_ns", "per_hop_ns",
+               "sender_ttl"}
+# The RateLawConfig message each law's parameters go in (T, base_rtt_ns, is TitaParams')
+_LAW_MESSAGE = {"tita": "tita", "hpcc": "tita", "dcqcn": "dcqcn", "timely": "timely",
+                "swift": "swift"}
 
 
 def rate_law_config(policy: LawPolicy) -> Any:
@@ -36,10 +41,10 @@ def rate_law_config(policy: LawPolicy) -> Any:
         v: float | int = round(value) if name in _INT_PARAMS else float(value)
         if name == "min_rate_bps":
             cfg.min_rate_bps = int(v)
-        elif policy.rate_law in ("tita", "hpcc", "swift"):
-            setattr(cfg.tita, name, v)
+        elif name == "base_rtt_ns":
+            cfg.tita.base_rtt_ns = int(v)
         else:
-            setattr(cfg.dcqcn, name, v)
+            setattr(getattr(cfg, _LAW_MESSAGE[policy.rate_law]), name, v)
     return cfg
 
 
@@ -87,7 +92,7 @@ class GrpcAgent:
         have = st.host_law
         if have.law != want.law:
             return False
-        for sub in ("tita", "dcqcn"):
+        for sub in ("tita", "dcqcn", "timely", "swift"):
             w, h = getattr(want, sub), getattr(have, sub)
             for fd, value in w.ListFields():
                 # fractions are fixed point (2^-20) in the NIC: equal within that

@@ -77,6 +77,14 @@ def build_parser() -> argparse.ArgumentParser:
                           "rate")
     run.add_argument("--pfc-watchdog", choices=["on", "off"], default="on",
                      help="the PFC watchdog in the switches of a lossless scheme (default on)")
+    from controller.nic.ratelaw.profiles import DEFAULT_PROFILES, known_profiles
+
+    defaults = ", ".join(f"{law.name.lower()}={name}" for law, name in DEFAULT_PROFILES.items())
+    run.add_argument("--cc-profile", default="", metavar="PROFILE[,LAW=PROFILE...]",
+                     help="named CC profiles (controller/nic/ratelaw/profiles/, docs/"
+                          "baselines.md), comma-separated: a profile sets its own law's "
+                          "parameters (LAW=PROFILE names the law too); a law not named runs "
+                          f"its default ({defaults}). Known: {', '.join(known_profiles())}")
     run.add_argument("--quick", action="store_true", help="a shorter suite")
     run.add_argument("--engine", choices=["emu", "sim"], default="emu",
                      help="emu: the emulation (root, Mininet, eBPF); sim: the simulated twin "
@@ -138,7 +146,7 @@ def _testbed(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 def cmd_run(args: argparse.Namespace) -> int:
     from testbed.experiment.plots import write_plots
     from testbed.experiment.report import table, verdict, write_results
-    from testbed.experiment.schemes import DEFAULT_SCHEMES, SCHEMES, lossless
+    from testbed.experiment.schemes import DEFAULT_SCHEMES, SCHEMES, lossless, parse_cc_profiles
     from testbed.experiment.suite import ALL_SCENARIOS, SCENARIOS, SuiteConfig
 
     schemes = (tuple(s for s in args.schemes.split(",") if s) if args.schemes
@@ -163,7 +171,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                          "seed": args.seed, "repeat": args.repeat,
                          "retransmit": args.retransmit,
                          "pfc_watchdog": args.pfc_watchdog == "on",
-                         "proactive_start": args.proactive_start})
+                         "proactive_start": args.proactive_start,
+                         "cc_profiles": parse_cc_profiles(args.cc_profile)})
     if args.faults is not None:
         from testbed import faults
         from testbed.topo import parse_choice
@@ -201,12 +210,14 @@ def cmd_run(args: argparse.Namespace) -> int:
             suite.faults = args.fault_list
             records = suite.run()
             base_rtt, tita_t = suite.base_rtt_s, suite.tita_t_s
+            cc_records = suite.cc_records
         s = tb.scaling
         setup = {"engine": "emu", "command": args.command,
                  "topology": tb.spec.name, "switch": tb.switch_cls.kind,
                  "scaling": s.describe(), "scale": s.scale, "link_bps": s.link_bps,
                  "nic_bps": s.nic_bps, "base_rtt_s": base_rtt, "tita_base_rtt_s": tita_t,
                  "suite": cfg.__dict__,
+                 "cc_profiles": cc_records,
                  "controller_caps": args.controller_caps,
                  "faults_file": str(args.faults) if args.faults else None,
                  "queue_source": "INT queue occupancy of every data packet arriving at a "

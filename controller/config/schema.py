@@ -28,8 +28,31 @@ RATE_LAW_PARAMS: dict[str, frozenset[str]] = {
     "tita": frozenset({"eta", "w_ai_bps", "max_stage", "base_rtt_ns", "min_rate_bps"}),
     # HPCC takes TiTa's parameter set (its own values); Swift's target scales with T
     "hpcc": frozenset({"eta", "w_ai_bps", "max_stage", "base_rtt_ns", "min_rate_bps"}),
-    "timely": frozenset({"min_rate_bps"}),
-    "swift": frozenset({"base_rtt_ns", "min_rate_bps"}),
+    "timely": frozenset(
+        {
+            "alpha",
+            "beta",
+            "delta_bps",
+            "t_low_ns",
+            "t_high_ns",
+            "min_rtt_ns",
+            "hai_steps",
+            "min_rate_bps",
+        }
+    ),
+    # base_rtt_ns (T) sets the target's defaults; the others, Swift's own values
+    "swift": frozenset(
+        {
+            "base_rtt_ns",
+            "ai_bytes",
+            "beta",
+            "max_mdf",
+            "base_target_ns",
+            "per_hop_ns",
+            "sender_ttl",
+            "min_rate_bps",
+        }
+    ),
     "dcqcn": frozenset(
         {
             "g",

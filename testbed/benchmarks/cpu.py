@@ -127,14 +127,12 @@ def _spread(vals: list[float]) -> dict[str, float]:
 
 def allreduce_cpu(tb: Any, suite: Any, schemes: tuple[str, ...]) -> dict[str, Any]:
     """The suite's all-reduce once per scheme, with the CPU of every role over it."""
-    from testbed.experiment.suite import scheme_params
-
     roles = {k: v for k, v in testbed_roles(tb).items() if not k.startswith("agent:")}
     n = len(suite.hosts)
     payload_mb = 2 * (n - 1) * suite.cfg.allreduce_bytes / 1e6
     out: dict[str, Any] = {"ranks": n, "payload_mb_per_run": round(payload_mb, 3)}
     for scheme in schemes:
-        suite._set_policy(scheme, scheme_params(scheme, suite.tita_t_s))
+        suite._set_policy(scheme, suite.scheme_cc(scheme))
         load = os.getloadavg()[0]
         t0, s0 = time.monotonic(), sample(roles)
         rec = suite.run_one(scheme, "allreduce")

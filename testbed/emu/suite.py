@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from controller.nic.ratelaw import CcParams
+from controller.nic.ratelaw.profiles import policy_params
 from controller.wire.pfc import MIN_FRAME as PFC_FRAME_BYTES
 from testbed.emu.network import Testbed
 from testbed.emu.operations import EmuOperations
@@ -96,8 +98,9 @@ class EmuSuite(Suite):
     def _measure_base_rtt(self) -> float:
         return measure_base_rtt(self.tb)
 
-    def _set_policy(self, scheme: str, params: dict[str, float]) -> int:
-        hosts = self.tb.set_policy(scheme_law(scheme), params)
+    def _set_policy(self, scheme: str, cc: CcParams) -> int:
+        # every parameter of the law, as the profile resolved them for the agents' line rate
+        hosts = self.tb.set_policy(scheme_law(scheme), policy_params(cc))
         time.sleep(0.5)
         return len(hosts)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from controller.nic.ratelaw import Law
+from controller.nic.ratelaw.profiles import DEFAULT_PROFILES, load_profile
 
 # the NIC's rate laws by name, in the enum's order
 RATE_LAWS: tuple[str, ...] = tuple(law.name.lower() for law in Law)
@@ -75,3 +76,25 @@ def law(name: str) -> Law:
     if name not in RATE_LAWS:
         raise ValueError(f"unknown rate law {name!r} (known: {', '.join(RATE_LAWS)})")
     return Law[name.upper()]
+
+
+def default_cc_profiles() -> dict[str, str]:
+    """The named CC profile of every rate law (controller/nic/ratelaw/profiles.py)."""
+    return {law.name.lower(): name for law, name in DEFAULT_PROFILES.items()}
+
+
+def parse_cc_profiles(text: str) -> dict[str, str]:
+    """`--cc-profile`: comma-separated profiles, each `PROFILE` (for its own law) or
+    `LAW=PROFILE`; the laws not named keep their default profile. A ValueError names the
+    unknown profile (and the known ones) or the law that does not match."""
+    out = default_cc_profiles()
+    for item in (s.strip() for s in text.split(",")):
+        if not item:
+            continue
+        want, _, name = item.rpartition("=")
+        prof = load_profile(name.strip())
+        got = prof.law.name.lower()
+        if want and want.strip() != got:
+            raise ValueError(f"cc profile {prof.name!r} is for {got}, not {want.strip()!r}")
+        out[got] = prof.name
+    return out

@@ -62,11 +62,19 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from controller.nic.ratelaw import CcParams
+from controller.nic.ratelaw.profiles import load_profile
 from testbed.collective import run as coll
 from testbed.collective.run import CollFabric
 from testbed.ctlconfig import COLLECTOR_UDP_PORT
 from testbed.experiment import metrics
-from testbed.experiment.schemes import DEFAULT_SCHEMES, lossless, scheme_law
+from testbed.experiment.schemes import (
+    DEFAULT_SCHEMES,
+    default_cc_profiles,
+    law,
+    lossless,
+    scheme_law,
+)
 from testbed.experiment.schemes import scheme as scheme_info
 from testbed.faults import Fault
 from testbed.model import TRANSPORT_OVERHEAD, Scaling, fmt_rate
@@ -114,6 +122,8 @@ class SuiteConfig:
     # the incast's senders declare their fair share to their NICs before they send
     proactive_start: bool = False
     storm_seconds: float = 1.0  # how long the storm scenario's NIC keeps pausing
+    # the named CC profile of each rate law (--cc-profile; controller/nic/ratelaw/profiles/)
+    cc_profiles: dict[str, str] = field(default_factory=default_cc_profiles)
 
     @staticmethod
     def quick() -> SuiteConfig:
@@ -278,14 +288,6 @@ def payload_line_rate(s: Scaling) -> float:
     return s.nic_bps * s.transport_mtu / (s.transport_mtu + TRANSPORT_OVERHEAD)
 
 
-def scheme_params(name: str, base_rtt_s: float) -> dict[str, float]:
-    """The policy parameters of a scheme: T for the laws that use it (TiTa and HPCC's
-    B*T, Swift's delay target)."""
-    if scheme_info(name).takes_t:
-        return {"base_rtt_ns": round(base_rtt_s * 1e9)}
-    return {}
-
-
 def websearch_flows(cfg: SuiteConfig, hosts: int, nic_bps: float,
                     seconds: float) -> list[gen.Flow]:
     """The WebSearch mix of the suite: sizes divided by the divisor, Poisson arrivals for
@@ -323,6 +325,8 @@ class Suite:
         self.faults: list[Fault] = []  # a --faults file: injected in every scenario
         self._scheme = "none"  # the scheme of the run in progress
         self._scheme_set: str | None = None  # the scheme the engine's fabric has now
+        # per scheme: its law's CC profile, source and the values set (results.json's setup)
+        self.cc_records: dict[str, dict[str, Any]] = {}
 
     # ---- engine hooks ----
 
@@ -339,7 +343,9 @@ class Suite:
     def _measure_base_rtt(self) -> float:
         raise NotImplementedError
 
-    def _set_policy(self, scheme: str, params: dict[str, float]) -> int:
+    def _set_policy(self, scheme: str, cc: CcParams) -> int:
+        """The scheme's rate law with parameters `cc` on every host (the controller's
+        SetPolicy); returns how many hosts took it."""
         raise NotImplementedError
 
     def _begin(self) -> None:
@@ -469,9 +475,30 @@ class Suite:
         """The scheme on the engine's fabric as it stands: PFC on or off, the rate law on
         every host (the controller's SetPolicy)."""
         self._set_pfc(lossless(scheme))
-        agents = self._set_policy(scheme, scheme_params(scheme, self.tita_t_s))
-        self.say(f"scheme {scheme}: set on {agents} agents by the controller")
+        agents = self._set_policy(scheme, self.scheme_cc(scheme))
+        profile = self.cc_records[scheme]["profile"]
+        self.say(f"scheme {scheme} (cc profile {profile}): set on {agents} agents by the "
+                 "controller")
         self._scheme_set = scheme
+
+    def scheme_cc(self, scheme: str) -> CcParams:
+        """The parameters of a scheme's law: its CC profile for the NICs' line rate, T (the
+        laws that take it) and the model's dilation (the scale); recorded in cc_records."""
+        name = scheme_law(scheme)
+        prof = load_profile(self.cfg.cc_profiles.get(name) or default_cc_profiles()[name])
+        if prof.law is not law(name):
+            raise ValueError(f"cc profile {prof.name!r} is for {prof.law.name.lower()}, "
+                             f"not {name}")
+        s = self.scaling
+        line, t_ns = int(s.nic_bps), round((self.tita_t_s or s.base_rtt_s) * 1e9)
+        cc = prof.cc_params(line, t_ns, s.scale)
+        if scheme not in self.cc_records:
+            clamped = prof.clamped(line, t_ns, s.scale)
+            self.cc_records[scheme] = prof.record(cc, clamped)
+            for k, v in clamped.items():
+                self.say(f"cc profile {prof.name}: {k} {v} ns at scale {s.scale:g} exceeds the "
+                         f"NIC's 32 bits, clamped to {2**32 - 1} ns")
+        return cc
 
     def start_run(self, scheme: str) -> None:
         """Before every run: a fresh fabric where the engine can build one (the twin: its

@@ -29,6 +29,7 @@ from controller import program
 from controller.collector import Collector
 from controller.config import EcnConfig
 from controller.nic.ratelaw import CcParams, Law
+from controller.nic.ratelaw.profiles import DEFAULT_PROFILES, load_profile
 from controller.proto import switch_pb2
 from controller.queues import queue_settings
 from controller.reconcile import SwitchState, diff, ordered_updates
@@ -351,12 +352,23 @@ class SimFabric:
 
     # ---- control ----
 
-    def set_law(self, law: Law, base_rtt_ns: int) -> int:
+    def set_law(self, law: Law, base_rtt_ns: int, profile: str | None = None) -> int:
         """SetRateLaw on every host (what the controller's policy does through the agents):
-        the agents' defaults for their line rate, with TiTa's T."""
+        the law's named CC profile (default: the law's default profile) for each host's line
+        rate, T = `base_rtt_ns` and the model's dilation (the scale)."""
+        prof = load_profile(profile or DEFAULT_PROFILES[law])
+        if prof.law is not law:
+            raise ValueError(f"cc profile {prof.name!r} is not for {law.name.lower()}")
         self.law = law
         for h in self.hosts.values():
-            h.set_law(CcParams.defaults(law, h.line_rate_bps, base_rtt_ns))
+            h.set_law(prof.cc_params(h.line_rate_bps, base_rtt_ns, self.scaling.scale))
+        return len(self.hosts)
+
+    def set_params(self, params: CcParams) -> int:
+        """SetRateLaw with these parameters on every host."""
+        self.law = params.law
+        for h in self.hosts.values():
+            h.set_law(params)
         return len(self.hosts)
 
     def pfc_config(self, switch: str) -> PfcConfig:

@@ -129,6 +129,8 @@ def run_sim(args: argparse.Namespace, cfg: SuiteConfig) -> int:
         "tita_base_rtt_s": suite.tita_t_s,
         "link_delay_s": fab.delay_ns / 1e9,
         "suite": cfg.__dict__,
+        # per scheme: its law's CC profile, the profile's source and the values the NICs ran
+        "cc_profiles": suite.cc_records,
         "flows_file": str(args.flows) if args.flows else None,
         "faults_file": str(args.faults) if getattr(args, "faults", None) else None,
         "controller_caps": False,

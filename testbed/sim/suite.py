@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from controller.nic.ratelaw import CcParams
 from controller.proto import switch_pb2
-from testbed.experiment.schemes import law, scheme_law
 from testbed.experiment.suite import Suite, SuiteConfig
 from testbed.faults import Fault
 from testbed.probes import Capture, PortCounters, RateEvent
@@ -66,9 +66,8 @@ class SimSuite(Suite):
     def _measure_base_rtt(self) -> float:
         return self.fab.measure_base_rtt(self.scaling.transport_mtu)
 
-    def _set_policy(self, scheme: str, params: dict[str, float]) -> int:
-        base_rtt_ns = int(params.get("base_rtt_ns", round(self.scaling.base_rtt_s * 1e9)))
-        return self.fab.set_law(law(scheme_law(scheme)), base_rtt_ns)
+    def _set_policy(self, scheme: str, cc: CcParams) -> int:
+        return self.fab.set_params(cc)
 
     def _set_pfc(self, on: bool) -> None:
         self.fab.set_pfc(on, watchdog=self.cfg.pfc_watchdog)

@@ -658,6 +658,8 @@ class Agent:
         else:
             p = replace(p, tita=replace(p.tita, **tita_o))
         p = replace(p, dcqcn=replace(p.dcqcn, **overrides.get("dcqcn", {})))
+        p = replace(p, timely=replace(p.timely, **overrides.get("timely", {})))
+        p = replace(p, swift=replace(p.swift, **overrides.get("swift", {})))
         if "min_rate_bps" in overrides:
             p = replace(p, min_rate_bps=overrides["min_rate_bps"])
         p.validate(o.line_rate_bps)

@@ -46,40 +46,62 @@ def flow_to_pb(k: FlowKey) -> pb.FlowKey:
     )
 
 
+# Fractions of each law's message (checked within [0, 1], held in fixed point) and the
+# integers, by the law's struct field they set.
+_TITA_INTS = (("w_ai_bps", "wai_bps"), ("max_stage", "max_stage"), ("base_rtt_ns", "base_rtt_ns"))
+_DCQCN_INTS = (("rai_bps", "rai_bps"), ("rhai_bps", "rhai_bps"),
+               ("byte_counter_bytes", "byte_counter"), ("alpha_timer_ns", "alpha_timer_ns"),
+               ("rate_timer_ns", "rate_timer_ns"), ("cut_interval_ns", "cut_interval_ns"),
+               ("fast_recovery_steps", "fast_recovery_steps"))
+_TIMELY_INTS = ("delta_bps", "t_low_ns", "t_high_ns", "min_rtt_ns", "hai_steps")
+_SWIFT_INTS = ("ai_bytes", "base_target_ns", "per_hop_ns", "sender_ttl")
+
+
+def _fraction(msg: Any, name: str, law: str) -> int:
+    v = getattr(msg, name)
+    if not 0 <= v <= 1:
+        raise ValueError(f"{law} {name} must be within [0, 1]")
+    return to_fixed(v)
+
+
 def overrides_from_pb(c: pb.RateLawConfig) -> dict[str, Any]:
     """The parameters a RateLawConfig sets (unset ones take the scaled defaults)."""
-    out: dict[str, Any] = {"tita": {}, "dcqcn": {}}
+    out: dict[str, Any] = {"tita": {}, "dcqcn": {}, "timely": {}, "swift": {}}
     if c.HasField("min_rate_bps"):
         out["min_rate_bps"] = c.min_rate_bps
-    t, d = c.tita, c.dcqcn
+    t, d, m, w = c.tita, c.dcqcn, c.timely, c.swift
     if t.HasField("eta"):
         if not 0 < t.eta <= 1:
             raise ValueError("eta must be within (0, 1]")
         out["tita"]["eta"] = to_fixed(t.eta)
-    for name, attr in (("w_ai_bps", "wai_bps"), ("max_stage", "max_stage"),
-                       ("base_rtt_ns", "base_rtt_ns")):
+    for name, attr in _TITA_INTS:
         if t.HasField(name):
             out["tita"][attr] = getattr(t, name)
     if d.HasField("g"):
         if not 0 < d.g < 1:
             raise ValueError("g must be within (0, 1)")
         out["dcqcn"]["g"] = to_fixed(d.g)
-    for name, attr in (
-        ("rai_bps", "rai_bps"),
-        ("rhai_bps", "rhai_bps"),
-        ("byte_counter_bytes", "byte_counter"),
-        ("alpha_timer_ns", "alpha_timer_ns"),
-        ("rate_timer_ns", "rate_timer_ns"),
-        ("cut_interval_ns", "cut_interval_ns"),
-        ("fast_recovery_steps", "fast_recovery_steps"),
-    ):
+    for name, attr in _DCQCN_INTS:
         if d.HasField(name):
             out["dcqcn"][attr] = getattr(d, name)
+    for name in ("alpha", "beta"):
+        if m.HasField(name):
+            out["timely"][name] = _fraction(m, name, "TIMELY")
+    for name in _TIMELY_INTS:
+        if m.HasField(name):
+            out["timely"][name] = getattr(m, name)
+    for name in ("beta", "max_mdf"):
+        if w.HasField(name):
+            out["swift"][name] = _fraction(w, name, "Swift")
+    for name in _SWIFT_INTS:
+        if w.HasField(name):
+            out["swift"][name] = getattr(w, name)
     return out
 
 
 def params_to_pb(p: CcParams) -> pb.RateLawConfig:
     t = p.hpcc if p.law is Law.HPCC else p.tita  # the TitaParams message carries HPCC's own
+    m, w = p.timely, p.swift
     return pb.RateLawConfig(
         law=LAW_TO_PB[p.law],
         min_rate_bps=p.min_rate_bps,
@@ -98,6 +120,15 @@ def params_to_pb(p: CcParams) -> pb.RateLawConfig:
             rate_timer_ns=p.dcqcn.rate_timer_ns,
             cut_interval_ns=p.dcqcn.cut_interval_ns,
             fast_recovery_steps=p.dcqcn.fast_recovery_steps,
+        ),
+        timely=pb.TimelyParams(
+            alpha=from_fixed(m.alpha), beta=from_fixed(m.beta), delta_bps=m.delta_bps,
+            t_low_ns=m.t_low_ns, t_high_ns=m.t_high_ns, min_rtt_ns=m.min_rtt_ns,
+            hai_steps=m.hai_steps,
+        ),
+        swift=pb.SwiftParams(
+            ai_bytes=w.ai_bytes, beta=from_fixed(w.beta), max_mdf=from_fixed(w.max_mdf),
+            base_target_ns=w.base_target_ns, per_hop_ns=w.per_hop_ns, sender_ttl=w.sender_ttl,
         ),
     )
 
