@@ -19,6 +19,7 @@ from controller.nic.agent.main import (
 )
 from testbed.emu.nicrig import AgentProcess, NetnsPair, measure_udp_pacing
 from tests.faults import record
+from tests.tc_helpers import tc
 
 root = [
     pytest.mark.root,
@@ -39,10 +40,6 @@ def test_cli_units_and_config(tmp_path: Path) -> None:
         merged_settings(build_parser().parse_args(["--config", str(cfg)]))
 
 
-def _tc(netns: str, *args: str) -> str:
-    return subprocess.run(["tc", "-n", netns, *args], capture_output=True, text=True).stdout
-
-
 @pytest.mark.parametrize("_", [0], ids=["lifecycle"])
 @pytest.mark.slow
 @pytest.mark.root
@@ -59,7 +56,7 @@ def test_agent_api_and_clean_shutdown(_: int) -> None:
             assert st.host_law.tita.w_ai_bps == 5_000_000 and not st.adopted_pins  # (1-eta) x line
             assert "xdp" in subprocess.run(["ip", "-n", pair.a, "link", "show", pair.dev_a],
                                            capture_output=True, text=True).stdout
-            assert "xm_tc_egress" in _tc(pair.a, "filter", "show", "dev", pair.dev_a, "egress")
+            assert "xm_tc_egress" in tc(pair.a, "filter", "show", "dev", pair.dev_a, "egress")
             # per-flow law, cap and weight; effective parameters come back filled in
             key = pair.udp_key(6000)
             eff = stub.SetRateLaw(pb.SetRateLawRequest(
@@ -107,8 +104,8 @@ def test_agent_api_and_clean_shutdown(_: int) -> None:
         # everything it made is gone, and only that
         assert "xdp" not in subprocess.run(["ip", "-n", pair.a, "link", "show", pair.dev_a],
                                            capture_output=True, text=True).stdout
-        assert "xm_tc_egress" not in _tc(pair.a, "filter", "show", "dev", pair.dev_a, "egress")
-        assert "htb" not in _tc(pair.a, "qdisc", "show", "dev", pair.dev_a)
+        assert "xm_tc_egress" not in tc(pair.a, "filter", "show", "dev", pair.dev_a, "egress")
+        assert "htb" not in tc(pair.a, "qdisc", "show", "dev", pair.dev_a)
         assert not agent.pin_dir.exists()
         assert not (Path("/run/xingmai/agents") / agent.name).exists()
 
@@ -153,7 +150,7 @@ def test_sigkill_keeps_pacing_and_restart_adopts_pins() -> None:
         finally:
             assert second.stop(signal.SIGTERM) == 0, second.log_tail()
         assert not second.pin_dir.exists()
-        assert "htb" not in _tc(pair.a, "qdisc", "show", "dev", pair.dev_a)
+        assert "htb" not in tc(pair.a, "qdisc", "show", "dev", pair.dev_a)
 
 
 def measure_udp_pacing_without_agent(pair: NetnsPair, sport: int) -> float:
@@ -214,7 +211,7 @@ def test_agent_api_refuses_what_it_cannot_take() -> None:
                 except grpc.RpcError as exc:
                     assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, exc.details()
             assert 200 <= accepted <= 256
-            classes = _tc(pair.a, "class", "show", "dev", pair.dev_a).count("class htb")
+            classes = tc(pair.a, "class", "show", "dev", pair.dev_a).count("class htb")
             assert classes <= 256 + 2, classes
             assert stub.GetStatus(pb.GetStatusRequest(), timeout=5).healthy
         finally:

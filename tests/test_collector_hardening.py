@@ -13,7 +13,7 @@ import pytest
 from controller.collector import SEQ_MOD, Collector, SeqTracker
 from controller.config import load
 from controller.topology import Topology
-from tests.test_controller_collector import EXAMPLE, hop, report
+from tests.telemetry_helpers import EXAMPLE, hop, report
 
 
 def test_reporter_restart_is_a_reset_not_a_loss() -> None:

@@ -13,7 +13,6 @@ import sys
 import threading
 import uuid
 from pathlib import Path
-from typing import Any
 
 import pytest
 from scapy.layers.inet import IP
@@ -21,44 +20,18 @@ from scapy.layers.inet import IP
 from controller.collector import SEQ_MOD, Collector, SeqTracker, udp_socket
 from controller.config import load
 from controller.topology import Topology
-from controller.wire.telemetry_report import ReportError, decode, encode_report_metadata
-from testbed.packets import (
-    TelemetryReportGroup,
-    TelemetryReportIndividual,
-    int_packet,
-    parse_int,
-    parse_report,
-)
+from controller.wire.telemetry_report import ReportError, decode
 from testbed.packets import decode as scapy_decode
+from testbed.packets import parse_int, parse_report
+from tests.telemetry_helpers import EXAMPLE, hop, report
 
 VECTORS = Path(__file__).parent / "data" / "int_v21.json"
-EXAMPLE = Path(__file__).parents[1] / "controller" / "examples" / "leafspine-2x2.yaml"
-BITMAP = 0xF500
 
 
 def golden_report() -> bytes:
     doc = json.loads(VECTORS.read_text())
     vec = next(v for v in doc["vectors"] if v["kind"] == "telemetry_report_v2")
     return bytes.fromhex(vec["hex"])
-
-
-def hop(node: int, inp: int, outp: int, qocc: int = 0, lat: int = 1000, util: int | None = 0,
-        ts: int = 1_000_000) -> dict[str, Any]:
-    return {"node_id": node, "l1_ingress_port": inp, "l1_egress_port": outp, "hop_latency": lat,
-            "queue_id": 0, "queue_occupancy": qocc, "egress_ts": ts, "tx_util": util}
-
-
-def report(seq: int, node: int, hops: list[dict[str, Any]], *, src: str = "10.0.1.1",
-           dst: str = "10.0.2.1", sport: int = 49152, sink_in: int = 5, sink_out: int = 1,
-           sink_qocc: int = 0, hw_id: int = 0) -> bytes:
-    """A Telemetry Report as a sink switch would send it (scapy layers)."""
-    inner = int_packet(src_ip=src, dst_ip=dst, sport=sport, hops=hops, bitmap=BITMAP,
-                       payload=b"\x04" + b"\x00" * 15)[IP]
-    md = encode_report_metadata(0x7000, {"l1_ingress_port": sink_in, "l1_egress_port": sink_out,
-                                         "hop_latency": 500, "queue_id": 0,
-                                         "queue_occupancy": sink_qocc})
-    return bytes(TelemetryReportGroup(seq=seq, node_id=node, hw_id=hw_id)
-                 / TelemetryReportIndividual(rep_md_bits=0x7000, metadata=md, inner=bytes(inner)))
 
 
 def test_fast_decoder_matches_golden_vector_and_scapy() -> None:

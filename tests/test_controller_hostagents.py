@@ -22,7 +22,7 @@ from controller.proto import agent_pb2 as pb
 from controller.slowloop import AgentError, SlowLoop
 from controller.topology import Topology
 from tests.controller_rig import FakeHostAgent, free_port
-from tests.test_controller_collector import hop, report
+from tests.telemetry_helpers import hop, report
 
 EXAMPLE = Path(__file__).parents[1] / "controller" / "examples" / "leafspine-2x2.yaml"
 

@@ -15,7 +15,7 @@ from controller.collector import Collector
 from controller.config import LawPolicy, load
 from controller.slowloop import AgentError, AgentFlow, FlowKey, SlowLoop
 from controller.topology import Topology
-from tests.test_controller_collector import hop, report
+from tests.telemetry_helpers import hop, report
 
 EXAMPLE = Path(__file__).parents[1] / "controller" / "examples" / "leafspine-2x2.yaml"
 

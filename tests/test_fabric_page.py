@@ -28,8 +28,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from controller.service import flow_label
 from tests.controller_rig import BMV2_JSON, P4INFO, REPO, FakeHostAgent, free_port
-from tests.test_controller_collector import report
-from tests.test_grafana_dashboard import queries
+from tests.grafana_helpers import queries
+from tests.telemetry_helpers import report
 from tests.webdriver import Browser, available
 
 EXAMPLE = REPO / "controller" / "examples" / "leafspine-2x2.yaml"

@@ -14,6 +14,7 @@ from controller.wire.roce import OP_ACK
 from testbed.harness import main
 from testbed.packets import AETH, BTH, IntShim, decode, parse_int, verify_icrc
 from testbed.traffic.netns import NetnsLan
+from tests.transport_responder import QPN, finish, start_responder
 
 
 def test_craft_writes_a_pcap_that_decodes_back(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
@@ -40,8 +41,6 @@ def test_craft_writes_a_pcap_that_decodes_back(tmp_path: Path, capsys) -> None: 
 
 @pytest.mark.root
 def test_send_and_capture_against_a_transport(tmp_path: Path) -> None:
-    from tests.test_transport import QPN, _finish, _start_responder
-
     with NetnsLan(2) as lan:
         a, b = lan.hosts
         mac = subprocess.run(
@@ -52,7 +51,7 @@ def test_send_and_capture_against_a_transport(tmp_path: Path) -> None:
         ).stdout.split()[2]
         # the responder must outlive the harness's start (Python + scapy: 4 s of wall time
         # measured on a loaded 2-core machine, where 3 s lost the packet)
-        proc = _start_responder(b, a, 10.0)
+        proc = start_responder(b, a, 10.0)
         out = tmp_path / "reply.pcap"
         cli = subprocess.run(
             [
@@ -87,7 +86,7 @@ def test_send_and_capture_against_a_transport(tmp_path: Path) -> None:
             timeout=60,
         )
         assert cli.returncode == 0, cli.stderr
-        res = _finish(proc)
+        res = finish(proc)
     assert res["qp"]["int_echoes_sent"] == 1
     acks = [decode(bytes(p)) for p in rdpcap(str(out))]
     # (the injecting host has no UDP socket on 4791, so it also answers ICMP port-unreachable

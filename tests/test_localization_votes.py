@@ -6,7 +6,7 @@ congestion (tail drops of a full queue), a single flow, or a loss rate a healthy
 from __future__ import annotations
 
 from controller.health import PathLoss
-from tests.test_health import Fabric
+from tests.health_rig import Fabric
 
 # directed links (the collector's names) of paths into h5 (leaf2 port 1) in the 2x2 example
 TO_H5 = {

@@ -1,5 +1,5 @@
 """Selective repeat in the transport's sans-I/O core (`retransmit: sr`) against go-back-N:
-two cores joined by tests/test_transport_core.py's shuttle, losses chosen by PSN or drawn
+two cores joined by tests/transport_core_helpers.py's shuttle, losses chosen by PSN or drawn
 from a seeded generator, the clock advanced by the test."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from controller.wire.roce import (
 )
 from testbed.packets import AETH, BTH, SACK
 from testbed.traffic.transport_core import TransportConfig, TransportCore
-from tests.test_transport_core import MTU, A, B, opcode, pair, shuttle
+from tests.transport_core_helpers import MTU, A, B, opcode, pair, shuttle
 
 
 def psn_of(pkt: bytes) -> int:

@@ -17,7 +17,7 @@ from testbed.emu.suite import EmuSuite
 from testbed.experiment.suite import SuiteConfig
 from testbed.p4files import BMV2_JSON, P4INFO
 from testbed.topo import leafspine
-from tests.test_grafana_dashboard import queries
+from tests.grafana_helpers import queries
 
 pytestmark = [
     pytest.mark.root,

@@ -12,7 +12,6 @@ import json
 import subprocess
 import sys
 import textwrap
-from typing import Any
 
 import pytest
 from scapy.layers.inet import IP, UDP
@@ -31,33 +30,13 @@ from testbed.packets import AETH, BTH, CNP, IntShim, int_packet
 from testbed.traffic import workloads
 from testbed.traffic.generators import Flow
 from testbed.traffic.netns import Host, NetnsLan
+from tests.transport_responder import MTU, QPN, finish, start_responder
 
 pytestmark = [
     pytest.mark.root,
 ]
 
 SPORT = 50001
-QPN = 7
-MTU = 1024
-
-# Runs in the responder's namespace: one QP towards the injector, counters and messages out.
-_RESPONDER = textwrap.dedent(
-    """
-    import hashlib, json, sys, time
-    from testbed.traffic.transport import Transport, TransportConfig
-    args = json.loads(sys.argv[1])
-    with Transport(TransportConfig(**args["cfg"])) as t:
-        qp = t.create_qp(args["qpn"], args["peer"], args["qpn"])
-        print("ready", flush=True)
-        t.run_until(lambda: False, timeout=args["seconds"])
-        msgs = []
-        while (m := qp.poll_recv()) is not None:
-            msgs.append({"len": len(m.data), "sha": hashlib.sha256(m.data).hexdigest()})
-        print(json.dumps({"messages": msgs, "counters": t.counters(),
-                          "qp": vars(qp.counters)}), flush=True)
-    """
-)
-
 # Runs in the injector's namespace: send IPv4 packets (hex) with gaps, capture UDP 4791 back.
 _INJECTOR = textwrap.dedent(
     """
@@ -110,24 +89,6 @@ _PAUSED_SENDER = textwrap.dedent(
 )
 
 
-def _start_responder(host: Host, peer: Host, seconds: float, **cfg: Any) -> subprocess.Popen:
-    args = {
-        "cfg": {"local_ip": host.ip, "mtu": MTU, **cfg},
-        "qpn": QPN,
-        "peer": peer.ip,
-        "seconds": seconds,
-    }
-    proc = subprocess.Popen(
-        host.command([sys.executable, "-c", _RESPONDER, json.dumps(args)]),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    assert proc.stdout.readline().strip() == "ready", proc.stderr.read() if proc.stderr else ""
-    return proc
-
-
 def _inject(
     host: Host, dst: Host, packets: list[tuple[float, bytes]], capture: float = 0.5
 ) -> list[tuple[float, IP]]:
@@ -147,13 +108,6 @@ def _inject(
     )
     got = json.loads(out.stdout)
     return [(got[0]["t"], IP())] + [(g["t"], IP(bytes.fromhex(g["hex"]))) for g in got[1:]]
-
-
-def _finish(proc: subprocess.Popen) -> dict[str, Any]:
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, err
-    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
-    return result
 
 
 def _data(
@@ -234,7 +188,7 @@ def test_a_paused_nic_sends_nothing_until_the_pause_ends(lan: NetnsLan) -> None:
     bcc), then sends the message whole; the time held is counted."""
     a, b = lan.hosts
     size = 1 << 20
-    responder = _start_responder(b, a, seconds=4.0)
+    responder = start_responder(b, a, seconds=4.0)
     args = {
         "cfg": {"local_ip": a.ip, "mtu": MTU},
         "qpn": QPN,
@@ -250,7 +204,7 @@ def test_a_paused_nic_sends_nothing_until_the_pause_ends(lan: NetnsLan) -> None:
     )
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout.strip().splitlines()[-1])
-    res = _finish(responder)
+    res = finish(responder)
     assert got["done"] and got["sent"]
     assert min(got["sent"]) >= got["until"]  # not one packet while paused
     c = got["counters"]
@@ -268,11 +222,11 @@ def test_reordered_packets_are_nakd_and_the_message_completes_intact(lan: NetnsL
         _data(a, b, op, psn, c, ackreq=op == OP_SEND_LAST)
         for psn, (op, c) in enumerate(zip(ops, chunks, strict=True))
     ]
-    proc = _start_responder(b, a, 1.5)
+    proc = start_responder(b, a, 1.5)
     # 0, 2, 1 arrive out of order; the sender then goes back to PSN 1 as it would on the NAK
     order = [0, 2, 1, 1, 2, 3]
     captured = _inject(a, b, [(0.01, pkts[i]) for i in order])
-    res = _finish(proc)
+    res = finish(proc)
     naks = [p for _, p in captured[1:] if AETH in p and p[AETH].syndrome == AETH_NAK_PSN_SEQ_ERR]
     assert [p[BTH].psn for p in naks] == [1]
     assert p_sport(naks[0]) == SPORT and naks[0][BTH].dqpn == QPN
@@ -335,9 +289,9 @@ def test_int_echo_is_byte_identical(lan: NetnsLan) -> None:
         payload=BTH(opcode=OP_SEND_ONLY, dqpn=QPN, psn=0) / (b"i" * 200),
     )
     sent_int = raw(pkt[IntShim])[: 4 + 12 + 3 * 28]
-    proc = _start_responder(b, a, 1.0)
+    proc = start_responder(b, a, 1.0)
     captured = _inject(a, b, [(0.01, raw(pkt[IP]))])
-    res = _finish(proc)
+    res = finish(proc)
     acks = _acks(captured[1:])
     assert len(acks) == 1
     ack = acks[0][1]
@@ -354,9 +308,9 @@ def test_cnps_are_paced_per_interval(lan: NetnsLan) -> None:
     interval = 0.02
     n = 120
     burst = [(0.001, _data(a, b, OP_SEND_ONLY, psn, b"c" * 64, tos=0b11)) for psn in range(n)]
-    proc = _start_responder(b, a, 2.0, cnp_interval=interval)
+    proc = start_responder(b, a, 2.0, cnp_interval=interval)
     captured = _inject(a, b, burst, capture=0.3)
-    res = _finish(proc)
+    res = finish(proc)
     span = captured[0][0]  # how long the CE-marked burst took to send
     cnps = [(t, p) for t, p in captured[1:] if BTH in p and p[BTH].opcode == OP_CNP]
     q = res["qp"]
@@ -400,7 +354,7 @@ def test_malformed_input_is_counted_and_dropped(lan: NetnsLan) -> None:
     )
     short = raw(IP(src=a.ip, dst=b.ip) / UDP(sport=SPORT, dport=4791) / Raw(b"\x04\x00"))
     valid = _data(a, b, OP_SEND_ONLY, 0, good)
-    proc = _start_responder(b, a, 1.5)
+    proc = start_responder(b, a, 1.5)
     _inject(
         a,
         b,
@@ -409,7 +363,7 @@ def test_malformed_input_is_counted_and_dropped(lan: NetnsLan) -> None:
             for p in (garbage, bad_icrc, wrong_qp, far_psn, truncated_int, bad_echo, short, valid)
         ],
     )
-    res = _finish(proc)
+    res = finish(proc)
 
     assert res["messages"] == [{"len": 300, "sha": hashlib.sha256(good).hexdigest()}]
     assert res["counters"]["drops"] == {

@@ -13,6 +13,7 @@ import grpc
 from hypothesis import strategies as st
 
 from tests.fuzz.harness import EDITS, Crash, Surface, mutate
+from tests.tc_helpers import tc
 
 ALLOWED = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.RESOURCE_EXHAUSTED}
 RPC_TIMEOUT_S = 10.0  # under the harness's wall-time limit: an answer later than this is a hang
@@ -188,9 +189,7 @@ class AgentSurface(Surface):
         st = self.stub.GetStatus(self.pb.GetStatusRequest(), timeout=5)
         if not st.healthy:
             out.append("the agent is not healthy after the run")
-        from tests.test_agent import _tc
-
-        classes = _tc(self.pair.a, "class", "show", "dev", self.pair.dev_a).count("class htb")
+        classes = tc(self.pair.a, "class", "show", "dev", self.pair.dev_a).count("class htb")
         if classes > 256 + 2:
             out.append(f"{classes} HTB classes")
         assert self.agent.proc is not None

@@ -13,7 +13,7 @@ from controller.config import load
 from controller.topology import Topology
 from controller.wire.telemetry_report import ReportError, decode
 from tests.fuzz.harness import EDITS, Crash, Surface, mutate
-from tests.test_controller_collector import EXAMPLE, hop, report
+from tests.telemetry_helpers import EXAMPLE, hop, report
 
 
 class CollectorSurface(Surface):

@@ -15,7 +15,7 @@ import io
 
 from testbed.packets import BTH, decode, int_packet
 from tests.p4.harness import BuiltinFabric
-from tests.test_p4_int import CHAIN, program_chain
+from tests.p4.int_chain import CHAIN, program_chain
 
 
 def main() -> None:

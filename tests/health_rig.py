@@ -1,0 +1,91 @@
+"""The 2x2 example fabric's switch counters, grown as traffic flows, fed to a localizer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from controller.config import load
+from controller.health import Localizer, PortSample, SwitchSample
+from controller.topology import Topology
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "controller" / "examples" / "leafspine-2x2.yaml"
+PORTS = {
+    "leaf1": (1, 2, 3, 4, 5, 6),
+    "leaf2": (1, 2, 3, 4, 5, 6),
+    "spine1": (1, 2),
+    "spine2": (1, 2),
+}
+
+
+class Fabric:
+    """Counters that grow as traffic flows: every switch port sends `pps` frames per second
+    to its peer, which receives them all unless the link loses some."""
+
+    def __init__(self) -> None:
+        self.topo = Topology(load(EXAMPLE))
+        self.loc = Localizer(self.topo, mtu_bytes=4154)
+        self.tx = {(s, p): 0 for s, ps in PORTS.items() for p in ps}
+        self.rx = dict.fromkeys(self.tx, 0)
+        self.mon = {k: (0, 0, 0) for k in self.tx}  # departures, wait, expected wait
+        self.t = 0.0
+        self.loss: dict[tuple[str, int], float] = {}
+        self.extra_wait_ns: dict[tuple[str, int], int] = {}
+        self.down: set[tuple[str, int]] = set()
+        self.idle: set[tuple[str, int]] = set()  # ports that send nothing
+        self.silent: set[str] = set()
+        self._owed: dict[tuple[str, int], float] = {}  # fractions of frames lost so far
+        self.errors: dict[tuple[str, int], int] = {}
+
+    def step(self, dt: float = 0.1, pps: int = 500) -> list[str]:
+        self.t += dt
+        n = int(pps * dt)
+        for s, p in self.tx:
+            if (s, p) in self.down or (s, p) in self.idle:
+                continue
+            self.tx[(s, p)] += n
+            peer = self.topo.peer(s, p)
+            if peer is not None and peer.node in PORTS and peer.port is not None:
+                # a lossy link's receiving end counts the corrupted frames
+                rx = (peer.node, peer.port)
+                owed = self._owed.get(rx, 0.0) + n * self.loss.get(rx, 0.0)
+                bad = int(owed)
+                self._owed[rx] = owed - bad
+                self.rx[rx] += n - bad
+                self.errors[rx] = self.errors.get(rx, 0) + bad
+            d, w, e = self.mon[(s, p)]
+            # a healthy port waits what its queue explains (2 ms here) plus a little
+            self.mon[(s, p)] = (
+                d + n,
+                w + n * (2_100_000 + self.extra_wait_ns.get((s, p), 0)),
+                e + n * 2_000_000,
+            )
+        for s, ps in PORTS.items():
+            if s in self.silent:
+                self.loc.unreachable(s, self.t)
+                continue
+            self.loc.observe(
+                SwitchSample(
+                    s,
+                    self.t,
+                    {
+                        p: PortSample(
+                            p,
+                            up=(s, p) not in self.down,
+                            tx_packets=self.tx[(s, p)],
+                            rx_packets=self.rx[(s, p)],
+                            rx_errors=self.errors.get((s, p), 0),
+                            departures=self.mon[(s, p)][0],
+                            wait_ns=self.mon[(s, p)][1],
+                            expected_wait_ns=self.mon[(s, p)][2],
+                        )
+                        for p in ps
+                    },
+                )
+            )
+        return [s.element for s in self.loc.evaluate(self.t)]
+
+    def run(self, seconds: float) -> list[str]:
+        out: list[str] = []
+        for _ in range(round(seconds / 0.1)):
+            out = self.step()
+        return out

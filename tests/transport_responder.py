@@ -1,0 +1,57 @@
+"""A transport process in a host's namespace that answers one QP and reports what it got."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+from testbed.traffic.netns import Host
+
+QPN = 7
+MTU = 1024
+
+# Runs in the responder's namespace: one QP towards the injector, counters and messages out.
+RESPONDER = textwrap.dedent(
+    """
+    import hashlib, json, sys, time
+    from testbed.traffic.transport import Transport, TransportConfig
+    args = json.loads(sys.argv[1])
+    with Transport(TransportConfig(**args["cfg"])) as t:
+        qp = t.create_qp(args["qpn"], args["peer"], args["qpn"])
+        print("ready", flush=True)
+        t.run_until(lambda: False, timeout=args["seconds"])
+        msgs = []
+        while (m := qp.poll_recv()) is not None:
+            msgs.append({"len": len(m.data), "sha": hashlib.sha256(m.data).hexdigest()})
+        print(json.dumps({"messages": msgs, "counters": t.counters(),
+                          "qp": vars(qp.counters)}), flush=True)
+    """
+)
+
+
+def start_responder(host: Host, peer: Host, seconds: float, **cfg: Any) -> subprocess.Popen:
+    args = {
+        "cfg": {"local_ip": host.ip, "mtu": MTU, **cfg},
+        "qpn": QPN,
+        "peer": peer.ip,
+        "seconds": seconds,
+    }
+    proc = subprocess.Popen(
+        host.command([sys.executable, "-c", RESPONDER, json.dumps(args)]),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready", proc.stderr.read() if proc.stderr else ""
+    return proc
+
+
+def finish(proc: subprocess.Popen) -> dict[str, Any]:
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return result
