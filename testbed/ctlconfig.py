@@ -16,7 +16,7 @@ from typing import Any
 from controller.config import EcnConfig
 from controller.wire.int_md import INT_DSCP_DEFAULT
 from testbed.model import Scaling
-from testbed.topo import COLLECTOR_IP, COLLECTOR_MAC, FabricSpec
+from testbed.topo import COLLECTOR_IP, COLLECTOR_MAC, End, FabricSpec
 
 REPORT_SRC_IP = "10.0.100.254"
 COLLECTOR_UDP_PORT = 32766
@@ -54,7 +54,8 @@ def controller_config(spec: FabricSpec, scaling: Scaling, switches: dict[str, Sw
         doc: dict[str, Any] = {"name": s.name, "grpc_addr": acc.grpc_addr,
                                "device_id": s.device_id, "node_id": s.node_id,
                                "router_mac": s.router_mac, "kind": acc.kind,
-                               "ports": spec.switch_ports(s.name)}
+                               "ports": [_port_doc(spec, s.name, p)
+                                         for p in spec.switch_ports(s.name)]}
         if acc.thrift_port is not None:
             doc["thrift_port"] = acc.thrift_port
         sw_docs.append(doc)
@@ -107,3 +108,11 @@ def controller_config(spec: FabricSpec, scaling: Scaling, switches: dict[str, Sw
                    "default": {"rate_law": setup.rate_law, "params": dict(setup.law_params)},
                    "push_caps": setup.caps},
     }
+
+
+def _port_doc(spec: FabricSpec, switch: str, port: int) -> int | dict[str, Any]:
+    """A switch port as the controller's config lists it: with its link's own speed."""
+    lk = spec.link_at(End(switch, port))
+    if lk is None or lk.gbps is None:
+        return port
+    return {"port": port, "speed_gbps": lk.gbps}

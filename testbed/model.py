@@ -67,6 +67,15 @@ class Scaling:
         """Emulated speed of every switch port (model speed / scale)."""
         return self.model.port_speed_gbps * 1e9 / self.scale
 
+    def emulated_bps(self, gbps: float | None) -> float:
+        """A link of `gbps` in the model (None: the switch model's ports) at this scale."""
+        return self.link_bps if gbps is None else gbps * 1e9 / self.scale
+
+    def nic_rate(self, link_bps: float) -> float:
+        """The line rate of a NIC on a link of `link_bps`: less the INT bytes a full frame
+        picks up on the longest path, so that a NIC at line rate fits its link."""
+        return link_bps * self.frame_bytes / self.wire_frame_bytes
+
     @property
     def frame_bytes(self) -> int:
         """A full transport frame as the NIC sees it (no INT)."""
@@ -81,7 +90,7 @@ class Scaling:
     def nic_bps(self) -> float:
         """NIC line rate: the link rate less the INT bytes a full frame picks up on the
         longest path, so that a NIC at line rate fits its link."""
-        return self.link_bps * self.frame_bytes / self.wire_frame_bytes
+        return self.nic_rate(self.link_bps)
 
     @property
     def base_rtt_s(self) -> float:

@@ -10,7 +10,7 @@ make the standard shapes; `load()` / `dump()` read and write the YAML format:
       - {name: h1, nics: [10.0.1.1]}          # one address per NIC (MAC derived if not given)
     links:
       - [h1:0, leaf1:1]                       # host:NIC index, switch:port
-      - [leaf1:3, spine1:1]
+      - [leaf1:3, spine1:1, {gbps: 800, delay_ns: 500}]  # optional: own speed, delay
     collector: leaf1:4                        # optional: where telemetry reports leave
 
 testbed.emu.topo turns a spec into a Mininet `Topo` (this module imports no Mininet: the twin
@@ -84,10 +84,20 @@ class End:
         return f"{self.node}:{self.index}"
 
 
+MAX_LINK_GBPS = 102_400.0  # more than any link or scale-up port the model has
+MAX_LINK_DELAY_NS = 10**9
+
+
 @dataclass(frozen=True)
 class LinkSpec:
     a: End
     b: End
+    # the link's own speed in the model, Gb/s (a 100G host under 400G uplinks, a scale-up
+    # link inside a server); None: the switch model's port speed
+    gbps: float | None = None
+    # its propagation delay in the model, ns (None: the engine's default; the twin's is
+    # about 16 m of fiber, testbed.sim.fabric.LINK_DELAY_MODEL_NS)
+    delay_ns: int | None = None
 
 
 @dataclass(frozen=True)
@@ -122,6 +132,18 @@ class FabricSpec:
         if self.collector is not None and self.collector.node == name:
             ports.append(self.collector.index)
         return sorted(ports)
+
+    def link_at(self, end: End) -> LinkSpec | None:
+        """The link with `end` at one of its ends."""
+        for lk in self.links:
+            if end in (lk.a, lk.b):
+                return lk
+        return None
+
+    def link_gbps(self, end: End, default: float) -> float:
+        """The model speed of the link at `end` (`default` where it sets none)."""
+        lk = self.link_at(end)
+        return default if lk is None or lk.gbps is None else lk.gbps
 
     def attachment(self, host: str, nic: int) -> End:
         """The switch port a host NIC is linked to."""
@@ -332,12 +354,36 @@ def from_doc(doc: Any, name: str = "fabric") -> FabricSpec:
         hosts.append(HostSpec(str(h["name"]), tuple(nics)))
     links = []
     for i, lk in enumerate(doc.get("links") or []):
-        if not isinstance(lk, list) or len(lk) != 2:
-            raise TopologyError(f"links[{i}]: expected [END, END]")
-        links.append(LinkSpec(_end(lk[0], f"links[{i}]"), _end(lk[1], f"links[{i}]")))
+        if not isinstance(lk, list) or len(lk) not in (2, 3):
+            raise TopologyError(f"links[{i}]: expected [END, END] or [END, END, {{gbps: G, "
+                                "delay_ns: N}]")
+        gbps, delay = _link_params(lk[2] if len(lk) == 3 else {}, f"links[{i}]")
+        links.append(LinkSpec(_end(lk[0], f"links[{i}]"), _end(lk[1], f"links[{i}]"),
+                              gbps, delay))
     col = doc.get("collector")
     return FabricSpec(str(doc.get("name", name)), switches, tuple(hosts), tuple(links),
                       _end(col, "collector") if col is not None else None)
+
+
+def _link_params(doc: Any, where: str) -> tuple[float | None, int | None]:
+    """A link's own speed (Gb/s) and delay (ns) from its optional third element."""
+    if not isinstance(doc, dict) or set(doc) - {"gbps", "delay_ns"}:
+        raise TopologyError(f"{where}: the third element is a mapping of gbps and delay_ns")
+    gbps, delay = doc.get("gbps"), doc.get("delay_ns")
+    if gbps is not None and (isinstance(gbps, bool) or not isinstance(gbps, int | float)
+                             or not 0 < gbps <= MAX_LINK_GBPS):
+        raise TopologyError(f"{where}: gbps {gbps!r} is not a speed in (0, {MAX_LINK_GBPS:g}]")
+    if delay is not None and (isinstance(delay, bool) or not isinstance(delay, int)
+                              or not 0 <= delay <= MAX_LINK_DELAY_NS):
+        raise TopologyError(f"{where}: delay_ns {delay!r} is not whole ns in "
+                            f"[0, {MAX_LINK_DELAY_NS}]")
+    return (None if gbps is None else float(gbps)), delay
+
+
+def _link_doc(lk: LinkSpec) -> list[Any]:
+    doc: list[Any] = [str(lk.a), str(lk.b)]
+    own = {k: v for k, v in (("gbps", lk.gbps), ("delay_ns", lk.delay_ns)) if v is not None}
+    return [*doc, own] if own else doc
 
 
 def load(path: str | Path) -> FabricSpec:
@@ -359,7 +405,7 @@ def to_doc(spec: FabricSpec) -> dict[str, Any]:
                      for s in spec.switches],
         "hosts": [{"name": h.name, "nics": [{"ip": n.ip, "mac": n.mac} for n in h.nics]}
                   for h in spec.hosts],
-        "links": [[str(lk.a), str(lk.b)] for lk in spec.links],
+        "links": [_link_doc(lk) for lk in spec.links],
     }
     if spec.collector is not None:
         doc["collector"] = str(spec.collector)

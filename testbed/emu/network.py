@@ -152,6 +152,12 @@ class Testbed:
         if self.opts.rate_law not in RATE_LAWS:
             raise ValueError(f"rate law {self.opts.rate_law!r}: one of {', '.join(RATE_LAWS)}")
         self.scaling = self.opts.scaling
+        delayed = [f"{lk.a}-{lk.b}" for lk in spec.links if lk.delay_ns]
+        if delayed:
+            # a veth delays nothing, and this kernel has no netem to add it
+            raise TestbedError(f"links {', '.join(delayed)} have a delay of their own: the "
+                               "emulation has no per-link delay; the twin models it "
+                               "(--engine sim)")
         self.prefix = f"xm{secrets.token_hex(2)}"
         self.run_dir = self.opts.run_dir or new_run_dir()
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -281,8 +287,11 @@ class Testbed:
             node = self._node(h.name)
             name = f"{self.prefix}-{h.name}"
             metrics = f"127.0.0.1:{_free_tcp_port()}"
+            # the NIC's line rate is its link's (its first: a host's NICs share one rate)
+            link = self.spec.link_at(self.spec.attachment(h.name, 0))
+            line_rate = s.nic_rate(s.emulated_bps(None if link is None else link.gbps))
             argv = [sys.executable, "-m", "controller.nic.agent.main", "--name", name,
-                    "--netns", node.netns_path, "--line-rate", str(int(s.nic_bps)),
+                    "--netns", node.netns_path, "--line-rate", str(int(line_rate)),
                     "--rate-law", self.opts.rate_law, "--mtu", str(s.link_mtu),
                     # TiTa's T: the model's base RTT, dilated like every time of the model
                     "--base-rtt", f"{round(s.base_rtt_s * 1e9)}ns",

@@ -297,14 +297,15 @@ class SimFabric:
             nic = h.nics[0]
             att = self.spec.attachment(h.name, 0)
             gw = self.spec.switch(att.node).router_mac
-            wire = Wire(self.loop, s.link_bps, self.delay_ns, s.link_mtu, self._to(att))
+            wire = self._wire(End(h.name, 0), att)
             self.hosts[h.name] = SimHost(
                 self.loop,
                 h.name,
                 nic.ip,
                 nic.mac,
                 gw,
-                s.nic_bps,
+                # the NIC's line rate is its link's (its first: a host's NICs share one rate)
+                s.nic_rate(self.link_bps(att)),
                 hop_speed,
                 wire.send,
                 int_source,
@@ -312,16 +313,37 @@ class SimFabric:
             )
             for i, extra in enumerate(h.nics[1:], start=1):  # the rails of a multi-NIC host
                 att = self.spec.attachment(h.name, i)
-                wire = Wire(self.loop, s.link_bps, self.delay_ns, s.link_mtu, self._to(att))
+                wire = self._wire(End(h.name, i), att)
                 self.hosts[h.name].add_nic(
                     extra.ip, extra.mac, self.spec.switch(att.node).router_mac, wire.send
                 )
         for lk in self.spec.links:
             for a, b in ((lk.a, lk.b), (lk.b, lk.a)):
                 if self.spec.is_switch(a.node):
-                    self.switches[a.node].wires[a.index] = Wire(
-                        self.loop, s.link_bps, self.delay_ns, s.link_mtu, self._to(b)
-                    )
+                    self.switches[a.node].wires[a.index] = self._wire(a, b)
+
+    def link_bps(self, end: End) -> float:
+        """The emulated rate of the link at `end` (its own, or the switch model's)."""
+        lk = self.spec.link_at(end)
+        return self.scaling.emulated_bps(None if lk is None else lk.gbps)
+
+    def link_delay_ns(self, end: End) -> int:
+        """The propagation delay of the link at `end` (its own, dilated by the scale, or the
+        fabric's)."""
+        lk = self.spec.link_at(end)
+        if lk is None or lk.delay_ns is None:
+            return self.delay_ns
+        return round(lk.delay_ns * self.scaling.scale)
+
+    def _wire(self, src: End, dst: End) -> Wire:
+        """The direction src -> dst of their link, at the link's rate and delay."""
+        return Wire(
+            self.loop,
+            self.link_bps(src),
+            self.link_delay_ns(src),
+            self.scaling.link_mtu,
+            self._to(dst),
+        )
 
     def _to(self, end: End) -> Callable[[bytes], None]:
         """Where frames sent towards `end` go: a switch port, or a host (any of its NICs:
@@ -375,9 +397,10 @@ class SimFabric:
         """A switch's PFC thresholds: its buffer (one egress queue's depth, which no queue
         can then exceed) shared by its ports, headroom for the links' rate and delay."""
         s = self.scaling
-        return pfc_thresholds(
-            s.link_bps,
-            self.delay_ns,
+        ports = [End(switch, p) for p in self.spec.switch_ports(switch)]
+        return pfc_thresholds(  # headroom for its fastest, longest link
+            max((self.link_bps(e) for e in ports), default=s.link_bps),
+            max((self.link_delay_ns(e) for e in ports), default=self.delay_ns),
             s.link_mtu + 14,
             self.cfg.model.queue_depth_bytes,
             len(self.spec.switch_ports(switch)),

@@ -1,0 +1,91 @@
+"""Links with a rate and a delay of their own: a fabric of 100G hosts under 400G uplinks, or a
+slow scale-up link, written down in the topology and honoured by the controller's config and
+the twin (its wires, its NICs' line rates, the switches' port rates)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from testbed.ctlconfig import controller_config
+from testbed.model import Scaling
+from testbed.sim.fabric import SimFabric
+from testbed.topo import End, TopologyError, dump, from_doc, load
+from testbed.traffic.generators import Flow
+
+DOC = {
+    "switches": ["s1"],
+    "hosts": [{"name": "h1", "nics": ["10.0.1.1"]}, {"name": "h2", "nics": ["10.0.1.2"]}],
+    "links": [["h1:0", "s1:1", {"gbps": 100}], ["h2:0", "s1:2", {"delay_ns": 5000}]],
+}
+
+
+def test_yaml_round_trip_and_lookups(tmp_path: Path) -> None:
+    spec = from_doc(DOC, "mixed")
+    lk = spec.link_at(End("s1", 1))
+    assert lk is not None and (lk.gbps, lk.delay_ns) == (100.0, None)
+    assert spec.link_gbps(End("h1", 0), 400.0) == 100.0
+    assert spec.link_gbps(End("s1", 2), 400.0) == 400.0
+    (tmp_path / "t.yaml").write_text(dump(spec))
+    assert load(tmp_path / "t.yaml") == spec
+
+
+@pytest.mark.parametrize(
+    ("third", "message"),
+    [
+        ({"gbps": 0}, "gbps 0 is not a speed"),
+        ({"gbps": "fast"}, "gbps 'fast' is not a speed"),
+        ({"delay_ns": -1}, "delay_ns -1 is not whole ns"),
+        ({"delay_ns": 1.5}, "delay_ns 1.5 is not whole ns"),
+        ({"speed": 100}, "the third element is a mapping of gbps and delay_ns"),
+    ],
+)
+def test_bad_link_parameters_are_named(third: dict[str, object], message: str) -> None:
+    doc = {**DOC, "links": [["h1:0", "s1:1", third], ["h2:0", "s1:2"]]}
+    with pytest.raises(TopologyError, match=f"links\\[0\\]: {message}"):
+        from_doc(doc)
+
+
+def test_the_controller_config_carries_the_ports_speed() -> None:
+    from testbed.ctlconfig import ControllerSetup, SwitchAccess
+
+    spec = from_doc(DOC)
+    doc = controller_config(
+        spec,
+        Scaling(scale=1),
+        {"s1": SwitchAccess("127.0.0.1:1", "builtin")},
+        {},
+        ControllerSetup(grpc_addr="127.0.0.1:2", collector_netns=None, log_file=""),
+        "p",
+        "j",
+    )
+    assert doc["switches"][0]["ports"] == [{"port": 1, "speed_gbps": 100.0}, 2]
+
+
+def test_the_twin_runs_each_link_at_its_own_rate_and_delay() -> None:
+    spec = from_doc(DOC)
+    s = Scaling(scale=1, max_hops=1)
+    fab = SimFabric(spec, s)
+    # the 100G host's NIC and its downlink run at 100G; the other's link at the model's 400G
+    assert fab.hosts["h1"].line_rate_bps == pytest.approx(s.nic_rate(100e9))
+    assert fab.hosts["h2"].line_rate_bps == pytest.approx(s.nic_bps)
+    assert fab.switches["s1"].sw.tm.ports[1].rate_bps == pytest.approx(100e9)
+    assert (
+        fab.switches["s1"].wires[2].delay_ns == 5000 and fab.switches["s1"].wires[1].delay_ns == 80
+    )
+    hosts = fab.traffic_hosts()
+    size = 4_000_000
+    out = fab.run_job(
+        hosts,
+        {
+            "kind": "flows",
+            "flows": [Flow(0, 0, 1, size, 0.0).as_dict()],
+            "seed": 1,
+            "transport": {"mtu": s.transport_mtu, "window": 1000},
+            "timeout": 1.0,
+        },
+    )
+    fct = out.results[0]["sent"][0]["fct"]
+    # the 100G host sends 4 MB at its NIC's 100G: at least 320 us (80 us at 400G)
+    assert 320e-6 < fct < 400e-6, fct
