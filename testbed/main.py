@@ -103,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="faults to inject in every scenario (YAML list of {at: SECONDS, "
                           "target: leaf1:3|spine1|h3, kind: down|up|loss|rate|delay|kill|slow, "
                           "value: ...}; testbed/faults.py)")
-    from testbed.sim.sweep import build_parser as sweep_parser
+    from testbed.sweep import build_parser as sweep_parser
 
     sweep_parser(sub)
     from testbed.replay import build_parser as replay_parser
@@ -281,7 +281,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from testbed.sim.sweep import cmd_sweep as run
+    from testbed.sweep import cmd_sweep as run
 
     return run(args)
 

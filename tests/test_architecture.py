@@ -189,6 +189,7 @@ TESTBED_LAYERS: tuple[tuple[str, ...], ...] = (
         "testbed.bench",
         "testbed.benchmarks",
         "testbed.replay",
+        "testbed.sweep",
         "testbed.collective_cli",
         "testbed.p4build",
     ),

@@ -5,6 +5,7 @@ extras (Mininet, pyroute2, scapy, matplotlib, Dask) installed."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -35,6 +36,18 @@ sys.exit(main(sys.argv[1:]))
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # from a copy of the tracked files, as a clean clone has them (setuptools writes build/
+    # beside the sources)
+    src = tmp_path_factory.mktemp("src")
+    tracked = (
+        subprocess.run(["git", "-C", str(REPO), "ls-files", "-z"], capture_output=True, check=True)
+        .stdout.decode()
+        .split("\0")
+    )
+    for name in filter(None, tracked):
+        if (REPO / name).is_file():
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, src / name)
     out = tmp_path_factory.mktemp("wheel")
     # no build isolation: the build requirements (setuptools, grpcio-tools) are the dev
     # extra's, so this needs no network
@@ -49,7 +62,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "--no-build-isolation",
             "-w",
             str(out),
-            str(REPO),
+            str(src),
         ],
         check=True,
         cwd=out,

@@ -282,7 +282,7 @@ def test_sweep_on_a_local_dask_cluster(tmp_path: Path, capsys: pytest.CaptureFix
     )
     doc = json.loads((tmp_path / "sweep.json").read_text())
     assert doc["param"] == "incast_bytes" and len(doc["points"]) == 4
-    from testbed.sim.sweep import aggregate
+    from testbed.sweep import aggregate
 
     cells = aggregate(doc["points"])
     small, big = cells[(50000, "incast", "tita")], cells[(100000, "incast", "tita")]

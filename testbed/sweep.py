@@ -1,13 +1,13 @@
-"""`xingmai-testbed sweep`: a grid of twin runs on Dask, one table of medians and ranges.
+"""`xingmai-testbed sweep`: a grid of runs on Dask, one table of medians and ranges.
 
 The grid is schemes x values of one suite parameter (a field of
-testbed.experiment.suite.SuiteConfig, `--param NAME=V1,V2,...`) x seeds. Every point is one
-twin run of the suite's scenarios under one scheme (testbed.sim.suite.SimSuite), run as a task
-of a dask.distributed cluster: a LocalCluster on this machine by default, or the user's cluster
-(`--scheduler ADDR`). A point runs in one process and is deterministic, so a grid spreads over
-as many workers as it has points. The table gives, per (value, scenario, scheme) cell, the
-median over the seeds and the min-max of each metric; `sweep.json` in the run dir holds every
-point.
+testbed.experiment.suite.SuiteConfig, `--param NAME=V1,V2,...`) x seeds. Every point is one run
+of the suite's scenarios under one scheme on an engine that runs in one process (`ENGINES`: the
+twin, testbed.sim.suite.SimSuite, by default), run as a task of a dask.distributed cluster: a
+LocalCluster on this machine by default, or the user's cluster (`--scheduler ADDR`). A point
+runs in one process and is deterministic, so a grid spreads over as many workers as it has
+points. The table gives, per (value, scenario, scheme) cell, the median over the seeds and the
+min-max of each metric; `sweep.json` in the run dir holds every point.
 """
 
 from __future__ import annotations
@@ -18,12 +18,15 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from testbed.experiment.rundir import new_run_dir
 from testbed.experiment.schemes import SCHEMES
-from testbed.experiment.suite import SuiteConfig
+from testbed.experiment.suite import Suite, SuiteConfig
+from testbed.model import Scaling
+from testbed.topo import FabricSpec, parse_choice
 
 METRICS = (  # (label, RunRecord field, factor to the shown unit)
     ("p99 queue KB", "queue_p99_bytes", 1e-3),
@@ -34,19 +37,26 @@ METRICS = (  # (label, RunRecord field, factor to the shown unit)
 )
 
 
-def run_point(topo: str, scale: float, suite: dict[str, Any], scheme: str) -> list[dict[str, Any]]:
-    """One twin run (a Dask task): the suite's scenarios under `scheme`; run summaries."""
-    from testbed.model import Scaling
+def _twin(spec: FabricSpec, scaling: Scaling, cfg: SuiteConfig) -> Suite:
     from testbed.sim.fabric import SimFabric
     from testbed.sim.suite import SimSuite
-    from testbed.topo import parse_choice
 
+    return SimSuite(SimFabric(spec, scaling, seed=cfg.seed), cfg)
+
+
+# The engines a sweep can run: those whose run is one deterministic process (a Dask task);
+# the emulation needs the whole machine and root, so it has no place in a grid of workers.
+ENGINES: dict[str, Callable[[FabricSpec, Scaling, SuiteConfig], Suite]] = {"sim": _twin}
+
+
+def run_point(
+    engine: str, topo: str, scale: float, suite: dict[str, Any], scheme: str
+) -> list[dict[str, Any]]:
+    """One run (a Dask task): the suite's scenarios under `scheme` on `engine`; summaries."""
     spec = parse_choice(topo)
     cfg = SuiteConfig(**{**suite, "schemes": (scheme,), "scenarios": tuple(suite["scenarios"])})
-    fab = SimFabric(
-        spec, Scaling(scale=scale, max_hops=spec.longest_path_switches()), seed=cfg.seed
-    )
-    return [r.summary() for r in SimSuite(fab, cfg).run()]
+    scaling = Scaling(scale=scale, max_hops=spec.longest_path_switches())
+    return [r.summary() for r in ENGINES[engine](spec, scaling, cfg).run()]
 
 
 def _value(field: dataclasses.Field[Any], text: str) -> Any:
@@ -113,7 +123,10 @@ def table(param: str, cells: dict[tuple[Any, str, str], dict[str, Any]]) -> str:
 
 
 def build_parser(sub: Any) -> None:
-    sw = sub.add_parser("sweep", help="a grid of twin runs on Dask: median and min-max")
+    sw = sub.add_parser("sweep", help="a grid of runs on Dask: median and min-max")
+    sw.add_argument(
+        "--engine", choices=sorted(ENGINES), default="sim", help="the engine (default: the twin)"
+    )
     sw.add_argument("--topo", default="leafspine:2,2,4")
     sw.add_argument(
         "--scale",
@@ -177,7 +190,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         futures = [
-            client.submit(run_point, args.topo, args.scale, suite, scheme, pure=False)
+            client.submit(run_point, args.engine, args.topo, args.scale, suite, scheme, pure=False)
             for _, _, scheme, suite in grid
         ]
         results = client.gather(futures)
