@@ -17,11 +17,27 @@ REPO = Path(__file__).resolve().parents[1]
 
 def record(**kw: object) -> RunRecord:
     base: dict[str, object] = dict(
-        scheme="tita", scenario="incast", bottleneck="leaf1:1", queue_p50_bytes=1.0,
-        queue_p99_bytes=2.0, queue_max_bytes=3.0, queue_samples=3, drops=0, utilization=0.5,
-        fct_slowdown_p50=1.5, fct_slowdown_p99=2.0, flows=2, flows_completed=2,
-        busbw_bps=None, completion_s=1.0, int_packets=3, int_max_hops=2, retransmits=0,
-        cnps=0, out_of_order=0, window=8,
+        scheme="tita",
+        scenario="incast",
+        bottleneck="leaf1:1",
+        queue_p50_bytes=1.0,
+        queue_p99_bytes=2.0,
+        queue_max_bytes=3.0,
+        queue_samples=3,
+        drops=0,
+        utilization=0.5,
+        fct_slowdown_p50=1.5,
+        fct_slowdown_p99=2.0,
+        flows=2,
+        flows_completed=2,
+        busbw_bps=None,
+        completion_s=1.0,
+        int_packets=3,
+        int_max_hops=2,
+        retransmits=0,
+        cnps=0,
+        out_of_order=0,
+        window=8,
     )
     return RunRecord(**{**base, **kw})  # type: ignore[arg-type]
 

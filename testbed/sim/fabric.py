@@ -481,9 +481,7 @@ class SimFabric:
         out = {}
         for sw in self.switches.values():
             for p, st in sw.ports.items():
-                out[f"{sw.name}:{p}"] = PortCounters(
-                    st.rx, st.tx, st.rx_bytes, st.tx_bytes
-                )
+                out[f"{sw.name}:{p}"] = PortCounters(st.rx, st.tx, st.rx_bytes, st.tx_bytes)
         return out
 
     # ---- running jobs ----
