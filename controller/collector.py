@@ -135,9 +135,11 @@ class LinkTelemetry:
     drops_reported: int = 0  # drop reports of the switch whose egress this is
     last_update: float = 0.0  # monotonic
     int_series: deque[tuple[float, int | None, int | None, float | None]] = field(
-        default_factory=deque)  # (unix time, qocc bytes, latency ns, util)
+        default_factory=deque
+    )  # (unix time, qocc bytes, latency ns, util)
     counter_series: deque[tuple[float, float, float]] = field(
-        default_factory=deque)  # (unix time, tx bps, util)
+        default_factory=deque
+    )  # (unix time, tx bps, util)
 
 
 @dataclass
@@ -159,7 +161,8 @@ class FlowRecord:
     drops_reported: int = 0  # switches' drop reports of its packets
     reporter: str = ""  # who reported it last (the sink)
     series: deque[tuple[float, int, int]] = field(
-        default_factory=deque)  # (unix time, max qocc bytes, sum of hop latency ns)
+        default_factory=deque
+    )  # (unix time, max qocc bytes, sum of hop latency ns)
 
 
 @dataclass
@@ -179,9 +182,15 @@ class Collector:
     `max_nodes` and `max_links` bound them. Flows are bounded by `max_flows`, every series by
     `series_points`: nothing a peer sends grows the collector without bound."""
 
-    def __init__(self, topo: Topology | None, int_dscp: int | None = INT_DSCP_DEFAULT,
-                 series_points: int = 600, max_flows: int = 10_000, max_nodes: int = 1024,
-                 max_links: int = 8192):
+    def __init__(
+        self,
+        topo: Topology | None,
+        int_dscp: int | None = INT_DSCP_DEFAULT,
+        series_points: int = 600,
+        max_flows: int = 10_000,
+        max_nodes: int = 1024,
+        max_links: int = 8192,
+    ):
         self.topo = topo
         self.int_dscp = int_dscp
         self.series_points = series_points
@@ -229,9 +238,12 @@ class Collector:
                 return None
             if capacity_bps is None and self.topo is not None and name in self.topo.links:
                 capacity_bps = self.topo.links[name].capacity_bps
-            lt = LinkTelemetry(name, capacity_bps or 0.0,
-                               int_series=deque(maxlen=self.series_points),
-                               counter_series=deque(maxlen=self.series_points))
+            lt = LinkTelemetry(
+                name,
+                capacity_bps or 0.0,
+                int_series=deque(maxlen=self.series_points),
+                counter_series=deque(maxlen=self.series_points),
+            )
             self.links[name] = lt
         return lt
 
@@ -259,8 +271,11 @@ class Collector:
             return
         node = self.nodes.get(dg.node_id)
         if node is None:
-            if self.topo is not None and dg.node_id not in self.topo.by_node_id \
-                    and dg.node_id not in self.topo.nic_by_node_id:
+            if (
+                self.topo is not None
+                and dg.node_id not in self.topo.by_node_id
+                and dg.node_id not in self.topo.nic_by_node_id
+            ):
                 self.errors["unknown_node"] += 1
                 return
             if len(self.nodes) >= self.max_nodes:
@@ -326,8 +341,14 @@ class Collector:
         rec = self.flows.get(key)
         if rec is None:
             owner = self.topo.ip_owner if self.topo is not None else {}
-            rec = FlowRecord(key, owner.get(key[0]), owner.get(key[1]), now, now,
-                             series=deque(maxlen=self.series_points))
+            rec = FlowRecord(
+                key,
+                owner.get(key[0]),
+                owner.get(key[1]),
+                now,
+                now,
+                series=deque(maxlen=self.series_points),
+            )
             self.flows[key] = rec
             if len(self.flows) > self.max_flows:
                 self.flows.popitem(last=False)
@@ -376,8 +397,14 @@ class Collector:
                 names.append(name)
         return names
 
-    def ingest_punted(self, node_id: int, ingress_port: int, frame: bytes,
-                      now: float | None = None, wall: float | None = None) -> None:
+    def ingest_punted(
+        self,
+        node_id: int,
+        ingress_port: int,
+        frame: bytes,
+        now: float | None = None,
+        wall: float | None = None,
+    ) -> None:
         """An INT packet a sink could not report (no collector route): the switch sent it to the
         controller as a packet-in, as the sink received it. Its INT still feeds the links and
         flows (no sequence number: nothing to count lost)."""
@@ -387,8 +414,9 @@ class Collector:
         if len(frame) < 14 or frame[12:14] != b"\x08\x00":
             self.errors["punted_not_ipv4"] += 1
             return
-        rep = IntReport(0, 0, node_id, False, False, False,
-                        Hop(node_id=node_id, in_port=ingress_port))
+        rep = IntReport(
+            0, 0, node_id, False, False, False, Hop(node_id=node_id, in_port=ingress_port)
+        )
         try:
             decode_inner(frame[14:], self.int_dscp, rep)
         except ReportError as exc:
@@ -399,8 +427,14 @@ class Collector:
 
     # ---- port counters ----
 
-    def port_counter(self, switch: str, port: int, tx_bytes: int, now: float | None = None,
-                     wall: float | None = None) -> None:
+    def port_counter(
+        self,
+        switch: str,
+        port: int,
+        tx_bytes: int,
+        now: float | None = None,
+        wall: float | None = None,
+    ) -> None:
         """A port's transmitted-bytes counter read at `now`: utilisation over the interval."""
         now = time.monotonic() if now is None else now
         wall = time.time() if wall is None else wall
@@ -425,12 +459,20 @@ class Collector:
         return [f for f in self.flows.values() if now - f.last_seen <= idle_s]
 
     def node_summary(self) -> list[dict[str, Any]]:
-        return [{"node_id": n.node_id, "name": n.name, "received": n.total("received"),
-                 "lost": n.total("lost"), "reordered": n.total("reordered"),
-                 "duplicates": n.total("duplicates"), "resets": n.total("resets"),
-                 "out_of_window": n.total("out_of_window"),
-                 "last_seq": max((t.last_seq or 0 for t in n.seq.values()), default=0)}
-                for n in sorted(self.nodes.values(), key=lambda n: n.node_id)]
+        return [
+            {
+                "node_id": n.node_id,
+                "name": n.name,
+                "received": n.total("received"),
+                "lost": n.total("lost"),
+                "reordered": n.total("reordered"),
+                "duplicates": n.total("duplicates"),
+                "resets": n.total("resets"),
+                "out_of_window": n.total("out_of_window"),
+                "last_seq": max((t.last_seq or 0 for t in n.seq.values()), default=0),
+            }
+            for n in sorted(self.nodes.values(), key=lambda n: n.node_id)
+        ]
 
     def losses_since(self, seen: int) -> tuple[list[PathLoss], int]:
         """The loss events after the first `seen` (of `loss_reports`), and the new count: what
@@ -479,8 +521,9 @@ def _bound(host: str, port: int) -> socket.socket:
     return sock
 
 
-async def serve_udp(collector: Collector, listen: str,
-                    netns: str | None = None) -> asyncio.DatagramTransport:
+async def serve_udp(
+    collector: Collector, listen: str, netns: str | None = None
+) -> asyncio.DatagramTransport:
     """The collector's UDP server on HOST:PORT (in network namespace `netns` if given)."""
     sock = udp_socket(listen, netns)
     loop = asyncio.get_running_loop()

@@ -28,8 +28,7 @@ log = logging.getLogger("xingmai.controller")
 
 
 class Daemon:
-    def __init__(self, cfg: Config, config_path: Path,
-                 overrides: argparse.Namespace | None = None):
+    def __init__(self, cfg: Config, config_path: Path, overrides: argparse.Namespace | None = None):
         from controller.collector import Collector
         from controller.hostagents import connect_agents
         from controller.slowloop import SlowLoop
@@ -41,11 +40,17 @@ class Daemon:
         self.overrides = overrides  # the command line's, applied again on every reload
         self.topo = Topology(cfg)
         self.collector = Collector(self.topo, cfg.int.dscp, cfg.controller.series_points)
-        self.sessions = {s.name: SwitchSession(cfg, self.topo, s, self.collector)
-                         for s in cfg.switches}
+        self.sessions = {
+            s.name: SwitchSession(cfg, self.topo, s, self.collector) for s in cfg.switches
+        }
         self.agents = connect_agents(cfg)
-        self.slowloop = SlowLoop(cfg.policy, self.topo, self.collector, self.agents,
-                                 timeout_s=cfg.controller.rpc_timeout_s)
+        self.slowloop = SlowLoop(
+            cfg.policy,
+            self.topo,
+            self.collector,
+            self.agents,
+            timeout_s=cfg.controller.rpc_timeout_s,
+        )
         from controller.operations import Operations
 
         self.operations = Operations(self)  # localization and fail-over
@@ -60,8 +65,10 @@ class Daemon:
         self.web: Any = None
 
     def healthy(self) -> bool:
-        return all(s.health.connected and (s.health.programmed or not s.health.primary)
-                   for s in self.sessions.values())
+        return all(
+            s.health.connected and (s.health.programmed or not s.health.primary)
+            for s in self.sessions.values()
+        )
 
     # ---- lifecycle ----
 
@@ -83,11 +90,18 @@ class Daemon:
             s.start()
         self._tasks.append(asyncio.create_task(self.slowloop.run(), name="slowloop"))
         self._tasks.append(asyncio.create_task(self.operations.run(), name="operations"))
-        log.info("controller up", extra={
-            "grpc": c.grpc_addr, "collector": col.bind,
-            "metrics": c.metrics_addr or "", "web": c.web_addr or "",
-            "switches": len(self.sessions),
-            "agents": len(self.agents), "election_id": c.election_id})
+        log.info(
+            "controller up",
+            extra={
+                "grpc": c.grpc_addr,
+                "collector": col.bind,
+                "metrics": c.metrics_addr or "",
+                "web": c.web_addr or "",
+                "switches": len(self.sessions),
+                "agents": len(self.agents),
+                "election_id": c.election_id,
+            },
+        )
 
     async def _start_grpc(self, addr: str, tls: Any) -> Any:
         import grpc
@@ -101,7 +115,9 @@ class Daemon:
         if tls is not None:
             creds = grpc.ssl_server_credentials(
                 [(tls.key.read_bytes(), tls.cert.read_bytes())],
-                root_certificates=tls.ca.read_bytes(), require_client_auth=True)
+                root_certificates=tls.ca.read_bytes(),
+                require_client_auth=True,
+            )
             bound = server.add_secure_port(addr, creds)
         else:
             bound = server.add_insecure_port(addr)
@@ -118,8 +134,9 @@ class Daemon:
 
         host, _, port = addr.rpartition(":")
         try:
-            server, _thread = start_http_server(int(port), addr=host or "127.0.0.1",
-                                                registry=registry(self))
+            server, _thread = start_http_server(
+                int(port), addr=host or "127.0.0.1", registry=registry(self)
+            )
         except OSError as exc:
             raise OSError(f"cannot serve metrics on {addr}: {exc}") from exc
         return server
@@ -163,8 +180,11 @@ class Daemon:
             changed = await self._apply_listeners(old, cfg)
         except (OSError, RuntimeError) as exc:
             self.reload_failures += 1
-            log.error("reload refused: a listener could not be changed; the running config and "
-                      "listeners stay", extra={"error": str(exc)})
+            log.error(
+                "reload refused: a listener could not be changed; the running config and "
+                "listeners stay",
+                extra={"error": str(exc)},
+            )
             return
         topo = Topology(cfg)
         self.cfg, self.topo = cfg, topo
@@ -182,7 +202,12 @@ class Daemon:
         # what the agents are told at setup (INT source, hop speeds) or where they are changed:
         # new clients, which set every agent up again
         if (old.hosts, old.switches, old.links, old.int, old.model) != (
-                cfg.hosts, cfg.switches, cfg.links, cfg.int, cfg.model):
+            cfg.hosts,
+            cfg.switches,
+            cfg.links,
+            cfg.int,
+            cfg.model,
+        ):
             for agent in self.agents.values():
                 await agent.close()
             self.agents = connect_agents(cfg)
@@ -190,8 +215,9 @@ class Daemon:
         self.slowloop.topo = topo
         self.slowloop.set_policy(cfg.policy)
         self.reloads += 1
-        log.info("config reloaded", extra={"file": str(self.config_path),
-                                           "listeners_changed": changed})
+        log.info(
+            "config reloaded", extra={"file": str(self.config_path), "listeners_changed": changed}
+        )
 
     async def _apply_listeners(self, old: Config, new: Config) -> list[str]:
         """Rebind what a reload changes: the gRPC API (address or TLS), the collector's socket
@@ -226,8 +252,9 @@ class Daemon:
                 if self._metrics is not None and oc.metrics_addr == nc.metrics_addr:
                     self._metrics.shutdown()
                     self._metrics = None
-                made.append(("metrics", self._start_metrics(nc.metrics_addr)
-                             if nc.metrics_addr else None))
+                made.append(
+                    ("metrics", self._start_metrics(nc.metrics_addr) if nc.metrics_addr else None)
+                )
             if web_changed:
                 web = None
                 if nc.web_addr:
@@ -259,9 +286,15 @@ class Daemon:
                 old_server, self._metrics = self._metrics, obj
             if old_server is not None:
                 await self._close_listener(kind, old_server)
-        log.info("listeners changed", extra={"grpc": nc.grpc_addr, "tls": nc.tls is not None,
-                                             "collector": ncol.bind,
-                                             "metrics": nc.metrics_addr or ""})
+        log.info(
+            "listeners changed",
+            extra={
+                "grpc": nc.grpc_addr,
+                "tls": nc.tls is not None,
+                "collector": ncol.bind,
+                "metrics": nc.metrics_addr or "",
+            },
+        )
         return changed
 
     @staticmethod
@@ -300,24 +333,35 @@ class Daemon:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="xingmai-controller", description=__doc__.split("\n\n")[0],
+        prog="xingmai-controller",
+        description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="The config format is described in controller/examples/leafspine-2x2.yaml. "
-               "`xingmai-controller suspects --help`: the running controller's suspects.")
+        "`xingmai-controller suspects --help`: the running controller's suspects.",
+    )
     ap.add_argument("--config", "-c", type=Path, required=True, help="YAML config file")
-    ap.add_argument("--check", action="store_true",
-                    help="validate the config and exit (0: valid, 2: not)")
-    ap.add_argument("--election-id", type=int,
-                    help="override controller.election_id (lower than the primary's: backup)")
+    ap.add_argument(
+        "--check", action="store_true", help="validate the config and exit (0: valid, 2: not)"
+    )
+    ap.add_argument(
+        "--election-id",
+        type=int,
+        help="override controller.election_id (lower than the primary's: backup)",
+    )
     ap.add_argument("--grpc-addr", help="override controller.grpc_addr")
     ap.add_argument("--metrics-addr", help="override controller.metrics_addr")
     ap.add_argument("--web-addr", help="override controller.web_addr (the fabric page)")
     ap.add_argument("--collector-listen", help="override int.collector.listen")
-    ap.add_argument("-L", "--log-level", choices=["trace", "debug", "info", "warn", "error"],
-                    help="override controller.log_level")
+    ap.add_argument(
+        "-L",
+        "--log-level",
+        choices=["trace", "debug", "info", "warn", "error"],
+        help="override controller.log_level",
+    )
     ap.add_argument("--log-file", type=Path, help="override controller.log_file")
-    ap.add_argument("--log-console", action="store_true",
-                    help="log to stderr even when a log file is set")
+    ap.add_argument(
+        "--log-console", action="store_true", help="log to stderr even when a log file is set"
+    )
     return ap
 
 
@@ -360,14 +404,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"xingmai-controller: {exc}", file=sys.stderr)
         return 2
     if args.check:
-        print(f"{args.config}: valid ({len(cfg.switches)} switches, {len(cfg.hosts)} hosts, "
-              f"{len(cfg.links)} links)")
+        print(
+            f"{args.config}: valid ({len(cfg.switches)} switches, {len(cfg.hosts)} hosts, "
+            f"{len(cfg.links)} links)"
+        )
         for w in cfg.warnings():
             print(f"warning: {w}", file=sys.stderr)
         return 0
     c = cfg.controller
-    setup_logging(f"controller:{c.name}", c.log_level,
-                  console=args.log_console or c.log_file is None, file=c.log_file)
+    setup_logging(
+        f"controller:{c.name}",
+        c.log_level,
+        console=args.log_console or c.log_file is None,
+        file=c.log_file,
+    )
     for w in cfg.warnings():
         log.warning("config: %s", w)
     return asyncio.run(_run(cfg, args.config, args))

@@ -21,14 +21,36 @@ from controller.proto import agent_pb2_grpc as pb_grpc
 from controller.slowloop import AgentError, AgentFlow, AgentPort, FlowKey
 from controller.topology import Topology
 
-_INT_PARAMS = {"w_ai_bps", "max_stage", "base_rtt_ns", "rai_bps", "rhai_bps",
-               "byte_counter_bytes", "alpha_timer_ns", "rate_timer_ns", "cut_interval_ns",
-               "fast_recovery_steps", "min_rate_bps", "delta_bps", "t_low_ns", "t_high_ns",
-               "min_rtt_ns", "hai_steps", "ai_bytes", "base_target_ns", "per_hop_ns",
-               "sender_ttl"}
+_INT_PARAMS = {
+    "w_ai_bps",
+    "max_stage",
+    "base_rtt_ns",
+    "rai_bps",
+    "rhai_bps",
+    "byte_counter_bytes",
+    "alpha_timer_ns",
+    "rate_timer_ns",
+    "cut_interval_ns",
+    "fast_recovery_steps",
+    "min_rate_bps",
+    "delta_bps",
+    "t_low_ns",
+    "t_high_ns",
+    "min_rtt_ns",
+    "hai_steps",
+    "ai_bytes",
+    "base_target_ns",
+    "per_hop_ns",
+    "sender_ttl",
+}
 # The RateLawConfig message each law's parameters go in (T, base_rtt_ns, is TitaParams')
-_LAW_MESSAGE = {"tita": "tita", "hpcc": "tita", "dcqcn": "dcqcn", "timely": "timely",
-                "swift": "swift"}
+_LAW_MESSAGE = {
+    "tita": "tita",
+    "hpcc": "tita",
+    "dcqcn": "dcqcn",
+    "timely": "timely",
+    "swift": "swift",
+}
 
 
 def rate_law_config(policy: LawPolicy) -> Any:
@@ -73,12 +95,24 @@ class GrpcAgent:
     async def setup(self) -> None:
         c = self._cfg
         nic_int = self._host.int_mode == "nic"
-        await self._rpc("SetInt", pb.SetIntRequest(
-            enabled=nic_int, dscp=c.int.dscp, instruction_bitmap=c.int.instruction_bitmap,
-            hop_budget=c.int.hop_budget))
-        speeds = [pb.HopSpeed(node_id=s.node_id, port=p.port,
-                              speed_bps=round(self._topo.port_speed_bps(s.name, p.port)))
-                  for s in c.switches for p in s.ports]
+        await self._rpc(
+            "SetInt",
+            pb.SetIntRequest(
+                enabled=nic_int,
+                dscp=c.int.dscp,
+                instruction_bitmap=c.int.instruction_bitmap,
+                hop_budget=c.int.hop_budget,
+            ),
+        )
+        speeds = [
+            pb.HopSpeed(
+                node_id=s.node_id,
+                port=p.port,
+                speed_bps=round(self._topo.port_speed_bps(s.name, p.port)),
+            )
+            for s in c.switches
+            for p in s.ports
+        ]
         await self._rpc("SetHopSpeeds", pb.SetHopSpeedsRequest(speeds=speeds))
 
     async def set_policy(self, policy: LawPolicy) -> None:
@@ -101,8 +135,12 @@ class GrpcAgent:
         return not want.HasField("min_rate_bps") or have.min_rate_bps == want.min_rate_bps
 
     async def set_caps(self, caps: Mapping[FlowKey, float]) -> None:
-        await self._rpc("SetCaps", pb.SetCapsRequest(
-            caps=[pb.FlowCap(flow=_key(k), cap_bps=max(1, round(v))) for k, v in caps.items()]))
+        await self._rpc(
+            "SetCaps",
+            pb.SetCapsRequest(
+                caps=[pb.FlowCap(flow=_key(k), cap_bps=max(1, round(v))) for k, v in caps.items()]
+            ),
+        )
 
     async def clear_caps(self, keys: list[FlowKey]) -> None:
         await self._rpc("ClearCaps", pb.ClearCapsRequest(flows=[_key(k) for k in keys]))
@@ -112,9 +150,15 @@ class GrpcAgent:
         out = []
         for f in resp.flows:
             k = f.flow
-            out.append(AgentFlow((k.src_ip, k.dst_ip, k.protocol, k.src_port, k.dst_port),
-                                 float(f.rate_bps), float(f.cap_bps), float(f.weight or 1),
-                                 float(f.idle_s)))
+            out.append(
+                AgentFlow(
+                    (k.src_ip, k.dst_ip, k.protocol, k.src_port, k.dst_port),
+                    float(f.rate_bps),
+                    float(f.cap_bps),
+                    float(f.weight or 1),
+                    float(f.idle_s),
+                )
+            )
         return out
 
     async def close(self) -> None:

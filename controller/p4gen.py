@@ -68,15 +68,20 @@ def generate(p4info_text: str, source: str) -> str:
     out.append("")
     out.append("# packet-in / packet-out metadata")
     for cpm in sorted(info.controller_packet_metadata, key=lambda c: c.preamble.name):
-        prefix = {"packet_in": "PKTIN", "packet_out": "PKTOUT"}.get(cpm.preamble.name,
-                                                                     cpm.preamble.name)
+        prefix = {"packet_in": "PKTIN", "packet_out": "PKTOUT"}.get(
+            cpm.preamble.name, cpm.preamble.name
+        )
         for m in cpm.metadata:
             const(_ident(prefix, m.name), m.name)
     out.append("")
     out.append("# action profiles, counters, registers, digests")
-    for prefix, items in (("PROF", info.action_profiles), ("CTR", info.counters),
-                          ("DCTR", info.direct_counters), ("REG", info.registers),
-                          ("DIG", info.digests)):
+    for prefix, items in (
+        ("PROF", info.action_profiles),
+        ("CTR", info.counters),
+        ("DCTR", info.direct_counters),
+        ("REG", info.registers),
+        ("DIG", info.digests),
+    ):
         for it in sorted(items, key=lambda x: x.preamble.name):
             const(_ident(prefix, it.preamble.alias), it.preamble.name)
     return "\n".join(out) + "\n"
@@ -86,8 +91,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("p4info", nargs="?", type=Path, default=DEFAULT_P4INFO)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    ap.add_argument("--check", action="store_true",
-                    help="exit 1 if the output file differs from what the P4Info generates")
+    ap.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 if the output file differs from what the P4Info generates",
+    )
     args = ap.parse_args(argv)
     try:
         text = args.p4info.read_text()

@@ -99,8 +99,9 @@ def _next_allocations(state: SwitchState, schema: Any) -> dict[Key, int]:
     return out
 
 
-def build(cfg: Config, topo: Topology, sw: SwitchConfig, schema: Any, state: SwitchState,
-          qdepth_unit: int) -> Desired:
+def build(
+    cfg: Config, topo: Topology, sw: SwitchConfig, schema: Any, state: SwitchState, qdepth_unit: int
+) -> Desired:
     """The desired entities of switch `sw`, reusing the IDs in `state` where content matches."""
     ents: list[Any] = []
     members = IdAllocator(state.members())
@@ -117,9 +118,15 @@ def build(cfg: Config, topo: Topology, sw: SwitchConfig, schema: Any, state: Swi
     def member_for(nh: NextHop) -> int:
         m = fy.P4ActionProfileMember(
             P.PROF_ECMP_SELECTOR,
-            action=fy.P4TableAction(P.ACT_ROUTE, **{P.PRM_ROUTE_PORT: nh.port,
-                                                    P.PRM_ROUTE_SMAC: smac,
-                                                    P.PRM_ROUTE_DMAC: mac_int(nh.dmac)}))
+            action=fy.P4TableAction(
+                P.ACT_ROUTE,
+                **{
+                    P.PRM_ROUTE_PORT: nh.port,
+                    P.PRM_ROUTE_SMAC: smac,
+                    P.PRM_ROUTE_DMAC: mac_int(nh.dmac),
+                },
+            ),
+        )
         mid = members.get(member_key(schema, m))
         if mid not in member_ents:
             m.member_id = mid
@@ -135,15 +142,19 @@ def build(cfg: Config, topo: Topology, sw: SwitchConfig, schema: Any, state: Swi
             gid = groups.get(group_key(schema, P.PROF_ECMP_SELECTOR, [(m, 1) for m in mids]))
             if gid not in group_ents:
                 group_ents[gid] = fy.P4ActionProfileGroup(
-                    P.PROF_ECMP_SELECTOR, group_id=gid,
-                    members=[fy.P4Member(m, weight=1) for m in mids])
+                    P.PROF_ECMP_SELECTOR,
+                    group_id=gid,
+                    members=[fy.P4Member(m, weight=1) for m in mids],
+                )
             target = ("group", gid)
             action = fy.P4IndirectAction(group_id=gid)
         nid = next_ids.get(target)
         if nid not in next_ents:
             next_ents[nid] = fy.P4TableEntry(
-                P.TBL_NEXT_HOPS, match=fy.P4TableMatch(**{P.KEY_NEXT_HOPS_NEXT_ID: nid}),
-                action=action)
+                P.TBL_NEXT_HOPS,
+                match=fy.P4TableMatch(**{P.KEY_NEXT_HOPS_NEXT_ID: nid}),
+                action=action,
+            )
         return nid
 
     route_ents = []
@@ -151,36 +162,67 @@ def build(cfg: Config, topo: Topology, sw: SwitchConfig, schema: Any, state: Swi
         if not hops:
             continue
         nid = next_for(hops)
-        route_ents.append(fy.P4TableEntry(
-            P.TBL_IPV4_ROUTES, match=fy.P4TableMatch(**{P.KEY_IPV4_ROUTES_IPV4_DST: f"{ip}/32"}),
-            action=fy.P4TableAction(P.ACT_SET_NEXT_ID, **{P.PRM_SET_NEXT_ID_NEXT_ID: nid})))
+        route_ents.append(
+            fy.P4TableEntry(
+                P.TBL_IPV4_ROUTES,
+                match=fy.P4TableMatch(**{P.KEY_IPV4_ROUTES_IPV4_DST: f"{ip}/32"}),
+                action=fy.P4TableAction(P.ACT_SET_NEXT_ID, **{P.PRM_SET_NEXT_ID_NEXT_ID: nid}),
+            )
+        )
     ents += list(member_ents.values()) + list(group_ents.values())
     ents += list(next_ents.values()) + route_ents
 
     # ---- per switch and per port configuration ----
-    slowest = min((topo.port_speed_bps(sw.name, pc.port) for pc in sw.ports),
-                  default=cfg.emulated_bps(cfg.model.port_speed_gbps))
+    slowest = min(
+        (topo.port_speed_bps(sw.name, pc.port) for pc in sw.ports),
+        default=cfg.emulated_bps(cfg.model.port_speed_gbps),
+    )
     shift = tx_util_window_shift(slowest, cfg.model.mean_packet_bytes)
-    ents.append(fy.P4TableEntry(
-        P.TBL_SWITCH_CONFIG, is_default_action=True,
-        action=fy.P4TableAction(P.ACT_SET_SWITCH_CONFIG, **{
-            P.PRM_SET_SWITCH_CONFIG_NODE_ID: sw.node_id, P.PRM_SET_SWITCH_CONFIG_HW_ID: 0,
-            P.PRM_SET_SWITCH_CONFIG_QDEPTH_UNIT: qdepth_unit,
-            P.PRM_SET_SWITCH_CONFIG_TX_UTIL_SHIFT: shift})))
+    ents.append(
+        fy.P4TableEntry(
+            P.TBL_SWITCH_CONFIG,
+            is_default_action=True,
+            action=fy.P4TableAction(
+                P.ACT_SET_SWITCH_CONFIG,
+                **{
+                    P.PRM_SET_SWITCH_CONFIG_NODE_ID: sw.node_id,
+                    P.PRM_SET_SWITCH_CONFIG_HW_ID: 0,
+                    P.PRM_SET_SWITCH_CONFIG_QDEPTH_UNIT: qdepth_unit,
+                    P.PRM_SET_SWITCH_CONFIG_TX_UTIL_SHIFT: shift,
+                },
+            ),
+        )
+    )
     ecn = cfg.ecn
     for pc in sw.ports:
         speed = topo.port_speed_bps(sw.name, pc.port)
-        ents.append(fy.P4TableEntry(
-            P.TBL_PORT_CONFIG, match=fy.P4TableMatch(**{P.KEY_PORT_CONFIG_PORT: pc.port}),
-            action=fy.P4TableAction(P.ACT_SET_PORT_CONFIG, **{
-                P.PRM_SET_PORT_CONFIG_TX_UTIL_MULT: tx_util_mult(speed, shift),
-                P.PRM_SET_PORT_CONFIG_MTU: cfg.int.mtu})))
-        ents.append(fy.P4TableEntry(
-            P.TBL_ECN_THRESHOLDS, match=fy.P4TableMatch(**{P.KEY_ECN_THRESHOLDS_PORT: pc.port}),
-            action=fy.P4TableAction(P.ACT_SET_ECN_THRESHOLDS, **{
-                P.PRM_SET_ECN_THRESHOLDS_KMIN_BYTES: ecn.kmin_bytes,
-                P.PRM_SET_ECN_THRESHOLDS_KMAX_BYTES: ecn.kmax_bytes,
-                P.PRM_SET_ECN_THRESHOLDS_PMAX_SCALED: pmax_scaled(ecn.pmax)})))
+        ents.append(
+            fy.P4TableEntry(
+                P.TBL_PORT_CONFIG,
+                match=fy.P4TableMatch(**{P.KEY_PORT_CONFIG_PORT: pc.port}),
+                action=fy.P4TableAction(
+                    P.ACT_SET_PORT_CONFIG,
+                    **{
+                        P.PRM_SET_PORT_CONFIG_TX_UTIL_MULT: tx_util_mult(speed, shift),
+                        P.PRM_SET_PORT_CONFIG_MTU: cfg.int.mtu,
+                    },
+                ),
+            )
+        )
+        ents.append(
+            fy.P4TableEntry(
+                P.TBL_ECN_THRESHOLDS,
+                match=fy.P4TableMatch(**{P.KEY_ECN_THRESHOLDS_PORT: pc.port}),
+                action=fy.P4TableAction(
+                    P.ACT_SET_ECN_THRESHOLDS,
+                    **{
+                        P.PRM_SET_ECN_THRESHOLDS_KMIN_BYTES: ecn.kmin_bytes,
+                        P.PRM_SET_ECN_THRESHOLDS_KMAX_BYTES: ecn.kmax_bytes,
+                        P.PRM_SET_ECN_THRESHOLDS_PMAX_SCALED: pmax_scaled(ecn.pmax),
+                    },
+                ),
+            )
+        )
 
     # ---- INT source and sink for the hosts whose INT the switch does ----
     icfg = cfg.int
@@ -188,9 +230,13 @@ def build(cfg: Config, topo: Topology, sw: SwitchConfig, schema: Any, state: Swi
         host = cfg.host(host_name)
         if host.int_mode != "switch":
             continue
-        ents.append(fy.P4TableEntry(
-            P.TBL_INT_SINK_PORTS, match=fy.P4TableMatch(**{P.KEY_INT_SINK_PORTS_PORT: port}),
-            action=fy.P4TableAction(P.ACT_SET_SINK)))
+        ents.append(
+            fy.P4TableEntry(
+                P.TBL_INT_SINK_PORTS,
+                match=fy.P4TableMatch(**{P.KEY_INT_SINK_PORTS_PORT: port}),
+                action=fy.P4TableAction(P.ACT_SET_SINK),
+            )
+        )
         peer = topo.peer(sw.name, port)
         nic = next(n for n in host.nics if peer is not None and n.name == peer.nic)
         for w in icfg.watchlist:
@@ -199,19 +245,26 @@ def build(cfg: Config, topo: Topology, sw: SwitchConfig, schema: Any, state: Swi
             match: dict[str, Any] = {P.KEY_INT_WATCHLIST_IPV4_SRC: (nic.ip, "255.255.255.255")}
             dst = ipaddress.IPv4Network(w.dst)
             if dst.prefixlen:
-                match[P.KEY_INT_WATCHLIST_IPV4_DST] = (str(dst.network_address),
-                                                       str(dst.netmask))
+                match[P.KEY_INT_WATCHLIST_IPV4_DST] = (str(dst.network_address), str(dst.netmask))
             if w.proto is not None:
                 match[P.KEY_INT_WATCHLIST_IP_PROTO] = (w.proto, 0xFF)
             if w.dport is not None:
                 match[P.KEY_INT_WATCHLIST_L4_DPORT] = (w.dport, 0xFFFF)
-            ents.append(fy.P4TableEntry(
-                P.TBL_INT_WATCHLIST, match=fy.P4TableMatch(**match),
-                priority=WATCHLIST_PRIORITY,
-                action=fy.P4TableAction(P.ACT_MARK_TO_SOURCE, **{
-                    P.PRM_MARK_TO_SOURCE_INSTRUCTION_BITMAP: icfg.instruction_bitmap,
-                    P.PRM_MARK_TO_SOURCE_HOP_BUDGET: icfg.hop_budget,
-                    P.PRM_MARK_TO_SOURCE_DOMAIN_ID: icfg.domain_id})))
+            ents.append(
+                fy.P4TableEntry(
+                    P.TBL_INT_WATCHLIST,
+                    match=fy.P4TableMatch(**match),
+                    priority=WATCHLIST_PRIORITY,
+                    action=fy.P4TableAction(
+                        P.ACT_MARK_TO_SOURCE,
+                        **{
+                            P.PRM_MARK_TO_SOURCE_INSTRUCTION_BITMAP: icfg.instruction_bitmap,
+                            P.PRM_MARK_TO_SOURCE_HOP_BUDGET: icfg.hop_budget,
+                            P.PRM_MARK_TO_SOURCE_DOMAIN_ID: icfg.domain_id,
+                        },
+                    ),
+                )
+            )
 
     # ---- reports: towards the collector over the fabric ----
     col = icfg.collector
@@ -219,18 +272,31 @@ def build(cfg: Config, topo: Topology, sw: SwitchConfig, schema: Any, state: Swi
     default_tables = [P.TBL_SWITCH_CONFIG, P.TBL_REPORT_COLLECTOR]
     if to_collector:
         first = to_collector[0]  # reports are few: one deterministic path, no ECMP
-        ents.append(fy.P4TableEntry(
-            P.TBL_REPORT_COLLECTOR, is_default_action=True,
-            action=fy.P4TableAction(P.ACT_SET_COLLECTOR, **{
-                P.PRM_SET_COLLECTOR_SRC_MAC: smac,
-                P.PRM_SET_COLLECTOR_DST_MAC: mac_int(first.dmac),
-                P.PRM_SET_COLLECTOR_SRC_ADDR: ip_int(col.report_src_ip),
-                P.PRM_SET_COLLECTOR_DST_ADDR: ip_int(col.ip),
-                P.PRM_SET_COLLECTOR_DPORT: col.udp_port})))
+        ents.append(
+            fy.P4TableEntry(
+                P.TBL_REPORT_COLLECTOR,
+                is_default_action=True,
+                action=fy.P4TableAction(
+                    P.ACT_SET_COLLECTOR,
+                    **{
+                        P.PRM_SET_COLLECTOR_SRC_MAC: smac,
+                        P.PRM_SET_COLLECTOR_DST_MAC: mac_int(first.dmac),
+                        P.PRM_SET_COLLECTOR_SRC_ADDR: ip_int(col.report_src_ip),
+                        P.PRM_SET_COLLECTOR_DST_ADDR: ip_int(col.ip),
+                        P.PRM_SET_COLLECTOR_DPORT: col.udp_port,
+                    },
+                ),
+            )
+        )
         ents.append(fy.P4CloneSessionEntry(REPORT_CLONE_SESSION, replicas=[first.port]))
     else:
-        ents.append(fy.P4TableEntry(P.TBL_REPORT_COLLECTOR, is_default_action=True,
-                                    action=fy.P4TableAction(P.ACT_NO_COLLECTOR)))
+        ents.append(
+            fy.P4TableEntry(
+                P.TBL_REPORT_COLLECTOR,
+                is_default_action=True,
+                action=fy.P4TableAction(P.ACT_NO_COLLECTOR),
+            )
+        )
     ents.append(fy.P4CloneSessionEntry(CPU_CLONE_SESSION, replicas=[sw.cpu_port]))
     return Desired(ents, default_tables)
 

@@ -34,17 +34,25 @@ class QueueSetting:
 
 def queue_settings(cfg: Config, topo: Topology, sw: SwitchConfig) -> list[QueueSetting]:
     m = cfg.model
-    return [QueueSetting(p.port, topo.port_speed_bps(sw.name, p.port), m.queue_depth_bytes,
-                         m.queue_depth_packets) for p in sw.ports]
+    return [
+        QueueSetting(
+            p.port, topo.port_speed_bps(sw.name, p.port), m.queue_depth_bytes, m.queue_depth_packets
+        )
+        for p in sw.ports
+    ]
 
 
 class QueueError(RuntimeError):
     pass
 
 
-async def apply_builtin(sw: SwitchConfig, settings: list[QueueSetting],
-                        credentials: grpc.ChannelCredentials | None, timeout: float,
-                        election_id: int) -> None:
+async def apply_builtin(
+    sw: SwitchConfig,
+    settings: list[QueueSetting],
+    credentials: grpc.ChannelCredentials | None,
+    timeout: float,
+    election_id: int,
+) -> None:
     """Through SwitchAdmin on the switch's gRPC address, as the primary controller (the
     switch takes queue changes from the P4Runtime primary's election id only)."""
     from controller.proto import switch_pb2, switch_pb2_grpc
@@ -61,15 +69,22 @@ async def apply_builtin(sw: SwitchConfig, settings: list[QueueSetting],
         stub = switch_pb2_grpc.SwitchAdminStub(channel)
         for s in settings:
             req = switch_pb2.SetQueueRequest(
-                port=s.port, rate_bps=s.rate_bps, depth_bytes=s.depth_bytes,
-                depth_packets=s.depth_packets, device_id=sw.device_id,
-                election_id=switch_pb2.ElectionId(high=election_id >> 64,
-                                                  low=election_id & (2**64 - 1)))
+                port=s.port,
+                rate_bps=s.rate_bps,
+                depth_bytes=s.depth_bytes,
+                depth_packets=s.depth_packets,
+                device_id=sw.device_id,
+                election_id=switch_pb2.ElectionId(
+                    high=election_id >> 64, low=election_id & (2**64 - 1)
+                ),
+            )
             try:
                 await stub.SetQueue(req, timeout=timeout)
             except grpc.aio.AioRpcError as exc:
-                raise QueueError(f"{sw.name}: SwitchAdmin.SetQueue port {s.port}: "
-                                 f"{exc.code().name} {exc.details()}") from None
+                raise QueueError(
+                    f"{sw.name}: SwitchAdmin.SetQueue port {s.port}: "
+                    f"{exc.code().name} {exc.details()}"
+                ) from None
     finally:
         await channel.close()
 
@@ -84,21 +99,30 @@ def bmv2_commands(settings: list[QueueSetting], mean_packet_bytes: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-async def apply_bmv2(sw: SwitchConfig, settings: list[QueueSetting], mean_packet_bytes: int,
-                     timeout: float) -> None:
+async def apply_bmv2(
+    sw: SwitchConfig, settings: list[QueueSetting], mean_packet_bytes: int, timeout: float
+) -> None:
     cli = shutil.which("simple_switch_CLI")
     if cli is None:
-        raise QueueError(f"{sw.name}: simple_switch_CLI is not on PATH (bmv2's queue rates are "
-                         "set over Thrift)")
+        raise QueueError(
+            f"{sw.name}: simple_switch_CLI is not on PATH (bmv2's queue rates are set over Thrift)"
+        )
     host = sw.grpc_addr.rpartition(":")[0] or "127.0.0.1"
     proc = await asyncio.create_subprocess_exec(
-        cli, "--thrift-ip", host, "--thrift-port", str(sw.thrift_port),
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT)
+        cli,
+        "--thrift-ip",
+        host,
+        "--thrift-port",
+        str(sw.thrift_port),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
     try:
         out, _ = await asyncio.wait_for(
             proc.communicate(bmv2_commands(settings, mean_packet_bytes).encode()),
-            timeout=max(timeout, 5.0))
+            timeout=max(timeout, 5.0),
+        )
     except TimeoutError:
         proc.kill()
         await proc.wait()
@@ -108,8 +132,12 @@ async def apply_bmv2(sw: SwitchConfig, settings: list[QueueSetting], mean_packet
         raise QueueError(f"{sw.name}: simple_switch_CLI failed: {text.strip()[-300:]}")
 
 
-async def apply_queues(cfg: Config, topo: Topology, sw: SwitchConfig,
-                       credentials: grpc.ChannelCredentials | None = None) -> None:
+async def apply_queues(
+    cfg: Config,
+    topo: Topology,
+    sw: SwitchConfig,
+    credentials: grpc.ChannelCredentials | None = None,
+) -> None:
     settings = queue_settings(cfg, topo, sw)
     timeout = cfg.controller.rpc_timeout_s
     if sw.kind == "bmv2":

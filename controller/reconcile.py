@@ -67,8 +67,12 @@ def normal(ent: p4r.Entity) -> tuple[str, Key, Key]:
     kind = ent.WhichOneof("entity")
     if kind == "table_entry":
         te = ent.table_entry
-        key: Key = (te.table_id, te.priority, te.is_default_action,
-                    tuple(sorted(_match_norm(fm) for fm in te.match)))
+        key: Key = (
+            te.table_id,
+            te.priority,
+            te.is_default_action,
+            tuple(sorted(_match_norm(fm) for fm in te.match)),
+        )
         which = te.action.WhichOneof("type") if te.HasField("action") else None
         if which == "action":
             value: Key = ("action", _action_norm(te.action.action))
@@ -86,18 +90,30 @@ def normal(ent: p4r.Entity) -> tuple[str, Key, Key]:
         return "member", (m.action_profile_id, m.member_id), _action_norm(m.action)
     if kind == "action_profile_group":
         g = ent.action_profile_group
-        return "group", (g.action_profile_id, g.group_id), tuple(
-            sorted((x.member_id, x.weight or 1) for x in g.members))
+        return (
+            "group",
+            (g.action_profile_id, g.group_id),
+            tuple(sorted((x.member_id, x.weight or 1) for x in g.members)),
+        )
     if kind == "packet_replication_engine_entry":
         pre = ent.packet_replication_engine_entry
         if pre.WhichOneof("type") == "clone_session_entry":
             c = pre.clone_session_entry
-            return "clone", (c.session_id,), (
-                tuple(sorted((_port(r), r.instance) for r in c.replicas)),
-                c.class_of_service, c.packet_length_bytes)
+            return (
+                "clone",
+                (c.session_id,),
+                (
+                    tuple(sorted((_port(r), r.instance) for r in c.replicas)),
+                    c.class_of_service,
+                    c.packet_length_bytes,
+                ),
+            )
         g2 = pre.multicast_group_entry
-        return "mcast", (g2.multicast_group_id,), tuple(
-            sorted((_port(r), r.instance) for r in g2.replicas))
+        return (
+            "mcast",
+            (g2.multicast_group_id,),
+            tuple(sorted((_port(r), r.instance) for r in g2.replicas)),
+        )
     raise ValueError(f"entity kind {kind!r} is not reconciled")
 
 
@@ -118,12 +134,17 @@ class Plan:
         return not (self.inserts or self.modifies or self.deletes)
 
     def summary(self) -> dict[str, int]:
-        return {"insert": len(self.inserts), "modify": len(self.modifies),
-                "delete": len(self.deletes), "unchanged": self.unchanged}
+        return {
+            "insert": len(self.inserts),
+            "modify": len(self.modifies),
+            "delete": len(self.deletes),
+            "unchanged": self.unchanged,
+        }
 
 
-def diff(desired: Iterable[p4r.Entity], current: Iterable[p4r.Entity],
-         keep: Iterable[p4r.Entity] = ()) -> Plan:
+def diff(
+    desired: Iterable[p4r.Entity], current: Iterable[p4r.Entity], keep: Iterable[p4r.Entity] = ()
+) -> Plan:
     """What to write so that `current` becomes `desired`.
 
     Default table entries (is_default_action) can only be modified: a desired default differing
@@ -214,8 +235,12 @@ class SwitchState:
         for e in self.entities:
             if e.WhichOneof("entity") == "action_profile_group":
                 g = e.action_profile_group
-                out[(g.action_profile_id,
-                     tuple(sorted((x.member_id, x.weight or 1) for x in g.members)))] = g.group_id
+                out[
+                    (
+                        g.action_profile_id,
+                        tuple(sorted((x.member_id, x.weight or 1) for x in g.members)),
+                    )
+                ] = g.group_id
         return out
 
 
@@ -223,8 +248,7 @@ async def read_state(switch: fy.Switch, default_tables: Sequence[str] = ()) -> S
     """Read every reconciled entity back from the switch (wildcard reads)."""
     schema = switch.p4info
     ents: list[p4r.Entity] = []
-    wildcard: list[Any] = [fy.P4TableEntry(), fy.P4CloneSessionEntry(),
-                           fy.P4MulticastGroupEntry()]
+    wildcard: list[Any] = [fy.P4TableEntry(), fy.P4CloneSessionEntry(), fy.P4MulticastGroupEntry()]
     for prof in schema.action_profiles:
         wildcard.append(fy.P4ActionProfileMember(prof.alias))
         wildcard.append(fy.P4ActionProfileGroup(prof.alias))
@@ -274,15 +298,14 @@ async def apply(switch: fy.Switch, plan: Plan) -> ApplyResult:
     res = ApplyResult()
     ordered = ordered_updates(plan)
     for start in range(0, len(ordered), BATCH):
-        batch = ordered[start:start + BATCH]
+        batch = ordered[start : start + BATCH]
         updates = [p4r.Update(type=t, entity=e) for t, e in batch]  # type: ignore[arg-type]
         try:
             await switch.write(updates)
             res.written += len(updates)
         except fy.P4ClientError as exc:
             details = getattr(exc, "details", {}) or {}
-            bad = {i: d for i, d in details.items()
-                   if d.canonical_code != fy.GRPCStatusCode.OK}
+            bad = {i: d for i, d in details.items() if d.canonical_code != fy.GRPCStatusCode.OK}
             if not details:
                 res.failed += len(updates)
                 res.errors.append(str(exc))

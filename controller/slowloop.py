@@ -87,8 +87,14 @@ class AgentState:
 
 
 class SlowLoop:
-    def __init__(self, policy: PolicyConfig, topo: Topology, collector: Collector,
-                 agents: Mapping[str, AgentPort], timeout_s: float = 2.0):
+    def __init__(
+        self,
+        policy: PolicyConfig,
+        topo: Topology,
+        collector: Collector,
+        agents: Mapping[str, AgentPort],
+        timeout_s: float = 2.0,
+    ):
         self.policy = policy
         self.topo = topo
         self.collector = collector
@@ -131,8 +137,9 @@ class SlowLoop:
             st.reachable = False
             st.last_error = f"{what}: {type(exc).__name__}: {exc}"[:300]
             self.skips[f"agent_{what}"] += 1
-            log.warning("agent call failed", extra={"host": host, "call": what,
-                                                    "error": st.last_error})
+            log.warning(
+                "agent call failed", extra={"host": host, "call": what, "error": st.last_error}
+            )
             return False
         return True
 
@@ -165,8 +172,9 @@ class SlowLoop:
             if await self._call(host, "policy_in_force", check()) and in_force[0]:
                 st.policy_pushed = want  # already so: not rewritten
         want = self.host_policy(host)
-        if st.policy_pushed != want and await self._call(host, "set_policy",
-                                                         agent.set_policy(want)):
+        if st.policy_pushed != want and await self._call(
+            host, "set_policy", agent.set_policy(want)
+        ):
             st.policy_pushed = want
 
     def host_policy(self, host: str) -> LawPolicy:
@@ -176,16 +184,19 @@ class SlowLoop:
         n = self._bottleneck_flows(host)
         if n == 0:
             return base
-        line = max((dl.capacity_bps for dl in self.topo.links.values()
-                    if dl.tx.node == host), default=0.0)
+        line = max(
+            (dl.capacity_bps for dl in self.topo.links.values() if dl.tx.node == host), default=0.0
+        )
         params = dict(base.params)
         params["w_ai_bps"] = round(line * (1 - self.policy.eta) / n)
         return dataclasses.replace(base, params=params)
 
     def _bottleneck_flows(self, host: str) -> int:
         per_link = Counter(c.bottleneck for c in self.caps.values() if c.bottleneck)
-        return max((per_link[c.bottleneck] for c in self.caps.values()
-                    if c.host == host and c.bottleneck), default=0)
+        return max(
+            (per_link[c.bottleneck] for c in self.caps.values() if c.host == host and c.bottleneck),
+            default=0,
+        )
 
     def flow_paths(self) -> dict[FlowKey, tuple[str, list[str]]]:
         """Active flows: key -> (sending host, links)."""
@@ -214,10 +225,14 @@ class SlowLoop:
         paths = self.flow_paths()
         eta = self.policy.eta
         capacity = {name: dl.capacity_bps * eta for name, dl in self.topo.links.items()}
-        weights = {k: self.state[h].flows[k].weight for k, (h, _) in paths.items()
-                   if k in self.state[h].flows}
-        shares = max_min_fair({k: links for k, (_, links) in paths.items()}, capacity,
-                              weights=weights)
+        weights = {
+            k: self.state[h].flows[k].weight
+            for k, (h, _) in paths.items()
+            if k in self.state[h].flows
+        }
+        shares = max_min_fair(
+            {k: links for k, (_, links) in paths.items()}, capacity, weights=weights
+        )
         new_caps: dict[FlowKey, FlowCap] = {}
         for key, (host, links) in paths.items():
             s = shares.get(key)
@@ -225,9 +240,15 @@ class SlowLoop:
                 continue
             prev = self.caps.get(key)
             agent_flow = self.state[host].flows.get(key)
-            new_caps[key] = FlowCap(key, host, links, s.rate, s.bottleneck,
-                                    pushed=prev.pushed if prev else False,
-                                    rate_bps=agent_flow.rate_bps if agent_flow else 0.0)
+            new_caps[key] = FlowCap(
+                key,
+                host,
+                links,
+                s.rate,
+                s.bottleneck,
+                pushed=prev.pushed if prev else False,
+                rate_bps=agent_flow.rate_bps if agent_flow else 0.0,
+            )
         self.caps = new_caps
         if self.policy.push_caps:
             await asyncio.gather(*(self._push(h) for h in self.agents))
@@ -238,8 +259,11 @@ class SlowLoop:
             return
         agent = self.agents[host]
         mine = {k: c for k, c in self.caps.items() if c.host == host}
-        changed = {k: c.cap_bps for k, c in mine.items()
-                   if abs(st.caps.get(k, 0.0) - c.cap_bps) > CAP_TOLERANCE * c.cap_bps}
+        changed = {
+            k: c.cap_bps
+            for k, c in mine.items()
+            if abs(st.caps.get(k, 0.0) - c.cap_bps) > CAP_TOLERANCE * c.cap_bps
+        }
         stale = [k for k in st.caps if k not in mine]
         if changed and await self._call(host, "set_caps", agent.set_caps(changed)):
             st.caps.update(changed)

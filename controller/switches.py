@@ -59,8 +59,7 @@ class SwitchHealth:
 
 
 class SwitchSession:
-    def __init__(self, cfg: Config, topo: Topology, sw: SwitchConfig,
-                 collector: Collector | None):
+    def __init__(self, cfg: Config, topo: Topology, sw: SwitchConfig, collector: Collector | None):
         self.cfg = cfg
         self.topo = topo
         self.sw = sw
@@ -91,10 +90,13 @@ class SwitchSession:
         c = self.cfg
         pipe = c.pipeline_of(self.sw)
         return fy.SwitchOptions(
-            p4info=pipe.p4info, p4blob=pipe.bmv2_json, device_id=self.sw.device_id,
+            p4info=pipe.p4info,
+            p4blob=pipe.bmv2_json,
+            device_id=self.sw.device_id,
             initial_election_id=c.controller.election_id,
             channel_credentials=tls_credentials(c.controller.p4runtime_tls),
-            ready_handler=self._on_ready)
+            ready_handler=self._on_ready,
+        )
 
     # ---- connection loop ----
 
@@ -108,8 +110,10 @@ class SwitchSession:
                 raise
             except Exception as exc:  # one switch's failure must never stop the daemon
                 self.health.last_error = f"{type(exc).__name__}: {exc}"[:500]
-                log.warning("switch session ended", extra={
-                    "switch": self.name, "error": self.health.last_error})
+                log.warning(
+                    "switch session ended",
+                    extra={"switch": self.name, "error": self.health.last_error},
+                )
             finally:
                 # A switch that comes back may have restarted empty: until this controller
                 # programs it again over the new session it is neither programmed nor queued.
@@ -141,10 +145,14 @@ class SwitchSession:
             raise
         self.health.connected = True
         self.health.connects += 1
-        log.info("switch connected", extra={"switch": self.name, "primary": sw.is_primary,
-                                            "addr": self.sw.grpc_addr})
-        helpers = [asyncio.create_task(self._poll_counters(sw), name=f"counters:{self.name}"),
-                   asyncio.create_task(self._packet_ins(sw), name=f"packet-in:{self.name}")]
+        log.info(
+            "switch connected",
+            extra={"switch": self.name, "primary": sw.is_primary, "addr": self.sw.grpc_addr},
+        )
+        helpers = [
+            asyncio.create_task(self._poll_counters(sw), name=f"counters:{self.name}"),
+            asyncio.create_task(self._packet_ins(sw), name=f"packet-in:{self.name}"),
+        ]
         try:
             await self._down.wait()
             raise ConnectionError("P4Runtime channel went down")
@@ -164,8 +172,10 @@ class SwitchSession:
         """finsy calls this when the pipeline is in place, and again on a mastership change."""
         self.health.primary = sw.is_primary
         if not sw.is_primary:
-            log.info("switch: backup (another controller is primary)",
-                     extra={"switch": self.name, "primary_id": sw.primary_id})
+            log.info(
+                "switch: backup (another controller is primary)",
+                extra={"switch": self.name, "primary_id": sw.primary_id},
+            )
             return
         if not await self._program():
             self._start_retry()
@@ -197,11 +207,15 @@ class SwitchSession:
         from controller.proto import switch_pb2, switch_pb2_grpc
 
         creds = tls_credentials(self.cfg.controller.p4runtime_tls)
-        channel = (grpc.aio.secure_channel(self.sw.grpc_addr, creds.to_client_credentials())
-                   if creds else grpc.aio.insecure_channel(self.sw.grpc_addr))
+        channel = (
+            grpc.aio.secure_channel(self.sw.grpc_addr, creds.to_client_credentials())
+            if creds
+            else grpc.aio.insecure_channel(self.sw.grpc_addr)
+        )
         try:
             st = await switch_pb2_grpc.SwitchAdminStub(channel).GetStatus(
-                switch_pb2.GetStatusRequest(), timeout=self.cfg.controller.rpc_timeout_s)
+                switch_pb2.GetStatusRequest(), timeout=self.cfg.controller.rpc_timeout_s
+            )
         finally:
             await channel.close()
         return 1 if st.queue_depth_unit == "bytes" else self.cfg.model.mean_packet_bytes
@@ -218,15 +232,17 @@ class SwitchSession:
                     if self._qdepth_unit is None:
                         self._qdepth_unit = await self._detect_qdepth_unit()
                     state = await read_state(sw, [P.TBL_SWITCH_CONFIG, P.TBL_REPORT_COLLECTOR])
-                    desired = program.build(self.cfg, self.topo, self.sw, sw.p4info, state,
-                                            self._qdepth_unit)
+                    desired = program.build(
+                        self.cfg, self.topo, self.sw, sw.p4info, state, self._qdepth_unit
+                    )
                     plan = diff(desired.encode(sw.p4info), state.entities)
                     res = await apply(sw, plan) if not plan.empty else None
             except (TimeoutError, fy.P4ClientError, grpc.RpcError, ValueError) as exc:
                 self.health.programmed = False
                 self.health.last_error = f"reconcile: {type(exc).__name__}: {exc}"[:500]
-                log.error("reconcile failed", extra={"switch": self.name,
-                                                     "error": self.health.last_error})
+                log.error(
+                    "reconcile failed", extra={"switch": self.name, "error": self.health.last_error}
+                )
                 return False
             h = self.health
             h.reconciles += 1
@@ -239,14 +255,17 @@ class SwitchSession:
                 if res.errors:
                     h.last_error = "; ".join(res.errors[:3])[:500]
             h.programmed = res is None or res.failed == 0
-            log.info("reconciled", extra={"switch": self.name, **plan.summary(),
-                                          "failed": res.failed if res else 0})
+            log.info(
+                "reconciled",
+                extra={"switch": self.name, **plan.summary(), "failed": res.failed if res else 0},
+            )
             return h.programmed
 
     async def set_queues(self) -> bool:
         try:
-            await apply_queues(self.cfg, self.topo, self.sw,
-                               _grpc_creds(self.cfg.controller.p4runtime_tls))
+            await apply_queues(
+                self.cfg, self.topo, self.sw, _grpc_creds(self.cfg.controller.p4runtime_tls)
+            )
             self.health.queues_set = True
         except (QueueError, OSError, grpc.RpcError) as exc:
             self.health.queues_set = False
@@ -257,11 +276,22 @@ class SwitchSession:
     async def reload(self, cfg: Config, topo: Topology, sw: SwitchConfig) -> None:
         """A new config: reconnect if the switch's identity changed, else re-program the
         difference."""
-        old = (self.sw.grpc_addr, self.sw.device_id, self.sw.kind,
-               self.cfg.controller.election_id, self.cfg.pipeline_of(self.sw),
-               self.cfg.controller.p4runtime_tls)
-        new = (sw.grpc_addr, sw.device_id, sw.kind, cfg.controller.election_id,
-               cfg.pipeline_of(sw), cfg.controller.p4runtime_tls)
+        old = (
+            self.sw.grpc_addr,
+            self.sw.device_id,
+            self.sw.kind,
+            self.cfg.controller.election_id,
+            self.cfg.pipeline_of(self.sw),
+            self.cfg.controller.p4runtime_tls,
+        )
+        new = (
+            sw.grpc_addr,
+            sw.device_id,
+            sw.kind,
+            cfg.controller.election_id,
+            cfg.pipeline_of(sw),
+            cfg.controller.p4runtime_tls,
+        )
         changed = old != new
         self.cfg, self.topo, self.sw = cfg, topo, sw
         self._qdepth_unit = None
@@ -302,8 +332,9 @@ class SwitchSession:
                     now = time.monotonic()
                     async for ent in reader.read(fy.P4CounterEntry(P.CTR_PORT_TX)):
                         if ent.index in ports and ent.data is not None:
-                            self.collector.port_counter(self.name, ent.index,
-                                                        ent.data.byte_count, now=now)
+                            self.collector.port_counter(
+                                self.name, ent.index, ent.data.byte_count, now=now
+                            )
             except (TimeoutError, fy.P4ClientError, grpc.RpcError) as exc:
                 log.debug("counter poll failed", extra={"switch": self.name, "error": str(exc)})
 

@@ -84,8 +84,11 @@ class Topology:
         self.adj: dict[str, list[tuple[str, int]]] = {s: [] for s in self.switches}
         for link in cfg.links:
             a, b = link.a, link.b
-            if a.node in self.switches and b.node in self.switches \
-                    and link_id(str(a), str(b)) not in down:
+            if (
+                a.node in self.switches
+                and b.node in self.switches
+                and link_id(str(a), str(b)) not in down
+            ):
                 assert a.port is not None and b.port is not None
                 self.adj[a.node].append((b.node, a.port))
                 self.adj[b.node].append((a.node, b.port))
@@ -161,8 +164,11 @@ class Topology:
                 dist = dist_cache[leaf] = self._distances(leaf)
             if switch not in dist:
                 continue
-            hops = {NextHop(port, self.switches[nb].router_mac)
-                    for nb, port in self.adj[switch] if dist.get(nb, -1) == dist[switch] - 1}
+            hops = {
+                NextHop(port, self.switches[nb].router_mac)
+                for nb, port in self.adj[switch]
+                if dist.get(nb, -1) == dist[switch] - 1
+            }
             out[ip] = tuple(sorted(hops))
         return out
 

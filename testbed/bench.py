@@ -19,8 +19,17 @@ from pathlib import Path
 from testbed.experiment.machine import machine_description
 
 # Benchmark modules, in the order they run. Add a component's module here.
-BENCHMARKS: tuple[str, ...] = ("switch", "transport", "collector", "nic", "cpu", "scenarios",
-                              "twin", "ns3", "localization")
+BENCHMARKS: tuple[str, ...] = (
+    "switch",
+    "transport",
+    "collector",
+    "nic",
+    "cpu",
+    "scenarios",
+    "twin",
+    "ns3",
+    "localization",
+)
 
 
 def main(argv: list[str] | None = None) -> int:

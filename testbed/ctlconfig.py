@@ -44,26 +44,38 @@ class ControllerSetup:
     web_addr: str | None = None  # the fabric page (loopback)
 
 
-def controller_config(spec: FabricSpec, scaling: Scaling, switches: dict[str, SwitchAccess],
-                      agents: dict[str, str], setup: ControllerSetup,
-                      p4info: str, bmv2_json: str) -> dict[str, Any]:
+def controller_config(
+    spec: FabricSpec,
+    scaling: Scaling,
+    switches: dict[str, SwitchAccess],
+    agents: dict[str, str],
+    setup: ControllerSetup,
+    p4info: str,
+    bmv2_json: str,
+) -> dict[str, Any]:
     """A config document for `xingmai-controller`, validated by controller.config.parse."""
     sw_docs = []
     for s in spec.switches:
         acc = switches[s.name]
-        doc: dict[str, Any] = {"name": s.name, "grpc_addr": acc.grpc_addr,
-                               "device_id": s.device_id, "node_id": s.node_id,
-                               "router_mac": s.router_mac, "kind": acc.kind,
-                               "ports": [_port_doc(spec, s.name, p)
-                                         for p in spec.switch_ports(s.name)]}
+        doc: dict[str, Any] = {
+            "name": s.name,
+            "grpc_addr": acc.grpc_addr,
+            "device_id": s.device_id,
+            "node_id": s.node_id,
+            "router_mac": s.router_mac,
+            "kind": acc.kind,
+            "ports": [_port_doc(spec, s.name, p) for p in spec.switch_ports(s.name)],
+        }
         if acc.thrift_port is not None:
             doc["thrift_port"] = acc.thrift_port
         sw_docs.append(doc)
     hosts = []
     for h in spec.hosts:
-        hd: dict[str, Any] = {"name": h.name, "int": setup.int_mode,
-                              "nics": [{"name": h.ifname(i), "ip": n.ip, "mac": n.mac}
-                                       for i, n in enumerate(h.nics)]}
+        hd: dict[str, Any] = {
+            "name": h.name,
+            "int": setup.int_mode,
+            "nics": [{"name": h.ifname(i), "ip": n.ip, "mac": n.mac} for i, n in enumerate(h.nics)],
+        }
         if h.name in agents:
             hd["agent"] = agents[h.name]
         hosts.append(hd)
@@ -71,42 +83,69 @@ def controller_config(spec: FabricSpec, scaling: Scaling, switches: dict[str, Sw
     for lk in spec.links:
         ends = []
         for e in (lk.a, lk.b):
-            ends.append(str(e) if spec.is_switch(e.node)
-                        else f"{e.node}:{spec.host(e.node).ifname(e.index)}")
+            ends.append(
+                str(e)
+                if spec.is_switch(e.node)
+                else f"{e.node}:{spec.host(e.node).ifname(e.index)}"
+            )
         links.append(ends)
     if spec.collector is not None:
         links.append([str(spec.collector), "collector"])
     m = scaling.model
     collector: dict[str, Any] = {
-        "ip": COLLECTOR_IP, "mac": COLLECTOR_MAC,  # listens on ip:udp_port
-        "udp_port": COLLECTOR_UDP_PORT, "report_src_ip": REPORT_SRC_IP}
+        "ip": COLLECTOR_IP,
+        "mac": COLLECTOR_MAC,  # listens on ip:udp_port
+        "udp_port": COLLECTOR_UDP_PORT,
+        "report_src_ip": REPORT_SRC_IP,
+    }
     if setup.collector_netns:
         collector["netns"] = setup.collector_netns
     controller: dict[str, Any] = {
-        "name": "testbed", "grpc_addr": setup.grpc_addr, "counter_poll_s": 1.0,
-        "rpc_timeout_s": 3.0, "reconnect_max_s": 2.0, "log_level": "info",
-        "log_file": setup.log_file}
+        "name": "testbed",
+        "grpc_addr": setup.grpc_addr,
+        "counter_poll_s": 1.0,
+        "rpc_timeout_s": 3.0,
+        "reconnect_max_s": 2.0,
+        "log_level": "info",
+        "log_file": setup.log_file,
+    }
     for key in ("metrics_addr", "web_addr"):
         if getattr(setup, key):
             controller[key] = getattr(setup, key)
     return {
         "controller": controller,
         "pipeline": {"p4info": p4info, "bmv2_json": bmv2_json},
-        "model": {"name": m.describe(), "port_speed_gbps": m.port_speed_gbps,
-                  "scale": scaling.scale, "queue_depth_bytes": m.queue_bytes,
-                  # the byte limit binds on the built-in switch; bmv2 counts packets only
-                  "queue_depth_packets": scaling.queue_packets(),
-                  "mean_packet_bytes": min(9216, scaling.frame_bytes), "cell_bytes": 1},
-        "int": {"dscp": INT_DSCP_DEFAULT, "instruction_bitmap": INT_BITMAP, "hop_budget": 8,
-                "mtu": scaling.link_mtu, "collector": collector},
-        "ecn": {"kmin_bytes": setup.ecn.kmin_bytes, "kmax_bytes": setup.ecn.kmax_bytes,
-                "pmax": setup.ecn.pmax},
+        "model": {
+            "name": m.describe(),
+            "port_speed_gbps": m.port_speed_gbps,
+            "scale": scaling.scale,
+            "queue_depth_bytes": m.queue_bytes,
+            # the byte limit binds on the built-in switch; bmv2 counts packets only
+            "queue_depth_packets": scaling.queue_packets(),
+            "mean_packet_bytes": min(9216, scaling.frame_bytes),
+            "cell_bytes": 1,
+        },
+        "int": {
+            "dscp": INT_DSCP_DEFAULT,
+            "instruction_bitmap": INT_BITMAP,
+            "hop_budget": 8,
+            "mtu": scaling.link_mtu,
+            "collector": collector,
+        },
+        "ecn": {
+            "kmin_bytes": setup.ecn.kmin_bytes,
+            "kmax_bytes": setup.ecn.kmax_bytes,
+            "pmax": setup.ecn.pmax,
+        },
         "switches": sw_docs,
         "hosts": hosts,
         "links": links,
-        "policy": {"interval_s": 1.0, "eta": 0.95,
-                   "default": {"rate_law": setup.rate_law, "params": dict(setup.law_params)},
-                   "push_caps": setup.caps},
+        "policy": {
+            "interval_s": 1.0,
+            "eta": 0.95,
+            "default": {"rate_law": setup.rate_law, "params": dict(setup.law_params)},
+            "push_caps": setup.caps,
+        },
     }
 
 

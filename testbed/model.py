@@ -59,8 +59,9 @@ class Scaling:
         if self.scale < 1:
             raise ValueError(f"scale {self.scale} must be at least 1")
         if self.link_bps < 1e5:
-            raise ValueError(f"scale {self.scale:g} leaves {self.link_bps:g} b/s per link: "
-                             "too slow to emulate")
+            raise ValueError(
+                f"scale {self.scale:g} leaves {self.link_bps:g} b/s per link: too slow to emulate"
+            )
 
     @property
     def link_bps(self) -> float:
@@ -102,11 +103,13 @@ class Scaling:
         return max(1, self.model.queue_bytes // self.frame_bytes)
 
     def describe(self) -> str:
-        return (f"switch model {self.model.describe()}, scale 1/{self.scale:g}: "
-                f"{self.model.port_speed_gbps:g}G ports run at {fmt_rate(self.link_bps)}, "
-                f"NICs at {fmt_rate(self.nic_bps)}; queues {self.model.queue_bytes // 1000} KB "
-                f"per port; MTU {self.transport_mtu} B payload; base RTT "
-                f"{self.model.base_rtt_us:g} us -> {self.base_rtt_s * 1e3:g} ms")
+        return (
+            f"switch model {self.model.describe()}, scale 1/{self.scale:g}: "
+            f"{self.model.port_speed_gbps:g}G ports run at {fmt_rate(self.link_bps)}, "
+            f"NICs at {fmt_rate(self.nic_bps)}; queues {self.model.queue_bytes // 1000} KB "
+            f"per port; MTU {self.transport_mtu} B payload; base RTT "
+            f"{self.model.base_rtt_us:g} us -> {self.base_rtt_s * 1e3:g} ms"
+        )
 
 
 def fmt_rate(bps: float) -> str:

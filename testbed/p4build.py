@@ -101,10 +101,22 @@ def tofino_target(name: str, top: str, device: str, arch: str) -> Target:
         top=top,
         compiler="bf-p4c",
         compiler_env="BF_P4C",
-        flags=("--target", device, "--arch", arch, "--std", "p4-16", "--auto-init-metadata",
-               "--p4runtime-force-std-externs", "-g"),
-        outputs={"p4info": f"{stem}.p4info.txtpb", "bfrt": f"{stem}.bfrt.json",
-                 "resources": f"{stem}.resources.json"},
+        flags=(
+            "--target",
+            device,
+            "--arch",
+            arch,
+            "--std",
+            "p4-16",
+            "--auto-init-metadata",
+            "--p4runtime-force-std-externs",
+            "-g",
+        ),
+        outputs={
+            "p4info": f"{stem}.p4info.txtpb",
+            "bfrt": f"{stem}.bfrt.json",
+            "resources": f"{stem}.resources.json",
+        },
         kind="tofino",
     )
 
@@ -131,15 +143,28 @@ class Project:
             return str(path)
 
 
-P4SRC = Project(REPO / "p4src", (
-    bmv2_target("bmv2", "xingmai.p4"),
-    tofino_target("tofino", "tna/xingmai.p4", "tofino", "tna"),
-    tofino_target("tofino2", "tna/xingmai.p4", "tofino2", "t2na"),
-))
-TESTS = Project(REPO / "tests" / "p4", tuple(
-    bmv2_target(name, f"{name}.p4")
-    for name in ("switch_features", "primitives", "queue_probe", "bench_l3",
-                 "bench_two_tables", "parser_default_case")))
+P4SRC = Project(
+    REPO / "p4src",
+    (
+        bmv2_target("bmv2", "xingmai.p4"),
+        tofino_target("tofino", "tna/xingmai.p4", "tofino", "tna"),
+        tofino_target("tofino2", "tna/xingmai.p4", "tofino2", "t2na"),
+    ),
+)
+TESTS = Project(
+    REPO / "tests" / "p4",
+    tuple(
+        bmv2_target(name, f"{name}.p4")
+        for name in (
+            "switch_features",
+            "primitives",
+            "queue_probe",
+            "bench_l3",
+            "bench_two_tables",
+            "parser_default_case",
+        )
+    ),
+)
 PROJECTS: tuple[Project, ...] = (P4SRC, TESTS)
 
 
@@ -234,8 +259,9 @@ def check(project: Project = P4SRC) -> list[str]:
                 problems.append(f"{t.name}: output {name} differs from what the build wrote")
     for rel in all_p4_files(project):
         if rel not in covered:
-            problems.append(f"{rel} is under {project.rel(project.root)}/ but no target "
-                            "includes it")
+            problems.append(
+                f"{rel} is under {project.rel(project.root)}/ but no target includes it"
+            )
     return problems
 
 
@@ -334,11 +360,14 @@ def _collect_tofino_outputs(t: Target, tmp: Path) -> None:
     summary = tofino_resource_summary(out)
     # bf-p4c's backend can finish with more stages than the device has (the assembler then
     # fails, or nothing checks): such a build is refused here, not committed.
-    over = {g: n for g, n in summary["mau_stages_used"].items()
-            if n > summary["mau_stages_available"]}
+    over = {
+        g: n for g, n in summary["mau_stages_used"].items() if n > summary["mau_stages_available"]
+    }
     if over:
-        raise RuntimeError(f"{t.name}: needs more MAU stages than the device's "
-                           f"{summary['mau_stages_available']}: {over}")
+        raise RuntimeError(
+            f"{t.name}: needs more MAU stages than the device's "
+            f"{summary['mau_stages_available']}: {over}"
+        )
     shutil.copyfile(next(out.rglob("bfrt.json")), tmp / t.outputs["bfrt"])
     (tmp / t.outputs["resources"]).write_text(json.dumps(summary, indent=2) + "\n")
 
@@ -382,8 +411,10 @@ def build_project(project: Project) -> bool:
     for t in project.targets:
         exe = find_compiler(t)
         if exe is None:
-            print(f"{t.name}: {t.compiler} not found (PATH or ${t.compiler_env}); "
-                  "keeping the committed outputs")
+            print(
+                f"{t.name}: {t.compiler} not found (PATH or ${t.compiler_env}); "
+                "keeping the committed outputs"
+            )
             continue
         print(f"{project.rel(project.root)}: {t.name}: compiling {t.top} with {exe}")
         try:
@@ -408,8 +439,11 @@ def main(argv: list[str] | None = None) -> int:
         for p in problems:
             print(f"stale: {where}: {p}", file=sys.stderr)
         if problems:
-            print(f"{where}/build does not match {where}: run `make p4` where the compilers "
-                  "are installed", file=sys.stderr)
+            print(
+                f"{where}/build does not match {where}: run `make p4` where the compilers "
+                "are installed",
+                file=sys.stderr,
+            )
             status = 1
         else:
             print(f"{where}/build matches {where} (stamp.json)")

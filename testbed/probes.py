@@ -69,8 +69,9 @@ def _int_filter(int_dscp: int, udp_port: int = ROCE_UDP_PORT) -> list[tuple[int,
     ]
 
 
-def packet_socket_in(netns_path: str, ifname: str,
-                     bpf: list[tuple[int, int, int, int]] | None = None) -> socket.socket:
+def packet_socket_in(
+    netns_path: str, ifname: str, bpf: list[tuple[int, int, int, int]] | None = None
+) -> socket.socket:
     """An AF_PACKET socket on `ifname` of the network namespace at `netns_path`.
 
     A socket belongs to the namespace it was made in; a short-lived thread enters the
@@ -82,11 +83,15 @@ def packet_socket_in(netns_path: str, ifname: str,
             with in_netns(netns_path):
                 s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
             if bpf is not None:
-                code = b"".join(struct.pack("HBBI", c, jt, jf, k & 0xFFFFFFFF)
-                                for c, jt, jf, k in bpf)
+                code = b"".join(
+                    struct.pack("HBBI", c, jt, jf, k & 0xFFFFFFFF) for c, jt, jf, k in bpf
+                )
                 buf = ctypes.create_string_buffer(code)
-                s.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER,
-                             struct.pack("HL", len(bpf), ctypes.addressof(buf)))
+                s.setsockopt(
+                    socket.SOL_SOCKET,
+                    SO_ATTACH_FILTER,
+                    struct.pack("HL", len(bpf), ctypes.addressof(buf)),
+                )
             s.bind((ifname, 0))
             # root may exceed net.core.rmem_max: a busy sampler thread reads in batches
             s.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 32 << 20)
@@ -129,7 +134,8 @@ class Capture:
     hops: list[HopSample] = field(default_factory=list)
     # flow (src ip, dst ip, UDP source port) -> [(t, frame bytes)] as received
     flows: dict[tuple[str, str, int], list[tuple[float, int]]] = field(
-        default_factory=lambda: defaultdict(list))
+        default_factory=lambda: defaultdict(list)
+    )
     packets: int = 0
     undecodable: int = 0
     max_hops: int = 0
@@ -146,8 +152,12 @@ class Capture:
 class IntSampler:
     """Reads the INT stack of every data packet arriving at the given host interfaces."""
 
-    def __init__(self, endpoints: Iterable[tuple[str, str]], links: dict[tuple[int, int], str],
-                 int_dscp: int = INT_DSCP_DEFAULT):
+    def __init__(
+        self,
+        endpoints: Iterable[tuple[str, str]],
+        links: dict[tuple[int, int], str],
+        int_dscp: int = INT_DSCP_DEFAULT,
+    ):
         """`endpoints`: (netns path, interface); `links`: (node id, egress port) -> name."""
         self.links = links
         self.socks = [packet_socket_in(ns, ifn, _int_filter(int_dscp)) for ns, ifn in endpoints]
@@ -167,7 +177,6 @@ class IntSampler:
         with self._lock:
             cap, self._capture = self._capture, None
         return cap or Capture()
-
 
     def close(self) -> None:
         self._stop.set()
@@ -193,7 +202,7 @@ class IntSampler:
                     now = time.monotonic()
                     for level, kind, data in anc:
                         if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
-                            sec, nsec = _TIMESPEC.unpack(data[:_TIMESPEC.size])
+                            sec, nsec = _TIMESPEC.unpack(data[: _TIMESPEC.size])
                             now = sec + nsec * 1e-9 + offset
                     self._parse(self._capture, frame, now)
 
@@ -204,9 +213,9 @@ class IntSampler:
             self.last[got[0][1]] = (now, got[0], got[1])
 
 
-def record_int_frame(cap: Capture | None, frame: bytes, now: float,
-                     links: dict[tuple[int, int], str]
-                     ) -> tuple[tuple[str, str, int], list[HopSample]] | None:
+def record_int_frame(
+    cap: Capture | None, frame: bytes, now: float, links: dict[tuple[int, int], str]
+) -> tuple[tuple[str, str, int], list[HopSample]] | None:
     """Decode the INT stack of one Ethernet frame (an INT data packet arriving at a host) into
     `cap`; returns (flow, hop samples), None when it does not decode (counted). Both engines
     read INT with this: the emulation's packet sockets and the simulated twin's hosts."""
@@ -232,8 +241,16 @@ def record_int_frame(cap: Capture | None, frame: bytes, now: float,
         if node is None or port is None or occ is None:
             continue
         link = links.get((node, port), f"node{node}:{port}")
-        samples.append(HopSample(now, link, int(occ), hop.get("tx_util"),
-                                 hop.get("hop_latency"), hop.get("egress_ts")))
+        samples.append(
+            HopSample(
+                now,
+                link,
+                int(occ),
+                hop.get("tx_util"),
+                hop.get("hop_latency"),
+                hop.get("egress_ts"),
+            )
+        )
     flow = (src, dst, sport)
     if cap is not None:
         cap.flows[flow].append((now, total_len + 14))
@@ -266,8 +283,9 @@ class RateWatcher:
         for host, stub in stubs.items():
             call = stub.WatchRates(agent_pb2.WatchRatesRequest())
             self._calls.append(call)
-            t = threading.Thread(target=self._consume, args=(host, call),
-                                 name=f"rates:{host}", daemon=True)
+            t = threading.Thread(
+                target=self._consume, args=(host, call), name=f"rates:{host}", daemon=True
+            )
             t.start()
             self._threads.append(t)
 
@@ -279,8 +297,13 @@ class RateWatcher:
                 k = ev.flow
                 if k.protocol != 17 or k.dst_port != ROCE_UDP_PORT:
                     continue
-                e = RateEvent(ev.time_ns / 1e9, host, (k.src_ip, k.dst_ip, k.src_port),
-                              int(ev.rate_bps), ev.origin)
+                e = RateEvent(
+                    ev.time_ns / 1e9,
+                    host,
+                    (k.src_ip, k.dst_ip, k.src_port),
+                    int(ev.rate_bps),
+                    ev.origin,
+                )
                 with self._lock:
                     if self._events is not None:
                         self._events.append(e)
@@ -314,8 +337,12 @@ class PortCounters:
 
 def port_counters(netns_path: str, ifnames: Iterable[str]) -> dict[str, PortCounters]:
     """Kernel counters of the given interfaces of one namespace (`ip -s -j link`)."""
-    out = subprocess.run(["nsenter", f"--net={netns_path}", "ip", "-s", "-j", "link", "show"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["nsenter", f"--net={netns_path}", "ip", "-s", "-j", "link", "show"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     wanted = set(ifnames)
     res = {}
     for link in json.loads(out):
@@ -323,21 +350,44 @@ def port_counters(netns_path: str, ifnames: Iterable[str]) -> dict[str, PortCoun
         if name in wanted:
             st = link["stats64"]
             # the switch's view: what it received came in on rx, what it sent went out on tx
-            res[name] = PortCounters(st["rx"]["packets"], st["tx"]["packets"],
-                                     st["rx"]["bytes"], st["tx"]["bytes"])
+            res[name] = PortCounters(
+                st["rx"]["packets"], st["tx"]["packets"], st["rx"]["bytes"], st["tx"]["bytes"]
+            )
     return res
 
 
-def counters_delta(before: dict[str, PortCounters],
-                   after: dict[str, PortCounters]) -> dict[str, PortCounters]:
-    return {k: PortCounters(*(a - b for a, b in zip(
-        (after[k].rx_packets, after[k].tx_packets, after[k].rx_bytes, after[k].tx_bytes),
-        (before[k].rx_packets, before[k].tx_packets, before[k].rx_bytes, before[k].tx_bytes),
-        strict=True))) for k in after if k in before}
+def counters_delta(
+    before: dict[str, PortCounters], after: dict[str, PortCounters]
+) -> dict[str, PortCounters]:
+    return {
+        k: PortCounters(
+            *(
+                a - b
+                for a, b in zip(
+                    (
+                        after[k].rx_packets,
+                        after[k].tx_packets,
+                        after[k].rx_bytes,
+                        after[k].tx_bytes,
+                    ),
+                    (
+                        before[k].rx_packets,
+                        before[k].tx_packets,
+                        before[k].rx_bytes,
+                        before[k].tx_bytes,
+                    ),
+                    strict=True,
+                )
+            )
+        )
+        for k in after
+        if k in before
+    }
 
 
-def wait_quiet(read: Callable[[], dict[str, PortCounters]], quiet_s: float = 0.3,
-               timeout: float = 5.0) -> dict[str, PortCounters]:
+def wait_quiet(
+    read: Callable[[], dict[str, PortCounters]], quiet_s: float = 0.3, timeout: float = 5.0
+) -> dict[str, PortCounters]:
     """Counters once nothing moved for `quiet_s` (every queued packet has left)."""
     deadline = time.monotonic() + timeout
     last = read()

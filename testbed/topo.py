@@ -189,8 +189,10 @@ def validate(spec: FabricSpec) -> None:
     for kind, nodes in (("switch", spec.switches), ("host", spec.hosts)):
         for n in nodes:
             if not _NAME.match(n.name):
-                raise TopologyError(f"{kind} name {n.name!r}: a letter then letters, digits or "
-                                    "'_', at most 10 characters")
+                raise TopologyError(
+                    f"{kind} name {n.name!r}: a letter then letters, digits or "
+                    "'_', at most 10 characters"
+                )
             if n.name in names or n.name in ("collector", COLLECTOR_NODE):
                 raise TopologyError(f"{kind} name {n.name!r} is used twice (or reserved)")
             names.add(n.name)
@@ -200,8 +202,9 @@ def validate(spec: FabricSpec) -> None:
             raise TopologyError(f"switch {key}s must be unique, got {vals}")
     ips = [n.ip for h in spec.hosts for n in h.nics]
     if len(set(ips)) != len(ips) or COLLECTOR_IP in ips:
-        raise TopologyError("host addresses must be unique (and not the collector's "
-                            f"{COLLECTOR_IP})")
+        raise TopologyError(
+            f"host addresses must be unique (and not the collector's {COLLECTOR_IP})"
+        )
     used: set[End] = set()
     ends = [(f"links[{i}]", e) for i, lk in enumerate(spec.links) for e in (lk.a, lk.b)]
     if spec.collector is not None:
@@ -233,8 +236,9 @@ def validate(spec: FabricSpec) -> None:
 
 
 def _switches(names: list[str]) -> tuple[SwitchSpec, ...]:
-    return tuple(SwitchSpec(n, i + 1, i + 1, f"02:00:00:00:fe:{i + 1:02x}")
-                 for i, n in enumerate(names))
+    return tuple(
+        SwitchSpec(n, i + 1, i + 1, f"02:00:00:00:fe:{i + 1:02x}") for i, n in enumerate(names)
+    )
 
 
 def _host_mac(ip: str) -> str:
@@ -246,8 +250,10 @@ def single(hosts: int = 4) -> FabricSpec:
     """One switch `s1`, hosts h1..hN on ports 1..N; the collector on port N+1."""
     if not 2 <= hosts <= 250:
         raise TopologyError("single: 2..250 hosts")
-    hs = tuple(HostSpec(f"h{j}", (NicSpec(f"10.0.1.{j}", _host_mac(f"10.0.1.{j}")),))
-               for j in range(1, hosts + 1))
+    hs = tuple(
+        HostSpec(f"h{j}", (NicSpec(f"10.0.1.{j}", _host_mac(f"10.0.1.{j}")),))
+        for j in range(1, hosts + 1)
+    )
     links = tuple(LinkSpec(End(f"h{j}", 0), End("s1", j)) for j in range(1, hosts + 1))
     return FabricSpec(f"single-{hosts}", _switches(["s1"]), hs, links, End("s1", hosts + 1))
 
@@ -260,8 +266,9 @@ def leafspine(leaves: int = 2, spines: int = 2, hosts_per_leaf: int = 4) -> Fabr
         raise TopologyError("leafspine: 1..99 leaves and spines, 1..200 hosts per leaf")
     if leaves * hosts_per_leaf < 2:
         raise TopologyError("leafspine: at least two hosts")
-    sw = _switches([f"leaf{i}" for i in range(1, leaves + 1)]
-                   + [f"spine{k}" for k in range(1, spines + 1)])
+    sw = _switches(
+        [f"leaf{i}" for i in range(1, leaves + 1)] + [f"spine{k}" for k in range(1, spines + 1)]
+    )
     hosts: list[HostSpec] = []
     links: list[LinkSpec] = []
     n = 0
@@ -274,8 +281,13 @@ def leafspine(leaves: int = 2, spines: int = 2, hosts_per_leaf: int = 4) -> Fabr
     for i in range(1, leaves + 1):
         for k in range(1, spines + 1):
             links.append(LinkSpec(End(f"leaf{i}", hosts_per_leaf + k), End(f"spine{k}", i)))
-    return FabricSpec(f"leafspine-{leaves}x{spines}x{hosts_per_leaf}", sw, tuple(hosts),
-                      tuple(links), End("leaf1", hosts_per_leaf + spines + 1))
+    return FabricSpec(
+        f"leafspine-{leaves}x{spines}x{hosts_per_leaf}",
+        sw,
+        tuple(hosts),
+        tuple(links),
+        End("leaf1", hosts_per_leaf + spines + 1),
+    )
 
 
 def rail(nics: int = 2, hosts: int = 4, spines: int = 1) -> FabricSpec:
@@ -284,17 +296,29 @@ def rail(nics: int = 2, hosts: int = 4, spines: int = 1) -> FabricSpec:
     10.0.<i+1>.<h>, so traffic between same-numbered NICs stays on its rail."""
     if not (1 <= nics <= 16 and 2 <= hosts <= 200 and 1 <= spines <= 16):
         raise TopologyError("rail: 1..16 NICs per host, 2..200 hosts, 1..16 spines")
-    sw = _switches([f"rail{i}" for i in range(1, nics + 1)]
-                   + [f"spine{k}" for k in range(1, spines + 1)])
-    hs = tuple(HostSpec(f"h{h}", tuple(NicSpec(f"10.0.{i}.{h}", _host_mac(f"10.0.{i}.{h}"))
-                                       for i in range(1, nics + 1)))
-               for h in range(1, hosts + 1))
-    links = [LinkSpec(End(f"h{h}", i - 1), End(f"rail{i}", h))
-             for i in range(1, nics + 1) for h in range(1, hosts + 1)]
-    links += [LinkSpec(End(f"rail{i}", hosts + k), End(f"spine{k}", i))
-              for i in range(1, nics + 1) for k in range(1, spines + 1)]
-    return FabricSpec(f"rail-{nics}x{hosts}x{spines}", sw, hs, tuple(links),
-                      End("rail1", hosts + spines + 1))
+    sw = _switches(
+        [f"rail{i}" for i in range(1, nics + 1)] + [f"spine{k}" for k in range(1, spines + 1)]
+    )
+    hs = tuple(
+        HostSpec(
+            f"h{h}",
+            tuple(NicSpec(f"10.0.{i}.{h}", _host_mac(f"10.0.{i}.{h}")) for i in range(1, nics + 1)),
+        )
+        for h in range(1, hosts + 1)
+    )
+    links = [
+        LinkSpec(End(f"h{h}", i - 1), End(f"rail{i}", h))
+        for i in range(1, nics + 1)
+        for h in range(1, hosts + 1)
+    ]
+    links += [
+        LinkSpec(End(f"rail{i}", hosts + k), End(f"spine{k}", i))
+        for i in range(1, nics + 1)
+        for k in range(1, spines + 1)
+    ]
+    return FabricSpec(
+        f"rail-{nics}x{hosts}x{spines}", sw, hs, tuple(links), End("rail1", hosts + spines + 1)
+    )
 
 
 BUILDERS = {"single": single, "leafspine": leafspine, "rail": rail}
@@ -332,22 +356,31 @@ def from_doc(doc: Any, name: str = "fabric") -> FabricSpec:
         sw_names.append(str(s["name"]))
         overrides[str(s["name"])] = {k: v for k, v in s.items() if k != "name"}
     switches = tuple(
-        SwitchSpec(s.name, s.device_id, int(overrides[s.name].get("node_id", s.node_id)),
-                   str(overrides[s.name].get("router_mac", s.router_mac)).lower())
-        for s in _switches(sw_names))
+        SwitchSpec(
+            s.name,
+            s.device_id,
+            int(overrides[s.name].get("node_id", s.node_id)),
+            str(overrides[s.name].get("router_mac", s.router_mac)).lower(),
+        )
+        for s in _switches(sw_names)
+    )
     hosts = []
     for i, h in enumerate(doc.get("hosts") or []):
         if not isinstance(h, dict) or "name" not in h or not isinstance(h.get("nics"), list):
             raise TopologyError(f"hosts[{i}]: expected {{name: ..., nics: [ADDRESS, ...]}}")
         nics = []
         for j, n in enumerate(h["nics"]):
-            ip, mac = (n, None) if isinstance(n, str) else (
-                (n.get("ip"), n.get("mac")) if isinstance(n, dict) else (None, None))
+            ip, mac = (
+                (n, None)
+                if isinstance(n, str)
+                else ((n.get("ip"), n.get("mac")) if isinstance(n, dict) else (None, None))
+            )
             try:
                 ip = str(ipaddress.IPv4Address(ip))
             except ValueError:
-                raise TopologyError(f"hosts[{i}].nics[{j}]: {n!r} is not an IPv4 address "
-                                    "(or {ip: ..., mac: ...})") from None
+                raise TopologyError(
+                    f"hosts[{i}].nics[{j}]: {n!r} is not an IPv4 address (or {{ip: ..., mac: ...}})"
+                ) from None
             nics.append(NicSpec(ip, str(mac).lower() if mac else _host_mac(ip)))
         if not nics:
             raise TopologyError(f"hosts[{i}].nics: a host needs a NIC")
@@ -355,14 +388,19 @@ def from_doc(doc: Any, name: str = "fabric") -> FabricSpec:
     links = []
     for i, lk in enumerate(doc.get("links") or []):
         if not isinstance(lk, list) or len(lk) not in (2, 3):
-            raise TopologyError(f"links[{i}]: expected [END, END] or [END, END, {{gbps: G, "
-                                "delay_ns: N}]")
+            raise TopologyError(
+                f"links[{i}]: expected [END, END] or [END, END, {{gbps: G, delay_ns: N}}]"
+            )
         gbps, delay = _link_params(lk[2] if len(lk) == 3 else {}, f"links[{i}]")
-        links.append(LinkSpec(_end(lk[0], f"links[{i}]"), _end(lk[1], f"links[{i}]"),
-                              gbps, delay))
+        links.append(LinkSpec(_end(lk[0], f"links[{i}]"), _end(lk[1], f"links[{i}]"), gbps, delay))
     col = doc.get("collector")
-    return FabricSpec(str(doc.get("name", name)), switches, tuple(hosts), tuple(links),
-                      _end(col, "collector") if col is not None else None)
+    return FabricSpec(
+        str(doc.get("name", name)),
+        switches,
+        tuple(hosts),
+        tuple(links),
+        _end(col, "collector") if col is not None else None,
+    )
 
 
 def _link_params(doc: Any, where: str) -> tuple[float | None, int | None]:
@@ -370,13 +408,16 @@ def _link_params(doc: Any, where: str) -> tuple[float | None, int | None]:
     if not isinstance(doc, dict) or set(doc) - {"gbps", "delay_ns"}:
         raise TopologyError(f"{where}: the third element is a mapping of gbps and delay_ns")
     gbps, delay = doc.get("gbps"), doc.get("delay_ns")
-    if gbps is not None and (isinstance(gbps, bool) or not isinstance(gbps, int | float)
-                             or not 0 < gbps <= MAX_LINK_GBPS):
+    if gbps is not None and (
+        isinstance(gbps, bool) or not isinstance(gbps, int | float) or not 0 < gbps <= MAX_LINK_GBPS
+    ):
         raise TopologyError(f"{where}: gbps {gbps!r} is not a speed in (0, {MAX_LINK_GBPS:g}]")
-    if delay is not None and (isinstance(delay, bool) or not isinstance(delay, int)
-                              or not 0 <= delay <= MAX_LINK_DELAY_NS):
-        raise TopologyError(f"{where}: delay_ns {delay!r} is not whole ns in "
-                            f"[0, {MAX_LINK_DELAY_NS}]")
+    if delay is not None and (
+        isinstance(delay, bool) or not isinstance(delay, int) or not 0 <= delay <= MAX_LINK_DELAY_NS
+    ):
+        raise TopologyError(
+            f"{where}: delay_ns {delay!r} is not whole ns in [0, {MAX_LINK_DELAY_NS}]"
+        )
     return (None if gbps is None else float(gbps)), delay
 
 
@@ -401,10 +442,14 @@ def load(path: str | Path) -> FabricSpec:
 def to_doc(spec: FabricSpec) -> dict[str, Any]:
     doc: dict[str, Any] = {
         "name": spec.name,
-        "switches": [{"name": s.name, "node_id": s.node_id, "router_mac": s.router_mac}
-                     for s in spec.switches],
-        "hosts": [{"name": h.name, "nics": [{"ip": n.ip, "mac": n.mac} for n in h.nics]}
-                  for h in spec.hosts],
+        "switches": [
+            {"name": s.name, "node_id": s.node_id, "router_mac": s.router_mac}
+            for s in spec.switches
+        ],
+        "hosts": [
+            {"name": h.name, "nics": [{"ip": n.ip, "mac": n.mac} for n in h.nics]}
+            for h in spec.hosts
+        ],
         "links": [_link_doc(lk) for lk in spec.links],
     }
     if spec.collector is not None:
@@ -430,5 +475,4 @@ def parse_choice(text: str) -> FabricSpec:
             raise TopologyError(f"{text!r}: too many arguments for {kind}") from None
     if Path(text).exists():
         return load(text)
-    raise TopologyError(f"{text!r}: not single[:H], leafspine[:L,S,H], rail[:K,H,S] or a "
-                        "YAML file")
+    raise TopologyError(f"{text!r}: not single[:H], leafspine[:L,S,H], rail[:K,H,S] or a YAML file")

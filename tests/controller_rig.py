@@ -76,8 +76,14 @@ class FabricSwitch:
 class Fabric:
     """`leaves` x `spines` leaf-spine, `per_leaf` hosts per leaf, collector on leaf1."""
 
-    def __init__(self, tmp: Path, leaves: int = 2, spines: int = 2, per_leaf: int = 2,
-                 int_mode: str = "switch"):
+    def __init__(
+        self,
+        tmp: Path,
+        leaves: int = 2,
+        spines: int = 2,
+        per_leaf: int = 2,
+        int_mode: str = "switch",
+    ):
         if os.geteuid() != 0:
             raise PermissionError("the fabric needs root (namespaces, veths, raw sockets)")
         self.tmp = tmp
@@ -105,17 +111,22 @@ class Fabric:
         sh("ip", "netns", "add", name)
         self.netns.append(name)
         sh("ip", "netns", "exec", name, "ip", "link", "set", "lo", "up")
-        subprocess.run(["ip", "netns", "exec", name, "sysctl", "-qw",
-                        "net.ipv6.conf.all.disable_ipv6=1"], capture_output=True)
+        subprocess.run(
+            ["ip", "netns", "exec", name, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1"],
+            capture_output=True,
+        )
         return name
 
     def _quiet(self, ifname: str, netns: str | None = None) -> None:
         pre = ["ip", "netns", "exec", netns] if netns else []
         # a software switch must see the frames the wire carries: no offloads
-        subprocess.run([*pre, "ethtool", "-K", ifname, "tx", "off", "tso", "off", "gso", "off",
-                        "gro", "off"], capture_output=True)
-        subprocess.run([*pre, "sysctl", "-qw", f"net.ipv6.conf.{ifname}.disable_ipv6=1"],
-                       capture_output=True)
+        subprocess.run(
+            [*pre, "ethtool", "-K", ifname, "tx", "off", "tso", "off", "gso", "off", "gro", "off"],
+            capture_output=True,
+        )
+        subprocess.run(
+            [*pre, "sysctl", "-qw", f"net.ipv6.conf.{ifname}.disable_ipv6=1"], capture_output=True
+        )
 
     def _port_if(self, sw: FabricSwitch, port: int) -> str:
         name = f"{self.prefix}{sw.short}p{port}"
@@ -126,19 +137,27 @@ class Fabric:
         n = 0
         for i in range(1, leaves + 1):
             n += 1
-            self.switches[f"leaf{i}"] = FabricSwitch(f"leaf{i}", f"l{i}", n,
-                                                     f"00:00:00:00:fe:{n:02x}", free_port())
+            self.switches[f"leaf{i}"] = FabricSwitch(
+                f"leaf{i}", f"l{i}", n, f"00:00:00:00:fe:{n:02x}", free_port()
+            )
         for i in range(1, spines + 1):
             n += 1
-            self.switches[f"spine{i}"] = FabricSwitch(f"spine{i}", f"s{i}", n,
-                                                      f"00:00:00:00:fe:{n:02x}", free_port())
+            self.switches[f"spine{i}"] = FabricSwitch(
+                f"spine{i}", f"s{i}", n, f"00:00:00:00:fe:{n:02x}", free_port()
+            )
         hidx = 0
         for li in range(1, leaves + 1):
             leaf = self.switches[f"leaf{li}"]
             for k in range(1, per_leaf + 1):
                 hidx += 1
-                host = FabricHost(f"h{hidx}", self._ns(f"{self.prefix}h{hidx}"),
-                                  f"10.0.{li}.{k}", f"02:00:00:00:{li:02x}:{k:02x}", leaf.name, k)
+                host = FabricHost(
+                    f"h{hidx}",
+                    self._ns(f"{self.prefix}h{hidx}"),
+                    f"10.0.{li}.{k}",
+                    f"02:00:00:00:{li:02x}:{k:02x}",
+                    leaf.name,
+                    k,
+                )
                 self.hosts.append(host)
                 sw_if = self._port_if(leaf, k)
                 h_if = f"{self.prefix}h{hidx}e"
@@ -155,8 +174,20 @@ class Fabric:
                 self._quiet("eth0", host.netns)
                 # everything goes to the leaf, whose router MAC the host knows statically
                 gw = f"10.0.{li}.254"
-                sh(*run("ip", "neigh", "add", gw, "lladdr", leaf.router_mac, "dev", "eth0",
-                        "nud", "permanent"))
+                sh(
+                    *run(
+                        "ip",
+                        "neigh",
+                        "add",
+                        gw,
+                        "lladdr",
+                        leaf.router_mac,
+                        "dev",
+                        "eth0",
+                        "nud",
+                        "permanent",
+                    )
+                )
                 sh(*run("ip", "route", "add", gw, "dev", "eth0", "scope", "link"))
                 sh(*run("ip", "route", "add", "10.0.0.0/8", "via", gw, "dev", "eth0"))
                 self.links.append([f"{host.name}:eth0", f"{leaf.name}:{k}"])
@@ -202,9 +233,19 @@ class Fabric:
         argv = [sys.executable, "-m", "testbed.switch.main"]
         for port, ifn in sorted(sw.ports.items()):
             argv += ["-i", f"{port}@{ifn}"]
-        argv += ["--device-id", str(sw.device_id), "--no-p4", "--cpu-port", "255",
-                 "--grpc-server-addr", sw.addr, "--queue-depth-unit", "bytes",
-                 "--name", sw.name]
+        argv += [
+            "--device-id",
+            str(sw.device_id),
+            "--no-p4",
+            "--cpu-port",
+            "255",
+            "--grpc-server-addr",
+            sw.addr,
+            "--queue-depth-unit",
+            "bytes",
+            "--name",
+            sw.name,
+        ]
         sw.log = self.tmp / f"{sw.name}.log"
         with open(sw.log, "ab") as logf:
             sw.proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, cwd=REPO)
@@ -225,23 +266,49 @@ class Fabric:
     def config(self, **overrides: Any) -> dict[str, Any]:
         switches = []
         for i, sw in enumerate(self.switches.values()):
-            switches.append({"name": sw.name, "grpc_addr": sw.addr, "device_id": sw.device_id,
-                             "node_id": i + 1, "router_mac": sw.router_mac,
-                             "ports": sorted(sw.ports)})
+            switches.append(
+                {
+                    "name": sw.name,
+                    "grpc_addr": sw.addr,
+                    "device_id": sw.device_id,
+                    "node_id": i + 1,
+                    "router_mac": sw.router_mac,
+                    "ports": sorted(sw.ports),
+                }
+            )
         doc: dict[str, Any] = {
-            "controller": {"name": "test", "grpc_addr": f"127.0.0.1:{self.ctl_port}",
-                           "counter_poll_s": 0.5, "rpc_timeout_s": 1.0,
-                           "reconnect_max_s": 2.0},
+            "controller": {
+                "name": "test",
+                "grpc_addr": f"127.0.0.1:{self.ctl_port}",
+                "counter_poll_s": 0.5,
+                "rpc_timeout_s": 1.0,
+                "reconnect_max_s": 2.0,
+            },
             "pipeline": {"p4info": str(P4INFO), "bmv2_json": str(BMV2_JSON)},
-            "model": {"port_speed_gbps": 400, "scale": 4000, "queue_depth_bytes": 200000,
-                      "queue_depth_packets": 256},
-            "int": {"collector": {"listen": f"0.0.0.0:{self.collector_port}",
-                                  "netns": self.collector_ns, "ip": COLLECTOR_IP,
-                                  "mac": COLLECTOR_MAC, "udp_port": self.collector_port}},
+            "model": {
+                "port_speed_gbps": 400,
+                "scale": 4000,
+                "queue_depth_bytes": 200000,
+                "queue_depth_packets": 256,
+            },
+            "int": {
+                "collector": {
+                    "listen": f"0.0.0.0:{self.collector_port}",
+                    "netns": self.collector_ns,
+                    "ip": COLLECTOR_IP,
+                    "mac": COLLECTOR_MAC,
+                    "udp_port": self.collector_port,
+                }
+            },
             "switches": switches,
-            "hosts": [{"name": h.name, "int": self.int_mode,
-                       "nics": [{"name": "eth0", "ip": h.ip, "mac": h.mac}]}
-                      for h in self.hosts],
+            "hosts": [
+                {
+                    "name": h.name,
+                    "int": self.int_mode,
+                    "nics": [{"name": "eth0", "ip": h.ip, "mac": h.mac}],
+                }
+                for h in self.hosts
+            ],
             "links": self.links,
             "policy": {"interval_s": 0.5},
         }
@@ -259,10 +326,19 @@ class Fabric:
 
     def start_controller(self, config: Path | None = None, *extra: str) -> None:
         config = config or self.write_config()
-        argv = [sys.executable, "-m", "controller.daemon", "--config", str(config),
-                "--log-file", str(self.ctl_log), *extra]
-        self.controller = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL,
-                                           stderr=subprocess.PIPE)
+        argv = [
+            sys.executable,
+            "-m",
+            "controller.daemon",
+            "--config",
+            str(config),
+            "--log-file",
+            str(self.ctl_log),
+            *extra,
+        ]
+        self.controller = subprocess.Popen(
+            argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
 
     def stub(self) -> Any:
         from controller.proto import controller_pb2_grpc
@@ -279,8 +355,10 @@ class Fabric:
         while time.monotonic() < deadline:
             if self.controller is not None and self.controller.poll() is not None:
                 err = self.controller.stderr.read().decode() if self.controller.stderr else ""
-                raise RuntimeError(f"controller exited {self.controller.returncode}: {err}"
-                                   f"{self.tail(self.ctl_log)}")
+                raise RuntimeError(
+                    f"controller exited {self.controller.returncode}: {err}"
+                    f"{self.tail(self.ctl_log)}"
+                )
             try:
                 last = stub.GetStatus(pb.GetStatusRequest(), timeout=1.0)
                 if last.healthy:
@@ -424,9 +502,14 @@ class FakeHostAgent:
                 self._enter("ListFlows", context)
                 resp = pb.ListFlowsResponse()
                 for k, rate in agent.flows:
-                    resp.flows.add(flow=pb.FlowKey(src_ip=k[0], dst_ip=k[1], protocol=k[2],
-                                                   src_port=k[3], dst_port=k[4]),
-                                   rate_bps=rate, cap_bps=agent.caps.get(k, 0), weight=1)
+                    resp.flows.add(
+                        flow=pb.FlowKey(
+                            src_ip=k[0], dst_ip=k[1], protocol=k[2], src_port=k[3], dst_port=k[4]
+                        ),
+                        rate_bps=rate,
+                        cap_bps=agent.caps.get(k, 0),
+                        weight=1,
+                    )
                 return resp
 
         return Servicer()
@@ -488,17 +571,26 @@ class Traffic:
 
     def receiver(self, host: str, port: int, seconds: float) -> subprocess.Popen[str]:
         h = self.fabric.host(host)
-        p = subprocess.Popen(h.cmd(sys.executable, "-c", RECEIVER, str(port), str(seconds)),
-                             stdout=subprocess.PIPE, text=True)
+        p = subprocess.Popen(
+            h.cmd(sys.executable, "-c", RECEIVER, str(port), str(seconds)),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert p.stdout is not None and p.stdout.readline().strip() == "ready"
         self.receivers.append(p)
         return p
 
-    def sender(self, host: str, dst: str, dport: int, sport: int, pps: float,
-               seconds: float) -> subprocess.Popen[str]:
+    def sender(
+        self, host: str, dst: str, dport: int, sport: int, pps: float, seconds: float
+    ) -> subprocess.Popen[str]:
         h = self.fabric.host(host)
-        p = subprocess.Popen(h.cmd(sys.executable, "-c", SENDER, dst, str(dport), str(sport),
-                                   str(pps), str(seconds)), stdout=subprocess.PIPE, text=True)
+        p = subprocess.Popen(
+            h.cmd(
+                sys.executable, "-c", SENDER, dst, str(dport), str(sport), str(pps), str(seconds)
+            ),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         self.procs.append(p)
         return p
 
@@ -555,16 +647,20 @@ def reachability(fabric: Fabric, port: int = 9009) -> dict[tuple[str, str], bool
     servers = []
     try:
         for h in fabric.hosts:
-            p = subprocess.Popen(h.cmd(sys.executable, "-c", ECHO, str(port)),
-                                 stdout=subprocess.PIPE, text=True)
+            p = subprocess.Popen(
+                h.cmd(sys.executable, "-c", ECHO, str(port)), stdout=subprocess.PIPE, text=True
+            )
             servers.append(p)
             assert p.stdout is not None and p.stdout.readline().strip() == "ready"
         out: dict[tuple[str, str], bool] = {}
         for h in fabric.hosts:
             others = [o for o in fabric.hosts if o is not h]
-            res = subprocess.run(h.cmd(sys.executable, "-c", PROBE, str(port),
-                                       *[o.ip for o in others]),
-                                 capture_output=True, text=True, timeout=60)
+            res = subprocess.run(
+                h.cmd(sys.executable, "-c", PROBE, str(port), *[o.ip for o in others]),
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
             got = json.loads(res.stdout)
             for o in others:
                 out[(h.name, o.name)] = got[o.ip]

@@ -54,22 +54,35 @@ def test_agent_api_and_clean_shutdown(_: int) -> None:
                 assert "sch_fq" in st.pacing_detail
             assert st.line_rate_bps == 100_000_000 and st.host_law.law == pb.RATE_LAW_TITA
             assert st.host_law.tita.w_ai_bps == 5_000_000 and not st.adopted_pins  # (1-eta) x line
-            assert "xdp" in subprocess.run(["ip", "-n", pair.a, "link", "show", pair.dev_a],
-                                           capture_output=True, text=True).stdout
+            assert (
+                "xdp"
+                in subprocess.run(
+                    ["ip", "-n", pair.a, "link", "show", pair.dev_a], capture_output=True, text=True
+                ).stdout
+            )
             assert "xm_tc_egress" in tc(pair.a, "filter", "show", "dev", pair.dev_a, "egress")
             # per-flow law, cap and weight; effective parameters come back filled in
             key = pair.udp_key(6000)
-            eff = stub.SetRateLaw(pb.SetRateLawRequest(
-                flow=agent.flow(key), config=pb.RateLawConfig(
-                    law=pb.RATE_LAW_DCQCN, dcqcn=pb.DcqcnParams(rai_bps=123_000))), timeout=10)
+            eff = stub.SetRateLaw(
+                pb.SetRateLawRequest(
+                    flow=agent.flow(key),
+                    config=pb.RateLawConfig(
+                        law=pb.RATE_LAW_DCQCN, dcqcn=pb.DcqcnParams(rai_bps=123_000)
+                    ),
+                ),
+                timeout=10,
+            )
             assert eff.effective.dcqcn.rai_bps == 123_000
             assert eff.effective.dcqcn.rate_timer_ns == 22_000_000  # scaled default
             agent.set_cap(key, 30_000_000)
-            stub.SetWeights(pb.SetWeightsRequest(weights=[pb.FlowWeight(flow=agent.flow(key),
-                                                                        weight=3)]), timeout=10)
+            stub.SetWeights(
+                pb.SetWeightsRequest(weights=[pb.FlowWeight(flow=agent.flow(key), weight=3)]),
+                timeout=10,
+            )
             watch = stub.WatchRates(pb.WatchRatesRequest(flows=[agent.flow(key)]), timeout=20)
-            got = stub.SetRate(pb.SetRateRequest(flow=agent.flow(key), rate_bps=90_000_000),
-                               timeout=10)
+            got = stub.SetRate(
+                pb.SetRateRequest(flow=agent.flow(key), rate_bps=90_000_000), timeout=10
+            )
             assert got.rate_bps == 30_000_000  # bounded by the cap
             # the stream starts with the current rates, then changes: the new rate shows either
             # as a change made by the agent or, if it won the race with the subscription, as
@@ -84,17 +97,24 @@ def test_agent_api_and_clean_shutdown(_: int) -> None:
             flows = {f.flow.src_port: f for f in agent.flows()}
             f = flows[6000]
             assert (f.cap_bps, f.weight, f.law, f.rate_bps) == (
-                30_000_000, 3, pb.RATE_LAW_DCQCN, 30_000_000)
+                30_000_000,
+                3,
+                pb.RATE_LAW_DCQCN,
+                30_000_000,
+            )
             assert f.paced_rate_bps == 30_000_000 or st.pacing_mode == "edt"
             # bad input is refused with a reason
-            bad = pb.FlowKey(src_ip="10.0.0.1", dst_ip="nope", protocol=17, src_port=1,
-                             dst_port=2)
+            bad = pb.FlowKey(src_ip="10.0.0.1", dst_ip="nope", protocol=17, src_port=1, dst_port=2)
             with pytest.raises(grpc.RpcError) as err:
                 stub.SetCaps(pb.SetCapsRequest(caps=[pb.FlowCap(flow=bad, cap_bps=1)]), timeout=10)
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             with pytest.raises(grpc.RpcError) as err:
-                stub.SetRateLaw(pb.SetRateLawRequest(config=pb.RateLawConfig(
-                    law=pb.RATE_LAW_TITA, tita=pb.TitaParams(eta=1.5))), timeout=10)
+                stub.SetRateLaw(
+                    pb.SetRateLawRequest(
+                        config=pb.RateLawConfig(law=pb.RATE_LAW_TITA, tita=pb.TitaParams(eta=1.5))
+                    ),
+                    timeout=10,
+                )
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             text = stub.GetMetrics(pb.GetMetricsRequest(), timeout=10).text
             assert "xingmai_nic_packets_total" in text and "xingmai_agent_info" in text
@@ -102,8 +122,12 @@ def test_agent_api_and_clean_shutdown(_: int) -> None:
             rc = agent.stop(signal.SIGTERM)
         assert rc == 0, agent.log_tail()
         # everything it made is gone, and only that
-        assert "xdp" not in subprocess.run(["ip", "-n", pair.a, "link", "show", pair.dev_a],
-                                           capture_output=True, text=True).stdout
+        assert (
+            "xdp"
+            not in subprocess.run(
+                ["ip", "-n", pair.a, "link", "show", pair.dev_a], capture_output=True, text=True
+            ).stdout
+        )
         assert "xm_tc_egress" not in tc(pair.a, "filter", "show", "dev", pair.dev_a, "egress")
         assert "htb" not in tc(pair.a, "qdisc", "show", "dev", pair.dev_a)
         assert not agent.pin_dir.exists()
@@ -127,8 +151,9 @@ def test_sigkill_keeps_pacing_and_restart_adopts_pins() -> None:
             assert abs(m2 / 20_000_000 - 1) <= 0.05
             assert (first.pin_dir / "xm_rates").exists()
             # a new agent of the same name adopts the pins instead of resetting them
-            second = AgentProcess(pair.a, pair.dev_a, 1_000_000_000, name=name,
-                                  extra=("--no-int",)).start()
+            second = AgentProcess(
+                pair.a, pair.dev_a, 1_000_000_000, name=name, extra=("--no-int",)
+            ).start()
         except BaseException:
             first.cleanup_after_kill()
             raise
@@ -141,11 +166,15 @@ def test_sigkill_keeps_pacing_and_restart_adopts_pins() -> None:
             assert f1.tx_bytes > f0.tx_bytes  # counters kept and still counting
             assert f1.paced_rate_bps == 20_000_000  # its HTB class was adopted
             m3 = measure_udp_pacing(pair, second, 20_000_000, duration_s=2.0, sport=7000)
-            record("agent_sigkill_restart", cap_bps=20_000_000,
-                   error_before=round(m["error"], 4),
-                   error_without_agent=round(m2 / 20_000_000 - 1, 4),
-                   error_after_restart=round(m3["error"], 4), pacer_drops=m3["pacer_drops"],
-                   adopted_pins=st.adopted_pins)
+            record(
+                "agent_sigkill_restart",
+                cap_bps=20_000_000,
+                error_before=round(m["error"], 4),
+                error_without_agent=round(m2 / 20_000_000 - 1, 4),
+                error_after_restart=round(m3["error"], 4),
+                pacer_drops=m3["pacer_drops"],
+                adopted_pins=st.adopted_pins,
+            )
             assert abs(m3["error"]) <= 0.05 and m3["pacer_drops"] == 0
         finally:
             assert second.stop(signal.SIGTERM) == 0, second.log_tail()
@@ -174,21 +203,27 @@ def test_agent_api_refuses_what_it_cannot_take() -> None:
         try:
             pb, stub = agent.pb(), agent.stub()
             with pytest.raises(grpc.RpcError) as err:
-                stub.SetRateLaw(pb.SetRateLawRequest(config=pb.RateLawConfig(law=77)),
-                                timeout=10)
+                stub.SetRateLaw(pb.SetRateLawRequest(config=pb.RateLawConfig(law=77)), timeout=10)
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             good, bad = agent.flow(pair.udp_key(6100)), agent.flow(pair.udp_key(6101))
             with pytest.raises(grpc.RpcError) as err:
-                stub.SetCaps(pb.SetCapsRequest(caps=[pb.FlowCap(flow=good, cap_bps=10_000_000),
-                                                     pb.FlowCap(flow=bad, cap_bps=0)]),
-                             timeout=10)
+                stub.SetCaps(
+                    pb.SetCapsRequest(
+                        caps=[
+                            pb.FlowCap(flow=good, cap_bps=10_000_000),
+                            pb.FlowCap(flow=bad, cap_bps=0),
+                        ]
+                    ),
+                    timeout=10,
+                )
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert not [f for f in agent.flows() if f.cap_bps], "a failed SetCaps applied a cap"
             # a cap slower than the pacer can pace (HTB's 32-bit tick tables): refused, not
             # INTERNAL (the fuzzer found it)
             with pytest.raises(grpc.RpcError) as err:
-                stub.SetCaps(pb.SetCapsRequest(caps=[pb.FlowCap(flow=good, cap_bps=20)]),
-                             timeout=10)
+                stub.SetCaps(
+                    pb.SetCapsRequest(caps=[pb.FlowCap(flow=good, cap_bps=20)]), timeout=10
+                )
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             # every watcher the agent admits leaves threads for the unary calls
             streams = [stub.WatchRates(pb.WatchRatesRequest(), timeout=30) for _ in range(12)]
@@ -196,8 +231,9 @@ def test_agent_api_refuses_what_it_cannot_take() -> None:
             t0 = time.monotonic()
             assert stub.GetStatus(pb.GetStatusRequest(), timeout=5).healthy
             assert time.monotonic() - t0 < 2
-            refused = sum(1 for s in streams
-                          if s.done() and s.code() == grpc.StatusCode.RESOURCE_EXHAUSTED)
+            refused = sum(
+                1 for s in streams if s.done() and s.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            )
             for s in streams:
                 s.cancel()
             assert refused == 12 - 8
@@ -205,8 +241,10 @@ def test_agent_api_refuses_what_it_cannot_take() -> None:
             accepted = 0
             for sport in range(20_000, 21_500):
                 try:
-                    stub.SetRate(pb.SetRateRequest(flow=agent.flow(pair.udp_key(sport)),
-                                                   rate_bps=5_000_000), timeout=10)
+                    stub.SetRate(
+                        pb.SetRateRequest(flow=agent.flow(pair.udp_key(sport)), rate_bps=5_000_000),
+                        timeout=10,
+                    )
                     accepted += 1
                 except grpc.RpcError as exc:
                     assert exc.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, exc.details()

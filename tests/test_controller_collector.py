@@ -56,7 +56,11 @@ def test_fast_decoder_matches_golden_vector_and_scapy() -> None:
         assert mine.egress_ts == theirs["egress_ts"]
         assert mine.tx_util_ppm == theirs["tx_util"]
     assert (rep.sink.in_port, rep.sink.out_port, rep.sink.latency_ns, rep.sink.qocc) == (
-        2, 1, 900, 1500)
+        2,
+        1,
+        900,
+        1500,
+    )
     assert rep.tracked and not rep.dropped
 
 
@@ -95,8 +99,9 @@ def test_every_tenth_report_dropped_is_counted_exactly() -> None:
             if seq % 10 == 0 and seq != 1000:
                 dropped += 1
                 continue
-            col.ingest(report(seq, node, [hop(3, 2, 1), hop(2, 1, 5)], src="10.0.2.1",
-                              dst="10.0.1.1"))
+            col.ingest(
+                report(seq, node, [hop(3, 2, 1), hop(2, 1, 5)], src="10.0.2.1", dst="10.0.1.1")
+            )
             sent += 1
     assert col.lost == dropped == 2 * 99
     assert sum(n["received"] for n in col.node_summary()) == sent
@@ -109,8 +114,9 @@ def test_links_and_flows_from_reports_and_port_counters() -> None:
     # h1 -> h5: leaf1 (node 1) in 1 out 5, spine1 (node 3) in 1 out 2, sink leaf2 in 5 out 1
     hops = [hop(3, 1, 2, qocc=3000, lat=7000, util=500_000), hop(1, 1, 5, qocc=100)]
     for seq in range(1, 11):
-        col.ingest(report(seq, 2, hops, src="10.0.1.1", dst="10.0.2.1", sink_qocc=42),
-                   now=float(seq))
+        col.ingest(
+            report(seq, 2, hops, src="10.0.1.1", dst="10.0.2.1", sink_qocc=42), now=float(seq)
+        )
     flow = col.flows[("10.0.1.1", "10.0.2.1", 17, 49152, 4791)]
     assert (flow.src_host, flow.dst_host, flow.reports) == ("h1", "h5", 10)
     assert flow.links == ["h1:eth0", "leaf1:5", "spine1:2", "leaf2:1"]
@@ -193,8 +199,10 @@ def test_udp_socket_opens_inside_a_named_network_namespace() -> None:
         subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"], check=True)
         sock = udp_socket("127.0.0.1:32766", netns=ns)  # the port may be taken outside: fine
         try:
-            sender = ("import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); "
-                      "s.sendto(b'inside', ('127.0.0.1', 32766))")
+            sender = (
+                "import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); "
+                "s.sendto(b'inside', ('127.0.0.1', 32766))"
+            )
             subprocess.run(["ip", "netns", "exec", ns, sys.executable, "-c", sender], check=True)
             sock.setblocking(True)
             sock.settimeout(5)

@@ -75,42 +75,52 @@ def _set(doc: dict[str, Any], path: list[Any], value: Any) -> dict[str, Any]:
 _DELETE = object()
 
 
-@pytest.mark.parametrize("path,value,message", [
-    (["switches", 1, "ports", 0], {"port": 1, "speed_gbps": "fast"},
-     "switches[1].ports[0].speed_gbps: expected a number, got 'fast'"),
-    (["switches", 0, "grpc_addr"], "nowhere", "switches[0].grpc_addr: expected HOST:PORT"),
-    (["switches", 0, "node_id"], 3, "switches[2].node_id: 3 already used by leaf1"),
-    (["switches", 0, "router_mac"], "00:11", "switches[0].router_mac: '00:11' is not a MAC"),
-    (["switches", 0, "kind"], "tofino", "switches[0].kind: expected one of builtin, bmv2"),
-    (["switches", 0, "kind"], "bmv2", "switches[0].thrift_port: required for a bmv2 switch"),
-    (["switches", 0, "colour"], "red", "switches[0].colour: unknown key"),
-    (["switches", 0, "name"], _DELETE, "switches[0].name: required"),
-    (["hosts", 2, "nics", 0, "ip"], "10.0.1.300", "hosts[2].nics[0].ip: '10.0.1.300' is not"),
-    (["hosts", 2, "nics", 0, "ip"], "10.0.1.1", "hosts[2].nics[0].ip: 10.0.1.1 used twice"),
-    (["hosts", 0, "int"], "maybe", "hosts[0].int: expected one of switch, nic, none"),
-    (["hosts", 0, "agent"], "unix:", "hosts[0].agent: 'unix:' names no socket path"),
-    (["hosts", 0, "agent"], "agent-h1", "hosts[0].agent: expected HOST:PORT"),
-    (["links", 0], ["h1:eth0"], "links[0]: expected [END, END]"),
-    (["links", 0, 1], "leaf1:99", "links[0].b: switch leaf1 has no port 99"),
-    (["links", 1, 1], "leaf1:1", "links[1].b: leaf1:1 is already linked (links[0])"),
-    (["links", 0, 0], "h9:eth0", "links[0].a: no switch or host named 'h9'"),
-    (["links", 0, 0], "h1:eth7", "links[0].a: host h1 has no NIC 'eth7'"),
-    (["int", "dscp"], 64, "int.dscp: 64 out of range [0, 63]"),
-    (["int", "instruction_bitmap"], True, "int.instruction_bitmap: expected an integer"),
-    (["int", "collector", "ip"], "collector.local", "int.collector.ip: 'collector.local' is not"),
-    (["int", "watchlist", 0, "src"], "10.0.0.1/8", "int.watchlist[0].src: '10.0.0.1/8' is not"),
-    (["ecn", "kmax_bytes"], 10, "ecn.kmax_bytes: 10 is below kmin_bytes 20000"),
-    (["policy", "eta"], 0, "policy.eta: 0 out of range (0"),
-    (["policy", "hosts", "h9"], {"rate_law": "tita"}, "policy.hosts.h9: no such host"),
-    (["policy", "default", "rate_law"], "cubic", "policy.default.rate_law: expected one of"),
-    (["policy", "default", "params"], {"w_ai": "big"}, "policy.default.params.w_ai: expected"),
-    (["policy", "default", "params"], {"w_ai": 5}, "policy.default.params.w_ai: tita has no"),
-    (["policy", "default", "params"], {"eta": -1}, "policy.default.params.eta: -1 out of"),
-    (["model", "scale"], 0.5, "model.scale: 0.5 out of range [1"),
-    (["pipeline"], _DELETE, "pipeline: required"),
-    (["controller", "election_id"], 0, "controller.election_id: 0 out of range"),
-    (["controller", "tls"], {"cert": "a.pem", "key": "k.pem"}, "controller.tls.ca: required"),
-])
+@pytest.mark.parametrize(
+    "path,value,message",
+    [
+        (
+            ["switches", 1, "ports", 0],
+            {"port": 1, "speed_gbps": "fast"},
+            "switches[1].ports[0].speed_gbps: expected a number, got 'fast'",
+        ),
+        (["switches", 0, "grpc_addr"], "nowhere", "switches[0].grpc_addr: expected HOST:PORT"),
+        (["switches", 0, "node_id"], 3, "switches[2].node_id: 3 already used by leaf1"),
+        (["switches", 0, "router_mac"], "00:11", "switches[0].router_mac: '00:11' is not a MAC"),
+        (["switches", 0, "kind"], "tofino", "switches[0].kind: expected one of builtin, bmv2"),
+        (["switches", 0, "kind"], "bmv2", "switches[0].thrift_port: required for a bmv2 switch"),
+        (["switches", 0, "colour"], "red", "switches[0].colour: unknown key"),
+        (["switches", 0, "name"], _DELETE, "switches[0].name: required"),
+        (["hosts", 2, "nics", 0, "ip"], "10.0.1.300", "hosts[2].nics[0].ip: '10.0.1.300' is not"),
+        (["hosts", 2, "nics", 0, "ip"], "10.0.1.1", "hosts[2].nics[0].ip: 10.0.1.1 used twice"),
+        (["hosts", 0, "int"], "maybe", "hosts[0].int: expected one of switch, nic, none"),
+        (["hosts", 0, "agent"], "unix:", "hosts[0].agent: 'unix:' names no socket path"),
+        (["hosts", 0, "agent"], "agent-h1", "hosts[0].agent: expected HOST:PORT"),
+        (["links", 0], ["h1:eth0"], "links[0]: expected [END, END]"),
+        (["links", 0, 1], "leaf1:99", "links[0].b: switch leaf1 has no port 99"),
+        (["links", 1, 1], "leaf1:1", "links[1].b: leaf1:1 is already linked (links[0])"),
+        (["links", 0, 0], "h9:eth0", "links[0].a: no switch or host named 'h9'"),
+        (["links", 0, 0], "h1:eth7", "links[0].a: host h1 has no NIC 'eth7'"),
+        (["int", "dscp"], 64, "int.dscp: 64 out of range [0, 63]"),
+        (["int", "instruction_bitmap"], True, "int.instruction_bitmap: expected an integer"),
+        (
+            ["int", "collector", "ip"],
+            "collector.local",
+            "int.collector.ip: 'collector.local' is not",
+        ),
+        (["int", "watchlist", 0, "src"], "10.0.0.1/8", "int.watchlist[0].src: '10.0.0.1/8' is not"),
+        (["ecn", "kmax_bytes"], 10, "ecn.kmax_bytes: 10 is below kmin_bytes 20000"),
+        (["policy", "eta"], 0, "policy.eta: 0 out of range (0"),
+        (["policy", "hosts", "h9"], {"rate_law": "tita"}, "policy.hosts.h9: no such host"),
+        (["policy", "default", "rate_law"], "cubic", "policy.default.rate_law: expected one of"),
+        (["policy", "default", "params"], {"w_ai": "big"}, "policy.default.params.w_ai: expected"),
+        (["policy", "default", "params"], {"w_ai": 5}, "policy.default.params.w_ai: tita has no"),
+        (["policy", "default", "params"], {"eta": -1}, "policy.default.params.eta: -1 out of"),
+        (["model", "scale"], 0.5, "model.scale: 0.5 out of range [1"),
+        (["pipeline"], _DELETE, "pipeline: required"),
+        (["controller", "election_id"], 0, "controller.election_id: 0 out of range"),
+        (["controller", "tls"], {"cert": "a.pem", "key": "k.pem"}, "controller.tls.ca: required"),
+    ],
+)
 def test_bad_values_name_their_key(path: list[Any], value: Any, message: str) -> None:
     doc = _set(example_doc(), path, value)
     with pytest.raises(ConfigError) as exc:
@@ -153,6 +163,7 @@ def test_tita_without_nic_int_is_warned_about() -> None:
     # the example's hosts are int: switch and h1..h7 run the default law, tita
     warned = cfg.warnings()
     assert any("h1" in w and "needs int: nic" in w for w in warned)
-    nic = dataclasses.replace(cfg, hosts=tuple(dataclasses.replace(h, int_mode="nic")
-                                               for h in cfg.hosts))
+    nic = dataclasses.replace(
+        cfg, hosts=tuple(dataclasses.replace(h, int_mode="nic") for h in cfg.hosts)
+    )
     assert nic.warnings() == []

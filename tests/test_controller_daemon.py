@@ -28,8 +28,13 @@ needs_p4 = pytest.mark.skipif(not P4INFO.exists(), reason=f"{P4INFO} not built (
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "controller.daemon", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "controller.daemon", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_help_describes_the_daemon() -> None:
@@ -74,8 +79,7 @@ def test_systemd_unit_is_valid(tmp_path: Path) -> None:
     if not exe.exists():
         pytest.skip("the console script is not installed (make install)")
     unit = tmp_path / "xingmai-controller.service"
-    unit.write_text(UNIT.read_text().replace("/opt/xingmai/.venv/bin/xingmai-controller",
-                                             str(exe)))
+    unit.write_text(UNIT.read_text().replace("/opt/xingmai/.venv/bin/xingmai-controller", str(exe)))
     res = subprocess.run([tool, "verify", str(unit)], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     text = UNIT.read_text()
@@ -121,8 +125,12 @@ def daemon(tmp_path: Path) -> Iterator[dict[str, Any]]:
     hanging.hang.set()
     doc = yaml.safe_load(EXAMPLE.read_text())
     doc["pipeline"] = {"p4info": str(P4INFO), "bmv2_json": str(BMV2_JSON)}
-    doc["controller"] = {"grpc_addr": f"127.0.0.1:{ctl}", "rpc_timeout_s": 0.5,
-                         "reconnect_max_s": 1.0, "metrics_addr": f"127.0.0.1:{metrics}"}
+    doc["controller"] = {
+        "grpc_addr": f"127.0.0.1:{ctl}",
+        "rpc_timeout_s": 0.5,
+        "reconnect_max_s": 1.0,
+        "metrics_addr": f"127.0.0.1:{metrics}",
+    }
     doc["policy"] = {"interval_s": 0.5}
     doc["int"]["collector"]["listen"] = f"127.0.0.1:{udp}"
     for i, sw in enumerate(doc["switches"]):
@@ -134,11 +142,13 @@ def daemon(tmp_path: Path) -> Iterator[dict[str, Any]]:
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(doc))
     log = tmp_path / "ctl.log"
-    proc = subprocess.Popen([sys.executable, "-m", "controller.daemon", "--config", str(cfg),
-                             "--log-file", str(log)], cwd=REPO, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "controller.daemon", "--config", str(cfg), "--log-file", str(log)],
+        cwd=REPO,
+        stderr=subprocess.PIPE,
+    )
     try:
-        yield {"proc": proc, "ctl": ctl, "udp": udp, "cfg": cfg, "log": log,
-               "metrics": metrics}
+        yield {"proc": proc, "ctl": ctl, "udp": udp, "cfg": cfg, "log": log, "metrics": metrics}
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -190,12 +200,18 @@ def test_unreachable_switches_bad_reports_and_signals(daemon: dict[str, Any]) ->
     assert (st.agents, st.agents_reachable) == (2, 0) and st.slow_loop_runs >= 3
     import urllib.request
 
-    text = urllib.request.urlopen(f"http://127.0.0.1:{daemon['metrics']}/metrics",
-                                  timeout=5).read().decode()
+    text = (
+        urllib.request.urlopen(f"http://127.0.0.1:{daemon['metrics']}/metrics", timeout=5)
+        .read()
+        .decode()
+    )
     assert 'xingmai_controller_switch_connected{switch="leaf1"} 0.0' in text
     assert 'xingmai_controller_report_errors_total{reason="short"}' in text
-    failures = [ln for ln in text.splitlines()
-                if ln.startswith('xingmai_controller_agent_failures_total{host="h1"}')]
+    failures = [
+        ln
+        for ln in text.splitlines()
+        if ln.startswith('xingmai_controller_agent_failures_total{host="h1"}')
+    ]
     assert failures and float(failures[0].split()[-1]) >= 2
     # SIGHUP with a broken file: refused, the running config stays
     good = daemon["cfg"].read_text()
@@ -225,16 +241,53 @@ def _certs(d: Path) -> dict[str, Path]:
     def ossl(*args: str) -> None:
         subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=d)
 
-    ossl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem",
-         "-days", "1", "-subj", "/CN=xingmai-test-ca")
+    ossl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=xingmai-test-ca",
+    )
     for who, san in (("server", "IP:127.0.0.1"), ("client", "DNS:client")):
-        ossl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{who}.key", "-out",
-             f"{who}.csr", "-subj", f"/CN={who}")
+        ossl(
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            f"{who}.key",
+            "-out",
+            f"{who}.csr",
+            "-subj",
+            f"/CN={who}",
+        )
         (d / f"{who}.ext").write_text(f"subjectAltName={san}\n")
-        ossl("x509", "-req", "-in", f"{who}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-             "-CAcreateserial", "-out", f"{who}.pem", "-days", "1", "-extfile", f"{who}.ext")
-    return {n: d / n for n in ("ca.pem", "server.pem", "server.key", "client.pem",
-                               "client.key")}
+        ossl(
+            "x509",
+            "-req",
+            "-in",
+            f"{who}.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            f"{who}.pem",
+            "-days",
+            "1",
+            "-extfile",
+            f"{who}.ext",
+        )
+    return {n: d / n for n in ("ca.pem", "server.pem", "server.key", "client.pem", "client.key")}
 
 
 @needs_p4
@@ -246,20 +299,31 @@ def test_mtls_listener_requires_a_client_certificate(tmp_path: Path) -> None:
     ctl = free_port()
     doc = yaml.safe_load(EXAMPLE.read_text())
     doc["pipeline"] = {"p4info": str(P4INFO), "bmv2_json": str(BMV2_JSON)}
-    doc["controller"] = {"grpc_addr": f"127.0.0.1:{ctl}",
-                         "tls": {"cert": str(c["server.pem"]), "key": str(c["server.key"]),
-                                 "ca": str(c["ca.pem"])}}
+    doc["controller"] = {
+        "grpc_addr": f"127.0.0.1:{ctl}",
+        "tls": {"cert": str(c["server.pem"]), "key": str(c["server.key"]), "ca": str(c["ca.pem"])},
+    }
     doc["int"]["collector"]["listen"] = f"127.0.0.1:{free_port(socket.SOCK_DGRAM)}"
     for sw in doc["switches"]:
         sw["grpc_addr"] = f"127.0.0.1:{free_port()}"
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(doc))
-    proc = subprocess.Popen([sys.executable, "-m", "controller.daemon", "--config", str(cfg),
-                             "--log-file", str(tmp_path / "log")], cwd=REPO)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "controller.daemon",
+            "--config",
+            str(cfg),
+            "--log-file",
+            str(tmp_path / "log"),
+        ],
+        cwd=REPO,
+    )
     try:
-        good = grpc.ssl_channel_credentials(c["ca.pem"].read_bytes(),
-                                            c["client.key"].read_bytes(),
-                                            c["client.pem"].read_bytes())
+        good = grpc.ssl_channel_credentials(
+            c["ca.pem"].read_bytes(), c["client.key"].read_bytes(), c["client.pem"].read_bytes()
+        )
         stub = pb_grpc.ControllerStub(grpc.secure_channel(f"127.0.0.1:{ctl}", good))
         deadline = time.monotonic() + 20
         while True:
@@ -274,11 +338,13 @@ def test_mtls_listener_requires_a_client_certificate(tmp_path: Path) -> None:
         anon = grpc.ssl_channel_credentials(c["ca.pem"].read_bytes())
         with pytest.raises(grpc.RpcError) as exc:
             pb_grpc.ControllerStub(grpc.secure_channel(f"127.0.0.1:{ctl}", anon)).GetStatus(
-                pb.GetStatusRequest(), timeout=3)
+                pb.GetStatusRequest(), timeout=3
+            )
         assert exc.value.code() == grpc.StatusCode.UNAVAILABLE
         with pytest.raises(grpc.RpcError):
             pb_grpc.ControllerStub(grpc.insecure_channel(f"127.0.0.1:{ctl}")).GetStatus(
-                pb.GetStatusRequest(), timeout=3)
+                pb.GetStatusRequest(), timeout=3
+            )
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=15) == 0
@@ -306,11 +372,14 @@ def test_sighup_applies_listener_and_tls_changes_or_refuses_them(tmp_path: Path)
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(doc))
     log = tmp_path / "log"
-    proc = subprocess.Popen([sys.executable, "-m", "controller.daemon", "--config", str(cfg),
-                             "--log-file", str(log)], cwd=REPO)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "controller.daemon", "--config", str(cfg), "--log-file", str(log)],
+        cwd=REPO,
+    )
     plain = pb_grpc.ControllerStub(grpc.insecure_channel(f"127.0.0.1:{ctl}"))
-    good = grpc.ssl_channel_credentials(c["ca.pem"].read_bytes(), c["client.key"].read_bytes(),
-                                        c["client.pem"].read_bytes())
+    good = grpc.ssl_channel_credentials(
+        c["ca.pem"].read_bytes(), c["client.key"].read_bytes(), c["client.pem"].read_bytes()
+    )
     secure = pb_grpc.ControllerStub(grpc.secure_channel(f"127.0.0.1:{ctl}", good))
 
     def status(stub: Any, timeout: float = 20.0) -> Any:
@@ -326,8 +395,11 @@ def test_sighup_applies_listener_and_tls_changes_or_refuses_them(tmp_path: Path)
     try:
         assert status(plain).switches == 4
         # add mTLS on the same address: plaintext is refused from then on
-        doc["controller"]["tls"] = {"cert": str(c["server.pem"]), "key": str(c["server.key"]),
-                                    "ca": str(c["ca.pem"])}
+        doc["controller"]["tls"] = {
+            "cert": str(c["server.pem"]),
+            "key": str(c["server.key"]),
+            "ca": str(c["ca.pem"]),
+        }
         cfg.write_text(yaml.safe_dump(doc))
         proc.send_signal(signal.SIGHUP)
         st = status(secure)

@@ -60,18 +60,22 @@ def read_all(fabric: Fabric, name: str) -> list[str]:
     """Every table entry, member, group and clone session of a switch, read by a client that
     never becomes primary (election id 1), as sorted text."""
     sw = fabric.switches[name]
-    opts = fy.SwitchOptions(p4info=P4INFO, p4blob=BMV2_JSON, device_id=sw.device_id,
-                            initial_election_id=1)
+    opts = fy.SwitchOptions(
+        p4info=P4INFO, p4blob=BMV2_JSON, device_id=sw.device_id, initial_election_id=1
+    )
 
     async def body() -> list[str]:
         out: list[str] = []
         async with fy.Switch(f"reader-{name}", sw.addr, opts) as s:
             reader: Any = s
-            wild: list[Any] = [fy.P4TableEntry(), fy.P4CloneSessionEntry(),
-                               fy.P4ActionProfileMember("ecmp_selector"),
-                               fy.P4ActionProfileGroup("ecmp_selector"),
-                               fy.P4TableEntry("switch_config", is_default_action=True),
-                               fy.P4TableEntry("report_collector", is_default_action=True)]
+            wild: list[Any] = [
+                fy.P4TableEntry(),
+                fy.P4CloneSessionEntry(),
+                fy.P4ActionProfileMember("ecmp_selector"),
+                fy.P4ActionProfileGroup("ecmp_selector"),
+                fy.P4TableEntry("switch_config", is_default_action=True),
+                fy.P4TableEntry("report_collector", is_default_action=True),
+            ]
             for w in wild:
                 async for e in reader.read(w):
                     if isinstance(e, fy.P4TableEntry):
@@ -84,8 +88,9 @@ def read_all(fabric: Fabric, name: str) -> list[str]:
 
 def groups(fabric: Fabric, name: str) -> list[Any]:
     sw = fabric.switches[name]
-    opts = fy.SwitchOptions(p4info=P4INFO, p4blob=BMV2_JSON, device_id=sw.device_id,
-                            initial_election_id=1)
+    opts = fy.SwitchOptions(
+        p4info=P4INFO, p4blob=BMV2_JSON, device_id=sw.device_id, initial_election_id=1
+    )
 
     async def body() -> list[Any]:
         async with fy.Switch(f"reader-{name}", sw.addr, opts) as s:
@@ -142,18 +147,25 @@ def test_reachability_ecmp_and_int_reports(fabric: Fabric) -> None:
     links = {lk.name: lk for lk in tel.links}
     assert links["leaf2:1"].samples >= sent and links["leaf2:1"].latency_ns >= 0
     # port counters polled over P4Runtime give utilisation too
-    wait_for(lambda: any(lk.util_counter >= 0 for lk in telemetry(fabric).links), 10,
-             "counter utilisation")
+    wait_for(
+        lambda: any(lk.util_counter >= 0 for lk in telemetry(fabric).links),
+        10,
+        "counter utilisation",
+    )
     # SIGHUP with new ECN thresholds: exactly one modify per switch port, nothing else
     before = {s.name: s.written for s in _switches(fabric.stub())}
     fabric.write_config(fabric.config(ecn={"kmin_bytes": 30000, "kmax_bytes": 90000}))
     assert fabric.controller is not None
     fabric.controller.send_signal(signal.SIGHUP)
-    wait_for(lambda: fabric.stub().GetStatus(pb.GetStatusRequest(), timeout=2).config_reloads,
-             10, "reload")
+    wait_for(
+        lambda: fabric.stub().GetStatus(pb.GetStatusRequest(), timeout=2).config_reloads,
+        10,
+        "reload",
+    )
     after = {s.name: s.written for s in _switches(fabric.stub())}
     assert {n: after[n] - before[n] for n in after} == {
-        n: len(sw.ports) for n, sw in fabric.switches.items()}
+        n: len(sw.ports) for n, sw in fabric.switches.items()
+    }
 
 
 NTH_DROPPER = r"""
@@ -194,8 +206,10 @@ class NthDropper:
         BPF = _bcc()  # noqa: N806 - bcc's class
         self.ns = fabric.collector_ns
         self.ifname = fabric.collector_if
-        self.bpf = BPF(text=NTH_DROPPER.encode(),
-                       cflags=[f"-DPORT={fabric.collector_port}", f"-DEVERY={every}"])
+        self.bpf = BPF(
+            text=NTH_DROPPER.encode(),
+            cflags=[f"-DPORT={fabric.collector_port}", f"-DEVERY={every}"],
+        )
         fn = self.bpf.load_func(b"drop_nth", BPF.SCHED_CLS)
         self.mount = Path(tempfile.mkdtemp(prefix="xc-drop-", dir="/run"))
         subprocess.run(["mount", "-t", "bpf", "bpf", str(self.mount)], check=True)
@@ -204,18 +218,42 @@ class NthDropper:
         pin = self.mount / "prog"
         assert libbcc.lib.bpf_obj_pin(fn.fd, str(pin).encode()) == 0
         nsenter = ["nsenter", f"--net=/run/netns/{self.ns}"]
-        subprocess.run([*nsenter, "tc", "qdisc", "add", "dev", self.ifname, "clsact"],
-                       check=True)
-        subprocess.run([*nsenter, "tc", "filter", "add", "dev", self.ifname, "ingress", "bpf",
-                        "da", "object-pinned", str(pin)], check=True)
+        subprocess.run([*nsenter, "tc", "qdisc", "add", "dev", self.ifname, "clsact"], check=True)
+        subprocess.run(
+            [
+                *nsenter,
+                "tc",
+                "filter",
+                "add",
+                "dev",
+                self.ifname,
+                "ingress",
+                "bpf",
+                "da",
+                "object-pinned",
+                str(pin),
+            ],
+            check=True,
+        )
 
     def counts(self) -> tuple[int, int]:
         t = self.bpf[b"counts"]
         return int(t[t.Key(0)].value), int(t[t.Key(1)].value)
 
     def close(self) -> None:
-        subprocess.run(["nsenter", f"--net=/run/netns/{self.ns}", "tc", "qdisc", "del", "dev",
-                        self.ifname, "clsact"], capture_output=True)
+        subprocess.run(
+            [
+                "nsenter",
+                f"--net=/run/netns/{self.ns}",
+                "tc",
+                "qdisc",
+                "del",
+                "dev",
+                self.ifname,
+                "clsact",
+            ],
+            capture_output=True,
+        )
         subprocess.run(["umount", str(self.mount)], capture_output=True)
         self.mount.rmdir()
         self.bpf.cleanup()
@@ -232,14 +270,18 @@ def test_every_tenth_report_dropped_is_counted_exactly(fabric: Fabric) -> None:
         sent = int(Traffic.result(tr.sender("h1", "10.0.2.1", 4791, 50002, 40, 95 / 40 - 0.01)))
         assert sent == 95
         Traffic.result(rx)
-        seen, dropped = wait_for(lambda: (c := dropper.counts())[0] >= sent and c, 10,
-                                 "reports at the dropper")
+        seen, dropped = wait_for(
+            lambda: (c := dropper.counts())[0] >= sent and c, 10, "reports at the dropper"
+        )
     finally:
         tr.close()
         dropper.close()
     assert (seen, dropped) == (95, 9)
-    tel = wait_for(lambda: (t := telemetry(fabric)).reports >= seen - dropped and t, 10,
-                   "reports at the collector")
+    tel = wait_for(
+        lambda: (t := telemetry(fabric)).reports >= seen - dropped and t,
+        10,
+        "reports at the collector",
+    )
     leaf2 = next(s for s in tel.switches if s.switch == "leaf2")
     assert leaf2.received == seen - dropped
     assert leaf2.lost == dropped
@@ -256,9 +298,10 @@ def test_four_flows_through_one_bottleneck_get_quarter_caps(fabric: Fabric) -> N
         tr = Traffic(fabric)
         try:
             rx = tr.receiver("h3", 4791, 8)
-            senders = [tr.sender(h, "10.0.2.1", 4791, sport, 30, 4)
-                       for h, sport in (("h1", 50011), ("h1", 50012), ("h2", 50013),
-                                        ("h2", 50014))]
+            senders = [
+                tr.sender(h, "10.0.2.1", 4791, sport, 30, 4)
+                for h, sport in (("h1", 50011), ("h1", 50012), ("h2", 50013), ("h2", 50014))
+            ]
             want = 100e6 * 0.95 / 4
 
             def capped() -> bool:
@@ -311,28 +354,37 @@ def test_sigkill_restart_keeps_entries_and_traffic(fabric: Fabric) -> None:
         assert st.switches_primary == 4
         sws = fabric.stub().ListSwitches(pb.ListSwitchesRequest(), timeout=5).switches
         assert [(s.name, s.written, s.write_failures) for s in sws] == [
-            (s.name, 0, 0) for s in sws]  # adopted: nothing rewritten
+            (s.name, 0, 0) for s in sws
+        ]  # adopted: nothing rewritten
         # a second controller with a lower election id: a backup that writes nothing
         backup_port = free_port()
-        backup_cfg = fabric.config(controller={"name": "backup", "election_id": 5,
-                                               "grpc_addr": f"127.0.0.1:{backup_port}"})
+        backup_cfg = fabric.config(
+            controller={"name": "backup", "election_id": 5, "grpc_addr": f"127.0.0.1:{backup_port}"}
+        )
         backup_cfg["int"]["collector"]["listen"] = f"0.0.0.0:{free_port(socket.SOCK_DGRAM)}"
         path = fabric.tmp / "backup.yaml"
         path.write_text(yaml.safe_dump(backup_cfg))
-        backup = subprocess.Popen([*_daemon_argv(path), "--log-file",
-                                   str(fabric.tmp / "backup.log")],
-                                  cwd=Path(__file__).parents[1])
+        backup = subprocess.Popen(
+            [*_daemon_argv(path), "--log-file", str(fabric.tmp / "backup.log")],
+            cwd=Path(__file__).parents[1],
+        )
         bstub = pb_grpc.ControllerStub(grpc.insecure_channel(f"127.0.0.1:{backup_port}"))
-        wait_for(lambda: _switches(bstub) and all(s.connected for s in _switches(bstub)), 20,
-                 "backup connected")
+        wait_for(
+            lambda: _switches(bstub) and all(s.connected for s in _switches(bstub)),
+            20,
+            "backup connected",
+        )
         assert not any(s.primary for s in _switches(bstub))
         assert all(s.primary for s in _switches(fabric.stub()))  # we are still primary
         results = [json.loads(Traffic.result(r)) for r in (rx3, rx4)]
         sent = [int(Traffic.result(s)) for s in (s1, s2)]
         # the primary goes away: the backup takes over, finds nothing to write
         assert fabric.stop_controller() == 0
-        wait_for(lambda: all(s.primary and s.programmed for s in _switches(bstub)), 20,
-                 "backup took over")
+        wait_for(
+            lambda: all(s.primary and s.programmed for s in _switches(bstub)),
+            20,
+            "backup took over",
+        )
         assert [(s.written, s.write_failures) for s in _switches(bstub)] == [(0, 0)] * 4
     finally:
         tr.close()
@@ -341,11 +393,16 @@ def test_sigkill_restart_keeps_entries_and_traffic(fabric: Fabric) -> None:
             backup.wait(timeout=15)
     after = {name: read_all(fabric, name) for name in fabric.switches}
     assert after == before
-    record("controller_sigkill_restart", switches_primary_after=st.switches_primary,
-           entries_rewritten=sum(s.written for s in sws), entries_changed=int(after != before),
-           packets_sent=sent, packets_received=[next(iter(r.values()))["n"] for r in results],
-           max_gap_s=[round(next(iter(r.values()))["max_gap"], 3) for r in results],
-           backup_writes=0)
+    record(
+        "controller_sigkill_restart",
+        switches_primary_after=st.switches_primary,
+        entries_rewritten=sum(s.written for s in sws),
+        entries_changed=int(after != before),
+        packets_sent=sent,
+        packets_received=[next(iter(r.values()))["n"] for r in results],
+        max_gap_s=[round(next(iter(r.values()))["max_gap"], 3) for r in results],
+        backup_writes=0,
+    )
     for got, n in zip(results, sent, strict=True):
         (flow,) = got.values()
         assert flow["n"] == n, (flow, n)  # none lost
@@ -364,8 +421,12 @@ def test_restarted_switch_is_programmed_again(fabric: Fabric) -> None:
     before = read_all(fabric, "leaf1")
     sw = fabric.switches["leaf1"]
     with grpc.insecure_channel(sw.addr) as ch:
-        rates = {q.port: q.rate_bps for q in switch_pb2_grpc.SwitchAdminStub(ch).GetQueues(
-            switch_pb2.GetQueuesRequest(), timeout=5).queues}
+        rates = {
+            q.port: q.rate_bps
+            for q in switch_pb2_grpc.SwitchAdminStub(ch)
+            .GetQueues(switch_pb2.GetQueuesRequest(), timeout=5)
+            .queues
+        }
     assert rates and all(rates.values())
     assert sw.proc is not None
     sw.proc.kill()
@@ -373,18 +434,38 @@ def test_restarted_switch_is_programmed_again(fabric: Fabric) -> None:
     t0 = time.monotonic()
     fabric.start_switch(sw)
     fabric._wait_tcp(sw.grpc_port, sw)
-    wait_for(lambda: [s for s in _switches(fabric.stub()) if s.name == "leaf1" and s.connected
-                      and s.programmed and s.queues_set and s.connects >= 2], 60,
-             "leaf1 programmed again")
+    wait_for(
+        lambda: [
+            s
+            for s in _switches(fabric.stub())
+            if s.name == "leaf1"
+            and s.connected
+            and s.programmed
+            and s.queues_set
+            and s.connects >= 2
+        ],
+        60,
+        "leaf1 programmed again",
+    )
     wait_for(lambda: read_all(fabric, "leaf1") == before, 30, "leaf1's entries back")
     reprogram_s = time.monotonic() - t0
     with grpc.insecure_channel(sw.addr) as ch:
-        again = {q.port: q.rate_bps for q in switch_pb2_grpc.SwitchAdminStub(ch).GetQueues(
-            switch_pb2.GetQueuesRequest(), timeout=5).queues}
+        again = {
+            q.port: q.rate_bps
+            for q in switch_pb2_grpc.SwitchAdminStub(ch)
+            .GetQueues(switch_pb2.GetQueuesRequest(), timeout=5)
+            .queues
+        }
     assert again == rates
     reach = reachability(fabric)
-    record("switch_restart", reprogram_s=round(reprogram_s, 2), entries=len(before),
-           queue_ports=len(rates), pairs_reachable=sum(reach.values()), pairs=len(reach))
+    record(
+        "switch_restart",
+        reprogram_s=round(reprogram_s, 2),
+        entries=len(before),
+        queue_ports=len(rates),
+        pairs_reachable=sum(reach.values()),
+        pairs=len(reach),
+    )
     assert all(reach.values()), reach
 
 

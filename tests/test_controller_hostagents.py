@@ -28,8 +28,7 @@ EXAMPLE = Path(__file__).parents[1] / "controller" / "examples" / "leafspine-2x2
 
 
 def test_rate_law_config_maps_parameters_by_law() -> None:
-    c = rate_law_config(LawPolicy("tita", {"eta": 0.9, "w_ai_bps": 1e5 + 0.4,
-                                           "min_rate_bps": 1e6}))
+    c = rate_law_config(LawPolicy("tita", {"eta": 0.9, "w_ai_bps": 1e5 + 0.4, "min_rate_bps": 1e6}))
     assert c.law == pb.RATE_LAW_TITA and c.tita.eta == pytest.approx(0.9)
     assert c.tita.w_ai_bps == 100000 and c.min_rate_bps == 1_000_000
     assert not c.tita.HasField("max_stage")  # unset: the agent's default
@@ -51,8 +50,10 @@ def config_with(agents: dict[str, FakeHostAgent]) -> Config:
     import dataclasses
 
     cfg = load(EXAMPLE)
-    hosts = tuple(dataclasses.replace(h, agent=agents[h.name].addr if h.name in agents else None)
-                  for h in cfg.hosts)
+    hosts = tuple(
+        dataclasses.replace(h, agent=agents[h.name].addr if h.name in agents else None)
+        for h in cfg.hosts
+    )
     ctl = dataclasses.replace(cfg.controller, rpc_timeout_s=0.5)
     return dataclasses.replace(cfg, hosts=hosts, controller=ctl)
 
@@ -82,8 +83,7 @@ def test_grpc_agent_calls(fakes: dict[str, FakeHostAgent]) -> None:
     assert {s.speed_bps for s in f.hop_speeds} == {100_000_000}
     assert f.law.law == pb.RATE_LAW_DCQCN and f.law.dcqcn.rai_bps == 2_000_000
     assert f.caps == {}
-    assert f.calls == ["SetInt", "SetHopSpeeds", "SetRateLaw", "SetCaps", "ListFlows",
-                       "ClearCaps"]
+    assert f.calls == ["SetInt", "SetHopSpeeds", "SetRateLaw", "SetCaps", "ListFlows", "ClearCaps"]
 
 
 def test_absent_and_hanging_agents_raise_agent_errors(fakes: dict[str, FakeHostAgent]) -> None:
@@ -113,10 +113,10 @@ def test_slow_loop_over_grpc_caps_four_flows_at_a_quarter(fakes: dict[str, FakeH
     cfg = config_with(fakes)
     topo = Topology(cfg)
     col = Collector(topo)
-    for seq, (port, ip) in enumerate([("1", "10.0.1.1"), ("2", "10.0.1.2"), ("3", "10.0.1.3"),
-                                      ("4", "10.0.1.4")], start=1):
-        col.ingest(report(seq, 2, [hop(3, 1, 2), hop(1, int(port), 5)], src=ip,
-                          dst="10.0.2.1"))
+    for seq, (port, ip) in enumerate(
+        [("1", "10.0.1.1"), ("2", "10.0.1.2"), ("3", "10.0.1.3"), ("4", "10.0.1.4")], start=1
+    ):
+        col.ingest(report(seq, 2, [hop(3, 1, 2), hop(1, int(port), 5)], src=ip, dst="10.0.2.1"))
     fakes["h7"].hang.set()  # an agent that hangs delays nobody and is skipped
 
     async def body() -> SlowLoop:
@@ -147,10 +147,12 @@ def test_policy_in_force_compares_what_the_policy_sets(fakes: dict[str, FakeHost
         a = GrpcAgent(cfg.host("h1"), cfg, topo)
         out = [await a.policy_in_force(LawPolicy("tita", {}))]  # nothing set yet
         await a.set_policy(LawPolicy("tita", {"eta": 0.9}))
-        out += [await a.policy_in_force(LawPolicy("tita", {"eta": 0.9})),
-                await a.policy_in_force(LawPolicy("tita", {})),
-                await a.policy_in_force(LawPolicy("tita", {"eta": 0.95})),
-                await a.policy_in_force(LawPolicy("dcqcn", {}))]
+        out += [
+            await a.policy_in_force(LawPolicy("tita", {"eta": 0.9})),
+            await a.policy_in_force(LawPolicy("tita", {})),
+            await a.policy_in_force(LawPolicy("tita", {"eta": 0.95})),
+            await a.policy_in_force(LawPolicy("dcqcn", {})),
+        ]
         await a.close()
         return out
 
@@ -166,18 +168,33 @@ def test_real_agent_round_trip(tmp_path: Path) -> None:
     sock = tmp_path / "agent.sock"
     proc = None
     try:
-        for argv in (["ip", "netns", "add", ns],
-                     ["ip", "link", "add", f"{ns}a", "type", "veth", "peer", "name", f"{ns}b"],
-                     ["ip", "link", "set", f"{ns}b", "netns", ns],
-                     ["ip", "netns", "exec", ns, "ip", "addr", "add", "10.0.1.1/24", "dev",
-                      f"{ns}b"],
-                     ["ip", "netns", "exec", ns, "ip", "link", "set", f"{ns}b", "up"],
-                     ["ip", "link", "set", f"{ns}a", "up"]):
+        for argv in (
+            ["ip", "netns", "add", ns],
+            ["ip", "link", "add", f"{ns}a", "type", "veth", "peer", "name", f"{ns}b"],
+            ["ip", "link", "set", f"{ns}b", "netns", ns],
+            ["ip", "netns", "exec", ns, "ip", "addr", "add", "10.0.1.1/24", "dev", f"{ns}b"],
+            ["ip", "netns", "exec", ns, "ip", "link", "set", f"{ns}b", "up"],
+            ["ip", "link", "set", f"{ns}a", "up"],
+        ):
             subprocess.run(argv, check=True, capture_output=True)
-        proc = subprocess.Popen([sys.executable, "-m", "controller.nic.agent.main", "--netns", ns,
-                                 "--name", ns, "--line-rate", "100M", "--listen",
-                                 f"unix://{sock}", "--log-file", str(tmp_path / "agent.log")],
-                                cwd=Path(__file__).parents[1])
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "controller.nic.agent.main",
+                "--netns",
+                ns,
+                "--name",
+                ns,
+                "--line-rate",
+                "100M",
+                "--listen",
+                f"unix://{sock}",
+                "--log-file",
+                str(tmp_path / "agent.log"),
+            ],
+            cwd=Path(__file__).parents[1],
+        )
         cfg = load(EXAMPLE)
         host = dataclasses.replace(cfg.host("h1"), agent=f"unix://{sock}", int_mode="nic")
         key = ("10.0.1.1", "10.0.2.1", 17, 49152, 4791)

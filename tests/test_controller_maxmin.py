@@ -45,8 +45,10 @@ def test_random_instances_are_feasible_and_max_min_fair() -> None:
     for _ in range(200):
         links = [f"l{i}" for i in range(rng.randint(1, 6))]
         cap = {lk: rng.uniform(1, 100) for lk in links}
-        paths = {f"f{i}": rng.sample(links, rng.randint(1, len(links)))
-                 for i in range(rng.randint(1, 10))}
+        paths = {
+            f"f{i}": rng.sample(links, rng.randint(1, len(links)))
+            for i in range(rng.randint(1, 10))
+        }
         shares = max_min_fair(paths, cap)
         assert set(shares) == set(paths)
         load = {lk: sum(shares[f].rate for f, p in paths.items() if lk in p) for lk in links}
@@ -57,5 +59,4 @@ def test_random_instances_are_feasible_and_max_min_fair() -> None:
             b = s.bottleneck
             assert b is not None and b in paths[f]
             assert load[b] == pytest.approx(cap[b], rel=1e-6)
-            assert all(shares[g].rate <= s.rate * (1 + 1e-6) for g, p in paths.items()
-                       if b in p)
+            assert all(shares[g].rate <= s.rate * (1 + 1e-6) for g, p in paths.items() if b in p)

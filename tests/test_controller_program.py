@@ -38,8 +38,9 @@ LEAF1_MAC = "00:00:00:00:fe:01"
 
 class InProcessSwitch:
     def __init__(self, device_id: int = 1):
-        self.sw = V1Switch(Clock(virtual=True), device_id=device_id, cpu_port=255,
-                           qdepth_unit="bytes")
+        self.sw = V1Switch(
+            Clock(virtual=True), device_id=device_id, cpu_port=255, qdepth_unit="bytes"
+        )
         self.out: list[tuple[int, bytes]] = []
         self.p4rt = P4RuntimeService(self.sw, device_id)
 
@@ -53,7 +54,8 @@ class InProcessSwitch:
         self.addr = f"127.0.0.1:{free_tcp_port()}"
         self.server = serve(self.p4rt, self.addr)
         switch_pb2_grpc.add_SwitchAdminServicer_to_server(
-            SwitchAdminService(self.sw, None, self.p4rt), self.server)
+            SwitchAdminService(self.sw, None, self.p4rt), self.server
+        )
 
     def send(self, port: int, frame: bytes) -> list[tuple[int, bytes]]:
         self.out.clear()
@@ -68,8 +70,9 @@ class InProcessSwitch:
 def example(addr: str, **pipeline: Any) -> Config:
     cfg = load(EXAMPLE)
     pipe = dataclasses.replace(cfg.pipeline, p4info=P4INFO, bmv2_json=BMV2_JSON)
-    switches = tuple(dataclasses.replace(s, grpc_addr=addr) if s.name == "leaf1" else s
-                     for s in cfg.switches)
+    switches = tuple(
+        dataclasses.replace(s, grpc_addr=addr) if s.name == "leaf1" else s for s in cfg.switches
+    )
     return dataclasses.replace(cfg, pipeline=pipe, switches=switches)
 
 
@@ -80,8 +83,9 @@ def leaf1() -> Iterator[InProcessSwitch]:
     s.server.stop(0)
 
 
-async def run_session(cfg: Config, name: str, collector: Collector | None = None,
-                      until: Any = None) -> SwitchSession:
+async def run_session(
+    cfg: Config, name: str, collector: Collector | None = None, until: Any = None
+) -> SwitchSession:
     topo = Topology(cfg)
     sess = SwitchSession(cfg, topo, cfg.switch(name), collector)
     sess.start()
@@ -94,8 +98,9 @@ async def run_session(cfg: Config, name: str, collector: Collector | None = None
 
 def test_generated_names_match_the_p4info() -> None:
     text = P4INFO.read_text()
-    generated = p4gen.generate(text, str(P4INFO.relative_to(REPO)) if P4INFO.is_relative_to(
-        REPO) else str(P4INFO))
+    generated = p4gen.generate(
+        text, str(P4INFO.relative_to(REPO)) if P4INFO.is_relative_to(REPO) else str(P4INFO)
+    )
     current = (REPO / "controller" / "p4names.py").read_text()
     body = generated.split("\n", 3)[3]  # past the docstring's first lines (the source path)
     assert body in current, "controller/p4names.py is stale: run python -m controller.p4gen"
@@ -122,10 +127,13 @@ def test_leaf_programmed_routes_ecmp_int_and_reports(leaf1: InProcessSwitch) -> 
     # h1 -> h5 (another leaf): ECMP over ports 5 and 6, MACs rewritten, TTL - 1
     ports = set()
     for sport in range(40):
-        frame = (Ether(src="02:00:00:00:01:01", dst=LEAF1_MAC)
-                 / IP(src="10.0.1.1", dst="10.0.2.1", ttl=64) / UDP(sport=1000 + sport,
-                                                                    dport=7000) / (b"x" * 20))
-        (port, data), = leaf1.send(1, bytes(frame))
+        frame = (
+            Ether(src="02:00:00:00:01:01", dst=LEAF1_MAC)
+            / IP(src="10.0.1.1", dst="10.0.2.1", ttl=64)
+            / UDP(sport=1000 + sport, dport=7000)
+            / (b"x" * 20)
+        )
+        ((port, data),) = leaf1.send(1, bytes(frame))
         pkt = Ether(data)
         assert pkt.src == LEAF1_MAC and pkt[IP].ttl == 63
         assert pkt.dst == {5: "00:00:00:00:fe:03", 6: "00:00:00:00:fe:04"}[port]
@@ -133,10 +141,13 @@ def test_leaf_programmed_routes_ecmp_int_and_reports(leaf1: InProcessSwitch) -> 
     assert ports == {5, 6}
     # h1 -> h5 on 4791: h1's NIC does not do INT (int: switch), so leaf1 is the INT source:
     # shim + MD header inserted, the INT DSCP set, and leaf1's own hop record pushed
-    frame = (Ether(src="02:00:00:00:01:01", dst=LEAF1_MAC)
-             / IP(src="10.0.1.1", dst="10.0.2.1", tos=0b10) / UDP(sport=49152, dport=4791)
-             / (b"\x04" + b"\x00" * 27))
-    (port, data), = leaf1.send(1, bytes(frame))
+    frame = (
+        Ether(src="02:00:00:00:01:01", dst=LEAF1_MAC)
+        / IP(src="10.0.1.1", dst="10.0.2.1", tos=0b10)
+        / UDP(sport=49152, dport=4791)
+        / (b"\x04" + b"\x00" * 27)
+    )
+    ((port, data),) = leaf1.send(1, bytes(frame))
     assert port in (5, 6)
     info = parse_int(scapy_decode(data, int_dscp=0x17))
     assert info is not None and info["md"]["bitmap"] == 0xF500
@@ -156,17 +167,36 @@ def test_transit_hop_from_a_spine_and_sink_report(leaf1: InProcessSwitch) -> Non
     asyncio.run(body())
     from testbed.packets import int_packet
 
-    pkt = int_packet(src_ip="10.0.2.1", dst_ip="10.0.1.3", sport=50000, bitmap=0xF500,
-                     hops=[{"node_id": 3, "l1_ingress_port": 2, "l1_egress_port": 1,
-                            "hop_latency": 1000, "queue_id": 0, "queue_occupancy": 0,
-                            "egress_ts": 5, "tx_util": 0}], remaining_hop_cnt=7,
-                     payload=b"\x04" + b"\x00" * 15, dst_mac=LEAF1_MAC)
+    pkt = int_packet(
+        src_ip="10.0.2.1",
+        dst_ip="10.0.1.3",
+        sport=50000,
+        bitmap=0xF500,
+        hops=[
+            {
+                "node_id": 3,
+                "l1_ingress_port": 2,
+                "l1_egress_port": 1,
+                "hop_latency": 1000,
+                "queue_id": 0,
+                "queue_occupancy": 0,
+                "egress_ts": 5,
+                "tx_util": 0,
+            }
+        ],
+        remaining_hop_cnt=7,
+        payload=b"\x04" + b"\x00" * 15,
+        dst_mac=LEAF1_MAC,
+    )
     out = dict(leaf1.send(5, bytes(pkt)))
     assert set(out) == {3, 7}
     report = Ether(out[7])
     assert report.dst == "02:00:00:00:64:01" and report.src == LEAF1_MAC
-    assert (report[IP].src, report[IP].dst, report[UDP].dport) == ("10.0.100.254",
-                                                                   "10.0.100.1", 32766)
+    assert (report[IP].src, report[IP].dst, report[UDP].dport) == (
+        "10.0.100.254",
+        "10.0.100.1",
+        32766,
+    )
     host = Ether(out[3])
     assert host[IP].tos >> 2 == 0 and host[UDP].dport == 4791 and len(host[UDP].payload) == 16
     col = Collector(Topology(cfg))
@@ -187,7 +217,8 @@ def test_transit_hop_from_a_spine_and_sink_report(leaf1: InProcessSwitch) -> Non
 
 
 def test_reload_writes_the_difference_and_a_new_session_writes_nothing(
-        leaf1: InProcessSwitch) -> None:
+    leaf1: InProcessSwitch,
+) -> None:
     cfg = example(leaf1.addr)
 
     async def body() -> tuple[SwitchSession, SwitchSession, SwitchSession]:
@@ -195,9 +226,13 @@ def test_reload_writes_the_difference_and_a_new_session_writes_nothing(
         # h8 leaves the fabric, ECN thresholds change
         hosts = tuple(h for h in cfg.hosts if h.name != "h8")
         links = tuple(lk for lk in cfg.links if "h8" not in (lk.a.node, lk.b.node))
-        new = dataclasses.replace(cfg, hosts=hosts, links=links,
-                                  ecn=dataclasses.replace(cfg.ecn, kmin_bytes=30_000),
-                                  policy=dataclasses.replace(cfg.policy, hosts={}))
+        new = dataclasses.replace(
+            cfg,
+            hosts=hosts,
+            links=links,
+            ecn=dataclasses.replace(cfg.ecn, kmin_bytes=30_000),
+            policy=dataclasses.replace(cfg.policy, hosts={}),
+        )
         written = first.health.written
         await first.reload(new, Topology(new), new.switch("leaf1"))
         first.health.written -= written
@@ -210,8 +245,12 @@ def test_reload_writes_the_difference_and_a_new_session_writes_nothing(
 
     first, second, third = asyncio.run(body())
     # one route deleted, 7 ECN entries modified, nothing else
-    assert first.health.last_plan == {"insert": 0, "modify": 7, "delete": 1,
-                                      "unchanged": first.health.last_plan["unchanged"]}
+    assert first.health.last_plan == {
+        "insert": 0,
+        "modify": 7,
+        "delete": 1,
+        "unchanged": first.health.last_plan["unchanged"],
+    }
     assert second.health.written == 0 and second.health.last_plan["insert"] == 0
     assert second.health.last_plan["modify"] == 0 and second.health.last_plan["delete"] == 0
     assert third.health.last_plan["insert"] == 1 and third.health.last_plan["modify"] == 7
@@ -219,16 +258,32 @@ def test_reload_writes_the_difference_and_a_new_session_writes_nothing(
 
 def test_without_a_collector_route_int_comes_as_packet_in(leaf1: InProcessSwitch) -> None:
     cfg = example(leaf1.addr)
-    cfg = dataclasses.replace(cfg, links=tuple(lk for lk in cfg.links
-                                               if "collector" not in (lk.a.node, lk.b.node)))
+    cfg = dataclasses.replace(
+        cfg, links=tuple(lk for lk in cfg.links if "collector" not in (lk.a.node, lk.b.node))
+    )
     col = Collector(Topology(cfg))
     from testbed.packets import int_packet
 
-    pkt = int_packet(src_ip="10.0.2.1", dst_ip="10.0.1.3", sport=50000, bitmap=0xF500,
-                     hops=[{"node_id": 3, "l1_ingress_port": 2, "l1_egress_port": 1,
-                            "hop_latency": 1000, "queue_id": 0, "queue_occupancy": 0,
-                            "egress_ts": 5, "tx_util": 0}],
-                     payload=b"\x04" + b"\x00" * 15, dst_mac=LEAF1_MAC)
+    pkt = int_packet(
+        src_ip="10.0.2.1",
+        dst_ip="10.0.1.3",
+        sport=50000,
+        bitmap=0xF500,
+        hops=[
+            {
+                "node_id": 3,
+                "l1_ingress_port": 2,
+                "l1_egress_port": 1,
+                "hop_latency": 1000,
+                "queue_id": 0,
+                "queue_occupancy": 0,
+                "egress_ts": 5,
+                "tx_util": 0,
+            }
+        ],
+        payload=b"\x04" + b"\x00" * 15,
+        dst_mac=LEAF1_MAC,
+    )
 
     async def body() -> SwitchSession:
         sess = await run_session(cfg, "leaf1", col)

@@ -27,9 +27,13 @@ def test_settings_follow_the_scaled_model() -> None:
     topo = Topology(cfg)
     s = queue_settings(cfg, topo, cfg.switch("spine1"))
     assert [(q.port, q.rate_bps, q.depth_bytes, q.depth_packets) for q in s] == [
-        (1, 100e6, 150_000, 128), (2, 100e6, 150_000, 128)]
-    assert bmv2_commands(s, 1000) == ("set_queue_rate 12500 1\nset_queue_depth 128 1\n"
-                                      "set_queue_rate 12500 2\nset_queue_depth 128 2\n")
+        (1, 100e6, 150_000, 128),
+        (2, 100e6, 150_000, 128),
+    ]
+    assert bmv2_commands(s, 1000) == (
+        "set_queue_rate 12500 1\nset_queue_depth 128 1\n"
+        "set_queue_rate 12500 2\nset_queue_depth 128 2\n"
+    )
 
 
 def test_builtin_switch_gets_rates_and_depths_over_switch_admin() -> None:
@@ -52,8 +56,9 @@ def test_builtin_switch_gets_rates_and_depths_over_switch_admin() -> None:
         asyncio.run(apply_queues(cfg, Topology(cfg), spine))
 
 
-def test_bmv2_switch_gets_simple_switch_cli_commands(tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bmv2_switch_gets_simple_switch_cli_commands(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import dataclasses
 
     cfg = load(EXAMPLE)
@@ -69,8 +74,12 @@ def test_bmv2_switch_gets_simple_switch_cli_commands(tmp_path: Path,
     asyncio.run(apply_queues(cfg, Topology(cfg), spine))
     lines = rec.read_text().splitlines()
     assert lines[0] == "--thrift-ip 127.0.0.1 --thrift-port 9091"
-    assert lines[1:] == ["set_queue_rate 12500 1", "set_queue_depth 128 1",
-                         "set_queue_rate 12500 2", "set_queue_depth 128 2"]
+    assert lines[1:] == [
+        "set_queue_rate 12500 1",
+        "set_queue_depth 128 1",
+        "set_queue_rate 12500 2",
+        "set_queue_depth 128 2",
+    ]
     cli.write_text("#!/bin/sh\ncat > /dev/null\necho 'Could not connect to thrift client'\n")
     with pytest.raises(QueueError, match="Could not connect"):
         asyncio.run(apply_queues(cfg, Topology(cfg), spine))

@@ -49,8 +49,9 @@ def group(gid: int, members: list[int]) -> p4r.Entity:
 def clone(session: int, port: int) -> p4r.Entity:
     c = p4r.CloneSessionEntry(session_id=session)
     c.replicas.add(egress_port=port, instance=0)
-    return p4r.Entity(packet_replication_engine_entry=p4r.PacketReplicationEngineEntry(
-        clone_session_entry=c))
+    return p4r.Entity(
+        packet_replication_engine_entry=p4r.PacketReplicationEngineEntry(clone_session_entry=c)
+    )
 
 
 def default(table: int, action: int) -> p4r.Entity:
@@ -60,8 +61,15 @@ def default(table: int, action: int) -> p4r.Entity:
 
 
 def state() -> list[p4r.Entity]:
-    return [member(1, 5), member(2, 6), group(1, [1, 2]), next_entry(1, group=1),
-            lpm_entry(b"\x0a\x00\x02\x01", 32, 1), clone(500, 7), default(NEXT, 99)]
+    return [
+        member(1, 5),
+        member(2, 6),
+        group(1, [1, 2]),
+        next_entry(1, group=1),
+        lpm_entry(b"\x0a\x00\x02\x01", 32, 1),
+        clone(500, 7),
+        default(NEXT, 99),
+    ]
 
 
 def test_same_state_writes_nothing_even_with_padded_bytes() -> None:
@@ -76,8 +84,14 @@ def test_same_state_writes_nothing_even_with_padded_bytes() -> None:
 def test_changes_modify_and_stale_entities_delete_in_dependency_order() -> None:
     current = state()
     # the group loses port 6 (member 2), a route changes next id, the clone port changes
-    desired = [member(1, 5), group(1, [1]), next_entry(1, group=1),
-               lpm_entry(b"\x0a\x00\x02\x01", 32, 2), next_entry(2, member=1), clone(500, 8)]
+    desired = [
+        member(1, 5),
+        group(1, [1]),
+        next_entry(1, group=1),
+        lpm_entry(b"\x0a\x00\x02\x01", 32, 2),
+        next_entry(2, member=1),
+        clone(500, 8),
+    ]
     plan = diff(desired, current)
     assert [e.WhichOneof("entity") for e in plan.inserts] == ["table_entry"]  # next id 2
     kinds = [e.WhichOneof("entity") for e in plan.modifies]

@@ -59,8 +59,10 @@ class FakeAgent:
 
     async def list_flows(self) -> list[AgentFlow]:
         await self._enter("list_flows")
-        return [AgentFlow(f.key, f.rate_bps, self.caps.get(f.key, 0.0), f.weight, f.idle_s)
-                for f in self.flows]
+        return [
+            AgentFlow(f.key, f.rate_bps, self.caps.get(f.key, 0.0), f.weight, f.idle_s)
+            for f in self.flows
+        ]
 
     async def close(self) -> None:
         pass
@@ -71,8 +73,17 @@ def incast_reports(col: Collector, seq0: int, senders: list[tuple[str, str]]) ->
     seq = seq0
     for port, ip in senders:
         seq += 1
-        col.ingest(report(seq, 2, [hop(3, 1, 2), hop(1, int(port), 5)], src=ip, dst="10.0.2.1",
-                          sink_in=5, sink_out=1))
+        col.ingest(
+            report(
+                seq,
+                2,
+                [hop(3, 1, 2), hop(1, int(port), 5)],
+                src=ip,
+                dst="10.0.2.1",
+                sink_in=5,
+                sink_out=1,
+            )
+        )
     return seq
 
 
@@ -120,8 +131,9 @@ def test_caps_pushed_once_then_only_on_change_and_cleared_when_idle() -> None:
         time.sleep(0.6)
         incast_reports(col, seq, SENDERS[:2])
         await loop.step()
-        assert agents["h1"].caps == {("10.0.1.1", "10.0.2.1", 17, 49152, 4791):
-                                     pytest.approx(100e6 * 0.95 / 2)}
+        assert agents["h1"].caps == {
+            ("10.0.1.1", "10.0.2.1", 17, 49152, 4791): pytest.approx(100e6 * 0.95 / 2)
+        }
         assert agents["h3"].caps == {} and "clear_caps" in agents["h3"].calls
 
     asyncio.run(body())
@@ -168,8 +180,11 @@ def test_flows_the_agents_report_idle_take_no_share() -> None:
     live = ("10.0.1.1", "10.0.2.1", 17, 5000, 4791)
     # an agent keeps a finished flow (with its last rate) until its own idle timeout
     agents["h1"].flows = [AgentFlow(live, 80e6)]
-    agents["h2"].flows = [AgentFlow(("10.0.1.2", "10.0.2.1", 17, 5001, 4791), 80e6,
-                                    idle_s=loop.policy.flow_idle_s + 1)]
+    agents["h2"].flows = [
+        AgentFlow(
+            ("10.0.1.2", "10.0.2.1", 17, 5001, 4791), 80e6, idle_s=loop.policy.flow_idle_s + 1
+        )
+    ]
     asyncio.run(loop.step())
     assert list(loop.caps) == [live]
     assert loop.caps[live].cap_bps == pytest.approx(100e6 * 0.95)
@@ -198,10 +213,13 @@ def test_a_restarted_controller_leaves_policies_and_caps_in_force_alone() -> Non
     asyncio.run(loop2.step())
     from tests.faults import record
 
-    record("controller_restart_keeps_rates", agents=len(agents),
-           caps_in_force=sum(len(a.caps) for a in agents.values()),
-           caps_rewritten=sum(a.calls.count("set_caps") for a in agents.values()),
-           policies_rewritten=sum(a.calls.count("set_policy") for a in agents.values()))
+    record(
+        "controller_restart_keeps_rates",
+        agents=len(agents),
+        caps_in_force=sum(len(a.caps) for a in agents.values()),
+        caps_rewritten=sum(a.calls.count("set_caps") for a in agents.values()),
+        policies_rewritten=sum(a.calls.count("set_policy") for a in agents.values()),
+    )
     for a in agents.values():
         assert "set_policy" not in a.calls and "set_caps" not in a.calls, a.calls
         assert a.calls[:3] == ["list_flows", "setup", "policy_in_force"]

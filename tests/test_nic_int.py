@@ -41,9 +41,12 @@ def test_int_source_reproduces_the_golden_vector(nic) -> None:  # type: ignore[n
     golden = bytes.fromhex(vec["hex"])
     # the same frame before the NIC: ECT(0), DSCP 0, no INT, the UDP checksum the host computed
     g = Ether(golden)
-    plain = Ether(src=g.src, dst=g.dst) / IP(
-        src=g[IP].src, dst=g[IP].dst, tos=0x02, ttl=g[IP].ttl, id=g[IP].id, flags="DF"
-    ) / UDP(sport=g[UDP].sport, dport=4791) / Raw(bytes.fromhex(vec["decoded"]["payload_hex"]))
+    plain = (
+        Ether(src=g.src, dst=g.dst)
+        / IP(src=g[IP].src, dst=g[IP].dst, tos=0x02, ttl=g[IP].ttl, id=g[IP].id, flags="DF")
+        / UDP(sport=g[UDP].sport, dport=4791)
+        / Raw(bytes.fromhex(vec["decoded"]["payload_hex"]))
+    )
     out = _run_tc(nic, bytes(plain))
     assert out == golden
 
@@ -83,18 +86,53 @@ def test_int_source_on_a_transport_data_packet(nic) -> None:  # type: ignore[no-
 @pytest.mark.parametrize(
     "frame, reason",
     [
-        (Ether() / IP(src="10.0.1.1", dst="10.0.2.2") / UDP(sport=1, dport=4791)
-         / BTH(opcode=0x11) / AETH(), None),  # ACK: never INT
-        (Ether() / IP(src="10.0.1.1", dst="10.0.2.2") / UDP(sport=1, dport=4791)
-         / BTH(opcode=0x81) / CNP(), None),  # CNP: never INT
-        (Ether() / IP(src="10.0.1.1", dst="10.0.2.2") / UDP(sport=1, dport=5000)
-         / Raw(b"\x00" * 40), None),  # not the transport
-        (Ether() / IP(src="10.0.1.1", dst="10.0.2.2", options=b"\x01\x01\x01\x00")
-         / UDP(sport=1, dport=4791) / BTH(opcode=0x04) / Raw(b"a"), "tc_int_ip_options"),
-        (Ether() / IP(src="10.0.1.1", dst="10.0.2.2") / UDP(sport=1, dport=4791)
-         / BTH(opcode=0x04) / Raw(b"a" * 1460), "tc_int_no_room"),  # would pass the MTU
-        (Ether() / IP(src="10.0.1.1", dst="10.0.2.2", tos=0x17 << 2) / UDP(sport=1, dport=4791)
-         / BTH(opcode=0x04) / Raw(b"a"), "tc_int_already_marked"),
+        (
+            Ether()
+            / IP(src="10.0.1.1", dst="10.0.2.2")
+            / UDP(sport=1, dport=4791)
+            / BTH(opcode=0x11)
+            / AETH(),
+            None,
+        ),  # ACK: never INT
+        (
+            Ether()
+            / IP(src="10.0.1.1", dst="10.0.2.2")
+            / UDP(sport=1, dport=4791)
+            / BTH(opcode=0x81)
+            / CNP(),
+            None,
+        ),  # CNP: never INT
+        (
+            Ether()
+            / IP(src="10.0.1.1", dst="10.0.2.2")
+            / UDP(sport=1, dport=5000)
+            / Raw(b"\x00" * 40),
+            None,
+        ),  # not the transport
+        (
+            Ether()
+            / IP(src="10.0.1.1", dst="10.0.2.2", options=b"\x01\x01\x01\x00")
+            / UDP(sport=1, dport=4791)
+            / BTH(opcode=0x04)
+            / Raw(b"a"),
+            "tc_int_ip_options",
+        ),
+        (
+            Ether()
+            / IP(src="10.0.1.1", dst="10.0.2.2")
+            / UDP(sport=1, dport=4791)
+            / BTH(opcode=0x04)
+            / Raw(b"a" * 1460),
+            "tc_int_no_room",
+        ),  # would pass the MTU
+        (
+            Ether()
+            / IP(src="10.0.1.1", dst="10.0.2.2", tos=0x17 << 2)
+            / UDP(sport=1, dport=4791)
+            / BTH(opcode=0x04)
+            / Raw(b"a"),
+            "tc_int_already_marked",
+        ),
     ],
 )
 def test_int_source_leaves_other_packets_alone(nic, frame, reason) -> None:  # type: ignore[no-untyped-def]

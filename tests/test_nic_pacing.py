@@ -43,8 +43,9 @@ def test_udp_pacing_accuracy(paced_pair: tuple[NetnsPair, AgentProcess], rate: i
     assert m["pacer_drops"] == 0, m
 
 
-def test_udp_measurement_rides_out_a_sender_stall(paced_pair: tuple[NetnsPair, AgentProcess],
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_udp_measurement_rides_out_a_sender_stall(
+    paced_pair: tuple[NetnsPair, AgentProcess], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The sender is stopped for 150 ms mid-run (what a loaded CI machine did to it): its
     socket backlog keeps the pacer busy, so the achieved rate is still the set one. With the
     default ~90-frame socket buffer the same stall read 5.3-5.5 % low."""
@@ -80,11 +81,15 @@ def test_tcp_pacing_accuracy(paced_pair: tuple[NetnsPair, AgentProcess], rate: i
 @pytest.mark.parametrize(
     "via, before, after",
     # 40 Mb/s and up: a 10 ms window holds enough packets to judge within 10 %
-    [("grpc", 40_000_000, 80_000_000), ("map", 80_000_000, 40_000_000),
-     ("map", 40_000_000, 80_000_000)],
+    [
+        ("grpc", 40_000_000, 80_000_000),
+        ("map", 80_000_000, 40_000_000),
+        ("map", 40_000_000, 80_000_000),
+    ],
 )
-def test_rate_change_holds_within_10ms(paced_pair: tuple[NetnsPair, AgentProcess], via: str,
-                                       before: int, after: int) -> None:
+def test_rate_change_holds_within_10ms(
+    paced_pair: tuple[NetnsPair, AgentProcess], via: str, before: int, after: int
+) -> None:
     pair, agent = paced_pair
     # The agent and the UDP sender are userspace on a shared 2-core machine: a run in which
     # they were starved of CPU is repeated (up to 5 runs, a second apart: a clean-clone run of
@@ -98,8 +103,7 @@ def test_rate_change_holds_within_10ms(paced_pair: tuple[NetnsPair, AgentProcess
             if attempt:
                 time.sleep(1.0)
             sport = 5200 + 10 * attempt + (before // 10_000_000) + (1 if via == "map" else 0)
-            m = measure_rate_change(pair, agent, before, after, via, sport=sport,
-                                    map_writer=writer)
+            m = measure_rate_change(pair, agent, before, after, via, sport=sport, map_writer=writer)
             runs.append(m)
             if m["latency_ms"] is not None and m["latency_ms"] <= 10:
                 break

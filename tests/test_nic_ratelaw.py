@@ -40,21 +40,31 @@ def ack(sport: int, psn: int, hops: list[dict[str, int]], bitmap: int = 0xF500) 
         / BTH(opcode=0x11, psn=psn)
         / AETH(syndrome=0)
         / IntShim()
-        / IntMD(instruction_bitmap=bitmap, remaining_hop_cnt=8 - len(hops),
-                hops=[IntHop(bitmap, **h) for h in hops])
+        / IntMD(
+            instruction_bitmap=bitmap,
+            remaining_hop_cnt=8 - len(hops),
+            hops=[IntHop(bitmap, **h) for h in hops],
+        )
     )
 
 
 def cnp(sport: int) -> bytes:
-    return bytes(Ether() / IP(src=B, dst=A) / UDP(sport=sport, dport=4791)
-                 / BTH(opcode=0x81, dqpn=5) / CNP())
+    return bytes(
+        Ether() / IP(src=B, dst=A) / UDP(sport=sport, dport=4791) / BTH(opcode=0x81, dqpn=5) / CNP()
+    )
 
 
 class Driver:
     """Feeds frames to XDP and to the reference, with tc's view of the flow set alike."""
 
-    def __init__(self, nic, ref: ReferenceNic, sport: int, cap: int | None = None,  # type: ignore[no-untyped-def]
-                 start: int | None = None):
+    def __init__(
+        self,
+        nic,
+        ref: ReferenceNic,
+        sport: int,
+        cap: int | None = None,  # type: ignore[no-untyped-def]
+        start: int | None = None,
+    ):
         self.nic, self.ref, self.sport, self.cap = nic, ref, sport, cap
         self.key = FlowKey(A, B, 17, sport, 4791)
         self.tx_bytes = 0
@@ -73,9 +83,14 @@ class Driver:
         assert prog_test_run(self.nic.fd("xdp"), frame).retval == XDP_PASS
         cc = self.nic.get("xm_cc", self.key)
         xdp_rate = int(self.nic.get("xm_rates", self.key).rate_bps)
-        ref_rate = self.ref.on_frame(frame, now_ns=int(cc.last_fb_ns), tx_bytes=tx_bytes,
-                                     snd_nxt_psn=snd_nxt, cap_bps=self.cap,
-                                     paced_bps=self.paced)
+        ref_rate = self.ref.on_frame(
+            frame,
+            now_ns=int(cc.last_fb_ns),
+            tx_bytes=tx_bytes,
+            snd_nxt_psn=snd_nxt,
+            cap_bps=self.cap,
+            paced_bps=self.paced,
+        )
         assert ref_rate is not None
         self.paced = xdp_rate
         return xdp_rate, ref_rate
@@ -101,12 +116,26 @@ def test_tita_ramp_across_eta_matches_reference() -> None:
             qlen = max(0, qlen + int((u - 1.0) * LINE / 8 * 30e-6))  # the queue integrates
             tx += 1500
             hops = [
-                {"node_id": 3, "l1_ingress_port": 1, "l1_egress_port": 2, "hop_latency": 500,
-                 "queue_id": 0, "queue_occupancy": 0, "egress_ts": ts + 900,
-                 "tx_util": int(0.4 * u * 1e6)},
-                {"node_id": 2, "l1_ingress_port": 4, "l1_egress_port": 5, "hop_latency": 900,
-                 "queue_id": 0, "queue_occupancy": qlen, "egress_ts": ts,
-                 "tx_util": int(min(u, 1.0) * 1e6)},
+                {
+                    "node_id": 3,
+                    "l1_ingress_port": 1,
+                    "l1_egress_port": 2,
+                    "hop_latency": 500,
+                    "queue_id": 0,
+                    "queue_occupancy": 0,
+                    "egress_ts": ts + 900,
+                    "tx_util": int(0.4 * u * 1e6),
+                },
+                {
+                    "node_id": 2,
+                    "l1_ingress_port": 4,
+                    "l1_egress_port": 5,
+                    "hop_latency": 900,
+                    "queue_id": 0,
+                    "queue_occupancy": qlen,
+                    "egress_ts": ts,
+                    "tx_util": int(min(u, 1.0) * 1e6),
+                },
             ]
             x, r = d.send(ack(d.sport, i, hops), tx, snd_nxt=i + 4)
             assert x == pytest.approx(r, rel=0.01), f"ACK {i}: XDP {x} vs reference {r}"
@@ -128,8 +157,16 @@ def test_tita_without_tx_utilisation_and_with_a_cap_matches_reference() -> None:
             ts += 50_000
             tx += 1500 * (1 + i % 3)
             q = 3000 if 40 <= i < 80 else 0
-            hops = [{"node_id": 7, "l1_ingress_port": 1, "l1_egress_port": 9, "queue_id": 1,
-                     "queue_occupancy": q, "egress_ts": ts}]
+            hops = [
+                {
+                    "node_id": 7,
+                    "l1_ingress_port": 1,
+                    "l1_egress_port": 9,
+                    "queue_id": 1,
+                    "queue_occupancy": q,
+                    "egress_ts": ts,
+                }
+            ]
             x, r = d.send(ack(d.sport, i, hops, bitmap), tx, snd_nxt=i + 2)
             assert x == pytest.approx(r, rel=0.01), f"ACK {i}: XDP {x} vs reference {r}"
             assert x <= 40_000_000
@@ -144,8 +181,18 @@ def test_a_flow_paced_before_its_first_feedback_starts_its_law_there(law: str) -
     with standalone_nic(LINE, law=law, base_rtt_ns=100_000) as nic:
         ref = ReferenceNic(LINE, CcParams.defaults(Law[law.upper()], LINE, 100_000))
         d = Driver(nic, ref, sport=50003, start=start)
-        hops = [{"node_id": 2, "l1_ingress_port": 4, "l1_egress_port": 5, "hop_latency": 900,
-                 "queue_id": 0, "queue_occupancy": 0, "egress_ts": 1_000, "tx_util": 100_000}]
+        hops = [
+            {
+                "node_id": 2,
+                "l1_ingress_port": 4,
+                "l1_egress_port": 5,
+                "hop_latency": 900,
+                "queue_id": 0,
+                "queue_occupancy": 0,
+                "egress_ts": 1_000,
+                "tx_util": 100_000,
+            }
+        ]
         frame = ack(d.sport, 0, hops) if law == "tita" else cnp(d.sport)
         x, r = d.send(frame, 1500, snd_nxt=4)
         assert x == r
@@ -153,8 +200,9 @@ def test_a_flow_paced_before_its_first_feedback_starts_its_law_there(law: str) -
         assert int(cc.ref_rate_bps) == start or law == "dcqcn"  # DCQCN's cut sets its target
         assert x <= start  # not the line rate: a plain flow's first feedback starts at LINE
         # a flow that was not paced before starts at the line rate, as before
-        plain = Driver(nic, ReferenceNic(LINE, CcParams.defaults(Law[law.upper()], LINE,
-                                                                 100_000)), sport=50004)
+        plain = Driver(
+            nic, ReferenceNic(LINE, CcParams.defaults(Law[law.upper()], LINE, 100_000)), sport=50004
+        )
         frame = ack(plain.sport, 0, hops) if law == "tita" else cnp(plain.sport)
         x2, r2 = plain.send(frame, 1500, snd_nxt=4)
         assert x2 == r2 and x2 > x
@@ -164,9 +212,16 @@ def test_dcqcn_cnp_burst_and_recovery_matches_reference() -> None:
     base = CcParams.defaults(Law.DCQCN, LINE)
     # timers short enough for a test: 2 ms increase timer and alpha period, 20 ms between
     # cuts (longer than a burst takes here), 100 kB byte counter
-    prm = replace(base, dcqcn=replace(base.dcqcn, rate_timer_ns=2_000_000,
-                                      alpha_timer_ns=2_000_000, cut_interval_ns=20_000_000,
-                                      byte_counter=100_000))
+    prm = replace(
+        base,
+        dcqcn=replace(
+            base.dcqcn,
+            rate_timer_ns=2_000_000,
+            alpha_timer_ns=2_000_000,
+            cut_interval_ns=20_000_000,
+            byte_counter=100_000,
+        ),
+    )
     with standalone_nic(LINE, law="dcqcn") as nic:
         cfg = nic.config()
         cc_params_to_c(prm, cfg.cc)

@@ -96,10 +96,14 @@ def test_agent_keeps_serving_through_random_frames() -> None:
         key = pair.udp_key(40001)
         agent.set_rate_law("none", key)
         agent.set_cap(key, 7_000_000)
+
         def ours() -> list[tuple[int, int, int]]:
-            return [(f.flow.src_port, f.rate_bps, f.cap_bps) for f in agent.flows()
-                    if (f.flow.src_ip, f.flow.dst_ip, f.flow.protocol, f.flow.src_port,
-                        f.flow.dst_port) == key]
+            return [
+                (f.flow.src_port, f.rate_bps, f.cap_bps)
+                for f in agent.flows()
+                if (f.flow.src_ip, f.flow.dst_ip, f.flow.protocol, f.flow.src_port, f.flow.dst_port)
+                == key
+            ]
 
         before = ours()
         assert before == [(40001, 7_000_000, 7_000_000)]
@@ -107,7 +111,10 @@ def test_agent_keeps_serving_through_random_frames() -> None:
             # from b: into the agent's XDP; from a: out through its tc hook
             out = subprocess.run(
                 [sys.executable, "-c", SENDER, netns, dev, "10000", str(seed)],
-                capture_output=True, text=True, check=True, timeout=300,
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=300,
             ).stdout
             assert int(out.strip()) > 9000
         time.sleep(0.2)

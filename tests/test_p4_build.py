@@ -23,12 +23,27 @@ README = p4build.P4SRC.root / "README.md"
 TABLES = {
     "ipv4_routes": ({"ipv4_dst": "LPM"}, {"set_next_id", "no_route"}),
     "next_hops": ({"next_id": "EXACT"}, {"route", "NoAction"}),
-    "acl": ({"ingress_port": "TERNARY", "eth_type": "TERNARY", "eth_dst": "TERNARY",
-             "ipv4_dst": "TERNARY", "ip_proto": "TERNARY", "l4_dport": "TERNARY"},
-            {"punt_to_cpu", "deny", "permit"}),
-    "int_watchlist": ({"ipv4_src": "TERNARY", "ipv4_dst": "TERNARY", "ip_proto": "TERNARY",
-                       "l4_sport": "TERNARY", "l4_dport": "TERNARY"},
-                      {"mark_to_source", "no_source"}),
+    "acl": (
+        {
+            "ingress_port": "TERNARY",
+            "eth_type": "TERNARY",
+            "eth_dst": "TERNARY",
+            "ipv4_dst": "TERNARY",
+            "ip_proto": "TERNARY",
+            "l4_dport": "TERNARY",
+        },
+        {"punt_to_cpu", "deny", "permit"},
+    ),
+    "int_watchlist": (
+        {
+            "ipv4_src": "TERNARY",
+            "ipv4_dst": "TERNARY",
+            "ip_proto": "TERNARY",
+            "l4_sport": "TERNARY",
+            "l4_dport": "TERNARY",
+        },
+        {"mark_to_source", "no_source"},
+    ),
     "int_sink_ports": ({"port": "EXACT"}, {"set_sink", "NoAction"}),
     "report_collector": ({}, {"set_collector", "no_collector"}),
     "switch_config": ({}, {"set_switch_config"}),
@@ -44,8 +59,16 @@ ACTIONS = {
     "set_port_config": ["tx_util_mult", "mtu"],
     "set_ecn_thresholds": ["kmin_bytes", "kmax_bytes", "pmax_scaled"],
 }
-COUNTERS = {"port_rx", "port_tx", "drops", "ecn_marks", "int_status", "int_source_events",
-            "int_transit_events", "int_sink_events"}
+COUNTERS = {
+    "port_rx",
+    "port_tx",
+    "drops",
+    "ecn_marks",
+    "int_status",
+    "int_source_events",
+    "int_transit_events",
+    "int_sink_events",
+}
 DIRECT_COUNTERS = {"ipv4_routes_counter", "acl_counter", "int_watchlist_counter"}
 
 
@@ -136,35 +159,43 @@ def control_plane_api(info: p4i.P4Info) -> dict[str, dict]:
         },
         "actions": {
             a.preamble.alias: [(p.name, p.bitwidth) for p in a.params]
-            for a in info.actions if a.preamble.alias in
-            {action_alias[r.id] for t in info.tables for r in t.action_refs}
+            for a in info.actions
+            if a.preamble.alias in {action_alias[r.id] for t in info.tables for r in t.action_refs}
         },
         "counters": {c.preamble.alias: (c.spec.unit, c.size) for c in info.counters},
-        "direct_counters": {c.preamble.alias: table_alias[c.direct_table_id]
-                            for c in info.direct_counters},
-        "registers": {r.preamble.alias: (r.type_spec.bitstring.bit.bitwidth, r.size)
-                      for r in info.registers},
-        "action_profiles": {p.preamble.alias: (p.with_selector,
-                                               sorted(table_alias[i] for i in p.table_ids))
-                            for p in info.action_profiles},
-        "packet_io": {m.preamble.name: [(x.name, x.bitwidth) for x in m.metadata]
-                      for m in info.controller_packet_metadata},
+        "direct_counters": {
+            c.preamble.alias: table_alias[c.direct_table_id] for c in info.direct_counters
+        },
+        "registers": {
+            r.preamble.alias: (r.type_spec.bitstring.bit.bitwidth, r.size) for r in info.registers
+        },
+        "action_profiles": {
+            p.preamble.alias: (p.with_selector, sorted(table_alias[i] for i in p.table_ids))
+            for p in info.action_profiles
+        },
+        "packet_io": {
+            m.preamble.name: [(x.name, x.bitwidth) for x in m.metadata]
+            for m in info.controller_packet_metadata
+        },
     }
 
 
-@pytest.mark.parametrize("target", [t for t in p4build.P4SRC.targets if t.kind == "tofino"],
-                         ids=lambda t: t.name)
+@pytest.mark.parametrize(
+    "target", [t for t in p4build.P4SRC.targets if t.kind == "tofino"], ids=lambda t: t.name
+)
 def test_tofino_p4info_is_the_bmv2_api(target: p4build.Target) -> None:
     """One controller drives both: the Tofino build exposes the same tables, actions,
     parameters (names and widths), counters, registers, action profile and packet-in/out
     headers as the v1model build."""
     bmv2 = control_plane_api(load_p4info())
-    tofino = control_plane_api(text_format.Parse(
-        (BUILD / target.outputs["p4info"]).read_text(), p4i.P4Info()))
+    tofino = control_plane_api(
+        text_format.Parse((BUILD / target.outputs["p4info"]).read_text(), p4i.P4Info())
+    )
     for part, want in bmv2.items():
         got = tofino[part]
-        diff = {k: (want.get(k), got.get(k)) for k in set(want) | set(got)
-                if want.get(k) != got.get(k)}
+        diff = {
+            k: (want.get(k), got.get(k)) for k in set(want) | set(got) if want.get(k) != got.get(k)
+        }
         assert not diff, f"{target.name} {part} differ (bmv2, tofino): {diff}"
     assert set(bmv2["tables"]) >= set(TABLES)
 
@@ -174,17 +205,22 @@ def _fake_bf_p4c_output(tmp: Path, egress_stages: list[int], n_stages: int) -> N
     logs = tmp / p4build.TOFINO_OUTDIR / "pipe" / "logs"
     logs.mkdir(parents=True)
     (tmp / p4build.TOFINO_OUTDIR / "bfrt.json").write_text("{}")
-    tables = [{"gress": "egress", "stage_allocation": [{"stage_number": n}]}
-              for n in egress_stages]
+    tables = [{"gress": "egress", "stage_allocation": [{"stage_number": n}]} for n in egress_stages]
     tables.append({"gress": "ingress", "stage_allocation": [{"stage_number": -1}]})
     (logs / "mau.json").write_text(json.dumps({"tables": tables}))
     (logs / "resources.json").write_text(json.dumps({"resources": {"mau": {"nStages": n_stages}}}))
-    (logs / "metrics.json").write_text(json.dumps({
-        "target": "tofino",
-        "phv": {"normal": [{"bit_width": 32, "containers_occupied": 2, "bits_occupied": 40}]},
-        "mau": {"srams": 1, "tcams": 2, "map_rams": 3, "logical_tables": 4},
-        "parser": {"ingress": {"tcam_rows": 5}, "egress": {"tcam_rows": 6}},
-    }))
+    (logs / "metrics.json").write_text(
+        json.dumps(
+            {
+                "target": "tofino",
+                "phv": {
+                    "normal": [{"bit_width": 32, "containers_occupied": 2, "bits_occupied": 40}]
+                },
+                "mau": {"srams": 1, "tcams": 2, "map_rams": 3, "logical_tables": 4},
+                "parser": {"ingress": {"tcam_rows": 5}, "egress": {"tcam_rows": 6}},
+            }
+        )
+    )
 
 
 def test_tofino_summary_counts_stages_and_refuses_an_overflow(tmp_path: Path) -> None:

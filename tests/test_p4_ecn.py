@@ -17,9 +17,11 @@ ECT0, ECT1, NOT_ECT, CE = 0b10, 0b01, 0b00, 0b11
 
 
 def frame(ecn: int, seq: int) -> bytes:
-    pkt = (Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:a0")
-           / IP(src="10.0.1.1", dst="10.0.2.2", tos=ecn, id=seq)
-           / UDP(sport=1000, dport=4791, chksum=0))
+    pkt = (
+        Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:a0")
+        / IP(src="10.0.1.1", dst="10.0.2.2", tos=ecn, id=seq)
+        / UDP(sport=1000, dport=4791, chksum=0)
+    )
     return bytes(pkt / Raw(b"\x00" * (FRAME - len(pkt))))
 
 
@@ -87,8 +89,11 @@ def test_red_ramp_between_kmin_and_kmax(fabric: FabricFactory) -> None:  # noqa:
     depth = [i * FRAME for i in range(n)]
     below = [h for h, q in zip(hits, depth, strict=True) if q <= kmin]
     above = [h for h, q in zip(hits, depth, strict=True) if q > kmax]
-    ramp = [(h, (q - kmin) / (kmax - kmin)) for h, q in zip(hits, depth, strict=True)
-            if kmin < q <= kmax]
+    ramp = [
+        (h, (q - kmin) / (kmax - kmin))
+        for h, q in zip(hits, depth, strict=True)
+        if kmin < q <= kmax
+    ]
     assert all(h == 0 for h in below), hits
     assert all(h == rounds for h in above), hits
     observed = sum(h for h, _ in ramp) / (rounds * len(ramp))

@@ -24,8 +24,10 @@ from tests.p4.fixtures import FabricFactory, fabric  # noqa: F401
 from tests.p4.harness import Fabric, Topology
 from tests.p4.int_chain import CHAIN, program_chain, sw_mac
 
-VECTORS = {v["name"]: v for v in
-           json.loads((Path(__file__).parent / "data" / "int_v21.json").read_text())["vectors"]}
+VECTORS = {
+    v["name"]: v
+    for v in json.loads((Path(__file__).parent / "data" / "int_v21.json").read_text())["vectors"]
+}
 BITMAP = 0xF500  # bits 0,1,2,3,5,7: Hop ML 7
 HOP_BYTES = 28
 STACK_AT = 14 + 20 + 8 + 4 + 12  # where the metadata stack starts in a frame without options
@@ -86,10 +88,12 @@ def ipv4_ok(frame: bytes, at: int = 14) -> bool:
 
 def plain_udp(sport: int = 49152, dscp: int = 0x0A, payload: bytes = bytes(range(40))) -> bytes:
     """A RoCE-like packet from a host that does not do INT (UDP checksum 0, ECT(0))."""
-    return bytes(Ether(src="02:00:00:00:00:11", dst="02:00:00:00:00:b0")
-                 / IP(src="10.0.1.1", dst="10.0.2.2", tos=(dscp << 2) | 0b10, ttl=64,
-                      flags="DF", id=7)
-                 / UDP(sport=sport, dport=4791, chksum=0) / Raw(payload))
+    return bytes(
+        Ether(src="02:00:00:00:00:11", dst="02:00:00:00:00:b0")
+        / IP(src="10.0.1.1", dst="10.0.2.2", tos=(dscp << 2) | 0b10, ttl=64, flags="DF", id=7)
+        / UDP(sport=sport, dport=4791, chksum=0)
+        / Raw(payload)
+    )
 
 
 def test_int_across_three_switches(fabric: FabricFactory) -> None:  # noqa: F811
@@ -173,16 +177,23 @@ def test_every_instruction_bit_all_ones_where_unavailable(fabric: FabricFactory)
     (9-14) and checksum complement (15) are all-ones (None when decoded), the rest values."""
     fab = fabric(ONE)
     program_one(fab)
-    src = int_packet(src_ip="10.0.1.1", dst_ip="10.0.2.2", sport=49152, bitmap=0xFFFF,
-                     payload=b"\x00" * 16)
+    src = int_packet(
+        src_ip="10.0.1.1", dst_ip="10.0.2.2", sport=49152, bitmap=0xFFFF, payload=b"\x00" * 16
+    )
     fab.send("a", bytes(src))
     fab.settle()
     (out,) = fab.take("b")
     info = int_of(out)
     assert info["md"]["hop_ml"] == 19 and info["md"]["remaining_hop_cnt"] == 7
     (hop,) = info["hops"]
-    unavailable = {"l2_ingress_port", "l2_egress_port", "buffer_id", "buffer_occupancy",
-                   "checksum_complement", *(f"reserved_bit{b}" for b in range(9, 15))}
+    unavailable = {
+        "l2_ingress_port",
+        "l2_egress_port",
+        "buffer_id",
+        "buffer_occupancy",
+        "checksum_complement",
+        *(f"reserved_bit{b}" for b in range(9, 15)),
+    }
     assert {k for k, v in hop.items() if v is None} == unavailable
     assert hop["node_id"] == 2 and (hop["l1_ingress_port"], hop["l1_egress_port"]) == (5, 7)
     assert hop["egress_ts"] >= hop["ingress_ts"]
@@ -271,18 +282,27 @@ def test_tx_utilization_per_window(fabric: FabricFactory, shift: int) -> None:  
     want = [(per_window[w - 1] * ((len(src) * mult) >> 8)) >> 8 for w in window]
     assert [h["tx_util"] for h in hops] == want
     if fab.virtual_time:  # (a real clock paces the stream only roughly)
-        settled = want[int(1.5 * window_ns // gap_ns):]
+        settled = want[int(1.5 * window_ns // gap_ns) :]
         assert all(abs(u - 500_000) <= 0.12 * 500_000 for u in settled), want
 
 
 def program_source_and_sink(fab: Fabric, with_collector: bool = True) -> None:
     program_chain(fab)
-    fab.write(0, P.watch(bitmap=BITMAP, hop_budget=8, domain_id=5, ipv4_src="10.0.1.1",
-                         ip_proto=17))
+    fab.write(
+        0, P.watch(bitmap=BITMAP, hop_budget=8, domain_id=5, ipv4_src="10.0.1.1", ip_proto=17)
+    )
     fab.write(2, P.sink_port(2))
     if with_collector:
-        fab.write(2, P.collector(src_mac=sw_mac(2), dst_mac=P.mac(0x99), src_addr="10.0.0.3",
-                                 dst_addr="10.0.9.9", port=3))
+        fab.write(
+            2,
+            P.collector(
+                src_mac=sw_mac(2),
+                dst_mac=P.mac(0x99),
+                src_addr="10.0.0.3",
+                dst_addr="10.0.9.9",
+                port=3,
+            ),
+        )
     else:
         fab.write(2, P.cpu_clone_session())
 
@@ -363,10 +383,10 @@ def test_report_carries_the_sink_ports_utilization(fabric: FabricFactory) -> Non
     possible = {(c * per_packet) >> 8 for c in range(0, 13)}
     assert set(utils) <= possible, (utils, frame_len)
     if fab.virtual_time:  # (a real clock paces the stream only roughly)
-        settled = utils[n // 2:]
+        settled = utils[n // 2 :]
         assert all(u in {(c * per_packet) >> 8 for c in (10, 11)} for u in settled), utils
     else:
-        assert any(utils[n // 2:]), utils
+        assert any(utils[n // 2 :]), utils
 
 
 def test_source_and_sink_on_one_switch_leave_the_packet_plain(fabric: FabricFactory) -> None:  # noqa: F811
@@ -374,8 +394,9 @@ def test_source_and_sink_on_one_switch_leave_the_packet_plain(fabric: FabricFact
     is a sink port, so there is no fabric hop to measure and nothing is added."""
     fab = fabric(ONE)
     program_one(fab)
-    fab.write(0, P.watch(bitmap=BITMAP, hop_budget=8, domain_id=5, ipv4_src="10.0.1.1",
-                         ip_proto=17))
+    fab.write(
+        0, P.watch(bitmap=BITMAP, hop_budget=8, domain_id=5, ipv4_src="10.0.1.1", ip_proto=17)
+    )
     fab.write(0, P.sink_port(7))
     sent = plain_udp()
     fab.send("a", sent)

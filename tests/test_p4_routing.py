@@ -34,10 +34,20 @@ def program_one_switch(fab: Fabric) -> None:
         fab.write(0, P.host_route(f"10.0.{n}.0/24", n, port=n, smac=ROUTER_MAC, dmac=P.mac(n)))
 
 
-def udp(src: str = "10.0.1.1", dst: str = "10.0.2.2", sport: int = 1234, ttl: int = 64,
-        tos: int = 0x28, payload: bytes = b"x" * 20) -> Ether:
-    return (Ether(src=host_mac(1), dst=ROUTER) / IP(src=src, dst=dst, ttl=ttl, tos=tos)
-            / UDP(sport=sport, dport=5678) / Raw(payload))
+def udp(
+    src: str = "10.0.1.1",
+    dst: str = "10.0.2.2",
+    sport: int = 1234,
+    ttl: int = 64,
+    tos: int = 0x28,
+    payload: bytes = b"x" * 20,
+) -> Ether:
+    return (
+        Ether(src=host_mac(1), dst=ROUTER)
+        / IP(src=src, dst=dst, ttl=ttl, tos=tos)
+        / UDP(sport=sport, dport=5678)
+        / Raw(payload)
+    )
 
 
 def routed(pkt: Ether, port: int) -> bytes:
@@ -71,9 +81,12 @@ def test_routes_rewrites_macs_decrements_ttl_and_fixes_checksum(fabric: FabricFa
 def test_ipv4_options_are_carried_and_checksummed(fabric: FabricFactory) -> None:  # noqa: F811
     fab = fabric(ONE_SWITCH)
     program_one_switch(fab)
-    pkt = (Ether(src=host_mac(1), dst=ROUTER)
-           / IP(src="10.0.1.1", dst="10.0.3.3", options=[IPOption_Router_Alert()])
-           / UDP(sport=1, dport=2) / Raw(b"opt"))
+    pkt = (
+        Ether(src=host_mac(1), dst=ROUTER)
+        / IP(src="10.0.1.1", dst="10.0.3.3", options=[IPOption_Router_Alert()])
+        / UDP(sport=1, dport=2)
+        / Raw(b"opt")
+    )
     assert pkt[IP].ihl is None and len(bytes(pkt[IP])) > 20 + 8
     fab.send("h1", bytes(pkt))
     fab.settle()
@@ -121,8 +134,14 @@ def test_ecmp_spreads_1000_flows_over_4_next_hops(fabric: FabricFactory) -> None
     fab.write(0, P.route("10.9.0.0/16", 9) + P.next_hops(9, hops))
 
     def flow(i: int) -> bytes:
-        return bytes(udp(src=f"10.0.1.{1 + i % 200}", dst=f"10.9.{i // 250}.{1 + i % 250}",
-                         sport=49152 + i, tos=0))
+        return bytes(
+            udp(
+                src=f"10.0.1.{1 + i % 200}",
+                dst=f"10.9.{i // 250}.{1 + i % 250}",
+                sport=49152 + i,
+                tos=0,
+            )
+        )
 
     for i in range(1000):
         fab.send("h1", flow(i))

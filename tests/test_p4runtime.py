@@ -72,13 +72,20 @@ def h() -> Iterator[Harness]:
 
 
 def udp(dst: str, sport: int = 1000, dport: int = 2000, ttl: int = 64) -> Any:
-    return (Ether(dst=ROUTER_MAC, src="02:00:00:00:00:01") /
-            IP(src="10.0.1.1", dst=dst, ttl=ttl) / UDP(sport=sport, dport=dport) / (b"x" * 20))
+    return (
+        Ether(dst=ROUTER_MAC, src="02:00:00:00:00:01")
+        / IP(src="10.0.1.1", dst=dst, ttl=ttl)
+        / UDP(sport=sport, dport=dport)
+        / (b"x" * 20)
+    )
 
 
 def route(prefix: str, port: int, dmac: int = 0x020000000002) -> fy.P4TableEntry:
-    return fy.P4TableEntry("routes", match=fy.P4TableMatch(dst_addr=prefix),
-                           action=fy.P4TableAction("routed_set_nexthop", dmac=dmac, port=port))
+    return fy.P4TableEntry(
+        "routes",
+        match=fy.P4TableMatch(dst_addr=prefix),
+        action=fy.P4TableAction("routed_set_nexthop", dmac=dmac, port=port),
+    )
 
 
 def test_routes_forward_and_count(h: Harness) -> None:
@@ -156,14 +163,25 @@ def test_unknown_table_and_bad_values_are_grpc_errors(h: Harness) -> None:
 
 def test_ternary_range_optional_acl_and_packet_in(h: Harness) -> None:
     async def body(s: fy.Switch) -> None:
-        await s.write([
-            +route("10.0.2.0/24", 2),
-            +fy.P4TableEntry("acl", match=fy.P4TableMatch(src_addr=("10.0.1.0", "255.255.255.0"),
-                                                          dst_port=(5000, 5999), protocol=17),
-                             priority=10, action=fy.P4TableAction("send_to_cpu")),
-            +fy.P4TableEntry("acl", match=fy.P4TableMatch(dst_port=(5555, 5555)), priority=20,
-                             action=fy.P4TableAction("drop")),
-        ])
+        await s.write(
+            [
+                +route("10.0.2.0/24", 2),
+                +fy.P4TableEntry(
+                    "acl",
+                    match=fy.P4TableMatch(
+                        src_addr=("10.0.1.0", "255.255.255.0"), dst_port=(5000, 5999), protocol=17
+                    ),
+                    priority=10,
+                    action=fy.P4TableAction("send_to_cpu"),
+                ),
+                +fy.P4TableEntry(
+                    "acl",
+                    match=fy.P4TableMatch(dst_port=(5555, 5555)),
+                    priority=20,
+                    action=fy.P4TableAction("drop"),
+                ),
+            ]
+        )
         packets: list[fy.P4PacketIn] = []
 
         async def collect() -> None:
@@ -208,13 +226,20 @@ def test_packet_out_with_and_without_metadata(h: Harness) -> None:
 
 def test_action_selector_groups_spread_flows(h: Harness) -> None:
     async def body(s: fy.Switch) -> None:
-        members = [+fy.P4ActionProfileMember("ecmp_selector", member_id=i,
-                                             action=fy.P4TableAction("set_nexthop", dmac=i, port=i))
-                   for i in range(1, 5)]
-        group = +fy.P4ActionProfileGroup("ecmp_selector", group_id=1,
-                                         members=[fy.P4Member(i, weight=1) for i in range(1, 5)])
-        entry = +fy.P4TableEntry("ecmp", match=fy.P4TableMatch(dst_addr="10.0.5.5"),
-                                 action=fy.P4IndirectAction(group_id=1))
+        members = [
+            +fy.P4ActionProfileMember(
+                "ecmp_selector", member_id=i, action=fy.P4TableAction("set_nexthop", dmac=i, port=i)
+            )
+            for i in range(1, 5)
+        ]
+        group = +fy.P4ActionProfileGroup(
+            "ecmp_selector", group_id=1, members=[fy.P4Member(i, weight=1) for i in range(1, 5)]
+        )
+        entry = +fy.P4TableEntry(
+            "ecmp",
+            match=fy.P4TableMatch(dst_addr="10.0.5.5"),
+            action=fy.P4IndirectAction(group_id=1),
+        )
         await s.write(members + [group, entry])
         for sport in range(400):
             h.send(1, udp("10.0.5.5", sport=1000 + sport))
@@ -235,8 +260,13 @@ def test_meter_register_and_default_action(h: Harness) -> None:
     async def body(s: fy.Switch) -> None:
         await s.write([+route("10.0.2.0/24", 2)])
         # 1 packet burst, tiny rates: on a virtual clock the 2nd packet is over both rates
-        await s.write([fy.P4MeterEntry("port_meter", index=1,
-                                       config=fy.P4MeterConfig(cir=1, cburst=1, pir=1, pburst=1))])
+        await s.write(
+            [
+                fy.P4MeterEntry(
+                    "port_meter", index=1, config=fy.P4MeterConfig(cir=1, cburst=1, pir=1, pburst=1)
+                )
+            ]
+        )
         h.send(1, udp("10.0.2.7"))
         h.send(1, udp("10.0.2.7"))
         assert len(h.out) == 1
@@ -246,9 +276,15 @@ def test_meter_register_and_default_action(h: Harness) -> None:
         regs = [r async for r in s.read(fy.P4RegisterEntry("rx_seen", index=1))]
         assert regs[0].data == 100
         # default action: route everything else to port 7, then reset to the program's drop
-        await s.write([~fy.P4TableEntry("routes", is_default_action=True,
-                                        action=fy.P4TableAction("routed_set_nexthop", dmac=1,
-                                                                port=7))])
+        await s.write(
+            [
+                ~fy.P4TableEntry(
+                    "routes",
+                    is_default_action=True,
+                    action=fy.P4TableAction("routed_set_nexthop", dmac=1, port=7),
+                )
+            ]
+        )
         h.out.clear()
         h.send(3, udp("11.1.1.1"))
         assert [p for p, _ in h.out] == [7]
@@ -262,15 +298,24 @@ def test_meter_register_and_default_action(h: Harness) -> None:
 
 def test_multicast_and_clone_sessions(h: Harness) -> None:
     async def body(s: fy.Switch) -> None:
-        await s.write([
-            +fy.P4MulticastGroupEntry(7, replicas=[(2, 1), (3, 2), (4, 3)]),
-            +fy.P4TableEntry("l2_flood", match=fy.P4TableMatch(dst_addr="ff:ff:ff:ff:ff:ff"),
-                             action=fy.P4TableAction("flood", group=7)),
-            +fy.P4CloneSessionEntry(100, replicas=[5]),
-            +route("10.0.2.0/24", 2),
-            +fy.P4TableEntry("acl", match=fy.P4TableMatch(dst_port=(7000, 7000)), priority=5,
-                             action=fy.P4TableAction("copy_to_cpu")),
-        ])
+        await s.write(
+            [
+                +fy.P4MulticastGroupEntry(7, replicas=[(2, 1), (3, 2), (4, 3)]),
+                +fy.P4TableEntry(
+                    "l2_flood",
+                    match=fy.P4TableMatch(dst_addr="ff:ff:ff:ff:ff:ff"),
+                    action=fy.P4TableAction("flood", group=7),
+                ),
+                +fy.P4CloneSessionEntry(100, replicas=[5]),
+                +route("10.0.2.0/24", 2),
+                +fy.P4TableEntry(
+                    "acl",
+                    match=fy.P4TableMatch(dst_port=(7000, 7000)),
+                    priority=5,
+                    action=fy.P4TableAction("copy_to_cpu"),
+                ),
+            ]
+        )
         h.send(1, Ether(dst="ff:ff:ff:ff:ff:ff") / b"hello")
         assert sorted(p for p, _ in h.out) == [2, 3, 4]
         h.out.clear()
@@ -358,7 +403,8 @@ def test_reconnect_keeps_state_and_bad_config_is_refused(h: Harness) -> None:
     channel = grpc.insecure_channel(h.addr)
     stub = p4r_grpc.P4RuntimeStub(channel)
     req = p4r.SetForwardingPipelineConfigRequest(
-        device_id=1, action=p4r.SetForwardingPipelineConfigRequest.VERIFY_AND_COMMIT)
+        device_id=1, action=p4r.SetForwardingPipelineConfigRequest.VERIFY_AND_COMMIT
+    )
     req.election_id.low = 1
     req.config.p4_device_config = b'{"__meta__": {"version": [2, 23]}, "actions": [{}]}'
     with pytest.raises(grpc.RpcError) as exc:

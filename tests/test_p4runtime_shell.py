@@ -44,15 +44,25 @@ def server() -> Iterator[tuple[str, V1Switch]]:
     srv.stop(0)
 
 
-@pytest.mark.skipif(not SHELL_PY.exists(),
-                    reason="p4runtime-shell venv missing: make p4runtime-shell")
+@pytest.mark.skipif(
+    not SHELL_PY.exists(), reason="p4runtime-shell venv missing: make p4runtime-shell"
+)
 @pytest.mark.skipif(not (BUILD / "switch_features.json").exists(), reason="test program not built")
 def test_p4runtime_shell_pushes_pipeline_and_inserts(server: tuple[str, V1Switch]) -> None:
     addr, sw = server
-    res = subprocess.run([str(SHELL_PY), "-c", SCRIPT, addr,
-                          str(BUILD / "switch_features.p4info.txtpb"),
-                          str(BUILD / "switch_features.json")],
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        [
+            str(SHELL_PY),
+            "-c",
+            SCRIPT,
+            addr,
+            str(BUILD / "switch_features.p4info.txtpb"),
+            str(BUILD / "switch_features.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     assert "ENTRY 24 02" in res.stdout
     assert sw.ready

@@ -42,7 +42,11 @@ def test_defaults_scale_with_the_line_rate() -> None:
     d40, d100m = DcqcnParams.scaled(40 * 10**9), DcqcnParams.scaled(100_000_000)
     # the paper's values at 40 Gb/s
     assert (d40.rai_bps, d40.byte_counter, d40.alpha_timer_ns, d40.g) == (
-        40_000_000, 10 * 1024 * 1024, 55_000, UNIT // 256)
+        40_000_000,
+        10 * 1024 * 1024,
+        55_000,
+        UNIT // 256,
+    )
     # time dilation by 400: rates / 400, intervals * 400, bytes unchanged
     assert d100m.rai_bps == 100_000 and d100m.rhai_bps == 1_000_000
     assert d100m.rate_timer_ns == 22_000_000 and d100m.cut_interval_ns == 1_600_000
@@ -87,8 +91,16 @@ def _hop(node: int, util_ppm: int, qlen: int, ts: int) -> IntHopValues:
 
 def _tita(cc: CcState, prm: CcParams, util_ppm: int, ts: int, psn: int, qlen: int = 0) -> int:
     tita_on_ack(
-        cc, prm, [_hop(2, util_ppm // 2, 0, ts), _hop(1, util_ppm, qlen, ts)], ack_psn=psn,
-        snd_nxt_psn=psn + 1, tx_bytes=0, now_ns=ts, ceil_bps=LINE, weight=1, line_rate_bps=LINE,
+        cc,
+        prm,
+        [_hop(2, util_ppm // 2, 0, ts), _hop(1, util_ppm, qlen, ts)],
+        ack_psn=psn,
+        snd_nxt_psn=psn + 1,
+        tx_bytes=0,
+        now_ns=ts,
+        ceil_bps=LINE,
+        weight=1,
+        line_rate_bps=LINE,
     )
     return cc.rate_bps
 
@@ -106,8 +118,7 @@ def test_tita_cuts_above_eta_and_adds_w_ai_below() -> None:
     _tita(cc, prm, 2_000_000, 210_000, 1)
     assert cc.ref_rate_bps == before_ref
     # light load: U drifts down; once below eta with max_stage 1 the law adds W_AI per RTT
-    prm1 = replace(prm, tita=TitaParams(prm.tita.wai_bps, prm.tita.eta, 1,
-                                        prm.tita.base_rtt_ns))
+    prm1 = replace(prm, tita=TitaParams(prm.tita.wai_bps, prm.tita.eta, 1, prm.tita.base_rtt_ns))
     ts, psn = 400_000, 2
     rates = []
     for _ in range(20):
@@ -124,11 +135,31 @@ def test_tita_queue_term_and_fallback_without_tx_utilisation() -> None:
     no_util = 0xFFFFFFFF
     bdp = LINE // 8 * 100_000 // 10**9  # 1250 bytes
     hops0 = [IntHopValues(1, 1, 4 * bdp, 0, no_util)]
-    tita_on_ack(cc, prm, hops0, ack_psn=0, snd_nxt_psn=1, tx_bytes=0, now_ns=0,
-                ceil_bps=LINE, weight=1, line_rate_bps=LINE)
+    tita_on_ack(
+        cc,
+        prm,
+        hops0,
+        ack_psn=0,
+        snd_nxt_psn=1,
+        tx_bytes=0,
+        now_ns=0,
+        ceil_bps=LINE,
+        weight=1,
+        line_rate_bps=LINE,
+    )
     hops1 = [IntHopValues(1, 1, 4 * bdp, 100_000, no_util)]
-    tita_on_ack(cc, prm, hops1, ack_psn=1, snd_nxt_psn=2, tx_bytes=1000, now_ns=100_000,
-                ceil_bps=LINE, weight=1, line_rate_bps=LINE)
+    tita_on_ack(
+        cc,
+        prm,
+        hops1,
+        ack_psn=1,
+        snd_nxt_psn=2,
+        tx_bytes=1000,
+        now_ns=100_000,
+        ceil_bps=LINE,
+        weight=1,
+        line_rate_bps=LINE,
+    )
     # standing queue of 4 BDP: u = 4 (queue) + 1 (busy port)
     assert cc.util == pytest.approx(5 * UNIT, rel=1e-3)
 
@@ -153,8 +184,9 @@ def test_dcqcn_cut_alpha_and_recovery_stages() -> None:
     assert cc.rate_bps == LINE // 2 and cc.ref_rate_bps == LINE  # alpha starts at 1
     assert cc.alpha == UNIT  # (1 - g) * 1 + g
     # a second CNP within the cut interval is held
-    held = dcqcn_on_feedback(cc, prm, is_cnp=True, tx_bytes=0, now_ns=d.cut_interval_ns // 2,
-                             ceil_bps=LINE, weight=1)
+    held = dcqcn_on_feedback(
+        cc, prm, is_cnp=True, tx_bytes=0, now_ns=d.cut_interval_ns // 2, ceil_bps=LINE, weight=1
+    )
     assert "XDP_DCQCN_CUT_HELD" in held and cc.rate_bps == LINE // 2
     # fast recovery: F timer events halve the gap to the target each
     t = 0
@@ -168,8 +200,9 @@ def test_dcqcn_cut_alpha_and_recovery_stages() -> None:
     # alpha decayed over the elapsed alpha periods
     assert cc.alpha < UNIT
     # a cut from below the line rate, then additive increase moves the target
-    dcqcn_on_feedback(cc, prm, is_cnp=True, tx_bytes=0, now_ns=t + d.cut_interval_ns,
-                      ceil_bps=LINE, weight=1)
+    dcqcn_on_feedback(
+        cc, prm, is_cnp=True, tx_bytes=0, now_ns=t + d.cut_interval_ns, ceil_bps=LINE, weight=1
+    )
     target = cc.ref_rate_bps
     t += d.cut_interval_ns
     for _ in range(d.fast_recovery_steps + 1):
@@ -204,7 +237,11 @@ def test_baseline_defaults_are_the_papers_scaled() -> None:
     assert p.hpcc.wai_bps == p.tita.wai_bps // 100 and p.hpcc.base_rtt_ns == 200_000  # N 100 vs 1
     t10, t100m = TimelyParams.scaled(10 * 10**9), TimelyParams.scaled(LINE)
     assert (t10.delta_bps, t10.t_low_ns, t10.t_high_ns, t10.min_rtt_ns) == (
-        10_000_000, 50_000, 500_000, 20_000)  # the paper's 10 Gb/s values
+        10_000_000,
+        50_000,
+        500_000,
+        20_000,
+    )  # the paper's 10 Gb/s values
     assert (t100m.delta_bps, t100m.t_low_ns, t100m.t_high_ns) == (100_000, 5_000_000, 50_000_000)
     assert t10.alpha == to_fixed(0.875) and t10.beta == to_fixed(0.8) and t10.hai_steps == 5
     s = CcParams.defaults(Law.SWIFT, LINE, 20_000_000).swift
@@ -224,11 +261,22 @@ def test_hpcc_commits_u_on_every_ack_where_tita_waits_for_the_rtt() -> None:
         prm = CcParams.defaults(law, LINE, 100_000)
         cc = CcState.initial(law, LINE, 0, 0)
         for i, q in enumerate((0, 12_500, 12_500)):  # 12.5 kB = one B*T at 100 Mb/s
-            hop = IntHopValues(node_id=1, port=1, qlen=q, egress_ts_ns=(i + 1) * 30_000,
-                               tx_util_ppm=1_000_000)
-            tita_on_ack(cc, prm, [hop], ack_psn=0, snd_nxt_psn=10, tx_bytes=0,
-                        now_ns=(i + 1) * 30_000, ceil_bps=LINE, weight=1, line_rate_bps=LINE,
-                        hpcc=law == Law.HPCC)
+            hop = IntHopValues(
+                node_id=1, port=1, qlen=q, egress_ts_ns=(i + 1) * 30_000, tx_util_ppm=1_000_000
+            )
+            tita_on_ack(
+                cc,
+                prm,
+                [hop],
+                ack_psn=0,
+                snd_nxt_psn=10,
+                tx_bytes=0,
+                now_ns=(i + 1) * 30_000,
+                ceil_bps=LINE,
+                weight=1,
+                line_rate_bps=LINE,
+                hpcc=law == Law.HPCC,
+            )
         states[law] = cc
     assert states[Law.TITA].util == UNIT
     assert states[Law.HPCC].util > UNIT + UNIT // 10

@@ -30,8 +30,9 @@ pytestmark = [
 ]
 
 
-SWITCHES = ["xingmai-switch"] + (["simple_switch_grpc"] if shutil.which("simple_switch_grpc")
-                                  else [])
+SWITCHES = ["xingmai-switch"] + (
+    ["simple_switch_grpc"] if shutil.which("simple_switch_grpc") else []
+)
 
 
 @pytest.fixture(params=SWITCHES)
@@ -51,10 +52,14 @@ def options() -> fy.SwitchOptions:
 
 
 def routes(rig: SwitchRig) -> list[fy.P4TableEntry]:
-    return [+fy.P4TableEntry("routes", match=fy.P4TableMatch(dst_addr=f"10.0.{h.port}.0/24"),
-                             action=fy.P4TableAction("routed_set_nexthop", dmac=h.mac,
-                                                     port=h.port))
-            for h in rig.hosts]
+    return [
+        +fy.P4TableEntry(
+            "routes",
+            match=fy.P4TableMatch(dst_addr=f"10.0.{h.port}.0/24"),
+            action=fy.P4TableAction("routed_set_nexthop", dmac=h.mac, port=h.port),
+        )
+        for h in rig.hosts
+    ]
 
 
 SENDER = """
@@ -83,23 +88,28 @@ def test_ping_and_udp_cross_the_switch_and_are_counted(rig: SwitchRig) -> None:
 
     asyncio.run(program())
 
-    ping = subprocess.run(h1.cmd("ping", "-c", "3", "-i", "0.2", "-W", "2", h2.ip),
-                          capture_output=True, text=True)
+    ping = subprocess.run(
+        h1.cmd("ping", "-c", "3", "-i", "0.2", "-W", "2", h2.ip), capture_output=True, text=True
+    )
     assert ping.returncode == 0, ping.stdout + ping.stderr + rig.log_tail()
 
-    receiver = subprocess.Popen(h2.cmd(sys.executable, "-c", RECEIVER), stdout=subprocess.PIPE,
-                                text=True)
+    receiver = subprocess.Popen(
+        h2.cmd(sys.executable, "-c", RECEIVER), stdout=subprocess.PIPE, text=True
+    )
     time.sleep(0.5)
-    subprocess.run(h1.cmd(sys.executable, "-c", SENDER, h1.ifname, "00:00:00:00:fe:01", h1.ip,
-                          h2.ip), check=True)
+    subprocess.run(
+        h1.cmd(sys.executable, "-c", SENDER, h1.ifname, "00:00:00:00:fe:01", h1.ip, h2.ip),
+        check=True,
+    )
     out, _ = receiver.communicate(timeout=15)
     assert out.split() == [h1.ip, "xingmai"]
 
     async def counters() -> tuple[dict[str, int], int]:
         async with fy.Switch("s1", rig.grpc_addr, options()) as s:
-            hits = {prefix(e.match["dst_addr"]): e.counter_data.packet_count
-                    async for e in s.read(fy.P4TableEntry("routes",
-                                                          counter_data=fy.P4CounterData()))}
+            hits = {
+                prefix(e.match["dst_addr"]): e.counter_data.packet_count
+                async for e in s.read(fy.P4TableEntry("routes", counter_data=fy.P4CounterData()))
+            }
             port_rx = [c async for c in s.read(fy.P4CounterEntry("port_rx", index=1))]
             return hits, port_rx[0].data.packet_count
 
@@ -129,8 +139,9 @@ for _ in range(50):               # random garbage frames
 """
     subprocess.run(h1.cmd(sys.executable, "-c", junk, h1.ifname), check=True)
     time.sleep(0.5)
-    ping = subprocess.run(h1.cmd("ping", "-c", "2", "-i", "0.2", "-W", "2", h2.ip),
-                          capture_output=True, text=True)
+    ping = subprocess.run(
+        h1.cmd("ping", "-c", "2", "-i", "0.2", "-W", "2", h2.ip), capture_output=True, text=True
+    )
     assert ping.returncode == 0, rig.log_tail()
 
     async def port_rx() -> int:

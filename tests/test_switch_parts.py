@@ -153,10 +153,13 @@ def test_traffic_manager_rate_depth_and_priority() -> None:
     clock.advance(1_000_000)
     # leaves when the port is free again, though it came at 0
     assert [(pkt, start) for _, _, pkt, _, _, start in tm.dequeue_ready(clock.now_ns())] == [
-        ("high", 1_000_000)]
+        ("high", 1_000_000)
+    ]
     clock.advance(10_000_000)
     assert [(pkt, start) for _, _, pkt, _, _, start in tm.dequeue_ready(clock.now_ns())] == [
-        (1, 2_000_000), (2, 3_000_000)]
+        (1, 2_000_000),
+        (2, 3_000_000),
+    ]
     tm.set_depth(2, nbytes=1500)
     assert tm.enqueue(2, 0, "a", 1000, 0) is not None
     assert tm.enqueue(2, 0, "b", 1000, 0) is None
@@ -178,43 +181,112 @@ def minimal_program(prims: list[dict]) -> dict:
     return {
         "__meta__": {"version": [2, 23]},
         "header_types": [
-            {"name": "eth_t", "id": 0, "fields": [["dst", 48, False], ["src", 48, False],
-                                                  ["type", 16, False]]},
-            {"name": "standard_metadata", "id": 1, "fields": [
-                ["ingress_port", 9, False], ["egress_spec", 9, False], ["egress_port", 9, False],
-                ["instance_type", 32, False], ["packet_length", 32, False],
-                ["mcast_grp", 16, False], ["_padding", 3, False]]},
+            {
+                "name": "eth_t",
+                "id": 0,
+                "fields": [["dst", 48, False], ["src", 48, False], ["type", 16, False]],
+            },
+            {
+                "name": "standard_metadata",
+                "id": 1,
+                "fields": [
+                    ["ingress_port", 9, False],
+                    ["egress_spec", 9, False],
+                    ["egress_port", 9, False],
+                    ["instance_type", 32, False],
+                    ["packet_length", 32, False],
+                    ["mcast_grp", 16, False],
+                    ["_padding", 3, False],
+                ],
+            },
         ],
-        "headers": [{"name": "standard_metadata", "id": 0, "header_type": "standard_metadata",
-                     "metadata": True},
-                    {"name": "eth", "id": 1, "header_type": "eth_t", "metadata": False}],
-        "parsers": [{"name": "parser", "id": 0, "init_state": "start", "parse_states": [
-            {"name": "start", "id": 0, "parser_ops": [
-                {"op": "extract", "parameters": [{"type": "regular", "value": "eth"}]}],
-             "transition_key": [], "transitions": [{"type": "default", "value": None,
-                                                    "mask": None, "next_state": None}]}]}],
+        "headers": [
+            {
+                "name": "standard_metadata",
+                "id": 0,
+                "header_type": "standard_metadata",
+                "metadata": True,
+            },
+            {"name": "eth", "id": 1, "header_type": "eth_t", "metadata": False},
+        ],
+        "parsers": [
+            {
+                "name": "parser",
+                "id": 0,
+                "init_state": "start",
+                "parse_states": [
+                    {
+                        "name": "start",
+                        "id": 0,
+                        "parser_ops": [
+                            {"op": "extract", "parameters": [{"type": "regular", "value": "eth"}]}
+                        ],
+                        "transition_key": [],
+                        "transitions": [
+                            {"type": "default", "value": None, "mask": None, "next_state": None}
+                        ],
+                    }
+                ],
+            }
+        ],
         "deparsers": [{"name": "deparser", "id": 0, "order": ["eth"], "primitives": []}],
         "actions": [{"name": "act", "id": 0, "runtime_data": [], "primitives": prims}],
         "pipelines": [
-            {"name": "ingress", "id": 0, "init_table": "t", "action_profiles": [],
-             "tables": [{"name": "t", "id": 0, "key": [], "match_type": "exact",
-                         "type": "simple", "max_size": 1, "with_counters": False,
-                         "support_timeout": False, "direct_meters": None, "action_ids": [0],
-                         "actions": ["act"], "base_default_next": None,
-                         "next_tables": {"act": None},
-                         "default_entry": {"action_id": 0, "action_const": True,
-                                           "action_data": [], "action_entry_const": True}}],
-             "conditionals": []},
-            {"name": "egress", "id": 1, "init_table": None, "action_profiles": [],
-             "tables": [], "conditionals": []}],
+            {
+                "name": "ingress",
+                "id": 0,
+                "init_table": "t",
+                "action_profiles": [],
+                "tables": [
+                    {
+                        "name": "t",
+                        "id": 0,
+                        "key": [],
+                        "match_type": "exact",
+                        "type": "simple",
+                        "max_size": 1,
+                        "with_counters": False,
+                        "support_timeout": False,
+                        "direct_meters": None,
+                        "action_ids": [0],
+                        "actions": ["act"],
+                        "base_default_next": None,
+                        "next_tables": {"act": None},
+                        "default_entry": {
+                            "action_id": 0,
+                            "action_const": True,
+                            "action_data": [],
+                            "action_entry_const": True,
+                        },
+                    }
+                ],
+                "conditionals": [],
+            },
+            {
+                "name": "egress",
+                "id": 1,
+                "init_table": None,
+                "action_profiles": [],
+                "tables": [],
+                "conditionals": [],
+            },
+        ],
     }
 
 
 def test_unknown_primitive_is_a_load_error_and_the_old_program_stays() -> None:
     sw = V1Switch(Clock(virtual=True))
-    good = minimal_program([{"op": "assign", "parameters": [
-        {"type": "field", "value": ["standard_metadata", "egress_spec"]},
-        {"type": "hexstr", "value": "0x0002"}]}])
+    good = minimal_program(
+        [
+            {
+                "op": "assign",
+                "parameters": [
+                    {"type": "field", "value": ["standard_metadata", "egress_spec"]},
+                    {"type": "hexstr", "value": "0x0002"},
+                ],
+            }
+        ]
+    )
     sw.load(good)
     with pytest.raises(LoadError, match="unsupported primitive 'teleport'"):
         sw.load(minimal_program([{"op": "teleport", "parameters": []}]))
@@ -228,9 +300,21 @@ def test_unknown_primitive_is_a_load_error_and_the_old_program_stays() -> None:
 
 def test_truncated_packet_is_parsed_as_far_as_it_goes() -> None:
     sw = V1Switch(Clock(virtual=True))
-    sw.load(json.dumps(minimal_program([{"op": "assign", "parameters": [
-        {"type": "field", "value": ["standard_metadata", "egress_spec"]},
-        {"type": "hexstr", "value": "0x0003"}]}])))
+    sw.load(
+        json.dumps(
+            minimal_program(
+                [
+                    {
+                        "op": "assign",
+                        "parameters": [
+                            {"type": "field", "value": ["standard_metadata", "egress_spec"]},
+                            {"type": "hexstr", "value": "0x0003"},
+                        ],
+                    }
+                ]
+            )
+        )
+    )
     out: list[tuple[int, bytes]] = []
     sw.transmit = lambda port, data: out.append((port, data))
     for n in (0, 1, 13):  # shorter than Ethernet: PacketTooShort, header stays invalid

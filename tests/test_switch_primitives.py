@@ -14,7 +14,7 @@ from testbed.switch.traffic_manager import Clock
 from testbed.switch.v1model import V1Switch
 
 JSON = Path(__file__).parent / "p4" / "build" / "primitives.json"
-ETH = bytes.fromhex("020000000002" "020000000001" "1234")
+ETH = bytes.fromhex("0200000000020200000000011234")
 
 
 def crc16_arc_bitwise(data: bytes) -> int:

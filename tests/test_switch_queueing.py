@@ -29,8 +29,16 @@ def switch(unit: str = "packets") -> tuple[V1Switch, list[dict[str, int]]]:
         enq, deq, enq_ts, delta = struct.unpack("!IIII", data[14:30])
         ing = int.from_bytes(data[30:36], "big")
         egr = int.from_bytes(data[36:42], "big")
-        probes.append({"enq_qdepth": enq, "deq_qdepth": deq, "enq_ts": enq_ts,
-                       "deq_timedelta": delta, "ingress_ts": ing, "egress_ts": egr})
+        probes.append(
+            {
+                "enq_qdepth": enq,
+                "deq_qdepth": deq,
+                "enq_ts": enq_ts,
+                "deq_timedelta": delta,
+                "ingress_ts": ing,
+                "egress_ts": egr,
+            }
+        )
 
     sw.transmit = transmit
     return sw, probes

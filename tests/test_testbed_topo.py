@@ -33,14 +33,19 @@ def test_leafspine_addresses_ports_and_links() -> None:
     assert [s.name for s in spec.switches] == ["leaf1", "leaf2", "spine1", "spine2"]
     assert [s.node_id for s in spec.switches] == [1, 2, 3, 4]
     assert len({s.router_mac for s in spec.switches}) == 4
-    assert [h.nics[0].ip for h in spec.hosts] == [f"10.0.{i}.{j}" for i in (1, 2)
-                                                  for j in (1, 2, 3, 4)]
+    assert [h.nics[0].ip for h in spec.hosts] == [
+        f"10.0.{i}.{j}" for i in (1, 2) for j in (1, 2, 3, 4)
+    ]
     assert spec.attachment("h6", 0) == End("leaf2", 2)
     # leaf i's uplink k is port H+k, the spine's port for leaf i is i
-    uplinks = {(lk.a, lk.b) for lk in spec.links if lk.a.node.startswith("leaf")
-               and lk.b.node.startswith("spine")}
-    assert uplinks == {(End(f"leaf{i}", 4 + k), End(f"spine{k}", i)) for i in (1, 2)
-                       for k in (1, 2)}
+    uplinks = {
+        (lk.a, lk.b)
+        for lk in spec.links
+        if lk.a.node.startswith("leaf") and lk.b.node.startswith("spine")
+    }
+    assert uplinks == {
+        (End(f"leaf{i}", 4 + k), End(f"spine{k}", i)) for i in (1, 2) for k in (1, 2)
+    }
     assert spec.collector == End("leaf1", 7)
     assert spec.switch_ports("leaf1") == [1, 2, 3, 4, 5, 6, 7]
     assert spec.switch_ports("spine2") == [1, 2]
@@ -65,9 +70,13 @@ def test_yaml_round_trip_and_short_form() -> None:
     spec = leafspine(2, 1, 2)
     again = from_doc(yaml.safe_load(dump(spec)))
     assert again == spec
-    short = from_doc({"switches": ["s1"], "hosts": [{"name": "a", "nics": ["10.9.0.1"]},
-                                                    {"name": "b", "nics": ["10.9.0.2"]}],
-                      "links": [["a:0", "s1:1"], ["b:0", "s1:2"]]})
+    short = from_doc(
+        {
+            "switches": ["s1"],
+            "hosts": [{"name": "a", "nics": ["10.9.0.1"]}, {"name": "b", "nics": ["10.9.0.2"]}],
+            "links": [["a:0", "s1:1"], ["b:0", "s1:2"]],
+        }
+    )
     assert short.switch("s1").device_id == 1 and short.host("b").nics[0].mac == "02:00:0a:09:00:02"
     assert short.collector is None
 
@@ -85,25 +94,61 @@ def test_load_and_parse_choice(tmp_path: Path) -> None:
         parse_choice("single:x")
 
 
-@pytest.mark.parametrize("doc, message", [
-    ({"switches": ["s1"], "hosts": [{"name": "a", "nics": ["10.9.0.1"]}],
-      "links": []}, "host a NIC 0 is not linked"),
-    ({"switches": ["s1"], "hosts": [{"name": "a", "nics": ["10.9.0.1"]}],
-      "links": [["a:0", "s1:600"]]}, r"links\[0\]: port 600"),
-    ({"switches": ["s1"], "hosts": [{"name": "a", "nics": ["10.9.0.1"]}],
-      "links": [["a:0", "s2:1"]]}, "no switch or host named 's2'"),
-    ({"switches": ["s1"], "hosts": [{"name": "a", "nics": ["10.9.0.1"]},
-                                    {"name": "b", "nics": ["10.9.0.1"]}],
-      "links": [["a:0", "s1:1"], ["b:0", "s1:2"]]}, "addresses must be unique"),
-    ({"switches": ["s1"], "hosts": [{"name": "a", "nics": ["10.9.0.1"]}],
-      "links": [["a:0", "s1:1"], ["a:0", "s1:2"]]}, "linked twice"),
-    ({"switches": ["s1"], "hosts": [{"name": "col", "nics": ["10.9.0.1"]}],
-      "links": [["col:0", "s1:1"]]}, "reserved"),
-    ({"switches": ["s1"], "hosts": [{"name": "a", "nics": ["nope"]}],
-      "links": []}, r"hosts\[0\].nics\[0\]: 'nope' is not an IPv4"),
-    ({"switches": ["s1"], "hosts": [], "links": [], "colector": "s1:1"}, "unknown key"),
-    ({"switches": ["a-very-long-switch-name"], "hosts": [], "links": []}, "at most 10"),
-])
+@pytest.mark.parametrize(
+    "doc, message",
+    [
+        (
+            {"switches": ["s1"], "hosts": [{"name": "a", "nics": ["10.9.0.1"]}], "links": []},
+            "host a NIC 0 is not linked",
+        ),
+        (
+            {
+                "switches": ["s1"],
+                "hosts": [{"name": "a", "nics": ["10.9.0.1"]}],
+                "links": [["a:0", "s1:600"]],
+            },
+            r"links\[0\]: port 600",
+        ),
+        (
+            {
+                "switches": ["s1"],
+                "hosts": [{"name": "a", "nics": ["10.9.0.1"]}],
+                "links": [["a:0", "s2:1"]],
+            },
+            "no switch or host named 's2'",
+        ),
+        (
+            {
+                "switches": ["s1"],
+                "hosts": [{"name": "a", "nics": ["10.9.0.1"]}, {"name": "b", "nics": ["10.9.0.1"]}],
+                "links": [["a:0", "s1:1"], ["b:0", "s1:2"]],
+            },
+            "addresses must be unique",
+        ),
+        (
+            {
+                "switches": ["s1"],
+                "hosts": [{"name": "a", "nics": ["10.9.0.1"]}],
+                "links": [["a:0", "s1:1"], ["a:0", "s1:2"]],
+            },
+            "linked twice",
+        ),
+        (
+            {
+                "switches": ["s1"],
+                "hosts": [{"name": "col", "nics": ["10.9.0.1"]}],
+                "links": [["col:0", "s1:1"]],
+            },
+            "reserved",
+        ),
+        (
+            {"switches": ["s1"], "hosts": [{"name": "a", "nics": ["nope"]}], "links": []},
+            r"hosts\[0\].nics\[0\]: 'nope' is not an IPv4",
+        ),
+        ({"switches": ["s1"], "hosts": [], "links": [], "colector": "s1:1"}, "unknown key"),
+        ({"switches": ["a-very-long-switch-name"], "hosts": [], "links": []}, "at most 10"),
+    ],
+)
 def test_bad_topologies_name_the_entry(doc: dict[str, object], message: str) -> None:
     with pytest.raises(TopologyError, match=message):
         from_doc(doc)
@@ -145,14 +190,22 @@ def test_scaling_of_the_51_2t_model() -> None:
 
 def test_controller_config_for_a_booted_fabric_validates_and_routes() -> None:
     spec = leafspine(2, 2, 2)
-    access = {s.name: SwitchAccess(f"169.254.7.{4 * i + 2}:9559", "builtin")
-              for i, s in enumerate(spec.switches)}
-    agents = {h.name: f"unix:///run/xingmai/agents/xmab-{h.name}/agent.sock"
-              for h in spec.hosts}
-    doc = controller_config(spec, Scaling(scale=20_000), access, agents,
-                            ControllerSetup(grpc_addr="127.0.0.1:50999", collector_netns="xmabcol",
-                                            log_file="", rate_law="dcqcn"),
-                            "/x/xingmai.p4info.txtpb", "/x/xingmai.json")
+    access = {
+        s.name: SwitchAccess(f"169.254.7.{4 * i + 2}:9559", "builtin")
+        for i, s in enumerate(spec.switches)
+    }
+    agents = {h.name: f"unix:///run/xingmai/agents/xmab-{h.name}/agent.sock" for h in spec.hosts}
+    doc = controller_config(
+        spec,
+        Scaling(scale=20_000),
+        access,
+        agents,
+        ControllerSetup(
+            grpc_addr="127.0.0.1:50999", collector_netns="xmabcol", log_file="", rate_law="dcqcn"
+        ),
+        "/x/xingmai.p4info.txtpb",
+        "/x/xingmai.json",
+    )
     doc["controller"].pop("log_file")
     cfg = parse(yaml.safe_load(yaml.safe_dump(doc)))
     assert cfg.model.scale == 20_000 and cfg.emulated_bps(400) == 20e6
@@ -167,8 +220,14 @@ def test_controller_config_for_a_booted_fabric_validates_and_routes() -> None:
     assert routes["10.0.2.1"] == (NextHop(3, "02:00:00:00:fe:03"), NextHop(4, "02:00:00:00:fe:04"))
     assert routes["10.0.1.2"] == (NextHop(2, spec.host("h2").nics[0].mac),)
     assert "10.0.100.1" in routes  # the collector
-    bmv2 = controller_config(spec, Scaling(), {k: SwitchAccess(v.grpc_addr, "bmv2", 9090)
-                                               for k, v in access.items()}, agents,
-                             ControllerSetup("127.0.0.1:1", None, ""), "/p", "/j")
+    bmv2 = controller_config(
+        spec,
+        Scaling(),
+        {k: SwitchAccess(v.grpc_addr, "bmv2", 9090) for k, v in access.items()},
+        agents,
+        ControllerSetup("127.0.0.1:1", None, ""),
+        "/p",
+        "/j",
+    )
     bmv2["controller"].pop("log_file")
     assert parse(bmv2).switch("spine1").thrift_port == 9090

@@ -100,14 +100,18 @@ def _int(lo: int | None = None, hi: int | None = None) -> Callable[[Any, str], i
     return conv
 
 
-def _num(lo: float | None = None, hi: float | None = None,
-         open_lo: bool = False) -> Callable[[Any, str], float]:
+def _num(
+    lo: float | None = None, hi: float | None = None, open_lo: bool = False
+) -> Callable[[Any, str], float]:
     def conv(v: Any, path: str) -> float:
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise ConfigError(f"{path}: expected a number, got {_show(v)}")
         x = float(v)
-        if x != x or (lo is not None and (x < lo or (open_lo and x == lo))) or (
-                hi is not None and x > hi):
+        if (
+            x != x
+            or (lo is not None and (x < lo or (open_lo and x == lo)))
+            or (hi is not None and x > hi)
+        ):
             raise ConfigError(f"{path}: {v} out of range {'(' if open_lo else '['}{lo}, {hi}]")
         return x
 
@@ -227,8 +231,10 @@ def _law(doc: Any, path: str) -> LawPolicy:
     r.done()
     for k in params:
         if k not in RATE_LAW_PARAMS[law]:
-            raise ConfigError(f"{path}.params.{k}: {law} has no such parameter (known: "
-                              f"{', '.join(sorted(RATE_LAW_PARAMS[law]))})")
+            raise ConfigError(
+                f"{path}.params.{k}: {law} has no such parameter (known: "
+                f"{', '.join(sorted(RATE_LAW_PARAMS[law]))})"
+            )
     return LawPolicy(law, params)
 
 
@@ -243,8 +249,9 @@ def _controller(doc: Any, paths: _Paths) -> ControllerSection:
         election_id=r.get("election_id", _int(1, 2**64 - 1), d.election_id),
         tls=r.get("tls", lambda v, p: _tls(v, p, paths), None),
         p4runtime_tls=r.get("p4runtime_tls", lambda v, p: _tls(v, p, paths), None),
-        log_level=r.get("log_level", _choice("trace", "debug", "info", "warn", "error"),
-                        d.log_level),
+        log_level=r.get(
+            "log_level", _choice("trace", "debug", "info", "warn", "error"), d.log_level
+        ),
         log_file=r.get("log_file", paths, None),
         counter_poll_s=r.get("counter_poll_s", _num(0.05, 3600), d.counter_poll_s),
         reconnect_max_s=r.get("reconnect_max_s", _num(0.1, 3600), d.reconnect_max_s),
@@ -297,10 +304,14 @@ def _int_section(doc: Any) -> IntConfig:
     raw_watch = r.get("watchlist", _list, None)
     for i, w in enumerate(raw_watch if raw_watch is not None else []):
         wr = _Reader(w, f"int.watchlist[{i}]")
-        watch.append(WatchEntry(src=wr.get("src", _prefix, "0.0.0.0/0"),
-                                dst=wr.get("dst", _prefix, "0.0.0.0/0"),
-                                proto=wr.get("proto", _int(0, 255), None),
-                                dport=wr.get("dport", _int(0, 65535), None)))
+        watch.append(
+            WatchEntry(
+                src=wr.get("src", _prefix, "0.0.0.0/0"),
+                dst=wr.get("dst", _prefix, "0.0.0.0/0"),
+                proto=wr.get("proto", _int(0, 255), None),
+                dport=wr.get("dport", _int(0, 65535), None),
+            )
+        )
         wr.done()
     out = IntConfig(
         dscp=r.get("dscp", _int(0, 63), d.dscp),
@@ -318,13 +329,14 @@ def _int_section(doc: Any) -> IntConfig:
 def _ecn(doc: Any) -> EcnConfig:
     r = _Reader(doc, "ecn")
     d = EcnConfig()
-    out = EcnConfig(kmin_bytes=r.get("kmin_bytes", _int(0), d.kmin_bytes),
-                    kmax_bytes=r.get("kmax_bytes", _int(0), d.kmax_bytes),
-                    pmax=r.get("pmax", _num(0, 1), d.pmax))
+    out = EcnConfig(
+        kmin_bytes=r.get("kmin_bytes", _int(0), d.kmin_bytes),
+        kmax_bytes=r.get("kmax_bytes", _int(0), d.kmax_bytes),
+        pmax=r.get("pmax", _num(0, 1), d.pmax),
+    )
     r.done()
     if out.kmax_bytes < out.kmin_bytes:
-        raise ConfigError(f"ecn.kmax_bytes: {out.kmax_bytes} is below kmin_bytes "
-                          f"{out.kmin_bytes}")
+        raise ConfigError(f"ecn.kmax_bytes: {out.kmax_bytes} is below kmin_bytes {out.kmin_bytes}")
     return out
 
 
@@ -336,9 +348,12 @@ def _switch(doc: Any, path: str, model: ModelConfig, paths: _Paths) -> SwitchCon
         if isinstance(p, int) and not isinstance(p, bool):
             p = {"port": p}
         pr = _Reader(p, ppath)
-        ports.append(PortConfig(port=pr.req("port", _int(0, 510)),
-                                speed_gbps=pr.get("speed_gbps", _num(0, None, open_lo=True),
-                                                  model.port_speed_gbps)))
+        ports.append(
+            PortConfig(
+                port=pr.req("port", _int(0, 510)),
+                speed_gbps=pr.get("speed_gbps", _num(0, None, open_lo=True), model.port_speed_gbps),
+            )
+        )
         pr.done()
     seen: set[int] = set()
     for i, pc in enumerate(ports):
@@ -369,14 +384,18 @@ def _host(doc: Any, path: str) -> HostConfig:
     nics = []
     for i, n in enumerate(r.req("nics", _list)):
         nr = _Reader(n, f"{path}.nics[{i}]")
-        nics.append(NicConfig(name=nr.req("name", _name), ip=nr.req("ip", _ip),
-                              mac=nr.req("mac", _mac)))
+        nics.append(
+            NicConfig(name=nr.req("name", _name), ip=nr.req("ip", _ip), mac=nr.req("mac", _mac))
+        )
         nr.done()
     if not nics:
         raise ConfigError(f"{path}.nics: a host needs at least one NIC")
-    out = HostConfig(name=r.req("name", _name), nics=tuple(nics),
-                     agent=r.get("agent", _target, None),
-                     int_mode=r.get("int", _choice(*INT_MODES), "nic"))
+    out = HostConfig(
+        name=r.req("name", _name),
+        nics=tuple(nics),
+        agent=r.get("agent", _target, None),
+        int_mode=r.get("int", _choice(*INT_MODES), "nic"),
+    )
     r.done()
     return out
 
@@ -403,12 +422,14 @@ def _policy(doc: Any, hosts: set[str]) -> PolicyConfig:
     return out
 
 
-def _check_graph(cfg_switches: list[SwitchConfig], cfg_hosts: list[HostConfig],
-                 links: list[LinkConfig]) -> None:
+def _check_graph(
+    cfg_switches: list[SwitchConfig], cfg_hosts: list[HostConfig], links: list[LinkConfig]
+) -> None:
     """Names unique, link ends exist, every switch port and NIC in at most one link."""
     names: set[str] = set()
     all_names = [(f"switches[{i}]", s.name) for i, s in enumerate(cfg_switches)] + [
-        (f"hosts[{i}]", h.name) for i, h in enumerate(cfg_hosts)]
+        (f"hosts[{i}]", h.name) for i, h in enumerate(cfg_hosts)
+    ]
     for where, name in all_names:
         if name in names or name == "collector":
             raise ConfigError(f"{where}.name: {name!r} is used twice (or reserved)")
@@ -418,8 +439,9 @@ def _check_graph(cfg_switches: list[SwitchConfig], cfg_hosts: list[HostConfig],
         for i, s in enumerate(cfg_switches):
             v = getattr(s, key)
             if v in seen:
-                raise ConfigError(f"switches[{i}].{key}: {v} already used by "
-                                  f"{cfg_switches[seen[v]].name}")
+                raise ConfigError(
+                    f"switches[{i}].{key}: {v} already used by {cfg_switches[seen[v]].name}"
+                )
             seen[v] = i
     ips: set[str] = set()
     for i, h in enumerate(cfg_hosts):
@@ -440,8 +462,9 @@ def _check_graph(cfg_switches: list[SwitchConfig], cfg_hosts: list[HostConfig],
                 if ep.port is None:
                     raise ConfigError(f"{path}: {ep} must be SWITCH:PORT")
                 if sw[ep.node].port(ep.port) is None:
-                    raise ConfigError(f"{path}: switch {ep.node} has no port {ep.port} "
-                                      "in its ports list")
+                    raise ConfigError(
+                        f"{path}: switch {ep.node} has no port {ep.port} in its ports list"
+                    )
             elif ep.node in hs:
                 if ep.nic is None or all(n.name != ep.nic for n in hs[ep.node].nics):
                     raise ConfigError(f"{path}: host {ep.node} has no NIC {ep.nic!r}")
@@ -467,8 +490,9 @@ def parse(doc: Any, base: Path = Path("."), source: Path | None = None) -> Confi
     model = top.get("model", lambda v, p: _model(v), ModelConfig())
     int_cfg = top.get("int", lambda v, p: _int_section(v), IntConfig())
     ecn = top.get("ecn", lambda v, p: _ecn(v), EcnConfig())
-    switches = [_switch(s, f"switches[{i}]", model, paths)
-                for i, s in enumerate(top.req("switches", _list))]
+    switches = [
+        _switch(s, f"switches[{i}]", model, paths) for i, s in enumerate(top.req("switches", _list))
+    ]
     if not switches:
         raise ConfigError("switches: at least one switch is needed")
     raw_hosts: list[Any] = top.get("hosts", _list, [])
@@ -484,9 +508,18 @@ def parse(doc: Any, base: Path = Path("."), source: Path | None = None) -> Confi
     top.done()
     _check_graph(switches, hosts, links)
 
-    return Config(controller=controller, pipeline=pipeline, model=model, int=int_cfg, ecn=ecn,
-                  switches=tuple(switches), hosts=tuple(hosts), links=tuple(links),
-                  policy=policy, source=source)
+    return Config(
+        controller=controller,
+        pipeline=pipeline,
+        model=model,
+        int=int_cfg,
+        ecn=ecn,
+        switches=tuple(switches),
+        hosts=tuple(hosts),
+        links=tuple(links),
+        policy=policy,
+        source=source,
+    )
 
 
 def load(path: str | Path) -> Config:

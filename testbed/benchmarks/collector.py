@@ -30,19 +30,45 @@ from testbed.packets import decode as scapy_decode
 
 
 def make_reports(n: int) -> list[bytes]:
-    hops = [{"node_id": node, "l1_ingress_port": 1, "l1_egress_port": 2, "hop_latency": 1000,
-             "queue_id": 0, "queue_occupancy": 1500 * node, "egress_ts": 10**6 + node,
-             "tx_util": 500_000} for node in (3, 2, 1)]
-    md = encode_report_metadata(0x7000, {"l1_ingress_port": 5, "l1_egress_port": 1,
-                                         "hop_latency": 500, "queue_id": 0,
-                                         "queue_occupancy": 0})
+    hops = [
+        {
+            "node_id": node,
+            "l1_ingress_port": 1,
+            "l1_egress_port": 2,
+            "hop_latency": 1000,
+            "queue_id": 0,
+            "queue_occupancy": 1500 * node,
+            "egress_ts": 10**6 + node,
+            "tx_util": 500_000,
+        }
+        for node in (3, 2, 1)
+    ]
+    md = encode_report_metadata(
+        0x7000,
+        {
+            "l1_ingress_port": 5,
+            "l1_egress_port": 1,
+            "hop_latency": 500,
+            "queue_id": 0,
+            "queue_occupancy": 0,
+        },
+    )
     out = []
     for i in range(n):
-        inner = int_packet(src_ip="10.0.1.1", dst_ip="10.0.2.1", sport=49152 + i % 64,
-                           hops=hops, bitmap=0xF500, payload=b"\x04" + b"\x00" * 15)[IP]
-        out.append(bytes(TelemetryReportGroup(seq=i + 1, node_id=4)
-                         / TelemetryReportIndividual(rep_md_bits=0x7000, metadata=md,
-                                                     inner=bytes(inner))))
+        inner = int_packet(
+            src_ip="10.0.1.1",
+            dst_ip="10.0.2.1",
+            sport=49152 + i % 64,
+            hops=hops,
+            bitmap=0xF500,
+            payload=b"\x04" + b"\x00" * 15,
+        )[IP]
+        out.append(
+            bytes(
+                TelemetryReportGroup(seq=i + 1, node_id=4)
+                / TelemetryReportIndividual(rep_md_bits=0x7000, metadata=md, inner=bytes(inner))
+            )
+        )
     return out
 
 
@@ -85,8 +111,12 @@ async def _udp_rate(reports: list[bytes], count: int) -> dict[str, Any]:
     el = time.perf_counter() - t0
     transport.close()
     tx.close()
-    return {"sent": sent, "received": col.datagrams, "reports_per_s": round(col.datagrams / el),
-            "kernel_drops": sent - col.datagrams}
+    return {
+        "sent": sent,
+        "received": col.datagrams,
+        "reports_per_s": round(col.datagrams / el),
+        "kernel_drops": sent - col.datagrams,
+    }
 
 
 def run(quick: bool) -> dict[str, Any]:
@@ -99,8 +129,12 @@ def run(quick: bool) -> dict[str, Any]:
     ingest = _rate(col.ingest, reports, min_s)
     udp = asyncio.run(_udp_rate(reports, 20_000 if quick else 100_000))
     return {
-        "conditions": {"report_bytes": len(reports[0]), "hops": 3, "bitmap": "0xF500",
-                       "load_avg_before": os.getloadavg()[0]},
+        "conditions": {
+            "report_bytes": len(reports[0]),
+            "hops": 3,
+            "bitmap": "0xF500",
+            "load_avg_before": os.getloadavg()[0],
+        },
         "fast_decoder_reports_per_s": round(fast),
         "scapy_reports_per_s": round(slow),
         "speedup_fast_over_scapy": round(fast / slow, 1),

@@ -155,9 +155,11 @@ class Testbed:
         delayed = [f"{lk.a}-{lk.b}" for lk in spec.links if lk.delay_ns]
         if delayed:
             # a veth delays nothing, and this kernel has no netem to add it
-            raise TestbedError(f"links {', '.join(delayed)} have a delay of their own: the "
-                               "emulation has no per-link delay; the twin models it "
-                               "(--engine sim)")
+            raise TestbedError(
+                f"links {', '.join(delayed)} have a delay of their own: the "
+                "emulation has no per-link delay; the twin models it "
+                "(--engine sim)"
+            )
         self.prefix = f"xm{secrets.token_hex(2)}"
         self.run_dir = self.opts.run_dir or new_run_dir()
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -198,9 +200,11 @@ class Testbed:
                 raise TestbedError(f"{p} is missing: the P4 program is not built (make p4)")
         s = self.scaling
         self.say(s.describe())
-        self.say(f"topology {self.spec.name}: {len(self.spec.switches)} switches "
-                 f"({self.switch_cls.kind}), {len(self.spec.hosts)} hosts; run directory "
-                 f"{self.run_dir}")
+        self.say(
+            f"topology {self.spec.name}: {len(self.spec.switches)} switches "
+            f"({self.switch_cls.kind}), {len(self.spec.hosts)} hosts; run directory "
+            f"{self.run_dir}"
+        )
         (self.run_dir / "topology.yaml").write_text(_dump_spec(self.spec))
         try:
             self._build()
@@ -213,8 +217,14 @@ class Testbed:
 
     def _build(self) -> None:
         topo = FabricTopo(spec=self.spec, mtu=self.scaling.link_mtu)
-        self.net = _Net(topo=topo, switch=self.switch_cls, host=FabricHost, controller=None,
-                        link=Link, build=False)
+        self.net = _Net(
+            topo=topo,
+            switch=self.switch_cls,
+            host=FabricHost,
+            controller=None,
+            link=Link,
+            build=False,
+        )
         # the host shells and switch namespaces exist from here on: close() removes them
         self.net.build()
         self._add_management()
@@ -241,8 +251,19 @@ class Testbed:
                 net = ipaddress.IPv4Network(f"{base.network_address + 4 * i}/30")
                 root_ip, sw_ip = str(net.network_address + 1), str(net.network_address + 2)
                 root_if = f"{self.prefix}m{i}"
-                _sh("ip", "link", "add", root_if, "type", "veth", "peer", "name", "mgmt0",
-                    "netns", str(sw.pid))
+                _sh(
+                    "ip",
+                    "link",
+                    "add",
+                    root_if,
+                    "type",
+                    "veth",
+                    "peer",
+                    "name",
+                    "mgmt0",
+                    "netns",
+                    str(sw.pid),
+                )
                 self.mgmt_links.append(root_if)
                 _sh("sysctl", "-qw", f"net.ipv6.conf.{root_if}.disable_ipv6=1", check=False)
                 _sh("ip", "addr", "add", f"{root_ip}/30", "dev", root_if)
@@ -251,25 +272,39 @@ class Testbed:
                 sw.cmd("ip link set lo up")
                 sw.cmd(f"ip addr add {sw_ip}/30 dev mgmt0")
                 sw.cmd("ip link set mgmt0 up")
-                sw.runtime = SwitchRuntime(self.run_dir, sw_ip, self.scaling.link_mtu,
-                                           pcap=self.opts.pcap,
-                                           log_level=self.opts.switch_log_level,
-                                           nice=self.opts.switch_nice)
+                sw.runtime = SwitchRuntime(
+                    self.run_dir,
+                    sw_ip,
+                    self.scaling.link_mtu,
+                    pcap=self.opts.pcap,
+                    log_level=self.opts.switch_log_level,
+                    nice=self.opts.switch_nice,
+                )
 
     def _start_components(self) -> None:
         o = self.opts
         self.net.start()  # starts every switch process
         self._start_agents()
-        self.say(f"started {len(self.switches())} switches and {len(self.agents)} agents "
-                 "(the agents compile their eBPF programs)")
-        wait_all([s.component for s in self.switches() if s.component is not None],
-                 lambda c: self._switch_of(c).listening(), 60, "listening for P4Runtime")
+        self.say(
+            f"started {len(self.switches())} switches and {len(self.agents)} agents "
+            "(the agents compile their eBPF programs)"
+        )
+        wait_all(
+            [s.component for s in self.switches() if s.component is not None],
+            lambda c: self._switch_of(c).listening(),
+            60,
+            "listening for P4Runtime",
+        )
         self.say("switches listening")
         self._start_controller()
         self._wait_controller_healthy(o.boot_timeout_s)
         self.say("controller: every switch programmed")
-        wait_all([a.component for a in self.agents.values()],
-                 lambda c: self._agent_healthy(c), o.boot_timeout_s, "healthy")
+        wait_all(
+            [a.component for a in self.agents.values()],
+            lambda c: self._agent_healthy(c),
+            o.boot_timeout_s,
+            "healthy",
+        )
         self.say("agents healthy")
         self._wait_agents_reached(60)
         self.say("controller reaches every agent: the fabric is up")
@@ -290,17 +325,36 @@ class Testbed:
             # the NIC's line rate is its link's (its first: a host's NICs share one rate)
             link = self.spec.link_at(self.spec.attachment(h.name, 0))
             line_rate = s.nic_rate(s.emulated_bps(None if link is None else link.gbps))
-            argv = [sys.executable, "-m", "controller.nic.agent.main", "--name", name,
-                    "--netns", node.netns_path, "--line-rate", str(int(line_rate)),
-                    "--rate-law", self.opts.rate_law, "--mtu", str(s.link_mtu),
-                    # TiTa's T: the model's base RTT, dilated like every time of the model
-                    "--base-rtt", f"{round(s.base_rtt_s * 1e9)}ns",
-                    "--no-sockops", "--sync-interval", self.opts.agent_sync,
-                    "--idle-timeout", "10", "--metrics-addr", metrics]
+            argv = [
+                sys.executable,
+                "-m",
+                "controller.nic.agent.main",
+                "--name",
+                name,
+                "--netns",
+                node.netns_path,
+                "--line-rate",
+                str(int(line_rate)),
+                "--rate-law",
+                self.opts.rate_law,
+                "--mtu",
+                str(s.link_mtu),
+                # TiTa's T: the model's base RTT, dilated like every time of the model
+                "--base-rtt",
+                f"{round(s.base_rtt_s * 1e9)}ns",
+                "--no-sockops",
+                "--sync-interval",
+                self.opts.agent_sync,
+                "--idle-timeout",
+                "10",
+                "--metrics-addr",
+                metrics,
+            ]
             for i in range(len(h.nics)):
                 argv += ["--interface", h.ifname(i)]
-            comp = Component(f"agent {h.name}", argv, self.run_dir / "logs" / f"agent-{h.name}.log",
-                             cwd=REPO)
+            comp = Component(
+                f"agent {h.name}", argv, self.run_dir / "logs" / f"agent-{h.name}.log", cwd=REPO
+            )
             self.agents[h.name] = AgentHandle(h.name, name, comp, metrics)
 
     def _agent_healthy(self, c: Component) -> bool:
@@ -332,24 +386,30 @@ class Testbed:
             self.controller_metrics_addr = f"127.0.0.1:{_free_tcp_port()}"
             web_addr = f"127.0.0.1:{_free_tcp_port()}"
             self.web_url = f"http://{web_addr}/"
-        access = {s.name: SwitchAccess(s.grpc_addr, s.kind, s.thrift_port)
-                  for s in self.switches()}
+        access = {s.name: SwitchAccess(s.grpc_addr, s.kind, s.thrift_port) for s in self.switches()}
         agents = {h: a.target for h, a in self.agents.items()}
-        setup = ControllerSetup(grpc_addr=self.controller_addr,
-                                collector_netns=self.collector_netns,
-                                log_file="", rate_law=self.opts.rate_law,
-                                law_params=self.opts.law_params, ecn=self.opts.ecn,
-                                caps=self.opts.controller_caps,
-                                metrics_addr=self.controller_metrics_addr or None,
-                                web_addr=web_addr)
-        doc = controller_config(self.spec, self.scaling, access, agents, setup,
-                                str(P4INFO), str(BMV2_JSON))
+        setup = ControllerSetup(
+            grpc_addr=self.controller_addr,
+            collector_netns=self.collector_netns,
+            log_file="",
+            rate_law=self.opts.rate_law,
+            law_params=self.opts.law_params,
+            ecn=self.opts.ecn,
+            caps=self.opts.controller_caps,
+            metrics_addr=self.controller_metrics_addr or None,
+            web_addr=web_addr,
+        )
+        doc = controller_config(
+            self.spec, self.scaling, access, agents, setup, str(P4INFO), str(BMV2_JSON)
+        )
         doc["controller"].pop("log_file")  # the log is the process's output
         self.config_path.write_text(yaml.safe_dump(doc, sort_keys=False))
         self.controller = Component(
-            "controller", [sys.executable, "-m", "controller.daemon", "--config",
-                           str(self.config_path)], self.run_dir / "logs" / "controller.log",
-            cwd=REPO)
+            "controller",
+            [sys.executable, "-m", "controller.daemon", "--config", str(self.config_path)],
+            self.run_dir / "logs" / "controller.log",
+            cwd=REPO,
+        )
 
     # ---- monitoring -----------------------------------------------------------------------
 
@@ -357,18 +417,22 @@ class Testbed:
         """Every daemon's metrics endpoint: the controller, each switch that has one (the
         built-in switch; bmv2 has none), each agent."""
         out = [Target("controller", self.controller_metrics_addr, {"node": "controller"})]
-        out += [Target("switch", s.metrics_addr, {"node": s.name})
-                for s in self.switches() if s.metrics_addr]
+        out += [
+            Target("switch", s.metrics_addr, {"node": s.name})
+            for s in self.switches()
+            if s.metrics_addr
+        ]
         out += [Target("agent", a.metrics_addr, {"node": h}) for h, a in self.agents.items()]
         return out
 
     def _start_prometheus(self) -> None:
         if prometheus_binary() is None:
-            self.say("prometheus is not installed (make install): no metrics server; fabric "
-                     f"page {self.web_url}")
+            self.say(
+                "prometheus is not installed (make install): no metrics server; fabric "
+                f"page {self.web_url}"
+            )
             return
-        prom = Prometheus(self.run_dir, self.scrape_targets(),
-                          f"127.0.0.1:{_free_tcp_port()}")
+        prom = Prometheus(self.run_dir, self.scrape_targets(), f"127.0.0.1:{_free_tcp_port()}")
         self.prometheus = prom
         prom.start()
         prom.wait_ready(60)
@@ -376,12 +440,18 @@ class Testbed:
         try:
             prom.component.wait_until(prom.all_up, 30, "scraping every daemon", poll=0.5)
         except ComponentError:
-            down = [f"{t['job']} {t['node']} ({t['error']})" for t in prom.targets()
-                    if t["health"] != "up"]
-            raise ComponentError("prometheus", f"targets not up: {', '.join(down)}",
-                                 prom.component.log) from None
-        self.say(f"prometheus {prom.url}/ scraping {len(prom.targets_wanted)} daemons; "
-                 f"fabric page {self.web_url}")
+            down = [
+                f"{t['job']} {t['node']} ({t['error']})"
+                for t in prom.targets()
+                if t["health"] != "up"
+            ]
+            raise ComponentError(
+                "prometheus", f"targets not up: {', '.join(down)}", prom.component.log
+            ) from None
+        self.say(
+            f"prometheus {prom.url}/ scraping {len(prom.targets_wanted)} daemons; "
+            f"fabric page {self.web_url}"
+        )
 
     def controller_stub(self) -> Any:
         from controller.proto import controller_pb2_grpc
@@ -407,8 +477,11 @@ class Testbed:
         try:
             self.controller.wait_until(healthy, timeout, "healthy (every switch programmed)")
         except ComponentError as exc:
-            raise ComponentError(exc.component, f"{exc.args[0].splitlines()[0]}; switches: "
-                                 f"{self._switch_health(stub)}", self.controller.log) from None
+            raise ComponentError(
+                exc.component,
+                f"{exc.args[0].splitlines()[0]}; switches: {self._switch_health(stub)}",
+                self.controller.log,
+            ) from None
 
     def _switch_health(self, stub: Any) -> str:
         from controller.proto import controller_pb2 as pb
@@ -417,8 +490,11 @@ class Testbed:
             resp = stub.ListSwitches(pb.ListSwitchesRequest(), timeout=3)
         except grpc.RpcError as exc:
             return f"(ListSwitches failed: {exc.code().name})"
-        bad = [f"{s.name}: connected={s.connected} programmed={s.programmed} "
-               f"{s.last_error}" for s in resp.switches if not (s.connected and s.programmed)]
+        bad = [
+            f"{s.name}: connected={s.connected} programmed={s.programmed} {s.last_error}"
+            for s in resp.switches
+            if not (s.connected and s.programmed)
+        ]
         return "; ".join(bad) or "all programmed"
 
     def _wait_agents_reached(self, timeout: float) -> None:
@@ -435,8 +511,9 @@ class Testbed:
         try:
             self.controller.wait_until(reached, timeout, f"reaching all {n} agents", poll=0.3)
         except grpc.RpcError as exc:
-            raise ComponentError("controller", f"GetStatus failed: {exc.code().name}",
-                                 self.controller.log) from None
+            raise ComponentError(
+                "controller", f"GetStatus failed: {exc.code().name}", self.controller.log
+            ) from None
 
     def set_policy(self, rate_law: str, params: dict[str, float] | None = None) -> list[str]:
         """The rate law (and parameters) of every host, through the controller, which pushes
@@ -447,10 +524,13 @@ class Testbed:
             raise ValueError(f"rate law {rate_law!r}: one of {', '.join(RATE_LAWS)}")
         resp = self.controller_stub().SetPolicy(
             pb.SetPolicyRequest(policy=pb.Policy(rate_law=rate_law, params=params or {})),
-            timeout=10)
+            timeout=10,
+        )
         if resp.failed:
-            raise TestbedError(f"policy {rate_law}: agents of {list(resp.failed)} did not "
-                               "accept it (see the controller's log)")
+            raise TestbedError(
+                f"policy {rate_law}: agents of {list(resp.failed)} did not "
+                "accept it (see the controller's log)"
+            )
         return list(resp.pushed_to)
 
     def set_queue_rate(self, switch: str, port: int, rate_bps: float) -> None:
@@ -465,16 +545,19 @@ class Testbed:
                 raise TestbedError("simple_switch_CLI is not on PATH")
             pps = max(1, round(rate_bps / (8 * self.scaling.frame_bytes)))
             assert sw.runtime is not None and sw.thrift_port is not None
-            out = subprocess.run([cli, "--thrift-ip", sw.runtime.mgmt_ip, "--thrift-port",
-                                  str(sw.thrift_port)], input=f"set_queue_rate {pps} {port}\n",
-                                 capture_output=True, text=True, timeout=30)
+            out = subprocess.run(
+                [cli, "--thrift-ip", sw.runtime.mgmt_ip, "--thrift-port", str(sw.thrift_port)],
+                input=f"set_queue_rate {pps} {port}\n",
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
             if out.returncode != 0 or "Error" in out.stdout:
                 raise TestbedError(f"simple_switch_CLI: {out.stdout.strip()[-300:]}")
             return
         from controller.proto import switch_pb2
 
-        self._switch_admin(sw, "SetQueue", switch_pb2.SetQueueRequest(port=port,
-                                                                       rate_bps=rate_bps))
+        self._switch_admin(sw, "SetQueue", switch_pb2.SetQueueRequest(port=port, rate_bps=rate_bps))
 
     def _switch_admin(self, sw: P4Switch, method: str, request: Any) -> Any:
         """A SwitchAdmin write to a built-in switch. Its settings are the primary controller's:
@@ -485,14 +568,14 @@ class Testbed:
 
         eid = ControllerSection.election_id
         request.device_id = sw.device_id
-        request.election_id.CopyFrom(switch_pb2.ElectionId(high=eid >> 64,
-                                                           low=eid & (2**64 - 1)))
+        request.election_id.CopyFrom(switch_pb2.ElectionId(high=eid >> 64, low=eid & (2**64 - 1)))
         with grpc.insecure_channel(sw.grpc_addr) as ch:
             try:
                 return getattr(switch_pb2_grpc.SwitchAdminStub(ch), method)(request, timeout=5)
             except grpc.RpcError as exc:
-                raise TestbedError(f"{sw.name}: {method}: {exc.code().name} "
-                                   f"{exc.details()}") from None
+                raise TestbedError(
+                    f"{sw.name}: {method}: {exc.code().name} {exc.details()}"
+                ) from None
 
     # ---- faults (testbed/faults.py) -------------------------------------------------------
 
@@ -513,8 +596,9 @@ class Testbed:
                 node.component.wait_until(node.listening, 30, "listening")  # type: ignore[union-attr]
                 return
         if faults.target_class(self.spec, f.target) == "nic":
-            raise TestbedError(f"{f.describe()}: NIC faults are not implemented in the "
-                               "emulation yet")
+            raise TestbedError(
+                f"{f.describe()}: NIC faults are not implemented in the emulation yet"
+            )
         for ps in faults.port_settings(self.spec, f):
             self._set_fault(ps)
 
@@ -535,10 +619,11 @@ class Testbed:
 
         sw = self.switch_node(ps.switch)
         if sw.kind != "builtin":
-            raise TestbedError(f"{ps.switch}: faults need the built-in switch's traffic "
-                               f"manager (this is {sw.kind})")
-        self._switch_admin(sw, "SetFault",
-                           switch_pb2.SetFaultRequest(**faults.request_fields(ps)))
+            raise TestbedError(
+                f"{ps.switch}: faults need the built-in switch's traffic "
+                f"manager (this is {sw.kind})"
+            )
+        self._switch_admin(sw, "SetFault", switch_pb2.SetFaultRequest(**faults.request_fields(ps)))
 
     # ---- PFC (lossless schemes) ------------------------------------------------------------
 
@@ -550,9 +635,14 @@ class Testbed:
         s = self.scaling
         frame = s.wire_frame_bytes  # the largest the hosts send (the links allow jumbo frames)
         queued_s = EMU_PFC_QUEUED_FRAMES * frame * 8 / s.link_bps
-        return pfc_thresholds(s.link_bps, 0, frame, s.model.queue_bytes,
-                              len(self.spec.switch_ports(switch)),
-                              response_ns=round((queued_s + EMU_PFC_REACTION_S) * 1e9))
+        return pfc_thresholds(
+            s.link_bps,
+            0,
+            frame,
+            s.model.queue_bytes,
+            len(self.spec.switch_ports(switch)),
+            response_ns=round((queued_s + EMU_PFC_REACTION_S) * 1e9),
+        )
 
     def set_pfc(self, on: bool, watchdog: bool = True) -> None:
         """PFC on (or off) in every switch (SwitchAdmin SetPfc, with the PFC watchdog) and NIC
@@ -563,11 +653,12 @@ class Testbed:
             return
         for sw in self.switches():
             if sw.kind != "builtin":
-                raise TestbedError(f"{sw.name}: PFC needs the built-in switch's traffic "
-                                   f"manager ({sw.kind} has no PFC)")
+                raise TestbedError(
+                    f"{sw.name}: PFC needs the built-in switch's traffic "
+                    f"manager ({sw.kind} has no PFC)"
+                )
             wd = model_watchdog(self.scaling.scale) if watchdog else None
-            req = (pfc_request(self.pfc_config(sw.name), wd) if on
-                   else switch_pb2.SetPfcRequest())
+            req = pfc_request(self.pfc_config(sw.name), wd) if on else switch_pb2.SetPfcRequest()
             self._switch_admin(sw, "SetPfc", req)
         self.pfc_on = on
 
@@ -591,8 +682,11 @@ class Testbed:
                 st = reader.state(0)
             finally:
                 reader.close()
-            d = {"pauses_received": st.pauses, "resumes_received": st.resumes,
-                 "paused_ns": st.held_ns(now)}
+            d = {
+                "pauses_received": st.pauses,
+                "resumes_received": st.resumes,
+                "paused_ns": st.held_ns(now),
+            }
             if any(d.values()):
                 out[f"{host}:0"] = d
         return out
@@ -609,7 +703,8 @@ class Testbed:
             try:
                 with grpc.insecure_channel(sw.grpc_addr) as ch:
                     st = switch_pb2_grpc.SwitchAdminStub(ch).GetStatus(
-                        switch_pb2.GetStatusRequest(), timeout=5)
+                        switch_pb2.GetStatusRequest(), timeout=5
+                    )
             except grpc.RpcError:
                 return None
             for reason, n in st.drops.items():
@@ -626,16 +721,24 @@ class Testbed:
                 continue
             try:
                 with grpc.insecure_channel(sw.grpc_addr) as ch:
-                    queues = switch_pb2_grpc.SwitchAdminStub(ch).GetQueues(
-                        switch_pb2.GetQueuesRequest(), timeout=5).queues
+                    queues = (
+                        switch_pb2_grpc.SwitchAdminStub(ch)
+                        .GetQueues(switch_pb2.GetQueuesRequest(), timeout=5)
+                        .queues
+                    )
             except grpc.RpcError:
                 continue  # a switch down (a `kill` fault) has nothing to say
             for q in queues:
-                d = {"xoff_sent": q.pfc_xoff_sent, "xon_sent": q.pfc_xon_sent,
-                     "pauses_received": q.pfc_pauses_received,
-                     "resumes_received": q.pfc_resumes_received, "paused_ns": q.pfc_paused_ns,
-                     "storms": q.pfc_storms, "restored": q.pfc_restored,
-                     "watchdog_drops": q.pfc_watchdog_drops}
+                d = {
+                    "xoff_sent": q.pfc_xoff_sent,
+                    "xon_sent": q.pfc_xon_sent,
+                    "pauses_received": q.pfc_pauses_received,
+                    "resumes_received": q.pfc_resumes_received,
+                    "paused_ns": q.pfc_paused_ns,
+                    "storms": q.pfc_storms,
+                    "restored": q.pfc_restored,
+                    "watchdog_drops": q.pfc_watchdog_drops,
+                }
                 if any(d.values()):
                     out[f"{sw.name}:{q.port}"] = d
         return out
@@ -745,8 +848,9 @@ class Testbed:
                 if n.shell is not None and n.shell.poll() is None:
                     out.append(f"Mininet shell of {n.name} (pid {n.pid})")
         links = _sh("ip", "-o", "link", "show", check=False)
-        out += [f"link {ifn}" for ifn in self.mgmt_links if f" {ifn}@" in links
-                or f" {ifn}:" in links]
+        out += [
+            f"link {ifn}" for ifn in self.mgmt_links if f" {ifn}@" in links or f" {ifn}:" in links
+        ]
         if self.collector_netns and (Path("/run/netns") / self.collector_netns).exists():
             out.append(f"netns {self.collector_netns}")
         for root in (AGENT_BPFFS_ROOT, AGENT_RUN_ROOT):
@@ -778,13 +882,11 @@ def _free_linklocal_24() -> ipaddress.IPv4Network:
             continue
         for entry in doc:
             for a in entry.get("addr_info", []):
-                used.append(ipaddress.IPv4Network(f"{a['local']}/{a['prefixlen']}",
-                                                  strict=False))
+                used.append(ipaddress.IPv4Network(f"{a['local']}/{a['prefixlen']}", strict=False))
             dst = entry.get("dst")
             if dst and dst != "default":
                 try:
-                    net = ipaddress.IPv4Network(dst if "/" in dst else f"{dst}/32",
-                                                strict=False)
+                    net = ipaddress.IPv4Network(dst if "/" in dst else f"{dst}/32", strict=False)
                 except ValueError:
                     continue
                 if net.prefixlen >= 17:  # the zeroconf /16 route does not count

@@ -43,8 +43,13 @@ class FabricHost(Host):
     routed through the switch each NIC hangs off (a gateway address with a permanent
     neighbour entry for the switch's router MAC)."""
 
-    def config(self, nics: tuple[dict[str, str], ...] = (), mtu: int = 9000,  # type: ignore[override]
-               collector: bool = False, **params: Any) -> dict[str, Any]:
+    def config(
+        self,
+        nics: tuple[dict[str, str], ...] = (),
+        mtu: int = 9000,  # type: ignore[override]
+        collector: bool = False,
+        **params: Any,
+    ) -> dict[str, Any]:
         r: dict[str, Any] = super().config(**params)
         self.cmd("sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1")
         self.nics = nics
@@ -88,8 +93,9 @@ class P4Switch(Switch):
 
     kind = ""
 
-    def __init__(self, name: str, device_id: int = 1, node_id: int = 1,
-                 router_mac: str = "", **params: Any):
+    def __init__(
+        self, name: str, device_id: int = 1, node_id: int = 1, router_mac: str = "", **params: Any
+    ):
         params["inNamespace"] = True
         super().__init__(name, **params)
         self.controlIntf = None  # no Mininet control network: P4Runtime over the mgmt veth
@@ -137,9 +143,13 @@ class P4Switch(Switch):
             _quiet_intf(self, ifn, rt.mtu)
         if rt.pcap:
             (rt.run_dir / "pcap" / self.name).mkdir(parents=True, exist_ok=True)
-        self.component = Component(f"switch {self.name} ({self.kind})",
-                                   ["nsenter", f"--net={self.netns_path}", "--", *self.argv()],
-                                   self.log_path(), cwd=REPO, nice=rt.nice)
+        self.component = Component(
+            f"switch {self.name} ({self.kind})",
+            ["nsenter", f"--net={self.netns_path}", "--", *self.argv()],
+            self.log_path(),
+            cwd=REPO,
+            nice=rt.nice,
+        )
 
     def listening(self) -> bool:
         assert self.runtime is not None
@@ -172,9 +182,19 @@ class BuiltinSwitch(P4Switch):
         argv = [sys.executable, "-m", "testbed.switch.main"]
         for port, ifn in sorted(self.port_map().items()):
             argv += ["-i", f"{port}@{ifn}"]
-        argv += ["--device-id", str(self.device_id), "--no-p4", "--name", self.name,
-                 "--queue-depth-unit", "bytes", "-L", rt.log_level,
-                 "--metrics-addr", str(self.metrics_addr)]
+        argv += [
+            "--device-id",
+            str(self.device_id),
+            "--no-p4",
+            "--name",
+            self.name,
+            "--queue-depth-unit",
+            "bytes",
+            "-L",
+            rt.log_level,
+            "--metrics-addr",
+            str(self.metrics_addr),
+        ]
         if rt.pcap:
             argv += ["--pcap", str(rt.run_dir / "pcap" / self.name)]
         return argv + ["--", "--grpc-server-addr", self.grpc_addr, "--cpu-port", str(CPU_PORT)]
@@ -198,8 +218,14 @@ class Bmv2Switch(P4Switch):
         argv = [exe, "--device-id", str(self.device_id)]
         for port, ifn in sorted(self.port_map().items()):
             argv += ["-i", f"{port}@{ifn}"]
-        argv += ["--thrift-port", str(THRIFT_PORT), "--no-p4", "--log-console",
-                 "--log-level", rt.log_level]
+        argv += [
+            "--thrift-port",
+            str(THRIFT_PORT),
+            "--no-p4",
+            "--log-console",
+            "--log-level",
+            rt.log_level,
+        ]
         if rt.pcap:
             argv += ["--pcap", str(rt.run_dir / "pcap" / self.name)]
         return argv + ["--", "--grpc-server-addr", self.grpc_addr, "--cpu-port", str(CPU_PORT)]

@@ -22,7 +22,6 @@ PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-
 class ComponentError(UserError):
     """A component did not come up: the message names it and ends with its log's tail."""
 
@@ -68,16 +67,29 @@ def _child_setup(nice: int) -> Callable[[], None]:
 class Component:
     """One started process. `name` is what errors and progress call it."""
 
-    def __init__(self, name: str, argv: Sequence[str], log: Path,
-                 env: dict[str, str] | None = None, cwd: Path | None = None, nice: int = 0):
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        log: Path,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+        nice: int = 0,
+    ):
         self.name = name
         self.argv = list(argv)
         self.log = log
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as out:
-            self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=out,
-                                         stderr=subprocess.STDOUT, env=env, cwd=cwd,
-                                         preexec_fn=_child_setup(nice))  # noqa: PLW1509
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=cwd,
+                preexec_fn=_child_setup(nice),
+            )  # noqa: PLW1509
 
     @property
     def pid(self) -> int:
@@ -92,8 +104,9 @@ class Component:
         if rc is not None:
             raise ComponentError(self.name, f"exited with status {rc}", self.log)
 
-    def wait_until(self, ready: Callable[[], bool], timeout: float, what: str,
-                   poll: float = 0.1) -> None:
+    def wait_until(
+        self, ready: Callable[[], bool], timeout: float, what: str, poll: float = 0.1
+    ) -> None:
         """Wait for `ready()` while the process lives; ComponentError on exit or timeout."""
         deadline = time.monotonic() + timeout
         while True:
@@ -119,8 +132,9 @@ class Component:
         return self.proc.returncode
 
 
-def wait_all(components: Sequence[Component], ready: Callable[[Component], bool],
-             timeout: float, what: str) -> None:
+def wait_all(
+    components: Sequence[Component], ready: Callable[[Component], bool], timeout: float, what: str
+) -> None:
     """Wait until `ready(c)` for every component; the first one that exits or is late fails
     the wait, named."""
     deadline = time.monotonic() + timeout

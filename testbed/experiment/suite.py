@@ -128,9 +128,14 @@ class SuiteConfig:
     @staticmethod
     def quick() -> SuiteConfig:
         """A short suite (benchmarks, tests): smaller collectives and a shorter mix."""
-        return SuiteConfig(incast_bytes=400_000, allreduce_bytes=1 << 20,
-                           allreduce_chunk=128 << 10, alltoall_bytes=256 << 10,
-                           twojob_bytes=256 << 10, websearch_seconds=2.0)
+        return SuiteConfig(
+            incast_bytes=400_000,
+            allreduce_bytes=1 << 20,
+            allreduce_chunk=128 << 10,
+            alltoall_bytes=256 << 10,
+            twojob_bytes=256 << 10,
+            websearch_seconds=2.0,
+        )
 
 
 @dataclass
@@ -226,8 +231,9 @@ def tita_window(s: Scaling, tita_t_s: float) -> int:
     return max(2, math.ceil(s.link_bps * tita_t_s / 8 / s.frame_bytes))
 
 
-def transport_settings(s: Scaling, window: int = DEFAULT_WINDOW,
-                       ack_every: int = 2, retransmit: str = "gbn") -> dict[str, Any]:
+def transport_settings(
+    s: Scaling, window: int = DEFAULT_WINDOW, ack_every: int = 2, retransmit: str = "gbn"
+) -> dict[str, Any]:
     """The transport's parameters for every run (testbed.traffic.transport.TransportConfig).
 
     - MTU 4096 (RoCE's), jumbo links;
@@ -243,10 +249,16 @@ def transport_settings(s: Scaling, window: int = DEFAULT_WINDOW,
     - `retransmit`: go-back-N (`gbn`, RC's) or selective repeat (`sr`).
     """
     dilation = min(1.0, s.scale / 20_000)  # the RTO was chosen at the emulation's scale
-    return {"mtu": s.transport_mtu, "window": window, "ack_every": ack_every,
-            "rto": max(1.0 * dilation, 50e-6), "rto_max": max(4.0 * dilation, 200e-6),
-            "sndbuf": 4 * s.frame_bytes,
-            "cnp_interval": 50e-6 * 40e9 / s.nic_bps, "retransmit": retransmit}
+    return {
+        "mtu": s.transport_mtu,
+        "window": window,
+        "ack_every": ack_every,
+        "rto": max(1.0 * dilation, 50e-6),
+        "rto_max": max(4.0 * dilation, 200e-6),
+        "sndbuf": 4 * s.frame_bytes,
+        "cnp_interval": 50e-6 * 40e9 / s.nic_bps,
+        "retransmit": retransmit,
+    }
 
 
 def report_settings(spec: FabricSpec, s: Scaling) -> dict[str, Any]:
@@ -268,8 +280,9 @@ def report_settings(spec: FabricSpec, s: Scaling) -> dict[str, Any]:
     }
 
 
-def telemetry_summary(sent: dict[str, int], before: dict[str, dict[str, int]],
-                      after: dict[str, dict[str, int]]) -> dict[str, Any]:
+def telemetry_summary(
+    sent: dict[str, int], before: dict[str, dict[str, int]], after: dict[str, dict[str, int]]
+) -> dict[str, Any]:
     """A scenario's Telemetry Reports: sent by the NIC sinks (by trigger), received and lost
     at the collector (the difference of its totals), per reporter."""
     per = {}
@@ -278,9 +291,13 @@ def telemetry_summary(sent: dict[str, int], before: dict[str, dict[str, int]],
         d = {k: a.get(k, 0) - b.get(k, 0) for k in ("received", "lost")}
         if d["received"] or d["lost"]:
             per[name] = d
-    return {"sent": dict(sorted(sent.items())), "sent_total": sum(sent.values()),
-            "received": sum(d["received"] for d in per.values()),
-            "lost": sum(d["lost"] for d in per.values()), "reporters": per}
+    return {
+        "sent": dict(sorted(sent.items())),
+        "sent_total": sum(sent.values()),
+        "received": sum(d["received"] for d in per.values()),
+        "lost": sum(d["lost"] for d in per.values()),
+        "reporters": per,
+    }
 
 
 def payload_line_rate(s: Scaling) -> float:
@@ -288,14 +305,14 @@ def payload_line_rate(s: Scaling) -> float:
     return s.nic_bps * s.transport_mtu / (s.transport_mtu + TRANSPORT_OVERHEAD)
 
 
-def websearch_flows(cfg: SuiteConfig, hosts: int, nic_bps: float,
-                    seconds: float) -> list[gen.Flow]:
+def websearch_flows(cfg: SuiteConfig, hosts: int, nic_bps: float, seconds: float) -> list[gen.Flow]:
     """The WebSearch mix of the suite: sizes divided by the divisor, Poisson arrivals for
     `seconds`."""
     cdf = gen.SizeCdf.load("websearch")
     k = cfg.websearch_size_divisor
-    scaled = gen.SizeCdf([(s / k, p) for s, p in zip(cdf.sizes, cdf.probs, strict=True)],
-                         f"websearch/{k:g}")
+    scaled = gen.SizeCdf(
+        [(s / k, p) for s, p in zip(cdf.sizes, cdf.probs, strict=True)], f"websearch/{k:g}"
+    )
     return gen.poisson(hosts, scaled, cfg.websearch_load, nic_bps, seconds, seed=cfg.seed)
 
 
@@ -377,6 +394,7 @@ class Suite:
     def _apply_fault(self, f: Fault) -> None:
         """Inject (or remove) one fault now, outside a scenario's schedule (a sweep's)."""
         raise NotImplementedError
+
     def _report_totals(self) -> dict[str, dict[str, int]]:
         """The collector's report accounting so far: per reporter, received and lost."""
         return {}
@@ -420,16 +438,25 @@ class Suite:
             return websearch_flows(wcfg, hosts, s.nic_bps, seconds)
 
         return CollFabric(
-            topology=self.spec.name, hosts=self.hosts, nic_ips=self.nic_ips(),
-            runner=self.runner, scaling=s, scheme=scheme,
+            topology=self.spec.name,
+            hosts=self.hosts,
+            nic_ips=self.nic_ips(),
+            runner=self.runner,
+            scaling=s,
+            scheme=scheme,
             transport={
-                **transport_settings(s, self.window(scheme) if window is None else window,
-                                     retransmit=cfg.retransmit),
+                **transport_settings(
+                    s, self.window(scheme) if window is None else window, retransmit=cfg.retransmit
+                ),
                 **report_settings(self.spec, s),
             },
-            line_rate=payload_line_rate(s), time_scale=self.time_scale, seed=cfg.seed,
-            set_port_rate=self._set_port_rate, websearch=websearch,
-            apply_fault=self._apply_fault)
+            line_rate=payload_line_rate(s),
+            time_scale=self.time_scale,
+            seed=cfg.seed,
+            set_port_rate=self._set_port_rate,
+            websearch=websearch,
+            apply_fault=self._apply_fault,
+        )
 
     # ---- running ----
 
@@ -438,9 +465,11 @@ class Suite:
         self.base_rtt_s = self._measure_base_rtt()
         model_rtt = self.scaling.base_rtt_s
         self.tita_t_s = self.cfg.tita_base_rtt_s or max(self.base_rtt_s, model_rtt)
-        self.say(f"base RTT {fmt_time(self.base_rtt_s)} ({self.scaling.transport_mtu} B, "
-                 f"{self.hosts[0].name} -> {self.hosts[-1].name}); the model's, dilated: "
-                 f"{fmt_time(model_rtt)}; TiTa's T = {fmt_time(self.tita_t_s)}")
+        self.say(
+            f"base RTT {fmt_time(self.base_rtt_s)} ({self.scaling.transport_mtu} B, "
+            f"{self.hosts[0].name} -> {self.hosts[-1].name}); the model's, dilated: "
+            f"{fmt_time(model_rtt)}; TiTa's T = {fmt_time(self.tita_t_s)}"
+        )
 
     def run(self) -> list[RunRecord]:
         cfg = self.cfg
@@ -477,8 +506,9 @@ class Suite:
         self._set_pfc(lossless(scheme))
         agents = self._set_policy(scheme, self.scheme_cc(scheme))
         profile = self.cc_records[scheme]["profile"]
-        self.say(f"scheme {scheme} (cc profile {profile}): set on {agents} agents by the "
-                 "controller")
+        self.say(
+            f"scheme {scheme} (cc profile {profile}): set on {agents} agents by the controller"
+        )
         self._scheme_set = scheme
 
     def scheme_cc(self, scheme: str) -> CcParams:
@@ -487,8 +517,7 @@ class Suite:
         name = scheme_law(scheme)
         prof = load_profile(self.cfg.cc_profiles.get(name) or default_cc_profiles()[name])
         if prof.law is not law(name):
-            raise ValueError(f"cc profile {prof.name!r} is for {prof.law.name.lower()}, "
-                             f"not {name}")
+            raise ValueError(f"cc profile {prof.name!r} is for {prof.law.name.lower()}, not {name}")
         s = self.scaling
         line, t_ns = int(s.nic_bps), round((self.tita_t_s or s.base_rtt_s) * 1e9)
         cc = prof.cc_params(line, t_ns, s.scale)
@@ -496,8 +525,10 @@ class Suite:
             clamped = prof.clamped(line, t_ns, s.scale)
             self.cc_records[scheme] = prof.record(cc, clamped)
             for k, v in clamped.items():
-                self.say(f"cc profile {prof.name}: {k} {v} ns at scale {s.scale:g} exceeds the "
-                         f"NIC's 32 bits, clamped to {2**32 - 1} ns")
+                self.say(
+                    f"cc profile {prof.name}: {k} {v} ns at scale {s.scale:g} exceeds the "
+                    f"NIC's 32 bits, clamped to {2**32 - 1} ns"
+                )
         return cc
 
     def start_run(self, scheme: str) -> None:
@@ -524,8 +555,7 @@ class Suite:
         t_call = self._now()
         self._scheme = scheme
         try:
-            res = self._workload(scenario, self.window(scheme),
-                                 scheme_info(scheme).ack_every)
+            res = self._workload(scenario, self.window(scheme), scheme_info(scheme).ack_every)
         except RunError as exc:
             # a job that cannot finish (a collective stuck, a worker gone) is this run's
             # result, not the end of the suite: recorded as failed, the next run goes on
@@ -533,31 +563,36 @@ class Suite:
         finally:
             cap, events = self._end()
         after = self._quiet_counters()
-        rec = self._summarise(scheme, scenario, res, cap, events,
-                              counters_delta(before, after), t_call)
+        rec = self._summarise(
+            scheme, scenario, res, cap, events, counters_delta(before, after), t_call
+        )
         for k, v in self._operations().items():
             setattr(rec, k, v)
-        rec.telemetry = telemetry_summary(res.get("counters", {}).get("reports", {}),
-                                          reports_before, self._report_totals())
+        rec.telemetry = telemetry_summary(
+            res.get("counters", {}).get("reports", {}), reports_before, self._report_totals()
+        )
         self._summarise_pfc(rec, pfc_before, self._pfc_counters())
         self._summarise_drops(rec, drops_before, self._switch_drops())
         if scenario in PFC_SCENARIOS:
             self._summarise_victim(rec, cap, res)
         return rec
 
-    def _summarise_drops(self, rec: RunRecord, before: dict[str, int] | None,
-                         after: dict[str, int] | None) -> None:
+    def _summarise_drops(
+        self, rec: RunRecord, before: dict[str, int] | None, after: dict[str, int] | None
+    ) -> None:
         if before is None or after is None:
             return
-        rec.drops_by_reason = {r: n - before.get(r, 0) for r, n in sorted(after.items())
-                               if n - before.get(r, 0) > 0}
+        rec.drops_by_reason = {
+            r: n - before.get(r, 0) for r, n in sorted(after.items()) if n - before.get(r, 0) > 0
+        }
         # the drop counters of MAC Control frames are not traffic: the ports' counters leave
         # those frames out
         counted = sum(n for r, n in rec.drops_by_reason.items() if r not in CONTROL_DROPS)
         rec.drops_uncounted = max(0, rec.drops - counted)
 
-    def _summarise_pfc(self, rec: RunRecord, before: dict[str, dict[str, int]],
-                       after: dict[str, dict[str, int]]) -> None:
+    def _summarise_pfc(
+        self, rec: RunRecord, before: dict[str, dict[str, int]], after: dict[str, dict[str, int]]
+    ) -> None:
         by_port = {}
         for port, c in sorted(after.items()):
             b = before.get(port, {})
@@ -602,12 +637,17 @@ class Suite:
         worst: tuple[float, int, float | None] | None = None
         for src, dst in self._victim_flows(rec.scenario):
             sip, dip = self.hosts[src].ip, self.hosts[dst].ip
-            arrivals = sorted(t for (fs, fd, _), pts in cap.flows.items()
-                              if (fs, fd) == (sip, dip) for t, _ in pts)
+            arrivals = sorted(
+                t
+                for (fs, fd, _), pts in cap.flows.items()
+                if (fs, fd) == (sip, dip)
+                for t, _ in pts
+            )
             gaps = [b - a for a, b in zip(arrivals, arrivals[1:], strict=False)]
             fct = fcts.get((src, dst))
-            slowdown = None if fct is None else fct / m.ideal_fct(sizes[(src, dst)], line,
-                                                                 self.base_rtt_s)
+            slowdown = (
+                None if fct is None else fct / m.ideal_fct(sizes[(src, dst)], line, self.base_rtt_s)
+            )
             one = (max(gaps, default=0.0), sum(1 for g in gaps if g > stall), slowdown)
             if worst is None or one[0] > worst[0]:
                 worst = one
@@ -625,28 +665,52 @@ class Suite:
 
     def _workload(self, scenario: str, window: int, ack_every: int = 2) -> dict[str, Any]:
         cfg, s = self.cfg, self.scaling
-        tr = {**transport_settings(s, window, ack_every, cfg.retransmit),
-              **report_settings(self.spec, s)}
+        tr = {
+            **transport_settings(s, window, ack_every, cfg.retransmit),
+            **report_settings(self.spec, s),
+        }
         line = payload_line_rate(s)
         k = self.time_scale
         if scenario == "incast":
-            return wl.incast(self.hosts, cfg.incast_bytes, receiver=0, transport=tr,
-                             line_rate=line, base_rtt=self.base_rtt_s, timeout=120 * k,
-                             seed=cfg.seed, runner=self.runner,
-                             start_rate=self._incast_start_rate())
+            return wl.incast(
+                self.hosts,
+                cfg.incast_bytes,
+                receiver=0,
+                transport=tr,
+                line_rate=line,
+                base_rtt=self.base_rtt_s,
+                timeout=120 * k,
+                seed=cfg.seed,
+                runner=self.runner,
+                start_rate=self._incast_start_rate(),
+            )
         if scenario == "allreduce":
-            return wl.allreduce(self.hosts, cfg.allreduce_bytes, chunk=cfg.allreduce_chunk,
-                                transport=tr, timeout=180 * k, seed=cfg.seed,
-                                runner=self.runner, nic_ips=self.nic_ips())
+            return wl.allreduce(
+                self.hosts,
+                cfg.allreduce_bytes,
+                chunk=cfg.allreduce_chunk,
+                transport=tr,
+                timeout=180 * k,
+                seed=cfg.seed,
+                runner=self.runner,
+                nic_ips=self.nic_ips(),
+            )
         if scenario in ("alltoall", "twojob"):
             return self._collective_workload(scenario, window)
         if scenario == "websearch":
             seconds = cfg.websearch_seconds * k  # as many flows at any scale
             flows = websearch_flows(cfg, len(self.hosts), s.nic_bps, seconds)
-            res = wl.run_flows(self.hosts, flows, name="websearch", transport=tr,
-                               line_rate=line, base_rtt=self.base_rtt_s,
-                               timeout=(seconds * 6 + 30 * k), seed=cfg.seed,
-                               runner=self.runner)
+            res = wl.run_flows(
+                self.hosts,
+                flows,
+                name="websearch",
+                transport=tr,
+                line_rate=line,
+                base_rtt=self.base_rtt_s,
+                timeout=(seconds * 6 + 30 * k),
+                seed=cfg.seed,
+                runner=self.runner,
+            )
             res["offered_load"] = gen.offered_load(flows, len(self.hosts), s.nic_bps, seconds)
             return res
         if scenario in PFC_SCENARIOS:
@@ -654,27 +718,45 @@ class Suite:
         if scenario == "flows" and self.flows_override is not None:
             flows = self.flows_override
             end = max((f.start for f in flows), default=0.0)
-            return wl.run_flows(self.hosts, flows, name="flows", transport=tr,
-                                line_rate=line, base_rtt=self.base_rtt_s,
-                                timeout=end * 6 + 30 * k, seed=cfg.seed, runner=self.runner)
+            return wl.run_flows(
+                self.hosts,
+                flows,
+                name="flows",
+                transport=tr,
+                line_rate=line,
+                base_rtt=self.base_rtt_s,
+                timeout=end * 6 + 30 * k,
+                seed=cfg.seed,
+                runner=self.runner,
+            )
         raise ValueError(f"unknown scenario {scenario!r} (known: {', '.join(SCENARIOS)})")
 
-    def _victim_workload(self, scenario: str, tr: dict[str, Any],
-                         line: float) -> dict[str, Any]:
+    def _victim_workload(self, scenario: str, tr: dict[str, Any], line: float) -> dict[str, Any]:
         cfg, k = self.cfg, self.time_scale
         rx, vdst, vsrc, senders = self._victim_hosts()
         size = cfg.incast_bytes
         if scenario == "victim":
-            flows = [gen.Flow(id=i, src=s, dst=rx, size=size, start=0.0)
-                     for i, s in enumerate(senders)]
+            flows = [
+                gen.Flow(id=i, src=s, dst=rx, size=size, start=0.0) for i, s in enumerate(senders)
+            ]
         else:  # storm: vdst storms; the far hosts send to rx, vsrc to the storming host
-            flows = [gen.Flow(id=i, src=s, dst=rx, size=size, start=0.0)
-                     for i, s in enumerate(self._far(senders, rx))]
+            flows = [
+                gen.Flow(id=i, src=s, dst=rx, size=size, start=0.0)
+                for i, s in enumerate(self._far(senders, rx))
+            ]
             self._pfc_storm(vdst, cfg.storm_seconds * k)
         flows.append(gen.Flow(id=len(flows), src=vsrc, dst=vdst, size=size // 2, start=0.0))
-        return wl.run_flows(self.hosts, flows, name=scenario, transport=tr, line_rate=line,
-                            base_rtt=self.base_rtt_s, timeout=120 * k, seed=cfg.seed,
-                            runner=self.runner)
+        return wl.run_flows(
+            self.hosts,
+            flows,
+            name=scenario,
+            transport=tr,
+            line_rate=line,
+            base_rtt=self.base_rtt_s,
+            timeout=120 * k,
+            seed=cfg.seed,
+            runner=self.runner,
+        )
 
     def _same_switch(self, a: int, b: int) -> bool:
         ha, hb = self.hosts[a].name, self.hosts[b].name
@@ -684,26 +766,56 @@ class Suite:
         cfg = self.cfg
         fab = self.collective_fabric(self._scheme, window)
         if scenario == "alltoall":
-            return {"workload": "alltoall",
-                    "summary": coll.collective(fab, collective="alltoall",
-                                               size=cfg.alltoall_bytes, chunk=64 << 10)}
+            return {
+                "workload": "alltoall",
+                "summary": coll.collective(
+                    fab, collective="alltoall", size=cfg.alltoall_bytes, chunk=64 << 10
+                ),
+            }
         n = len(self.hosts)
         half = list(range(n // 2)), list(range(n // 2, n))
         # each iteration computes for about as long as its collective takes at line rate
         compute = 2 * cfg.twojob_bytes * 8 / (fab.nics * fab.line_rate) / self.scaling.scale
-        decls = [coll.JobDecl("dp", "training", half[0],
-                              {"collective": "allreduce", "size": cfg.twojob_bytes,
-                               "chunk": 64 << 10, "iters": 3, "compute": compute}),
-                 coll.JobDecl("moe", "training", half[1],
-                              {"collective": "alltoall", "size": cfg.twojob_bytes,
-                               "chunk": 64 << 10, "iters": 3, "compute": compute})]
+        decls = [
+            coll.JobDecl(
+                "dp",
+                "training",
+                half[0],
+                {
+                    "collective": "allreduce",
+                    "size": cfg.twojob_bytes,
+                    "chunk": 64 << 10,
+                    "iters": 3,
+                    "compute": compute,
+                },
+            ),
+            coll.JobDecl(
+                "moe",
+                "training",
+                half[1],
+                {
+                    "collective": "alltoall",
+                    "size": cfg.twojob_bytes,
+                    "chunk": 64 << 10,
+                    "iters": 3,
+                    "compute": compute,
+                },
+            ),
+        ]
         return {"workload": "twojob", "summary": coll.concurrent(fab, decls)}
 
     # ---- summarising ----
 
-    def _summarise(self, scheme: str, scenario: str, res: dict[str, Any], cap: Capture,
-                   events: list[RateEvent], delta: dict[str, PortCounters],
-                   t_call: float) -> RunRecord:
+    def _summarise(
+        self,
+        scheme: str,
+        scenario: str,
+        res: dict[str, Any],
+        cap: Capture,
+        events: list[RateEvent],
+        delta: dict[str, PortCounters],
+        t_call: float,
+    ) -> RunRecord:
         spec = self.spec
         by_link: dict[str, list[int]] = {}
         for h in cap.hops:
@@ -713,8 +825,9 @@ class Suite:
             h0 = spec.hosts[0]
             bottleneck = str(spec.attachment(h0.name, 0))
         else:
-            bottleneck = max(qstats, key=lambda lk: (qstats[lk]["p99"], qstats[lk]["max"]),
-                             default="")
+            bottleneck = max(
+                qstats, key=lambda lk: (qstats[lk]["p99"], qstats[lk]["max"]), default=""
+            )
         q = qstats.get(bottleneck, {"p50": 0.0, "p99": 0.0, "max": 0.0, "samples": 0.0})
         drops_by_switch: dict[str, int] = {}
         for key, c in sorted(delta.items()):
@@ -723,33 +836,49 @@ class Suite:
         # traffic's own start: the first INT data packet seen (workers start a moment after
         # the call)
         t_start = min((h.t for h in cap.hops), default=t_call)
-        completion, flows, done, slowdowns, busbw, correct = self._workload_figures(scenario,
-                                                                                    res)
+        completion, flows, done, slowdowns, busbw, correct = self._workload_figures(scenario, res)
         util = None
         port_delta = delta.get(bottleneck) if bottleneck else None
         if port_delta is not None and completion > 0:
-            util = metrics.utilization(port_delta.tx_bytes, self.scaling.link_bps, completion,
-                                       self._port_busy_span(bottleneck))
+            util = metrics.utilization(
+                port_delta.tx_bytes,
+                self.scaling.link_bps,
+                completion,
+                self._port_busy_span(bottleneck),
+            )
         counters = res.get("counters", {})
         sd = np.asarray(slowdowns) if slowdowns else None
         rec = RunRecord(
-            scheme=scheme, scenario=scenario, bottleneck=bottleneck,
-            queue_p50_bytes=q["p50"], queue_p99_bytes=q["p99"], queue_max_bytes=q["max"],
-            queue_samples=int(q["samples"]), drops=sum(drops_by_switch.values()),
+            scheme=scheme,
+            scenario=scenario,
+            bottleneck=bottleneck,
+            queue_p50_bytes=q["p50"],
+            queue_p99_bytes=q["p99"],
+            queue_max_bytes=q["max"],
+            queue_samples=int(q["samples"]),
+            drops=sum(drops_by_switch.values()),
             utilization=util,
             fct_slowdown_p50=float(np.percentile(sd, 50)) if sd is not None else None,
             fct_slowdown_p99=float(np.percentile(sd, 99)) if sd is not None else None,
-            flows=flows, flows_completed=done, busbw_bps=busbw, completion_s=completion,
-            int_packets=cap.packets, int_max_hops=cap.max_hops,
+            flows=flows,
+            flows_completed=done,
+            busbw_bps=busbw,
+            completion_s=completion,
+            int_packets=cap.packets,
+            int_max_hops=cap.max_hops,
             retransmits=int(counters.get("retransmits", 0)),
             cnps=int(counters.get("cnps_received", 0)),
             out_of_order=int(counters.get("drops", {}).get("out_of_order", 0)),
             sender_holds=int(counters.get("pfc_holds", 0)),
             start_hints=int(counters.get("rate_hints", 0)),
             sender_held_s=int(counters.get("pfc_held_us", 0)) / 1e6,
-            window=self.window(scheme), correct=correct,
-            queue_by_link=qstats, drops_by_switch=drops_by_switch, rate_events=len(events),
-            slowdowns=[float(x) for x in slowdowns])
+            window=self.window(scheme),
+            correct=correct,
+            queue_by_link=qstats,
+            drops_by_switch=drops_by_switch,
+            rate_events=len(events),
+            slowdowns=[float(x) for x in slowdowns],
+        )
         points: dict[str, list[tuple[float, float]]] = {}
         for h in cap.hops:
             points.setdefault(h.link, []).append((h.t - t_start, float(h.qocc_bytes)))
@@ -772,8 +901,12 @@ class Suite:
         spec, t = self.spec, self.tita_t_s
         if rec.scenario != "incast":
             return
-        behind = [n.ip for h in spec.hosts for i, n in enumerate(h.nics)
-                  if str(spec.attachment(h.name, i)) == rec.bottleneck]
+        behind = [
+            n.ip
+            for h in spec.hosts
+            for i, n in enumerate(h.nics)
+            if str(spec.attachment(h.name, i)) == rec.bottleneck
+        ]
         if not behind or t <= 0:
             return
         arrivals = {f: pts for f, pts in cap.flows.items() if f[1] in behind and pts}
@@ -784,8 +917,9 @@ class Suite:
             rec.fairness_windows = len(windows)
         rec.util_after_2t = m.link_utilization(arrivals, self.scaling.link_bps, t_start + 2 * t)
 
-    def _workload_figures(self, scenario: str, res: dict[str, Any]
-                          ) -> tuple[float, int, int, list[float], float | None, bool | None]:
+    def _workload_figures(
+        self, scenario: str, res: dict[str, Any]
+    ) -> tuple[float, int, int, list[float], float | None, bool | None]:
         """(completion time, flows, completed flows, FCT slowdowns, busbw b/s, correct)."""
         if "failed" in res:
             return (0.0, 0, 0, [], None, None)
@@ -794,20 +928,38 @@ class Suite:
         if scenario == "alltoall":
             r = res["summary"]
             n = len(self.hosts)
-            return (r["time_s"] * scale, n, n if r["correct"] else 0, [],
-                    r["busbw_Bps"] * 8 / scale, bool(r["correct"]))
+            return (
+                r["time_s"] * scale,
+                n,
+                n if r["correct"] else 0,
+                [],
+                r["busbw_Bps"] * 8 / scale,
+                bool(r["correct"]),
+            )
         if scenario == "twojob":
             jobs = res["summary"]["jobs"]
             ok = all(j.get("correct") for j in jobs)
             end = max(j.get("iter_s", 0.0) for j in jobs) * 3 * scale
             dp = jobs[0]
-            return (end, len(jobs), sum(bool(j.get("correct")) for j in jobs), [],
-                    dp.get("busbw_Bps", 0.0) * 8 / scale, ok)
+            return (
+                end,
+                len(jobs),
+                sum(bool(j.get("correct")) for j in jobs),
+                [],
+                dp.get("busbw_Bps", 0.0) * 8 / scale,
+                ok,
+            )
         if scenario == "allreduce":
             coll = res["collective"]
             n = len(self.hosts)
-            return (float(coll["time_s"]), n, n if res["correct"] else 0, [],
-                    float(coll["busbw_Bps"]) * 8, bool(res["correct"]))
+            return (
+                float(coll["time_s"]),
+                n,
+                n if res["correct"] else 0,
+                [],
+                float(coll["busbw_Bps"]) * 8,
+                bool(res["correct"]),
+            )
         sent = [f for r in res["raw"] for f in r["sent"]]
         done = [f for f in sent if f["fct"] is not None]
         slow = [f["fct"] / m.ideal_fct(f["size"], line, self.base_rtt_s) for f in done]
@@ -826,21 +978,31 @@ def fmt_time(s: float) -> str:
     return f"{s * 1e6:.3g} us"
 
 
-def _flow_fcts(res: dict[str, Any], ip_host: dict[str, str],
-               hosts: list[Host]) -> list[dict[str, Any]]:
+def _flow_fcts(
+    res: dict[str, Any], ip_host: dict[str, str], hosts: list[Host]
+) -> list[dict[str, Any]]:
     """Every flow of a flows run: id, src and dst host, bytes, start and FCT (s; None when
     it did not complete)."""
     names = [h.name for h in hosts]
     out = []
     for r in res.get("raw", []):
         for f in r.get("sent", []):
-            out.append({"id": f["id"], "src": names[f["src"]], "dst": names[f["dst"]],
-                        "bytes": f["size"], "start_s": f["start"], "fct_s": f["fct"]})
+            out.append(
+                {
+                    "id": f["id"],
+                    "src": names[f["src"]],
+                    "dst": names[f["dst"]],
+                    "bytes": f["size"],
+                    "start_s": f["start"],
+                    "fct_s": f["fct"],
+                }
+            )
     return sorted(out, key=lambda f: f["id"])
 
 
-def _downsample(points: list[tuple[float, float]],
-                n: int = SERIES_POINTS) -> dict[str, list[float]]:
+def _downsample(
+    points: list[tuple[float, float]], n: int = SERIES_POINTS
+) -> dict[str, list[float]]:
     """At most `n` points, keeping each bucket's maximum (queue peaks must survive)."""
     points.sort()
     if len(points) > n:
@@ -859,9 +1021,12 @@ def _r(t: float) -> float:
     return float(f"{t:.6g}")
 
 
-def _rate_series(events: list[RateEvent], t0: float,
-                 last_seen: dict[tuple[str, str, int], float],
-                 ip_host: dict[str, str]) -> dict[str, dict[str, list[float]]]:
+def _rate_series(
+    events: list[RateEvent],
+    t0: float,
+    last_seen: dict[tuple[str, str, int], float],
+    ip_host: dict[str, str],
+) -> dict[str, dict[str, list[float]]]:
     """Per flow (named 'src->dst:sport'): its NIC rate as a step function over time, up to
     its last packet seen at the receiver (the rate map keeps a finished flow's last rate)."""
     out: dict[str, dict[str, list[float]]] = {}
@@ -869,8 +1034,9 @@ def _rate_series(events: list[RateEvent], t0: float,
         end = last_seen.get(e.flow)
         if end is not None and e.t > end:
             continue
-        name = f"{ip_host.get(e.flow[0], e.flow[0])}->{ip_host.get(e.flow[1], e.flow[1])}" \
-               f":{e.flow[2]}"
+        name = (
+            f"{ip_host.get(e.flow[0], e.flow[0])}->{ip_host.get(e.flow[1], e.flow[1])}:{e.flow[2]}"
+        )
         s = out.setdefault(name, {"t": [], "v": [], "end": [_r(end - t0)] if end else []})
         s["t"].append(_r(e.t - t0))
         s["v"].append(float(e.rate_bps))
@@ -878,8 +1044,10 @@ def _rate_series(events: list[RateEvent], t0: float,
 
 
 def one_line(r: RunRecord) -> str:
-    parts = [f"p99 queue {r.queue_p99_bytes / 1e3:.0f} KB at {r.bottleneck or '-'}",
-             f"drops {r.drops}"]
+    parts = [
+        f"p99 queue {r.queue_p99_bytes / 1e3:.0f} KB at {r.bottleneck or '-'}",
+        f"drops {r.drops}",
+    ]
     if r.error:
         return f"FAILED ({r.error}); " + ", ".join(parts)
     if r.utilization is not None:
@@ -901,7 +1069,8 @@ def one_line(r: RunRecord) -> str:
         parts.append(f"watchdog: {r.pfc_storms} storms, {r.pfc_restored} restored")
     if r.victim_stalls is not None:
         vs = "-" if r.victim_fct_slowdown is None else f"{r.victim_fct_slowdown:.1f}"
-        parts.append(f"victim slowdown {vs}, {r.victim_stalls} stalls, longest gap "
-                     f"{fmt_time(r.victim_longest_gap_s or 0.0)}")
+        parts.append(
+            f"victim slowdown {vs}, {r.victim_stalls} stalls, longest gap "
+            f"{fmt_time(r.victim_longest_gap_s or 0.0)}"
+        )
     return ", ".join(parts)
-

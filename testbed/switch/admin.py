@@ -19,8 +19,9 @@ from testbed.switch.v1model import V1Switch
 
 
 class SwitchAdminService(switch_pb2_grpc.SwitchAdminServicer):  # type: ignore[misc]
-    def __init__(self, switch: V1Switch, dataplane: Dataplane | None,
-                 p4rt: P4RuntimeService | None):
+    def __init__(
+        self, switch: V1Switch, dataplane: Dataplane | None, p4rt: P4RuntimeService | None
+    ):
         self.switch = switch
         self.dataplane = dataplane
         self.p4rt = p4rt
@@ -80,11 +81,21 @@ class SwitchAdminService(switch_pb2_grpc.SwitchAdminServicer):  # type: ignore[m
         if r.enable:
             mask = r.priority_mask or 1
             try:
-                pfc = PfcConfig(r.xoff_bytes, r.xon_bytes, r.headroom_bytes, r.quanta or 0xFFFF,
-                                frozenset(p for p in range(16) if mask >> p & 1), r.link_bps)
+                pfc = PfcConfig(
+                    r.xoff_bytes,
+                    r.xon_bytes,
+                    r.headroom_bytes,
+                    r.quanta or 0xFFFF,
+                    frozenset(p for p in range(16) if mask >> p & 1),
+                    r.link_bps,
+                )
                 if r.watchdog_poll_ns:
-                    wd = WatchdogConfig(r.watchdog_poll_ns, r.detect_polls or 2,
-                                        r.restore_polls or 2, r.watchdog_action or "drop")
+                    wd = WatchdogConfig(
+                        r.watchdog_poll_ns,
+                        r.detect_polls or 2,
+                        r.restore_polls or 2,
+                        r.watchdog_action or "drop",
+                    )
             except ValueError as exc:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         with self.switch.lock:
@@ -98,33 +109,52 @@ class SwitchAdminService(switch_pb2_grpc.SwitchAdminServicer):  # type: ignore[m
             for port, pq in sorted(self.switch.tm.ports.items()):
                 n, b = pq.total()
                 c = pq.pfc
-                resp.queues.add(port=port, depth_packets=pq.depth_pkts,
-                                depth_bytes=pq.depth_bytes, rate_pps=pq.rate_pps,
-                                rate_bps=pq.rate_bps, occupancy_packets=n, occupancy_bytes=b,
-                                max_occupancy_packets=pq.max_depth_pkts,
-                                max_occupancy_bytes=pq.max_depth_bytes, enqueued=pq.enqueued,
-                                dequeued=pq.dequeued, dropped=pq.dropped,
-                                down=pq.fault.down, loss=pq.fault.loss,
-                                delay_ns=pq.fault.delay_ns, rate_factor=pq.fault.rate_factor,
-                                fault_drops=pq.fault_drops, rx_errors=pq.rx_errors,
-                                departures=pq.departures, wait_ns=pq.wait_ns,
-                                expected_wait_ns=pq.expected_wait_ns,
-                                pfc_xoff_sent=c.xoff_sent, pfc_xon_sent=c.xon_sent,
-                                pfc_pauses_received=c.pauses_received,
-                                pfc_resumes_received=c.resumes_received,
-                                pfc_paused_ns=c.paused_ns(now), pfc_storms=c.storms,
-                                pfc_restored=c.restored, pfc_watchdog_drops=c.watchdog_drops,
-                                pfc_ingress_bytes=sum(st.ingress_bytes
-                                                      for st in c.per_prio.values()),
-                                pfc_pausing=any(st.pausing for st in c.per_prio.values()))
+                resp.queues.add(
+                    port=port,
+                    depth_packets=pq.depth_pkts,
+                    depth_bytes=pq.depth_bytes,
+                    rate_pps=pq.rate_pps,
+                    rate_bps=pq.rate_bps,
+                    occupancy_packets=n,
+                    occupancy_bytes=b,
+                    max_occupancy_packets=pq.max_depth_pkts,
+                    max_occupancy_bytes=pq.max_depth_bytes,
+                    enqueued=pq.enqueued,
+                    dequeued=pq.dequeued,
+                    dropped=pq.dropped,
+                    down=pq.fault.down,
+                    loss=pq.fault.loss,
+                    delay_ns=pq.fault.delay_ns,
+                    rate_factor=pq.fault.rate_factor,
+                    fault_drops=pq.fault_drops,
+                    rx_errors=pq.rx_errors,
+                    departures=pq.departures,
+                    wait_ns=pq.wait_ns,
+                    expected_wait_ns=pq.expected_wait_ns,
+                    pfc_xoff_sent=c.xoff_sent,
+                    pfc_xon_sent=c.xon_sent,
+                    pfc_pauses_received=c.pauses_received,
+                    pfc_resumes_received=c.resumes_received,
+                    pfc_paused_ns=c.paused_ns(now),
+                    pfc_storms=c.storms,
+                    pfc_restored=c.restored,
+                    pfc_watchdog_drops=c.watchdog_drops,
+                    pfc_ingress_bytes=sum(st.ingress_bytes for st in c.per_prio.values()),
+                    pfc_pausing=any(st.pausing for st in c.per_prio.values()),
+                )
         return resp
 
     def GetStatus(self, request: Any, context: Any) -> Any:
         sw = self.switch
         resp = switch_pb2.GetStatusResponse(
-            device_id=sw.device_id, pipeline_loaded=sw.ready, rx_packets=sw.stats.rx,
-            tx_packets=sw.stats.tx, uptime_us=sw.clock.now_us(), queue_depth_unit=sw.qdepth_unit,
-            pfc_enabled=sw.tm.pfc is not None)
+            device_id=sw.device_id,
+            pipeline_loaded=sw.ready,
+            rx_packets=sw.stats.rx,
+            tx_packets=sw.stats.tx,
+            uptime_us=sw.clock.now_us(),
+            queue_depth_unit=sw.qdepth_unit,
+            pfc_enabled=sw.tm.pfc is not None,
+        )
         for reason, n in sw.drop_counts().items():
             resp.drops[reason] = n
         if self.dataplane is not None:
@@ -134,12 +164,17 @@ class SwitchAdminService(switch_pb2_grpc.SwitchAdminServicer):  # type: ignore[m
             resp.dataplane_errors = dp.loop_errors
             resp.dataplane_last_error = dp.last_error
             for num, p in sorted(self.dataplane.ports.items()):
-                resp.ports.add(port=num, interface=p.iface, rx_packets=p.stats.rx,
-                               tx_packets=p.stats.tx, rx_bytes=p.stats.rx_bytes,
-                               tx_bytes=p.stats.tx_bytes, tx_errors=p.stats.tx_errors,
-                               down=sw.tm.port_down(num),
-                               rx_errors=sw.tm.ports[num].rx_errors if num in sw.tm.ports
-                               else 0)
+                resp.ports.add(
+                    port=num,
+                    interface=p.iface,
+                    rx_packets=p.stats.rx,
+                    tx_packets=p.stats.tx,
+                    rx_bytes=p.stats.rx_bytes,
+                    tx_bytes=p.stats.tx_bytes,
+                    tx_errors=p.stats.tx_errors,
+                    down=sw.tm.port_down(num),
+                    rx_errors=sw.tm.ports[num].rx_errors if num in sw.tm.ports else 0,
+                )
         if self.p4rt is not None:
             for k, v in self.p4rt.counters.items():
                 resp.p4runtime[k] = v
@@ -161,29 +196,44 @@ class SwitchCollector:
         rx.add_metric([self.name], sw.stats.rx)
         tx = CounterMetricFamily("xingmai_switch_tx_packets", "packets sent", labels=lbl)
         tx.add_metric([self.name], sw.stats.tx)
-        drops = CounterMetricFamily("xingmai_switch_drops", "packets dropped, by reason",
-                                    labels=lbl + ["reason"])
+        drops = CounterMetricFamily(
+            "xingmai_switch_drops", "packets dropped, by reason", labels=lbl + ["reason"]
+        )
         for reason, n in sw.stats.dropped.items():
             drops.add_metric([self.name, reason], n)
-        occ = GaugeMetricFamily("xingmai_switch_queue_bytes", "egress queue occupancy",
-                                labels=lbl + ["port"])
-        qdrop = CounterMetricFamily("xingmai_switch_queue_drops", "tail drops per port",
-                                    labels=lbl + ["port"])
+        occ = GaugeMetricFamily(
+            "xingmai_switch_queue_bytes", "egress queue occupancy", labels=lbl + ["port"]
+        )
+        qdrop = CounterMetricFamily(
+            "xingmai_switch_queue_drops", "tail drops per port", labels=lbl + ["port"]
+        )
         pl = lbl + ["port"]
-        sent = CounterMetricFamily("xingmai_switch_pfc_pauses_sent",
-                                   "PFC pause frames sent to the port's upstream (XOFF)", labels=pl)
-        resumed = CounterMetricFamily("xingmai_switch_pfc_resumes_sent",
-                                      "PFC resume frames sent (XON, time 0)", labels=pl)
-        received = CounterMetricFamily("xingmai_switch_pfc_pauses_received",
-                                       "PFC pause frames received from the port's downstream",
-                                       labels=pl)
-        paused = CounterMetricFamily("xingmai_switch_pfc_paused_seconds",
-                                     "time the port's egress was held by received pauses",
-                                     labels=pl)
-        storms = CounterMetricFamily("xingmai_switch_pfc_storms",
-                                     "PFC storms the watchdog detected on the port", labels=pl)
-        wdrops = CounterMetricFamily("xingmai_switch_pfc_watchdog_drops",
-                                     "packets the PFC watchdog dropped on the port", labels=pl)
+        sent = CounterMetricFamily(
+            "xingmai_switch_pfc_pauses_sent",
+            "PFC pause frames sent to the port's upstream (XOFF)",
+            labels=pl,
+        )
+        resumed = CounterMetricFamily(
+            "xingmai_switch_pfc_resumes_sent", "PFC resume frames sent (XON, time 0)", labels=pl
+        )
+        received = CounterMetricFamily(
+            "xingmai_switch_pfc_pauses_received",
+            "PFC pause frames received from the port's downstream",
+            labels=pl,
+        )
+        paused = CounterMetricFamily(
+            "xingmai_switch_pfc_paused_seconds",
+            "time the port's egress was held by received pauses",
+            labels=pl,
+        )
+        storms = CounterMetricFamily(
+            "xingmai_switch_pfc_storms", "PFC storms the watchdog detected on the port", labels=pl
+        )
+        wdrops = CounterMetricFamily(
+            "xingmai_switch_pfc_watchdog_drops",
+            "packets the PFC watchdog dropped on the port",
+            labels=pl,
+        )
         now = sw.clock.now_ns()
         for port, pq in list(sw.tm.ports.items()):
             lv = [self.name, str(port)]
@@ -198,11 +248,13 @@ class SwitchCollector:
             wdrops.add_metric(lv, c.watchdog_drops)
         yield from (rx, tx, drops, occ, qdrop, sent, resumed, received, paused, storms, wdrops)
         if self.dataplane is not None:
-            running = GaugeMetricFamily("xingmai_switch_dataplane_running",
-                                        "1 while the packet loop runs", labels=lbl)
+            running = GaugeMetricFamily(
+                "xingmai_switch_dataplane_running", "1 while the packet loop runs", labels=lbl
+            )
             running.add_metric([self.name], float(self.dataplane.running))
-            errors = CounterMetricFamily("xingmai_switch_dataplane_errors",
-                                         "errors the packet loop survived", labels=lbl)
+            errors = CounterMetricFamily(
+                "xingmai_switch_dataplane_errors", "errors the packet loop survived", labels=lbl
+            )
             errors.add_metric([self.name], self.dataplane.loop_errors)
             yield from (running, errors)
 

@@ -95,8 +95,12 @@ def _mask(width: int) -> int:
 class Codegen:
     """Generates and compiles the Python code of one program."""
 
-    def __init__(self, prog: Program, clock_us: Callable[[], int],
-                 log_fn: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        prog: Program,
+        clock_us: Callable[[], int],
+        log_fn: Callable[[str], None] | None = None,
+    ):
         self.prog = prog
         self.clock_us = clock_us
         self.src = _Src()
@@ -155,8 +159,9 @@ class Codegen:
         def sidx(p: Packet, sid: int, i: int) -> int:
             members = stk[sid]
             if not 0 <= i < len(members):
-                raise PipelineAbort(f"index {i} out of bounds of stack "
-                                    f"{self.prog.stacks[sid].name}")
+                raise PipelineAbort(
+                    f"index {i} out of bounds of stack {self.prog.stacks[sid].name}"
+                )
             return members[i]
 
         def swap(p: Packet, a: list[int], b: list[int]) -> None:
@@ -259,10 +264,22 @@ class Codegen:
                     i += 1
             ns["_log"]("".join(out).replace("\\{", "{").replace("\\}", "}"))
 
-        ns.update(_mkvalid=mkvalid, _last=last, _sidx=sidx, _push=push, _pop=pop, _heq=heq,
-                  _ueq=ueq, _uvalid=uvalid, _assign_header=assign_header,
-                  _add_header=add_header, _remove_header=remove_header, _peek=peek, _rng=rng,
-                  _log_msg=log_msg)
+        ns.update(
+            _mkvalid=mkvalid,
+            _last=last,
+            _sidx=sidx,
+            _push=push,
+            _pop=pop,
+            _heq=heq,
+            _ueq=ueq,
+            _uvalid=uvalid,
+            _assign_header=assign_header,
+            _add_header=add_header,
+            _remove_header=remove_header,
+            _peek=peek,
+            _rng=rng,
+            _log_msg=log_msg,
+        )
 
     def _plain(self, hidx: int) -> bool:
         """A header with fixed fields and no union: validity is a plain flag."""
@@ -377,8 +394,9 @@ class Codegen:
                 raise LoadError("access_field on a non-header")
             fidx = int(right)  # type: ignore[arg-type]
             _, w, s = lt.htype.fields[fidx]
-            return E(f"h[{lt.code}][{fidx}]", "d", width=w, signed=s,
-                     lvalue=(lt.code, fidx, lt.htype))
+            return E(
+                f"h[{lt.code}][{fidx}]", "d", width=w, signed=s, lvalue=(lt.code, fidx, lt.htype)
+            )
         if op == "access_union_header":
             lt = self.ex(left, parser)
             midx = int(right)  # type: ignore[arg-type]
@@ -421,8 +439,13 @@ class Codegen:
             return E(f"({lt.code} {op} {rt.code})", "d")
         if op in (">", "<", ">=", "<="):
             return E(f"({lt.code} {op} {rt.code})", "b")
-        helpers = {"/": "_div", "%": "_mod", "two_comp_mod": "_tcm", "usat_cast": "_usat",
-                   "sat_cast": "_sat"}
+        helpers = {
+            "/": "_div",
+            "%": "_mod",
+            "two_comp_mod": "_tcm",
+            "usat_cast": "_usat",
+            "sat_cast": "_sat",
+        }
         if op in helpers:
             return E(f"{helpers[op]}({lt.code}, {rt.code})", "d")
         raise LoadError(f"unsupported expression operator {op!r}")
@@ -487,7 +510,8 @@ class Codegen:
         """A Python identifier for a P4 object name, unique within this program."""
         if name not in self._idents:
             self._idents[name] = f"{len(self._idents)}_" + "".join(
-                c if c.isalnum() else "_" for c in name)
+                c if c.isalnum() else "_" for c in name
+            )
         return self._idents[name]
 
     # ---- primitives ------------------------------------------------------------------------
@@ -507,15 +531,20 @@ class Codegen:
         if op == "assign_VL":
             dst, src = self.lval(ps[0]), self.lval(ps[1])
             assert dst.lvalue and src.lvalue
-            return [f"h[{dst.lvalue[0]}][{dst.lvalue[1]}] = h[{src.lvalue[0]}][{src.lvalue[1]}]",
-                    f"p.vlw[{dst.lvalue[0]}] = p.vlw.get({src.lvalue[0]}, 0)"]
+            return [
+                f"h[{dst.lvalue[0]}][{dst.lvalue[1]}] = h[{src.lvalue[0]}][{src.lvalue[1]}]",
+                f"p.vlw[{dst.lvalue[0]}] = p.vlw.get({src.lvalue[0]}, 0)",
+            ]
         if op in ("assign_header", "copy_header"):
             return [f"_assign_header(p, {ex(0).code}, {ex(1).code})"]
         if op == "assign_union":
             d, s = int(ex(0).code), int(ex(1).code)
-            return [f"_assign_header(p, {a}, {b})"
-                    for a, b in zip(self.prog.unions[d].members, self.prog.unions[s].members,
-                                    strict=True)]
+            return [
+                f"_assign_header(p, {a}, {b})"
+                for a, b in zip(
+                    self.prog.unions[d].members, self.prog.unions[s].members, strict=True
+                )
+            ]
         if op in ("assign_header_stack", "assign_union_stack"):
             d, s = int(ex(0).code), int(ex(1).code)
             lines = [f"p.sn[{d}] = p.sn[{s}]"]
@@ -527,9 +556,11 @@ class Codegen:
             if hdr.code.isdigit() and self._plain(int(hdr.code)):
                 hi = int(hdr.code)  # inline: the common case, a fixed header in no union
                 n = len(self.prog.headers[hi].htype.fields)
-                return [f"if not v[{hi}]:",
-                        f"    h[{hi}][:] = {[0] * n!r}; v[{hi}] = True; "
-                        f"p.plen += {self.ns['HNBYTES'][hi]}"]
+                return [
+                    f"if not v[{hi}]:",
+                    f"    h[{hi}][:] = {[0] * n!r}; v[{hi}] = True; "
+                    f"p.plen += {self.ns['HNBYTES'][hi]}",
+                ]
             return [f"_add_header(p, {hdr.code})"]
         if op == "add_header_fast":
             return [f"_mkvalid(p, {ex(0).code})"]
@@ -558,18 +589,24 @@ class Codegen:
             calc = ex(2).code
             base, size = ex(1).code, ex(3).code
             t = self.fresh()
-            return [f"{t} = {size}",
-                    *self.store(self.lval(ps[0]),
-                                f"({base} + {calc}(p) % ({t} if {t} > 0 else 1))")]
+            return [
+                f"{t} = {size}",
+                *self.store(self.lval(ps[0]), f"({base} + {calc}(p) % ({t} if {t} > 0 else 1))"),
+            ]
         if op == "modify_field_rng_uniform":
             t = self.fresh()
-            return [f"{t} = _rng({ex(1).code}, {ex(2).code})", f"if {t} is not None:",
-                    *["    " + ln for ln in self.store(self.lval(ps[0]), t)]]
+            return [
+                f"{t} = _rng({ex(1).code}, {ex(2).code})",
+                f"if {t} is not None:",
+                *["    " + ln for ln in self.store(self.lval(ps[0]), t)],
+            ]
         if op == "generate_digest":
             return [f"p.learn_id = {ex(1).code}"]
         if op in ("clone_ingress_pkt_to_egress", "clone_egress_pkt_to_egress"):
-            return [f"p.clone_session = {ex(0).code} & 0xffff",
-                    f"p.clone_field_list = {ex(1).code}"]
+            return [
+                f"p.clone_session = {ex(0).code} & 0xffff",
+                f"p.clone_field_list = {ex(1).code}",
+            ]
         if op == "resubmit":
             return [f"p.resubmit_fl = {ex(0).code}"]
         if op == "recirculate":
@@ -577,35 +614,53 @@ class Codegen:
         if op == "count":
             return [f"{ex(0).code}.count({ex(1).code}, p.ingress_len)"]
         if op == "execute_meter":
-            return self.store(self.lval(ps[2]), f"{ex(0).code}.execute({ex(1).code}, "
-                              "p.ingress_len)")
+            return self.store(
+                self.lval(ps[2]), f"{ex(0).code}.execute({ex(1).code}, p.ingress_len)"
+            )
         if op == "register_read":
             reg = ex(1).code
             t = self.fresh()
-            return [f"{t} = {ex(2).code}", f"if 0 <= {t} < {reg}.size:",
-                    *["    " + ln for ln in self.store(self.lval(ps[0]), f"{reg}.values[{t}]")]]
+            return [
+                f"{t} = {ex(2).code}",
+                f"if 0 <= {t} < {reg}.size:",
+                *["    " + ln for ln in self.store(self.lval(ps[0]), f"{reg}.values[{t}]")],
+            ]
         if op == "register_write":
             reg = ex(0).code
             t = self.fresh()
-            return [f"{t} = {ex(1).code}", f"if 0 <= {t} < {reg}.size:",
-                    f"    {reg}.values[{t}] = ({ex(2).code}) & {reg}.mask"]
+            return [
+                f"{t} = {ex(1).code}",
+                f"if 0 <= {t} < {reg}.size:",
+                f"    {reg}.values[{t}] = ({ex(2).code}) & {reg}.mask",
+            ]
         if op == "truncate":
             t = self.fresh()
-            return [f"{t} = {ex(0).code}",
-                    f"p.truncate_len = {t} if p.truncate_len < 0 else min(p.truncate_len, {t})"]
+            return [
+                f"{t} = {ex(0).code}",
+                f"p.truncate_len = {t} if p.truncate_len < 0 else min(p.truncate_len, {t})",
+            ]
         if op == "log_msg":
             return [f"_log_msg({ex(0).code}, {ex(1).code})"]
         if op in ("assert", "assume"):
-            return [f"if not ({self.cond(ps[0], parser)}):",
-                    f"    raise PipelineAbort({op + ' failed'!r})"]
+            return [
+                f"if not ({self.cond(ps[0], parser)}):",
+                f"    raise PipelineAbort({op + ' failed'!r})",
+            ]
         if op == "no_op":
             return ["pass"]
         if op in ("add_to_field", "subtract_from_field"):
             dst = self.lval(ps[0])
             sym = "+" if op == "add_to_field" else "-"
             return self.store(dst, f"({dst.code} {sym} {ex(1).code})")
-        binops = {"add": "+", "subtract": "-", "bit_and": "&", "bit_or": "|", "bit_xor": "^",
-                  "shift_left": "<<", "shift_right": ">>"}
+        binops = {
+            "add": "+",
+            "subtract": "-",
+            "bit_and": "&",
+            "bit_or": "|",
+            "bit_xor": "^",
+            "shift_left": "<<",
+            "shift_right": ">>",
+        }
         if op in binops:
             return self.store(self.lval(ps[0]), f"({ex(1).code} {binops[op]} {ex(2).code})")
         raise LoadError(f"unsupported primitive {op!r}")
@@ -731,29 +786,40 @@ class Codegen:
         self.src.add(f"return {err['NoError']}", 1)
         return entry
 
-    def _extract_lines(self, hcode: str, ht: HeaderType, err: dict[str, int],
-                       vl_expr: Json | None) -> list[str]:
+    def _extract_lines(
+        self, hcode: str, ht: HeaderType, err: dict[str, int], vl_expr: Json | None
+    ) -> list[str]:
         ti = self._tidx(ht)
         if ht.fixed_bits == 0 and ht.vl_index is None:
             return [f"_mkvalid(p, {hcode})"]
         if ht.vl_index is None or vl_expr is None:
             nb = ht.fixed_bits // 8
-            return [f"if n - pos < {nb}: raise ParserError({err['PacketTooShort']}, pos)",
-                    f"_x_{ti}(h[{hcode}], buf, pos)",
-                    f"_mkvalid(p, {hcode})",
-                    f"pos += {nb}"]
+            return [
+                f"if n - pos < {nb}: raise ParserError({err['PacketTooShort']}, pos)",
+                f"_x_{ti}(h[{hcode}], buf, pos)",
+                f"_mkvalid(p, {hcode})",
+                f"pos += {nb}",
+            ]
         t = self.fresh("_vb")
         maxb = ht.max_length or 0
-        return [f"{t} = {self.ex(vl_expr, parser=True).code}",
-                f"if {t} % 8: raise ParserError({err['ParserInvalidArgument']}, pos)",
-                f"if n - pos < ({ht.fixed_bits} + {t}) // 8: "
-                f"raise ParserError({err['PacketTooShort']}, pos)",
-                *([f"if {maxb} < ({ht.fixed_bits} + {t}) // 8: "
-                   f"raise ParserError({err['HeaderTooShort']}, pos)"] if maxb else []),
-                f"_x_{ti}(h[{hcode}], buf, pos, {t})",
-                f"p.vlw[{hcode}] = {t}",
-                f"_mkvalid(p, {hcode})",
-                f"pos += ({ht.fixed_bits} + {t}) // 8"]
+        return [
+            f"{t} = {self.ex(vl_expr, parser=True).code}",
+            f"if {t} % 8: raise ParserError({err['ParserInvalidArgument']}, pos)",
+            f"if n - pos < ({ht.fixed_bits} + {t}) // 8: "
+            f"raise ParserError({err['PacketTooShort']}, pos)",
+            *(
+                [
+                    f"if {maxb} < ({ht.fixed_bits} + {t}) // 8: "
+                    f"raise ParserError({err['HeaderTooShort']}, pos)"
+                ]
+                if maxb
+                else []
+            ),
+            f"_x_{ti}(h[{hcode}], buf, pos, {t})",
+            f"p.vlw[{hcode}] = {t}",
+            f"_mkvalid(p, {hcode})",
+            f"pos += ({ht.fixed_bits} + {t}) // 8",
+        ]
 
     def _parser_op(self, op: Json, err: dict[str, int]) -> list[str]:
         kind = op["op"]
@@ -768,11 +834,13 @@ class Codegen:
                 st = self.prog.stack_by_name[target["value"]]
                 ht = self.prog.header_types[st.htype_name]
                 t = self.fresh("_hs")
-                return [f"if p.sn[{st.index}] >= {len(st.members)}: "
-                        f"raise ParserError({err['StackOutOfBounds']}, pos)",
-                        f"{t} = STK[{st.index}][p.sn[{st.index}]]",
-                        *self._extract_lines(t, ht, err, vl),
-                        f"p.sn[{st.index}] += 1"]
+                return [
+                    f"if p.sn[{st.index}] >= {len(st.members)}: "
+                    f"raise ParserError({err['StackOutOfBounds']}, pos)",
+                    f"{t} = STK[{st.index}][p.sn[{st.index}]]",
+                    *self._extract_lines(t, ht, err, vl),
+                    f"p.sn[{st.index}] += 1",
+                ]
             if target["type"] == "union_stack":
                 st = self.prog.union_stacks[target["value"][0]]
                 t = self.fresh("_hs")
@@ -780,11 +848,13 @@ class Codegen:
                 first_union = self.prog.unions[st.members[0]]
                 midx = first_union.member_names.index(target["value"][1])
                 ht = self.prog.headers[first_union.members[midx]].htype
-                return [f"if p.sn[{st.index}] >= {len(st.members)}: "
-                        f"raise ParserError({err['StackOutOfBounds']}, pos)",
-                        f"{t} = UNIONS[{st.members!r}[p.sn[{st.index}]]][{midx}]",
-                        *self._extract_lines(t, ht, err, vl),
-                        f"p.sn[{st.index}] += 1"]
+                return [
+                    f"if p.sn[{st.index}] >= {len(st.members)}: "
+                    f"raise ParserError({err['StackOutOfBounds']}, pos)",
+                    f"{t} = UNIONS[{st.members!r}[p.sn[{st.index}]]][{midx}]",
+                    *self._extract_lines(t, ht, err, vl),
+                    f"p.sn[{st.index}] += 1",
+                ]
             raise LoadError(f"unsupported extract target {target['type']!r}")
         if kind == "set":
             dst = self.lval(ps[0])
@@ -792,23 +862,30 @@ class Codegen:
             lines = []
             if src["type"] == "lookahead":
                 nbytes = (int(src["value"][1]) + 7) // 8
-                lines.append(f"if n - pos < {nbytes}: "
-                             f"raise ParserError({err['PacketTooShort']}, pos)")
+                lines.append(
+                    f"if n - pos < {nbytes}: raise ParserError({err['PacketTooShort']}, pos)"
+                )
             return lines + self.store(dst, self.ex(src, parser=True))
         if kind == "verify":
-            return [f"if not ({self.cond(ps[0], parser=True)}): "
-                    f"raise ParserError({self.ex(ps[1], parser=True).code}, pos)"]
+            return [
+                f"if not ({self.cond(ps[0], parser=True)}): "
+                f"raise ParserError({self.ex(ps[1], parser=True).code}, pos)"
+            ]
         if kind in ("shift", "advance"):
             amount = self.ex(ps[0], parser=True).code
             t = self.fresh()
             if kind == "shift":
-                return [f"{t} = {amount}",
-                        f"if n - pos < {t}: raise ParserError({err['PacketTooShort']}, pos)",
-                        f"pos += {t}"]
-            return [f"{t} = {amount}",
-                    f"if {t} % 8: raise ParserError({err['ParserInvalidArgument']}, pos)",
-                    f"if n - pos < {t} // 8: raise ParserError({err['PacketTooShort']}, pos)",
-                    f"pos += {t} // 8"]
+                return [
+                    f"{t} = {amount}",
+                    f"if n - pos < {t}: raise ParserError({err['PacketTooShort']}, pos)",
+                    f"pos += {t}",
+                ]
+            return [
+                f"{t} = {amount}",
+                f"if {t} % 8: raise ParserError({err['ParserInvalidArgument']}, pos)",
+                f"if n - pos < {t} // 8: raise ParserError({err['PacketTooShort']}, pos)",
+                f"pos += {t} // 8",
+            ]
         if kind == "primitive":
             return self.prim(ps[0], parser=True)
         raise LoadError(f"unsupported parser operation {kind!r}")
@@ -823,6 +900,7 @@ class Codegen:
 
         keys = s.get("transition_key", [])
         trans = s.get("transitions", [])
+
         def ttype_of(t: Json) -> str:  # (bmv2's reading of older JSON: no type is hexstr)
             ttype = str(t.get("type", "hexstr"))
             return "default" if ttype == "hexstr" and t.get("value") == "default" else ttype
@@ -917,9 +995,12 @@ class Codegen:
                     # a varbit field contributes the bits it currently holds
                     close_group()
                     guard = "" if inst.metadata else f"if v[{hidx}]: "
-                    self.src.add(f"{guard}w = p.vlw.get({hidx}, 0); "
-                                 f"acc = (acc << w) | (h[{hidx}][{fidx}] & ((1 << w) - 1)); "
-                                 "nb += w", 1)
+                    self.src.add(
+                        f"{guard}w = p.vlw.get({hidx}, 0); "
+                        f"acc = (acc << w) | (h[{hidx}][{fidx}] & ((1 << w) - 1)); "
+                        "nb += w",
+                        1,
+                    )
                     continue
                 if fidx < 0:
                     w, code = 1, f"(1 if v[{hidx}] else 0)"
@@ -934,8 +1015,9 @@ class Codegen:
             close_group()
             if t == "hexstr":
                 w = int(inp["bitwidth"])
-                self.src.add(f"acc = (acc << {w}) | {hexint(inp['value']) & _mask(w)}; "
-                             f"nb += {w}", 1)
+                self.src.add(
+                    f"acc = (acc << {w}) | {hexint(inp['value']) & _mask(w)}; nb += {w}", 1
+                )
             elif t == "header":
                 inst = self.prog.header(inp["value"])
                 self.src.add(f"if v[{inst.index}]:", 1)

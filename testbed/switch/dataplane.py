@@ -105,7 +105,7 @@ class Port:
             t = 0
             for level, kind, blob in anc:
                 if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
-                    sec, nsec = _TIMESPEC.unpack(blob[:_TIMESPEC.size])
+                    sec, nsec = _TIMESPEC.unpack(blob[: _TIMESPEC.size])
                     t = sec * 1_000_000_000 + nsec
             out.append((data, t))
         return out
@@ -129,8 +129,7 @@ class Port:
 
 
 class Dataplane:
-    def __init__(self, switch: V1Switch, interfaces: dict[int, str],
-                 pcap_dir: Path | None = None):
+    def __init__(self, switch: V1Switch, interfaces: dict[int, str], pcap_dir: Path | None = None):
         self.switch = switch
         self.ports: dict[int, Port] = {}
         self.cpu_handler: Callable[[bytes], None] | None = None
@@ -194,8 +193,9 @@ class Dataplane:
         now = time.monotonic()
         if now - self._last_error_log >= ERROR_LOG_INTERVAL_S:
             self._last_error_log = now
-            log.error("dataplane error (%d so far), forwarding goes on", self.loop_errors,
-                      exc_info=exc)
+            log.error(
+                "dataplane error (%d so far), forwarding goes on", self.loop_errors, exc_info=exc
+            )
 
     def stop(self) -> None:
         self._stop.set()
@@ -233,8 +233,11 @@ class Dataplane:
                 refreshed = time.monotonic()
             try:
                 nxt = tm.next_departure_ns()
-                timeout_ms = IDLE_POLL_MS if nxt is None else \
-                    min(IDLE_POLL_MS, max(0.0, (nxt - clock.now_ns()) / 1e6))
+                timeout_ms = (
+                    IDLE_POLL_MS
+                    if nxt is None
+                    else min(IDLE_POLL_MS, max(0.0, (nxt - clock.now_ns()) / 1e6))
+                )
                 events = poller.poll(timeout_ms)
             except InterruptedError:
                 continue

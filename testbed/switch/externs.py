@@ -88,8 +88,16 @@ class Meter:
 
 
 class MeterArray:
-    def __init__(self, name: str, size: int, unit: str, clock: Callable[[], int],
-                 is_direct: bool = False, binding: str = "", rate_count: int = 2):
+    def __init__(
+        self,
+        name: str,
+        size: int,
+        unit: str,
+        clock: Callable[[], int],
+        is_direct: bool = False,
+        binding: str = "",
+        rate_count: int = 2,
+    ):
         self.name = name
         self.size = size
         self.unit = unit  # "bytes" or "packets"

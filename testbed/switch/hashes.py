@@ -39,8 +39,9 @@ def _reflect(value: int, nbits: int) -> int:
 _REFLECT8 = [_reflect(b, 8) for b in range(256)]
 
 
-def make_crc(poly: int, width: int, init: int, xor_out: int, refl_in: bool,
-             refl_out: bool) -> HashFn:
+def make_crc(
+    poly: int, width: int, init: int, xor_out: int, refl_in: bool, refl_out: bool
+) -> HashFn:
     """A table-driven CRC of the Rocksoft model family (as bmv2's crc_custom)."""
     table = _crc_table(poly, width)
     mask = (1 << width) - 1

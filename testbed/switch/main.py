@@ -37,38 +37,72 @@ def parse_interface(spec: str) -> tuple[int, str]:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="xingmai-switch", description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        prog="xingmai-switch",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("json", nargs="?", type=Path, help="bmv2 JSON to load at start")
     ap.add_argument("--config", type=Path, help="YAML file with any of these options")
-    ap.add_argument("-i", "--interface", action="append", type=parse_interface, default=[],
-                    metavar="PORT@IFACE", help="attach an interface as a port (repeatable)")
+    ap.add_argument(
+        "-i",
+        "--interface",
+        action="append",
+        type=parse_interface,
+        default=[],
+        metavar="PORT@IFACE",
+        help="attach an interface as a port (repeatable)",
+    )
     ap.add_argument("--device-id", type=int, default=0)
     ap.add_argument("--cpu-port", type=int, help="port whose packets go to/come from P4Runtime")
-    ap.add_argument("--grpc-server-addr", default="127.0.0.1:9559",
-                    help="P4Runtime + SwitchAdmin address (default 127.0.0.1:9559; bmv2's "
-                         "0.0.0.0 would serve every network the host is on)")
-    ap.add_argument("--no-p4", action="store_true", help="start without a program; wait for "
-                    "one over P4Runtime")
-    ap.add_argument("--p4info", type=Path, help="P4Info (text) of the JSON given at start, so "
-                    "P4Runtime can be used without pushing the pipeline")
-    ap.add_argument("--thrift-port", type=int, help="accepted for compatibility; the built-in "
-                    "switch serves no Thrift API (use SwitchAdmin on the gRPC port)")
+    ap.add_argument(
+        "--grpc-server-addr",
+        default="127.0.0.1:9559",
+        help="P4Runtime + SwitchAdmin address (default 127.0.0.1:9559; bmv2's "
+        "0.0.0.0 would serve every network the host is on)",
+    )
+    ap.add_argument(
+        "--no-p4", action="store_true", help="start without a program; wait for one over P4Runtime"
+    )
+    ap.add_argument(
+        "--p4info",
+        type=Path,
+        help="P4Info (text) of the JSON given at start, so "
+        "P4Runtime can be used without pushing the pipeline",
+    )
+    ap.add_argument(
+        "--thrift-port",
+        type=int,
+        help="accepted for compatibility; the built-in "
+        "switch serves no Thrift API (use SwitchAdmin on the gRPC port)",
+    )
     ap.add_argument("--log-console", action="store_true", help="log to stderr")
     ap.add_argument("--log-file", help="log to this file")
-    ap.add_argument("-L", "--log-level", default="info",
-                    choices=["trace", "debug", "info", "warn", "error", "off"])
+    ap.add_argument(
+        "-L",
+        "--log-level",
+        default="info",
+        choices=["trace", "debug", "info", "warn", "error", "off"],
+    )
     ap.add_argument("--log-flush", action="store_true", help="accepted for compatibility")
-    ap.add_argument("--pcap", nargs="?", const=".", metavar="DIR",
-                    help="write per-port pcap files (in DIR, default the current directory)")
+    ap.add_argument(
+        "--pcap",
+        nargs="?",
+        const=".",
+        metavar="DIR",
+        help="write per-port pcap files (in DIR, default the current directory)",
+    )
     ap.add_argument("--priority-queues", type=int, default=1, help="queues per egress port")
     ap.add_argument("--drop-port", type=int, default=511)
     ap.add_argument("--queue-depth", type=int, help="queue depth in packets (default 64)")
     ap.add_argument("--queue-depth-bytes", type=int, help="queue depth in bytes (default none)")
     ap.add_argument("--queue-rate", type=float, help="drain rate in packets/s (bmv2 unit)")
     ap.add_argument("--queue-rate-bps", type=float, help="drain rate in bits/s")
-    ap.add_argument("--queue-depth-unit", choices=["packets", "bytes"], default="packets",
-                    help="what enq_qdepth/deq_qdepth count (bmv2: packets)")
+    ap.add_argument(
+        "--queue-depth-unit",
+        choices=["packets", "bytes"],
+        default="packets",
+        help="what enq_qdepth/deq_qdepth count (bmv2: packets)",
+    )
     ap.add_argument("--metrics-addr", help="serve Prometheus metrics on HOST:PORT")
     ap.add_argument("--name", default="", help="name used in logs and metrics")
     return ap
@@ -104,11 +138,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    setup_logging(f"switch{':' + args.name if args.name else ''}", args.log_level,
-                  console=args.log_console or not args.log_file, file=args.log_file)
+    setup_logging(
+        f"switch{':' + args.name if args.name else ''}",
+        args.log_level,
+        console=args.log_console or not args.log_file,
+        file=args.log_file,
+    )
     if args.thrift_port:
-        log.warning("--thrift-port %d ignored: no Thrift server; queue settings are in the "
-                    "SwitchAdmin gRPC service", args.thrift_port)
+        log.warning(
+            "--thrift-port %d ignored: no Thrift server; queue settings are in the "
+            "SwitchAdmin gRPC service",
+            args.thrift_port,
+        )
 
     # Imported here so that --help works before `make proto` has run.
     from controller.proto import switch_pb2_grpc
@@ -121,9 +162,14 @@ def main(argv: list[str] | None = None) -> int:
         serve,
     )
 
-    sw = V1Switch(Clock(), device_id=args.device_id, cpu_port=args.cpu_port,
-                  drop_port=args.drop_port, nb_queues=args.priority_queues,
-                  qdepth_unit=args.queue_depth_unit)
+    sw = V1Switch(
+        Clock(),
+        device_id=args.device_id,
+        cpu_port=args.cpu_port,
+        drop_port=args.drop_port,
+        nb_queues=args.priority_queues,
+        qdepth_unit=args.queue_depth_unit,
+    )
     sw.tm.set_depth(None, args.queue_depth, args.queue_depth_bytes)
     sw.tm.set_rate(None, args.queue_rate, args.queue_rate_bps)
     sw.log_fn = lambda msg: log.info("log_msg: %s", msg)
@@ -150,21 +196,34 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     admin = SwitchAdminService(sw, dp, p4rt)
     try:
-        server = serve(p4rt, args.grpc_server_addr, also=(
-            lambda srv: switch_pb2_grpc.add_SwitchAdminServicer_to_server(admin, srv),))
+        server = serve(
+            p4rt,
+            args.grpc_server_addr,
+            also=(lambda srv: switch_pb2_grpc.add_SwitchAdminServicer_to_server(admin, srv),),
+        )
     except (OSError, RuntimeError) as exc:
         log.error("cannot serve gRPC on %s: %s", args.grpc_server_addr, exc)
         dp.close()
         return 1
     if args.metrics_addr:
         from prometheus_client import start_http_server
+
         host, _, port = args.metrics_addr.rpartition(":")
-        start_http_server(int(port), addr=host or "127.0.0.1",
-                          registry=metrics_registry(sw, dp, args.name or str(args.device_id)))
+        start_http_server(
+            int(port),
+            addr=host or "127.0.0.1",
+            registry=metrics_registry(sw, dp, args.name or str(args.device_id)),
+        )
     dp.start()
-    log.info("switch up", extra={"device_id": args.device_id, "grpc": args.grpc_server_addr,
-                                 "ports": {str(k): v for k, v in interfaces.items()},
-                                 "cpu_port": args.cpu_port})
+    log.info(
+        "switch up",
+        extra={
+            "device_id": args.device_id,
+            "grpc": args.grpc_server_addr,
+            "ports": {str(k): v for k, v in interfaces.items()},
+            "cpu_port": args.cpu_port,
+        },
+    )
     done = threading.Event()
 
     def on_signal(signum: int, frame: Any) -> None:

@@ -103,8 +103,8 @@ class P4InfoIndex:
         # every JSON action, copies included, to the P4Info action of its name
         action_named = {ai.name: ai for ai in self.actions.values()}
         self.action_of_json: dict[int, ActionInfo] = {
-            ja.id: action_named[ja.name] for ja in prog.actions.values()
-            if ja.name in action_named}
+            ja.id: action_named[ja.name] for ja in prog.actions.values() if ja.name in action_named
+        }
 
         self.profiles: dict[int, ActionProfile] = {}
         self.profile_info: dict[int, Any] = {}
@@ -128,16 +128,26 @@ class P4InfoIndex:
                 position = key_names.index(mf.name) if mf.name in key_names else pos
                 fields.append(MatchFieldInfo(mf.id, mf.name, mf.bitwidth, mf.match_type, position))
             if len(fields) != len(mt.kinds):
-                raise P4InfoError(f"table {t.preamble.name!r}: {len(fields)} match fields in "
-                                  f"P4Info, {len(mt.kinds)} in the JSON")
+                raise P4InfoError(
+                    f"table {t.preamble.name!r}: {len(fields)} match fields in "
+                    f"P4Info, {len(mt.kinds)} in the JSON"
+                )
             refs = {ar.id for ar in t.action_refs}
             ti = TableInfo(
-                t.preamble.id, t.preamble.name, mt, fields, {f.id: f for f in fields}, refs,
+                t.preamble.id,
+                t.preamble.name,
+                mt,
+                fields,
+                {f.id: f for f in fields},
+                refs,
                 {ar.id for ar in t.action_refs if ar.scope == p4i.ActionRef.DEFAULT_ONLY},
                 {ar.id for ar in t.action_refs if ar.scope == p4i.ActionRef.TABLE_ONLY},
-                t.implementation_id, is_const=t.is_const_table)
-            for aname, json_id in zip(tj.get("actions", []), tj.get("action_ids", []),
-                                      strict=False):
+                t.implementation_id,
+                is_const=t.is_const_table,
+            )
+            for aname, json_id in zip(
+                tj.get("actions", []), tj.get("action_ids", []), strict=False
+            ):
                 if aname in action_named:
                     ti.json_actions[action_named[aname].id] = json_id
             for rid in t.direct_resource_ids:
@@ -154,20 +164,26 @@ class P4InfoIndex:
 
         self.counters: dict[int, CounterArray] = {
             c.preamble.id: by_name(compiled.counters, c.preamble.name, "counter")
-            for c in info.counters}
+            for c in info.counters
+        }
         self.counter_info = {c.preamble.id: c for c in info.counters}
         self.direct_counters: dict[int, int] = {  # direct counter id -> table id
-            c.preamble.id: c.direct_table_id for c in info.direct_counters}
+            c.preamble.id: c.direct_table_id for c in info.direct_counters
+        }
         self.meters: dict[int, MeterArray] = {
-            m.preamble.id: by_name(compiled.meters, m.preamble.name, "meter") for m in info.meters}
-        self.direct_meters: dict[int, int] = {m.preamble.id: m.direct_table_id
-                                              for m in info.direct_meters}
+            m.preamble.id: by_name(compiled.meters, m.preamble.name, "meter") for m in info.meters
+        }
+        self.direct_meters: dict[int, int] = {
+            m.preamble.id: m.direct_table_id for m in info.direct_meters
+        }
         self.registers: dict[int, RegisterArray] = {
             r.preamble.id: by_name(compiled.registers, r.preamble.name, "register")
-            for r in info.registers}
+            for r in info.registers
+        }
         self.value_sets: dict[int, ValueSet] = {
             v.preamble.id: by_name(compiled.value_sets, v.preamble.name, "value set")
-            for v in info.value_sets}
+            for v in info.value_sets
+        }
         self.value_set_info = {v.preamble.id: v for v in info.value_sets}
 
         learn_by_name = {name: lid for lid, (name, _) in prog.learn_lists.items()}

@@ -144,14 +144,22 @@ class Program:
         self.stacks: list[Stack] = []
         self.stack_by_name: dict[str, Stack] = {}
         for sj in doc.get("header_stacks", []):
-            st = Stack(sj["name"], len(self.stacks), sj["header_type"],
-                       [json_id_to_index[i] for i in sj["header_ids"]])
+            st = Stack(
+                sj["name"],
+                len(self.stacks),
+                sj["header_type"],
+                [json_id_to_index[i] for i in sj["header_ids"]],
+            )
             self.stacks.append(st)
             self.stack_by_name[st.name] = st
         self.union_stacks: dict[str, Stack] = {}
         for sj in doc.get("header_union_stacks", []):
-            st = Stack(sj["name"], len(self.stacks), sj["union_type"],
-                       [union_json_ids[i] for i in sj["header_union_ids"]])
+            st = Stack(
+                sj["name"],
+                len(self.stacks),
+                sj["union_type"],
+                [union_json_ids[i] for i in sj["header_union_ids"]],
+            )
             self.stacks.append(st)
             self.union_stacks[st.name] = st
 
@@ -174,16 +182,22 @@ class Program:
             self.field_lists[fl["id"]] = refs
         self.learn_lists: dict[int, tuple[str, list[tuple[int, int]]]] = {}
         for ll in doc.get("learn_lists", []):
-            refs = [self.field_ref(el["value"][0], el["value"][1])
-                    for el in ll["elements"] if el["type"] == "field"]
+            refs = [
+                self.field_ref(el["value"][0], el["value"][1])
+                for el in ll["elements"]
+                if el["type"] == "field"
+            ]
             self.learn_lists[ll["id"]] = (ll["name"], refs)
 
         self.actions: dict[int, ActionInfo] = {}
         self.action_by_name: dict[str, ActionInfo] = {}
         for aj in doc["actions"]:
-            a = ActionInfo(aj["name"], aj["id"],
-                           [(rd["name"], int(rd["bitwidth"])) for rd in aj["runtime_data"]],
-                           aj["primitives"])
+            a = ActionInfo(
+                aj["name"],
+                aj["id"],
+                [(rd["name"], int(rd["bitwidth"])) for rd in aj["runtime_data"]],
+                aj["primitives"],
+            )
             self.actions[a.id] = a
             # Several actions may share a name (p4c disambiguates ids, not names).
             self.action_by_name.setdefault(a.name, a)

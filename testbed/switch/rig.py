@@ -71,36 +71,75 @@ class SwitchRig:
     def _add_host(self, i: int) -> None:
         ns = f"{self.prefix}h{i}"
         run("ip", "netns", "add", ns)
-        host = RigHost(f"h{i}", ns, f"{self.prefix}e{i}", f"{self.prefix}s{i}", i,
-                       f"10.0.{i}.1", f"02:00:00:00:00:{i:02x}")
+        host = RigHost(
+            f"h{i}",
+            ns,
+            f"{self.prefix}e{i}",
+            f"{self.prefix}s{i}",
+            i,
+            f"10.0.{i}.1",
+            f"02:00:00:00:00:{i:02x}",
+        )
         self.hosts.append(host)
         run("ip", "link", "add", host.sw_ifname, "type", "veth", "peer", "name", host.ifname)
         run("ip", "link", "set", host.ifname, "netns", ns)
         # Offloads off on both ends: a software switch sees the frames the wire would carry
         # (no partial checksums, no GSO super-frames).
-        for argv in (["ip", "link", "set", host.sw_ifname, "up"],
-                     ["ethtool", "-K", host.sw_ifname, "tx", "off", "tso", "off", "gso", "off",
-                      "gro", "off"],
-                     ["sysctl", "-qw", f"net.ipv6.conf.{host.sw_ifname}.disable_ipv6=1"]):
+        for argv in (
+            ["ip", "link", "set", host.sw_ifname, "up"],
+            [
+                "ethtool",
+                "-K",
+                host.sw_ifname,
+                "tx",
+                "off",
+                "tso",
+                "off",
+                "gso",
+                "off",
+                "gro",
+                "off",
+            ],
+            ["sysctl", "-qw", f"net.ipv6.conf.{host.sw_ifname}.disable_ipv6=1"],
+        ):
             subprocess.run(argv, capture_output=True)
         host.run("ip", "link", "set", "lo", "up")
         host.run("ip", "link", "set", host.ifname, "address", host.mac)
         host.run("ip", "addr", "add", f"{host.ip}/24", "dev", host.ifname)
         host.run("ip", "link", "set", host.ifname, "up")
-        subprocess.run(host.cmd("ethtool", "-K", host.ifname, "tx", "off", "tso", "off",
-                                "gso", "off"), capture_output=True)
-        subprocess.run(host.cmd("sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1"),
-                       capture_output=True)
+        subprocess.run(
+            host.cmd("ethtool", "-K", host.ifname, "tx", "off", "tso", "off", "gso", "off"),
+            capture_output=True,
+        )
+        subprocess.run(
+            host.cmd("sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1"), capture_output=True
+        )
         # Everything off-subnet goes to the switch, whose router MAC the host knows statically.
         router_ip = f"10.0.{i}.254"
         router_mac = f"00:00:00:00:fe:{i:02x}"
-        host.run("ip", "neigh", "add", router_ip, "lladdr", router_mac, "dev", host.ifname,
-                 "nud", "permanent")
+        host.run(
+            "ip",
+            "neigh",
+            "add",
+            router_ip,
+            "lladdr",
+            router_mac,
+            "dev",
+            host.ifname,
+            "nud",
+            "permanent",
+        )
         host.run("ip", "route", "add", "10.0.0.0/8", "via", router_ip, "dev", host.ifname)
 
-    def start_switch(self, program: Path | None = None, *, binary: str = "xingmai-switch",
-                     extra: list[str] | None = None, cpu: int | None = None,
-                     log_dir: Path | None = None) -> str:
+    def start_switch(
+        self,
+        program: Path | None = None,
+        *,
+        binary: str = "xingmai-switch",
+        extra: list[str] | None = None,
+        cpu: int | None = None,
+        log_dir: Path | None = None,
+    ) -> str:
         """Start the switch with every host's port; returns its gRPC address."""
         port = free_tcp_port()
         self.grpc_addr = f"127.0.0.1:{port}"
@@ -125,8 +164,9 @@ class SwitchRig:
         log_dir = log_dir or Path("/tmp")
         self.log_path = log_dir / f"{self.prefix}-switch.log"
         with open(self.log_path, "wb") as logf:
-            self.proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT,
-                                         cwd=Path(__file__).resolve().parents[2])
+            self.proc = subprocess.Popen(
+                argv, stdout=logf, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[2]
+            )
         self._wait_grpc(port)
         return self.grpc_addr
 

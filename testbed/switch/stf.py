@@ -89,8 +89,13 @@ class StfRunner:
                 self.fail(f"line {n}: {ln!r}: {exc}")
         self.drain()
         self.check_outputs()
-        return Result(not self.failed, self.messages, self.packets_in,
-                      sum(len(v) for v in self.outputs.values()), time.monotonic() - t0)
+        return Result(
+            not self.failed,
+            self.messages,
+            self.packets_in,
+            sum(len(v) for v in self.outputs.values()),
+            time.monotonic() - t0,
+        )
 
     def fail(self, msg: str) -> None:
         self.failed = True
@@ -265,8 +270,9 @@ class StfRunner:
         return _int(prefix + digits.replace("*", "0")), (len(digits) - digits.count("*")) * bits
 
     def add(self, ln: str) -> None:
-        m = re.fullmatch(r"add\s+(\S+)\s+(.*?)\s*([\w.$\[\]]+\s*\(.*\))\s*(=\s*\S+)?", ln,
-                         flags=re.IGNORECASE)
+        m = re.fullmatch(
+            r"add\s+(\S+)\s+(.*?)\s*([\w.$\[\]]+\s*\(.*\))\s*(=\s*\S+)?", ln, flags=re.IGNORECASE
+        )
         if not m:
             raise StfError("bad add command")
         table, tj = self.table(m.group(1))
@@ -281,8 +287,11 @@ class StfRunner:
             i = self._resolve_key(names, kname)
             kind, width = table.kinds[i], table.widths[i]
             if kind in ("ternary", "optional"):
-                spec[i] = self._ternary(value) if "*" in value or kind == "ternary" else (
-                    _int(value), (1 << width) - 1)
+                spec[i] = (
+                    self._ternary(value)
+                    if "*" in value or kind == "ternary"
+                    else (_int(value), (1 << width) - 1)
+                )
                 if kind == "optional" and spec[i][1] not in (0, (1 << width) - 1):
                     spec[i] = (spec[i][0], (1 << width) - 1)
             elif kind == "lpm":
@@ -328,21 +337,31 @@ class StfRunner:
             mt.set_rates(rates)
 
     def check_counter(self, ln: str) -> None:
-        m = re.fullmatch(r"check_counter\s+([\w.$]+)\s*\(\s*(\S+?)\s*\)\s*"
-                         r"(?:(packets|bytes)\s*(==|!=|<=|<|>=|>)\s*(\S+))?", ln,
-                         flags=re.IGNORECASE)
+        m = re.fullmatch(
+            r"check_counter\s+([\w.$]+)\s*\(\s*(\S+?)\s*\)\s*"
+            r"(?:(packets|bytes)\s*(==|!=|<=|<|>=|>)\s*(\S+))?",
+            ln,
+            flags=re.IGNORECASE,
+        )
         if not m:
             raise StfError("bad check_counter command")
         counter = self.counter(m.group(1))
         pkts, nbytes = counter.read(_int(m.group(2)))
         kind, op, value = m.group(3) or "packets", m.group(4) or "==", m.group(5)
         actual = pkts if kind.lower() == "packets" else nbytes
-        ops = {"==": operator.eq, "!=": operator.ne, "<=": operator.le, "<": operator.lt,
-               ">=": operator.ge, ">": operator.gt}
+        ops = {
+            "==": operator.eq,
+            "!=": operator.ne,
+            "<=": operator.le,
+            "<": operator.lt,
+            ">=": operator.ge,
+            ">": operator.gt,
+        }
         expected = _int(value) if value is not None else 0
         if not ops[op](actual, expected):
-            self.fail(f"check_counter {m.group(1)}({m.group(2)}): {kind} {actual} "
-                      f"not {op} {expected}")
+            self.fail(
+                f"check_counter {m.group(1)}({m.group(2)}): {kind} {actual} not {op} {expected}"
+            )
 
     # ---- output comparison (as bmv2stf.checkOutputs / testutils.compare_pkt) ---------------
 
@@ -397,12 +416,24 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     res = run_stf(args.program, args.stf)
     if args.json:
-        print(json.dumps({"program": str(args.program), "stf": str(args.stf), "passed": res.passed,
-                          "packets_in": res.packets_in, "packets_out": res.packets_out,
-                          "elapsed_s": round(res.elapsed_s, 4), "messages": res.messages}))
+        print(
+            json.dumps(
+                {
+                    "program": str(args.program),
+                    "stf": str(args.stf),
+                    "passed": res.passed,
+                    "packets_in": res.packets_in,
+                    "packets_out": res.packets_out,
+                    "elapsed_s": round(res.elapsed_s, 4),
+                    "messages": res.messages,
+                }
+            )
+        )
     else:
-        print(("PASS" if res.passed else "FAIL") + f" {args.stf.name} "
-              f"({res.packets_in} in, {res.packets_out} out, {res.elapsed_s * 1000:.1f} ms)")
+        print(
+            ("PASS" if res.passed else "FAIL") + f" {args.stf.name} "
+            f"({res.packets_in} in, {res.packets_out} out, {res.elapsed_s * 1000:.1f} ms)"
+        )
         if not res.passed or args.verbose:
             for m in res.messages:
                 print("  " + m)

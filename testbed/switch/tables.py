@@ -71,8 +71,13 @@ class ActionProfile:
     """Members (action + parameters) and groups of members; with a selector, one member of a
     group is picked per packet by hashing the selector's input fields."""
 
-    def __init__(self, name: str, max_size: int, selector: Callable[[Any], int] | None,
-                 max_group_size: int = 0):
+    def __init__(
+        self,
+        name: str,
+        max_size: int,
+        selector: Callable[[Any], int] | None,
+        max_group_size: int = 0,
+    ):
         self.name = name
         self.max_size = max_size
         self.max_group_size = max_group_size  # P4Info's bound on one group's sum of weights
@@ -100,8 +105,9 @@ class ActionProfile:
             raise TableError("FAILED_PRECONDITION", f"{self.name}: member {mid} is in a group")
         del self.members[mid]
 
-    def set_group(self, gid: int, members: list[tuple[int, int]], max_size: int = 0,
-                  create: bool = False) -> None:
+    def set_group(
+        self, gid: int, members: list[tuple[int, int]], max_size: int = 0, create: bool = False
+    ) -> None:
         if self.selector is None:
             raise TableError("INVALID_ARGUMENT", f"{self.name} has no selector: no groups")
         if create and gid in self.groups:
@@ -117,24 +123,32 @@ class ActionProfile:
             if mid not in self.members:
                 raise TableError("NOT_FOUND", f"{self.name}: group {gid}: no member {mid}")
             if mid in seen:
-                raise TableError("INVALID_ARGUMENT", f"{self.name}: group {gid}: member {mid} "
-                                 "given twice")
+                raise TableError(
+                    "INVALID_ARGUMENT", f"{self.name}: group {gid}: member {mid} given twice"
+                )
             if w < 1:
                 raise TableError("INVALID_ARGUMENT", f"{self.name}: weight must be >= 1")
             seen.add(mid)
             total += w
         if max_size and total > max_size:
-            raise TableError("RESOURCE_EXHAUSTED", f"{self.name}: group {gid}: weights sum to "
-                             f"{total}, over its max_size {max_size}")
-        if self.max_group_size and (total > self.max_group_size
-                                    or max_size > self.max_group_size):
-            raise TableError("RESOURCE_EXHAUSTED", f"{self.name}: group {gid}: over the "
-                             f"profile's max_group_size {self.max_group_size}")
+            raise TableError(
+                "RESOURCE_EXHAUSTED",
+                f"{self.name}: group {gid}: weights sum to {total}, over its max_size {max_size}",
+            )
+        if self.max_group_size and (total > self.max_group_size or max_size > self.max_group_size):
+            raise TableError(
+                "RESOURCE_EXHAUSTED",
+                f"{self.name}: group {gid}: over the "
+                f"profile's max_group_size {self.max_group_size}",
+            )
         limit = self.max_size or UNSIZED_LIMIT
         others = sum(g.total_weight for i, g in self.groups.items() if i != gid)
         if others + total > limit:
-            raise TableError("RESOURCE_EXHAUSTED", f"{self.name}: the groups' weights would sum "
-                             f"to {others + total}, over the profile's size {limit}")
+            raise TableError(
+                "RESOURCE_EXHAUSTED",
+                f"{self.name}: the groups' weights would sum "
+                f"to {others + total}, over the profile's size {limit}",
+            )
         g = Group(max_size=max_size)
         run = 0
         for mid, w in members:
@@ -167,10 +181,17 @@ class MatchTable:
     """One table. `kinds` gives each key field's match kind: exact, lpm, ternary, range,
     optional or valid. The table's own kind follows bmv2: range > ternary > lpm > exact."""
 
-    def __init__(self, name: str, kinds: list[str], widths: list[int], max_size: int,
-                 profile: ActionProfile | None = None, with_counters: bool = False,
-                 direct_meter: MeterArray | None = None,
-                 meter_target: tuple[int, int] | None = None):
+    def __init__(
+        self,
+        name: str,
+        kinds: list[str],
+        widths: list[int],
+        max_size: int,
+        profile: ActionProfile | None = None,
+        with_counters: bool = False,
+        direct_meter: MeterArray | None = None,
+        meter_target: tuple[int, int] | None = None,
+    ):
         self.name = name
         self.kinds = kinds
         self.widths = widths
@@ -292,8 +313,10 @@ class MatchTable:
         """Check a match spec against the key's widths and canonicalise it. bmv2 masks off
         value bits outside an LPM prefix or a ternary mask; P4Runtime (`strict`) rejects them."""
         if len(spec) != len(self.kinds):
-            raise TableError("INVALID_ARGUMENT",
-                             f"{self.name}: key has {len(self.kinds)} fields, got {len(spec)}")
+            raise TableError(
+                "INVALID_ARGUMENT",
+                f"{self.name}: key has {len(self.kinds)} fields, got {len(spec)}",
+            )
         out: list[Any] = []
         for kind, s, w in zip(self.kinds, spec, self.widths, strict=True):
             full = (1 << w) - 1
@@ -307,9 +330,10 @@ class MatchTable:
                     raise TableError("OUT_OF_RANGE", f"{self.name}: bad prefix {value}/{plen}")
                 mask = ((1 << plen) - 1) << (w - plen)
                 if value & ~mask and strict:
-                    raise TableError("INVALID_ARGUMENT",
-                                     f"{self.name}: prefix {value:#x}/{plen} has bits past "
-                                     "the prefix length")
+                    raise TableError(
+                        "INVALID_ARGUMENT",
+                        f"{self.name}: prefix {value:#x}/{plen} has bits past the prefix length",
+                    )
                 out.append((value & mask, plen))
             elif kind == "range":
                 lo, hi = s
@@ -321,13 +345,16 @@ class MatchTable:
                 if not 0 <= mask <= full or not 0 <= value <= full:
                     raise TableError("OUT_OF_RANGE", f"{self.name}: {value}&&&{mask} too wide")
                 if value & ~mask and strict:
-                    raise TableError("INVALID_ARGUMENT",
-                                     f"{self.name}: ternary value {value:#x} has bits outside "
-                                     f"mask {mask:#x}")
+                    raise TableError(
+                        "INVALID_ARGUMENT",
+                        f"{self.name}: ternary value {value:#x} has bits outside mask {mask:#x}",
+                    )
                 value &= mask
                 if kind == "optional" and mask not in (0, full):
-                    raise TableError("INVALID_ARGUMENT", f"{self.name}: optional needs "
-                                     "an exact value or a wildcard")
+                    raise TableError(
+                        "INVALID_ARGUMENT",
+                        f"{self.name}: optional needs an exact value or a wildcard",
+                    )
                 out.append((value, mask))
         return tuple(out)
 

@@ -75,13 +75,20 @@ MAX_FAULT_DELAY_NS = 10**10  # 10 s: a fault's added delay
 MIN_FAULT_RATE_FACTOR = 1e-3  # a port slowed to 0.1 % of its rate (0 would be `down`)
 
 
-def check_queue_setting(port: int | None, pps: float | None = None, bps: float | None = None,
-                        depth_pkts: int | None = None, depth_bytes: int | None = None) -> None:
+def check_queue_setting(
+    port: int | None,
+    pps: float | None = None,
+    bps: float | None = None,
+    depth_pkts: int | None = None,
+    depth_bytes: int | None = None,
+) -> None:
     """Raise ValueError naming the first setting a queue cannot take."""
     if port is not None and not 0 <= port <= MAX_PORT:
         raise ValueError(f"port {port} is not in [0, {MAX_PORT}]")
-    for name, v, lo, hi in (("rate_pps", pps, MIN_RATE_PPS, MAX_RATE_PPS),
-                            ("rate_bps", bps, MIN_RATE_BPS, MAX_RATE_BPS)):
+    for name, v, lo, hi in (
+        ("rate_pps", pps, MIN_RATE_PPS, MAX_RATE_PPS),
+        ("rate_bps", bps, MIN_RATE_BPS, MAX_RATE_BPS),
+    ):
         if v is None:
             continue
         if not math.isfinite(v) or v < 0:
@@ -89,11 +96,11 @@ def check_queue_setting(port: int | None, pps: float | None = None, bps: float |
         if v != 0 and not lo <= v <= hi:
             raise ValueError(f"{name} must be 0 (no limit) or within [{lo:g}, {hi:g}], got {v:g}")
     if depth_pkts is not None and not 0 <= depth_pkts <= MAX_DEPTH_PACKETS:
-        raise ValueError(f"depth_packets must be within [0, {MAX_DEPTH_PACKETS}], "
-                         f"got {depth_pkts}")
+        raise ValueError(f"depth_packets must be within [0, {MAX_DEPTH_PACKETS}], got {depth_pkts}")
     if depth_bytes is not None and not 0 <= depth_bytes <= MAX_DEPTH_BYTES:
-        raise ValueError(f"depth_bytes must be within [0, {MAX_DEPTH_BYTES}] (0: no limit), "
-                         f"got {depth_bytes}")
+        raise ValueError(
+            f"depth_bytes must be within [0, {MAX_DEPTH_BYTES}] (0: no limit), got {depth_bytes}"
+        )
 
 
 @dataclass
@@ -121,9 +128,12 @@ class PortFault:
         return self == PortFault()
 
 
-def check_fault_setting(port: int | None, loss: float | None = None,
-                        delay_ns: int | None = None,
-                        rate_factor: float | None = None) -> None:
+def check_fault_setting(
+    port: int | None,
+    loss: float | None = None,
+    delay_ns: int | None = None,
+    rate_factor: float | None = None,
+) -> None:
     """Raise ValueError naming the first fault setting a port cannot take."""
     if port is not None and not 0 <= port <= MAX_PORT:
         raise ValueError(f"port {port} is not in [0, {MAX_PORT}]")
@@ -131,10 +141,12 @@ def check_fault_setting(port: int | None, loss: float | None = None,
         raise ValueError(f"loss must be a probability within [0, 1], got {loss}")
     if delay_ns is not None and not 0 <= delay_ns <= MAX_FAULT_DELAY_NS:
         raise ValueError(f"delay_ns must be within [0, {MAX_FAULT_DELAY_NS}], got {delay_ns}")
-    if rate_factor is not None and not (math.isfinite(rate_factor)
-                                        and MIN_FAULT_RATE_FACTOR <= rate_factor <= 1.0):
-        raise ValueError(f"rate_factor must be within [{MIN_FAULT_RATE_FACTOR:g}, 1], "
-                         f"got {rate_factor}")
+    if rate_factor is not None and not (
+        math.isfinite(rate_factor) and MIN_FAULT_RATE_FACTOR <= rate_factor <= 1.0
+    ):
+        raise ValueError(
+            f"rate_factor must be within [{MIN_FAULT_RATE_FACTOR:g}, 1], got {rate_factor}"
+        )
 
 
 @dataclass
@@ -264,15 +276,22 @@ class TrafficManager:
     def port(self, port: int) -> PortQueues:
         pq = self.ports.get(port)
         if pq is None:
-            pq = PortQueues(port, self.nb_queues, self.default_depth_pkts, self.default_depth_bytes,
-                            self.default_rate_pps, self.default_rate_bps)
+            pq = PortQueues(
+                port,
+                self.nb_queues,
+                self.default_depth_pkts,
+                self.default_depth_bytes,
+                self.default_rate_pps,
+                self.default_rate_bps,
+            )
             self.ports[port] = pq
         return pq
 
     # ---- configuration (bmv2: set_queue_depth / set_queue_rate; here also bytes and bits) ----
 
-    def set_depth(self, port: int | None, pkts: int | None = None,
-                  nbytes: int | None = None) -> None:
+    def set_depth(
+        self, port: int | None, pkts: int | None = None, nbytes: int | None = None
+    ) -> None:
         check_queue_setting(port, depth_pkts=pkts, depth_bytes=nbytes)
         for pq in self._targets(port):
             if pkts is not None:
@@ -285,8 +304,9 @@ class TrafficManager:
             if nbytes is not None:
                 self.default_depth_bytes = nbytes
 
-    def set_rate(self, port: int | None, pps: float | None = None,
-                 bps: float | None = None) -> None:
+    def set_rate(
+        self, port: int | None, pps: float | None = None, bps: float | None = None
+    ) -> None:
         check_queue_setting(port, pps=pps, bps=bps)
         now = self.clock.now_ns()
         for pq in self._targets(port):
@@ -303,8 +323,14 @@ class TrafficManager:
             if bps is not None:
                 self.default_rate_bps = bps
 
-    def set_fault(self, port: int | None, down: bool | None = None, loss: float | None = None,
-                  delay_ns: int | None = None, rate_factor: float | None = None) -> None:
+    def set_fault(
+        self,
+        port: int | None,
+        down: bool | None = None,
+        loss: float | None = None,
+        delay_ns: int | None = None,
+        rate_factor: float | None = None,
+    ) -> None:
         """Inject (or, with the healthy values, remove) a fault on one port or on every port
         the traffic manager has seen; settings left None keep their value."""
         check_fault_setting(port, loss, delay_ns, rate_factor)
@@ -348,8 +374,9 @@ class TrafficManager:
         pq = self.ports.get(port)
         return (0, 0) if pq is None else pq.depth(prio)
 
-    def enqueue(self, port: int, prio: int, pkt: Any, nbytes: int,
-                now_ns: int, ingress_port: int = -1) -> tuple[int, int] | None:
+    def enqueue(
+        self, port: int, prio: int, pkt: Any, nbytes: int, now_ns: int, ingress_port: int = -1
+    ) -> tuple[int, int] | None:
         """Queue a packet; returns the queue's (packets, bytes) found on arrival, or None when
         the queue is full (a counted tail drop) or the PFC watchdog drops the queue's
         packets (`last_drop` says which). With PFC on, a packet of a lossless priority counts
@@ -360,8 +387,12 @@ class TrafficManager:
         pfc = self.pfc
         if pfc is not None and pq.pfc.per_prio:
             st = pq.pfc.per_prio.get(prio)
-            if st is not None and st.storm and self.watchdog is not None \
-                    and self.watchdog.action == "drop":
+            if (
+                st is not None
+                and st.storm
+                and self.watchdog is not None
+                and self.watchdog.action == "drop"
+            ):
                 pq.pfc.watchdog_drops += 1
                 self.last_drop = "pfc_watchdog"
                 return None
@@ -412,8 +443,11 @@ class TrafficManager:
         busy = self._busy
         while busy:
             progressed = False
-            ports = sorted(busy, key=lambda p: self.ports[p].next_tx_ns) if len(busy) > 1 \
+            ports = (
+                sorted(busy, key=lambda p: self.ports[p].next_tx_ns)
+                if len(busy) > 1
                 else list(busy)
+            )
             for port in ports:
                 pq = self.ports[port]
                 if pq.next_tx_ns > now_ns:
@@ -580,8 +614,9 @@ class TrafficManager:
         self.send_control(port, pfc_frame(self.port_mac(port), {prio: quanta}))
 
     @staticmethod
-    def _set_pause(pq: PortQueues, prio: int, st: PfcQueueState, now_ns: int,
-                   until_ns: int) -> None:
+    def _set_pause(
+        pq: PortQueues, prio: int, st: PfcQueueState, now_ns: int, until_ns: int
+    ) -> None:
         """Hold the priority until `until_ns` (now: release it), closing the paused time
         counted so far."""
         if st.paused_since_ns is not None:
@@ -626,8 +661,12 @@ class TrafficManager:
                     sent = pq.dequeued_prio[prio]
                     # paused, packets waiting, the port idle (not sending a long frame) and
                     # nothing sent since the last poll
-                    stalled = (pq.pause_until[prio] > now_ns and bool(pq.queues[prio])
-                               and pq.next_tx_ns <= now_ns and sent == st.wd_seen_dequeued)
+                    stalled = (
+                        pq.pause_until[prio] > now_ns
+                        and bool(pq.queues[prio])
+                        and pq.next_tx_ns <= now_ns
+                        and sent == st.wd_seen_dequeued
+                    )
                     st.wd_stalled_polls = st.wd_stalled_polls + 1 if stalled else 0
                     if st.wd_stalled_polls >= wd.detect_polls:
                         st.storm = True

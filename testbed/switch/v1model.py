@@ -67,10 +67,22 @@ class Stats:
 
 # standard_metadata fields the architecture reads or writes, with their v1model widths.
 STD_FIELDS = {
-    "ingress_port": 9, "egress_spec": 9, "egress_port": 9, "instance_type": 32,
-    "packet_length": 32, "enq_timestamp": 32, "enq_qdepth": 19, "deq_timedelta": 32,
-    "deq_qdepth": 19, "ingress_global_timestamp": 48, "egress_global_timestamp": 48,
-    "mcast_grp": 16, "egress_rid": 16, "checksum_error": 1, "parser_error": 32, "priority": 3,
+    "ingress_port": 9,
+    "egress_spec": 9,
+    "egress_port": 9,
+    "instance_type": 32,
+    "packet_length": 32,
+    "enq_timestamp": 32,
+    "enq_qdepth": 19,
+    "deq_timedelta": 32,
+    "deq_qdepth": 19,
+    "ingress_global_timestamp": 48,
+    "egress_global_timestamp": 48,
+    "mcast_grp": 16,
+    "egress_rid": 16,
+    "checksum_error": 1,
+    "parser_error": 32,
+    "priority": 3,
     "qid": 8,
 }
 _REQUIRED = ("ingress_port", "egress_spec", "egress_port", "instance_type", "packet_length")
@@ -140,8 +152,15 @@ class StdMeta:
 class V1Switch:
     """One simple_switch instance: a loaded program, its PRE and its traffic manager."""
 
-    def __init__(self, clock: Clock | None = None, device_id: int = 0, cpu_port: int | None = None,
-                 drop_port: int = DROP_PORT, nb_queues: int = 1, qdepth_unit: str = "packets"):
+    def __init__(
+        self,
+        clock: Clock | None = None,
+        device_id: int = 0,
+        cpu_port: int | None = None,
+        drop_port: int = DROP_PORT,
+        nb_queues: int = 1,
+        qdepth_unit: str = "packets",
+    ):
         self.clock = clock or Clock()
         self.device_id = device_id
         self.cpu_port = cpu_port
@@ -191,8 +210,9 @@ class V1Switch:
             # a new pipeline starts with empty replication state, as bmv2 does on a swap
             self.clone_sessions.clear()
             self.mcast_groups.clear()
-        log.info("loaded program: %d tables, %d actions", len(compiled.tables),
-                 len(compiled.actions))
+        log.info(
+            "loaded program: %d tables, %d actions", len(compiled.tables), len(compiled.actions)
+        )
 
     @property
     def ready(self) -> bool:
@@ -259,8 +279,11 @@ class V1Switch:
     def port_mac(self, port: int) -> bytes:
         """The MAC address a port's MAC Control frames come from (locally administered, from
         the device id and the port)."""
-        return bytes([0x02, 0x58]) + (self.device_id & 0xFFFF).to_bytes(2, "big") + \
-            (port & 0xFFFF).to_bytes(2, "big")
+        return (
+            bytes([0x02, 0x58])
+            + (self.device_id & 0xFFFF).to_bytes(2, "big")
+            + (port & 0xFFFF).to_bytes(2, "big")
+        )
 
     def _send_control(self, port: int, frame: bytes) -> None:
         self.pfc_frames_sent += 1
@@ -393,8 +416,11 @@ class V1Switch:
         now = p.t_ns
         itype = sm[S.instance_type]
         # PFC counts what came in from a port (not clones or recirculations) against it
-        in_port = sm[S.ingress_port] if itype in (PKT_INSTANCE_TYPE_NORMAL,
-                                                  PKT_INSTANCE_TYPE_REPLICATION) else -1
+        in_port = (
+            sm[S.ingress_port]
+            if itype in (PKT_INSTANCE_TYPE_NORMAL, PKT_INSTANCE_TYPE_REPLICATION)
+            else -1
+        )
         found = self.tm.enqueue(port, prio, p, p.plen, now, in_port)
         if found is None:
             self.stats.drop(self.tm.last_drop)
@@ -414,8 +440,14 @@ class V1Switch:
         except (PipelineAbort, IndexError, KeyError, TypeError, ValueError):
             return  # not a packet the deparser can write: counted as dropped, not reported
         sm = p.h[S.h]
-        self.drop_reports.dropped(sm[S.ingress_port], port, DROP_REASONS[why], frame,
-                                  self.tm.ports[port].qbytes[sm[S.priority]], p.t_ns)
+        self.drop_reports.dropped(
+            sm[S.ingress_port],
+            port,
+            DROP_REASONS[why],
+            frame,
+            self.tm.ports[port].qbytes[sm[S.priority]],
+            p.t_ns,
+        )
 
     # ---- egress ---------------------------------------------------------------------------
 
@@ -439,8 +471,9 @@ class V1Switch:
                     if c is not None and S is not None:
                         self._run_egress(c, S, port, prio, p, enq_ns, left)
 
-    def _run_egress(self, c: Compiled, S: StdMeta, port: int, prio: int, p: Packet,
-                    enq_ns: int, left: int) -> None:
+    def _run_egress(
+        self, c: Compiled, S: StdMeta, port: int, prio: int, p: Packet, enq_ns: int, left: int
+    ) -> None:
         now = p.t_ns // 1000
         booked = p.plen  # what the traffic manager booked the port's time for
         sm = p.h[S.h]

@@ -96,13 +96,23 @@ class Transport:
 
     # ---- setup ----
 
-    def create_qp(self, qpn: int, peer_ip: str, remote_qpn: int, *, sport: int | None = None,
-                  sq_psn: int = 0, rq_psn: int = 0, local_ip: str | None = None) -> QueuePair:
+    def create_qp(
+        self,
+        qpn: int,
+        peer_ip: str,
+        remote_qpn: int,
+        *,
+        sport: int | None = None,
+        sq_psn: int = 0,
+        rq_psn: int = 0,
+        local_ip: str | None = None,
+    ) -> QueuePair:
         """A queue pair with its own sending socket (see TransportCore.create_qp). With
         `local_ip` (one of the host's NICs) the kernel routes it out of the NIC whose subnet
         the peer is on, as the rail topology's per-NIC routes say."""
-        qp = self.core.create_qp(qpn, peer_ip, remote_qpn, sport=sport, sq_psn=sq_psn,
-                                 rq_psn=rq_psn, local_ip=local_ip)
+        qp = self.core.create_qp(
+            qpn, peer_ip, remote_qpn, sport=sport, sq_psn=sq_psn, rq_psn=rq_psn, local_ip=local_ip
+        )
         self._socks[qp] = open_tx_socket(self.cfg.sndbuf)
         return qp
 
@@ -273,5 +283,4 @@ class Transport:
         return out
 
 
-__all__ = ["QpCounters", "QueuePair", "ReceivedMessage", "SendOp", "Transport",
-           "TransportConfig"]
+__all__ = ["QpCounters", "QueuePair", "ReceivedMessage", "SendOp", "Transport", "TransportConfig"]

@@ -165,8 +165,7 @@ def allreduce(
         "max_abs_err": max(r["max_abs_err"] for r in out.results),
         "collective": m.collective_bw("allreduce", size, mean_t, len(hosts)),
         "iter_times_s": per_iter,
-        "channel_bytes": [sum(r["channel_bytes"][c] for r in out.results)
-                          for c in range(channels)],
+        "channel_bytes": [sum(r["channel_bytes"][c] for r in out.results) for c in range(channels)],
         "counters": m.counter_totals(out.counters),
         "raw": out.results,
     }

@@ -110,14 +110,29 @@ class Bmv2Fabric(Fabric):
         _run("ip", "netns", "add", self.ns)
         self._ns("ip", "link", "set", "lo", "up")
         for a, pa, b, pb in topo.links:
-            _run("ip", "link", "add", f"s{a}p{pa}", "netns", self.ns, "type", "veth",
-                 "peer", "name", f"s{b}p{pb}", "netns", self.ns)
+            _run(
+                "ip",
+                "link",
+                "add",
+                f"s{a}p{pa}",
+                "netns",
+                self.ns,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                f"s{b}p{pb}",
+                "netns",
+                self.ns,
+            )
         for k, (host, (sw, port)) in enumerate(sorted(topo.hosts.items())):
             outer = f"h{k}"
             self._ns("ip", "link", "add", outer, "type", "veth", "peer", "name", f"s{sw}p{port}")
             self.host_ifaces[host] = outer
-        for iface in [*self.host_ifaces.values(),
-                      *(f"s{sw}p{port}" for sw, port in self._switch_ports(topo))]:
+        for iface in [
+            *self.host_ifaces.values(),
+            *(f"s{sw}p{port}" for sw, port in self._switch_ports(topo)),
+        ]:
             # no IPv6 (router solicitations, MLD): only test frames flow
             self._ns("sysctl", "-qw", f"net.ipv6.conf.{iface}.disable_ipv6=1")
             self._ns("ip", "link", "set", iface, "up")
@@ -134,17 +149,37 @@ class Bmv2Fabric(Fabric):
         for i in reversed(range(topo.switches)):
             sock = self.tmp / f"s{i}.sock"
             ifaces = [arg for sw, port in ports if sw == i for arg in ("-i", f"{port}@s{i}p{port}")]
-            cmd = ["ip", "netns", "exec", self.ns, "simple_switch_grpc", "--device-id",
-                   str(i + 1), *ifaces, "--thrift-port", str(self._thrift_port(i)),
-                   "--log-file", str(self.tmp / f"s{i}"), "--log-level", "warn", "--no-p4", "--",
-                   "--grpc-server-addr", f"unix:{sock}", "--cpu-port", str(CPU_PORT)]
+            cmd = [
+                "ip",
+                "netns",
+                "exec",
+                self.ns,
+                "simple_switch_grpc",
+                "--device-id",
+                str(i + 1),
+                *ifaces,
+                "--thrift-port",
+                str(self._thrift_port(i)),
+                "--log-file",
+                str(self.tmp / f"s{i}"),
+                "--log-level",
+                "warn",
+                "--no-p4",
+                "--",
+                "--grpc-server-addr",
+                f"unix:{sock}",
+                "--cpu-port",
+                str(CPU_PORT),
+            ]
             log = open(self.tmp / f"s{i}.out", "wb")  # noqa: SIM115 - owned by the process
             self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
             deadline = time.monotonic() + 20
             while not sock.exists():
                 if self.procs[-1].poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"simple_switch_grpc s{i} did not start: "
-                                       f"{(self.tmp / f's{i}.out').read_text()[-2000:]}")
+                    raise RuntimeError(
+                        f"simple_switch_grpc s{i} did not start: "
+                        f"{(self.tmp / f's{i}.out').read_text()[-2000:]}"
+                    )
                 time.sleep(0.05)
             addresses[i] = f"unix:{sock}"
             time.sleep(0.05)  # later hops' clocks run ahead of earlier hops'
@@ -192,9 +227,21 @@ class Bmv2Fabric(Fabric):
             time.sleep(0.05)
 
     def set_port_rate(self, sw: int, port: int, pps: float, frame_bytes: int) -> None:
-        subprocess.run(["ip", "netns", "exec", self.ns, "simple_switch_CLI", "--thrift-port",
-                        str(self._thrift_port(sw))], input=f"set_queue_rate {int(pps)} {port}\n",
-                       check=True, capture_output=True, text=True)
+        subprocess.run(
+            [
+                "ip",
+                "netns",
+                "exec",
+                self.ns,
+                "simple_switch_CLI",
+                "--thrift-port",
+                str(self._thrift_port(sw)),
+            ],
+            input=f"set_queue_rate {int(pps)} {port}\n",
+            check=True,
+            capture_output=True,
+            text=True,
+        )
 
     def close(self) -> None:
         try:

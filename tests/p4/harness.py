@@ -86,8 +86,9 @@ class _Clients:
 
     def connect(self, idx: int, address: str, device_id: int) -> None:
         async def go() -> None:
-            opts = fy.SwitchOptions(p4info=P4INFO, p4blob=BMV2_JSON, device_id=device_id,
-                                    p4force=True)
+            opts = fy.SwitchOptions(
+                p4info=P4INFO, p4blob=BMV2_JSON, device_id=device_id, p4force=True
+            )
             sw = fy.Switch(f"s{idx + 1}", address, opts)
             await self.stack.enter_async_context(sw)
             self.switches[idx] = sw
@@ -274,8 +275,7 @@ class BuiltinFabric(Fabric):
                         self.switches[sw_i].receive(port, data)
                     continue
                 nexts = [e[0] for e in self._events]
-                nexts += [t for sw in self.switches
-                          if (t := sw.tm.next_departure_ns()) is not None]
+                nexts += [t for sw in self.switches if (t := sw.tm.next_departure_ns()) is not None]
                 if not nexts:
                     return
                 self.clock.advance_to(max(min(nexts), now + 1))

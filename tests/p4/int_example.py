@@ -19,10 +19,16 @@ from tests.p4.int_chain import CHAIN, program_chain
 
 
 def main() -> None:
-    before = int_packet(src_ip="10.0.1.1", dst_ip="10.0.2.2", sport=49152,
-                        src_mac="02:00:00:00:00:11", dst_mac="02:00:00:00:00:b0",
-                        bitmap=0xF500, remaining_hop_cnt=8,
-                        payload=BTH(opcode=0x04, dqpn=0x12, psn=7) / (b"\x00" * 16))
+    before = int_packet(
+        src_ip="10.0.1.1",
+        dst_ip="10.0.2.2",
+        sport=49152,
+        src_mac="02:00:00:00:00:11",
+        dst_mac="02:00:00:00:00:b0",
+        bitmap=0xF500,
+        remaining_hop_cnt=8,
+        payload=BTH(opcode=0x04, dqpn=0x12, psn=7) / (b"\x00" * 16),
+    )
     frame = bytes(before)
     fab = BuiltinFabric(CHAIN)
     try:

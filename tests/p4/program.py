@@ -27,25 +27,37 @@ def mac(n: int) -> int:
     return 0x02_00_00_00_00_00 | n
 
 
-def switch_config(node_id: int, qdepth_unit: int = 1, hw_id: int = 0,
-                  tx_util_shift: int = TX_UTIL_WINDOW_SHIFT) -> list[Any]:
+def switch_config(
+    node_id: int, qdepth_unit: int = 1, hw_id: int = 0, tx_util_shift: int = TX_UTIL_WINDOW_SHIFT
+) -> list[Any]:
     return [
         ~fy.P4TableEntry(
             "switch_config",
-            action=fy.P4TableAction("set_switch_config", node_id=node_id, hw_id=hw_id,
-                                    qdepth_unit=qdepth_unit, tx_util_shift=tx_util_shift),
+            action=fy.P4TableAction(
+                "set_switch_config",
+                node_id=node_id,
+                hw_id=hw_id,
+                qdepth_unit=qdepth_unit,
+                tx_util_shift=tx_util_shift,
+            ),
             is_default_action=True,
         )
     ]
 
 
-def port_config(port: int, speed_bps: float = 100e6, mtu: int = 9000,
-                modify: bool = False, tx_util_shift: int = TX_UTIL_WINDOW_SHIFT) -> list[Any]:
+def port_config(
+    port: int,
+    speed_bps: float = 100e6,
+    mtu: int = 9000,
+    modify: bool = False,
+    tx_util_shift: int = TX_UTIL_WINDOW_SHIFT,
+) -> list[Any]:
     entry = fy.P4TableEntry(
         "port_config",
         match=fy.P4TableMatch(port=port),
-        action=fy.P4TableAction("set_port_config",
-                                tx_util_mult=tx_util_mult(speed_bps, tx_util_shift), mtu=mtu),
+        action=fy.P4TableAction(
+            "set_port_config", tx_util_mult=tx_util_mult(speed_bps, tx_util_shift), mtu=mtu
+        ),
     )
     return [~entry if modify else +entry]
 
@@ -96,8 +108,12 @@ def watch(bitmap: int = 0xF500, hop_budget: int = 8, domain_id: int = 0, **match
         +fy.P4TableEntry(
             "int_watchlist",
             match=fy.P4TableMatch(**match),
-            action=fy.P4TableAction("mark_to_source", instruction_bitmap=bitmap,
-                                    hop_budget=hop_budget, domain_id=domain_id),
+            action=fy.P4TableAction(
+                "mark_to_source",
+                instruction_bitmap=bitmap,
+                hop_budget=hop_budget,
+                domain_id=domain_id,
+            ),
             priority=10,
         )
     ]
@@ -105,20 +121,33 @@ def watch(bitmap: int = 0xF500, hop_budget: int = 8, domain_id: int = 0, **match
 
 def sink_port(port: int) -> list[Any]:
     return [
-        +fy.P4TableEntry("int_sink_ports", match=fy.P4TableMatch(port=port),
-                         action=fy.P4TableAction("set_sink"))
+        +fy.P4TableEntry(
+            "int_sink_ports", match=fy.P4TableMatch(port=port), action=fy.P4TableAction("set_sink")
+        )
     ]
 
 
-def collector(src_mac: int, dst_mac: int, src_addr: str, dst_addr: str, dport: int = 32766,
-              port: int | None = None) -> list[Any]:
+def collector(
+    src_mac: int,
+    dst_mac: int,
+    src_addr: str,
+    dst_addr: str,
+    dport: int = 32766,
+    port: int | None = None,
+) -> list[Any]:
     """The report collector (default action of report_collector) and, when `port` is given,
     the report clone session towards it."""
     out: list[Any] = [
         ~fy.P4TableEntry(
             "report_collector",
-            action=fy.P4TableAction("set_collector", src_mac=src_mac, dst_mac=dst_mac,
-                                    src_addr=src_addr, dst_addr=dst_addr, dport=dport),
+            action=fy.P4TableAction(
+                "set_collector",
+                src_mac=src_mac,
+                dst_mac=dst_mac,
+                src_addr=src_addr,
+                dst_addr=dst_addr,
+                dport=dport,
+            ),
             is_default_action=True,
         )
     ]
@@ -136,14 +165,22 @@ def ecn_thresholds(port: int, kmin: int, kmax: int, pmax: float = 1.0) -> list[A
         +fy.P4TableEntry(
             "ecn_thresholds",
             match=fy.P4TableMatch(port=port),
-            action=fy.P4TableAction("set_ecn_thresholds", kmin_bytes=kmin, kmax_bytes=kmax,
-                                    pmax_scaled=min(65535, round(pmax * 65536))),
+            action=fy.P4TableAction(
+                "set_ecn_thresholds",
+                kmin_bytes=kmin,
+                kmax_bytes=kmax,
+                pmax_scaled=min(65535, round(pmax * 65536)),
+            ),
         )
     ]
 
 
 def punt(priority: int = 10, **match: Any) -> list[Any]:
     return [
-        +fy.P4TableEntry("acl", match=fy.P4TableMatch(**match),
-                         action=fy.P4TableAction("punt_to_cpu"), priority=priority)
+        +fy.P4TableEntry(
+            "acl",
+            match=fy.P4TableMatch(**match),
+            action=fy.P4TableAction("punt_to_cpu"),
+            priority=priority,
+        )
     ]

@@ -249,8 +249,9 @@ class Agent:
                 "bpffs": str(o.pin_dir),
             },
         )
-        self.sync_thread = threading.Thread(target=self._event_loop, name="rate-events",
-                                            daemon=True)
+        self.sync_thread = threading.Thread(
+            target=self._event_loop, name="rate-events", daemon=True
+        )
         self.sync_thread.start()
 
     def stop(self) -> None:
@@ -437,8 +438,13 @@ class Agent:
                     rate = int(ev.rate.rate_bps)
                     if int(ev.kind) != EV_RATE or rate == last:
                         continue
-                    out = RateEvent(key, rate, last, ORIGINS.get(int(ev.rate.origin), "?"),
-                                    int(ev.rate.stamp_ns))
+                    out = RateEvent(
+                        key,
+                        rate,
+                        last,
+                        ORIGINS.get(int(ev.rate.origin), "?"),
+                        int(ev.rate.stamp_ns),
+                    )
                     for w in list(self.watchers):
                         w.offer(out)
                     last = rate
@@ -552,8 +558,10 @@ class Agent:
         held = {k for k, _ in self.bpf.items("xm_rates")} | {k for k, _ in self.bpf.items("xm_ctl")}
         unseen = (held - seen) | new
         if len(unseen) > self.opts.max_unseen_flows:
-            raise AgentLimit(f"settings for {len(unseen)} flows that have sent nothing: at most "
-                             f"{self.opts.max_unseen_flows}")
+            raise AgentLimit(
+                f"settings for {len(unseen)} flows that have sent nothing: at most "
+                f"{self.opts.max_unseen_flows}"
+            )
 
     def _count(self, rpc: str) -> None:
         self.rpc_calls[rpc] = self.rpc_calls.get(rpc, 0) + 1
@@ -604,8 +612,10 @@ class Agent:
         self._count("SetCaps")
         for key, cap in caps:
             if cap < MIN_RATE_BPS:
-                raise ValueError(f"cap of {key} must be at least {MIN_RATE_BPS} b/s (the "
-                                 "slowest the pacer paces)")
+                raise ValueError(
+                    f"cap of {key} must be at least {MIN_RATE_BPS} b/s (the "
+                    "slowest the pacer paces)"
+                )
         with self.lock:
             self._admit([k for k, _ in caps])
             for key, cap in caps:
@@ -651,8 +661,9 @@ class Agent:
         o = self.opts
         # T (TitaParams.base_rtt_ns) also sets HPCC's T and Swift's target
         tita_o = overrides.get("tita", {})
-        p = CcParams.defaults(law, o.line_rate_bps, tita_o.get("base_rtt_ns",
-                                                               base.tita.base_rtt_ns))
+        p = CcParams.defaults(
+            law, o.line_rate_bps, tita_o.get("base_rtt_ns", base.tita.base_rtt_ns)
+        )
         if law is Law.HPCC:  # the TitaParams message carries HPCC's own values
             p = replace(p, hpcc=replace(p.hpcc, **tita_o))
         else:

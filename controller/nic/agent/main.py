@@ -71,37 +71,60 @@ def parse_bitmap(v: str | int) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="xingmai-agent", description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1],
+        prog="xingmai-agent",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
     )
     ap.add_argument("--config", type=Path, help="YAML file with defaults for these flags")
     ap.add_argument("--name", help="agent name: pins, run files and logs (default: netns name)")
     ap.add_argument("--netns", help="network namespace to enter (name in /run/netns or a path)")
-    ap.add_argument("--interface", "-i", dest="interfaces", action="append",
-                    help="interface to attach to (repeat; default: every non-loopback one)")
+    ap.add_argument(
+        "--interface",
+        "-i",
+        dest="interfaces",
+        action="append",
+        help="interface to attach to (repeat; default: every non-loopback one)",
+    )
     ap.add_argument("--line-rate", type=parse_rate, help="emulated NIC line rate, e.g. 100M")
-    ap.add_argument("--listen", help="gRPC address (default unix:///run/xingmai/agents/NAME/agent.sock)")
+    ap.add_argument(
+        "--listen", help="gRPC address (default unix:///run/xingmai/agents/NAME/agent.sock)"
+    )
     ap.add_argument("--rate-law", choices=[law.name.lower() for law in Law], help="host rate law")
     ap.add_argument("--base-rtt", type=parse_duration_ns, help="TiTa base RTT T, e.g. 200us")
-    ap.add_argument("--int", dest="int_enabled", action=argparse.BooleanOptionalAction,
-                    default=None, help="act as INT source for the transport's data packets")
+    ap.add_argument(
+        "--int",
+        dest="int_enabled",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="act as INT source for the transport's data packets",
+    )
     ap.add_argument("--int-dscp", type=lambda v: int(v, 0), help="INT DSCP (default 0x17)")
     ap.add_argument("--int-bitmap", type=parse_bitmap, help="instruction bitmap (default 0xf500)")
     ap.add_argument("--hop-budget", type=int, help="INT RemainingHopCnt at the source")
     ap.add_argument("--mtu", type=int, help="largest IP packet after INT insertion (1500)")
     ap.add_argument("--pacing", choices=["auto", "htb", "edt"], help="pacing mode (auto)")
-    ap.add_argument("--sockops", action=argparse.BooleanOptionalAction, default=None,
-                    help="pace TCP with sock_ops (default on)")
+    ap.add_argument(
+        "--sockops",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="pace TCP with sock_ops (default on)",
+    )
     ap.add_argument("--cgroup", type=Path, help="cgroup v2 folder for sock_ops (default: mount)")
     ap.add_argument("--bpffs-root", type=Path, help="where the agent mounts its bpffs")
     ap.add_argument("--run-root", type=Path, help="where the agent keeps its state file")
-    ap.add_argument("--sync-interval", type=parse_duration_ns,
-                    help="least time between two passes over rate changes while rates move "
-                         "(2ms); idle, the agent waits for the datapath's events")
+    ap.add_argument(
+        "--sync-interval",
+        type=parse_duration_ns,
+        help="least time between two passes over rate changes while rates move "
+        "(2ms); idle, the agent waits for the datapath's events",
+    )
     ap.add_argument("--idle-timeout", type=float, help="seconds before an idle flow is forgotten")
-    ap.add_argument("--metrics-addr",
-                    help="Prometheus HTTP HOST:PORT, bound in the namespace the agent starts in "
-                         "(before --netns), e.g. 127.0.0.1:9470 (default: off)")
+    ap.add_argument(
+        "--metrics-addr",
+        help="Prometheus HTTP HOST:PORT, bound in the namespace the agent starts in "
+        "(before --netns), e.g. 127.0.0.1:9470 (default: off)",
+    )
     ap.add_argument("--log-level", help="debug, info, warning (default info)")
     ap.add_argument("--log-file", type=Path, help="also write JSON logs here")
     return ap
@@ -163,8 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         m_host, _, m_port = str(s["metrics_addr"]).rpartition(":")
         if not m_port.isdigit():
             raise SystemExit(f"--metrics-addr {s['metrics_addr']!r}: expected HOST:PORT")
-        metrics_server, _ = start_http_server(int(m_port), addr=m_host or "127.0.0.1",
-                                              registry=reg)
+        metrics_server, _ = start_http_server(int(m_port), addr=m_host or "127.0.0.1", registry=reg)
 
     # Enter the host's namespace first: everything after (bcc, netlink, sockets) lives there.
     if s.get("netns"):
@@ -223,14 +245,15 @@ def main(argv: list[str] | None = None) -> int:
             agent.stop()
         return 1
     registry_for(agent, reg)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=MAX_WORKERS,
-                                                    thread_name_prefix="grpc"),
-                         options=[("grpc.so_reuseport", 0)])
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=MAX_WORKERS, thread_name_prefix="grpc"),
+        options=[("grpc.so_reuseport", 0)],
+    )
     agent_pb2_grpc.add_HostAgentServicer_to_server(
         HostAgentService(agent, lambda: exposition(reg)), server
     )
     if listen.startswith("unix://"):
-        sock = Path(listen[len("unix://"):])
+        sock = Path(listen[len("unix://") :])
         sock.parent.mkdir(parents=True, exist_ok=True)
         sock.unlink(missing_ok=True)
     try:
@@ -248,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
         metrics_server.shutdown()
     agent.stop()
     if listen.startswith("unix://"):
-        Path(listen[len("unix://"):]).unlink(missing_ok=True)
+        Path(listen[len("unix://") :]).unlink(missing_ok=True)
     return 0
 
 

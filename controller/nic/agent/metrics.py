@@ -21,13 +21,15 @@ class AgentMetrics:
     def collect(self) -> Iterator[Any]:
         a = self.a
         info = GaugeMetricFamily(
-            "xingmai_agent_info", "agent identity and pacing mode",
+            "xingmai_agent_info",
+            "agent identity and pacing mode",
             labels=["agent", "pacing_mode", "adopted_pins"],
         )
         info.add_metric([a.opts.name, a.mode.value, str(a.adopted).lower()], 1)
         yield info
-        up = GaugeMetricFamily("xingmai_agent_healthy",
-                               "programs attached and the rate thread running")
+        up = GaugeMetricFamily(
+            "xingmai_agent_healthy", "programs attached and the rate thread running"
+        )
         up.add_metric([], int(a.healthy))
         yield up
         if a.bpf is None:
@@ -39,7 +41,8 @@ class AgentMetrics:
             pkts.add_metric([name], v)
         yield pkts
         rate = GaugeMetricFamily(
-            "xingmai_agent_flow_rate_bps", "pacing rate per flow (rate map)",
+            "xingmai_agent_flow_rate_bps",
+            "pacing rate per flow (rate map)",
             labels=["flow", "origin"],
         )
         nflows = 0
@@ -52,8 +55,9 @@ class AgentMetrics:
         flows = GaugeMetricFamily("xingmai_agent_rated_flows", "flows with a rate map entry")
         flows.add_metric([], nflows)
         yield flows
-        sync = CounterMetricFamily("xingmai_agent_sync_runs",
-                                   "wake-ups of the rate thread (datapath events, expiry)")
+        sync = CounterMetricFamily(
+            "xingmai_agent_sync_runs", "wake-ups of the rate thread (datapath events, expiry)"
+        )
         sync.add_metric([], a.sync_runs)
         yield sync
         sync_s = CounterMetricFamily("xingmai_agent_sync_seconds", "time spent handling them")

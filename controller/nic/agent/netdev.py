@@ -135,7 +135,12 @@ def attach_tc(ipr: Any, ifindex: int, prog_fd: int, name: str) -> bool:
 def detach_tc(ipr: Any, ifindex: int, remove_clsact: bool) -> None:
     try:
         ipr.tc(
-            "del-filter", "bpf", ifindex, TC_HANDLE, parent=TC_EGRESS_PARENT, prio=TC_PRIO,
+            "del-filter",
+            "bpf",
+            ifindex,
+            TC_HANDLE,
+            parent=TC_EGRESS_PARENT,
+            prio=TC_PRIO,
             protocol=0x0003,
         )
     except Exception as exc:
@@ -200,5 +205,6 @@ def set_tx_checksum(ifname: str, on: bool) -> None:
     switch run with TX checksum offload off)."""
     subprocess.run(
         ["ethtool", "-K", ifname, "tx", "on" if on else "off"],
-        capture_output=True, check=True,
+        capture_output=True,
+        check=True,
     )

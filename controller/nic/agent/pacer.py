@@ -68,7 +68,8 @@ def detect_mode(ifname: str, wanted: str = "auto") -> tuple[PacingMode, str]:
         return PacingMode.HTB, "HTB requested"
     res = subprocess.run(
         ["tc", "qdisc", "replace", "dev", ifname, "root", "handle", f"{HTB_MAJOR:x}:", "fq"],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     if res.returncode == 0:
         return PacingMode.EDT, "sch_fq available: EDT (skb->tstamp) from the rate map"
@@ -113,9 +114,17 @@ class HtbPacer:
                 self.ipr.tc("replace", "htb", idx, ROOT_HANDLE, default=DEFAULT_MINOR)
             line_Bps = self.line_rate_bps // 8
             self.ipr.tc(
-                "replace-class", "htb", idx, classid(DEFAULT_MINOR), parent=ROOT_HANDLE,
-                rate=line_Bps, ceil=line_Bps, burst=_burst(line_Bps), cburst=_burst(line_Bps),
-                quantum=_quantum(1), mtu=MTU,
+                "replace-class",
+                "htb",
+                idx,
+                classid(DEFAULT_MINOR),
+                parent=ROOT_HANDLE,
+                rate=line_Bps,
+                ceil=line_Bps,
+                burst=_burst(line_Bps),
+                cburst=_burst(line_Bps),
+                quantum=_quantum(1),
+                mtu=MTU,
             )
         return adopted
 
@@ -153,8 +162,17 @@ class HtbPacer:
         Bps = max(MIN_RATE_BPS, rate_bps) // 8
         for idx in self.ifindexes:
             self.ipr.tc(
-                cmd, "htb", idx, classid(minor), parent=ROOT_HANDLE, rate=Bps, ceil=Bps,
-                burst=_burst(Bps), cburst=_burst(Bps), quantum=_quantum(weight), mtu=MTU,
+                cmd,
+                "htb",
+                idx,
+                classid(minor),
+                parent=ROOT_HANDLE,
+                rate=Bps,
+                ceil=Bps,
+                burst=_burst(Bps),
+                cburst=_burst(Bps),
+                quantum=_quantum(weight),
+                mtu=MTU,
             )
 
     def apply(self, flow: Any, rate_bps: int, weight: int = 1) -> tuple[FlowClass, bool]:
@@ -185,8 +203,13 @@ class HtbPacer:
                 try:
                     # pyroute2 builds HTB parameters even for a delete: give it a rate
                     self.ipr.tc(
-                        "del-class", "htb", idx, classid(fc.minor), parent=ROOT_HANDLE,
-                        rate=1000, ceil=1000,
+                        "del-class",
+                        "htb",
+                        idx,
+                        classid(fc.minor),
+                        parent=ROOT_HANDLE,
+                        rate=1000,
+                        ceil=1000,
                     )
                 except Exception as exc:
                     log.warning("removing class %x: %s", fc.minor, exc)
@@ -219,7 +242,8 @@ class EdtPacer:
             name = self.ipr.get_links(idx)[0].get_attr("IFLA_IFNAME")
             subprocess.run(
                 ["tc", "qdisc", "replace", "dev", name, "root", "handle", f"{HTB_MAJOR:x}:", "fq"],
-                check=True, capture_output=True,
+                check=True,
+                capture_output=True,
             )
         return False
 

@@ -19,9 +19,14 @@ from controller.proto import agent_pb2_grpc as pb_grpc
 
 log = logging.getLogger("xingmai.agent.service")
 
-LAW_TO_PB = {Law.NONE: pb.RATE_LAW_NONE, Law.TITA: pb.RATE_LAW_TITA, Law.DCQCN: pb.RATE_LAW_DCQCN,
-             Law.HPCC: pb.RATE_LAW_HPCC, Law.TIMELY: pb.RATE_LAW_TIMELY,
-             Law.SWIFT: pb.RATE_LAW_SWIFT}
+LAW_TO_PB = {
+    Law.NONE: pb.RATE_LAW_NONE,
+    Law.TITA: pb.RATE_LAW_TITA,
+    Law.DCQCN: pb.RATE_LAW_DCQCN,
+    Law.HPCC: pb.RATE_LAW_HPCC,
+    Law.TIMELY: pb.RATE_LAW_TIMELY,
+    Law.SWIFT: pb.RATE_LAW_SWIFT,
+}
 LAW_FROM_PB = {v: k for k, v in LAW_TO_PB.items()}
 
 T = TypeVar("T")
@@ -49,10 +54,15 @@ def flow_to_pb(k: FlowKey) -> pb.FlowKey:
 # Fractions of each law's message (checked within [0, 1], held in fixed point) and the
 # integers, by the law's struct field they set.
 _TITA_INTS = (("w_ai_bps", "wai_bps"), ("max_stage", "max_stage"), ("base_rtt_ns", "base_rtt_ns"))
-_DCQCN_INTS = (("rai_bps", "rai_bps"), ("rhai_bps", "rhai_bps"),
-               ("byte_counter_bytes", "byte_counter"), ("alpha_timer_ns", "alpha_timer_ns"),
-               ("rate_timer_ns", "rate_timer_ns"), ("cut_interval_ns", "cut_interval_ns"),
-               ("fast_recovery_steps", "fast_recovery_steps"))
+_DCQCN_INTS = (
+    ("rai_bps", "rai_bps"),
+    ("rhai_bps", "rhai_bps"),
+    ("byte_counter_bytes", "byte_counter"),
+    ("alpha_timer_ns", "alpha_timer_ns"),
+    ("rate_timer_ns", "rate_timer_ns"),
+    ("cut_interval_ns", "cut_interval_ns"),
+    ("fast_recovery_steps", "fast_recovery_steps"),
+)
 _TIMELY_INTS = ("delta_bps", "t_low_ns", "t_high_ns", "min_rtt_ns", "hai_steps")
 _SWIFT_INTS = ("ai_bytes", "base_target_ns", "per_hop_ns", "sender_ttl")
 
@@ -122,13 +132,21 @@ def params_to_pb(p: CcParams) -> pb.RateLawConfig:
             fast_recovery_steps=p.dcqcn.fast_recovery_steps,
         ),
         timely=pb.TimelyParams(
-            alpha=from_fixed(m.alpha), beta=from_fixed(m.beta), delta_bps=m.delta_bps,
-            t_low_ns=m.t_low_ns, t_high_ns=m.t_high_ns, min_rtt_ns=m.min_rtt_ns,
+            alpha=from_fixed(m.alpha),
+            beta=from_fixed(m.beta),
+            delta_bps=m.delta_bps,
+            t_low_ns=m.t_low_ns,
+            t_high_ns=m.t_high_ns,
+            min_rtt_ns=m.min_rtt_ns,
             hai_steps=m.hai_steps,
         ),
         swift=pb.SwiftParams(
-            ai_bytes=w.ai_bytes, beta=from_fixed(w.beta), max_mdf=from_fixed(w.max_mdf),
-            base_target_ns=w.base_target_ns, per_hop_ns=w.per_hop_ns, sender_ttl=w.sender_ttl,
+            ai_bytes=w.ai_bytes,
+            beta=from_fixed(w.beta),
+            max_mdf=from_fixed(w.max_mdf),
+            base_target_ns=w.base_target_ns,
+            per_hop_ns=w.per_hop_ns,
+            sender_ttl=w.sender_ttl,
         ),
     )
 
@@ -165,8 +183,9 @@ MAX_WATCHERS = 8
 
 
 class HostAgentService(pb_grpc.HostAgentServicer):
-    def __init__(self, agent: Agent, metrics_text: Callable[[], str],
-                 max_watchers: int = MAX_WATCHERS):
+    def __init__(
+        self, agent: Agent, metrics_text: Callable[[], str], max_watchers: int = MAX_WATCHERS
+    ):
         self.agent = agent
         self.metrics_text = metrics_text
         self._watch_slots = threading.BoundedSemaphore(max_watchers)
@@ -263,8 +282,10 @@ class HostAgentService(pb_grpc.HostAgentServicer):
     def WatchRates(self, request: pb.WatchRatesRequest, context: Any) -> Iterator[pb.RateChange]:
         flows = self._call(context, lambda: {flow_from_pb(f) for f in request.flows}) or None
         if not self._watch_slots.acquire(blocking=False):
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                          f"at most {self.max_watchers} WatchRates streams at once")
+            context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"at most {self.max_watchers} WatchRates streams at once",
+            )
         try:
             w = self.agent.watch(flows, max(0.0, request.min_change))
             try:
