@@ -15,11 +15,11 @@ from typing import Any
 
 from controller.config import EcnConfig
 from controller.wire.int_md import INT_DSCP_DEFAULT
+from controller.wire.telemetry_report import TELEMETRY_REPORT_PORT
 from testbed.model import Scaling
 from testbed.topo import COLLECTOR_IP, COLLECTOR_MAC, End, FabricSpec
 
 REPORT_SRC_IP = "10.0.100.254"
-COLLECTOR_UDP_PORT = 32766
 INT_BITMAP = 0xF500  # node id, L1 ports, hop latency, queue, egress timestamp, tx utilisation
 
 
@@ -95,7 +95,7 @@ def controller_config(
     collector: dict[str, Any] = {
         "ip": COLLECTOR_IP,
         "mac": COLLECTOR_MAC,  # listens on ip:udp_port
-        "udp_port": COLLECTOR_UDP_PORT,
+        "udp_port": TELEMETRY_REPORT_PORT,
         "report_src_ip": REPORT_SRC_IP,
     }
     if setup.collector_netns:

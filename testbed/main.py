@@ -308,10 +308,24 @@ def cmd_topo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _command(argv: list[str]) -> str:
+    """What the user typed, kept in the results file (the docs name the command of a table),
+    less where the outputs went: the same inputs give the same file wherever it is written."""
+    kept: list[str] = []
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--run-dir":
+            skip = True
+        elif not a.startswith("--run-dir="):
+            kept.append(a)
+    return shlex.join(["xingmai-testbed", *kept])
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    # what the user typed, kept in the results file (the docs name the command of a table)
-    args.command = shlex.join(["xingmai-testbed", *(sys.argv[1:] if argv is None else argv)])
+    args.command = _command(sys.argv[1:] if argv is None else argv)
     try:
         from testbed.collective_cli import COMMANDS
 

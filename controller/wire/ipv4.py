@@ -1,7 +1,10 @@
-"""The IPv4 header checksum (RFC 791, RFC 1071), once: the NICs' and switches' packets the
-project builds in Python carry it."""
+"""IPv4 as the project builds it in Python, once: the header checksum (RFC 791, RFC 1071) and
+the IPv4/UDP encapsulation of the datagrams the NICs and switches originate (Telemetry
+Reports to the collector)."""
 
 from __future__ import annotations
+
+import struct
 
 ETHERTYPE_IPV4 = b"\x08\x00"
 
@@ -29,3 +32,11 @@ def with_checksum(pkt: bytes) -> bytes:
     hdr[10:12] = b"\x00\x00"
     hdr[10:12] = checksum(hdr).to_bytes(2, "big")
     return bytes(hdr) + pkt[ihl:]
+
+
+def udp_packet(src: bytes, dst: bytes, sport: int, dport: int, payload: bytes) -> bytes:
+    """An IPv4/UDP packet (addresses as 4 bytes; don't fragment, TTL 64, no UDP checksum, as
+    RFC 768 allows over IPv4) with its header checksum."""
+    udp = struct.pack("!HHHH", sport, dport, 8 + len(payload), 0)
+    ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 28 + len(payload), 0, 0x4000, 64, 17, 0, src, dst)
+    return with_checksum(ip + udp + payload)

@@ -64,9 +64,9 @@ import numpy as np
 
 from controller.nic.ratelaw import CcParams
 from controller.nic.ratelaw.profiles import load_profile
+from controller.wire.telemetry_report import TELEMETRY_REPORT_PORT
 from testbed.collective import run as coll
 from testbed.collective.run import CollFabric
-from testbed.ctlconfig import COLLECTOR_UDP_PORT
 from testbed.experiment import metrics
 from testbed.experiment.schemes import (
     DEFAULT_SCHEMES,
@@ -272,7 +272,7 @@ def report_settings(spec: FabricSpec, s: Scaling) -> dict[str, Any]:
     dilation = s.scale / 20_000
     sample = 0.1 * dilation
     return {
-        "report_to": f"{COLLECTOR_IP}:{COLLECTOR_UDP_PORT}",
+        "report_to": f"{COLLECTOR_IP}:{TELEMETRY_REPORT_PORT}",
         "report_sample_s": sample,
         "report_queue_bytes": 5 * s.frame_bytes,
         "report_latency_ns": round(10 * s.frame_bytes * 8e9 / s.link_bps),

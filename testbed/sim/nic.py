@@ -22,7 +22,6 @@ transport (the sans-I/O core and the workload's job), on the event loop.
 from __future__ import annotations
 
 import socket
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,7 +37,7 @@ from controller.nic.ratelaw import (
     tc_rtt_probe,
 )
 from controller.wire.int_md import MD_LEN, SHIM_LEN, hop_ml_words
-from controller.wire.ipv4 import ETHERTYPE_IPV4, checksum, with_checksum
+from controller.wire.ipv4 import ETHERTYPE_IPV4, checksum, udp_packet, with_checksum
 from controller.wire.pfc import MAX_QUANTA, is_mac_control, pfc_frame
 from controller.wire.roce import OP_ACK, OP_CNP, OP_RC_DATA_MAX, ROCE_UDP_PORT
 from controller.wire.telemetry_report import TELEMETRY_REPORT_PORT
@@ -311,21 +310,9 @@ class SimHost:
         if to is None:
             return
         host, _, dport = to.rpartition(":")
-        udp = struct.pack("!HHHH", TELEMETRY_REPORT_PORT, int(dport), 8 + len(payload), 0)
-        ip = struct.pack(
-            "!BBHHHBBH4s4s",
-            0x45,
-            0,
-            28 + len(payload),
-            0,
-            0x4000,
-            64,
-            17,
-            0,
-            port.addr,
-            socket.inet_aton(host),
+        pkt = udp_packet(
+            port.addr, socket.inet_aton(host), TELEMETRY_REPORT_PORT, int(dport), payload
         )
-        pkt = with_checksum(ip + udp + payload)
         port.busy_until = now_ns + int((14 + len(pkt)) * self.ns_per_byte)
         if not port.send(port.eth + pkt, now_ns):
             self.tx_too_big += 1

@@ -15,7 +15,6 @@ receive-error counter counts them).
 
 from __future__ import annotations
 
-import struct
 from typing import TYPE_CHECKING
 
 from controller.program import REPORT_CLONE_SESSION
@@ -26,7 +25,7 @@ from controller.wire.int_md import (
     bitmap_bit,
     shim_total_len,
 )
-from controller.wire.ipv4 import ETHERTYPE_IPV4, checksum
+from controller.wire.ipv4 import ETHERTYPE_IPV4, udp_packet
 from controller.wire.telemetry_report import (
     DROP_REASON_TM_PORT_DOWN,
     DROP_REASON_TM_QUEUE_FULL,
@@ -111,26 +110,16 @@ class DropReporter:
             dropped=True,
         )
         self.seq = (self.seq + 1) % (1 << SEQ_BITS)
-        udp = struct.pack("!HHHH", TELEMETRY_REPORT_PORT, dport, 8 + len(payload), 0)
-        ip = bytearray(
-            struct.pack(
-                "!BBHHHBBH4s4s",
-                0x45,
-                0,
-                28 + len(payload),
-                0,
-                0x4000,
-                64,
-                17,
-                0,
-                src_ip.to_bytes(4, "big"),
-                dst_ip.to_bytes(4, "big"),
-            )
+        ip = udp_packet(
+            src_ip.to_bytes(4, "big"),
+            dst_ip.to_bytes(4, "big"),
+            TELEMETRY_REPORT_PORT,
+            dport,
+            payload,
         )
-        ip[10:12] = checksum(bytes(ip)).to_bytes(2, "big")
         eth = dst_mac.to_bytes(6, "big") + src_mac.to_bytes(6, "big") + ETHERTYPE_IPV4
         self.sent += 1
-        self.sw.transmit(report_port, eth + bytes(ip) + udp + payload)
+        self.sw.transmit(report_port, eth + ip)
 
 
 DROP_REASONS = {"queue_full": DROP_REASON_TM_QUEUE_FULL, "port_down": DROP_REASON_TM_PORT_DOWN}
