@@ -6,11 +6,15 @@ import dataclasses
 import json
 from pathlib import Path
 
+import pytest
+
 from testbed.experiment.plots import write_plots
 from testbed.experiment.report import (
+    RESULTS_SCHEMA,
     Spread,
     below,
     compare,
+    load_results,
     markdown_report,
     records_from_results,
     representative,
@@ -212,3 +216,16 @@ def test_markdown_report_names_the_run_commit_date_and_machine(tmp_path: Path) -
     rows = [ln for ln in out if ln.startswith("| incast") or ln.startswith("| allreduce")]
     assert len(rows) == 6 and rows[2].startswith("| incast | tita | leaf1:1 | 75.0 | 300.0 | 0 |")
     assert out[-1].startswith("- allreduce: TiTa vs DCQCN")
+
+
+def test_results_files_carry_their_schema_and_a_newer_one_is_refused(tmp_path: Path) -> None:
+    write_results(tmp_path / "results.json", RECORDS, {"scale": 20000})
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert doc["schema"] == RESULTS_SCHEMA
+    doc["schema"] = RESULTS_SCHEMA + 1
+    (tmp_path / "results.json").write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match=f"results schema {RESULTS_SCHEMA + 1}, newer"):
+        load_results(tmp_path)
+    del doc["schema"]  # a file from before the number: version 1, read
+    (tmp_path / "results.json").write_text(json.dumps(doc))
+    assert load_results(tmp_path)["runs"]

@@ -327,6 +327,12 @@ def _secs(a: Spread, b: Spread) -> str:
     return f"{a.scaled(k).show('.2f')} vs {b.scaled(k).show('.2f')} {unit}"
 
 
+# The results file's layout (docs/fidelity.md, "The results file"). 1: the files before the
+# number was written (no `source`, no per-run `seed`); 2: `source`, `setup.command`, per-run
+# `seed`. A reader takes every version up to its own.
+RESULTS_SCHEMA = 2
+
+
 def results_doc(
     records: list[RunRecord], setup: dict[str, Any], machine_extra: dict[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -334,6 +340,7 @@ def results_doc(
     `machine` and the runs' `load_avg_1m` depend on when and where it ran (the twin's files
     are otherwise byte-identical for the same inputs and seed)."""
     return {
+        "schema": RESULTS_SCHEMA,
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": {**machine_description(), **(machine_extra or {})},
         "source": source_description(),
@@ -405,6 +412,11 @@ def load_results(path: Path) -> dict[str, Any]:
         raise ValueError(f"{p}: not a results file ({exc})") from None
     if "runs" not in doc or "setup" not in doc:
         raise ValueError(f"{p}: not a results file (no runs/setup)")
+    if int(doc.get("schema", 1)) > RESULTS_SCHEMA:
+        raise ValueError(
+            f"{p}: results schema {doc['schema']}, newer than this xingmai reads "
+            f"({RESULTS_SCHEMA}): update it"
+        )
     return doc
 
 
