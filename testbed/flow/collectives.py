@@ -225,3 +225,16 @@ def uplink_share(fab: Fabric, r: Routes) -> float:
     """Of the computed flows' link entries, the share on leaf uplinks (how much of the
     traffic left its leaf)."""
     return float(np.mean(fab.link_kind[r.links] == LEAF_UP)) if len(r.links) else 0.0
+
+
+def suite_collective(fab: Fabric, collective: str, bytes_per_rank: float) -> CollResult:
+    """The suite's collective on a packet engine's topology, as the collective library runs
+    it there: one rank per host, the host's buffer split evenly over its K NICs (channel c
+    is NIC c, a ring of NIC c of every host), all hosts in one communicator."""
+    k, hosts = fab.gpus_per_server, fab.servers
+    per_channel = [np.arange(hosts) * k + c for c in range(k)]
+    if collective == "allreduce":
+        return ring_allreduce(fab, per_channel, bytes_per_rank / k, rank_bytes=bytes_per_rank)
+    if collective == "alltoall":
+        return alltoall(fab, [np.stack(per_channel)], bytes_per_rank)
+    raise ValueError(f"the flow engine models allreduce and alltoall, not {collective!r}")
