@@ -3,6 +3,8 @@ the ideal times worked out by hand on small cases."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -16,7 +18,7 @@ from testbed.flow.collectives import (
 from testbed.flow.fabric import ClosParams, build_clos, from_spec
 from testbed.topo import leafspine, rail
 
-SMALL = {"radix": 8, "switch_tbps": 3.2}
+SMALL: dict[str, Any] = {"radix": 8, "switch_tbps": 3.2}
 
 
 @pytest.mark.parametrize(

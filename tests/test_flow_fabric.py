@@ -3,6 +3,8 @@ engines' topology format."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -19,7 +21,10 @@ from testbed.flow.fabric import (
 )
 from testbed.topo import from_doc, leafspine, to_doc
 
-SMALL = {"radix": 8, "switch_tbps": 3.2}  # 8 x 400G switches: small fabrics, same shapes
+SMALL: dict[str, Any] = {
+    "radix": 8,
+    "switch_tbps": 3.2,
+}  # 8 x 400G switches: small fabrics, same shapes
 
 
 def test_131k_rail_three_tier_counts() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -22,7 +23,7 @@ from testbed.switch.hashes import get_hash
 from testbed.topo import leafspine
 
 REPO = Path(__file__).resolve().parents[1]
-SMALL = {"radix": 8, "switch_tbps": 3.2}
+SMALL: dict[str, Any] = {"radix": 8, "switch_tbps": 3.2}
 
 
 def test_the_selector_is_crc16_over_the_five_tuple() -> None:

@@ -153,7 +153,7 @@ def cmd_iteration(args: argparse.Namespace) -> int:
     eff = {"allreduce": 1.0, "alltoall": 1.0}
     if args.scheme:
         eff = {c: calibration.efficiency(args.scheme, c) for c in eff}
-    out = {
+    out: dict[str, Any] = {
         "fabric": fab.name,
         "gpus": fab.n_gpus,
         "scheme": args.scheme or "ideal",

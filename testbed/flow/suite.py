@@ -57,6 +57,13 @@ class FlowSuite(Suite):
     def _measure_base_rtt(self) -> float:
         return self.scaling.base_rtt_s  # the model's: a fluid model has no RTT to measure
 
+    def prepare(self) -> None:
+        self.base_rtt_s = self.tita_t_s = self._measure_base_rtt()
+        self.say(
+            f"flow engine: {self.spec.name}, {self.fab.n_links} directed links; no RTT "
+            "is measured (the model's, 1 us)"
+        )
+
     def _set_policy(self, scheme: str, cc: CcParams) -> int:
         return 0  # no NICs: the scheme is its calibrated efficiency
 
