@@ -11,6 +11,9 @@
     xingmai-testbed collective --sizes 64K:4M     # collectives over the rails (nccl-tests)
     xingmai-testbed jobs FILE                     # concurrent jobs of a scenario file
     xingmai-testbed tune                          # auto-tune algorithm/channels/chunk
+    xingmai-testbed fabric --gpus 131072 --tiers 3  # a fleet-scale fabric (flow engine)
+    xingmai-testbed flow-iteration --gpus 131072 --tiers 3   # one iteration on it
+    xingmai-testbed calibrate-flow --scheme tita  # fit the flow engine on the twin
 
 Topologies: `single[:H]`, `leafspine[:L,S,H]`, `rail[:K,H,S]` or a YAML file (testbed.topo).
 The emulation (`--engine emu`, the default) needs root; everything it starts it stops, on
@@ -86,9 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "parameters (LAW=PROFILE names the law too); a law not named runs "
                           f"its default ({defaults}). Known: {', '.join(known_profiles())}")
     run.add_argument("--quick", action="store_true", help="a shorter suite")
-    run.add_argument("--engine", choices=["emu", "sim"], default="emu",
+    run.add_argument("--engine", choices=["emu", "sim", "flow"], default="emu",
                      help="emu: the emulation (root, Mininet, eBPF); sim: the simulated twin "
-                          "(one process, virtual time, deterministic)")
+                          "(one process, virtual time, deterministic); flow: the flow-level "
+                          "engine (allreduce, alltoall; calibrated schemes; docs/flow.md)")
     run.add_argument("--seed", type=int, default=1, help="workloads' seed (default 1)")
     run.add_argument("--retransmit", choices=["gbn", "sr"], default="gbn",
                      help="the transport's retransmission: go-back-N (RC's; default) or "
@@ -124,6 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     from testbed.collective_cli import add_parsers
 
     add_parsers(sub)  # collective, jobs, tune
+    from testbed.flow.cli import add_parsers as flow_parsers
+
+    flow_parsers(sub)  # fabric, flow-iteration, calibrate-flow
     topo = sub.add_parser("topo", help="print a topology")
     topo.add_argument("topo", nargs="?", default=DEFAULT_TOPO)
     topo.add_argument("--dump", action="store_true", help="as YAML (the file format)")
@@ -188,6 +195,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         from testbed.sim.run import run_sim
 
         return run_sim(args, cfg)
+    if args.engine == "flow":
+        from testbed.flow.suite import run_flow
+
+        if args.flows is not None or args.faults is not None:
+            print("--flows and --faults run on the packet engines, not --engine flow",
+                  file=sys.stderr)
+            return 2
+        return run_flow(args, cfg)
     if args.flows is not None:
         print("--flows runs on the twin (--engine sim)", file=sys.stderr)
         return 2
@@ -328,11 +343,12 @@ def main(argv: list[str] | None = None) -> int:
     args.command = _command(sys.argv[1:] if argv is None else argv)
     try:
         from testbed.collective_cli import COMMANDS
+        from testbed.flow.cli import COMMANDS as FLOW_COMMANDS
 
         return {"run": cmd_run, "cli": cmd_cli, "doctor": cmd_doctor, "topo": cmd_topo,
                 "compare": cmd_compare, "report": cmd_report, "sweep": cmd_sweep,
                 "replay": cmd_replay,
-                **COMMANDS}[args.cmd](args)
+                **COMMANDS, **FLOW_COMMANDS}[args.cmd](args)
     except ValueError as exc:  # testbed.topo.TopologyError and bad options
         print(f"xingmai-testbed: {exc}", file=sys.stderr)
         return 2

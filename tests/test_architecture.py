@@ -194,7 +194,7 @@ TESTBED_LAYERS: tuple[tuple[str, ...], ...] = (
         "testbed.p4build",
     ),
     # the engines, side by side: neither imports the other
-    ("testbed.emu", "testbed.sim"),
+    ("testbed.emu", "testbed.sim", "testbed.flow"),
     # the engine-neutral experiment layer: schemes, suite, report, plots
     ("testbed.experiment",),
     # the collective library: communicators, tuner, loss study (over any engine's runner)
@@ -211,7 +211,7 @@ TESTBED_LAYERS: tuple[tuple[str, ...], ...] = (
         "testbed.packets",
     ),
 )
-ENGINES = ("testbed.emu", "testbed.sim")
+ENGINES = ("testbed.emu", "testbed.sim", "testbed.flow")
 
 
 def unit_of(module: str) -> str | None:

@@ -1,0 +1,237 @@
+"""The flow engine's commands:
+
+xingmai-testbed fabric --gpus 131072 --tiers 3 --rail      # switches, links, bisection
+xingmai-testbed fabric --gpus 64 --radix 8 --dump > f.yaml  # for the packet engines
+xingmai-testbed flow-iteration --gpus 131072 --tiers 3     # DP ring + EP all-to-all
+xingmai-testbed calibrate-flow --scheme tita               # fit on the twin (8 hosts)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from testbed.flow import calibration
+from testbed.flow.collectives import alltoall, ep_groups, rail_rings, ring_allreduce
+from testbed.flow.fabric import ClosParams, build_clos, describe, to_spec
+from testbed.topo import dump
+
+
+def _fabric_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--gpus", type=int, required=True)
+    ap.add_argument("--gpus-per-server", type=int, default=8)
+    ap.add_argument("--tiers", type=int, default=2, choices=[2, 3])
+    kind = ap.add_mutually_exclusive_group()
+    kind.add_argument(
+        "--rail",
+        dest="rail",
+        action="store_true",
+        default=True,
+        help="rail-optimized multi-plane: NIC g of every server on plane g (default)",
+    )
+    kind.add_argument(
+        "--clos", dest="rail", action="store_false", help="plain Clos: a server's NICs on one leaf"
+    )
+    ap.add_argument("--oversub", type=float, default=1.0, help="leaf downlinks : uplinks")
+    ap.add_argument("--radix", type=int, default=128, help="switch ports (51.2T: 128 x 400G)")
+    ap.add_argument("--port-gbps", type=float, default=400.0)
+    ap.add_argument("--switch-tbps", type=float, default=51.2)
+    ap.add_argument("--nic-gbps", type=float, default=400.0)
+    ap.add_argument(
+        "--scaleup-gbytes",
+        type=float,
+        default=900.0,
+        help="scale-up bandwidth per GPU, GB/s both directions (NVLink 4: 900)",
+    )
+
+
+def _params(args: argparse.Namespace) -> ClosParams:
+    return ClosParams(
+        gpus=args.gpus,
+        gpus_per_server=args.gpus_per_server,
+        tiers=args.tiers,
+        rail=args.rail,
+        oversub=args.oversub,
+        radix=args.radix,
+        port_gbps=args.port_gbps,
+        switch_tbps=args.switch_tbps,
+        nic_gbps=args.nic_gbps,
+        scaleup_gbytes=args.scaleup_gbytes,
+    )
+
+
+def add_parsers(sub: Any) -> None:
+    fab = sub.add_parser(
+        "fabric",
+        help="a deployed Clos from a few parameters: switches, "
+        "links, bisection (the flow engine's fabric)",
+    )
+    _fabric_args(fab)
+    fab.add_argument(
+        "--dump",
+        action="store_true",
+        help="as the topology YAML the packet engines take (small fabrics)",
+    )
+    it = sub.add_parser(
+        "flow-iteration",
+        help="one training iteration on the flow engine: "
+        "DP ring all-reduce (one ring per rail), then an EP all-to-all",
+    )
+    _fabric_args(it)
+    it.add_argument(
+        "--dp-bytes",
+        type=float,
+        default=float(1 << 30),
+        help="all-reduce bytes per GPU (default 1 GiB)",
+    )
+    it.add_argument(
+        "--ep-bytes",
+        type=float,
+        default=float(256 << 20),
+        help="all-to-all bytes per GPU (default 256 MiB)",
+    )
+    it.add_argument("--ep-group", type=int, default=64, help="GPUs per all-to-all group")
+    it.add_argument(
+        "--scheme",
+        default=None,
+        help="apply this scheme's calibrated efficiencies (default: ideal)",
+    )
+    it.add_argument(
+        "--full",
+        action="store_true",
+        help="compute every ring step, ring and group (no symmetry shortcut)",
+    )
+    it.add_argument("--json", action="store_true", help="the figures as one JSON line")
+    cal = sub.add_parser(
+        "calibrate-flow",
+        help="fit a scheme's flow-engine efficiency on the "
+        "twin (allreduce, alltoall at 8 hosts; held-out check at 16)",
+    )
+    cal.add_argument("--scheme", required=True)
+    cal.add_argument("--hosts", type=int, default=8, help="hosts of the fitting run")
+    cal.add_argument(
+        "--check-hosts", type=int, default=16, help="hosts of the held-out run (0: none)"
+    )
+    cal.add_argument(
+        "--twin-run",
+        type=Path,
+        help="use this twin run's results instead of running the twin for the fit",
+    )
+    cal.add_argument("--check-run", type=Path, help="the same for the held-out check")
+
+
+def cmd_fabric(args: argparse.Namespace) -> int:
+    t0 = time.perf_counter()
+    fab = build_clos(_params(args))
+    if args.dump:
+        print(dump(to_spec(fab)), end="")
+        return 0
+    print(describe(fab))
+    print(f"  built in {time.perf_counter() - t0:.2f} s, peak RSS {_rss_mib():.0f} MiB")
+    return 0
+
+
+def _rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def cmd_iteration(args: argparse.Namespace) -> int:
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    fab = build_clos(_params(args))
+    t_fab = time.perf_counter() - t0
+    sym = not args.full
+    ring = ring_allreduce(fab, rail_rings(fab), args.dp_bytes, symmetric=sym)
+    t_ring = time.perf_counter() - t0 - t_fab
+    a2a = alltoall(fab, ep_groups(fab, args.ep_group), args.ep_bytes, symmetric=sym)
+    t_a2a = time.perf_counter() - t0 - t_fab - t_ring
+    eff = {"allreduce": 1.0, "alltoall": 1.0}
+    if args.scheme:
+        eff = {c: calibration.efficiency(args.scheme, c) for c in eff}
+    out: dict[str, Any] = {
+        "fabric": fab.name,
+        "gpus": fab.n_gpus,
+        "scheme": args.scheme or "ideal",
+        "allreduce_s": ring.time_s / eff["allreduce"],
+        "allreduce_busbw_gbps": ring.busbw_bps * eff["allreduce"] / 1e9,
+        "allreduce_shortcut": ring.shortcut,
+        "allreduce_flows_computed": ring.flows_computed,
+        "ring_collisions": ring.collisions,
+        "alltoall_s": a2a.time_s / eff["alltoall"],
+        "alltoall_busbw_gbps": a2a.busbw_bps * eff["alltoall"] / 1e9,
+        "alltoall_shortcut": a2a.shortcut,
+        "alltoall_flows_computed": a2a.flows_computed,
+        "wall_fabric_s": round(t_fab, 3),
+        "wall_allreduce_s": round(t_ring, 3),
+        "wall_alltoall_s": round(t_a2a, 3),
+        "wall_s": round(time.perf_counter() - t0, 3),
+        "cpu_s": round(time.process_time() - cpu0, 3),
+        "peak_rss_mib": round(_rss_mib(), 1),
+    }
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(f"{fab.name}: one iteration ({out['scheme']})")
+    print(
+        f"  DP ring all-reduce {args.dp_bytes / 2**20:g} MiB/GPU, one ring per rail of "
+        f"{ring.ranks} ranks: {out['allreduce_s'] * 1e3:.2f} ms, busbw "
+        f"{out['allreduce_busbw_gbps']:.1f} Gb/s ({ring.shortcut}; {ring.flows_computed} "
+        f"flows computed; ECMP excess {ring.collisions.get('excess', 0)})"
+    )
+    print(
+        f"  EP all-to-all {args.ep_bytes / 2**20:g} MiB/GPU in groups of {args.ep_group}: "
+        f"{out['alltoall_s'] * 1e3:.2f} ms, busbw {out['alltoall_busbw_gbps']:.1f} Gb/s "
+        f"({a2a.shortcut}; {a2a.flows_computed} flows computed)"
+    )
+    print(
+        f"  wall {out['wall_s']:.2f} s (fabric {t_fab:.2f}, all-reduce {t_ring:.2f}, "
+        f"all-to-all {t_a2a:.2f}), CPU {out['cpu_s']:.2f} s, peak RSS "
+        f"{out['peak_rss_mib']:.0f} MiB"
+    )
+    return 0
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="xingmai-cal-") as tmp:
+        fit_run = args.twin_run or calibration.run_twin(
+            args.scheme, args.hosts, Path(tmp) / "fit", say
+        )
+        check_run = args.check_run
+        if check_run is None and args.check_hosts:
+            check_run = calibration.run_twin(
+                args.scheme, args.check_hosts, Path(tmp) / "check", say
+            )
+        entry = calibration.fit(
+            args.scheme, _results(fit_run), _results(check_run) if check_run else None
+        )
+    for coll, e in entry.items():
+        f = e["fitted_on"]
+        line = (
+            f"{args.scheme} {coll}: efficiency {e['efficiency']:.3f} (twin "
+            f"{f['twin_time_s'] * 1e6:.2f} us, ideal {f['ideal_time_s'] * 1e6:.2f} us, "
+            f"{f['topology']})"
+        )
+        if "held_out" in e:
+            h = e["held_out"]
+            line += (
+                f"; held out {h['topology']}: predicted {h['predicted_time_s'] * 1e6:.2f}"
+                f" us, twin {h['twin_time_s'] * 1e6:.2f} us, error {h['error']:+.1%}"
+            )
+        print(line)
+    print(f"written: {calibration.CALIBRATION}")
+    return 0
+
+
+def _results(p: Path) -> Path:
+    return p / "results.json" if p.is_dir() else p
+
+
+COMMANDS = {"fabric": cmd_fabric, "flow-iteration": cmd_iteration, "calibrate-flow": cmd_calibrate}

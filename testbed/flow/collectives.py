@@ -1,0 +1,240 @@
+"""The collective library's plans as flows (testbed/traffic/collective_plans.py), step by
+step.
+
+- Ring all-reduce: a ring's 2(n-1) steps (reduce-scatter, then all-gather), each rank sending
+  a segment of size/n bytes to the next; a step's flows all start together and the next step
+  starts when the last of them is done (the plan's pieces pipelining through the steps is
+  not modelled). Several rings (one per rail, or one per channel) advance in lockstep.
+- All-to-all: every rank sends size/n bytes to every other rank of its group, all at once
+  (the plan's pairwise transfers have no dependencies).
+
+Segments are size/n bytes exactly (the plan's integer split differs by at most one element).
+
+Symmetry, where the routing allows it (`symmetric=True`):
+- the ring's steps move the same flows between the same queue pairs (so on the same paths),
+  so one step is computed and counted 2(n-1) times;
+- rings whose flows share no link, and whose flows meet the same capacities, take the same
+  time: one ring is computed (one rail's ring when all rails are alike);
+- all-to-all groups that stay under one leaf per plane (their flows cross no switch-to-switch
+  link) share no link and are alike: one group is computed.
+`tests/test_flow_collectives.py` checks each shortcut against the full computation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from testbed.flow import maxmin
+from testbed.flow.fabric import LEAF_UP, Fabric, leaf_of_gpu
+from testbed.flow.routing import Routes, collisions, entropy_ports, route
+from testbed.traffic.collective_plans import bus_factor
+
+
+@dataclass
+class CollResult:
+    collective: str
+    ranks: int  # per ring / group
+    bytes_per_rank: float
+    time_s: float  # the ideal (max-min) time
+    busbw_bps: float
+    steps: int
+    flows_computed: int  # flows whose rates were computed (after the shortcuts)
+    allocations: int  # max-min allocations run
+    shortcut: str  # which symmetry was used
+    collisions: dict[str, int] = field(default_factory=dict)
+    bottleneck: str = ""  # the most loaded link of the computed flows
+    bottleneck_util: float = 0.0  # its load over its capacity during the computed step
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def _step(fab: Fabric, r: Routes, size: np.ndarray) -> tuple[float, int]:
+    end, allocs = maxmin.complete(r, fab.link_cap, size)
+    return float(end.max()), allocs
+
+
+def _bottleneck(fab: Fabric, r: Routes, size: np.ndarray, t: float) -> tuple[str, float]:
+    """The link that carried the most bits relative to its capacity over time t."""
+    bits = np.bincount(
+        r.links, weights=r.coeff * np.repeat(size * 8.0, np.diff(r.indptr)), minlength=fab.n_links
+    )
+    util = bits / (fab.link_cap * t) if t > 0 else bits
+    i = int(util.argmax())
+    return fab.link_name(i), float(util[i])
+
+
+def ring_allreduce(
+    fab: Fabric,
+    rings: list[np.ndarray],
+    bytes_per_rank: float,
+    symmetric: bool = True,
+    spray: bool = False,
+    seed: int = 1,
+    rank_bytes: float | None = None,
+) -> CollResult:
+    """`rings`: each an array of GPUs in ring order (all of one length n), each all-reducing
+    `bytes_per_rank` per member. `rank_bytes`: the size per rank busbw is reported for
+    (default bytes_per_rank; a host's whole buffer when its channels are the rings)."""
+    n = len(rings[0])
+    if any(len(rg) != n for rg in rings) or n < 2:
+        raise ValueError("rings of one length, at least 2")
+    steps = 2 * (n - 1)
+    src = np.concatenate(rings)
+    dst = np.concatenate([np.roll(rg, -1) for rg in rings])
+    chan = np.repeat(np.arange(len(rings)), n)
+    sport = entropy_ports(src, dst, chan, seed)
+    seg = bytes_per_rank / n
+    r_all = route(fab, src, dst, sport, spray)
+    coll = collisions(r_all)
+    if not symmetric:
+        total, allocs = 0.0, 0
+        size = np.full(len(src), seg)
+        for _ in range(steps):  # every step on its own, as the plan runs them
+            t, a = _step(fab, r_all, size)
+            total += t
+            allocs += a
+        computed, how, r, t_one = len(src) * steps, "none", r_all, total / steps
+    else:
+        r, how = r_all, "steps"
+        if len(rings) > 1 and _rings_alike(fab, r_all, len(rings), n):
+            r = route(fab, rings[0], np.roll(rings[0], -1), sport[:n], spray)
+            how = "steps, one ring"
+        size = np.full(r.n_flows, seg)
+        t_one, allocs = _step(fab, r, size)
+        total, computed = t_one * steps, r.n_flows
+    name, util = _bottleneck(fab, r, np.full(r.n_flows, seg), t_one)
+    per_rank = bytes_per_rank if rank_bytes is None else rank_bytes
+    return CollResult(
+        "allreduce",
+        n,
+        per_rank,
+        total,
+        per_rank * 8 / total * bus_factor("allreduce", n) if total else 0.0,
+        steps,
+        computed,
+        allocs,
+        how,
+        coll,
+        name,
+        util,
+    )
+
+
+def _rings_alike(fab: Fabric, r: Routes, k: int, n: int) -> bool:
+    """No link carries two flows of a step, and every ring's flows meet the same
+    bottleneck capacities: then every ring's step is each flow at its path's narrowest
+    link, the same for all rings."""
+    if r.link_flows(fab.n_links).max() > 1 or not np.all(r.coeff == 1.0):
+        return False
+    narrowest = np.minimum.reduceat(fab.link_cap[r.links], r.indptr[:-1])
+    per_ring = np.sort(narrowest.reshape(k, n), axis=1)
+    return bool(np.all(per_ring == per_ring[0]))
+
+
+def alltoall(
+    fab: Fabric,
+    groups: list[np.ndarray],
+    bytes_per_rank: float,
+    symmetric: bool = True,
+    spray: bool = False,
+    seed: int = 1,
+) -> CollResult:
+    """`groups`: arrays of shape (channels, n): row c holds the GPUs of the group's n ranks
+    on channel c (a rank with K NICs is a column of K GPUs; a GPU rank is a column of one).
+    Every rank sends bytes_per_rank / n to every other rank of its group, split evenly over
+    the channels."""
+    groups = [np.atleast_2d(gp) for gp in groups]
+    k, n = groups[0].shape
+    if any(gp.shape != (k, n) for gp in groups) or n < 2:
+        raise ValueError("groups of one shape, at least 2 ranks")
+    block = bytes_per_rank / n / k
+    how = "none"
+    todo = groups
+    if symmetric and len(groups) > 1 and _groups_local(fab, groups):
+        todo, how = groups[:1], "one group"
+    i, j = np.nonzero(~np.eye(n, dtype=bool))
+    src = np.concatenate([gp[c][i] for gp in todo for c in range(k)])
+    dst = np.concatenate([gp[c][j] for gp in todo for c in range(k)])
+    chan = np.concatenate([np.full(len(i), c) for _ in todo for c in range(k)])
+    r = route(fab, src, dst, entropy_ports(src, dst, chan, seed), spray)
+    size = np.full(r.n_flows, block)
+    t, allocs = _step(fab, r, size)
+    name, util = _bottleneck(fab, r, size, t)
+    return CollResult(
+        "alltoall",
+        n,
+        bytes_per_rank,
+        t,
+        bytes_per_rank * 8 / t * bus_factor("alltoall", n) if t else 0.0,
+        1,
+        r.n_flows,
+        allocs,
+        how,
+        collisions(r),
+        name,
+        util,
+    )
+
+
+def _groups_local(fab: Fabric, groups: list[np.ndarray]) -> bool:
+    """Every group's GPUs hang off one leaf per plane (so its flows never leave their
+    leaves), and every group is laid out alike over its servers."""
+    if not fab.structured or not fab.has_scaleup:
+        return False
+    assert fab.params is not None
+    g = fab.gpus_per_server
+    first = None
+    for gp in groups:
+        flat = gp.ravel()
+        servers = flat // g
+        # under one leaf in every plane: the leaf of each server's NIC on plane 0
+        leaf = leaf_of_gpu(fab.shape, fab.params, servers * g)
+        if fab.params.rail:
+            if leaf.min() != leaf.max():
+                return False
+        elif np.unique(leaf_of_gpu(fab.shape, fab.params, flat)).size != 1:
+            return False
+        shape = (tuple(flat % g), tuple(servers - servers.min()))
+        if first is None:
+            first = shape
+        elif shape != first:
+            return False
+    return True
+
+
+def rail_rings(fab: Fabric) -> list[np.ndarray]:
+    """One ring per rail: GPU g of every server, in server order."""
+    g = fab.gpus_per_server
+    return [np.arange(fab.servers) * g + c for c in range(g)]
+
+
+def ep_groups(fab: Fabric, size: int) -> list[np.ndarray]:
+    """Consecutive groups of `size` GPUs (expert parallelism), one rank per GPU."""
+    if fab.n_gpus % size:
+        raise ValueError(
+            f"--ep-group {size}: the {fab.n_gpus} GPUs do not split into groups of {size}"
+        )
+    return [np.arange(a, a + size)[None, :] for a in range(0, fab.n_gpus, size)]
+
+
+def uplink_share(fab: Fabric, r: Routes) -> float:
+    """Of the computed flows' link entries, the share on leaf uplinks (how much of the
+    traffic left its leaf)."""
+    return float(np.mean(fab.link_kind[r.links] == LEAF_UP)) if len(r.links) else 0.0
+
+
+def suite_collective(fab: Fabric, collective: str, bytes_per_rank: float) -> CollResult:
+    """The suite's collective on a packet engine's topology, as the collective library runs
+    it there: one rank per host, the host's buffer split evenly over its K NICs (channel c
+    is NIC c, a ring of NIC c of every host), all hosts in one communicator."""
+    k, hosts = fab.gpus_per_server, fab.servers
+    per_channel = [np.arange(hosts) * k + c for c in range(k)]
+    if collective == "allreduce":
+        return ring_allreduce(fab, per_channel, bytes_per_rank / k, rank_bytes=bytes_per_rank)
+    if collective == "alltoall":
+        return alltoall(fab, [np.stack(per_channel)], bytes_per_rank)
+    raise ValueError(f"the flow engine models allreduce and alltoall, not {collective!r}")

@@ -1,0 +1,149 @@
+"""`xingmai-testbed run --engine flow`: the suite's collective scenarios (allreduce,
+alltoall) on the flow engine, with the same results.json and table as the packet engines.
+
+A run's time is the flow engine's ideal max-min time divided by the scheme's efficiency
+fitted on the twin (testbed.flow.calibration); its bus bandwidth follows. What a fluid model
+cannot measure is left at nothing: no queue samples (the queue columns read 0 with
+`queue_samples` 0), no drops, no INT, retransmissions, CNPs or rate series, no fairness, no
+correctness check (no data moves). The bottleneck is the link the ideal computation loaded
+most, and its utilisation is that link's bits over its capacity and the run's time.
+
+It runs at the model's own speed (400G links, `--scale 1`): the flow engine has no dilated
+emulation to match.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+
+from controller.nic.ratelaw import CcParams
+from testbed.errors import UserError
+from testbed.experiment.rundir import new_run_dir
+from testbed.experiment.suite import RunRecord, Suite, SuiteConfig
+from testbed.flow import calibration
+from testbed.flow.collectives import suite_collective
+from testbed.flow.fabric import Fabric, from_spec
+from testbed.model import Scaling
+from testbed.topo import FabricSpec, dump, parse_choice
+
+FLOW_SCENARIOS = ("allreduce", "alltoall")
+
+
+class FlowSuite(Suite):
+    """The suite's loop and records over the flow engine. It overrides `run_one` (a run is
+    one computation, not jobs on hosts), so the packet engines' hooks are not used."""
+
+    reseed_repetitions = True  # deterministic
+
+    def __init__(self, spec: FabricSpec, cfg: SuiteConfig, say: Callable[[str], None]):
+        super().__init__(cfg, say)
+        bad = [s for s in cfg.scenarios if s not in FLOW_SCENARIOS]
+        if bad:
+            raise UserError(
+                f"the flow engine models {', '.join(FLOW_SCENARIOS)}, not "
+                f"{', '.join(bad)} (--scenarios {','.join(FLOW_SCENARIOS)})"
+            )
+        for scheme in cfg.schemes:  # refuse before running anything
+            for scenario in cfg.scenarios:
+                calibration.efficiency(scheme, scenario)
+        self.spec = spec
+        self.scaling = Scaling(scale=1.0, max_hops=spec.longest_path_switches())
+        self.hosts = []
+        self.fab: Fabric = from_spec(spec, self.scaling.model.port_speed_gbps)
+
+    def _measure_base_rtt(self) -> float:
+        return self.scaling.base_rtt_s  # the model's: a fluid model has no RTT to measure
+
+    def prepare(self) -> None:
+        self.base_rtt_s = self.tita_t_s = self._measure_base_rtt()
+        self.say(
+            f"flow engine: {self.spec.name}, {self.fab.n_links} directed links; no RTT "
+            "is measured (the model's, 1 us)"
+        )
+
+    def _set_policy(self, scheme: str, cc: CcParams) -> int:
+        return 0  # no NICs: the scheme is its calibrated efficiency
+
+    def run_one(self, scheme: str, scenario: str) -> RunRecord:
+        eff = calibration.efficiency(scheme, scenario)
+        size = self.cfg.allreduce_bytes if scenario == "allreduce" else self.cfg.alltoall_bytes
+        ideal = suite_collective(self.fab, scenario, size)
+        n = self.fab.servers
+        return RunRecord(
+            scheme=scheme,
+            scenario=scenario,
+            bottleneck=ideal.bottleneck,
+            queue_p50_bytes=0.0,
+            queue_p99_bytes=0.0,
+            queue_max_bytes=0.0,
+            queue_samples=0,
+            drops=0,
+            utilization=min(1.0, ideal.bottleneck_util * eff),
+            fct_slowdown_p50=None,
+            fct_slowdown_p99=None,
+            flows=n,
+            flows_completed=n,
+            busbw_bps=ideal.busbw_bps * eff,
+            completion_s=ideal.time_s / eff,
+            int_packets=0,
+            int_max_hops=0,
+            retransmits=0,
+            cnps=0,
+            out_of_order=0,
+            window=0,
+            correct=None,
+        )
+
+
+def run_flow(args: argparse.Namespace, cfg: SuiteConfig) -> int:
+    from testbed.experiment.report import table, write_results
+
+    t0 = time.monotonic()
+    spec = parse_choice(args.topo)
+    run_dir = args.run_dir or new_run_dir("flow")
+
+    def say(line: str) -> None:
+        print(f"[{time.monotonic() - t0:6.1f}s] {line}", file=sys.stderr, flush=True)
+
+    suite = FlowSuite(spec, cfg, say)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "topology.yaml").write_text(dump(spec))
+    records = suite.run()
+    s = suite.scaling
+    eff = {sc: {c: calibration.efficiency(sc, c) for c in cfg.scenarios} for sc in cfg.schemes}
+    setup = {
+        "engine": "flow",
+        "command": getattr(args, "command", None),
+        "topology": spec.name,
+        "switch": "none (flow-level)",
+        "scaling": s.describe(),
+        "scale": 1.0,
+        "link_bps": s.link_bps,
+        "nic_bps": s.nic_bps,
+        "base_rtt_s": suite.base_rtt_s,
+        "tita_base_rtt_s": suite.tita_t_s,
+        "suite": cfg.__dict__,
+        "cc_profiles": {},
+        "flow_efficiency": eff,
+        "calibration": str(calibration.CALIBRATION.name),
+        "queue_source": "none: a fluid model has no queues (docs/flow.md)",
+    }
+    write_results(
+        run_dir / "results.json",
+        records,
+        setup,
+        machine_extra={"wall_s": round(time.monotonic() - t0, 2)},
+    )
+    print()
+    print(
+        f"{spec.name}, flow engine (max-min over ECMP paths, x the efficiency fitted on the "
+        f"twin); 400G links, scale 1"
+    )
+    print()
+    print(table(records, s.link_bps))
+    print()
+    print(f"results: {run_dir / 'results.json'}")
+    return 0
