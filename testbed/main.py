@@ -5,6 +5,7 @@
     xingmai-testbed compare RUN_DIR RUN_DIR...   # runs side by side, with ratios
     xingmai-testbed sweep --param incast_bytes=1e5,4e5 --seeds 1,2,3   # twin runs on Dask
     xingmai-testbed replay RUN_DIR   # name the fault behind a slow job: replays in the twin
+    xingmai-testbed peer ns3-hpcc --sim PATH --flows F RUNDIR   # beside HPCC's ns-3 simulator
     xingmai-testbed cli      # the same network with Mininet's CLI and project commands
     xingmai-testbed doctor   # what this machine has and lacks
     xingmai-testbed topo leafspine:2,2,4 --dump   # a topology as YAML
@@ -98,6 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     from testbed.replay import build_parser as replay_parser
 
     replay_parser(sub)
+    from testbed.peer.ns3_hpcc import add_parser as peer_parser
+
+    peer_parser(sub)
     compare = sub.add_parser("compare", help="two or more runs side by side, with ratios")
     compare.add_argument("runs", nargs="+", type=Path, help="run dirs (or results.json files)")
     compare.add_argument("--median", action="store_true",
@@ -250,6 +254,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_peer(args: argparse.Namespace) -> int:
+    from testbed.peer.ns3_hpcc import cmd_peer as run
+
+    return run(args)
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     from testbed.sim.sweep import cmd_sweep as run
 
@@ -284,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         from testbed.collective_cli import COMMANDS
 
         return {"run": cmd_run, "cli": cmd_cli, "doctor": cmd_doctor, "topo": cmd_topo,
-                "compare": cmd_compare, "sweep": cmd_sweep, "replay": cmd_replay,
+                "compare": cmd_compare, "sweep": cmd_sweep, "replay": cmd_replay, "peer": cmd_peer,
                 **COMMANDS}[args.cmd](args)
     except ValueError as exc:  # testbed.topo.TopologyError and bad options
         print(f"xingmai-testbed: {exc}", file=sys.stderr)
