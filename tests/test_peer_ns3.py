@@ -90,10 +90,11 @@ def test_experiment_files(fabric, tmp_path: Path) -> None:  # type: ignore[no-un
     assert c["MI_THRESH"] == "5"  # HPCC's maxStage
     assert c["RATE_AI"] == "195298542bps"  # W_AI = line rate x (1 - 0.95) / 100
     assert c["MIN_RATE"] == "390597085bps"  # line rate / 1000
-    assert c["HAS_WIN"] == "1" and c["VAR_WIN"] == "1"  # B x T
+    assert c["HAS_WIN"] == "1" and c["VAR_WIN"] == "0"  # B x T, fixed as ours
     assert c["INT_MULTI"] == "16"  # 400G / 25G
     assert c["ENABLE_PFC"] == "0"  # our hpcc is lossy
     assert c["PACKET_PAYLOAD_SIZE"] == "4096"
+    assert c["L2_ACK_INTERVAL"] == "1"  # else flows below the interval never complete
     assert c["KMIN_MAP"] == "1 400000000000 20" and c["KMAX_MAP"] == "1 400000000000 100"
     assert c["PMAX_MAP"] == "1 400000000000 0.2"
     assert c["BUFFER_SIZE"] == "2"  # 3 ports x 500 KB = 1.43 MiB, rounded up
