@@ -61,8 +61,9 @@ DATA_PG = 3  # the priority group HPCC's example flow files send data on
 # HPCC's INT hop records encode the line rate as one of these (int-header.h): other link
 # speeds print "IntHeader unknown rate" and corrupt HPCC's utilisation
 INT_LINE_RATES = (25e9, 50e9, 100e9, 200e9, 400e9)
-# CC_MODE of each of our schemes that the simulator also implements (config_doc.txt)
-CC_MODES = {"dcqcn": 1, "dcqcn+pfc": 1, "hpcc": 3, "timely": 7}
+# CC_MODE of each of our schemes whose parameters map onto the simulator's (config_doc.txt;
+# its TIMELY, mode 7, takes thresholds ours sets that its config cannot: not mapped)
+CC_MODES = {"dcqcn": 1, "dcqcn+pfc": 1, "hpcc": 3}
 QLEN_SAMPLE_NS = 100  # third.cc's queue sampling period
 # a dump interval that divides no sample's time but 0 (third.cc reads it as a uint32)
 NEVER_NS = 4_000_000_000
