@@ -5,6 +5,7 @@
     xingmai-testbed compare RUN_DIR RUN_DIR...   # runs side by side, with ratios
     xingmai-testbed sweep --param incast_bytes=1e5,4e5 --seeds 1,2,3   # twin runs on Dask
     xingmai-testbed replay RUN_DIR   # name the fault behind a slow job: replays in the twin
+    xingmai-testbed peer ns3-hpcc --sim PATH --flows F RUNDIR   # beside HPCC's ns-3 simulator
     xingmai-testbed cli      # the same network with Mininet's CLI and project commands
     xingmai-testbed doctor   # what this machine has and lacks
     xingmai-testbed topo leafspine:2,2,4 --dump   # a topology as YAML
@@ -40,86 +41,150 @@ DEFAULT_TOPO = "leafspine:2,2,4"
 
 
 def _common(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--topo", default=DEFAULT_TOPO,
-                    help=f"single[:H], leafspine[:L,S,H], rail[:K,H,S] or a YAML file "
-                         f"(default {DEFAULT_TOPO})")
-    ap.add_argument("--switch", choices=["auto", "bmv2", "builtin"], default="auto",
-                    help="bmv2's simple_switch_grpc (auto: when on PATH) or the built-in switch")
-    ap.add_argument("--scale", type=float, default=DEFAULT_SCALE,
-                    help=f"model speed / emulated speed (default {DEFAULT_SCALE:g}: 400G -> "
-                         f"{400e9 / DEFAULT_SCALE / 1e6:g} Mb/s)")
+    ap.add_argument(
+        "--topo",
+        default=DEFAULT_TOPO,
+        help=f"single[:H], leafspine[:L,S,H], rail[:K,H,S] or a YAML file (default {DEFAULT_TOPO})",
+    )
+    ap.add_argument(
+        "--switch",
+        choices=["auto", "bmv2", "builtin"],
+        default="auto",
+        help="bmv2's simple_switch_grpc (auto: when on PATH) or the built-in switch",
+    )
+    ap.add_argument(
+        "--scale",
+        type=float,
+        default=DEFAULT_SCALE,
+        help=f"model speed / emulated speed (default {DEFAULT_SCALE:g}: 400G -> "
+        f"{400e9 / DEFAULT_SCALE / 1e6:g} Mb/s)",
+    )
     ap.add_argument("--pcap", action="store_true", help="per-port pcap files in the run dir")
     ap.add_argument("--run-dir", type=Path, help="default: runs/<timestamp>")
-    ap.add_argument("--controller-caps", action="store_true",
-                    help="let the controller's slow loop push max-min caps to the NICs")
-    ap.add_argument("--rate-law", choices=RATE_LAWS, default="tita",
-                    help="the hosts' rate law at start (cli; run sets each scheme in turn)")
+    ap.add_argument(
+        "--controller-caps",
+        action="store_true",
+        help="let the controller's slow loop push max-min caps to the NICs",
+    )
+    ap.add_argument(
+        "--rate-law",
+        choices=RATE_LAWS,
+        default="tita",
+        help="the hosts' rate law at start (cli; run sets each scheme in turn)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="xingmai-testbed", description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog=__doc__.split("\n\n", 1)[1])
+    ap = argparse.ArgumentParser(
+        prog="xingmai-testbed",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
     sub = ap.add_subparsers(dest="cmd", required=True)
     run = sub.add_parser("run", help="the scenario suite, once per scheme; table, plots, JSON")
     _common(run)
-    run.add_argument("--schemes", default=None,
-                     help="comma-separated (default: "
-                          "testbed.experiment.schemes.DEFAULT_SCHEMES, no CC, "
-                          "DCQCN lossy and on PFC, TiTa), of none,dcqcn,tita,hpcc,timely,swift "
-                          "and the "
-                          "lossless dcqcn+pfc,tita+pfc (PFC in every switch and NIC; the "
-                          "built-in switch)")
-    run.add_argument("--scenarios", default=None,
-                     help="comma-separated (default: all of them, "
-                          "testbed.experiment.suite.SCENARIOS; "
-                          "also victim, storm: PFC's harms)")
-    run.add_argument("--proactive-start", action="store_true",
-                     help="the incast's senders declare their fair share to their NICs before "
-                          "they send (schemes with a rate law); default: they start at line "
-                          "rate")
-    run.add_argument("--pfc-watchdog", choices=["on", "off"], default="on",
-                     help="the PFC watchdog in the switches of a lossless scheme (default on)")
+    run.add_argument(
+        "--schemes",
+        default=None,
+        help="comma-separated (default: "
+        "testbed.experiment.schemes.DEFAULT_SCHEMES, no CC, "
+        "DCQCN lossy and on PFC, TiTa), of none,dcqcn,tita,hpcc,timely,swift "
+        "and the "
+        "lossless dcqcn+pfc,tita+pfc (PFC in every switch and NIC; the "
+        "built-in switch)",
+    )
+    run.add_argument(
+        "--scenarios",
+        default=None,
+        help="comma-separated (default: all of them, "
+        "testbed.experiment.suite.SCENARIOS; "
+        "also victim, storm: PFC's harms)",
+    )
+    run.add_argument(
+        "--proactive-start",
+        action="store_true",
+        help="the incast's senders declare their fair share to their NICs before "
+        "they send (schemes with a rate law); default: they start at line "
+        "rate",
+    )
+    run.add_argument(
+        "--pfc-watchdog",
+        choices=["on", "off"],
+        default="on",
+        help="the PFC watchdog in the switches of a lossless scheme (default on)",
+    )
     from controller.nic.ratelaw.profiles import DEFAULT_PROFILES, known_profiles
 
     defaults = ", ".join(f"{law.name.lower()}={name}" for law, name in DEFAULT_PROFILES.items())
-    run.add_argument("--cc-profile", default="", metavar="PROFILE[,LAW=PROFILE...]",
-                     help="named CC profiles (controller/nic/ratelaw/profiles/, docs/"
-                          "baselines.md), comma-separated: a profile sets its own law's "
-                          "parameters (LAW=PROFILE names the law too); a law not named runs "
-                          f"its default ({defaults}). Known: {', '.join(known_profiles())}")
+    run.add_argument(
+        "--cc-profile",
+        default="",
+        metavar="PROFILE[,LAW=PROFILE...]",
+        help="named CC profiles (controller/nic/ratelaw/profiles/, docs/"
+        "baselines.md), comma-separated: a profile sets its own law's "
+        "parameters (LAW=PROFILE names the law too); a law not named runs "
+        f"its default ({defaults}). Known: {', '.join(known_profiles())}",
+    )
     run.add_argument("--quick", action="store_true", help="a shorter suite")
-    run.add_argument("--engine", choices=["emu", "sim", "flow"], default="emu",
-                     help="emu: the emulation (root, Mininet, eBPF); sim: the simulated twin "
-                          "(one process, virtual time, deterministic); flow: the flow-level "
-                          "engine (allreduce, alltoall; calibrated schemes; docs/flow.md)")
+    run.add_argument(
+        "--engine",
+        choices=["emu", "sim", "flow"],
+        default="emu",
+        help="emu: the emulation (root, Mininet, eBPF); sim: the simulated twin "
+        "(one process, virtual time, deterministic); flow: the flow-level "
+        "engine (allreduce, alltoall; calibrated schemes; docs/flow.md)",
+    )
     run.add_argument("--seed", type=int, default=1, help="workloads' seed (default 1)")
-    run.add_argument("--retransmit", choices=["gbn", "sr"], default="gbn",
-                     help="the transport's retransmission: go-back-N (RC's; default) or "
-                          "selective repeat")
-    run.add_argument("--repeat", type=int, default=1, metavar="N",
-                     help="run every (scenario, scheme) N times: the table shows median "
-                          "[min-max], the verdict calls only differences beyond that range")
-    run.add_argument("--flows", type=Path,
-                     help="a flow list (CSV: src,dst,bytes,start_s; hosts by name) run as the "
-                          "scenario 'flows' instead of the suite's scenarios")
-    run.add_argument("--faults", type=Path,
-                     help="faults to inject in every scenario (YAML list of {at: SECONDS, "
-                          "target: leaf1:3|spine1|h3, kind: down|up|loss|rate|delay|kill|slow, "
-                          "value: ...}; testbed/faults.py)")
+    run.add_argument(
+        "--retransmit",
+        choices=["gbn", "sr"],
+        default="gbn",
+        help="the transport's retransmission: go-back-N (RC's; default) or selective repeat",
+    )
+    run.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run every (scenario, scheme) N times: the table shows median "
+        "[min-max], the verdict calls only differences beyond that range",
+    )
+    run.add_argument(
+        "--flows",
+        type=Path,
+        help="a flow list (CSV: src,dst,bytes,start_s; hosts by name) run as the "
+        "scenario 'flows' instead of the suite's scenarios",
+    )
+    run.add_argument(
+        "--faults",
+        type=Path,
+        help="faults to inject in every scenario (YAML list of {at: SECONDS, "
+        "target: leaf1:3|spine1|h3, kind: down|up|loss|rate|delay|kill|slow, "
+        "value: ...}; testbed/faults.py)",
+    )
     from testbed.sweep import build_parser as sweep_parser
 
     sweep_parser(sub)
     from testbed.replay import build_parser as replay_parser
 
     replay_parser(sub)
+    from testbed.peer.ns3_hpcc import add_parser as peer_parser
+
+    peer_parser(sub)
     compare = sub.add_parser("compare", help="two or more runs side by side, with ratios")
     compare.add_argument("runs", nargs="+", type=Path, help="run dirs (or results.json files)")
-    compare.add_argument("--median", action="store_true",
-                         help="the runs after the first are repeats: compare the first with "
-                              "their median and show their min-max")
-    report = sub.add_parser("report", help="a run's table again: as text, or as Markdown for "
-                            "the docs with the run's command, commit, date and machine")
+    compare.add_argument(
+        "--median",
+        action="store_true",
+        help="the runs after the first are repeats: compare the first with "
+        "their median and show their min-max",
+    )
+    report = sub.add_parser(
+        "report",
+        help="a run's table again: as text, or as Markdown for "
+        "the docs with the run's command, commit, date and machine",
+    )
     report.add_argument("run", type=Path, help="a run dir (or its results.json)")
     report.add_argument("--markdown", action="store_true", help="Markdown, with the run named")
     cli = sub.add_parser("cli", help="Mininet's CLI on the booted network")
@@ -144,9 +209,15 @@ def _testbed(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
     spec = parse_choice(args.topo)
     scaling = Scaling(scale=args.scale, max_hops=spec.longest_path_switches())
-    opts = TestbedOptions(switch=args.switch, scaling=scaling, rate_law=args.rate_law,
-                          ecn=EcnConfig(), pcap=args.pcap, run_dir=args.run_dir,
-                          controller_caps=args.controller_caps)
+    opts = TestbedOptions(
+        switch=args.switch,
+        scaling=scaling,
+        rate_law=args.rate_law,
+        ecn=EcnConfig(),
+        pcap=args.pcap,
+        run_dir=args.run_dir,
+        controller_caps=args.controller_caps,
+    )
     return Testbed(spec, opts)
 
 
@@ -156,12 +227,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from testbed.experiment.schemes import DEFAULT_SCHEMES, SCHEMES, lossless, parse_cc_profiles
     from testbed.experiment.suite import ALL_SCENARIOS, SCENARIOS, SuiteConfig
 
-    schemes = (tuple(s for s in args.schemes.split(",") if s) if args.schemes
-               else DEFAULT_SCHEMES)
-    scenarios = (tuple(s for s in args.scenarios.split(",") if s) if args.scenarios
-                 else SCENARIOS)
+    schemes = tuple(s for s in args.schemes.split(",") if s) if args.schemes else DEFAULT_SCHEMES
+    scenarios = tuple(s for s in args.scenarios.split(",") if s) if args.scenarios else SCENARIOS
     bad = [s for s in schemes if s not in SCHEMES] + [
-        s for s in scenarios if s not in ALL_SCENARIOS]
+        s for s in scenarios if s not in ALL_SCENARIOS
+    ]
     if args.engine == "emu" and args.seed != 1:
         print("--seed is the twin's (the emulation's workloads use seed 1)", file=sys.stderr)
         return 2
@@ -174,12 +244,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     base = SuiteConfig.quick() if args.quick else SuiteConfig()
     if args.flows is not None:
         scenarios = ("flows",)
-    cfg = SuiteConfig(**{**base.__dict__, "schemes": schemes, "scenarios": scenarios,
-                         "seed": args.seed, "repeat": args.repeat,
-                         "retransmit": args.retransmit,
-                         "pfc_watchdog": args.pfc_watchdog == "on",
-                         "proactive_start": args.proactive_start,
-                         "cc_profiles": parse_cc_profiles(args.cc_profile)})
+    cfg = SuiteConfig(
+        **{
+            **base.__dict__,
+            "schemes": schemes,
+            "scenarios": scenarios,
+            "seed": args.seed,
+            "repeat": args.repeat,
+            "retransmit": args.retransmit,
+            "pfc_watchdog": args.pfc_watchdog == "on",
+            "proactive_start": args.proactive_start,
+            "cc_profiles": parse_cc_profiles(args.cc_profile),
+        }
+    )
     if args.faults is not None:
         from testbed import faults
         from testbed.topo import parse_choice
@@ -199,20 +276,26 @@ def cmd_run(args: argparse.Namespace) -> int:
         from testbed.flow.suite import run_flow
 
         if args.flows is not None or args.faults is not None:
-            print("--flows and --faults run on the packet engines, not --engine flow",
-                  file=sys.stderr)
+            print(
+                "--flows and --faults run on the packet engines, not --engine flow", file=sys.stderr
+            )
             return 2
         return run_flow(args, cfg)
     if args.flows is not None:
         print("--flows runs on the twin (--engine sim)", file=sys.stderr)
         return 2
     if "storm" in scenarios:
-        print("the storm runs on the twin (--engine sim): the emulation's NICs honour PFC "
-              "pauses but do not send them", file=sys.stderr)
+        print(
+            "the storm runs on the twin (--engine sim): the emulation's NICs honour PFC "
+            "pauses but do not send them",
+            file=sys.stderr,
+        )
         return 2
     if any(lossless(s) for s in schemes) and args.switch == "bmv2":
-        print("lossless schemes need the built-in switch (--switch builtin): bmv2 has no PFC",
-              file=sys.stderr)
+        print(
+            "lossless schemes need the built-in switch (--switch builtin): bmv2 has no PFC",
+            file=sys.stderr,
+        )
         return 2
     from testbed.emu.network import install_signal_handlers
     from testbed.emu.suite import EmuSuite
@@ -227,24 +310,34 @@ def cmd_run(args: argparse.Namespace) -> int:
             base_rtt, tita_t = suite.base_rtt_s, suite.tita_t_s
             cc_records = suite.cc_records
         s = tb.scaling
-        setup = {"engine": "emu", "command": args.command,
-                 "topology": tb.spec.name, "switch": tb.switch_cls.kind,
-                 "scaling": s.describe(), "scale": s.scale, "link_bps": s.link_bps,
-                 "nic_bps": s.nic_bps, "base_rtt_s": base_rtt, "tita_base_rtt_s": tita_t,
-                 "suite": cfg.__dict__,
-                 "cc_profiles": cc_records,
-                 "controller_caps": args.controller_caps,
-                 "faults_file": str(args.faults) if args.faults else None,
-                 "queue_source": "INT queue occupancy of every data packet arriving at a "
-                                 "host (per departure from each hop)"}
+        setup = {
+            "engine": "emu",
+            "command": args.command,
+            "topology": tb.spec.name,
+            "switch": tb.switch_cls.kind,
+            "scaling": s.describe(),
+            "scale": s.scale,
+            "link_bps": s.link_bps,
+            "nic_bps": s.nic_bps,
+            "base_rtt_s": base_rtt,
+            "tita_base_rtt_s": tita_t,
+            "suite": cfg.__dict__,
+            "cc_profiles": cc_records,
+            "controller_caps": args.controller_caps,
+            "faults_file": str(args.faults) if args.faults else None,
+            "queue_source": "INT queue occupancy of every data packet arriving at a "
+            "host (per departure from each hop)",
+        }
         write_results(tb.run_dir / "results.json", records, setup)
         plots = write_plots(records, tb.run_dir, s.link_bps, s.nic_bps)
         tb.say("stopping the testbed")
     left = tb.leftovers()
     print()
     print(f"{tb.spec.name}, {tb.switch_cls.kind} switches; {s.describe()}")
-    print(f"base RTT {base_rtt * 1e3:.2f} ms (measured), TiTa's T {tita_t * 1e3:.1f} ms; "
-          "queue: INT at the bottleneck egress port")
+    print(
+        f"base RTT {base_rtt * 1e3:.2f} ms (measured), TiTa's T {tita_t * 1e3:.1f} ms; "
+        "queue: INT at the bottleneck egress port"
+    )
     if tb.switch_cls.kind == "bmv2":
         print(bmv2_caveat(s))
     print()
@@ -295,6 +388,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_peer(args: argparse.Namespace) -> int:
+    from testbed.peer.ns3_hpcc import cmd_peer as run
+
+    return run(args)
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     from testbed.sweep import cmd_sweep as run
 
@@ -314,8 +413,10 @@ def cmd_topo(args: argparse.Namespace) -> int:
     if args.dump:
         print(dump(spec), end="")
         return 0
-    print(f"{spec.name}: {len(spec.switches)} switches, {len(spec.hosts)} hosts, "
-          f"{len(spec.links)} links; longest path {spec.longest_path_switches()} switches")
+    print(
+        f"{spec.name}: {len(spec.switches)} switches, {len(spec.hosts)} hosts, "
+        f"{len(spec.links)} links; longest path {spec.longest_path_switches()} switches"
+    )
     for lk in spec.links:
         print(f"  {lk.a} -- {lk.b}")
     if spec.collector is not None:
@@ -345,16 +446,24 @@ def main(argv: list[str] | None = None) -> int:
         from testbed.collective_cli import COMMANDS
         from testbed.flow.cli import COMMANDS as FLOW_COMMANDS
 
-        return {"run": cmd_run, "cli": cmd_cli, "doctor": cmd_doctor, "topo": cmd_topo,
-                "compare": cmd_compare, "report": cmd_report, "sweep": cmd_sweep,
-                "replay": cmd_replay,
-                **COMMANDS, **FLOW_COMMANDS}[args.cmd](args)
+        return {
+            "run": cmd_run,
+            "cli": cmd_cli,
+            "doctor": cmd_doctor,
+            "topo": cmd_topo,
+            "compare": cmd_compare,
+            "report": cmd_report,
+            "sweep": cmd_sweep,
+            "replay": cmd_replay,
+            "peer": cmd_peer,
+            **COMMANDS,
+            **FLOW_COMMANDS,
+        }[args.cmd](args)
     except ValueError as exc:  # testbed.topo.TopologyError and bad options
         print(f"xingmai-testbed: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("xingmai-testbed: interrupted; everything it started is stopped",
-              file=sys.stderr)
+        print("xingmai-testbed: interrupted; everything it started is stopped", file=sys.stderr)
         return 130
     except UserError as exc:  # a testbed or component that cannot start, a missing extra
         print(f"xingmai-testbed: {exc}", file=sys.stderr)
@@ -368,8 +477,10 @@ if __name__ == "__main__":
 def bmv2_caveat(s: Scaling) -> str:
     """What differs on bmv2, said under its table: bmv2's traffic manager counts packets."""
     f = s.frame_bytes
-    return (f"bmv2: queues drain in packets/s (port speed / {f} B frames), so an ACK costs a "
-            "port as much time as a full frame and data sharing a port with ACKs drains below "
-            f"the port's speed; INT queue depths are packets x {f} B; bmv2 has no PFC (the "
-            "lossless schemes run on the built-in switch). Not comparable with the built-in "
-            "switch's table figure for figure.")
+    return (
+        f"bmv2: queues drain in packets/s (port speed / {f} B frames), so an ACK costs a "
+        "port as much time as a full frame and data sharing a port with ACKs drains below "
+        f"the port's speed; INT queue depths are packets x {f} B; bmv2 has no PFC (the "
+        "lossless schemes run on the built-in switch). Not comparable with the built-in "
+        "switch's table figure for figure."
+    )

@@ -192,6 +192,7 @@ TESTBED_LAYERS: tuple[tuple[str, ...], ...] = (
         "testbed.sweep",
         "testbed.collective_cli",
         "testbed.p4build",
+        "testbed.peer",
     ),
     # the engines, side by side: neither imports the other
     ("testbed.emu", "testbed.sim", "testbed.flow"),

@@ -1,0 +1,180 @@
+"""`xingmai-testbed peer ns3-hpcc` without the simulator: the files it writes for HPCC's ns-3
+simulator (checked by hand against third.cc's reader), the parsers of its outputs on samples
+written by hand in its formats (tests/data/ns3_hpcc/: fct.txt, qlen.txt, pfc.txt of a run on
+tests/data/twin-fabric.yaml, whose nodes are 0-3 the hosts h1-h4 and 4-6 leaf1, leaf2,
+spine1), and the error when the simulator is not where --sim says.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from testbed.main import main
+from testbed.model import Scaling
+from testbed.peer.ns3_hpcc import (
+    PeerError,
+    check_sim,
+    hist_p99,
+    hist_peak,
+    ns3_result,
+    ns3_topology,
+    parse_fct,
+    parse_pfc,
+    parse_qlen,
+    write_experiment,
+)
+from testbed.sim.run import load_flows
+from testbed.topo import load
+
+DATA = Path(__file__).parent / "data"
+SAMPLES = DATA / "ns3_hpcc"
+
+
+@pytest.fixture
+def fabric():  # type: ignore[no-untyped-def]
+    spec = load(DATA / "twin-fabric.yaml")
+    return spec, Scaling(scale=1, max_hops=spec.longest_path_switches())
+
+
+def test_topology_file(fabric) -> None:  # type: ignore[no-untyped-def]
+    spec, scaling = fabric
+    topo = ns3_topology(spec, scaling)
+    # hosts first (their order), then switches; every link at 400G and the twin's 80 ns
+    assert topo.text == (
+        "7 3 6\n"
+        "4 5 6\n"
+        "0 4 400000000000bps 80ns 0\n"
+        "1 4 400000000000bps 80ns 0\n"
+        "2 5 400000000000bps 80ns 0\n"
+        "3 5 400000000000bps 80ns 0\n"
+        "4 6 400000000000bps 80ns 0\n"
+        "5 6 400000000000bps 80ns 0\n"
+    )
+    # a node's devices count 1, 2, ... in the order of its links (0 is the loopback)
+    assert topo.ports == {
+        (4, 1): "leaf1:1",
+        (4, 2): "leaf1:2",
+        (4, 3): "leaf1:3",
+        (5, 1): "leaf2:1",
+        (5, 2): "leaf2:2",
+        (5, 3): "leaf2:3",
+        (6, 1): "spine1:1",
+        (6, 2): "spine1:2",
+    }
+
+
+def _config(path: Path) -> dict[str, str]:
+    out = {}
+    for line in path.read_text().splitlines():
+        key, _, value = line.partition(" ")
+        out[key] = value
+    return out
+
+
+def test_experiment_files(fabric, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    spec, scaling = fabric
+    flows = load_flows(DATA / "twin-flows.csv", spec)
+    write_experiment(spec, flows, "hpcc", scaling, tmp_path / "hpcc", 1000)
+    # by start time: src dst pg dport (100 + flow id) bytes start_s
+    assert (tmp_path / "hpcc" / "flow.txt").read_text() == (
+        "4\n2 0 3 100 300000 0.0\n3 0 3 101 300000 0.001\n0 3 3 102 50000 0.05\n"
+        "1 2 3 103 8000 0.05\n"
+    )
+    assert (tmp_path / "hpcc" / "trace.txt").read_text() == "0\n"
+    c = _config(tmp_path / "hpcc" / "config.txt")
+    # the NIC's line rate: 400G x 4154 / (4154 + 16 + 3 x 28) = 390,597,085,xxx b/s
+    assert c["CC_MODE"] == "3"
+    assert c["U_TARGET"] == "0.95"
+    assert c["MI_THRESH"] == "5"  # HPCC's maxStage
+    assert c["RATE_AI"] == "195298542bps"  # W_AI = line rate x (1 - 0.95) / 100
+    assert c["MIN_RATE"] == "390597085bps"  # line rate / 1000
+    assert c["HAS_WIN"] == "1" and c["VAR_WIN"] == "0"  # B x T, fixed as ours
+    assert c["INT_MULTI"] == "16"  # 400G / 25G
+    assert c["ENABLE_PFC"] == "0"  # our hpcc is lossy
+    assert c["PACKET_PAYLOAD_SIZE"] == "4096"
+    assert c["L2_ACK_INTERVAL"] == "1"  # else flows below the interval never complete
+    assert c["KMIN_MAP"] == "1 400000000000 20" and c["KMAX_MAP"] == "1 400000000000 100"
+    assert c["PMAX_MAP"] == "1 400000000000 0.2"
+    assert c["BUFFER_SIZE"] == "2"  # 3 ports x 500 KB = 1.43 MiB, rounded up
+    assert c["TOPOLOGY_FILE"] == "topology.txt" and c["FCT_OUTPUT_FILE"] == "fct.txt"
+    # the last start 0.05 s + 50 x 658 KB at 400G + 10 ms
+    assert float(c["SIMULATOR_STOP_TIME"]) == pytest.approx(0.05 + 50 * 658000 * 8 / 400e9 + 0.01)
+    assert c["STOP_WHEN_DONE"] == "1"
+
+    write_experiment(spec, flows, "dcqcn+pfc", scaling, tmp_path / "dcqcn", 1000)
+    c = _config(tmp_path / "dcqcn" / "config.txt")
+    # DCQCN's 40G values x 9.765 (the NIC's rate / 40G), its timers / 9.765, in us
+    assert c["CC_MODE"] == "1"
+    assert c["ENABLE_PFC"] == "1"
+    assert c["RATE_AI"] == "390597085bps" and c["RATE_HAI"] == "3905970850bps"
+    assert c["ALPHA_RESUME_INTERVAL"] == "5.632" and c["RP_TIMER"] == "5.632"
+    assert c["RATE_DECREASE_INTERVAL"] == "0.409"
+    assert c["EWMA_GAIN"] == "0.00390625"  # g = 1/256
+    assert c["FAST_RECOVERY_TIMES"] == "5"
+    assert c["HAS_WIN"] == "0"
+
+
+def test_unsupported(fabric, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    spec, scaling = fabric
+    flows = load_flows(DATA / "twin-flows.csv", spec)
+    with pytest.raises(PeerError, match="no counterpart"):
+        write_experiment(spec, flows, "tita", scaling, tmp_path, 1000)
+    slow = Scaling(scale=20000, max_hops=3)
+    with pytest.raises(PeerError, match="INT encodes only"):
+        write_experiment(spec, flows, "hpcc", slow, tmp_path, 1000)
+
+
+def test_parsers() -> None:
+    fct = parse_fct((SAMPLES / "fct.txt").read_text())
+    assert [(f.src, f.dst, f.dport, f.size, f.start_ns, f.fct_ns) for f in fct] == [
+        (2, 0, 100, 300000, 0, 12000),
+        (3, 0, 101, 300000, 1000000, 9000),
+    ]
+    q = parse_qlen((SAMPLES / "qlen.txt").read_text())  # the last block only
+    assert q == {(4, 1): [100, 0, 5, 0, 1], (4, 3): [20, 1], (6, 1): [30]}
+    assert hist_peak(q[(4, 1)]) == 4000 and hist_p99(q[(4, 1)]) == 2000
+    assert hist_peak(q[(4, 3)]) == 1000 and hist_p99(q[(4, 3)]) == 1000
+    assert hist_peak(q[(6, 1)]) == 0
+    assert parse_pfc((SAMPLES / "pfc.txt").read_text()) == [
+        (15000, 4, 1, 3, 1),
+        (17500, 4, 1, 3, 0),
+    ]
+    with pytest.raises(ValueError, match="fct.txt:1"):
+        parse_fct("0b000201 0b000001 10000\n")
+
+
+def test_result_of_samples(fabric) -> None:  # type: ignore[no-untyped-def]
+    spec, scaling = fabric
+    flows = load_flows(DATA / "twin-flows.csv", spec)
+    r = ns3_result(SAMPLES, ns3_topology(spec, scaling), flows, [h.name for h in spec.hosts])
+    assert r["flows"] == 4 and r["completed"] == 2
+    assert [f["fct_s"] for f in r["per_flow"]] == [12e-6, 9e-6, None, None]
+    assert r["completion_s"] == pytest.approx(0.001 + 9e-6)  # last finish - first start
+    assert r["peak_port"] == "leaf1:1" and r["peak_queue_bytes"] == 4000
+    assert r["peak_port_p99_bytes"] == 2000
+    assert r["pauses"] == 1 and r["drops"] is None  # no stdout.txt beside the samples
+
+
+def test_missing_simulator(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "no" / "third"
+    with pytest.raises(PeerError, match="not found: .*no/third does not exist"):
+        check_sim(missing)
+    rc = main(
+        [
+            "peer",
+            "ns3-hpcc",
+            "--sim",
+            str(missing),
+            "--flows",
+            str(DATA / "twin-flows.csv"),
+            "--topo",
+            str(DATA / "twin-fabric.yaml"),
+            str(tmp_path / "run"),
+        ]
+    )
+    assert rc == 1
+    err = capsys.readouterr().err
+    assert "HPCC's ns-3 simulator not found" in err and str(missing) in err
+    assert not (tmp_path / "run").exists()  # nothing written, the twin not run
