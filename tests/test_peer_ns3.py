@@ -7,6 +7,7 @@ spine1), and the error when the simulator is not where --sim says.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -63,6 +64,15 @@ def test_topology_file(fabric) -> None:  # type: ignore[no-untyped-def]
         (6, 1): "spine1:1",
         (6, 2): "spine1:2",
     }
+
+
+def test_topology_file_takes_each_links_own_speed_and_delay(fabric) -> None:  # type: ignore[no-untyped-def]
+    spec, scaling = fabric
+    first = dataclasses.replace(spec.links[0], gbps=100.0, delay_ns=500)
+    mixed = dataclasses.replace(spec, links=(first, *spec.links[1:]))
+    lines = ns3_topology(mixed, scaling).text.splitlines()
+    assert lines[2] == "0 4 100000000000bps 500ns 0"
+    assert lines[3] == "1 4 400000000000bps 80ns 0"
 
 
 def _config(path: Path) -> dict[str, str]:

@@ -94,8 +94,8 @@ def _delay(ns: float) -> str:
 
 
 def ns3_topology(spec: FabricSpec, scaling: Scaling) -> Ns3Topology:
-    """The fabric as topology.txt: every link at the model's port speed and link delay (the
-    twin's: 80 ns at scale 1, dilated like every time)."""
+    """The fabric as topology.txt: every link at its own speed and delay, or the model's port
+    speed and the twin's link delay (80 ns at scale 1, dilated like every time)."""
     node = {h.name: i for i, h in enumerate(spec.hosts)}
     for s in spec.switches:
         node[s.name] = len(node)
@@ -121,7 +121,10 @@ def ns3_topology(spec: FabricSpec, scaling: Scaling) -> Ns3Topology:
             devices[n] = devices.get(n, 0) + 1
             if spec.is_switch(e.node):
                 ports[(n, devices[n])] = str(e)
-        lines.append(f"{a} {b} {_rate(scaling.link_bps)} {_delay(delay_ns)} 0")
+        own_delay = None if lk.delay_ns is None else lk.delay_ns * scaling.scale
+        rate = scaling.emulated_bps(lk.gbps)
+        delay = delay_ns if own_delay is None else own_delay
+        lines.append(f"{a} {b} {_rate(rate)} {_delay(delay)} 0")
     return Ns3Topology("\n".join(lines) + "\n", node, ports)
 
 
