@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import re
 import sys
 from pathlib import Path
@@ -52,7 +53,7 @@ def generate(p4info_text: str, source: str) -> str:
             raise ValueError(f"two P4 objects generate {name}: {seen[name]} and {value}")
         if name not in seen:
             seen[name] = value
-            out.append(f"{name} = {value!r}")
+            out.append(f"{name} = {json.dumps(value)}")  # as ruff format writes it
 
     out.append("# tables and their match fields")
     for t in sorted(info.tables, key=lambda t: t.preamble.name):
