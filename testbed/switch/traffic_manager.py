@@ -223,11 +223,17 @@ class PortQueues:
     def resize(self, booked_bytes: int, sent_bytes: int) -> None:
         """The frame booked at `booked_bytes` left the egress pipeline as `sent_bytes` (INT
         metadata added, or taken off by a sink): the port is busy for what it really sends."""
-        if sent_bytes != booked_bytes and (self.rate_bps or self.rate_pps):
-            self.next_tx_ns += self.book_ns(
-                self.service_ns(sent_bytes) - self.service_ns(booked_bytes)
-            )
-            self.last_tx_end_ns = self.next_tx_ns
+        if self.rate_pps or not self.rate_bps:
+            if not self.rate_pps:
+                return  # no rate: nothing was booked
+            extra = self.service_ns(sent_bytes) - self.service_ns(booked_bytes)
+        else:  # the common case, per packet: a byte rate alone, the difference directly
+            extra = (sent_bytes - booked_bytes) * 8e9 / (self.rate_bps * self.fault.rate_factor)
+        acc = self.tx_carry_ns + extra
+        whole = math.floor(acc)
+        self.tx_carry_ns = acc - whole
+        self.next_tx_ns += whole
+        self.last_tx_end_ns = self.next_tx_ns
 
     def head_ready_ns(self) -> int:
         """When the packet next in line may leave: its port is free, it has waited out a
@@ -475,7 +481,13 @@ class TrafficManager:
                             ready = paused[prio]
                         start = pq.next_tx_ns if pq.next_tx_ns > ready else ready
                         done = start
-                        if pq.rate_bps or pq.rate_pps:
+                        if pq.rate_bps and not pq.rate_pps:  # per packet: inlined
+                            t = nbytes * 8e9 / (pq.rate_bps * pq.fault.rate_factor)
+                            acc = pq.tx_carry_ns + (t if t < MAX_SERVICE_NS else MAX_SERVICE_NS)
+                            whole = int(acc)  # acc >= 0: its floor
+                            pq.tx_carry_ns = acc - whole
+                            done += whole
+                        elif pq.rate_pps:
                             done += pq.book_ns(pq.service_ns(nbytes))
                         pq.next_tx_ns = done
                         if pq.first_tx_ns < 0:

@@ -528,6 +528,7 @@ class V1Switch:
             return
         if p.truncate_len >= 0:
             out = out[: p.truncate_len]
-        self.tm.ports[port].resize(booked, len(out))  # the port sends the frame as it left
+        if len(out) != booked:  # the port sends the frame as it left egress
+            self.tm.ports[port].resize(booked, len(out))
         self.stats.tx += 1
         self.transmit(port, out)
