@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import grpc
+from google.protobuf.descriptor import FieldDescriptor
 
 from controller.config import RATE_LAW_PARAMS, Config, HostConfig, LawPolicy
 from controller.proto import agent_pb2 as pb
@@ -21,28 +22,6 @@ from controller.proto import agent_pb2_grpc as pb_grpc
 from controller.slowloop import AgentError, AgentFlow, AgentPort, FlowKey
 from controller.topology import Topology
 
-_INT_PARAMS = {
-    "w_ai_bps",
-    "max_stage",
-    "base_rtt_ns",
-    "rai_bps",
-    "rhai_bps",
-    "byte_counter_bytes",
-    "alpha_timer_ns",
-    "rate_timer_ns",
-    "cut_interval_ns",
-    "fast_recovery_steps",
-    "min_rate_bps",
-    "delta_bps",
-    "t_low_ns",
-    "t_high_ns",
-    "min_rtt_ns",
-    "hai_steps",
-    "ai_bytes",
-    "base_target_ns",
-    "per_hop_ns",
-    "sender_ttl",
-}
 # The RateLawConfig message each law's parameters go in (T, base_rtt_ns, is TitaParams')
 _LAW_MESSAGE = {
     "tita": "tita",
@@ -60,13 +39,15 @@ def rate_law_config(policy: LawPolicy) -> Any:
     for name, value in policy.params.items():
         if name not in allowed:
             raise ValueError(f"{policy.rate_law} has no parameter {name!r}")
-        v: float | int = round(value) if name in _INT_PARAMS else float(value)
         if name == "min_rate_bps":
-            cfg.min_rate_bps = int(v)
+            target = cfg
         elif name == "base_rtt_ns":
-            cfg.tita.base_rtt_ns = int(v)
+            target = cfg.tita
         else:
-            setattr(getattr(cfg, _LAW_MESSAGE[policy.rate_law]), name, v)
+            target = getattr(cfg, _LAW_MESSAGE[policy.rate_law])
+        # whole numbers where the API's field is an integer (its descriptor says which)
+        whole = target.DESCRIPTOR.fields_by_name[name].cpp_type != FieldDescriptor.CPPTYPE_DOUBLE
+        setattr(target, name, round(value) if whole else float(value))
     return cfg
 
 
