@@ -4,8 +4,10 @@ it what it polls from the switches over P4Runtime and SwitchAdmin, the twin feed
 numbers read in process; both call `evaluate(now)` at their own clock.
 
 What each suspect rests on:
-- **switch unreachable**: its P4Runtime channel is down or it answers no poll for
-  `dead_after_s`; every link of it is dead.
+- **switch unreachable**: its P4Runtime channel is down or a poll is refused, and it stays so
+  for `dead_after_s`; or it answers no poll in time for `silent_after_s` (a timeout is weaker
+  evidence than a refusal: a busy switch, or a controller that was itself late, answers late);
+  every link of it is dead.
 - **link down**: a port at either end reports its link down (oper status).
 - **lossy link**: a port receiving corrupted frames (its FCS error counter, as a MAC counts
   them) beyond `min_loss` of what it received. Counters, not packets: every flow on the link
@@ -85,7 +87,8 @@ class Suspect:
 @dataclass(frozen=True)
 class Thresholds:
     window_s: float = 2.0  # counters and latency are compared over this long
-    dead_after_s: float = 0.3  # a switch silent this long is unreachable
+    dead_after_s: float = 0.3  # a switch refusing polls this long is unreachable
+    silent_after_s: float = 3.0  # a switch answering no poll in time this long is unreachable
     min_errors: int = 3  # receive errors before a link is called lossy, and
     min_loss: float = 0.003  # 0.3 % of the frames it received
     min_departures: int = 20  # a latency estimate needs this many departures
@@ -158,8 +161,24 @@ class Localizer:
             return
         self._losses.append(loss)
 
+    def alive(self, switch: str, t: float) -> None:
+        """The switch answered at `t` but gave no counters (part of its poll timed out)."""
+        h = self._hist.get(switch)
+        if h is not None:
+            h.last_seen = t
+            h.unreachable_since = None
+
+    def paused(self, seconds: float) -> None:
+        """The caller could not observe the switches for `seconds` (its own loop was late):
+        that time does not count towards any switch's silence."""
+        for h in self._hist.values():
+            if h.last_seen is not None:
+                h.last_seen += seconds
+            if h.unreachable_since is not None:
+                h.unreachable_since += seconds
+
     def unreachable(self, switch: str, t: float) -> None:
-        """The switch's channel went down or a poll failed at `t`."""
+        """The switch's channel went down or a poll was refused at `t` (not: it was late)."""
         h = self._hist.get(switch)
         if h is not None and h.unreachable_since is None:
             h.unreachable_since = t
@@ -292,7 +311,7 @@ class Localizer:
             elif (
                 since is None
                 and h.last_seen is not None
-                and now - h.last_seen >= max(self.th.dead_after_s, self.th.window_s)
+                and now - h.last_seen >= self.th.silent_after_s
             ):
                 out[sw] = h.last_seen  # answered before, silent since
         return out

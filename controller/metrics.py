@@ -161,6 +161,11 @@ class ControllerMetrics:
         )
         if ops.failover_writes_s:
             took.add_metric([], ops.failover_writes_s[-1])
+        late = CounterMetricFamily(
+            "xingmai_controller_poll_rounds_late",
+            "poll rounds that no switch answered in time (the controller was late): skipped",
+        )
+        late.add_metric([], ops.rounds_late)
         named = CounterMetricFamily(
             "xingmai_controller_suspects_named",
             "elements named as suspects since the start",
@@ -171,7 +176,7 @@ class ControllerMetrics:
             kinds[sp.kind] = kinds.get(sp.kind, 0) + 1
         for kind, count in sorted(kinds.items()):
             named.add_metric([kind], count)
-        yield from (sus, dead, routed, fo, rr, took, named)
+        yield from (sus, dead, routed, fo, rr, took, late, named)
         loss = CounterMetricFamily(
             "xingmai_controller_flow_loss_reports",
             "NIC sinks' reports of a flow's packets lost before them",

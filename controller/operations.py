@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import finsy as fy
@@ -32,6 +33,17 @@ log = logging.getLogger("xingmai.controller.operations")
 POLL_S = 0.1  # seconds between polls of every switch
 
 
+@dataclass(frozen=True)
+class PollFailed:
+    """Why a switch's poll gave no sample: `refused` (its channel is down, or a call was
+    refused or failed: it is gone) or late (a call timed out); `answered` if some call of the
+    poll was answered (it is alive)."""
+
+    reason: str
+    refused: bool
+    answered: bool = False
+
+
 class Operations:
     def __init__(self, daemon: Daemon, poll_s: float = POLL_S):
         self.d = daemon
@@ -42,9 +54,14 @@ class Operations:
         self._losses_seen = 0  # the collector's loss events given to the localizer
         self.links_removed = 0  # links taken out of the routes (reroutes), over all fail-overs
         self.links_restored = 0
+        self.rounds_late = 0  # poll rounds that no switch answered in time (skipped)
+        self._late_streak = 0
+        self._last_round = time.monotonic()  # when the last poll round ended
         self.failover_writes_s: list[float] = []  # how long each fail-over's writes took
         self.events: list[dict[str, Any]] = []  # named/cleared/failover, bounded
         self._channels: dict[str, grpc.aio.Channel] = {}
+        # why each switch's last poll failed (None: it answered), logged when it changes
+        self._poll_failed: dict[str, str | None] = {}
         # the localizer's clock is monotonic; suspects are reported in unix time
         self._unix_offset = time.time() - time.monotonic()
 
@@ -87,11 +104,37 @@ class Operations:
             )
         results = await asyncio.gather(*(self._poll(s) for s in sessions))
         now = time.monotonic()
-        for s, sample in zip(sessions, results, strict=True):
-            if sample is None:
+        failed = [r for r in results if isinstance(r, PollFailed)]
+        late = not any(f.refused or f.answered for f in failed)
+        if failed and len(failed) == len(results) and late:
+            # Nothing answered in time, nothing refused: the controller was late (its loop or
+            # its CPU), not every switch at once. Not evidence against any of them.
+            if self._late_streak == 0:
+                log.warning("no switch answered a poll in time: this controller was late")
+            self.loc.paused(now - self._last_round)
+            self._last_round = now
+            self.rounds_late += 1
+            self._late_streak += 1
+            return
+        if self._late_streak:
+            log.info("polls answered again", extra={"rounds_late": self._late_streak})
+            self._late_streak = 0
+        self._last_round = now
+        for s, result in zip(sessions, results, strict=True):
+            why = result.reason if isinstance(result, PollFailed) else None
+            if why != self._poll_failed.get(s.name):
+                self._poll_failed[s.name] = why
+                if why is None:
+                    log.info("switch answers polls again", extra={"switch": s.name})
+                else:
+                    log.warning("switch poll failed", extra={"switch": s.name, "error": why})
+            if isinstance(result, SwitchSample):
+                self.loc.observe(result)
+            elif result.refused:
                 self.loc.unreachable(s.name, now)
-            else:
-                self.loc.observe(sample)
+            elif result.answered:
+                self.loc.alive(s.name, now)
+            # a poll that timed out, alone: the switch is late; silent long enough, unreachable
         losses, self._losses_seen = self.d.collector.losses_since(self._losses_seen)
         for loss in losses:
             self.loc.path_loss(loss)
@@ -106,7 +149,8 @@ class Operations:
             ch = self._channels[s.name] = grpc.aio.insecure_channel(s.sw.grpc_addr)
         return ch
 
-    async def _poll(self, s: SwitchSession) -> SwitchSample | None:
+    async def _poll(self, s: SwitchSession) -> SwitchSample | PollFailed:
+        """The switch's sample, or why it gave none."""
         from controller.proto import switch_pb2, switch_pb2_grpc
 
         ports = {p.port: {} for p in s.sw.ports}  # type: dict[int, dict[str, Any]]
@@ -116,8 +160,11 @@ class Operations:
             try:
                 st = await stub.GetStatus(switch_pb2.GetStatusRequest(), timeout=timeout)
                 qs = await stub.GetQueues(switch_pb2.GetQueuesRequest(), timeout=timeout)
-            except grpc.RpcError:
-                return None
+            except grpc.RpcError as exc:
+                code = exc.code()
+                late = code == grpc.StatusCode.DEADLINE_EXCEEDED
+                return PollFailed(f"SwitchAdmin: {code.name}", refused=not late)
+            answered = True
             for p in st.ports:
                 if p.port in ports:
                     ports[p.port].update(up=not p.down, rx_errors=p.rx_errors)
@@ -128,9 +175,11 @@ class Operations:
                         wait_ns=q.wait_ns,
                         expected_wait_ns=q.expected_wait_ns,
                     )
+        else:
+            answered = False
         sw = s.switch
         if sw is None or not s.health.connected:
-            return None
+            return PollFailed("P4Runtime channel down", refused=True, answered=answered)
         reader: Any = sw
         try:
             async with asyncio.timeout(timeout):
@@ -138,8 +187,12 @@ class Operations:
                     async for ent in reader.read([fy.P4CounterEntry(ctr, index=p) for p in ports]):
                         if ent.data is not None and ent.index in ports:
                             ports[ent.index][key] = ent.data.packet_count
-        except (TimeoutError, fy.P4ClientError, grpc.RpcError):
-            return None
+        except TimeoutError:
+            why = f"P4Runtime counter read: no answer within {timeout:g} s"
+            return PollFailed(why, refused=False, answered=answered)
+        except (fy.P4ClientError, grpc.RpcError) as exc:
+            why = f"P4Runtime counter read: {type(exc).__name__}: {exc}"
+            return PollFailed(why, refused=True, answered=answered)
         return SwitchSample(
             s.name, time.monotonic(), {p: PortSample(p, **v) for p, v in ports.items()}
         )

@@ -57,6 +57,7 @@ class SimOperations:
             window_s=th.window_s * self.k,
             vote_window_s=th.vote_window_s * self.k,
             dead_after_s=th.dead_after_s * self.k,
+            silent_after_s=th.silent_after_s * self.k,
             hold_s=th.hold_s * self.k,
         )
         self.loc = Localizer(self.fab.topo, self.fab.scaling.transport_mtu + 58, th)
