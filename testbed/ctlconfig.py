@@ -122,6 +122,8 @@ def controller_config(
             "queue_depth_bytes": m.queue_bytes,
             # the byte limit binds on the built-in switch; bmv2 counts packets only
             "queue_depth_packets": scaling.queue_packets(),
+            "shared_buffer_bytes_per_port": m.buffer_per_port(),
+            "buffer_alpha": m.buffer_alpha,
             "mean_packet_bytes": min(9216, scaling.frame_bytes),
             "cell_bytes": 1,
         },

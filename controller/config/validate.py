@@ -278,6 +278,10 @@ def _model(doc: Any) -> ModelConfig:
         scale=r.get("scale", _num(1, None), d.scale),
         queue_depth_bytes=r.get("queue_depth_bytes", _int(0), d.queue_depth_bytes),
         queue_depth_packets=r.get("queue_depth_packets", _int(1), d.queue_depth_packets),
+        shared_buffer_bytes_per_port=r.get(
+            "shared_buffer_bytes_per_port", _int(0), d.shared_buffer_bytes_per_port
+        ),
+        buffer_alpha=r.get("buffer_alpha", _num(0, None, open_lo=True), d.buffer_alpha),
         mean_packet_bytes=r.get("mean_packet_bytes", _int(64, 9216), d.mean_packet_bytes),
         cell_bytes=r.get("cell_bytes", _int(1, 65536), d.cell_bytes),
     )

@@ -31,7 +31,7 @@ from controller.config import EcnConfig
 from controller.nic.ratelaw import CcParams, Law
 from controller.nic.ratelaw.profiles import DEFAULT_PROFILES, load_profile
 from controller.proto import switch_pb2
-from controller.queues import queue_settings
+from controller.queues import buffer_setting, queue_settings
 from controller.reconcile import SwitchState, diff, ordered_updates
 from controller.topology import Topology
 from controller.wire.pfc import is_mac_control
@@ -277,6 +277,8 @@ class SimFabric:
                     ),
                     None,
                 )
+            shared, alpha = buffer_setting(self.cfg, swc)
+            sim.admin.SetBuffer(switch_pb2.SetBufferRequest(shared_bytes=shared, alpha=alpha), None)
 
     def _build(self) -> None:
         s = self.scaling
@@ -394,16 +396,19 @@ class SimFabric:
         return len(self.hosts)
 
     def pfc_config(self, switch: str) -> PfcConfig:
-        """A switch's PFC thresholds: its buffer (one egress queue's depth, which no queue
-        can then exceed) shared by its ports, headroom for the links' rate and delay."""
+        """A switch's PFC thresholds: its buffer (shared, with a dynamic XOFF; or one egress
+        queue's depth, which no queue can then exceed) shared by its ports, headroom for the
+        links' rate and delay."""
         s = self.scaling
+        m = s.model
         ports = [End(switch, p) for p in self.spec.switch_ports(switch)]
         return pfc_thresholds(  # headroom for its fastest, longest link
             max((self.link_bps(e) for e in ports), default=s.link_bps),
             max((self.link_delay_ns(e) for e in ports), default=self.delay_ns),
             s.link_mtu + 14,
-            self.cfg.model.queue_depth_bytes,
-            len(self.spec.switch_ports(switch)),
+            m.switch_buffer_bytes(len(ports)) if m.shared else self.cfg.model.queue_depth_bytes,
+            len(ports),
+            alpha=m.pfc_alpha if m.shared else 0.0,
         )
 
     def watchdog_config(self, action: str = "drop") -> WatchdogConfig:

@@ -14,7 +14,7 @@ from testbed.switch.dataplane import Dataplane
 from testbed.switch.p4runtime import P4RuntimeService, RpcError
 from testbed.switch.p4runtime.codec import grpc_code
 from testbed.switch.pfc import PfcConfig, WatchdogConfig
-from testbed.switch.traffic_manager import check_fault_setting, check_queue_setting
+from testbed.switch.traffic_manager import SharedBuffer, check_fault_setting, check_queue_setting
 from testbed.switch.v1model import V1Switch
 
 
@@ -88,6 +88,10 @@ class SwitchAdminService(switch_pb2_grpc.SwitchAdminServicer):  # type: ignore[m
                     r.quanta or 0xFFFF,
                     frozenset(p for p in range(16) if mask >> p & 1),
                     r.link_bps,
+                    r.alpha,
+                    r.pool_bytes,
+                    r.reserve_bytes,
+                    r.resume_offset_bytes,
                 )
                 if r.watchdog_poll_ns:
                     wd = WatchdogConfig(
@@ -101,6 +105,19 @@ class SwitchAdminService(switch_pb2_grpc.SwitchAdminServicer):  # type: ignore[m
         with self.switch.lock:
             self.switch.tm.set_pfc(pfc, wd)
         return switch_pb2.SetPfcResponse()
+
+    def SetBuffer(self, request: Any, context: Any) -> Any:
+        r = request
+        self._check_primary(r, context)
+        buffer: SharedBuffer | None = None
+        if r.shared_bytes:
+            try:
+                buffer = SharedBuffer(r.shared_bytes, r.alpha)
+            except ValueError as exc:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        with self.switch.lock:
+            self.switch.tm.set_buffer(buffer)
+        return switch_pb2.SetBufferResponse()
 
     def GetQueues(self, request: Any, context: Any) -> Any:
         resp = switch_pb2.GetQueuesResponse()

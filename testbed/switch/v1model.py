@@ -429,7 +429,9 @@ class V1Switch:
             return
         sm[S.enq_timestamp] = (now // 1000) & S.m_enq_timestamp
         depth = found[1] if self.qdepth_unit == "bytes" else found[0]
-        sm[S.enq_qdepth] = depth & S.m_enq_qdepth
+        # in bytes a shared buffer's queue may pass what 19 bits hold: the program sees the
+        # largest value it can (saturated, not wrapped to a small depth)
+        sm[S.enq_qdepth] = depth if depth < S.m_enq_qdepth else S.m_enq_qdepth
 
     def _report_drop(self, S: StdMeta, port: int, p: Packet, why: str) -> None:
         c = self.compiled
@@ -481,7 +483,7 @@ class V1Switch:
         sm[S.deq_timedelta] = (now - enq_ns // 1000) & S.m_deq_timedelta
         if self.qdepth_unit == "bytes":
             left = self.tm.ports[port].qbytes[prio]
-        sm[S.deq_qdepth] = left & S.m_deq_qdepth
+        sm[S.deq_qdepth] = left if left < S.m_deq_qdepth else S.m_deq_qdepth  # saturated
         sm[S.qid] = prio
         sm[S.egress_port] = port & S.m_egress_port
         sm[S.egress_spec] = (self.drop_port + 1) & S.m_egress_spec
