@@ -60,6 +60,12 @@ class SwitchModel:
     def shared(self) -> bool:
         return self.buffer == "shared"
 
+    @property
+    def qdepth_unit(self) -> str:
+        """What the built-in switch's enq_qdepth / deq_qdepth count: bytes, or cells where a
+        shared buffer's queue can pass the 512 KiB that 19 bits of bytes hold."""
+        return "cells" if self.shared else "bytes"
+
     def buffer_per_port(self) -> int:
         """A port's share of the shared buffer (0: static queues)."""
         return self.buffer_bytes // self.ports if self.shared else 0

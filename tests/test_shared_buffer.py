@@ -116,9 +116,9 @@ def test_the_model_gives_a_switch_its_ports_share_of_the_part() -> None:
         model_with_buffer("deep")
 
 
-def test_the_programs_queue_depth_saturates_past_19_bits() -> None:
-    """A shared buffer's queue may pass 512 KiB; the P4 program's 19-bit enq_qdepth then reads
-    the largest value it holds (wrapped, a deep queue would read as nearly empty)."""
+def probe_depths(unit: str) -> list[int]:
+    """enq_qdepth as tests/p4/queue_probe.p4 sees it for 600 frames of 1000 B queued at once
+    behind a slow port, in a 4 MB shared buffer."""
     import struct
     from pathlib import Path
 
@@ -127,7 +127,7 @@ def test_the_programs_queue_depth_saturates_past_19_bits() -> None:
     json_path = Path(__file__).parent / "p4" / "build" / "queue_probe.json"
     if not json_path.exists():
         pytest.skip(f"{json_path} not built")
-    sw = V1Switch(Clock(virtual=True), qdepth_unit="bytes")
+    sw = V1Switch(Clock(virtual=True), qdepth_unit=unit)
     sw.load(json_path.read_bytes())
     sw.tm.set_rate(2, bps=8e6)
     sw.tm.set_buffer(SharedBuffer(4_000_000))
@@ -139,4 +139,15 @@ def test_the_programs_queue_depth_saturates_past_19_bits() -> None:
     sw.clock.advance(700_000_000)
     sw.service()
     assert len(depths) == 600
+    return depths
+
+
+def test_the_programs_queue_depth_saturates_past_19_bits_of_bytes() -> None:
+    """A shared buffer's queue may pass 512 KiB; in bytes the P4 program's 19-bit enq_qdepth
+    then reads the largest value it holds (wrapped, a deep queue would read as nearly
+    empty); in cells of 80 B (what the model's shared buffer runs with) it reads them all."""
+    depths = probe_depths("bytes")
     assert depths[524] == 524_000 and depths[525:] == [(1 << 19) - 1] * 75
+    cells = probe_depths("cells")
+    assert cells[:3] == [0, 13, 25]  # 1000 B in 80 B cells, rounded up
+    assert cells[599] == 599_000 // 80 + 1

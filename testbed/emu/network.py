@@ -279,6 +279,7 @@ class Testbed:
                     pcap=self.opts.pcap,
                     log_level=self.opts.switch_log_level,
                     nice=self.opts.switch_nice,
+                    qdepth_unit=self.scaling.model.qdepth_unit,
                 )
 
     def _start_components(self) -> None:

@@ -509,9 +509,7 @@ def markdown_report(path: Path) -> str:
     lines = [
         f"Run `{path}`, outside the repository ({setup.get('engine', '?')}, "
         f"{setup.get('topology', '?')}; {setup.get('scaling', '')}), commit {commit}, "
-        f"{doc['date']}, {where}"
-        + (f"; `{cmd}`" if cmd else "")
-        + ":",
+        f"{doc['date']}, {where}" + (f"; `{cmd}`" if cmd else "") + ":",
         "",
         table(records_from_results(doc), setup.get("link_bps"), markdown=True),
     ]

@@ -15,7 +15,7 @@ from testbed.switch.p4runtime import P4RuntimeService, RpcError
 from testbed.switch.p4runtime.codec import grpc_code
 from testbed.switch.pfc import PfcConfig, WatchdogConfig
 from testbed.switch.traffic_manager import SharedBuffer, check_fault_setting, check_queue_setting
-from testbed.switch.v1model import V1Switch
+from testbed.switch.v1model import CELL_BYTES, V1Switch
 
 
 class SwitchAdminService(switch_pb2_grpc.SwitchAdminServicer):  # type: ignore[misc]
@@ -170,6 +170,7 @@ class SwitchAdminService(switch_pb2_grpc.SwitchAdminServicer):  # type: ignore[m
             tx_packets=sw.stats.tx,
             uptime_us=sw.clock.now_us(),
             queue_depth_unit=sw.qdepth_unit,
+            queue_depth_cell_bytes=CELL_BYTES if sw.qdepth_unit == "cells" else 0,
             pfc_enabled=sw.tm.pfc is not None,
         )
         for reason, n in sw.drop_counts().items():
