@@ -61,6 +61,7 @@ class SwitchAdminService(switch_pb2_grpc.SwitchAdminServicer):  # type: ignore[m
         loss = r.loss if r.HasField("loss") else None
         delay = r.delay_ns if r.HasField("delay_ns") else None
         factor = r.rate_factor if r.HasField("rate_factor") else None
+        silent = r.silent if r.HasField("silent") else None
         self._check_primary(r, context)
         try:
             check_fault_setting(port, loss, delay, factor)
@@ -70,7 +71,7 @@ class SwitchAdminService(switch_pb2_grpc.SwitchAdminServicer):  # type: ignore[m
             if port is None and self.dataplane is not None:
                 for num in self.dataplane.ports:  # every port of the switch, seen or not
                     self.switch.tm.port(num)
-            self.switch.tm.set_fault(port, down, loss, delay, factor)
+            self.switch.tm.set_fault(port, down, loss, delay, factor, silent)
         return switch_pb2.SetFaultResponse()
 
     def SetPfc(self, request: Any, context: Any) -> Any:

@@ -143,12 +143,17 @@ class PortFault:
     - delay_ns: a frame may not leave before it has waited this long in the port's queue
       (it shows in the queue's latency, as a slow port or a slow switch would).
     - rate_factor: the port drains at this fraction of its configured rate.
+    - silent: no counter of the switch records the fault (a bad buffer, a misbehaving optic):
+      a lost frame is not counted as a receive error (only in `silent_drops`, which no API
+      reports as the port's), and the port's latency monitor expects the waits of the
+      degraded rate, as if the port had been set to it. End hosts' signals can find it.
     """
 
     down: bool = False
     loss: float = 0.0
     delay_ns: int = 0
     rate_factor: float = 1.0
+    silent: bool = False
 
     @property
     def healthy(self) -> bool:
@@ -205,6 +210,7 @@ class PortQueues:
     fault: PortFault = field(default_factory=PortFault)
     fault_drops: int = 0  # dropped because the port was down
     rx_errors: int = 0  # frames that arrived corrupted (a `loss` fault), dropped
+    silent_drops: int = 0  # frames a silent `loss` fault dropped (the fault's ground truth)
     # The port's latency monitor, what INT's hop latency and queue occupancy say per packet,
     # summed: departures, their waits (enqueue to start of transmission) and the waits the
     # bytes ahead of them explain at the port's set rate. A healthy port waits what its queue
@@ -374,6 +380,7 @@ class TrafficManager:
         loss: float | None = None,
         delay_ns: int | None = None,
         rate_factor: float | None = None,
+        silent: bool | None = None,
     ) -> None:
         """Inject (or, with the healthy values, remove) a fault on one port or on every port
         the traffic manager has seen; settings left None keep their value."""
@@ -387,6 +394,8 @@ class TrafficManager:
                 f.loss = loss
             if delay_ns is not None:
                 f.delay_ns = delay_ns
+            if silent is not None:
+                f.silent = silent
             if rate_factor is not None:
                 f.rate_factor = rate_factor
                 pq.next_tx_ns = min(pq.next_tx_ns, now)  # as set_rate: from now on
@@ -406,7 +415,10 @@ class TrafficManager:
         pq = self.ports.get(port)
         if pq is None or not pq.fault.loss or self.rng.random() >= pq.fault.loss:
             return False
-        pq.rx_errors += 1
+        if pq.fault.silent:
+            pq.silent_drops += 1
+        else:
+            pq.rx_errors += 1
         return True
 
     def _targets(self, port: int | None) -> list[PortQueues]:
@@ -454,7 +466,10 @@ class TrafficManager:
             return None
         expected = max(0, pq.next_tx_ns - now_ns) if port in self._busy else 0
         if pq.rate_bps > 0:
-            expected += int(b * 8e9 / pq.rate_bps)
+            # what the queue ahead explains at the port's rate (a silent fault's port believes
+            # its degraded rate is its rate)
+            rate = pq.rate_bps * pq.fault.rate_factor if pq.fault.silent else pq.rate_bps
+            expected += int(b * 8e9 / rate)
         if pfc is not None:
             # the latency monitor: time this priority is paused while the packet waits is
             # explained (by the downstream), counted from here to its departure
