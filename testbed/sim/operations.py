@@ -148,6 +148,7 @@ class SimOperations:
         losses, self._losses_seen = self.fab.collector.losses_since(self._losses_seen)
         for loss in losses:
             self.loc.path_loss(loss)
+        self.loc.int_waits(now, self.fab.collector.int_waits())
         self.loc.evaluate(now)
         dead = frozenset(self.loc.dead_links())
         if dead != self.dead:
