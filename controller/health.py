@@ -97,7 +97,7 @@ class Thresholds:
     wait_ratio: float = 1.5  # its waits are this many times what the queue explains
     # INT's rule (the controller's figures: hop latency against the queue INT saw, at the
     # link's nominal rate): a port draining at 70 % of its rate waits 1.43 times what its
-    # queue explains; healthy links on the twin's WebSearch stay within 1.05 where their
+    # queue explains; healthy links on the twin's WebSearch stay within 1.07 where their
     # queue is more than a few frames (the excess threshold above keeps out the rest)
     int_wait_ratio: float = 1.25
     switch_share: float = 0.6  # a switch is slow when this share of its busy ports is
