@@ -76,11 +76,12 @@ def test_a_gray_failure_is_localized_within_5s(
 ) -> None:
     rec = run(fault)
     top = rec.suspects[0]
-    assert (top["element"], top["kind"]) == (element, kind)
     assert 0.5 <= top["first_named"] <= 0.5 + within
-    if "silent-loss" in fault:
+    if "silent-loss" in fault:  # either half of the path first: they tie
         tied = {s["element"] for s in rec.suspects if s["score"] == top["score"]}
-        assert tied == {element, "link leaf2:3-spine1:2"}
+        assert tied == {element, "link leaf2:3-spine1:2"} and top["kind"] == kind
+    else:
+        assert (top["element"], top["kind"]) == (element, kind)
 
 
 def test_a_flapping_link_is_named_down_and_routed_around_each_time() -> None:

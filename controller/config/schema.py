@@ -97,6 +97,10 @@ class ControllerSection:
     reconnect_max_s: float = 8.0
     rpc_timeout_s: float = 2.0
     series_points: int = 600  # bounded length of every time series
+    # localize slow links from INT's hop latency against the queue INT saw (controller/
+    # health.py): right where hop latency is the switch's (hardware timestamps, the twin),
+    # off where a software switch's hop latency also holds its process's backlog
+    int_latency_monitor: bool = True
 
 
 @dataclass(frozen=True)

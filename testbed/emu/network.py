@@ -399,6 +399,7 @@ class Testbed:
             caps=self.opts.controller_caps,
             metrics_addr=self.controller_metrics_addr or None,
             web_addr=web_addr,
+            int_latency_monitor=False,  # software switches' hop latency: see ControllerSetup
         )
         doc = controller_config(
             self.spec, self.scaling, access, agents, setup, str(P4INFO), str(BMV2_JSON)

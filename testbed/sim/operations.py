@@ -148,7 +148,8 @@ class SimOperations:
         losses, self._losses_seen = self.fab.collector.losses_since(self._losses_seen)
         for loss in losses:
             self.loc.path_loss(loss)
-        self.loc.int_waits(now, self.fab.collector.int_waits())
+        if self.fab.cfg.controller.int_latency_monitor:
+            self.loc.int_waits(now, self.fab.collector.int_waits())
         self.loc.evaluate(now)
         dead = frozenset(self.loc.dead_links())
         if dead != self.dead:
