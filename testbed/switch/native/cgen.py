@@ -38,6 +38,7 @@ NO_ACTION = 0xFFFFFFFF  # a table entry or default that calls nothing
 ABORT_PIPELINE = 1  # the reference raises PipelineAbort
 ABORT_INDEX = 2  # the reference raises IndexError
 C_HASHES = ("csum16", "cksum16", "crc16", "crc32", "crcCCITT", "identity")
+HASH_FN = {"cksum16": "csum16"}  # algorithms that are another's C function
 PKT_REGS = (
     "plen",
     "ingress_len",
@@ -947,7 +948,7 @@ class CGen:
                 raise self.fail(f"calculation input {t!r}")
         close()
         size = (maxbits + 7) // 8 + 1
-        hash_fn = {"cksum16": "csum16"}.get(algo, algo)
+        hash_fn = HASH_FN.get(algo, algo)
         self.emit(f"/* {what}: {algo} over the fields below */")
         self.emit(f"static uint64_t {fn}(xm_state *s, xm_packet *p)")
         self.emit("{")
@@ -1581,6 +1582,16 @@ class CGen:
             self.emit(body, 1)
             self.emit("}")
             self.emit()
+        self.emit("/* the hash algorithms by their index in C_HASHES (cgen.py), for the tests */")
+        self.emit("uint64_t xm_hash(int algo, const uint8_t *b, uint64_t n)")
+        self.emit("{")
+        self.emit("switch (algo) {", 1)
+        for i, algo in enumerate(C_HASHES):
+            self.emit(f"case {i}: return xm_hash_{HASH_FN.get(algo, algo)}(b, n);", 1)
+        self.emit("default: return 0;", 1)
+        self.emit("}", 1)
+        self.emit("}")
+        self.emit()
         self.emit("uint64_t xm_layout(uint64_t what)")
         self.emit("{")
         self.emit("switch (what) {", 1)
@@ -1891,4 +1902,5 @@ int xm_ingress(xm_state *s, xm_packet *p);
 int xm_egress(xm_state *s, xm_packet *p);
 int xm_run_action(xm_state *s, xm_packet *p, uint32_t id, const uint64_t *ad);
 uint64_t xm_layout(uint64_t what);
+uint64_t xm_hash(int algo, const uint8_t *b, uint64_t n);
 """

@@ -27,6 +27,7 @@ from testbed.switch.externs import CounterArray, MeterArray, RegisterArray, Valu
 from testbed.switch.native.build import build, load
 from testbed.switch.native.cgen import (
     ABORT_INDEX,
+    C_HASHES,
     NO_ACTION,
     U64,
     Generated,
@@ -433,6 +434,10 @@ class NativeRuntime:
             if t._dirty:
                 t.sync()
         self.dirty = False
+
+    def hash(self, algo: str, data: bytes) -> int:
+        """One of the generated C's hash algorithms (cgen.C_HASHES) over `data`."""
+        return int(self.lib.xm_hash(C_HASHES.index(algo), data, len(data)))
 
     def raise_abort(self, stage: str) -> None:
         st = self.state
