@@ -235,3 +235,12 @@ def test_hash_algorithms_match_the_reference() -> None:
         ref = hashes.get_hash(algo)
         for data in inputs:
             assert rt.hash(algo, data) == ref(data), (algo, data.hex())
+
+
+def test_the_switch_command_takes_the_pipeline() -> None:
+    from testbed.switch.main import parse_args
+
+    assert parse_args(["x.json"]).pipeline == "reference"
+    assert parse_args(["x.json", "--pipeline", "native"]).pipeline == "native"
+    with pytest.raises(SystemExit):
+        parse_args(["x.json", "--pipeline", "fast"])

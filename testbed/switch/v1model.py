@@ -224,7 +224,10 @@ class V1Switch:
             self.clone_sessions.clear()
             self.mcast_groups.clear()
         log.info(
-            "loaded program: %d tables, %d actions", len(compiled.tables), len(compiled.actions)
+            "loaded program: %d tables, %d actions, %s pipeline",
+            len(compiled.tables),
+            len(compiled.actions),
+            self.pipeline_in_use,
         )
 
     def _compile(self, prog: Program) -> tuple[Compiled, str, str]:
