@@ -1351,6 +1351,20 @@ class CGen:
         self.emit("return n;", 1)
         self.emit("}")
         self.emit()
+        self.emit(
+            "/* the frame's length; the payload is copied after the headers when it fits in cap */"
+        )
+        self.emit(
+            "static uint64_t deparse_with_payload(xm_state *s, xm_packet *p, uint8_t *out, "
+            "uint64_t cap)"
+        )
+        self.emit("{")
+        self.emit("uint64_t n = deparse(s, p, out);", 1)
+        self.emit("if (p->payload_len && n + p->payload_len <= cap)", 1)
+        self.emit("memcpy(out + n, p->payload, p->payload_len);", 2)
+        self.emit("return n + p->payload_len;", 1)
+        self.emit("}")
+        self.emit()
         g.max_out = total
 
     # ---- control flow -----------------------------------------------------------------------
@@ -1561,8 +1575,8 @@ class CGen:
             (
                 "int64_t",
                 "xm_deparse",
-                [*sp, ("uint8_t *", "out")],
-                "return (int64_t)deparse(v_s, v_p, v_out);",
+                [*sp, ("uint8_t *", "out"), ("uint64_t ", "cap")],
+                "return (int64_t)deparse_with_payload(v_s, v_p, v_out, v_cap);",
             ),
             ("int", "xm_ingress", sp, f"{ing}return 0;"),
             ("int", "xm_egress", sp, f"{egr}return 0;"),
@@ -1897,7 +1911,7 @@ void xm_new_packet(xm_packet *p);
 int64_t xm_parse(xm_state *s, xm_packet *p, const uint8_t *buf, uint64_t n);
 int xm_verify_checksums(xm_state *s, xm_packet *p);
 int xm_update_checksums(xm_state *s, xm_packet *p);
-int64_t xm_deparse(xm_state *s, xm_packet *p, uint8_t *out);
+int64_t xm_deparse(xm_state *s, xm_packet *p, uint8_t *out, uint64_t cap);
 int xm_ingress(xm_state *s, xm_packet *p);
 int xm_egress(xm_state *s, xm_packet *p);
 int xm_run_action(xm_state *s, xm_packet *p, uint32_t id, const uint64_t *ad);

@@ -47,7 +47,7 @@ class NativePacket(Packet):
     def __init__(self, rt: NativeRuntime) -> None:  # noqa: D107 - no Packet.__init__: C state
         self._rt = rt
         self._c = rt.ffi.new("xm_packet *")
-        rt.lib.xm_new_packet(self._c)
+        rt.ffi.memmove(self._c, rt.proto, rt.packet_size)
         self._keep: Any = None
         self._h: _Headers | None = None
         self.uid = 0
@@ -401,7 +401,12 @@ class NativeRuntime:
             raise LoadError("native pipeline: layout mismatch (state)")
         self._state_mem = ffi.new("char[]", int(lib.xm_layout(3)))
         self.state = ffi.cast("xm_state *", self._state_mem)
-        self.out = ffi.new("uint8_t[]", gen.max_out + 16)
+        # deparser output: the headers, and the payload after them when it fits
+        self.out_size = gen.max_out + 16384
+        self.out = ffi.new("uint8_t[]", self.out_size)
+        # a fresh packet's state, copied into each new packet
+        self.proto = ffi.new("xm_packet *")
+        lib.xm_new_packet(self.proto)
         self.rng = random.Random()
         self._rng_cb = ffi.callback("uint64_t(uint64_t, uint64_t)", self._random)
         self.state.rng = self._rng_cb
@@ -472,10 +477,12 @@ class NativeRuntime:
 
     def deparse(self, p: Packet) -> bytes:
         np_ = cast(NativePacket, p)
-        n = self.lib.xm_deparse(self.state, np_._c, self.out)
+        n = self.lib.xm_deparse(self.state, np_._c, self.out, self.out_size)
         if n < 0:
             self.raise_abort("deparser")
-        return self.ffi.buffer(self.out, n)[:] + np_.payload
+        if n <= self.out_size:  # headers and payload, written by the C
+            return self.ffi.buffer(self.out, n)[:]
+        return self.ffi.buffer(self.out, n - np_._c.payload_len)[:] + np_.payload
 
     def ingress(self, p: Packet) -> None:
         if self.dirty:
