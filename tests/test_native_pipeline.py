@@ -262,3 +262,73 @@ def test_the_switch_command_takes_the_pipeline() -> None:
     assert parse_args(["x.json", "--pipeline", "native"]).pipeline == "native"
     with pytest.raises(SystemExit):
         parse_args(["x.json", "--pipeline", "fast"])
+
+
+def _field(h: str, f: str) -> dict[str, Any]:
+    return {"type": "field", "value": [h, f]}
+
+
+def _op(op: str, left: Any, right: Any) -> dict[str, Any]:
+    return {"type": "expression", "value": {"op": op, "left": left, "right": right}}
+
+
+def _hex(n: int) -> dict[str, Any]:
+    return {"type": "hexstr", "value": hex(n), "bitwidth": 8}
+
+
+def _l3_with(value: dict[str, Any]) -> bytes:
+    """bench_l3 whose set_nexthop also sets ipv4.diffserv = value."""
+    doc = json.loads((OWN / "build" / "bench_l3.json").read_bytes())
+    action = next(a for a in doc["actions"] if a["name"].endswith("set_nexthop"))
+    action["primitives"].append({"op": "assign", "parameters": [_field("ipv4", "diffserv"), value]})
+    return json.dumps(doc).encode()
+
+
+TTL, PROTO, DST = _field("ipv4", "ttl"), _field("ipv4", "protocol"), _field("ipv4", "dst_addr")
+# Expressions whose true value the C could not know: the generator must refuse them.
+UNSAFE = {
+    "a comparison of a value past 64 bits": _op(
+        "b2d", None, _op(">", _op("<<", DST, _hex(40)), _hex(5))
+    ),
+    "a shift of a product past 64 bits": _op(
+        ">>", _op("*", DST, _op("<<", DST, _hex(40))), _hex(60)
+    ),
+    "a division of a complement": _op("/", _op("~", None, DST), _hex(3)),
+}
+# Their masked (or provably small) counterparts, which it must compile to the same result.
+SAFE = {
+    "a masked difference compared": _op(
+        "b2d", None, _op(">", _op("&", _op("-", TTL, PROTO), _hex(0xFF)), _hex(5))
+    ),
+    "a saturating difference": _op("usat_cast", _op("-", PROTO, TTL), _hex(8)),
+    "a signed comparison": _op("b2d", None, _op("<", _op("-", PROTO, TTL), _hex(3))),
+    "a masked product shifted": _op(">>", _op("&", _op("*", DST, DST), _hex(0xFFFF)), _hex(3)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(UNSAFE))
+def test_an_expression_whose_value_may_not_fit_is_refused(name: str) -> None:
+    prog = Program(json.loads(_l3_with(UNSAFE[name])))
+    StdMeta(prog)
+    with pytest.raises(Unsupported, match="action BenchIngress.set_nexthop"):
+        generate(prog)
+
+
+@pytest.mark.parametrize("name", sorted(SAFE))
+def test_a_bounded_expression_runs_as_the_reference(name: str) -> None:
+    frame_of = [
+        bytes.fromhex("0000000000010200000000010800")
+        + bytes([0x45, 0, 0, 46, 0, 0, 0, 0, ttl, proto, 0, 0, 10, 0, 1, 1, 10, 0, 2, 1])
+        + bytes(26)
+        for ttl, proto in ((64, 17), (3, 200), (17, 17), (0, 255), (255, 0), (6, 1))
+    ]
+    outs = []
+    for pipeline in ("reference", "native"):
+        r = StfRunner(_l3_with(SAFE[name]), pipeline)
+        assert r.switch.pipeline_in_use == pipeline, r.switch.native_reason
+        r.command("add routes dst_addr:0x0a000200/24 set_nexthop(dmac:0x020000000002, port:2)")
+        for f in frame_of:
+            r.command("packet 1 " + f.hex())
+        outs.append(r.outputs)
+    assert outs[0] == outs[1]
+    assert len(outs[0].get(2, [])) == len(frame_of)
