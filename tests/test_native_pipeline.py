@@ -32,6 +32,7 @@ from testbed.switch.native.build import CFLAGS, compiler
 from testbed.switch.native.cgen import C_HASHES, generate
 from testbed.switch.program import Program
 from testbed.switch.stf import StfRunner
+from testbed.switch.tables import ActionCall, Entry, TableError
 from testbed.switch.traffic_manager import Clock
 from testbed.switch.v1model import StdMeta, V1Switch
 from tests.fuzz.native import (
@@ -332,3 +333,58 @@ def test_a_bounded_expression_runs_as_the_reference(name: str) -> None:
         outs.append(r.outputs)
     assert outs[0] == outs[1]
     assert len(outs[0].get(2, [])) == len(frame_of)
+
+
+@pytest.mark.parametrize("entries", [3, 40, 400])
+@pytest.mark.parametrize(
+    "table",
+    [
+        "XingmaiIngress.acl.acl",
+        "XingmaiIngress.routing.ipv4_routes",
+        "XingmaiIngress.int_source.int_watchlist",
+        "XingmaiEgress.config.port_config",
+    ],
+)
+def test_table_lookups_find_the_reference_entry(table: str, entries: int) -> None:
+    """Every lookup, scanned (few entries) or through the mask groups (many), finds the entry
+    the reference finds: values and masks drawn from a few low bits so that entries overlap,
+    priorities that tie, every key of that small space tried."""
+    rnd = random.Random(entries)
+    switches = []
+    for pipeline in ("reference", "native"):
+        sw = V1Switch(clock=Clock(virtual=True), pipeline=pipeline)
+        sw.load(BMV2_JSON.read_bytes())
+        assert sw.compiled is not None
+        switches.append(sw.compiled)
+    ref, nat = (c.tables[table] for c in switches)
+    aid = next(iter(switches[0].program.tables[table]["action_ids"]))
+    nparams = len(switches[0].program.actions[aid].params)
+
+    def small(w: int) -> int:
+        return rnd.randrange(4) & ((1 << w) - 1)
+
+    for _ in range(entries):
+        spec: list[Any] = []
+        for kind, w in zip(ref.kinds, ref.widths, strict=True):
+            if kind == "exact":
+                spec.append(small(w))
+            elif kind == "lpm":
+                plen = rnd.choice([0, w - 2, w - 1, w])
+                spec.append((small(w) & (((1 << plen) - 1) << (w - plen)), plen))
+            else:
+                mask = rnd.choice([0, 1, 2, 3, (1 << w) - 1]) & ((1 << w) - 1)
+                spec.append((small(w) & mask, mask))
+        prio = rnd.randint(1, 5) if ref.needs_priority else 0
+        for c in switches:
+            call = ActionCall(aid, c.actions[aid], (0,) * nparams)
+            try:
+                c.tables[table].add(Entry(tuple(spec), prio, call=call))
+            except TableError:
+                pass  # the same entry twice: both refuse it
+    assert len(ref.entries) == len(nat.entries)
+    keys = [()]
+    for w in ref.widths:
+        keys = [(*k, v) for k in keys for v in range(min(4, 1 << w))]
+    for key in keys:
+        want, got = ref.lookup(key), nat.native_lookup(key)  # type: ignore[attr-defined]
+        assert (want and (want.spec, want.priority)) == (got and (got.spec, got.priority)), key

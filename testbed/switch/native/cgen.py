@@ -1606,6 +1606,14 @@ class CGen:
         self.emit("}", 1)
         self.emit("}")
         self.emit()
+        self.emit("/* a table's lookup alone (the row, -1 for a miss), for the tests */")
+        self.emit(
+            "int64_t xm_table_lookup(xm_state *s, uint32_t table, const uint64_t *key, uint32_t nk)"
+        )
+        self.emit("{")
+        self.emit("return xm_lookup(&s->tables[table], key, nk);", 1)
+        self.emit("}")
+        self.emit()
         self.emit("uint64_t xm_layout(uint64_t what)")
         self.emit("{")
         self.emit("switch (what) {", 1)
@@ -1743,9 +1751,13 @@ static inline uint64_t xm_hash_identity(const uint8_t *b, uint64_t n)
 _STATE = r"""
 /* A table's entries as the runtime (runtime.py) writes them, one row of `stride` words each:
  * per key field a value, then per key field a mask (a row matches a key k when
- * k & mask == value, in row order: exact, longest prefix first, or priority order), then
- * the action id and its parameters, or for a table with an action profile the member (0)
- * or group (1) and its index. */
+ * k & mask == value; the first matching row wins, in the runtime's order: exact, longest
+ * prefix first, or priority order), then the action id and its parameters, or for a table
+ * with an action profile the member (0) or group (1) and its index.
+ * A larger table is also indexed by mask (tuple space search): the rows sharing one mask
+ * vector form a group (first row, slot count, offset into `slots`), in the order of their
+ * first rows; a group's open-addressed slots hold, per masked value, 1 + the first row with
+ * that value. */
 struct xm_table {{
     uint64_t *rows;
     uint64_t n;
@@ -1755,6 +1767,9 @@ struct xm_table {{
     uint64_t *dc_packets; /* direct counters: per row, what the runtime has not read yet */
     uint64_t *dc_bytes;
     uint64_t dc_touched;
+    uint64_t *groups; /* 0 groups: the rows are scanned */
+    uint64_t ngroups;
+    uint64_t *slots;
 }};
 
 /* An action profile: members (action id and parameters, `mstride` words each) and groups
@@ -1843,7 +1858,8 @@ static inline uint64_t xm_peek(const struct xm_parse_ctx *c, uint64_t offset, un
     return xm_get_bits(tmp, start % 8, w);
 }}
 
-static inline int64_t xm_lookup(const struct xm_table *t, const uint64_t *key, unsigned nk)
+/* the first row whose masked key equals its value, by scanning */
+static inline int64_t xm_scan(const struct xm_table *t, const uint64_t *key, unsigned nk)
 {{
     for (uint64_t i = 0; i < t->n; i++) {{
         const uint64_t *r = t->rows + i * t->stride;
@@ -1852,6 +1868,41 @@ static inline int64_t xm_lookup(const struct xm_table *t, const uint64_t *key, u
         if (j == nk) return (int64_t)i;
     }}
     return -1;
+}}
+
+/* the slot hash of a key under a mask (runtime.py's slot_hash computes the same) */
+static inline uint64_t xm_key_hash(const uint64_t *key, const uint64_t *mask, unsigned nk)
+{{
+    uint64_t h = 0;
+    for (unsigned j = 0; j < nk; j++) h = (h ^ (key[j] & mask[j])) * UINT64_C(0x9E3779B97F4A7C15);
+    return h >> 32;
+}}
+
+/* the same row as xm_scan, through the mask groups: the smallest first row with the key's
+ * masked value over the groups, stopping at a group whose rows all come after the best */
+static inline int64_t xm_lookup(const struct xm_table *t, const uint64_t *key, unsigned nk)
+{{
+    if (!t->ngroups) return xm_scan(t, key, nk);
+    int64_t best = -1;
+    for (uint64_t g = 0; g < t->ngroups; g++) {{
+        const uint64_t *grp = t->groups + 3 * g;
+        if (best >= 0 && grp[0] >= (uint64_t)best) break;
+        const uint64_t *mask = t->rows + grp[0] * t->stride + nk;
+        const uint64_t *slots = t->slots + grp[2];
+        uint64_t i = xm_key_hash(key, mask, nk) & (grp[1] - 1);
+        while (slots[i]) {{
+            uint64_t row = slots[i] - 1;
+            const uint64_t *r = t->rows + row * t->stride;
+            unsigned j = 0;
+            while (j < nk && (key[j] & mask[j]) == r[j]) j++;
+            if (j == nk) {{
+                if (best < 0 || row < (uint64_t)best) best = (int64_t)row;
+                break;
+            }}
+            i = (i + 1) & (grp[1] - 1);
+        }}
+    }}
+    return best;
 }}
 
 /* an entry of a table with an action profile: its member's action, or one member of its group
@@ -1891,6 +1942,7 @@ typedef struct {{
 struct xm_table {{
     uint64_t *rows; uint64_t n; uint64_t stride; uint32_t default_action;
     const uint64_t *default_params; uint64_t *dc_packets; uint64_t *dc_bytes; uint64_t dc_touched;
+    uint64_t *groups; uint64_t ngroups; uint64_t *slots;
 }};
 struct xm_profile {{
     uint64_t *members; uint64_t mstride; uint64_t *groups; uint64_t *items;
@@ -1917,4 +1969,5 @@ int xm_egress(xm_state *s, xm_packet *p);
 int xm_run_action(xm_state *s, xm_packet *p, uint32_t id, const uint64_t *ad);
 uint64_t xm_layout(uint64_t what);
 uint64_t xm_hash(int algo, const uint8_t *b, uint64_t n);
+int64_t xm_table_lookup(xm_state *s, uint32_t table, const uint64_t *key, uint32_t nk);
 """

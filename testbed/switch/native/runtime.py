@@ -9,7 +9,9 @@ truth (P4Runtime Write and Read, STF commands, const entries all go through it u
 every insert, modify, delete, clear and default change marks the table dirty, and before the
 next packet runs ingress or egress the runtime rewrites the table's native rows from the
 Python entries (in match order: any order for exact, longest prefix first for LPM, the
-reference's priority order for ternary). Action profiles are mirrored the same way. Direct
+reference's priority order for ternary; the first matching row wins), indexed by mask vector
+for a table of INDEX_FROM rows or more (tuple space search: a hash lookup per distinct mask,
+the smallest matching row kept). Action profiles are mirrored the same way. Direct
 counters count in C per row and are added into the Python entries whenever the table's
 entries are read (`entries` is a property that collects them first) or rewritten. Indexed
 counters and registers keep their cells in C arrays that the Python objects index directly.
@@ -304,6 +306,16 @@ class NativeMatchTable(MatchTable):
         super().clear()
         self._mark()
 
+    def native_lookup(self, key: tuple[int, ...]) -> Entry | None:
+        """The entry the C finds for `key` (as `lookup` does in Python), for the tests."""
+        if self._rt.dirty:
+            self._rt.sync()
+        ckey = self._rt.ffi.new("uint64_t[]", max(1, len(key)))
+        for i, v in enumerate(key):
+            ckey[i] = v
+        row = self._rt.lib.xm_table_lookup(self._rt.state, self._info.index, ckey, len(key))
+        return None if row < 0 else self._rows_order[row]
+
     def collect_counters(self) -> None:
         """Add what C counted per row into the Python entries (direct counters)."""
         if not self._synced or not self._info.direct_counters:
@@ -367,15 +379,59 @@ class NativeMatchTable(MatchTable):
                 dparams[j] = v
         dcp = ffi.new("uint64_t[]", max(1, len(order)))
         dcb = ffi.new("uint64_t[]", max(1, len(order)))
+        groups, slots, ngroups = _mask_groups(ffi, rows, len(order), nk, stride)
         t = rt.state.tables[info.index]
         t.rows, t.n, t.stride = rows, len(order), stride
+        t.groups, t.ngroups, t.slots = groups, ngroups, slots
         t.default_action = NO_ACTION if dflt is None else dflt.action_id
         t.default_params = dparams
         t.dc_packets, t.dc_bytes, t.dc_touched = dcp, dcb, 0
-        self._keep = (rows, dparams, dcp, dcb)
+        self._keep = (rows, dparams, dcp, dcb, groups, slots)
         self._rows_order = order
         self._synced = True
         self._dirty = False
+
+
+# Tables of INDEX_FROM rows or more are looked up through their mask groups, not scanned.
+INDEX_FROM = 8
+
+
+def slot_hash(values: list[int]) -> int:
+    """cgen.py's xm_key_hash of a masked key."""
+    h = 0
+    for v in values:
+        h = ((h ^ v) * 0x9E3779B97F4A7C15) & U64
+    return h >> 32
+
+
+def _mask_groups(ffi: Any, rows: Any, n: int, nk: int, stride: int) -> tuple[Any, Any, int]:
+    """The tuple-space index of a table's rows (see cgen.py's struct xm_table): (groups,
+    slots, group count); no groups for a small or keyless table."""
+    if n < INDEX_FROM or nk == 0:
+        return ffi.new("uint64_t[]", 1), ffi.new("uint64_t[]", 1), 0
+    by_mask: dict[tuple[int, ...], list[int]] = {}
+    for i in range(n):
+        base = i * stride
+        by_mask.setdefault(tuple(rows[base + nk : base + 2 * nk]), []).append(i)
+    groups = ffi.new("uint64_t[]", 3 * len(by_mask))
+    size = sum(1 << (2 * len(members) - 1).bit_length() for members in by_mask.values())
+    slots = ffi.new("uint64_t[]", size)
+    off = 0
+    for g, members in enumerate(by_mask.values()):  # in the order of their first rows
+        nslots = 1 << (2 * len(members) - 1).bit_length()  # a power of two over twice the rows
+        groups[3 * g], groups[3 * g + 1], groups[3 * g + 2] = members[0], nslots, off
+        seen: set[tuple[int, ...]] = set()
+        for row in members:  # in row order: the first row of each value takes the slot
+            value = tuple(rows[row * stride : row * stride + nk])
+            if value in seen:
+                continue
+            seen.add(value)
+            i = slot_hash(list(value)) & (nslots - 1)
+            while slots[off + i]:
+                i = (i + 1) & (nslots - 1)
+            slots[off + i] = row + 1
+        off += nslots
+    return groups, slots, len(by_mask)
 
 
 class NativeRuntime:
