@@ -16,8 +16,10 @@ construct it does not implement raises `Unsupported("what, where")` the same way
 either compiles to C that behaves as the reference, or it runs on the reference.
 
 Not implemented in this cut (each one `Unsupported`): fields wider than 64 bits, signed
-fields, header stacks and unions, a header type with a variable-length field beside others,
-parser value sets, meters, range matches, log_msg, stateful or custom hash algorithms.
+fields, header unions, shifting or copying header stacks (push, pop, stack assignment, their
+size and last index: no test program exercises them), stacks of variable-length headers, a
+header type with a variable-length field beside others, parser value sets, meters, range
+matches, log_msg, stateful or custom hash algorithms.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from testbed.switch.program import Json, Program, hexint
+from testbed.switch.program import HeaderType, Json, Program, hexint
 
 # Part of the cache key of every build: bump it when the generated C changes meaning.
 GENERATOR_VERSION = "1"
@@ -81,9 +83,11 @@ class X:
     kind: str = "d"
     lo: int | None = None
     hi: int | None = None
-    hidx: int = -1
+    hidx: int = -1  # a header: its index; -1 with kind "h": an element chosen at run time
     lvalue: tuple[int, int] | None = None
     obj: str = ""
+    htype: HeaderType | None = None  # a header's (or a stack's element's) type
+    fwidth: int = 0  # a field load: the field's width
 
     @property
     def known(self) -> bool:
@@ -209,8 +213,11 @@ class CGen:
 
     def _check_program(self) -> None:
         prog = self.prog
-        if prog.stacks:
-            raise Unsupported(f"header stacks, in {prog.stacks[0].name}")
+        if prog.union_stacks:
+            raise Unsupported(f"header union stacks, in {next(iter(prog.union_stacks))}")
+        for st in prog.stacks:
+            if prog.header_types[st.htype_name].vl_index is not None:
+                raise Unsupported(f"a stack of variable-length headers, in {st.name}")
         if prog.unions:
             raise Unsupported(f"header unions, in {prog.unions[0].name}")
         for t, ht in prog.header_types.items():
@@ -293,7 +300,31 @@ class CGen:
                 f"variable-length field {self.prog.headers[hidx].name} in an expression"
             )
         w = ht.fields[fidx][1]
-        return X(self.fref(hidx, fidx), "d", 0, mask_of(w), lvalue=(hidx, fidx))
+        return X(self.fref(hidx, fidx), "d", 0, mask_of(w), lvalue=(hidx, fidx), fwidth=w)
+
+    def hdr(self, x: X) -> str:
+        """A header expression's struct, as an lvalue."""
+        if x.hidx >= 0:
+            return f"p->hdr.{self.hname[x.hidx]}"
+        assert x.htype is not None
+        return f"(*XM_H({self.tname[x.htype.name]}, {x.code}))"
+
+    def dyn_field(self, x: X, fidx: int) -> X:
+        """Field fidx of a header chosen at run time (a stack element)."""
+        if x.hidx >= 0:
+            return self.field(x.hidx, fidx)
+        assert x.htype is not None
+        if fidx < 0:
+            return X(f"(uint64_t)p->valid[{x.code}]", "d", 0, 1)
+        w = x.htype.fields[fidx][1]
+        code = f"XM_H({self.tname[x.htype.name]}, {x.code})->{self.fnames[x.htype.name][fidx]}"
+        return X(code, "d", 0, mask_of(w), lvalue=(-1, fidx), fwidth=w)
+
+    def stack(self, name: str) -> X:
+        st = self.prog.stack_by_name.get(name)
+        if st is None:
+            raise self.fail(f"unknown header stack {name}")
+        return X(str(st.index), "s", hidx=st.index, htype=self.prog.header_types[st.htype_name])
 
     def ex(self, j: Json | None) -> X:
         if j is None:
@@ -315,7 +346,14 @@ class CGen:
             return X("1" if val else "0", "b")
         if t in ("header", "regular"):
             inst = self.prog.header(val)
-            return X(self.hid(inst.index), "h", hidx=inst.index)
+            return X(self.hid(inst.index), "h", hidx=inst.index, htype=inst.htype)
+        if t == "header_stack":
+            return self.stack(val)
+        if t == "stack_field":
+            st = self.stack(val[0])
+            assert st.htype is not None
+            last = X(f"xm_stack_last(s, p, {st.hidx})", "h", htype=st.htype)
+            return self.dyn_field(last, st.htype.field_index[val[1]])
         if t in ("local", "runtime_data"):
             i = int(val)
             if self.params is None or i >= len(self.params):
@@ -393,12 +431,20 @@ class CGen:
             lt = self.ex(left)
             if lt.kind != "h":
                 raise self.fail("access_field on a non-header")
-            return self.field(lt.hidx, int(right))
+            return self.dyn_field(lt, int(right))
         if op == "valid":
             rt = self.ex(right)
             if rt.kind != "h":
                 raise self.fail("isValid of a non-header")
-            return X(self.valid(rt.hidx), "b")
+            return X(f"p->valid[{rt.code}]", "b")
+        if op in ("dereference_header_stack", "dereference_stack"):
+            lt = self.ex(left)
+            if lt.kind != "s":
+                raise self.fail("a stack index on a non-stack")
+            i = self.need_exact(self.data(self.ex(right)), "a stack index")
+            return X(f"xm_stack_elem(s, {lt.hidx}, {i.code})", "h", htype=lt.htype)
+        if op in ("last_stack_index", "size_stack"):
+            raise self.fail(f"{op} of a header stack")  # as push and pop: no test runs it
         if op == "not":
             return X(f"!{self.cond(right)}", "b")
         if op in ("and", "or"):
@@ -500,13 +546,12 @@ class CGen:
     def _header_eq(self, lt: X, rt: X, op: str) -> X:
         if lt.kind != "h" or rt.kind != "h":
             raise self.fail("a header compared with a non-header")
-        a, b = self.prog.headers[lt.hidx], self.prog.headers[rt.hidx]
-        if a.htype is not b.htype or a.htype.vl_index is not None:
+        if lt.htype is not rt.htype or lt.htype is None or lt.htype.vl_index is not None:
             raise self.fail("header comparison of different or variable-length types")
         code = (
-            f"({self.valid(lt.hidx)} && {self.valid(rt.hidx)} && "
-            f"memcmp(&p->hdr.{self.hname[lt.hidx]}, &p->hdr.{self.hname[rt.hidx]}, "
-            f"sizeof p->hdr.{self.hname[lt.hidx]}) == 0)"
+            f"(p->valid[{lt.code}] && p->valid[{rt.code}] && "
+            f"memcmp(&{self.hdr(lt)}, &{self.hdr(rt)}, sizeof(struct {self.tname[lt.htype.name]}))"
+            " == 0)"
         )
         return X(code if op == "==" else f"!{code}", "b")
 
@@ -515,8 +560,7 @@ class CGen:
     def store(self, dst: X, value: X) -> list[str]:
         if dst.lvalue is None:
             raise self.fail(f"assignment to {dst.code}")
-        hidx, fidx = dst.lvalue
-        w = self.prog.headers[hidx].htype.fields[fidx][1]
+        w = dst.fwidth
         v = self.data(value)
         if v.exact and v.hi is not None and v.hi <= mask_of(w):
             return [f"{dst.code} = {v.code};"]
@@ -539,7 +583,8 @@ class CGen:
 
     def _calculation(self, name: str) -> str:
         if name not in self.calc_fn:
-            raise self.fail(f"calculation {name}")
+            algo = self.prog.calculations.get(name, {}).get("algo", "?")
+            raise self.fail(f"hash algorithm {algo} (calculation {name})")
         return self.calc_fn[name]
 
     # ---- primitives -------------------------------------------------------------------------
@@ -568,7 +613,12 @@ class CGen:
             h = ex(0)
             if h.kind != "h":
                 raise self.fail(f"{op} of a non-header")
+            if h.hidx < 0:
+                return self._dyn_header_op(op, h)
             return self._header_op(op, h.hidx)
+        if op in ("push", "pop", "assign_header_stack"):
+            # (no test program of the corpus shifts or copies a stack: not generated untested)
+            raise self.fail(f"{op} on a header stack")
         if op == "exit":
             return ["p->regs.exit = 1;"]
         if op in ("mark_to_drop", "drop"):
@@ -674,12 +724,44 @@ class CGen:
             raise self.fail("a per-packet register value that may not fit 63 bits")
         return x
 
+    def _static(self, hidx: int) -> X:
+        return X(self.hid(hidx), "h", hidx=hidx, htype=self.prog.headers[hidx].htype)
+
+    def _dyn_header_op(self, op: str, h: X) -> list[str]:
+        """add/remove_header of a stack element chosen at run time (a fixed-size type)."""
+        assert h.htype is not None
+        nb = h.htype.fixed_bits // 8
+        t = self.fresh("e")
+        lines = [f"int64_t {t} = {h.code};"]
+        v = f"p->valid[{t}]"
+        if op == "add_header_fast":
+            return lines + [f"{v} = 1;"]
+        if op == "add_header":
+            tn = self.tname[h.htype.name]
+            return lines + [
+                f"if (!{v}) {{",
+                f"    memset(XM_H({tn}, {t}), 0, sizeof(struct {tn}));",
+                f"    {v} = 1;",
+                f"    p->regs.plen += {nb};",
+                "}",
+            ]
+        return lines + [f"if ({v}) {{", f"    {v} = 0;", f"    p->regs.plen -= {nb};", "}"]
+
     def _assign_header(self, dst: X, src: X) -> list[str]:
         if dst.kind != "h" or src.kind != "h":
             raise self.fail("header assignment of a non-header")
-        a, b = self.prog.headers[dst.hidx], self.prog.headers[src.hidx]
-        if a.htype is not b.htype:
-            raise self.fail(f"assignment between header types {a.htype.name} and {b.htype.name}")
+        if dst.htype is not src.htype or dst.htype is None:
+            raise self.fail("assignment between different header types")
+        if dst.hidx < 0 or src.hidx < 0:
+            return [
+                f"if (p->valid[{src.code}]) {{",
+                f"    p->valid[{dst.code}] = 1;",
+                f"    {self.hdr(dst)} = {self.hdr(src)};",
+                "} else {",
+                f"    p->valid[{dst.code}] = 0;",
+                "}",
+            ]
+        a = self.prog.headers[dst.hidx]
         d, s = dst.hidx, src.hidx
         lines = [
             f"if ({self.valid(s)}) {{",
@@ -728,6 +810,7 @@ class CGen:
         self._preamble()
         self._types()
         self._state(g)
+        self._stack_helpers()
         self._declarations()
         self._calculations()
         self.selectors()
@@ -802,6 +885,7 @@ class CGen:
         self.emit("int32_t vl_bits[NHEADERS]; /* bits in a variable-length field; -1: none */", 1)
         self.emit(f"uint8_t vl[{self.vl_bytes}];", 1)
         self.emit("struct xm_regs regs;", 1)
+        self.emit(f"int64_t sn[{max(1, len(self.prog.stacks))}]; /* each stack's next index */", 1)
         self.emit("const uint8_t *payload;", 1)
         self.emit("uint64_t payload_len;", 1)
         self.emit("} xm_packet;")
@@ -843,6 +927,24 @@ class CGen:
                 nregisters=max(1, len(self.register_idx)),
             )
         )
+
+    def _stack_helpers(self) -> None:
+        prog = self.prog
+        if not prog.stacks:
+            return
+        slots = ", ".join(str(x) for x in self.slots)
+        width = max(len(st.members) for st in prog.stacks)
+        members = ", ".join(
+            "{" + ", ".join(f"HDR_{self.hname[m]}" for m in st.members) + "}" for st in prog.stacks
+        )
+        sizes = ", ".join(str(len(st.members)) for st in prog.stacks)
+        self.emit("/* ---- header stacks: " + ", ".join(st.name for st in prog.stacks) + " ---- */")
+        self.emit(
+            f"static const uint32_t xm_header_slot[NHEADERS] __attribute__((unused)) = {{{slots}}};"
+        )
+        self.emit(f"static const int xm_stack_member[{len(prog.stacks)}][{width}] = {{{members}}};")
+        self.emit(f"static const int64_t xm_stack_size[{len(prog.stacks)}] = {{{sizes}}};")
+        self.out += _STACK_HELPERS.splitlines()
 
     def _key_width(self, k: Json) -> int:
         hidx, fidx = self.prog.field_ref(k["target"][0], k["target"][1])
@@ -1178,11 +1280,32 @@ class CGen:
             f"c->pos += {t} / 8;",
         ]
 
+    def _extract_stack(self, name: str, err: dict[str, int]) -> list[str]:
+        """extract(stack.next): the element at the stack's next index, then the index on."""
+        st = self.stack(name)
+        assert st.htype is not None
+        self._check_codec(self.prog.stacks[st.hidx].members[0])
+        tn = self.tname[st.htype.name]
+        nb = st.htype.fixed_bits // 8
+        size = len(self.prog.stacks[st.hidx].members)
+        t = self.fresh("e")
+        return [
+            f"if (p->sn[{st.hidx}] >= {size}) XM_PARSER_ERROR({err['StackOutOfBounds']});",
+            f"if (c->n - c->pos < {nb}) XM_PARSER_ERROR({err['PacketTooShort']});",
+            f"int64_t {t} = xm_stack_member[{st.hidx}][p->sn[{st.hidx}]];",
+            f"extract_{tn}(XM_H({tn}, {t}), c->buf + c->pos);",
+            f"p->valid[{t}] = 1;",
+            f"c->pos += {nb};",
+            f"p->sn[{st.hidx}] += 1;",
+        ]
+
     def _parser_op(self, op: Json, err: dict[str, int]) -> list[str]:
         kind = op["op"]
         ps = op["parameters"]
         if kind in ("extract", "extract_VL"):
             target = ps[0]
+            if target["type"] == "stack":
+                return self._extract_stack(target["value"], err)
             if target["type"] != "regular":
                 raise self.fail(f"extract into a {target['type']}")
             inst = self.prog.header(target["value"])
@@ -1253,7 +1376,7 @@ class CGen:
                 # the reference's width of a key part: a field's, a constant's, else 1
                 w = 1
                 if x.lvalue is not None:
-                    w = self.prog.field_width(x.lvalue)
+                    w = x.fwidth
                 elif k["type"] == "field":
                     w = 1  # $valid$
                 elif k["type"] == "hexstr":
@@ -1631,6 +1754,7 @@ class CGen:
         return _CDEF.format(
             nfields=self.nfields,
             nheaders=len(self.prog.headers),
+            nstacks=max(1, len(self.prog.stacks)),
             vl=self.vl_bytes,
             regs=regs,
             ntables=self.ntables,
@@ -1928,6 +2052,25 @@ static inline int xm_resolve(const struct xm_profile *pr, const uint64_t *r, uin
 }}
 """
 
+_STACK_HELPERS = r"""
+/* a stack's element `id` (a header id) as its type's struct */
+#define XM_H(type, id) ((struct type *)((uint64_t *)&p->hdr + xm_header_slot[(id)]))
+
+/* the reference's _last: the last valid element, an abort when there is none */
+static inline int64_t xm_stack_last(xm_state *s, const xm_packet *p, int st)
+{
+    if (p->sn[st] <= 0) xm_abort(s, 1, "no valid element in a header stack");
+    return xm_stack_member[st][p->sn[st] - 1];
+}
+
+/* the reference's _sidx: element i, an abort when out of bounds */
+static inline int64_t xm_stack_elem(xm_state *s, int st, uint64_t i)
+{
+    if (i >= (uint64_t)xm_stack_size[st]) xm_abort(s, 1, "header stack index out of bounds");
+    return xm_stack_member[st][i];
+}
+"""
+
 _CDEF = """
 typedef struct {{ {regs} }} xm_regs;
 typedef struct {{
@@ -1936,6 +2079,7 @@ typedef struct {{
     int32_t vl_bits[{nheaders}];
     uint8_t vl[{vl}];
     xm_regs regs;
+    int64_t sn[{nstacks}];
     const uint8_t *payload;
     uint64_t payload_len;
 }} xm_packet;
