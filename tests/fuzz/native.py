@@ -33,12 +33,15 @@ from testbed.switch.v1model import V1Switch
 REPO = Path(__file__).resolve().parents[2]
 CORPUS = REPO.parent / "shared" / "conformance"
 # conformance programs with tables of every supported match kind, checksums, registers,
-# counters, clones, parser branches: the fuzzer's default set beside the xingmai program
+# counters, clones, parser branches, header stacks: the fuzzer's default set beside the
+# xingmai program
 CONFORMANCE_PROGRAMS = (
     "v1model-special-ops-bmv2",
     "table-entries-exact-ternary-bmv2",
     "table-entries-ser-enum-bmv2",
     "issue1814-1-bmv2",
+    "stack_complex-bmv2",
+    "gauntlet_mux_hdr-bmv2",
 )
 # and the project's own P4 test programs (tests/p4/)
 OWN_PROGRAMS = ("switch_features", "primitives", "bench_two_tables", "bench_l3")
