@@ -133,6 +133,13 @@ class LinkTelemetry:
     tx_bps_counter: float | None = None
     samples: int = 0
     drops_reported: int = 0  # drop reports of the switch whose egress this is
+    # INT's view of the port's latency monitor, summed over the hops that carried both a hop
+    # latency and a queue occupancy: departures, their hop latencies, and what the queue they
+    # saw explains at the link's nominal capacity (the controller's figure, not the switch's:
+    # a port draining below its rate without a counter showing it still waits longer)
+    int_departures: int = 0
+    int_wait_ns: int = 0
+    int_expected_ns: int = 0
     last_update: float = 0.0  # monotonic
     int_series: deque[tuple[float, int | None, int | None, float | None]] = field(
         default_factory=deque
@@ -306,6 +313,10 @@ class Collector:
         if hop.latency_ns is not None:
             lt.latency_ns = hop.latency_ns
             lt.latency_max_ns = max(lt.latency_max_ns, hop.latency_ns)
+            if hop.qocc is not None and lt.capacity_bps > 0:
+                lt.int_departures += 1
+                lt.int_wait_ns += hop.latency_ns
+                lt.int_expected_ns += round(hop.qocc * 8e9 / lt.capacity_bps)
         if hop.tx_util_ppm is not None:
             lt.util_int = hop.tx_util_ppm / 1e6
         lt.int_series.append((wall, hop.qocc, hop.latency_ns, lt.util_int))
@@ -473,6 +484,15 @@ class Collector:
             }
             for n in sorted(self.nodes.values(), key=lambda n: n.node_id)
         ]
+
+    def int_waits(self) -> dict[str, tuple[int, int, int]]:
+        """Each directed link's INT latency totals so far (departures, hop latency ns, what
+        their queues explain ns): the localizer's second latency monitor."""
+        return {
+            name: (lt.int_departures, lt.int_wait_ns, lt.int_expected_ns)
+            for name, lt in self.links.items()
+            if lt.int_departures
+        }
 
     def losses_since(self, seen: int) -> tuple[list[PathLoss], int]:
         """The loss events after the first `seen` (of `loss_reports`), and the new count: what

@@ -35,11 +35,12 @@ Scores are in [0, 1] and rank the suspects; `first_named` is when a suspect firs
 from __future__ import annotations
 
 import logging
+import statistics
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from controller.topology import Topology, link_id
+from controller.topology import DirLink, Topology, link_id
 
 log = logging.getLogger("xingmai.controller.health")
 
@@ -95,6 +96,12 @@ class Thresholds:
     excess_frames: float = 0.75  # a port is slow when its frames wait this many frame
     #                              times (at its rate) more than its queue explains, and
     wait_ratio: float = 1.5  # its waits are this many times what the queue explains
+    # INT's rule (the controller's figures: hop latency against the queue INT saw, at the
+    # link's nominal rate): a port draining at 70 % of its rate waits 1.43 times what its
+    # queue explains; healthy links on the twin's WebSearch stay within 1.07 where their
+    # queue is more than a few frames (the excess threshold above keeps out the rest)
+    int_wait_ratio: float = 1.25
+    int_excess_frames: float = 2.0  # and this many frame times beyond the fabric's median
     switch_share: float = 0.6  # a switch is slow when this share of its busy ports is
     hold_s: float = 3.0  # a suspect not seen again for this long is cleared
     vote_window_s: float = 4.0  # path losses are voted over this long
@@ -138,6 +145,8 @@ class Localizer:
         # when each port was last slow and last busy (the slow-switch rule's memory)
         self._slow_at: dict[tuple[str, int], float] = {}
         self._busy_at: dict[tuple[str, int], float] = {}
+        # the collector's INT latency totals per directed link, (time, totals) over two windows
+        self._int: deque[tuple[float, dict[str, tuple[int, int, int]]]] = deque()
 
     # ---- input ----
 
@@ -151,6 +160,14 @@ class Localizer:
         keep = self.th.window_s * 2
         while len(h.samples) > 2 and sample.t - h.samples[1].t >= keep:
             h.samples.popleft()
+
+    def int_waits(self, t: float, totals: dict[str, tuple[int, int, int]]) -> None:
+        """The collector's INT totals at `t` per directed link (`Collector.int_waits`):
+        departures, their hop latencies and what their queues explain at the link's nominal
+        capacity, in ns."""
+        self._int.append((t, totals))
+        while len(self._int) > 2 and t - self._int[1][0] >= self.th.window_s * 2:
+            self._int.popleft()
 
     def path_loss(self, loss: PathLoss) -> None:
         """A receiving NIC's loss report (the collector's loss events)."""
@@ -272,6 +289,16 @@ class Localizer:
                 old = found.get(f"link {lid}")
                 if old is None or (old[0] == "slow-link" and old[1] < score):
                     found[f"link {lid}"] = ("slow-link", score, ev)
+        for lid, by_int in self._int_slow_links(found, dead).items():
+            old = found.get(f"link {lid}")
+            if old is None:
+                found[f"link {lid}"] = by_int
+            elif old[0] == "slow-link":  # the port's monitor and INT agree
+                found[f"link {lid}"] = (
+                    old[0],
+                    min(0.95, old[1] + 0.05),
+                    f"{old[2]}; {by_int[2]}",
+                )
         self._dead_links = dead
         for element, (kind, score, ev) in found.items():
             s = self.suspects.get(element)
@@ -445,6 +472,55 @@ class Localizer:
                 )
             gone = {lid for lid, *_ in blamed}
             events = [(e, lids) for e, lids in events if not lids & gone]
+        return out
+
+    def _int_slow_links(
+        self, found: dict[str, tuple[str, float, str]], dead: set[str]
+    ) -> dict[str, tuple[str, float, str]]:
+        """Links whose packets' INT hop latency is longer than the queue they saw explains at
+        the link's nominal capacity (the port monitor's rule, on the controller's figures): a
+        port that drains below its rate shows here even when no counter of its switch does.
+
+        INT's hop latency is ingress to egress: besides the queue it holds the switch's own
+        processing, which a software switch makes milliseconds long and about the same on
+        every link (the emulation's healthy links waited 1.3-3.9 ms per packet beyond their
+        queue). So a link is judged against the fabric's other links: its excess beyond the
+        median excess of the links seen in the window. A switch already named slow explains
+        its own links."""
+        if len(self._int) < 2:
+            return {}
+        t1, last = self._int[-1]
+        first = next((tot for t, tot in self._int if t1 - t <= self.th.window_s), None)
+        if first is None or first is last:
+            first = self._int[-2][1]
+        seen: list[tuple[str, DirLink, int, int, int]] = []
+        for name, (d1, w1, e1) in last.items():
+            d0, w0, e0 = first.get(name, (0, 0, 0))
+            dl = self.topo.links.get(name)
+            if d1 - d0 >= self.th.min_departures and dl is not None and dl.capacity_bps > 0:
+                seen.append((name, dl, d1 - d0, w1 - w0, e1 - e0))
+        if len(seen) < 3:
+            return {}  # no fabric to judge a link against
+        base = statistics.median((wait - expected) / deps for _, _, deps, wait, expected in seen)
+        base = max(0.0, base)
+        out: dict[str, tuple[str, float, str]] = {}
+        for name, dl, deps, wait, expected in seen:
+            sw = str(dl.tx).partition(":")[0]
+            lid = link_id(str(dl.tx), str(dl.rx))
+            if lid in dead or f"switch {sw}" in found:
+                continue
+            frame = self.mtu_bytes * 8e9 / dl.capacity_bps
+            excess = ((wait - expected) / deps - base) / frame  # frame times per packet
+            explained = expected + base * deps
+            if excess >= self.th.int_excess_frames and wait >= self.th.int_wait_ratio * explained:
+                out[lid] = (
+                    "slow-link",
+                    min(0.9, 0.3 + 0.1 * excess),
+                    f"INT: {deps} packets waited {wait / deps / 1e6:.2f} ms on average at "
+                    f"{name}, their queue explains {expected / deps / 1e6:.2f} ms at its "
+                    f"{dl.capacity_bps / 1e6:g} Mb/s and the fabric's links wait "
+                    f"{base / 1e6:.2f} ms beyond theirs",
+                )
         return out
 
     def _frame_ns(self, sw: str, port: int) -> float:

@@ -138,6 +138,8 @@ class Operations:
         losses, self._losses_seen = self.d.collector.losses_since(self._losses_seen)
         for loss in losses:
             self.loc.path_loss(loss)
+        if self.d.cfg.controller.int_latency_monitor:
+            self.loc.int_waits(now, self.d.collector.int_waits())
         self.loc.evaluate(now)
         dead = frozenset(self.loc.dead_links())
         if dead != self.dead or any(s.topo.down != dead for s in sessions):

@@ -42,6 +42,13 @@ def queue_settings(cfg: Config, topo: Topology, sw: SwitchConfig) -> list[QueueS
     ]
 
 
+def buffer_setting(cfg: Config, sw: SwitchConfig) -> tuple[int, float]:
+    """The switch's shared buffer, bytes (0: static queue depths), and its alpha: its ports'
+    shares of the model's buffer."""
+    m = cfg.model
+    return m.shared_buffer_bytes_per_port * len(sw.ports), m.buffer_alpha
+
+
 class QueueError(RuntimeError):
     pass
 
@@ -52,9 +59,11 @@ async def apply_builtin(
     credentials: grpc.ChannelCredentials | None,
     timeout: float,
     election_id: int,
+    buffer: tuple[int, float] = (0, 1.0),
 ) -> None:
     """Through SwitchAdmin on the switch's gRPC address, as the primary controller (the
-    switch takes queue changes from the P4Runtime primary's election id only)."""
+    switch takes queue changes from the P4Runtime primary's election id only): each port's
+    queue, then the buffer (shared, or static depths)."""
     from controller.proto import switch_pb2, switch_pb2_grpc
 
     # A subchannel of this channel's own: gRPC shares subchannels process-wide, and the one
@@ -65,6 +74,7 @@ async def apply_builtin(
         channel = grpc.aio.secure_channel(sw.grpc_addr, credentials, options=options)
     else:
         channel = grpc.aio.insecure_channel(sw.grpc_addr, options=options)
+    eid = switch_pb2.ElectionId(high=election_id >> 64, low=election_id & (2**64 - 1))
     try:
         stub = switch_pb2_grpc.SwitchAdminStub(channel)
         for s in settings:
@@ -74,9 +84,7 @@ async def apply_builtin(
                 depth_bytes=s.depth_bytes,
                 depth_packets=s.depth_packets,
                 device_id=sw.device_id,
-                election_id=switch_pb2.ElectionId(
-                    high=election_id >> 64, low=election_id & (2**64 - 1)
-                ),
+                election_id=eid,
             )
             try:
                 await stub.SetQueue(req, timeout=timeout)
@@ -85,6 +93,16 @@ async def apply_builtin(
                     f"{sw.name}: SwitchAdmin.SetQueue port {s.port}: "
                     f"{exc.code().name} {exc.details()}"
                 ) from None
+        shared, alpha = buffer
+        breq = switch_pb2.SetBufferRequest(
+            shared_bytes=shared, alpha=alpha, device_id=sw.device_id, election_id=eid
+        )
+        try:
+            await stub.SetBuffer(breq, timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            raise QueueError(
+                f"{sw.name}: SwitchAdmin.SetBuffer: {exc.code().name} {exc.details()}"
+            ) from None
     finally:
         await channel.close()
 
@@ -140,8 +158,14 @@ async def apply_queues(
 ) -> None:
     settings = queue_settings(cfg, topo, sw)
     timeout = cfg.controller.rpc_timeout_s
+    buffer = buffer_setting(cfg, sw)
     if sw.kind == "bmv2":
+        if buffer[0]:
+            log.warning(
+                "bmv2 has no shared buffer: its queues keep their static depths",
+                extra={"switch": sw.name},
+            )
         await apply_bmv2(sw, settings, cfg.model.mean_packet_bytes, timeout)
     else:
-        await apply_builtin(sw, settings, credentials, timeout, cfg.controller.election_id)
+        await apply_builtin(sw, settings, credentials, timeout, cfg.controller.election_id, buffer)
     log.info("queues set", extra={"switch": sw.name, "ports": len(settings)})

@@ -41,6 +41,16 @@ def tls_credentials(tls: TlsConfig | None) -> fy.GRPCCredentialsTLS | None:
     return fy.GRPCCredentialsTLS(cacert=tls.ca, cert=tls.cert, private_key=tls.key)
 
 
+def qdepth_unit_bytes(status: Any, mean_packet_bytes: int) -> int:
+    """Bytes per unit of a built-in switch's queue depth, from its SwitchAdmin GetStatus:
+    bytes, cells of the size it reports, or packets (of the model's mean size)."""
+    if status.queue_depth_unit == "bytes":
+        return 1
+    if status.queue_depth_unit == "cells" and status.queue_depth_cell_bytes:
+        return int(status.queue_depth_cell_bytes)
+    return mean_packet_bytes
+
+
 @dataclass
 class SwitchHealth:
     connected: bool = False
@@ -218,7 +228,7 @@ class SwitchSession:
             )
         finally:
             await channel.close()
-        return 1 if st.queue_depth_unit == "bytes" else self.cfg.model.mean_packet_bytes
+        return qdepth_unit_bytes(st, self.cfg.model.mean_packet_bytes)
 
     async def reconcile(self) -> bool:
         """Bring the switch to the config. True when every write succeeded."""

@@ -42,6 +42,11 @@ class ControllerSetup:
     caps: bool = False  # the slow loop's max-min caps (off: the NIC's rate law alone)
     metrics_addr: str | None = None  # Prometheus metrics (loopback)
     web_addr: str | None = None  # the fabric page (loopback)
+    # INT's hop latency as a latency monitor: the twin's switches timestamp as hardware does;
+    # the emulation's software switches stamp a frame when the kernel received it, so its
+    # hop latency also holds the wait in the switch process's socket buffer (healthy links
+    # of the emulation's WebSearch waited 1.3-6 ms per packet beyond their queue, unevenly)
+    int_latency_monitor: bool = True
 
 
 def controller_config(
@@ -105,6 +110,7 @@ def controller_config(
         "grpc_addr": setup.grpc_addr,
         "counter_poll_s": 1.0,
         "rpc_timeout_s": 3.0,
+        "int_latency_monitor": setup.int_latency_monitor,
         "reconnect_max_s": 2.0,
         "log_level": "info",
         "log_file": setup.log_file,
@@ -122,6 +128,8 @@ def controller_config(
             "queue_depth_bytes": m.queue_bytes,
             # the byte limit binds on the built-in switch; bmv2 counts packets only
             "queue_depth_packets": scaling.queue_packets(),
+            "shared_buffer_bytes_per_port": m.buffer_per_port(),
+            "buffer_alpha": m.buffer_alpha,
             "mean_packet_bytes": min(9216, scaling.frame_bytes),
             "cell_bytes": 1,
         },

@@ -4,6 +4,7 @@ it sets on the switches' traffic managers (one mechanism for the emulation and t
 A fault names its target and its kind:
 
     link leaf1:3 down | up | loss 1% | rate 25% | delay 2ms      (a link, by one of its ends)
+    link leaf1:3 silent-loss 0.3% | silent-rate 70% | flap 50ms 10
     switch spine1 kill | slow [DELAY] | up
     nic h3 rate 50% | up
 
@@ -13,6 +14,13 @@ of each scenario:
     - {at: 1.0, target: leaf1:3, kind: loss, value: 1%}
     - {at: 3.0, target: leaf1:3, kind: up}
     - {at: 1.0, target: spine1, kind: slow, value: 5ms}
+    - {at: 1.0, target: leaf1:3, kind: flap, value: 50ms, count: 10}
+
+The gray failures: `silent-loss` and `silent-rate` are `loss` and `rate` that no counter of
+the switch records (a bad buffer, a misbehaving optic: lost frames are not receive errors, the
+port's latency monitor expects its degraded rate), which only the end hosts' signals can find;
+`flap` takes the link down for half of every period and up for the other half, `count` times
+(each down and up is injected, and recorded, as a fault of its own: `expand`).
 
 A link fault acts on both directions: the ports at both ends that are switch ports get the
 same setting (a host's own NIC has no traffic manager: on a host link only the switch's side
@@ -32,7 +40,10 @@ import yaml
 
 from testbed.topo import End, FabricSpec
 
-LINK_KINDS = ("down", "up", "loss", "rate", "delay")
+LINK_KINDS = ("down", "up", "loss", "rate", "delay", "silent-loss", "silent-rate", "flap")
+PERCENT_KINDS = ("loss", "rate", "silent-loss", "silent-rate")  # values: fractions
+TIMED_KINDS = ("delay", "slow", "flap")  # values: seconds
+MAX_FLAPS = 10_000
 SWITCH_KINDS = ("kill", "slow", "up")
 NIC_KINDS = ("rate", "up")
 DEFAULT_SLOW_S = 0.005  # a slow switch's added delay per frame when none is given
@@ -46,17 +57,20 @@ class FaultError(ValueError):
 class Fault:
     target: str  # leaf1:3 (a link), spine1 (a switch), h3 (a host's NIC)
     kind: str
-    value: float | None = None  # loss: probability; rate: fraction; delay, slow: seconds
+    value: float | None = None  # loss: probability; rate: fraction; delay, slow, flap: seconds
     at: float = 0.0  # seconds from the start of the scenario
+    count: int = 0  # flap: how many times the link goes down (and up)
 
     def describe(self) -> str:
         v = ""
         if self.value is not None:
             v = (
                 f" {self.value * 1e3:g}ms"
-                if self.kind in ("delay", "slow")
+                if self.kind in TIMED_KINDS
                 else f" {self.value * 100:g}%"
             )
+        if self.kind == "flap":
+            v += f" {self.count}"
         return f"{self.target} {self.kind}{v}"
 
     def to_dict(self) -> dict[str, Any]:
@@ -73,11 +87,14 @@ class PortSetting:
     loss: float | None = None
     delay_ns: int | None = None
     rate_factor: float | None = None
+    silent: bool | None = None
 
 
 def healthy(switch: str, port: int | None) -> PortSetting:
     """A port (port None: every port) without any fault."""
-    return PortSetting(switch, port, down=False, loss=0.0, delay_ns=0, rate_factor=1.0)
+    return PortSetting(
+        switch, port, down=False, loss=0.0, delay_ns=0, rate_factor=1.0, silent=False
+    )
 
 
 _PERCENT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)\s*%\s*$")
@@ -94,14 +111,14 @@ def parse_value(kind: str, raw: Any) -> float | None:
     if raw is None:
         if kind == "slow":
             return DEFAULT_SLOW_S
-        raise FaultError(f"{kind} needs a value ({'2ms' if kind == 'delay' else '25%'})")
+        raise FaultError(f"{kind} needs a value ({'2ms' if kind in TIMED_KINDS else '25%'})")
     if isinstance(raw, bool):
         raise FaultError(f"{kind}: expected a number, got {raw!r}")
     if isinstance(raw, int | float):
         v = float(raw)
     else:
         text = str(raw)
-        if kind in ("loss", "rate"):
+        if kind in PERCENT_KINDS:
             m = _PERCENT.match(text)
             if m is None:
                 raise FaultError(f"{kind}: expected a percentage like 1%, got {text!r}")
@@ -111,10 +128,12 @@ def parse_value(kind: str, raw: Any) -> float | None:
             if m is None:
                 raise FaultError(f"{kind}: expected a time like 2ms, got {text!r}")
             v = float(m.group(1)) * {"us": 1e-6, "ms": 1e-3, "s": 1.0}[m.group(2)]
-    if kind == "loss" and not 0.0 <= v <= 1.0:
+    if kind in ("loss", "silent-loss") and not 0.0 <= v <= 1.0:
         raise FaultError(f"loss must be within 0 and 100 %, got {v * 100:g} %")
-    if kind == "rate" and not 0.001 <= v <= 1.0:
+    if kind in ("rate", "silent-rate") and not 0.001 <= v <= 1.0:
         raise FaultError(f"rate must be within 0.1 and 100 % of the port's, got {v * 100:g} %")
+    if kind == "flap" and not 1e-6 <= v <= 10.0:
+        raise FaultError(f"a flap's period must be within 1 us and 10 s, got {v:g} s")
     if kind in ("delay", "slow") and not 0.0 <= v <= 10.0:
         raise FaultError(f"{kind} must be within 0 and 10 s, got {v:g} s")
     return v
@@ -148,27 +167,63 @@ def check(spec: FabricSpec, f: Fault) -> None:
     _check_kind(spec, f.target, f.kind)
     if not 0.0 <= f.at < 1e6:
         raise FaultError(f"{f.target} {f.kind}: at must be seconds >= 0, got {f.at}")
+    if f.kind == "flap" and not 1 <= f.count <= MAX_FLAPS:
+        raise FaultError(f"{f.describe()}: a flap's count must be within 1 and {MAX_FLAPS}")
+    if f.kind != "flap" and f.count:
+        raise FaultError(f"{f.target} {f.kind}: only a flap has a count")
 
 
-def make(spec: FabricSpec, target: str, kind: str, value: Any = None, at: float = 0.0) -> Fault:
+def make(
+    spec: FabricSpec,
+    target: str,
+    kind: str,
+    value: Any = None,
+    at: float = 0.0,
+    count: Any = None,
+) -> Fault:
     _check_kind(spec, target, kind)
-    f = Fault(target, kind, parse_value(kind, value), float(at))
+    n = 0
+    if kind == "flap":
+        if isinstance(count, bool) or not isinstance(count, int | str) or not str(count).isdigit():
+            raise FaultError(f"{target} flap: a count of downs is needed (flap 50ms 10)")
+        n = int(count)
+    elif count is not None:
+        raise FaultError(f"{target} {kind}: only a flap has a count")
+    f = Fault(target, kind, parse_value(kind, value), float(at), n)
     check(spec, f)
     return f
 
 
+def expand(fs: list[Fault]) -> list[Fault]:
+    """The faults as injected, in time order: a flap becomes its downs and ups (down for the
+    first half of every period, up for the second)."""
+    out: list[Fault] = []
+    for f in fs:
+        if f.kind != "flap":
+            out.append(f)
+            continue
+        assert f.value is not None
+        for i in range(f.count):
+            t = f.at + i * f.value
+            out += [Fault(f.target, "down", None, t), Fault(f.target, "up", None, t + f.value / 2)]
+    return sorted(out, key=lambda f: f.at)
+
+
 def parse_command(spec: FabricSpec, line: str) -> Fault:
-    """`link leaf1:3 loss 1%`, `switch spine1 kill`, `nic h3 rate 50%` (the CLI's words)."""
+    """`link leaf1:3 loss 1%`, `switch spine1 kill`, `nic h3 rate 50%`, `link leaf1:3 flap
+    50ms 10` (the CLI's words)."""
     words = line.split()
-    if len(words) not in (3, 4) or words[0] not in ("link", "switch", "nic"):
+    if len(words) not in (3, 4, 5) or words[0] not in ("link", "switch", "nic"):
         raise FaultError(
-            "usage: fault link SW:PORT down|up|loss P%|rate P%|delay Tms; "
-            "fault switch SW kill|slow [Tms]|up; fault nic HOST rate P%|up"
+            "usage: fault link SW:PORT down|up|loss P%|rate P%|delay Tms|silent-loss P%|"
+            "silent-rate P%|flap Tms N; fault switch SW kill|slow [Tms]|up; "
+            "fault nic HOST rate P%|up"
         )
     cls = target_class(spec, words[1])
     if cls != words[0]:
         raise FaultError(f"{words[1]} is a {cls}, not a {words[0]}")
-    return make(spec, words[1], words[2], words[3] if len(words) == 4 else None)
+    value = words[3] if len(words) >= 4 else None
+    return make(spec, words[1], words[2], value, count=words[4] if len(words) == 5 else None)
 
 
 def from_doc(spec: FabricSpec, doc: Any) -> list[Fault]:
@@ -180,10 +235,10 @@ def from_doc(spec: FabricSpec, doc: Any) -> list[Fault]:
     for i, item in enumerate(doc):
         if not isinstance(item, dict):
             raise FaultError(f"faults[{i}]: expected a mapping, got {item!r}")
-        unknown = set(item) - {"at", "target", "kind", "value"}
+        unknown = set(item) - {"at", "target", "kind", "value", "count"}
         if unknown or "target" not in item or "kind" not in item:
             raise FaultError(
-                f"faults[{i}]: keys are at, target, kind, value "
+                f"faults[{i}]: keys are at, target, kind, value, count "
                 f"(target and kind required), got {sorted(item)}"
             )
         at = item.get("at", 0.0)
@@ -191,7 +246,14 @@ def from_doc(spec: FabricSpec, doc: Any) -> list[Fault]:
             raise FaultError(f"faults[{i}].at: expected seconds, got {at!r}")
         try:
             out.append(
-                make(spec, str(item["target"]), str(item["kind"]), item.get("value"), float(at))
+                make(
+                    spec,
+                    str(item["target"]),
+                    str(item["kind"]),
+                    item.get("value"),
+                    float(at),
+                    item.get("count"),
+                )
             )
         except FaultError as exc:
             raise FaultError(f"faults[{i}]: {exc}") from None
@@ -228,10 +290,15 @@ def port_settings(spec: FabricSpec, f: Fault) -> list[PortSetting]:
         if f.kind == "down":
             return [PortSetting(sw, p, down=True) for sw, p in ends]
         assert f.value is not None
-        if f.kind == "loss":
-            return [PortSetting(sw, p, loss=f.value) for sw, p in ends]
-        if f.kind == "rate":
-            return [PortSetting(sw, p, rate_factor=f.value) for sw, p in ends]
+        silent = f.kind.startswith("silent-")
+        if f.kind in ("loss", "silent-loss"):
+            return [PortSetting(sw, p, loss=f.value, silent=silent) for sw, p in ends]
+        if f.kind in ("rate", "silent-rate"):
+            return [PortSetting(sw, p, rate_factor=f.value, silent=silent) for sw, p in ends]
+        if f.kind == "flap":
+            raise FaultError(
+                f"{f.describe()}: a flap is timed: give it in a faults file (--faults)"
+            )
         return [PortSetting(sw, p, delay_ns=round(f.value * 1e9)) for sw, p in ends]
     if cls == "switch":
         if f.kind == "slow":
@@ -250,7 +317,7 @@ def heal_all(spec: FabricSpec) -> list[PortSetting]:
 def request_fields(ps: PortSetting) -> dict[str, Any]:
     """The SetFaultRequest fields (controller/proto/switch.proto) of a setting."""
     out: dict[str, Any] = {"port": ps.port or 0, "all_ports": ps.port is None}
-    for k in ("down", "loss", "delay_ns", "rate_factor"):
+    for k in ("down", "loss", "delay_ns", "rate_factor", "silent"):
         v = getattr(ps, k)
         if v is not None:
             out[k] = v

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from testbed.errors import UserError
 from testbed.experiment.schemes import RATE_LAWS
-from testbed.model import DEFAULT_SCALE, Scaling
+from testbed.model import BUFFERS, DEFAULT_MODEL, DEFAULT_SCALE, Scaling, model_with_buffer
 
 # Mininet, bcc and the gRPC stubs are imported where a command needs them: `doctor` must run
 # (and say what is missing) on a machine that lacks them.
@@ -58,6 +58,14 @@ def _common(ap: argparse.ArgumentParser) -> None:
         default=DEFAULT_SCALE,
         help=f"model speed / emulated speed (default {DEFAULT_SCALE:g}: 400G -> "
         f"{400e9 / DEFAULT_SCALE / 1e6:g} Mb/s)",
+    )
+    ap.add_argument(
+        "--buffer",
+        choices=BUFFERS,
+        default=DEFAULT_MODEL.buffer,
+        help="the switches' packet buffer: static depth per queue, or shared by the queues "
+        "with dynamic thresholds (and a dynamic PFC XOFF) as a 51.2T part has it "
+        f"(default {DEFAULT_MODEL.buffer})",
     )
     ap.add_argument("--pcap", action="store_true", help="per-port pcap files in the run dir")
     ap.add_argument("--run-dir", type=Path, help="default: runs/<timestamp>")
@@ -208,7 +216,11 @@ def _testbed(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from testbed.topo import parse_choice
 
     spec = parse_choice(args.topo)
-    scaling = Scaling(scale=args.scale, max_hops=spec.longest_path_switches())
+    scaling = Scaling(
+        model=model_with_buffer(args.buffer),
+        scale=args.scale,
+        max_hops=spec.longest_path_switches(),
+    )
     opts = TestbedOptions(
         switch=args.switch,
         scaling=scaling,
@@ -317,6 +329,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             "switch": tb.switch_cls.kind,
             "scaling": s.describe(),
             "scale": s.scale,
+            "buffer": s.model.buffer,
             "link_bps": s.link_bps,
             "nic_bps": s.nic_bps,
             "base_rtt_s": base_rtt,

@@ -14,12 +14,15 @@ real fabric whose NICs account for INT overhead.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 # Frame overhead of the transport (testbed.traffic.transport): Ethernet 14, IPv4 20, UDP 8,
 # BTH 12, ICRC 4, around each packet's payload.
 TRANSPORT_OVERHEAD = 14 + 20 + 8 + 12 + 4
 INT_HEADER_BYTES = 4 + 12  # shim + MD header the NIC inserts
+
+
+BUFFERS = ("shared", "static")
 
 
 @dataclass(frozen=True)
@@ -29,18 +32,58 @@ class SwitchModel:
     name: str = "51.2T"
     ports: int = 128
     port_speed_gbps: float = 400.0
-    # Per egress queue, bytes (not scaled). A 51.2T part shares ~165 MB among 128 ports
-    # (~1.3 MB each); v1model's 19-bit queue-depth fields, which the built-in switch fills in
-    # bytes, read at most 512 KiB: the queue stays below that.
+    # The packet buffer, bytes (not scaled). "shared": one buffer for the switch's queues
+    # with a dynamic threshold per queue (a queue admits while it holds at most
+    # `buffer_alpha` times what is free), as 51.2T parts have: NVIDIA's Spectrum-4 (SN5600)
+    # has 128 MB for its 128 x 400G (docs/fidelity.md names the sources); a switch of the
+    # fabric using N of its ports gets N/128 of it (the part's other ports are assumed as
+    # busy). PFC's XOFF is dynamic too: `pfc_alpha` of the free pool, HPCC's simulator's
+    # 1/8. "static": each egress queue holds at most `queue_bytes` (v1model's 19-bit
+    # queue-depth fields, which the built-in switch fills in bytes, read at most 512 KiB: the
+    # static queue stays below that; a shared buffer's deeper queue reads as 512 KiB).
+    buffer: str = "static"
+    buffer_bytes: int = 128_000_000
+    buffer_alpha: float = 1.0
+    pfc_alpha: float = 0.125
     queue_bytes: int = 500_000
     # Base RTT of a leaf-spine of such switches (host - leaf - spine - leaf - host and back)
     base_rtt_us: float = 1.0
 
+    def __post_init__(self) -> None:
+        if self.buffer not in BUFFERS:
+            raise ValueError(f"buffer {self.buffer!r} is not one of {', '.join(BUFFERS)}")
+
     def describe(self) -> str:
         return f"{self.name} ({self.ports} x {self.port_speed_gbps:g}G)"
 
+    @property
+    def shared(self) -> bool:
+        return self.buffer == "shared"
+
+    @property
+    def qdepth_unit(self) -> str:
+        """What the built-in switch's enq_qdepth / deq_qdepth count: bytes, or cells where a
+        shared buffer's queue can pass the 512 KiB that 19 bits of bytes hold."""
+        return "cells" if self.shared else "bytes"
+
+    def buffer_per_port(self) -> int:
+        """A port's share of the shared buffer (0: static queues)."""
+        return self.buffer_bytes // self.ports if self.shared else 0
+
+    def switch_buffer_bytes(self, ports: int) -> int:
+        """The buffer of a switch of the fabric with `ports` ports: its share of the part's
+        shared buffer, or each queue's static depth for each port."""
+        return (self.buffer_per_port() if self.shared else self.queue_bytes) * ports
+
 
 DEFAULT_MODEL = SwitchModel()
+
+
+def model_with_buffer(buffer: str) -> SwitchModel:
+    """The default switch model with its buffer shared or static (`--buffer`)."""
+    return replace(DEFAULT_MODEL, buffer=buffer)
+
+
 DEFAULT_SCALE = 20_000.0
 
 
@@ -106,10 +149,19 @@ class Scaling:
         return (
             f"switch model {self.model.describe()}, scale 1/{self.scale:g}: "
             f"{self.model.port_speed_gbps:g}G ports run at {fmt_rate(self.link_bps)}, "
-            f"NICs at {fmt_rate(self.nic_bps)}; queues {self.model.queue_bytes // 1000} KB "
-            f"per port; MTU {self.transport_mtu} B payload; base RTT "
+            f"NICs at {fmt_rate(self.nic_bps)}; {self.buffer_text()}; "
+            f"MTU {self.transport_mtu} B payload; base RTT "
             f"{self.model.base_rtt_us:g} us -> {self.base_rtt_s * 1e3:g} ms"
         )
+
+    def buffer_text(self) -> str:
+        m = self.model
+        if m.shared:
+            return (
+                f"buffer shared, {m.buffer_per_port() // 1000} KB per port, "
+                f"alpha {m.buffer_alpha:g} (PFC {m.pfc_alpha:g})"
+            )
+        return f"queues {m.queue_bytes // 1000} KB per port"
 
 
 def fmt_rate(bps: float) -> str:

@@ -44,7 +44,7 @@ from typing import Any
 from testbed import faults
 from testbed.experiment.suite import SuiteConfig
 from testbed.faults import Fault
-from testbed.model import Scaling
+from testbed.model import Scaling, model_with_buffer
 from testbed.topo import FabricSpec, load
 
 # the faults each kind of suspect stands for (the localizer's kinds, controller/health.py)
@@ -128,7 +128,11 @@ def load_recording(run_dir: Path) -> Recording:
         raise ReplayError(f"{topo_path}: missing (the run's topology)")
     setup = doc["setup"]
     spec = load(topo_path)
-    scaling = Scaling(scale=float(setup["scale"]), max_hops=spec.longest_path_switches())
+    scaling = Scaling(
+        model=model_with_buffer(setup.get("buffer", "static")),  # before --buffer: static
+        scale=float(setup["scale"]),
+        max_hops=spec.longest_path_switches(),
+    )
     suite = dict(setup["suite"])
     suite["schemes"] = tuple(suite["schemes"])
     suite["scenarios"] = tuple(suite["scenarios"])

@@ -33,6 +33,10 @@ class Fabric:
         self.down: set[tuple[str, int]] = set()
         self.idle: set[tuple[str, int]] = set()  # ports that send nothing
         self.silent: set[str] = set()
+        # INT's view (the collector's totals per directed link): a port draining at this
+        # fraction of its rate that no switch counter shows (a silent rate fault)
+        self.silent_rate: dict[tuple[str, int], float] = {}
+        self.int = {k: (0, 0, 0) for k in self.tx}
         self._owed: dict[tuple[str, int], float] = {}  # fractions of frames lost so far
         self.errors: dict[tuple[str, int], int] = {}
 
@@ -52,6 +56,14 @@ class Fabric:
                 self._owed[rx] = owed - bad
                 self.rx[rx] += n - bad
                 self.errors[rx] = self.errors.get(rx, 0) + bad
+            di, wi, ei = self.int[(s, p)]
+            # INT: what the queue it saw explains at the nominal rate (2 ms), and the wait at
+            # the rate the port really drains at
+            self.int[(s, p)] = (
+                di + n,
+                wi + round(n * 2_000_000 / self.silent_rate.get((s, p), 1.0)),
+                ei + n * 2_000_000,
+            )
             d, w, e = self.mon[(s, p)]
             # a healthy port waits what its queue explains (2 ms here) plus a little
             self.mon[(s, p)] = (
@@ -82,6 +94,7 @@ class Fabric:
                     },
                 )
             )
+        self.loc.int_waits(self.t, {f"{s}:{p}": v for (s, p), v in self.int.items()})
         return [s.element for s in self.loc.evaluate(self.t)]
 
     def run(self, seconds: float) -> list[str]:

@@ -82,8 +82,8 @@ def test_link_faults_set_both_ends_and_up_heals_them() -> None:
     assert peer is not None
     f = faults.parse_command(SPEC, "link leaf1:3 loss 2%")
     assert faults.port_settings(SPEC, f) == [
-        PortSetting("leaf1", 3, loss=0.02),
-        PortSetting(peer.node, peer.index, loss=0.02),
+        PortSetting("leaf1", 3, loss=0.02, silent=False),  # counted: a silent loss's flag off
+        PortSetting(peer.node, peer.index, loss=0.02, silent=False),
     ]
     up = faults.port_settings(SPEC, faults.parse_command(SPEC, "link leaf1:3 up"))
     assert [ps.port for ps in up] == [3, peer.index]
@@ -185,3 +185,66 @@ def test_the_example_file_loads_for_the_default_fabric() -> None:
     path = Path(__file__).resolve().parents[1] / "testbed/data/faults/four-faults.yaml"
     fs = faults.load(parse_choice("leafspine"), path)
     assert [f.kind for f in fs] == ["down", "up", "loss", "up", "rate", "up", "slow", "up"]
+
+
+def test_gray_failures_parse_and_a_flap_expands_to_its_downs_and_ups(tmp_path: Path) -> None:
+    silent = faults.parse_command(SPEC, "link leaf1:3 silent-loss 0.1%")
+    assert (silent.kind, silent.value) == ("silent-loss", pytest.approx(0.001))
+    assert faults.parse_command(SPEC, "link leaf1:3 silent-rate 90%").value == 0.9
+    flap = faults.parse_command(SPEC, "link leaf1:3 flap 50ms 3")
+    assert (flap.value, flap.count) == (pytest.approx(0.05), 3)
+    assert flap.describe() == "leaf1:3 flap 50ms 3"
+    flap = faults.Fault(flap.target, flap.kind, flap.value, 1.0, flap.count)
+    ev = [(f.kind, round(f.at, 3)) for f in faults.expand([flap, faults.Fault("spine1", "kill")])]
+    assert ev == [("kill", 0.0), ("down", 1.0), ("up", 1.025), ("down", 1.05), ("up", 1.075)] + [
+        ("down", 1.1),
+        ("up", 1.125),
+    ]
+    for bad, msg in (
+        ("link leaf1:3 flap 50ms", "count of downs"),
+        ("link leaf1:3 flap 50ms 0", "within 1 and"),
+        ("link leaf1:3 loss 1% 3", "only a flap"),
+        ("link leaf1:3 flap 0ms 3", "period"),
+    ):
+        with pytest.raises(FaultError, match=msg):
+            faults.parse_command(SPEC, bad)
+    (tmp_path / "f.yaml").write_text(
+        "- {at: 1.0, target: leaf1:3, kind: flap, value: 20ms, count: 2}\n"
+        "- {at: 2.0, target: leaf1:3, kind: silent-loss, value: 0.5%}\n"
+    )
+    fs = faults.load(SPEC, tmp_path / "f.yaml")
+    assert [f.kind for f in fs] == ["flap", "silent-loss"] and fs[0].count == 2
+    # a silent fault is the fault with its `silent` flag, on both ends of the link
+    ps = faults.port_settings(SPEC, fs[1])
+    assert {(p.switch, p.port, p.loss, p.silent) for p in ps} == {
+        ("leaf1", 3, 0.005, True),
+        ("spine1", 1, 0.005, True),
+    }
+    assert faults.request_fields(ps[0])["silent"] is True
+    assert faults.healthy("leaf1", 3).silent is False
+
+
+def test_a_silent_fault_leaves_no_trace_in_the_switchs_counters() -> None:
+    """Silent loss: the frames are lost but no receive error is counted (only the fault's own
+    ground truth); silent rate: the port drains slower and its latency monitor expects it
+    (no wait beyond what its queue explains), where a counted rate cut shows as excess."""
+    tm = TrafficManager(Clock(virtual=True))
+    tm.set_fault(2, loss=0.01, silent=True)
+    lost = sum(tm.corrupted(2) for _ in range(100_000))
+    assert 850 <= lost <= 1150 and tm.port(2).rx_errors == 0 and tm.port(2).silent_drops == lost
+
+    def excess(silent: bool) -> tuple[int, int, int]:
+        clock = Clock(virtual=True)
+        t = TrafficManager(clock)
+        t.set_rate(1, bps=8e6)
+        t.set_fault(1, rate_factor=0.5, silent=silent)
+        for i in range(5):
+            t.enqueue(1, 0, i, 1000, 0)
+        starts = [s for _, s in _drain(t, clock, 10**10)]
+        pq = t.ports[1]
+        return starts[1] - starts[0], pq.wait_ns, pq.expected_wait_ns
+
+    gap, wait, expected = excess(silent=True)
+    assert gap == 2_000_000 and wait == expected  # half the rate, and nothing unexplained
+    gap, wait, expected = excess(silent=False)
+    assert gap == 2_000_000 and wait == 2 * expected  # the counted cut waits twice as long

@@ -146,3 +146,31 @@ def test_suspects_over_grpc_and_the_command(capsys) -> None:  # type: ignore[no-
     assert "link leaf2:6-spine2:2" in out and "link-down" in out
     assert "routed around (fail-over 1x): leaf2:6-spine2:2" in out
     assert suspects_main(["--addr", "127.0.0.1:1"]) == 1  # nothing listens: said, not raised
+
+
+def test_int_names_a_link_that_drains_below_its_rate_where_no_counter_shows_it() -> None:
+    """A silent rate fault: the switch's own latency monitor sees nothing (it expects the
+    degraded rate), but the packets' INT hop latency is longer than the queue INT saw
+    explains at the link's nominal rate. 70 % of the rate waits 1.43 times: named; a port
+    whose packets wait 1.1 times (90 %) is not, nor a healthy fabric."""
+    f = Fabric()
+    f.run(3)
+    assert f.loc.ranked() == []
+    f.silent_rate[("spine1", 1)] = 0.7
+    f.run(3)
+    [s] = f.loc.ranked()
+    assert (s.element, s.kind) == ("link leaf1:5-spine1:1", "slow-link")
+    assert s.evidence.startswith("INT: ") and "at spine1:1" in s.evidence
+    g = Fabric()
+    g.silent_rate[("spine1", 1)] = 0.9
+    g.run(6)
+    assert g.loc.ranked() == []
+
+
+def test_a_slow_switch_explains_its_links_int_too() -> None:
+    f = Fabric()
+    f.run(3)
+    f.extra_wait_ns.update({("spine2", 1): 5_000_000, ("spine2", 2): 5_000_000})
+    f.silent_rate.update({("spine2", 1): 0.5, ("spine2", 2): 0.5})
+    f.run(3)
+    assert [(s.element, s.kind) for s in f.loc.ranked()] == [("switch spine2", "slow-switch")]

@@ -26,7 +26,7 @@ def run(*fault_lines: str, at: float = 0.5) -> RunRecord:
     )
     suite = SimSuite(fab, cfg)
     suite.faults = [faults.parse_command(SPEC, line) for line in fault_lines]
-    suite.faults = [faults.Fault(f.target, f.kind, f.value, at) for f in suite.faults]
+    suite.faults = [faults.Fault(f.target, f.kind, f.value, at, f.count) for f in suite.faults]
     [rec] = suite.run()
     assert rec.flows_completed == rec.flows
     return rec
@@ -58,3 +58,37 @@ def test_fault_is_localized_within_5s(fault: str, element: str, kind: str) -> No
 def test_healthy_run_names_nothing() -> None:
     rec = run()
     assert rec.faults == [] and rec.suspects == [] and rec.failovers == []
+
+
+@pytest.mark.parametrize(
+    ("fault", "element", "kind", "within"),
+    [
+        # no switch counter records it: INT's hop latency against the queue INT saw
+        ("link leaf1:3 silent-rate 50%", "link leaf1:3-spine1:1", "slow-link", 5.0),
+        ("link leaf1:3 silent-rate 70%", "link leaf1:3-spine1:1", "slow-link", 5.0),
+        # every path over spine1 crosses both of its links: 007's vote cannot tell them apart
+        # and names both, tied (the fabric has no path that separates them)
+        ("link leaf1:3 silent-loss 5%", "link leaf1:3-spine1:1", "lossy-link", 5.0),
+    ],
+)
+def test_a_gray_failure_is_localized_within_5s(
+    fault: str, element: str, kind: str, within: float
+) -> None:
+    rec = run(fault)
+    top = rec.suspects[0]
+    assert 0.5 <= top["first_named"] <= 0.5 + within
+    if "silent-loss" in fault:  # either half of the path first: they tie
+        tied = {s["element"] for s in rec.suspects if s["score"] == top["score"]}
+        assert tied == {element, "link leaf2:3-spine1:2"} and top["kind"] == kind
+    else:
+        assert (top["element"], top["kind"]) == (element, kind)
+
+
+def test_a_flapping_link_is_named_down_and_routed_around_each_time() -> None:
+    rec = run("link leaf1:3 flap 400ms 3")
+    assert [f["kind"] for f in rec.faults] == ["down", "up"] * 3
+    top = rec.suspects[0]
+    assert (top["element"], top["kind"]) == ("link leaf1:3-spine1:1", "link-down")
+    removed = [f for f in rec.failovers if f["dead_links"]]
+    assert len(removed) == 3  # each down routed around, each up restored
+    assert rec.failovers[-1]["dead_links"] == []

@@ -209,7 +209,9 @@ def test_markdown_report_names_the_run_commit_date_and_machine(tmp_path: Path) -
     doc = json.loads((tmp_path / "results.json").read_text())
     assert doc["source"]["commit"]  # the tests run in a checkout
     out = markdown_report(tmp_path).splitlines()
-    assert out[0].startswith(f"Run `{tmp_path}` (sim, leafspine-2x2x4; scale 1/20000), commit ")
+    assert out[0].startswith(
+        f"Run `{tmp_path}`, outside the repository (sim, leafspine-2x2x4; scale 1/20000), commit "
+    )
     assert doc["source"]["commit"][:7] in out[0] and doc["date"] in out[0]
     assert out[0].endswith("; `xingmai-testbed run --engine sim`:")
     assert out[2].startswith("| scenario | scheme | bottleneck | p50 queue (KB) | p99 queue (KB)")

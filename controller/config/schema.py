@@ -97,6 +97,10 @@ class ControllerSection:
     reconnect_max_s: float = 8.0
     rpc_timeout_s: float = 2.0
     series_points: int = 600  # bounded length of every time series
+    # localize slow links from INT's hop latency against the queue INT saw (controller/
+    # health.py): right where hop latency is the switch's (hardware timestamps, the twin),
+    # off where a software switch's hop latency also holds its process's backlog
+    int_latency_monitor: bool = True
 
 
 @dataclass(frozen=True)
@@ -113,6 +117,10 @@ class ModelConfig:
     port_speed_gbps: float = 400.0
     scale: float = 4000.0  # emulated rate = model rate / scale
     queue_depth_bytes: int = 150_000  # emulated, per egress queue
+    # a buffer shared by a switch's queues, this much per port (0: static queue depths) with
+    # a dynamic threshold per queue: it admits while it holds at most alpha x what is free
+    shared_buffer_bytes_per_port: int = 0
+    buffer_alpha: float = 1.0
     queue_depth_packets: int = 128
     mean_packet_bytes: int = 1000  # bmv2 sets queue rates in packets/s
     cell_bytes: int = 1  # INT occupancy multiplier: 1 when the target counts bytes

@@ -257,6 +257,7 @@ def _controller(doc: Any, paths: _Paths) -> ControllerSection:
         reconnect_max_s=r.get("reconnect_max_s", _num(0.1, 3600), d.reconnect_max_s),
         rpc_timeout_s=r.get("rpc_timeout_s", _num(0.05, 600), d.rpc_timeout_s),
         series_points=r.get("series_points", _int(2, 1_000_000), d.series_points),
+        int_latency_monitor=r.get("int_latency_monitor", _bool, d.int_latency_monitor),
     )
     r.done()
     return out
@@ -278,6 +279,10 @@ def _model(doc: Any) -> ModelConfig:
         scale=r.get("scale", _num(1, None), d.scale),
         queue_depth_bytes=r.get("queue_depth_bytes", _int(0), d.queue_depth_bytes),
         queue_depth_packets=r.get("queue_depth_packets", _int(1), d.queue_depth_packets),
+        shared_buffer_bytes_per_port=r.get(
+            "shared_buffer_bytes_per_port", _int(0), d.shared_buffer_bytes_per_port
+        ),
+        buffer_alpha=r.get("buffer_alpha", _num(0, None, open_lo=True), d.buffer_alpha),
         mean_packet_bytes=r.get("mean_packet_bytes", _int(64, 9216), d.mean_packet_bytes),
         cell_bytes=r.get("cell_bytes", _int(1, 65536), d.cell_bytes),
     )

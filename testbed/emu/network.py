@@ -279,6 +279,7 @@ class Testbed:
                     pcap=self.opts.pcap,
                     log_level=self.opts.switch_log_level,
                     nice=self.opts.switch_nice,
+                    qdepth_unit=self.scaling.model.qdepth_unit,
                 )
 
     def _start_components(self) -> None:
@@ -398,6 +399,7 @@ class Testbed:
             caps=self.opts.controller_caps,
             metrics_addr=self.controller_metrics_addr or None,
             web_addr=web_addr,
+            int_latency_monitor=False,  # software switches' hop latency: see ControllerSetup
         )
         doc = controller_config(
             self.spec, self.scaling, access, agents, setup, str(P4INFO), str(BMV2_JSON)
@@ -635,13 +637,16 @@ class Testbed:
         s = self.scaling
         frame = s.wire_frame_bytes  # the largest the hosts send (the links allow jumbo frames)
         queued_s = EMU_PFC_QUEUED_FRAMES * frame * 8 / s.link_bps
+        m = s.model
+        ports = len(self.spec.switch_ports(switch))
         return pfc_thresholds(
             s.link_bps,
             0,
             frame,
-            s.model.queue_bytes,
-            len(self.spec.switch_ports(switch)),
+            m.switch_buffer_bytes(ports) if m.shared else m.queue_bytes,
+            ports,
             response_ns=round((queued_s + EMU_PFC_REACTION_S) * 1e9),
+            alpha=m.pfc_alpha if m.shared else 0.0,
         )
 
     def set_pfc(self, on: bool, watchdog: bool = True) -> None:

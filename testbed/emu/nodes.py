@@ -86,6 +86,7 @@ class SwitchRuntime:
     pcap: bool = False
     log_level: str = "info"
     nice: int = 0  # scheduling priority of the switch process
+    qdepth_unit: str = "bytes"  # cells where a shared buffer's queues pass 19 bits of bytes
 
 
 class P4Switch(Switch):
@@ -189,7 +190,7 @@ class BuiltinSwitch(P4Switch):
             "--name",
             self.name,
             "--queue-depth-unit",
-            "bytes",
+            rt.qdepth_unit,
             "-L",
             rt.log_level,
             "--metrics-addr",

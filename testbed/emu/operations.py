@@ -43,7 +43,7 @@ class EmuOperations:
             self._thread.start()
 
     def _play(self) -> None:
-        for f in sorted(self.faults, key=lambda f: f.at):
+        for f in faults.expand(self.faults):
             if self._stop.wait(max(0.0, self.t0 + f.at - time.time())):
                 return  # the scenario ended first
             t = time.time()

@@ -507,10 +507,9 @@ def markdown_report(path: Path) -> str:
     where = f"{machine.get('cpu') or '?'}, {machine.get('cores', '?')} cores"
     cmd = setup.get("command")
     lines = [
-        f"Run `{path}` ({setup.get('engine', '?')}, {setup.get('topology', '?')}; "
-        f"{setup.get('scaling', '')}), commit {commit}, {doc['date']}, {where}"
-        + (f"; `{cmd}`" if cmd else "")
-        + ":",
+        f"Run `{path}`, outside the repository ({setup.get('engine', '?')}, "
+        f"{setup.get('topology', '?')}; {setup.get('scaling', '')}), commit {commit}, "
+        f"{doc['date']}, {where}" + (f"; `{cmd}`" if cmd else "") + ":",
         "",
         table(records_from_results(doc), setup.get("link_bps"), markdown=True),
     ]

@@ -31,8 +31,9 @@ from controller.config import EcnConfig
 from controller.nic.ratelaw import CcParams, Law
 from controller.nic.ratelaw.profiles import DEFAULT_PROFILES, load_profile
 from controller.proto import switch_pb2
-from controller.queues import queue_settings
+from controller.queues import buffer_setting, queue_settings
 from controller.reconcile import SwitchState, diff, ordered_updates
+from controller.switches import qdepth_unit_bytes
 from controller.topology import Topology
 from controller.wire.pfc import is_mac_control
 from testbed.ctlconfig import ControllerSetup, SwitchAccess, controller_config
@@ -100,11 +101,13 @@ class Wire:
 class SimSwitch:
     """The built-in switch on the loop's clock."""
 
-    def __init__(self, loop: EventLoop, name: str, device_id: int):
+    def __init__(self, loop: EventLoop, name: str, device_id: int, qdepth_unit: str = "bytes"):
         self.loop = loop
         self.name = name
         self.clock = Clock(virtual=True)
-        self.sw = V1Switch(self.clock, device_id=device_id, cpu_port=CPU_PORT, qdepth_unit="bytes")
+        self.sw = V1Switch(
+            self.clock, device_id=device_id, cpu_port=CPU_PORT, qdepth_unit=qdepth_unit
+        )
         self.sw.transmit = self._transmit
         self.p4rt = P4RuntimeService(self.sw, device_id)
         # in process the twin is the switch's only controller: no arbitration to check
@@ -217,7 +220,10 @@ class SimFabric:
             if link_delay_ns is not None
             else round(LINK_DELAY_MODEL_NS * scaling.scale)
         )
-        self.switches = {s.name: SimSwitch(self.loop, s.name, s.device_id) for s in spec.switches}
+        unit = scaling.model.qdepth_unit
+        self.switches = {
+            s.name: SimSwitch(self.loop, s.name, s.device_id, unit) for s in spec.switches
+        }
         self.link_names = {
             (s.node_id, p): f"{s.name}:{p}"
             for s in spec.switches
@@ -253,8 +259,7 @@ class SimFabric:
             seed_random_extern(sim.sw, self.seed * 1_000_003 + swc.device_id)
             sim.sw.tm.rng.seed(self.seed * 1_000_033 + swc.device_id)  # `loss` faults' draws
             st = sim.admin.GetStatus(switch_pb2.GetStatusRequest(), None)
-            # controller.switches.SwitchSession._detect_qdepth_unit's rule
-            unit = 1 if st.queue_depth_unit == "bytes" else self.cfg.model.mean_packet_bytes
+            unit = qdepth_unit_bytes(st, self.cfg.model.mean_packet_bytes)  # as the controller
             desired = program.build(self.cfg, self.topo, swc, schema, SwitchState([]), unit)
             plan = diff(desired.encode(schema), [])
             updates = [
@@ -277,6 +282,8 @@ class SimFabric:
                     ),
                     None,
                 )
+            shared, alpha = buffer_setting(self.cfg, swc)
+            sim.admin.SetBuffer(switch_pb2.SetBufferRequest(shared_bytes=shared, alpha=alpha), None)
 
     def _build(self) -> None:
         s = self.scaling
@@ -394,16 +401,19 @@ class SimFabric:
         return len(self.hosts)
 
     def pfc_config(self, switch: str) -> PfcConfig:
-        """A switch's PFC thresholds: its buffer (one egress queue's depth, which no queue
-        can then exceed) shared by its ports, headroom for the links' rate and delay."""
+        """A switch's PFC thresholds: its buffer (shared, with a dynamic XOFF; or one egress
+        queue's depth, which no queue can then exceed) shared by its ports, headroom for the
+        links' rate and delay."""
         s = self.scaling
+        m = s.model
         ports = [End(switch, p) for p in self.spec.switch_ports(switch)]
         return pfc_thresholds(  # headroom for its fastest, longest link
             max((self.link_bps(e) for e in ports), default=s.link_bps),
             max((self.link_delay_ns(e) for e in ports), default=self.delay_ns),
             s.link_mtu + 14,
-            self.cfg.model.queue_depth_bytes,
-            len(self.spec.switch_ports(switch)),
+            m.switch_buffer_bytes(len(ports)) if m.shared else self.cfg.model.queue_depth_bytes,
+            len(ports),
+            alpha=m.pfc_alpha if m.shared else 0.0,
         )
 
     def watchdog_config(self, action: str = "drop") -> WatchdogConfig:

@@ -70,7 +70,7 @@ class SimOperations:
         self._losses_seen = self.fab.collector.loss_reports
         self._active = True
         loop = self.fab.loop
-        for f in self.faults:
+        for f in faults.expand(self.faults):
             loop.at(round((self.t0 + f.at * self.k) * 1e9), self._apply, f)
         loop.at(loop.now_ns + round(POLL_S * self.k * 1e9), self._tick)
 
@@ -132,7 +132,7 @@ class SimOperations:
             for p in self.fab.spec.switch_ports(ps.switch):
                 tm.port(p)  # every port of the switch, used or not
         with sim.sw.lock:
-            tm.set_fault(ps.port, ps.down, ps.loss, ps.delay_ns, ps.rate_factor)
+            tm.set_fault(ps.port, ps.down, ps.loss, ps.delay_ns, ps.rate_factor, ps.silent)
 
     # ---- the controller's loop ----
 
@@ -148,6 +148,8 @@ class SimOperations:
         losses, self._losses_seen = self.fab.collector.losses_since(self._losses_seen)
         for loss in losses:
             self.loc.path_loss(loss)
+        if self.fab.cfg.controller.int_latency_monitor:
+            self.loc.int_waits(now, self.fab.collector.int_waits())
         self.loc.evaluate(now)
         dead = frozenset(self.loc.dead_links())
         if dead != self.dead:

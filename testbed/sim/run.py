@@ -22,7 +22,7 @@ from pathlib import Path
 
 from testbed.experiment.rundir import new_run_dir
 from testbed.experiment.suite import RunRecord, SuiteConfig, fmt_time
-from testbed.model import Scaling
+from testbed.model import DEFAULT_MODEL, Scaling, model_with_buffer
 from testbed.sim.fabric import SimFabric
 from testbed.sim.suite import SimSuite
 from testbed.topo import FabricSpec, dump, parse_choice
@@ -94,7 +94,11 @@ def run_sim(args: argparse.Namespace, cfg: SuiteConfig) -> int:
 
     t0 = time.monotonic()
     spec = parse_choice(args.topo)
-    scaling = Scaling(scale=args.scale, max_hops=spec.longest_path_switches())
+    scaling = Scaling(
+        model=model_with_buffer(getattr(args, "buffer", DEFAULT_MODEL.buffer)),
+        scale=args.scale,
+        max_hops=spec.longest_path_switches(),
+    )
     run_dir = args.run_dir or new_run_dir("sim")
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "topology.yaml").write_text(dump(spec))  # as the emulation does (replay reads it)
@@ -123,6 +127,7 @@ def run_sim(args: argparse.Namespace, cfg: SuiteConfig) -> int:
         "switch": "builtin",
         "scaling": scaling.describe(),
         "scale": scaling.scale,
+        "buffer": scaling.model.buffer,
         "link_bps": scaling.link_bps,
         "nic_bps": scaling.nic_bps,
         "base_rtt_s": suite.base_rtt_s,

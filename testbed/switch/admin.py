@@ -14,8 +14,8 @@ from testbed.switch.dataplane import Dataplane
 from testbed.switch.p4runtime import P4RuntimeService, RpcError
 from testbed.switch.p4runtime.codec import grpc_code
 from testbed.switch.pfc import PfcConfig, WatchdogConfig
-from testbed.switch.traffic_manager import check_fault_setting, check_queue_setting
-from testbed.switch.v1model import V1Switch
+from testbed.switch.traffic_manager import SharedBuffer, check_fault_setting, check_queue_setting
+from testbed.switch.v1model import CELL_BYTES, V1Switch
 
 
 class SwitchAdminService(switch_pb2_grpc.SwitchAdminServicer):  # type: ignore[misc]
@@ -61,6 +61,7 @@ class SwitchAdminService(switch_pb2_grpc.SwitchAdminServicer):  # type: ignore[m
         loss = r.loss if r.HasField("loss") else None
         delay = r.delay_ns if r.HasField("delay_ns") else None
         factor = r.rate_factor if r.HasField("rate_factor") else None
+        silent = r.silent if r.HasField("silent") else None
         self._check_primary(r, context)
         try:
             check_fault_setting(port, loss, delay, factor)
@@ -70,7 +71,7 @@ class SwitchAdminService(switch_pb2_grpc.SwitchAdminServicer):  # type: ignore[m
             if port is None and self.dataplane is not None:
                 for num in self.dataplane.ports:  # every port of the switch, seen or not
                     self.switch.tm.port(num)
-            self.switch.tm.set_fault(port, down, loss, delay, factor)
+            self.switch.tm.set_fault(port, down, loss, delay, factor, silent)
         return switch_pb2.SetFaultResponse()
 
     def SetPfc(self, request: Any, context: Any) -> Any:
@@ -88,6 +89,10 @@ class SwitchAdminService(switch_pb2_grpc.SwitchAdminServicer):  # type: ignore[m
                     r.quanta or 0xFFFF,
                     frozenset(p for p in range(16) if mask >> p & 1),
                     r.link_bps,
+                    r.alpha,
+                    r.pool_bytes,
+                    r.reserve_bytes,
+                    r.resume_offset_bytes,
                 )
                 if r.watchdog_poll_ns:
                     wd = WatchdogConfig(
@@ -101,6 +106,19 @@ class SwitchAdminService(switch_pb2_grpc.SwitchAdminServicer):  # type: ignore[m
         with self.switch.lock:
             self.switch.tm.set_pfc(pfc, wd)
         return switch_pb2.SetPfcResponse()
+
+    def SetBuffer(self, request: Any, context: Any) -> Any:
+        r = request
+        self._check_primary(r, context)
+        buffer: SharedBuffer | None = None
+        if r.shared_bytes:
+            try:
+                buffer = SharedBuffer(r.shared_bytes, r.alpha)
+            except ValueError as exc:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        with self.switch.lock:
+            self.switch.tm.set_buffer(buffer)
+        return switch_pb2.SetBufferResponse()
 
     def GetQueues(self, request: Any, context: Any) -> Any:
         resp = switch_pb2.GetQueuesResponse()
@@ -153,6 +171,7 @@ class SwitchAdminService(switch_pb2_grpc.SwitchAdminServicer):  # type: ignore[m
             tx_packets=sw.stats.tx,
             uptime_us=sw.clock.now_us(),
             queue_depth_unit=sw.qdepth_unit,
+            queue_depth_cell_bytes=CELL_BYTES if sw.qdepth_unit == "cells" else 0,
             pfc_enabled=sw.tm.pfc is not None,
         )
         for reason, n in sw.drop_counts().items():

@@ -23,7 +23,7 @@ import yaml
 from controller.common.logs import setup_logging
 from testbed.switch.program import LoadError
 from testbed.switch.traffic_manager import Clock
-from testbed.switch.v1model import PIPELINES, V1Switch
+from testbed.switch.v1model import CELL_BYTES, PIPELINES, QDEPTH_UNITS, V1Switch
 
 log = logging.getLogger("xingmai.switch")
 
@@ -99,9 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--queue-rate-bps", type=float, help="drain rate in bits/s")
     ap.add_argument(
         "--queue-depth-unit",
-        choices=["packets", "bytes"],
+        choices=QDEPTH_UNITS,
         default="packets",
-        help="what enq_qdepth/deq_qdepth count (bmv2: packets)",
+        help=f"what enq_qdepth/deq_qdepth count (bmv2: packets; cells: {CELL_BYTES} B)",
     )
     ap.add_argument(
         "--pipeline",

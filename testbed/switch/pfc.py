@@ -42,6 +42,14 @@ class PfcConfig:
     quanta: int = MAX_QUANTA  # the pause time each XOFF asks for
     priorities: frozenset[int] = frozenset({0})  # the lossless priorities
     link_bps: float = 0.0  # a port's speed for pause times when its queue has no rate set
+    # With a shared buffer, a dynamic XOFF (0: the static xoff_bytes / xon_bytes): a (port,
+    # priority) pauses when its bytes above `reserve_bytes` reach `alpha` times what is left
+    # of `pool_bytes` (the buffer less every port's headroom and reserve) after every
+    # (port, priority)'s bytes above its reserve, and resumes `resume_offset_bytes` below.
+    alpha: float = 0.0
+    pool_bytes: int = 0
+    reserve_bytes: int = 0
+    resume_offset_bytes: int = 0
 
     def __post_init__(self) -> None:
         if not 0 <= self.xon_bytes < self.xoff_bytes:
@@ -54,6 +62,12 @@ class PfcConfig:
             raise ValueError(f"PFC priorities must be within [0, 7], got {set(self.priorities)}")
         if not (math.isfinite(self.link_bps) and self.link_bps >= 0):
             raise ValueError(f"link_bps must be >= 0, got {self.link_bps}")
+        if not (math.isfinite(self.alpha) and 0 <= self.alpha <= 64):
+            raise ValueError(f"PFC's alpha must be within [0, 64] (0: static), got {self.alpha}")
+        if self.alpha and self.pool_bytes < 1:
+            raise ValueError("a dynamic PFC threshold needs a shared pool (pool_bytes >= 1)")
+        if min(self.pool_bytes, self.reserve_bytes, self.resume_offset_bytes) < 0:
+            raise ValueError("PFC's pool, reserve and resume offset are bytes >= 0")
 
 
 def pfc_headroom(link_bps: float, delay_ns: int, max_frame: int, response_ns: int = 0) -> int:
@@ -69,20 +83,43 @@ def pfc_thresholds(
     buffer_bytes: int,
     ports: int,
     response_ns: int = 0,
+    alpha: float = 0.0,
 ) -> PfcConfig:
-    """XOFF and XON for a switch of `ports` ports sharing `buffer_bytes` (each port's share
-    is XOFF + headroom; XON two frames below XOFF, as SONiC's default xon offset)."""
+    """XOFF and XON for a switch of `ports` ports sharing `buffer_bytes`.
+
+    Static (`alpha` 0): each port's share is XOFF + headroom; XON two frames below XOFF, as
+    SONiC's default xon offset. Dynamic (a shared buffer, `alpha` > 0, as HPCC's simulator and
+    shipping switches set it): every port keeps its headroom and a reserve of one frame per
+    priority, the rest is one pool, and a (port, priority) pauses when its bytes above its
+    reserve reach `alpha` times what of the pool is still free (resuming two frames below);
+    `xoff_bytes` / `xon_bytes` then record the thresholds of an empty buffer."""
     if ports < 1 or buffer_bytes < 1:
         raise ValueError("PFC thresholds need at least one port and a buffer")
     headroom = pfc_headroom(link_bps, delay_ns, max_frame, response_ns)
-    xoff = buffer_bytes // ports - headroom
+    if alpha:
+        reserve = max_frame
+        pool = buffer_bytes - ports * (headroom + reserve)
+        xoff = math.floor(alpha * pool)
+    else:
+        xoff = buffer_bytes // ports - headroom
     xon = xoff - 2 * max_frame
     if xon < 0:
         raise ValueError(
             f"a buffer of {buffer_bytes} B over {ports} ports leaves no room for PFC: "
             f"{headroom} B of headroom per port ({link_bps:g} b/s, {delay_ns} ns links)"
         )
-    return PfcConfig(xoff, max(0, xon), headroom, link_bps=link_bps)
+    if not alpha:
+        return PfcConfig(xoff, max(0, xon), headroom, link_bps=link_bps)
+    return PfcConfig(
+        xoff,
+        xon,
+        headroom,
+        link_bps=link_bps,
+        alpha=alpha,
+        pool_bytes=pool,
+        reserve_bytes=reserve,
+        resume_offset_bytes=2 * max_frame,
+    )
 
 
 @dataclass(frozen=True)
@@ -117,6 +154,10 @@ def pfc_request(pfc: PfcConfig, wd: WatchdogConfig | None) -> Any:
         xoff_bytes=pfc.xoff_bytes,
         xon_bytes=pfc.xon_bytes,
         headroom_bytes=pfc.headroom_bytes,
+        alpha=pfc.alpha,
+        pool_bytes=pfc.pool_bytes,
+        reserve_bytes=pfc.reserve_bytes,
+        resume_offset_bytes=pfc.resume_offset_bytes,
         quanta=pfc.quanta,
         priority_mask=sum(1 << p for p in pfc.priorities),
         link_bps=pfc.link_bps,

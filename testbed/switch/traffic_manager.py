@@ -4,6 +4,13 @@ between a port's queues, and a clock that is either real or virtual (for determi
 
 Defaults match bmv2's simple_switch: 64 packets deep, no rate limit, one queue per port.
 
+With a shared buffer (`set_buffer`), as a switch ASIC has one, the queues' static depths give
+way to a dynamic threshold (Choudhury and Hahne's, as Broadcom's and NVIDIA's parts and SONiC's
+`dynamic_th` configure it): a packet joins its queue while the queue holds at most `alpha`
+times the buffer still free, so one congested queue may take alpha / (1 + alpha) of the
+buffer alone and several share it. A packet of a lossless priority under PFC is not held to
+the threshold (PFC keeps it from overflowing); no packet is admitted past the buffer's size.
+
 With PFC on (`set_pfc`, testbed/switch/pfc.py) it also counts each packet against the port and
 priority it came in on, pauses and resumes that port's upstream device with 802.1Qbb frames
 (`send_control`), holds a priority of an egress port while the downstream device's pause
@@ -69,6 +76,9 @@ MIN_RATE_PPS = 1.0
 MAX_RATE_PPS = 1e10
 MAX_DEPTH_PACKETS = 1 << 16
 MAX_DEPTH_BYTES = 1 << 30
+MAX_BUFFER_BYTES = 1 << 34  # 16 GiB: above any switch's buffer
+MIN_ALPHA = 1 / 128  # SAI's dynamic-threshold range: alpha 1/128 to 64
+MAX_ALPHA = 64.0
 MAX_PORT = 511  # v1model's 9-bit port numbers
 MAX_SERVICE_NS = 10**12  # 1000 s: more than a 64 KB frame takes at the lowest rate (524 s)
 MAX_FAULT_DELAY_NS = 10**10  # 10 s: a fault's added delay
@@ -103,6 +113,23 @@ def check_queue_setting(
         )
 
 
+@dataclass(frozen=True)
+class SharedBuffer:
+    """One packet buffer shared by every queue of the switch: `bytes` in all, a queue
+    admitting a packet while it holds at most `alpha` times what is free."""
+
+    bytes: int
+    alpha: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.bytes <= MAX_BUFFER_BYTES:
+            raise ValueError(f"a shared buffer must be within [1, {MAX_BUFFER_BYTES}] bytes")
+        if not (math.isfinite(self.alpha) and MIN_ALPHA <= self.alpha <= MAX_ALPHA):
+            raise ValueError(
+                f"a buffer's alpha must be within [{MIN_ALPHA:g}, {MAX_ALPHA:g}], got {self.alpha}"
+            )
+
+
 @dataclass
 class PortFault:
     """An injected fault on a port (testbed/faults.py declares what each fault kind sets).
@@ -116,12 +143,17 @@ class PortFault:
     - delay_ns: a frame may not leave before it has waited this long in the port's queue
       (it shows in the queue's latency, as a slow port or a slow switch would).
     - rate_factor: the port drains at this fraction of its configured rate.
+    - silent: no counter of the switch records the fault (a bad buffer, a misbehaving optic):
+      a lost frame is not counted as a receive error (only in `silent_drops`, which no API
+      reports as the port's), and the port's latency monitor expects the waits of the
+      degraded rate, as if the port had been set to it. End hosts' signals can find it.
     """
 
     down: bool = False
     loss: float = 0.0
     delay_ns: int = 0
     rate_factor: float = 1.0
+    silent: bool = False
 
     @property
     def healthy(self) -> bool:
@@ -178,6 +210,7 @@ class PortQueues:
     fault: PortFault = field(default_factory=PortFault)
     fault_drops: int = 0  # dropped because the port was down
     rx_errors: int = 0  # frames that arrived corrupted (a `loss` fault), dropped
+    silent_drops: int = 0  # frames a silent `loss` fault dropped (the fault's ground truth)
     # The port's latency monitor, what INT's hop latency and queue occupancy say per packet,
     # summed: departures, their waits (enqueue to start of transmission) and the waits the
     # bytes ahead of them explain at the port's set rate. A healthy port waits what its queue
@@ -278,6 +311,17 @@ class TrafficManager:
         self._pausing: set[tuple[int, int]] = set()  # (ingress port, prio) held paused
         self._wd_next_ns: int | None = None
         self._wd_last_ns = 0
+        # the shared buffer (None: each queue's static depth) and what every queue holds
+        self.buffer: SharedBuffer | None = None
+        self.buffered_bytes = 0
+        self.max_buffered_bytes = 0
+        # PFC's dynamic threshold: the ingress bytes above each (port, priority)'s reserve
+        self._pfc_shared_used = 0
+
+    def set_buffer(self, buffer: SharedBuffer | None) -> None:
+        """Share one buffer among every queue with a dynamic threshold, or (None) hold each
+        queue to its static depth. What is queued stays; the rule applies to new arrivals."""
+        self.buffer = buffer
 
     def port(self, port: int) -> PortQueues:
         pq = self.ports.get(port)
@@ -336,6 +380,7 @@ class TrafficManager:
         loss: float | None = None,
         delay_ns: int | None = None,
         rate_factor: float | None = None,
+        silent: bool | None = None,
     ) -> None:
         """Inject (or, with the healthy values, remove) a fault on one port or on every port
         the traffic manager has seen; settings left None keep their value."""
@@ -349,6 +394,8 @@ class TrafficManager:
                 f.loss = loss
             if delay_ns is not None:
                 f.delay_ns = delay_ns
+            if silent is not None:
+                f.silent = silent
             if rate_factor is not None:
                 f.rate_factor = rate_factor
                 pq.next_tx_ns = min(pq.next_tx_ns, now)  # as set_rate: from now on
@@ -368,7 +415,10 @@ class TrafficManager:
         pq = self.ports.get(port)
         if pq is None or not pq.fault.loss or self.rng.random() >= pq.fault.loss:
             return False
-        pq.rx_errors += 1
+        if pq.fault.silent:
+            pq.silent_drops += 1
+        else:
+            pq.rx_errors += 1
         return True
 
     def _targets(self, port: int | None) -> list[PortQueues]:
@@ -402,13 +452,24 @@ class TrafficManager:
                 pq.pfc.watchdog_drops += 1
                 self.last_drop = "pfc_watchdog"
                 return None
-        if n >= pq.depth_pkts or (pq.depth_bytes and b + nbytes > pq.depth_bytes):
+        buf = self.buffer
+        if buf is None:
+            full = n >= pq.depth_pkts or (pq.depth_bytes and b + nbytes > pq.depth_bytes)
+        else:
+            used = self.buffered_bytes + nbytes
+            full = used > buf.bytes or n >= MAX_DEPTH_PACKETS
+            if not full and (pfc is None or prio not in pfc.priorities):
+                full = b + nbytes > buf.alpha * (buf.bytes - self.buffered_bytes)
+        if full:
             pq.dropped += 1
             self.last_drop = "queue_full"
             return None
         expected = max(0, pq.next_tx_ns - now_ns) if port in self._busy else 0
         if pq.rate_bps > 0:
-            expected += int(b * 8e9 / pq.rate_bps)
+            # what the queue ahead explains at the port's rate (a silent fault's port believes
+            # its degraded rate is its rate)
+            rate = pq.rate_bps * pq.fault.rate_factor if pq.fault.silent else pq.rate_bps
+            expected += int(b * 8e9 / rate)
         if pfc is not None:
             # the latency monitor: time this priority is paused while the packet waits is
             # explained (by the downstream), counted from here to its departure
@@ -419,6 +480,9 @@ class TrafficManager:
         if ingress_port >= 0:
             self._count_in(ingress_port, prio, nbytes, now_ns)
         pq.qbytes[prio] = b + nbytes
+        self.buffered_bytes += nbytes
+        if self.buffered_bytes > self.max_buffered_bytes:
+            self.max_buffered_bytes = self.buffered_bytes
         pq.enqueued += 1
         if n >= pq.max_depth_pkts:
             pq.max_depth_pkts = n + 1
@@ -470,6 +534,7 @@ class TrafficManager:
                             break  # the head still serves its delay: the port waits
                         pkt, nbytes, enq_ns, expected, in_port = q.popleft()
                         pq.qbytes[prio] -= nbytes
+                        self.buffered_bytes -= nbytes
                         pq.dequeued += 1
                         pq.dequeued_prio[prio] += 1
                         if in_port >= 0:
@@ -526,6 +591,12 @@ class TrafficManager:
             self._pausing.clear()
             self._wd_next_ns = None
         self.pfc = pfc
+        reserve = pfc.reserve_bytes if pfc is not None else 0
+        self._pfc_shared_used = sum(
+            max(0, st.ingress_bytes - reserve)
+            for pq in self.ports.values()
+            for st in pq.pfc.per_prio.values()
+        )
         self.watchdog = watchdog if pfc is not None else None
 
     def receive_pause(self, port: int, pause: PfcPause, now_ns: int) -> bool:
@@ -599,20 +670,45 @@ class TrafficManager:
             out.append(self._wd_next_ns)
         return out
 
+    def _pfc_threshold(self) -> float:
+        """The bytes above its reserve a (port, priority) may hold before it pauses: static,
+        or the dynamic share of the shared pool still free (as HPCC's simulator computes
+        it, `(buffer - headroom - reserve - shared used) >> shift`)."""
+        pfc = self.pfc
+        assert pfc is not None
+        if not pfc.alpha:
+            return pfc.xoff_bytes
+        return pfc.alpha * max(0, pfc.pool_bytes - self._pfc_shared_used)
+
     def _count_in(self, port: int, prio: int, nbytes: int, now_ns: int) -> None:
-        assert self.pfc is not None
+        pfc = self.pfc
+        assert pfc is not None
         st = self.port(port).pfc.state(prio)
+        before = max(0, st.ingress_bytes - pfc.reserve_bytes)
         st.ingress_bytes += nbytes
-        if not st.pausing and st.ingress_bytes >= self.pfc.xoff_bytes:
+        shared = max(0, st.ingress_bytes - pfc.reserve_bytes)
+        self._pfc_shared_used += shared - before
+        if not st.pausing and shared >= self._pfc_threshold():
             st.pausing = True
             st.xoff_sent_ns = now_ns
             self._pausing.add((port, prio))
-            self._send_pause(port, prio, self.pfc.quanta)
+            self._send_pause(port, prio, pfc.quanta)
 
     def _count_out(self, port: int, prio: int, nbytes: int, now_ns: int) -> None:
         st = self.ports[port].pfc.state(prio)
+        pfc = self.pfc
+        reserve = pfc.reserve_bytes if pfc is not None else 0
+        before = max(0, st.ingress_bytes - reserve)
         st.ingress_bytes -= nbytes
-        if st.pausing and self.pfc is not None and st.ingress_bytes <= self.pfc.xon_bytes:
+        shared = max(0, st.ingress_bytes - reserve)
+        self._pfc_shared_used += shared - before
+        if not st.pausing or pfc is None:
+            return
+        if (
+            st.ingress_bytes <= pfc.xon_bytes
+            if not pfc.alpha
+            else shared == 0 or shared + pfc.resume_offset_bytes <= self._pfc_threshold()
+        ):
             st.pausing = False
             self._pausing.discard((port, prio))
             self._send_pause(port, prio, 0)
@@ -648,6 +744,7 @@ class TrafficManager:
             if in_port >= 0:
                 self._count_out(in_port, prio, nbytes, now_ns)
         q.clear()
+        self.buffered_bytes -= pq.qbytes[prio]
         pq.qbytes[prio] = 0
         if not any(pq.queues):
             self._busy.discard(pq.port)

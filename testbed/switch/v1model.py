@@ -46,6 +46,13 @@ MAX_REINJECT = 32
 
 PIPELINES = ("reference", "native")
 
+# What enq_qdepth / deq_qdepth count: packets (bmv2), bytes, or cells of CELL_BYTES (a
+# switch ASIC's buffer unit, Tofino's 80 B): 19 bits of bytes read at most 512 KiB, of
+# cells 40 MiB, deep enough for a shared buffer's queue. A packet's depth in cells is the
+# queue's bytes rounded up to whole cells.
+QDEPTH_UNITS = ("packets", "bytes", "cells")
+CELL_BYTES = 80
+
 TransmitFn = Callable[[int, bytes], None]
 DigestFn = Callable[[int, str, tuple[int, ...]], None]
 
@@ -177,7 +184,9 @@ class V1Switch:
         self.device_id = device_id
         self.cpu_port = cpu_port
         self.drop_port = drop_port
-        self.qdepth_unit = qdepth_unit  # what enq_qdepth / deq_qdepth count: packets or bytes
+        if qdepth_unit not in QDEPTH_UNITS:
+            raise ValueError(f"queue depth unit {qdepth_unit!r}: one of {', '.join(QDEPTH_UNITS)}")
+        self.qdepth_unit = qdepth_unit  # what enq_qdepth / deq_qdepth count
         self.tm = TrafficManager(self.clock, nb_queues)
         # PFC frames leave a port ahead of its queues (the MAC sends them), from the port's MAC
         self.tm.send_control = lambda port, frame: self._send_control(port, frame)
@@ -457,8 +466,17 @@ class V1Switch:
                 self._report_drop(S, port, p, self.tm.last_drop)
             return
         sm[S.enq_timestamp] = (now // 1000) & S.m_enq_timestamp
-        depth = found[1] if self.qdepth_unit == "bytes" else found[0]
-        sm[S.enq_qdepth] = depth & S.m_enq_qdepth
+        unit = self.qdepth_unit
+        depth = (
+            found[0]
+            if unit == "packets"
+            else found[1]
+            if unit == "bytes"
+            else -(-found[1] // CELL_BYTES)
+        )
+        # in bytes a shared buffer's queue may pass what 19 bits hold: the program sees the
+        # largest value it can (saturated, not wrapped to a small depth)
+        sm[S.enq_qdepth] = depth if depth < S.m_enq_qdepth else S.m_enq_qdepth
 
     def _report_drop(self, S: StdMeta, port: int, p: Packet, why: str) -> None:
         c = self.compiled
@@ -508,9 +526,11 @@ class V1Switch:
         sm = p.h[S.h]
         sm[S.egress_global_timestamp] = now & S.m_egress_global_timestamp
         sm[S.deq_timedelta] = (now - enq_ns // 1000) & S.m_deq_timedelta
-        if self.qdepth_unit == "bytes":
+        if self.qdepth_unit != "packets":
             left = self.tm.ports[port].qbytes[prio]
-        sm[S.deq_qdepth] = left & S.m_deq_qdepth
+            if self.qdepth_unit == "cells":
+                left = -(-left // CELL_BYTES)
+        sm[S.deq_qdepth] = left if left < S.m_deq_qdepth else S.m_deq_qdepth  # saturated
         sm[S.qid] = prio
         sm[S.egress_port] = port & S.m_egress_port
         sm[S.egress_spec] = (self.drop_port + 1) & S.m_egress_spec
