@@ -79,8 +79,8 @@ class PipelinePair:
         assert self.ref.compiled is not None and self.nat.compiled is not None
         self.rc, self.nc = self.ref.compiled, self.nat.compiled
         # the same random stream for modify_field_rng_uniform on both sides
-        self.rc.parse.__globals__["_rand"].seed(seed)
-        self.nc.ingress.__self__.rng.seed(seed)  # type: ignore[attr-defined]
+        self.rc.random.seed(seed)
+        self.nc.random.seed(seed)
 
     @property
     def program(self) -> Program:

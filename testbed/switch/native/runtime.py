@@ -621,6 +621,7 @@ def load_native(
         registers=registers,
         value_sets=value_sets,
         actions=actions,
+        random=rt.rng,
     )
 
 
