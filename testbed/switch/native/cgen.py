@@ -15,10 +15,14 @@ requires that range to be within [0, 2^64) and raises `Unsupported` otherwise. E
 construct it does not implement raises `Unsupported("what, where")` the same way: a program
 either compiles to C that behaves as the reference, or it runs on the reference.
 
+Signed (`int<w>`) fields hold their bits; a load sign-extends them (`xm_sext`): the value
+is the reference's, and a table or transition key takes the bits, as the reference does.
+
 Not implemented in this cut (each one `Unsupported`): fields wider than 64 bits, signed
-fields, header unions, shifting or copying header stacks (push, pop, stack assignment, their
-size and last index: no test program exercises them), stacks of variable-length headers, a
-header type with a variable-length field beside others, parser value sets, meters, range
+fields in digests, header unions, shifting or copying header stacks (push, pop, stack
+assignment, their size and last index: no test program exercises them), stacks of
+variable-length headers, a header type with a variable-length field beside others, parser
+value sets, meters, range
 matches, log_msg, stateful or custom hash algorithms.
 """
 
@@ -87,7 +91,8 @@ class X:
     lvalue: tuple[int, int] | None = None
     obj: str = ""
     htype: HeaderType | None = None  # a header's (or a stack's element's) type
-    fwidth: int = 0  # a field load: the field's width
+    fwidth: int = 0  # a field load: the field's width ...
+    ref: str = ""  # ... and the field itself: its bits, masked to the width, assignable
 
     @property
     def known(self) -> bool:
@@ -221,9 +226,7 @@ class CGen:
         if prog.unions:
             raise Unsupported(f"header unions, in {prog.unions[0].name}")
         for t, ht in prog.header_types.items():
-            for fname, w, signed in ht.fields:
-                if signed:
-                    raise Unsupported(f"signed field {t}.{fname}")
+            for fname, w, _ in ht.fields:
                 if w > 64:
                     raise Unsupported(f"field {t}.{fname} of {w} bits (wider than 64)")
             if ht.vl_index is not None and (len(ht.fields) != 1 or not ht.max_length):
@@ -237,6 +240,11 @@ class CGen:
             raise Unsupported(f"meter {next(iter(prog.meter_arrays))}")
         refs = [r for fl in prog.field_lists.values() for r in fl]
         refs += [r for _, fl in prog.learn_lists.values() for r in fl]
+        for _, fl in prog.learn_lists.values():
+            for hidx, fidx in fl:
+                if fidx >= 0 and prog.headers[hidx].htype.fields[fidx][2]:
+                    # the architecture hands a digest's values to Python as they are stored
+                    raise Unsupported(f"signed field in a digest, {prog.headers[hidx].name}")
         for hidx, fidx in refs:
             if fidx >= 0 and prog.headers[hidx].htype.vl_index == fidx:
                 raise Unsupported(
@@ -299,8 +307,17 @@ class CGen:
             raise self.fail(
                 f"variable-length field {self.prog.headers[hidx].name} in an expression"
             )
-        w = ht.fields[fidx][1]
-        return X(self.fref(hidx, fidx), "d", 0, mask_of(w), lvalue=(hidx, fidx), fwidth=w)
+        _, w, signed = ht.fields[fidx]
+        return self._load(self.fref(hidx, fidx), w, signed, (hidx, fidx))
+
+    @staticmethod
+    def _load(ref: str, w: int, signed: bool, lvalue: tuple[int, int]) -> X:
+        """A field's value: its bits, or for an int<w> field their two's complement value (the
+        reference keeps a signed field's value, the C its bits)."""
+        if signed:
+            lo, hi = -(1 << (w - 1)), (1 << (w - 1)) - 1
+            return X(f"xm_sext({ref}, {w})", "d", lo, hi, lvalue=lvalue, fwidth=w, ref=ref)
+        return X(ref, "d", 0, mask_of(w), lvalue=lvalue, fwidth=w, ref=ref)
 
     def hdr(self, x: X) -> str:
         """A header expression's struct, as an lvalue."""
@@ -316,9 +333,9 @@ class CGen:
         assert x.htype is not None
         if fidx < 0:
             return X(f"(uint64_t)p->valid[{x.code}]", "d", 0, 1)
-        w = x.htype.fields[fidx][1]
-        code = f"XM_H({self.tname[x.htype.name]}, {x.code})->{self.fnames[x.htype.name][fidx]}"
-        return X(code, "d", 0, mask_of(w), lvalue=(-1, fidx), fwidth=w)
+        _, w, signed = x.htype.fields[fidx]
+        ref = f"XM_H({self.tname[x.htype.name]}, {x.code})->{self.fnames[x.htype.name][fidx]}"
+        return self._load(ref, w, signed, (-1, fidx))
 
     def stack(self, name: str) -> X:
         st = self.prog.stack_by_name.get(name)
@@ -518,6 +535,21 @@ class CGen:
             self.need_exact(rt, "a division")
             fn = "xm_div" if op == "/" else "xm_mod"
             return X(f"{fn}(s, {lt.code}, {rt.code})", "d", 0, a1)
+        if op == "two_comp_mod":
+            w = self._const_width(rt, op)
+            return X(f"xm_sext({lt.code}, {w})", "d", -(1 << (w - 1)), (1 << (w - 1)) - 1)
+        if op == "sat_cast":
+            w = self._const_width(rt, op)
+            lo, hi = -(1 << (w - 1)), (1 << (w - 1)) - 1
+            if not lt.signed:
+                raise self.fail("a saturating cast whose value may lie outside [-2^63, 2^63)")
+            assert lt.lo is not None and lt.hi is not None
+            v = f"(int64_t){lt.code}"
+            code = (
+                f"({v} < INT64_C({lo}) ? (uint64_t)INT64_C({lo}) : "
+                f"{v} > INT64_C({hi}) ? (uint64_t)INT64_C({hi}) : {lt.code})"
+            )
+            return X(code, "d", max(lt.lo, lo), min(lt.hi, hi))
         if op == "usat_cast":
             if rt.lo is None or rt.lo != rt.hi:
                 raise self.fail("usat_cast to a width that is not a constant")
@@ -533,6 +565,11 @@ class CGen:
             sat = f"({lt.code} > {c_int(top)} ? {c_int(top)} : {lt.code})" if top < U64 else lt.code
             return X(f"({v} < 0 ? UINT64_C(0) : {sat})", "d", 0, min(max(a1, 0), top))
         raise self.fail(f"operator {op!r}")
+
+    def _const_width(self, x: X, op: str) -> int:
+        if x.lo is None or x.lo != x.hi or not 1 <= x.lo <= 64:
+            raise self.fail(f"{op} to a width that is not a constant in [1, 64]")
+        return int(x.lo)
 
     def compare(self, a: X, b: X, op: str) -> X:
         """A comparison of true values: unsigned when both are in [0, 2^64), signed when both
@@ -560,13 +597,13 @@ class CGen:
     def store(self, dst: X, value: X) -> list[str]:
         if dst.lvalue is None:
             raise self.fail(f"assignment to {dst.code}")
-        w = dst.fwidth
+        w, target = dst.fwidth, dst.ref
         v = self.data(value)
         if v.exact and v.hi is not None and v.hi <= mask_of(w):
-            return [f"{dst.code} = {v.code};"]
+            return [f"{target} = {v.code};"]
         if w >= 64:
-            return [f"{dst.code} = {v.code};"]
-        return [f"{dst.code} = {v.code} & {c_int(mask_of(w))};"]
+            return [f"{target} = {v.code};"]
+        return [f"{target} = {v.code} & {c_int(mask_of(w))};"]
 
     def lval(self, j: Json) -> X:
         x = self.ex(j)
@@ -1377,6 +1414,7 @@ class CGen:
                 w = 1
                 if x.lvalue is not None:
                     w = x.fwidth
+                    x = X(x.ref, "d", 0, mask_of(w))  # a signed field's bits, as the reference
                 elif k["type"] == "field":
                     w = 1  # $valid$
                 elif k["type"] == "hexstr":
@@ -1599,7 +1637,7 @@ class CGen:
                 keys.append(f"(uint64_t){self.valid(prog.header(hname).index)}")
                 continue
             x = self.field(*prog.field_ref(k["target"][0], k["target"][1]))
-            code = x.code
+            code = x.ref or x.code  # a signed field's bits, as the reference's key
             if k.get("mask"):
                 code = f"({code} & {c_int(hexint(k['mask']))})"
             keys.append(code)
@@ -1817,6 +1855,15 @@ static inline void xm_put_bits(uint8_t *b, uint64_t off, unsigned w, uint64_t v)
         val >>= 8;
         m >>= 8;
     }
+}
+
+/* the two's complement value of the low w bits of v (the reference's two_comp_mod) */
+static inline uint64_t xm_sext(uint64_t v, unsigned w)
+{
+    if (w >= 64) return v;
+    uint64_t sign = UINT64_C(1) << (w - 1);
+    v &= (UINT64_C(1) << w) - 1;
+    return (v ^ sign) - sign;
 }
 
 static inline void xm_put_bytes(uint8_t *b, uint64_t off, const uint8_t *src, uint64_t n)
