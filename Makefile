@@ -9,7 +9,8 @@
 #   make lint     ruff check, ruff format --check, mypy (CI runs it before the tests)
 #   make install  apt packages + virtual environment + pinned pip packages (idempotent)
 #   make bench    benchmarks, written to results/bench.json
-#   make fuzz     fuzz every input surface (FUZZ_CASES each, 10000), counts to results/fuzz.json
+#   make fuzz     fuzz every input surface (FUZZ_CASES each, 10000), counts to results/fuzz.json;
+#                 the native switch pipeline against the reference (results/fuzz-native.json)
 #   make faults   the daemon fault tests (root), their figures to results/faults.json
 #   make p4       recompile p4src/ where p4c is installed, refresh p4src/build/ and its stamp,
 #                 and regenerate the controller's P4 names (controller/p4names.py)
@@ -112,9 +113,12 @@ faults: install
 	XM_FAULT_FIGURES=results/faults.json $(PY) -m pytest -m fault -p no:cacheprovider $(PYTEST_ARGS)
 
 FUZZ_CASES ?= 10000
+# the native switch pipeline against the reference, NATIVE_FUZZ_PACKETS packets per program
+NATIVE_FUZZ_PACKETS ?= 100000
 fuzz: install
 	mkdir -p results
 	$(PY) -m tests.fuzz --cases $(FUZZ_CASES) --out results/fuzz.json
+	$(PY) -m tests.fuzz.native --packets $(NATIVE_FUZZ_PACKETS) --out results/fuzz-native.json
 
 p4: install
 	$(PY) -m testbed.p4build

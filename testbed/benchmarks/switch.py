@@ -6,7 +6,9 @@ docs/performance.md recommends (`--disable-logging-macros --disable-elogger`, -O
 built-in switch's rate is stated against each.
 
 For a one-table L3 program and for a program with two tables and a register:
-- `pipeline_pps`: ingress + traffic manager + egress + deparser in process, no I/O;
+- `pipeline_pps`: ingress + traffic manager + egress + deparser in process, no I/O, on the
+  reference pipeline (`pipeline_pps_native`: the native one, testbed/switch/native/; the
+  xingmai program is measured this way too, configured as a leaf);
 - `veth_pps`: 60-byte (64 with FCS) UDP frames offered as fast as one core can send them
   from a host namespace, the switch process pinned to the other core, counted at the receiving
   host: the rate the switch sustains, as bmv2's figure in the issue was measured.
@@ -57,10 +59,12 @@ def _rx_packets(netns: str, ifname: str) -> int:
     return int(out.stdout)
 
 
-def pipeline_pps(name: str, n: int) -> float:
+def pipeline_pps(name: str, n: int, pipeline: str = "reference") -> float:
     from testbed.switch.stf import StfRunner
 
-    runner = StfRunner((BUILD / f"{name}.json").read_bytes())
+    runner = StfRunner((BUILD / f"{name}.json").read_bytes(), pipeline)
+    if runner.switch.pipeline_in_use != pipeline:
+        raise RuntimeError(f"{name}: no {pipeline} pipeline ({runner.switch.native_reason})")
     runner.command("add routes dst_addr:0x0a000200/24 set_nexthop(dmac:0x020000000002, port:2)")
     if name == "bench_two_tables":
         runner.command("add port_filter ingress_port:1 allow()")
@@ -79,6 +83,104 @@ def pipeline_pps(name: str, n: int) -> float:
         sw.service()
         sent += 1
     return sent / (time.perf_counter() - t0)
+
+
+def xingmai_switch(pipeline: str) -> Any:
+    """A built-in switch on `pipeline` running the xingmai program, configured as the
+    controller configures a leaf: switch and port config, four /24 routes, each through an
+    ECMP group (action selector) of one next hop."""
+    from testbed.p4files import BMV2_JSON
+    from testbed.switch.tables import ActionCall, Entry
+    from testbed.switch.traffic_manager import Clock
+    from testbed.switch.v1model import V1Switch
+
+    sw = V1Switch(Clock(virtual=True), qdepth_unit="bytes", pipeline=pipeline)
+    sw.load(BMV2_JSON.read_bytes())
+    if sw.pipeline_in_use != pipeline:
+        raise RuntimeError(f"xingmai: no {pipeline} pipeline ({sw.native_reason})")
+    c = sw.compiled
+    assert c is not None
+    prog = c.program
+
+    def call(action: str, *params: int) -> ActionCall:
+        a = next(a for a in prog.actions.values() if a.name.endswith("." + action))
+        return ActionCall(a.id, c.actions[a.id], params)
+
+    tables = {name.rsplit(".", 1)[-1]: t for name, t in c.tables.items()}
+    tables["switch_config"].set_default(call("set_switch_config", 1, 0, 1, 20))
+    selector = next(iter(c.profiles.values()))
+    for n in range(1, 5):
+        tables["port_config"].add(Entry((n,), 0, call=call("set_port_config", 5243, 9000)))
+        tables["ipv4_routes"].add(
+            Entry(((0x0A000000 | n << 8, 24),), 0, call=call("set_next_id", n))
+        )
+        selector.add_member(n, call("route", n, 0x0200000000A0, 0x020000000000 | n))
+        selector.set_group(n, [(n, 1)], create=True)
+        tables["next_hops"].add(Entry((n,), 0, group=n))
+    return sw
+
+
+def xingmai_frames(count: int = 64) -> list[bytes]:
+    """UDP frames of 100 bytes from 10.0.1.1 to 10.0.2.2 over `count` source ports (flows)."""
+    from scapy.layers.inet import IP, UDP
+    from scapy.layers.l2 import Ether
+
+    return [
+        bytes(
+            Ether(src="02:00:00:00:00:01", dst="02:00:00:00:00:a0")
+            / IP(src="10.0.1.1", dst="10.0.2.2", tos=0x02)
+            / UDP(sport=49152 + i, dport=4791)
+            / (b"\x00" * 58)
+        )
+        for i in range(count)
+    ]
+
+
+def xingmai_pps(pipeline: str, n: int) -> float:
+    """Packets/s through ingress, traffic manager, egress and deparser, in process, virtual
+    time (1 us between packets): the pipeline's cost, no I/O."""
+    sw = xingmai_switch(pipeline)
+    out = [0]
+
+    def transmit(port: int, data: bytes) -> None:
+        out[0] += 1
+
+    sw.transmit = transmit
+    frames = xingmai_frames()
+    t0 = time.perf_counter()
+    for i in range(n):
+        sw.clock.advance(1000)
+        sw.receive(1, frames[i % len(frames)])
+        sw.service()
+    dt = time.perf_counter() - t0
+    if out[0] != n:
+        raise RuntimeError(f"xingmai {pipeline}: {out[0]} of {n} packets forwarded")
+    return n / dt
+
+
+def xingmai_stages_pps(pipeline: str, n: int) -> float:
+    """Packets/s through the program alone (parser, checksum, ingress, egress, deparser
+    called directly, no traffic manager or architecture around them)."""
+    sw = xingmai_switch(pipeline)
+    c, S = sw.compiled, sw.std
+    assert c is not None and S is not None
+    frames = xingmai_frames()
+    t0 = time.perf_counter()
+    for i in range(n):
+        p = c.new_packet()
+        data = frames[i % len(frames)]
+        p.ingress_len = p.plen = len(data)
+        sm = p.h[S.h]
+        sm[S.ingress_port] = 1
+        sm[S.packet_length] = len(data)
+        sm[S.parser_error] = c.parse(p, data)
+        sm[S.checksum_error] = int(c.verify_checksums(p))
+        c.ingress(p)
+        sm[S.egress_port] = sm[S.egress_spec]
+        c.egress(p)
+        c.update_checksums(p)
+        c.deparse(p)
+    return n / (time.perf_counter() - t0)
 
 
 def veth_pps(name: str, binary: str, seconds: float) -> dict[str, Any]:
@@ -153,6 +255,14 @@ def bmv2_builds() -> dict[str, str]:
     return found
 
 
+def _native(measure: Any) -> Any:
+    """A native pipeline's rate, or why there is none (no compiler, an unsupported program)."""
+    try:
+        return round(measure())
+    except RuntimeError as exc:
+        return f"skipped: {exc}"
+
+
 def run(quick: bool) -> dict[str, Any]:
     missing = [p for p in PROGRAMS if not (BUILD / f"{p}.json").exists()]
     if missing:
@@ -165,9 +275,16 @@ def run(quick: bool) -> dict[str, Any]:
             "forwarded rate counted at the receiving host's interface"
         ),
     }
+    n = 5000 if quick else 30000
+    out["xingmai"] = {
+        "pipeline_pps": round(xingmai_pps("reference", n)),
+        "pipeline_pps_native": _native(lambda: xingmai_pps("native", n)),
+    }
     for name in PROGRAMS:
-        n = 5000 if quick else 30000
-        entry: dict[str, Any] = {"pipeline_pps": round(pipeline_pps(name, n))}
+        entry: dict[str, Any] = {
+            "pipeline_pps": round(pipeline_pps(name, n)),
+            "pipeline_pps_native": _native(lambda: pipeline_pps(name, n, "native")),  # noqa: B023
+        }
         if os.geteuid() == 0:
             entry["xingmai_switch"] = veth_pps(name, "xingmai-switch", seconds)
             for build, exe in bmv2_builds().items():

@@ -179,12 +179,9 @@ class SimSwitch:
 
 def seed_random_extern(sw: V1Switch, seed: int) -> None:
     """Seed the program's `random` extern (ECN's marking draws, for one): the compiled
-    program draws from its own random.Random, `_rand` in the namespace its code runs in."""
+    program, on either pipeline, draws from its own random.Random (`Compiled.random`)."""
     assert sw.compiled is not None
-    rng = sw.compiled.ingress.__globals__.get("_rand")
-    if rng is None:
-        raise RuntimeError("the compiled program has no random source to seed")
-    rng.seed(seed)
+    sw.compiled.random.seed(seed)
 
 
 def controller_cfg(spec: FabricSpec, scaling: Scaling, ecn: EcnConfig) -> ctlconfig.Config:

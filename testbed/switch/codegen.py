@@ -69,6 +69,9 @@ class Compiled:
     value_sets: dict[str, ValueSet]
     actions: dict[int, Callable[[Packet, tuple[int, ...]], None]]
     digests: list[tuple[int, int, tuple[int, ...]]] = field(default_factory=list)
+    # the source of the program's `random` extern (modify_field_rng_uniform): seed it for a
+    # reproducible run
+    random: random.Random = field(default_factory=random.Random)
 
 
 class _Src:

@@ -95,6 +95,7 @@ def _compile(
         registers=ext.registers,
         value_sets=ext.value_sets,
         actions=actions,
+        random=ns["_rand"],
     )
 
 

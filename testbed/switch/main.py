@@ -23,7 +23,7 @@ import yaml
 from controller.common.logs import setup_logging
 from testbed.switch.program import LoadError
 from testbed.switch.traffic_manager import Clock
-from testbed.switch.v1model import CELL_BYTES, QDEPTH_UNITS, V1Switch
+from testbed.switch.v1model import CELL_BYTES, PIPELINES, QDEPTH_UNITS, V1Switch
 
 log = logging.getLogger("xingmai.switch")
 
@@ -103,6 +103,14 @@ def build_parser() -> argparse.ArgumentParser:
         default="packets",
         help=f"what enq_qdepth/deq_qdepth count (bmv2: packets; cells: {CELL_BYTES} B)",
     )
+    ap.add_argument(
+        "--pipeline",
+        choices=list(PIPELINES),
+        default="reference",
+        help="run the program on the Python reference pipeline (default) or on native code "
+        "generated from the same JSON (testbed/switch/native/; where a construct is not "
+        "supported or no C compiler is found, one line says why and the reference runs)",
+    )
     ap.add_argument("--metrics-addr", help="serve Prometheus metrics on HOST:PORT")
     ap.add_argument("--name", default="", help="name used in logs and metrics")
     return ap
@@ -169,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         drop_port=args.drop_port,
         nb_queues=args.priority_queues,
         qdepth_unit=args.queue_depth_unit,
+        pipeline=args.pipeline,
     )
     sw.tm.set_depth(None, args.queue_depth, args.queue_depth_bytes)
     sw.tm.set_rate(None, args.queue_rate, args.queue_rate_bps)

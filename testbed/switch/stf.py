@@ -53,8 +53,8 @@ def _strip_comment(line: str) -> str:
 
 
 class StfRunner:
-    def __init__(self, program_json: dict[str, Any] | bytes | str):
-        self.switch = V1Switch(clock=Clock(virtual=True))
+    def __init__(self, program_json: dict[str, Any] | bytes | str, pipeline: str = "reference"):
+        self.switch = V1Switch(clock=Clock(virtual=True), pipeline=pipeline)
         self.switch.load(program_json)
         assert self.switch.compiled is not None
         self.compiled = self.switch.compiled
@@ -399,9 +399,9 @@ def compare_packet(expected: str, received: bytes) -> str | None:
     return None
 
 
-def run_stf(json_path: Path, stf_path: Path) -> Result:
+def run_stf(json_path: Path, stf_path: Path, pipeline: str = "reference") -> Result:
     try:
-        runner = StfRunner(json_path.read_bytes())
+        runner = StfRunner(json_path.read_bytes(), pipeline)
     except LoadError as exc:
         return Result(False, [f"cannot load {json_path}: {exc}"])
     return runner.run(stf_path.read_text())
@@ -413,8 +413,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("stf", type=Path, help="STF packet test")
     ap.add_argument("--json", action="store_true", help="print one JSON result line")
     ap.add_argument("-v", "--verbose", action="store_true", help="print details of failures")
+    ap.add_argument(
+        "--pipeline", choices=("reference", "native"), default="reference", help="which pipeline"
+    )
     args = ap.parse_args(argv)
-    res = run_stf(args.program, args.stf)
+    res = run_stf(args.program, args.stf, args.pipeline)
     if args.json:
         print(
             json.dumps(

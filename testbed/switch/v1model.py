@@ -24,6 +24,7 @@ from controller.wire.pfc import decode_pfc, is_mac_control
 from testbed.switch.codegen import DROP_PORT, Compiled
 from testbed.switch.compiler import compile_program
 from testbed.switch.drop_reports import DROP_REASONS, DropReporter
+from testbed.switch.native import BuildError, Unsupported, load_native
 from testbed.switch.packet import (
     PKT_INSTANCE_TYPE_EGRESS_CLONE,
     PKT_INSTANCE_TYPE_INGRESS_CLONE,
@@ -42,6 +43,8 @@ log = logging.getLogger("xingmai.switch")
 # A packet may be resubmitted / recirculated this many times in a row before it is dropped
 # (bmv2 has no limit and would loop forever on a program that always recirculates).
 MAX_REINJECT = 32
+
+PIPELINES = ("reference", "native")
 
 # What enq_qdepth / deq_qdepth count: packets (bmv2), bytes, or cells of CELL_BYTES (a
 # switch ASIC's buffer unit, Tofino's 80 B): 19 bits of bytes read at most 512 KiB, of
@@ -167,8 +170,17 @@ class V1Switch:
         drop_port: int = DROP_PORT,
         nb_queues: int = 1,
         qdepth_unit: str = "packets",
+        pipeline: str = "reference",
     ):
+        if pipeline not in PIPELINES:
+            raise ValueError(f"pipeline must be one of {PIPELINES}, got {pipeline!r}")
         self.clock = clock or Clock()
+        # which pipeline runs the program: the Python reference, or the native one (C generated
+        # from the same program, testbed/switch/native/) where it builds; `pipeline_in_use`
+        # says which one a load got, and `native_reason` why not native when it was asked for
+        self.pipeline = pipeline
+        self.pipeline_in_use = "reference"
+        self.native_reason = ""
         self.device_id = device_id
         self.cpu_port = cpu_port
         self.drop_port = drop_port
@@ -209,8 +221,9 @@ class V1Switch:
                 raise LoadError(f"the device config is not valid JSON: {exc}") from exc
         prog = Program(doc)
         std = StdMeta(prog)  # before compiling: it may add hidden fields
-        compiled = compile_program(prog, self.clock.now_us, lambda m: self.log_fn(m))
+        compiled, in_use, reason = self._compile(prog)
         with self.lock:
+            self.pipeline_in_use, self.native_reason = in_use, reason
             self.compiled = compiled
             self.json_bytes = raw
             self.std = std
@@ -220,8 +233,23 @@ class V1Switch:
             self.clone_sessions.clear()
             self.mcast_groups.clear()
         log.info(
-            "loaded program: %d tables, %d actions", len(compiled.tables), len(compiled.actions)
+            "loaded program: %d tables, %d actions, %s pipeline",
+            len(compiled.tables),
+            len(compiled.actions),
+            self.pipeline_in_use,
         )
+
+    def _compile(self, prog: Program) -> tuple[Compiled, str, str]:
+        """The program compiled for the chosen pipeline: (compiled, pipeline, why not native)."""
+        log_fn: Callable[[str], None] = lambda m: self.log_fn(m)  # noqa: E731
+        if self.pipeline == "native":
+            try:
+                return load_native(prog, self.clock.now_us, log_fn), "native", ""
+            except (Unsupported, BuildError, LoadError) as exc:
+                reason = str(exc)
+                log.warning("native pipeline unavailable (%s): running the reference", reason)
+                return compile_program(prog, self.clock.now_us, log_fn), "reference", reason
+        return compile_program(prog, self.clock.now_us, log_fn), "reference", ""
 
     @property
     def ready(self) -> bool:
@@ -308,7 +336,8 @@ class V1Switch:
 
     def _reset_metadata(self, p: Packet) -> None:
         for i in self._meta:
-            p.h[i][:] = self._zeros[i]
+            z = self._zeros[i]
+            p.h[i][0 : len(z)] = z  # bounds given: a native packet's header is a C pointer
 
     def _copy_field_list(self, c: Compiled, dst: Packet, src: Packet, fl_id: int) -> None:
         for hidx, fidx in c.program.field_lists.get(fl_id, []):

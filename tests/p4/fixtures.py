@@ -1,4 +1,5 @@
-"""The `fabric` fixture: every P4 test runs once per target (built-in switch, bmv2).
+"""The `fabric` fixture: every P4 test runs once per target (the built-in switch on its
+reference pipeline, the built-in switch on its native pipeline (testbed/switch/native/), bmv2).
 
 Test modules import it (`from tests.p4.fixtures import fabric  # noqa: F401`) and call
 `fabric(topology)` to get a programmed-from-scratch set of switches; everything is closed
@@ -14,7 +15,8 @@ import pytest
 from tests.p4 import bmv2
 from tests.p4.harness import BMV2_JSON, P4INFO, BuiltinFabric, Fabric, Topology
 
-TARGETS = ("builtin", "bmv2")
+# the built-in switch on its reference pipeline and on its native one, and bmv2
+TARGETS = ("builtin", "native", "bmv2")
 
 FabricFactory = Callable[[Topology], Fabric]
 
@@ -31,8 +33,15 @@ def fabric(request: pytest.FixtureRequest) -> Iterator[FabricFactory]:
     made: list[Fabric] = []
 
     def make(topo: Topology) -> Fabric:
-        fab: Fabric = BuiltinFabric(topo) if target == "builtin" else bmv2.Bmv2Fabric(topo)
+        fab: Fabric
+        if target == "bmv2":
+            fab = bmv2.Bmv2Fabric(topo)
+        else:
+            fab = BuiltinFabric(topo, "native" if target == "native" else "reference")
         made.append(fab)
+        if isinstance(fab, BuiltinFabric):
+            for sw in fab.switches:  # the run must be on the pipeline it is named after
+                assert sw.pipeline_in_use == sw.pipeline, sw.native_reason
         return fab
 
     try:

@@ -205,7 +205,7 @@ class BuiltinFabric(Fabric):
     virtual_time = True
     LINK_DELAY_NS = 1_000
 
-    def __init__(self, topo: Topology):
+    def __init__(self, topo: Topology, pipeline: str = "reference"):
         super().__init__(topo)
         self.clock = Clock(virtual=True)
         self.switches: list[V1Switch] = []
@@ -215,7 +215,13 @@ class BuiltinFabric(Fabric):
         self._seq = itertools.count()
         self._lock = threading.Lock()
         for i in range(topo.switches):
-            sw = V1Switch(self.clock, device_id=i + 1, cpu_port=CPU_PORT, qdepth_unit="bytes")
+            sw = V1Switch(
+                self.clock,
+                device_id=i + 1,
+                cpu_port=CPU_PORT,
+                qdepth_unit="bytes",
+                pipeline=pipeline,
+            )
             svc = P4RuntimeService(sw, i + 1, inject=self._injector(i))
             sw.transmit = self._transmitter(i, svc)
             self.switches.append(sw)

@@ -1,0 +1,692 @@
+"""The native pipeline as a `Compiled`: what `V1Switch` drives, with the work done in C.
+
+Packets: a `NativePacket` is a `Packet` whose header vector, validity flags and per-packet
+registers live in one C struct (`xm_packet`); `p.h[header][field]` and `p.v[header]` read and
+write that memory, so the architecture code (v1model.py) runs unchanged on either pipeline.
+
+Tables (the design of this cut): the Python `MatchTable` stays the control plane's source of
+truth (P4Runtime Write and Read, STF commands, const entries all go through it unchanged);
+every insert, modify, delete, clear and default change marks the table dirty, and before the
+next packet runs ingress or egress the runtime rewrites the table's native rows from the
+Python entries (in match order: any order for exact, longest prefix first for LPM, the
+reference's priority order for ternary; the first matching row wins), indexed by mask vector
+for a table of INDEX_FROM rows or more (tuple space search: a hash lookup per distinct mask,
+the smallest matching row kept). Action profiles are mirrored the same way. Direct
+counters count in C per row and are added into the Python entries whenever the table's
+entries are read (`entries` is a property that collects them first) or rewritten. Indexed
+counters and registers keep their cells in C arrays that the Python objects index directly.
+A rewrite is O(entries): cheap between packets, not meant for a write per packet.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Any, cast
+
+from testbed.switch.codegen import Compiled
+from testbed.switch.externs import CounterArray, MeterArray, RegisterArray, ValueSet
+from testbed.switch.native.build import build, load
+from testbed.switch.native.cgen import (
+    ABORT_INDEX,
+    C_HASHES,
+    NO_ACTION,
+    U64,
+    Generated,
+    TableInfo,
+    generate,
+)
+from testbed.switch.packet import Packet, PipelineAbort
+from testbed.switch.program import Json, LoadError, Program, hexint
+from testbed.switch.tables import ActionCall, ActionProfile, Entry, Group, MatchTable, TableError
+
+
+class NativePacket(Packet):
+    """A packet whose state is a C `xm_packet` (see cgen.py)."""
+
+    __slots__ = ("_c", "_rt", "_keep", "_h")
+
+    def __init__(self, rt: NativeRuntime) -> None:  # noqa: D107 - no Packet.__init__: C state
+        self._rt = rt
+        self._c = rt.ffi.new("xm_packet *")
+        rt.ffi.memmove(self._c, rt.proto, rt.packet_size)
+        self._keep: Any = None
+        self._h: _Headers | None = None
+        self.uid = 0
+        self.reinjects = 0
+        self.t_ns = 0
+
+    # the header vector and validity, in C memory
+    @property  # type: ignore[override]
+    def h(self) -> Any:
+        if self._h is None:
+            self._h = _Headers(self._rt, self._c)
+        return self._h
+
+    @h.setter
+    def h(self, value: Any) -> None:
+        raise AttributeError("a native packet's header vector is C memory: assign its fields")
+
+    @property  # type: ignore[override]
+    def v(self) -> Any:
+        return self._c.valid
+
+    @v.setter
+    def v(self, value: Any) -> None:
+        raise AttributeError("a native packet's validity flags are C memory: assign them")
+
+    @property  # type: ignore[override]
+    def payload(self) -> bytes:
+        c = self._c
+        if c.payload == self._rt.ffi.NULL:
+            return b""
+        return self._rt.ffi.buffer(c.payload, c.payload_len)[:]
+
+    @payload.setter
+    def payload(self, data: bytes) -> None:
+        cbuf = self._rt.ffi.from_buffer("uint8_t[]", data)
+        self._keep = (data, cbuf)
+        self._c.payload = cbuf
+        self._c.payload_len = len(data)
+
+    # v1model's per-packet registers
+    @property  # type: ignore[override]
+    def exit(self) -> bool:
+        return bool(self._c.regs.exit)
+
+    @exit.setter
+    def exit(self, value: bool) -> None:
+        self._c.regs.exit = int(value)
+
+    def _reg(name: str) -> property:  # type: ignore[misc]  # noqa: N805
+        def get(self: NativePacket) -> int:
+            return int(getattr(self._c.regs, name))
+
+        def put(self: NativePacket, value: int) -> None:
+            setattr(self._c.regs, name, value)
+
+        return property(get, put)
+
+    plen = _reg("plen")  # type: ignore[assignment]
+    ingress_len = _reg("ingress_len")  # type: ignore[assignment]
+    clone_session = _reg("clone_session")  # type: ignore[assignment]
+    clone_field_list = _reg("clone_field_list")  # type: ignore[assignment]
+    resubmit_fl = _reg("resubmit_fl")  # type: ignore[assignment]
+    recirc_fl = _reg("recirc_fl")  # type: ignore[assignment]
+    learn_id = _reg("learn_id")  # type: ignore[assignment]
+    truncate_len = _reg("truncate_len")  # type: ignore[assignment]
+    del _reg
+
+    def copy(self) -> NativePacket:
+        rt = self._rt
+        q = NativePacket.__new__(NativePacket)
+        q._rt = rt
+        q._c = rt.ffi.new("xm_packet *")
+        rt.ffi.memmove(q._c, self._c, rt.packet_size)
+        q._keep = self._keep
+        q._h = None
+        r = q._c.regs
+        r.exit = 0
+        r.clone_session, r.clone_field_list, r.resubmit_fl, r.recirc_fl, r.learn_id = -1, 0, 0, 0, 0
+        q.uid, q.reinjects, q.t_ns = self.uid, self.reinjects, self.t_ns
+        return q
+
+
+class _Headers:
+    """`p.h`: header i is a `uint64_t *` to its fields (index, assign, slice with bounds)."""
+
+    __slots__ = ("_base", "_slots")
+
+    def __init__(self, rt: NativeRuntime, c: Any) -> None:
+        self._base = rt.ffi.cast("uint64_t *", c)
+        self._slots = rt.gen.header_slots
+
+    def __getitem__(self, i: int) -> Any:
+        return self._base + self._slots[i]
+
+
+class NativeCounterArray(CounterArray):
+    """An indexed counter whose cells are C arrays the generated code counts into."""
+
+    def __init__(self, ffi: Any, name: str, size: int) -> None:
+        super().__init__(name, size)
+        self._ffi = ffi
+        self.packets = ffi.new("uint64_t[]", max(1, size))  # type: ignore[assignment]
+        self.bytes = ffi.new("uint64_t[]", max(1, size))  # type: ignore[assignment]
+
+    def write(self, index: int, packets: int, nbytes: int) -> None:
+        self._check(index)
+        if not (0 <= packets <= U64 and 0 <= nbytes <= U64):
+            raise ValueError(f"counter {self.name}: values must fit 64 bits")
+        super().write(index, packets, nbytes)
+
+    def reset(self) -> None:
+        for i in range(self.size):
+            self.packets[i] = 0
+            self.bytes[i] = 0
+
+
+class NativeRegisterArray(RegisterArray):
+    """A register array whose cells are a C array the generated code reads and writes."""
+
+    def __init__(self, ffi: Any, name: str, size: int, bitwidth: int) -> None:
+        super().__init__(name, size, bitwidth)
+        self.values = ffi.new("uint64_t[]", max(1, size))  # type: ignore[assignment]
+
+    def reset(self) -> None:
+        for i in range(self.size):
+            self.values[i] = 0
+
+
+class NativeActionProfile(ActionProfile):
+    """An action profile whose changes are mirrored into C before the next packet."""
+
+    def __init__(self, rt: NativeRuntime, index: int, *args: Any) -> None:
+        self._rt = rt
+        self._index = index
+        self._keep: Any = None
+        self.member_index: dict[int, int] = {}
+        self.group_index: dict[int, int] = {}
+        super().__init__(*args)
+        self._mark()
+
+    def _mark(self) -> None:
+        self._dirty = True
+        self._rt.dirty = True
+
+    def add_member(self, mid: int, call: ActionCall) -> None:
+        self._rt.check_call(self.name, call)
+        super().add_member(mid, call)
+        self._mark()
+
+    def modify_member(self, mid: int, call: ActionCall) -> None:
+        self._rt.check_call(self.name, call)
+        super().modify_member(mid, call)
+        self._mark()
+
+    def delete_member(self, mid: int) -> None:
+        super().delete_member(mid)
+        self._mark()
+
+    def set_group(
+        self, gid: int, members: list[tuple[int, int]], max_size: int = 0, create: bool = False
+    ) -> None:
+        super().set_group(gid, members, max_size, create)
+        self._mark()
+
+    def delete_group(self, gid: int) -> None:
+        super().delete_group(gid)
+        self._mark()
+
+    def sync(self) -> None:
+        rt, ffi = self._rt, self._rt.ffi
+        stride = 1 + rt.gen.max_params
+        members = list(self.members.items())
+        self.member_index = {mid: i for i, (mid, _) in enumerate(members)}
+        marr = ffi.new("uint64_t[]", max(1, len(members) * stride))
+        for i, (_, call) in enumerate(members):
+            marr[i * stride] = call.action_id
+            for j, v in enumerate(call.params):
+                marr[i * stride + 1 + j] = v
+        groups: list[tuple[int, Group]] = list(self.groups.items())
+        self.group_index = {gid: i for i, (gid, _) in enumerate(groups)}
+        garr = ffi.new("uint64_t[]", max(2, 2 * len(groups)))
+        nitems = sum(len(g.members) for _, g in groups)
+        items = ffi.new("uint64_t[]", max(2, 2 * nitems))
+        k = 0
+        for i, (_, g) in enumerate(groups):
+            garr[2 * i], garr[2 * i + 1] = k, len(g.members)
+            for mid, cum in zip(g.members, g.cumulative, strict=True):
+                items[2 * k], items[2 * k + 1] = cum, self.member_index[mid]
+                k += 1
+        pr = rt.state.profiles[self._index]
+        pr.members, pr.mstride, pr.groups, pr.items = marr, stride, garr, items
+        self._keep = (marr, garr, items)
+        self._dirty = False
+
+
+class NativeMatchTable(MatchTable):
+    """A match table whose entries are mirrored into C rows before the next packet."""
+
+    def __init__(self, rt: NativeRuntime, info: TableInfo, *args: Any, **kw: Any) -> None:
+        self._rt = rt
+        self._info = info
+        self._rows_order: list[Entry] = []
+        self._keep: Any = None
+        self._synced = False
+        self._entries_d: dict[tuple[Any, ...], Entry] = {}
+        self._default_call: ActionCall | None = None
+        super().__init__(*args, **kw)
+        self._mark()
+
+    def _mark(self) -> None:
+        self._dirty = True
+        self._rt.dirty = True
+
+    @property  # type: ignore[override]
+    def entries(self) -> dict[tuple[Any, ...], Entry]:
+        self.collect_counters()
+        return self._entries_d
+
+    @entries.setter
+    def entries(self, value: dict[tuple[Any, ...], Entry]) -> None:
+        self._entries_d = value
+
+    @property  # type: ignore[override]
+    def default(self) -> ActionCall | None:
+        return self._default_call
+
+    @default.setter
+    def default(self, call: ActionCall | None) -> None:
+        if call is not None:
+            self._rt.check_call(self.name, call)
+        self._default_call = call
+        self._mark()
+
+    def add(self, entry: Entry, *, const: bool = False, strict: bool = False) -> Entry:
+        if entry.call is not None:
+            self._rt.check_call(self.name, entry.call)
+        e = super().add(entry, const=const, strict=strict)
+        self._mark()
+        return e
+
+    def modify(self, spec: tuple[Any, ...], priority: int, entry: Entry) -> Entry:
+        if entry.call is not None:
+            self._rt.check_call(self.name, entry.call)
+        e = super().modify(spec, priority, entry)
+        self._mark()
+        return e
+
+    def delete(self, spec: tuple[Any, ...], priority: int = 0) -> Entry:
+        e = super().delete(spec, priority)
+        self._mark()
+        return e
+
+    def clear(self) -> None:
+        super().clear()
+        self._mark()
+
+    def native_lookup(self, key: tuple[int, ...]) -> Entry | None:
+        """The entry the C finds for `key` (as `lookup` does in Python), for the tests."""
+        if self._rt.dirty:
+            self._rt.sync()
+        ckey = self._rt.ffi.new("uint64_t[]", max(1, len(key)))
+        for i, v in enumerate(key):
+            ckey[i] = v
+        row = self._rt.lib.xm_table_lookup(self._rt.state, self._info.index, ckey, len(key))
+        return None if row < 0 else self._rows_order[row]
+
+    def collect_counters(self) -> None:
+        """Add what C counted per row into the Python entries (direct counters)."""
+        if not self._synced or not self._info.direct_counters:
+            return
+        t = self._rt.state.tables[self._info.index]
+        if not t.dc_touched:
+            return
+        for i, e in enumerate(self._rows_order):
+            n = t.dc_packets[i]
+            if n:
+                e.packet_count += n
+                e.byte_count += t.dc_bytes[i]
+                t.dc_packets[i] = 0
+                t.dc_bytes[i] = 0
+        t.dc_touched = 0
+
+    def sync(self) -> None:
+        rt, ffi, info = self._rt, self._rt.ffi, self._info
+        self.collect_counters()
+        entries = list(self._entries_d.values())
+        if self.kind == "lpm":
+            li = self.lpm_index
+            order = sorted(entries, key=lambda e: -e.spec[li][1])
+        elif self.kind == "exact":
+            order = entries
+        else:
+            order = list(self._scan)
+        nk = len(info.kinds)
+        stride = 2 * nk + (2 if info.indirect else 1 + rt.gen.max_params)
+        rows = ffi.new("uint64_t[]", max(1, len(order) * stride))
+        prof = cast(NativeActionProfile | None, self.profile)
+        for i, e in enumerate(order):
+            base = i * stride
+            for j, (kind, s, w) in enumerate(zip(info.kinds, e.spec, info.widths, strict=True)):
+                if kind in ("exact", "valid"):
+                    value, mask = s, (1 << w) - 1
+                elif kind == "lpm":
+                    value, plen = s
+                    mask = ((1 << plen) - 1) << (w - plen)
+                else:
+                    value, mask = s
+                rows[base + j] = value
+                rows[base + nk + j] = mask
+            tail = base + 2 * nk
+            if info.indirect:
+                assert prof is not None
+                if e.member is not None:
+                    rows[tail], rows[tail + 1] = 0, prof.member_index[e.member]
+                else:
+                    assert e.group is not None
+                    rows[tail], rows[tail + 1] = 1, prof.group_index[e.group]
+            else:
+                assert e.call is not None
+                rows[tail] = e.call.action_id
+                for j, v in enumerate(e.call.params):
+                    rows[tail + 1 + j] = v
+        dflt = self._default_call
+        dparams = ffi.new("uint64_t[]", max(1, rt.gen.max_params))
+        if dflt is not None:
+            for j, v in enumerate(dflt.params):
+                dparams[j] = v
+        dcp = ffi.new("uint64_t[]", max(1, len(order)))
+        dcb = ffi.new("uint64_t[]", max(1, len(order)))
+        groups, slots, ngroups = _mask_groups(ffi, rows, len(order), nk, stride)
+        t = rt.state.tables[info.index]
+        t.rows, t.n, t.stride = rows, len(order), stride
+        t.groups, t.ngroups, t.slots = groups, ngroups, slots
+        t.default_action = NO_ACTION if dflt is None else dflt.action_id
+        t.default_params = dparams
+        t.dc_packets, t.dc_bytes, t.dc_touched = dcp, dcb, 0
+        self._keep = (rows, dparams, dcp, dcb, groups, slots)
+        self._rows_order = order
+        self._synced = True
+        self._dirty = False
+
+
+# Tables of INDEX_FROM rows or more are looked up through their mask groups, not scanned.
+INDEX_FROM = 8
+
+
+def slot_hash(values: list[int]) -> int:
+    """cgen.py's xm_key_hash of a masked key."""
+    h = 0
+    for v in values:
+        h = ((h ^ v) * 0x9E3779B97F4A7C15) & U64
+    return h >> 32
+
+
+def _mask_groups(ffi: Any, rows: Any, n: int, nk: int, stride: int) -> tuple[Any, Any, int]:
+    """The tuple-space index of a table's rows (see cgen.py's struct xm_table): (groups,
+    slots, group count); no groups for a small or keyless table."""
+    if n < INDEX_FROM or nk == 0:
+        return ffi.new("uint64_t[]", 1), ffi.new("uint64_t[]", 1), 0
+    by_mask: dict[tuple[int, ...], list[int]] = {}
+    for i in range(n):
+        base = i * stride
+        by_mask.setdefault(tuple(rows[base + nk : base + 2 * nk]), []).append(i)
+    groups = ffi.new("uint64_t[]", 3 * len(by_mask))
+    size = sum(1 << (2 * len(members) - 1).bit_length() for members in by_mask.values())
+    slots = ffi.new("uint64_t[]", size)
+    off = 0
+    for g, members in enumerate(by_mask.values()):  # in the order of their first rows
+        nslots = 1 << (2 * len(members) - 1).bit_length()  # a power of two over twice the rows
+        groups[3 * g], groups[3 * g + 1], groups[3 * g + 2] = members[0], nslots, off
+        seen: set[tuple[int, ...]] = set()
+        for row in members:  # in row order: the first row of each value takes the slot
+            value = tuple(rows[row * stride : row * stride + nk])
+            if value in seen:
+                continue
+            seen.add(value)
+            i = slot_hash(list(value)) & (nslots - 1)
+            while slots[off + i]:
+                i = (i + 1) & (nslots - 1)
+            slots[off + i] = row + 1
+        off += nslots
+    return groups, slots, len(by_mask)
+
+
+class NativeRuntime:
+    """One loaded native pipeline and its state (one per switch)."""
+
+    def __init__(self, prog: Program, gen: Generated, ffi: Any, lib: Any) -> None:
+        self.prog = prog
+        self.gen = gen
+        self.ffi = ffi
+        self.lib = lib
+        self.dirty = True
+        self.packet_size = int(lib.xm_layout(0))
+        checks = {
+            "packet size": (ffi.sizeof("xm_packet"), self.packet_size),
+            "valid": (ffi.offsetof("xm_packet", "valid"), lib.xm_layout(1)),
+            "regs": (ffi.offsetof("xm_packet", "regs"), lib.xm_layout(2)),
+            "payload": (ffi.offsetof("xm_packet", "payload"), lib.xm_layout(4)),
+        }
+        for what, (py, c) in checks.items():
+            if py != c:
+                raise LoadError(f"native pipeline: layout mismatch ({what}: {py} != {c})")
+        if ffi.sizeof("xm_state") > lib.xm_layout(3):
+            raise LoadError("native pipeline: layout mismatch (state)")
+        self._state_mem = ffi.new("char[]", int(lib.xm_layout(3)))
+        self.state = ffi.cast("xm_state *", self._state_mem)
+        # deparser output: the headers, and the payload after them when it fits
+        self.out_size = gen.max_out + 16384
+        self.out = ffi.new("uint8_t[]", self.out_size)
+        # a fresh packet's state, copied into each new packet
+        self.proto = ffi.new("xm_packet *")
+        lib.xm_new_packet(self.proto)
+        self.rng = random.Random()
+        self._rng_cb = ffi.callback("uint64_t(uint64_t, uint64_t)", self._random)
+        self.state.rng = self._rng_cb
+        self.tables: dict[str, NativeMatchTable] = {}
+        self.profiles: dict[str, NativeActionProfile] = {}
+
+    def _random(self, lo: int, hi: int) -> int:
+        return self.rng.randint(lo, hi)
+
+    def check_call(self, where: str, call: ActionCall) -> None:
+        """An action call the native tables can hold: a known action, its parameters each
+        given and each within 64 bits."""
+        a = self.prog.actions.get(call.action_id)
+        if a is None:
+            raise TableError("INVALID_ARGUMENT", f"{where}: unknown action id {call.action_id}")
+        if len(call.params) != len(a.params) or any(not 0 <= v <= U64 for v in call.params):
+            raise TableError(
+                "INVALID_ARGUMENT",
+                f"{where}: {a.name} takes {len(a.params)} parameters of at most 64 bits",
+            )
+
+    def sync(self) -> None:
+        for prof in self.profiles.values():
+            if prof._dirty:
+                prof.sync()
+                for t in self.tables.values():
+                    if t.profile is prof:
+                        t._dirty = True
+        for t in self.tables.values():
+            if t._dirty:
+                t.sync()
+        self.dirty = False
+
+    def hash(self, algo: str, data: bytes) -> int:
+        """One of the generated C's hash algorithms (cgen.C_HASHES) over `data`."""
+        return int(self.lib.xm_hash(C_HASHES.index(algo), data, len(data)))
+
+    def raise_abort(self, stage: str) -> None:
+        st = self.state
+        msg = self.ffi.string(st.abort_msg).decode() if st.abort_msg != self.ffi.NULL else stage
+        if st.abort_kind == ABORT_INDEX:
+            raise IndexError(msg)
+        raise PipelineAbort(msg)
+
+    # ---- the Compiled entry points ----------------------------------------------------------
+
+    def new_packet(self) -> Packet:
+        return NativePacket(self)
+
+    def parse(self, p: Packet, buf: bytes) -> int:
+        np_ = cast(NativePacket, p)
+        cbuf = self.ffi.from_buffer("uint8_t[]", buf)
+        np_._keep = (buf, cbuf)
+        rc = int(self.lib.xm_parse(self.state, np_._c, cbuf, len(buf)))
+        if rc < 0:
+            self.raise_abort("parser")
+        return rc
+
+    def verify_checksums(self, p: Packet) -> bool:
+        rc = self.lib.xm_verify_checksums(self.state, cast(NativePacket, p)._c)
+        if rc < 0:
+            self.raise_abort("checksum")
+        return bool(rc)
+
+    def update_checksums(self, p: Packet) -> None:
+        if self.lib.xm_update_checksums(self.state, cast(NativePacket, p)._c) < 0:
+            self.raise_abort("checksum")
+
+    def deparse(self, p: Packet) -> bytes:
+        np_ = cast(NativePacket, p)
+        n = self.lib.xm_deparse(self.state, np_._c, self.out, self.out_size)
+        if n < 0:
+            self.raise_abort("deparser")
+        if n <= self.out_size:  # headers and payload, written by the C
+            return self.ffi.buffer(self.out, n)[:]
+        return self.ffi.buffer(self.out, n - np_._c.payload_len)[:] + np_.payload
+
+    def ingress(self, p: Packet) -> None:
+        if self.dirty:
+            self.sync()
+        if self.lib.xm_ingress(self.state, cast(NativePacket, p)._c) < 0:
+            self.raise_abort("ingress")
+
+    def egress(self, p: Packet) -> None:
+        if self.dirty:
+            self.sync()
+        if self.lib.xm_egress(self.state, cast(NativePacket, p)._c) < 0:
+            self.raise_abort("egress")
+
+    def action_fn(self, aid: int) -> Callable[[Packet, tuple[int, ...]], None]:
+        def run(p: Packet, params: tuple[int, ...]) -> None:
+            ad = self.ffi.new("uint64_t[]", max(1, len(params)))
+            for i, v in enumerate(params):
+                ad[i] = v
+            if self.lib.xm_run_action(self.state, cast(NativePacket, p)._c, aid, ad) < 0:
+                self.raise_abort("action")
+
+        return run
+
+
+def load_native(
+    prog: Program, clock_us: Callable[[], int], log_fn: Callable[[str], None] | None = None
+) -> Compiled:
+    """The native pipeline of `prog` as a `Compiled`; raises `Unsupported` (a construct the
+    generator lacks) or `BuildError` (no compiler, a failed build) with a one-line reason."""
+    gen = generate(prog)
+    so = build(gen.source, gen.digest)
+    ffi, lib = load(gen.cdef, so)
+    rt = NativeRuntime(prog, gen, ffi, lib)
+    st = rt.state
+
+    counters: dict[str, CounterArray] = {}
+    for name, cj in prog.counter_arrays.items():
+        if cj.get("is_direct"):
+            counters[name] = CounterArray(name, 0, True, cj.get("binding", ""))
+            continue
+        nc = NativeCounterArray(ffi, name, int(cj.get("size", 0)))
+        i = gen.counters[name]
+        st.counter_packets[i], st.counter_bytes[i], st.counter_size[i] = (
+            nc.packets,
+            nc.bytes,
+            nc.size,
+        )
+        counters[name] = nc
+    registers: dict[str, RegisterArray] = {}
+    for name, rj in prog.register_arrays.items():
+        nr = NativeRegisterArray(ffi, name, int(rj["size"]), int(rj["bitwidth"]))
+        i = gen.registers[name]
+        st.registers[i], st.register_size[i] = nr.values, nr.size
+        registers[name] = nr
+    meters: dict[str, MeterArray] = {}  # a program with meters is Unsupported (cgen.py)
+    value_sets: dict[str, ValueSet] = {}  # so is one with parser value sets
+
+    for name, apj in prog.action_profiles.items():
+        rt.profiles[name] = NativeActionProfile(
+            rt, gen.profiles[name], name, int(apj.get("max_size", 0)), _selector_marker(apj)
+        )
+    for name, info in gen.tables.items():
+        rt.tables[name] = _table(rt, prog, prog.tables[name], info)
+    actions = {aid: rt.action_fn(aid) for aid in prog.actions}
+    rt.sync()
+    return Compiled(
+        program=prog,
+        source=gen.source,
+        parse=rt.parse,
+        verify_checksums=rt.verify_checksums,
+        update_checksums=rt.update_checksums,
+        deparse=rt.deparse,
+        ingress=rt.ingress,
+        egress=rt.egress,
+        new_packet=rt.new_packet,
+        tables=dict(rt.tables),
+        profiles=dict(rt.profiles),
+        counters=counters,
+        meters=meters,
+        registers=registers,
+        value_sets=value_sets,
+        actions=actions,
+        random=rt.rng,
+    )
+
+
+def _selector_marker(apj: Json) -> Callable[[Any], int] | None:
+    """ActionProfile wants a selector function to allow groups; the native pipeline hashes in
+    C, so the Python one is never called."""
+    if not apj.get("selector"):
+        return None
+
+    def in_c(p: Any) -> int:
+        raise RuntimeError("the native pipeline selects group members in C")
+
+    return in_c
+
+
+def _table(rt: NativeRuntime, prog: Program, t: Json, info: TableInfo) -> NativeMatchTable:
+    """The table as testbed/switch/compiler.py's _build_table makes it (default action, const
+    entries), as a NativeMatchTable."""
+    profile = rt.profiles.get(info.profile) if info.profile else None
+    table = NativeMatchTable(
+        rt,
+        info,
+        t["name"],
+        info.kinds,
+        info.widths,
+        int(t.get("max_size", 0)),
+        profile,
+        info.direct_counters,
+        None,
+        None,
+    )
+    de = t.get("default_entry")
+    if de is not None:
+        aid = de["action_id"]
+        if aid not in prog.actions:
+            raise LoadError(f"table {t['name']!r}: default action id {aid} unknown")
+        params = tuple(hexint(x) for x in de.get("action_data", []))
+        table.default = ActionCall(aid, rt.action_fn(aid), params)
+        table.default_const = bool(de.get("action_const"))
+    for ej in t.get("entries", []):
+        spec: list[Any] = []
+        for kind, mk in zip(info.kinds, ej["match_key"], strict=True):
+            mt = mk["match_type"]
+            if mt in ("exact", "valid"):
+                spec.append(
+                    int(bool(mk["key"]))
+                    if mt == "valid" and isinstance(mk["key"], bool)
+                    else hexint(mk["key"])
+                )
+            elif mt == "lpm":
+                spec.append((hexint(mk["key"]), int(mk["prefix_length"])))
+            elif mt in ("ternary", "optional"):
+                spec.append((hexint(mk["key"]) & hexint(mk["mask"]), hexint(mk["mask"])))
+            else:
+                raise LoadError(f"table {t['name']!r}: bad const entry match type {mt!r}")
+            if kind == "optional" and mt == "exact":
+                v = spec.pop()
+                spec.append((v, (1 << info.widths[len(spec)]) - 1))
+        ae = ej["action_entry"]
+        call = ActionCall(
+            ae["action_id"],
+            rt.action_fn(ae["action_id"]),
+            tuple(hexint(x) for x in ae.get("action_data", [])),
+        )
+        table.add(Entry(tuple(spec), -int(ej.get("priority", 0)), call=call), const=True)
+    if t.get("entries"):
+        table.immutable = True
+    return table
