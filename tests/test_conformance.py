@@ -12,15 +12,14 @@ user's checkout: point XINGMAI_CONFORMANCE at it, or the tests skip saying so.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
 from testbed.switch.stf import run_stf
+from tests.fuzz.native import CORPUS
 
 REPO = Path(__file__).resolve().parents[1]
-CORPUS = Path(os.environ.get("XINGMAI_CONFORMANCE", REPO.parent / "shared" / "conformance"))
 EXPECTED_FILE = REPO / "tests" / "data" / "conformance_expected.txt"
 OWN_CASES = REPO / "tests" / "p4"
 

@@ -163,7 +163,8 @@ def _fuzz_targets() -> list[tuple[str, Path, list[bytes], int]]:
     generic = xingmai_packets()
     out = [("xingmai", BMV2_JSON, generic, 1000)]
     for name in CONFORMANCE_PROGRAMS:
-        out.append((name, CORPUS / f"{name}.json", stf_packets(CORPUS / f"{name}.stf"), 300))
+        stf = CORPUS / f"{name}.stf"  # the corpus is outside a user's checkout: skipped then
+        out.append((name, CORPUS / f"{name}.json", stf_packets(stf) if stf.exists() else [], 300))
     for name in OWN_PROGRAMS[2:]:
         out.append((name, OWN / "build" / f"{name}.json", [], 300))
     return out

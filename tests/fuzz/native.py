@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import random
 import sys
 import time
@@ -31,7 +32,8 @@ from testbed.switch.traffic_manager import Clock
 from testbed.switch.v1model import V1Switch
 
 REPO = Path(__file__).resolve().parents[2]
-CORPUS = REPO.parent / "shared" / "conformance"
+# p4c's conformance corpus: not part of a user's checkout (XINGMAI_CONFORMANCE points at it)
+CORPUS = Path(os.environ.get("XINGMAI_CONFORMANCE", REPO.parent / "shared" / "conformance"))
 # conformance programs with tables of every supported match kind, checksums, registers,
 # counters, clones, parser branches, header stacks: the fuzzer's default set beside the
 # xingmai program
