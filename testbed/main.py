@@ -33,6 +33,7 @@ from pathlib import Path
 from testbed.errors import UserError
 from testbed.experiment.schemes import RATE_LAWS
 from testbed.model import BUFFERS, DEFAULT_MODEL, DEFAULT_SCALE, Scaling, model_with_buffer
+from testbed.switch.v1model import PIPELINES
 
 # Mininet, bcc and the gRPC stubs are imported where a command needs them: `doctor` must run
 # (and say what is missing) on a machine that lacks them.
@@ -66,6 +67,14 @@ def _common(ap: argparse.ArgumentParser) -> None:
         help="the switches' packet buffer: static depth per queue, or shared by the queues "
         "with dynamic thresholds (and a dynamic PFC XOFF) as a 51.2T part has it "
         f"(default {DEFAULT_MODEL.buffer})",
+    )
+    ap.add_argument(
+        "--pipeline",
+        choices=PIPELINES,
+        default="reference",
+        help="the built-in switches' P4 pipeline: the Python reference (default) or native "
+        "code generated from the same JSON (where a construct is not supported or no C "
+        "compiler is found, one line says why and the reference runs)",
     )
     ap.add_argument("--pcap", action="store_true", help="per-port pcap files in the run dir")
     ap.add_argument("--run-dir", type=Path, help="default: runs/<timestamp>")
@@ -223,6 +232,7 @@ def _testbed(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     )
     opts = TestbedOptions(
         switch=args.switch,
+        pipeline=args.pipeline,
         scaling=scaling,
         rate_law=args.rate_law,
         ecn=EcnConfig(),
@@ -330,6 +340,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             "scaling": s.describe(),
             "scale": s.scale,
             "buffer": s.model.buffer,
+            "pipeline": args.pipeline,
             "link_bps": s.link_bps,
             "nic_bps": s.nic_bps,
             "base_rtt_s": base_rtt,

@@ -94,6 +94,7 @@ class TestbedOptions:
     # back, and the backlog drains only as fast as the port's rate exceeds the offered load.
     # Their priority keeps such stalls short on a busy machine.
     switch_nice: int = -10
+    pipeline: str = "reference"  # the built-in switches' P4 pipeline: reference or native
     boot_timeout_s: float = 180.0
     # a Prometheus server scraping every daemon, and the controller's fabric page (loopback)
     monitoring: bool = True
@@ -280,6 +281,7 @@ class Testbed:
                     log_level=self.opts.switch_log_level,
                     nice=self.opts.switch_nice,
                     qdepth_unit=self.scaling.model.qdepth_unit,
+                    pipeline=self.opts.pipeline,
                 )
 
     def _start_components(self) -> None:

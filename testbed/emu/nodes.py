@@ -87,6 +87,7 @@ class SwitchRuntime:
     log_level: str = "info"
     nice: int = 0  # scheduling priority of the switch process
     qdepth_unit: str = "bytes"  # cells where a shared buffer's queues pass 19 bits of bytes
+    pipeline: str = "reference"  # the P4 pipeline: the Python reference or native code
 
 
 class P4Switch(Switch):
@@ -191,6 +192,8 @@ class BuiltinSwitch(P4Switch):
             self.name,
             "--queue-depth-unit",
             rt.qdepth_unit,
+            "--pipeline",
+            rt.pipeline,
             "-L",
             rt.log_level,
             "--metrics-addr",

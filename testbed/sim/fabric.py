@@ -101,12 +101,23 @@ class Wire:
 class SimSwitch:
     """The built-in switch on the loop's clock."""
 
-    def __init__(self, loop: EventLoop, name: str, device_id: int, qdepth_unit: str = "bytes"):
+    def __init__(
+        self,
+        loop: EventLoop,
+        name: str,
+        device_id: int,
+        qdepth_unit: str = "bytes",
+        pipeline: str = "reference",
+    ):
         self.loop = loop
         self.name = name
         self.clock = Clock(virtual=True)
         self.sw = V1Switch(
-            self.clock, device_id=device_id, cpu_port=CPU_PORT, qdepth_unit=qdepth_unit
+            self.clock,
+            device_id=device_id,
+            cpu_port=CPU_PORT,
+            qdepth_unit=qdepth_unit,
+            pipeline=pipeline,
         )
         self.sw.transmit = self._transmit
         self.p4rt = P4RuntimeService(self.sw, device_id)
@@ -204,9 +215,11 @@ class SimFabric:
         ecn: EcnConfig | None = None,
         link_delay_ns: int | None = None,
         seed: int = 1,
+        pipeline: str = "reference",
     ):
         self.spec = spec
         self.seed = seed
+        self.pipeline = pipeline  # the switches' P4 pipeline: reference or native
         self.scaling = scaling
         self.ecn = ecn or EcnConfig()
         self.loop = EventLoop()
@@ -219,7 +232,7 @@ class SimFabric:
         )
         unit = scaling.model.qdepth_unit
         self.switches = {
-            s.name: SimSwitch(self.loop, s.name, s.device_id, unit) for s in spec.switches
+            s.name: SimSwitch(self.loop, s.name, s.device_id, unit, pipeline) for s in spec.switches
         }
         self.link_names = {
             (s.node_id, p): f"{s.name}:{p}"
@@ -241,7 +254,12 @@ class SimFabric:
         """The same fabric built anew: switches, NICs, hosts, the clock at 0 and every random
         stream seeded (with `seed`, default this fabric's), nothing of what ran on this one."""
         return SimFabric(
-            self.spec, self.scaling, self.ecn, self.delay_ns, self.seed if seed is None else seed
+            self.spec,
+            self.scaling,
+            self.ecn,
+            self.delay_ns,
+            self.seed if seed is None else seed,
+            self.pipeline,
         )
 
     # ---- construction ----

@@ -107,7 +107,11 @@ def run_sim(args: argparse.Namespace, cfg: SuiteConfig) -> int:
         print(f"[{time.monotonic() - t0:6.1f}s] {line}", file=sys.stderr, flush=True)
 
     say(f"twin: {spec.name}, {scaling.describe()}")
-    fab = SimFabric(spec, scaling, seed=cfg.seed)
+    fab = SimFabric(spec, scaling, seed=cfg.seed, pipeline=getattr(args, "pipeline", "reference"))
+    if fab.pipeline == "native":
+        sw = next(iter(fab.switches.values())).sw
+        if sw.pipeline_in_use != "native":
+            say(f"native pipeline unavailable ({sw.native_reason}): the reference runs")
     say(
         f"{len(fab.switches)} built-in switches programmed through P4Runtime "
         f"({sum(len(s.sw.compiled.tables) for s in fab.switches.values() if s.sw.compiled)}"
@@ -128,6 +132,7 @@ def run_sim(args: argparse.Namespace, cfg: SuiteConfig) -> int:
         "scaling": scaling.describe(),
         "scale": scaling.scale,
         "buffer": scaling.model.buffer,
+        "pipeline": next(iter(fab.switches.values())).sw.pipeline_in_use,
         "link_bps": scaling.link_bps,
         "nic_bps": scaling.nic_bps,
         "base_rtt_s": suite.base_rtt_s,
