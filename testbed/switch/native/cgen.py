@@ -958,6 +958,7 @@ class CGen:
         self.ntables = max(1, idx)
         self.emit(
             _STATE.format(
+                tail=_STATE_C_TAIL,
                 ntables=self.ntables,
                 nprofiles=max(1, len(self.profile_idx)),
                 ncounters=max(1, len(self.counter_idx)),
@@ -1789,16 +1790,20 @@ class CGen:
 
     def _cdef(self, g: Generated) -> str:
         regs = " ".join(f"int64_t {r};" for r in PKT_REGS)
+        state = _STATE_STRUCTS.format(
+            tail="",
+            ntables=self.ntables,
+            nprofiles=max(1, len(self.profile_idx)),
+            ncounters=max(1, len(self.counter_idx)),
+            nregisters=max(1, len(self.register_idx)),
+        )
         return _CDEF.format(
             nfields=self.nfields,
             nheaders=len(self.prog.headers),
             nstacks=max(1, len(self.prog.stacks)),
             vl=self.vl_bytes,
             regs=regs,
-            ntables=self.ntables,
-            nprofiles=max(1, len(self.profile_idx)),
-            ncounters=max(1, len(self.counter_idx)),
-            nregisters=max(1, len(self.register_idx)),
+            state=state,
         )
 
 
@@ -1919,7 +1924,10 @@ static inline uint64_t xm_hash_identity(const uint8_t *b, uint64_t n)
 }
 """
 
-_STATE = r"""
+# The tables, profiles and switch state as C and cffi both see them (one declaration: the
+# generated C gets the jmp_buf tail the Python side never touches; runtime.py allocates the
+# C size, xm_layout(3)).
+_STATE_STRUCTS = r"""
 /* A table's entries as the runtime (runtime.py) writes them, one row of `stride` words each:
  * per key field a value, then per key field a mask (a row matches a key k when
  * k & mask == value; the first matching row wins, in the runtime's order: exact, longest
@@ -1963,9 +1971,14 @@ typedef struct xm_state {{
     uint64_t (*rng)(uint64_t lo, uint64_t hi);
     int abort_kind;
     const char *abort_msg;
-    jmp_buf jb; /* last: the Python side does not declare it (runtime.py allocates the size) */
-}} xm_state;
+{tail}}} xm_state;
+"""
 
+_STATE_C_TAIL = "    jmp_buf jb; /* last: not declared to cffi */\n"
+
+_STATE = (
+    _STATE_STRUCTS
+    + r"""
 struct xm_parse_ctx {{
     const uint8_t *buf;
     uint64_t n;
@@ -2098,6 +2111,7 @@ static inline int xm_resolve(const struct xm_profile *pr, const uint64_t *r, uin
     return 1;
 }}
 """
+)
 
 _STACK_HELPERS = r"""
 /* a stack's element `id` (a header id) as its type's struct */
@@ -2130,27 +2144,7 @@ typedef struct {{
     const uint8_t *payload;
     uint64_t payload_len;
 }} xm_packet;
-struct xm_table {{
-    uint64_t *rows; uint64_t n; uint64_t stride; uint32_t default_action;
-    const uint64_t *default_params; uint64_t *dc_packets; uint64_t *dc_bytes; uint64_t dc_touched;
-    uint64_t *groups; uint64_t ngroups; uint64_t *slots;
-}};
-struct xm_profile {{
-    uint64_t *members; uint64_t mstride; uint64_t *groups; uint64_t *items;
-}};
-typedef struct {{
-    struct xm_table tables[{ntables}];
-    struct xm_profile profiles[{nprofiles}];
-    uint64_t *counter_packets[{ncounters}];
-    uint64_t *counter_bytes[{ncounters}];
-    uint64_t counter_size[{ncounters}];
-    uint64_t *registers[{nregisters}];
-    uint64_t register_size[{nregisters}];
-    uint64_t (*rng)(uint64_t lo, uint64_t hi);
-    int abort_kind;
-    const char *abort_msg;
-}} xm_state;
-void xm_new_packet(xm_packet *p);
+{state}void xm_new_packet(xm_packet *p);
 int64_t xm_parse(xm_state *s, xm_packet *p, const uint8_t *buf, uint64_t n);
 int xm_verify_checksums(xm_state *s, xm_packet *p);
 int xm_update_checksums(xm_state *s, xm_packet *p);
