@@ -268,14 +268,14 @@ def _gen_control_flow(g: Codegen, prog: Program, action_names: dict[int, str]) -
 def _action_calls(
     prog: Program, action_names: dict[int, str]
 ) -> dict[str, tuple[str, tuple[int, ...], str | None]]:
-    """Action-call tables (see _is_action_call): name -> (action function, params, next node).
+    """Action-call tables (see is_action_call): name -> (action function, params, next node).
 
     A run of them whose members have a single predecessor is fused into one function, saving a
     call per node."""
     calls: dict[str, tuple[str, tuple[int, ...], str | None]] = {}
     for pl in prog.pipelines:
         for t in pl["tables"]:
-            if _is_action_call(t):
+            if is_action_call(t):
                 de = t["default_entry"]
                 nxt = t.get("next_tables", {})
                 if "__HIT__" in nxt or "__MISS__" in nxt:
@@ -333,7 +333,7 @@ def _gen_new_packet(g: Codegen, prog: Program) -> None:
     g.src.add(f"return Packet([[0] * n for n in _NF], list(_V0), [0] * {len(prog.stacks)})", 1)
 
 
-def _is_action_call(t: Json) -> bool:
+def is_action_call(t: Json) -> bool:
     """A keyless table with a const default action, no entries and no direct resources."""
     de = t.get("default_entry") or {}
     return (
@@ -399,15 +399,30 @@ def _build_table(
         table.next_by_action = by_action
         table.next_default = fn_of(t.get("base_default_next"))
 
+    load_const_state(table, t, kinds, widths, actions.get)
+    return table
+
+
+def load_const_state(
+    table: MatchTable,
+    t: Json,
+    kinds: list[str],
+    widths: list[int],
+    action_fn: Callable[[int], Any],
+) -> None:
+    """The table's default action and const entries from the JSON, on either pipeline
+    (`action_fn`: an action id's function, None when the program has no such action)."""
+
+    def call_of(aid: int, data: list[Any]) -> ActionCall:
+        fn = action_fn(aid)
+        if fn is None:
+            raise LoadError(f"table {t['name']!r}: action id {aid} unknown")
+        return ActionCall(aid, fn, tuple(hexint(x) for x in data))
+
     de = t.get("default_entry")
     if de is not None:
-        aid = de["action_id"]
-        if aid not in actions:
-            raise LoadError(f"table {t['name']!r}: default action id {aid} unknown")
-        params = tuple(hexint(x) for x in de.get("action_data", []))
-        table.default = ActionCall(aid, actions[aid], params)
+        table.default = call_of(de["action_id"], de.get("action_data", []))
         table.default_const = bool(de.get("action_const"))
-
     for ej in t.get("entries", []):
         spec: list[Any] = []
         for kind, mk in zip(kinds, ej["match_key"], strict=True):
@@ -430,16 +445,11 @@ def _build_table(
                 v = spec.pop()
                 spec.append((v, (1 << widths[len(spec)]) - 1))
         ae = ej["action_entry"]
-        call = ActionCall(
-            ae["action_id"],
-            actions[ae["action_id"]],
-            tuple(hexint(x) for x in ae.get("action_data", [])),
-        )
+        call = call_of(ae["action_id"], ae.get("action_data", []))
         # bmv2: a smaller JSON priority wins; P4Runtime (and this table): a larger one.
         table.add(Entry(tuple(spec), -int(ej.get("priority", 0)), call=call), const=True)
     if t.get("entries"):
         table.immutable = True
-    return table
 
 
 def _vset_bitwidths(prog: Program) -> dict[str, list[int]]:

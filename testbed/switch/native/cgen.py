@@ -32,6 +32,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from testbed.switch.compiler import is_action_call
 from testbed.switch.program import HeaderType, Json, Program, hexint
 
 # Part of the cache key of every build: bump it when the generated C changes meaning.
@@ -1609,7 +1610,7 @@ class CGen:
         nxt = t.get("next_tables", {})
         hit_miss = "__HIT__" in nxt or "__MISS__" in nxt
         de = t.get("default_entry") or {}
-        if _is_action_call(t):
+        if is_action_call(t):
             # p4c's keyless table with a const default action: it always misses
             aid = de["action_id"]
             params = [hexint(x) for x in de.get("action_data", [])]
@@ -1805,19 +1806,6 @@ class CGen:
             regs=regs,
             state=state,
         )
-
-
-def _is_action_call(t: Json) -> bool:
-    """The reference's test (testbed/switch/compiler.py) for a keyless const-default table."""
-    de = t.get("default_entry") or {}
-    return (
-        not t["key"]
-        and t.get("type", "simple") == "simple"
-        and bool(de.get("action_const"))
-        and not t.get("entries")
-        and not t.get("with_counters")
-        and not t.get("direct_meters")
-    )
 
 
 def generate(prog: Program) -> Generated:

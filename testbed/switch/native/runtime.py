@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from testbed.switch.codegen import Compiled
+from testbed.switch.compiler import load_const_state
 from testbed.switch.externs import CounterArray, MeterArray, RegisterArray, ValueSet
 from testbed.switch.native.build import build, load
 from testbed.switch.native.cgen import (
@@ -37,7 +38,7 @@ from testbed.switch.native.cgen import (
     generate,
 )
 from testbed.switch.packet import Packet, PipelineAbort
-from testbed.switch.program import Json, LoadError, Program, hexint
+from testbed.switch.program import Json, LoadError, Program
 from testbed.switch.tables import ActionCall, ActionProfile, Entry, Group, MatchTable, TableError
 
 
@@ -653,40 +654,11 @@ def _table(rt: NativeRuntime, prog: Program, t: Json, info: TableInfo) -> Native
         None,
         None,
     )
-    de = t.get("default_entry")
-    if de is not None:
-        aid = de["action_id"]
-        if aid not in prog.actions:
-            raise LoadError(f"table {t['name']!r}: default action id {aid} unknown")
-        params = tuple(hexint(x) for x in de.get("action_data", []))
-        table.default = ActionCall(aid, rt.action_fn(aid), params)
-        table.default_const = bool(de.get("action_const"))
-    for ej in t.get("entries", []):
-        spec: list[Any] = []
-        for kind, mk in zip(info.kinds, ej["match_key"], strict=True):
-            mt = mk["match_type"]
-            if mt in ("exact", "valid"):
-                spec.append(
-                    int(bool(mk["key"]))
-                    if mt == "valid" and isinstance(mk["key"], bool)
-                    else hexint(mk["key"])
-                )
-            elif mt == "lpm":
-                spec.append((hexint(mk["key"]), int(mk["prefix_length"])))
-            elif mt in ("ternary", "optional"):
-                spec.append((hexint(mk["key"]) & hexint(mk["mask"]), hexint(mk["mask"])))
-            else:
-                raise LoadError(f"table {t['name']!r}: bad const entry match type {mt!r}")
-            if kind == "optional" and mt == "exact":
-                v = spec.pop()
-                spec.append((v, (1 << info.widths[len(spec)]) - 1))
-        ae = ej["action_entry"]
-        call = ActionCall(
-            ae["action_id"],
-            rt.action_fn(ae["action_id"]),
-            tuple(hexint(x) for x in ae.get("action_data", [])),
-        )
-        table.add(Entry(tuple(spec), -int(ej.get("priority", 0)), call=call), const=True)
-    if t.get("entries"):
-        table.immutable = True
+    load_const_state(
+        table,
+        t,
+        info.kinds,
+        info.widths,
+        lambda aid: rt.action_fn(aid) if aid in prog.actions else None,
+    )
     return table
