@@ -70,10 +70,14 @@ class SwitchModel:
         """A port's share of the shared buffer (0: static queues)."""
         return self.buffer_bytes // self.ports if self.shared else 0
 
-    def switch_buffer_bytes(self, ports: int) -> int:
-        """The buffer of a switch of the fabric with `ports` ports: its share of the part's
-        shared buffer, or each queue's static depth for each port."""
-        return (self.buffer_per_port() if self.shared else self.queue_bytes) * ports
+    def pfc_buffer(self, ports: int) -> tuple[int, float]:
+        """What PFC's thresholds divide among a switch's `ports` ports and its dynamic alpha
+        (testbed/switch/pfc.py `pfc_thresholds`): its share of the part's shared buffer with
+        `pfc_alpha`, or (static) one egress queue's depth, which no queue then exceeds, with
+        a static XOFF (0)."""
+        if self.shared:
+            return self.buffer_per_port() * ports, self.pfc_alpha
+        return self.queue_bytes, 0.0
 
 
 DEFAULT_MODEL = SwitchModel()

@@ -43,7 +43,7 @@ def test_queues_share_what_is_free_and_get_it_back_as_others_drain() -> None:
     assert fill(t, 1, 100) == 15
     # a second queue admits its (k+1)-th frame while k + 1 <= 30 - 15 - k: 8 frames
     assert fill(t, 2, 100) == 8
-    assert t.max_buffered_bytes == 23 * FRAME
+    assert t.buffered_bytes == 23 * FRAME
     clock = t.clock
     while t.buffered_bytes:
         nxt = t.next_departure_ns()
@@ -109,8 +109,8 @@ def test_the_model_gives_a_switch_its_ports_share_of_the_part() -> None:
     assert BUFFERS == ("shared", "static") and DEFAULT_MODEL.buffer in BUFFERS
     shared = model_with_buffer("shared")
     assert shared.buffer_per_port() == 1_000_000  # 128 MB over 128 ports
-    assert shared.switch_buffer_bytes(6) == 6_000_000
-    assert model_with_buffer("static").switch_buffer_bytes(6) == 6 * 500_000
+    assert shared.pfc_buffer(6) == (6_000_000, 0.125)  # PFC's share of the pool: HPCC's 1/8
+    assert model_with_buffer("static").pfc_buffer(6) == (500_000, 0.0)  # one queue's depth
     assert "buffer shared, 1000 KB per port" in Scaling(model=shared).describe()
     with pytest.raises(ValueError, match="buffer"):
         model_with_buffer("deep")

@@ -639,16 +639,16 @@ class Testbed:
         s = self.scaling
         frame = s.wire_frame_bytes  # the largest the hosts send (the links allow jumbo frames)
         queued_s = EMU_PFC_QUEUED_FRAMES * frame * 8 / s.link_bps
-        m = s.model
         ports = len(self.spec.switch_ports(switch))
+        buffer, alpha = s.model.pfc_buffer(ports)
         return pfc_thresholds(
             s.link_bps,
             0,
             frame,
-            m.switch_buffer_bytes(ports) if m.shared else m.queue_bytes,
+            buffer,
             ports,
             response_ns=round((queued_s + EMU_PFC_REACTION_S) * 1e9),
-            alpha=m.pfc_alpha if m.shared else 0.0,
+            alpha=alpha,
         )
 
     def set_pfc(self, on: bool, watchdog: bool = True) -> None:

@@ -420,15 +420,15 @@ class SimFabric:
         queue's depth, which no queue can then exceed) shared by its ports, headroom for the
         links' rate and delay."""
         s = self.scaling
-        m = s.model
         ports = [End(switch, p) for p in self.spec.switch_ports(switch)]
+        buffer, alpha = s.model.pfc_buffer(len(ports))
         return pfc_thresholds(  # headroom for its fastest, longest link
             max((self.link_bps(e) for e in ports), default=s.link_bps),
             max((self.link_delay_ns(e) for e in ports), default=self.delay_ns),
             s.link_mtu + 14,
-            m.switch_buffer_bytes(len(ports)) if m.shared else self.cfg.model.queue_depth_bytes,
+            buffer,
             len(ports),
-            alpha=m.pfc_alpha if m.shared else 0.0,
+            alpha=alpha,
         )
 
     def watchdog_config(self, action: str = "drop") -> WatchdogConfig:

@@ -314,7 +314,6 @@ class TrafficManager:
         # the shared buffer (None: each queue's static depth) and what every queue holds
         self.buffer: SharedBuffer | None = None
         self.buffered_bytes = 0
-        self.max_buffered_bytes = 0
         # PFC's dynamic threshold: the ingress bytes above each (port, priority)'s reserve
         self._pfc_shared_used = 0
 
@@ -481,8 +480,6 @@ class TrafficManager:
             self._count_in(ingress_port, prio, nbytes, now_ns)
         pq.qbytes[prio] = b + nbytes
         self.buffered_bytes += nbytes
-        if self.buffered_bytes > self.max_buffered_bytes:
-            self.max_buffered_bytes = self.buffered_bytes
         pq.enqueued += 1
         if n >= pq.max_depth_pkts:
             pq.max_depth_pkts = n + 1
