@@ -41,7 +41,7 @@ class SwitchModel:
     # 1/8. "static": each egress queue holds at most `queue_bytes` (v1model's 19-bit
     # queue-depth fields, which the built-in switch fills in bytes, read at most 512 KiB: the
     # static queue stays below that; a shared buffer's deeper queue reads as 512 KiB).
-    buffer: str = "static"
+    buffer: str = "shared"
     buffer_bytes: int = 128_000_000
     buffer_alpha: float = 1.0
     pfc_alpha: float = 0.125

@@ -217,14 +217,17 @@ def test_reports_flow_to_the_collector_in_a_twin_run() -> None:
 def test_switches_report_their_tail_drops_to_the_collector() -> None:
     from controller.wire.telemetry_report import DROP_REASON_TM_QUEUE_FULL
     from testbed.experiment.suite import report_settings, transport_settings
-    from testbed.model import Scaling
+    from testbed.model import Scaling, model_with_buffer
     from testbed.sim.fabric import SimFabric
     from testbed.switch.drop_reports import HW_ID_TM
     from testbed.topo import leafspine
     from testbed.traffic.generators import Flow
 
     spec = leafspine(2, 2, 2)
-    s = Scaling(scale=20_000, max_hops=spec.longest_path_switches())
+    # the static buffer (500 KB per queue), which this incast overflows: the shared default
+    # absorbs it
+    static = model_with_buffer("static")
+    s = Scaling(model=static, scale=20_000, max_hops=spec.longest_path_switches())
     fab = SimFabric(spec, s)
     hosts = fab.traffic_hosts()
     # an incast with no rate law and 64 packets in flight per flow: h1's downlink overflows

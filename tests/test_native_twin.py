@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from testbed.experiment.suite import RunRecord, SuiteConfig
-from testbed.model import Scaling
+from testbed.model import Scaling, model_with_buffer
 from testbed.sim.fabric import SimFabric
 from testbed.sim.suite import SimSuite
 from testbed.topo import leafspine
@@ -43,9 +43,11 @@ def record(r: RunRecord) -> Any:
 
 
 def run(pipeline: str) -> tuple[dict[tuple[str, str], Any], str]:
-    fab = SimFabric(
-        SPEC, Scaling(scale=1.0, max_hops=SPEC.longest_path_switches()), seed=5, pipeline=pipeline
+    # the static buffer: its drops and pauses are paths the pipelines must agree on too
+    scaling = Scaling(
+        model=model_with_buffer("static"), scale=1.0, max_hops=SPEC.longest_path_switches()
     )
+    fab = SimFabric(SPEC, scaling, seed=5, pipeline=pipeline)
     in_use = next(iter(fab.switches.values())).sw.pipeline_in_use
     return {(r.scheme, r.scenario): record(r) for r in SimSuite(fab, CFG).run()}, in_use
 
