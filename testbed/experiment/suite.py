@@ -98,6 +98,7 @@ SERIES_POINTS = 2000  # per series kept in the results file
 # a victim flow "stalls" when no packet of it arrives for this many full-frame times at the
 # link rate (at its fair share behind the incast's flows it gets one every few)
 STALL_FRAMES = 16
+ALLTOALL_CHUNK = 64 << 10  # the alltoall scenario's messages (the collective library's chunk)
 
 
 @dataclass(frozen=True)
@@ -769,7 +770,7 @@ class Suite:
             return {
                 "workload": "alltoall",
                 "summary": coll.collective(
-                    fab, collective="alltoall", size=cfg.alltoall_bytes, chunk=64 << 10
+                    fab, collective="alltoall", size=cfg.alltoall_bytes, chunk=ALLTOALL_CHUNK
                 ),
             }
         n = len(self.hosts)
