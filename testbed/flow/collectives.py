@@ -13,11 +13,14 @@ step.
   the start (its depth of messages in flight per queue pair does not bind: one queue pair
   per peer and channel).
 
-Latency (alpha-beta): a step takes its flows' max-min time (beta) plus the latency of its
-longest path, `link_latency` per link (alpha: propagation and a frame's store-and-forward
-per link, `testbed.model.link_latency_s` of the base RTT), since a rank sends the next step
-when the last byte of this one has arrived. The ring pays it 2(n-1) times, the all-to-all
-once.
+Latency (alpha-beta): a flow's last byte arrives its path's latency after the max-min
+model has it sent, `link_latency` per link (alpha: propagation and a frame's
+store-and-forward per link, `testbed.model.link_latency_s` of the base RTT). The library
+runs the plan as dataflow, with no barrier between steps: a rank forwards a segment as soon
+as it has arrived. So a ring's segment pays the latency of the hops it travels, and the
+collective ends with the slowest chain of 2(n-1) consecutive hops (`ring_latency`), not
+2(n-1) times the longest hop. The all-to-all, one step, ends with its last flow's finish
+plus its own path's latency.
 
 Symmetry, where the routing allows it (`symmetric=True`):
 - the ring's steps move the same flows between the same queue pairs (so on the same paths),
@@ -81,9 +84,16 @@ def path_links(r: Routes) -> np.ndarray:
     return np.add.reduceat(r.coeff, r.indptr[:-1]) if r.n_flows else np.zeros(0)
 
 
-def step_latency(r: Routes, link_latency: float) -> float:
-    """A step's latency: its longest path, `link_latency` per link."""
-    return float(path_links(r).max(initial=0.0)) * link_latency
+def ring_latency(links: np.ndarray, steps: int, link_latency: float) -> float:
+    """`links`: (rings, n), the links of each ring's hop from position p to p + 1. A segment
+    that starts at position p crosses the hops p .. p + steps - 1 (around the ring): the
+    slowest such chain of any ring, `link_latency` per link."""
+    links = np.atleast_2d(links).astype(float)
+    n = links.shape[1]
+    reps = -(-steps // n) + 1  # enough turns for a chain starting at any position
+    cs = np.concatenate([np.zeros((len(links), 1)), np.cumsum(np.tile(links, reps), 1)], 1)
+    chains = cs[:, steps : steps + n] - cs[:, :n]
+    return float(chains.max(initial=0.0)) * link_latency
 
 
 def _bottleneck(fab: Fabric, r: Routes, size: np.ndarray, t: float) -> tuple[str, float]:
@@ -138,7 +148,7 @@ def ring_allreduce(
         t_one, allocs = _step(fab, r, size)
         total, computed = t_one * steps, r.n_flows
     name, util = _bottleneck(fab, r, np.full(r.n_flows, seg), t_one)
-    latency = steps * step_latency(r_all, link_latency)
+    latency = ring_latency(path_links(r_all).reshape(len(rings), n), steps, link_latency)
     total += latency
     per_rank = bytes_per_rank if rank_bytes is None else rank_bytes
     return CollResult(
@@ -217,10 +227,11 @@ def alltoall(
     chan = np.concatenate([c for _ in todo])
     r = route(fab, src, dst, entropy_ports(src, dst, chan, seed), spray)
     size = np.tile(nbytes, len(todo))
-    t, allocs = _step(fab, r, size)
-    name, util = _bottleneck(fab, r, size, t)
-    latency = step_latency(r, link_latency)
-    t += latency
+    end, allocs = maxmin.complete(r, fab.link_cap, size)
+    t_bw = float(end.max())
+    name, util = _bottleneck(fab, r, size, t_bw)
+    t = float((end + path_links(r) * link_latency).max())
+    latency = t - t_bw
     return CollResult(
         "alltoall",
         n,
