@@ -847,7 +847,7 @@ class Suite:
                 completion,
                 self._port_busy_span(bottleneck),
             )
-        counters = res.get("counters", {})
+        counters = workload_counters(res)
         sd = np.asarray(slowdowns) if slowdowns else None
         rec = RunRecord(
             scheme=scheme,
@@ -969,6 +969,14 @@ class Suite:
         # apart, as flows - completed)
         intact = res.get("corrupt", 0) == 0
         return (float(end), len(sent), len(done), slow, None, intact)
+
+
+def workload_counters(res: dict[str, Any]) -> dict[str, Any]:
+    """The transport's counters of a workload's result: beside it (flows, the all-reduce) or,
+    for the collective library's runs, in its summary (testbed.collective.run.collective)."""
+    if "counters" in res:
+        return dict(res["counters"])
+    return dict(res.get("summary", {}).get("counters", {}))
 
 
 def fmt_time(s: float) -> str:
