@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import shutil
 from dataclasses import dataclass
 
@@ -20,8 +21,13 @@ import grpc
 
 from controller.config import Config, SwitchConfig
 from controller.topology import Topology
+from controller.wire.pfc import MIN_FRAME
 
 log = logging.getLogger("xingmai.controller.queues")
+
+# SwitchAdmin's limit on a queue's depth in packets (switch.proto's SetQueueRequest; the
+# built-in switch's traffic manager checks it, tests/test_controller_queues.py that they agree)
+MAX_DEPTH_PACKETS = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -33,11 +39,18 @@ class QueueSetting:
 
 
 def queue_settings(cfg: Config, topo: Topology, sw: SwitchConfig) -> list[QueueSetting]:
+    """Each port's rate and depth. bmv2 counts packets only: its depth is the model's
+    `queue_depth_packets` (the byte depth in full frames). The built-in switch counts bytes:
+    its packet limit is the byte depth in the smallest frames, so that it never binds before
+    the bytes do (a full-frame count would drop a queue of data interleaved with ACKs, CNPs
+    and reports far below its byte depth, and under PFC, whose thresholds are sized in bytes
+    against that depth, a lossless scheme would drop)."""
     m = cfg.model
+    packets = m.queue_depth_packets
+    if sw.kind != "bmv2":
+        packets = max(packets, min(MAX_DEPTH_PACKETS, math.ceil(m.queue_depth_bytes / MIN_FRAME)))
     return [
-        QueueSetting(
-            p.port, topo.port_speed_bps(sw.name, p.port), m.queue_depth_bytes, m.queue_depth_packets
-        )
+        QueueSetting(p.port, topo.port_speed_bps(sw.name, p.port), m.queue_depth_bytes, packets)
         for p in sw.ports
     ]
 

@@ -126,7 +126,8 @@ def controller_config(
             "port_speed_gbps": m.port_speed_gbps,
             "scale": scaling.scale,
             "queue_depth_bytes": m.queue_bytes,
-            # the byte limit binds on the built-in switch; bmv2 counts packets only
+            # bmv2's depth (it counts packets only); the built-in switch's packet limit is
+            # the byte depth in the smallest frames, the bytes bind (controller/queues.py)
             "queue_depth_packets": scaling.queue_packets(),
             "shared_buffer_bytes_per_port": m.buffer_per_port(),
             "buffer_alpha": m.buffer_alpha,

@@ -25,6 +25,10 @@ INT_HEADER_BYTES = 4 + 12  # shim + MD header the NIC inserts
 BUFFERS = ("shared", "static")
 
 
+# Switches on the path the model's base RTT is for: a leaf-spine's longest (leaf, spine, leaf)
+BASE_RTT_PATH_SWITCHES = 3
+
+
 @dataclass(frozen=True)
 class SwitchModel:
     """What one switch of the modelled fabric is (model units, before scaling)."""
@@ -46,7 +50,8 @@ class SwitchModel:
     buffer_alpha: float = 1.0
     pfc_alpha: float = 0.125
     queue_bytes: int = 500_000
-    # Base RTT of a leaf-spine of such switches (host - leaf - spine - leaf - host and back)
+    # Base RTT of a leaf-spine of such switches (host - leaf - spine - leaf - host and back:
+    # BASE_RTT_PATH_SWITCHES switches)
     base_rtt_us: float = 1.0
 
     def __post_init__(self) -> None:
@@ -83,6 +88,16 @@ class SwitchModel:
 DEFAULT_MODEL = SwitchModel()
 
 
+def link_latency_s(base_rtt_s: float, path_switches: int = BASE_RTT_PATH_SWITCHES) -> float:
+    """One link's share of a base RTT measured over a path of `path_switches` switches
+    (path_switches + 1 links each way): its propagation and a frame's serialization, which a
+    message's last byte takes per link on top of its time at the bottleneck's rate (the flow
+    engine's per-step latency)."""
+    if base_rtt_s < 0 or path_switches < 0:
+        raise ValueError("a base RTT >= 0 over a path of >= 0 switches")
+    return base_rtt_s / (2 * (path_switches + 1))
+
+
 def model_with_buffer(buffer: str) -> SwitchModel:
     """The default switch model with its buffer shared or static (`--buffer`)."""
     return replace(DEFAULT_MODEL, buffer=buffer)
@@ -100,7 +115,7 @@ class Scaling:
     transport_mtu: int = 4096  # payload bytes per packet (RoCE's 4096 MTU)
     link_mtu: int = 9000  # IP MTU of every emulated link (jumbo frames carry 4096 + INT)
     int_hop_bytes: int = 28  # per-hop INT record of the default bitmap 0xF500
-    max_hops: int = 3  # switches on the longest path (leaf-spine: 3)
+    max_hops: int = BASE_RTT_PATH_SWITCHES  # switches on the longest path (leaf-spine: 3)
 
     def __post_init__(self) -> None:
         if self.scale < 1:

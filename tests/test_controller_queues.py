@@ -4,6 +4,7 @@ process), and as simple_switch_CLI commands for bmv2 (a stand-in CLI records the
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import stat
 from pathlib import Path
 
@@ -11,11 +12,18 @@ import pytest
 
 from controller.config import load
 from controller.proto import switch_pb2_grpc
-from controller.queues import QueueError, apply_queues, bmv2_commands, queue_settings
+from controller.queues import (
+    MAX_DEPTH_PACKETS,
+    QueueError,
+    apply_queues,
+    bmv2_commands,
+    queue_settings,
+)
 from controller.topology import Topology
 from testbed.switch.admin import SwitchAdminService
 from testbed.switch.p4runtime import P4RuntimeService, serve
 from testbed.switch.rig import free_tcp_port
+from testbed.switch.traffic_manager import MAX_DEPTH_PACKETS as TM_MAX_DEPTH_PACKETS
 from testbed.switch.traffic_manager import Clock
 from testbed.switch.v1model import V1Switch
 
@@ -25,7 +33,8 @@ EXAMPLE = Path(__file__).parents[1] / "controller" / "examples" / "leafspine-2x2
 def test_settings_follow_the_scaled_model() -> None:
     cfg = load(EXAMPLE)
     topo = Topology(cfg)
-    s = queue_settings(cfg, topo, cfg.switch("spine1"))
+    bmv2 = dataclasses.replace(cfg.switch("spine1"), kind="bmv2")
+    s = queue_settings(cfg, topo, bmv2)
     assert [(q.port, q.rate_bps, q.depth_bytes, q.depth_packets) for q in s] == [
         (1, 100e6, 150_000, 128),
         (2, 100e6, 150_000, 128),
@@ -36,9 +45,21 @@ def test_settings_follow_the_scaled_model() -> None:
     )
 
 
-def test_builtin_switch_gets_rates_and_depths_over_switch_admin() -> None:
-    import dataclasses
+def test_builtin_switch_packet_limit_never_binds_before_its_bytes() -> None:
+    """The built-in switch counts bytes: its packet limit is the byte depth in 60-byte
+    frames (150,000 / 60 = 2,500), so a queue of small frames is not full before its bytes
+    are; bmv2's stays the model's full-frame count (above)."""
+    cfg = load(EXAMPLE)
+    s = queue_settings(cfg, Topology(cfg), cfg.switch("spine1"))
+    assert cfg.switch("spine1").kind == "builtin"
+    assert [q.depth_packets for q in s] == [2_500, 2_500]
+    huge = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, queue_depth_bytes=1 << 30))
+    deep = queue_settings(huge, Topology(huge), huge.switch("spine1"))
+    assert {q.depth_packets for q in deep} == {MAX_DEPTH_PACKETS}
+    assert MAX_DEPTH_PACKETS == TM_MAX_DEPTH_PACKETS  # the switch accepts what it is given
 
+
+def test_builtin_switch_gets_rates_and_depths_over_switch_admin() -> None:
     cfg = load(EXAMPLE)
     sw = V1Switch(Clock(virtual=True), device_id=1, cpu_port=255)
     addr = f"127.0.0.1:{free_tcp_port()}"
@@ -49,7 +70,7 @@ def test_builtin_switch_gets_rates_and_depths_over_switch_admin() -> None:
         asyncio.run(apply_queues(cfg, Topology(cfg), spine))
         for port in (1, 2):
             pq = sw.tm.ports[port]
-            assert (pq.rate_bps, pq.depth_bytes, pq.depth_pkts) == (100e6, 150_000, 128)
+            assert (pq.rate_bps, pq.depth_bytes, pq.depth_pkts) == (100e6, 150_000, 2_500)
     finally:
         server.stop(0)
     with pytest.raises(QueueError, match="SwitchAdmin.SetQueue port 1: UNAVAILABLE"):

@@ -8,15 +8,21 @@ from typing import Any
 import numpy as np
 import pytest
 
+from testbed.flow import collectives
 from testbed.flow.collectives import (
     alltoall,
     ep_groups,
+    model_link_latency,
+    plan_flows,
     rail_rings,
     ring_allreduce,
+    ring_latency,
     suite_collective,
 )
 from testbed.flow.fabric import ClosParams, build_clos, from_spec
+from testbed.model import link_latency_s
 from testbed.topo import leafspine, rail
+from testbed.traffic.collective_plans import Op, Transfer
 
 SMALL: dict[str, Any] = {"radix": 8, "switch_tbps": 3.2}
 
@@ -86,3 +92,73 @@ def test_suite_allreduce_on_rails_uses_every_channel() -> None:
     assert r.time_s == pytest.approx(6 * (1 << 20) / 2 / 4 * 8 / 400e9)
     assert r.busbw_bps == pytest.approx(800e9)
     assert np.isfinite(r.bottleneck_util)
+
+
+def test_link_latency_is_the_base_rtt_over_the_links_there_and_back() -> None:
+    # 1 us over a leaf-spine's longest path (3 switches: 4 links each way): 125 ns a link
+    assert link_latency_s(1e-6) == pytest.approx(125e-9)
+    assert link_latency_s(1e-6, 5) == pytest.approx(1e-6 / 12)
+    assert model_link_latency() == pytest.approx(125e-9)  # the model's 1 us at its speed
+    with pytest.raises(ValueError):
+        link_latency_s(-1.0)
+
+
+def test_ring_latency_is_the_slowest_chain_of_hops() -> None:
+    # a ring of 4 whose hops cross 2, 2, 4, 2 links; 6 steps: a chain starting at p crosses
+    # hops p..p+5 around the ring: p=0: 2+2+4+2+2+2 = 14, p=1: 2+4+2+2+2+4 = 16, p=2: 16,
+    # p=3: 2+2+2+4+2+2 = 14 -> 16 links
+    assert ring_latency(np.array([[2, 2, 4, 2]]), 6, 1.0) == 16
+    # two rings in lockstep: the slower one's chain
+    assert ring_latency(np.array([[2, 2, 4, 2], [4, 4, 4, 4]]), 6, 0.5) == 12
+    assert ring_latency(np.array([[1, 2]]), 2, 1.0) == 3
+
+
+def test_ring_pays_its_hops_latency_along_the_chain() -> None:
+    # 8 servers, 4 per leaf: rail ring 0..7 crosses leaves at 3 -> 4 and 7 -> 0 (NIC - leaf -
+    # spine - leaf - NIC, 4 links), the other hops 2 links; 14 steps: the slowest chain of
+    # 14 consecutive hops crosses both boundaries twice: 10 x 2 + 4 x 4 = 36 links
+    fab = build_clos(ClosParams(64, **SMALL))
+    lat = 100e-9
+    r = ring_allreduce(fab, rail_rings(fab), 1 << 20, link_latency=lat)
+    assert r.latency_s == pytest.approx(36 * lat)
+    assert r.time_s == pytest.approx(14 * (1 << 20) / 8 * 8 / 400e9 + 36 * lat)
+    full = ring_allreduce(fab, rail_rings(fab), 1 << 20, symmetric=False, link_latency=lat)
+    assert full.time_s == pytest.approx(r.time_s, rel=1e-12)
+    assert r.busbw_bps < 400e9
+
+
+def test_alltoall_pays_its_last_flows_path_once() -> None:
+    # 2:1 leaf-spine: the last flows to finish cross the spine (host - leaf - spine - leaf -
+    # host, 4 links); on one leaf every flow has 2 links and all finish together
+    fab = from_spec(leafspine(2, 2, 4))
+    bare = suite_collective(fab, "alltoall", 1 << 20)
+    lat = 100e-9
+    r = suite_collective(fab, "alltoall", 1 << 20, link_latency=lat)
+    assert r.latency_s == pytest.approx(4 * lat)
+    assert r.time_s == pytest.approx(bare.time_s + 4 * lat)
+    one = alltoall(from_spec(leafspine(1, 1, 4)), [np.arange(4)[None, :]], 48, link_latency=lat)
+    # 48 B = 12 floats: blocks of 3 floats, 12 B; 3 of them out of each NIC, 2 links
+    assert one.time_s == pytest.approx(3 * 12 * 8 / 400e9 + 2 * lat)
+
+
+def test_alltoall_flows_are_the_library_plan_summed_per_pair_and_channel() -> None:
+    # 4 ranks, 64 B = 16 floats: blocks of 4 floats, 16 B to each peer; 2 channels, 8 B
+    # messages: each block in 2 pieces of 8 B, one per channel
+    src, dst, chan, nbytes = plan_flows(4, 64, 2, 8)
+    assert len(src) == 4 * 3 * 2 and set(nbytes) == {8.0}
+    assert not np.any(src == dst) and set(chan) == {0, 1}
+    # 72 B = 18 floats: blocks of 18 // 4 = 4 floats; the 2 left over stay (the plan's)
+    src, dst, chan, nbytes = plan_flows(4, 72, 1, 1 << 20)
+    assert len(src) == 12 and set(nbytes) == {16.0}
+    r = alltoall(from_spec(leafspine(1, 1, 4)), [np.arange(4)[None, :]], 72)
+    assert r.time_s == pytest.approx(3 * 16 * 8 / 400e9)  # 3 blocks of 16 B out of each NIC
+
+
+def test_a_plan_with_dependencies_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    staged = [
+        Transfer(0, 0, 1, 0, 4, Op.COPY, (), 0, 0),
+        Transfer(1, 1, 0, 0, 4, Op.COPY, (0,), 0, 0),
+    ]
+    monkeypatch.setattr(collectives, "build", lambda spec: staged)
+    with pytest.raises(ValueError, match="not one step"):
+        plan_flows(2, 32, 1, 16)

@@ -98,6 +98,7 @@ SERIES_POINTS = 2000  # per series kept in the results file
 # a victim flow "stalls" when no packet of it arrives for this many full-frame times at the
 # link rate (at its fair share behind the incast's flows it gets one every few)
 STALL_FRAMES = 16
+ALLTOALL_CHUNK = 64 << 10  # the alltoall scenario's messages (the collective library's chunk)
 
 
 @dataclass(frozen=True)
@@ -769,7 +770,7 @@ class Suite:
             return {
                 "workload": "alltoall",
                 "summary": coll.collective(
-                    fab, collective="alltoall", size=cfg.alltoall_bytes, chunk=64 << 10
+                    fab, collective="alltoall", size=cfg.alltoall_bytes, chunk=ALLTOALL_CHUNK
                 ),
             }
         n = len(self.hosts)
@@ -846,7 +847,7 @@ class Suite:
                 completion,
                 self._port_busy_span(bottleneck),
             )
-        counters = res.get("counters", {})
+        counters = workload_counters(res)
         sd = np.asarray(slowdowns) if slowdowns else None
         rec = RunRecord(
             scheme=scheme,
@@ -968,6 +969,14 @@ class Suite:
         # apart, as flows - completed)
         intact = res.get("corrupt", 0) == 0
         return (float(end), len(sent), len(done), slow, None, intact)
+
+
+def workload_counters(res: dict[str, Any]) -> dict[str, Any]:
+    """The transport's counters of a workload's result: beside it (flows, the all-reduce) or,
+    for the collective library's runs, in its summary (testbed.collective.run.collective)."""
+    if "counters" in res:
+        return dict(res["counters"])
+    return dict(res.get("summary", {}).get("counters", {}))
 
 
 def fmt_time(s: float) -> str:

@@ -1,10 +1,12 @@
 """Per-scheme efficiencies of the flow engine, fitted on the packet-level twin.
 
 A flow-level model cannot derive what congestion control does (it has no queues, packets or
-rate laws): it gives the ideal max-min time of a collective. The twin runs the project's
-own switch pipeline, NICs and transport; the ratio of the two, per (scheme, collective), is
-what `calibration.yaml` beside this module stores, with what it was fitted on (the twin's
-commit, the fabric, the sizes, both times), and a held-out check on a larger fabric.
+rate laws): it gives the ideal time of a collective (max-min rates, plus each step's latency
+from the model's base RTT, which the twin's fabric is built to have and measures). The twin
+runs the project's own switch pipeline, NICs and transport; the ratio of the two, per
+(scheme, collective), is what `calibration.yaml` beside this module stores, with what it was
+fitted on (the twin's commit, the fabric, the sizes, both times), and a held-out check on a
+larger fabric.
 
 `xingmai-testbed calibrate-flow --scheme S` fits it: it runs the twin as a separate
 process (`xingmai-testbed run --engine sim --scale 1 --quick`, the suite's allreduce and
@@ -24,7 +26,7 @@ import yaml
 
 from testbed.errors import UserError
 from testbed.experiment.report import load_results
-from testbed.flow.collectives import suite_collective
+from testbed.flow.collectives import model_link_latency, suite_collective
 from testbed.flow.fabric import from_spec
 from testbed.topo import parse_choice
 
@@ -114,13 +116,14 @@ def ideal_vs_twin(results: Path) -> dict[str, dict[str, Any]]:
         )
     spec = parse_choice(f"{_topology_arg(setup['topology'])}")
     fab = from_spec(spec)
+    lat = model_link_latency()  # as the flow engine runs (the twin's measured RTT recorded)
     out = {}
     for run in doc["runs"]:
         coll = run["scenario"]
         if coll not in COLLECTIVES or run.get("error"):
             continue
         size = setup["suite"][SIZE_KEY[coll]]
-        ideal = suite_collective(fab, coll, size)
+        ideal = suite_collective(fab, coll, size, lat)
         out[coll] = {
             "scheme": run["scheme"],
             "topology": setup["topology"],
@@ -128,6 +131,8 @@ def ideal_vs_twin(results: Path) -> dict[str, dict[str, Any]]:
             "bytes_per_rank": size,
             "twin_time_s": run["completion_s"],
             "ideal_time_s": ideal.time_s,
+            "ideal_latency_s": ideal.latency_s,
+            "twin_base_rtt_s": setup["base_rtt_s"],
             "twin_commit": doc["source"]["commit"],
             "twin_dirty": doc["source"]["dirty"],
             "twin_date": doc["date"],

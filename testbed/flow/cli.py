@@ -18,7 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from testbed.flow import calibration
-from testbed.flow.collectives import alltoall, ep_groups, rail_rings, ring_allreduce
+from testbed.flow.collectives import (
+    alltoall,
+    ep_groups,
+    model_link_latency,
+    rail_rings,
+    ring_allreduce,
+)
 from testbed.flow.fabric import ClosParams, build_clos, describe, to_spec
 from testbed.topo import dump
 
@@ -146,9 +152,12 @@ def cmd_iteration(args: argparse.Namespace) -> int:
     fab = build_clos(_params(args))
     t_fab = time.perf_counter() - t0
     sym = not args.full
-    ring = ring_allreduce(fab, rail_rings(fab), args.dp_bytes, symmetric=sym)
+    lat = model_link_latency()
+    ring = ring_allreduce(fab, rail_rings(fab), args.dp_bytes, symmetric=sym, link_latency=lat)
     t_ring = time.perf_counter() - t0 - t_fab
-    a2a = alltoall(fab, ep_groups(fab, args.ep_group), args.ep_bytes, symmetric=sym)
+    a2a = alltoall(
+        fab, ep_groups(fab, args.ep_group), args.ep_bytes, symmetric=sym, link_latency=lat
+    )
     t_a2a = time.perf_counter() - t0 - t_fab - t_ring
     eff = {"allreduce": 1.0, "alltoall": 1.0}
     if args.scheme:
@@ -159,6 +168,7 @@ def cmd_iteration(args: argparse.Namespace) -> int:
         "scheme": args.scheme or "ideal",
         "allreduce_s": ring.time_s / eff["allreduce"],
         "allreduce_busbw_gbps": ring.busbw_bps * eff["allreduce"] / 1e9,
+        "allreduce_latency_s": ring.latency_s,
         "allreduce_shortcut": ring.shortcut,
         "allreduce_flows_computed": ring.flows_computed,
         "ring_collisions": ring.collisions,
@@ -180,7 +190,8 @@ def cmd_iteration(args: argparse.Namespace) -> int:
     print(
         f"  DP ring all-reduce {args.dp_bytes / 2**20:g} MiB/GPU, one ring per rail of "
         f"{ring.ranks} ranks: {out['allreduce_s'] * 1e3:.2f} ms, busbw "
-        f"{out['allreduce_busbw_gbps']:.1f} Gb/s ({ring.shortcut}; {ring.flows_computed} "
+        f"{out['allreduce_busbw_gbps']:.1f} Gb/s (latency {ring.latency_s * 1e3:.2f} ms of "
+        f"it ideally; {ring.shortcut}; {ring.flows_computed} "
         f"flows computed; ECMP excess {ring.collisions.get('excess', 0)})"
     )
     print(

@@ -5,10 +5,22 @@ step.
   a segment of size/n bytes to the next; a step's flows all start together and the next step
   starts when the last of them is done (the plan's pieces pipelining through the steps is
   not modelled). Several rings (one per rail, or one per channel) advance in lockstep.
-- All-to-all: every rank sends size/n bytes to every other rank of its group, all at once
-  (the plan's pairwise transfers have no dependencies).
+  Segments are size/n bytes exactly (the plan's integer split differs by at most one
+  element).
+- All-to-all: the library's own plan (`collective_plans.build`), its transfers summed per
+  (source, destination, channel) into flows, all started at once: the plan's transfers have
+  no dependencies (`plan_flows` refuses a plan that has), and every rank posts them all at
+  the start (its depth of messages in flight per queue pair does not bind: one queue pair
+  per peer and channel).
 
-Segments are size/n bytes exactly (the plan's integer split differs by at most one element).
+Latency (alpha-beta): a flow's last byte arrives its path's latency after the max-min
+model has it sent, `link_latency` per link (alpha: propagation and a frame's
+store-and-forward per link, `testbed.model.link_latency_s` of the base RTT). The library
+runs the plan as dataflow, with no barrier between steps: a rank forwards a segment as soon
+as it has arrived. So a ring's segment pays the latency of the hops it travels, and the
+collective ends with the slowest chain of 2(n-1) consecutive hops (`ring_latency`), not
+2(n-1) times the longest hop. The all-to-all, one step, ends with its last flow's finish
+plus its own path's latency.
 
 Symmetry, where the routing allows it (`symmetric=True`):
 - the ring's steps move the same flows between the same queue pairs (so on the same paths),
@@ -27,10 +39,12 @@ from typing import Any
 
 import numpy as np
 
+from testbed.experiment.suite import ALLTOALL_CHUNK
 from testbed.flow import maxmin
 from testbed.flow.fabric import LEAF_UP, Fabric, leaf_of_gpu
 from testbed.flow.routing import Routes, collisions, entropy_ports, route
-from testbed.traffic.collective_plans import bus_factor
+from testbed.model import Scaling, link_latency_s
+from testbed.traffic.collective_plans import ELEM, PlanSpec, build, bus_factor
 
 
 @dataclass
@@ -47,6 +61,7 @@ class CollResult:
     collisions: dict[str, int] = field(default_factory=dict)
     bottleneck: str = ""  # the most loaded link of the computed flows
     bottleneck_util: float = 0.0  # its load over its capacity during the computed step
+    latency_s: float = 0.0  # of time_s, the steps' latency (alpha)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -55,6 +70,30 @@ class CollResult:
 def _step(fab: Fabric, r: Routes, size: np.ndarray) -> tuple[float, int]:
     end, allocs = maxmin.complete(r, fab.link_cap, size)
     return float(end.max()), allocs
+
+
+def model_link_latency() -> float:
+    """Seconds per link at the model's own speed: its base RTT (`SwitchModel.base_rtt_us`,
+    which the twin's links are built to give: it measures 0.99 us on the leaf-spine) over the
+    leaf-spine's links there and back."""
+    return link_latency_s(Scaling(scale=1).base_rtt_s)
+
+
+def path_links(r: Routes) -> np.ndarray:
+    """Per flow, the links of its path (a sprayed flow's coefficients sum to its length)."""
+    return np.add.reduceat(r.coeff, r.indptr[:-1]) if r.n_flows else np.zeros(0)
+
+
+def ring_latency(links: np.ndarray, steps: int, link_latency: float) -> float:
+    """`links`: (rings, n), the links of each ring's hop from position p to p + 1. A segment
+    that starts at position p crosses the hops p .. p + steps - 1 (around the ring): the
+    slowest such chain of any ring, `link_latency` per link."""
+    links = np.atleast_2d(links).astype(float)
+    n = links.shape[1]
+    reps = -(-steps // n) + 1  # enough turns for a chain starting at any position
+    cs = np.concatenate([np.zeros((len(links), 1)), np.cumsum(np.tile(links, reps), 1)], 1)
+    chains = cs[:, steps : steps + n] - cs[:, :n]
+    return float(chains.max(initial=0.0)) * link_latency
 
 
 def _bottleneck(fab: Fabric, r: Routes, size: np.ndarray, t: float) -> tuple[str, float]:
@@ -75,10 +114,12 @@ def ring_allreduce(
     spray: bool = False,
     seed: int = 1,
     rank_bytes: float | None = None,
+    link_latency: float = 0.0,
 ) -> CollResult:
     """`rings`: each an array of GPUs in ring order (all of one length n), each all-reducing
     `bytes_per_rank` per member. `rank_bytes`: the size per rank busbw is reported for
-    (default bytes_per_rank; a host's whole buffer when its channels are the rings)."""
+    (default bytes_per_rank; a host's whole buffer when its channels are the rings).
+    `link_latency`: seconds per link of a step's longest path (0: bandwidth only)."""
     n = len(rings[0])
     if any(len(rg) != n for rg in rings) or n < 2:
         raise ValueError("rings of one length, at least 2")
@@ -107,6 +148,8 @@ def ring_allreduce(
         t_one, allocs = _step(fab, r, size)
         total, computed = t_one * steps, r.n_flows
     name, util = _bottleneck(fab, r, np.full(r.n_flows, seg), t_one)
+    latency = ring_latency(path_links(r_all).reshape(len(rings), n), steps, link_latency)
+    total += latency
     per_rank = bytes_per_rank if rank_bytes is None else rank_bytes
     return CollResult(
         "allreduce",
@@ -121,6 +164,7 @@ def ring_allreduce(
         coll,
         name,
         util,
+        latency,
     )
 
 
@@ -135,35 +179,59 @@ def _rings_alike(fab: Fabric, r: Routes, k: int, n: int) -> bool:
     return bool(np.all(per_ring == per_ring[0]))
 
 
+def plan_flows(
+    ranks: int, bytes_per_rank: int, channels: int, chunk: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The collective library's all-to-all plan for `ranks` ranks of `channels` channels as
+    flows: (source rank, destination rank, channel, bytes), its transfers summed per
+    (source, destination, channel). Refuses a plan whose transfers wait for others (the flow
+    model starts them all at once)."""
+    plan = build(PlanSpec("alltoall", "ring", ranks, bytes_per_rank // ELEM, channels, chunk))
+    if any(x.deps for x in plan):
+        raise ValueError("the library's all-to-all plan has dependencies: not one step")
+    key = np.array([(x.src, x.dst, x.channel) for x in plan], dtype=np.int64).reshape(-1, 3)
+    nbytes = np.array([x.nbytes for x in plan], dtype=float)
+    uniq, inv = np.unique(key, axis=0, return_inverse=True)
+    total = np.bincount(inv.ravel(), weights=nbytes, minlength=len(uniq))
+    keep = total > 0
+    return uniq[keep, 0], uniq[keep, 1], uniq[keep, 2], total[keep]
+
+
 def alltoall(
     fab: Fabric,
     groups: list[np.ndarray],
-    bytes_per_rank: float,
+    bytes_per_rank: int,
     symmetric: bool = True,
     spray: bool = False,
     seed: int = 1,
+    chunk: int | None = None,
+    link_latency: float = 0.0,
 ) -> CollResult:
     """`groups`: arrays of shape (channels, n): row c holds the GPUs of the group's n ranks
     on channel c (a rank with K NICs is a column of K GPUs; a GPU rank is a column of one).
-    Every rank sends bytes_per_rank / n to every other rank of its group, split evenly over
-    the channels."""
+    Every group runs the library's all-to-all plan (`plan_flows`) of `bytes_per_rank` with
+    messages of `chunk` bytes (default: one piece per block and channel; the chunk only moves
+    piece boundaries, hence a byte or so between channels). `link_latency`: seconds per link
+    of the longest path, paid once."""
     groups = [np.atleast_2d(gp) for gp in groups]
     k, n = groups[0].shape
     if any(gp.shape != (k, n) for gp in groups) or n < 2:
         raise ValueError("groups of one shape, at least 2 ranks")
-    block = bytes_per_rank / n / k
     how = "none"
     todo = groups
     if symmetric and len(groups) > 1 and _groups_local(fab, groups):
         todo, how = groups[:1], "one group"
-    i, j = np.nonzero(~np.eye(n, dtype=bool))
-    src = np.concatenate([gp[c][i] for gp in todo for c in range(k)])
-    dst = np.concatenate([gp[c][j] for gp in todo for c in range(k)])
-    chan = np.concatenate([np.full(len(i), c) for _ in todo for c in range(k)])
+    i, j, c, nbytes = plan_flows(n, int(bytes_per_rank), k, chunk or max(ELEM, int(bytes_per_rank)))
+    src = np.concatenate([gp[c, i] for gp in todo])
+    dst = np.concatenate([gp[c, j] for gp in todo])
+    chan = np.concatenate([c for _ in todo])
     r = route(fab, src, dst, entropy_ports(src, dst, chan, seed), spray)
-    size = np.full(r.n_flows, block)
-    t, allocs = _step(fab, r, size)
-    name, util = _bottleneck(fab, r, size, t)
+    size = np.tile(nbytes, len(todo))
+    end, allocs = maxmin.complete(r, fab.link_cap, size)
+    t_bw = float(end.max())
+    name, util = _bottleneck(fab, r, size, t_bw)
+    t = float((end + path_links(r) * link_latency).max())
+    latency = t - t_bw
     return CollResult(
         "alltoall",
         n,
@@ -177,6 +245,7 @@ def alltoall(
         collisions(r),
         name,
         util,
+        latency,
     )
 
 
@@ -227,14 +296,29 @@ def uplink_share(fab: Fabric, r: Routes) -> float:
     return float(np.mean(fab.link_kind[r.links] == LEAF_UP)) if len(r.links) else 0.0
 
 
-def suite_collective(fab: Fabric, collective: str, bytes_per_rank: float) -> CollResult:
+def suite_collective(
+    fab: Fabric, collective: str, bytes_per_rank: int, link_latency: float = 0.0
+) -> CollResult:
     """The suite's collective on a packet engine's topology, as the collective library runs
     it there: one rank per host, the host's buffer split evenly over its K NICs (channel c
-    is NIC c, a ring of NIC c of every host), all hosts in one communicator."""
+    is NIC c, a ring of NIC c of every host), all hosts in one communicator; the all-to-all
+    with the suite's messages (`ALLTOALL_CHUNK`)."""
     k, hosts = fab.gpus_per_server, fab.servers
     per_channel = [np.arange(hosts) * k + c for c in range(k)]
     if collective == "allreduce":
-        return ring_allreduce(fab, per_channel, bytes_per_rank / k, rank_bytes=bytes_per_rank)
+        return ring_allreduce(
+            fab,
+            per_channel,
+            bytes_per_rank / k,
+            rank_bytes=bytes_per_rank,
+            link_latency=link_latency,
+        )
     if collective == "alltoall":
-        return alltoall(fab, [np.stack(per_channel)], bytes_per_rank)
+        return alltoall(
+            fab,
+            [np.stack(per_channel)],
+            bytes_per_rank,
+            chunk=ALLTOALL_CHUNK,
+            link_latency=link_latency,
+        )
     raise ValueError(f"the flow engine models allreduce and alltoall, not {collective!r}")

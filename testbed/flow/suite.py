@@ -1,7 +1,8 @@
 """`xingmai-testbed run --engine flow`: the suite's collective scenarios (allreduce,
 alltoall) on the flow engine, with the same results.json and table as the packet engines.
 
-A run's time is the flow engine's ideal max-min time divided by the scheme's efficiency
+A run's time is the flow engine's ideal time (max-min rates, and each step's latency from
+the model's base RTT, `collectives.model_link_latency`) divided by the scheme's efficiency
 fitted on the twin (testbed.flow.calibration); its bus bandwidth follows. What a fluid model
 cannot measure is left at nothing: no queue samples (the queue columns read 0 with
 `queue_samples` 0), no drops, no INT, retransmissions, CNPs or rate series, no fairness, no
@@ -24,7 +25,7 @@ from testbed.errors import UserError
 from testbed.experiment.rundir import new_run_dir
 from testbed.experiment.suite import RunRecord, Suite, SuiteConfig
 from testbed.flow import calibration
-from testbed.flow.collectives import suite_collective
+from testbed.flow.collectives import model_link_latency, suite_collective
 from testbed.flow.fabric import Fabric, from_spec
 from testbed.model import Scaling
 from testbed.topo import FabricSpec, dump, parse_choice
@@ -70,7 +71,7 @@ class FlowSuite(Suite):
     def run_one(self, scheme: str, scenario: str) -> RunRecord:
         eff = calibration.efficiency(scheme, scenario)
         size = self.cfg.allreduce_bytes if scenario == "allreduce" else self.cfg.alltoall_bytes
-        ideal = suite_collective(self.fab, scenario, size)
+        ideal = suite_collective(self.fab, scenario, size, model_link_latency())
         n = self.fab.servers
         return RunRecord(
             scheme=scheme,
