@@ -25,6 +25,7 @@ from testbed.switch.codegen import DROP_PORT, Compiled
 from testbed.switch.compiler import compile_program
 from testbed.switch.drop_reports import DROP_REASONS, DropReporter
 from testbed.switch.native import BuildError, Unsupported, load_native
+from testbed.switch.native.cgen import ARCH_DEPARSE_ERROR, ARCH_DROP, ARCH_PYTHON
 from testbed.switch.packet import (
     PKT_INSTANCE_TYPE_EGRESS_CLONE,
     PKT_INSTANCE_TYPE_INGRESS_CLONE,
@@ -32,6 +33,7 @@ from testbed.switch.packet import (
     PKT_INSTANCE_TYPE_RECIRC,
     PKT_INSTANCE_TYPE_REPLICATION,
     PKT_INSTANCE_TYPE_RESUBMIT,
+    STD_FIELDS,
     Packet,
     PipelineAbort,
 )
@@ -75,26 +77,6 @@ class Stats:
         self.dropped[reason] = self.dropped.get(reason, 0) + 1
 
 
-# standard_metadata fields the architecture reads or writes, with their v1model widths.
-STD_FIELDS = {
-    "ingress_port": 9,
-    "egress_spec": 9,
-    "egress_port": 9,
-    "instance_type": 32,
-    "packet_length": 32,
-    "enq_timestamp": 32,
-    "enq_qdepth": 19,
-    "deq_timedelta": 32,
-    "deq_qdepth": 19,
-    "ingress_global_timestamp": 48,
-    "egress_global_timestamp": 48,
-    "mcast_grp": 16,
-    "egress_rid": 16,
-    "checksum_error": 1,
-    "parser_error": 32,
-    "priority": 3,
-    "qid": 8,
-}
 _REQUIRED = ("ingress_port", "egress_spec", "egress_port", "instance_type", "packet_length")
 
 
@@ -277,6 +259,9 @@ class V1Switch:
             if is_mac_control(data):  # the MAC consumes it: PFC pauses, never forwarded
                 self._mac_control(port, data)
                 return
+            if c.native is not None:
+                self._receive_native(c, S, port, data, t_ns)
+                return
             p = self._new(c, len(data))
             now = self.clock.now_ns()
             p.t_ns = now if t_ns is None or t_ns > now else t_ns
@@ -286,6 +271,29 @@ class V1Switch:
             sm[S.instance_type] = PKT_INSTANCE_TYPE_NORMAL
             sm[S.ingress_global_timestamp] = (p.t_ns // 1000) & S.m_ingress_global_timestamp
             self._run_ingress(c, S, p, bytes(data), port)
+
+    def _receive_native(
+        self, c: Compiled, S: StdMeta, port: int, data: bytes, t_ns: int | None
+    ) -> None:
+        """What `receive` and `_run_ingress` do, with the native pipeline's common path in C
+        (one call: standard metadata, parser, checksums, ingress, the egress decision); a
+        rare case goes on in `_after_ingress` as on the reference."""
+        rt = c.native
+        p = rt.blank_packet()
+        self._uid += 1
+        p.uid = self._uid
+        now = self.clock.now_ns()
+        p.t_ns = now if t_ns is None or t_ns > now else t_ns
+        buf = bytes(data)
+        rc = rt.receive(p, buf, port & S.m_ingress_port, p.t_ns // 1000, self.drop_port)
+        if rc == 0:
+            self._enqueue(S, p.h[S.h][S.egress_spec], p)
+        elif rc == ARCH_PYTHON:
+            self._after_ingress(c, S, p, buf, port)
+        elif rc == ARCH_DROP:
+            self.stats.drop("ingress_drop")
+        else:
+            self._guarded("ingress", lambda: rt.raise_abort("ingress"))
 
     def _mac_control(self, port: int, data: bytes) -> None:
         try:
@@ -367,6 +375,10 @@ class V1Switch:
 
         if not self._guarded("ingress", stage):
             return
+        self._after_ingress(c, S, p, buf, port)
+
+    def _after_ingress(self, c: Compiled, S: StdMeta, p: Packet, buf: bytes, port: int) -> None:
+        """After the ingress pipeline: clone, digest, resubmit, multicast, drop or unicast."""
         p.exit = False
         sm = p.h[S.h]
         egress_spec = sm[S.egress_spec]
@@ -515,7 +527,11 @@ class V1Switch:
                 for port, prio, p, enq_ns, left, start in ready:
                     done += 1
                     p.t_ns = start
-                    if c is not None and S is not None:
+                    if c is None or S is None:
+                        continue
+                    if c.native is not None:
+                        self._depart_native(c, S, port, prio, p, enq_ns, left)
+                    else:
                         self._run_egress(c, S, port, prio, p, enq_ns, left)
 
     def _run_egress(
@@ -537,8 +553,37 @@ class V1Switch:
         sm[S.packet_length] = p.plen & S.m_packet_length
         if not self._guarded("egress", lambda: c.egress(p)):
             return
-        p.exit = False
+        self._after_egress(c, S, port, p, booked)
 
+    def _depart_native(
+        self, c: Compiled, S: StdMeta, port: int, prio: int, p: Packet, enq_ns: int, left: int
+    ) -> None:
+        """What `_run_egress` does, with the native pipeline's common path in C (one call: the
+        dequeue's metadata, egress, checksums, deparser); a rare case goes on in
+        `_after_egress` as on the reference."""
+        rt = c.native
+        booked = p.plen
+        if self.qdepth_unit != "packets":
+            left = self.tm.ports[port].qbytes[prio]
+            if self.qdepth_unit == "cells":
+                left = -(-left // CELL_BYTES)
+        rc = rt.depart(p, port, prio, p.t_ns // 1000, enq_ns // 1000, left, self.drop_port)
+        if rc >= 0:
+            self._transmit_out(port, p, rt.frame(p, rc), booked)
+        elif rc == ARCH_PYTHON:
+            self._after_egress(c, S, port, p, booked)
+        elif rc == ARCH_DROP:
+            self.stats.drop("egress_drop")
+        elif rc == ARCH_DEPARSE_ERROR:
+            log.error("deparser error, packet dropped: %r", rt.abort_error("deparser"))
+            self.stats.drop("deparse_error")
+        else:
+            self._guarded("egress", lambda: rt.raise_abort("egress"))
+
+    def _after_egress(self, c: Compiled, S: StdMeta, port: int, p: Packet, booked: int) -> None:
+        """After the egress pipeline: clone, drop, deparse, recirculate or transmit."""
+        p.exit = False
+        sm = p.h[S.h]
         if p.clone_session >= 0:  # egress-to-egress clone: headers as they are now
             session = self.clone_sessions.get(p.clone_session)
             fl = p.clone_field_list
@@ -575,6 +620,9 @@ class V1Switch:
             rp.h[S.h][S.packet_length] = len(out) & S.m_packet_length
             self._run_ingress(c, S, rp, out, 0)
             return
+        self._transmit_out(port, p, out, booked)
+
+    def _transmit_out(self, port: int, p: Packet, out: bytes, booked: int) -> None:
         if p.truncate_len >= 0:
             out = out[: p.truncate_len]
         if len(out) != booked:  # the port sends the frame as it left egress
