@@ -1,17 +1,21 @@
 """The native traffic manager (testbed/switch/native/tm.py) against the reference
-(testbed/switch/traffic_manager.py): random sequences of enqueues, departures, frame resizes,
-rate, depth, fault, shared-buffer and pause changes through both, every result identical (the
-queue found on arrival, each departure's port, priority, packet, times and packets left, the
-next departure time) and every port's state after each step (bookings to the fraction of a
-nanosecond, counters, the latency monitor's sums)."""
+(testbed/switch/traffic_manager.py): random sequences of enqueues (from ingress ports, for
+PFC), departures, frame resizes, rate, depth, fault, shared-buffer, pause and PFC changes
+through both, every result identical (the queue found on arrival, each departure's port,
+priority, packet, times and packets left, the next departure time, the PFC frames sent) and
+every port's state after each step (bookings to the fraction of a nanosecond, counters, the
+latency monitor's sums). With PFC on the native one runs the reference's code on its C
+state; off, its C path."""
 
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 
 from testbed.switch.native.build import BuildError, compiler
+from testbed.switch.pfc import PfcConfig
 from testbed.switch.traffic_manager import Clock, SharedBuffer, TrafficManager
 
 try:
@@ -39,130 +43,124 @@ FIELDS = (
     "departures",
     "wait_ns",
     "expected_wait_ns",
+    "fault_drops",
 )
 
 
-def _state(ref: TrafficManager, nat: object, ports: list[int]) -> tuple[list[object], list[object]]:
+def state(tm: TrafficManager) -> list[Any]:
+    out: list[Any] = [tm.buffered_bytes, list(tm.ports), sorted(tm._busy), tm.last_drop]
+    for pq in tm.ports.values():
+        out.append([getattr(pq, f) for f in FIELDS])
+        out.append([list(pq.qbytes), list(pq.dequeued_prio), list(pq.pause_until)])
+        out.append([[(e[1], e[2], e[3], e[4]) for e in q] for q in pq.queues])
+        out.append([pq.fault.delay_ns, pq.fault.rate_factor, pq.fault.silent, pq.fault.down])
+        out.append([pq.pfc.xoff_sent, pq.pfc.xon_sent, pq.pfc.watchdog_drops])
+    return out
+
+
+def pair(nq: int) -> tuple[TrafficManager, TrafficManager, list[Any], list[Any]]:
     from testbed.switch.native.tm import NativeTrafficManager
 
-    assert isinstance(nat, NativeTrafficManager)
-    a: list[object] = [ref.buffered_bytes, list(ref.ports)]
-    b: list[object] = [nat.tm.buffered_bytes, list(nat.ports_seen)]
-    for port in ports:
-        pq = ref.ports.get(port)
-        if pq is None:
-            a.append(None)
-            b.append(None if not nat.tm.ports[port].exists else port)
-            continue
-        npq = nat.tm.ports[port]
-        a.append([getattr(pq, f) for f in FIELDS])
-        b.append([getattr(npq, f) for f in FIELDS])
-        a.append(
-            [list(pq.qbytes), list(pq.dequeued_prio), [len(q) for q in pq.queues], pq.pause_until]
-        )
-        n = ref.nb_queues
-        b.append(
-            [
-                list(npq.qbytes[0:n]),
-                list(npq.dequeued_prio[0:n]),
-                [npq.queues[i].len for i in range(n)],
-                list(npq.pause_until[0:n]),
-            ]
-        )
-        a.append([pq.fault.delay_ns, pq.fault.rate_factor, pq.fault.silent])
-        b.append([npq.fault_delay_ns, npq.fault_rate_factor, bool(npq.fault_silent)])
-    return a, b
+    ref = TrafficManager(Clock(virtual=True), nq)
+    nat = NativeTrafficManager(Clock(virtual=True), nq)
+    sent_ref: list[Any] = []
+    sent_nat: list[Any] = []
+    ref.send_control = lambda port, frame: sent_ref.append((port, frame))
+    nat.send_control = lambda port, frame: sent_nat.append((port, frame))
+    return ref, nat, sent_ref, sent_nat
 
 
 def run_sequence(seed: int, steps: int) -> int:
     """One random sequence through both traffic managers; the departures it compared."""
-    from testbed.switch.native.tm import NativeTrafficManager
-
     rnd = random.Random(seed)
     nq = rnd.choice([1, 2, 3, 8])
-    ref = TrafficManager(Clock(virtual=True), nq)
-    nat = NativeTrafficManager(nq)
+    ref, nat, sent_ref, sent_nat = pair(nq)
+    both = (ref, nat)
     ports = rnd.sample(range(0, 512), rnd.choice([1, 2, 4, 9, 20]))
     rates = [0.0, 1e9, 1e10, 25e9, 1e11, 4e11, 123456789.0, 1000.0]
     if rnd.random() < 0.5:
         buf = SharedBuffer(rnd.choice([20_000, 300_000, 4_000_000]), rnd.choice([1 / 8, 0.5, 1, 4]))
-        ref.set_buffer(buf)
-        nat.set_buffer(buf)
+        for tm in both:
+            tm.set_buffer(buf)
     now = 0
     departures = 0
     packets: dict[int, int] = {}
     handle = 0
     for _ in range(steps):
         now += rnd.choice([0, 0, 1, 7, 100, 1000, 12_345, 100_000])
-        ref.clock.advance_to(now)
+        for tm in both:
+            tm.clock.advance_to(now)
         r = rnd.random()
         if r < 0.5:
             port, prio = rnd.choice(ports), rnd.randrange(nq)
             nbytes = rnd.choice([64, 100, 1000, 1500, 4096, 9000, rnd.randrange(1, 10_000)])
+            in_port = rnd.choice([-1, *ports])
             handle += 1
-            got_ref = ref.enqueue(port, prio, handle, nbytes, now)
-            got_nat = nat.enqueue(port, prio, handle, nbytes, now)
-            assert got_ref == got_nat, (seed, "enqueue", got_ref, got_nat)
+            got = [tm.enqueue(port, prio, handle, nbytes, now, in_port) for tm in both]
+            assert got[0] == got[1], (seed, "enqueue", got)
             packets[handle] = nbytes
         elif r < 0.8:
-            got_ref = ref.dequeue_ready(now)
-            got_nat = nat.dequeue_ready(now)
-            assert got_ref == got_nat, (seed, "dequeue", got_ref, got_nat)
-            departures += len(got_ref)
-            for port, _prio, h, _enq, _left, _start in got_ref:
+            for tm in both:
+                tm.pfc_tick(now)
+            got = [tm.dequeue_ready(now) for tm in both]
+            assert got[0] == got[1], (seed, "dequeue", got)
+            departures += len(got[0])
+            for port, _prio, h, _enq, _left, _start in got[0]:
                 if rnd.random() < 0.3:  # egress added or removed bytes (INT)
                     booked = packets[h]
                     sent = max(1, booked + rnd.choice([-48, -12, 8, 12, 36, 200]))
-                    ref.ports[port].resize(booked, sent)
-                    nat.resize(port, booked, sent)
+                    for tm in both:
+                        tm.ports[port].resize(booked, sent)
         elif r < 0.85:
             port = rnd.choice([*ports, None])
             bps = rnd.choice(rates) if rnd.random() < 0.8 else None
             pps = rnd.choice([0.0, 0.0, 1.0, 1e5, 3e6]) if rnd.random() < 0.3 else None
-            ref.set_rate(port, pps, bps)
-            nat.set_rate(port, now, pps, bps)
-        elif r < 0.9:
+            for tm in both:
+                tm.set_rate(port, pps, bps)
+        elif r < 0.89:
             port = rnd.choice([*ports, None])
             pkts = rnd.choice([None, 0, 1, 4, 64, 1000])
             nbytes = rnd.choice([None, 0, 3000, 100_000])
-            ref.set_depth(port, pkts, nbytes)
-            nat.set_depth(port, pkts, nbytes)
-        elif r < 0.95:
+            for tm in both:
+                tm.set_depth(port, pkts, nbytes)
+        elif r < 0.94:
             port = rnd.choice(ports)
+            down = rnd.choice([None, False, False, False, True])
             delay = rnd.choice([None, 0, 0, 500, 20_000])
             factor = rnd.choice([None, 1.0, 1.0, 0.5, 0.1, 1 / 3])
             silent = rnd.choice([None, False, True])
-            ref.set_fault(port, delay_ns=delay, rate_factor=factor, silent=silent)
-            nat.set_fault(port, now, delay, factor, silent)
-        elif r < 0.98:  # a downstream pause held or released (the reference's field)
+            for tm in both:
+                tm.set_fault(port, down, None, delay, factor, silent)
+        elif r < 0.97:  # a downstream pause held or released
             port, prio = rnd.choice(ports), rnd.randrange(nq)
             until = now + rnd.choice([0, 1000, 50_000])
-            ref.port(port).pause_until[prio] = until
-            nat.hold(port, prio, until)
-        else:
+            for tm in both:
+                tm.port(port).pause_until[prio] = until
+        elif r < 0.985:
             buf = rnd.choice([None, SharedBuffer(rnd.choice([5_000, 200_000]), 2.0)])
-            ref.set_buffer(buf)
-            nat.set_buffer(buf)
+            for tm in both:
+                tm.set_buffer(buf)
+        else:  # PFC on (the reference's code on the C state) or off (the C path)
+            pfc = rnd.choice([None, PfcConfig(6000, 2000, 3000, link_bps=1e10)])
+            for tm in both:
+                tm.set_pfc(pfc)
         assert ref.next_departure_ns() == nat.next_departure_ns(), (seed, "next departure")
-        a, b = _state(ref, nat, ports)
+        assert sent_ref == sent_nat, (seed, "PFC frames")
+        a, b = state(ref), state(nat)
         assert a == b, (seed, a, b)
     return departures
 
 
 @pytest.mark.parametrize("seed", range(12))
 def test_random_sequences_identical_on_both_traffic_managers(seed: int) -> None:
-    assert run_sequence(seed, 600) > 0
+    assert run_sequence(seed, 500) > 0
 
 
 def test_a_long_sequence_at_400g() -> None:
     """Many bookings at one rate: the carried fractions stay identical."""
-    from testbed.switch.native.tm import NativeTrafficManager
-
-    ref = TrafficManager(Clock(virtual=True), 1)
-    nat = NativeTrafficManager(1)
-    for tm in (ref,):
+    ref, nat, _, _ = pair(1)
+    for tm in (ref, nat):
         tm.set_rate(None, None, 4e11)
-    nat.set_rate(None, 0, None, 4e11)
     now = 0
     for i in range(5000):
         now += 13
@@ -171,5 +169,5 @@ def test_a_long_sequence_at_400g() -> None:
                 port, 0, i, 1000 + i % 57, now
             )
         assert ref.dequeue_ready(now) == nat.dequeue_ready(now)
-    assert ref.ports[1].tx_carry_ns == nat.tm.ports[1].tx_carry_ns
-    assert ref.ports[2].next_tx_ns == nat.tm.ports[2].next_tx_ns
+    assert ref.ports[1].tx_carry_ns == nat.ports[1].tx_carry_ns
+    assert ref.ports[2].next_tx_ns == nat.ports[2].next_tx_ns

@@ -21,16 +21,20 @@ both the C and cffi's cdef.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from testbed.switch.native.build import build, load
+from testbed.switch.pfc import PfcPortCounters
 from testbed.switch.traffic_manager import (
     MAX_DEPTH_PACKETS,
     MAX_PORT,
     MAX_SERVICE_NS,
+    Clock,
+    PortFault,
+    PortQueues,
     SharedBuffer,
-    check_fault_setting,
-    check_queue_setting,
+    TrafficManager,
 )
 
 TM_QUEUES = 8  # priorities a port may have (standard_metadata.priority: 3 bits)
@@ -42,6 +46,7 @@ typedef struct {{
     int64_t nbytes;
     int64_t enq_ns;
     int64_t expected; /* what the bytes ahead take at the port's set rate */
+    int64_t in_port; /* the ingress port PFC counts it against, or -1 */
 }} xm_tm_item;
 
 typedef struct {{
@@ -88,6 +93,7 @@ typedef struct {{
     double buffer_alpha;
     int64_t buffered_bytes;
     int64_t queued; /* packets in every queue */
+    int64_t pfc_items; /* of them, counted by PFC against an ingress port (in_port >= 0) */
     uint8_t busy[{nports}]; /* the port has a queued packet (the reference's _busy) */
     xm_tm_port ports[{nports}];
 }} xm_tm;
@@ -103,6 +109,8 @@ typedef struct {{
 """
 
 _FUNCS = """
+int xm_tm_fifo_push(xm_tm_fifo *q, xm_tm_item item);
+xm_tm_item xm_tm_fifo_pop(xm_tm_fifo *q);
 xm_tm_port *xm_tm_port_of(xm_tm *tm, int64_t port);
 int xm_tm_enqueue(xm_tm *tm, int64_t port, int64_t prio, uint64_t handle, int64_t nbytes,
                   int64_t now_ns, int64_t *found);
@@ -138,7 +146,7 @@ xm_tm_port *xm_tm_port_of(xm_tm *tm, int64_t port)
     return pq;
 }}
 
-static int fifo_push(xm_tm_fifo *q, xm_tm_item item)
+int xm_tm_fifo_push(xm_tm_fifo *q, xm_tm_item item)
 {{
     if (q->len == q->cap) {{
         int64_t cap = q->cap ? 2 * q->cap : 16;
@@ -155,7 +163,7 @@ static int fifo_push(xm_tm_fifo *q, xm_tm_item item)
     return 0;
 }}
 
-static xm_tm_item fifo_pop(xm_tm_fifo *q)
+xm_tm_item xm_tm_fifo_pop(xm_tm_fifo *q)
 {{
     xm_tm_item item = q->items[q->head];
     q->head = (q->head + 1) & (q->cap - 1);
@@ -222,8 +230,8 @@ int xm_tm_enqueue(xm_tm *tm, int64_t port, int64_t prio, uint64_t handle, int64_
         double rate = pq->fault_silent ? pq->rate_bps * pq->fault_rate_factor : pq->rate_bps;
         expected += (int64_t)((double)b * 8e9 / rate);
     }}
-    xm_tm_item item = {{handle, nbytes, now_ns, expected}};
-    if (fifo_push(q, item)) return -1;
+    xm_tm_item item = {{handle, nbytes, now_ns, expected, -1}};
+    if (xm_tm_fifo_push(q, item)) return -1;
     pq->qbytes[prio] = b + nbytes;
     tm->buffered_bytes += nbytes;
     tm->queued++;
@@ -240,7 +248,7 @@ int xm_tm_enqueue(xm_tm *tm, int64_t port, int64_t prio, uint64_t handle, int64_
 static xm_tm_departure depart(xm_tm *tm, int64_t port, xm_tm_port *pq, int64_t prio)
 {{
     xm_tm_fifo *q = &pq->queues[prio];
-    xm_tm_item it = fifo_pop(q);
+    xm_tm_item it = xm_tm_fifo_pop(q);
     int64_t delay = pq->fault_delay_ns;
     pq->qbytes[prio] -= it.nbytes;
     tm->buffered_bytes -= it.nbytes;
@@ -374,7 +382,7 @@ int64_t xm_tm_flush(xm_tm *tm, int64_t port, int64_t prio, uint64_t *handles)
     xm_tm_port *pq = xm_tm_port_of(tm, port);
     xm_tm_fifo *q = &pq->queues[prio];
     int64_t n = q->len;
-    for (int64_t i = 0; i < n; i++) handles[i] = fifo_pop(q).handle;
+    for (int64_t i = 0; i < n; i++) handles[i] = xm_tm_fifo_pop(q).handle;
     tm->buffered_bytes -= pq->qbytes[prio];
     tm->queued -= n;
     pq->qbytes[prio] = 0;
@@ -420,12 +428,179 @@ def cdef() -> str:
     return _fill(_STRUCTS) + _FUNCS
 
 
-class NativeTrafficManager:
-    """The C traffic manager with PFC off, driven as TrafficManager is (same arguments, same
-    results), packets passed as integer handles; `busy` is the reference's set of busy ports
-    kept beside it for the order of ties."""
+def _cfield(name: str) -> property:
+    """A field of the object's C struct (`_c`), read and written as the reference's."""
 
-    def __init__(self, nb_queues: int = 1, depth_pkts: int = 64):
+    def get(self: Any) -> Any:
+        return getattr(self._c, name)
+
+    def put(self: Any, value: Any) -> None:
+        setattr(self._c, name, value)
+
+    return property(get, put)
+
+
+class _Array:
+    """A per-priority C array (qbytes, pause_until, dequeued_prio) as the reference's list."""
+
+    __slots__ = ("_a", "_n")
+
+    def __init__(self, a: Any, n: int) -> None:
+        self._a, self._n = a, n
+
+    def _index(self, i: int) -> int:
+        if not -self._n <= i < self._n:
+            raise IndexError("priority out of range")
+        return i % self._n
+
+    def __getitem__(self, i: int) -> int:
+        return int(self._a[self._index(i)])
+
+    def __setitem__(self, i: int, value: int) -> None:
+        self._a[self._index(i)] = value
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __iter__(self) -> Iterator[int]:
+        return (int(self._a[i]) for i in range(self._n))
+
+    def __eq__(self, other: object) -> bool:
+        return list(self) == list(other) if isinstance(other, (list, _Array)) else NotImplemented
+
+    def __repr__(self) -> str:
+        return repr(list(self))
+
+
+class _Queue:
+    """One C FIFO as the reference's deque of (packet, bytes, enqueue time, expected wait,
+    ingress port), for the reference's code (PFC, flushes) run on the C state."""
+
+    __slots__ = ("_tm", "_q")
+
+    def __init__(self, tm: NativeTrafficManager, fifo: Any) -> None:
+        self._tm, self._q = tm, fifo
+
+    def __len__(self) -> int:
+        return int(self._q.len)
+
+    def __bool__(self) -> bool:
+        return bool(self._q.len)
+
+    def __getitem__(self, i: int) -> tuple[Any, int, int, int, int]:
+        q = self._q
+        if not -q.len <= i < q.len:
+            raise IndexError("deque index out of range")
+        it = q.items[(q.head + i % q.len) & (q.cap - 1)]
+        return (self._tm.packets[it.handle], it.nbytes, it.enq_ns, it.expected, it.in_port)
+
+    def __iter__(self) -> Iterator[tuple[Any, int, int, int, int]]:
+        return (self[i] for i in range(len(self)))
+
+    def append(self, item: tuple[Any, int, int, int, int]) -> None:
+        tm = self._tm
+        pkt, nbytes, enq_ns, expected, in_port = item
+        h = tm._register(pkt)
+        if tm.lib.xm_tm_fifo_push(self._q, (h, nbytes, enq_ns, expected, in_port)):
+            raise MemoryError("the native traffic manager could not grow a queue")
+        tm._c.queued += 1
+        if in_port >= 0:
+            tm._c.pfc_items += 1
+
+    def popleft(self) -> tuple[Any, int, int, int, int]:
+        if not self._q.len:
+            raise IndexError("pop from an empty deque")
+        tm = self._tm
+        it = tm.lib.xm_tm_fifo_pop(self._q)
+        tm._c.queued -= 1
+        if it.in_port >= 0:
+            tm._c.pfc_items -= 1
+        return (tm.packets.pop(it.handle), it.nbytes, it.enq_ns, it.expected, it.in_port)
+
+    def clear(self) -> None:
+        while self._q.len:
+            self.popleft()
+
+
+class NativePortFault(PortFault):
+    """A port's fault: what the data path reads (delay, rate factor, silent) in C."""
+
+    def __init__(self, c: Any) -> None:  # noqa: D107 - the dataclass's fields, in C and here
+        self._c = c
+        self.down = False
+        self.loss = 0.0
+
+    delay_ns = _cfield("fault_delay_ns")  # type: ignore[assignment]
+    rate_factor = _cfield("fault_rate_factor")  # type: ignore[assignment]
+
+    @property  # type: ignore[override]
+    def silent(self) -> bool:
+        return bool(self._c.fault_silent)
+
+    @silent.setter
+    def silent(self, value: bool) -> None:
+        self._c.fault_silent = int(value)
+
+    @property
+    def healthy(self) -> bool:
+        return (self.down, self.loss, self.delay_ns, self.rate_factor, self.silent) == (
+            False,
+            0.0,
+            0,
+            1.0,
+            False,
+        )
+
+
+class NativePortQueues(PortQueues):
+    """A port's queues whose state is the C traffic manager's (the reference's fields and
+    methods, read and written there)."""
+
+    def __init__(self, tm: NativeTrafficManager, port: int) -> None:  # noqa: D107
+        c = tm.lib.xm_tm_port_of(tm._c, port)
+        self._c = c
+        self._tm = tm
+        n = tm.nb_queues
+        self.port = port
+        self.nb_queues = n
+        self.queues = [_Queue(tm, c.queues + i) for i in range(n)]  # type: ignore[misc]
+        self.qbytes = _Array(c.qbytes, n)  # type: ignore[assignment]
+        self.pause_until = _Array(c.pause_until, n)  # type: ignore[assignment]
+        self.dequeued_prio = _Array(c.dequeued_prio, n)  # type: ignore[assignment]
+        self.fault = NativePortFault(c)
+        self.fault_drops = 0
+        self.rx_errors = 0
+        self.silent_drops = 0
+        self.pfc = PfcPortCounters()
+
+    depth_pkts = _cfield("depth_pkts")  # type: ignore[assignment]
+    depth_bytes = _cfield("depth_bytes")  # type: ignore[assignment]
+    rate_pps = _cfield("rate_pps")  # type: ignore[assignment]
+    rate_bps = _cfield("rate_bps")  # type: ignore[assignment]
+    next_tx_ns = _cfield("next_tx_ns")  # type: ignore[assignment]
+    tx_carry_ns = _cfield("tx_carry_ns")  # type: ignore[assignment]
+    first_tx_ns = _cfield("first_tx_ns")  # type: ignore[assignment]
+    last_tx_end_ns = _cfield("last_tx_end_ns")  # type: ignore[assignment]
+    enqueued = _cfield("enqueued")  # type: ignore[assignment]
+    dequeued = _cfield("dequeued")  # type: ignore[assignment]
+    dropped = _cfield("dropped")  # type: ignore[assignment]
+    max_depth_pkts = _cfield("max_depth_pkts")  # type: ignore[assignment]
+    max_depth_bytes = _cfield("max_depth_bytes")  # type: ignore[assignment]
+    departures = _cfield("departures")  # type: ignore[assignment]
+    wait_ns = _cfield("wait_ns")  # type: ignore[assignment]
+    expected_wait_ns = _cfield("expected_wait_ns")  # type: ignore[assignment]
+
+    def resize(self, booked_bytes: int, sent_bytes: int) -> None:
+        self._tm.lib.xm_tm_resize(self._tm._c, self.port, booked_bytes, sent_bytes)
+
+
+class NativeTrafficManager(TrafficManager):
+    """The traffic manager with its queues and port state in C: the reference's methods run
+    unchanged on that state (configuration, PFC, the watchdog, flushes), and with PFC off the
+    per-packet ones (enqueue, dequeue_ready, next_departure_ns) run in C. Packets are held
+    in `packets` by the integer handles the C queues carry."""
+
+    def __init__(self, clock: Clock, nb_queues: int = 1, depth_pkts: int = 64):
         if not 1 <= nb_queues <= TM_QUEUES:
             raise ValueError(f"the native traffic manager has 1 to {TM_QUEUES} queues a port")
         import hashlib
@@ -434,128 +609,116 @@ class NativeTrafficManager:
         so = build(src, hashlib.sha256(src.encode()).hexdigest())
         self.ffi, self.lib = load(cdef(), so)
         self._mem = self.ffi.new("xm_tm *")
-        self.tm = self._mem
-        self.tm.nb_queues = nb_queues
-        self.tm.default_depth_pkts = depth_pkts
-        self.nb_queues = nb_queues
-        self.busy: set[int] = set()
-        self.ports_seen: dict[int, None] = {}  # the reference's `ports` dict, in its order
+        self._c = self._mem
+        self._c.nb_queues = nb_queues
+        self.packets: dict[int, Any] = {}
+        self._handle = 0
         self._found = self.ffi.new("int64_t[2]")
         self._t = self.ffi.new("int64_t *")
+        self._out = self.ffi.new("xm_tm_departure[]", 64)
+        self._out_cap = 64
+        self._buffer: SharedBuffer | None = None
+        super().__init__(clock, nb_queues, depth_pkts)
 
     def __del__(self) -> None:
         lib = getattr(self, "lib", None)
         if lib is not None:
-            lib.xm_tm_free(self.tm)
+            lib.xm_tm_free(self._c)
 
-    def port(self, port: int) -> Any:
-        self.ports_seen.setdefault(port, None)
-        return self.lib.xm_tm_port_of(self.tm, port)
+    default_depth_pkts = _cfield("default_depth_pkts")  # type: ignore[assignment]
+    default_depth_bytes = _cfield("default_depth_bytes")  # type: ignore[assignment]
+    default_rate_pps = _cfield("default_rate_pps")  # type: ignore[assignment]
+    default_rate_bps = _cfield("default_rate_bps")  # type: ignore[assignment]
+    buffered_bytes = _cfield("buffered_bytes")  # type: ignore[assignment]
 
-    # ---- configuration (the reference's, on the C state) -----------------------------------
+    @property  # type: ignore[override]
+    def buffer(self) -> SharedBuffer | None:
+        return self._buffer
 
-    def _targets(self, port: int | None) -> list[Any]:
-        if port is None:
-            return [self.tm.ports[p] for p in self.ports_seen]
-        return [self.port(port)]
+    @buffer.setter
+    def buffer(self, value: SharedBuffer | None) -> None:
+        self._buffer = value
+        self._c.buffer_bytes = 0 if value is None else value.bytes
+        self._c.buffer_alpha = 0.0 if value is None else value.alpha
 
-    def set_depth(
-        self, port: int | None, pkts: int | None = None, nbytes: int | None = None
-    ) -> None:
-        check_queue_setting(port, depth_pkts=pkts, depth_bytes=nbytes)
-        for pq in self._targets(port):
-            if pkts is not None:
-                pq.depth_pkts = pkts
-            if nbytes is not None:
-                pq.depth_bytes = nbytes
-        if port is None:
-            if pkts is not None:
-                self.tm.default_depth_pkts = pkts
-            if nbytes is not None:
-                self.tm.default_depth_bytes = nbytes
+    def _register(self, pkt: Any) -> int:
+        self._handle += 1
+        self.packets[self._handle] = pkt
+        return self._handle
 
-    def set_rate(
-        self, port: int | None, now: int, pps: float | None = None, bps: float | None = None
-    ) -> None:
-        check_queue_setting(port, pps=pps, bps=bps)
-        for pq in self._targets(port):
-            if pps is not None:
-                pq.rate_pps = pps
-            if bps is not None:
-                pq.rate_bps = bps
-            pq.next_tx_ns = min(pq.next_tx_ns, now)
-        if port is None:
-            if pps is not None:
-                self.tm.default_rate_pps = pps
-            if bps is not None:
-                self.tm.default_rate_bps = bps
+    def _sync_busy(self) -> None:
+        """The C flags of busy ports after the reference's code changed the set."""
+        busy = self._c.busy
+        for port in self.ports:
+            busy[port] = port in self._busy
 
-    def set_fault(
-        self,
-        port: int,
-        now: int,
-        delay_ns: int | None = None,
-        rate_factor: float | None = None,
-        silent: bool | None = None,
-    ) -> None:
-        check_fault_setting(port, None, delay_ns, rate_factor)
-        pq = self.port(port)
-        if delay_ns is not None:
-            pq.fault_delay_ns = delay_ns
-        if silent is not None:
-            pq.fault_silent = int(silent)
-        if rate_factor is not None:
-            pq.fault_rate_factor = rate_factor
-            pq.next_tx_ns = min(pq.next_tx_ns, now)
+    def port(self, port: int) -> PortQueues:
+        pq = self.ports.get(port)
+        if pq is None:
+            pq = NativePortQueues(self, port)
+            self.ports[port] = pq
+        return pq
 
-    def set_buffer(self, buffer: SharedBuffer | None) -> None:
-        self.tm.buffer_bytes = 0 if buffer is None else buffer.bytes
-        self.tm.buffer_alpha = 0.0 if buffer is None else buffer.alpha
-
-    def hold(self, port: int, prio: int, until_ns: int) -> None:
-        """A downstream pause holds the priority until then (the reference's _set_pause)."""
-        self.port(port).pause_until[prio] = until_ns
-
-    # ---- the data path ---------------------------------------------------------------------
+    def _native(self) -> bool:
+        """Whether the per-packet path may run in C: PFC off and no packet PFC counted."""
+        return self.pfc is None and not self._c.pfc_items
 
     def enqueue(
-        self, port: int, prio: int, handle: int, nbytes: int, now_ns: int
+        self, port: int, prio: int, pkt: Any, nbytes: int, now_ns: int, ingress_port: int = -1
     ) -> tuple[int, int] | None:
-        self.ports_seen.setdefault(port, None)
-        rc = self.lib.xm_tm_enqueue(self.tm, port, prio, handle, nbytes, now_ns, self._found)
-        if rc < 0:
-            raise MemoryError("the native traffic manager could not grow a queue")
-        if not rc:
+        if not self._native():
+            found = super().enqueue(port, prio, pkt, nbytes, now_ns, ingress_port)
+            self._sync_busy()
+            return found
+        if port not in self.ports:
+            self.port(port)
+        h = self._register(pkt)
+        rc = self.lib.xm_tm_enqueue(self._c, port, prio, h, nbytes, now_ns, self._found)
+        if rc <= 0:
+            del self.packets[h]
+            if rc < 0:
+                raise MemoryError("the native traffic manager could not grow a queue")
+            self.last_drop = "queue_full"
             return None
-        self.busy.add(port)
+        self._busy.add(port)
         return int(self._found[0]), int(self._found[1])
 
-    def dequeue_ready(self, now_ns: int) -> list[tuple[int, int, int, int, int, int]]:
-        order = list(self.busy)
-        if not order:
+    def dequeue_ready(self, now_ns: int) -> list[tuple[int, int, Any, int, int, int]]:
+        if not self._native():
+            out = super().dequeue_ready(now_ns)
+            self._sync_busy()
+            return out
+        busy = self._busy
+        if not busy:
             return []
-        cap = int(self.tm.queued)
-        out = self.ffi.new("xm_tm_departure[]", max(1, cap))
-        n = self.lib.xm_tm_dequeue_ready(self.tm, now_ns, order, len(order), out, cap)
-        busy = self.tm.busy
+        order = list(busy)
+        cap = int(self._c.queued)
+        if cap > self._out_cap:
+            self._out_cap = max(cap, 2 * self._out_cap)
+            self._out = self.ffi.new("xm_tm_departure[]", self._out_cap)
+        out = self._out
+        n = self.lib.xm_tm_dequeue_ready(self._c, now_ns, order, len(order), out, cap)
+        flags = self._c.busy
         for port in order:
-            if not busy[port]:
-                self.busy.discard(port)
-        return [
-            (d.port, d.prio, d.handle, d.enq_ns, d.left, d.start)
-            for d in (out[i] for i in range(n))
-        ]
+            if not flags[port]:
+                busy.discard(port)
+        pop = self.packets.pop
+        res = []
+        for i in range(n):
+            d = out[i]
+            res.append((d.port, d.prio, pop(d.handle), d.enq_ns, d.left, d.start))
+        return res
 
     def next_departure_ns(self) -> int | None:
-        return int(self._t[0]) if self.lib.xm_tm_next_departure(self.tm, self._t) else None
+        if self.pfc is not None:
+            return super().next_departure_ns()
+        return int(self._t[0]) if self.lib.xm_tm_next_departure(self._c, self._t) else None
 
-    def resize(self, port: int, booked: int, sent: int) -> None:
-        self.lib.xm_tm_resize(self.tm, port, booked, sent)
+    def _flush(self, pq: PortQueues, prio: int, now_ns: int) -> int:
+        n = super()._flush(pq, prio, now_ns)
+        self._sync_busy()
+        return n
 
-    def flush(self, port: int, prio: int) -> list[int]:
-        pq = self.port(port)
-        handles = self.ffi.new("uint64_t[]", max(1, pq.queues[prio].len))
-        n = self.lib.xm_tm_flush(self.tm, port, prio, handles)
-        if not self.tm.busy[port]:
-            self.busy.discard(port)
-        return [int(handles[i]) for i in range(n)]
+    def set_fault(self, *args: Any, **kw: Any) -> None:
+        super().set_fault(*args, **kw)
+        self._sync_busy()
