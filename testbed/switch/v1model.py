@@ -18,14 +18,22 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from controller.wire.pfc import decode_pfc, is_mac_control
 from testbed.switch.codegen import DROP_PORT, Compiled
 from testbed.switch.compiler import compile_program
 from testbed.switch.drop_reports import DROP_REASONS, DropReporter
 from testbed.switch.native import BuildError, Unsupported, load_native
-from testbed.switch.native.cgen import ARCH_DEPARSE_ERROR, ARCH_DROP, ARCH_PYTHON
+from testbed.switch.native.cgen import (
+    ARCH_DEPARSE_ERROR,
+    ARCH_DROP,
+    ARCH_ENQUEUE_PYTHON,
+    ARCH_NO_MEMORY,
+    ARCH_PYTHON,
+    ARCH_QUEUE_FULL,
+)
+from testbed.switch.native.tm import NativeTrafficManager
 from testbed.switch.packet import (
     PKT_INSTANCE_TYPE_EGRESS_CLONE,
     PKT_INSTANCE_TYPE_INGRESS_CLONE,
@@ -169,7 +177,7 @@ class V1Switch:
         if qdepth_unit not in QDEPTH_UNITS:
             raise ValueError(f"queue depth unit {qdepth_unit!r}: one of {', '.join(QDEPTH_UNITS)}")
         self.qdepth_unit = qdepth_unit  # what enq_qdepth / deq_qdepth count
-        self.tm = TrafficManager(self.clock, nb_queues)
+        self.tm = self._traffic_manager(nb_queues)
         # PFC frames leave a port ahead of its queues (the MAC sends them), from the port's MAC
         self.tm.send_control = lambda port, frame: self._send_control(port, frame)
         self.tm.port_mac = self.port_mac
@@ -186,8 +194,21 @@ class V1Switch:
         self.on_digest: DigestFn = lambda list_id, name, values: None
         self.log_fn: Callable[[str], None] = lambda msg: log.info("log_msg: %s", msg)
         self._uid = 0
+        self._foreign_queued = False
+        self._unit = QDEPTH_UNITS.index(qdepth_unit)
         self._meta: list[int] = []
         self._zeros: list[list[int]] = []
+
+    def _traffic_manager(self, nb_queues: int) -> TrafficManager:
+        """The reference traffic manager, or on the native pipeline the native one (the same
+        class, its state and per-packet path in C: testbed/switch/native/tm.py) where it
+        builds."""
+        if self.pipeline == "native":
+            try:
+                return NativeTrafficManager(self.clock, nb_queues)
+            except (BuildError, ValueError) as exc:
+                log.warning("native traffic manager unavailable (%s): running the reference", exc)
+        return TrafficManager(self.clock, nb_queues)
 
     # ---- program ----------------------------------------------------------------------------
 
@@ -207,6 +228,11 @@ class V1Switch:
         with self.lock:
             self.pipeline_in_use, self.native_reason = in_use, reason
             self.compiled = compiled
+            # packets queued by the program loaded before are not this native pipeline's:
+            # they depart through v1model.py until the queues have emptied
+            self._foreign_queued = isinstance(self.tm, NativeTrafficManager) and bool(
+                self.tm._c.queued
+            )
             self.json_bytes = raw
             self.std = std
             self._meta = [h.index for h in prog.headers if h.metadata]
@@ -285,7 +311,42 @@ class V1Switch:
         now = self.clock.now_ns()
         p.t_ns = now if t_ns is None or t_ns > now else t_ns
         buf = bytes(data)
-        rc = rt.receive(p, buf, port & S.m_ingress_port, p.t_ns // 1000, self.drop_port)
+        tm = self.tm
+        if isinstance(tm, NativeTrafficManager) and tm.native() and not self._foreign_queued:
+            # one call: ingress and the traffic manager's enqueue, in C
+            h = tm._register(p)
+            rc = rt.receive_enqueue(
+                p,
+                buf,
+                port & S.m_ingress_port,
+                p.t_ns,
+                self.drop_port,
+                tm.address,
+                h,
+                self._unit,
+                CELL_BYTES,
+            )
+            if rc == 0:
+                eport = p.h[S.h][S.egress_spec]
+                if eport not in tm.ports:
+                    tm.port(eport)
+                tm._busy.add(eport)
+                return
+            del tm.packets[h]
+            if rc == ARCH_QUEUE_FULL:
+                eport = p.h[S.h][S.egress_spec]
+                if eport not in tm.ports:
+                    tm.port(eport)
+                tm.last_drop = "queue_full"
+                self._enqueue_failed(S, eport, p)
+                return
+            if rc == ARCH_ENQUEUE_PYTHON:
+                self._enqueue(S, p.h[S.h][S.egress_spec], p)
+                return
+            if rc == ARCH_NO_MEMORY:
+                raise MemoryError("the native traffic manager could not grow a queue")
+        else:
+            rc = rt.receive(p, buf, port & S.m_ingress_port, p.t_ns // 1000, self.drop_port)
         if rc == 0:
             self._enqueue(S, p.h[S.h][S.egress_spec], p)
         elif rc == ARCH_PYTHON:
@@ -473,9 +534,7 @@ class V1Switch:
         )
         found = self.tm.enqueue(port, prio, p, p.plen, now, in_port)
         if found is None:
-            self.stats.drop(self.tm.last_drop)
-            if self.tm.last_drop in DROP_REASONS:
-                self._report_drop(S, port, p, self.tm.last_drop)
+            self._enqueue_failed(S, port, p)
             return
         sm[S.enq_timestamp] = (now // 1000) & S.m_enq_timestamp
         unit = self.qdepth_unit
@@ -489,6 +548,12 @@ class V1Switch:
         # in bytes a shared buffer's queue may pass what 19 bits hold: the program sees the
         # largest value it can (saturated, not wrapped to a small depth)
         sm[S.enq_qdepth] = depth if depth < S.m_enq_qdepth else S.m_enq_qdepth
+
+    def _enqueue_failed(self, S: StdMeta, port: int, p: Packet) -> None:
+        """The traffic manager refused the packet (`last_drop` says why)."""
+        self.stats.drop(self.tm.last_drop)
+        if self.tm.last_drop in DROP_REASONS:
+            self._report_drop(S, port, p, self.tm.last_drop)
 
     def _report_drop(self, S: StdMeta, port: int, p: Packet, why: str) -> None:
         c = self.compiled
@@ -521,6 +586,22 @@ class V1Switch:
                 if until_ns is not None and until_ns < limit:
                     limit = until_ns
                 self.tm.pfc_tick(limit)
+                tm = self.tm
+                if self._foreign_queued and not cast(NativeTrafficManager, tm).ports_busy():
+                    self._foreign_queued = False
+                if (
+                    c is not None
+                    and S is not None
+                    and c.native is not None
+                    and isinstance(tm, NativeTrafficManager)
+                    and tm.native()
+                    and not self._foreign_queued
+                ):
+                    n = self._service_native(c, S, tm, limit)
+                    if not n:
+                        return done
+                    done += n
+                    continue
                 ready = self.tm.dequeue_ready(limit)
                 if not ready:
                     return done
@@ -554,6 +635,56 @@ class V1Switch:
         if not self._guarded("egress", lambda: c.egress(p)):
             return
         self._after_egress(c, S, port, p, booked)
+
+    def _service_native(self, c: Compiled, S: StdMeta, tm: NativeTrafficManager, limit: int) -> int:
+        """One round of `service` on the native pipeline and traffic manager: the dequeue and
+        then each departure's egress and deparser in C, in batches, the frames sent here in
+        order; a departure v1model.py must go on with ends a batch and is handled before the
+        next (as `_depart_native` does)."""
+        rt = c.native
+        n = tm.dequeue_native(limit)
+        if not n:
+            return 0
+        deps = tm.departures
+        pop = tm.packets.pop
+        pkts = [pop(deps[k].handle) for k in range(n)]
+        i = 0
+        while i < n:
+            stop = rt.depart_batch(
+                tm.address, tm.departures_address, i, n, self.drop_port, self._unit, CELL_BYTES
+            )
+            res = rt.departed
+            for j in range(i, stop):
+                r = res[j]
+                rc, p = r.rc, pkts[j]
+                if rc >= 0:
+                    out = rt.batch_frame(p, r.off, rc)
+                    if r.truncate >= 0:
+                        out = out[: r.truncate]
+                    port = deps[j].port
+                    if len(out) != r.booked:
+                        tm.ports[port].resize(r.booked, len(out))
+                    self.stats.tx += 1
+                    self.transmit(port, out)
+                    continue
+                d = deps[j]
+                p.t_ns = d.start
+                if rc == ARCH_PYTHON:
+                    self._after_egress(c, S, d.port, p, r.booked)
+                elif rc == ARCH_DROP:
+                    self.stats.drop("egress_drop")
+                elif rc == ARCH_DEPARSE_ERROR:
+                    log.error("deparser error, packet dropped: %r", rt.abort_error("deparser"))
+                    self.stats.drop("deparse_error")
+                else:
+                    self._guarded("egress", lambda: rt.raise_abort("egress"))
+            if stop == i:  # not this pipeline's packet: v1model.py departs it
+                d, p = deps[i], pkts[i]
+                p.t_ns = d.start
+                self._run_egress(c, S, d.port, d.prio, p, d.enq_ns, d.left)
+                stop = i + 1
+            i = stop
+        return n
 
     def _depart_native(
         self, c: Compiled, S: StdMeta, port: int, prio: int, p: Packet, enq_ns: int, left: int

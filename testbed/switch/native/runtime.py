@@ -470,6 +470,11 @@ class NativeRuntime:
         self.proto = ffi.new("xm_packet *")
         lib.xm_new_packet(self.proto)
         self.alloc = ffi.new_allocator(should_clear_after_alloc=False)
+        # xm_depart_batch's frames (several packets' worth) and per-departure results
+        self.batch_size = 1 << 20
+        self.batch_out: Any = ffi.new("uint8_t[]", self.batch_size) if gen.arch else None
+        self._departed_cap = 64
+        self.departed: Any = ffi.new("xm_departed[]", self._departed_cap) if gen.arch else None
         # the architecture's common path in C (cgen.py's _architecture), when generated
         self.arch = gen.arch
         self.rng = random.Random()
@@ -593,6 +598,64 @@ class NativeRuntime:
                 self.state, p._c, port, prio, now_us, enq_us, left, drop, self.out, self.out_size
             )
         )
+
+    def receive_enqueue(
+        self,
+        p: NativePacket,
+        buf: bytes,
+        port: int,
+        t_ns: int,
+        drop_port: int,
+        tm: int,
+        handle: int,
+        unit: int,
+        cell: int,
+    ) -> int:
+        """xm_receive_enqueue: `receive`, then into the native traffic manager at `tm` (its
+        address) when it returns 0; 0 (queued), or `receive`'s codes, ARCH_ENQUEUE_PYTHON,
+        ARCH_QUEUE_FULL, ARCH_NO_MEMORY."""
+        if self.dirty:
+            self.sync()
+        cbuf = self.ffi.from_buffer("uint8_t[]", buf)
+        p._keep = (buf, cbuf)
+        return int(
+            self.lib.xm_receive_enqueue(
+                self.state, p._c, cbuf, len(buf), port, t_ns, drop_port, tm, handle, unit, cell
+            )
+        )
+
+    def depart_batch(
+        self, tm: int, deps: int, i: int, n: int, drop_port: int, unit: int, cell: int
+    ) -> int:
+        """xm_depart_batch over departures i..n of the traffic manager at `tm` (`deps`: its
+        departures' address); the results in `departed`, the frames in `batch_out`."""
+        if self.dirty:
+            self.sync()
+        if n > self._departed_cap:
+            self._departed_cap = max(n, 2 * self._departed_cap)
+            self.departed = self.ffi.new("xm_departed[]", self._departed_cap)
+        return int(
+            self.lib.xm_depart_batch(
+                self.state,
+                tm,
+                deps,
+                i,
+                n,
+                drop_port,
+                unit,
+                cell,
+                self.batch_out,
+                self.batch_size,
+                self.departed,
+            )
+        )
+
+    def batch_frame(self, p: NativePacket, off: int, n: int) -> bytes:
+        """The frame xm_depart_batch wrote at `off`, `n` bytes."""
+        if n <= self.batch_size - off:
+            return self.ffi.buffer(self.batch_out + off, n)[:]
+        head = n - int(p._c.payload_len)
+        return self.ffi.buffer(self.batch_out + off, head)[:] + p.payload
 
     def frame(self, p: NativePacket, n: int) -> bytes:
         """The frame xm_depart wrote, `n` bytes (as `deparse` returns it)."""

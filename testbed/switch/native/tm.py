@@ -43,6 +43,7 @@ TM_QUEUES = 8  # priorities a port may have (standard_metadata.priority: 3 bits)
 _STRUCTS = """
 typedef struct {{
     uint64_t handle; /* the caller's packet */
+    uint64_t cpkt; /* its xm_packet (a native pipeline's packet), or 0 */
     int64_t nbytes;
     int64_t enq_ns;
     int64_t expected; /* what the bytes ahead take at the port's set rate */
@@ -71,6 +72,7 @@ typedef struct {{
     int64_t dropped;
     int64_t max_depth_pkts;
     int64_t max_depth_bytes;
+    int64_t fault_down;
     int64_t fault_delay_ns;
     double fault_rate_factor;
     int64_t fault_silent;
@@ -102,6 +104,7 @@ typedef struct {{
     int64_t port;
     int64_t prio;
     uint64_t handle;
+    uint64_t cpkt;
     int64_t enq_ns;
     int64_t left; /* packets left in its queue */
     int64_t start; /* when it starts to leave */
@@ -112,8 +115,8 @@ _FUNCS = """
 int xm_tm_fifo_push(xm_tm_fifo *q, xm_tm_item item);
 xm_tm_item xm_tm_fifo_pop(xm_tm_fifo *q);
 xm_tm_port *xm_tm_port_of(xm_tm *tm, int64_t port);
-int xm_tm_enqueue(xm_tm *tm, int64_t port, int64_t prio, uint64_t handle, int64_t nbytes,
-                  int64_t now_ns, int64_t *found);
+int xm_tm_enqueue(xm_tm *tm, int64_t port, int64_t prio, uint64_t handle, uint64_t cpkt,
+                  int64_t nbytes, int64_t now_ns, int64_t *found);
 int64_t xm_tm_dequeue_ready(xm_tm *tm, int64_t now_ns, const int64_t *order, int64_t norder,
                             xm_tm_departure *out, int64_t cap);
 int xm_tm_next_departure(xm_tm *tm, int64_t *t);
@@ -204,8 +207,8 @@ static int64_t book_ns(xm_tm_port *pq, double t)
 }}
 
 /* TrafficManager.enqueue with PFC off: 1 and the queue found (packets, bytes), or 0 when full */
-int xm_tm_enqueue(xm_tm *tm, int64_t port, int64_t prio, uint64_t handle, int64_t nbytes,
-                  int64_t now_ns, int64_t *found)
+int xm_tm_enqueue(xm_tm *tm, int64_t port, int64_t prio, uint64_t handle, uint64_t cpkt,
+                  int64_t nbytes, int64_t now_ns, int64_t *found)
 {{
     xm_tm_port *pq = xm_tm_port_of(tm, port);
     xm_tm_fifo *q = &pq->queues[prio];
@@ -230,7 +233,7 @@ int xm_tm_enqueue(xm_tm *tm, int64_t port, int64_t prio, uint64_t handle, int64_
         double rate = pq->fault_silent ? pq->rate_bps * pq->fault_rate_factor : pq->rate_bps;
         expected += (int64_t)((double)b * 8e9 / rate);
     }}
-    xm_tm_item item = {{handle, nbytes, now_ns, expected, -1}};
+    xm_tm_item item = {{handle, cpkt, nbytes, now_ns, expected, -1}};
     if (xm_tm_fifo_push(q, item)) return -1;
     pq->qbytes[prio] = b + nbytes;
     tm->buffered_bytes += nbytes;
@@ -275,7 +278,7 @@ static xm_tm_departure depart(xm_tm *tm, int64_t port, xm_tm_port *pq, int64_t p
     pq->departures++;
     pq->wait_ns += start - it.enq_ns;
     pq->expected_wait_ns += it.expected;
-    xm_tm_departure d = {{port, prio, it.handle, it.enq_ns, q->len, start}};
+    xm_tm_departure d = {{port, prio, it.handle, it.cpkt, it.enq_ns, q->len, start}};
     return d;
 }}
 
@@ -501,7 +504,8 @@ class _Queue:
         tm = self._tm
         pkt, nbytes, enq_ns, expected, in_port = item
         h = tm._register(pkt)
-        if tm.lib.xm_tm_fifo_push(self._q, (h, nbytes, enq_ns, expected, in_port)):
+        cpkt = tm.cpkt(pkt)
+        if tm.lib.xm_tm_fifo_push(self._q, (h, cpkt, nbytes, enq_ns, expected, in_port)):
             raise MemoryError("the native traffic manager could not grow a queue")
         tm._c.queued += 1
         if in_port >= 0:
@@ -527,8 +531,15 @@ class NativePortFault(PortFault):
 
     def __init__(self, c: Any) -> None:  # noqa: D107 - the dataclass's fields, in C and here
         self._c = c
-        self.down = False
         self.loss = 0.0
+
+    @property  # type: ignore[override]
+    def down(self) -> bool:
+        return bool(self._c.fault_down)
+
+    @down.setter
+    def down(self, value: bool) -> None:
+        self._c.fault_down = int(value)
 
     delay_ns = _cfield("fault_delay_ns")  # type: ignore[assignment]
     rate_factor = _cfield("fault_rate_factor")  # type: ignore[assignment]
@@ -617,6 +628,9 @@ class NativeTrafficManager(TrafficManager):
         self._t = self.ffi.new("int64_t *")
         self._out = self.ffi.new("xm_tm_departure[]", 64)
         self._out_cap = 64
+        self._out_addr: tuple[Any, int] = (None, 0)
+        # the C state's address (the pipeline's xm_receive_enqueue and xm_depart_batch)
+        self.address = int(self.ffi.cast("uintptr_t", self._c))
         self._buffer: SharedBuffer | None = None
         super().__init__(clock, nb_queues, depth_pkts)
 
@@ -642,9 +656,48 @@ class NativeTrafficManager(TrafficManager):
         self._c.buffer_alpha = 0.0 if value is None else value.alpha
 
     def _register(self, pkt: Any) -> int:
+        """A new handle for the packet (`packets` holds it while it is queued)."""
         self._handle += 1
-        self.packets[self._handle] = pkt
-        return self._handle
+        h = self._handle
+        self.packets[h] = pkt
+        return h
+
+    @staticmethod
+    def cpkt(pkt: Any) -> int:
+        """A native pipeline's packet's C address (xm_depart_batch runs its egress), else 0."""
+        c = getattr(pkt, "_c", None)
+        return 0 if c is None else int(pkt._rt.ffi.cast("uintptr_t", c))
+
+    def dequeue_native(self, now_ns: int) -> int:
+        """dequeue_ready into `departures` (C structs, the packets still in `packets`): how
+        many. PFC must be off (`native`)."""
+        busy = self._busy
+        if not busy:
+            return 0
+        order = list(busy)
+        cap = int(self._c.queued)
+        if cap > self._out_cap:
+            self._out_cap = max(cap, 2 * self._out_cap)
+            self._out = self.ffi.new("xm_tm_departure[]", self._out_cap)
+        n = int(self.lib.xm_tm_dequeue_ready(self._c, now_ns, order, len(order), self._out, cap))
+        flags = self._c.busy
+        for port in order:
+            if not flags[port]:
+                busy.discard(port)
+        return n
+
+    def ports_busy(self) -> bool:
+        return bool(self._c.queued)
+
+    @property
+    def departures(self) -> Any:
+        return self._out
+
+    @property
+    def departures_address(self) -> int:
+        if self._out_addr[0] is not self._out:
+            self._out_addr = (self._out, int(self.ffi.cast("uintptr_t", self._out)))
+        return self._out_addr[1]
 
     def _sync_busy(self) -> None:
         """The C flags of busy ports after the reference's code changed the set."""
@@ -659,21 +712,23 @@ class NativeTrafficManager(TrafficManager):
             self.ports[port] = pq
         return pq
 
-    def _native(self) -> bool:
+    def native(self) -> bool:
         """Whether the per-packet path may run in C: PFC off and no packet PFC counted."""
         return self.pfc is None and not self._c.pfc_items
 
     def enqueue(
         self, port: int, prio: int, pkt: Any, nbytes: int, now_ns: int, ingress_port: int = -1
     ) -> tuple[int, int] | None:
-        if not self._native():
+        if not self.native():
             found = super().enqueue(port, prio, pkt, nbytes, now_ns, ingress_port)
             self._sync_busy()
             return found
         if port not in self.ports:
             self.port(port)
         h = self._register(pkt)
-        rc = self.lib.xm_tm_enqueue(self._c, port, prio, h, nbytes, now_ns, self._found)
+        rc = self.lib.xm_tm_enqueue(
+            self._c, port, prio, h, self.cpkt(pkt), nbytes, now_ns, self._found
+        )
         if rc <= 0:
             del self.packets[h]
             if rc < 0:
@@ -684,24 +739,12 @@ class NativeTrafficManager(TrafficManager):
         return int(self._found[0]), int(self._found[1])
 
     def dequeue_ready(self, now_ns: int) -> list[tuple[int, int, Any, int, int, int]]:
-        if not self._native():
+        if not self.native():
             out = super().dequeue_ready(now_ns)
             self._sync_busy()
             return out
-        busy = self._busy
-        if not busy:
-            return []
-        order = list(busy)
-        cap = int(self._c.queued)
-        if cap > self._out_cap:
-            self._out_cap = max(cap, 2 * self._out_cap)
-            self._out = self.ffi.new("xm_tm_departure[]", self._out_cap)
+        n = self.dequeue_native(now_ns)
         out = self._out
-        n = self.lib.xm_tm_dequeue_ready(self._c, now_ns, order, len(order), out, cap)
-        flags = self._c.busy
-        for port in order:
-            if not flags[port]:
-                busy.discard(port)
         pop = self.packets.pop
         res = []
         for i in range(n):
