@@ -21,11 +21,14 @@ both the C and cffi's cdef.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
 from testbed.switch.native.build import build, load
-from testbed.switch.pfc import PfcPortCounters
+from testbed.switch.pfc import PfcConfig, PfcPortCounters, WatchdogConfig
 from testbed.switch.traffic_manager import (
     MAX_DEPTH_PACKETS,
     MAX_PORT,
@@ -431,6 +434,19 @@ def cdef() -> str:
     return _fill(_STRUCTS) + _FUNCS
 
 
+_LOADED: tuple[Any, Any] | None = None
+
+
+def _loaded() -> tuple[Any, Any]:
+    """(ffi, lib) of the traffic manager's C, built and loaded once per process."""
+    global _LOADED
+    if _LOADED is None:
+        src = source()
+        so = build(src, hashlib.sha256(src.encode()).hexdigest())
+        _LOADED = load(cdef(), so)
+    return _LOADED
+
+
 def _cfield(name: str) -> property:
     """A field of the object's C struct (`_c`), read and written as the reference's."""
 
@@ -614,11 +630,7 @@ class NativeTrafficManager(TrafficManager):
     def __init__(self, clock: Clock, nb_queues: int = 1, depth_pkts: int = 64):
         if not 1 <= nb_queues <= TM_QUEUES:
             raise ValueError(f"the native traffic manager has 1 to {TM_QUEUES} queues a port")
-        import hashlib
-
-        src = source()
-        so = build(src, hashlib.sha256(src.encode()).hexdigest())
-        self.ffi, self.lib = load(cdef(), so)
+        self.ffi, self.lib = _loaded()
         self._mem = self.ffi.new("xm_tm *")
         self._c = self._mem
         self._c.nb_queues = nb_queues
@@ -756,6 +768,49 @@ class NativeTrafficManager(TrafficManager):
         if self.pfc is not None:
             return super().next_departure_ns()
         return int(self._t[0]) if self.lib.xm_tm_next_departure(self._c, self._t) else None
+
+    def set_pfc(self, pfc: PfcConfig | None, watchdog: WatchdogConfig | None = None) -> None:
+        """PFC on: this traffic manager becomes the reference, its state moved into Python
+        (PFC's per-packet counting is not in C yet, and the reference's code on the C state is
+        slower than on its own)."""
+        if pfc is not None:
+            self._to_reference()
+        TrafficManager.set_pfc(self, pfc, watchdog)
+
+    def _to_reference(self) -> None:
+        """Turn this object into a TrafficManager holding the same state in Python."""
+        plain = {
+            name: getattr(self, name)
+            for name in (
+                "default_depth_pkts",
+                "default_depth_bytes",
+                "default_rate_pps",
+                "default_rate_bps",
+                "buffered_bytes",
+                "buffer",
+            )
+        }
+        ports: dict[int, PortQueues] = {}
+        for port, view in self.ports.items():
+            values: dict[str, Any] = {}
+            for f in dataclasses.fields(PortQueues):
+                v = getattr(view, f.name)
+                if f.name == "queues":
+                    v = [deque(q) for q in v]
+                elif isinstance(v, _Array):
+                    v = list(v)
+                elif isinstance(v, PortFault):
+                    v = PortFault(v.down, v.loss, v.delay_ns, v.rate_factor, v.silent)
+                values[f.name] = v
+            pq = PortQueues.__new__(PortQueues)
+            pq.__dict__.update(values)
+            ports[port] = pq
+        self.lib.xm_tm_free(self._c)
+        for name in ("ffi", "lib", "_mem", "_c", "packets", "_out", "_found", "_t"):
+            self.__dict__.pop(name, None)
+        self.__class__ = TrafficManager  # type: ignore[assignment]
+        self.__dict__.update(plain)
+        self.ports = ports
 
     def _flush(self, pq: PortQueues, prio: int, now_ns: int) -> int:
         n = super()._flush(pq, prio, now_ns)
