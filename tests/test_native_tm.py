@@ -171,3 +171,58 @@ def test_a_long_sequence_at_400g() -> None:
         assert ref.dequeue_ready(now) == nat.dequeue_ready(now)
     assert ref.ports[1].tx_carry_ns == nat.ports[1].tx_carry_ns
     assert ref.ports[2].next_tx_ns == nat.ports[2].next_tx_ns
+
+
+@pytest.mark.parametrize("unit", ["packets", "bytes", "cells"])
+def test_a_switch_on_both_traffic_managers_sends_the_same_queue_metadata(unit: str) -> None:
+    """tests/p4/queue_probe writes each packet's queueing metadata (enq/deq depth, enqueue
+    time, time in queue, both timestamps) into the packet: bursts through a rate-limited,
+    sometimes shared, sometimes delayed port give the same frames at the same times on the
+    reference switch and on the native one (architecture path and traffic manager in C),
+    with the same drops and port state."""
+    from pathlib import Path
+
+    from testbed.switch.native.tm import NativeTrafficManager
+    from testbed.switch.v1model import V1Switch
+
+    program = (Path(__file__).parent / "p4" / "build" / "queue_probe.json").read_bytes()
+    rnd = random.Random(unit)
+    sws = [V1Switch(Clock(virtual=True), qdepth_unit=unit, pipeline=pl) for pl in PIPELINES]
+    sent: list[list[tuple[int, int, bytes]]] = [[], []]
+    for k, sw in enumerate(sws):
+        sw.load(program)
+        sw.transmit = lambda port, data, k=k, sw=sw: sent[k].append(  # type: ignore[misc]
+            (sw.clock.now_ns(), port, data)
+        )
+    assert sws[1].pipeline_in_use == "native" and isinstance(sws[1].tm, NativeTrafficManager)
+    for sw in sws:
+        sw.tm.set_rate(None, None, 1e9)
+        sw.tm.set_depth(None, 40, 60_000)
+    for step in range(400):
+        dt = rnd.choice([0, 100, 1_000, 10_000, 200_000])
+        if step == 150:
+            for sw in sws:
+                sw.tm.set_buffer(SharedBuffer(80_000, 1.0))
+        if step == 250:
+            for sw in sws:
+                sw.tm.set_fault(2, delay_ns=5_000, rate_factor=0.5)
+        burst = [
+            bytes(12) + b"\x88\xb5" + bytes(28) + bytes(rnd.choice([0, 50, 1400, 8000]))
+            for _ in range(rnd.choice([0, 1, 3, 20]))
+        ]
+        for sw in sws:
+            sw.clock.advance(dt)
+            for frame in burst:
+                sw.receive(1, frame)
+            sw.service()
+        assert sent[0] == sent[1], (unit, step)
+    for sw in sws:
+        sw.clock.advance(10**10)
+        sw.service()
+    assert sent[0] == sent[1]
+    assert sws[0].drop_counts() == sws[1].drop_counts()
+    assert state(sws[0].tm) == state(sws[1].tm)
+    assert len(sent[0]) > 100 and sws[0].drop_counts().get("queue_full")
+
+
+PIPELINES = ("reference", "native")
