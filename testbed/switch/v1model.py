@@ -326,11 +326,10 @@ class V1Switch:
                 self._unit,
                 CELL_BYTES,
             )
-            if rc == 0:
-                eport = p.h[S.h][S.egress_spec]
-                if eport not in tm.ports:
-                    tm.port(eport)
-                tm._busy.add(eport)
+            if rc >= 0:  # queued for port rc
+                if rc not in tm.ports:
+                    tm.port(rc)
+                tm._busy.add(rc)
                 return
             del tm.packets[h]
             if rc == ARCH_QUEUE_FULL:
@@ -598,9 +597,9 @@ class V1Switch:
                     and not self._foreign_queued
                 ):
                     n = self._service_native(c, S, tm, limit)
-                    if not n:
-                        return done
                     done += n
+                    if not n or not tm._busy:  # the next round would find nothing
+                        return done
                     continue
                 ready = self.tm.dequeue_ready(limit)
                 if not ready:

@@ -1943,7 +1943,9 @@ class CGen:
         self.emit("return unit == 0 ? packets : unit == 1 ? bytes : (bytes + cell - 1) / cell;", 1)
         self.emit("}")
         self.emit()
-        self.emit("/* after xm_receive's 0, the packet into its queue (v1model.py's _enqueue) */")
+        self.emit(
+            "/* after xm_receive's 0, into its queue (v1model.py's _enqueue): its port or a code */"
+        )
         self.emit(
             "static int64_t v1model_enqueue(xm_packet *p, xm_tm *tm, uint64_t handle, "
             "int64_t t_ns, int64_t unit, int64_t cell)"
@@ -1961,7 +1963,7 @@ class CGen:
             f"{sm('enq_timestamp')} = ((uint64_t)t_ns / 1000) & {m('enq_timestamp')};",
             "uint64_t depth = (uint64_t)qdepth(unit, cell, found[0], found[1]);",
             f"{sm('enq_qdepth')} = depth < {m('enq_qdepth')} ? depth : {m('enq_qdepth')};",
-            "return 0;",
+            "return (int64_t)port;",
         ):
             self.emit(line, 1)
         self.emit("}")
@@ -1975,6 +1977,7 @@ class CGen:
             "int64_t unit, int64_t cell)"
         )
         self.emit("{")
+        self.emit("/* the port it was queued for (>= 0), or a code (< 0) */", 1)
         self.emit("int64_t rc = xm_receive(s, p, buf, n, port, t_ns / 1000, drop_port);", 1)
         self.emit(
             "return rc ? rc : v1model_enqueue(p, (xm_tm *)(uintptr_t)tm, handle, (int64_t)t_ns, "

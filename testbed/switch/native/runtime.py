@@ -612,8 +612,8 @@ class NativeRuntime:
         cell: int,
     ) -> int:
         """xm_receive_enqueue: `receive`, then into the native traffic manager at `tm` (its
-        address) when it returns 0; 0 (queued), or `receive`'s codes, ARCH_ENQUEUE_PYTHON,
-        ARCH_QUEUE_FULL, ARCH_NO_MEMORY."""
+        address) when it returns 0; the port it was queued for (>= 0), or `receive`'s codes,
+        ARCH_ENQUEUE_PYTHON, ARCH_QUEUE_FULL, ARCH_NO_MEMORY."""
         if self.dirty:
             self.sync()
         cbuf = self.ffi.from_buffer("uint8_t[]", buf)
