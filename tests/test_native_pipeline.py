@@ -208,6 +208,45 @@ def test_the_xingmai_program_runs_native() -> None:
     assert sw.pipeline_in_use == "native", sw.native_reason
 
 
+def test_a_forwarded_packet_crosses_into_c_once_each_way() -> None:
+    """On the native pipeline, v1model's common path and the native traffic manager are one
+    C call at arrival (ingress and enqueue: xm_receive_enqueue) and one per round of
+    departures (egress and deparser: xm_depart_batch, after the dequeue's call): the
+    program's stages are not called one by one, the Python traffic manager not at all."""
+    from testbed.benchmarks.switch import xingmai_frames, xingmai_switch
+    from testbed.switch.native.tm import NativeTrafficManager
+
+    sw = xingmai_switch("native")
+    c = sw.compiled
+    assert c is not None and c.native is not None
+    assert isinstance(sw.tm, NativeTrafficManager)
+    calls = {"receive": 0, "depart": 0, "stage": 0, "python_tm": 0}
+
+    def counted(name: str, fn: Any) -> Any:
+        def wrapper(*args: Any, **kw: Any) -> Any:
+            calls[name] += 1
+            return fn(*args, **kw)
+
+        return wrapper
+
+    rt = c.native
+    rt.receive_enqueue = counted("receive", rt.receive_enqueue)
+    rt.depart_batch = counted("depart", rt.depart_batch)
+    for stage in ("parse", "verify_checksums", "ingress", "egress", "update_checksums"):
+        setattr(c, stage, counted("stage", getattr(c, stage)))
+    for method in ("enqueue", "dequeue_ready"):
+        setattr(sw.tm, method, counted("python_tm", getattr(sw.tm, method)))
+    sent: list[bytes] = []
+    sw.transmit = lambda port, data: sent.append(data)
+    frames = xingmai_frames(8)
+    for f in frames:
+        sw.clock.advance(1000)
+        sw.receive(1, f)
+        sw.service()
+    assert len(sent) == len(frames)
+    assert calls == {"receive": len(frames), "depart": len(frames), "stage": 0, "python_tm": 0}
+
+
 def test_no_compiler_falls_back_with_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -72,6 +72,9 @@ class Compiled:
     # the source of the program's `random` extern (modify_field_rng_uniform): seed it for a
     # reproducible run
     random: random.Random = field(default_factory=random.Random)
+    # the native pipeline's runtime when it runs v1model's common path in C (its `receive`
+    # and `depart`, testbed/switch/native/runtime.py); None: the architecture is v1model.py's
+    native: Any = None
 
 
 class _Src:

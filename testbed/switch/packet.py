@@ -17,6 +17,27 @@ PKT_INSTANCE_TYPE_RECIRC = 4
 PKT_INSTANCE_TYPE_REPLICATION = 5
 PKT_INSTANCE_TYPE_RESUBMIT = 6
 
+# standard_metadata fields the architecture reads or writes, with their v1model widths.
+STD_FIELDS = {
+    "ingress_port": 9,
+    "egress_spec": 9,
+    "egress_port": 9,
+    "instance_type": 32,
+    "packet_length": 32,
+    "enq_timestamp": 32,
+    "enq_qdepth": 19,
+    "deq_timedelta": 32,
+    "deq_qdepth": 19,
+    "ingress_global_timestamp": 48,
+    "egress_global_timestamp": 48,
+    "mcast_grp": 16,
+    "egress_rid": 16,
+    "checksum_error": 1,
+    "parser_error": 32,
+    "priority": 3,
+    "qid": 8,
+}
+
 # bmv2's core parser errors, used when the JSON does not declare them.
 CORE_ERRORS = (
     "NoError",

@@ -18,13 +18,22 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from controller.wire.pfc import decode_pfc, is_mac_control
 from testbed.switch.codegen import DROP_PORT, Compiled
 from testbed.switch.compiler import compile_program
 from testbed.switch.drop_reports import DROP_REASONS, DropReporter
 from testbed.switch.native import BuildError, Unsupported, load_native
+from testbed.switch.native.cgen import (
+    ARCH_DEPARSE_ERROR,
+    ARCH_DROP,
+    ARCH_ENQUEUE_PYTHON,
+    ARCH_NO_MEMORY,
+    ARCH_PYTHON,
+    ARCH_QUEUE_FULL,
+)
+from testbed.switch.native.tm import NativeTrafficManager
 from testbed.switch.packet import (
     PKT_INSTANCE_TYPE_EGRESS_CLONE,
     PKT_INSTANCE_TYPE_INGRESS_CLONE,
@@ -32,6 +41,7 @@ from testbed.switch.packet import (
     PKT_INSTANCE_TYPE_RECIRC,
     PKT_INSTANCE_TYPE_REPLICATION,
     PKT_INSTANCE_TYPE_RESUBMIT,
+    STD_FIELDS,
     Packet,
     PipelineAbort,
 )
@@ -75,26 +85,6 @@ class Stats:
         self.dropped[reason] = self.dropped.get(reason, 0) + 1
 
 
-# standard_metadata fields the architecture reads or writes, with their v1model widths.
-STD_FIELDS = {
-    "ingress_port": 9,
-    "egress_spec": 9,
-    "egress_port": 9,
-    "instance_type": 32,
-    "packet_length": 32,
-    "enq_timestamp": 32,
-    "enq_qdepth": 19,
-    "deq_timedelta": 32,
-    "deq_qdepth": 19,
-    "ingress_global_timestamp": 48,
-    "egress_global_timestamp": 48,
-    "mcast_grp": 16,
-    "egress_rid": 16,
-    "checksum_error": 1,
-    "parser_error": 32,
-    "priority": 3,
-    "qid": 8,
-}
 _REQUIRED = ("ingress_port", "egress_spec", "egress_port", "instance_type", "packet_length")
 
 
@@ -187,7 +177,7 @@ class V1Switch:
         if qdepth_unit not in QDEPTH_UNITS:
             raise ValueError(f"queue depth unit {qdepth_unit!r}: one of {', '.join(QDEPTH_UNITS)}")
         self.qdepth_unit = qdepth_unit  # what enq_qdepth / deq_qdepth count
-        self.tm = TrafficManager(self.clock, nb_queues)
+        self.tm = self._traffic_manager(nb_queues)
         # PFC frames leave a port ahead of its queues (the MAC sends them), from the port's MAC
         self.tm.send_control = lambda port, frame: self._send_control(port, frame)
         self.tm.port_mac = self.port_mac
@@ -204,8 +194,21 @@ class V1Switch:
         self.on_digest: DigestFn = lambda list_id, name, values: None
         self.log_fn: Callable[[str], None] = lambda msg: log.info("log_msg: %s", msg)
         self._uid = 0
+        self._foreign_queued = False
+        self._unit = QDEPTH_UNITS.index(qdepth_unit)
         self._meta: list[int] = []
         self._zeros: list[list[int]] = []
+
+    def _traffic_manager(self, nb_queues: int) -> TrafficManager:
+        """The reference traffic manager, or on the native pipeline the native one (the same
+        class, its state and per-packet path in C: testbed/switch/native/tm.py) where it
+        builds."""
+        if self.pipeline == "native":
+            try:
+                return NativeTrafficManager(self.clock, nb_queues)
+            except (BuildError, ValueError) as exc:
+                log.warning("native traffic manager unavailable (%s): running the reference", exc)
+        return TrafficManager(self.clock, nb_queues)
 
     # ---- program ----------------------------------------------------------------------------
 
@@ -225,6 +228,11 @@ class V1Switch:
         with self.lock:
             self.pipeline_in_use, self.native_reason = in_use, reason
             self.compiled = compiled
+            # packets queued by the program loaded before are not this native pipeline's:
+            # they depart through v1model.py until the queues have emptied
+            self._foreign_queued = isinstance(self.tm, NativeTrafficManager) and bool(
+                self.tm._c.queued
+            )
             self.json_bytes = raw
             self.std = std
             self._meta = [h.index for h in prog.headers if h.metadata]
@@ -277,6 +285,9 @@ class V1Switch:
             if is_mac_control(data):  # the MAC consumes it: PFC pauses, never forwarded
                 self._mac_control(port, data)
                 return
+            if c.native is not None:
+                self._receive_native(c, S, port, data, t_ns)
+                return
             p = self._new(c, len(data))
             now = self.clock.now_ns()
             p.t_ns = now if t_ns is None or t_ns > now else t_ns
@@ -286,6 +297,63 @@ class V1Switch:
             sm[S.instance_type] = PKT_INSTANCE_TYPE_NORMAL
             sm[S.ingress_global_timestamp] = (p.t_ns // 1000) & S.m_ingress_global_timestamp
             self._run_ingress(c, S, p, bytes(data), port)
+
+    def _receive_native(
+        self, c: Compiled, S: StdMeta, port: int, data: bytes, t_ns: int | None
+    ) -> None:
+        """What `receive` and `_run_ingress` do, with the native pipeline's common path in C
+        (one call: standard metadata, parser, checksums, ingress, the egress decision); a
+        rare case goes on in `_after_ingress` as on the reference."""
+        rt = c.native
+        p = rt.blank_packet()
+        self._uid += 1
+        p.uid = self._uid
+        now = self.clock.now_ns()
+        p.t_ns = now if t_ns is None or t_ns > now else t_ns
+        buf = bytes(data)
+        tm = self.tm
+        if isinstance(tm, NativeTrafficManager) and tm.native() and not self._foreign_queued:
+            # one call: ingress and the traffic manager's enqueue, in C
+            h = tm._register(p)
+            rc = rt.receive_enqueue(
+                p,
+                buf,
+                port & S.m_ingress_port,
+                p.t_ns,
+                self.drop_port,
+                tm.address,
+                h,
+                self._unit,
+                CELL_BYTES,
+            )
+            if rc >= 0:  # queued for port rc
+                if rc not in tm.ports:
+                    tm.port(rc)
+                tm._busy.add(rc)
+                return
+            del tm.packets[h]
+            if rc == ARCH_QUEUE_FULL:
+                eport = p.h[S.h][S.egress_spec]
+                if eport not in tm.ports:
+                    tm.port(eport)
+                tm.last_drop = "queue_full"
+                self._enqueue_failed(S, eport, p)
+                return
+            if rc == ARCH_ENQUEUE_PYTHON:
+                self._enqueue(S, p.h[S.h][S.egress_spec], p)
+                return
+            if rc == ARCH_NO_MEMORY:
+                raise MemoryError("the native traffic manager could not grow a queue")
+        else:
+            rc = rt.receive(p, buf, port & S.m_ingress_port, p.t_ns // 1000, self.drop_port)
+        if rc == 0:
+            self._enqueue(S, p.h[S.h][S.egress_spec], p)
+        elif rc == ARCH_PYTHON:
+            self._after_ingress(c, S, p, buf, port)
+        elif rc == ARCH_DROP:
+            self.stats.drop("ingress_drop")
+        else:
+            self._guarded("ingress", lambda: rt.raise_abort("ingress"))
 
     def _mac_control(self, port: int, data: bytes) -> None:
         try:
@@ -367,6 +435,10 @@ class V1Switch:
 
         if not self._guarded("ingress", stage):
             return
+        self._after_ingress(c, S, p, buf, port)
+
+    def _after_ingress(self, c: Compiled, S: StdMeta, p: Packet, buf: bytes, port: int) -> None:
+        """After the ingress pipeline: clone, digest, resubmit, multicast, drop or unicast."""
         p.exit = False
         sm = p.h[S.h]
         egress_spec = sm[S.egress_spec]
@@ -461,9 +533,7 @@ class V1Switch:
         )
         found = self.tm.enqueue(port, prio, p, p.plen, now, in_port)
         if found is None:
-            self.stats.drop(self.tm.last_drop)
-            if self.tm.last_drop in DROP_REASONS:
-                self._report_drop(S, port, p, self.tm.last_drop)
+            self._enqueue_failed(S, port, p)
             return
         sm[S.enq_timestamp] = (now // 1000) & S.m_enq_timestamp
         unit = self.qdepth_unit
@@ -477,6 +547,12 @@ class V1Switch:
         # in bytes a shared buffer's queue may pass what 19 bits hold: the program sees the
         # largest value it can (saturated, not wrapped to a small depth)
         sm[S.enq_qdepth] = depth if depth < S.m_enq_qdepth else S.m_enq_qdepth
+
+    def _enqueue_failed(self, S: StdMeta, port: int, p: Packet) -> None:
+        """The traffic manager refused the packet (`last_drop` says why)."""
+        self.stats.drop(self.tm.last_drop)
+        if self.tm.last_drop in DROP_REASONS:
+            self._report_drop(S, port, p, self.tm.last_drop)
 
     def _report_drop(self, S: StdMeta, port: int, p: Packet, why: str) -> None:
         c = self.compiled
@@ -509,13 +585,33 @@ class V1Switch:
                 if until_ns is not None and until_ns < limit:
                     limit = until_ns
                 self.tm.pfc_tick(limit)
+                tm = self.tm
+                if self._foreign_queued and not cast(NativeTrafficManager, tm).ports_busy():
+                    self._foreign_queued = False
+                if (
+                    c is not None
+                    and S is not None
+                    and c.native is not None
+                    and isinstance(tm, NativeTrafficManager)
+                    and tm.native()
+                    and not self._foreign_queued
+                ):
+                    n = self._service_native(c, S, tm, limit)
+                    done += n
+                    if not n or not tm._busy:  # the next round would find nothing
+                        return done
+                    continue
                 ready = self.tm.dequeue_ready(limit)
                 if not ready:
                     return done
                 for port, prio, p, enq_ns, left, start in ready:
                     done += 1
                     p.t_ns = start
-                    if c is not None and S is not None:
+                    if c is None or S is None:
+                        continue
+                    if c.native is not None:
+                        self._depart_native(c, S, port, prio, p, enq_ns, left)
+                    else:
                         self._run_egress(c, S, port, prio, p, enq_ns, left)
 
     def _run_egress(
@@ -537,8 +633,87 @@ class V1Switch:
         sm[S.packet_length] = p.plen & S.m_packet_length
         if not self._guarded("egress", lambda: c.egress(p)):
             return
-        p.exit = False
+        self._after_egress(c, S, port, p, booked)
 
+    def _service_native(self, c: Compiled, S: StdMeta, tm: NativeTrafficManager, limit: int) -> int:
+        """One round of `service` on the native pipeline and traffic manager: the dequeue and
+        then each departure's egress and deparser in C, in batches, the frames sent here in
+        order; a departure v1model.py must go on with ends a batch and is handled before the
+        next (as `_depart_native` does)."""
+        rt = c.native
+        n = tm.dequeue_native(limit)
+        if not n:
+            return 0
+        deps = tm.departures
+        pop = tm.packets.pop
+        pkts = [pop(deps[k].handle) for k in range(n)]
+        i = 0
+        while i < n:
+            stop = rt.depart_batch(
+                tm.address, tm.departures_address, i, n, self.drop_port, self._unit, CELL_BYTES
+            )
+            res = rt.departed
+            for j in range(i, stop):
+                r = res[j]
+                rc, p = r.rc, pkts[j]
+                if rc >= 0:
+                    out = rt.batch_frame(p, r.off, rc)
+                    if r.truncate >= 0:
+                        out = out[: r.truncate]
+                    port = deps[j].port
+                    if len(out) != r.booked:
+                        tm.ports[port].resize(r.booked, len(out))
+                    self.stats.tx += 1
+                    self.transmit(port, out)
+                    continue
+                d = deps[j]
+                p.t_ns = d.start
+                if rc == ARCH_PYTHON:
+                    self._after_egress(c, S, d.port, p, r.booked)
+                elif rc == ARCH_DROP:
+                    self.stats.drop("egress_drop")
+                elif rc == ARCH_DEPARSE_ERROR:
+                    log.error("deparser error, packet dropped: %r", rt.abort_error("deparser"))
+                    self.stats.drop("deparse_error")
+                else:
+                    self._guarded("egress", lambda: rt.raise_abort("egress"))
+            if stop == i:  # not this pipeline's packet: v1model.py departs it
+                d, p = deps[i], pkts[i]
+                p.t_ns = d.start
+                self._run_egress(c, S, d.port, d.prio, p, d.enq_ns, d.left)
+                stop = i + 1
+            i = stop
+        return n
+
+    def _depart_native(
+        self, c: Compiled, S: StdMeta, port: int, prio: int, p: Packet, enq_ns: int, left: int
+    ) -> None:
+        """What `_run_egress` does, with the native pipeline's common path in C (one call: the
+        dequeue's metadata, egress, checksums, deparser); a rare case goes on in
+        `_after_egress` as on the reference."""
+        rt = c.native
+        booked = p.plen
+        if self.qdepth_unit != "packets":
+            left = self.tm.ports[port].qbytes[prio]
+            if self.qdepth_unit == "cells":
+                left = -(-left // CELL_BYTES)
+        rc = rt.depart(p, port, prio, p.t_ns // 1000, enq_ns // 1000, left, self.drop_port)
+        if rc >= 0:
+            self._transmit_out(port, p, rt.frame(p, rc), booked)
+        elif rc == ARCH_PYTHON:
+            self._after_egress(c, S, port, p, booked)
+        elif rc == ARCH_DROP:
+            self.stats.drop("egress_drop")
+        elif rc == ARCH_DEPARSE_ERROR:
+            log.error("deparser error, packet dropped: %r", rt.abort_error("deparser"))
+            self.stats.drop("deparse_error")
+        else:
+            self._guarded("egress", lambda: rt.raise_abort("egress"))
+
+    def _after_egress(self, c: Compiled, S: StdMeta, port: int, p: Packet, booked: int) -> None:
+        """After the egress pipeline: clone, drop, deparse, recirculate or transmit."""
+        p.exit = False
+        sm = p.h[S.h]
         if p.clone_session >= 0:  # egress-to-egress clone: headers as they are now
             session = self.clone_sessions.get(p.clone_session)
             fl = p.clone_field_list
@@ -575,6 +750,9 @@ class V1Switch:
             rp.h[S.h][S.packet_length] = len(out) & S.m_packet_length
             self._run_ingress(c, S, rp, out, 0)
             return
+        self._transmit_out(port, p, out, booked)
+
+    def _transmit_out(self, port: int, p: Packet, out: bytes, booked: int) -> None:
         if p.truncate_len >= 0:
             out = out[: p.truncate_len]
         if len(out) != booked:  # the port sends the frame as it left egress

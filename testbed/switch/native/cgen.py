@@ -33,10 +33,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from testbed.switch.compiler import is_action_call
+from testbed.switch.native.tm import source as tm_source
+from testbed.switch.packet import PKT_INSTANCE_TYPE_NORMAL, STD_FIELDS
 from testbed.switch.program import HeaderType, Json, Program, hexint
 
 # Part of the cache key of every build: bump it when the generated C changes meaning.
-GENERATOR_VERSION = "1"
+GENERATOR_VERSION = "2"
 
 U64 = (1 << 64) - 1
 I64_MIN = -(1 << 63)
@@ -44,6 +46,14 @@ DROP_PORT = 511
 NO_ACTION = 0xFFFFFFFF  # a table entry or default that calls nothing
 ABORT_PIPELINE = 1  # the reference raises PipelineAbort
 ABORT_INDEX = 2  # the reference raises IndexError
+# What the architecture's entry points (xm_receive, xm_depart) return besides a frame's
+# length: the abort kinds above negated, and these
+ARCH_DROP = -3  # the program dropped the packet (egress_spec is the drop port)
+ARCH_PYTHON = -4  # a rare case (clone, digest, resubmit, recirculate, multicast): v1model.py
+ARCH_DEPARSE_ERROR = -5  # updating the checksums or deparsing aborted
+ARCH_ENQUEUE_PYTHON = -6  # v1model.py enqueues it (a bad priority, a port down: rare)
+ARCH_QUEUE_FULL = -7  # the traffic manager dropped it (a full queue or buffer)
+ARCH_NO_MEMORY = -8  # a queue could not grow
 C_HASHES = ("csum16", "cksum16", "crc16", "crc32", "crcCCITT", "identity")
 HASH_FN = {"cksum16": "csum16"}  # algorithms that are another's C function
 PKT_REGS = (
@@ -150,6 +160,7 @@ class Generated:
     max_out: int = 0  # bytes the deparser writes at most (headers; the payload comes after)
     nheaders: int = 0
     vl_bytes: int = 1
+    arch: bool = False  # xm_receive and xm_depart exist (standard_metadata has every field)
     cdef: str = ""
 
     @property
@@ -858,6 +869,7 @@ class CGen:
         self._deparser(g)
         self._control(g)
         self._entry_points()
+        g.arch = self._architecture(g)
         g.source = "\n".join(self.out) + "\n"
         g.header_slots = list(self.slots)
         g.nfields = self.nfields
@@ -868,6 +880,8 @@ class CGen:
         g.registers = dict(self.register_idx)
         g.profiles = dict(self.profile_idx)
         g.cdef = self._cdef(g)
+        if g.arch:
+            g.cdef += _ARCH_CDEF
         return g
 
     def _preamble(self) -> None:
@@ -1789,6 +1803,232 @@ class CGen:
         self.emit("}", 1)
         self.emit("}")
 
+    def _architecture(self, g: Generated) -> bool:
+        """v1model's common path (v1model.py's receive, _run_ingress and _run_egress) for a
+        packet that is not cloned, learnt, resubmitted, recirculated or multicast, one entry
+        point each way: `xm_receive` (standard metadata, parser, checksums, ingress, the
+        egress decision) and `xm_depart` (the dequeue's metadata, egress, checksums, deparser).
+        A rare case returns ARCH_PYTHON after the stage, and v1model.py goes on with it. Not
+        generated (False) when standard_metadata lacks a field the architecture sets."""
+        std = self.std
+        names = {pl["name"]: f"pipeline_{c_ident(pl['name'])}" for pl in self.prog.pipelines}
+        if std is None or any(f not in std.htype.field_index for f in STD_FIELDS):
+            return False
+        fidx = std.htype.field_index
+
+        def sm(name: str) -> str:
+            return self.fref(std.index, fidx[name])
+
+        def m(name: str) -> str:
+            return c_int(mask_of(std.htype.fields[fidx[name]][1]))
+
+        rare = (
+            "p->regs.clone_session >= 0 || p->regs.learn_id > 0 || p->regs.resubmit_fl || "
+            f"{sm('mcast_grp')} != 0"
+        )
+        ing = f"{names['ingress']}(s, p);" if "ingress" in names else "/* no ingress */"
+        egr = f"{names['egress']}(s, p);" if "egress" in names else "/* no egress */"
+        self.emit("/* ---- v1model's common path (v1model.py's receive and _run_ingress/egress) */")
+        self.emit(f"#define ARCH_DROP ({ARCH_DROP})")
+        self.emit(f"#define ARCH_PYTHON ({ARCH_PYTHON})")
+        self.emit(f"#define ARCH_DEPARSE_ERROR ({ARCH_DEPARSE_ERROR})")
+        self.emit(f"#define ARCH_ENQUEUE_PYTHON ({ARCH_ENQUEUE_PYTHON})")
+        self.emit(f"#define ARCH_QUEUE_FULL ({ARCH_QUEUE_FULL})")
+        self.emit(f"#define ARCH_NO_MEMORY ({ARCH_NO_MEMORY})")
+        self.emit()
+        self.emit("/* n bytes arrive on a port at t_us: 0 to enqueue them for egress_spec */")
+        self.emit(
+            "static int64_t v1model_receive(xm_state *s, xm_packet *p, const uint8_t *buf, "
+            "uint64_t n, uint64_t port, uint64_t t_us, uint64_t drop_port)"
+        )
+        self.emit("{")
+        for line in (
+            "xm_new_packet(p);",
+            "p->regs.ingress_len = (int64_t)n;",
+            "p->regs.plen = (int64_t)n;",
+            f"{sm('ingress_port')} = port & {m('ingress_port')};",
+            f"{sm('packet_length')} = n;",
+            f"{sm('instance_type')} = {PKT_INSTANCE_TYPE_NORMAL};",
+            f"{sm('ingress_global_timestamp')} = t_us & {m('ingress_global_timestamp')};",
+            f"{sm('parser_error')} = (uint64_t)parse_packet(s, p, buf, n);",
+            f"{sm('checksum_error')} = verify_checksums(s, p) ? 1 : 0;",
+            ing,
+            "p->regs.exit = 0;",
+            f"if ({rare}) return ARCH_PYTHON;",
+            f"if ({sm('egress_spec')} == drop_port) return ARCH_DROP;",
+            f"{sm('instance_type')} = {PKT_INSTANCE_TYPE_NORMAL};",
+            "return 0;",
+        ):
+            self.emit(line, 1)
+        self.emit("}")
+        self.emit()
+        self.emit("/* the packet leaves its queue: the dequeue's metadata, egress; 0 to deparse */")
+        self.emit(
+            "static int64_t v1model_egress(xm_state *s, xm_packet *p, uint64_t port, "
+            "uint64_t prio, uint64_t now_us, uint64_t enq_us, uint64_t left, uint64_t drop_port)"
+        )
+        self.emit("{")
+        for line in (
+            f"{sm('egress_global_timestamp')} = now_us & {m('egress_global_timestamp')};",
+            f"{sm('deq_timedelta')} = (now_us - enq_us) & {m('deq_timedelta')};",
+            f"{sm('deq_qdepth')} = left < {m('deq_qdepth')} ? left : {m('deq_qdepth')};",
+            f"{sm('qid')} = prio;",
+            f"{sm('egress_port')} = port & {m('egress_port')};",
+            f"{sm('egress_spec')} = (drop_port + 1) & {m('egress_spec')};",
+            f"{sm('packet_length')} = (uint64_t)p->regs.plen & {m('packet_length')};",
+            egr,
+            "p->regs.exit = 0;",
+            "if (p->regs.clone_session >= 0 || p->regs.recirc_fl) return ARCH_PYTHON;",
+            f"if ({sm('egress_spec')} == drop_port) return ARCH_DROP;",
+            "return 0;",
+        ):
+            self.emit(line, 1)
+        self.emit("}")
+        self.emit()
+        self.emit("/* entry points: an abort, its kind negated (deparser: ARCH_DEPARSE_ERROR) */")
+        self.emit(
+            "int64_t xm_receive(xm_state *s, xm_packet *p, const uint8_t *buf, uint64_t n, "
+            "uint64_t port, uint64_t t_us, uint64_t drop_port)"
+        )
+        self.emit("{")
+        for line in (
+            "xm_state *volatile v_s = s;",
+            "xm_packet *volatile v_p = p;",
+            "const uint8_t *volatile v_buf = buf;",
+            "volatile uint64_t v_n = n, v_port = port, v_t_us = t_us, v_drop_port = drop_port;",
+            "if (setjmp(s->jb)) return -(int64_t)v_s->abort_kind;",
+            "return v1model_receive(v_s, v_p, v_buf, v_n, v_port, v_t_us, v_drop_port);",
+        ):
+            self.emit(line, 1)
+        self.emit("}")
+        self.emit()
+        self.emit(
+            "int64_t xm_depart(xm_state *s, xm_packet *p, uint64_t port, uint64_t prio, "
+            "uint64_t now_us, uint64_t enq_us, uint64_t left, uint64_t drop_port, uint8_t *out, "
+            "uint64_t cap)"
+        )
+        self.emit("{")
+        for line in (
+            "xm_state *volatile v_s = s;",
+            "xm_packet *volatile v_p = p;",
+            "uint8_t *volatile v_out = out;",
+            "volatile uint64_t v_cap = cap;",
+            "volatile int64_t rc;",
+            "volatile uint64_t v_port = port, v_prio = prio, v_now_us = now_us, v_enq_us = enq_us;",
+            "volatile uint64_t v_left = left, v_drop_port = drop_port;",
+            "if (setjmp(s->jb)) return -(int64_t)v_s->abort_kind;",
+            "rc = v1model_egress(v_s, v_p, v_port, v_prio, v_now_us, v_enq_us, v_left, "
+            "v_drop_port);",
+            "if (rc) return rc;",
+            "if (setjmp(v_s->jb)) return ARCH_DEPARSE_ERROR;",
+            "update_checksums(v_s, v_p);",
+            "return (int64_t)deparse_with_payload(v_s, v_p, v_out, v_cap);",
+        ):
+            self.emit(line, 1)
+        self.emit("}")
+        self.emit()
+        self.out += tm_source().splitlines()
+        self.out += _DEPARTED.splitlines()
+        self.emit()
+        self.emit(
+            "/* ---- the common path with the traffic manager (v1model.py: _enqueue, service) */"
+        )
+        self.emit(
+            "/* a packet's depth in the unit enq_qdepth/deq_qdepth count (QDEPTH_UNITS' index) */"
+        )
+        self.emit(
+            "static int64_t qdepth(int64_t unit, int64_t cell, int64_t packets, int64_t bytes)"
+        )
+        self.emit("{")
+        self.emit("return unit == 0 ? packets : unit == 1 ? bytes : (bytes + cell - 1) / cell;", 1)
+        self.emit("}")
+        self.emit()
+        self.emit(
+            "/* after xm_receive's 0, into its queue (v1model.py's _enqueue): its port or a code */"
+        )
+        self.emit(
+            "static int64_t v1model_enqueue(xm_packet *p, xm_tm *tm, uint64_t handle, "
+            "int64_t t_ns, int64_t unit, int64_t cell)"
+        )
+        self.emit("{")
+        for line in (
+            f"uint64_t prio = {sm('priority')}, port = {sm('egress_spec')};",
+            "if (prio >= (uint64_t)tm->nb_queues) return ARCH_ENQUEUE_PYTHON;",
+            "if (tm->ports[port].exists && tm->ports[port].fault_down) return ARCH_ENQUEUE_PYTHON;",
+            "int64_t found[2];",
+            "int rc = xm_tm_enqueue(tm, (int64_t)port, (int64_t)prio, handle, "
+            "(uint64_t)(uintptr_t)p, p->regs.plen, t_ns, found);",
+            "if (rc < 0) return ARCH_NO_MEMORY;",
+            "if (rc == 0) return ARCH_QUEUE_FULL;",
+            f"{sm('enq_timestamp')} = ((uint64_t)t_ns / 1000) & {m('enq_timestamp')};",
+            "uint64_t depth = (uint64_t)qdepth(unit, cell, found[0], found[1]);",
+            f"{sm('enq_qdepth')} = depth < {m('enq_qdepth')} ? depth : {m('enq_qdepth')};",
+            "return (int64_t)port;",
+        ):
+            self.emit(line, 1)
+        self.emit("}")
+        self.emit()
+        self.emit(
+            "/* a packet arrives and is queued: xm_receive, then v1model_enqueue after its 0 */"
+        )
+        self.emit(
+            "int64_t xm_receive_enqueue(xm_state *s, xm_packet *p, const uint8_t *buf, uint64_t n, "
+            "uint64_t port, uint64_t t_ns, uint64_t drop_port, uint64_t tm, uint64_t handle, "
+            "int64_t unit, int64_t cell)"
+        )
+        self.emit("{")
+        self.emit("/* the port it was queued for (>= 0), or a code (< 0) */", 1)
+        self.emit("int64_t rc = xm_receive(s, p, buf, n, port, t_ns / 1000, drop_port);", 1)
+        self.emit(
+            "return rc ? rc : v1model_enqueue(p, (xm_tm *)(uintptr_t)tm, handle, (int64_t)t_ns, "
+            "unit, cell);",
+            1,
+        )
+        self.emit("}")
+        self.emit()
+        for line in (
+            "/* Departures i.. of a dequeue_ready, each its packet's xm_depart with the frame",
+            " * into out at res->off: up to the first that v1model.py must go on with (returned",
+            " * as the next index), or before a packet not of this pipeline (no xm_packet) or",
+            " * one the buffer may not hold */",
+        ):
+            self.emit(line)
+        self.emit(
+            "int64_t xm_depart_batch(xm_state *s, uint64_t tmv, uint64_t depv, int64_t i, "
+            "int64_t n, uint64_t drop_port, int64_t unit, int64_t cell, uint8_t *out, "
+            "uint64_t cap, xm_departed *res)"
+        )
+        self.emit("{")
+        for line in (
+            "const xm_tm *tm = (const xm_tm *)(uintptr_t)tmv;",
+            "const xm_tm_departure *deps = (const xm_tm_departure *)(uintptr_t)depv;",
+            "uint64_t off = 0;",
+            "for (; i < n; i++) {",
+            "    const xm_tm_departure *d = &deps[i];",
+            f"    if (!d->cpkt || off + {g.max_out} > cap) return i;",
+            "    xm_packet *p = (xm_packet *)(uintptr_t)d->cpkt;",
+            "    int64_t left = qdepth(unit, cell, d->left, tm->ports[d->port].qbytes[d->prio]);",
+            "    res[i].booked = p->regs.plen;",
+            "    res[i].off = (int64_t)off;",
+            "    int64_t rc = xm_depart(s, p, (uint64_t)d->port, (uint64_t)d->prio, "
+            "(uint64_t)d->start / 1000,",
+            "                           (uint64_t)d->enq_ns / 1000, (uint64_t)left, drop_port, "
+            "out + off, cap - off);",
+            "    res[i].rc = rc;",
+            "    res[i].truncate = p->regs.truncate_len;",
+            "    if (rc >= 0)",
+            "        off += (uint64_t)rc <= cap - off ? (uint64_t)rc "
+            ": (uint64_t)rc - p->payload_len;",
+            "    else if (rc != ARCH_DROP)",
+            "        return i + 1;",
+            "}",
+            "return n;",
+        ):
+            self.emit(line, 1)
+        self.emit("}")
+        self.emit()
+        return True
+
     def _cdef(self, g: Generated) -> str:
         regs = " ".join(f"int64_t {r};" for r in PKT_REGS)
         state = _STATE_STRUCTS.format(
@@ -2119,6 +2359,32 @@ static inline int64_t xm_stack_elem(xm_state *s, int st, uint64_t i)
     return xm_stack_member[st][i];
 }
 """
+
+# what xm_depart_batch reports of each departure: declared once, for the C and the cdef
+_DEPARTED = """\
+typedef struct {
+    int64_t rc; /* xm_depart's: the frame's length, or what v1model.py does with it */
+    int64_t off; /* where in out its frame starts */
+    int64_t booked; /* the length the traffic manager booked the port for */
+    int64_t truncate; /* its truncate register */
+} xm_departed;
+"""
+
+_ARCH_CDEF = (
+    _DEPARTED
+    + """\
+int64_t xm_receive_enqueue(xm_state *s, xm_packet *p, const uint8_t *buf, uint64_t n,
+                           uint64_t port, uint64_t t_ns, uint64_t drop_port, uint64_t tm,
+                           uint64_t handle, int64_t unit, int64_t cell);
+int64_t xm_depart_batch(xm_state *s, uint64_t tm, uint64_t deps, int64_t i, int64_t n,
+                        uint64_t drop_port, int64_t unit, int64_t cell, uint8_t *out,
+                        uint64_t cap, xm_departed *res);
+int64_t xm_receive(xm_state *s, xm_packet *p, const uint8_t *buf, uint64_t n, uint64_t port,
+                   uint64_t t_us, uint64_t drop_port);
+int64_t xm_depart(xm_state *s, xm_packet *p, uint64_t port, uint64_t prio, uint64_t now_us,
+                  uint64_t enq_us, uint64_t left, uint64_t drop_port, uint8_t *out, uint64_t cap);
+"""
+)
 
 _CDEF = """
 typedef struct {{ {regs} }} xm_regs;

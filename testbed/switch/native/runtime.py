@@ -47,10 +47,15 @@ class NativePacket(Packet):
 
     __slots__ = ("_c", "_rt", "_keep", "_h")
 
-    def __init__(self, rt: NativeRuntime) -> None:  # noqa: D107 - no Packet.__init__: C state
+    def __init__(self, rt: NativeRuntime, blank: bool = False) -> None:  # noqa: D107
+        # no Packet.__init__: the state is C memory, a fresh packet's copied in (blank: left
+        # uninitialised, for xm_receive, which initialises it)
         self._rt = rt
-        self._c = rt.ffi.new("xm_packet *")
-        rt.ffi.memmove(self._c, rt.proto, rt.packet_size)
+        if blank:
+            self._c = rt.alloc("xm_packet *")
+        else:
+            self._c = rt.ffi.new("xm_packet *")
+            rt.ffi.memmove(self._c, rt.proto, rt.packet_size)
         self._keep: Any = None
         self._h: _Headers | None = None
         self.uid = 0
@@ -464,6 +469,14 @@ class NativeRuntime:
         # a fresh packet's state, copied into each new packet
         self.proto = ffi.new("xm_packet *")
         lib.xm_new_packet(self.proto)
+        self.alloc = ffi.new_allocator(should_clear_after_alloc=False)
+        # xm_depart_batch's frames (several packets' worth) and per-departure results
+        self.batch_size = 1 << 20
+        self.batch_out: Any = ffi.new("uint8_t[]", self.batch_size) if gen.arch else None
+        self._departed_cap = 64
+        self.departed: Any = ffi.new("xm_departed[]", self._departed_cap) if gen.arch else None
+        # the architecture's common path in C (cgen.py's _architecture), when generated
+        self.arch = gen.arch
         self.rng = random.Random()
         self._rng_cb = ffi.callback("uint64_t(uint64_t, uint64_t)", self._random)
         self.state.rng = self._rng_cb
@@ -501,12 +514,20 @@ class NativeRuntime:
         """One of the generated C's hash algorithms (cgen.C_HASHES) over `data`."""
         return int(self.lib.xm_hash(C_HASHES.index(algo), data, len(data)))
 
-    def raise_abort(self, stage: str) -> None:
+    def abort_error(self, stage: str) -> Exception:
+        """The exception the reference raises for the last abort."""
         st = self.state
         msg = self.ffi.string(st.abort_msg).decode() if st.abort_msg != self.ffi.NULL else stage
         if st.abort_kind == ABORT_INDEX:
-            raise IndexError(msg)
-        raise PipelineAbort(msg)
+            return IndexError(msg)
+        return PipelineAbort(msg)
+
+    def raise_abort(self, stage: str) -> None:
+        raise self.abort_error(stage)
+
+    def blank_packet(self) -> NativePacket:
+        """A packet for `receive`, which initialises it."""
+        return NativePacket(self, blank=True)
 
     # ---- the Compiled entry points ----------------------------------------------------------
 
@@ -552,6 +573,95 @@ class NativeRuntime:
             self.sync()
         if self.lib.xm_egress(self.state, cast(NativePacket, p)._c) < 0:
             self.raise_abort("egress")
+
+    # ---- the architecture's common path (v1model.py drives these when `arch`) -------------
+
+    def receive(self, p: NativePacket, buf: bytes, port: int, t_us: int, drop_port: int) -> int:
+        """xm_receive: a blank packet initialised, parsed and through ingress; 0 (enqueue it
+        for its egress_spec), ARCH_DROP, ARCH_PYTHON or an abort's kind negated."""
+        if self.dirty:
+            self.sync()
+        cbuf = self.ffi.from_buffer("uint8_t[]", buf)
+        p._keep = (buf, cbuf)
+        return int(self.lib.xm_receive(self.state, p._c, cbuf, len(buf), port, t_us, drop_port))
+
+    def depart(
+        self, p: NativePacket, port: int, prio: int, now_us: int, enq_us: int, left: int, drop: int
+    ) -> int:
+        """xm_depart: the dequeue's metadata, egress, checksums and the deparser into `out`;
+        the frame's length (its payload not copied when past out_size), ARCH_DROP,
+        ARCH_PYTHON, ARCH_DEPARSE_ERROR or an egress abort's kind negated."""
+        if self.dirty:
+            self.sync()
+        return int(
+            self.lib.xm_depart(
+                self.state, p._c, port, prio, now_us, enq_us, left, drop, self.out, self.out_size
+            )
+        )
+
+    def receive_enqueue(
+        self,
+        p: NativePacket,
+        buf: bytes,
+        port: int,
+        t_ns: int,
+        drop_port: int,
+        tm: int,
+        handle: int,
+        unit: int,
+        cell: int,
+    ) -> int:
+        """xm_receive_enqueue: `receive`, then into the native traffic manager at `tm` (its
+        address) when it returns 0; the port it was queued for (>= 0), or `receive`'s codes,
+        ARCH_ENQUEUE_PYTHON, ARCH_QUEUE_FULL, ARCH_NO_MEMORY."""
+        if self.dirty:
+            self.sync()
+        cbuf = self.ffi.from_buffer("uint8_t[]", buf)
+        p._keep = (buf, cbuf)
+        return int(
+            self.lib.xm_receive_enqueue(
+                self.state, p._c, cbuf, len(buf), port, t_ns, drop_port, tm, handle, unit, cell
+            )
+        )
+
+    def depart_batch(
+        self, tm: int, deps: int, i: int, n: int, drop_port: int, unit: int, cell: int
+    ) -> int:
+        """xm_depart_batch over departures i..n of the traffic manager at `tm` (`deps`: its
+        departures' address); the results in `departed`, the frames in `batch_out`."""
+        if self.dirty:
+            self.sync()
+        if n > self._departed_cap:
+            self._departed_cap = max(n, 2 * self._departed_cap)
+            self.departed = self.ffi.new("xm_departed[]", self._departed_cap)
+        return int(
+            self.lib.xm_depart_batch(
+                self.state,
+                tm,
+                deps,
+                i,
+                n,
+                drop_port,
+                unit,
+                cell,
+                self.batch_out,
+                self.batch_size,
+                self.departed,
+            )
+        )
+
+    def batch_frame(self, p: NativePacket, off: int, n: int) -> bytes:
+        """The frame xm_depart_batch wrote at `off`, `n` bytes."""
+        if n <= self.batch_size - off:
+            return self.ffi.buffer(self.batch_out + off, n)[:]
+        head = n - int(p._c.payload_len)
+        return self.ffi.buffer(self.batch_out + off, head)[:] + p.payload
+
+    def frame(self, p: NativePacket, n: int) -> bytes:
+        """The frame xm_depart wrote, `n` bytes (as `deparse` returns it)."""
+        if n <= self.out_size:
+            return self.ffi.buffer(self.out, n)[:]
+        return self.ffi.buffer(self.out, n - p._c.payload_len)[:] + p.payload
 
     def action_fn(self, aid: int) -> Callable[[Packet, tuple[int, ...]], None]:
         def run(p: Packet, params: tuple[int, ...]) -> None:
@@ -623,6 +733,7 @@ def load_native(
         value_sets=value_sets,
         actions=actions,
         random=rt.rng,
+        native=rt if gen.arch else None,
     )
 
 
