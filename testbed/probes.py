@@ -136,6 +136,11 @@ class Capture:
     flows: dict[tuple[str, str, int], list[tuple[float, int]]] = field(
         default_factory=lambda: defaultdict(list)
     )
+    # flow -> the last hop's INT egress timestamp (ns, that switch's clock) of each frame in
+    # `flows`, in the same order (None: the stack carried none)
+    last_hop_egress_ns: dict[tuple[str, str, int], list[int | None]] = field(
+        default_factory=lambda: defaultdict(list)
+    )
     packets: int = 0
     undecodable: int = 0
     max_hops: int = 0
@@ -254,6 +259,7 @@ def record_int_frame(
     flow = (src, dst, sport)
     if cap is not None:
         cap.flows[flow].append((now, total_len + 14))
+        cap.last_hop_egress_ns[flow].append(hops[0].get("egress_ts") if hops else None)
         cap.max_hops = max(cap.max_hops, len(hops))
         cap.hops.extend(samples)
     return flow, samples

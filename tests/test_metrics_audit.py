@@ -147,3 +147,23 @@ def test_a_collective_runs_counters_reach_its_record() -> None:
     assert workload_counters(nested) == {"retransmits": 37}
     assert workload_counters({"counters": {"cnps_received": 3}, "raw": []}) == {"cnps_received": 3}
     assert workload_counters({"workload": "twojob", "summary": {"jobs": []}}) == {}
+
+
+def test_link_utilization_by_departures_reads_the_link_not_the_receivers_bunching() -> None:
+    # 10 frames of 1000 B at 8 Mb/s (1 ms each) started back to back at k ms by the sender,
+    # but the receiver got the first late, at 4.5 ms, and the rest bunched behind it: by
+    # arrivals the link reads faster than its rate, by departures exactly what it sent
+    starts = [k * 1_000_000 for k in range(10)]
+    arrivals = {"f": [(max(4.5e-3, (k + 1) * 1e-3), 1000) for k in range(10)]}
+    assert m.link_utilization(arrivals, 8e6, 0.0) > 1.0
+    by_departures = m.link_utilization_by_departures(
+        arrivals, {"f": starts}, 8e6, 0.0, resolution_ns=0
+    )
+    assert by_departures == pytest.approx(1.0)
+    # the stamps' resolution lengthens the span: truncated stamps cannot read above 1
+    assert m.link_utilization_by_departures(arrivals, {"f": starts}, 8e6, 0.0) < 1.0
+    # frames without a stamp, or arrived before t_from, are left out; one frame: None
+    gaps = {"f": [None if k % 2 else s for k, s in enumerate(starts)]}
+    half = m.link_utilization_by_departures(arrivals, gaps, 8e6, 0.0, resolution_ns=0)
+    assert half == pytest.approx(0.5)
+    assert m.link_utilization_by_departures(arrivals, {"f": starts}, 8e6, 1.0) is None

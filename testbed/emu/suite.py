@@ -57,6 +57,8 @@ def measure_base_rtt(tb: Testbed) -> float:
 class EmuSuite(Suite):
     """The suite on the emulation: a started Testbed."""
 
+    util_by_departures = True  # its switches are processes: arrivals carry their wake-ups
+
     def __init__(self, tb: Testbed, cfg: SuiteConfig, say: Callable[[str], None] | None = None):
         super().__init__(cfg, say or tb.say)
         self.tb = tb

@@ -332,6 +332,10 @@ class Suite:
     # repetition r runs with seed + r (a deterministic engine); else every repetition has the
     # suite's seed and measures the machine's noise (the emulation)
     reseed_repetitions: bool = False
+    # a link's utilization is timed by its sender's departures (the last hop's INT egress
+    # stamps) where the receivers' arrival times carry the switch processes' late wake-ups
+    # (the emulation); by the arrivals where the clock is the engine's own (the twin)
+    util_by_departures: bool = False
 
     def __init__(self, cfg: SuiteConfig, say: Callable[[str], None]):
         self.cfg = cfg
@@ -916,7 +920,12 @@ class Suite:
             rec.fairness_min = min(windows)
             rec.fairness_p50 = float(np.median(windows))
             rec.fairness_windows = len(windows)
-        rec.util_after_2t = m.link_utilization(arrivals, self.scaling.link_bps, t_start + 2 * t)
+        t_from, rate = t_start + 2 * t, self.scaling.link_bps
+        rec.util_after_2t = (
+            m.link_utilization_by_departures(arrivals, cap.last_hop_egress_ns, rate, t_from)
+            if self.util_by_departures
+            else m.link_utilization(arrivals, rate, t_from)
+        )
 
     def _workload_figures(
         self, scenario: str, res: dict[str, Any]

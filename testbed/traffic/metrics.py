@@ -223,6 +223,34 @@ def link_utilization(arrivals: Arrivals, link_bps: float, t_from: float) -> floa
     return sent * 8 / (link_bps * (after[-1][0] - after[0][0]))
 
 
+def link_utilization_by_departures(
+    arrivals: Arrivals,
+    departures_ns: Mapping[Any, list[int | None]],
+    link_bps: float,
+    t_from: float,
+    resolution_ns: int = 1000,
+) -> float | None:
+    """`link_utilization` timed by when the link's sender started each frame (the last hop's
+    INT egress timestamps, `departures_ns`, in the order of `arrivals`) rather than when it
+    arrived: the frames that arrived at or after `t_from`, the bytes of all but the last
+    departure / (the rate x the time from the first departure to the last, plus the stamps'
+    `resolution_ns`, by which truncation may shorten it). Where the sender is a process that
+    wakes late and delivers overdue frames back to back (the emulation's switches), the
+    arrivals bunch and read faster than the link, while the departures its traffic manager
+    booked at the port's rate cannot: this never exceeds 1. None when fewer than two frames
+    with a timestamp arrived after `t_from`."""
+    sent = sorted(
+        (d, b)
+        for f, pts in arrivals.items()
+        for (t, b), d in zip(pts, departures_ns.get(f, []), strict=False)
+        if t >= t_from and d is not None
+    )
+    if len(sent) < 2 or sent[-1][0] <= sent[0][0]:
+        return None
+    span_s = (sent[-1][0] - sent[0][0] + resolution_ns) / 1e9
+    return sum(b for _, b in sent[:-1]) * 8 / (link_bps * span_s)
+
+
 def iteration_times(results: list[dict[str, Any]]) -> list[float]:
     """A collective job's iterations (every rank's `coll` (start, end) pairs): from the first
     rank's start to the last rank's end of each, in the job's seconds."""
