@@ -62,9 +62,14 @@ METRICS: tuple[Metric, ...] = (
         "util_after_2t",
         "util>2T",
         "fraction",
-        "the incast's: the receiver's downlink's utilization from the INT arrivals after the "
-        "first 2 T of traffic (bytes arriving after the first such arrival / (line rate x time "
-        "from it to the last))",
+        "the incast's: the receiver's downlink's utilization over the frames that arrived after "
+        "the first 2 T of traffic. On the twin by arrival time (bytes arriving after the first "
+        "such arrival / (line rate x time from it to the last)); on the emulation by the "
+        "downlink's departures, the last hop's INT egress stamps (bytes of all but the last "
+        "departure / (line rate x (time from the first to the last + the stamps' 1 us))), "
+        "because a switch process that wakes late delivers overdue frames back to back and the "
+        "arrivals then read up to about 1 % above the line rate (1.0099 on a `dcqcn+pfc` "
+        "incast here)",
         hi=1.0,
     ),
     Metric(
