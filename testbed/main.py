@@ -33,7 +33,7 @@ from pathlib import Path
 from testbed.errors import UserError
 from testbed.experiment.schemes import RATE_LAWS
 from testbed.model import BUFFERS, DEFAULT_MODEL, DEFAULT_SCALE, Scaling, model_with_buffer
-from testbed.switch.v1model import PIPELINES
+from testbed.switch.v1model import DEFAULT_PIPELINE, PIPELINES
 
 # Mininet, bcc and the gRPC stubs are imported where a command needs them: `doctor` must run
 # (and say what is missing) on a machine that lacks them.
@@ -71,7 +71,7 @@ def _common(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--pipeline",
         choices=PIPELINES,
-        default="reference",
+        default=DEFAULT_PIPELINE,
         help="the built-in switches' P4 pipeline: the Python reference (default) or native "
         "code generated from the same JSON (where a construct is not supported or no C "
         "compiler is found, one line says why and the reference runs)",

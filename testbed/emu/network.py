@@ -58,6 +58,7 @@ from testbed.experiment.schemes import RATE_LAWS
 from testbed.model import Scaling
 from testbed.p4files import BMV2_JSON, P4INFO
 from testbed.switch.pfc import PfcConfig, model_watchdog, pfc_request, pfc_thresholds
+from testbed.switch.v1model import DEFAULT_PIPELINE
 from testbed.topo import COLLECTOR_NODE, FabricSpec
 from testbed.traffic.netns import Host
 
@@ -94,7 +95,7 @@ class TestbedOptions:
     # back, and the backlog drains only as fast as the port's rate exceeds the offered load.
     # Their priority keeps such stalls short on a busy machine.
     switch_nice: int = -10
-    pipeline: str = "reference"  # the built-in switches' P4 pipeline: reference or native
+    pipeline: str = DEFAULT_PIPELINE  # the built-in switches' P4 pipeline: reference or native
     boot_timeout_s: float = 180.0
     # a Prometheus server scraping every daemon, and the controller's fabric page (loopback)
     monitoring: bool = True

@@ -21,6 +21,7 @@ from typing import Any
 from mininet.node import Host, Switch
 
 from testbed.emu.procs import Component
+from testbed.switch.v1model import DEFAULT_PIPELINE
 
 REPO = Path(__file__).resolve().parents[2]
 GRPC_PORT = 9559  # P4Runtime (+ SwitchAdmin on the built-in switch), in the switch's netns
@@ -87,7 +88,7 @@ class SwitchRuntime:
     log_level: str = "info"
     nice: int = 0  # scheduling priority of the switch process
     qdepth_unit: str = "bytes"  # cells where a shared buffer's queues pass 19 bits of bytes
-    pipeline: str = "reference"  # the P4 pipeline: the Python reference or native code
+    pipeline: str = DEFAULT_PIPELINE  # the P4 pipeline: the Python reference or native code
 
 
 class P4Switch(Switch):

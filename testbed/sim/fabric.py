@@ -53,7 +53,7 @@ from testbed.switch.pfc import (
     pfc_thresholds,
 )
 from testbed.switch.traffic_manager import Clock
-from testbed.switch.v1model import V1Switch
+from testbed.switch.v1model import DEFAULT_PIPELINE, V1Switch
 from testbed.topo import End, FabricSpec
 from testbed.traffic.generators import Flow
 from testbed.traffic.jobs import JOBS
@@ -107,7 +107,7 @@ class SimSwitch:
         name: str,
         device_id: int,
         qdepth_unit: str = "bytes",
-        pipeline: str = "reference",
+        pipeline: str = DEFAULT_PIPELINE,
     ):
         self.loop = loop
         self.name = name
@@ -215,7 +215,7 @@ class SimFabric:
         ecn: EcnConfig | None = None,
         link_delay_ns: int | None = None,
         seed: int = 1,
-        pipeline: str = "reference",
+        pipeline: str = DEFAULT_PIPELINE,
     ):
         self.spec = spec
         self.seed = seed

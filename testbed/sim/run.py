@@ -25,6 +25,7 @@ from testbed.experiment.suite import RunRecord, SuiteConfig, fmt_time
 from testbed.model import DEFAULT_MODEL, Scaling, model_with_buffer
 from testbed.sim.fabric import SimFabric
 from testbed.sim.suite import SimSuite
+from testbed.switch.v1model import DEFAULT_PIPELINE
 from testbed.topo import FabricSpec, dump, parse_choice
 from testbed.traffic.generators import Flow
 
@@ -107,7 +108,9 @@ def run_sim(args: argparse.Namespace, cfg: SuiteConfig) -> int:
         print(f"[{time.monotonic() - t0:6.1f}s] {line}", file=sys.stderr, flush=True)
 
     say(f"twin: {spec.name}, {scaling.describe()}")
-    fab = SimFabric(spec, scaling, seed=cfg.seed, pipeline=getattr(args, "pipeline", "reference"))
+    fab = SimFabric(
+        spec, scaling, seed=cfg.seed, pipeline=getattr(args, "pipeline", DEFAULT_PIPELINE)
+    )
     if fab.pipeline == "native":
         sw = next(iter(fab.switches.values())).sw
         if sw.pipeline_in_use != "native":

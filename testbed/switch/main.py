@@ -23,7 +23,7 @@ import yaml
 from controller.common.logs import setup_logging
 from testbed.switch.program import LoadError
 from testbed.switch.traffic_manager import Clock
-from testbed.switch.v1model import CELL_BYTES, PIPELINES, QDEPTH_UNITS, V1Switch
+from testbed.switch.v1model import CELL_BYTES, DEFAULT_PIPELINE, PIPELINES, QDEPTH_UNITS, V1Switch
 
 log = logging.getLogger("xingmai.switch")
 
@@ -106,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--pipeline",
         choices=list(PIPELINES),
-        default="reference",
+        default=DEFAULT_PIPELINE,
         help="run the program on the Python reference pipeline (default) or on native code "
         "generated from the same JSON (testbed/switch/native/; where a construct is not "
         "supported or no C compiler is found, one line says why and the reference runs)",

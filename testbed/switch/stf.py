@@ -25,7 +25,7 @@ from typing import Any
 from testbed.switch.program import LoadError
 from testbed.switch.tables import ActionCall, Entry, MatchTable, TableError
 from testbed.switch.traffic_manager import Clock
-from testbed.switch.v1model import CloneSession, V1Switch
+from testbed.switch.v1model import DEFAULT_PIPELINE, PIPELINES, CloneSession, V1Switch
 
 
 class StfError(Exception):
@@ -53,7 +53,9 @@ def _strip_comment(line: str) -> str:
 
 
 class StfRunner:
-    def __init__(self, program_json: dict[str, Any] | bytes | str, pipeline: str = "reference"):
+    def __init__(
+        self, program_json: dict[str, Any] | bytes | str, pipeline: str = DEFAULT_PIPELINE
+    ):
         self.switch = V1Switch(clock=Clock(virtual=True), pipeline=pipeline)
         self.switch.load(program_json)
         assert self.switch.compiled is not None
@@ -399,7 +401,7 @@ def compare_packet(expected: str, received: bytes) -> str | None:
     return None
 
 
-def run_stf(json_path: Path, stf_path: Path, pipeline: str = "reference") -> Result:
+def run_stf(json_path: Path, stf_path: Path, pipeline: str = DEFAULT_PIPELINE) -> Result:
     try:
         runner = StfRunner(json_path.read_bytes(), pipeline)
     except LoadError as exc:
@@ -414,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON result line")
     ap.add_argument("-v", "--verbose", action="store_true", help="print details of failures")
     ap.add_argument(
-        "--pipeline", choices=("reference", "native"), default="reference", help="which pipeline"
+        "--pipeline", choices=PIPELINES, default=DEFAULT_PIPELINE, help="which pipeline"
     )
     args = ap.parse_args(argv)
     res = run_stf(args.program, args.stf, args.pipeline)

@@ -55,6 +55,9 @@ log = logging.getLogger("xingmai.switch")
 MAX_REINJECT = 32
 
 PIPELINES = ("reference", "native")
+# the pipeline a switch runs when none is named (the switch, both engines, the STF runner): the
+# Python reference, until the native one has met what its default needs (docs/builtin-switch.md)
+DEFAULT_PIPELINE = "reference"
 
 # What enq_qdepth / deq_qdepth count: packets (bmv2), bytes, or cells of CELL_BYTES (a
 # switch ASIC's buffer unit, Tofino's 80 B): 19 bits of bytes read at most 512 KiB, of
@@ -160,7 +163,7 @@ class V1Switch:
         drop_port: int = DROP_PORT,
         nb_queues: int = 1,
         qdepth_unit: str = "packets",
-        pipeline: str = "reference",
+        pipeline: str = DEFAULT_PIPELINE,
     ):
         if pipeline not in PIPELINES:
             raise ValueError(f"pipeline must be one of {PIPELINES}, got {pipeline!r}")
