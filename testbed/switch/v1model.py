@@ -671,15 +671,7 @@ class V1Switch:
                     continue
                 d = deps[j]
                 p.t_ns = d.start
-                if rc == ARCH_PYTHON:
-                    self._after_egress(c, S, d.port, p, r.booked)
-                elif rc == ARCH_DROP:
-                    self.stats.drop("egress_drop")
-                elif rc == ARCH_DEPARSE_ERROR:
-                    log.error("deparser error, packet dropped: %r", rt.abort_error("deparser"))
-                    self.stats.drop("deparse_error")
-                else:
-                    self._guarded("egress", lambda: rt.raise_abort("egress"))
+                self._egress_not_sent(c, S, d.port, p, rc, r.booked)
             if stop == i:  # not this pipeline's packet: v1model.py departs it
                 d, p = deps[i], pkts[i]
                 p.t_ns = d.start
@@ -703,7 +695,16 @@ class V1Switch:
         rc = rt.depart(p, port, prio, p.t_ns // 1000, enq_ns // 1000, left, self.drop_port)
         if rc >= 0:
             self._transmit_out(port, p, rt.frame(p, rc), booked)
-        elif rc == ARCH_PYTHON:
+        else:
+            self._egress_not_sent(c, S, port, p, rc, booked)
+
+    def _egress_not_sent(
+        self, c: Compiled, S: StdMeta, port: int, p: Packet, rc: int, booked: int
+    ) -> None:
+        """A native egress that did not end in a frame (`rc` < 0): a rare case going on in
+        `_after_egress`, a drop, a deparser error, or an abort raised as the reference's."""
+        rt = c.native
+        if rc == ARCH_PYTHON:
             self._after_egress(c, S, port, p, booked)
         elif rc == ARCH_DROP:
             self.stats.drop("egress_drop")

@@ -459,6 +459,18 @@ def _cfield(name: str) -> property:
     return property(get, put)
 
 
+def _cflag(name: str) -> property:
+    """A C int field read and written as the reference's bool."""
+
+    def get(self: Any) -> bool:
+        return bool(getattr(self._c, name))
+
+    def put(self: Any, value: bool) -> None:
+        setattr(self._c, name, int(value))
+
+    return property(get, put)
+
+
 class _Array:
     """A per-priority C array (qbytes, pause_until, dequeued_prio) as the reference's list."""
 
@@ -549,24 +561,11 @@ class NativePortFault(PortFault):
         self._c = c
         self.loss = 0.0
 
-    @property  # type: ignore[override]
-    def down(self) -> bool:
-        return bool(self._c.fault_down)
-
-    @down.setter
-    def down(self, value: bool) -> None:
-        self._c.fault_down = int(value)
-
+    down = _cflag("fault_down")  # type: ignore[assignment]
     delay_ns = _cfield("fault_delay_ns")  # type: ignore[assignment]
     rate_factor = _cfield("fault_rate_factor")  # type: ignore[assignment]
 
-    @property  # type: ignore[override]
-    def silent(self) -> bool:
-        return bool(self._c.fault_silent)
-
-    @silent.setter
-    def silent(self, value: bool) -> None:
-        self._c.fault_silent = int(value)
+    silent = _cflag("fault_silent")  # type: ignore[assignment]
 
     @property
     def healthy(self) -> bool:
