@@ -24,17 +24,13 @@ from typing import Any
 import grpc
 import yaml
 
+from controller.common.ports import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 P4INFO = Path(os.environ.get("XM_TEST_P4INFO", REPO / "p4src" / "build" / "xingmai.p4info.txtpb"))
 BMV2_JSON = Path(os.environ.get("XM_TEST_JSON", REPO / "p4src" / "build" / "xingmai.json"))
 COLLECTOR_IP = "10.0.100.1"
 COLLECTOR_MAC = "02:00:00:00:64:01"
-
-
-def free_port(kind: int = socket.SOCK_STREAM) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def sh(*argv: str, check: bool = True) -> str:

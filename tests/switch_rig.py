@@ -18,10 +18,10 @@ from typing import Any
 import grpc
 from finsy.proto import p4r, p4r_grpc, rpc_status
 
+from controller.common.ports import free_port
 from controller.proto import switch_pb2, switch_pb2_grpc
 from testbed.switch.admin import SwitchAdminService
 from testbed.switch.p4runtime import P4RuntimeService, parse_p4info_text, serve
-from testbed.switch.rig import free_tcp_port
 from testbed.switch.traffic_manager import Clock
 from testbed.switch.v1model import V1Switch
 
@@ -54,7 +54,7 @@ class SwitchRig:
         if p4info is not None and json is not None:
             self.info = parse_p4info_text(p4info.read_text())
             self.service.install(self.info, json.read_bytes(), 0)
-        self.addr = f"127.0.0.1:{free_tcp_port()}"
+        self.addr = f"127.0.0.1:{free_port()}"
         self.server = serve(
             self.service,
             self.addr,

@@ -17,6 +17,7 @@ from scapy.layers.l2 import Ether
 
 from controller import p4gen
 from controller.collector import Collector
+from controller.common.ports import free_port
 from controller.config import Config, load
 from controller.proto import switch_pb2_grpc
 from controller.switches import SwitchHealth, SwitchSession
@@ -26,7 +27,6 @@ from testbed.packets import decode as scapy_decode
 from testbed.packets import parse_int, parse_report
 from testbed.switch.admin import SwitchAdminService
 from testbed.switch.p4runtime import P4RuntimeService, serve
-from testbed.switch.rig import free_tcp_port
 from testbed.switch.traffic_manager import Clock
 from testbed.switch.v1model import V1Switch
 from tests.controller_rig import BMV2_JSON, P4INFO, REPO
@@ -51,7 +51,7 @@ class InProcessSwitch:
                 self.out.append((port, data))
 
         self.sw.transmit = transmit
-        self.addr = f"127.0.0.1:{free_tcp_port()}"
+        self.addr = f"127.0.0.1:{free_port()}"
         self.server = serve(self.p4rt, self.addr)
         switch_pb2_grpc.add_SwitchAdminServicer_to_server(
             SwitchAdminService(self.sw, None, self.p4rt), self.server

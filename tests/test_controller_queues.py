@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from controller.common.ports import free_port
 from controller.config import load
 from controller.proto import switch_pb2_grpc
 from controller.queues import (
@@ -22,7 +23,6 @@ from controller.queues import (
 from controller.topology import Topology
 from testbed.switch.admin import SwitchAdminService
 from testbed.switch.p4runtime import P4RuntimeService, serve
-from testbed.switch.rig import free_tcp_port
 from testbed.switch.traffic_manager import MAX_DEPTH_PACKETS as TM_MAX_DEPTH_PACKETS
 from testbed.switch.traffic_manager import Clock
 from testbed.switch.v1model import V1Switch
@@ -62,7 +62,7 @@ def test_builtin_switch_packet_limit_never_binds_before_its_bytes() -> None:
 def test_builtin_switch_gets_rates_and_depths_over_switch_admin() -> None:
     cfg = load(EXAMPLE)
     sw = V1Switch(Clock(virtual=True), device_id=1, cpu_port=255)
-    addr = f"127.0.0.1:{free_tcp_port()}"
+    addr = f"127.0.0.1:{free_port()}"
     server = serve(P4RuntimeService(sw, 1), addr)
     switch_pb2_grpc.add_SwitchAdminServicer_to_server(SwitchAdminService(sw, None, None), server)
     try:

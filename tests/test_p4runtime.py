@@ -19,8 +19,8 @@ from finsy.proto import p4r, p4r_grpc
 from scapy.layers.inet import ICMP, IP, UDP
 from scapy.layers.l2 import Ether
 
+from controller.common.ports import free_port
 from testbed.switch.p4runtime import P4RuntimeService, serve
-from testbed.switch.rig import free_tcp_port
 from testbed.switch.traffic_manager import Clock
 from testbed.switch.v1model import V1Switch
 
@@ -44,7 +44,7 @@ class Harness:
                 self.out.append((port, data))
 
         self.sw.transmit = transmit
-        self.addr = f"127.0.0.1:{free_tcp_port()}"
+        self.addr = f"127.0.0.1:{free_port()}"
         self.server = serve(self.service, self.addr)
 
     def send(self, port: int, pkt: Any) -> None:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from controller.common.ports import free_port
 from testbed.switch.p4runtime import P4RuntimeService, serve
-from testbed.switch.rig import free_tcp_port
 from testbed.switch.traffic_manager import Clock
 from testbed.switch.v1model import V1Switch
 
@@ -38,7 +38,7 @@ sh.teardown()
 @pytest.fixture
 def server() -> Iterator[tuple[str, V1Switch]]:
     sw = V1Switch(Clock(virtual=True), device_id=1)
-    addr = f"127.0.0.1:{free_tcp_port()}"
+    addr = f"127.0.0.1:{free_port()}"
     srv = serve(P4RuntimeService(sw, 1), addr)
     yield addr, sw
     srv.stop(0)

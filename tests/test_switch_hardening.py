@@ -15,10 +15,10 @@ import grpc
 import pytest
 from finsy.proto import p4r, rpc_code
 
+from controller.common.ports import free_port
 from controller.proto import switch_pb2
 from testbed.switch.dataplane import Dataplane
 from testbed.switch.p4runtime import P4RuntimeService, serve
-from testbed.switch.rig import free_tcp_port
 from testbed.switch.traffic_manager import Clock
 from testbed.switch.v1model import V1Switch
 from tests.switch_rig import (
@@ -372,7 +372,7 @@ def test_hostile_pipeline_is_invalid_argument_and_compiled_unlocked(rig: SwitchR
 def test_two_switches_cannot_share_a_grpc_port() -> None:
     """With gRPC's default SO_REUSEPORT a second switch bound the same port and clients reached
     either device."""
-    addr = f"127.0.0.1:{free_tcp_port()}"
+    addr = f"127.0.0.1:{free_port()}"
     first = serve(P4RuntimeService(V1Switch(Clock(virtual=True), device_id=1), 1), addr)
     try:
         with pytest.raises(OSError):

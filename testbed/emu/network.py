@@ -29,7 +29,6 @@ import random
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -44,6 +43,7 @@ import yaml
 from mininet.link import Link
 from mininet.net import Mininet
 
+from controller.common.ports import free_port
 from controller.config import EcnConfig
 from testbed import faults
 from testbed.ctlconfig import ControllerSetup, SwitchAccess, controller_config
@@ -107,12 +107,6 @@ def _sh(*argv: str, check: bool = True) -> str:
     if check and res.returncode != 0:
         raise TestbedError(f"{' '.join(argv)}: {res.stderr.strip() or res.stdout.strip()}")
     return res.stdout
-
-
-def _free_tcp_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class _Net(Mininet):  # type: ignore[misc]
@@ -325,7 +319,7 @@ class Testbed:
         for h in self.spec.hosts:
             node = self._node(h.name)
             name = f"{self.prefix}-{h.name}"
-            metrics = f"127.0.0.1:{_free_tcp_port()}"
+            metrics = f"127.0.0.1:{free_port()}"
             # the NIC's line rate is its link's (its first: a host's NICs share one rate)
             link = self.spec.link_at(self.spec.attachment(h.name, 0))
             line_rate = s.nic_rate(s.emulated_bps(None if link is None else link.gbps))
@@ -383,12 +377,12 @@ class Testbed:
     # ---- controller -----------------------------------------------------------------------
 
     def _start_controller(self) -> None:
-        port = _free_tcp_port()
+        port = free_port()
         self.controller_addr = f"127.0.0.1:{port}"
         web_addr = None
         if self.opts.monitoring:
-            self.controller_metrics_addr = f"127.0.0.1:{_free_tcp_port()}"
-            web_addr = f"127.0.0.1:{_free_tcp_port()}"
+            self.controller_metrics_addr = f"127.0.0.1:{free_port()}"
+            web_addr = f"127.0.0.1:{free_port()}"
             self.web_url = f"http://{web_addr}/"
         access = {s.name: SwitchAccess(s.grpc_addr, s.kind, s.thrift_port) for s in self.switches()}
         agents = {h: a.target for h, a in self.agents.items()}
@@ -437,7 +431,7 @@ class Testbed:
                 f"page {self.web_url}"
             )
             return
-        prom = Prometheus(self.run_dir, self.scrape_targets(), f"127.0.0.1:{_free_tcp_port()}")
+        prom = Prometheus(self.run_dir, self.scrape_targets(), f"127.0.0.1:{free_port()}")
         self.prometheus = prom
         prom.start()
         prom.wait_ready(60)

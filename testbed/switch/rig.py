@@ -18,11 +18,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-
-def free_tcp_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from controller.common.ports import free_port
 
 
 def run(*argv: str) -> str:
@@ -141,7 +137,7 @@ class SwitchRig:
         log_dir: Path | None = None,
     ) -> str:
         """Start the switch with every host's port; returns its gRPC address."""
-        port = free_tcp_port()
+        port = free_port()
         self.grpc_addr = f"127.0.0.1:{port}"
         self.binary = binary
         ifs = [a for h in self.hosts for a in ("-i", f"{h.port}@{h.sw_ifname}")]

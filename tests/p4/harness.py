@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import socket
 import threading
 import time
 from collections import deque
@@ -30,6 +29,7 @@ from typing import Any, TypeVar
 
 import finsy as fy
 
+from controller.common.ports import free_port
 from testbed.switch.p4runtime import P4RuntimeService, serve
 from testbed.switch.traffic_manager import Clock
 from testbed.switch.v1model import V1Switch
@@ -192,12 +192,6 @@ class Fabric:
         self.clients.close()
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class BuiltinFabric(Fabric):
     """Built-in switches in process on one virtual clock."""
 
@@ -233,7 +227,7 @@ class BuiltinFabric(Fabric):
     @staticmethod
     def _serve(svc: P4RuntimeService) -> tuple[Any, int]:
         for _ in range(20):
-            port = _free_port()
+            port = free_port()
             try:
                 return serve(svc, f"127.0.0.1:{port}", max_workers=4), port
             except OSError:
