@@ -34,10 +34,15 @@ KERNEL_HEADERS := /var/cache/xingmai/kernel-headers
 PROTOS := $(wildcard controller/proto/*.proto)
 PROTO_OUT := $(PROTOS:.proto=_pb2.py)
 
-.PHONY: install apt venv kernel-headers proto test test-fast run sim cli doctor bench fuzz faults p4 \
+.PHONY: install apt venv kernel-headers proto native test test-fast run sim cli doctor bench fuzz faults p4 \
 	lint clean p4runtime-shell docs
 
-install: $(STAMP) proto
+install: $(STAMP) proto native
+
+# the native switch pipeline of the project's program, compiled into the per-user cache now
+# rather than by the first switches of a run (testbed/switch/prebuild.py; quick when cached)
+native: $(STAMP) proto
+	$(PY) -m testbed.switch.prebuild
 
 $(STAMP): pyproject.toml Makefile
 	$(MAKE) apt

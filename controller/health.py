@@ -563,7 +563,9 @@ class Localizer:
                     continue
                 frame = self._frame_ns(sw, port)
                 excess = (wait - expected) / deps / frame  # frame times per departure
-                link_rule = excess >= self.th.excess_frames and wait >= self.th.wait_ratio * expected
+                link_rule = (
+                    excess >= self.th.excess_frames and wait >= self.th.wait_ratio * expected
+                )
                 if link_rule or excess >= self.th.switch_excess_frames:
                     out[(sw, port)] = (
                         excess,

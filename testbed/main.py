@@ -72,9 +72,10 @@ def _common(ap: argparse.ArgumentParser) -> None:
         "--pipeline",
         choices=PIPELINES,
         default=DEFAULT_PIPELINE,
-        help="the built-in switches' P4 pipeline: the Python reference (default) or native "
-        "code generated from the same JSON (where a construct is not supported or no C "
-        "compiler is found, one line says why and the reference runs)",
+        help=f"the built-in switches' P4 pipeline (default {DEFAULT_PIPELINE}): native code "
+        "generated from the JSON, or the Python reference it is proven identical to (where "
+        "the native one cannot run, no C compiler or a construct it lacks, one line says why "
+        "and the reference runs)",
     )
     ap.add_argument("--pcap", action="store_true", help="per-port pcap files in the run dir")
     ap.add_argument("--run-dir", type=Path, help="default: runs/<timestamp>")

@@ -3,6 +3,9 @@
 The project's own cases (`tests/p4/NAME.p4` with `NAME.stf`, compiled into `tests/p4/build/`)
 pin down where the built-in switch once did otherwise than bmv2; they always run.
 
+Both pipelines run every case: the native one (the default) and the Python reference it is
+proven identical to (tests/test_native_pipeline.py), which runs a case the native one cannot.
+
 Every case of ../shared/conformance (146 p4c test programs with STF packet tests that pass on
 real bmv2) runs on the built-in switch; `tests/data/conformance_expected.txt` lists which are
 expected to pass, and the suite fails when one of them regresses. The corpus is not part of a
@@ -17,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from testbed.switch.stf import run_stf
+from testbed.switch.v1model import PIPELINES
 from tests.fuzz.native import CORPUS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -58,13 +62,15 @@ def test_every_corpus_case_is_listed() -> None:
 
 
 @needs_corpus
+@pytest.mark.parametrize("pipeline", PIPELINES)
 @pytest.mark.parametrize("name", sorted(n for n, (s, _) in EXPECTED.items() if s == "pass"))
-def test_case_passes(name: str) -> None:
-    res = run_stf(CORPUS / f"{name}.json", CORPUS / f"{name}.stf")
+def test_case_passes(name: str, pipeline: str) -> None:
+    res = run_stf(CORPUS / f"{name}.json", CORPUS / f"{name}.stf", pipeline)
     assert res.passed, "\n".join(res.messages)
 
 
+@pytest.mark.parametrize("pipeline", PIPELINES)
 @pytest.mark.parametrize("name", sorted(p.stem for p in OWN_CASES.glob("*.stf")))
-def test_own_case_passes(name: str) -> None:
-    res = run_stf(OWN_CASES / "build" / f"{name}.json", OWN_CASES / f"{name}.stf")
+def test_own_case_passes(name: str, pipeline: str) -> None:
+    res = run_stf(OWN_CASES / "build" / f"{name}.json", OWN_CASES / f"{name}.stf", pipeline)
     assert res.passed, "\n".join(res.messages)

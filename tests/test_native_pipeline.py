@@ -300,8 +300,8 @@ def test_hash_algorithms_match_the_reference() -> None:
 def test_the_switch_command_takes_the_pipeline() -> None:
     from testbed.switch.main import parse_args
 
-    assert parse_args(["x.json"]).pipeline == "reference"
-    assert parse_args(["x.json", "--pipeline", "native"]).pipeline == "native"
+    assert parse_args(["x.json"]).pipeline == "native"  # the default
+    assert parse_args(["x.json", "--pipeline", "reference"]).pipeline == "reference"
     with pytest.raises(SystemExit):
         parse_args(["x.json", "--pipeline", "fast"])
 

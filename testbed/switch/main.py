@@ -107,9 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--pipeline",
         choices=list(PIPELINES),
         default=DEFAULT_PIPELINE,
-        help="run the program on the Python reference pipeline (default) or on native code "
-        "generated from the same JSON (testbed/switch/native/; where a construct is not "
-        "supported or no C compiler is found, one line says why and the reference runs)",
+        help=f"the P4 pipeline (default {DEFAULT_PIPELINE}): native code generated from the "
+        "JSON (testbed/switch/native/), or the Python reference it is proven identical to "
+        "(where the native one cannot run, no C compiler or a construct it lacks, one line "
+        "says why and the reference runs)",
     )
     ap.add_argument("--metrics-addr", help="serve Prometheus metrics on HOST:PORT")
     ap.add_argument("--name", default="", help="name used in logs and metrics")

@@ -56,8 +56,9 @@ MAX_REINJECT = 32
 
 PIPELINES = ("reference", "native")
 # the pipeline a switch runs when none is named (the switch, both engines, the STF runner): the
-# Python reference, until the native one has met what its default needs (docs/builtin-switch.md)
-DEFAULT_PIPELINE = "reference"
+# native one, C generated from the same program and proven identical to the Python reference
+# (docs/builtin-switch.md), which runs instead wherever the native one cannot, saying why
+DEFAULT_PIPELINE = "native"
 
 # What enq_qdepth / deq_qdepth count: packets (bmv2), bytes, or cells of CELL_BYTES (a
 # switch ASIC's buffer unit, Tofino's 80 B): 19 bits of bytes read at most 512 KiB, of

@@ -3,7 +3,10 @@
 The shared object is cached per user, never in the repository: `$XDG_CACHE_HOME/xingmai/native`
 (default `~/.cache/xingmai/native`), named by the SHA-256 of the generator's version and the
 C source (which the JSON determines). A build writes to a temporary name and renames, so two
-switches starting at once never load a half-written file. The compiler is `$CC` or `cc`,
+switches starting at once never load a half-written file. The cache keeps the CACHE_KEEP
+objects used last (a hit refreshes an object's time) and removes older ones after each build:
+every program and every generator version has its own object, and nothing else would ever
+remove them. The compiler is `$CC` or `cc`,
 with `-O2 -Wall -Wextra -Werror`: a warning is a build failure, and the reference runs.
 """
 
@@ -17,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 CFLAGS = ("-O2", "-Wall", "-Wextra", "-Werror", "-fPIC", "-shared", "-std=gnu11")
+CACHE_KEEP = 512  # objects kept, the ones used last: the test suite alone loads about 140 (~30 MB)
 
 
 class BuildError(Exception):
@@ -41,6 +45,10 @@ def build(source: str, digest: str) -> Path:
     out_dir = cache_dir()
     so = out_dir / f"pipeline-{digest[:32]}.so"
     if so.exists():
+        try:
+            os.utime(so)  # used now: the last to be pruned
+        except OSError:
+            pass  # a read-only cache is still a cache
         return so
     cc = compiler()
     try:
@@ -66,7 +74,25 @@ def build(source: str, digest: str) -> Path:
         # keep the C beside the object, for reading and debugging
         shutil.copyfile(c_file, so.with_suffix(".c"))
         os.replace(tmp_so, so)
+    prune(out_dir)
     return so
+
+
+def prune(out_dir: Path, keep: int = CACHE_KEEP) -> None:
+    """Remove all but the `keep` shared objects used last, with their C."""
+    objs = []
+    for so in out_dir.glob("pipeline-*.so"):
+        try:
+            objs.append((so.stat().st_mtime, so))
+        except OSError:
+            continue  # removed meanwhile by another process's prune
+    objs.sort(reverse=True)
+    for _, so in objs[keep:]:
+        for f in (so, so.with_suffix(".c")):
+            try:
+                f.unlink()
+            except OSError:
+                pass  # gone already, or not ours to remove: the next prune tries again
 
 
 def load(cdef: str, so: Path) -> tuple[Any, Any]:
