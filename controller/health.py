@@ -576,4 +576,3 @@ class Localizer:
                         link_rule,
                     )
         return out
-
