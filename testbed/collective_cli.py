@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.collective.metrics import fmt_size, parse_sizes, table
+from testbed.experiment.machine import provenance
 from testbed.experiment.rundir import new_run_dir
 from testbed.model import DEFAULT_SCALE, Scaling
 
@@ -179,6 +180,12 @@ def _note(fab: Any, args: argparse.Namespace) -> str:
     )
 
 
+def _provenance(args: argparse.Namespace) -> dict[str, object]:
+    """The results file's date, machine, code and command (`xingmai-testbed report` and the
+    docs' tables name them), as `run`'s results.json has them."""
+    return provenance(getattr(args, "command", None))
+
+
 def cmd_collective(args: argparse.Namespace) -> int:
     from testbed.collective import run
     from testbed.collective.plots import busbw_plot
@@ -208,7 +215,7 @@ def cmd_collective(args: argparse.Namespace) -> int:
             )
     print(table(rows, note))
     plot = busbw_plot(rows, out / "busbw.png", note)
-    doc: dict[str, Any] = {"note": note, "rows": rows}
+    doc: dict[str, Any] = {**_provenance(args), "note": note, "rows": rows}
     if degraded is not None:
         doc["degraded"] = degraded
         print()
@@ -244,7 +251,8 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         note = _note(fab, args)
     print(f"# {note}")
     print(run.jobs_table(res))
-    (out / "jobs.json").write_text(json.dumps({"note": note, **res}, indent=1))
+    doc = {**_provenance(args), "note": note, **res}
+    (out / "jobs.json").write_text(json.dumps(doc, indent=1))
     print(f"\nresults: {out / 'jobs.json'}")
     return 0 if all(r.get("correct") for r in res["jobs"]) else 1
 
@@ -261,7 +269,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         note = _note(fab, args)
     print(f"# {note}")
     print(tune.tune_table(res))
-    (out / "tune.json").write_text(json.dumps({"note": note, **res}, indent=1))
+    doc = {**_provenance(args), "note": note, **res}
+    (out / "tune.json").write_text(json.dumps(doc, indent=1))
     print(f"\nresults: {out / 'tune.json'}\ncache:   {cache}")
     return 0
 
@@ -272,7 +281,7 @@ def cmd_loss_sweep(args: argparse.Namespace) -> int:
 
     out = _run_dir(args, "loss")
     rows = loss.run_sweep(args, open_suite, _say)
-    print(loss.write(args, rows, out))
+    print(loss.write(args, rows, out, _provenance(args)))
     plot = loss_plot(loss.summary(rows), args.plot or out / "loss.png", loss.note(args, rows))
     print(f"\nresults: {out / 'loss.json'}, {out / 'loss.csv'}\nplot:    {plot}")
     return 0 if all(r["completed"] and r["correct"] for r in rows) else 1

@@ -5,6 +5,7 @@ file's errors; a degraded rail with static and adaptive channels."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -284,3 +285,16 @@ def test_next_iterations_messages_during_compute_are_kept() -> None:
     assert not job.poll(1.5)
     assert not job.poll(2.0)  # iteration 1: the kept data in, own send posted
     assert job.poll(2.0) and job.ok and job.unexpected == 0
+
+
+def test_the_collective_command_records_its_provenance(tmp_path: Path) -> None:
+    """collective.json names its date, machine, code and command (less --run-dir), as run's
+    results.json does: the docs' tables cite them."""
+    from testbed.main import main
+
+    argv = ["collective", "--sizes", "64K", "--algorithms", "ring", "--iters", "1"]
+    assert main([*argv, "--warmup", "0", "--run-dir", str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / "collective.json").read_text())
+    assert doc["command"] == "xingmai-testbed " + " ".join([*argv, "--warmup", "0"])
+    assert doc["date"][:2] == "20" and doc["machine"]["cores"] and "rows" in doc
+    assert "commit" in doc["source"] or "version" in doc["source"]

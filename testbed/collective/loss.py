@@ -361,11 +361,18 @@ def note(args: argparse.Namespace, rows: list[dict[str, Any]]) -> str:
     )
 
 
-def write(args: argparse.Namespace, rows: list[dict[str, Any]], out: Path) -> str:
-    """loss.json (rows and summary), loss.csv (rows), loss.txt (the table); the table."""
+def write(
+    args: argparse.Namespace,
+    rows: list[dict[str, Any]],
+    out: Path,
+    provenance: dict[str, object] | None = None,
+) -> str:
+    """loss.json (the run's provenance, rows and summary), loss.csv (rows), loss.txt (the
+    table); the table."""
     cells = summary(rows)
     text = table(cells, note(args, rows))
     doc = {
+        **(provenance or {}),
         "note": note(args, rows),
         "args": {k: str(v) for k, v in vars(args).items()},
         "rows": rows,

@@ -7,6 +7,7 @@ import importlib.metadata
 import os
 import platform
 import subprocess
+import time
 from pathlib import Path
 
 
@@ -63,3 +64,18 @@ def source_description() -> dict[str, object]:
         except (OSError, subprocess.SubprocessError):
             pass
     return out
+
+
+def provenance(
+    command: str | None = None, machine_extra: dict[str, object] | None = None
+) -> dict[str, object]:
+    """When, where and with which code a results file was written (its `date`, `machine` and
+    `source` keys, and `command` when given): what a table in the docs names of its run."""
+    doc: dict[str, object] = {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": {**machine_description(), **(machine_extra or {})},
+        "source": source_description(),
+    }
+    if command is not None:
+        doc["command"] = command
+    return doc

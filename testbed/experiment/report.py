@@ -26,13 +26,12 @@ from __future__ import annotations
 
 import json
 import statistics
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from testbed.experiment.machine import machine_description, source_description
+from testbed.experiment.machine import provenance
 from testbed.experiment.schemes import SCHEMES, lossless
 from testbed.experiment.suite import RunRecord
 
@@ -341,9 +340,7 @@ def results_doc(
     are otherwise byte-identical for the same inputs and seed)."""
     return {
         "schema": RESULTS_SCHEMA,
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": {**machine_description(), **(machine_extra or {})},
-        "source": source_description(),
+        **provenance(machine_extra=machine_extra),
         "setup": setup,
         "table": table(records, setup.get("link_bps")),
         "verdict": verdict(records),
