@@ -257,9 +257,9 @@ class Localizer:
                 found[f"link {lid}"] = ("lossy-link", 0.3 + 0.2 * share, ev)
         deltas = {sw: self._port_deltas(sw) for sw in self.topo.switches}
         slow_ports = self._slow_ports(deltas)
-        by_switch: dict[str, list[tuple[int, float, str]]] = {}
-        for (sw, port), (excess, ev, _) in slow_ports.items():
-            by_switch.setdefault(sw, []).append((port, excess, ev))
+        by_switch: dict[str, list[tuple[int, float, str, bool]]] = {}
+        for (sw, port), (excess, ev, link_rule) in slow_ports.items():
+            by_switch.setdefault(sw, []).append((port, excess, ev, link_rule))
             self._slow_at[(sw, port)] = now
         for sw, ports_deltas in deltas.items():
             for port, (departures, _, _) in ports_deltas.items():
@@ -280,7 +280,7 @@ class Localizer:
             # at a moment when only one of its ports is busy, that port is not a new slow link.
             still_slow = held is not None and held.kind == "slow-switch"
             if still_slow or (len(slow) >= 2 and len(slow) >= self.th.switch_share * len(busy)):
-                worst = max(e for _, e, _ in ports)
+                worst = max(e for _, e, _, _ in ports)
                 found.setdefault(
                     f"switch {sw}",
                     (
@@ -288,12 +288,12 @@ class Localizer:
                         min(0.95, 0.4 + 0.1 * worst),
                         f"{len(slow)} of {len(busy)} ports busy in the last "
                         f"{self.th.hold_s:g} s waited beyond their queues: "
-                        + "; ".join(ev for _, _, ev in sorted(ports)[:4]),
+                        + "; ".join(ev for _, _, ev, _ in sorted(ports)[:4]),
                     ),
                 )
                 continue
-            for port, excess, ev in ports:
-                if not slow_ports[(sw, port)][2]:
+            for port, excess, ev, link_rule in ports:
+                if not link_rule:
                     continue  # beyond its queue, not by the ratio: evidence for its switch only
                 peer = self.topo.peer(sw, port)
                 lid = link_id(f"{sw}:{port}", str(peer)) if peer is not None else f"{sw}:{port}"

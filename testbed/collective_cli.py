@@ -180,12 +180,6 @@ def _note(fab: Any, args: argparse.Namespace) -> str:
     )
 
 
-def _provenance(args: argparse.Namespace) -> dict[str, object]:
-    """The results file's date, machine, code and command (`xingmai-testbed report` and the
-    docs' tables name them), as `run`'s results.json has them."""
-    return provenance(getattr(args, "command", None))
-
-
 def cmd_collective(args: argparse.Namespace) -> int:
     from testbed.collective import run
     from testbed.collective.plots import busbw_plot
@@ -215,7 +209,7 @@ def cmd_collective(args: argparse.Namespace) -> int:
             )
     print(table(rows, note))
     plot = busbw_plot(rows, out / "busbw.png", note)
-    doc: dict[str, Any] = {**_provenance(args), "note": note, "rows": rows}
+    doc: dict[str, Any] = {**provenance(args.command), "note": note, "rows": rows}
     if degraded is not None:
         doc["degraded"] = degraded
         print()
@@ -251,7 +245,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
         note = _note(fab, args)
     print(f"# {note}")
     print(run.jobs_table(res))
-    doc = {**_provenance(args), "note": note, **res}
+    doc = {**provenance(args.command), "note": note, **res}
     (out / "jobs.json").write_text(json.dumps(doc, indent=1))
     print(f"\nresults: {out / 'jobs.json'}")
     return 0 if all(r.get("correct") for r in res["jobs"]) else 1
@@ -269,7 +263,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         note = _note(fab, args)
     print(f"# {note}")
     print(tune.tune_table(res))
-    doc = {**_provenance(args), "note": note, **res}
+    doc = {**provenance(args.command), "note": note, **res}
     (out / "tune.json").write_text(json.dumps(doc, indent=1))
     print(f"\nresults: {out / 'tune.json'}\ncache:   {cache}")
     return 0
@@ -281,7 +275,7 @@ def cmd_loss_sweep(args: argparse.Namespace) -> int:
 
     out = _run_dir(args, "loss")
     rows = loss.run_sweep(args, open_suite, _say)
-    print(loss.write(args, rows, out, _provenance(args)))
+    print(loss.write(args, rows, out, provenance(args.command)))
     plot = loss_plot(loss.summary(rows), args.plot or out / "loss.png", loss.note(args, rows))
     print(f"\nresults: {out / 'loss.json'}, {out / 'loss.csv'}\nplot:    {plot}")
     return 0 if all(r["completed"] and r["correct"] for r in rows) else 1

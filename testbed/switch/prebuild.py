@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from testbed.p4files import BMV2_JSON
+from testbed.switch.native.tm import NativeTrafficManager
 from testbed.switch.program import LoadError
 from testbed.switch.v1model import V1Switch
 
@@ -27,7 +28,7 @@ def prebuild(path: Path) -> str:
     sw = V1Switch(pipeline="native")
     sw.load(path.read_bytes())
     took = time.monotonic() - t0
-    tm = "native" if type(sw.tm).__name__ == "NativeTrafficManager" else "reference"
+    tm = "native" if isinstance(sw.tm, NativeTrafficManager) else "reference"
     if sw.pipeline_in_use == "native":
         return f"{path}: native pipeline and {tm} traffic manager ready ({took:.1f} s)"
     return f"{path}: the reference runs it ({sw.native_reason})"
