@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -140,7 +141,7 @@ def test_lossless_incast_pauses_every_hop_back_to_the_senders_and_drops_nothing(
 def test_the_proactive_start_reaches_the_nics_through_the_agents(tmp_path: Path) -> None:
     """`--proactive-start` on the emulation: each incast sender's transport hands its flow's
     fair share to its host's agent (SetRate) before it sends; the NIC paces the flow at it
-    from the first packet and TiTa's law starts there, so the startup burst is gone."""
+    from the first packet and TiTa's law starts there, so the startup burst shrinks."""
     tb = Testbed(leafspine(2, 1, 2), TestbedOptions(switch="builtin", run_dir=tmp_path))
     recs = {}
     t_s = 0.0
@@ -160,17 +161,33 @@ def test_the_proactive_start_reaches_the_nics_through_the_agents(tmp_path: Path)
     assert plain.start_hints == 0 and hinted.start_hints == 3
     assert hinted.flows_completed == hinted.flows == 3 and hinted.drops == 0
 
-    # The startup burst: the bottleneck's queue over the first 3 T (TiTa's control interval),
-    # before the law's own swings (which later reach the same peaks either way) begin.
-    def startup_peak(r: RunRecord) -> float:
-        q = r.queue_series
-        return max((v for t, v in zip(q["t"], q["v"], strict=True) if t <= 3 * t_s), default=0.0)
+    # The hint reached each NIC before the flow's first packet: every hinted flow's first
+    # rate is its share of the line, set before the job started; the plain flows' first
+    # rate is the line rate
+    share = tb.scaling.nic_bps / 3
+    for s in hinted.rate_series.values():
+        assert s["t"][0] <= 0.0 and abs(s["v"][0] - share) < 0.01 * share, (s, share)
+    assert all(s["v"][0] > 0.9 * tb.scaling.nic_bps for s in plain.rate_series.values())
+    assert len(hinted.rate_series) == len(plain.rate_series) == 3
 
-    print(f"startup peak: plain {startup_peak(plain):.0f} B, hinted {startup_peak(hinted):.0f} B")
-    assert startup_peak(hinted) < 0.5 * startup_peak(plain), (
-        startup_peak(hinted),
-        startup_peak(plain),
-    )
+    # And the startup burst shrank: the bottleneck's mean queue over the first 3 T (TiTa's
+    # control interval), before the law's own swings (which later reach the same peaks
+    # either way) take over. Hinted flows keep the queue empty until the law's first
+    # increases; the plain ones fill it from their first packets, but how fast depends on
+    # how the box schedules three line-rate senders and three switches on its cores: the
+    # ratio was 0.10-0.74 in 15 runs here (its peak failed a 0.5 bound in CI), so the
+    # emulation asserts the direction and the twin's test the size.
+    def startup(r: RunRecord) -> list[tuple[float, float]]:
+        q = r.queue_series
+        return [(t, v) for t, v in zip(q["t"], q["v"], strict=True) if t <= 3 * t_s]
+
+    def startup_mean(r: RunRecord) -> float:  # each sample held until the next
+        pts = [*startup(r), (3 * t_s, 0.0)]
+        return sum((b[0] - a[0]) * a[1] for a, b in pairwise(pts)) / (3 * t_s)
+
+    plain_q, hinted_q = startup_mean(plain), startup_mean(hinted)
+    print(f"startup mean queue: plain {plain_q:.0f} B, hinted {hinted_q:.0f} B")
+    assert hinted_q < plain_q, {"plain": startup(plain), "hinted": startup(hinted)}
 
 
 def test_rail_topology_routes_each_rail_and_across(tmp_path: Path) -> None:
