@@ -68,6 +68,14 @@ def _coll_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--iters", type=int, default=2)
     ap.add_argument("--warmup", type=int, default=1, help="iterations not counted")
     ap.add_argument("--gpus", type=int, default=0, help="GPUs per host (hier; default K)")
+    ap.add_argument(
+        "--payload",
+        choices=["data", "size"],
+        default="data",
+        help="data: messages carry the float32 buffers, sums checked element by element; "
+        "size: a 32-bit fingerprint per piece, padded to the message's size (the same "
+        "traffic, memory that grows with the plan, not the data)",
+    )
 
 
 def add_parsers(sub: Any) -> None:
@@ -164,6 +172,7 @@ def _params(args: argparse.Namespace) -> dict[str, Any]:
         "chunk": parse_size(args.chunk),
         "schedule": args.schedule,
         "iters": args.iters + args.warmup,
+        "payload": args.payload,
     }
     if args.gpus:
         p["gpus"] = args.gpus

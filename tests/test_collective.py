@@ -26,6 +26,7 @@ from testbed.model import Scaling
 from testbed.sim.fabric import SimFabric
 from testbed.sim.suite import SimSuite
 from testbed.topo import rail
+from testbed.traffic import collective_jobs
 from testbed.traffic import collective_plans as plan
 
 CASES = [(c, a) for c, algs in plan.SUPPORTED.items() for a in algs]
@@ -61,7 +62,10 @@ def test_every_algorithm_sums_right_on_every_rank(
     assert r["iterations"] == 2 and r["busbw_Bps"] > 0
 
 
-def test_a_wrong_plan_is_caught(rail3: CollFabric, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("payload", ["data", "size"])
+def test_a_wrong_plan_is_caught(
+    rail3: CollFabric, monkeypatch: pytest.MonkeyPatch, payload: str
+) -> None:
     real = plan.build
 
     def wrong(spec: plan.PlanSpec) -> list[plan.Transfer]:
@@ -70,9 +74,62 @@ def test_a_wrong_plan_is_caught(rail3: CollFabric, monkeypatch: pytest.MonkeyPat
         out[0] = replace(out[0], op=plan.Op.COPY)
         return out
 
+    # the plans are built once per process: this one is built (and then dropped) wrong
+    cache_clear = collective_jobs.layout.cache_clear
+    cache_clear()
     monkeypatch.setattr("testbed.traffic.collective_jobs.build", wrong)
-    r = collective(rail3, collective="allreduce", algorithm="ring", size=4096, chunk=1024)
+    try:
+        r = collective(
+            rail3, collective="allreduce", algorithm="ring", size=4096, chunk=1024, payload=payload
+        )
+    finally:
+        cache_clear()
     assert not r["correct"] and r["wrong_ranks"] >= 1
+
+
+@pytest.mark.parametrize(("coll", "alg"), CASES)
+def test_sizes_only_run_as_the_data_does(coll: str, alg: str) -> None:
+    """`payload: size`: the same bytes on the wire, so the same times, and every rank's
+    fingerprints check out, with a buffer of a few values, not of the data (each on a
+    fabric of its own, as built)."""
+    runs = {
+        p: collective(
+            _fabric(2, 3),
+            collective=coll,
+            algorithm=alg,
+            size=4 * 3001,
+            chunk=2048,
+            iters=2,
+            payload=p,
+        )
+        for p in ("data", "size")
+    }
+    data, size = runs["data"], runs["size"]
+    assert data["correct"] and size["correct"] and size["wrong_ranks"] == 0
+    for k in ("time_s", "time_spread_s", "busbw_Bps", "channel_bytes", "moved", "transfers"):
+        assert size[k] == data[k], k
+    spec = plan.PlanSpec(coll, alg, 3, 3001, 2, 2048, gpus=2)
+    lay = collective_jobs.layout(spec, "size")
+    assert lay.units < len(plan.build(spec)) < 3001
+
+
+@pytest.mark.parametrize(("coll", "alg"), CASES)
+def test_every_transfer_covers_whole_pieces_at_both_ends(coll: str, alg: str) -> None:
+    """The pieces of the size mode: a transfer's source and destination ranges start and
+    end on piece boundaries and hold as many pieces (all-to-all moves blocks elsewhere)."""
+    for n, count in ((2, 1000), (3, 4 * 1000 + 3), (5, 997)):
+        spec = plan.PlanSpec(coll, alg, n, count, 2, 512, gpus=2)
+        lay = collective_jobs.layout(spec, "size")
+        for x in plan.build(spec):
+            a, b = lay.span(x.lo, x.hi)
+            c, d = lay.span(x.dst_lo, x.dst_lo + x.hi - x.lo)
+            assert b - a == d - c >= (1 if x.hi > x.lo else 0)
+            for i in range(a, b):  # the same sizes in the same order
+                assert (
+                    lay.cuts[i + 1] - lay.cuts[i] == lay.cuts[c + i - a + 1] - lay.cuts[c + i - a]
+                )
+    with pytest.raises(ValueError, match="payload"):
+        collective_jobs.layout(spec, "bytes")
 
 
 def test_plans_respect_causality() -> None:
@@ -114,6 +171,7 @@ def test_metrics_follow_nccl_tests() -> None:
         "collective": "allreduce",
         "algorithm": "ring",
         "schedule": "static",
+        "payload": "data",
         "chunk": 1 << 20,
         "ranks": 8,
         "ok": True,
@@ -240,7 +298,7 @@ class _FakeQp:
             return None
         return type("Msg", (), {"data": self.inbox.pop(0)})()
 
-    def post_send(self, data: bytes, now: float, tag: object = None) -> Any:
+    def post_send(self, data: bytes, now: float, tag: object = None, size: int = 0) -> Any:
         return type("Op", (), {"done": True, "t_done": now})()
 
 

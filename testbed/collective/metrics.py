@@ -42,6 +42,7 @@ def summarize(
         "algorithm": r0["algorithm"],
         "schedule": r0["schedule"],
         "size": r0["size"],
+        "payload": r0["payload"],
         "channels": r0["channels"],
         "chunk": r0["chunk"],
         "ranks": r0["ranks"],

@@ -28,12 +28,25 @@ hierarchical algorithm's intra-host steps (reduce-scatter before, all-gather aft
 run over a modelled NVLink: ring steps over the host's `gpus` GPUs of `nvlink_latency` s and
 bytes / `nvlink_bps` each (the sums are computed, the time is modelled).
 
-Data: rank r's GPU g starts from integers drawn with (seed, iteration, r, g), exact in
-float32, so every rank checks its result against the sums it computes itself.
+Data (`payload: data`, the default): rank r's GPU g starts from integers drawn with (seed,
+iteration, r, g), exact in float32, so every rank checks its result against the sums it
+computes itself (in one process, the twin's, the ranks share that expected buffer).
+
+Sizes (`payload: size`), for scale: a rank keeps one 32-bit fingerprint per piece of its
+buffer instead of its elements, the pieces being the ranges between all the boundaries the
+plan's transfers have (so every transfer covers whole pieces). Rank r's GPU g starts from
+fingerprints drawn with (seed, iteration, r, g); a message carries the fingerprints of its
+pieces, then zeros up to the transfer's size (which the sender's transport does not hold),
+so the network carries the same bytes; the receiver adds (mod 2^32) or copies them as it
+would the data. Every rank checks its fingerprints against the sums of all ranks' (a
+contribution lost, doubled or misplaced shows, but for a chance of 2^-32 per piece), and its
+memory grows with the plan, not the data.
 """
 
 from __future__ import annotations
 
+import bisect
+import functools
 import hashlib
 import heapq
 import math
@@ -61,6 +74,117 @@ if TYPE_CHECKING:
 
 HEADER = struct.Struct("!II")  # iteration, transfer id
 RATE_EWMA = 0.5  # weight of the newest sample in a channel's rate
+PAYLOADS = ("data", "size")
+
+
+@dataclass(frozen=True, eq=False)
+class Layout:
+    """A plan and how a rank's buffer is held for it (`payload`): `units` values of `dtype`,
+    elements for data, pieces for sizes (`cuts`: the pieces' first elements, and the end).
+    Immutable, so the twin's ranks share one (`layout`)."""
+
+    spec: PlanSpec
+    payload: str
+    by_src: dict[int, list[Transfer]]
+    by_dst: dict[int, list[Transfer]]
+    cuts: tuple[int, ...]  # empty for data
+    piece_at: dict[int, int]  # element -> index of the piece starting there (sizes)
+
+    @property
+    def units(self) -> int:
+        return len(self.cuts) - 1 if self.cuts else self.spec.count
+
+    @property
+    def dtype(self) -> type[np.generic]:
+        return np.uint32 if self.cuts else np.float32
+
+    def span(self, lo: int, hi: int) -> tuple[int, int]:
+        """The units holding elements [lo, hi)."""
+        if not self.cuts:
+            return lo, hi
+        return self.piece_at[lo], self.piece_at[hi]
+
+    def initial(self, seed: int, it: int, rank: int, gpu: int) -> np.ndarray:
+        rng = np.random.default_rng([seed, it, rank, gpu])
+        if self.cuts:
+            return rng.integers(0, 1 << 32, self.units, dtype=np.uint32)
+        return rng.integers(-1000, 1001, self.units).astype(np.float32)
+
+    def inputs(self, seed: int, it: int, rank: int) -> np.ndarray:
+        """What rank `rank` puts into the network: its buffer, or for hier its GPUs' sum
+        (what the intra-host reduce-scatter leaves, shard by shard)."""
+        gpus = self.spec.gpus if self.spec.algorithm == "hier" else 1
+        out = self.initial(seed, it, rank, 0)
+        for g in range(1, gpus):
+            out = out + self.initial(seed, it, rank, g)
+        return out
+
+    def error(self, got: np.ndarray, want: np.ndarray) -> float:
+        """Data: the largest absolute error; sizes: how many pieces differ."""
+        if self.cuts:
+            return float(np.count_nonzero(got != want))
+        return float(np.max(np.abs(got - want), initial=0.0))
+
+
+def _cuts(transfers: list[Transfer], count: int, n: int) -> tuple[int, ...]:
+    """Every boundary of the plan's ranges (and of the checked segments and blocks), closed
+    under the moves whose destination range lies elsewhere (all-to-all): a piece must be
+    one piece at both ends."""
+    cuts = {0, count, (count // n) * n}
+    for lo, hi in segments(0, count, n):
+        cuts |= {lo, hi}
+    moved = []
+    for x in transfers:
+        cuts |= {x.lo, x.hi, x.dst_lo, x.dst_lo + x.hi - x.lo}
+        if x.dst_lo != x.lo and x.hi > x.lo:
+            moved.append(x)
+    grew = bool(moved)
+    while grew:
+        grew = False
+        ordered = sorted(cuts)
+        for x in moved:
+            d, hi = x.dst_lo - x.lo, x.hi
+            i, j = bisect.bisect_right(ordered, x.lo), bisect.bisect_left(ordered, hi)
+            add = {c + d for c in ordered[i:j]}
+            i, j = bisect.bisect_right(ordered, x.dst_lo), bisect.bisect_left(ordered, hi + d)
+            add |= {c - d for c in ordered[i:j]}
+            if not add <= cuts:
+                cuts |= add
+                grew = True
+    return tuple(sorted(cuts))
+
+
+@functools.lru_cache(maxsize=2)
+def layout(spec: PlanSpec, payload: str) -> Layout:
+    """The plan of `spec` indexed by sender and receiver, built once per process."""
+    if payload not in PAYLOADS:
+        raise ValueError(f"payload {payload!r}: one of {PAYLOADS}")
+    transfers = build(spec)
+    by_src: dict[int, list[Transfer]] = {}
+    by_dst: dict[int, list[Transfer]] = {}
+    for x in transfers:
+        by_src.setdefault(x.src, []).append(x)
+        by_dst.setdefault(x.dst, []).append(x)
+    cuts = _cuts(transfers, spec.count, spec.ranks) if payload == "size" else ()
+    return Layout(spec, payload, by_src, by_dst, cuts, {c: i for i, c in enumerate(cuts)})
+
+
+@functools.lru_cache(maxsize=2)
+def _expected_of_all(lay: Layout, seed: int, it: int) -> np.ndarray:
+    """The buffer every rank of an all-reduce (or all-gather) ends with: computed once per
+    process, so the twin's n ranks do not each draw all n inputs. Read-only: it is shared."""
+    n = lay.spec.ranks
+    if lay.spec.collective == "allgather":
+        out = np.zeros(lay.units, dtype=lay.dtype)
+        for r, (lo, hi) in enumerate(segments(0, lay.spec.count, n)):
+            a, b = lay.span(lo, hi)
+            out[a:b] = lay.inputs(seed, it, r)[a:b]
+    else:
+        out = np.zeros(lay.units, dtype=lay.dtype)
+        for r in range(n):
+            out += lay.inputs(seed, it, r)
+    out.flags.writeable = False
+    return out
 
 
 @dataclass
@@ -94,6 +218,7 @@ class CollectiveConfig:
     overlap: bool
     seed: int
     slot: int
+    payload: str
 
     @classmethod
     def from_spec(cls, spec: dict[str, Any]) -> CollectiveConfig:
@@ -115,6 +240,7 @@ class CollectiveConfig:
             overlap=bool(spec.get("overlap", False)),
             seed=int(spec.get("seed", 1)),
             slot=int(spec.get("slot", 8)),
+            payload=str(spec.get("payload", "data")),
         )
         if c.schedule not in ("static", "adaptive"):
             raise ValueError(f"schedule {c.schedule!r}: static or adaptive")
@@ -122,6 +248,8 @@ class CollectiveConfig:
             raise ValueError("depth in 1..64, iters >= 1, compute >= 0")
         if c.nvlink_bps <= 0 or c.nvlink_latency < 0:
             raise ValueError("nvlink_bps > 0 and nvlink_latency >= 0")
+        if c.payload not in PAYLOADS:
+            raise ValueError(f"payload {c.payload!r}: one of {PAYLOADS}")
         if c.size % ELEM:
             raise ValueError(f"size {c.size}: a whole number of float32 elements")
         if not 0 <= c.slot or c.slot + c.channels > QP_SLOTS:
@@ -144,9 +272,9 @@ class CollectiveJob:
         self.plan_spec = PlanSpec(
             cfg.collective, cfg.algorithm, n, self.count, cfg.channels, cfg.chunk, cfg.gpus
         )
-        self.plan = build(self.plan_spec)
-        self.outgoing = [x for x in self.plan if x.src == self.me]
-        self.incoming = {x.id: x for x in self.plan if x.dst == self.me}
+        self.layout = lay = layout(self.plan_spec, cfg.payload)
+        self.outgoing = lay.by_src.get(self.me, [])
+        self.incoming = {x.id: x for x in lay.by_dst.get(self.me, [])}
         self.dependents: dict[int, list[Transfer]] = {}
         for x in self.outgoing:
             for d in x.deps:
@@ -175,9 +303,9 @@ class CollectiveJob:
         self.phase = "idle"  # compute, pre (NVLink), net, post (NVLink), done
         self.phase_end = math.inf  # when a modelled phase (compute, NVLink step) ends
         self.compute_end = 0.0  # end of the computation of the iteration being run
-        self.buf = np.zeros(0, dtype=np.float32)
+        self.buf = np.zeros(0, dtype=lay.dtype)
         self.send_buf = self.buf
-        self.expected = np.zeros(0, dtype=np.float32)
+        self.expected = np.zeros(0, dtype=lay.dtype)
         self.waiting: dict[int, int] = {}
         # ready transfers per (peer, channel; -1 for any) in plan order (pieces in the order
         # they started): a heap of (id, transfer)
@@ -193,40 +321,24 @@ class CollectiveJob:
 
     # ---- data ----
 
-    def _initial(self, it: int, rank: int, gpu: int) -> np.ndarray:
-        rng = np.random.default_rng([self.cfg.seed, it, rank, gpu])
-        return rng.integers(-1000, 1001, self.count).astype(np.float32)
-
     def _inputs(self, it: int, rank: int) -> np.ndarray:
-        """What rank `rank` puts into the network: its buffer, or for hier its GPUs' sum
-        (what the intra-host reduce-scatter leaves, shard by shard)."""
-        gpus = self.cfg.gpus if self.cfg.algorithm == "hier" else 1
-        out = self._initial(it, rank, 0)
-        for g in range(1, gpus):
-            out = out + self._initial(it, rank, g)
-        return out
+        return self.layout.inputs(self.cfg.seed, it, rank)
 
     def _expect(self, it: int) -> np.ndarray:
-        """The buffer this rank must end with."""
-        coll, n = self.cfg.collective, self.n
-        if coll in ("allreduce", "reducescatter"):
-            total = sum(
-                (self._inputs(it, r) for r in range(n)), np.zeros(self.count, dtype=np.float32)
-            )
-            return total  # reducescatter: only this rank's segment is checked
-        out = np.zeros(self.count, dtype=np.float32)
-        if coll == "allgather":
-            for r, (lo, hi) in enumerate(segments(0, self.count, n)):
-                out[lo:hi] = self._inputs(it, r)[lo:hi]
-        elif coll == "alltoall":
+        """The buffer this rank must end with (reducescatter: only its segment is checked)."""
+        coll, n, lay = self.cfg.collective, self.n, self.layout
+        if coll in ("allreduce", "reducescatter", "allgather"):
+            return _expected_of_all(lay, self.cfg.seed, it)
+        if coll == "alltoall":
             out = self._inputs(it, self.me)  # my own block and the remainder stay
             b, me = self.count // n, self.me
             for r in range(n):  # block r of my result: what rank r sent me (its block me)
                 if r != me:
-                    out[r * b : (r + 1) * b] = self._inputs(it, r)[me * b : (me + 1) * b]
-        else:  # sendrecv: the previous rank's buffer
-            out[:] = self._inputs(it, (self.me - 1) % n)
-        return out
+                    lo, hi = lay.span(r * b, (r + 1) * b)
+                    src_lo, src_hi = lay.span(me * b, (me + 1) * b)
+                    out[lo:hi] = self._inputs(it, r)[src_lo:src_hi]
+            return out
+        return self._inputs(it, (self.me - 1) % n)  # sendrecv: the previous rank's buffer
 
     def _start_buffer(self, it: int) -> np.ndarray:
         """The receive buffer; `send_buf` is what goes out. In place (the same array) but for
@@ -238,9 +350,9 @@ class CollectiveJob:
             return mine
         if coll == "alltoall":
             return mine.copy()
-        out = np.zeros(self.count, dtype=np.float32)
+        out = np.zeros(self.layout.units, dtype=self.layout.dtype)
         if coll == "allgather":
-            lo, hi = segments(0, self.count, self.n)[self.me]
+            lo, hi = self.layout.span(*segments(0, self.count, self.n)[self.me])
             out[lo:hi] = mine[lo:hi]
             self.send_buf = out
         return out
@@ -299,7 +411,8 @@ class CollectiveJob:
         lo, hi = 0, self.count
         if self.cfg.collective == "reducescatter":  # the rest holds partial sums
             lo, hi = segments(0, self.count, self.n)[self.me]
-        err = float(np.max(np.abs(self.buf[lo:hi] - self.expected[lo:hi]), initial=0.0))
+        lo, hi = self.layout.span(lo, hi)
+        err = self.layout.error(self.buf[lo:hi], self.expected[lo:hi])
         self.max_err = max(self.max_err, err)
         self.ok = self.ok and err == 0.0
         start, _ = self.coll[-1]
@@ -383,8 +496,8 @@ class CollectiveJob:
         self._apply(x, body)
 
     def _apply(self, x: Transfer, body: bytes) -> None:
-        seg = np.frombuffer(body, dtype=np.float32)
-        lo, hi = x.dst_lo, x.dst_lo + x.hi - x.lo
+        lo, hi = self.layout.span(x.dst_lo, x.dst_lo + x.hi - x.lo)
+        seg = np.frombuffer(body, dtype=self.layout.dtype, count=hi - lo)
         if x.op == Op.SUM:
             self.buf[lo:hi] += seg
         else:
@@ -446,13 +559,15 @@ class CollectiveJob:
         return best if len(best.inflight) < depth else None
 
     def _send(self, ch: Channel, x: Transfer, now: float) -> None:
-        data = HEADER.pack(self.it, x.id) + self.send_buf[x.lo : x.hi].tobytes()
+        lo, hi = self.layout.span(x.lo, x.hi)
+        data = HEADER.pack(self.it, x.id) + self.send_buf[lo:hi].tobytes()
         if not ch.inflight:
             ch.head_since = now
-        op = ch.qp.post_send(data, now, tag=x.id)
+        # sizes: the fingerprints, then zeros up to the transfer's size (not in memory)
+        op = ch.qp.post_send(data, now, tag=x.id, size=HEADER.size + x.nbytes)
         ch.inflight.append((op, x, now))
         ch.inflight_bytes += x.nbytes
-        ch.sent_bytes += len(data)
+        ch.sent_bytes += HEADER.size + x.nbytes
         ch.sent_msgs += 1
         self.moved += ch.index != x.channel
 
@@ -481,6 +596,7 @@ class CollectiveJob:
             "algorithm": self.cfg.algorithm,
             "schedule": self.cfg.schedule,
             "size": self.cfg.size,
+            "payload": self.cfg.payload,
             "channels": self.cfg.channels,
             "chunk": self.cfg.chunk,
             "ranks": self.n * (self.cfg.gpus if self.cfg.algorithm == "hier" else 1),

@@ -170,9 +170,12 @@ class QpCounters:
 
 @dataclass
 class SendOp:
-    """A posted message. `t_done` is set when the last packet is acknowledged."""
+    """A posted message of `size` bytes: `data`, then zeros up to `size` (a message whose
+    content is its size alone need not exist in memory). `t_done` is set when the last
+    packet is acknowledged."""
 
     data: memoryview
+    size: int
     first_seq: int
     npkts: int
     t_post: float
@@ -182,10 +185,6 @@ class SendOp:
     @property
     def done(self) -> bool:
         return self.t_done is not None
-
-    @property
-    def size(self) -> int:
-        return len(self.data)
 
 
 @dataclass
@@ -259,12 +258,20 @@ class QueuePair:
     # ---- application API ----
 
     def post_send(
-        self, data: bytes | bytearray | memoryview, now: float, tag: object = None
+        self,
+        data: bytes | bytearray | memoryview,
+        now: float,
+        tag: object = None,
+        size: int | None = None,
     ) -> SendOp:
-        """Queue a message; returns its SendOp (done when fully acknowledged)."""
+        """Queue a message of `data`, followed by zeros up to `size` bytes if given; returns
+        its SendOp (done when fully acknowledged)."""
         mv = memoryview(data).cast("B")
-        npkts = max(1, -(-len(mv) // self.core.cfg.mtu))
-        op = SendOp(mv, self.tail, npkts, now, tag)
+        total = len(mv) if size is None else size
+        if total < len(mv):
+            raise ValueError(f"message size {total} below its {len(mv)} bytes of data")
+        npkts = max(1, -(-total // self.core.cfg.mtu))
+        op = SendOp(mv, total, self.tail, npkts, now, tag)
         self.tail += npkts
         self.send_q.append(op)
         self.core.active.add(self)
@@ -336,7 +343,10 @@ class QueuePair:
             opcode = OP_SEND_LAST
         else:
             opcode = OP_SEND_MIDDLE
-        payload = op.data[i * cfg.mtu : (i + 1) * cfg.mtu]
+        lo = i * cfg.mtu
+        payload: memoryview | bytes = op.data[lo : lo + cfg.mtu]
+        if len(payload) < cfg.mtu and lo + len(payload) < op.size:  # past the data: zeros
+            payload = bytes(payload) + bytes(min(cfg.mtu, op.size - lo) - len(payload))
         ackreq = i == op.npkts - 1 or seq - self.una + 1 >= cfg.window
         if cfg.retransmit == "sr" and seq < self.high:
             ackreq = True  # a resend asks for an ACK: it may be all that is left in flight

@@ -134,10 +134,11 @@ def allreduce(
     nic_ips: list[list[str]] | None = None,
     algorithm: str = "ring",
     schedule: str = "adaptive",
+    payload: str = "data",
 ) -> dict[str, Any]:
     """All-reduce of `size` bytes of float32 per rank (testbed.collective: ring by default,
     one channel per NIC given in `nic_ips`, else one on each host's address); checks the sums
-    on every rank."""
+    on every rank (`payload: size`: their fingerprints, testbed.traffic.collective_jobs)."""
     channels = min(len(ips) for ips in nic_ips) if nic_ips else 1
     spec = {
         "kind": "collective",
@@ -151,6 +152,7 @@ def allreduce(
         "transport": transport or {},
         "timeout": timeout,
         "seed": seed,
+        "payload": payload,
     }
     if nic_ips:
         spec["nic_ips"] = nic_ips
