@@ -186,6 +186,11 @@ def _note(fab: Any, args: argparse.Namespace) -> str:
         f"{'twin' if args.engine == 'sim' else 'emulation'} at 1/{s.scale:g} of the "
         f"model ({s.model.port_speed_gbps:g}G); scheme {args.scheme}; figures in the "
         "model's units"
+        + (
+            "; sizes only: sums checked by fingerprint"
+            if getattr(args, "payload", "data") == "size"
+            else ""
+        )
     )
 
 

@@ -62,6 +62,17 @@ def test_every_algorithm_sums_right_on_every_rank(
     assert r["iterations"] == 2 and r["busbw_Bps"] > 0
 
 
+def test_a_run_depends_only_on_its_inputs(rail3: CollFabric) -> None:
+    """Issue 27's run independence for the collective library on the twin: a run on the
+    module's fabric, after every test before it and after a run of another size, gives the
+    record it gives on a fabric just built (each run gets a fresh one)."""
+    params = {"collective": "allreduce", "algorithm": "tree", "size": 4 * 3001, "chunk": 2048}
+    collective(rail3, **{**params, "size": 4 * 9001})
+    after = collective(rail3, **params)
+    alone = collective(_fabric(2, 3), **params)
+    assert after == alone
+
+
 @pytest.mark.parametrize("payload", ["data", "size"])
 def test_a_wrong_plan_is_caught(
     rail3: CollFabric, monkeypatch: pytest.MonkeyPatch, payload: str

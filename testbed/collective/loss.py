@@ -102,6 +102,7 @@ def run_point(
         compute=compute,
     )
     row: dict[str, Any] = {**dataclasses.asdict(p), "size": size, "completed": False}
+    fab.fresh()
     set_fabric_loss(fab, spec, p.loss)
     try:
         out = fab.runner(fab.hosts, job)

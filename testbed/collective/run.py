@@ -47,6 +47,10 @@ class CollFabric:
     set_port_rate: Callable[[str, int, float], None]  # switch, port, b/s
     websearch: Callable[[int, float, float], list[Flow]]  # hosts, load, seconds -> flows
     apply_fault: Callable[[Fault], None]  # a link or switch fault (testbed/faults.py), now
+    # Before every run: the fabric as built, the scheme set (the twin builds a new one, so a
+    # run depends only on its own inputs; the emulation's fabric lives on). Port rates and
+    # faults a run needs are set after it.
+    fresh: Callable[[], None]
 
     @property
     def nics(self) -> int:
@@ -75,11 +79,16 @@ def job_spec(fab: CollFabric, **params: Any) -> dict[str, Any]:
 
 
 def collective(
-    fab: CollFabric, warmup: int = 0, tune_cache: Path | None = None, **params: Any
+    fab: CollFabric,
+    warmup: int = 0,
+    tune_cache: Path | None = None,
+    prepare: Callable[[], None] | None = None,
+    **params: Any,
 ) -> dict[str, Any]:
-    """Run one collective job on all the fabric's hosts; nccl-tests' figures. With
-    `algorithm: auto`, the algorithm, channels and chunk the tuner chose for this fabric and
-    size (testbed.collective.tune, its cache `tune_cache`)."""
+    """Run one collective job on all the fabric's hosts, on a fresh fabric that `prepare`
+    sets up (a port's rate, a fault); nccl-tests' figures. With `algorithm: auto`, the
+    algorithm, channels and chunk the tuner chose for this fabric and size
+    (testbed.collective.tune, its cache `tune_cache`)."""
     if params.get("algorithm") == "auto":
         from testbed.collective import tune
 
@@ -94,6 +103,9 @@ def collective(
         )
         params.update(choice)
     spec = job_spec(fab, **params)
+    fab.fresh()
+    if prepare is not None:
+        prepare()
     out = fab.runner(fab.hosts, spec)
     s = fab.scaling
     res = summarize(out.results, fab.line_rate, fab.nics, s.scale, warmup)
@@ -233,6 +245,7 @@ def concurrent(fab: CollFabric, decls: list[JobDecl]) -> dict[str, Any]:
     }
 
     def run(jobs: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
+        fab.fresh()
         out = fab.runner(fab.hosts, dict(base, jobs=jobs))
         per_job: list[dict[str, Any] | None] = [None] * len(jobs)
         for i in range(len(jobs)):
@@ -333,12 +346,15 @@ def degraded_rail(
     adaptive channels; busbw of each and their ratios to healthy."""
     link = fab.scaling.link_bps
     healthy = collective(fab, schedule="adaptive", **params)
-    fab.set_port_rate(switch, port, link * fraction)
+
+    def degrade() -> None:
+        fab.set_port_rate(switch, port, link * fraction)
+
     try:
-        static = collective(fab, schedule="static", **params)
-        adaptive = collective(fab, schedule="adaptive", **params)
+        static = collective(fab, schedule="static", prepare=degrade, **params)
+        adaptive = collective(fab, schedule="adaptive", prepare=degrade, **params)
     finally:
-        fab.set_port_rate(switch, port, link)
+        fab.set_port_rate(switch, port, link)  # the emulation's fabric lives on
     k = fab.nics
     return {
         "port": f"{switch}:{port}",

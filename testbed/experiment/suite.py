@@ -461,6 +461,7 @@ class Suite:
             set_port_rate=self._set_port_rate,
             websearch=websearch,
             apply_fault=self._apply_fault,
+            fresh=lambda: self.start_run(scheme),
         )
 
     # ---- running ----
