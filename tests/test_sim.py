@@ -375,3 +375,24 @@ def test_the_proactive_start_paces_the_incast_at_its_fair_share_from_the_first_p
     assert len(firsts) == 7 and all(v < 0.25 * line for v in firsts), (firsts, line)
     plain_firsts = [s["v"][0] for s in plain.rate_series.values() if s["v"]]
     assert all(v > 0.5 * line for v in plain_firsts), plain_firsts
+
+
+@pytest.mark.parametrize("pipeline", ["native", "reference"])
+def test_the_switches_share_one_parsed_program_and_never_write_it(pipeline: str) -> None:
+    """The fabric's switches load the program from one parse (its bytes and JSON held once
+    per process, not per switch: 80 switches at 1,024 hosts), which is only safe while
+    nothing that loads or runs a program writes into its JSON: after an incast through every
+    switch, the shared JSON is still what the bytes say."""
+    from testbed.switch.v1model import parsed_config
+
+    spec = leafspine(2, 2, 2)
+    fab = SimFabric(spec, Scaling(max_hops=spec.longest_path_switches()), pipeline=pipeline)
+    raws = {name: s.sw.json_bytes for name, s in fab.switches.items()}
+    first = next(iter(raws.values()))
+    assert all(r is first for r in raws.values())
+    cfg = SuiteConfig(**{**SuiteConfig.quick().__dict__, "schemes": ("tita",)})
+    cfg = SuiteConfig(**{**cfg.__dict__, "scenarios": ("incast",)})
+    (rec,) = SimSuite(fab, cfg).run()
+    assert rec.flows_completed == rec.flows > 0
+    raw, doc = parsed_config(first)
+    assert raw is first and doc == json.loads(raw)
