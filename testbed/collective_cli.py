@@ -234,6 +234,41 @@ def cmd_collective(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+OUTPUTS = ("collective.json", "jobs.json", "tune.json")  # what these commands write
+
+
+def report(path: Path, markdown: bool = False) -> str:
+    """The table of a collective, jobs or tune run (its directory or JSON file), as the
+    command printed it; `markdown`: named as the docs name a run (commit, date, machine,
+    command), the table in a code block."""
+    from testbed.collective import run, tune
+    from testbed.experiment.report import run_named
+
+    p = path
+    if path.is_dir():
+        found = [path / name for name in OUTPUTS if (path / name).exists()]
+        if not found:
+            raise ValueError(f"{path}: no {', '.join(OUTPUTS)} in it")
+        p = found[0]
+    try:
+        doc = json.loads(p.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{p}: not a collective run's output ({exc})") from None
+    if p.name == "collective.json":
+        text = table(doc["rows"], doc.get("note", ""))
+        if doc.get("degraded"):
+            text += "\n\n" + degraded_text(doc["degraded"])
+    elif p.name == "jobs.json":
+        text = f"# {doc.get('note', '')}\n{run.jobs_table(doc)}"
+    elif p.name == "tune.json":
+        text = f"# {doc.get('note', '')}\n{tune.tune_table(doc)}"
+    else:
+        raise ValueError(f"{p}: not one of {', '.join(OUTPUTS)}")
+    if not markdown:
+        return text
+    return f"{run_named(path, doc, p.stem, doc.get('command'))}\n\n```\n{text}\n```"
+
+
 def degraded_text(d: dict[str, Any]) -> str:
     h, s, a = d["healthy"], d["static"], d["adaptive"]
     lines = [

@@ -203,7 +203,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="a run's table again: as text, or as Markdown for "
         "the docs with the run's command, commit, date and machine",
     )
-    report.add_argument("run", type=Path, help="a run dir (or its results.json)")
+    report.add_argument(
+        "run",
+        type=Path,
+        help="a run dir (or its results.json, collective.json, jobs.json, tune.json)",
+    )
     report.add_argument("--markdown", action="store_true", help="Markdown, with the run named")
     cli = sub.add_parser("cli", help="Mininet's CLI on the booted network")
     _common(cli)
@@ -397,8 +401,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from testbed.collective_cli import OUTPUTS, report
     from testbed.experiment.report import load_results, markdown_report
 
+    run = args.run
+    if any((run / name).exists() for name in OUTPUTS) or run.name in OUTPUTS:
+        print(report(run, args.markdown))  # a collective, jobs or tune run
+        return 0
     if args.markdown:
         print(markdown_report(args.run))
     else:

@@ -356,9 +356,12 @@ def test_next_iterations_messages_during_compute_are_kept() -> None:
     assert job.poll(2.0) and job.ok and job.unexpected == 0
 
 
-def test_the_collective_command_records_its_provenance(tmp_path: Path) -> None:
+def test_the_collective_command_records_its_provenance(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """collective.json names its date, machine, code and command (less --run-dir), as run's
-    results.json does: the docs' tables cite them."""
+    results.json does: the docs' tables cite them, and `report --markdown` prints the table
+    with its run named."""
     from testbed.main import main
 
     argv = ["collective", "--sizes", "64K", "--algorithms", "ring", "--iters", "1"]
@@ -367,3 +370,8 @@ def test_the_collective_command_records_its_provenance(tmp_path: Path) -> None:
     assert doc["command"] == "xingmai-testbed " + " ".join([*argv, "--warmup", "0"])
     assert doc["date"][:2] == "20" and doc["machine"]["cores"] and "rows" in doc
     assert "commit" in doc["source"] or "version" in doc["source"]
+    capsys.readouterr()
+    assert main(["report", str(tmp_path), "--markdown"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"Run `{tmp_path}`") and doc["date"] in out and doc["command"] in out
+    assert "busbw(GB/s)" in out and "65536" in out and out.count("```") == 2

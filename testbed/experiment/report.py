@@ -493,20 +493,29 @@ def compare(paths: list[Path], median: bool = False) -> str:
     return "\n".join(lines).rstrip()
 
 
-def markdown_report(path: Path) -> str:
-    """A run's table as the docs show it: which run (its command, engine, topology and
-    scaling), the commit, date and machine it ran on, the table in Markdown and its verdict."""
-    doc = load_results(path)
-    setup, machine, source = doc["setup"], doc["machine"], doc.get("source", {})
+def run_named(path: Path, doc: dict[str, Any], about: str, command: str | None) -> str:
+    """The line that names a run above its table in the docs: where its output is, what it
+    ran (`about`), its commit, date, machine and command (a results file's `source`, `date`
+    and `machine`, as testbed.experiment.machine.provenance writes them)."""
+    machine, source = doc.get("machine", {}), doc.get("source", {})
     commit = str(source.get("commit", ""))[:7] or f"version {source.get('version', '?')}"
     if source.get("dirty"):
         commit += " with uncommitted changes"
     where = f"{machine.get('cpu') or '?'}, {machine.get('cores', '?')} cores"
-    cmd = setup.get("command")
+    return (
+        f"Run `{path}`, outside the repository ({about}), commit {commit}, "
+        f"{doc.get('date', '?')}, {where}" + (f"; `{command}`" if command else "") + ":"
+    )
+
+
+def markdown_report(path: Path) -> str:
+    """A run's table as the docs show it: which run (its command, engine, topology and
+    scaling), the commit, date and machine it ran on, the table in Markdown and its verdict."""
+    doc = load_results(path)
+    setup = doc["setup"]
+    about = f"{setup.get('engine', '?')}, {setup.get('topology', '?')}; {setup.get('scaling', '')}"
     lines = [
-        f"Run `{path}`, outside the repository ({setup.get('engine', '?')}, "
-        f"{setup.get('topology', '?')}; {setup.get('scaling', '')}), commit {commit}, "
-        f"{doc['date']}, {where}" + (f"; `{cmd}`" if cmd else "") + ":",
+        run_named(path, doc, about, setup.get("command")),
         "",
         table(records_from_results(doc), setup.get("link_bps"), markdown=True),
     ]
