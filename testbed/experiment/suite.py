@@ -434,7 +434,12 @@ class Suite:
         by_name = {h.name: [n.ip for n in h.nics] for h in self.spec.hosts}
         return [by_name[h.name] for h in self.hosts]
 
-    def collective_fabric(self, scheme: str, window: int | None = None) -> CollFabric:
+    def collective_fabric(
+        self, scheme: str, window: int | None = None, fresh_runs: bool = True
+    ) -> CollFabric:
+        """The engine as the collective library sees it, `scheme` in force. `fresh_runs`:
+        each of its runs starts on a fresh fabric (the collective commands); False inside a
+        suite's cell, which started on one and captures the run there."""
         s = self.scaling
         cfg = self.cfg
 
@@ -461,7 +466,7 @@ class Suite:
             set_port_rate=self._set_port_rate,
             websearch=websearch,
             apply_fault=self._apply_fault,
-            fresh=lambda: self.start_run(scheme),
+            fresh=(lambda: self.start_run(scheme)) if fresh_runs else (lambda: None),
         )
 
     # ---- running ----
@@ -770,7 +775,7 @@ class Suite:
 
     def _collective_workload(self, scenario: str, window: int) -> dict[str, Any]:
         cfg = self.cfg
-        fab = self.collective_fabric(self._scheme, window)
+        fab = self.collective_fabric(self._scheme, window, fresh_runs=False)
         if scenario == "alltoall":
             return {
                 "workload": "alltoall",
