@@ -16,7 +16,7 @@ import time
 import traceback
 from pathlib import Path
 
-from testbed.experiment.machine import machine_description
+from testbed.experiment.machine import machine_description, source_description
 
 # Benchmark modules, in the order they run. Add a component's module here.
 BENCHMARKS: tuple[str, ...] = (
@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = {
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": machine_description(),
+        "source": source_description(),  # the commit the figures are of
         "benchmarks": results,
     }
     out_path.parent.mkdir(parents=True, exist_ok=True)
