@@ -91,22 +91,26 @@ class Layout:
     piece_at: dict[int, int]  # element -> index of the piece starting there (sizes)
 
     @property
+    def sizes(self) -> bool:
+        return self.payload == "size"
+
+    @property
     def units(self) -> int:
-        return len(self.cuts) - 1 if self.cuts else self.spec.count
+        return len(self.cuts) - 1 if self.sizes else self.spec.count
 
     @property
     def dtype(self) -> type[np.generic]:
-        return np.uint32 if self.cuts else np.float32
+        return np.uint32 if self.sizes else np.float32
 
     def span(self, lo: int, hi: int) -> tuple[int, int]:
         """The units holding elements [lo, hi)."""
-        if not self.cuts:
+        if not self.sizes:
             return lo, hi
         return self.piece_at[lo], self.piece_at[hi]
 
     def initial(self, seed: int, it: int, rank: int, gpu: int) -> np.ndarray:
         rng = np.random.default_rng([seed, it, rank, gpu])
-        if self.cuts:
+        if self.sizes:
             return rng.integers(0, 1 << 32, self.units, dtype=np.uint32)
         return rng.integers(-1000, 1001, self.units).astype(np.float32)
 
@@ -121,7 +125,7 @@ class Layout:
 
     def error(self, got: np.ndarray, want: np.ndarray) -> float:
         """Data: the largest absolute error; sizes: how many pieces differ."""
-        if self.cuts:
+        if self.sizes:
             return float(np.count_nonzero(got != want))
         return float(np.max(np.abs(got - want), initial=0.0))
 
@@ -174,13 +178,12 @@ def _expected_of_all(lay: Layout, seed: int, it: int) -> np.ndarray:
     """The buffer every rank of an all-reduce (or all-gather) ends with: computed once per
     process, so the twin's n ranks do not each draw all n inputs. Read-only: it is shared."""
     n = lay.spec.ranks
+    out = np.zeros(lay.units, dtype=lay.dtype)
     if lay.spec.collective == "allgather":
-        out = np.zeros(lay.units, dtype=lay.dtype)
         for r, (lo, hi) in enumerate(segments(0, lay.spec.count, n)):
             a, b = lay.span(lo, hi)
             out[a:b] = lay.inputs(seed, it, r)[a:b]
     else:
-        out = np.zeros(lay.units, dtype=lay.dtype)
         for r in range(n):
             out += lay.inputs(seed, it, r)
     out.flags.writeable = False
@@ -248,8 +251,6 @@ class CollectiveConfig:
             raise ValueError("depth in 1..64, iters >= 1, compute >= 0")
         if c.nvlink_bps <= 0 or c.nvlink_latency < 0:
             raise ValueError("nvlink_bps > 0 and nvlink_latency >= 0")
-        if c.payload not in PAYLOADS:
-            raise ValueError(f"payload {c.payload!r}: one of {PAYLOADS}")
         if c.size % ELEM:
             raise ValueError(f"size {c.size}: a whole number of float32 elements")
         if not 0 <= c.slot or c.slot + c.channels > QP_SLOTS:
