@@ -20,7 +20,8 @@ What each suspect rests on:
   frame (`delay`) shows it; a switch with most of its busy ports slow is the suspect, not
   each of its links (ports counted over `hold_s`: a spine's ports are often busy in turns).
 - **lossy link, by vote** (007): each receiving NIC reports a gap in a flow's PSNs with the
-  path its next packet took (its INT, controller/nic/int_sink.py); every such loss gives each
+  path its next packet took (its INT, controller/nic/int_sink.py), once the missing packet
+  came only when resent (a late one was reordered, not lost); every such loss gives each
   link of its path an equal share of one vote, and the link with the most votes explains the
   losses that crossed it (greedily, as 007 does; links within `tie_ratio` of the top share the
   blame; a link named by the vote alone ranks below any link the counters name). A loss

@@ -89,7 +89,8 @@ def test_sink_reports_on_its_triggers_with_increasing_sequence_numbers() -> None
     sent: list[tuple[float, bytes]] = []
 
     def feed(t: float, hops: list[dict[str, Any]], lost: bool = False) -> bytes | None:
-        rep = sink.observe(packet(hops), int_off, t, lost=lost)
+        pkt = packet(hops)
+        rep = sink.loss(pkt, int_off, t) if lost else sink.observe(pkt, int_off, t)
         if rep is not None:
             sent.append((t, rep))
         return rep
@@ -107,9 +108,10 @@ def test_sink_reports_on_its_triggers_with_increasing_sequence_numbers() -> None
     assert feed(0.145, slow) is not None  # hop latencies over 50 us: a new one, at once
     assert feed(0.15, PATH_SPINE2) is not None  # the path changed
     assert feed(0.16, PATH_SPINE2) is None
-    assert feed(0.17, PATH_SPINE2, lost=True) is not None  # a PSN gap before this packet
-    assert feed(0.171, PATH_SPINE2, lost=True) is None  # still behind the same gap
-    assert feed(0.172, PATH_SPINE2) is None  # the gap filled
+    assert feed(0.17, PATH_SPINE2) is None
+    # the transport found the gap before this packet a loss: reported whatever the sampling
+    assert feed(0.171, PATH_SPINE2, lost=True) is not None
+    assert feed(0.172, PATH_SPINE2) is None  # the loss is no reason to sample
     assert dict(sink.reports) == {
         "new": 1,
         "sample": 1,
@@ -149,7 +151,8 @@ def nic_reports(n: int, skip: set[int], path: list[dict[str, Any]]) -> list[byte
     sink = IntSink(H5, SinkConfig(sample_s=1e-9), INT_DSCP_DEFAULT)
     out = []
     for i in range(n):
-        rep = sink.observe(packet(path), 28, float(i), lost=i == n - 1)
+        pkt = packet(path)
+        rep = sink.loss(pkt, 28, float(i)) if i == n - 1 else sink.observe(pkt, 28, float(i))
         assert rep is not None
         if i not in skip:
             out.append(rep)

@@ -84,32 +84,76 @@ def test_cnp_for_ecn_ce_at_most_once_per_interval() -> None:
     assert a.qps[5].counters.cnps_received == 2
 
 
+SHIM_MD = bytes([0x10, 3, 0, 0]) + bytes([0x20, 0, 0, 0]) + bytes(8)  # shim + MD header
+
+
+def add_int(p: bytes) -> bytes:
+    """A data packet as an INT source sends it (an empty stack); other packets unchanged."""
+    if opcode(p) == OP_ACK:
+        return p
+    total = struct.unpack_from("!H", p, 2)[0] + len(SHIM_MD)
+    udp_len = struct.unpack_from("!H", p, 24)[0] + len(SHIM_MD)
+    tos = (INT_DSCP_DEFAULT << 2) | (p[1] & 3)
+    return (
+        p[:1]
+        + bytes([tos])
+        + struct.pack("!H", total)
+        + p[4:24]
+        + struct.pack("!H", udp_len)
+        + p[26:28]
+        + SHIM_MD
+        + p[28:]
+    )
+
+
 def test_int_stack_is_echoed_in_the_ack() -> None:
     a, b = pair()
-    shim_md = bytes([0x10, 3, 0, 0]) + bytes([0x20, 0, 0, 0]) + bytes(8)  # shim + MD header
-
-    def add_int(p: bytes) -> bytes:
-        if opcode(p) == OP_ACK:
-            return p
-        total = struct.unpack_from("!H", p, 2)[0] + len(shim_md)
-        udp_len = struct.unpack_from("!H", p, 24)[0] + len(shim_md)
-        tos = (INT_DSCP_DEFAULT << 2) | (p[1] & 3)
-        return (
-            p[:1]
-            + bytes([tos])
-            + struct.pack("!H", total)
-            + p[4:24]
-            + struct.pack("!H", udp_len)
-            + p[26:28]
-            + shim_md
-            + p[28:]
-        )
-
     a.qps[5].post_send(bytes(MTU), 0.0)
     sent = shuttle(a, b, 0.0, add_int)
     acks = [p for p in sent if opcode(p) == OP_ACK]
-    assert len(acks) == 1 and acks[0][20 + 8 + 12 + 4 : -4] == shim_md
+    assert len(acks) == 1 and acks[0][20 + 8 + 12 + 4 : -4] == SHIM_MD
     assert b.qps[6].counters.int_echoes_sent == 1 and not a.drops
+
+
+def data_psn(p: bytes) -> int | None:
+    """The PSN of a data packet with INT (as add_int makes it), None for others."""
+    if opcode(p) == OP_ACK:
+        return None
+    return struct.unpack_from("!I", p, 20 + 8 + len(SHIM_MD) + 8)[0] & 0xFFFFFF
+
+
+@pytest.mark.parametrize("what", ["late", "lost"])
+def test_a_reordered_packet_is_told_from_a_lost_one(what: str) -> None:
+    """Go-back-N resends after any gap in the PSNs; the responder tells a packet that came late
+    (sent before the packet that showed the gap: the IPv4 ID the sender counts per QP) from
+    one that was lost (it comes only when resent), and its NIC's sink reports only the loss,
+    on the path of the packet after the gap. A gap up to a packet the responder dropped itself
+    (go-back-N drops what follows a gap) is not the network's either."""
+    a, b = pair(report_to="10.0.0.9:32766", report_sample_s=10.0)
+    a.qps[5].post_send(bytes(6 * MTU), 0.0)
+    held: list[bytes] = []
+
+    def wire(p: bytes) -> bytes | None:
+        p = add_int(p)
+        psn = data_psn(p)
+        if psn == 2 and not held:
+            held.append(p)
+            return None  # late: delivered after PSN 3; lost: never
+        if what == "late" and psn == 3 and len(held) == 1:
+            b.receive(p, 0.0)
+            held.append(p)
+            return held[0]
+        return p
+
+    shuttle(a, b, 0.0, wire)
+    assert a.qps[5].idle and b.qps[6].counters.messages_received == 1
+    c = b.qps[6].counters
+    assert b.drops["out_of_order"] >= 1 and a.qps[5].counters.retransmits >= 1
+    assert b.sink is not None
+    if what == "late":
+        assert (c.reordered, c.gaps_lost, b.sink.reports["loss"]) == (1, 0, 0)
+    else:
+        assert (c.reordered, c.gaps_lost, b.sink.reports["loss"]) == (0, 1, 1)
 
 
 def test_bad_input_is_counted_and_dropped() -> None:

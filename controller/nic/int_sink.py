@@ -8,9 +8,11 @@ v2.0 (controller/wire/telemetry_report.py) to the collector: not one per packet,
 - **event-triggered**: a packet that saw a queue above `queue_bytes` at some hop, or whose hop
   latencies add up to more than `latency_ns` (flag Q), at most one per flow per `event_gap_s`
   while the condition lasts, and at once when it starts; a packet whose path (the hops' node
-  ids and ports) differs from the flow's last one; a packet after a gap in the flow's PSNs
-  (flag D, drop reason `DROP_REASON_PSN_GAP`: packets before it were lost on the path its INT
-  names, what 007 votes with).
+  ids and ports) differs from the flow's last one;
+- **a loss** (`loss`, flag D, drop reason `DROP_REASON_PSN_GAP`): the packet that revealed a
+  gap in the flow's PSNs, once the transport knows the gap was a loss on the path its INT
+  names and not a reordering (testbed/traffic/transport_core.py decides): what 007 votes
+  with.
 
 Each datagram carries one report with this NIC's sequence number (22 bits, +1 per report,
 so the collector counts the reports lost on the way), the NIC's node id (its IPv4 address,
@@ -69,7 +71,6 @@ class _FlowState:
     last_report: float
     last_event: float | None = None  # the last report a queue/latency condition triggered
     in_event: bool = False
-    in_gap: bool = False  # the last packet came after a gap too (one report per gap)
 
 
 class IntSink:
@@ -86,11 +87,58 @@ class IntSink:
         self.errors: Counter[str] = Counter()  # packets the sink could not read
         self.flows_evicted = 0
 
-    def observe(
-        self, pkt: bytes | memoryview, int_off: int, now: float, lost: bool = False
-    ) -> bytes | None:
-        """An IPv4 packet with INT at `int_off` (its shim) arrived at `now`; `lost`: it came
-        after a gap in its flow's PSNs (reported for the first packet of each gap)."""
+    def observe(self, pkt: bytes | memoryview, int_off: int, now: float) -> bytes | None:
+        """An IPv4 packet with INT at `int_off` (its shim) arrived at `now`: its report when
+        one of the triggers above fires."""
+        parsed = self._parse(pkt, int_off)
+        if parsed is None:
+            return None
+        inner, rep = parsed
+        queue, slow = self._conditions(rep)
+        event = queue or slow
+        path: Path = tuple((h.node_id, h.in_port, h.out_port) for h in rep.hops)
+        assert rep.flow is not None
+        key = (bytes(pkt[12:16]), rep.flow.sport, rep.flow.dport)
+        st = self.flows.get(key)
+        cfg = self.cfg
+        why = None
+        if st is None:
+            why = "new"
+            st = self.flows[key] = _FlowState(path, now)
+            if len(self.flows) > cfg.max_flows:
+                self.flows.popitem(last=False)
+                self.flows_evicted += 1
+        else:
+            self.flows.move_to_end(key)
+            if path != st.path:
+                why = "path"
+            elif event and (
+                not st.in_event or st.last_event is None or now - st.last_event >= cfg.event_gap_s
+            ):
+                why = "queue" if queue else "latency"
+            elif now - st.last_report >= cfg.sample_s:
+                why = "sample"
+        st.in_event = event
+        if why is None:
+            return None
+        st.path = path
+        st.last_report = now
+        if event:
+            st.last_event = now
+        return self._encode(why, inner, int_off, now, event)
+
+    def loss(self, pkt: bytes | memoryview, int_off: int, t: float) -> bytes | None:
+        """The report of a loss: `pkt` (INT at `int_off`) arrived at `t` after a gap in its
+        flow's PSNs that the transport has since found to be a loss (one report per gap)."""
+        parsed = self._parse(pkt, int_off)
+        if parsed is None:
+            return None
+        inner, rep = parsed
+        return self._encode("loss", inner, int_off, t, any(self._conditions(rep)))
+
+    def _parse(self, pkt: bytes | memoryview, int_off: int) -> tuple[bytes, IntReport] | None:
+        """The packet's inner part as a report carries it, and its INT decoded (None: counted
+        in `errors`)."""
         pkt = bytes(pkt)
         if len(pkt) < int_off + 2:
             self.errors["short"] += 1
@@ -107,49 +155,21 @@ class IntSink:
         if rep.flow is None:
             self.errors["no_flow"] += 1
             return None
-        path: Path = tuple((h.node_id, h.in_port, h.out_port) for h in rep.hops)
+        return inner, rep
+
+    def _conditions(self, rep: IntReport) -> tuple[bool, bool]:
+        """(a hop's queue over `queue_bytes`, the hop latencies over `latency_ns`)."""
+        cfg = self.cfg
         qmax = max((h.qocc for h in rep.hops if h.qocc is not None), default=0)
         latency = sum(h.latency_ns for h in rep.hops if h.latency_ns is not None)
-        cfg = self.cfg
-        event = (cfg.queue_bytes > 0 and qmax > cfg.queue_bytes) or (
-            cfg.latency_ns > 0 and latency > cfg.latency_ns
+        return (
+            cfg.queue_bytes > 0 and qmax > cfg.queue_bytes,
+            cfg.latency_ns > 0 and latency > cfg.latency_ns,
         )
-        key = (pkt[12:16], rep.flow.sport, rep.flow.dport)
-        st = self.flows.get(key)
-        # a gap is reported once: a receiver that keeps what arrives behind it (selective
-        # repeat) sees every packet until it is filled come after it
-        gap_started = lost and not (st is not None and st.in_gap)
-        why = None
-        if st is None:
-            why = "new"
-            st = self.flows[key] = _FlowState(path, now)
-            if len(self.flows) > cfg.max_flows:
-                self.flows.popitem(last=False)
-                self.flows_evicted += 1
-        else:
-            self.flows.move_to_end(key)
-            if gap_started:
-                why = "loss"
-            elif path != st.path:
-                why = "path"
-            elif event and (
-                not st.in_event or st.last_event is None or now - st.last_event >= cfg.event_gap_s
-            ):
-                why = "queue" if cfg.queue_bytes > 0 and qmax > cfg.queue_bytes else "latency"
-            elif now - st.last_report >= cfg.sample_s:
-                why = "sample"
-        if lost and why == "new":
-            why = "loss"
-        st.in_event = event
-        st.in_gap = lost
-        if why is None:
-            return None
-        st.path = path
-        st.last_report = now
-        if event:
-            st.last_event = now
+
+    def _encode(self, why: str, inner: bytes, int_off: int, t: float, congested: bool) -> bytes:
         self.reports[why] += 1
-        md = {"ingress_ts": int(now * 1e9) & ((1 << 64) - 1)}
+        md = {"ingress_ts": int(t * 1e9) & ((1 << 64) - 1)}
         bits = REP_MD_SAMPLE
         if why == "loss":
             bits = REP_MD_DROP
@@ -157,14 +177,14 @@ class IntSink:
         seq = self.seq
         self.seq = (seq + 1) % (1 << SEQ_BITS)
         return encode_report(
-            hw_id=cfg.hw_id,
+            hw_id=self.cfg.hw_id,
             seq=seq,
             node_id=self.node_id,
             inner=inner,
             rep_md_bits=bits,
             metadata=md,
             dropped=why == "loss",
-            congested=event,
+            congested=congested,
             tracked=True,
             domain_id=int.from_bytes(inner[int_off + 10 : int_off + 12], "big"),
         )

@@ -109,6 +109,13 @@ METRICS: tuple[Metric, ...] = (
     Metric("retransmits", "", "packets", "packets the senders' transports sent again"),
     Metric("cnps", "", "packets", "CNPs the senders received"),
     Metric("out_of_order", "", "packets", "data packets the receivers dropped for a PSN gap"),
+    Metric(
+        "reordered",
+        "",
+        "gaps",
+        "gaps in the receivers' PSNs whose missing packet came late (sent before the packet "
+        "that showed the gap): reordered on the way, not lost",
+    ),
     Metric("pauses", "pauses", "frames", "PFC pause (XOFF) frames sent by switches and NICs"),
     Metric("paused_s", "", "s", "time egress ports and NICs were held by pauses, summed"),
 )

@@ -39,6 +39,8 @@ COUNTER_KEYS = (
     "rx_data_packets",
     "tx_nobufs",
     "rx_kept",
+    "reordered",  # PSN gaps whose missing packet came late: reordered, not lost
+    "gaps_lost",
     "rate_hints",  # start rates the application handed its NIC (the proactive start)
     "pfc_holds",  # the emulation's transports: pauses of their NIC they held for
     "pfc_held_us",  # ... and for how long, microseconds

@@ -157,6 +157,10 @@ class QpCounters:
     rx_bytes: int = 0  # payload bytes delivered in order
     acks_sent: int = 0  # ACKs made (the I/O counts those it could not send)
     naks_sent: int = 0
+    # gaps in the PSNs whose missing packet came after all, sent before the packet that showed
+    # the gap (IPv4 ID): reordered on the way, not lost (go-back-N resends them all the same)
+    reordered: int = 0
+    gaps_lost: int = 0  # gaps whose missing packet came only when resent: lost on the way
     cnps_sent: int = 0
     ecn_ce_seen: int = 0
     int_seen: int = 0
@@ -166,6 +170,17 @@ class QpCounters:
     tx_errors: int = 0  # sends the I/O lost with another error (e.g. ENETUNREACH)
     messages_sent: int = 0
     messages_received: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Gap:
+    """A gap in a QP's received PSNs: the IPv4 ID and arrival time of the packet that showed
+    it, and that packet up to its UDP payload's end when the sink will report it."""
+
+    ident: int
+    pkt: bytes
+    int_off: int
+    t: float
 
 
 @dataclass
@@ -250,6 +265,11 @@ class QueuePair:
         self.nak_sent = False
         self.last_cnp = -1e18
         self.pending_int: bytes | None = None
+        # the gap in the PSNs not yet settled (loss or reordering), and the highest PSN this
+        # responder received and dropped itself (go-back-N drops what comes after a gap)
+        self.gap: _Gap | None = None
+        self.discarded_hi: int | None = None
+        self.ident = 0  # the IPv4 ID of the packet this QP sent last
         self.feedback_sport: int | None = None  # the data sender's UDP sport, for ACKs/CNPs
         self.recv_q: deque[ReceivedMessage] = deque()
         # selective repeat: out-of-order packets kept, by PSN: (opcode, ackreq, payload)
@@ -515,6 +535,9 @@ class QueuePair:
                 self._keep(opcode, psn, ackreq, payload, d, sport)
                 return
             core.drops["out_of_order"] += 1
+            hi = self.discarded_hi
+            if hi is None or ((psn - hi + _HALF) & PSN_MASK) - _HALF > 0:
+                self.discarded_hi = psn
             if not self.nak_sent or ackreq:
                 self.nak_sent = True
                 self._send_ack(AETH_NAK_PSN_SEQ_ERR, self.epsn, sport)
@@ -752,13 +775,15 @@ class TransportCore:
         """One IPv4 packet of this transport: IPv4 + UDP + BTH + payload + ICRC."""
         udp_len = 8 + BTH_LEN + len(payload) + ICRC_LEN
         hdr = self._hdr
+        # the IPv4 ID counts the QP's packets: a receiver tells a late packet from a resent one
+        qp.ident = ident = (qp.ident + 1) & 0xFFFF
         _IP_UDP_BTH.pack_into(
             hdr,
             0,
             0x45,
             self._tos,
             20 + udp_len,
-            0,
+            ident,
             _IPV4_DF,
             self.cfg.ttl,
             socket.IPPROTO_UDP,
@@ -835,11 +860,18 @@ class TransportCore:
             return
         psn = ap & PSN_MASK
         if opcode in _DATA_OPCODES:
+            d = ((psn - qp.epsn + _HALF) & PSN_MASK) - _HALF
+            ident = (pkt[4] << 8) | pkt[5]
+            if d == 0 and qp.gap is not None:
+                self._settle_gap(qp, ident)
+            elif 0 < d < self.cfg.psn_window and qp.gap is None and not qp.nak_sent:
+                # a gap up to a PSN that arrived and that this responder dropped itself
+                # (it came after an earlier gap) is not the network's
+                if qp.discarded_hi != (psn - 1) & PSN_MASK:
+                    keep = self.sink is not None and int_bytes is not None
+                    qp.gap = _Gap(ident, bytes(pkt[:end]) if keep else b"", ihl + 8, now)
             if self.sink is not None and int_bytes is not None:
-                d = ((psn - qp.epsn + _HALF) & PSN_MASK) - _HALF
-                # after a gap (go-back-N: the first since its NAK; the sink reports a gap once)
-                gap = 0 < d < self.cfg.psn_window and not qp.nak_sent
-                rep = self.sink.observe(pkt[:end], ihl + 8, now, lost=gap)
+                rep = self.sink.observe(pkt[:end], ihl + 8, now)
                 if rep is not None:
                     self.reports.append(rep)
             qp._on_data(
@@ -872,6 +904,21 @@ class TransportCore:
             qp.counters.cnps_received += 1
         else:
             drops["unknown_opcode"] += 1
+
+    def _settle_gap(self, qp: QueuePair, ident: int) -> None:
+        """The packet a gap was missing has come: sent before the packet that showed the gap,
+        it was reordered; sent after, it is a resend and the first was lost on the way (the
+        sink reports the loss, on the path the packet after the gap took)."""
+        gap, qp.gap = qp.gap, None
+        assert gap is not None
+        if (ident - gap.ident) & 0xFFFF >= 0x8000:
+            qp.counters.reordered += 1
+            return
+        qp.counters.gaps_lost += 1
+        if self.sink is not None and gap.pkt:
+            rep = self.sink.loss(gap.pkt, gap.int_off, gap.t)
+            if rep is not None:
+                self.reports.append(rep)
 
     # ---- reporting ----
 
