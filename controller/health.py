@@ -23,8 +23,8 @@ What each suspect rests on:
   path its next packet took (its INT, controller/nic/int_sink.py), once the missing packet
   came only when resent (a late one was reordered, not lost); every such loss gives each
   link of its path an equal share of one vote, and the link with the most votes explains the
-  losses that crossed it (greedily, as 007 does; links within `tie_ratio` of the top share the
-  blame; a link named by the vote alone ranks below any link the counters name). A loss
+  losses that crossed it (greedily, as 007 does; links with the top vote, which no path tells
+  apart, share the blame; a link named by the vote alone ranks below any link the counters name). A loss
   whose path held a queue near full is a tail drop of congestion, not a fault,
   and does not vote; a link is named only for losses of at least `min_vote_flows` flows and
   `min_vote_loss` of the frames it carried; a loss whose flow's path just changed counts for
@@ -128,7 +128,11 @@ class Thresholds:
     # at 0.22-0.29 %, and healthy runs showed none (the NICs' reorderings, once counted
     # as losses at 0.5-1.4 % of a link's frames, are not reported since commit 99c1f2f)
     min_vote_loss: float = 0.004
-    tie_ratio: float = 0.8  # links within this share of the top vote share the blame
+    # links within this share of the top vote share the blame: links that no path tells
+    # apart get the same votes (the same losses crossed them); at 0.8 a host whose flows took
+    # most of a faulty spine link's losses (2.5 votes against the link's 3.0, on the twin's
+    # silent loss of 5 %) was blamed beside it
+    tie_ratio: float = 0.99
     congested_share: float = 0.5  # a loss whose path held a queue this share of the
     #                               queue depth is a tail drop of congestion
 
