@@ -24,8 +24,8 @@ What each suspect rests on:
   came only when resent (a late one was reordered, not lost); every such loss gives each
   link of its path an equal share of one vote, and the link with the most votes explains the
   losses that crossed it (greedily, as 007 does; links with the top vote, which no path tells
-  apart, share the blame; a link named by the vote alone ranks below any link the counters name). A loss
-  whose path held a queue near full is a tail drop of congestion, not a fault,
+  apart, share the blame; a link named by the vote alone ranks below any link the counters
+  name). A loss whose path held a queue near full is a tail drop of congestion, not a fault,
   and does not vote; a link is named only for losses of at least `min_vote_flows` flows and
   `min_vote_loss` of the frames it carried; a loss whose flow's path just changed counts for
   the path it left. This sees what counters cannot: a drop that no port
