@@ -1,8 +1,8 @@
 """Faults, localization and fail-over on the emulation: a 2-leaf 2-spine fabric of built-in
 switches with the controller and the agents; a WebSearch mix under TiTa per fault. Each of the
-issue's four faults and a killed switch is injected 0.5 s into the mix (testbed/faults.py
-through SwitchAdmin, or SIGKILL of the switch process) and must be the controller's first
-suspect within 5 s; a dead link or switch is routed around within 1 s and restored after;
+issue's four faults, a killed switch and a silent loss is injected 0.5 s into the mix
+(testbed/faults.py through SwitchAdmin, or SIGKILL of the switch process) and must be the
+controller's first suspect within 5 s; a dead link or switch is routed around within 1 s and restored after;
 every flow completes; the healthy run before them names nothing."""
 
 from __future__ import annotations
@@ -34,6 +34,9 @@ CASES = [
     ("link leaf1:3 rate 25%", "link leaf1:3-spine1:1", "slow-link"),
     ("switch spine1 slow 5ms", "switch spine1", "slow-switch"),
     ("switch spine2 kill", "switch spine2", "switch-unreachable"),
+    # no counter sees it: the NICs' loss reports and the vote, which cannot tell the link from
+    # the other half of the paths over spine1 (tied, either may rank first)
+    ("link leaf1:3 silent-loss 2%", "link leaf1:3-spine1:1|link leaf2:3-spine1:2", "lossy-link"),
 ]
 
 
@@ -68,7 +71,7 @@ def test_faults_localized_and_failed_over(tmp_path: Path) -> None:
         assert rec.flows_completed == rec.flows, line
         assert [f.get("kind") for f in rec.faults] == [line.split()[2]], line
         top = rec.suspects[0]
-        assert (top["element"], top["kind"]) == (element, kind), line
+        assert top["element"] in element.split("|") and top["kind"] == kind, line
         assert top["first_named"] <= 0.5 + 5.0, line
         if kind in ("link-down", "switch-unreachable"):
             first = rec.failovers[0]
