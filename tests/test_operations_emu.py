@@ -2,8 +2,8 @@
 switches with the controller and the agents; a WebSearch mix under TiTa per fault. Each of the
 issue's four faults, a killed switch and a silent loss is injected 0.5 s into the mix
 (testbed/faults.py through SwitchAdmin, or SIGKILL of the switch process) and must be the
-controller's first suspect within 5 s; a dead link or switch is routed around within 1 s and restored after;
-every flow completes; the healthy run before them names nothing."""
+controller's first suspect within 5 s; a dead link or switch is routed around within 1 s and
+restored after; every flow completes; the healthy run before them names nothing."""
 
 from __future__ import annotations
 
