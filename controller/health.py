@@ -56,6 +56,7 @@ class PortSample:
     departures: int = 0  # the port's latency monitor (SwitchAdmin GetQueues)
     wait_ns: int = 0
     expected_wait_ns: int = 0
+    paused_ns: int = 0  # the time PFC pauses it received held its egress (GetQueues)
 
 
 @dataclass(frozen=True)
@@ -531,8 +532,8 @@ class Localizer:
         for name, dl, deps, wait, expected in seen:
             sw = str(dl.tx).partition(":")[0]
             lid = link_id(str(dl.tx), str(dl.rx))
-            if lid in dead or f"switch {sw}" in found:
-                continue
+            if lid in dead or f"switch {sw}" in found or self._paused(dl.tx.node, dl.tx.port):
+                continue  # a paused port's packets waited for the pauses (PFC counts them)
             frame = self.mtu_bytes * 8e9 / dl.capacity_bps
             excess = ((wait - expected) / deps - base) / frame  # frame times per packet
             explained = expected + base * deps
@@ -547,17 +548,28 @@ class Localizer:
                 )
         return out
 
+    def _paused(self, sw: str, port: int | None) -> bool:
+        """Whether PFC pauses held the port's egress at some time in the window."""
+        w = self._window(sw)
+        if w is None or port is None:
+            return False
+        p0, p1 = w[0].ports.get(port), w[1].ports.get(port)
+        return p0 is not None and p1 is not None and p1.paused_ns > p0.paused_ns
+
     def _frame_ns(self, sw: str, port: int) -> float:
         return self.mtu_bytes * 8e9 / self.topo.port_speed_bps(sw, port)
 
     def _port_deltas(self, sw: str) -> dict[int, tuple[int, int, int]]:
+        """Per port, over the window: departures, their waits and what their queues explain;
+        a port that PFC paused in the window is left out (its frames waited for the pauses:
+        the port downstream that sent them is where to look, not this one)."""
         w = self._window(sw)
         if w is None:
             return {}
         out = {}
         for port, p1 in w[1].ports.items():
             p0 = w[0].ports.get(port)
-            if p0 is None:
+            if p0 is None or p1.paused_ns > p0.paused_ns:
                 continue
             out[port] = (
                 p1.departures - p0.departures,

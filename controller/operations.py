@@ -176,6 +176,7 @@ class Operations:
                         departures=q.departures,
                         wait_ns=q.wait_ns,
                         expected_wait_ns=q.expected_wait_ns,
+                        paused_ns=q.pfc_paused_ns,
                     )
         else:
             answered = False

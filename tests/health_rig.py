@@ -39,11 +39,15 @@ class Fabric:
         self.int = {k: (0, 0, 0) for k in self.tx}
         self._owed: dict[tuple[str, int], float] = {}  # fractions of frames lost so far
         self.errors: dict[tuple[str, int], int] = {}
+        # ports that PFC pauses hold: the share of each step their egress is paused
+        self.paused: dict[tuple[str, int], float] = {}
+        self.paused_ns = dict.fromkeys(self.tx, 0)
 
     def step(self, dt: float = 0.1, pps: int = 500) -> list[str]:
         self.t += dt
         n = int(pps * dt)
         for s, p in self.tx:
+            self.paused_ns[(s, p)] += round(self.paused.get((s, p), 0.0) * dt * 1e9)
             if (s, p) in self.down or (s, p) in self.idle:
                 continue
             self.tx[(s, p)] += n
@@ -89,6 +93,7 @@ class Fabric:
                             departures=self.mon[(s, p)][0],
                             wait_ns=self.mon[(s, p)][1],
                             expected_wait_ns=self.mon[(s, p)][2],
+                            paused_ns=self.paused_ns[(s, p)],
                         )
                         for p in ps
                     },

@@ -188,6 +188,26 @@ def test_int_names_a_link_that_drains_below_its_rate_where_no_counter_shows_it()
     assert g.loc.ranked() == []
 
 
+def test_a_port_that_pfc_pauses_is_not_called_slow() -> None:
+    """Frames held by PFC pauses wait longer than their queue explains, by INT and by the
+    port's latency monitor alike: the twin's incast under DCQCN+PFC had a spine's port named
+    slow by INT (99 packets waited 14.4 ms against 4.4 ms explained). The pauses are PFC's
+    (counted: GetQueues' paused time), and the port downstream that sent them is where to
+    look: a paused port is judged by neither rule while its pauses last."""
+    f = Fabric()
+    f.run(3)
+    f.silent_rate[("spine1", 1)] = 0.5
+    f.extra_wait_ns[("spine1", 1)] = 10_000_000
+    f.paused[("spine1", 1)] = 0.3
+    f.run(3)
+    assert f.loc.ranked() == []
+    f.paused[("spine1", 1)] = 0.0  # the pauses end, the waits stay: now it is slow
+    f.run(3)
+    assert [(s.element, s.kind) for s in f.loc.ranked()][:1] == [
+        ("link leaf1:5-spine1:1", "slow-link")
+    ]
+
+
 def test_a_slow_switch_explains_its_links_int_too() -> None:
     f = Fabric()
     f.run(3)

@@ -164,6 +164,7 @@ class SimOperations:
         tx = sw.compiled.counters[P.CTR_PORT_TX]
         rx = sw.compiled.counters[P.CTR_PORT_RX]
         ports = {}
+        now_ns = self.fab.loop.now_ns
         for p in self.fab.spec.switch_ports(name):
             pq = sw.tm.ports.get(p)
             ports[p] = PortSample(
@@ -175,6 +176,7 @@ class SimOperations:
                 departures=pq.departures if pq else 0,
                 wait_ns=pq.wait_ns if pq else 0,
                 expected_wait_ns=pq.expected_wait_ns if pq else 0,
+                paused_ns=pq.pfc.paused_ns(now_ns) if pq else 0,
             )
         return SwitchSample(name, now, ports)
 
