@@ -22,9 +22,13 @@ from testbed.emu.nicrig import (
     AgentProcess,
     NetnsPair,
     RateMapWriter,
+    Reception,
+    htb_drops,
     measure_rate_change,
     measure_tcp_pacing,
     measure_udp_pacing,
+    udp_receiver,
+    udp_sender,
 )
 
 pytestmark = [
@@ -113,3 +117,42 @@ def test_rate_change_holds_within_10ms(
     m = runs[-1]
     assert m["latency_ms"] is not None and m["latency_ms"] <= 10, runs
     assert abs(m["measured_after_bps"] / after - 1) <= 0.05, runs
+
+
+def _together(pair: NetnsPair, sports: tuple[int, ...], seconds: float = 3.0) -> float:
+    """What the receiver got from UDP flows sent at once from `sports`, b/s, in the steady
+    part of the run (as measure_udp_pacing skips HTB's first burst and the end)."""
+    with udp_receiver(pair) as box:
+        senders = [udp_sender(pair, sport, seconds) for sport in sports]
+        for snd in senders:
+            snd.communicate(timeout=seconds + 30)
+    rx: Reception = box["reception"]
+    return rx.rate_bps(rx.first_ns + 500_000_000, rx.last_ns - 200_000_000)
+
+
+def test_the_port_holds_the_flows_together_to_its_rate() -> None:
+    """Each flow's class borrows from the port's class: two flows each paced at 80 % of the
+    line rate get the line rate together (with their classes under the root they took 1.6
+    times it), and a NIC slowed to half (SetPortRate, the `nic HOST rate 50%` fault) holds
+    them to half, until the fault is lifted."""
+    line = 50_000_000
+    with (
+        NetnsPair.create() as pair,
+        AgentProcess(pair.a, pair.dev_a, line, extra=("--no-int",)) as agent,
+    ):
+        sports = (5400, 5401)
+        for sport in sports:
+            key = pair.udp_key(sport)
+            agent.set_rate_law("none", key)
+            agent.set_cap(key, int(0.8 * line))
+        drops = htb_drops(pair.a, pair.dev_a)
+        both = _together(pair, sports)
+        assert 0.93 * line <= both <= 1.03 * line, both
+        pb = agent.pb()
+        got = agent.stub().SetPortRate(pb.SetPortRateRequest(rate_bps=line // 2), timeout=10)
+        assert got.rate_bps == line // 2
+        half = _together(pair, sports)
+        assert 0.45 * line <= half <= 0.515 * line, half
+        agent.stub().SetPortRate(pb.SetPortRateRequest(rate_bps=0), timeout=10)
+        assert 0.93 * line <= _together(pair, sports) <= 1.03 * line
+        assert htb_drops(pair.a, pair.dev_a) == drops

@@ -161,6 +161,7 @@ class Testbed:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.switch_cls: type[P4Switch] = choose_switch(self.opts.switch)
         self.net: Any = None
+        self._slowed_nics: set[str] = set()  # hosts whose NIC port a fault slowed
         self.mgmt_links: list[str] = []  # root-side management veths
         self.collector_netns: str | None = None
         self.agents: dict[str, AgentHandle] = {}
@@ -314,15 +315,19 @@ class Testbed:
 
     # ---- agents ---------------------------------------------------------------------------
 
+    def nic_line_rate(self, host: str) -> float:
+        """The host's NIC line rate: its link's (its first: a host's NICs share one rate)."""
+        s = self.scaling
+        link = self.spec.link_at(self.spec.attachment(host, 0))
+        return s.nic_rate(s.emulated_bps(None if link is None else link.gbps))
+
     def _start_agents(self) -> None:
         s = self.scaling
         for h in self.spec.hosts:
             node = self._node(h.name)
             name = f"{self.prefix}-{h.name}"
             metrics = f"127.0.0.1:{free_port()}"
-            # the NIC's line rate is its link's (its first: a host's NICs share one rate)
-            link = self.spec.link_at(self.spec.attachment(h.name, 0))
-            line_rate = s.nic_rate(s.emulated_bps(None if link is None else link.gbps))
+            line_rate = self.nic_line_rate(h.name)
             argv = [
                 sys.executable,
                 "-m",
@@ -595,9 +600,15 @@ class Testbed:
                 node.component.wait_until(node.listening, 30, "listening")  # type: ignore[union-attr]
                 return
         if faults.target_class(self.spec, f.target) == "nic":
-            raise TestbedError(
-                f"{f.describe()}: NIC faults are not implemented in the emulation yet"
-            )
+            # the NIC's port sends at a fraction of its line rate (its agent's HTB port
+            # class), its rate laws unaware, as on the twin
+            rate = 0 if f.kind == "up" else round(self.nic_line_rate(f.target) * (f.value or 1.0))
+            self._set_port_rate(f.target, rate)
+            if rate:
+                self._slowed_nics.add(f.target)
+            else:
+                self._slowed_nics.discard(f.target)
+            return
         for ps in faults.port_settings(self.spec, f):
             self._set_fault(ps)
 
@@ -612,6 +623,16 @@ class Testbed:
         for ps in faults.heal_all(self.spec):
             if ps.switch not in restarted:
                 self._set_fault(ps)
+        for host in sorted(self._slowed_nics):
+            self._set_port_rate(host, 0)
+        self._slowed_nics.clear()
+
+    def _set_port_rate(self, host: str, rate_bps: int) -> None:
+        from controller.proto import agent_pb2
+
+        self.agent_stub(host).SetPortRate(
+            agent_pb2.SetPortRateRequest(rate_bps=rate_bps), timeout=10
+        )
 
     def _set_fault(self, ps: faults.PortSetting) -> None:
         from controller.proto import switch_pb2

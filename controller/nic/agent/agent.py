@@ -729,6 +729,14 @@ class Agent:
             self.sync_once()
             return rate
 
+    def set_port_rate(self, rate_bps: int) -> int:
+        """The NIC's port rate, all flows together (0: the line rate); the rate laws still
+        see the line rate, as a NIC that cannot keep up would not tell them."""
+        self._count("SetPortRate")
+        if not isinstance(self.pacer, HtbPacer):
+            raise ValueError("the port rate is an HTB class: this agent paces by EDT")
+        return self.pacer.set_port_rate(rate_bps or self.opts.line_rate_bps)
+
     def set_hop_speeds(self, speeds: list[tuple[int, int | None, int]]) -> None:
         self._count("SetHopSpeeds")
         assert self.bpf is not None

@@ -2,11 +2,16 @@
 
 - EDT (`sch_fq` as root qdisc): tc_egress.c sets skb->tstamp from the rate map; nothing to
   manage per flow.
-- HTB (no `sch_fq`, as on this project's kernel): one root HTB per interface, a default class
-  at the line rate, and one class per flow (rate = ceil = the flow's rate) that the agent
-  creates and re-rates over netlink; tc_egress.c sends each packet to its flow's class via
-  skb->priority. HTB delays packets (token bucket per class); the leaf queue only fills up to
-  the sender's socket buffer, which blocks the sender rather than dropping.
+- HTB (no `sch_fq`, as on this project's kernel): one root HTB per interface with one class
+  for the port (rate = ceil = the line rate: what the NIC's port sends, together) and under it
+  a default class and one class per flow that the agent creates and re-rates over netlink,
+  each with a token rate (MIN_RATE_BPS) and a ceiling: the line rate for the default class,
+  the flow's rate for a flow's (a NIC's per-QP rate limiter). Beyond its token rate a class
+  borrows from the port's, so the flows together never exceed the line rate, each at most
+  its own rate, and the port is shared among them by their quanta (weights); tc_egress.c
+  sends each packet to its flow's class via skb->priority. HTB delays packets (token buckets);
+  the leaf queue only fills up to the sender's socket buffer, which blocks the sender rather
+  than dropping.
 TCP is paced by the kernel itself in both modes (sockops.c sets SO_MAX_PACING_RATE).
 """
 
@@ -24,6 +29,7 @@ log = logging.getLogger("xingmai.agent.pacer")
 
 HTB_MAJOR = 0x1
 ROOT_HANDLE = HTB_MAJOR << 16
+PORT_MINOR = 0x1  # the class of the port: every other class borrows from it
 DEFAULT_MINOR = 0xFFFE
 FIRST_FLOW_MINOR = 0x10
 LAST_FLOW_MINOR = 0xFFF0
@@ -94,6 +100,7 @@ class HtbPacer:
         self.ipr = ipr
         self.ifindexes = list(ifindexes)
         self.line_rate_bps = line_rate_bps
+        self.port_rate_bps = line_rate_bps  # what the port sends (a NIC fault lowers it)
         self.classes: dict[Any, FlowClass] = {}
         self.lock = threading.RLock()
         self.rerates = 0
@@ -112,21 +119,54 @@ class HtbPacer:
                 if root is not None and root[0] not in ("noqueue", "pfifo_fast", "mq", "fq"):
                     log.warning("replacing root qdisc %s on ifindex %d", root[0], idx)
                 self.ipr.tc("replace", "htb", idx, ROOT_HANDLE, default=DEFAULT_MINOR)
-            line_Bps = self.line_rate_bps // 8
-            self.ipr.tc(
-                "replace-class",
-                "htb",
-                idx,
-                classid(DEFAULT_MINOR),
-                parent=ROOT_HANDLE,
-                rate=line_Bps,
-                ceil=line_Bps,
-                burst=_burst(line_Bps),
-                cburst=_burst(line_Bps),
-                quantum=_quantum(1),
-                mtu=MTU,
-            )
+            self._write_port(idx, "replace-class", self.port_rate_bps)
+            self._write_leaf(idx, "replace-class", DEFAULT_MINOR, self.line_rate_bps, 1)
         return adopted
+
+    def set_port_rate(self, rate_bps: int) -> int:
+        """The rate the port sends at, all flows together (the line rate; less for a NIC
+        that cannot keep up: a fault). Returns it as set."""
+        rate_bps = max(MIN_RATE_BPS, min(int(rate_bps), self.line_rate_bps))
+        with self.lock:
+            for idx in self.ifindexes:
+                self._write_port(idx, "change-class", rate_bps)
+            self.port_rate_bps = rate_bps
+        return rate_bps
+
+    def _write_port(self, idx: int, cmd: str, rate_bps: int) -> None:
+        Bps = rate_bps // 8
+        self.ipr.tc(
+            cmd,
+            "htb",
+            idx,
+            classid(PORT_MINOR),
+            parent=ROOT_HANDLE,
+            rate=Bps,
+            ceil=Bps,
+            burst=_burst(Bps),
+            cburst=_burst(Bps),
+            quantum=_quantum(1),
+            mtu=MTU,
+        )
+
+    def _write_leaf(self, idx: int, cmd: str, minor: int, ceil_bps: int, weight: int) -> None:
+        """A class under the port's: its token rate the least HTB paces, so that it borrows
+        the rest from the port (within the port's rate), up to `ceil_bps`."""
+        rate = MIN_RATE_BPS // 8
+        ceil = max(MIN_RATE_BPS, ceil_bps) // 8
+        self.ipr.tc(
+            cmd,
+            "htb",
+            idx,
+            classid(minor),
+            parent=classid(PORT_MINOR),
+            rate=rate,
+            ceil=ceil,
+            burst=_burst(rate),
+            cburst=_burst(ceil),
+            quantum=_quantum(weight),
+            mtu=MTU,
+        )
 
     def existing_minors(self) -> set[int]:
         found: set[int] = set()
@@ -159,21 +199,8 @@ class HtbPacer:
         raise RuntimeError("no free HTB class id")
 
     def _write(self, cmd: str, minor: int, rate_bps: int, weight: int) -> None:
-        Bps = max(MIN_RATE_BPS, rate_bps) // 8
         for idx in self.ifindexes:
-            self.ipr.tc(
-                cmd,
-                "htb",
-                idx,
-                classid(minor),
-                parent=ROOT_HANDLE,
-                rate=Bps,
-                ceil=Bps,
-                burst=_burst(Bps),
-                cburst=_burst(Bps),
-                quantum=_quantum(weight),
-                mtu=MTU,
-            )
+            self._write_leaf(idx, cmd, minor, rate_bps, weight)
 
     def apply(self, flow: Any, rate_bps: int, weight: int = 1) -> tuple[FlowClass, bool]:
         """Create or re-rate the flow's class; returns it and whether a netlink call was made."""
@@ -207,7 +234,7 @@ class HtbPacer:
                         "htb",
                         idx,
                         classid(fc.minor),
-                        parent=ROOT_HANDLE,
+                        parent=classid(PORT_MINOR),
                         rate=1000,
                         ceil=1000,
                     )

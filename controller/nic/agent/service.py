@@ -249,6 +249,11 @@ class HostAgentService(pb_grpc.HostAgentServicer):
 
         return pb.SetRateResponse(rate_bps=self._call(context, run))
 
+    def SetPortRate(self, request: pb.SetPortRateRequest, context: Any) -> pb.SetPortRateResponse:
+        return pb.SetPortRateResponse(
+            rate_bps=self._call(context, lambda: self.agent.set_port_rate(request.rate_bps))
+        )
+
     def SetHopSpeeds(
         self, request: pb.SetHopSpeedsRequest, context: Any
     ) -> pb.SetHopSpeedsResponse:
