@@ -156,3 +156,41 @@ def test_the_port_holds_the_flows_together_to_its_rate() -> None:
         agent.stub().SetPortRate(pb.SetPortRateRequest(rate_bps=0), timeout=10)
         assert 0.93 * line <= _together(pair, sports) <= 1.03 * line
         assert htb_drops(pair.a, pair.dev_a) == drops
+
+
+@pytest.mark.parametrize("declared", [False, True])
+def test_a_declared_flow_keeps_its_order_when_its_rate_drops(declared: bool) -> None:
+    """A flow at the line rate with its socket backlogged, then its rate halved as a rate law
+    halves it (the rate map). Undeclared, it starts in the default class and moves to a class
+    of its own, whose full token bucket sends its next datagrams ahead of those still queued
+    in the default class: reordered (what go-back-N then resends). Declared before it sends
+    (DeclareFlows, as the emulation's transport declares its queue pairs), it is paced in its
+    own class from its first packet and that class is re-rated: nothing reordered."""
+    line = 50_000_000
+    with (
+        NetnsPair.create() as pair,
+        AgentProcess(pair.a, pair.dev_a, line, extra=("--no-int",)) as agent,
+    ):
+        key = pair.udp_key(5700)
+        if declared:
+            pb = agent.pb()
+            req = pb.DeclareFlowsRequest(flows=[agent.flow(key)])
+            assert agent.stub().DeclareFlows(req, timeout=10).declared == 1
+            [v] = [f for f in agent.flows() if f.flow.src_port == 5700]
+            assert v.paced_rate_bps == line  # its own class, before its first packet
+            assert agent.stub().DeclareFlows(req, timeout=10).declared == 0  # has a rate
+        writer = RateMapWriter(agent.pin_dir)
+        try:
+            with udp_receiver(pair) as box:
+                snd = udp_sender(pair, 5700, 2.5)
+                time.sleep(1.2)
+                writer(key, line // 2)
+                snd.communicate(timeout=30)
+        finally:
+            writer.close()
+        rx: Reception = box["reception"]
+        assert rx.packets > 1000
+        if declared:
+            assert rx.reordered == 0
+        else:
+            assert rx.reordered > 0  # the rig shows what declaring prevents

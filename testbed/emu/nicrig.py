@@ -46,6 +46,7 @@ from testbed.traffic.netns import NetnsLan
 UDP_PAYLOAD = 1400
 FRAME_OVERHEAD = 14 + 20 + 8  # Ethernet + IPv4 + UDP
 BIN_NS = 1_000_000
+SEQ = struct.Struct("!Q")  # the sender's datagram number, at the start of its payload
 SO_TIMESTAMPNS = 35
 SO_SNDBUFFORCE = 32
 SENDER_SNDBUF = 512 << 10
@@ -290,9 +291,19 @@ def receiver_main(args: argparse.Namespace) -> None:
     bins: dict[int, int] = {}
     n = 0
     first = last = 0
+    # each sender numbers its datagrams (SEQ): one that arrives after a later one of its
+    # source port was reordered on the way
+    newest: dict[int, int] = {}
+    reordered = 0
     try:
         while True:
-            data, anc, _, _ = s.recvmsg(65535, 64)
+            data, anc, _, addr = s.recvmsg(65535, 64)
+            if len(data) >= SEQ.size:
+                (seq,) = SEQ.unpack_from(data)
+                if seq < newest.get(addr[1], -1):
+                    reordered += 1
+                else:
+                    newest[addr[1]] = seq
             s.settimeout(1.0)
             t = 0
             for level, typ, raw in anc:
@@ -307,7 +318,8 @@ def receiver_main(args: argparse.Namespace) -> None:
             last = t
     except TimeoutError:
         pass
-    print(json.dumps({"packets": n, "first_ns": first, "last_ns": last, "bins": bins}), flush=True)
+    doc = {"packets": n, "first_ns": first, "last_ns": last, "bins": bins, "reordered": reordered}
+    print(json.dumps(doc), flush=True)
 
 
 def sender_main(args: argparse.Namespace) -> None:
@@ -320,11 +332,12 @@ def sender_main(args: argparse.Namespace) -> None:
     # so the backlog waits in the socket, not in a queue that drops.
     s.setsockopt(socket.SOL_SOCKET, SO_SNDBUFFORCE, SENDER_SNDBUF)
     s.bind((args.ip, args.sport))
-    payload = bytes(args.payload)
+    payload = bytearray(max(args.payload, SEQ.size))
     dst = (args.dst, ROCE_UDP_PORT)
     end = time.monotonic() + args.duration
     n = 0
     while time.monotonic() < end:
+        SEQ.pack_into(payload, 0, n)
         s.sendto(payload, dst)
         n += 1
     print(json.dumps({"sent": n}), flush=True)
@@ -336,6 +349,7 @@ class Reception:
     first_ns: int
     last_ns: int
     bins: dict[int, int]  # 1 ms bin (monotonic ns // 1e6) -> frame bytes
+    reordered: int = 0  # datagrams that came after a later one of the same sender
 
     def rate_bps(self, start_ns: int, end_ns: int) -> float:
         b0, b1 = start_ns // BIN_NS, end_ns // BIN_NS
@@ -376,6 +390,7 @@ def udp_receiver(pair: NetnsPair, first_timeout_s: float = 10.0) -> Iterator[dic
             doc["first_ns"],
             doc["last_ns"],
             {int(k): v for k, v in doc["bins"].items()},
+            int(doc.get("reordered", 0)),
         )
     finally:
         if proc.poll() is None:

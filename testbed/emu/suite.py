@@ -127,11 +127,12 @@ class EmuSuite(Suite):
 
     def runner(self, hosts: list[Host], spec: dict[str, Any]) -> RunOutput:
         """Every job of the suite: with PFC on, each host's transport holds its sends while
-        its NIC's `xm_pfc` says its switch paused it; a job whose flows declare a start rate
-        hands it to each host's agent."""
+        its NIC's `xm_pfc` says its switch paused it; each host's transport tells its agent
+        of its flows before they send (DeclareFlows: a pacing class each from the first
+        packet) and of their start rates where the job declares them."""
         if self.tb.pfc_on:
             spec = {**spec, "pfc_pins": self.tb.pfc_pins()}
-        if spec.get("start_rate_bps"):
+        if self.tb.agents:
             spec = {**spec, "agents": {h: a.target for h, a in self.tb.agents.items()}}
         return wl.run_job(hosts, spec)
 

@@ -45,6 +45,8 @@ from testbed.traffic.transport_core import (
 HoldFn = Callable[[int], int]
 # The NIC's start rate of a flow: (src ip, dst ip, sport, rate b/s) -> the rate it took.
 StartRateFn = Callable[[str, str, int, int], int]
+# The NIC told of flows about to send: [(src ip, dst ip, sport)] -> how many it took.
+DeclareFn = Callable[[list[tuple[str, str, int]]], int]
 PAUSE_POLL_S = 0.001  # while paused, how often the hold is read again (a resume ends it)
 
 
@@ -60,10 +62,12 @@ class Transport:
         cfg: TransportConfig,
         hold: HoldFn | None = None,
         start_rate: StartRateFn | None = None,
+        declare: DeclareFn | None = None,
     ) -> None:
         self.cfg = cfg
         self._hold = hold
         self._start_rate = start_rate
+        self._declare = declare
         self._held_until = 0.0  # time.monotonic() until which the NIC is paused
         self._last_look = 0.0
         self.held_s = 0.0  # time spent paused (between steps that found the NIC held)
@@ -164,12 +168,25 @@ class Transport:
         agent paces them from then on; the worker calls it once the job has made its queue
         pairs); without an agent they are counted and left."""
         hints = self.core.rate_hints
+        hinted = set()
         while hints:
             qp, bps = hints.popleft()
+            hinted.add(qp)
             if self._start_rate is None:
                 self.core.drops["rate_hint_no_nic"] += 1
                 continue
             self._start_rate(socket.inet_ntoa(qp.local_addr), qp.peer_ip, qp.sport, bps)
+        # the others are declared: the NIC paces each in a queue of its own from its first
+        # packet, as a NIC's per-QP rate limiter does (a queue changed later reorders it)
+        rest = [
+            (socket.inet_ntoa(qp.local_addr), qp.peer_ip, qp.sport)
+            for qp in self.core.qps.values()
+            if qp not in hinted
+        ]
+        if self._declare is not None and rest:
+            taken = self._declare(rest)
+            if taken < len(rest):
+                self.core.drops["flows_not_declared"] += len(rest) - taken
 
     def _paused(self, now: float) -> bool:
         """Whether the NIC is paused now (a PFC pause from its switch)."""

@@ -23,7 +23,7 @@ from typing import Any
 from controller.nic.pfc import PinnedPfc
 from controller.wire.roce import ROCE_UDP_PORT
 from testbed.traffic.jobs import JOBS, Job
-from testbed.traffic.transport import StartRateFn, Transport, TransportConfig
+from testbed.traffic.transport import DeclareFn, StartRateFn, Transport, TransportConfig
 
 
 def _emit(obj: dict[str, Any]) -> None:
@@ -59,6 +59,36 @@ def agent_start_rate(target: str) -> StartRateFn:
     return start_rate
 
 
+def agent_declare(target: str) -> DeclareFn:
+    """The host's NIC agent (gRPC at `target`) told of the flows about to send (DeclareFlows):
+    each paced in a class of its own from its first packet. A refusal (too many flows that
+    have not sent yet) is logged and counted by the transport: those flows start in the
+    default class, as undeclared."""
+    import grpc
+
+    from controller.proto import agent_pb2, agent_pb2_grpc
+
+    stub = agent_pb2_grpc.HostAgentStub(grpc.insecure_channel(target))
+
+    def declare(flows: list[tuple[str, str, int]]) -> int:
+        keys = [
+            agent_pb2.FlowKey(
+                src_ip=src, dst_ip=dst, protocol=17, src_port=sport, dst_port=ROCE_UDP_PORT
+            )
+            for src, dst, sport in flows
+        ]
+        try:
+            stub.DeclareFlows(agent_pb2.DeclareFlowsRequest(flows=keys), timeout=10)
+        except grpc.RpcError as exc:
+            print(
+                f"worker: DeclareFlows refused: {exc.code().name}: {exc.details()}", file=sys.stderr
+            )
+            return 0
+        return len(flows)
+
+    return declare
+
+
 def run_job(t: Transport, job: Job, t0: float, timeout: float) -> dict[str, Any]:
     """Run `job` on `t` from `t0` until its part is done or `timeout` s pass."""
     t.run_until(lambda: time.monotonic() >= t0)
@@ -83,7 +113,8 @@ def main() -> int:
         pfc = PinnedPfc(pin) if pin else None
         agent = spec.get("agents", {}).get(host["name"])
         start_rate = agent_start_rate(agent) if agent else None
-        with Transport(cfg, pfc.hold_until_ns if pfc else None, start_rate) as t:
+        declare = agent_declare(agent) if agent else None
+        with Transport(cfg, pfc.hold_until_ns if pfc else None, start_rate, declare) as t:
             job = JOBS[spec["kind"]](t, spec, me)
             t.apply_hints()  # the NIC paces the hinted flows before any of them sends
             _emit({"ready": True})

@@ -484,13 +484,14 @@ class Agent:
             if current and self.retire_at is None:
                 self.retire_at = time.monotonic() + self.opts.idle_timeout_s
 
-    def _apply_pacing(self, key: FlowKey, rate: int) -> None:
-        """HTB mode: a non-TCP flow below the line rate gets (or re-rates) its own class."""
+    def _apply_pacing(self, key: FlowKey, rate: int, own: bool = False) -> None:
+        """HTB mode: a non-TCP flow below the line rate (or declared: `own`) gets (or
+        re-rates) its own class."""
         if not isinstance(self.pacer, HtbPacer) or key.proto == TCP:
             return
         assert self.bpf is not None
         fc = self.pacer.classes.get(key)
-        if fc is None and rate >= self.opts.line_rate_bps:
+        if fc is None and rate >= self.opts.line_rate_bps and not own:
             return  # the default class already runs at the line rate
         if fc is not None and abs(rate - fc.rate_bps) < self.opts.rerate_min_change * fc.rate_bps:
             return
@@ -728,6 +729,26 @@ class Agent:
             self.bpf.set_rate(key, rate, time.monotonic_ns())
             self.sync_once()
             return rate
+
+    def declare_flows(self, keys: list[FlowKey]) -> int:
+        """Flows about to send: each gets a rate at its ceiling and its own pacing class now,
+        before its first packet, so it never moves between classes (a move reorders it). A
+        flow with a rate already, or TCP, is left as it is. Returns how many were declared."""
+        self._count("DeclareFlows")
+        assert self.bpf is not None
+        declared = 0
+        with self.lock:
+            self._admit(keys)
+            now = time.monotonic_ns()
+            for key in keys:
+                if key.proto == TCP or self.bpf.get("xm_rates", key) is not None:
+                    continue
+                rate = self._ceiling(key, self.bpf.get("xm_ctl", key))
+                self.bpf.set_rate(key, rate, now)
+                self._apply_pacing(key, rate, own=True)
+                declared += 1
+            self.sync_once()
+        return declared
 
     def set_port_rate(self, rate_bps: int) -> int:
         """The NIC's port rate, all flows together (0: the line rate); the rate laws still

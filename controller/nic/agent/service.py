@@ -249,6 +249,14 @@ class HostAgentService(pb_grpc.HostAgentServicer):
 
         return pb.SetRateResponse(rate_bps=self._call(context, run))
 
+    def DeclareFlows(
+        self, request: pb.DeclareFlowsRequest, context: Any
+    ) -> pb.DeclareFlowsResponse:
+        keys = [flow_from_pb(f) for f in request.flows]
+        return pb.DeclareFlowsResponse(
+            declared=self._call(context, lambda: self.agent.declare_flows(keys))
+        )
+
     def SetPortRate(self, request: pb.SetPortRateRequest, context: Any) -> pb.SetPortRateResponse:
         return pb.SetPortRateResponse(
             rate_bps=self._call(context, lambda: self.agent.set_port_rate(request.rate_bps))
