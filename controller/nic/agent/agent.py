@@ -43,6 +43,7 @@ from controller.nic.bpf.loader import (
     CTL_HAS_CAP,
     CTL_HAS_PARAMS,
     EV_RATE,
+    ORIGIN_AGENT,
     ORIGINS,
     PACING_EDT,
     PACING_HTB,
@@ -746,6 +747,8 @@ class Agent:
                 rate = self._ceiling(key, self.bpf.get("xm_ctl", key))
                 self.bpf.set_rate(key, rate, now)
                 self._apply_pacing(key, rate, own=True)
+                # the rate it had without one: no change to tell the watchers of
+                self.rates_seen[key] = (rate, ORIGIN_AGENT)
                 declared += 1
             self.sync_once()
         return declared
