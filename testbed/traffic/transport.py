@@ -166,7 +166,8 @@ class Transport:
     def apply_hints(self) -> None:
         """The application's start rates, to the NIC before the flows' first packets (the
         agent paces them from then on; the worker calls it once the job has made its queue
-        pairs); without an agent they are counted and left."""
+        pairs), and the other queue pairs' flows declared to it; without an agent the start
+        rates are counted and left."""
         hints = self.core.rate_hints
         hinted = set()
         while hints:

@@ -861,15 +861,15 @@ class TransportCore:
         psn = ap & PSN_MASK
         if opcode in _DATA_OPCODES:
             d = ((psn - qp.epsn + _HALF) & PSN_MASK) - _HALF
-            ident = (pkt[4] << 8) | pkt[5]
             if d == 0 and qp.gap is not None:
-                self._settle_gap(qp, ident)
+                self._settle_gap(qp, (pkt[4] << 8) | pkt[5])
             elif 0 < d < self.cfg.psn_window and qp.gap is None and not qp.nak_sent:
                 # a gap up to a PSN that arrived and that this responder dropped itself
                 # (it came after an earlier gap) is not the network's
                 if qp.discarded_hi != (psn - 1) & PSN_MASK:
                     keep = self.sink is not None and int_bytes is not None
-                    qp.gap = _Gap(ident, bytes(pkt[:end]) if keep else b"", ihl + 8, now)
+                    pkt_kept = bytes(pkt[:end]) if keep else b""
+                    qp.gap = _Gap((pkt[4] << 8) | pkt[5], pkt_kept, ihl + 8, now)
             if self.sink is not None and int_bytes is not None:
                 rep = self.sink.observe(pkt[:end], ihl + 8, now)
                 if rep is not None:

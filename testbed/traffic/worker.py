@@ -23,7 +23,7 @@ from typing import Any
 from controller.nic.pfc import PinnedPfc
 from controller.wire.roce import ROCE_UDP_PORT
 from testbed.traffic.jobs import JOBS, Job
-from testbed.traffic.transport import DeclareFn, StartRateFn, Transport, TransportConfig
+from testbed.traffic.transport import Transport, TransportConfig
 
 
 def _emit(obj: dict[str, Any]) -> None:
@@ -39,54 +39,42 @@ def _read() -> dict[str, Any]:
     return msg
 
 
-def agent_start_rate(target: str) -> StartRateFn:
-    """The host's NIC agent (gRPC at `target`) as the hand the application's start rates go
-    through: SetRate on the flow before it sends (the agent paces it from its first packet,
-    and the rate law starts there)."""
-    import grpc
+class AgentHand:
+    """The host's NIC agent (gRPC at `target`) as the hand the application's flows go through
+    before they send: their start rates (SetRate: the agent paces the flow at it from its
+    first packet, and the rate law starts there) and the others declared (DeclareFlows: each
+    paced in a class of its own from its first packet)."""
 
-    from controller.proto import agent_pb2, agent_pb2_grpc
+    def __init__(self, target: str) -> None:
+        import grpc
 
-    stub = agent_pb2_grpc.HostAgentStub(grpc.insecure_channel(target))
+        from controller.proto import agent_pb2, agent_pb2_grpc
 
-    def start_rate(src: str, dst: str, sport: int, rate_bps: int) -> int:
-        key = agent_pb2.FlowKey(
+        self._pb = agent_pb2
+        self._grpc = grpc
+        self._stub = agent_pb2_grpc.HostAgentStub(grpc.insecure_channel(target))
+
+    def _key(self, src: str, dst: str, sport: int) -> Any:
+        return self._pb.FlowKey(
             src_ip=src, dst_ip=dst, protocol=17, src_port=sport, dst_port=ROCE_UDP_PORT
         )
-        resp = stub.SetRate(agent_pb2.SetRateRequest(flow=key, rate_bps=rate_bps), timeout=5)
-        return int(resp.rate_bps)
 
-    return start_rate
+    def start_rate(self, src: str, dst: str, sport: int, rate_bps: int) -> int:
+        req = self._pb.SetRateRequest(flow=self._key(src, dst, sport), rate_bps=rate_bps)
+        return int(self._stub.SetRate(req, timeout=5).rate_bps)
 
-
-def agent_declare(target: str) -> DeclareFn:
-    """The host's NIC agent (gRPC at `target`) told of the flows about to send (DeclareFlows):
-    each paced in a class of its own from its first packet. A refusal (too many flows that
-    have not sent yet) is logged and counted by the transport: those flows start in the
-    default class, as undeclared."""
-    import grpc
-
-    from controller.proto import agent_pb2, agent_pb2_grpc
-
-    stub = agent_pb2_grpc.HostAgentStub(grpc.insecure_channel(target))
-
-    def declare(flows: list[tuple[str, str, int]]) -> int:
-        keys = [
-            agent_pb2.FlowKey(
-                src_ip=src, dst_ip=dst, protocol=17, src_port=sport, dst_port=ROCE_UDP_PORT
-            )
-            for src, dst, sport in flows
-        ]
+    def declare(self, flows: list[tuple[str, str, int]]) -> int:
+        """How many the agent took: all, or none when it refused them (too many flows that
+        have not sent yet: logged; they start in the default class, as undeclared)."""
+        req = self._pb.DeclareFlowsRequest(flows=[self._key(*f) for f in flows])
         try:
-            stub.DeclareFlows(agent_pb2.DeclareFlowsRequest(flows=keys), timeout=10)
-        except grpc.RpcError as exc:
+            self._stub.DeclareFlows(req, timeout=10)
+        except self._grpc.RpcError as exc:
             print(
                 f"worker: DeclareFlows refused: {exc.code().name}: {exc.details()}", file=sys.stderr
             )
             return 0
         return len(flows)
-
-    return declare
 
 
 def run_job(t: Transport, job: Job, t0: float, timeout: float) -> dict[str, Any]:
@@ -112,11 +100,15 @@ def main() -> int:
         pin = spec.get("pfc_pins", {}).get(host["name"])
         pfc = PinnedPfc(pin) if pin else None
         agent = spec.get("agents", {}).get(host["name"])
-        start_rate = agent_start_rate(agent) if agent else None
-        declare = agent_declare(agent) if agent else None
-        with Transport(cfg, pfc.hold_until_ns if pfc else None, start_rate, declare) as t:
+        hand = AgentHand(agent) if agent else None
+        with Transport(
+            cfg,
+            pfc.hold_until_ns if pfc else None,
+            hand.start_rate if hand else None,
+            hand.declare if hand else None,
+        ) as t:
             job = JOBS[spec["kind"]](t, spec, me)
-            t.apply_hints()  # the NIC paces the hinted flows before any of them sends
+            t.apply_hints()  # the NIC paces every flow in its own class before any sends
             _emit({"ready": True})
             t0 = float(_read()["start_at"])
             _emit({"result": run_job(t, job, t0, float(spec.get("timeout", 60.0)))})

@@ -134,32 +134,26 @@ class HtbPacer:
         return rate_bps
 
     def _write_port(self, idx: int, cmd: str, rate_bps: int) -> None:
-        Bps = rate_bps // 8
-        self.ipr.tc(
-            cmd,
-            "htb",
-            idx,
-            classid(PORT_MINOR),
-            parent=ROOT_HANDLE,
-            rate=Bps,
-            ceil=Bps,
-            burst=_burst(Bps),
-            cburst=_burst(Bps),
-            quantum=_quantum(1),
-            mtu=MTU,
-        )
+        self._write_class(idx, cmd, PORT_MINOR, ROOT_HANDLE, rate_bps, rate_bps, 1)
 
     def _write_leaf(self, idx: int, cmd: str, minor: int, ceil_bps: int, weight: int) -> None:
         """A class under the port's: its token rate the least HTB paces, so that it borrows
         the rest from the port (within the port's rate), up to `ceil_bps`."""
-        rate = MIN_RATE_BPS // 8
-        ceil = max(MIN_RATE_BPS, ceil_bps) // 8
+        parent = classid(PORT_MINOR)
+        self._write_class(
+            idx, cmd, minor, parent, MIN_RATE_BPS, max(MIN_RATE_BPS, ceil_bps), weight
+        )
+
+    def _write_class(
+        self, idx: int, cmd: str, minor: int, parent: int, rate_bps: int, ceil_bps: int, weight: int
+    ) -> None:
+        rate, ceil = rate_bps // 8, ceil_bps // 8
         self.ipr.tc(
             cmd,
             "htb",
             idx,
             classid(minor),
-            parent=classid(PORT_MINOR),
+            parent=parent,
             rate=rate,
             ceil=ceil,
             burst=_burst(rate),
