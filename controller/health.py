@@ -30,6 +30,12 @@ What each suspect rests on:
   `min_vote_loss` of the frames it carried; a loss whose flow's path just changed counts for
   the path it left. This sees what counters cannot: a drop that no port
   counts (a silent drop), or one on a host's downlink, whose receiving end no switch polls.
+- **slow NIC**: a host's NIC sent less than its flows waiting in it were paced at over the
+  window (its agent counts the bytes its link sent, and samples which flows have packets
+  queued in the NIC and their rates every 20 ms: controller/nic/backlog.py), with no PFC
+  pause holding it: a NIC that cannot keep up (a downgraded PCIe link, a throttled port)
+  holds its flows' packets at home, where no switch counter and no INT record sees them, and
+  an INT or ECN law, seeing no queue in the fabric, keeps their rates.
 Scores are in [0, 1] and rank the suspects; `first_named` is when a suspect first appeared.
 """
 
@@ -77,10 +83,25 @@ class PathLoss:
     max_qocc_bytes: int = 0  # the largest queue on the path (near full: congestion)
 
 
+@dataclass(frozen=True)
+class NicSample:
+    """What a host's agent reads from its NIC at `t` (GetNicCounters; the twin's NIC): the
+    bytes its link(s) sent, what waited in it (the time integral of the paced rates of its
+    flows with packets queued, at most its line rate, in bits: controller/nic/backlog.py),
+    and the time PFC pauses held it; all since a start of the NIC's own."""
+
+    host: str
+    t: float
+    tx_bytes: int
+    waiting_bits: float
+    line_rate_bps: float  # the NIC's nominal rate, all of its links together
+    paused_ns: int = 0
+
+
 @dataclass
 class Suspect:
     element: str  # "switch spine1", "link leaf1:3-spine1:1", "nic h3"
-    kind: str  # switch-unreachable | link-down | lossy-link | slow-link | slow-switch
+    kind: str  # switch-unreachable | link-down | lossy-link | slow-link | slow-switch | slow-nic
     score: float
     evidence: str
     first_named: float = 0.0
@@ -136,6 +157,14 @@ class Thresholds:
     tie_ratio: float = 0.99
     congested_share: float = 0.5  # a loss whose path held a queue this share of the
     #                               queue depth is a tail drop of congestion
+    # A NIC is slow when it sent less than this share of what its waiting flows were paced
+    # at over the window (the integral of their rates, each at most its line rate, the whole
+    # too), while that was at least `min_nic_demand` of its line rate, and PFC held it less
+    # than `nic_paused_share` of the window. A NIC at 70 % of its rate sends 0.7 of it.
+    nic_sent_share: float = 0.8
+    min_nic_polls: int = 5  # polls in the window (the daemon reads the NICs every 0.2 s)
+    min_nic_demand: float = 0.3
+    nic_paused_share: float = 0.1
 
 
 @dataclass
@@ -170,6 +199,7 @@ class Localizer:
         self._busy_at: dict[tuple[str, int], float] = {}
         # the collector's INT latency totals per directed link, (time, totals) over two windows
         self._int: deque[tuple[float, dict[str, tuple[int, int, int]]]] = deque()
+        self._nics: dict[str, deque[NicSample]] = {h.name: deque() for h in topo.cfg.hosts}
 
     # ---- input ----
 
@@ -191,6 +221,15 @@ class Localizer:
         self._int.append((t, totals))
         while len(self._int) > 2 and t - self._int[1][0] >= self.th.window_s * 2:
             self._int.popleft()
+
+    def nic(self, sample: NicSample) -> None:
+        """A host's NIC counters (its agent's GetNicCounters; the twin's NIC)."""
+        q = self._nics.get(sample.host)
+        if q is None:
+            return  # a host the topology does not know
+        q.append(sample)
+        while len(q) > 2 and sample.t - q[1].t >= self.th.window_s:
+            q.popleft()
 
     def path_loss(self, loss: PathLoss) -> None:
         """A receiving NIC's loss report (the collector's loss events)."""
@@ -324,6 +363,8 @@ class Localizer:
                     min(0.95, old[1] + 0.05),
                     f"{old[2]}; {by_int[2]}",
                 )
+        for host, (score, ev) in self._slow_nics().items():
+            found.setdefault(f"nic {host}", ("slow-nic", score, ev))
         self._dead_links = dead
         for element, (kind, score, ev) in found.items():
             s = self.suspects.get(element)
@@ -497,6 +538,33 @@ class Localizer:
                 )
             gone = {lid for lid, *_ in blamed}
             events = [(e, lids) for e, lids in events if not lids & gone]
+        return out
+
+    def _slow_nics(self) -> dict[str, tuple[float, str]]:
+        """Hosts whose NIC sent less over the window than its waiting flows were paced at."""
+        out = {}
+        th = self.th
+        for host, q in self._nics.items():
+            if len(q) <= th.min_nic_polls:
+                continue
+            first, last = q[0], q[-1]
+            dt, line = last.t - first.t, last.line_rate_bps
+            if line <= 0 or dt < 0.9 * th.window_s:
+                continue  # not a window yet
+            want = last.waiting_bits - first.waiting_bits
+            if want < th.min_nic_demand * line * dt:
+                continue  # too little waited to judge the NIC
+            if last.paused_ns - first.paused_ns > th.nic_paused_share * dt * 1e9:
+                continue  # held by pauses: the switch that sent them is where to look
+            sent = (last.tx_bytes - first.tx_bytes) * 8
+            if sent >= th.nic_sent_share * want:
+                continue
+            out[host] = (
+                min(0.9, 0.3 + 0.6 * (1 - sent / want)),
+                f"{host}'s NIC sent {sent / dt / 1e6:.4g} Mb/s ({sent / dt / line * 100:.0f} % "
+                f"of its {line / 1e6:.4g} Mb/s) in {dt:.1f} s while its flows waiting in it "
+                f"were paced at {want / dt / 1e6:.4g} Mb/s on average",
+            )
         return out
 
     def _int_slow_links(

@@ -4,7 +4,8 @@ agent.proto, service xingmai.agent.v1.HostAgent).
 `setup()` runs when an agent is first reached and whenever it comes back (it may have
 restarted): it sets the NIC's INT source (on for hosts whose NIC does INT, off otherwise) and
 the speed of every switch egress port (TiTa's per-hop B). `set_policy()` sets the host's rate
-law and parameters; `set_caps()` / `clear_caps()` / `list_flows()` map one to one onto the RPCs.
+law and parameters; `set_caps()` / `clear_caps()` / `list_flows()` / `nic_counters()` map one to
+one onto the RPCs.
 Every failure is an `AgentError` naming the RPC and the gRPC status.
 """
 
@@ -17,6 +18,7 @@ import grpc
 from google.protobuf.descriptor import FieldDescriptor
 
 from controller.config import RATE_LAW_PARAMS, Config, HostConfig, LawPolicy
+from controller.health import NicSample
 from controller.proto import agent_pb2 as pb
 from controller.proto import agent_pb2_grpc as pb_grpc
 from controller.slowloop import AgentError, AgentFlow, AgentPort, FlowKey
@@ -141,6 +143,14 @@ class GrpcAgent:
                 )
             )
         return out
+
+    async def nic_counters(self) -> NicSample:
+        """The NIC's counters for the localizer, timed by the agent's clock (its rates are
+        differences between two readings of the same agent)."""
+        r = await self._rpc("GetNicCounters", pb.GetNicCountersRequest())
+        return NicSample(
+            self.host, r.time_ns / 1e9, r.tx_bytes, r.waiting_bits, r.line_rate_bps, r.paused_ns
+        )
 
     async def close(self) -> None:
         await self._channel.close()

@@ -166,6 +166,11 @@ class ControllerMetrics:
             "poll rounds that no switch answered in time (the controller was late): skipped",
         )
         late.add_metric([], ops.rounds_late)
+        nic_failed = CounterMetricFamily(
+            "xingmai_controller_nic_polls_failed",
+            "host agents' NIC counter reads (GetNicCounters) that failed or timed out",
+        )
+        nic_failed.add_metric([], ops.nic_polls_failed)
         named = CounterMetricFamily(
             "xingmai_controller_suspects_named",
             "elements named as suspects since the start",
@@ -176,7 +181,7 @@ class ControllerMetrics:
             kinds[sp.kind] = kinds.get(sp.kind, 0) + 1
         for kind, count in sorted(kinds.items()):
             named.add_metric([kind], count)
-        yield from (sus, dead, routed, fo, rr, took, late, named)
+        yield from (sus, dead, routed, fo, rr, took, late, nic_failed, named)
         loss = CounterMetricFamily(
             "xingmai_controller_flow_loss_reports",
             "NIC sinks' reports of a flow's packets lost before them",

@@ -6,7 +6,9 @@ difference is written), and comes back when it is alive again.
 What one poll reads from a switch: SwitchAdmin GetStatus (it answers: the switch is alive;
 each port's link status) and GetQueues (each port's latency monitor), and the P4 port
 counters `port_tx`/`port_rx` of the configured ports over P4Runtime. bmv2 has no SwitchAdmin:
-its liveness is its P4Runtime channel and its counters; its ports' status is not read.
+its liveness is its P4Runtime channel and its counters; its ports' status is not read. Every
+`NIC_POLL_S` it also reads each host agent's NIC counters (GetNicCounters: the slow-NIC rule);
+an agent that does not answer is skipped (counted in `nic_polls_failed`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import finsy as fy
 import grpc
 
 from controller import p4names as P
-from controller.health import Localizer, PortSample, Suspect, SwitchSample
+from controller.health import Localizer, NicSample, PortSample, Suspect, SwitchSample
+from controller.slowloop import AgentError
 from controller.topology import Topology
 
 if TYPE_CHECKING:
@@ -31,6 +34,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("xingmai.controller.operations")
 
 POLL_S = 0.1  # seconds between polls of every switch
+NIC_POLL_S = 0.2  # seconds between polls of every host agent's NIC counters
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,7 @@ class Operations:
         self.links_removed = 0  # links taken out of the routes (reroutes), over all fail-overs
         self.links_restored = 0
         self.rounds_late = 0  # poll rounds that no switch answered in time (skipped)
+        self.nic_polls_failed = 0  # agents' GetNicCounters that failed or timed out
         self._late_streak = 0
         self._last_round = time.monotonic()  # when the last poll round ended
         self.failover_writes_s: list[float] = []  # how long each fail-over's writes took
@@ -85,6 +90,9 @@ class Operations:
         del self.events[:-1000]
 
     async def run(self) -> None:
+        # the agents on a loop of their own: a switch poll that waits for a late switch
+        # (up to a second) must not space out the NICs' readings
+        nics = asyncio.create_task(self._nic_loop())
         try:
             while True:
                 await asyncio.sleep(self.poll_s)
@@ -93,8 +101,14 @@ class Operations:
                 except (grpc.RpcError, fy.P4ClientError, OSError) as exc:
                     log.warning("operations poll failed", extra={"error": str(exc)})
         finally:
+            nics.cancel()
             for ch in self._channels.values():
                 await ch.close()
+
+    async def _nic_loop(self) -> None:
+        while True:
+            await asyncio.sleep(NIC_POLL_S)
+            await self.poll_nics()
 
     async def tick(self) -> None:
         sessions = list(self.d.sessions.values())
@@ -144,6 +158,22 @@ class Operations:
         dead = frozenset(self.loc.dead_links())
         if dead != self.dead or any(s.topo.down != dead for s in sessions):
             await self._failover(dead, sessions)
+
+    async def poll_nics(self) -> None:
+        """Every host agent's NIC counters, to the localizer (the slow-NIC rule)."""
+        agents = list(self.d.agents.values())
+        timeout = min(1.0, self.d.cfg.controller.rpc_timeout_s)
+        results = await asyncio.gather(
+            *(asyncio.wait_for(a.nic_counters(), timeout) for a in agents),
+            return_exceptions=True,
+        )
+        for r in results:
+            if isinstance(r, NicSample):
+                self.loc.nic(r)
+            elif isinstance(r, AgentError | TimeoutError | OSError):
+                self.nic_polls_failed += 1
+            else:
+                raise r
 
     def _channel(self, s: SwitchSession) -> grpc.aio.Channel:
         ch = self._channels.get(s.name)

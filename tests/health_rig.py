@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from controller.config import load
-from controller.health import Localizer, PortSample, SwitchSample
+from controller.health import Localizer, NicSample, PortSample, SwitchSample
 from controller.topology import Topology
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "controller" / "examples" / "leafspine-2x2.yaml"
@@ -15,6 +15,8 @@ PORTS = {
     "spine1": (1, 2),
     "spine2": (1, 2),
 }
+
+NIC_LINE_BPS = 1e9
 
 
 class Fabric:
@@ -42,6 +44,16 @@ class Fabric:
         # ports that PFC pauses hold: the share of each step their egress is paused
         self.paused: dict[tuple[str, int], float] = {}
         self.paused_ns = dict.fromkeys(self.tx, 0)
+        # every host's NIC: its flows waiting to leave are paced at `nic_waiting` of its line
+        # rate, and it sends `nic_sends` of that (1: a healthy NIC); PFC holds it `nic_paused`
+        # of each step
+        self.hosts = [h.name for h in self.topo.cfg.hosts]
+        self.nic_waiting = dict.fromkeys(self.hosts, 0.6)
+        self.nic_sends = dict.fromkeys(self.hosts, 1.0)
+        self.nic_paused = dict.fromkeys(self.hosts, 0.0)
+        self.nic_tx = dict.fromkeys(self.hosts, 0.0)
+        self.nic_waited = dict.fromkeys(self.hosts, 0.0)  # bits: the integral of the rates
+        self.nic_paused_ns = dict.fromkeys(self.hosts, 0)
 
     def step(self, dt: float = 0.1, pps: int = 500) -> list[str]:
         self.t += dt
@@ -100,6 +112,21 @@ class Fabric:
                 )
             )
         self.loc.int_waits(self.t, {f"{s}:{p}": v for (s, p), v in self.int.items()})
+        for h in self.hosts:
+            waiting = self.nic_waiting[h] * NIC_LINE_BPS
+            self.nic_waited[h] += waiting * dt
+            self.nic_tx[h] += waiting * self.nic_sends[h] * dt / 8
+            self.nic_paused_ns[h] += round(self.nic_paused[h] * dt * 1e9)
+            self.loc.nic(
+                NicSample(
+                    h,
+                    self.t,
+                    int(self.nic_tx[h]),
+                    self.nic_waited[h],
+                    NIC_LINE_BPS,
+                    self.nic_paused_ns[h],
+                )
+            )
         return [s.element for s in self.loc.evaluate(self.t)]
 
     def run(self, seconds: float) -> list[str]:

@@ -13,6 +13,7 @@ import pytest
 
 from controller.collector import Collector
 from controller.config import LawPolicy, load
+from controller.health import NicSample
 from controller.slowloop import AgentError, AgentFlow, FlowKey, SlowLoop
 from controller.topology import Topology
 from tests.telemetry_helpers import hop, report
@@ -63,6 +64,10 @@ class FakeAgent:
             AgentFlow(f.key, f.rate_bps, self.caps.get(f.key, 0.0), f.weight, f.idle_s)
             for f in self.flows
         ]
+
+    async def nic_counters(self) -> NicSample:
+        await self._enter("nic_counters")
+        return NicSample(self.host, 0.0, 0, 0.0, 1e9)
 
     async def close(self) -> None:
         pass

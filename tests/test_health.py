@@ -215,3 +215,28 @@ def test_a_slow_switch_explains_its_links_int_too() -> None:
     f.silent_rate.update({("spine2", 1): 0.5, ("spine2", 2): 0.5})
     f.run(3)
     assert [(s.element, s.kind) for s in f.loc.ranked()] == [("switch spine2", "slow-switch")]
+
+
+def test_a_nic_that_sends_less_than_its_waiting_flows_are_paced_at_is_named_slow() -> None:
+    """A NIC at 60 % of its rate holds its flows' packets at home: no switch counter or INT
+    record sees it, its agent does (what it sent against what waited in it)."""
+    f = Fabric()
+    f.run(3)
+    f.nic_sends["h3"] = 0.6
+    f.run(2.5)
+    [top] = f.loc.ranked()
+    assert (top.element, top.kind) == ("nic h3", "slow-nic")
+    assert "sent 360 Mb/s (36 % of its 1000 Mb/s)" in top.evidence, top.evidence
+    assert "paced at 600 Mb/s" in top.evidence
+    f.nic_sends["h3"] = 1.0  # healed: cleared once its window and the hold time pass
+    f.run(6)
+    assert f.loc.ranked() == []
+
+
+def test_a_nic_held_by_pauses_or_with_little_waiting_is_not_called_slow() -> None:
+    f = Fabric()
+    f.nic_sends["h3"] = 0.6
+    f.nic_paused["h3"] = 0.3  # the switch paused it: where the pauses come from is the fault
+    f.nic_waiting["h5"], f.nic_sends["h5"] = 0.2, 0.1  # a few ACKs that waited at a poll
+    f.run(5)
+    assert f.loc.ranked() == []

@@ -119,22 +119,46 @@ def test_rate_change_holds_within_10ms(
     assert abs(m["measured_after_bps"] / after - 1) <= 0.05, runs
 
 
-def _together(pair: NetnsPair, sports: tuple[int, ...], seconds: float = 3.0) -> float:
+def _together(
+    pair: NetnsPair,
+    sports: tuple[int, ...],
+    seconds: float = 3.0,
+    agent: AgentProcess | None = None,
+) -> tuple[float, list[Any]]:
     """What the receiver got from UDP flows sent at once from `sports`, b/s, in the steady
-    part of the run (as measure_udp_pacing skips HTB's first burst and the end)."""
+    part of the run (as measure_udp_pacing skips HTB's first burst and the end); and with an
+    agent, its NIC counters (GetNicCounters) read every 0.25 s from 1 s into the run."""
+    polls: list[Any] = []
     with udp_receiver(pair) as box:
         senders = [udp_sender(pair, sport, seconds) for sport in sports]
+        if agent is not None:
+            time.sleep(1.0)
+            req = agent.pb().GetNicCountersRequest()
+            while len(polls) < 6:
+                polls.append(agent.stub().GetNicCounters(req, timeout=10))
+                time.sleep(0.25)
         for snd in senders:
             snd.communicate(timeout=seconds + 30)
     rx: Reception = box["reception"]
-    return rx.rate_bps(rx.first_ns + 500_000_000, rx.last_ns - 200_000_000)
+    return rx.rate_bps(rx.first_ns + 500_000_000, rx.last_ns - 200_000_000), polls
+
+
+def _nic_view(polls: list[Any]) -> tuple[float, float]:
+    """Between the first and the last poll: the NIC's rate, and the average rate of the flows
+    waiting in it (the integral the agent samples every 20 ms: a read lags up to a sample's
+    time behind the poll's), b/s."""
+    first, last = polls[0], polls[-1]
+    dt = (last.time_ns - first.time_ns) / 1e9
+    return (last.tx_bytes - first.tx_bytes) * 8 / dt, (last.waiting_bits - first.waiting_bits) / dt
 
 
 def test_the_port_holds_the_flows_together_to_its_rate() -> None:
     """Each flow's class borrows from the port's class: two flows each paced at 80 % of the
     line rate get the line rate together (with their classes under the root they took 1.6
     times it), and a NIC slowed to half (SetPortRate, the `nic HOST rate 50%` fault) holds
-    them to half, until the fault is lifted."""
+    them to half, until the fault is lifted. The agent's NIC counters show what the
+    controller's slow-NIC rule reads: its flows waiting at the line rate (their 1.6 times it,
+    capped) and the NIC sending it, then half of it."""
     line = 50_000_000
     with (
         NetnsPair.create() as pair,
@@ -146,15 +170,20 @@ def test_the_port_holds_the_flows_together_to_its_rate() -> None:
             agent.set_rate_law("none", key)
             agent.set_cap(key, int(0.8 * line))
         drops = htb_drops(pair.a, pair.dev_a)
-        both = _together(pair, sports)
+        both, polls = _together(pair, sports, agent=agent)
         assert 0.93 * line <= both <= 1.03 * line, both
+        sent, waiting = _nic_view(polls)
+        assert polls[0].line_rate_bps == line and 0.95 * line <= waiting <= 1.05 * line, polls
+        assert 0.93 * line <= sent <= 1.05 * line, sent  # frames: a little over the payload
         pb = agent.pb()
         got = agent.stub().SetPortRate(pb.SetPortRateRequest(rate_bps=line // 2), timeout=10)
         assert got.rate_bps == line // 2
-        half = _together(pair, sports)
+        half, polls = _together(pair, sports, agent=agent)
         assert 0.45 * line <= half <= 0.515 * line, half
+        sent, waiting = _nic_view(polls)
+        assert 0.95 * line <= waiting <= 1.05 * line and 0.45 * line <= sent <= 0.53 * line, polls
         agent.stub().SetPortRate(pb.SetPortRateRequest(rate_bps=0), timeout=10)
-        assert 0.93 * line <= _together(pair, sports) <= 1.03 * line
+        assert 0.93 * line <= _together(pair, sports)[0] <= 1.03 * line
         assert htb_drops(pair.a, pair.dev_a) == drops
 
 

@@ -15,13 +15,31 @@ from prometheus_client import generate_latest
 
 from controller.collector import Collector
 from controller.config import load
-from controller.health import PortSample, SwitchSample
+from controller.health import NicSample, PortSample, SwitchSample
 from controller.metrics import registry
 from controller.operations import Operations, PollFailed
+from controller.slowloop import AgentError
 from controller.topology import Topology
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "controller" / "examples" / "leafspine-2x2.yaml"
 DEAD = "leaf2:6-spine2:2"
+
+
+def fake_daemon(topo: Topology, **kw: object) -> types.SimpleNamespace:
+    """What Operations reads of the daemon: no sessions or agents unless given."""
+    return types.SimpleNamespace(
+        **{
+            "cfg": topo.cfg,
+            "topo": topo,
+            "sessions": {},
+            "collector": Collector(topo),
+            "slowloop": types.SimpleNamespace(caps={}, state={}, runs=0),
+            "agents": {},
+            "reloads": 0,
+            "reload_failures": 0,
+            **kw,
+        }
+    )
 
 
 class FakeSession:
@@ -53,15 +71,7 @@ def test_failover_and_reroutes_are_metrics_and_log_events(
 ) -> None:
     cfg = load(EXAMPLE)
     topo = Topology(cfg)
-    d = types.SimpleNamespace(
-        cfg=cfg,
-        topo=topo,
-        sessions={},
-        collector=Collector(topo),
-        slowloop=types.SimpleNamespace(caps={}, state={}, runs=0),
-        reloads=0,
-        reload_failures=0,
-    )
+    d = fake_daemon(topo)
     ops = Operations(d)  # type: ignore[arg-type]
     d.operations = ops
     sessions = [FakeSession(s.name, topo) for s in cfg.switches]
@@ -101,15 +111,7 @@ def test_a_late_poll_is_weaker_evidence_than_a_refused_one(
     read timed out is alive."""
     cfg = load(EXAMPLE)
     topo = Topology(cfg)
-    d = types.SimpleNamespace(
-        cfg=cfg,
-        topo=topo,
-        sessions={s.name: FakeSession(s.name, topo) for s in cfg.switches},
-        collector=Collector(topo),
-        slowloop=types.SimpleNamespace(caps={}, state={}, runs=0),
-        reloads=0,
-        reload_failures=0,
-    )
+    d = fake_daemon(topo, sessions={s.name: FakeSession(s.name, topo) for s in cfg.switches})
     ops = Operations(d)  # type: ignore[arg-type]
     d.operations = ops
     clock = [100.0]
@@ -160,3 +162,51 @@ def test_a_late_poll_is_weaker_evidence_than_a_refused_one(
     ]
     run(4.0)
     assert [s.element for s in ops.loc.ranked()] == ["switch spine2"]  # leaf1 answered
+
+
+class FakeNic:
+    """A host agent's NIC counters: flows waiting at the line rate, `sends` of it sent;
+    `refuse`: GetNicCounters fails."""
+
+    def __init__(self, host: str, clock: list[float], sends: float = 1.0, refuse: bool = False):
+        self.host, self.clock, self.sends, self.refuse = host, clock, sends, refuse
+        self.polls = 0
+
+    async def nic_counters(self) -> NicSample:
+        self.polls += 1
+        if self.refuse:
+            raise AgentError("GetNicCounters: UNAVAILABLE")
+        t = self.clock[0]  # its flows wait at the line rate all along
+        return NicSample(self.host, t, int(t * 1e9 * self.sends / 8), t * 1e9, 1e9)
+
+
+def test_the_loop_reads_every_agents_nic_and_names_a_slow_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every 0.2 s the operations read each agent's NIC counters: a NIC sending 40 % of what its
+    flows waiting in it are paced at is named within a window and a half; an agent that
+    refuses is counted (and exported), and holds nothing up."""
+    cfg = load(EXAMPLE)
+    topo = Topology(cfg)
+    clock = [100.0]
+    agents = {
+        "h1": FakeNic("h1", clock),
+        "h2": FakeNic("h2", clock, sends=0.4),
+        "h3": FakeNic("h3", clock, refuse=True),
+    }
+    d = fake_daemon(topo, agents=agents)
+    ops = Operations(d)  # type: ignore[arg-type]
+    d.operations = ops
+    monkeypatch.setattr("controller.operations.time.monotonic", lambda: clock[0])
+    for i in range(30):
+        clock[0] += 0.1
+        if i % 2:
+            asyncio.run(ops.poll_nics())
+        asyncio.run(ops.tick())
+    assert agents["h1"].polls == 15
+    [top] = ops.loc.ranked()
+    assert (top.element, top.kind) == ("nic h2", "slow-nic"), top
+    assert "sent 400 Mb/s (40 % of its 1000 Mb/s)" in top.evidence
+    assert ops.nic_polls_failed == 15
+    m = metric_lines(d)
+    assert m["xingmai_controller_nic_polls_failed_total"] == 15

@@ -69,6 +69,9 @@ def test_healthy_run_names_nothing() -> None:
         # every path over spine1 crosses both of its links: 007's vote cannot tell them apart
         # and names both, tied (the fabric has no path that separates them)
         ("link leaf1:3 silent-loss 5%", "link leaf1:3-spine1:1", "lossy-link", 5.0),
+        # no switch sees it: the NIC sends less than its waiting flows are paced at
+        ("nic h1 rate 50%", "nic h1", "slow-nic", 5.0),
+        ("nic h3 rate 70%", "nic h3", "slow-nic", 5.0),
     ],
 )
 def test_a_gray_failure_is_localized_within_5s(

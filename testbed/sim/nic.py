@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from controller.nic.backlog import WaitingMeter
 from controller.nic.pfc import PfcNic
 from controller.nic.ratelaw import (
     RTT_LAWS,
@@ -98,6 +99,7 @@ class NicPort:
     # PFC: the pauses the switch sent (XDP's xm_pfc), and pause frames this NIC sent
     pfc: PfcNic = field(default_factory=PfcNic)
     pfc_sent: int = 0
+    tx_bytes: int = 0  # frames put on the link (the netdev's tx_bytes)
 
 
 @dataclass
@@ -157,6 +159,7 @@ class SimHost:
         # the queue pairs whose source address is its own, on its own link
         # send: (frame, departure ns) -> the NIC's link towards its switch
         self.ports: list[NicPort] = [NicPort(self.addr, self.eth, send)]
+        self.meter = WaitingMeter(self.line_rate_bps)  # what waited in the NICs (all of them)
         self._timer_at: int | None = None
         self.capture: Capture | None = None
         self.rate_events: list[RateEvent] | None = None
@@ -186,6 +189,7 @@ class SimHost:
             send,
         )
         self.ports.append(port)
+        self.meter.line_rate_bps += self.line_rate_bps
         return port
 
     def start_job(self, core: TransportCore, job: Job, t0_ns: int) -> None:
@@ -314,6 +318,7 @@ class SimHost:
             port.addr, socket.inet_aton(host), TELEMETRY_REPORT_PORT, int(dport), payload
         )
         port.busy_until = now_ns + int((14 + len(pkt)) * self.ns_per_byte)
+        port.tx_bytes += 14 + len(pkt)
         if not port.send(port.eth + pkt, now_ns):
             self.tx_too_big += 1
 
@@ -345,8 +350,33 @@ class SimHost:
             rate = f.rate_bps or self.line_rate_bps
             f.next_ns = max(f.next_ns, now_ns) + int(paced_len * 8e9 / rate)
         port.busy_until = now_ns + int(paced_len * self.ns_per_byte)
+        port.tx_bytes += len(frame)
         if not port.send(frame, now_ns):
             self.tx_too_big += 1  # over the link's MTU: lost, as the kernel would refuse it
+
+    # ---- what the agent reads ----
+
+    def sample_waiting(self) -> None:
+        """What waits in the NIC now (the sum of the paced rates of the queue pairs with a
+        packet to send), into its meter, as the agent samples its pacer's classes."""
+        line = self.line_rate_bps
+        waiting = 0
+        if self.core is not None:
+            for qp in self.core.active:
+                if qp.wants_to_send:
+                    f = self.flows.get(flow_key(qp.local_addr, qp.peer_addr, qp.sport))
+                    waiting += min(f.rate_bps or line, line) if f is not None else line
+        self.meter.sample(self.loop.now, waiting)
+
+    def nic_counters(self) -> tuple[int, float, int]:
+        """As the agent's GetNicCounters reads them now: bytes sent on the host's links, what
+        waited in the NIC (bits), and the time PFC pauses held it."""
+        now_ns = self.loop.now_ns
+        return (
+            sum(p.tx_bytes for p in self.ports),
+            self.meter.bits,
+            sum(p.pfc.prio[0].held_ns(now_ns) for p in self.ports),
+        )
 
     # ---- PFC ----
 

@@ -1,7 +1,8 @@
 """The operations loop on the twin: the scenario's faults injected at their times (the same
 traffic-manager settings as on the emulation, testbed/faults.py), the controller's localizer
 (controller/health.py) fed every poll with the numbers the daemon reads from the switches
-(P4 port counters, port status, the ports' latency monitors), and fail-over: the routes
+(P4 port counters, port status, the ports' latency monitors) and from the hosts' agents
+(their NICs' counters), and fail-over: the routes
 re-computed without the dead links and written as the daemon writes them (the difference).
 
 Times: a fault's `at` and the localizer's windows are emulated seconds, stretched by the
@@ -19,7 +20,8 @@ from finsy.proto import p4r
 
 from controller import p4names as P
 from controller import program
-from controller.health import Localizer, PortSample, SwitchSample, Thresholds
+from controller.health import Localizer, NicSample, PortSample, SwitchSample, Thresholds
+from controller.nic.backlog import WAITING_SAMPLE_S
 from controller.reconcile import SwitchState, diff, ordered_updates
 from controller.topology import Topology
 from testbed import faults
@@ -73,6 +75,7 @@ class SimOperations:
         for f in faults.expand(self.faults):
             loop.at(round((self.t0 + f.at * self.k) * 1e9), self._apply, f)
         loop.at(loop.now_ns + round(POLL_S * self.k * 1e9), self._tick)
+        loop.at(loop.now_ns + round(WAITING_SAMPLE_S * self.k * 1e9), self._sample_nics)
 
     def end(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """Heal every fault, restore the routes; the faults applied and every suspect named
@@ -145,6 +148,9 @@ class SimOperations:
                 self.loc.unreachable(name, now)
                 continue
             self.loc.observe(self.sample(name, now))
+        for name, h in self.fab.hosts.items():
+            tx, waiting, paused = h.nic_counters()
+            self.loc.nic(NicSample(name, now, tx, waiting, h.line_rate_bps * len(h.ports), paused))
         losses, self._losses_seen = self.fab.collector.losses_since(self._losses_seen)
         for loss in losses:
             self.loc.path_loss(loss)
@@ -155,6 +161,16 @@ class SimOperations:
         if dead != self.dead:
             self._failover(dead)
         self.fab.loop.at(self.fab.loop.now_ns + round(POLL_S * self.k * 1e9), self._tick)
+
+    def _sample_nics(self) -> None:
+        """What waits in every busy host's NIC, every WAITING_SAMPLE_S (the agents' sampler)."""
+        if not self._active or not any(h.core is not None for h in self.fab.hosts.values()):
+            return
+        for h in self.fab.hosts.values():
+            if h.core is not None:
+                h.sample_waiting()
+        loop = self.fab.loop
+        loop.at(loop.now_ns + round(WAITING_SAMPLE_S * self.k * 1e9), self._sample_nics)
 
     def sample(self, name: str, now: float) -> SwitchSample:
         """What the daemon polls from a switch: port status, P4 port counters, the ports'

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from controller.nic.agent import netdev
+from controller.nic.agent import netdev, tcstats
 from controller.nic.agent.pacer import (
     DEFAULT_MINOR,
     MIN_RATE_BPS,
@@ -39,6 +39,7 @@ from controller.nic.agent.pacer import (
     classid,
     detect_mode,
 )
+from controller.nic.backlog import WAITING_SAMPLE_S, WaitingMeter
 from controller.nic.bpf.loader import (
     CTL_HAS_CAP,
     CTL_HAS_PARAMS,
@@ -54,6 +55,7 @@ from controller.nic.bpf.loader import (
     key_from_c,
 )
 from controller.nic.bpf.ringbuf import RingBuffer
+from controller.nic.pfc import PfcState
 from controller.nic.ratelaw import UNIT, CcParams, Law
 from controller.wire.int_md import INT_DSCP_DEFAULT
 from controller.wire.roce import ROCE_UDP_PORT
@@ -192,6 +194,10 @@ class Agent:
         self.flows_retired = 0
         self.rpc_calls: dict[str, int] = {}
         self.healthy = False
+        # what waited in the NIC (HTB mode), sampled by a thread of its own
+        self.meter: WaitingMeter | None = None
+        self._meter_lock = threading.Lock()
+        self.waiting_thread: threading.Thread | None = None
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -254,6 +260,12 @@ class Agent:
             target=self._event_loop, name="rate-events", daemon=True
         )
         self.sync_thread.start()
+        if isinstance(self.pacer, HtbPacer):
+            self.meter = WaitingMeter(o.line_rate_bps * len(self.ifindex))
+            self.waiting_thread = threading.Thread(
+                target=self._sample_waiting, name="nic-waiting", daemon=True
+            )
+            self.waiting_thread.start()
 
     def stop(self) -> None:
         """Detach every program, remove every class and pin this agent made."""
@@ -262,6 +274,8 @@ class Agent:
             self.events.wake()
         if self.sync_thread:
             self.sync_thread.join(timeout=2)
+        if self.waiting_thread:
+            self.waiting_thread.join(timeout=2)
         if self.events is not None and not (self.sync_thread and self.sync_thread.is_alive()):
             self.events.close()
         self.healthy = False
@@ -867,6 +881,51 @@ class Agent:
         with self.lock:
             if w in self.watchers:
                 self.watchers.remove(w)
+
+    def nic_counters(self) -> dict[str, int]:
+        """GetNicCounters: the bytes the interfaces sent, what waited in the NIC (the time
+        integral of its waiting flows' rates) and the time PFC pauses held it."""
+        self._count("GetNicCounters")
+        assert self.bpf is not None
+        now = time.monotonic_ns()
+        tx = tcstats.tx_bytes(list(self.ifindex))
+        with self._meter_lock:
+            waiting_bits = int(self.meter.bits) if self.meter is not None else 0
+        v = self.bpf.table("xm_pfc")[0]
+        pfc = PfcState(
+            v.pause_until_ns, v.since_ns, v.paused_ns, v.pauses, v.resumes, bool(v.active)
+        )
+        return {
+            "time_ns": now,
+            "tx_bytes": tx,
+            "waiting_bits": waiting_bits,
+            "line_rate_bps": self.opts.line_rate_bps * len(self.ifindex),
+            "paused_ns": pfc.held_ns(now),
+        }
+
+    def _sample_waiting(self) -> None:
+        """Every WAITING_SAMPLE_S: the rates of the flow classes holding packets, into the
+        meter (its own netlink socket: the pacer's is not touched from this thread)."""
+        assert isinstance(self.pacer, HtbPacer) and self.meter is not None
+        reader = tcstats.ClassBacklogs()
+        try:
+            while not self.stop_event.wait(WAITING_SAMPLE_S):
+                with self.pacer.lock:
+                    rates = {fc.minor: fc.rate_bps for fc in self.pacer.classes.values()}
+                waiting = 0
+                try:
+                    for idx in self.ifindex.values():
+                        for minor, qlen in reader.read(idx).items():
+                            if qlen and minor in rates:
+                                waiting += min(rates[minor], self.opts.line_rate_bps)
+                except OSError as exc:
+                    self.sync_errors += 1
+                    log.warning("reading the classes' backlogs: %s", exc)
+                    continue
+                with self._meter_lock:
+                    self.meter.sample(time.monotonic(), waiting)
+        finally:
+            reader.close()
 
     def status(self) -> dict[str, Any]:
         self._count("GetStatus")

@@ -344,5 +344,8 @@ class HostAgentService(pb_grpc.HostAgentServicer):
             uptime_s=s["uptime_s"],
         )
 
+    def GetNicCounters(self, request: pb.GetNicCountersRequest, context: Any) -> pb.NicCounters:
+        return pb.NicCounters(**self._call(context, self.agent.nic_counters))
+
     def GetMetrics(self, request: pb.GetMetricsRequest, context: Any) -> pb.GetMetricsResponse:
         return pb.GetMetricsResponse(text=self._call(context, self.metrics_text))

@@ -1,0 +1,32 @@
+"""What waits in a NIC: the time integral of the rates of its flows that have packets queued
+in it, for the controller's slow-NIC rule (controller/health.py). A healthy NIC sends, at
+every moment, what its waiting flows are paced at (at most its line rate): over any interval
+the bytes it sent match this integral; a NIC that cannot keep up sends less.
+
+Both engines sample it the same way, every `WAITING_SAMPLE_S`: the agent from its pacer's
+classes (HTB's per-class backlogs, controller/nic/agent/tcstats.py), the twin from its
+transport's queue pairs. A sample's rate holds until the next one: polls a few tenths of a
+second apart that merely found flows waiting said nothing of the time between them (a flow
+hands its window's worth of packets over at once, then waits for ACKs), and named healthy
+NICs slow.
+"""
+
+from __future__ import annotations
+
+WAITING_SAMPLE_S = 0.02  # seconds between samples of what waits in the NIC
+
+
+class WaitingMeter:
+    """The integral, in bits, of min(waiting, line rate) over time, from samples."""
+
+    def __init__(self, line_rate_bps: float):
+        self.line_rate_bps = line_rate_bps
+        self.bits = 0.0
+        self._t: float | None = None
+        self._bps = 0.0
+
+    def sample(self, t: float, waiting_bps: float) -> None:
+        """At time `t` (s) the flows with packets waiting are paced at `waiting_bps` together."""
+        if self._t is not None and t > self._t:
+            self.bits += self._bps * (t - self._t)
+        self._t, self._bps = t, min(max(0.0, waiting_bps), self.line_rate_bps)
