@@ -159,11 +159,13 @@ class Thresholds:
     #                               queue depth is a tail drop of congestion
     # A NIC is slow when it sent less than this share of what its waiting flows were paced
     # at over the window (the integral of their rates, each at most its line rate, the whole
-    # too), while that was at least `min_nic_demand` of its line rate, and PFC held it less
-    # than `nic_paused_share` of the window. A NIC at 70 % of its rate sends 0.7 of it.
+    # too), and that shortfall is at least `min_nic_shortfall` of its line rate, PFC holding
+    # it less than `nic_paused_share` of the window. A NIC at 70 % of its rate sends 0.7 of
+    # it. The shortfall's floor is the emulation's: its healthy NICs at low load sent 0.6-0.77
+    # of what waited in them over 2 s (1 Mb/s short of 2.7-4.6, a twentieth of their line
+    # rate: a loaded box's HTB timers firing late), NICs at half their rate 2-8 Mb/s short.
     nic_sent_share: float = 0.8
-    min_nic_polls: int = 5  # polls in the window (the daemon reads the NICs every 0.2 s)
-    min_nic_demand: float = 0.3
+    min_nic_shortfall: float = 0.1
     nic_paused_share: float = 0.1
 
 
@@ -545,20 +547,20 @@ class Localizer:
         out = {}
         th = self.th
         for host, q in self._nics.items():
-            if len(q) <= th.min_nic_polls:
+            # counters since the NIC began: two readings suffice, the latest a window apart
+            if not q:
                 continue
-            first, last = q[0], q[-1]
-            dt, line = last.t - first.t, last.line_rate_bps
-            if line <= 0 or dt < 0.9 * th.window_s:
+            last = q[-1]
+            first = next((s for s in reversed(q) if last.t - s.t >= 0.9 * th.window_s), None)
+            if first is None or last.line_rate_bps <= 0:
                 continue  # not a window yet
+            dt, line = last.t - first.t, last.line_rate_bps
             want = last.waiting_bits - first.waiting_bits
-            if want < th.min_nic_demand * line * dt:
-                continue  # too little waited to judge the NIC
+            sent = (last.tx_bytes - first.tx_bytes) * 8
+            if sent >= th.nic_sent_share * want or want - sent < th.min_nic_shortfall * line * dt:
+                continue
             if last.paused_ns - first.paused_ns > th.nic_paused_share * dt * 1e9:
                 continue  # held by pauses: the switch that sent them is where to look
-            sent = (last.tx_bytes - first.tx_bytes) * 8
-            if sent >= th.nic_sent_share * want:
-                continue
             out[host] = (
                 min(0.9, 0.3 + 0.6 * (1 - sent / want)),
                 f"{host}'s NIC sent {sent / dt / 1e6:.4g} Mb/s ({sent / dt / line * 100:.0f} % "

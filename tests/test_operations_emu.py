@@ -1,6 +1,6 @@
 """Faults, localization and fail-over on the emulation: a 2-leaf 2-spine fabric of built-in
 switches with the controller and the agents; a WebSearch mix under TiTa per fault. Each of the
-issue's four faults, a killed switch and a silent loss is injected 0.5 s into the mix
+issue's four faults, a killed switch, a silent loss and a slow NIC is injected 0.5 s into the mix
 (testbed/faults.py through SwitchAdmin, or SIGKILL of the switch process) and must be the
 controller's first suspect within 5 s; a dead link or switch is routed around within 1 s and
 restored after; every flow completes; the healthy run before them names nothing."""
@@ -37,6 +37,8 @@ CASES = [
     # no counter sees it: the NICs' loss reports and the vote, which cannot tell the link from
     # the other half of the paths over spine1 (tied, either may rank first)
     ("link leaf1:3 silent-loss 2%", "link leaf1:3-spine1:1|link leaf2:3-spine1:2", "lossy-link"),
+    # no switch sees it either: the NIC sends less than its waiting flows are paced at
+    ("nic h3 rate 50%", "nic h3", "slow-nic"),
 ]
 
 
