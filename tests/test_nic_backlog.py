@@ -21,13 +21,15 @@ from controller.nic.backlog import WaitingMeter
 
 
 def test_the_meter_holds_each_sample_until_the_next_and_caps_it_at_the_line_rate() -> None:
-    m = WaitingMeter(line_rate_bps=100.0)
+    m = WaitingMeter(line_rate_bps=100.0, period_s=0.5)
     m.sample(1.0, 50.0)  # nothing before the first sample
     m.sample(1.5, 300.0)  # 0.5 s at 50
     m.sample(2.0, 0.0)  # 0.5 s at the line rate, not 300
     m.sample(2.0, 10.0)  # no time: nothing added, the later rate holds
-    m.sample(3.0, 0.0)  # 1 s at 10
-    assert m.bits == pytest.approx(25.0 + 50.0 + 10.0)
+    m.sample(2.5, 20.0)  # 0.5 s at 10
+    m.sample(5.5, 0.0)  # a sampler held up for 3 s: two periods at 20, not six
+    assert m.bits == pytest.approx(25.0 + 50.0 + 5.0 + 20.0)
+    assert (m.samples, m.late) == (6, 1)
 
 
 def _attr(typ: int, payload: bytes) -> bytes:

@@ -159,7 +159,8 @@ class SimHost:
         # the queue pairs whose source address is its own, on its own link
         # send: (frame, departure ns) -> the NIC's link towards its switch
         self.ports: list[NicPort] = [NicPort(self.addr, self.eth, send)]
-        self.meter = WaitingMeter(self.line_rate_bps)  # what waited in the NICs (all of them)
+        # what waited in the NICs (all of them), sampled by the operations loop
+        self.meter = WaitingMeter(self.line_rate_bps)
         self._timer_at: int | None = None
         self.capture: Capture | None = None
         self.rate_events: list[RateEvent] | None = None

@@ -75,6 +75,8 @@ class SimOperations:
         for f in faults.expand(self.faults):
             loop.at(round((self.t0 + f.at * self.k) * 1e9), self._apply, f)
         loop.at(loop.now_ns + round(POLL_S * self.k * 1e9), self._tick)
+        for h in self.fab.hosts.values():
+            h.meter.period_s = WAITING_SAMPLE_S * self.k
         loop.at(loop.now_ns + round(WAITING_SAMPLE_S * self.k * 1e9), self._sample_nics)
 
     def end(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -170,6 +172,8 @@ class SimOperations:
             if h.core is not None:
                 h.sample_waiting()
         loop = self.fab.loop
+        for h in self.fab.hosts.values():
+            h.meter.period_s = WAITING_SAMPLE_S * self.k
         loop.at(loop.now_ns + round(WAITING_SAMPLE_S * self.k * 1e9), self._sample_nics)
 
     def sample(self, name: str, now: float) -> SwitchSample:

@@ -197,6 +197,7 @@ class Agent:
         # what waited in the NIC (HTB mode), sampled by a thread of its own
         self.meter: WaitingMeter | None = None
         self._meter_lock = threading.Lock()
+        self.waiting_errors = 0  # failed reads of the classes' backlogs
         self.waiting_thread: threading.Thread | None = None
 
     # ---- lifecycle ----------------------------------------------------------------------
@@ -919,7 +920,7 @@ class Agent:
                             if qlen and minor in rates:
                                 waiting += min(rates[minor], self.opts.line_rate_bps)
                 except OSError as exc:
-                    self.sync_errors += 1
+                    self.waiting_errors += 1
                     log.warning("reading the classes' backlogs: %s", exc)
                     continue
                 with self._meter_lock:

@@ -85,6 +85,17 @@ class AgentMetrics:
             )
             rer_s.add_metric([], a.pacer.rerate_seconds)
             yield rer_s
+        if a.meter is not None:
+            waits = CounterMetricFamily(
+                "xingmai_agent_waiting_samples",
+                "samples of what waits in the NIC (every 20 ms): taken, late (more than two "
+                "periods after the last: the gap is not counted), failed",
+                labels=["outcome"],
+            )
+            waits.add_metric(["taken"], a.meter.samples)
+            waits.add_metric(["late"], a.meter.late)
+            waits.add_metric(["failed"], a.waiting_errors)
+            yield waits
 
 
 def registry_for(agent: Agent, reg: CollectorRegistry | None = None) -> CollectorRegistry:
