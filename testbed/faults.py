@@ -6,7 +6,7 @@ A fault names its target and its kind:
     link leaf1:3 down | up | loss 1% | rate 25% | delay 2ms      (a link, by one of its ends)
     link leaf1:3 silent-loss 0.3% | silent-rate 70% | flap 50ms 10
     switch spine1 kill | slow [DELAY] | up
-    nic h3 rate 50% | up
+    nic h3 rate 50% | down | loss 1% | silent-loss 1% | up
 
 A file (`xingmai-testbed run --faults FILE`) is a YAML list of the same, timed from the start
 of each scenario:
@@ -22,11 +22,16 @@ port's latency monitor expects its degraded rate), which only the end hosts' sig
 `flap` takes the link down for half of every period and up for the other half, `count` times
 (each down and up is injected, and recorded, as a fault of its own: `expand`).
 
-A link fault acts on both directions: the ports at both ends that are switch ports get the
-same setting (a host's own NIC has no traffic manager: on a host link only the switch's side
-is set). `slow` delays every frame on every port of the switch; `kill` ends the switch's
-process (the emulation) or takes all of its ports down (the twin). A fault is removed by
-`up` on the same target; every fault is removed at the end of each scenario.
+A link fault acts on both directions: the ports at both ends that are switch ports get the same
+setting (a host's own NIC has no traffic manager: on a host link only the switch's side is
+set). A NIC fault acts on the NIC's side: `rate` is its port sending at that fraction of its
+line rate (the engine's NIC, its rate laws unaware); `down` takes its links down (the switch
+ports they reach see them down) and `loss`/`silent-loss` loses what it sends (the frames arrive
+corrupted at those switch ports, which count them as receive errors, or not when silent): the
+same port settings as the link's, on every NIC of the host. `slow` delays every frame on every
+port of the switch; `kill` ends the switch's process (the emulation) or takes all of its ports
+down (the twin). A fault is removed by `up` on the same target; every fault is removed at the
+end of each scenario.
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ PERCENT_KINDS = ("loss", "rate", "silent-loss", "silent-rate")  # values: fracti
 TIMED_KINDS = ("delay", "slow", "flap")  # values: seconds
 MAX_FLAPS = 10_000
 SWITCH_KINDS = ("kill", "slow", "up")
-NIC_KINDS = ("rate", "up")
+NIC_KINDS = ("rate", "down", "loss", "silent-loss", "up")
 DEFAULT_SLOW_S = 0.005  # a slow switch's added delay per frame when none is given
 
 
@@ -217,7 +222,7 @@ def parse_command(spec: FabricSpec, line: str) -> Fault:
         raise FaultError(
             "usage: fault link SW:PORT down|up|loss P%|rate P%|delay Tms|silent-loss P%|"
             "silent-rate P%|flap Tms N; fault switch SW kill|slow [Tms]|up; "
-            "fault nic HOST rate P%|up"
+            "fault nic HOST rate P%|down|loss P%|silent-loss P%|up"
         )
     cls = target_class(spec, words[1])
     if cls != words[0]:
@@ -280,7 +285,7 @@ def _link_ends(spec: FabricSpec, target: str) -> list[tuple[str, int]]:
 
 
 def port_settings(spec: FabricSpec, f: Fault) -> list[PortSetting]:
-    """What the fault sets on the switches' traffic managers (kill and NIC faults: nothing
+    """What the fault sets on the switches' traffic managers (kill and a NIC's rate: nothing
     here, the engine acts on the process or the NIC)."""
     cls = target_class(spec, f.target)
     if cls == "link":
@@ -300,6 +305,17 @@ def port_settings(spec: FabricSpec, f: Fault) -> list[PortSetting]:
                 f"{f.describe()}: a flap is timed: give it in a faults file (--faults)"
             )
         return [PortSetting(sw, p, delay_ns=round(f.value * 1e9)) for sw, p in ends]
+    if cls == "nic":
+        nics = range(len(spec.host(f.target).nics))
+        reached = [(e.node, e.index) for e in (spec.attachment(f.target, i) for i in nics)]
+        if f.kind == "up":
+            return [healthy(sw, p) for sw, p in reached]
+        if f.kind == "down":
+            return [PortSetting(sw, p, down=True) for sw, p in reached]
+        if f.kind in ("loss", "silent-loss"):
+            silent = f.kind == "silent-loss"
+            return [PortSetting(sw, p, loss=f.value, silent=silent) for sw, p in reached]
+        return []  # rate: the NIC's own port, not a switch's
     if cls == "switch":
         if f.kind == "slow":
             assert f.value is not None

@@ -39,6 +39,7 @@ def test_values_and_targets_parse() -> None:
     assert faults.parse_command(SPEC, "switch spine1 slow").value == faults.DEFAULT_SLOW_S
     assert faults.parse_command(SPEC, "switch spine1 kill").value is None
     assert faults.parse_command(SPEC, "nic h3 rate 50%").value == 0.5
+    assert faults.parse_command(SPEC, "nic h3 silent-loss 0.1%").value == pytest.approx(0.001)
     for bad, msg in (
         ("link leaf1:3 loss 1", "percentage"),
         ("link leaf1:3 down 5%", "no value"),
@@ -248,3 +249,21 @@ def test_a_silent_fault_leaves_no_trace_in_the_switchs_counters() -> None:
     assert gap == 2_000_000 and wait == expected  # half the rate, and nothing unexplained
     gap, wait, expected = excess(silent=False)
     assert gap == 2_000_000 and wait == 2 * expected  # the counted cut waits twice as long
+
+
+def test_nic_faults_set_the_switch_ports_its_links_reach() -> None:
+    """A NIC down takes its link down at the switch's end; its losses are the frames that
+    port receives, counted or silent; its rate is its own port's (nothing on the switch)."""
+    h3 = SPEC.attachment("h3", 0)  # leaf2:1
+    at = (h3.node, h3.index)
+
+    def settings(line: str) -> list[PortSetting]:
+        return faults.port_settings(SPEC, faults.parse_command(SPEC, line))
+
+    assert settings("nic h3 down") == [PortSetting(*at, down=True)]
+    assert settings("nic h3 loss 1%") == [PortSetting(*at, loss=0.01, silent=False)]
+    assert settings("nic h3 silent-loss 1%") == [PortSetting(*at, loss=0.01, silent=True)]
+    assert settings("nic h3 up") == [faults.healthy(*at)]
+    assert settings("nic h3 rate 50%") == []
+    with pytest.raises(FaultError, match="a nic fault is one of rate, down, loss"):
+        faults.parse_command(SPEC, "nic h3 delay 2ms")

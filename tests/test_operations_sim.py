@@ -72,6 +72,10 @@ def test_healthy_run_names_nothing() -> None:
         # no switch sees it: the NIC sends less than its waiting flows are paced at
         ("nic h1 rate 50%", "nic h1", "slow-nic", 5.0),
         ("nic h3 rate 70%", "nic h3", "slow-nic", 5.0),
+        # a NIC losing what it sends: counted at the switch port it reaches, or not (the vote:
+        # its link is on every path of its flows, and only there)
+        ("nic h1 loss 1%", "link h1:h1-eth0-leaf1:1", "lossy-link", 5.0),
+        ("nic h1 silent-loss 2%", "link h1:h1-eth0-leaf1:1", "lossy-link", 5.0),
     ],
 )
 def test_a_gray_failure_is_localized_within_5s(
@@ -80,11 +84,26 @@ def test_a_gray_failure_is_localized_within_5s(
     rec = run(fault)
     top = rec.suspects[0]
     assert 0.5 <= top["first_named"] <= 0.5 + within
-    if "silent-loss" in fault:  # either half of the path first: they tie
+    if fault.startswith("link") and "silent-loss" in fault:  # either half of the path: a tie
         tied = {s["element"] for s in rec.suspects if s["score"] == top["score"]}
         assert tied == {element, "link leaf2:3-spine1:2"} and top["kind"] == kind
     else:
         assert (top["element"], top["kind"]) == (element, kind)
+
+
+def test_a_nic_that_goes_down_takes_its_link_down_until_it_comes_back() -> None:
+    fab = SimFabric(SPEC, Scaling(max_hops=SPEC.longest_path_switches()))
+    cfg = SuiteConfig(
+        **{**SuiteConfig.quick().__dict__, "schemes": ("tita",), "scenarios": ("websearch",)}
+    )
+    suite = SimSuite(fab, cfg)
+    suite.faults = [faults.Fault("h1", "down", None, 0.5), faults.Fault("h1", "up", None, 1.5)]
+    [rec] = suite.run()
+    assert rec.flows_completed == rec.flows
+    top = rec.suspects[0]
+    assert (top["element"], top["kind"]) == ("link h1:h1-eth0-leaf1:1", "link-down")
+    assert 0.5 <= top["first_named"] <= 1.0
+    assert [f["dead_links"] for f in rec.failovers] == [["h1:h1-eth0-leaf1:1"], []]
 
 
 def test_a_flapping_link_is_named_down_and_routed_around_each_time() -> None:

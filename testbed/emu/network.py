@@ -599,7 +599,7 @@ class Testbed:
                 node.start([])  # a killed switch comes back: the controller reprograms it
                 node.component.wait_until(node.listening, 30, "listening")  # type: ignore[union-attr]
                 return
-        if faults.target_class(self.spec, f.target) == "nic":
+        if faults.target_class(self.spec, f.target) == "nic" and f.kind in ("rate", "up"):
             # the NIC's port sends at a fraction of its line rate (its agent's HTB port
             # class), its rate laws unaware, as on the twin
             rate = 0 if f.kind == "up" else round(self.nic_line_rate(f.target) * (f.value or 1.0))
@@ -608,7 +608,6 @@ class Testbed:
                 self._slowed_nics.add(f.target)
             else:
                 self._slowed_nics.discard(f.target)
-            return
         for ps in faults.port_settings(self.spec, f):
             self._set_fault(ps)
 

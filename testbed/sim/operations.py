@@ -116,11 +116,10 @@ class SimOperations:
             self.killed.discard(f.target)
             self._set(faults.healthy(f.target, None))
             return
-        if faults.target_class(self.fab.spec, f.target) == "nic":
+        if faults.target_class(self.fab.spec, f.target) == "nic" and f.kind in ("rate", "up"):
             h = self.fab.hosts[f.target]  # the NIC serializes at a fraction of its rate
             factor = 1.0 if f.kind == "up" else (f.value or 1.0)
             h.ns_per_byte = 8e9 / (h.line_rate_bps * factor)
-            return
         for ps in faults.port_settings(self.fab.spec, f):
             self._set(ps)
 
