@@ -32,7 +32,7 @@ What each suspect rests on:
   counts (a silent drop), or one on a host's downlink, whose receiving end no switch polls.
 - **slow NIC**: a host's NIC sent less than its flows waiting in it were paced at over the
   window (its agent counts the bytes its link sent, and samples which flows have packets
-  queued in the NIC and their rates every 20 ms: controller/nic/backlog.py), with no PFC
+  queued in the NIC and their rates every 50 ms: controller/nic/backlog.py), with no PFC
   pause holding it: a NIC that cannot keep up (a downgraded PCIe link, a throttled port)
   holds its flows' packets at home, where no switch counter and no INT record sees them, and
   an INT or ECN law, seeing no queue in the fabric, keeps their rates.

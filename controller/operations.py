@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("xingmai.controller.operations")
 
 POLL_S = 0.1  # seconds between polls of every switch
-NIC_POLL_S = 0.2  # seconds between polls of every host agent's NIC counters
+NIC_POLL_S = 0.5  # seconds between polls of every host agent's NIC counters
 
 
 @dataclass(frozen=True)

@@ -145,7 +145,7 @@ def _together(
 
 def _nic_view(polls: list[Any]) -> tuple[float, float]:
     """Between the first and the last poll: the NIC's rate, and the average rate of the flows
-    waiting in it (the integral the agent samples every 20 ms: a read lags up to a sample's
+    waiting in it (the integral the agent samples every 50 ms: a read lags up to a sample's
     time behind the poll's), b/s."""
     first, last = polls[0], polls[-1]
     dt = (last.time_ns - first.time_ns) / 1e9

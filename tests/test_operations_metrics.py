@@ -183,7 +183,7 @@ class FakeNic:
 def test_the_loop_reads_every_agents_nic_and_names_a_slow_one(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Every 0.2 s the operations read each agent's NIC counters: a NIC sending 40 % of what its
+    """Every 0.5 s the operations read each agent's NIC counters: a NIC sending 40 % of what its
     flows waiting in it are paced at is named within a window and a half; an agent that
     refuses is counted (and exported), and holds nothing up."""
     cfg = load(EXAMPLE)
@@ -200,13 +200,13 @@ def test_the_loop_reads_every_agents_nic_and_names_a_slow_one(
     monkeypatch.setattr("controller.operations.time.monotonic", lambda: clock[0])
     for i in range(30):
         clock[0] += 0.1
-        if i % 2:
+        if i % 5 == 4:
             asyncio.run(ops.poll_nics())
         asyncio.run(ops.tick())
-    assert agents["h1"].polls == 15
+    assert agents["h1"].polls == 6
     [top] = ops.loc.ranked()
     assert (top.element, top.kind) == ("nic h2", "slow-nic"), top
     assert "sent 400 Mb/s (40 % of its 1000 Mb/s)" in top.evidence
-    assert ops.nic_polls_failed == 15
+    assert ops.nic_polls_failed == 6
     m = metric_lines(d)
-    assert m["xingmai_controller_nic_polls_failed_total"] == 15
+    assert m["xingmai_controller_nic_polls_failed_total"] == 6

@@ -88,7 +88,7 @@ class AgentMetrics:
         if a.meter is not None:
             waits = CounterMetricFamily(
                 "xingmai_agent_waiting_samples",
-                "samples of what waits in the NIC (every 20 ms): taken, late (more than two "
+                "samples of what waits in the NIC (every 50 ms): taken, late (more than two "
                 "periods after the last: the gap is not counted), failed",
                 labels=["outcome"],
             )

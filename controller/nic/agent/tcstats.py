@@ -1,6 +1,6 @@
 """Per-class backlogs of a qdisc, read over a raw rtnetlink socket: a dump of the classes of
 one interface, of which only each class's handle and queue statistics (TCA_STATS2 /
-TCA_STATS_QUEUE) are parsed. The agent reads them every 20 ms (controller/nic/backlog.py):
+TCA_STATS_QUEUE) are parsed. The agent reads them every 50 ms (controller/nic/backlog.py):
 pyroute2's parse of the same dump costs 11.6 ms of CPU for 30 HTB classes, this 0.35 ms."""
 
 from __future__ import annotations
