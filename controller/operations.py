@@ -108,7 +108,10 @@ class Operations:
     async def _nic_loop(self) -> None:
         while True:
             await asyncio.sleep(NIC_POLL_S)
-            await self.poll_nics()
+            try:
+                await self.poll_nics()
+            except Exception:  # a bug in one round must not end the NICs' readings
+                log.exception("reading the agents' NIC counters failed")
 
     async def tick(self) -> None:
         sessions = list(self.d.sessions.values())

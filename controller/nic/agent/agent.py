@@ -909,6 +909,7 @@ class Agent:
         meter (its own netlink socket: the pacer's is not touched from this thread)."""
         assert isinstance(self.pacer, HtbPacer) and self.meter is not None
         reader = tcstats.ClassBacklogs()
+        failing = False
         try:
             while not self.stop_event.wait(WAITING_SAMPLE_S):
                 with self.pacer.lock:
@@ -921,8 +922,13 @@ class Agent:
                                 waiting += min(rates[minor], self.opts.line_rate_bps)
                 except OSError as exc:
                     self.waiting_errors += 1
-                    log.warning("reading the classes' backlogs: %s", exc)
+                    if not failing:  # once per streak: 20 a second would flood the log
+                        log.warning("reading the classes' backlogs: %s", exc)
+                    failing = True
                     continue
+                if failing:
+                    log.info("reading the classes' backlogs again")
+                failing = False
                 with self._meter_lock:
                     self.meter.sample(time.monotonic(), waiting)
         finally:
