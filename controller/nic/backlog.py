@@ -14,8 +14,9 @@ of the time it missed.
 
 from __future__ import annotations
 
-# seconds between samples of what waits in the NIC: 20 ms cost the emulation's agents (four
-# threads of 50 dumps a second) enough CPU to slow its switches' answers in a full test run
+# seconds between samples of what waits in the NIC: 50 ms rather than 20 to spare the loaded
+# emulation's CPU (four agents' threads of 50 dumps a second were followed by a full test run
+# whose switches answered late)
 WAITING_SAMPLE_S = 0.05
 
 

@@ -151,7 +151,7 @@ class SimOperations:
             self.loc.observe(self.sample(name, now))
         for name, h in self.fab.hosts.items():
             tx, waiting, paused = h.nic_counters()
-            self.loc.nic(NicSample(name, now, tx, waiting, h.line_rate_bps * len(h.ports), paused))
+            self.loc.nic(NicSample(name, now, tx, waiting, h.meter.line_rate_bps, paused))
         losses, self._losses_seen = self.fab.collector.losses_since(self._losses_seen)
         for loss in losses:
             self.loc.path_loss(loss)
@@ -171,8 +171,6 @@ class SimOperations:
             if h.core is not None:
                 h.sample_waiting()
         loop = self.fab.loop
-        for h in self.fab.hosts.values():
-            h.meter.period_s = WAITING_SAMPLE_S * self.k
         loop.at(loop.now_ns + round(WAITING_SAMPLE_S * self.k * 1e9), self._sample_nics)
 
     def sample(self, name: str, now: float) -> SwitchSample:

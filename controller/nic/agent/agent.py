@@ -55,7 +55,7 @@ from controller.nic.bpf.loader import (
     key_from_c,
 )
 from controller.nic.bpf.ringbuf import RingBuffer
-from controller.nic.pfc import PfcState
+from controller.nic.pfc import PinnedPfc
 from controller.nic.ratelaw import UNIT, CcParams, Law
 from controller.wire.int_md import INT_DSCP_DEFAULT
 from controller.wire.roce import ROCE_UDP_PORT
@@ -199,6 +199,7 @@ class Agent:
         self._meter_lock = threading.Lock()
         self.waiting_errors = 0  # failed reads of the classes' backlogs
         self.waiting_thread: threading.Thread | None = None
+        self.pfc: PinnedPfc | None = None  # xm_pfc, for the time pauses held the NIC
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -277,6 +278,8 @@ class Agent:
             self.sync_thread.join(timeout=2)
         if self.waiting_thread:
             self.waiting_thread.join(timeout=2)
+        if self.pfc is not None:
+            self.pfc.close()
         if self.events is not None and not (self.sync_thread and self.sync_thread.is_alive()):
             self.events.close()
         self.healthy = False
@@ -892,10 +895,10 @@ class Agent:
         tx = tcstats.tx_bytes(list(self.ifindex))
         with self._meter_lock:
             waiting_bits = int(self.meter.bits) if self.meter is not None else 0
-        v = self.bpf.table("xm_pfc")[0]
-        pfc = PfcState(
-            v.pause_until_ns, v.since_ns, v.paused_ns, v.pauses, v.resumes, bool(v.active)
-        )
+        with self.lock:  # the transport's reader of the pinned map, opened once
+            if self.pfc is None:
+                self.pfc = PinnedPfc(self.opts.pin_dir / "xm_pfc")
+            pfc = self.pfc.state(0)
         return {
             "time_ns": now,
             "tx_bytes": tx,
