@@ -27,6 +27,7 @@ from typing import Any
 from testbed.collective.metrics import fmt_size, parse_sizes, table
 from testbed.experiment.machine import provenance
 from testbed.experiment.rundir import new_run_dir
+from testbed.experiment.schemes import SCHEMES, add_cc_arguments, cc_config, scheme_law
 from testbed.model import DEFAULT_SCALE, Scaling
 
 
@@ -44,7 +45,8 @@ def _engine_args(ap: argparse.ArgumentParser) -> None:
         help=f"model speed / engine speed (default: 1 on the twin, "
         f"{DEFAULT_SCALE:g} on the emulation)",
     )
-    ap.add_argument("--scheme", choices=["none", "dcqcn", "tita"], default="tita")
+    ap.add_argument("--scheme", choices=SCHEMES, default="tita")
+    add_cc_arguments(ap)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument(
         "--retransmit",
@@ -130,7 +132,7 @@ def open_suite(args: argparse.Namespace) -> Iterator[Any]:
         args.scale if args.scale is not None else (1.0 if args.engine == "sim" else DEFAULT_SCALE)
     )
     scaling = Scaling(scale=scale, max_hops=spec.longest_path_switches())
-    cfg = SuiteConfig(seed=args.seed, retransmit=args.retransmit)
+    cfg = SuiteConfig(seed=args.seed, retransmit=args.retransmit, **cc_config(args))
     if args.engine == "sim":
         from testbed.sim.fabric import SimFabric
         from testbed.sim.suite import SimSuite
@@ -149,7 +151,7 @@ def open_suite(args: argparse.Namespace) -> Iterator[Any]:
     opts = TestbedOptions(
         switch=args.switch,
         scaling=scaling,
-        rate_law=args.scheme,
+        rate_law=scheme_law(args.scheme),
         ecn=EcnConfig(),
         pcap=False,
         run_dir=args.run_dir,
@@ -201,7 +203,8 @@ def cmd_collective(args: argparse.Namespace) -> int:
     sizes = parse_sizes(args.sizes)
     algorithms = [a for a in args.algorithms.split(",") if a]
     out = _run_dir(args, "collective")
-    with open_suite(args) as (_, fab):
+    with open_suite(args) as (suite, fab):
+        cc_profile = suite.cc_records[args.scheme]
         params = _params(args)
         warmup = args.warmup
         rows = run.sweep(fab, sizes, algorithms, say=_say, warmup=warmup, **params)
@@ -223,7 +226,12 @@ def cmd_collective(args: argparse.Namespace) -> int:
             )
     print(table(rows, note))
     plot = busbw_plot(rows, out / "busbw.png", note)
-    doc: dict[str, Any] = {**provenance(args.command), "note": note, "rows": rows}
+    doc: dict[str, Any] = {
+        **provenance(args.command),
+        "note": note,
+        "cc_profile": cc_profile,
+        "rows": rows,
+    }
     if degraded is not None:
         doc["degraded"] = degraded
         print()
@@ -305,14 +313,15 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     out = _run_dir(args, "tune")
     cache = args.cache or tune.DEFAULT_CACHE
-    with open_suite(args) as (_, fab):
+    with open_suite(args) as (suite, fab):
+        cc_profile = suite.cc_records[args.scheme]  # as shipped (or as --cc-set says)
         res = tune.tune(
             fab, args.collective, parse_sizes(args.sizes), cache, run.collective, say=_say
         )
         note = _note(fab, args)
     print(f"# {note}")
     print(tune.tune_table(res))
-    doc = {**provenance(args.command), "note": note, **res}
+    doc = {**provenance(args.command), "note": note, "cc_profile": cc_profile, **res}
     (out / "tune.json").write_text(json.dumps(doc, indent=1))
     print(f"\nresults: {out / 'tune.json'}\ncache:   {cache}")
     return 0

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from testbed.errors import UserError
-from testbed.experiment.schemes import RATE_LAWS
+from testbed.experiment.schemes import RATE_LAWS, add_cc_arguments
 from testbed.model import BUFFERS, DEFAULT_MODEL, DEFAULT_SCALE, Scaling, model_with_buffer
 from testbed.switch.v1model import DEFAULT_PIPELINE, PIPELINES
 
@@ -132,18 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="on",
         help="the PFC watchdog in the switches of a lossless scheme (default on)",
     )
-    from controller.nic.ratelaw.profiles import DEFAULT_PROFILES, known_profiles
-
-    defaults = ", ".join(f"{law.name.lower()}={name}" for law, name in DEFAULT_PROFILES.items())
-    run.add_argument(
-        "--cc-profile",
-        default="",
-        metavar="PROFILE[,LAW=PROFILE...]",
-        help="named CC profiles (controller/nic/ratelaw/profiles/, docs/"
-        "baselines.md), comma-separated: a profile sets its own law's "
-        "parameters (LAW=PROFILE names the law too); a law not named runs "
-        f"its default ({defaults}). Known: {', '.join(known_profiles())}",
-    )
+    add_cc_arguments(run)
     run.add_argument("--quick", action="store_true", help="a shorter suite")
     run.add_argument(
         "--engine",
@@ -251,7 +240,7 @@ def _testbed(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 def cmd_run(args: argparse.Namespace) -> int:
     from testbed.experiment.plots import write_plots
     from testbed.experiment.report import table, verdict, write_results
-    from testbed.experiment.schemes import DEFAULT_SCHEMES, SCHEMES, lossless, parse_cc_profiles
+    from testbed.experiment.schemes import DEFAULT_SCHEMES, SCHEMES, cc_config, lossless
     from testbed.experiment.suite import ALL_SCENARIOS, SCENARIOS, SuiteConfig
 
     schemes = tuple(s for s in args.schemes.split(",") if s) if args.schemes else DEFAULT_SCHEMES
@@ -281,7 +270,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             "retransmit": args.retransmit,
             "pfc_watchdog": args.pfc_watchdog == "on",
             "proactive_start": args.proactive_start,
-            "cc_profiles": parse_cc_profiles(args.cc_profile),
+            **cc_config(args),
         }
     )
     if args.faults is not None:

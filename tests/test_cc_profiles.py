@@ -5,6 +5,7 @@ and the paper profiles reproduce the old defaults (CcParams.defaults) exactly.""
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 import yaml
 
 from controller.nic.ratelaw import UNIT, CcParams, Law
+from controller.nic.ratelaw.base import to_fixed
 from controller.nic.ratelaw.profiles import (
     DEFAULT_PROFILES,
     PROFILE_DIR,
@@ -264,6 +266,53 @@ def test_cc_profile_option_parses_laws_and_names() -> None:
         parse_cc_profiles("acme")
 
 
+def test_parameters_set_over_a_profile_in_their_units() -> None:
+    """Profile.with_values: a unit as written or the profile's (and its `per`); the name
+    says what was set; a bad field, number, unit or range is named."""
+    line, t = 400_000_000_000, 10_000
+    nv = load_profile("dcqcn-nvidia").with_values({"g": "0.0625 fraction", "rai_bps": "50 Mb/s"})
+    assert nv.name == "dcqcn-nvidia[g=0.0625 fraction,rai_bps=50 Mb/s]"
+    d = nv.cc_params(line, t).dcqcn
+    assert d.g == to_fixed(0.0625) and d.rai_bps == 50_000_000
+    assert d.rate_timer_ns == 300_000  # the rest as the profile ships it
+    assert nv.params["g"].chosen and "1019 dce_tcp_g" in nv.params["g"].origin
+    # no unit: the profile's, with its per (the paper's 40 Mb/s at 40 Gb/s: 80 -> 800 Mb/s)
+    paper = load_profile("dcqcn-paper").with_values({"rai_bps": "80"})
+    assert paper.cc_params(line, t).dcqcn.rai_bps == 800_000_000
+    assert load_profile("tita").with_values({"eta": "0.9"}).cc_params(line, t).tita.eta == (
+        to_fixed(0.9)
+    )
+    assert load_profile("tita").with_values({}) is load_profile("tita")
+    for settings, message in [
+        ({"gain": "1"}, "no parameter 'gain'"),
+        ({"eta": "lots"}, "'lots' is not a number"),
+        ({"eta": "0.9 Mb/s"}, "unit 'Mb/s' is not a fraction unit"),
+        ({"eta": "1.5"}, "outside the fraction's range"),
+        ({"eta": "0.9 fraction extra"}, "not 'VALUE [UNIT]'"),
+    ]:
+        with pytest.raises(ProfileError, match=re.escape(message)):
+            load_profile("tita").with_values(settings)
+
+
+def test_cc_set_option_parses_per_law() -> None:
+    from testbed.experiment.schemes import parse_cc_set
+
+    assert parse_cc_set("") == {}
+    got = parse_cc_set("tita.eta=0.9, dcqcn.g=0.0625  fraction,tita.wai_bps=0.01 line")
+    assert got == {
+        "tita": {"eta": "0.9", "wai_bps": "0.01 line"},
+        "dcqcn": {"g": "0.0625 fraction"},
+    }
+    for text, message in [
+        ("acme.eta=1", "unknown rate law 'acme'"),
+        ("tita.eta", "is not LAW.FIELD=VALUE"),
+        ("eta=0.9", "is not LAW.FIELD=VALUE"),
+        ("tita.g=0.5", "no parameter 'g'"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            parse_cc_set(text)
+
+
 def test_results_json_records_each_schemes_profile(tmp_path: Path) -> None:
     """End to end on the twin: `--cc-profile` reaches the NICs and results.json says which
     profile each scheme ran, its source and every value."""
@@ -286,6 +335,8 @@ def test_results_json_records_each_schemes_profile(tmp_path: Path) -> None:
         str(data / "twin-flows.csv"),
         "--cc-profile",
         "dcqcn-hpcc-sim",
+        "--cc-set",
+        "tita.eta=0.9",
     ]
     assert main(argv) == 0
     setup = json.loads((tmp_path / "results.json").read_text())["setup"]
@@ -296,4 +347,5 @@ def test_results_json_records_each_schemes_profile(tmp_path: Path) -> None:
     assert dcqcn["values"]["byte_counter"] == 0 and dcqcn["values"]["g"] == 1 / 256
     assert set(dcqcn["values"]) == {f for f in load_profile("dcqcn-hpcc-sim").params}
     assert dcqcn["clamped_from"] == {"rate_timer_ns": 6_000_000_000}  # 300 us x 20,000
-    assert tita["profile"] == "tita" and tita["values"]["eta"] == pytest.approx(0.95)
+    assert tita["profile"] == "tita[eta=0.9]" and tita["values"]["eta"] == pytest.approx(0.9)
+    assert setup["suite"]["cc_set"] == {"tita": {"eta": "0.9"}}

@@ -285,7 +285,15 @@ def test_tuner_picks_the_fastest_measured_and_auto_uses_it(
         got = tune.choose(
             cache, rail3.topology, len(rail3.hosts), rail3.nics, "allreduce", row["size"], "tita"
         )
-        assert got == {k: row[k] for k in ("algorithm", "channels", "chunk")}
+        assert got == {k: row[k] for k in ("algorithm", "channels", "chunk", "cc")}
+        # the CC knobs of TiTa were tried at the chosen algorithm, chunk and channels
+        tried = {
+            json.dumps(m["cc"], sort_keys=True)
+            for m in res["measured"]
+            if m["size"] == row["size"] and m["chunk"] == row["chunk"]
+        }
+        assert len(tried) == 1 + sum(len(v) for v in tune.CC_KNOBS["tita"].values())
+        assert row["busbw_Bps"] >= row["profile_Bps"]
     # another scheme was not tuned: the default
     assert (
         tune.choose(
@@ -295,6 +303,38 @@ def test_tuner_picks_the_fastest_measured_and_auto_uses_it(
     )
     r = collective(rail3, collective="allreduce", algorithm="auto", size=16 << 10, tune_cache=cache)
     assert r["correct"] and r["algorithm"] == res["rows"][0]["algorithm"]
+
+
+def test_tuned_cc_parameters_reach_the_nics_for_that_run_only(tmp_path: Path) -> None:
+    """A tuned choice with CC parameters: the run given `algorithm: auto` runs its law with
+    them, the next run with the profile as configured."""
+    from testbed.collective import tune
+
+    spec = rail(2, 3, 1)
+    suite = SimSuite(
+        SimFabric(spec, Scaling(scale=1.0, max_hops=spec.longest_path_switches())), SuiteConfig()
+    )
+    suite.prepare()
+    suite.use_scheme("dcqcn")
+    fab = suite.collective_fabric("dcqcn")
+    cache = tmp_path / "tune.json"
+    size = 16 << 10
+    cc = {"g": "0.0625 fraction", "rai_bps": "0.001 line"}
+    entry = {"algorithm": "tree", "channels": 1, "chunk": 4096, "cc": cc, "busbw_Bps": 1.0}
+    k = tune.key(fab.topology, len(fab.hosts), fab.nics, "allreduce", size, "dcqcn")
+    cache.write_text(json.dumps({k: entry}))
+    r = collective(fab, collective="allreduce", algorithm="auto", size=size, tune_cache=cache)
+    assert r["correct"] and r["algorithm"] == "tree"
+    record = suite.cc_records["dcqcn"]
+    assert record["profile"] == "dcqcn-nvidia[g=0.0625 fraction,rai_bps=0.001 line]"
+    params = {h.nic.params.dcqcn for h in suite.fab.hosts.values()}
+    assert len(params) == 1
+    (got,) = params
+    assert got.rai_bps == int(suite.scaling.nic_bps) // 1000 and record["values"]["g"] == 0.0625
+    collective(fab, collective="allreduce", algorithm="ring", size=size)
+    assert suite.cc_records["dcqcn"]["profile"] == "dcqcn-nvidia"
+    (plain,) = {h.nic.params.dcqcn for h in suite.fab.hosts.values()}
+    assert plain.rai_bps == 5_000_000 and plain != got
 
 
 class _FakeQp:

@@ -64,3 +64,20 @@ def test_the_calibration_says_what_it_was_fitted_on() -> None:
             assert e["held_out"]["hosts"] == 16  # checked on a larger fabric
             # the ideal includes the steps' latency at the model's RTT
             assert 0 < f["ideal_latency_s"] < f["ideal_time_s"]
+
+
+def test_a_cc_profile_other_than_the_fits_is_refused(tmp_path: Path) -> None:
+    """The fits hold for the CC profile the twin ran under: another profile, or parameters
+    set over it, is refused with the profile each side names."""
+    entry = calibration.load()["schemes"]["tita"]["allreduce"]
+    fitted = calibration.fitted_profile("tita", entry["fitted_on"])
+    assert fitted == "tita"  # fitted before the profile was recorded: the law's default
+    calibration.check_profiles(("none", "tita"), {"tita": "tita"}, {})
+    with pytest.raises(UserError, match=r"under cc profile 'tita', not 'tita\[eta=0.9\]'"):
+        calibration.check_profiles(("tita",), {}, {"tita": {"eta": "0.9"}})
+    argv = ["run", "--engine", "flow", "--schemes", "tita", "--scenarios", "allreduce"]
+    assert main([*argv, "--run-dir", str(tmp_path), "--cc-set", "tita.eta=0.9"]) == 1
+    recorded = {"cc_profile": "dcqcn-paper", "twin_command": "run --cc-profile dcqcn-paper"}
+    assert calibration.fitted_profile("dcqcn", recorded) == "dcqcn-paper"
+    with pytest.raises(UserError, match="does not say its CC profile"):
+        calibration.fitted_profile("dcqcn", {"twin_command": "run --cc-profile dcqcn-paper"})

@@ -40,6 +40,7 @@ class CollFabric:
     runner: Callable[[list[Host], dict[str, Any]], RunOutput]
     scaling: Scaling
     scheme: str
+    law: str  # the scheme's rate law (testbed.experiment.schemes.scheme_law)
     transport: dict[str, Any]  # testbed.experiment.suite.transport_settings for the scheme
     line_rate: float  # NIC line rate in payload bits/s (the engine's)
     time_scale: float  # timeouts stretch with the model's time
@@ -51,6 +52,9 @@ class CollFabric:
     # run depends only on its own inputs; the emulation's fabric lives on). Port rates and
     # faults a run needs are set after it.
     fresh: Callable[[], None]
+    # The scheme's law with these parameters over its CC profile's for the runs to come
+    # (Profile.with_values; {}: the profile as configured)
+    set_cc: Callable[[dict[str, str]], None]
 
     @property
     def nics(self) -> int:
@@ -102,6 +106,7 @@ def collective(
             fab.scheme,
         )
         params.update(choice)
+    fab.set_cc(dict(params.pop("cc", None) or {}))
     spec = job_spec(fab, **params)
     fab.fresh()
     if prepare is not None:

@@ -8,10 +8,12 @@ in ebpf/xingmai.h).
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
+from typing import Any
 
 from controller.nic.ratelaw import Law
-from controller.nic.ratelaw.profiles import DEFAULT_PROFILES, load_profile
+from controller.nic.ratelaw.profiles import DEFAULT_PROFILES, known_profiles, load_profile
 
 # the NIC's rate laws by name, in the enum's order
 RATE_LAWS: tuple[str, ...] = tuple(law.name.lower() for law in Law)
@@ -98,3 +100,65 @@ def parse_cc_profiles(text: str) -> dict[str, str]:
             raise ValueError(f"cc profile {prof.name!r} is for {got}, not {want.strip()!r}")
         out[got] = prof.name
     return out
+
+
+def parse_cc_set(text: str, profiles: dict[str, str] | None = None) -> dict[str, dict[str, str]]:
+    """`--cc-set`: comma-separated `LAW.FIELD=VALUE [UNIT]` (`tita.eta=0.9`,
+    `dcqcn.rai_bps=50 Mb/s`): parameters of a law set otherwise than its CC profile says
+    (Profile.with_values), per law. Checked against each law's profile in `profiles` (the
+    defaults where not given): a ValueError names the unknown law, field or bad value."""
+    chosen = profiles or default_cc_profiles()
+    out: dict[str, dict[str, str]] = {}
+    for item in (s.strip() for s in text.split(",")):
+        if not item:
+            continue
+        where, eq, value = item.partition("=")
+        name, dot, fld = where.strip().partition(".")
+        if not eq or not dot or not value.strip():
+            raise ValueError(f"cc setting {item!r} is not LAW.FIELD=VALUE [UNIT]")
+        if name not in RATE_LAWS:
+            raise ValueError(f"cc setting {item!r}: unknown rate law {name!r}")
+        out.setdefault(name, {})[fld.strip()] = " ".join(value.split())
+    for name, settings in out.items():
+        load_profile(chosen.get(name) or default_cc_profiles()[name]).with_values(settings)
+    return out
+
+
+def cc_profile_name(
+    scheme_name: str, profiles: dict[str, str], cc_set: dict[str, dict[str, str]]
+) -> str:
+    """The CC profile a scheme runs under these options, as results.json names it
+    (`dcqcn-nvidia`, `tita[eta=0.9]`)."""
+    name = scheme_law(scheme_name)
+    prof = load_profile(profiles.get(name) or default_cc_profiles()[name])
+    return prof.with_values(cc_set.get(name, {})).name
+
+
+def add_cc_arguments(ap: argparse.ArgumentParser) -> None:
+    """`--cc-profile` and `--cc-set`, for every command that runs a scheme."""
+    defaults = ", ".join(f"{law.name.lower()}={name}" for law, name in DEFAULT_PROFILES.items())
+    ap.add_argument(
+        "--cc-profile",
+        default="",
+        metavar="PROFILE[,LAW=PROFILE...]",
+        help="named CC profiles (controller/nic/ratelaw/profiles/, docs/"
+        "baselines.md), comma-separated: a profile sets its own law's "
+        "parameters (LAW=PROFILE names the law too); a law not named runs "
+        f"its default ({defaults}). Known: {', '.join(known_profiles())}",
+    )
+    ap.add_argument(
+        "--cc-set",
+        default="",
+        metavar="LAW.FIELD=VALUE [UNIT],...",
+        help="parameters set otherwise than the law's profile says, e.g. "
+        "'dcqcn.g=0.0625 fraction,tita.eta=0.9' (a unit the profile's field takes: "
+        "b/s, Mb/s, line, ns, us, T, B, packets, fraction, count; none: the profile's); "
+        "recorded with the profile's name in results.json",
+    )
+
+
+def cc_config(args: argparse.Namespace) -> dict[str, Any]:
+    """SuiteConfig's CC fields from add_cc_arguments' options (a ValueError says what is
+    wrong)."""
+    profiles = parse_cc_profiles(args.cc_profile)
+    return {"cc_profiles": profiles, "cc_set": parse_cc_set(args.cc_set, profiles)}

@@ -125,6 +125,8 @@ class SuiteConfig:
     storm_seconds: float = 1.0  # how long the storm scenario's NIC keeps pausing
     # the named CC profile of each rate law (--cc-profile; controller/nic/ratelaw/profiles/)
     cc_profiles: dict[str, str] = field(default_factory=default_cc_profiles)
+    # per rate law, parameters set otherwise than its profile says (--cc-set; the tuner's)
+    cc_set: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @staticmethod
     def quick() -> SuiteConfig:
@@ -350,6 +352,8 @@ class Suite:
         self._scheme_set: str | None = None  # the scheme the engine's fabric has now
         # per scheme: its law's CC profile, source and the values set (results.json's setup)
         self.cc_records: dict[str, dict[str, Any]] = {}
+        # per rate law, parameters set for the runs to come over cfg.cc_set (set_cc: the tuner)
+        self._cc_set: dict[str, dict[str, str]] = {}
 
     # ---- engine hooks ----
 
@@ -455,6 +459,7 @@ class Suite:
             runner=self.runner,
             scaling=s,
             scheme=scheme,
+            law=scheme_law(scheme),
             transport={
                 **transport_settings(
                     s, self.window(scheme) if window is None else window, retransmit=cfg.retransmit
@@ -468,6 +473,7 @@ class Suite:
             websearch=websearch,
             apply_fault=self._apply_fault,
             fresh=(lambda: self.start_run(scheme)) if fresh_runs else (lambda: None),
+            set_cc=lambda settings: self.set_cc(scheme, settings),
         )
 
     # ---- running ----
@@ -523,6 +529,14 @@ class Suite:
         )
         self._scheme_set = scheme
 
+    def set_cc(self, scheme: str, settings: dict[str, str]) -> None:
+        """The runs to come under `scheme` with its law's parameters `settings` set over the
+        configured ones (the tuner's candidates; {}: as configured), on either engine."""
+        name = scheme_law(scheme)
+        if self._cc_set.get(name, {}) != settings:
+            self._cc_set[name] = dict(settings)
+            self._scheme_set = None  # the scheme is set again before the next run
+
     def scheme_cc(self, scheme: str) -> CcParams:
         """The parameters of a scheme's law: its CC profile for the NICs' line rate, T (the
         laws that take it) and the model's dilation (the scale); recorded in cc_records."""
@@ -530,10 +544,11 @@ class Suite:
         prof = load_profile(self.cfg.cc_profiles.get(name) or default_cc_profiles()[name])
         if prof.law is not law(name):
             raise ValueError(f"cc profile {prof.name!r} is for {prof.law.name.lower()}, not {name}")
+        prof = prof.with_values(self.cfg.cc_set.get(name, {}) | self._cc_set.get(name, {}))
         s = self.scaling
         line, t_ns = int(s.nic_bps), round((self.tita_t_s or s.base_rtt_s) * 1e9)
         cc = prof.cc_params(line, t_ns, s.scale)
-        if scheme not in self.cc_records:
+        if self.cc_records.get(scheme, {}).get("profile") != prof.name:
             clamped = prof.clamped(line, t_ns, s.scale)
             self.cc_records[scheme] = prof.record(cc, clamped)
             for k, v in clamped.items():

@@ -26,6 +26,7 @@ import yaml
 
 from testbed.errors import UserError
 from testbed.experiment.report import load_results
+from testbed.experiment.schemes import cc_profile_name, default_cc_profiles
 from testbed.flow.collectives import model_link_latency, suite_collective
 from testbed.flow.fabric import from_spec
 from testbed.topo import parse_choice
@@ -64,6 +65,38 @@ def efficiency(scheme: str, collective: str, path: Path = CALIBRATION) -> float:
             f"{calibrate_command(scheme)}"
         )
     return float(entry["efficiency"])
+
+
+def fitted_profile(scheme: str, fitted_on: dict[str, Any]) -> str:
+    """The CC profile the twin ran a fit under: recorded with fits since the tuner's CC
+    settings; before, the law's default (the twin's command then had no --cc-profile)."""
+    recorded = fitted_on.get("cc_profile")
+    if recorded:
+        return str(recorded)
+    if "--cc-" in str(fitted_on.get("twin_command", "")):
+        raise UserError(f"the flow engine's fit of {scheme} does not say its CC profile")
+    return cc_profile_name(scheme, default_cc_profiles(), {})
+
+
+def check_profiles(
+    schemes: tuple[str, ...],
+    profiles: dict[str, str],
+    cc_set: dict[str, dict[str, str]],
+    path: Path = CALIBRATION,
+) -> None:
+    """Each scheme's fits were made under the CC profile this run asks for (--cc-profile,
+    --cc-set); a UserError names both and the command that fits the flow engine."""
+    doc = load(path)
+    for scheme in schemes:
+        want = cc_profile_name(scheme, profiles, cc_set)
+        for coll, entry in doc["schemes"].get(scheme, {}).items():
+            got = fitted_profile(scheme, entry["fitted_on"])
+            if got != want:
+                raise UserError(
+                    f"the flow engine's {scheme} {coll} was fitted on the twin under cc profile "
+                    f"{got!r}, not {want!r}: run this on a packet engine, or fit it again "
+                    f"under that profile ({calibrate_command(scheme)})"
+                )
 
 
 def topology_for(hosts: int) -> str:
@@ -133,6 +166,7 @@ def ideal_vs_twin(results: Path) -> dict[str, dict[str, Any]]:
             "ideal_time_s": ideal.time_s,
             "ideal_latency_s": ideal.latency_s,
             "twin_base_rtt_s": setup["base_rtt_s"],
+            "cc_profile": setup.get("cc_profiles", {}).get(run["scheme"], {}).get("profile"),
             "twin_commit": doc["source"]["commit"],
             "twin_dirty": doc["source"]["dirty"],
             "twin_date": doc["date"],

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from controller.nic.ratelaw import CcParams
 from testbed.errors import UserError
 from testbed.experiment.rundir import new_run_dir
+from testbed.experiment.schemes import cc_profile_name
 from testbed.experiment.suite import RunRecord, Suite, SuiteConfig
 from testbed.flow import calibration
 from testbed.flow.collectives import model_link_latency, suite_collective
@@ -109,6 +110,8 @@ def run_flow(args: argparse.Namespace, cfg: SuiteConfig) -> int:
     def say(line: str) -> None:
         print(f"[{time.monotonic() - t0:6.1f}s] {line}", file=sys.stderr, flush=True)
 
+    # its fits hold for the CC profiles the twin ran them under, no other
+    calibration.check_profiles(cfg.schemes, cfg.cc_profiles, cfg.cc_set)
     suite = FlowSuite(spec, cfg, say)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "topology.yaml").write_text(dump(spec))
@@ -127,7 +130,9 @@ def run_flow(args: argparse.Namespace, cfg: SuiteConfig) -> int:
         "base_rtt_s": suite.base_rtt_s,
         "tita_base_rtt_s": suite.tita_t_s,
         "suite": cfg.__dict__,
-        "cc_profiles": {},
+        "cc_profiles": {
+            sc: {"profile": cc_profile_name(sc, cfg.cc_profiles, cfg.cc_set)} for sc in cfg.schemes
+        },
         "flow_efficiency": eff,
         "calibration": str(calibration.CALIBRATION.name),
         "queue_source": "none: a fluid model has no queues (docs/flow.md)",

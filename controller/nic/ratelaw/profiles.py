@@ -219,6 +219,41 @@ class Profile:
             y = float(x) / dilation if kind == RATE else float(x) * dilation
         return max(1, int(y))
 
+    def with_values(self, settings: dict[str, str]) -> Profile:
+        """This profile with some parameters set otherwise (`--cc-set`, the tuner's
+        candidates): each `FIELD: "VALUE [UNIT]"`, in the profile's unit (and its `per`) when
+        no unit is given. The name says what was set (`tita[eta=0.9]`); the source stays
+        the profile's, each parameter set says it was chosen. A ProfileError names a field
+        the law does not have or a value it cannot take."""
+        if not settings:
+            return self
+
+        def bad(msg: str) -> ProfileError:
+            return ProfileError(f"cc profile {self.name!r}: {msg}")
+
+        params = dict(self.params)
+        for name in sorted(settings):
+            text = str(settings[name]).split()
+            if name not in params:
+                raise bad(f"no parameter {name!r} (its parameters: {', '.join(sorted(params))})")
+            if len(text) not in (1, 2):
+                raise bad(f"{name}: {settings[name]!r} is not 'VALUE [UNIT]'")
+            try:
+                value = float(text[0])
+            except ValueError:
+                raise bad(f"{name}: {text[0]!r} is not a number") from None
+            old = params[name]
+            entry: dict[str, Any] = {
+                "value": value,
+                "unit": text[1] if len(text) == 2 else old.unit,
+                "chosen": f"set to {' '.join(text)} (the profile: {float(old.value):g} {old.unit})",
+            }
+            if len(text) == 1 and old.per_bps is not None:
+                entry["per"] = f"{old.per_bps} b/s"
+            params[name] = _parse_param(name, entry, bad)
+        label = ",".join(f"{k}={' '.join(str(settings[k]).split())}" for k in sorted(settings))
+        return replace(self, name=f"{self.name}[{label}]", params=params)
+
     def record(self, params: CcParams, clamped: dict[str, int] | None = None) -> dict[str, Any]:
         """For results.json: the profile, its source, the values `params` holds (the
         struct's fields in b/s, ns, bytes, fractions and counts) and what was clamped."""
