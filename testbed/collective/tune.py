@@ -132,10 +132,12 @@ def tune(
     try:
         for size in sizes:
             default = busbw(size, DEFAULT_ALGORITHM, 0, DEFAULT_CHUNK)
-            algs = SUPPORTED[collective]
+            # each coordinate tries the default first: a tie keeps it (ring is in every list)
+            algs = sorted(SUPPORTED[collective], key=lambda a: a != DEFAULT_ALGORITHM)
             best_alg = max(algs, key=lambda a: busbw(size, a, 0, DEFAULT_CHUNK))
-            best_chunk = max(CHUNKS, key=lambda c: busbw(size, best_alg, 0, c))
-            chans = sorted({1, k})
+            chunks = [DEFAULT_CHUNK] + [c for c in CHUNKS if c != DEFAULT_CHUNK]
+            best_chunk = max(chunks, key=lambda c: busbw(size, best_alg, 0, c))
+            chans = [k] + ([1] if k != 1 else [])
             best_ch = max(chans, key=lambda c: busbw(size, best_alg, c, best_chunk))
             best_cc: dict[str, str] = {}
             for knob, values in knobs.items():
