@@ -7,7 +7,8 @@ The search is coordinate-wise, as tuners of this kind do to stay cheap: the algo
 the default chunk and all channels, then the chunk sizes for the best algorithm, then the
 channel count, then each CC knob of the scheme's rate law in turn (`CC_KNOBS`: two knobs of
 every law, two values each besides its profile's: the same budget for every scheme with a
-rate law); the fastest candidate (busbw) wins. The default it is compared with is the
+rate law); a candidate wins by a higher busbw, the default kept unless another is 1 % faster
+(`MIN_GAIN`). The default it is compared with is the
 library's fixed choice (`DEFAULT`: ring, every channel, 1 MiB chunks) under the scheme's CC
 profile as shipped. `choose()` reads the cache: a job given `algorithm: auto` runs what was
 tuned for its size (the nearest tuned size, else the default), CC parameters included.
@@ -34,6 +35,9 @@ DEFAULT: dict[str, Any] = {
     "cc": {},  # the scheme's CC profile as shipped
 }
 CHUNKS = (64 << 10, 256 << 10, 1 << 20)
+# A candidate replaces the one in hand only when it is this much faster: a choice (and a CC
+# setting cached for the job) is not changed for a gain within the runs' rounding
+MIN_GAIN = 1.01
 # Per rate law, the CC parameters the tuner tries besides its profile's values (each
 # `VALUE UNIT`, Profile.with_values): the knobs that set how hard a law cuts and how fast it
 # climbs back. TiTa/HPCC: the target utilisation eta and the additive step W_AI; DCQCN: the
@@ -84,6 +88,16 @@ def choose(
     return {k: best.get(k, DEFAULT[k]) for k in DEFAULT}
 
 
+def _best(candidates: list[Any], busbw: Callable[[Any], float]) -> Any:
+    """The first candidate (the default) unless a later one is MIN_GAIN faster than the best
+    so far."""
+    best = candidates[0]
+    for c in candidates[1:]:
+        if busbw(c) > busbw(best) * MIN_GAIN:
+            best = c
+    return best
+
+
 def _cc_label(cc: dict[str, str]) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(cc.items())) or "profile"
 
@@ -127,22 +141,26 @@ def tune(
             )
         return measured[c][0]
 
+    def search(size: int) -> tuple[str, int, int, dict[str, str]]:
+        # each coordinate tries the default first (ring is in every list), which the
+        # others must beat by MIN_GAIN
+        algs = sorted(SUPPORTED[collective], key=lambda a: a != DEFAULT_ALGORITHM)
+        alg = _best(algs, lambda a: busbw(size, a, 0, DEFAULT_CHUNK))
+        chunks = [DEFAULT_CHUNK] + [c for c in CHUNKS if c != DEFAULT_CHUNK]
+        chunk = _best(chunks, lambda c: busbw(size, alg, 0, c))
+        ch = _best([k] + ([1] if k != 1 else []), lambda c: busbw(size, alg, c, chunk))
+        cc: dict[str, str] = {}
+        for knob, values in knobs.items():
+            tries = [cc] + [cc | {knob: v} for v in values]
+            cc = _best(tries, lambda t: busbw(size, alg, ch, chunk, t))
+        return alg, chunk, ch, cc
+
     doc = _load(cache)
     rows = []
     try:
         for size in sizes:
             default = busbw(size, DEFAULT_ALGORITHM, 0, DEFAULT_CHUNK)
-            # each coordinate tries the default first: a tie keeps it (ring is in every list)
-            algs = sorted(SUPPORTED[collective], key=lambda a: a != DEFAULT_ALGORITHM)
-            best_alg = max(algs, key=lambda a: busbw(size, a, 0, DEFAULT_CHUNK))
-            chunks = [DEFAULT_CHUNK] + [c for c in CHUNKS if c != DEFAULT_CHUNK]
-            best_chunk = max(chunks, key=lambda c: busbw(size, best_alg, 0, c))
-            chans = [k] + ([1] if k != 1 else [])
-            best_ch = max(chans, key=lambda c: busbw(size, best_alg, c, best_chunk))
-            best_cc: dict[str, str] = {}
-            for knob, values in knobs.items():
-                tries = [best_cc] + [best_cc | {knob: v} for v in values]
-                best_cc = max(tries, key=lambda cc: busbw(size, best_alg, best_ch, best_chunk, cc))
+            best_alg, best_chunk, best_ch, best_cc = search(size)
             best = busbw(size, best_alg, best_ch, best_chunk, best_cc)
             profile_best = busbw(size, best_alg, best_ch, best_chunk)
             fixed = [v for c, (v, _) in measured.items() if c[0] == size]
