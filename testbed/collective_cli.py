@@ -286,7 +286,8 @@ def degraded_text(d: dict[str, Any]) -> str:
         f"  degraded, static  busbw {s['busbw_Bps'] / 1e9:7.2f} GB/s  "
         f"({d['static_ratio']:.0%} of healthy)",
         f"  degraded, adaptive busbw {a['busbw_Bps'] / 1e9:6.2f} GB/s  "
-        f"({d['adaptive_ratio']:.0%} of healthy; goal >= {d['goal']:.0%}; "
+        f"({d['adaptive_ratio']:.0%} of healthy, {d['adaptive_ratio'] / d['ideal']:.0%} of "
+        f"the ideal {d['ideal']:.1%}; goal >= {d['goal']:.1%}; "
         f"{a['moved']} transfers moved off their static channel)",
     ]
     return "\n".join(lines)
