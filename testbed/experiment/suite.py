@@ -535,7 +535,9 @@ class Suite:
         name = scheme_law(scheme)
         if self._cc_set.get(name, {}) != settings:
             self._cc_set[name] = dict(settings)
-            self._scheme_set = None  # the scheme is set again before the next run
+            if self._scheme_set is not None and scheme_law(self._scheme_set) == name:
+                # at once: a suite's cell runs its collective on the fabric it started with
+                self.use_scheme(self._scheme_set)
 
     def scheme_cc(self, scheme: str) -> CcParams:
         """The parameters of a scheme's law: its CC profile for the NICs' line rate, T (the
