@@ -195,7 +195,18 @@ def test_metrics_follow_nccl_tests() -> None:
         dict(rank, coll=[(0.1, 1.0), (1.0, 1.5)]),
     ]
     r = summarize(results, nic_payload_bps=100e9, nics=2)
-    assert r["time_s"] == pytest.approx(1.0)  # last end - first start, per iteration
+    # each rank's own time, averaged over the ranks (0.9, 0.9; 1.0, 0.5), then over the
+    # iterations (0.9, 0.75): nccl-tests', not the first start to the last end (1.0, 1.0)
+    assert r["time_s"] == pytest.approx(0.825)
+    assert r["time_spread_s"] == pytest.approx(0.15)
+    w = summarize(results, nic_payload_bps=100e9, nics=2, warmup=1)
+    assert w["time_s"] == pytest.approx(0.75) and w["iterations"] == 1
+    r = summarize(
+        [dict(rank, coll=[(0.0, 0.8), (0.8, 2.0)]), dict(rank, coll=[(0.0, 1.0), (1.0, 2.0)])],
+        nic_payload_bps=100e9,
+        nics=2,
+    )
+    assert r["time_s"] == pytest.approx(1.0)  # two iterations in 2.0: 1.0 each
     assert r["algbw_Bps"] == pytest.approx(8 << 20)
     assert r["busbw_Bps"] == pytest.approx((8 << 20) * 2 * 7 / 8)
     assert r["efficiency"] == pytest.approx(r["busbw_Bps"] * 8 / 200e9)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from testbed.traffic.metrics import iteration_times
+from testbed.traffic.metrics import collective_times
 
 
 def summarize(
@@ -31,7 +31,7 @@ def summarize(
     if not results:
         raise ValueError("no ranks")
     r0 = results[0]
-    times = iteration_times(results)
+    times = collective_times(results)
     used = times[warmup:] or times
     t = statistics.fmean(used)
     algbw = r0["size"] / t * scale  # bytes/s of the model

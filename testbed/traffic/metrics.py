@@ -253,6 +253,18 @@ def link_utilization_by_departures(
     return sum(b for _, b in sent[:-1]) * 8 / (link_bps * span_s)
 
 
+def collective_times(results: list[dict[str, Any]]) -> list[float]:
+    """A collective job's time per iteration as nccl-tests takes it: each rank's own time
+    in the collective (its `coll` start to end), averaged over the ranks. nccl-tests times
+    each rank's loop of back-to-back collectives and averages the ranks' times; the span from
+    the first rank's start to the last rank's end (`iteration_times`) would count the ranks'
+    skew again in every iteration when iterations run back to back."""
+    iters = min(len(r["coll"]) for r in results)
+    return [
+        sum(r["coll"][i][1] - r["coll"][i][0] for r in results) / len(results) for i in range(iters)
+    ]
+
+
 def iteration_times(results: list[dict[str, Any]]) -> list[float]:
     """A collective job's iterations (every rank's `coll` (start, end) pairs): from the first
     rank's start to the last rank's end of each, in the job's seconds."""
