@@ -1,7 +1,8 @@
 """nccl-tests' figures from the ranks' results of a collective job.
 
-- time: per iteration, the last rank's end minus the first rank's start of the collective
-  (the ranks start together), averaged over the iterations after the first `warmup`;
+- time: each rank's own time in the collective (its start to its end), averaged over the
+  ranks (nccl-tests times each rank's loop and averages the ranks' times;
+  testbed.traffic.metrics.collective_times) and over the iterations after the first `warmup`;
 - algbw = size / time, busbw = algbw x the collective's bus factor (2(n-1)/n for all-reduce,
   (n-1)/n for reduce-scatter, all-gather and all-to-all, 1 for send/recv), so that busbw is
   comparable with the hardware's bandwidth whatever the collective and n;
