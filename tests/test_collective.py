@@ -199,6 +199,9 @@ def test_metrics_follow_nccl_tests() -> None:
     # iterations (0.9, 0.75): nccl-tests', not the first start to the last end (1.0, 1.0)
     assert r["time_s"] == pytest.approx(0.825)
     assert r["time_spread_s"] == pytest.approx(0.15)
+    # the scenario table's: first start to last end (1.0, 1.0), and its busbw
+    assert r["makespan_s"] == pytest.approx(1.0)
+    assert r["makespan_busbw_Bps"] == pytest.approx((8 << 20) * 2 * 7 / 8)
     w = summarize(results, nic_payload_bps=100e9, nics=2, warmup=1)
     assert w["time_s"] == pytest.approx(0.75) and w["iterations"] == 1
     r = summarize(

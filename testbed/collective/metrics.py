@@ -3,6 +3,9 @@
 - time: each rank's own time in the collective (its start to its end), averaged over the
   ranks (nccl-tests times each rank's loop and averages the ranks' times;
   testbed.traffic.metrics.collective_times) and over the iterations after the first `warmup`;
+- makespan: the first rank's start to the last rank's end, averaged the same way, and the
+  busbw it gives: the scenario table's time and busbw of a collective (comparable with a flow
+  workload's completion and with the flow engine, whose fluid model has makespans only);
 - algbw = size / time, busbw = algbw x the collective's bus factor (2(n-1)/n for all-reduce,
   (n-1)/n for reduce-scatter, all-gather and all-to-all, 1 for send/recv), so that busbw is
   comparable with the hardware's bandwidth whatever the collective and n;
@@ -18,7 +21,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from testbed.traffic.metrics import collective_times
+from testbed.traffic.metrics import collective_times, iteration_times
 
 
 def summarize(
@@ -35,6 +38,8 @@ def summarize(
     times = collective_times(results)
     used = times[warmup:] or times
     t = statistics.fmean(used)
+    spans = iteration_times(results)
+    makespan = statistics.fmean(spans[warmup:] or spans)
     algbw = r0["size"] / t * scale  # bytes/s of the model
     busbw = algbw * r0["bus_factor"]
     per_channel = [sum(r["channel_bytes"][c] for r in results) for c in range(r0["channels"])]
@@ -49,6 +54,10 @@ def summarize(
         "ranks": r0["ranks"],
         "time_s": t / scale,  # the model's
         "time_spread_s": (max(used) - min(used)) / scale,
+        # the first rank's start to the last rank's end, averaged over the iterations: the
+        # scenario table's completion time (a flow workload's is its last flow's end)
+        "makespan_s": makespan / scale,
+        "makespan_busbw_Bps": r0["size"] / makespan * scale * r0["bus_factor"],
         "iterations": len(used),
         "algbw_Bps": algbw,
         "busbw_Bps": busbw,

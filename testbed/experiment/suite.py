@@ -964,11 +964,11 @@ class Suite:
             r = res["summary"]
             n = len(self.hosts)
             return (
-                r["time_s"] * scale,
+                r["makespan_s"] * scale,
                 n,
                 n if r["correct"] else 0,
                 [],
-                r["busbw_Bps"] * 8 / scale,
+                r["makespan_busbw_Bps"] * 8 / scale,
                 bool(r["correct"]),
             )
         if scenario == "twojob":

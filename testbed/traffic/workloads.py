@@ -16,7 +16,7 @@ from typing import Any
 
 from testbed.traffic import generators as gen
 from testbed.traffic import metrics as m
-from testbed.traffic.metrics import collective_times
+from testbed.traffic.metrics import iteration_times
 from testbed.traffic.netns import Host, NetnsLan
 from testbed.traffic.runner import RunOutput, run_job
 
@@ -157,7 +157,7 @@ def allreduce(
     if nic_ips:
         spec["nic_ips"] = nic_ips
     out = runner(hosts, spec)
-    per_iter = collective_times(out.results)
+    per_iter = iteration_times(out.results)
     mean_t = sum(per_iter) / len(per_iter)
     return {
         "workload": "allreduce",
