@@ -302,6 +302,7 @@ def _job_figures(
         "compute_s": parts[0]["compute"] / s.scale,
         "comm_share": min(1.0, comm_s / iter_s) if iter_s else 0.0,
         "busbw_Bps": figs["busbw_Bps"],
+        "makespan_busbw_Bps": figs["makespan_busbw_Bps"],  # the scenario table's
         "efficiency": figs["efficiency"],
         "collective": figs["collective"],
         "size": figs["size"],

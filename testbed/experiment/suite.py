@@ -981,7 +981,7 @@ class Suite:
                 len(jobs),
                 sum(bool(j.get("correct")) for j in jobs),
                 [],
-                dp.get("busbw_Bps", 0.0) * 8 / scale,
+                dp.get("makespan_busbw_Bps", 0.0) * 8 / scale,
                 ok,
             )
         if scenario == "allreduce":
