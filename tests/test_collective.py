@@ -362,6 +362,12 @@ def test_tuned_cc_parameters_reach_the_nics_for_that_run_only(tmp_path: Path) ->
     assert suite.cc_records["dcqcn"]["profile"] == "dcqcn-nvidia"
     (plain,) = {h.nic.params.dcqcn for h in suite.fab.hosts.values()}
     assert plain.rai_bps == 5_000_000 and plain != got
+    # a suite's run starts from the configured CC, whatever a collective set before it
+    fab.set_cc(cc)
+    assert suite.cc_records["dcqcn"]["profile"].startswith("dcqcn-nvidia[")
+    suite.run_one("dcqcn", "incast")
+    assert suite.cc_records["dcqcn"]["profile"] == "dcqcn-nvidia"
+    assert {h.nic.params.dcqcn for h in suite.fab.hosts.values()} == {plain}
 
 
 class _FakeQp:

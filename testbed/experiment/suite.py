@@ -575,6 +575,9 @@ class Suite:
 
     def run_one(self, scheme: str, scenario: str) -> RunRecord:
         """One scenario under one scheme, on a fresh fabric where the engine builds one."""
+        if self._cc_set:  # the CC a run starts with is the configured one, whatever ran before
+            self._cc_set = {}
+            self._scheme_set = None
         self.start_run(scheme)
         before = self._counters()
         reports_before = self._report_totals()
