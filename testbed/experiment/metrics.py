@@ -96,15 +96,20 @@ METRICS: tuple[Metric, ...] = (
         "busbw_bps",
         "busbw",
         "b/s",
-        "nccl-tests' bus bandwidth: bytes per rank / the slowest rank's time x the "
-        "collective's bus factor (all-reduce 2(n-1)/n, all-to-all (n-1)/n), payload bits",
+        "bus bandwidth: bytes per rank / the collective's makespan (`completion_s`) x the "
+        "collective's bus factor (all-reduce 2(n-1)/n, all-to-all (n-1)/n), payload bits. "
+        "The collective library's own tables (`xingmai-testbed collective`, `tune`) use "
+        "nccl-tests' time instead, each rank's own time averaged over the ranks "
+        "([Collectives](collectives.md)); the two differ only where ranks end apart",
     ),
     Metric(
         "completion_s",
         "time",
         "s",
         "from the workload's start to its last flow's completion (flows), or the "
-        "collective's time (collectives), in the model's seconds at the run's scale",
+        "collective's makespan (collectives: from the first rank's start to the last "
+        "rank's end, averaged over its iterations, as a flow workload's ends with its last "
+        "flow), in the model's seconds at the run's scale",
     ),
     Metric("retransmits", "", "packets", "packets the senders' transports sent again"),
     Metric("cnps", "", "packets", "CNPs the senders received"),

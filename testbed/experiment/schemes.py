@@ -160,5 +160,5 @@ def add_cc_arguments(ap: argparse.ArgumentParser) -> None:
 def cc_config(args: argparse.Namespace) -> dict[str, Any]:
     """SuiteConfig's CC fields from add_cc_arguments' options (a ValueError says what is
     wrong)."""
-    profiles = parse_cc_profiles(args.cc_profile)
-    return {"cc_profiles": profiles, "cc_set": parse_cc_set(args.cc_set, profiles)}
+    profiles = parse_cc_profiles(getattr(args, "cc_profile", ""))
+    return {"cc_profiles": profiles, "cc_set": parse_cc_set(getattr(args, "cc_set", ""), profiles)}
