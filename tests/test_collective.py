@@ -294,7 +294,7 @@ def test_tuner_picks_the_fastest_measured_and_auto_uses_it(
     from testbed.collective import tune
 
     cache = tmp_path / "tune.json"
-    res = tune.tune(rail3, "allreduce", [16 << 10, 64 << 10], cache, collective, say=lambda _: None)
+    res = tune.tune(rail3, "allreduce", [16 << 10], cache, collective, say=lambda _: None)
     for row in res["rows"]:
         same = [m["busbw_Bps"] for m in res["measured"] if m["size"] == row["size"]]
         assert row["busbw_Bps"] * tune.MIN_GAIN >= max(same) >= row["busbw_Bps"]
