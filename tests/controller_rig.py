@@ -508,6 +508,11 @@ class FakeHostAgent:
                     )
                 return resp
 
+            def GetNicCounters(self, request: Any, context: Any) -> Any:
+                # an idle NIC: nothing sent, nothing waited (the slow-NIC rule names nothing)
+                self._enter("GetNicCounters", context)
+                return pb.NicCounters(time_ns=time.monotonic_ns(), line_rate_bps=100_000_000)
+
         return Servicer()
 
     def close(self) -> None:

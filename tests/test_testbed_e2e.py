@@ -141,7 +141,8 @@ def test_lossless_incast_pauses_every_hop_back_to_the_senders_and_drops_nothing(
 def test_the_proactive_start_reaches_the_nics_through_the_agents(tmp_path: Path) -> None:
     """`--proactive-start` on the emulation: each incast sender's transport hands its flow's
     fair share to its host's agent (SetRate) before it sends; the NIC paces the flow at it
-    from the first packet and TiTa's law starts there, so the startup burst shrinks."""
+    from the first packet and TiTa's law starts there (how far the startup burst shrinks is
+    the twin's test: here it depends on how the box schedules the senders)."""
     tb = Testbed(leafspine(2, 1, 2), TestbedOptions(switch="builtin", run_dir=tmp_path))
     recs = {}
     t_s = 0.0
@@ -171,24 +172,21 @@ def test_the_proactive_start_reaches_the_nics_through_the_agents(tmp_path: Path)
     assert all(s["t"][0] > 0.0 for s in plain.rate_series.values()), plain.rate_series
     assert len(hinted.rate_series) == len(plain.rate_series) == 3
 
-    # And the startup burst shrank: the bottleneck's mean queue over the first 3 T (TiTa's
-    # control interval), before the law's own swings (which later reach the same peaks
-    # either way) take over. Hinted flows keep the queue empty until the law's first
-    # increases; the plain ones fill it from their first packets, but how fast depends on
-    # how the box schedules three line-rate senders and three switches on its cores: the
-    # ratio was 0.10-0.74 in 15 runs here (its peak failed a 0.5 bound in CI), so the
-    # emulation asserts the direction and the twin's test the size.
-    def startup(r: RunRecord) -> list[tuple[float, float]]:
-        q = r.queue_series
-        return [(t, v) for t, v in zip(q["t"], q["v"], strict=True) if t <= 3 * t_s]
-
+    # What the hint does to the startup burst is the twin's test to assert
+    # (test_sim.py::test_the_proactive_start_paces_the_incast_at_its_fair_share_from_the_first_
+    # packet): here the plain flows fill the bottleneck's queue as fast as the box schedules
+    # three line-rate senders and three switches on its cores, and a loaded box starves them
+    # (the ratio of the mean startup queues was 0.10-0.74 in 15 runs alone; in full test runs
+    # the plain burst failed a 0.5 bound in CI and, at commit c53040d, did not happen at all:
+    # plain 2955 B, hinted 3239 B over the first 3 T). Printed, not asserted.
     def startup_mean(r: RunRecord) -> float:  # each sample held until the next
-        pts = [*startup(r), (3 * t_s, 0.0)]
+        q = r.queue_series
+        pts = [(t, v) for t, v in zip(q["t"], q["v"], strict=True) if t <= 3 * t_s]
+        pts.append((3 * t_s, 0.0))
         return sum((b[0] - a[0]) * a[1] for a, b in pairwise(pts)) / (3 * t_s)
 
     plain_q, hinted_q = startup_mean(plain), startup_mean(hinted)
     print(f"startup mean queue: plain {plain_q:.0f} B, hinted {hinted_q:.0f} B")
-    assert hinted_q < plain_q, {"plain": startup(plain), "hinted": startup(hinted)}
 
 
 def test_rail_topology_routes_each_rail_and_across(tmp_path: Path) -> None:
