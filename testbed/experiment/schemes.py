@@ -13,7 +13,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from controller.nic.ratelaw import Law
-from controller.nic.ratelaw.profiles import DEFAULT_PROFILES, known_profiles, load_profile
+from controller.nic.ratelaw.profiles import (
+    DEFAULT_PROFILES,
+    Profile,
+    known_profiles,
+    load_profile,
+)
 
 # the NIC's rate laws by name, in the enum's order
 RATE_LAWS: tuple[str, ...] = tuple(law.name.lower() for law in Law)
@@ -124,14 +129,23 @@ def parse_cc_set(text: str, profiles: dict[str, str] | None = None) -> dict[str,
     return out
 
 
+def cc_profile(
+    scheme_name: str, profiles: dict[str, str], cc_set: dict[str, dict[str, str]]
+) -> Profile:
+    """The CC profile a scheme runs under these options (its law's in `profiles`, else the
+    default, with its law's `cc_set` over it); a ValueError if the profile is another law's."""
+    name = scheme_law(scheme_name)
+    prof = load_profile(profiles.get(name) or default_cc_profiles()[name])
+    if prof.law is not law(name):
+        raise ValueError(f"cc profile {prof.name!r} is for {prof.law.name.lower()}, not {name}")
+    return prof.with_values(cc_set.get(name, {}))
+
+
 def cc_profile_name(
     scheme_name: str, profiles: dict[str, str], cc_set: dict[str, dict[str, str]]
 ) -> str:
-    """The CC profile a scheme runs under these options, as results.json names it
-    (`dcqcn-nvidia`, `tita[eta=0.9]`)."""
-    name = scheme_law(scheme_name)
-    prof = load_profile(profiles.get(name) or default_cc_profiles()[name])
-    return prof.with_values(cc_set.get(name, {})).name
+    """As results.json names it (`dcqcn-nvidia`, `tita[eta=0.9]`)."""
+    return cc_profile(scheme_name, profiles, cc_set).name
 
 
 def add_cc_arguments(ap: argparse.ArgumentParser) -> None:

@@ -63,15 +63,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from controller.nic.ratelaw import CcParams
-from controller.nic.ratelaw.profiles import load_profile
 from controller.wire.telemetry_report import TELEMETRY_REPORT_PORT
 from testbed.collective import run as coll
 from testbed.collective.run import CollFabric
 from testbed.experiment import metrics
 from testbed.experiment.schemes import (
     DEFAULT_SCHEMES,
+    cc_profile,
     default_cc_profiles,
-    law,
     lossless,
     scheme_law,
 )
@@ -543,10 +542,8 @@ class Suite:
         """The parameters of a scheme's law: its CC profile for the NICs' line rate, T (the
         laws that take it) and the model's dilation (the scale); recorded in cc_records."""
         name = scheme_law(scheme)
-        prof = load_profile(self.cfg.cc_profiles.get(name) or default_cc_profiles()[name])
-        if prof.law is not law(name):
-            raise ValueError(f"cc profile {prof.name!r} is for {prof.law.name.lower()}, not {name}")
-        prof = prof.with_values(self.cfg.cc_set.get(name, {}) | self._cc_set.get(name, {}))
+        settings = {name: self.cfg.cc_set.get(name, {}) | self._cc_set.get(name, {})}
+        prof = cc_profile(scheme, self.cfg.cc_profiles, settings)
         s = self.scaling
         line, t_ns = int(s.nic_bps), round((self.tita_t_s or s.base_rtt_s) * 1e9)
         cc = prof.cc_params(line, t_ns, s.scale)
