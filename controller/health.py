@@ -45,7 +45,7 @@ import logging
 import statistics
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from controller.topology import DirLink, Topology, link_id
 
@@ -190,7 +190,9 @@ class Localizer:
         self.on_event = on_event or (lambda what, s: None)
         self._hist: dict[str, _History] = {s: _History() for s in topo.switches}
         self.suspects: dict[str, Suspect] = {}  # current, by element
-        self.named: dict[str, Suspect] = {}  # every suspect ever named (first_named kept)
+        # every suspect ever named: when it was first named (a suspect that cleared and came
+        # back keeps it), its latest score, evidence and naming
+        self.named: dict[str, Suspect] = {}
         self._dead_links: set[str] = set()
         self._now = 0.0
         self._losses: deque[PathLoss] = deque(maxlen=8192)
@@ -373,7 +375,9 @@ class Localizer:
             if s is None or s.kind != kind:  # named (again, after it cleared): from now
                 s = Suspect(element, kind, score, ev, now, now)
                 self.suspects[element] = s
-                self.named[element] = s
+                first = self.named.get(element)
+                if first is None or first.kind != kind:
+                    self.named[element] = replace(s)
                 log.warning(
                     "suspect named",
                     extra={
@@ -385,6 +389,8 @@ class Localizer:
                 )
                 self.on_event("named", s)
             s.score, s.evidence, s.last_named = score, ev, now
+            seen = self.named[element]  # the history keeps when it was first named
+            seen.score, seen.evidence, seen.last_named = score, ev, now
         for element in list(self.suspects):
             s = self.suspects[element]
             if element not in found and now - s.last_named >= self.th.hold_s:

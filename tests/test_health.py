@@ -36,6 +36,9 @@ def test_lossy_link_is_named_within_the_window_and_cleared_after() -> None:
     f.loss[("spine1", 1)] = 0.01  # the same fault again: named again, first named anew
     f.run(3)
     assert f.loc.ranked()[0].first_named > named_at + 8
+    # the history keeps when it was first named, and its latest naming
+    seen = f.loc.named["link leaf1:5-spine1:1"]
+    assert seen.first_named == named_at and seen.last_named == f.t
 
 
 def test_down_port_and_dead_switch_give_dead_links() -> None:

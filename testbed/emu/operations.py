@@ -80,20 +80,32 @@ class EmuOperations:
             resp = self.tb.controller_stub().GetSuspects(pb.GetSuspectsRequest(), timeout=5)
         except grpc.RpcError as exc:
             return [{"error": f"GetSuspects: {exc.code().name}"}], []
-        named = [s for s in resp.named if s.last_named_unix >= self.t0]
+        events = [json.loads(e.json) for e in resp.events]
+        # the controller outlives the run: a suspect it named before, cleared and named again
+        # in this run was first named in the run at its first naming event since the start
+        # (still named from before the start: at the start)
+        first: dict[tuple[str, str], float] = {}
+        for ev in events:
+            if ev.get("event") == "named" and ev.get("t", 0) >= self.t0:
+                key = (ev["element"], ev["kind"])
+                first[key] = min(first.get(key, ev["t"]), ev["t"])
+        named = [
+            (s, first.get((s.element, s.kind), max(s.first_named_unix, self.t0)))
+            for s in resp.named
+            if s.last_named_unix >= self.t0
+        ]
         suspects = [
             {
                 "element": s.element,
                 "kind": s.kind,
                 "score": round(s.score, 3),
-                "first_named": round(max(s.first_named_unix - self.t0, 0.0), 3),
+                "first_named": round(t - self.t0, 3),
                 "evidence": s.evidence,
             }
-            for s in sorted(named, key=lambda s: (-s.score, s.first_named_unix))
+            for s, t in sorted(named, key=lambda st: (-st[0].score, st[1]))
         ]
         failovers = []
-        for e in resp.events:
-            ev = json.loads(e.json)
+        for ev in events:
             if ev.get("event") == "failover" and ev.get("t", 0) >= self.t0:
                 failovers.append(
                     {
