@@ -59,7 +59,7 @@ from testbed.traffic.generators import Flow
 from testbed.traffic.jobs import JOBS
 from testbed.traffic.netns import Host
 from testbed.traffic.runner import RunError, RunOutput
-from testbed.traffic.transport_core import TransportConfig, TransportCore
+from testbed.traffic.transport_core import TransportConfig, TransportCore, port_seed
 
 CPU_PORT = 255  # testbed.emu.nodes.CPU_PORT (nodes imports Mininet)
 # Propagation delay of every link in the model (about 16 m of fiber), dilated by the scale
@@ -528,7 +528,7 @@ class SimFabric:
         for i, h in enumerate(sims):
             h.on_done = one_done
             tcfg = TransportConfig(local_ip=h.ip, **spec.get("transport", {}))
-            core = TransportCore(tcfg, seed=int(spec.get("seed", 1)) * 7919 + i)
+            core = TransportCore(tcfg, seed=port_seed(int(spec.get("seed", 1)), i))
             job = JOBS[spec["kind"]](core, spec, i)
             h.start_job(core, job, t0)
         finished = self.loop.run(until_ns=t0 + timeout_ns, stop=lambda: left[0] == 0)

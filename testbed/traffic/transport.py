@@ -63,7 +63,10 @@ class Transport:
         hold: HoldFn | None = None,
         start_rate: StartRateFn | None = None,
         declare: DeclareFn | None = None,
+        seed: int | None = None,
     ) -> None:
+        """`seed`: the entropy source ports' (`port_seed`; None: drawn from the process,
+        for a transport outside a run)."""
         self.cfg = cfg
         self._hold = hold
         self._start_rate = start_rate
@@ -72,7 +75,7 @@ class Transport:
         self._last_look = 0.0
         self.held_s = 0.0  # time spent paused (between steps that found the NIC held)
         self.holds = 0  # pauses found (steps that found it held after one that did not)
-        self.core = TransportCore(cfg, seed=os.getpid() ^ time.time_ns())
+        self.core = TransportCore(cfg, os.getpid() ^ time.time_ns() if seed is None else seed)
         self.rx, self._rx_udp = open_rx_sockets(ROCE_UDP_PORT, cfg.rcvbuf)
         self.rx.setblocking(False)
         self._socks: dict[QueuePair, socket.socket] = {}

@@ -657,11 +657,18 @@ class QueuePair:
             self.counters.int_echoes_sent += 1
 
 
+def port_seed(seed: int, host: int) -> int:
+    """The seed of the entropy source ports of the job's host number `host` in a run seeded
+    `seed`: the same ports, hence the same ECMP paths, in every run with that seed, on either
+    engine (both run the same pipeline's hash)."""
+    return seed * 7919 + host
+
+
 class TransportCore:
     """All queue pairs of one host: packets and timer expiries in, packets and deadlines out.
 
-    `seed` draws the queue pairs' entropy source ports (a fixed seed: the same ports every
-    run, as the twin needs; the socket runner seeds from its process).
+    `seed` draws the queue pairs' entropy source ports (`port_seed`: a run's ports follow
+    from its seed, whatever ran before it).
     """
 
     def __init__(self, cfg: TransportConfig, seed: int) -> None:

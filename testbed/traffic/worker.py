@@ -24,6 +24,7 @@ from controller.nic.pfc import PinnedPfc
 from controller.wire.roce import ROCE_UDP_PORT
 from testbed.traffic.jobs import JOBS, Job
 from testbed.traffic.transport import Transport, TransportConfig
+from testbed.traffic.transport_core import port_seed
 
 
 def _emit(obj: dict[str, Any]) -> None:
@@ -106,6 +107,7 @@ def main() -> int:
             pfc.hold_until_ns if pfc else None,
             hand.start_rate if hand else None,
             hand.declare if hand else None,
+            seed=port_seed(int(spec.get("seed", 1)), me),
         ) as t:
             job = JOBS[spec["kind"]](t, spec, me)
             t.apply_hints()  # the NIC paces every flow in its own class before any sends
