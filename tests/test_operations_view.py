@@ -1,7 +1,8 @@
-"""What a scenario on the emulation reports of the controller's localization
+"""What a scenario on the emulation reports of the controller's localization, and its clock
 (testbed/emu/operations.py): the controller outlives the scenario, so a suspect it named in an
 earlier scenario, cleared and named again in this one counts from its naming in this one, and
-one named, cleared and named again within the scenario from its first naming there."""
+one named, cleared and named again within the scenario from its first naming there; the
+scenario's clock starts when its first job does."""
 
 from __future__ import annotations
 
@@ -69,3 +70,27 @@ def test_suspects_from_before_the_scenario_count_from_its_start() -> None:
     )
     [got] = view([held, gone], [named_event("switch spine1", "slow-switch", T0 - 3)])
     assert got["element"] == "switch spine1" and got["first_named"] == 0.0
+
+
+def test_the_scenario_clock_starts_with_its_first_job() -> None:
+    resp = pb.GetSuspectsResponse()
+    stub = types.SimpleNamespace(GetSuspects=lambda req, timeout: resp)
+    tb = types.SimpleNamespace(controller_stub=lambda: stub)
+    ops = EmuOperations(tb)  # type: ignore[arg-type]
+    ops.begin()
+    ops.start(T0 + 2.0)  # the workers took 2 s to get ready
+    ops.start(T0 + 9.0)  # a later job of the same scenario
+    assert ops.t0 == T0 + 2.0
+    assert ops.end()["faults"] == []
+
+
+def test_faults_of_a_scenario_that_started_no_job_are_reported_not_applied() -> None:
+    from testbed import faults
+
+    resp = pb.GetSuspectsResponse()
+    stub = types.SimpleNamespace(GetSuspects=lambda req, timeout: resp)
+    tb = types.SimpleNamespace(controller_stub=lambda: stub)
+    ops = EmuOperations(tb)  # type: ignore[arg-type]
+    ops.faults = [faults.Fault("leaf1:3", "down", None, 0.5)]
+    ops.begin()
+    assert ops.end()["faults"] == [{"error": "the scenario started no job: no fault applied"}]

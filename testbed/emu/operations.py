@@ -1,5 +1,6 @@
 """The operations side of a scenario on the emulation: the faults of a --faults file injected
-at their times from the scenario's start (Testbed.apply_fault: the switches' traffic managers
+at their times from the scenario's start, when its first job starts sending (the runner's
+`on_start`; Testbed.apply_fault: the switches' traffic managers
 through SwitchAdmin, a switch process killed by its PID), then healed; what the controller
 localized (its GetSuspects: every suspect named since the scenario started, with the time it
 was first named) and the fail-overs it did. testbed/sim/operations.py is the twin's side.
@@ -30,15 +31,29 @@ class EmuOperations:
     def __init__(self, tb: Testbed):
         self.tb = tb
         self.faults: list[faults.Fault] = []
+        self.t0 = time.time()
+        self._started = False
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.applied: list[dict[str, Any]] = []
         self.errors: list[str] = []
 
     def begin(self) -> None:
-        self.t0 = time.time()
+        """Before the scenario: nothing applied; its clock starts with its traffic (`start`)."""
+        self.t0 = time.time()  # until the traffic starts
+        self._started = False
         self.applied, self.errors = [], []
         self._stop.clear()
+
+    def start(self, t: float) -> None:
+        """The scenario's first job starts at unix time `t` (its workers took seconds to get
+        ready): the faults' times and what the controller named count from then, as on the
+        twin, where the job starts at the scenario's start. Later jobs of the scenario change
+        nothing."""
+        if self._started:
+            return
+        self._started = True
+        self.t0 = t
         if self.faults:
             self._thread = threading.Thread(target=self._play, name="faults", daemon=True)
             self._thread.start()
@@ -60,6 +75,8 @@ class EmuOperations:
     def end(self) -> dict[str, list[dict[str, Any]]]:
         """Stop injecting, read what the controller named since the start, heal."""
         self._stop.set()
+        if self.faults and not self._started:
+            self.errors.append("the scenario started no job: no fault applied")
         if self._thread is not None:
             self._thread.join(timeout=30)
             self._thread = None

@@ -134,7 +134,7 @@ class EmuSuite(Suite):
             spec = {**spec, "pfc_pins": self.tb.pfc_pins()}
         if self.tb.agents:
             spec = {**spec, "agents": {h: a.target for h, a in self.tb.agents.items()}}
-        return wl.run_job(hosts, spec)
+        return wl.run_job(hosts, spec, on_start=self.ops.start)
 
     def _set_pfc(self, on: bool) -> None:
         self.tb.set_pfc(on, watchdog=self.cfg.pfc_watchdog)

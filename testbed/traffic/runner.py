@@ -15,6 +15,7 @@ import select
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -93,8 +94,16 @@ def _gather(workers: list[_Worker], key: str, deadline: float) -> list[Any]:
     return [out[i] for i in range(len(workers))]
 
 
-def run_job(hosts: list[Host], spec: dict[str, Any], *, setup_timeout: float = 30.0) -> RunOutput:
-    """Run `spec` (a job for testbed.traffic.jobs; `spec["hosts"]` is filled in) on `hosts`."""
+def run_job(
+    hosts: list[Host],
+    spec: dict[str, Any],
+    *,
+    setup_timeout: float = 30.0,
+    on_start: Callable[[float], None] | None = None,
+) -> RunOutput:
+    """Run `spec` (a job for testbed.traffic.jobs; `spec["hosts"]` is filled in) on `hosts`.
+    `on_start(t)`: told the unix time the job starts at, once every worker is ready (starting
+    the workers takes seconds: a scenario's clock starts here, not at the call)."""
     if len(hosts) < 2:
         raise ValueError("a run needs at least two hosts")
     spec = dict(spec, hosts=[{"name": h.name, "ip": h.ip} for h in hosts])
@@ -107,6 +116,8 @@ def run_job(hosts: list[Host], spec: dict[str, Any], *, setup_timeout: float = 3
         start_at = time.monotonic() + 0.05
         for w in workers:
             w.send({"start_at": start_at})
+        if on_start is not None:
+            on_start(time.time() + start_at - time.monotonic())
         results = _gather(workers, "result", start_at + run_timeout + 10.0)
         for w in workers:
             w.send({"exit": True})
