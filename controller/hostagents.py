@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 from google.protobuf.descriptor import FieldDescriptor
 
+from controller.common.channels import RECONNECT_OPTIONS
 from controller.config import RATE_LAW_PARAMS, Config, HostConfig, LawPolicy
 from controller.health import NicSample
 from controller.proto import agent_pb2 as pb
@@ -66,7 +67,7 @@ class GrpcAgent:
         self._cfg = cfg
         self._topo = topo
         self._timeout = cfg.controller.rpc_timeout_s
-        self._channel = grpc.aio.insecure_channel(self.addr)
+        self._channel = grpc.aio.insecure_channel(self.addr, options=RECONNECT_OPTIONS)
         self._stub = pb_grpc.HostAgentStub(self._channel)
 
     async def _rpc(self, name: str, request: Any) -> Any:

@@ -23,6 +23,7 @@ import finsy as fy
 import grpc
 
 from controller import p4names as P
+from controller.common.channels import RECONNECT_OPTIONS
 from controller.health import Localizer, NicSample, PortSample, Suspect, SwitchSample
 from controller.slowloop import AgentError
 from controller.topology import Topology
@@ -181,7 +182,9 @@ class Operations:
     def _channel(self, s: SwitchSession) -> grpc.aio.Channel:
         ch = self._channels.get(s.name)
         if ch is None:
-            ch = self._channels[s.name] = grpc.aio.insecure_channel(s.sw.grpc_addr)
+            ch = self._channels[s.name] = grpc.aio.insecure_channel(
+                s.sw.grpc_addr, options=RECONNECT_OPTIONS
+            )
         return ch
 
     async def _poll(self, s: SwitchSession) -> SwitchSample | PollFailed:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from controller.common.channels import RECONNECT_OPTIONS
 from controller.config import Config, SwitchConfig
 from controller.topology import Topology
 from controller.wire.pfc import MIN_FRAME
@@ -82,7 +83,7 @@ async def apply_builtin(
     # A subchannel of this channel's own: gRPC shares subchannels process-wide, and the one
     # to a switch that just came back may still sit in its reconnect backoff from the
     # downtime, failing every call fast (the restarted switch was then left unqueued).
-    options = [("grpc.use_local_subchannel_pool", 1)]
+    options = [("grpc.use_local_subchannel_pool", 1), *RECONNECT_OPTIONS]
     if credentials is not None:
         channel = grpc.aio.secure_channel(sw.grpc_addr, credentials, options=options)
     else:
