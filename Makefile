@@ -3,7 +3,8 @@
 #   make sim      the short suite on the simulated twin: no root, one process (RUN_ARGS=...)
 #   make cli      the same network with Mininet's CLI and the project's commands
 #   make doctor   what this machine has and lacks for the testbed
-#   make test     installs what is missing, builds the docs, then runs the test suite (root: all of it)
+#   make test     installs what is missing, builds the docs, then runs the test suite (root: all of it;
+#                 the tests without root on TEST_WORKERS processes, then the root ones one at a time)
 #   make docs     the documentation site (mkdocs, strict: a broken link fails it) into site/
 #   make test-fast  the tests that need neither root nor long runs (under a minute)
 #   make lint     ruff check, ruff format --check, mypy (CI runs it before the tests)
@@ -88,8 +89,14 @@ proto: $(PROTO_OUT)
 controller/proto/%_pb2.py: controller/proto/%.proto $(STAMP)
 	$(PY) -m grpc_tools.protoc -I. --python_out=. --grpc_python_out=. --pyi_out=. $<
 
+# The tests that need no root share the cores (pytest-xdist, TEST_WORKERS of them); then the
+# root tests, the emulation's among them, one at a time: their timing is the machine's.
+TEST_WORKERS ?= auto
 test: install p4runtime-shell docs
-	$(PY) -m pytest $(PYTEST_ARGS)
+	@rc=0; \
+	$(PY) -m pytest -m "not root" -n $(TEST_WORKERS) $(PYTEST_ARGS) || rc=$$?; \
+	$(PY) -m pytest -m root $(PYTEST_ARGS) || rc=$$?; \
+	exit $$rc
 
 test-fast: install
 	$(PY) -m pytest -q -m "not root and not slow" $(PYTEST_ARGS)
