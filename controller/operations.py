@@ -23,7 +23,6 @@ import finsy as fy
 import grpc
 
 from controller import p4names as P
-from controller.common.channels import RECONNECT_OPTIONS
 from controller.health import Localizer, NicSample, PortSample, Suspect, SwitchSample
 from controller.slowloop import AgentError
 from controller.topology import Topology
@@ -63,6 +62,8 @@ class Operations:
         self.nic_polls_failed = 0  # agents' GetNicCounters that failed or timed out
         self._late_streak = 0
         self._last_round = time.monotonic()  # when the last poll round ended
+        # a poll's two SwitchAdmin calls and its counter read, each at most a second, and slack
+        self.poll_limit_s = 3 * min(1.0, daemon.cfg.controller.rpc_timeout_s) + 0.5
         self.failover_writes_s: list[float] = []  # how long each fail-over's writes took
         self.events: list[dict[str, Any]] = []  # named/cleared/failover, bounded
         self._channels: dict[str, grpc.aio.Channel] = {}
@@ -120,7 +121,7 @@ class Operations:
             self.loc = Localizer(
                 self.d.topo, self.d.cfg.model.mean_packet_bytes, on_event=self._event
             )
-        results = await asyncio.gather(*(self._poll(s) for s in sessions))
+        results = await asyncio.gather(*(self._poll_within(s) for s in sessions))
         now = time.monotonic()
         failed = [r for r in results if isinstance(r, PollFailed)]
         late = not any(f.refused or f.answered for f in failed)
@@ -182,10 +183,18 @@ class Operations:
     def _channel(self, s: SwitchSession) -> grpc.aio.Channel:
         ch = self._channels.get(s.name)
         if ch is None:
-            ch = self._channels[s.name] = grpc.aio.insecure_channel(
-                s.sw.grpc_addr, options=RECONNECT_OPTIONS
-            )
+            ch = self._channels[s.name] = grpc.aio.insecure_channel(s.sw.grpc_addr)
         return ch
+
+    async def _poll_within(self, s: SwitchSession) -> SwitchSample | PollFailed:
+        """`_poll`, bounded as a whole: each of its calls has a deadline, but a loop that
+        waits on one poll that never returns stops localizing every switch (a full test run
+        once saw the loop go silent at a killed switch)."""
+        try:
+            async with asyncio.timeout(self.poll_limit_s):
+                return await self._poll(s)
+        except TimeoutError:
+            return PollFailed(f"no answer within {self.poll_limit_s:g} s", refused=False)
 
     async def _poll(self, s: SwitchSession) -> SwitchSample | PollFailed:
         """The switch's sample, or why it gave none."""

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 import grpc
 
-from controller.common.channels import RECONNECT_OPTIONS
 from controller.config import Config, SwitchConfig
 from controller.topology import Topology
 from controller.wire.pfc import MIN_FRAME
@@ -83,7 +82,7 @@ async def apply_builtin(
     # A subchannel of this channel's own: gRPC shares subchannels process-wide, and the one
     # to a switch that just came back may still sit in its reconnect backoff from the
     # downtime, failing every call fast (the restarted switch was then left unqueued).
-    options = [("grpc.use_local_subchannel_pool", 1), *RECONNECT_OPTIONS]
+    options = [("grpc.use_local_subchannel_pool", 1)]
     if credentials is not None:
         channel = grpc.aio.secure_channel(sw.grpc_addr, credentials, options=options)
     else:

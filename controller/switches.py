@@ -24,7 +24,6 @@ import grpc
 from controller import p4names as P
 from controller import program
 from controller.collector import Collector
-from controller.common.channels import RECONNECT_OPTIONS
 from controller.config import Config, SwitchConfig, TlsConfig
 from controller.queues import QueueError, apply_queues
 from controller.reconcile import apply, diff, read_state
@@ -219,11 +218,9 @@ class SwitchSession:
 
         creds = tls_credentials(self.cfg.controller.p4runtime_tls)
         channel = (
-            grpc.aio.secure_channel(
-                self.sw.grpc_addr, creds.to_client_credentials(), options=RECONNECT_OPTIONS
-            )
+            grpc.aio.secure_channel(self.sw.grpc_addr, creds.to_client_credentials())
             if creds
-            else grpc.aio.insecure_channel(self.sw.grpc_addr, options=RECONNECT_OPTIONS)
+            else grpc.aio.insecure_channel(self.sw.grpc_addr)
         )
         try:
             st = await switch_pb2_grpc.SwitchAdminStub(channel).GetStatus(

@@ -164,6 +164,33 @@ def test_a_late_poll_is_weaker_evidence_than_a_refused_one(
     assert [s.element for s in ops.loc.ranked()] == ["switch spine2"]  # leaf1 answered
 
 
+def test_a_poll_that_never_returns_is_a_late_poll_not_a_stopped_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each poll is bounded as a whole: a switch whose poll hangs (whatever its calls'
+    deadlines did) is late that round, and the others are localized as before."""
+    cfg = load(EXAMPLE)
+    topo = Topology(cfg)
+    d = fake_daemon(topo, sessions={s.name: FakeSession(s.name, topo) for s in cfg.switches})
+    ops = Operations(d)  # type: ignore[arg-type]
+    ops.poll_limit_s = 0.05
+    ports = {s.name: [p.port for p in s.ports] for s in cfg.switches}
+
+    async def poll(s: FakeSession) -> SwitchSample | PollFailed:
+        if s.name == "spine1":
+            await asyncio.Event().wait()  # never answers
+        return SwitchSample(
+            s.name,
+            0.0,
+            {p: PortSample(p, tx_packets=0, rx_packets=0) for p in ports[s.name]},
+        )
+
+    monkeypatch.setattr(ops, "_poll", poll)
+    asyncio.run(asyncio.wait_for(ops.tick(), 5))  # returns: the loop goes on
+    assert ops._poll_failed["spine1"] == "no answer within 0.05 s"
+    assert all(ops._poll_failed.get(s) is None for s in ports if s != "spine1")
+
+
 class FakeNic:
     """A host agent's NIC counters: flows waiting at the line rate, `sends` of it sent;
     `refuse`: GetNicCounters fails."""
