@@ -296,6 +296,8 @@ class Testbed:
         )
         self.say("switches listening")
         self._start_controller()
+        if o.monitoring:  # its own start (seconds) overlaps the agents' compiling
+            self._launch_prometheus()
         self._wait_controller_healthy(o.boot_timeout_s)
         self.say("controller: every switch programmed")
         wait_all(
@@ -308,7 +310,7 @@ class Testbed:
         self._wait_agents_reached(60)
         self.say("controller reaches every agent: the fabric is up")
         if o.monitoring:
-            self._start_prometheus()
+            self._wait_prometheus()
 
     def _switch_of(self, c: Component) -> P4Switch:
         return next(s for s in self.switches() if s.component is c)
@@ -429,16 +431,24 @@ class Testbed:
         out += [Target("agent", a.metrics_addr, {"node": h}) for h, a in self.agents.items()]
         return out
 
-    def _start_prometheus(self) -> None:
+    def _launch_prometheus(self) -> None:
+        """The metrics server, started once every daemon's address is known (it scrapes the
+        ones not up yet as down until they are)."""
         if prometheus_binary() is None:
+            return
+        prom = Prometheus(self.run_dir, self.scrape_targets(), f"127.0.0.1:{free_port()}")
+        self.prometheus = prom
+        prom.start()
+
+    def _wait_prometheus(self) -> None:
+        """Until the metrics server scrapes every daemon."""
+        prom = self.prometheus
+        if prom is None:
             self.say(
                 "prometheus is not installed (make install): no metrics server; fabric "
                 f"page {self.web_url}"
             )
             return
-        prom = Prometheus(self.run_dir, self.scrape_targets(), f"127.0.0.1:{free_port()}")
-        self.prometheus = prom
-        prom.start()
         prom.wait_ready(60)
         assert prom.component is not None
         try:
