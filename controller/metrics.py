@@ -171,6 +171,11 @@ class ControllerMetrics:
             "host agents' NIC counter reads (GetNicCounters) that failed or timed out",
         )
         nic_failed.add_metric([], ops.nic_polls_failed)
+        failed = CounterMetricFamily(
+            "xingmai_controller_poll_rounds_failed",
+            "operations rounds that raised (a defect: the log has its traceback)",
+        )
+        failed.add_metric([], ops.rounds_failed)
         named = CounterMetricFamily(
             "xingmai_controller_suspects_named",
             "elements named as suspects since the start",
@@ -181,7 +186,7 @@ class ControllerMetrics:
             kinds[sp.kind] = kinds.get(sp.kind, 0) + 1
         for kind, count in sorted(kinds.items()):
             named.add_metric([kind], count)
-        yield from (sus, dead, routed, fo, rr, took, late, nic_failed, named)
+        yield from (sus, dead, routed, fo, rr, took, late, failed, nic_failed, named)
         loss = CounterMetricFamily(
             "xingmai_controller_flow_loss_reports",
             "NIC sinks' reports of a flow's packets lost before them",

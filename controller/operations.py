@@ -60,6 +60,7 @@ class Operations:
         self.links_restored = 0
         self.rounds_late = 0  # poll rounds that no switch answered in time (skipped)
         self.nic_polls_failed = 0  # agents' GetNicCounters that failed or timed out
+        self.rounds_failed = 0  # rounds that raised (a bug): logged with their traceback
         self._late_streak = 0
         self._last_round = time.monotonic()  # when the last poll round ended
         # a poll's two SwitchAdmin calls and its counter read, each at most a second, and slack
@@ -102,6 +103,9 @@ class Operations:
                     await self.tick()
                 except (grpc.RpcError, fy.P4ClientError, OSError) as exc:
                     log.warning("operations poll failed", extra={"error": str(exc)})
+                except Exception:  # a bug in one round must not end localization and fail-over
+                    self.rounds_failed += 1
+                    log.exception("operations round failed")
         finally:
             nics.cancel()
             for ch in self._channels.values():
@@ -188,8 +192,7 @@ class Operations:
 
     async def _poll_within(self, s: SwitchSession) -> SwitchSample | PollFailed:
         """`_poll`, bounded as a whole: each of its calls has a deadline, but a loop that
-        waits on one poll that never returns stops localizing every switch (a full test run
-        once saw the loop go silent at a killed switch)."""
+        waits on one poll that never returns stops localizing every switch."""
         try:
             async with asyncio.timeout(self.poll_limit_s):
                 return await self._poll(s)
@@ -241,6 +244,10 @@ class Operations:
         except (fy.P4ClientError, grpc.RpcError) as exc:
             why = f"P4Runtime counter read: {type(exc).__name__}: {exc}"
             return PollFailed(why, refused=True, answered=answered)
+        except AssertionError:
+            # finsy asserts its client exists: the session ended between the check above and
+            # the read (a switch killed mid-poll), which once ended this loop
+            return PollFailed("P4Runtime channel down", refused=True, answered=answered)
         return SwitchSample(
             s.name, time.monotonic(), {p: PortSample(p, **v) for p, v in ports.items()}
         )

@@ -191,6 +191,43 @@ def test_a_poll_that_never_returns_is_a_late_poll_not_a_stopped_loop(
     assert all(ops._poll_failed.get(s) is None for s in ports if s != "spine1")
 
 
+def test_a_round_that_raises_is_counted_and_the_loop_goes_on(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A defect in one round (finsy's AssertionError when a killed switch's session ended
+    mid-poll once ended the loop, and with it localization and fail-over) is logged with its
+    traceback and counted; the next round runs."""
+    cfg = load(EXAMPLE)
+    topo = Topology(cfg)
+    d = fake_daemon(topo)
+    ops = Operations(d, poll_s=0.01)  # type: ignore[arg-type]
+    d.operations = ops
+    rounds = [0]
+
+    async def tick() -> None:
+        rounds[0] += 1
+        if rounds[0] == 1:
+            raise AssertionError("the session's client is gone")
+
+    async def nics() -> None:
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(ops, "tick", tick)
+    monkeypatch.setattr(ops, "_nic_loop", nics)
+
+    async def run_a_while() -> None:
+        task = asyncio.create_task(ops.run())
+        while rounds[0] < 3:
+            await asyncio.sleep(0.01)
+        task.cancel()
+
+    with caplog.at_level(logging.ERROR, logger="xingmai.controller.operations"):
+        asyncio.run(asyncio.wait_for(run_a_while(), 5))
+    assert rounds[0] >= 3 and ops.rounds_failed == 1
+    assert any(r.getMessage() == "operations round failed" for r in caplog.records)
+    assert metric_lines(d)["xingmai_controller_poll_rounds_failed_total"] == 1
+
+
 class FakeNic:
     """A host agent's NIC counters: flows waiting at the line rate, `sends` of it sent;
     `refuse`: GetNicCounters fails."""

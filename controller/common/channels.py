@@ -6,8 +6,7 @@ after a restart was reached up to 11 s after it listened (the emulation's boot w
 between "agents healthy" and the controller reaching them). These daemons are on the
 management network, a millisecond away: a channel retries at least every second. (The
 minimum backoff is gRPC's connect deadline too, left at its 20 s. The channels to the switches
-keep gRPC's defaults: with these options on the operations loop's channel, one full test run
-saw that loop stop at a killed switch, which two runs of the kill alone did not repeat.)
+keep gRPC's defaults, and finsy its own backoff for P4Runtime.)
 """
 
 from __future__ import annotations
