@@ -235,6 +235,11 @@ class Operations:
         try:
             async with asyncio.timeout(timeout):
                 for ctr, key in ((P.CTR_PORT_TX, "tx_packets"), (P.CTR_PORT_RX, "rx_packets")):
+                    # the channel's own state, read right before each read (our session's flag
+                    # follows it a moment later): a read on a channel gone down fails finsy's
+                    # assert, which once ended this loop at a switch killed mid-poll
+                    if not sw.is_up:
+                        return PollFailed("P4Runtime channel down", refused=True, answered=answered)
                     async for ent in reader.read([fy.P4CounterEntry(ctr, index=p) for p in ports]):
                         if ent.data is not None and ent.index in ports:
                             ports[ent.index][key] = ent.data.packet_count
@@ -244,10 +249,6 @@ class Operations:
         except (fy.P4ClientError, grpc.RpcError) as exc:
             why = f"P4Runtime counter read: {type(exc).__name__}: {exc}"
             return PollFailed(why, refused=True, answered=answered)
-        except AssertionError:
-            # finsy asserts its client exists: the session ended between the check above and
-            # the read (a switch killed mid-poll), which once ended this loop
-            return PollFailed("P4Runtime channel down", refused=True, answered=answered)
         return SwitchSample(
             s.name, time.monotonic(), {p: PortSample(p, **v) for p, v in ports.items()}
         )

@@ -102,10 +102,9 @@ class EmuOperations:
         # in this run was first named in the run at its first naming event since the start
         # (still named from before the start: at the start)
         first: dict[tuple[str, str], float] = {}
-        for ev in events:
+        for ev in events:  # in the order they happened
             if ev.get("event") == "named" and ev.get("t", 0) >= self.t0:
-                key = (ev["element"], ev["kind"])
-                first[key] = min(first.get(key, ev["t"]), ev["t"])
+                first.setdefault((ev["element"], ev["kind"]), ev["t"])
         named = [
             (s, first.get((s.element, s.kind), max(s.first_named_unix, self.t0)))
             for s in resp.named
