@@ -138,18 +138,29 @@ class RateEvent:
 class Watcher:
     """A WatchRates subscriber: a bounded queue (the oldest events go when it is full)."""
 
+    # flows whose last told rate a watcher with a min_change remembers; past it, it forgets
+    # them all (their next events pass): bounded however many flows come and go
+    MAX_TOLD = 1 << 16
+
     def __init__(self, flows: set[FlowKey] | None, min_change: float, maxsize: int = 10000):
         self.flows = flows
         self.min_change = min_change
         self.q: queue.Queue[RateEvent | None] = queue.Queue(maxsize)
         self.dropped = 0
+        self.told: dict[FlowKey, int] = {}  # the rate this watcher was last told, per flow
 
     def offer(self, ev: RateEvent) -> None:
         if self.flows and ev.key not in self.flows:
             return
-        moved = abs(ev.rate_bps - ev.previous_bps)
-        if ev.previous_bps and moved < self.min_change * ev.previous_bps:
-            return
+        if self.min_change > 0:
+            # a change counts against what this watcher was last told, not the previous
+            # event's rate: steps each below min_change add up to one that is not
+            told = self.told.get(ev.key)
+            if told is not None and abs(ev.rate_bps - told) < self.min_change * told:
+                return
+            if len(self.told) >= self.MAX_TOLD:
+                self.told.clear()
+            self.told[ev.key] = ev.rate_bps
         while True:
             try:
                 self.q.put_nowait(ev)
