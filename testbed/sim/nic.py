@@ -45,7 +45,7 @@ from controller.wire.telemetry_report import TELEMETRY_REPORT_PORT
 from testbed.probes import Capture, RateEvent, record_int_frame
 from testbed.sim.engine import EventLoop
 from testbed.traffic.jobs import Job
-from testbed.traffic.transport_core import TransportCore
+from testbed.traffic.transport_core import QueuePair, TransportCore
 
 
 @dataclass(frozen=True)
@@ -150,6 +150,7 @@ class SimHost:
             self.line_rate_bps, CcParams.defaults(Law.NONE, self.line_rate_bps), hop_speed
         )
         self.flows: dict[tuple[int, int, int, int, int], FlowTx] = {}
+        self._qp_keys: dict[QueuePair, tuple[int, int, int, int, int]] = {}
         self.core: TransportCore | None = None
         self.job: Job | None = None
         self.done = True
@@ -197,6 +198,8 @@ class SimHost:
         self.core, self.job, self.done, self.result = core, job, False, None
         self.flows.clear()
         self.nic.flows.clear()
+        self._qp_keys.clear()
+        core.nic_rates = self  # the application reads its flows' rates (rate_bps)
         # the application's start rates: the flows are paced at them from their first packet,
         # as the agent's SetRate does on the emulation
         while core.rate_hints:
@@ -204,6 +207,15 @@ class SimHost:
             f = self._flow(flow_key(qp.local_addr, qp.peer_addr, qp.sport))
             f.rate_bps = max(self.nic.params.min_rate_bps, min(bps, self.line_rate_bps))
         self.loop.at(t0_ns, self._start, job)
+
+    def rate_bps(self, qp: QueuePair) -> int:
+        """The rate the NIC sends `qp`'s flow at: its rate law's or start rate, the line rate
+        where none is set (as the emulation's agent tells it, WatchRates)."""
+        key = self._qp_keys.get(qp)
+        if key is None:
+            key = self._qp_keys[qp] = flow_key(qp.local_addr, qp.peer_addr, qp.sport)
+        f = self.flows.get(key)
+        return f.rate_bps if f is not None and f.rate_bps else self.line_rate_bps
 
     def _start(self, job: Job) -> None:
         job.start(self.loop.now)

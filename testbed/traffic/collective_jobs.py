@@ -15,12 +15,17 @@ transfer id), so a receiver takes any transfer from any channel of its peer. The
 of a transfer is:
 - `schedule: static`: the plan's channel (pieces dealt round-robin over the channels);
 - `schedule: adaptive`: the channel towards that peer whose queue would finish it first,
-  (bytes in flight + its bytes) / the channel's measured rate, where a channel's rate is an
-  average of its completed messages' bytes over their service time (from when the message
-  reached the head of its queue pair to its last acknowledgment). A rail that slows down
-  shows in the first messages it completes (a message takes tens of RTTs), and chunks move to
-  the others from then on. A channel at a fraction f of the fastest one's rate gets work
-  only while the fastest has more than 1/f - 1 messages queued, hence the depth of 8.
+  (bytes in flight + its bytes) / the channel's rate. A channel's rate is what it has shown
+  it can do, an average of its completed messages' bytes over their service time (from when
+  the message reached the head of its queue pair to its last acknowledgment), capped by the
+  rate its NIC sends its flow at now, where the engine lets the host read it (the twin's
+  NIC; on the emulation the host's agent, WatchRates): a rate law cuts a flow an RTT or two
+  after its path congests, before the messages in flight complete (a message takes tens of
+  RTTs), so chunks move off a rail that slows down from the NIC's first cut; with no rate
+  law (or none below the line rate) the completions alone show it. A channel at a fraction f
+  of the fastest one's rate gets work only while the fastest has more than 1/f - 1 messages
+  queued, hence the depth of 8. `trace_rates` records each change of a channel's rates
+  (`rate_trace` in the result: time, peer, channel, completions' and NIC's payload B/s).
 
 A training job is a loop of iterations: `compute` seconds of computation, then the collective
 (with `overlap`, the next iteration's computation runs while the collective does). The
@@ -74,6 +79,7 @@ if TYPE_CHECKING:
 
 HEADER = struct.Struct("!II")  # iteration, transfer id
 RATE_EWMA = 0.5  # weight of the newest sample in a channel's rate
+MAX_TRACE = 100_000  # trace_rates: changes a rank records at most
 PAYLOADS = ("data", "size")
 
 
@@ -196,12 +202,21 @@ class Channel:
 
     index: int
     qp: QueuePair
+    peer: int = 0  # the peer's rank
     inflight: deque[tuple[SendOp, Transfer, float]] = field(default_factory=deque)
     inflight_bytes: int = 0
-    rate: float = 0.0  # bytes/s, 0 until measured
+    rate: float = 0.0  # bytes/s its completed messages took, 0 until measured
+    nic_rate: float = 0.0  # payload bytes/s its NIC sends its flow at (0: no rate set)
     head_since: float = 0.0  # when the oldest message in flight reached the head
     sent_bytes: int = 0
     sent_msgs: int = 0
+
+    @property
+    def estimate(self) -> float:
+        """Bytes/s it can do: its completions' rate, capped by its NIC's (0: unknown)."""
+        if self.rate and self.nic_rate:
+            return min(self.rate, self.nic_rate)
+        return self.rate or self.nic_rate
 
 
 @dataclass
@@ -222,6 +237,7 @@ class CollectiveConfig:
     seed: int
     slot: int
     payload: str
+    trace_rates: bool = False
 
     @classmethod
     def from_spec(cls, spec: dict[str, Any]) -> CollectiveConfig:
@@ -244,6 +260,7 @@ class CollectiveConfig:
             seed=int(spec.get("seed", 1)),
             slot=int(spec.get("slot", 8)),
             payload=str(spec.get("payload", "data")),
+            trace_rates=bool(spec.get("trace_rates", False)),
         )
         if c.schedule not in ("static", "adaptive"):
             raise ValueError(f"schedule {c.schedule!r}: static or adaptive")
@@ -263,6 +280,7 @@ class CollectiveJob:
 
     def __init__(self, t: QpHost, spec: dict[str, Any], me: int) -> None:
         self.cfg = cfg = CollectiveConfig.from_spec(spec)
+        self.t = t
         hosts = spec["hosts"]
         self.ranks: list[int] = [int(h) for h in spec.get("ranks", range(len(hosts)))]
         if me not in self.ranks or len(set(self.ranks)) != len(self.ranks):
@@ -297,7 +315,7 @@ class CollectiveJob:
                         q = t.create_qp(qpn(host, slot), peer_ip, qpn(me, slot), local_ip=local)
                     else:
                         q = t.create_qp(qpn(host, slot), peer_ip, qpn(me, slot))
-                chans.append(Channel(c, q))
+                chans.append(Channel(c, q, peer=p))
             self.channels[p] = chans
         self.t0 = 0.0
         self.it = 0
@@ -319,6 +337,8 @@ class CollectiveJob:
         self.iter_end: list[float] = []
         self.moved = 0  # transfers the adaptive schedule sent off their static channel
         self.unexpected = 0
+        # with trace_rates: (time, peer, channel, completions' B/s, NIC's B/s) per change
+        self.rate_trace: list[tuple[float, int, int, float, float]] = []
 
     # ---- data ----
 
@@ -522,7 +542,7 @@ class CollectiveJob:
         for queue in self.ready.values():
             while queue:
                 x = queue[0][1]
-                picked = self._pick(x)
+                picked = self._pick(x, now)
                 if picked is None:
                     break
                 heapq.heappop(queue)
@@ -537,22 +557,33 @@ class CollectiveJob:
             if service > 0 and x.nbytes > 0:
                 sample = (x.nbytes + HEADER.size) / service
                 ch.rate = sample if ch.rate == 0 else RATE_EWMA * sample + (1 - RATE_EWMA) * ch.rate
+                self._trace(ch, t_done)
             ch.head_since = t_done
 
-    def _pick(self, x: Transfer) -> Channel | None:
+    def _trace(self, ch: Channel, now: float) -> None:
+        if self.cfg.trace_rates and len(self.rate_trace) < MAX_TRACE:
+            self.rate_trace.append((now - self.t0, ch.peer, ch.index, ch.rate, ch.nic_rate))
+
+    def _pick(self, x: Transfer, now: float) -> Channel | None:
         chans = self.channels[x.dst]
         depth = self.cfg.depth
         if self.cfg.schedule == "static":
             ch = chans[x.channel]
             return ch if len(ch.inflight) < depth else None
-        # adaptive: the channel that would finish it first; unmeasured channels count as
-        # the fastest measured one (or all equal before any is measured)
-        known = [c.rate for c in chans if c.rate > 0]
+        # adaptive: the channel that would finish it first at what it can do now (its NIC's
+        # rate read afresh); unmeasured channels count as the fastest measured one (or all
+        # equal before any is measured)
+        for c in chans:
+            nic = self.t.nic_payload_rate(c.qp)
+            if nic != c.nic_rate:
+                c.nic_rate = nic
+                self._trace(c, now)
+        known = [c.estimate for c in chans if c.estimate > 0]
         default = max(known) if known else 1.0
 
         def finish(c: Channel) -> tuple[float, int]:
             return (
-                (c.inflight_bytes + x.nbytes + HEADER.size) / (c.rate or default),
+                (c.inflight_bytes + x.nbytes + HEADER.size) / (c.estimate or default),
                 0 if c.index == x.channel else 1,
             )
 
@@ -610,6 +641,7 @@ class CollectiveJob:
             "channel_bytes": per_channel,
             "channel_rate_bps": rates,
             "moved": self.moved,
+            **({"rate_trace": self.rate_trace} if self.cfg.trace_rates else {}),
             "transfers_out": len(self.outgoing),
             "unexpected": self.unexpected,
             "checksum": hashlib.sha256(self.buf.tobytes()).hexdigest(),

@@ -126,6 +126,9 @@ class Transport:
     def hint_rate(self, qp: QueuePair, rate_bps: int) -> None:
         self.core.hint_rate(qp, rate_bps)
 
+    def nic_payload_rate(self, qp: QueuePair) -> float:
+        return self.core.nic_payload_rate(qp)
+
     def close(self) -> None:
         for s in self._socks.values():
             s.close()

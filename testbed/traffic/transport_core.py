@@ -49,7 +49,7 @@ import socket
 import struct
 from collections import Counter, deque
 from dataclasses import asdict, dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from controller.nic.int_sink import IntSink, SinkConfig
 from controller.wire.int_md import (
@@ -84,6 +84,7 @@ from controller.wire.roce import (
     pack_sack,
     unpack_sack,
 )
+from testbed.model import TRANSPORT_OVERHEAD
 
 ECT0 = 0b10
 ECN_CE = 0b11
@@ -657,6 +658,15 @@ class QueuePair:
             self.counters.int_echoes_sent += 1
 
 
+class NicRates(Protocol):
+    """The host's NIC as its transport's application may read it."""
+
+    def rate_bps(self, qp: QueuePair) -> int:
+        """The rate, in b/s on the wire, at which the NIC sends `qp`'s flow now: its rate
+        law's, or the NIC's line rate where none is set."""
+        ...
+
+
 def port_seed(seed: int, host: int) -> int:
     """The seed of the entropy source ports of the job's host number `host` in a run seeded
     `seed`: the same ports, hence the same ECMP paths, in every run with that seed, on either
@@ -688,6 +698,8 @@ class TransportCore:
         # start rates the application declared for its QPs' flows, not yet handed to the NIC
         self.rate_hints: deque[tuple[QueuePair, int]] = deque()
         self.rate_hints_made = 0
+        # the NIC's side, where the engine can read it (the twin's NIC, the emulation's agent)
+        self.nic_rates: NicRates | None = None
         self.sink: IntSink | None = None
         if cfg.report_to is not None and cfg.int_dscp is not None:
             sink_cfg = SinkConfig(
@@ -706,6 +718,14 @@ class TransportCore:
         at it from its first packet and starts the rate law there."""
         self.rate_hints.append((qp, int(rate_bps)))
         self.rate_hints_made += 1
+
+    def nic_payload_rate(self, qp: QueuePair) -> float:
+        """Payload bytes/s the NIC lets `qp`'s flow send now: the rate its rate law set (its
+        line rate where none is), over the wire bytes of a full packet; 0 where the engine
+        gives no NIC to read."""
+        bps = self.nic_rates.rate_bps(qp) if self.nic_rates is not None else 0
+        mtu = self.cfg.mtu
+        return bps / 8 * mtu / (mtu + TRANSPORT_OVERHEAD) if bps > 0 else 0.0
 
     def _draw_sport(self) -> int:
         # a 32-bit LCG (Numerical Recipes): deterministic per seed, no global RNG state

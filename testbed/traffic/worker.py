@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import json
 import select
+import socket
 import sys
+import threading
 import time
 import traceback
 from typing import Any
@@ -24,7 +26,7 @@ from controller.nic.pfc import PinnedPfc
 from controller.wire.roce import ROCE_UDP_PORT
 from testbed.traffic.jobs import JOBS, Job
 from testbed.traffic.transport import Transport, TransportConfig
-from testbed.traffic.transport_core import port_seed
+from testbed.traffic.transport_core import QueuePair, port_seed
 
 
 def _emit(obj: dict[str, Any]) -> None:
@@ -44,7 +46,12 @@ class AgentHand:
     """The host's NIC agent (gRPC at `target`) as the hand the application's flows go through
     before they send: their start rates (SetRate: the agent paces the flow at it from its
     first packet, and the rate law starts there) and the others declared (DeclareFlows: each
-    paced in a class of its own from its first packet)."""
+    paced in a class of its own from its first packet); and as the NIC whose rates the
+    application reads (`rate_bps`, the transport's NicRates: a WatchRates stream, opened at
+    the first read, so that only a job that reads its NIC's rates pays for it)."""
+
+    # WatchRates' min_change: a rate is told again when it moved 5 % from what was told
+    MIN_CHANGE = 0.05
 
     def __init__(self, target: str) -> None:
         import grpc
@@ -54,6 +61,41 @@ class AgentHand:
         self._pb = agent_pb2
         self._grpc = grpc
         self._stub = agent_pb2_grpc.HostAgentStub(grpc.insecure_channel(target))
+        self._rates: dict[tuple[str, str, int], int] = {}  # (src, dst, sport) -> b/s
+        self._keys: dict[QueuePair, tuple[str, str, int]] = {}
+        self._watch: Any = None
+        self._line_bps = 0
+
+    def rate_bps(self, qp: QueuePair) -> int:
+        key = self._keys.get(qp)
+        if key is None:
+            key = self._keys[qp] = (socket.inet_ntoa(qp.local_addr), qp.peer_ip, qp.sport)
+        if self._watch is None:
+            status = self._stub.GetStatus(self._pb.GetStatusRequest(), timeout=5)
+            self._line_bps = int(status.line_rate_bps)
+            self._watch = self._stub.WatchRates(
+                self._pb.WatchRatesRequest(min_change=self.MIN_CHANGE)
+            )
+            threading.Thread(target=self._follow, name="watch-rates", daemon=True).start()
+        return self._rates.get(key, self._line_bps)
+
+    def _follow(self) -> None:
+        try:
+            for ch in self._watch:
+                f = ch.flow
+                if f.protocol == 17 and f.dst_port == ROCE_UDP_PORT:
+                    self._rates[(f.src_ip, f.dst_ip, f.src_port)] = int(ch.rate_bps)
+        except self._grpc.RpcError as exc:
+            if exc.code() != self._grpc.StatusCode.CANCELLED:  # close() cancels it
+                print(
+                    f"worker: WatchRates ended: {exc.code().name}: {exc.details()}; the job "
+                    "reads no NIC rate from here on",
+                    file=sys.stderr,
+                )
+
+    def close(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
 
     def _key(self, src: str, dst: str, sport: int) -> Any:
         return self._pb.FlowKey(
@@ -109,6 +151,7 @@ def main() -> int:
             hand.declare if hand else None,
             seed=port_seed(int(spec.get("seed", 1)), me),
         ) as t:
+            t.core.nic_rates = hand
             job = JOBS[spec["kind"]](t, spec, me)
             t.apply_hints()  # the NIC paces every flow in its own class before any sends
             _emit({"ready": True})
@@ -126,6 +169,8 @@ def main() -> int:
 
             t.run_until(exit_requested)
             _emit({"counters": t.counters()})
+        if hand is not None:
+            hand.close()
         return 0
     except Exception as exc:  # reported to the runner, which fails the run with it
         traceback.print_exc()
