@@ -28,6 +28,7 @@ from testbed.collective.metrics import fmt_size, parse_sizes, table
 from testbed.experiment.machine import provenance
 from testbed.experiment.rundir import new_run_dir
 from testbed.experiment.schemes import SCHEMES, add_cc_arguments, cc_config, scheme_law
+from testbed.faults import parse_seconds
 from testbed.model import DEFAULT_SCALE, Scaling
 
 
@@ -94,6 +95,13 @@ def add_parsers(sub: Any) -> None:
         "--degrade",
         help="SWITCH:PORT=FRACTION: that port's rate cut, static "
         "split vs adaptive channels (at the largest size)",
+    )
+    c.add_argument(
+        "--degrade-at",
+        metavar="TIME",
+        help="with --degrade: the cut comes this long (the model's time, e.g. 20us) into "
+        "the collective instead of before it, and how soon each sender through the port "
+        "reckoned with it is shown",
     )
     j = sub.add_parser("jobs", help="concurrent jobs from a scenario file (YAML)")
     _engine_args(j)
@@ -219,6 +227,7 @@ def cmd_collective(args: argparse.Namespace) -> int:
                 sw,
                 int(port),
                 float(frac),
+                at=parse_seconds(args.degrade_at) if args.degrade_at else None,
                 algorithm=algorithms[0],
                 size=max(sizes),
                 warmup=warmup,
@@ -290,6 +299,21 @@ def degraded_text(d: dict[str, Any]) -> str:
         f"the ideal {d['ideal']:.1%}; goal >= {d['goal']:.1%}; "
         f"{a['moved']} transfers moved off their static channel)",
     ]
+    r = d.get("reaction")
+    if r is not None:
+        lines.append(
+            f"  the cut came {d['at'] * 1e6:g} us into the collective; each sender towards "
+            f"{r['towards']} reckoned the channel halfway down after (goal <= "
+            f"{r['goal_rtts']} base RTTs of {r['base_rtt_s'] * 1e6:g} us):"
+        )
+        for host, v in r["senders"].items():
+            if v is None:
+                lines.append(f"    {host}: never")
+                continue
+            by = "its NIC's rate" if v["by"] == "nic" else "its messages' completions"
+            lines.append(
+                f"    {host}: {v['after_s'] * 1e6:.2f} us = {v['rtts']:.1f} RTTs (from {by})"
+            )
     return "\n".join(lines)
 
 

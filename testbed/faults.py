@@ -106,6 +106,14 @@ _PERCENT = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)\s*%\s*$")
 _SECONDS = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)\s*(us|ms|s)\s*$")
 
 
+def parse_seconds(text: str) -> float:
+    """A time like `2ms`, `20us` or `1.5s`, in seconds."""
+    m = _SECONDS.match(text)
+    if m is None:
+        raise FaultError(f"expected a time like 2ms or 20us, got {text!r}")
+    return float(m.group(1)) * {"us": 1e-6, "ms": 1e-3, "s": 1.0}[m.group(2)]
+
+
 def parse_value(kind: str, raw: Any) -> float | None:
     """A fault's value in its unit: a fraction for loss and rate (`1%`, `0.01`), seconds for
     delay and slow (`2ms`, `0.002`)."""
@@ -129,10 +137,10 @@ def parse_value(kind: str, raw: Any) -> float | None:
                 raise FaultError(f"{kind}: expected a percentage like 1%, got {text!r}")
             v = float(m.group(1)) / 100
         else:
-            m = _SECONDS.match(text)
-            if m is None:
-                raise FaultError(f"{kind}: expected a time like 2ms, got {text!r}")
-            v = float(m.group(1)) * {"us": 1e-6, "ms": 1e-3, "s": 1.0}[m.group(2)]
+            try:
+                v = parse_seconds(text)
+            except FaultError as exc:
+                raise FaultError(f"{kind}: {exc}") from None
     if kind in ("loss", "silent-loss") and not 0.0 <= v <= 1.0:
         raise FaultError(f"loss must be within 0 and 100 %, got {v * 100:g} %")
     if kind in ("rate", "silent-rate") and not 0.001 <= v <= 1.0:

@@ -288,6 +288,38 @@ def test_adaptive_channels_ride_out_a_degraded_rail() -> None:
     assert d["adaptive"]["moved"] > 0
 
 
+def test_a_rail_that_degrades_mid_collective_is_reckoned_with_within_10_rtts() -> None:
+    """The port into host 2's second NIC drops to a quarter 5 us into the all-reduce (a
+    fault, timed from the job's start): its sender's schedule reckons the channel halfway
+    down within the issue's 10 base RTTs (here from its messages' completions: TiTa does
+    not cut a flow that its window already holds to the port's pace); the fault is applied
+    once per degraded run."""
+    fab = _fabric(2, 4)
+    d = degraded_rail(
+        fab,
+        "rail2",
+        2,
+        0.25,
+        at=5e-6,
+        collective="allreduce",
+        algorithm="ring",
+        size=1 << 20,
+        chunk=32 << 10,
+        iters=3,
+        warmup=1,
+    )
+    assert d["static"]["correct"] and d["adaptive"]["correct"]
+    for run in ("static", "adaptive"):
+        (f,) = d[run]["faults"]
+        assert (f["target"], f["kind"], f["value"]) == ("rail2:2", "rate", 0.25)
+    r = d["reaction"]
+    assert r["towards"] == "h2 nic 1" and list(r["senders"]) == ["h1"]
+    h1 = r["senders"]["h1"]
+    assert h1 is not None and 0 < h1["rtts"] <= r["goal_rtts"] == 10
+    assert "rate_trace" not in d["adaptive"]
+    assert d["adaptive_ratio"] > d["static_ratio"] + 0.05
+
+
 def test_tuner_picks_the_fastest_measured_and_auto_uses_it(
     rail3: CollFabric, tmp_path: Path
 ) -> None:

@@ -23,6 +23,7 @@ import yaml
 from testbed.collective.metrics import parse_size, summarize
 from testbed.faults import Fault
 from testbed.model import Scaling
+from testbed.topo import End, FabricSpec
 from testbed.traffic.collective_plans import SUPPORTED
 from testbed.traffic.generators import Flow
 from testbed.traffic.metrics import iteration_times
@@ -48,6 +49,11 @@ class CollFabric:
     set_port_rate: Callable[[str, int, float], None]  # switch, port, b/s
     websearch: Callable[[int, float, float], list[Flow]]  # hosts, load, seconds -> flows
     apply_fault: Callable[[Fault], None]  # a link or switch fault (testbed/faults.py), now
+    # faults at their times (Fault.at: the faults' seconds, see testbed/faults.py) from the
+    # next job's start; end_faults heals them and says which were applied, and when
+    begin_faults: Callable[[list[Fault]], None]
+    end_faults: Callable[[], list[dict[str, Any]]]
+    spec: FabricSpec  # the topology's links (which host and NIC a switch port reaches)
     # Before every run: the fabric as built, the scheme set (the twin builds a new one, so a
     # run depends only on its own inputs; the emulation's fabric lives on). Port rates and
     # faults a run needs are set after it.
@@ -87,10 +93,12 @@ def collective(
     warmup: int = 0,
     tune_cache: Path | None = None,
     prepare: Callable[[], None] | None = None,
+    faults: list[Fault] | None = None,
     **params: Any,
 ) -> dict[str, Any]:
     """Run one collective job on all the fabric's hosts, on a fresh fabric that `prepare`
-    sets up (a port's rate, a fault); nccl-tests' figures. With `algorithm: auto`, the
+    sets up (a port's rate, a fault), with `faults` injected at their times from the job's
+    start (`faults` in the result: those applied); nccl-tests' figures. With `algorithm: auto`, the
     algorithm, channels and chunk the tuner chose for this fabric and size
     (testbed.collective.tune, its cache `tune_cache`)."""
     if params.get("algorithm") == "auto":
@@ -111,7 +119,15 @@ def collective(
     fab.fresh()
     if prepare is not None:
         prepare()
-    out = fab.runner(fab.hosts, spec)
+    applied: list[dict[str, Any]] = []
+    if faults:
+        fab.begin_faults(faults)
+        try:
+            out = fab.runner(fab.hosts, spec)
+        finally:
+            applied = fab.end_faults()
+    else:
+        out = fab.runner(fab.hosts, spec)
     s = fab.scaling
     res = summarize(out.results, fab.line_rate, fab.nics, s.scale, warmup)
     res["scheme"] = fab.scheme
@@ -123,6 +139,14 @@ def collective(
         max(r["channel_rate_bps"][c] for r in out.results) * s.scale
         for c in range(spec["channels"])
     ]
+    if faults:
+        res["faults"] = applied
+    if spec.get("trace_rates"):  # per rank, times in the model's seconds, rates its B/s
+        res["rate_trace"] = {
+            r["rank"]: [(t / s.scale, p, c, a * s.scale, b * s.scale) for t, p, c, a, b in tr]
+            for r in out.results
+            if (tr := r.get("rate_trace"))
+        }
     return res
 
 
@@ -349,27 +373,49 @@ GOAL_OF_IDEAL = 0.95  # issue 32's goal for a degraded rail: 95 % of the ideal
 
 
 def degraded_rail(
-    fab: CollFabric, switch: str, port: int, fraction: float, **params: Any
+    fab: CollFabric,
+    switch: str,
+    port: int,
+    fraction: float,
+    at: float | None = None,
+    **params: Any,
 ) -> dict[str, Any]:
     """Healthy, then `switch:port` at `fraction` of its rate with the static split and with
     adaptive channels; busbw of each and their ratios to healthy, against the ideal ratio
-    (K - 1 + fraction) / K: the degraded host's rails at their rates, all used."""
+    (K - 1 + fraction) / K: the degraded host's rails at their rates, all used.
+
+    `at`: the port degrades `at` seconds (the model's) into the collective, while it runs, not
+    before it; the adaptive run then records its channels' rates (`trace_rates`) and
+    `reaction` says, for each sender through the port, how long after the degradation its
+    schedule's rate of that channel fell halfway to the degraded rate ((1 + fraction) / 2 of
+    what it was): from then on it sends that channel its reduced share."""
     link = fab.scaling.link_bps
     healthy = collective(fab, schedule="adaptive", **params)
+    reaction: dict[str, Any] | None = None
+    if at is None:
 
-    def degrade() -> None:
-        fab.set_port_rate(switch, port, link * fraction)
+        def degrade() -> None:
+            fab.set_port_rate(switch, port, link * fraction)
 
-    try:
-        static = collective(fab, schedule="static", prepare=degrade, **params)
-        adaptive = collective(fab, schedule="adaptive", prepare=degrade, **params)
-    finally:
-        fab.set_port_rate(switch, port, link)  # the emulation's fabric lives on
+        try:
+            static = collective(fab, schedule="static", prepare=degrade, **params)
+            adaptive = collective(fab, schedule="adaptive", prepare=degrade, **params)
+        finally:
+            fab.set_port_rate(switch, port, link)  # the emulation's fabric lives on
+    else:
+        # the faults' clock is the emulation's seconds (testbed/faults.py)
+        when = at * fab.scaling.scale / fab.time_scale
+        fault = [Fault(f"{switch}:{port}", "rate", fraction, at=when)]
+        static = collective(fab, schedule="static", faults=fault, **params)
+        adaptive = collective(fab, schedule="adaptive", faults=fault, trace_rates=True, **params)
+        reaction = reaction_times(fab, adaptive, switch, port, fraction, at)
+        adaptive.pop("rate_trace", None)  # kept out of the results file: the reaction is
     k = fab.nics
     return {
         "port": f"{switch}:{port}",
         "fraction": fraction,
         "channels": k,
+        "at": at,
         "healthy": healthy,
         "static": static,
         "adaptive": adaptive,
@@ -378,4 +424,57 @@ def degraded_rail(
         # what the degraded host's K NICs can take: K - 1 healthy rails and the slow one
         "ideal": (k - 1 + fraction) / k,
         "goal": GOAL_OF_IDEAL * (k - 1 + fraction) / k,
+        **({"reaction": reaction} if reaction is not None else {}),
+    }
+
+
+REACTION_GOAL_RTTS = 10  # issue 32: the move made within 10 RTTs of the degradation
+
+
+def _estimate(rate: float, nic: float) -> float:
+    return min(rate, nic) if rate and nic else rate or nic
+
+
+def reaction_times(
+    fab: CollFabric, res: dict[str, Any], switch: str, port: int, fraction: float, at: float
+) -> dict[str, Any]:
+    """From an adaptive run's rate trace: per sender to the host behind `switch:port` on
+    that NIC's channel, the time from the degradation (`at`, the model's seconds from the
+    job's start) until the channel's rate as the schedule reckons it (its completions',
+    capped by its NIC's) first fell to (1 + fraction) / 2 of the last before `at`; also in
+    the model's base RTTs. None for a sender whose rate never fell that far."""
+    end = fab.spec.peer(End(switch, port))
+    if end is None or fab.spec.is_switch(end.node):
+        raise ValueError(f"{switch}:{port} does not reach a host")
+    names = [h.name for h in fab.hosts]
+    dst, channel = names.index(end.node), end.index
+    rtt = fab.scaling.model.base_rtt_us * 1e-6
+    senders: dict[str, Any] = {}
+    for rank, trace in res.get("rate_trace", {}).items():
+        mine = [(t, a, b) for t, p, c, a, b in trace if p == dst and c == channel]
+        before = [e for t, a, b in mine if t < at and (e := _estimate(a, b)) > 0]
+        if not before:
+            continue
+        limit = before[-1] * (1 + fraction) / 2
+        fell = next(
+            ((t, a, b) for t, a, b in mine if t >= at and 0 < _estimate(a, b) <= limit), None
+        )
+        senders[names[int(rank)]] = (
+            None
+            if fell is None
+            else {
+                "after_s": fell[0] - at,
+                "rtts": (fell[0] - at) / rtt,
+                "rate_before": before[-1],
+                # which reading showed it: the NIC's rate or the messages' completions
+                "by": "nic" if 0 < fell[2] <= limit else "completions",
+            }
+        )
+    times = [v["rtts"] for v in senders.values() if v is not None]
+    return {
+        "towards": f"{end.node} nic {channel}",
+        "senders": senders,
+        "base_rtt_s": rtt,
+        "worst_rtts": max(times) if times and len(times) == len(senders) else None,
+        "goal_rtts": REACTION_GOAL_RTTS,
     }

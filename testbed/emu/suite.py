@@ -122,6 +122,13 @@ class EmuSuite(Suite):
     def _operations(self) -> dict[str, list[dict[str, Any]]]:
         return self._ops
 
+    def _begin_faults(self, faults: list[Fault]) -> None:
+        self.ops.faults = faults
+        self.ops.begin()
+
+    def _end_faults(self) -> list[dict[str, Any]]:
+        return self.ops.end()["faults"]
+
     def _now(self) -> float:
         return time.monotonic()
 

@@ -404,6 +404,16 @@ class Suite:
         """Inject (or remove) one fault now, outside a scenario's schedule (a sweep's)."""
         raise NotImplementedError
 
+    def _begin_faults(self, faults: list[Fault]) -> None:
+        """The operations loop for one run outside the scenarios: `faults` injected at their
+        times from the start of the next job."""
+        raise NotImplementedError
+
+    def _end_faults(self) -> list[dict[str, Any]]:
+        """End `_begin_faults`' loop: every fault healed; the faults applied (their
+        `applied_at` in the faults' seconds from the job's start)."""
+        raise NotImplementedError
+
     def _report_totals(self) -> dict[str, dict[str, int]]:
         """The collector's report accounting so far: per reporter, received and lost."""
         return {}
@@ -471,6 +481,9 @@ class Suite:
             set_port_rate=self._set_port_rate,
             websearch=websearch,
             apply_fault=self._apply_fault,
+            begin_faults=self._begin_faults,
+            end_faults=self._end_faults,
+            spec=self.spec,
             fresh=(lambda: self.start_run(scheme)) if fresh_runs else (lambda: None),
             set_cc=lambda settings: self.set_cc(scheme, settings),
         )

@@ -511,9 +511,15 @@ class SimFabric:
 
     # ---- running jobs ----
 
-    def run_job(self, hosts: list[Host], spec: dict[str, Any]) -> RunOutput:
+    def run_job(
+        self,
+        hosts: list[Host],
+        spec: dict[str, Any],
+        on_start: Callable[[float], None] | None = None,
+    ) -> RunOutput:
         """The job on `hosts` from a common start, until every host's part is done (or the
-        spec's timeout in virtual seconds); like testbed.traffic.runner.run_job."""
+        spec's timeout in virtual seconds); like testbed.traffic.runner.run_job, whose
+        `on_start` it calls with the start's virtual time before the loop runs."""
         if len(hosts) < 2:
             raise ValueError("a run needs at least two hosts")
         spec = dict(spec, hosts=[{"name": h.name, "ip": h.ip} for h in hosts])
@@ -531,6 +537,8 @@ class SimFabric:
             core = TransportCore(tcfg, seed=port_seed(int(spec.get("seed", 1)), i))
             job = JOBS[spec["kind"]](core, spec, i)
             h.start_job(core, job, t0)
+        if on_start is not None:
+            on_start(t0 / 1e9)
         finished = self.loop.run(until_ns=t0 + timeout_ns, stop=lambda: left[0] == 0)
         if not finished:
             for h in sims:

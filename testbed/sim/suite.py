@@ -39,7 +39,7 @@ class SimSuite(Suite):
 
     def runner(self, hosts: list[Host], spec: dict[str, Any]) -> RunOutput:
         """A job on the current run's fabric."""
-        return self.fab.run_job(hosts, spec)
+        return self.fab.run_job(hosts, spec, on_start=self.ops.start)
 
     @property
     def total_events(self) -> int:
@@ -117,6 +117,14 @@ class SimSuite(Suite):
 
     def _apply_fault(self, f: Fault) -> None:
         self.ops.apply_now(f)
+
+    def _begin_faults(self, faults: list[Fault]) -> None:
+        self.ops.faults = faults
+        self.ops.begin()
+
+    def _end_faults(self) -> list[dict[str, Any]]:
+        applied, _ = self.ops.end()
+        return applied
 
     def _report_totals(self) -> dict[str, dict[str, int]]:
         return {
