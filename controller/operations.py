@@ -153,6 +153,9 @@ class Operations:
                     log.warning("switch poll failed", extra={"switch": s.name, "error": why})
             if isinstance(result, SwitchSample):
                 self.loc.observe(result)
+                # it answered this round: alive now, whenever its sample was taken (a loop
+                # that stalled after its answer, before the others', is the controller late)
+                self.loc.alive(s.name, now)
             elif result.refused:
                 self.loc.unreachable(s.name, now)
             elif result.answered:

@@ -164,6 +164,40 @@ def test_a_late_poll_is_weaker_evidence_than_a_refused_one(
     assert [s.element for s in ops.loc.ranked()] == ["switch spine2"]  # leaf1 answered
 
 
+def test_a_switch_whose_answer_came_before_the_loop_stalled_is_not_silent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A round in which one switch answered at once and the controller's loop then stalled
+    for 3.5 s before the others' answers came (CPU starvation on a loaded box): its sample
+    is stamped 3.5 s before the round's end, and it is not a switch silent for 3.5 s (the
+    default suite named a spine unreachable this way, 'no answer for 3.32 s')."""
+    cfg = load(EXAMPLE)
+    topo = Topology(cfg)
+    d = fake_daemon(topo, sessions={s.name: FakeSession(s.name, topo) for s in cfg.switches})
+    ops = Operations(d)  # type: ignore[arg-type]
+    d.operations = ops
+    clock = [100.0]
+    monkeypatch.setattr("controller.operations.time.monotonic", lambda: clock[0])
+    ports = {s.name: [p.port for p in s.ports] for s in cfg.switches}
+    stall = [0.0]
+
+    async def poll(s: FakeSession) -> SwitchSample:
+        # spine2 answered, then the loop stalled; the others' answers came after it
+        t = clock[0] - (stall[0] if s.name == "spine2" else 0.0)
+        return SwitchSample(
+            s.name, t, {p: PortSample(p, tx_packets=0, rx_packets=0) for p in ports[s.name]}
+        )
+
+    monkeypatch.setattr(ops, "_poll", poll)
+    for _ in range(10):
+        clock[0] += 0.1
+        asyncio.run(ops.tick())
+    stall[0] = 3.5
+    clock[0] += 3.6
+    asyncio.run(ops.tick())
+    assert ops.loc.ranked() == [] and ops.dead == frozenset()
+
+
 def test_a_poll_that_never_returns_is_a_late_poll_not_a_stopped_loop(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
