@@ -253,11 +253,29 @@ class SwitchCollector:
             "packets the PFC watchdog dropped on the port",
             labels=pl,
         )
+        # the port's latency monitor (SwitchAdmin GetQueues, the controller's slow-link rule):
+        # what its departures waited against what the bytes queued ahead explain at its rate
+        deps = CounterMetricFamily(
+            "xingmai_switch_port_departures", "frames the port's egress sent", labels=pl
+        )
+        waited = CounterMetricFamily(
+            "xingmai_switch_port_wait_seconds",
+            "time the port's departures waited in its queue, summed",
+            labels=pl,
+        )
+        explained = CounterMetricFamily(
+            "xingmai_switch_port_expected_wait_seconds",
+            "what the bytes queued ahead of each departure explain at the port's rate, summed",
+            labels=pl,
+        )
         now = sw.clock.now_ns()
         for port, pq in list(sw.tm.ports.items()):
             lv = [self.name, str(port)]
             occ.add_metric(lv, pq.total()[1])
             qdrop.add_metric(lv, pq.dropped)
+            deps.add_metric(lv, pq.departures)
+            waited.add_metric(lv, pq.wait_ns / 1e9)
+            explained.add_metric(lv, pq.expected_wait_ns / 1e9)
             c = pq.pfc
             sent.add_metric(lv, c.xoff_sent)
             resumed.add_metric(lv, c.xon_sent)
@@ -266,6 +284,7 @@ class SwitchCollector:
             storms.add_metric(lv, c.storms)
             wdrops.add_metric(lv, c.watchdog_drops)
         yield from (rx, tx, drops, occ, qdrop, sent, resumed, received, paused, storms, wdrops)
+        yield from (deps, waited, explained)
         if self.dataplane is not None:
             running = GaugeMetricFamily(
                 "xingmai_switch_dataplane_running", "1 while the packet loop runs", labels=lbl
