@@ -176,6 +176,11 @@ class ControllerMetrics:
             "operations rounds that raised (a defect: the log has its traceback)",
         )
         failed.add_metric([], ops.rounds_failed)
+        rounds = CounterMetricFamily(
+            "xingmai_controller_poll_rounds",
+            "operations rounds run (polls, localization, fail-over), whatever their end",
+        )
+        rounds.add_metric([], ops.rounds)
         named = CounterMetricFamily(
             "xingmai_controller_suspects_named",
             "elements named as suspects since the start",
@@ -186,7 +191,7 @@ class ControllerMetrics:
             kinds[sp.kind] = kinds.get(sp.kind, 0) + 1
         for kind, count in sorted(kinds.items()):
             named.add_metric([kind], count)
-        yield from (sus, dead, routed, fo, rr, took, late, failed, nic_failed, named)
+        yield from (sus, dead, routed, fo, rr, took, late, failed, rounds, nic_failed, named)
         loss = CounterMetricFamily(
             "xingmai_controller_flow_loss_reports",
             "NIC sinks' reports of a flow's packets lost before them",

@@ -37,6 +37,13 @@ POLL_S = 0.1  # seconds between polls of every switch
 NIC_POLL_S = 0.5  # seconds between polls of every host agent's NIC counters
 
 
+def _cancelling() -> bool:
+    """Whether the running task is being cancelled (a CancelledError raised in it is then
+    its own stop; otherwise a call it awaited was cancelled by someone else)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 @dataclass(frozen=True)
 class PollFailed:
     """Why a switch's poll gave no sample: `refused` (its channel is down, or a call was
@@ -61,6 +68,7 @@ class Operations:
         self.rounds_late = 0  # poll rounds that no switch answered in time (skipped)
         self.nic_polls_failed = 0  # agents' GetNicCounters that failed or timed out
         self.rounds_failed = 0  # rounds that raised (a bug): logged with their traceback
+        self.rounds = 0  # rounds run, whatever their end: a loop that stopped stops counting
         self._late_streak = 0
         self._last_round = time.monotonic()  # when the last poll round ended
         # a poll's two SwitchAdmin calls and its counter read, each at most a second, and slack
@@ -99,10 +107,18 @@ class Operations:
         try:
             while True:
                 await asyncio.sleep(self.poll_s)
+                self.rounds += 1
                 try:
                     await self.tick()
                 except (grpc.RpcError, fy.P4ClientError, OSError) as exc:
                     log.warning("operations poll failed", extra={"error": str(exc)})
+                except asyncio.CancelledError:
+                    if _cancelling():
+                        raise  # this loop is being stopped
+                    # a call the round awaited was cancelled under it (grpc.aio cancels the
+                    # calls on a channel that closes: a switch's session ending), not this loop
+                    self.rounds_failed += 1
+                    log.exception("operations round failed: a call was cancelled under it")
                 except Exception:  # a bug in one round must not end localization and fail-over
                     self.rounds_failed += 1
                     log.exception("operations round failed")
@@ -249,6 +265,13 @@ class Operations:
         except TimeoutError:
             why = f"P4Runtime counter read: no answer within {timeout:g} s"
             return PollFailed(why, refused=False, answered=answered)
+        except asyncio.CancelledError:
+            if _cancelling():
+                raise
+            # finsy closed the session's channel (the switch went away) while the read was
+            # in flight: grpc.aio cancels the calls of a channel that closes
+            why = "P4Runtime counter read: the session's channel closed under it"
+            return PollFailed(why, refused=True, answered=answered)
         except (fy.P4ClientError, grpc.RpcError) as exc:
             why = f"P4Runtime counter read: {type(exc).__name__}: {exc}"
             return PollFailed(why, refused=True, answered=answered)

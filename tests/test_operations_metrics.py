@@ -9,6 +9,7 @@ import asyncio
 import logging
 import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import generate_latest
@@ -225,12 +226,19 @@ def test_a_poll_that_never_returns_is_a_late_poll_not_a_stopped_loop(
     assert all(ops._poll_failed.get(s) is None for s in ports if s != "spine1")
 
 
+@pytest.mark.parametrize(
+    "exc",
+    [AssertionError("the session's client is gone"), asyncio.CancelledError()],
+    ids=["assert", "cancelled"],
+)
 def test_a_round_that_raises_is_counted_and_the_loop_goes_on(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, exc: BaseException
 ) -> None:
     """A defect in one round (finsy's AssertionError when a killed switch's session ended
-    mid-poll once ended the loop, and with it localization and fail-over) is logged with its
-    traceback and counted; the next round runs."""
+    mid-poll once ended the loop, and with it localization and fail-over), or a call that
+    was cancelled under it (grpc.aio cancels the calls of a channel that closes: the same
+    kill ended the loop that way in a full test run), is logged with its traceback and
+    counted; the next round runs, and stopping the loop still stops it."""
     cfg = load(EXAMPLE)
     topo = Topology(cfg)
     d = fake_daemon(topo)
@@ -241,7 +249,7 @@ def test_a_round_that_raises_is_counted_and_the_loop_goes_on(
     async def tick() -> None:
         rounds[0] += 1
         if rounds[0] == 1:
-            raise AssertionError("the session's client is gone")
+            raise exc
 
     async def nics() -> None:
         await asyncio.Event().wait()
@@ -249,17 +257,48 @@ def test_a_round_that_raises_is_counted_and_the_loop_goes_on(
     monkeypatch.setattr(ops, "tick", tick)
     monkeypatch.setattr(ops, "_nic_loop", nics)
 
-    async def run_a_while() -> None:
+    async def run_a_while() -> bool:
         task = asyncio.create_task(ops.run())
         while rounds[0] < 3:
             await asyncio.sleep(0.01)
         task.cancel()
+        await asyncio.wait([task])
+        return task.cancelled()
 
     with caplog.at_level(logging.ERROR, logger="xingmai.controller.operations"):
-        asyncio.run(asyncio.wait_for(run_a_while(), 5))
-    assert rounds[0] >= 3 and ops.rounds_failed == 1
-    assert any(r.getMessage() == "operations round failed" for r in caplog.records)
-    assert metric_lines(d)["xingmai_controller_poll_rounds_failed_total"] == 1
+        assert asyncio.run(asyncio.wait_for(run_a_while(), 5))
+    assert rounds[0] >= 3 and ops.rounds_failed == 1 and ops.rounds >= 3
+    assert any(r.getMessage().startswith("operations round failed") for r in caplog.records)
+    m = metric_lines(d)
+    assert m["xingmai_controller_poll_rounds_failed_total"] == 1
+    assert m["xingmai_controller_poll_rounds_total"] == ops.rounds
+
+
+def test_a_counter_read_cancelled_by_its_channel_closing_is_a_refused_poll() -> None:
+    """finsy closes a session's channel when its switch goes away; grpc.aio then cancels the
+    read in flight, which raises CancelledError in the poll: a refused poll (the switch is
+    gone), not the end of the round or of the loop."""
+    cfg = load(EXAMPLE)
+    topo = Topology(cfg)
+    d = fake_daemon(topo)
+    ops = Operations(d)  # type: ignore[arg-type]
+
+    class ClosingSwitch:
+        is_up = True
+
+        async def read(self, entities: object) -> Any:
+            raise asyncio.CancelledError()
+            yield  # an async generator, as finsy's
+
+    spec = cfg.switches[0]
+    session = types.SimpleNamespace(
+        name=spec.name,
+        sw=types.SimpleNamespace(ports=spec.ports, kind="bmv2", grpc_addr="127.0.0.1:1"),
+        switch=ClosingSwitch(),
+        health=types.SimpleNamespace(connected=True),
+    )
+    r = asyncio.run(ops._poll_within(session))  # type: ignore[arg-type]
+    assert isinstance(r, PollFailed) and r.refused and "closed" in r.reason
 
 
 class FakeNic:
