@@ -19,10 +19,11 @@ of a transfer is:
   it can do, an average of its completed messages' bytes over their service time (from when
   the message reached the head of its queue pair to its last acknowledgment), capped by the
   rate its NIC sends its flow at now, where the engine lets the host read it (the twin's
-  NIC; on the emulation the host's agent, WatchRates): a rate law cuts a flow an RTT or two
-  after its path congests, before the messages in flight complete (a message takes tens of
-  RTTs), so chunks move off a rail that slows down from the NIC's first cut; with no rate
-  law (or none below the line rate) the completions alone show it. A channel at a fraction f
+  NIC; on the emulation the host's agent, WatchRates): a flow that a rate law (or the agent)
+  holds back gets less work from the law's cut on, without waiting for its messages to
+  complete. A flow that its window already holds to a slow port's pace keeps its NIC rate
+  (TiTa does not cut it: docs/collectives.md measures it), and its completions show the
+  port; so do they under no rate law. A channel at a fraction f
   of the fastest one's rate gets work only while the fastest has more than 1/f - 1 messages
   queued, hence the depth of 8. `trace_rates` records each change of a channel's rates
   (`rate_trace` in the result: time, peer, channel, completions' and NIC's payload B/s).
@@ -206,7 +207,7 @@ class Channel:
     inflight: deque[tuple[SendOp, Transfer, float]] = field(default_factory=deque)
     inflight_bytes: int = 0
     rate: float = 0.0  # bytes/s its completed messages took, 0 until measured
-    nic_rate: float = 0.0  # payload bytes/s its NIC sends its flow at (0: no rate set)
+    nic_rate: float = 0.0  # payload bytes/s its NIC sends its flow at (0: no NIC to read)
     head_since: float = 0.0  # when the oldest message in flight reached the head
     sent_bytes: int = 0
     sent_msgs: int = 0
