@@ -5,7 +5,9 @@ nothing a request names can grow without bound, and the packet loop survives wha
 
 from __future__ import annotations
 
+import errno
 import math
+import os
 import resource
 import threading
 import time
@@ -17,7 +19,7 @@ from finsy.proto import p4r, rpc_code
 
 from controller.common.ports import free_port
 from controller.proto import switch_pb2
-from testbed.switch.dataplane import Dataplane
+from testbed.switch.dataplane import Dataplane, Port, PortStats
 from testbed.switch.p4runtime import P4RuntimeService, serve
 from testbed.switch.traffic_manager import Clock
 from testbed.switch.v1model import V1Switch
@@ -236,6 +238,27 @@ def _meter(features: SwitchRig, index: int | None, **cfg: int) -> p4r.Entity:
         for k, v in cfg.items():
             setattr(me.config, k, v)
     return p4r.Entity(meter_entry=me)
+
+
+def test_a_port_whose_interface_went_down_reads_nothing_and_counts_it() -> None:
+    """At a teardown the interfaces go before the switch: a read then fails with ENETDOWN,
+    which is a port with nothing to read (counted), not a dataplane error with a traceback
+    in every switch's log; any other receive error still is one."""
+
+    class DownSocket:
+        def __init__(self, err: int) -> None:
+            self.err = err
+
+        def recvmsg(self, *args: object) -> tuple[bytes, list[object], int, object]:
+            raise OSError(self.err, os.strerror(self.err))
+
+    port = Port.__new__(Port)
+    port.iface, port.stats, port.kernel_filters_outgoing = "s1-eth1", PortStats(), True
+    port.sock = DownSocket(errno.ENETDOWN)  # type: ignore[assignment]
+    assert port.recv_batch() == [] and port.stats.rx_down == 1
+    port.sock = DownSocket(errno.EBADF)  # type: ignore[assignment]
+    with pytest.raises(OSError):
+        port.recv_batch()
 
 
 @pytest.mark.parametrize(

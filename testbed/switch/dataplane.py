@@ -12,6 +12,7 @@ the next packets; SwitchAdmin's GetStatus reports both and whether the loop runs
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import queue
@@ -62,6 +63,7 @@ class PortStats:
     rx: int = 0
     tx: int = 0
     tx_errors: int = 0
+    rx_down: int = 0  # reads that found the interface down (ENETDOWN: a teardown, ip link)
     rx_bytes: int = 0
     tx_bytes: int = 0
 
@@ -99,6 +101,14 @@ class Port:
             try:
                 data, anc, _flags, addr = recvmsg(MAX_FRAME, space, flags)
             except (BlockingIOError, InterruptedError):
+                break
+            except OSError as exc:
+                if exc.errno != errno.ENETDOWN:
+                    raise
+                # the interface went down under the socket (the kernel reports it once):
+                # no frame to read, as on a cable pulled, not a fault of the switch
+                self.stats.rx_down += 1
+                log.debug("%s: receive: the interface is down", self.iface)
                 break
             if not self.kernel_filters_outgoing and addr[2] == socket.PACKET_OUTGOING:
                 continue
