@@ -409,7 +409,7 @@ def degraded_rail(
         static = collective(fab, schedule="static", faults=fault, **params)
         adaptive = collective(fab, schedule="adaptive", faults=fault, trace_rates=True, **params)
         reaction = reaction_times(fab, adaptive, switch, port, fraction, at)
-        adaptive.pop("rate_trace", None)  # kept out of the results file: the reaction is
+        adaptive.pop("rate_trace", None)  # the reaction is what it is for: not in results
     k = fab.nics
     return {
         "port": f"{switch}:{port}",
