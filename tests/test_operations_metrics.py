@@ -102,6 +102,21 @@ def test_failover_and_reroutes_are_metrics_and_log_events(
     assert ops.events[-1]["restored"] == [DEAD]
 
 
+def clocked_operations(
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[Operations, list[float], dict[str, list[int]]]:
+    """The operations loop on the example fabric's fake sessions, its clock `clock[0]` set by
+    the test; each switch's ports."""
+    cfg = load(EXAMPLE)
+    topo = Topology(cfg)
+    d = fake_daemon(topo, sessions={s.name: FakeSession(s.name, topo) for s in cfg.switches})
+    ops = Operations(d)  # type: ignore[arg-type]
+    d.operations = ops
+    clock = [100.0]
+    monkeypatch.setattr("controller.operations.time.monotonic", lambda: clock[0])
+    return ops, clock, {s.name: [p.port for p in s.ports] for s in cfg.switches}
+
+
 def test_a_late_poll_is_weaker_evidence_than_a_refused_one(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -110,14 +125,7 @@ def test_a_late_poll_is_weaker_evidence_than_a_refused_one(
     alone timed out is named only when silent for `silent_after_s`; one that refuses (its
     process is gone), after `dead_after_s`; one that answers SwitchAdmin but whose counter
     read timed out is alive."""
-    cfg = load(EXAMPLE)
-    topo = Topology(cfg)
-    d = fake_daemon(topo, sessions={s.name: FakeSession(s.name, topo) for s in cfg.switches})
-    ops = Operations(d)  # type: ignore[arg-type]
-    d.operations = ops
-    clock = [100.0]
-    monkeypatch.setattr("controller.operations.time.monotonic", lambda: clock[0])
-    ports = {s.name: [p.port for p in s.ports] for s in cfg.switches}
+    ops, clock, ports = clocked_operations(monkeypatch)
     answers: dict[str, PollFailed | None] = {}
 
     async def poll(s: FakeSession) -> SwitchSample | PollFailed:
@@ -141,7 +149,7 @@ def test_a_late_poll_is_weaker_evidence_than_a_refused_one(
     answers = dict.fromkeys(ports, late)
     run(5.0)
     assert ops.rounds_late == 50 and ops.loc.ranked() == []
-    m = metric_lines(types.SimpleNamespace(**{**vars(d), "sessions": {}}))
+    m = metric_lines(types.SimpleNamespace(**{**vars(ops.d), "sessions": {}}))
     assert m["xingmai_controller_poll_rounds_late_total"] == 50
 
     answers = {"spine1": late}
@@ -172,14 +180,7 @@ def test_a_switch_whose_answer_came_before_the_loop_stalled_is_not_silent(
     for 3.5 s before the others' answers came (CPU starvation on a loaded box): its sample
     is stamped 3.5 s before the round's end, and it is not a switch silent for 3.5 s (the
     default suite named a spine unreachable this way, 'no answer for 3.32 s')."""
-    cfg = load(EXAMPLE)
-    topo = Topology(cfg)
-    d = fake_daemon(topo, sessions={s.name: FakeSession(s.name, topo) for s in cfg.switches})
-    ops = Operations(d)  # type: ignore[arg-type]
-    d.operations = ops
-    clock = [100.0]
-    monkeypatch.setattr("controller.operations.time.monotonic", lambda: clock[0])
-    ports = {s.name: [p.port for p in s.ports] for s in cfg.switches}
+    ops, clock, ports = clocked_operations(monkeypatch)
     stall = [0.0]
 
     async def poll(s: FakeSession) -> SwitchSample:

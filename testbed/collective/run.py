@@ -24,6 +24,7 @@ from testbed.collective.metrics import parse_size, summarize
 from testbed.faults import Fault
 from testbed.model import Scaling
 from testbed.topo import End, FabricSpec
+from testbed.traffic.collective_jobs import channel_estimate
 from testbed.traffic.collective_plans import SUPPORTED
 from testbed.traffic.generators import Flow
 from testbed.traffic.metrics import iteration_times
@@ -119,15 +120,12 @@ def collective(
     fab.fresh()
     if prepare is not None:
         prepare()
-    applied: list[dict[str, Any]] = []
     if faults:
         fab.begin_faults(faults)
-        try:
-            out = fab.runner(fab.hosts, spec)
-        finally:
-            applied = fab.end_faults()
-    else:
+    try:
         out = fab.runner(fab.hosts, spec)
+    finally:
+        applied = fab.end_faults() if faults else []
     s = fab.scaling
     res = summarize(out.results, fab.line_rate, fab.nics, s.scale, warmup)
     res["scheme"] = fab.scheme
@@ -431,10 +429,6 @@ def degraded_rail(
 REACTION_GOAL_RTTS = 10  # issue 32: the move made within 10 RTTs of the degradation
 
 
-def _estimate(rate: float, nic: float) -> float:
-    return min(rate, nic) if rate and nic else rate or nic
-
-
 def reaction_times(
     fab: CollFabric, res: dict[str, Any], switch: str, port: int, fraction: float, at: float
 ) -> dict[str, Any]:
@@ -452,12 +446,13 @@ def reaction_times(
     senders: dict[str, Any] = {}
     for rank, trace in res.get("rate_trace", {}).items():
         mine = [(t, a, b) for t, p, c, a, b in trace if p == dst and c == channel]
-        before = [e for t, a, b in mine if t < at and (e := _estimate(a, b)) > 0]
+        before = [e for t, a, b in mine if t < at and (e := channel_estimate(a, b)) > 0]
         if not before:
             continue
         limit = before[-1] * (1 + fraction) / 2
         fell = next(
-            ((t, a, b) for t, a, b in mine if t >= at and 0 < _estimate(a, b) <= limit), None
+            ((t, a, b) for t, a, b in mine if t >= at and 0 < channel_estimate(a, b) <= limit),
+            None,
         )
         senders[names[int(rank)]] = (
             None

@@ -197,6 +197,13 @@ def _expected_of_all(lay: Layout, seed: int, it: int) -> np.ndarray:
     return out
 
 
+def channel_estimate(rate: float, nic_rate: float) -> float:
+    """Bytes/s a channel can do: its completions' rate, capped by its NIC's (0: unknown)."""
+    if rate and nic_rate:
+        return min(rate, nic_rate)
+    return rate or nic_rate
+
+
 @dataclass
 class Channel:
     """One queue pair (towards one peer on one channel) and what the scheduler knows of it."""
@@ -214,10 +221,7 @@ class Channel:
 
     @property
     def estimate(self) -> float:
-        """Bytes/s it can do: its completions' rate, capped by its NIC's (0: unknown)."""
-        if self.rate and self.nic_rate:
-            return min(self.rate, self.nic_rate)
-        return self.rate or self.nic_rate
+        return channel_estimate(self.rate, self.nic_rate)
 
 
 @dataclass
