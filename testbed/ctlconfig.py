@@ -10,17 +10,113 @@ records and leave the hosts' INT alone.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from controller.config import EcnConfig
+from controller.program import tx_util_window_shift
 from controller.wire.int_md import INT_DSCP_DEFAULT
 from controller.wire.telemetry_report import TELEMETRY_REPORT_PORT
 from testbed.model import Scaling
+from testbed.switch.packet import CLOCK_NS
 from testbed.topo import COLLECTOR_IP, COLLECTOR_MAC, End, FabricSpec
 
 REPORT_SRC_IP = "10.0.100.254"
 INT_BITMAP = 0xF500  # node id, L1 ports, hop latency, queue, egress timestamp, tx utilisation
+
+
+# What the rate laws that read INT (TiTa, HPCC) need of the switches' telemetry, per base RTT
+# T: a port's tx utilisation is the load of its last complete window, so a window longer than
+# a couple of T reports a load from many RTTs ago (or, early in a window longer than the run,
+# nothing: 0); and the hop latencies and egress times are counted in the switch clock's steps.
+MAX_TX_WINDOW_RTTS = 2.0
+MIN_CLOCK_STEPS_PER_RTT = 10
+# the scales tried for the smallest that resolves (1, 2, 5 x 10^k)
+_SCALE_STEPS = tuple(m * 10**k for k in range(7) for m in (1, 2, 5))
+
+
+def _times(r: float) -> str:
+    return f"{r:,.0f}" if r >= 10 else f"{r:.2g}"
+
+
+def mean_packet_bytes(scaling: Scaling) -> int:
+    """The frame size the controller sizes the switches' tx utilisation windows by."""
+    return min(9216, scaling.frame_bytes)
+
+
+@dataclass(frozen=True)
+class TelemetryResolution:
+    """How finely the switches' INT sees the fabric at a scale, against the base RTT T the
+    laws act on: the longest tx utilisation window the controller programs (2^shift ns,
+    controller/program.py; the program takes 2^16 ns and up, the controller 2^20 and up) and
+    the switch clock's step (v1model counts microseconds). All in the emulation's seconds."""
+
+    tx_window_s: float
+    clock_s: float
+    base_rtt_s: float
+
+    def problems(self) -> list[str]:
+        out = []
+        if self.tx_window_s > MAX_TX_WINDOW_RTTS * self.base_rtt_s:
+            out.append(
+                f"the switches' tx utilisation windows are {self.tx_window_s * 1e6:,.0f} us, "
+                f"{_times(self.tx_window_s / self.base_rtt_s)} base RTTs (at most "
+                f"{MAX_TX_WINDOW_RTTS:g}): INT's utilisation is stale, or 0 within a run "
+                "shorter than a window, and TiTa and HPCC see queues only"
+            )
+        if self.clock_s * MIN_CLOCK_STEPS_PER_RTT > self.base_rtt_s:
+            out.append(
+                f"the switch clock counts {self.clock_s * 1e6:g} us, "
+                f"{_times(self.clock_s / self.base_rtt_s)} base RTTs (at most "
+                f"1/{MIN_CLOCK_STEPS_PER_RTT}): hop latencies and egress times are coarse"
+            )
+        return out
+
+    @property
+    def resolves(self) -> bool:
+        return not self.problems()
+
+    def record(self, smallest_scale: float | None) -> dict[str, Any]:
+        """results.json's `setup.telemetry`."""
+        return {
+            "tx_window_s": self.tx_window_s,
+            "clock_s": self.clock_s,
+            "base_rtt_s": self.base_rtt_s,
+            "resolves": self.resolves,
+            "problems": self.problems(),
+            "smallest_resolving_scale": smallest_scale,
+        }
+
+
+def telemetry_resolution(
+    spec: FabricSpec, scaling: Scaling, base_rtt_s: float | None = None
+) -> TelemetryResolution:
+    """The telemetry of `spec`'s switches at `scaling` against `base_rtt_s` (default: the
+    model's, dilated). The window is the one the controller programs on the switch whose
+    slowest port is the fabric's slowest link (the longest window)."""
+    slowest = min(
+        (scaling.emulated_bps(lk.gbps) for lk in spec.links),
+        default=scaling.link_bps,
+    )
+    shift = tx_util_window_shift(slowest, mean_packet_bytes(scaling))
+    return TelemetryResolution(
+        tx_window_s=(1 << shift) * 1e-9,
+        clock_s=CLOCK_NS * 1e-9,
+        base_rtt_s=scaling.base_rtt_s if base_rtt_s is None else base_rtt_s,
+    )
+
+
+def smallest_resolving_scale(spec: FabricSpec, scaling: Scaling) -> float | None:
+    """The smallest scale (1, 2, 5 x 10^k) at which `spec`'s telemetry resolves the model's
+    base RTT; None if none up to the slowest links the emulation takes."""
+    for k in _SCALE_STEPS:
+        try:
+            at = replace(scaling, scale=k)
+        except ValueError:  # links too slow to emulate
+            return None
+        if telemetry_resolution(spec, at).resolves:
+            return k
+    return None
 
 
 @dataclass(frozen=True)
@@ -131,7 +227,7 @@ def controller_config(
             "queue_depth_packets": scaling.queue_packets(),
             "shared_buffer_bytes_per_port": m.buffer_per_port(),
             "buffer_alpha": m.buffer_alpha,
-            "mean_packet_bytes": min(9216, scaling.frame_bytes),
+            "mean_packet_bytes": mean_packet_bytes(scaling),
             "cell_bytes": 1,
         },
         "int": {

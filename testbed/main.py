@@ -239,7 +239,7 @@ def _testbed(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 def cmd_run(args: argparse.Namespace) -> int:
     from testbed.experiment.plots import write_plots
-    from testbed.experiment.report import table, verdict, write_results
+    from testbed.experiment.report import table, telemetry_notes, verdict, write_results
     from testbed.experiment.schemes import DEFAULT_SCHEMES, SCHEMES, cc_config, lossless
     from testbed.experiment.suite import ALL_SCENARIOS, SCENARIOS, SuiteConfig
 
@@ -325,6 +325,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             records = suite.run()
             base_rtt, tita_t = suite.base_rtt_s, suite.tita_t_s
             cc_records = suite.cc_records
+            telemetry = suite.telemetry
         s = tb.scaling
         setup = {
             "engine": "emu",
@@ -341,6 +342,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             "tita_base_rtt_s": tita_t,
             "suite": cfg.__dict__,
             "cc_profiles": cc_records,
+            "telemetry": telemetry,
             "controller_caps": args.controller_caps,
             "faults_file": str(args.faults) if args.faults else None,
             "queue_source": "INT queue occupancy of every data packet arriving at a "
@@ -361,7 +363,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print()
     print(table(records))
     print()
-    for line in verdict(records):
+    for line in [*verdict(records), *telemetry_notes(setup)]:
         print(line)
     print()
     print(f"results: {tb.run_dir / 'results.json'}")

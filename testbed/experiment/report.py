@@ -508,6 +508,19 @@ def run_named(path: Path, doc: dict[str, Any], about: str, command: str | None) 
     )
 
 
+def telemetry_notes(setup: dict[str, Any]) -> list[str]:
+    """What the run's telemetry could not resolve (setup.telemetry, testbed/ctlconfig.py): a
+    note under the table, for the laws that read INT."""
+    tel = setup.get("telemetry") or {}
+    notes = [f"NOTE: {p}" for p in tel.get("problems", [])]
+    if notes and tel.get("smallest_resolving_scale"):
+        notes.append(
+            f"NOTE: the telemetry resolves the base RTT from --scale "
+            f"{tel['smallest_resolving_scale']:g} (docs/fidelity.md)"
+        )
+    return notes
+
+
 def markdown_report(path: Path) -> str:
     """A run's table as the docs show it: which run (its command, engine, topology and
     scaling), the commit, date and machine it ran on, the table in Markdown and its verdict."""
@@ -521,4 +534,6 @@ def markdown_report(path: Path) -> str:
     ]
     if doc.get("verdict"):
         lines += ["", *(f"- {v}" for v in doc["verdict"])]
+    if notes := telemetry_notes(setup):
+        lines += ["", *(f"- {n}" for n in notes)]
     return "\n".join(lines)

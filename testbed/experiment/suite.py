@@ -66,6 +66,7 @@ from controller.nic.ratelaw import CcParams
 from controller.wire.telemetry_report import TELEMETRY_REPORT_PORT
 from testbed.collective import run as coll
 from testbed.collective.run import CollFabric
+from testbed.ctlconfig import smallest_resolving_scale, telemetry_resolution
 from testbed.experiment import metrics
 from testbed.experiment.schemes import (
     DEFAULT_SCHEMES,
@@ -345,6 +346,7 @@ class Suite:
         self.records: list[RunRecord] = []
         self.base_rtt_s = 0.0  # measured (FCT slowdown's ideal)
         self.tita_t_s = 0.0
+        self.telemetry: dict[str, Any] = {}  # results.json's setup.telemetry (prepare)
         self.flows_override: list[gen.Flow] | None = None  # a --flows file: the "flows" run
         self.faults: list[Fault] = []  # a --faults file: injected in every scenario
         self._scheme = "none"  # the scheme of the run in progress
@@ -500,6 +502,20 @@ class Suite:
             f"{self.hosts[0].name} -> {self.hosts[-1].name}); the model's, dilated: "
             f"{fmt_time(model_rtt)}; TiTa's T = {fmt_time(self.tita_t_s)}"
         )
+        self._check_telemetry()
+
+    def _check_telemetry(self) -> None:
+        """Whether the switches' INT resolves TiTa's T at this scale (testbed/ctlconfig.py):
+        recorded in `telemetry`, and said at the start where it does not, with the smallest
+        scale that does (the twin's results in the model's time are the same at any scale
+        whose telemetry resolves; docs/fidelity.md)."""
+        res = telemetry_resolution(self.spec, self.scaling, self.tita_t_s)
+        smallest = None if res.resolves else smallest_resolving_scale(self.spec, self.scaling)
+        self.telemetry = res.record(smallest)
+        for problem in res.problems():
+            self.say(f"WARNING: at scale 1/{self.scaling.scale:g} {problem}")
+        if smallest is not None:
+            self.say(f"WARNING: the telemetry resolves the base RTT from --scale {smallest:g}")
 
     def run(self) -> list[RunRecord]:
         cfg = self.cfg

@@ -91,7 +91,7 @@ def write_csvs(records: list[RunRecord], out: Path) -> list[Path]:
 
 def run_sim(args: argparse.Namespace, cfg: SuiteConfig) -> int:
     from testbed.experiment.plots import write_plots
-    from testbed.experiment.report import table, verdict, write_results
+    from testbed.experiment.report import table, telemetry_notes, verdict, write_results
 
     t0 = time.monotonic()
     spec = parse_choice(args.topo)
@@ -144,6 +144,7 @@ def run_sim(args: argparse.Namespace, cfg: SuiteConfig) -> int:
         "suite": cfg.__dict__,
         # per scheme: its law's CC profile, the profile's source and the values the NICs ran
         "cc_profiles": suite.cc_records,
+        "telemetry": suite.telemetry,
         "flows_file": str(args.flows) if args.flows else None,
         "faults_file": str(args.faults) if getattr(args, "faults", None) else None,
         "controller_caps": False,
@@ -172,7 +173,7 @@ def run_sim(args: argparse.Namespace, cfg: SuiteConfig) -> int:
     print()
     print(table(records, scaling.link_bps))
     print()
-    for line in verdict(records):
+    for line in [*verdict(records), *telemetry_notes(setup)]:
         print(line)
     print()
     print(f"results: {run_dir / 'results.json'}")

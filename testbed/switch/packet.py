@@ -38,6 +38,11 @@ STD_FIELDS = {
     "qid": 8,
 }
 
+# v1model's clocks (the global timestamps, enq_timestamp, deq_timedelta) count microseconds,
+# as bmv2's simple_switch does; the program turns them into ns (xingmai.p4: x 1000), so a switch
+# running it sees time in steps of this many ns whatever the link speed.
+CLOCK_NS = 1000
+
 # bmv2's core parser errors, used when the JSON does not declare them.
 CORE_ERRORS = (
     "NoError",

@@ -36,6 +36,7 @@ from testbed.switch.native.cgen import (
 )
 from testbed.switch.native.tm import NativeTrafficManager
 from testbed.switch.packet import (
+    CLOCK_NS,
     PKT_INSTANCE_TYPE_EGRESS_CLONE,
     PKT_INSTANCE_TYPE_INGRESS_CLONE,
     PKT_INSTANCE_TYPE_NORMAL,
@@ -308,7 +309,7 @@ class V1Switch:
             sm[S.ingress_port] = port & S.m_ingress_port
             sm[S.packet_length] = len(data)
             sm[S.instance_type] = PKT_INSTANCE_TYPE_NORMAL
-            sm[S.ingress_global_timestamp] = (p.t_ns // 1000) & S.m_ingress_global_timestamp
+            sm[S.ingress_global_timestamp] = (p.t_ns // CLOCK_NS) & S.m_ingress_global_timestamp
             self._run_ingress(c, S, p, bytes(data), port)
 
     def _receive_native(
@@ -358,7 +359,7 @@ class V1Switch:
             if rc == ARCH_NO_MEMORY:
                 raise MemoryError("the native traffic manager could not grow a queue")
         else:
-            rc = rt.receive(p, buf, port & S.m_ingress_port, p.t_ns // 1000, self.drop_port)
+            rc = rt.receive(p, buf, port & S.m_ingress_port, p.t_ns // CLOCK_NS, self.drop_port)
         if rc == 0:
             self._enqueue(S, p.h[S.h][S.egress_spec], p)
         elif rc == ARCH_PYTHON:
@@ -548,7 +549,7 @@ class V1Switch:
         if found is None:
             self._enqueue_failed(S, port, p)
             return
-        sm[S.enq_timestamp] = (now // 1000) & S.m_enq_timestamp
+        sm[S.enq_timestamp] = (now // CLOCK_NS) & S.m_enq_timestamp
         unit = self.qdepth_unit
         depth = (
             found[0]
@@ -630,11 +631,11 @@ class V1Switch:
     def _run_egress(
         self, c: Compiled, S: StdMeta, port: int, prio: int, p: Packet, enq_ns: int, left: int
     ) -> None:
-        now = p.t_ns // 1000
+        now = p.t_ns // CLOCK_NS
         booked = p.plen  # what the traffic manager booked the port's time for
         sm = p.h[S.h]
         sm[S.egress_global_timestamp] = now & S.m_egress_global_timestamp
-        sm[S.deq_timedelta] = (now - enq_ns // 1000) & S.m_deq_timedelta
+        sm[S.deq_timedelta] = (now - enq_ns // CLOCK_NS) & S.m_deq_timedelta
         if self.qdepth_unit != "packets":
             left = self.tm.ports[port].qbytes[prio]
             if self.qdepth_unit == "cells":
@@ -702,7 +703,7 @@ class V1Switch:
             left = self.tm.ports[port].qbytes[prio]
             if self.qdepth_unit == "cells":
                 left = -(-left // CELL_BYTES)
-        rc = rt.depart(p, port, prio, p.t_ns // 1000, enq_ns // 1000, left, self.drop_port)
+        rc = rt.depart(p, port, prio, p.t_ns // CLOCK_NS, enq_ns // CLOCK_NS, left, self.drop_port)
         if rc >= 0:
             self._transmit_out(port, p, rt.frame(p, rc), booked)
         else:

@@ -34,7 +34,7 @@ from typing import Any
 
 from testbed.switch.compiler import is_action_call
 from testbed.switch.native.tm import source as tm_source
-from testbed.switch.packet import PKT_INSTANCE_TYPE_NORMAL, STD_FIELDS
+from testbed.switch.packet import CLOCK_NS, PKT_INSTANCE_TYPE_NORMAL, STD_FIELDS
 from testbed.switch.program import HeaderType, Json, Program, hexint
 
 # Part of the cache key of every build: bump it when the generated C changes meaning.
@@ -1960,7 +1960,7 @@ class CGen:
             "(uint64_t)(uintptr_t)p, p->regs.plen, t_ns, found);",
             "if (rc < 0) return ARCH_NO_MEMORY;",
             "if (rc == 0) return ARCH_QUEUE_FULL;",
-            f"{sm('enq_timestamp')} = ((uint64_t)t_ns / 1000) & {m('enq_timestamp')};",
+            f"{sm('enq_timestamp')} = ((uint64_t)t_ns / {CLOCK_NS}) & {m('enq_timestamp')};",
             "uint64_t depth = (uint64_t)qdepth(unit, cell, found[0], found[1]);",
             f"{sm('enq_qdepth')} = depth < {m('enq_qdepth')} ? depth : {m('enq_qdepth')};",
             "return (int64_t)port;",
@@ -1978,7 +1978,7 @@ class CGen:
         )
         self.emit("{")
         self.emit("/* the port it was queued for (>= 0), or a code (< 0) */", 1)
-        self.emit("int64_t rc = xm_receive(s, p, buf, n, port, t_ns / 1000, drop_port);", 1)
+        self.emit(f"int64_t rc = xm_receive(s, p, buf, n, port, t_ns / {CLOCK_NS}, drop_port);", 1)
         self.emit(
             "return rc ? rc : v1model_enqueue(p, (xm_tm *)(uintptr_t)tm, handle, (int64_t)t_ns, "
             "unit, cell);",
@@ -2011,8 +2011,9 @@ class CGen:
             "    res[i].booked = p->regs.plen;",
             "    res[i].off = (int64_t)off;",
             "    int64_t rc = xm_depart(s, p, (uint64_t)d->port, (uint64_t)d->prio, "
-            "(uint64_t)d->start / 1000,",
-            "                           (uint64_t)d->enq_ns / 1000, (uint64_t)left, drop_port, "
+            f"(uint64_t)d->start / {CLOCK_NS},",
+            f"                           (uint64_t)d->enq_ns / {CLOCK_NS}, (uint64_t)left, "
+            "drop_port, "
             "out + off, cap - off);",
             "    res[i].rc = rc;",
             "    res[i].truncate = p->regs.truncate_len;",

@@ -1,0 +1,106 @@
+"""Whether the switches' INT resolves the base RTT at a scale (testbed/ctlconfig.py).
+
+The program's tx utilisation windows are 2^shift ns (the controller programs shift >= 20) and
+v1model's clock counts microseconds: at the model's own speed (--scale 1, a 1 us base RTT)
+a port's utilisation is the load of a window a thousand RTTs long, 0 for a run shorter than
+one. The check says so (and from which scale it resolves); the twin shows that it is so.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import controller.nic.ratelaw.reference as reference
+from controller.nic.ratelaw.base import ALL_ONES32
+from testbed.ctlconfig import smallest_resolving_scale, telemetry_resolution
+from testbed.experiment.report import telemetry_notes
+from testbed.main import main
+from testbed.model import Scaling
+from testbed.topo import leafspine
+
+
+def _scaling(spec: Any, scale: float) -> Scaling:
+    return Scaling(scale=scale, max_hops=spec.longest_path_switches())
+
+
+def test_the_model_speed_does_not_resolve_and_the_emulation_scale_does() -> None:
+    spec = leafspine(2, 2, 4)
+    at1 = telemetry_resolution(spec, _scaling(spec, 1))
+    assert at1.tx_window_s == pytest.approx(2**20 * 1e-9)  # the controller's shortest window
+    assert at1.clock_s == pytest.approx(1e-6) and at1.base_rtt_s == pytest.approx(1e-6)
+    problems = at1.problems()
+    assert len(problems) == 2 and "1,049 base RTTs" in problems[0] and "clock" in problems[1]
+    for scale in (1000, 20000):
+        assert telemetry_resolution(spec, _scaling(spec, scale)).resolves, scale
+    # at 1/500 the 1.05 ms window is 2.1 base RTTs of 0.5 ms: just too long
+    assert not telemetry_resolution(spec, _scaling(spec, 500)).resolves
+    assert smallest_resolving_scale(spec, _scaling(spec, 1)) == 1000
+    # a measured base RTT longer than the model's is what the laws run on
+    assert telemetry_resolution(spec, _scaling(spec, 500), base_rtt_s=1e-3).resolves
+
+
+def test_the_slowest_link_sets_the_window() -> None:
+    """The controller sizes a switch's window to hold 8 frames at its slowest port: 200G host
+    links at 1/1000 (200 Mb/s) get 2.1 ms windows, longer than two base RTTs of 1 ms; at
+    100G, 8 frames take 2.7 model us, more than two base RTTs at any scale."""
+
+    def hosts_at(gbps: float) -> Any:
+        spec = leafspine(2, 2, 4)
+        hosts = {h.name for h in spec.hosts}
+        links = tuple(
+            replace(lk, gbps=gbps) if hosts & {lk.a.node, lk.b.node} else lk for lk in spec.links
+        )
+        return replace(spec, links=links)
+
+    spec = hosts_at(200)
+    res = telemetry_resolution(spec, _scaling(spec, 1000))
+    assert res.tx_window_s == pytest.approx(2**21 * 1e-9) and not res.resolves
+    assert smallest_resolving_scale(spec, _scaling(spec, 1)) == 5000
+    spec = hosts_at(100)
+    assert smallest_resolving_scale(spec, _scaling(spec, 1)) is None
+
+
+def test_the_notes_name_the_problems_and_the_scale() -> None:
+    spec = leafspine(2, 2, 4)
+    res = telemetry_resolution(spec, _scaling(spec, 1))
+    notes = telemetry_notes({"telemetry": res.record(1000)})
+    assert len(notes) == 3 and notes[-1].endswith("from --scale 1000 (docs/fidelity.md)")
+    ok = telemetry_resolution(spec, _scaling(spec, 20000))
+    assert telemetry_notes({"telemetry": ok.record(None)}) == []
+    assert telemetry_notes({}) == []  # a results file from before the check
+
+
+@pytest.mark.slow
+def test_the_twin_at_the_model_speed_reads_no_utilisation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the check stands for, on the twin: TiTa's NICs read the bottleneck's tx
+    utilisation from INT; at 1/1000 the busy port reports a load, at 1/1 every hop record
+    says 0 while the queue stands. The run's results record the check."""
+    flows = tmp_path / "incast.csv"
+    flows.write_text("src,dst,bytes,start_s\nh2,h1,300000,0\nh3,h1,300000,0\n")
+    seen: list[int] = []
+    law = reference.tita_on_ack
+
+    def watch(cc: Any, prm: Any, hops: list[Any], **kw: Any) -> Any:
+        seen.extend(h.tx_util_ppm for h in hops if h.tx_util_ppm != ALL_ONES32)
+        return law(cc, prm, hops, **kw)
+
+    monkeypatch.setattr(reference, "tita_on_ack", watch)
+    utils = {}
+    for scale in ("1", "1000"):
+        seen.clear()
+        run = tmp_path / scale
+        argv = ["run", "--engine", "sim", "--scale", scale, "--flows", str(flows)]
+        assert main([*argv, "--schemes", "tita", "--run-dir", str(run)]) == 0
+        assert len(seen) > 20
+        utils[scale] = max(seen)
+        tel = json.loads((run / "results.json").read_text())["setup"]["telemetry"]
+        assert tel["resolves"] is (scale == "1000")
+    assert utils["1"] == 0
+    assert utils["1000"] > 500_000  # ppm: the port busy for most of a window
