@@ -507,8 +507,8 @@ class Suite:
     def _check_telemetry(self) -> None:
         """Whether the switches' INT resolves TiTa's T at this scale (testbed/ctlconfig.py):
         recorded in `telemetry`, and said at the start where it does not, with the smallest
-        scale that does (the twin's results in the model's time are the same at any scale
-        whose telemetry resolves; docs/fidelity.md)."""
+        scale that does (docs/fidelity.md: the twin's results in the model's time differ
+        little between scales whose telemetry resolves)."""
         res = telemetry_resolution(self.spec, self.scaling, self.tita_t_s)
         smallest = None if res.resolves else smallest_resolving_scale(self.spec, self.scaling)
         self.telemetry = res.record(smallest)
