@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from testbed.experiment.schemes import parse_cc_profiles
 from testbed.main import main
 from testbed.model import Scaling
 from testbed.peer.ns3_hpcc import (
@@ -24,6 +25,7 @@ from testbed.peer.ns3_hpcc import (
     parse_fct,
     parse_pfc,
     parse_qlen,
+    peer_cc,
     write_experiment,
 )
 from testbed.sim.run import load_flows
@@ -86,7 +88,9 @@ def _config(path: Path) -> dict[str, str]:
 def test_experiment_files(fabric, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     spec, scaling = fabric
     flows = load_flows(DATA / "twin-flows.csv", spec)
-    write_experiment(spec, flows, "hpcc", scaling, tmp_path / "hpcc", 1000)
+    shipped = parse_cc_profiles("")
+    hpcc = peer_cc("hpcc", scaling, shipped, {})
+    write_experiment(spec, flows, "hpcc", scaling, tmp_path / "hpcc", hpcc)
     # by start time: src dst pg dport (100 + flow id) bytes start_s
     assert (tmp_path / "hpcc" / "flow.txt").read_text() == (
         "4\n2 0 3 100 300000 0.0\n3 0 3 101 300000 0.001\n0 3 3 102 50000 0.05\n"
@@ -113,11 +117,22 @@ def test_experiment_files(fabric, tmp_path: Path) -> None:  # type: ignore[no-un
     assert float(c["SIMULATOR_STOP_TIME"]) == pytest.approx(0.05 + 50 * 658000 * 8 / 400e9 + 0.01)
     assert c["STOP_WHEN_DONE"] == "1"
 
-    write_experiment(spec, flows, "dcqcn+pfc", scaling, tmp_path / "dcqcn", 1000)
+    # DCQCN as the twin runs it by default: NVIDIA's ConnectX values (dcqcn-nvidia), timers in us
+    dcqcn = peer_cc("dcqcn+pfc", scaling, shipped, {})
+    write_experiment(spec, flows, "dcqcn+pfc", scaling, tmp_path / "dcqcn", dcqcn)
     c = _config(tmp_path / "dcqcn" / "config.txt")
-    # DCQCN's 40G values x 9.765 (the NIC's rate / 40G), its timers / 9.765, in us
     assert c["CC_MODE"] == "1"
     assert c["ENABLE_PFC"] == "1"
+    assert c["RATE_AI"] == "5000000bps" and c["RATE_HAI"] == "50000000bps"
+    assert c["ALPHA_RESUME_INTERVAL"] == "1.0" and c["RP_TIMER"] == "300.0"
+    assert c["RATE_DECREASE_INTERVAL"] == "4.0"
+    assert c["EWMA_GAIN"] == "0.0048828125"  # dce_tcp_g 1019: 5/1024
+    assert c["FAST_RECOVERY_TIMES"] == "1" and c["MIN_RATE"] == "1000000bps"
+    # --cc-profile dcqcn-paper: the paper's 40G values x 9.765 (the NIC's rate / 40G), its
+    # timers / 9.765
+    paper = peer_cc("dcqcn+pfc", scaling, parse_cc_profiles("dcqcn-paper"), {})
+    write_experiment(spec, flows, "dcqcn+pfc", scaling, tmp_path / "paper", paper)
+    c = _config(tmp_path / "paper" / "config.txt")
     assert c["RATE_AI"] == "390597085bps" and c["RATE_HAI"] == "3905970850bps"
     assert c["ALPHA_RESUME_INTERVAL"] == "5.632" and c["RP_TIMER"] == "5.632"
     assert c["RATE_DECREASE_INTERVAL"] == "0.409"
@@ -129,11 +144,14 @@ def test_experiment_files(fabric, tmp_path: Path) -> None:  # type: ignore[no-un
 def test_unsupported(fabric, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     spec, scaling = fabric
     flows = load_flows(DATA / "twin-flows.csv", spec)
+    shipped = parse_cc_profiles("")
     with pytest.raises(PeerError, match="no counterpart"):
-        write_experiment(spec, flows, "tita", scaling, tmp_path, 1000)
+        write_experiment(
+            spec, flows, "tita", scaling, tmp_path, peer_cc("tita", scaling, shipped, {})
+        )
     slow = Scaling(scale=20000, max_hops=3)
     with pytest.raises(PeerError, match="INT encodes only"):
-        write_experiment(spec, flows, "hpcc", slow, tmp_path, 1000)
+        write_experiment(spec, flows, "hpcc", slow, tmp_path, peer_cc("hpcc", slow, shipped, {}))
 
 
 def test_parsers() -> None:

@@ -49,7 +49,14 @@ import numpy as np
 from controller.config import EcnConfig
 from controller.nic.ratelaw.base import UNIT
 from controller.nic.ratelaw.params import CcParams
-from testbed.experiment.schemes import SCHEMES, Scheme, law, scheme
+from testbed.experiment.schemes import (
+    SCHEMES,
+    Scheme,
+    add_cc_arguments,
+    cc_config,
+    cc_profile,
+    scheme,
+)
 from testbed.model import Scaling
 from testbed.sim.fabric import LINK_DELAY_MODEL_NS
 from testbed.topo import FabricSpec, parse_choice
@@ -159,12 +166,13 @@ def ns3_config(
     stop_s: float,
     mon_start_ns: int,
     buffer: int,
-    base_rtt_ns: int,
+    cc: CcParams,
     ecn: EcnConfig | None = None,
 ) -> str:
-    """config.txt for scheme `name`: our parameters (controller.nic.ratelaw.params at the
-    NIC's line rate, the controller's ECN thresholds, the model's MTU) in the simulator's
-    keys; docs/fidelity.md has the table. `files` maps TOPOLOGY_FILE etc. to paths."""
+    """config.txt for scheme `name`: our parameters (`cc`, what the twin's NICs run: the
+    scheme's CC profile at the NIC's line rate, `peer_cc`; the controller's ECN thresholds, the
+    model's MTU) in the simulator's keys; docs/fidelity.md has the table. `files` maps
+    TOPOLOGY_FILE etc. to paths."""
     sch: Scheme = scheme(name)
     ecn = ecn or EcnConfig()  # the controller's thresholds
     if name not in CC_MODES:
@@ -175,7 +183,7 @@ def ns3_config(
             f"HPCC's INT encodes only 25/50/100/200/400G links, not {scaling.link_bps:g} b/s "
             "(run at --scale 1, 2, 4, 8 or 16)"
         )
-    p = CcParams.defaults(law(sch.law), int(scaling.nic_bps), base_rtt_ns)
+    p = cc
     d, h = p.dcqcn, p.hpcc
     rate = round(scaling.link_bps)
     mtu = scaling.transport_mtu
@@ -247,13 +255,26 @@ def stop_time_s(flows: list[Flow], link_bps: float) -> float:
     return last + 50 * total * 8 / link_bps + 0.01
 
 
+def peer_cc(
+    name: str,
+    scaling: Scaling,
+    profiles: dict[str, str],
+    cc_set: dict[str, dict[str, str]],
+) -> CcParams:
+    """The parameters the twin's NICs run scheme `name` with (as the suite sets them: its CC
+    profile, `--cc-set` over it, at the NICs' line rate, the model's base RTT and the scale),
+    which the simulator's config takes."""
+    prof = cc_profile(name, profiles, cc_set)
+    return prof.cc_params(int(scaling.nic_bps), round(scaling.base_rtt_s * 1e9), scaling.scale)
+
+
 def write_experiment(
     spec: FabricSpec,
     flows: list[Flow],
     name: str,
     scaling: Scaling,
     out: Path,
-    base_rtt_ns: int,
+    cc: CcParams,
 ) -> Ns3Topology:
     """The simulator's input files for scheme `name` in `out`; its outputs will go there."""
     out.mkdir(parents=True, exist_ok=True)
@@ -278,7 +299,7 @@ def write_experiment(
         stop_time_s(flows, scaling.link_bps),
         start_ns,
         buffer_mb(spec, scaling),
-        base_rtt_ns,
+        cc,
     )
     (out / "config.txt").write_text(cfg)
     return topo
@@ -565,7 +586,7 @@ def run_twin(args: argparse.Namespace, out: Path, schemes: tuple[str, ...]) -> N
     from testbed.experiment.suite import SuiteConfig
     from testbed.sim.run import run_sim
 
-    cfg = SuiteConfig(schemes=schemes, scenarios=("flows",), seed=args.seed)
+    cfg = SuiteConfig(schemes=schemes, scenarios=("flows",), seed=args.seed, **cc_config(args))
     ns = argparse.Namespace(
         topo=args.topo,
         scale=args.scale,
@@ -610,6 +631,7 @@ def add_parser(sub: Any) -> None:
         help="as run --scale (default 1: the model's 400G; HPCC needs 25-400G)",
     )
     p.add_argument("--seed", type=int, default=1, help="the twin's seed")
+    add_cc_arguments(p)
     p.add_argument(
         "--twin",
         type=Path,
@@ -641,10 +663,20 @@ def cmd_peer(args: argparse.Namespace) -> int:
         flows = load_flows(args.flows, spec)
         run_dir: Path = args.run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
-        base_rtt_ns = round(scaling.base_rtt_s * 1e9)
+        try:
+            cc = cc_config(args)
+        except ValueError as exc:  # a profile or setting it does not know
+            raise PeerError(str(exc)) from None
         # every input first: a scheme or fabric it cannot take fails before anything runs
         topos = {
-            s: write_experiment(spec, flows, s, scaling, run_dir / "ns3" / s, base_rtt_ns)
+            s: write_experiment(
+                spec,
+                flows,
+                s,
+                scaling,
+                run_dir / "ns3" / s,
+                peer_cc(s, scaling, cc["cc_profiles"], cc["cc_set"]),
+            )
             for s in schemes
         }
         twin_dir = args.twin
