@@ -31,6 +31,9 @@ INT_BITMAP = 0xF500  # node id, L1 ports, hop latency, queue, egress timestamp, 
 # nothing: 0); and the hop latencies and egress times are counted in the switch clock's steps.
 MAX_TX_WINDOW_RTTS = 2.0
 MIN_CLOCK_STEPS_PER_RTT = 10
+# a window's load counts whole clock steps (the packets stamped with the same step fall in one
+# window): a window of n steps reads the load of n or n + 1 of them, up to 1/n high
+MIN_CLOCK_STEPS_PER_WINDOW = 16
 # the scales tried for the smallest that resolves (1, 2, 5 x 10^k)
 _SCALE_STEPS = tuple(m * 10**k for k in range(7) for m in (1, 2, 5))
 
@@ -63,6 +66,12 @@ class TelemetryResolution:
                 f"{_times(self.tx_window_s / self.base_rtt_s)} base RTTs (at most "
                 f"{MAX_TX_WINDOW_RTTS:g}): INT's utilisation is stale, or 0 within a run "
                 "shorter than a window, and TiTa and HPCC see queues only"
+            )
+        if self.clock_s * MIN_CLOCK_STEPS_PER_WINDOW > self.tx_window_s:
+            out.append(
+                f"a tx utilisation window holds {_times(self.tx_window_s / self.clock_s)} steps "
+                f"of the switch clock (at least {MIN_CLOCK_STEPS_PER_WINDOW}): a busy port "
+                "reads up to one step's load too much or too little"
             )
         if self.clock_s * MIN_CLOCK_STEPS_PER_RTT > self.base_rtt_s:
             out.append(

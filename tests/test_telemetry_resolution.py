@@ -17,7 +17,11 @@ import pytest
 
 import controller.nic.ratelaw.reference as reference
 from controller.nic.ratelaw.base import ALL_ONES32
-from testbed.ctlconfig import smallest_resolving_scale, telemetry_resolution
+from testbed.ctlconfig import (
+    TelemetryResolution,
+    smallest_resolving_scale,
+    telemetry_resolution,
+)
 from testbed.experiment.report import telemetry_notes
 from testbed.main import main
 from testbed.model import Scaling
@@ -63,6 +67,15 @@ def test_the_slowest_link_sets_the_window() -> None:
     assert smallest_resolving_scale(spec, _scaling(spec, 1)) == 5000
     spec = hosts_at(100)
     assert smallest_resolving_scale(spec, _scaling(spec, 1)) is None
+
+
+def test_a_window_of_few_clock_steps_is_named() -> None:
+    """A window of 2^13 ns holds 8 or 9 of v1model's microsecond steps: a busy port reads 98 %
+    or 110 % of its load from one window to the next."""
+    res = TelemetryResolution(tx_window_s=2**13 * 1e-9, clock_s=1e-6, base_rtt_s=20e-6)
+    (problem,) = res.problems()
+    assert "holds 8.2 steps of the switch clock" in problem
+    assert TelemetryResolution(2**14 * 1e-9, 1e-6, 20e-6).resolves
 
 
 def test_the_notes_name_the_problems_and_the_scale() -> None:
