@@ -204,6 +204,14 @@ def _note(fab: Any, args: argparse.Namespace) -> str:
     )
 
 
+def _print_notes(telemetry: dict[str, Any]) -> None:
+    """What the switches' telemetry could not resolve at this scale, under the table."""
+    from testbed.experiment.report import telemetry_notes
+
+    for line in telemetry_notes({"telemetry": telemetry}):
+        print(line)
+
+
 def cmd_collective(args: argparse.Namespace) -> int:
     from testbed.collective import run
     from testbed.collective.plots import busbw_plot
@@ -213,6 +221,7 @@ def cmd_collective(args: argparse.Namespace) -> int:
     out = _run_dir(args, "collective")
     with open_suite(args) as (suite, fab):
         cc_profile = suite.cc_records[args.scheme]
+        telemetry = suite.telemetry
         params = _params(args)
         warmup = args.warmup
         rows = run.sweep(fab, sizes, algorithms, say=_say, warmup=warmup, **params)
@@ -234,11 +243,13 @@ def cmd_collective(args: argparse.Namespace) -> int:
                 **params,
             )
     print(table(rows, note))
+    _print_notes(telemetry)
     plot = busbw_plot(rows, out / "busbw.png", note)
     doc: dict[str, Any] = {
         **provenance(args.command),
         "note": note,
         "cc_profile": cc_profile,
+        "telemetry": telemetry,
         "rows": rows,
     }
     if degraded is not None:
@@ -321,13 +332,15 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     from testbed.collective import run
 
     out = _run_dir(args, "jobs")
-    with open_suite(args) as (_, fab):
+    with open_suite(args) as (suite, fab):
+        telemetry = suite.telemetry
         decls = run.load_jobs(args.file, len(fab.hosts))
         res = run.concurrent(fab, decls)
         note = _note(fab, args)
     print(f"# {note}")
     print(run.jobs_table(res))
-    doc = {**provenance(args.command), "note": note, **res}
+    _print_notes(telemetry)
+    doc = {**provenance(args.command), "note": note, "telemetry": telemetry, **res}
     (out / "jobs.json").write_text(json.dumps(doc, indent=1))
     print(f"\nresults: {out / 'jobs.json'}")
     return 0 if all(r.get("correct") for r in res["jobs"]) else 1
@@ -340,13 +353,21 @@ def cmd_tune(args: argparse.Namespace) -> int:
     cache = args.cache or tune.DEFAULT_CACHE
     with open_suite(args) as (suite, fab):
         cc_profile = suite.cc_records[args.scheme]  # as shipped (or as --cc-set says)
+        telemetry = suite.telemetry
         res = tune.tune(
             fab, args.collective, parse_sizes(args.sizes), cache, run.collective, say=_say
         )
         note = _note(fab, args)
     print(f"# {note}")
     print(tune.tune_table(res))
-    doc = {**provenance(args.command), "note": note, "cc_profile": cc_profile, **res}
+    _print_notes(telemetry)
+    doc = {
+        **provenance(args.command),
+        "note": note,
+        "cc_profile": cc_profile,
+        "telemetry": telemetry,
+        **res,
+    }
     (out / "tune.json").write_text(json.dumps(doc, indent=1))
     print(f"\nresults: {out / 'tune.json'}\ncache:   {cache}")
     return 0
