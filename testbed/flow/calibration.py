@@ -9,9 +9,11 @@ fitted on (the twin's commit, the fabric, the sizes, both times), and a held-out
 larger fabric.
 
 `xingmai-testbed calibrate-flow --scheme S` fits it: it runs the twin as a separate
-process (`xingmai-testbed run --engine sim --scale 1 --quick`, the suite's allreduce and
+process (`xingmai-testbed run --engine sim --scale K --quick`, the suite's allreduce and
 alltoall on a 2:1 leaf-spine of 4 hosts per leaf; the flow engine does not import the twin)
-and reads its results.json.
+and reads its results.json. K is the smallest scale at which the switches' telemetry
+resolves the base RTT (testbed/ctlconfig.py: at the model's own speed INT carries no link
+utilisation), and the twin's times are taken in the model's, divided by K.
 """
 
 from __future__ import annotations
@@ -24,11 +26,13 @@ from typing import Any
 
 import yaml
 
+from testbed.ctlconfig import smallest_resolving_scale
 from testbed.errors import UserError
 from testbed.experiment.report import load_results
 from testbed.experiment.schemes import cc_profile_name, default_cc_profiles
 from testbed.flow.collectives import model_link_latency, suite_collective
 from testbed.flow.fabric import from_spec
+from testbed.model import Scaling
 from testbed.topo import parse_choice
 
 CALIBRATION = Path(__file__).with_name("calibration.yaml")
@@ -106,9 +110,19 @@ def topology_for(hosts: int) -> str:
     return f"leafspine:{hosts // 4},2,4"
 
 
+def twin_scale(hosts: int) -> float:
+    """The scale the twin is calibrated at on the fabric of `hosts`: the smallest at which
+    its switches' telemetry resolves the base RTT."""
+    spec = parse_choice(topology_for(hosts))
+    k = smallest_resolving_scale(spec, Scaling(max_hops=spec.longest_path_switches()))
+    if k is None:
+        raise UserError(f"{spec.name}: no scale resolves its switches' telemetry")
+    return k
+
+
 def run_twin(scheme: str, hosts: int, run_dir: Path, say: Any = print) -> Path:
-    """The twin's allreduce and alltoall at the model's speed, quick sizes, in a process of
-    its own; returns its results.json."""
+    """The twin's allreduce and alltoall (quick sizes) at `twin_scale`, in a process of its
+    own; returns its results.json."""
     cmd = [
         sys.executable,
         "-m",
@@ -117,7 +131,7 @@ def run_twin(scheme: str, hosts: int, run_dir: Path, say: Any = print) -> Path:
         "--engine",
         "sim",
         "--scale",
-        "1",
+        f"{twin_scale(hosts):g}",
         "--quick",
         "--topo",
         topology_for(hosts),
@@ -142,11 +156,15 @@ def ideal_vs_twin(results: Path) -> dict[str, dict[str, Any]]:
     topology and size."""
     doc = load_results(results)
     setup = doc["setup"]
-    if setup.get("scale") != 1:
+    if setup.get("engine") != "sim":
+        raise UserError(f"{results}: not a run of the twin (--engine sim)")
+    if not (setup.get("telemetry") or {}).get("resolves"):
         raise UserError(
-            f"{results}: a twin run at scale {setup.get('scale')}; calibrate on "
-            "--scale 1 (the model's speed, as the flow engine runs)"
+            f"{results}: a twin run whose switches' telemetry does not resolve the base RTT "
+            f"(scale {setup.get('scale')}; its results.json says why, or predates the "
+            "check): calibrate on one that does, as calibrate-flow runs it"
         )
+    k = float(setup["scale"])  # the twin's times in the model's
     spec = parse_choice(f"{_topology_arg(setup['topology'])}")
     fab = from_spec(spec)
     lat = model_link_latency()  # as the flow engine runs (the twin's measured RTT recorded)
@@ -162,10 +180,11 @@ def ideal_vs_twin(results: Path) -> dict[str, dict[str, Any]]:
             "topology": setup["topology"],
             "hosts": len(spec.hosts),
             "bytes_per_rank": size,
-            "twin_time_s": run["completion_s"],
+            "twin_time_s": run["completion_s"] / k,
+            "twin_scale": k,
             "ideal_time_s": ideal.time_s,
             "ideal_latency_s": ideal.latency_s,
-            "twin_base_rtt_s": setup["base_rtt_s"],
+            "twin_base_rtt_s": setup["base_rtt_s"] / k,
             "cc_profile": setup.get("cc_profiles", {}).get(run["scheme"], {}).get("profile"),
             "twin_commit": doc["source"]["commit"],
             "twin_dirty": doc["source"]["dirty"],
