@@ -174,9 +174,15 @@ def test_10mb_message_intact_through_1pct_loss_with_selective_repeat(lan: NetnsL
     c = res["counters"]
     assert c["rx_kept"] > 0 and c["naks_sent"] > 0 and c["retransmits"] > 0
     # the socket runner runs the same core: past a gap packets are kept, not dropped, and
-    # only the holes are resent (about the 1 % lost; go-back-N resends every packet after one)
+    # only the holes are resent (about the 1 % lost; go-back-N resends every packet after one).
+    # A retransmission timeout resends what is in flight and not SACKed (at most a window):
+    # on a box busy with other work a late ACK fires it, which is not the repair under test
+    # (1,454 of 11,220 packets resent beside a compiler on both cores, 2026-12-05)
     assert c["drops"].get("out_of_order", 0) == 0
-    assert c["retransmits"] < 0.03 * c["tx_packets"]
+    from testbed.traffic.transport_core import TransportConfig
+
+    window = TransportConfig(local_ip=lan.hosts[0].ip).window  # the runner's default
+    assert c["retransmits"] < 0.03 * c["tx_packets"] + c["timeouts"] * window, c
 
 
 # ---- injected packets ---------------------------------------------------------------------
