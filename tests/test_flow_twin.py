@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from testbed.ctlconfig import telemetry_resolution
 from testbed.errors import UserError
 from testbed.experiment.suite import SuiteConfig
 from testbed.flow import calibration
@@ -44,8 +45,10 @@ def test_flow_engine_predicts_the_twin_at_held_out_sizes() -> None:
     )
     spec = parse_choice(topo)
     k = fitted["allreduce"]["fitted_on"]["twin_scale"]  # where the telemetry resolves T
-    assert k == calibration.twin_scale(8) and fitted["alltoall"]["fitted_on"]["twin_scale"] == k
-    twin = SimFabric(spec, Scaling(scale=k, max_hops=spec.longest_path_switches()), seed=1)
+    assert fitted["alltoall"]["fitted_on"]["twin_scale"] == k
+    scaling = Scaling(scale=k, max_hops=spec.longest_path_switches())
+    assert telemetry_resolution(spec, scaling).resolves
+    twin = SimFabric(spec, scaling, seed=1)
     records = {r.scenario: r for r in SimSuite(twin, cfg, lambda line: None).run()}
     fab = from_spec(spec)
     for coll, size in sizes.items():
