@@ -255,3 +255,36 @@ def test_dcqcn_cnp_burst_and_recovery_matches_reference() -> None:
         assert x > low + (LINE - low) / 2  # recovered most of the way
         cc = nic.get("xm_cc", d.key)
         assert cc.timer_count > 0 and cc.byte_count > 0
+
+
+def test_dcqcn_applies_every_elapsed_period_at_the_next_ack() -> None:
+    """ACKs many timer periods apart (a deeply cut flow's): XDP applies all the periods that
+    elapsed, as the reference does, not a few per packet."""
+    base = CcParams.defaults(Law.DCQCN, LINE)
+    # a 200 us increase timer and ACKs about 3 ms apart: about 15 periods per ACK
+    prm = replace(
+        base,
+        dcqcn=replace(
+            base.dcqcn, rate_timer_ns=200_000, cut_interval_ns=1_000_000, byte_counter=10_000
+        ),
+    )
+    with standalone_nic(LINE, law="dcqcn") as nic:
+        cfg = nic.config()
+        cc_params_to_c(prm, cfg.cc)
+        nic.write_config(cfg)
+        d = Driver(nic, ReferenceNic(LINE, prm), sport=50004)
+        tx, psn = 0, 0
+        d.send(ack(d.sport, psn, []), tx, 1)
+        x, r = d.send(cnp(d.sport), tx, psn + 1)
+        assert x == r < 0.6 * LINE
+        counts = []
+        for i in range(4):
+            time.sleep(0.003)
+            tx += 12 * 10_000  # 12 byte-counter periods between ACKs
+            psn += 80
+            x, r = d.send(ack(d.sport, psn, []), tx, psn + 1)
+            assert x == r, f"ACK {i}: XDP {x} vs reference {r}"
+            cc = nic.get("xm_cc", d.key)
+            counts.append((int(cc.timer_count), int(cc.byte_count)))
+        assert counts[0][0] >= 10 and counts[0][1] == 12, counts  # more than 4 of each
+        assert counts[-1][1] == 48

@@ -26,6 +26,7 @@ from controller.nic.ratelaw import (
     tita_on_ack,
     to_fixed,
 )
+from controller.nic.ratelaw.dcqcn import DCQCN_BACKLOG
 from controller.wire.int_md import hop_ml_words
 
 VECTORS = Path(__file__).parent / "data" / "int_v21.json"
@@ -217,6 +218,40 @@ def test_dcqcn_cut_alpha_and_recovery_stages() -> None:
         dcqcn_on_feedback(cc, prm, is_cnp=False, tx_bytes=tx, now_ns=t, ceil_bps=LINE, weight=1)
     assert cc.byte_count > d.fast_recovery_steps and cc.timer_count > d.fast_recovery_steps
     assert cc.ref_rate_bps == min(LINE, cc.ref_rate_bps)
+
+
+def test_dcqcn_applies_every_elapsed_event_at_the_next_feedback_up_to_the_backlog() -> None:
+    """A cut flow's ACKs come many timer periods apart; NICs run the timers in real time, so
+    one feedback packet must apply them all (ebpf/lib/dcqcn.h has no smaller per-packet bound),
+    up to the backlog."""
+    prm = CcParams.defaults(Law.DCQCN, LINE)
+    d = prm.dcqcn
+
+    def cut() -> CcState:
+        cc = CcState.initial(Law.DCQCN, LINE, 0, 0)
+        dcqcn_on_feedback(cc, prm, is_cnp=True, tx_bytes=0, now_ns=0, ceil_bps=LINE, weight=1)
+        return cc
+
+    def feed(cc: CcState, now: int, tx: int) -> None:
+        dcqcn_on_feedback(cc, prm, is_cnp=False, tx_bytes=tx, now_ns=now, ceil_bps=LINE, weight=1)
+
+    periods = 40  # more than the 4 per packet the NIC once applied, fewer than the backlog
+    assert 4 < periods < DCQCN_BACKLOG
+    one, many = cut(), cut()
+    feed(one, periods * d.rate_timer_ns, periods * d.byte_counter)
+    for k in range(1, periods + 1):
+        feed(many, k * d.rate_timer_ns, k * d.byte_counter)
+    assert one.timer_count == one.byte_count == periods
+    # the same events, applied timers first by the one packet, interleaved by the many
+    fields = ("timer_count", "byte_count", "timer_ts_ns", "bc_base_bytes")
+    assert [getattr(one, f) for f in fields] == [getattr(many, f) for f in fields]
+    assert one.rate_bps > LINE // 2 + (LINE // 2) * 9 // 10  # recovered, not 4 steps of it
+    # beyond the backlog the oldest periods are dropped and the clocks catch up
+    late = cut()
+    feed(late, 1000 * d.rate_timer_ns + 7, 1000 * d.byte_counter + 7)
+    assert late.timer_count == late.byte_count == DCQCN_BACKLOG
+    assert late.timer_ts_ns == 1000 * d.rate_timer_ns + 7
+    assert late.bc_base_bytes == 1000 * d.byte_counter + 7
 
 
 def test_reference_nic_ignores_what_is_not_feedback() -> None:

@@ -58,7 +58,6 @@ C_DEFINES: dict[str, int | None] = {
     "XM_MAX_FLOWS": None,
     # lib/*.h
     "XM_HOP_MAX_WORDS": int_md.HOP_ML_MAX,
-    "XM_DCQCN_MAX_EVENTS": dcqcn.DCQCN_MAX_EVENTS,
     "XM_DCQCN_BACKLOG": dcqcn.DCQCN_BACKLOG,
 }
 

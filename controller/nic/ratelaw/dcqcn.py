@@ -15,8 +15,8 @@ from __future__ import annotations
 from controller.nic.ratelaw.base import CUT_SEEN, U64, UNIT, UNIT_SHIFT, CcState, bound_rate
 from controller.nic.ratelaw.params import CcParams
 
-# XM_DCQCN_MAX_EVENTS, XM_DCQCN_BACKLOG of ebpf/lib/dcqcn.h: increase events per feedback packet
-DCQCN_MAX_EVENTS = 4
+# XM_DCQCN_BACKLOG of ebpf/lib/dcqcn.h: the most increase events, per source, one feedback
+# packet applies (all that elapsed since the last, the older ones dropped)
 DCQCN_BACKLOG = 64
 
 
@@ -74,14 +74,12 @@ def dcqcn_on_feedback(
             if nt > DCQCN_BACKLOG:
                 cc.timer_ts_ns = now_ns - DCQCN_BACKLOG * d.rate_timer_ns
                 nt = DCQCN_BACKLOG
-            nt = min(nt, DCQCN_MAX_EVENTS)
             cc.timer_ts_ns += nt * d.rate_timer_ns
         if d.byte_counter and tx_bytes > cc.bc_base_bytes:
             nb = (tx_bytes - cc.bc_base_bytes) // d.byte_counter
             if nb > DCQCN_BACKLOG:
                 cc.bc_base_bytes = tx_bytes - DCQCN_BACKLOG * d.byte_counter
                 nb = DCQCN_BACKLOG
-            nb = min(nb, DCQCN_MAX_EVENTS)
             cc.bc_base_bytes += nb * d.byte_counter
         for e in range(nt + nb):
             if e < nt:
