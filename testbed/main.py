@@ -31,7 +31,12 @@ import time
 from pathlib import Path
 
 from testbed.errors import UserError
-from testbed.experiment.schemes import RATE_LAWS, add_cc_arguments
+from testbed.experiment.schemes import (
+    RATE_LAWS,
+    add_ack_argument,
+    add_cc_arguments,
+    check_ack_every,
+)
 from testbed.model import BUFFERS, DEFAULT_MODEL, DEFAULT_SCALE, Scaling, model_with_buffer
 from testbed.switch.v1model import DEFAULT_PIPELINE, PIPELINES
 
@@ -149,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="gbn",
         help="the transport's retransmission: go-back-N (RC's; default) or selective repeat",
     )
+    add_ack_argument(run)
     run.add_argument(
         "--repeat",
         type=int,
@@ -257,6 +263,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.repeat < 1:
         print("--repeat must be at least 1", file=sys.stderr)
         return 2
+    try:
+        check_ack_every(args.ack_every)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     base = SuiteConfig.quick() if args.quick else SuiteConfig()
     if args.flows is not None:
         scenarios = ("flows",)
@@ -270,6 +281,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             "retransmit": args.retransmit,
             "pfc_watchdog": args.pfc_watchdog == "on",
             "proactive_start": args.proactive_start,
+            "ack_every": args.ack_every,
             **cc_config(args),
         }
     )

@@ -377,6 +377,36 @@ def test_the_proactive_start_paces_the_incast_at_its_fair_share_from_the_first_p
     assert all(v > 0.5 * line for v in plain_firsts), plain_firsts
 
 
+def test_ack_every_is_each_schemes_own_unless_the_run_sets_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--ack-every N` (SuiteConfig.ack_every): the receivers ACK every N packets under every
+    scheme, in the suite's workloads and in its collectives; unset, each scheme's own (TIMELY
+    and Swift time single packets)."""
+    spec = leafspine(2, 2, 4)
+    fab = SimFabric(spec, Scaling(max_hops=spec.longest_path_switches()))
+    own = SimSuite(fab, SuiteConfig())
+    assert (own.ack_every("tita"), own.ack_every("timely"), own.ack_every("swift")) == (2, 1, 1)
+    assert own.collective_fabric("timely").transport["ack_every"] == 1
+    assert own.collective_fabric("tita").transport["ack_every"] == 2
+    quick = SuiteConfig.quick().__dict__
+    cfg = SuiteConfig(**{**quick, "schemes": ("tita",), "scenarios": ("incast",), "ack_every": 1})
+    forced = SimSuite(fab, cfg)
+    assert forced.ack_every("tita") == 1
+    assert forced.collective_fabric("dcqcn").transport["ack_every"] == 1
+    seen = []
+    workload = SimSuite._workload
+
+    def spy(self: SimSuite, scenario: str, window: int, ack_every: int) -> dict:
+        seen.append(ack_every)
+        return workload(self, scenario, window, ack_every)
+
+    monkeypatch.setattr(SimSuite, "_workload", spy)
+    (rec,) = forced.run()
+    assert seen == [1] and rec.flows_completed == rec.flows
+    assert main(["run", "--engine", "sim", "--ack-every", "0", "--run-dir", str(tmp_path)]) == 2
+
+
 @pytest.mark.parametrize("pipeline", ["native", "reference"])
 def test_the_switches_share_one_parsed_program_and_never_write_it(pipeline: str) -> None:
     """The fabric's switches load the program from one parse (its bytes and JSON held once

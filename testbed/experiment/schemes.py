@@ -148,6 +148,29 @@ def cc_profile_name(
     return cc_profile(scheme_name, profiles, cc_set).name
 
 
+def add_ack_argument(ap: argparse.ArgumentParser, default: int | None = None) -> None:
+    """`--ack-every N`: the receivers ACK every N packets under every scheme."""
+    by: dict[int, list[str]] = {}
+    for s in _SCHEMES:
+        by.setdefault(s.ack_every, []).append(s.name)
+    own = "; ".join(f"{n} under {', '.join(names)}" for n, names in sorted(by.items()))
+    ap.add_argument(
+        "--ack-every",
+        type=int,
+        default=default,
+        metavar="N",
+        help="the receivers ACK every N packets under every scheme (default: "
+        + (f"{default}; " if default else "")
+        + f"each scheme's own: {own})",
+    )
+
+
+def check_ack_every(n: int | None) -> None:
+    """A ValueError for an --ack-every below 1."""
+    if n is not None and n < 1:
+        raise ValueError(f"--ack-every must be at least 1, not {n}")
+
+
 def add_cc_arguments(ap: argparse.ArgumentParser) -> None:
     """`--cc-profile` and `--cc-set`, for every command that runs a scheme."""
     defaults = ", ".join(f"{law.name.lower()}={name}" for law, name in DEFAULT_PROFILES.items())

@@ -127,6 +127,9 @@ class SuiteConfig:
     cc_profiles: dict[str, str] = field(default_factory=default_cc_profiles)
     # per rate law, parameters set otherwise than its profile says (--cc-set; the tuner's)
     cc_set: dict[str, dict[str, str]] = field(default_factory=dict)
+    # the receivers ACK every N packets under every scheme (--ack-every); None: each scheme's
+    # own (testbed/experiment/schemes.py)
+    ack_every: int | None = None
 
     @staticmethod
     def quick() -> SuiteConfig:
@@ -473,7 +476,10 @@ class Suite:
             law=scheme_law(scheme),
             transport={
                 **transport_settings(
-                    s, self.window(scheme) if window is None else window, retransmit=cfg.retransmit
+                    s,
+                    self.window(scheme) if window is None else window,
+                    self.ack_every(scheme),
+                    cfg.retransmit,
                 ),
                 **report_settings(self.spec, s),
             },
@@ -599,6 +605,10 @@ class Suite:
             return tita_window(self.scaling, self.tita_t_s)
         return DEFAULT_WINDOW
 
+    def ack_every(self, name: str) -> int:
+        """Packets per ACK under scheme `name`: the configured override, else the scheme's."""
+        return self.cfg.ack_every or scheme_info(name).ack_every
+
     def run_one(self, scheme: str, scenario: str) -> RunRecord:
         """One scenario under one scheme, on a fresh fabric where the engine builds one."""
         if self._cc_set:  # the CC a run starts with is the configured one, whatever ran before
@@ -613,7 +623,7 @@ class Suite:
         t_call = self._now()
         self._scheme = scheme
         try:
-            res = self._workload(scenario, self.window(scheme), scheme_info(scheme).ack_every)
+            res = self._workload(scenario, self.window(scheme), self.ack_every(scheme))
         except RunError as exc:
             # a job that cannot finish (a collective stuck, a worker gone) is this run's
             # result, not the end of the suite: recorded as failed, the next run goes on
@@ -721,7 +731,7 @@ class Suite:
             return None
         return self.scaling.nic_bps / (len(self.hosts) - 1)
 
-    def _workload(self, scenario: str, window: int, ack_every: int = 2) -> dict[str, Any]:
+    def _workload(self, scenario: str, window: int, ack_every: int) -> dict[str, Any]:
         cfg, s = self.cfg, self.scaling
         tr = {
             **transport_settings(s, window, ack_every, cfg.retransmit),

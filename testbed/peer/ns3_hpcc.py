@@ -52,9 +52,11 @@ from controller.nic.ratelaw.params import CcParams
 from testbed.experiment.schemes import (
     SCHEMES,
     Scheme,
+    add_ack_argument,
     add_cc_arguments,
     cc_config,
     cc_profile,
+    check_ack_every,
     scheme,
 )
 from testbed.model import Scaling
@@ -212,7 +214,8 @@ def ns3_config(
         ("ERROR_RATE_PER_LINK", "0.0000"),
         # their receiver ACKs every packet once a flow has L2_ACK_INTERVAL bytes in, and
         # never before (ReceiveUdp resets the milestone on each packet): a flow shorter than
-        # the interval would never complete, so 1, every packet (ours ACK every ack_every)
+        # the interval would never complete, so 1, every packet, as the twin's receivers do
+        # under `peer` unless its --ack-every says otherwise
         ("L2_CHUNK_SIZE", mtu),
         ("L2_ACK_INTERVAL", 1),
         ("L2_BACK_TO_ZERO", 0),  # go-back-N from the NAK'd PSN, as our transport
@@ -586,7 +589,13 @@ def run_twin(args: argparse.Namespace, out: Path, schemes: tuple[str, ...]) -> N
     from testbed.experiment.suite import SuiteConfig
     from testbed.sim.run import run_sim
 
-    cfg = SuiteConfig(schemes=schemes, scenarios=("flows",), seed=args.seed, **cc_config(args))
+    cfg = SuiteConfig(
+        schemes=schemes,
+        scenarios=("flows",),
+        seed=args.seed,
+        ack_every=args.ack_every,
+        **cc_config(args),
+    )
     ns = argparse.Namespace(
         topo=args.topo,
         scale=args.scale,
@@ -632,6 +641,9 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--seed", type=int, default=1, help="the twin's seed")
     add_cc_arguments(p)
+    # the simulator's receivers ACK every packet (see write_config): so do the twin's, unless
+    # told otherwise
+    add_ack_argument(p, default=1)
     p.add_argument(
         "--twin",
         type=Path,
@@ -658,6 +670,10 @@ def cmd_peer(args: argparse.Namespace) -> int:
                 f"schemes without a counterpart in HPCC's simulator: {bad} "
                 f"(it has {', '.join(sorted(CC_MODES))})"
             )
+        try:
+            check_ack_every(args.ack_every)
+        except ValueError as exc:
+            raise PeerError(str(exc)) from None
         spec = parse_choice(args.topo)
         scaling = Scaling(scale=args.scale, max_hops=spec.longest_path_switches())
         flows = load_flows(args.flows, spec)
@@ -701,11 +717,21 @@ def cmd_peer(args: argparse.Namespace) -> int:
         print(f"xingmai-testbed peer: {exc}", file=sys.stderr)
         return 1
     twin_doc = json.loads((twin_dir / "results.json").read_text())
+    # what the twin's receivers did (an existing --twin run may have had its schemes' own)
+    twin_ack = twin_doc.get("setup", {}).get("suite", {}).get("ack_every")
     head = [
         f"A: {twin_dir}  (the twin, {spec.name}, {scaling.describe()}, {twin_doc.get('date')})",
         f"B: {run_dir / 'ns3'}  ({SIMULATOR}, {sim})",
         "queues: A the INT records of arriving packets (per departure), B 100 ns samples "
         "(1 KB bins)",
+        "ACKs: A every "
+        + (
+            f"{twin_ack} packet(s)"
+            if twin_ack
+            else "N packets, each scheme's own N: "
+            + ", ".join(f"{s} {scheme(s).ack_every}" for s in schemes)
+        )
+        + ", B every packet",
     ]
     text = side_by_side(results, head)
     print(text)
@@ -716,6 +742,7 @@ def cmd_peer(args: argparse.Namespace) -> int:
         "flows_file": str(args.flows),
         "topology": spec.name,
         "scale": scaling.scale,
+        "twin_ack_every": twin_ack,
         "results": results,
         "table": text,
     }
