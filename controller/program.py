@@ -37,6 +37,9 @@ PUNT_ACL = 1  # p4src/include/define.p4: packet-in reasons
 PUNT_REPORT_UNSENT = 2
 TX_UTIL_WINDOW_SHIFT = 20  # p4src/include/define.p4: the default window, 2^20 ns
 TX_UTIL_WINDOW_NS = 1 << TX_UTIL_WINDOW_SHIFT
+# the shortest window the program takes, 2^10 ns (TimeWindow in p4src/include/arch/*.p4): about
+# one base RTT at 400G, where a window of the default's length reads the load of a thousand
+TX_UTIL_SHIFT_MIN = 10
 TX_UTIL_SHIFT = 16  # tx_util = bytes_in_window * tx_util_mult >> 16 (port_telemetry.p4)
 # A tx utilisation window holds at least this many mean-size frames at the switch's slowest
 # port: fewer, and INT bit 7 swings between 0 and a multiple of 100 % from window to window.
@@ -53,10 +56,10 @@ def ip_int(ip: str) -> int:
 
 
 def tx_util_window_shift(speed_bps: float, frame_bytes: int) -> int:
-    """Window length (2^shift ns, switch_config) holding TX_UTIL_WINDOW_FRAMES frames at
-    `speed_bps`; never below the program's default window."""
+    """Window length (2^shift ns, switch_config): the shortest holding TX_UTIL_WINDOW_FRAMES
+    frames at `speed_bps`, within what the program takes."""
     need_ns = TX_UTIL_WINDOW_FRAMES * frame_bytes * 8e9 / speed_bps
-    return max(TX_UTIL_WINDOW_SHIFT, min(40, math.ceil(math.log2(need_ns))))
+    return max(TX_UTIL_SHIFT_MIN, min(40, math.ceil(math.log2(need_ns))))
 
 
 def tx_util_mult(speed_bps: float, shift: int = TX_UTIL_WINDOW_SHIFT) -> int:

@@ -132,7 +132,7 @@ control XingmaiEgress(inout headers_t hdr, inout local_md_t md,
     apply {
         md.egress_port = sm.egress_port;
         md.egress_ts = (bit<64>)sm.egress_global_timestamp * 1000;
-        md.egress_ts_16 = md.egress_ts[47:16];
+        md.egress_ts_10 = md.egress_ts[41:10];
         md.enq_qdepth = (bit<32>)sm.enq_qdepth;
         md.deq_qdepth = (bit<32>)sm.deq_qdepth;
         md.qid = (bit<8>)sm.priority;  // simple_switch: the priority queue the packet used

@@ -51,7 +51,7 @@ def mean_packet_bytes(scaling: Scaling) -> int:
 class TelemetryResolution:
     """How finely the switches' INT sees the fabric at a scale, against the base RTT T the
     laws act on: the longest tx utilisation window the controller programs (2^shift ns,
-    controller/program.py; the program takes 2^16 ns and up, the controller 2^20 and up) and
+    controller/program.py; the program takes 2^10 ns and up) and
     the switch clock's step (v1model counts microseconds). All in the emulation's seconds."""
 
     tx_window_s: float

@@ -323,7 +323,15 @@ def tofino_resource_summary(out: Path) -> dict:
     pipeline depth, of the stages the device has, and which stages hold tables), SRAM / TCAM /
     map RAM blocks and logical tables, PHV containers and bits per container width, parser
     TCAM rows. From bf-p4c's logs (metrics.json, mau.json, resources.json under pipe/logs)."""
-    logs = next(out.rglob("logs/metrics.json")).parent
+    found = next(out.rglob("logs/metrics.json"), None)
+    if found is None:
+        # bf-p4c writes metrics.json and mau.json with its p4c-build-logs tool (-g), which a
+        # p4c build without pyinstaller does not package
+        raise RuntimeError(
+            f"bf-p4c wrote no logs/metrics.json under {out}: its summary logs did not run "
+            "(p4c-build-logs must be beside bf-p4c)"
+        )
+    logs = found.parent
     metrics = json.loads((logs / "metrics.json").read_text())
     mau = json.loads((logs / "mau.json").read_text())
     resources = json.loads((logs / "resources.json").read_text())["resources"]

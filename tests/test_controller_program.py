@@ -329,7 +329,15 @@ def test_program_constants_match_the_p4_source() -> None:
     # 2^20 ns; 4154 B at 20 Mb/s need 13.3 ms -> 2^24 ns
     assert program.tx_util_window_shift(100e6, 1000) == 20
     assert program.tx_util_window_shift(20e6, 4154) == 24
-    assert program.tx_util_window_shift(400e9, 1000) == 20
+    # at 400G 8 frames take 160 ns: the program's shortest window, 1.02 us (about the base RTT)
+    assert program.tx_util_window_shift(400e9, 1000) == program.TX_UTIL_SHIFT_MIN == 10
+    assert program.tx_util_window_shift(400e9, 4154) == 10  # 665 ns
+    # the shortest window is what both architectures' TimeWindow take
+    arch = REPO / "p4src" / "include" / "arch"
+    v1 = re.search(r"if \(s < (\d+) \|\| s > 40\)", (arch / "v1model.p4").read_text())
+    assert v1 is not None and int(v1.group(1)) == program.TX_UTIL_SHIFT_MIN
+    tna = re.search(r"#define WINDOW_ALL\(X\)\s*\\\s*X\((\d+), 0\)", (arch / "tna.p4").read_text())
+    assert tna is not None and int(tna.group(1)) == program.TX_UTIL_SHIFT_MIN
     # The Tofino programs multiply by tx_util_mult's two leading bits among bits 0-26
     # (include/arch/tna.p4, MulShr8): the window the controller picks keeps every port's
     # multiplier below 2^27, down to minimum-size frames at the slowest port.

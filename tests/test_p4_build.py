@@ -236,3 +236,7 @@ def test_tofino_summary_counts_stages_and_refuses_an_overflow(tmp_path: Path) ->
     _fake_bf_p4c_output(over, [0, 12], 12)
     with pytest.raises(RuntimeError, match="more MAU stages"):
         p4build._collect_tofino_outputs(target, over)
+    bare = tmp_path / "bare" / p4build.TOFINO_OUTDIR / "pipe" / "logs"
+    bare.mkdir(parents=True)  # what bf-p4c leaves without its summary-log tool
+    with pytest.raises(RuntimeError, match=r"no logs/metrics.json under .*p4c-build-logs"):
+        p4build._collect_tofino_outputs(target, tmp_path / "bare")

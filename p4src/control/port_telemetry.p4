@@ -155,7 +155,7 @@ control PortTelemetryEgress(inout headers_t hdr, inout local_md_t md) {
         measurements();
 
         telemetry_port.apply();
-        time_window.apply(md.egress_ts_16, md.tx_util_shift, window);
+        time_window.apply(md.egress_ts_10, md.tx_util_shift, window);
         packet_load.apply(bytes, md.tx_util_mult, load);
         REG_EXEC(tx_window_update, port, gap);
         REG_EXEC(tx_load_update, port, stored_load);

@@ -104,7 +104,7 @@ const bit<2> PKT_OTHER = 2;              // replicas, recirculated packets: not 
 // switch (switch_config) so that a window holds several frames at the ports' speed; without
 // it, 2^TX_UTIL_WINDOW_SHIFT ns (~1.05 ms).
 #define TX_UTIL_WINDOW_SHIFT 20
-// Window lengths the programs take: 2^16 ns .. 2^40 ns; another shift counts as the default
+// Window lengths the programs take: 2^10 ns .. 2^40 ns; another shift counts as the default
 // (TimeWindow in include/arch/*.p4).
 // A port's load in a window is counted in ppm of its speed with this many fraction bits (each
 // packet adds bytes * tx_util_mult >> 8): INT and reports carry it >> TX_LOAD_FRACTION_BITS.

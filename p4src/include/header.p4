@@ -273,7 +273,7 @@ struct local_md_t {
     bool checksum_error;                 // the IPv4 header checksum does not verify
     port_t egress_port;                  // egress only
     bit<64> egress_ts;                   // ns, egress only
-    bit<32> egress_ts_16;                // egress_ts[47:16]: units of 2^16 ns
+    bit<32> egress_ts_10;                // egress_ts[41:10]: units of 2^10 ns
     bit<32> enq_qdepth;                  // queue depth in the target's unit (see qdepth_unit)
     bit<32> deq_qdepth;
     bit<8> qid;

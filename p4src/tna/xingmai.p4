@@ -330,7 +330,7 @@ control TnaEgress(inout headers_t hdr, inout tna_md_t m,
     Ecn() ecn;
     UnlinkedCopy32() egress_ts_lo;
     UnlinkedCopy32() egress_ts_hi;
-    UnlinkedCopy32() egress_ts_16;
+    UnlinkedCopy32() egress_ts_10;
 
     apply {
         if (m.md.pkt_kind == PKT_NORMAL) {
@@ -341,7 +341,7 @@ control TnaEgress(inout headers_t hdr, inout tna_md_t m,
         // it, in one container-size group.
         egress_ts_lo.apply(eg_prsr_md.global_tstamp[31:0], m.md.egress_ts[31:0]);
         egress_ts_hi.apply((bit<32>)eg_prsr_md.global_tstamp[47:32], m.md.egress_ts[63:32]);
-        egress_ts_16.apply(eg_prsr_md.global_tstamp[47:16], m.md.egress_ts_16);
+        egress_ts_10.apply(eg_prsr_md.global_tstamp[41:10], m.md.egress_ts_10);
         if (m.md.report == 1) {
             // A report's ingress time: the mirror carries its low 32 bits, the egress time the
             // rest (off by 2^32 ns only when the clone's queueing crossed such a boundary).

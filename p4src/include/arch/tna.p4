@@ -191,19 +191,20 @@ control QueueBytes(in bit<32> depth, in bit<32> unit, out bit<32> bytes) {
 #endif
 }
 
-// The number of the 2^shift ns window a timestamp falls in, from its bits 47..16 (ts_16), for
-// shifts 16..40 (65.5 us .. 18 min windows; another shift counts as TX_UTIL_WINDOW_SHIFT):
-// ts_16 shifted by a constant, one action per shift.
-#define WINDOW_ACTION(k, s) @hidden action shift_##k() { window = ts_16 >> s; }
+// The number of the 2^shift ns window a timestamp falls in, from its bits 41..10 (ts_10), for
+// shifts 10..40 (1.02 us .. 18 min windows; another shift counts as TX_UTIL_WINDOW_SHIFT):
+// ts_10 shifted by a constant, one action per shift.
+#define WINDOW_ACTION(k, s) @hidden action shift_##k() { window = ts_10 >> s; }
 #define WINDOW_ACTION_REF(k, s) shift_##k;
 #define WINDOW_ENTRY(k, s) k: shift_##k();
 #define WINDOW_ALL(X)                                                           \
-    X(16, 0) X(17, 1) X(18, 2) X(19, 3) X(20, 4) X(21, 5) X(22, 6) X(23, 7)     \
-    X(24, 8) X(25, 9) X(26, 10) X(27, 11) X(28, 12) X(29, 13) X(30, 14)         \
-    X(31, 15) X(32, 16) X(33, 17) X(34, 18) X(35, 19) X(36, 20) X(37, 21)       \
-    X(38, 22) X(39, 23) X(40, 24)
+    X(10, 0) X(11, 1) X(12, 2) X(13, 3) X(14, 4) X(15, 5) X(16, 6) X(17, 7)     \
+    X(18, 8) X(19, 9) X(20, 10) X(21, 11) X(22, 12) X(23, 13) X(24, 14)         \
+    X(25, 15) X(26, 16) X(27, 17) X(28, 18) X(29, 19) X(30, 20) X(31, 21)       \
+    X(32, 22) X(33, 23) X(34, 24) X(35, 25) X(36, 26) X(37, 27) X(38, 28)       \
+    X(39, 29) X(40, 30)
 
-control TimeWindow(in bit<32> ts_16, in bit<8> shift, out bit<32> window) {
+control TimeWindow(in bit<32> ts_10, in bit<8> shift, out bit<32> window) {
     WINDOW_ALL(WINDOW_ACTION)
 
     @hidden table window_shift {

@@ -87,16 +87,16 @@ control QueueBytes(in bit<32> depth, in bit<32> unit, out bit<32> bytes) {
     }
 }
 
-// The number of the 2^shift ns window a timestamp falls in, from its bits 47..16 (ts_16),
-// for shifts 16..40; another shift counts as 20 (define.p4: TX_UTIL_SHIFT_MIN/MAX,
-// TX_UTIL_WINDOW_SHIFT; include/arch/tna.p4 takes the same range).
-control TimeWindow(in bit<32> ts_16, in bit<8> shift, out bit<32> window) {
+// The number of the 2^shift ns window a timestamp falls in, from its bits 41..10 (ts_10),
+// for shifts 10..40 (1.02 us .. 18 min windows: a window of about one base RTT at 400G); another
+// shift counts as 20, TX_UTIL_WINDOW_SHIFT (define.p4; include/arch/tna.p4 takes the same range).
+control TimeWindow(in bit<32> ts_10, in bit<8> shift, out bit<32> window) {
     apply {
         bit<8> s = shift;
-        if (s < 16 || s > 40) {
+        if (s < 10 || s > 40) {
             s = 20;
         }
-        window = ts_16 >> (s - 16);
+        window = ts_10 >> (s - 10);
     }
 }
 
