@@ -42,6 +42,8 @@ from controller.wire.telemetry_report import (
 log = logging.getLogger("xingmai.controller.collector")
 
 SEQ_MOD = 1 << SEQ_BITS
+# a departure that leaves this much queued behind it left a busy port (a few jumbo frames)
+BUSY_QUEUE_BYTES = 16 * 1024
 REORDER_WINDOW = 4096  # how far from the expected number a report still belongs to the stream
 
 
@@ -140,6 +142,12 @@ class LinkTelemetry:
     int_departures: int = 0
     int_wait_ns: int = 0
     int_expected_ns: int = 0
+    # and INT's tx utilisation of the departures that left a standing queue behind them
+    # (BUSY_QUEUE_BYTES or more): a healthy port sends at its rate while it has a queue, a
+    # slow one below it, whatever the queue does (a draining queue makes waits look long
+    # against the dequeue depth INT carries)
+    int_busy: int = 0
+    int_busy_util_ppm: int = 0
     last_update: float = 0.0  # monotonic
     int_series: deque[tuple[float, int | None, int | None, float | None]] = field(
         default_factory=deque
@@ -317,6 +325,9 @@ class Collector:
                 lt.int_departures += 1
                 lt.int_wait_ns += hop.latency_ns
                 lt.int_expected_ns += round(hop.qocc * 8e9 / lt.capacity_bps)
+                if hop.qocc >= BUSY_QUEUE_BYTES and hop.tx_util_ppm is not None:
+                    lt.int_busy += 1
+                    lt.int_busy_util_ppm += hop.tx_util_ppm
         if hop.tx_util_ppm is not None:
             lt.util_int = hop.tx_util_ppm / 1e6
         lt.int_series.append((wall, hop.qocc, hop.latency_ns, lt.util_int))
@@ -485,11 +496,18 @@ class Collector:
             for n in sorted(self.nodes.values(), key=lambda n: n.node_id)
         ]
 
-    def int_waits(self) -> dict[str, tuple[int, int, int]]:
+    def int_waits(self) -> dict[str, tuple[int, int, int, int, int]]:
         """Each directed link's INT latency totals so far (departures, hop latency ns, what
-        their queues explain ns): the localizer's second latency monitor."""
+        their queues explain ns; departures that left a standing queue, the sum of their tx
+        utilisation in ppm): the localizer's second latency monitor."""
         return {
-            name: (lt.int_departures, lt.int_wait_ns, lt.int_expected_ns)
+            name: (
+                lt.int_departures,
+                lt.int_wait_ns,
+                lt.int_expected_ns,
+                lt.int_busy,
+                lt.int_busy_util_ppm,
+            )
             for name, lt in self.links.items()
             if lt.int_departures
         }

@@ -125,6 +125,13 @@ class Thresholds:
     # queue is more than a few frames (the excess threshold above keeps out the rest)
     int_wait_ratio: float = 1.25
     int_excess_frames: float = 2.0  # and this many frame times beyond the fabric's median
+    # and, confirming it, the port sent below this share of its rate while it had a queue
+    # (INT's tx utilisation of departures that left one behind, at least int_min_busy of
+    # them): a healthy port draining a deep queue waits long against the dequeue depth INT
+    # carries, but sends at its rate (the twin's DCQCN incast at 1/20000: 450 ms waited
+    # against 97 ms explained on h1's link, named slow without this)
+    int_busy_util: float = 0.9
+    int_min_busy: int = 10
     switch_share: float = 0.6  # a switch is slow when this share of its busy ports is
     # A port counts towards its switch's slowness on weaker evidence than a slow link: its
     # frames wait this many frame times beyond their queue and this many times what it
@@ -202,7 +209,7 @@ class Localizer:
         self._slow_at: dict[tuple[str, int], float] = {}
         self._busy_at: dict[tuple[str, int], float] = {}
         # the collector's INT latency totals per directed link, (time, totals) over two windows
-        self._int: deque[tuple[float, dict[str, tuple[int, int, int]]]] = deque()
+        self._int: deque[tuple[float, dict[str, tuple[int, int, int, int, int]]]] = deque()
         self._nics: dict[str, deque[NicSample]] = {h.name: deque() for h in topo.cfg.hosts}
 
     # ---- input ----
@@ -218,10 +225,11 @@ class Localizer:
         while len(h.samples) > 2 and sample.t - h.samples[1].t >= keep:
             h.samples.popleft()
 
-    def int_waits(self, t: float, totals: dict[str, tuple[int, int, int]]) -> None:
+    def int_waits(self, t: float, totals: dict[str, tuple[int, int, int, int, int]]) -> None:
         """The collector's INT totals at `t` per directed link (`Collector.int_waits`):
         departures, their hop latencies and what their queues explain at the link's nominal
-        capacity, in ns."""
+        capacity, in ns; the departures that left a standing queue and their tx utilisation
+        summed, in ppm."""
         self._int.append((t, totals))
         while len(self._int) > 2 and t - self._int[1][0] >= self.th.window_s * 2:
             self._int.popleft()
@@ -595,20 +603,31 @@ class Localizer:
         if first is None or first is last:
             first = self._int[-2][1]
         seen: list[tuple[str, DirLink, int, int, int]] = []
-        for name, (d1, w1, e1) in last.items():
-            d0, w0, e0 = first.get(name, (0, 0, 0))
+        busy: dict[str, tuple[int, float]] = {}  # departures that left a queue, their util
+        for name, (d1, w1, e1, b1, u1) in last.items():
+            d0, w0, e0, b0, u0 = first.get(name, (0, 0, 0, 0, 0))
             dl = self.topo.links.get(name)
             if d1 - d0 >= self.th.min_departures and dl is not None and dl.capacity_bps > 0:
                 seen.append((name, dl, d1 - d0, w1 - w0, e1 - e0))
+                if b1 > b0:
+                    busy[name] = (b1 - b0, (u1 - u0) / (b1 - b0) / 1e6)
         if len(seen) < 3:
             return {}  # no fabric to judge a link against
         base = statistics.median((wait - expected) / deps for _, _, deps, wait, expected in seen)
         base = max(0.0, base)
         out: dict[str, tuple[str, float, str]] = {}
         for name, dl, deps, wait, expected in seen:
+            n_busy, util = busy.get(name, (0, 1.0))
+            if n_busy < self.th.int_min_busy or util >= self.th.int_busy_util:
+                continue  # sent at its rate while it had a queue (or too few to tell)
             sw = str(dl.tx).partition(":")[0]
             lid = link_id(str(dl.tx), str(dl.rx))
-            if lid in dead or f"switch {sw}" in found or self._paused(dl.tx.node, dl.tx.port):
+            # a packet reported now may have waited through pauses of the window before
+            if (
+                lid in dead
+                or f"switch {sw}" in found
+                or self._paused_since(dl, 2 * self.th.window_s)
+            ):
                 continue  # a paused port's packets waited for the pauses (PFC counts them)
             frame = self.mtu_bytes * 8e9 / dl.capacity_bps
             excess = ((wait - expected) / deps - base) / frame  # frame times per packet
@@ -620,16 +639,20 @@ class Localizer:
                     f"INT: {deps} packets waited {wait / deps / 1e6:.2f} ms on average at "
                     f"{name}, their queue explains {expected / deps / 1e6:.2f} ms at its "
                     f"{dl.capacity_bps / 1e6:g} Mb/s and the fabric's links wait "
-                    f"{base / 1e6:.2f} ms beyond theirs",
+                    f"{base / 1e6:.2f} ms beyond theirs; it sent at {util:.0%} of its rate "
+                    f"while it had a queue ({n_busy} packets)",
                 )
         return out
 
-    def _paused(self, sw: str, port: int | None) -> bool:
-        """Whether PFC pauses held the port's egress at some time in the window."""
-        w = self._window(sw)
-        if w is None or port is None:
+    def _paused_since(self, dl: DirLink, span_s: float) -> bool:
+        """Whether PFC pauses held the link's egress at some time in the last `span_s` of
+        its switch's samples (as many as are kept: two windows)."""
+        h = self._hist.get(dl.tx.node)
+        if h is None or len(h.samples) < 2 or dl.tx.port is None:
             return False
-        p0, p1 = w[0].ports.get(port), w[1].ports.get(port)
+        last = h.samples[-1]
+        first = next((s for s in h.samples if last.t - s.t <= span_s), h.samples[-2])
+        p0, p1 = first.ports.get(dl.tx.port), last.ports.get(dl.tx.port)
         return p0 is not None and p1 is not None and p1.paused_ns > p0.paused_ns
 
     def _frame_ns(self, sw: str, port: int) -> float:

@@ -38,7 +38,11 @@ class Fabric:
         # INT's view (the collector's totals per directed link): a port draining at this
         # fraction of its rate that no switch counter shows (a silent rate fault)
         self.silent_rate: dict[tuple[str, int], float] = {}
-        self.int = {k: (0, 0, 0) for k in self.tx}
+        # ... and a healthy port draining a deep queue: its packets wait this many times what
+        # the dequeue depth INT carries explains, while it sends at its full rate
+        self.draining: dict[tuple[str, int], float] = {}
+        # departures, wait, expected wait, departures leaving a queue, their tx util (ppm)
+        self.int = {k: (0, 0, 0, 0, 0) for k in self.tx}
         self._owed: dict[tuple[str, int], float] = {}  # fractions of frames lost so far
         self.errors: dict[tuple[str, int], int] = {}
         # ports that PFC pauses hold: the share of each step their egress is paused
@@ -72,13 +76,17 @@ class Fabric:
                 self._owed[rx] = owed - bad
                 self.rx[rx] += n - bad
                 self.errors[rx] = self.errors.get(rx, 0) + bad
-            di, wi, ei = self.int[(s, p)]
-            # INT: what the queue it saw explains at the nominal rate (2 ms), and the wait at
-            # the rate the port really drains at
+            di, wi, ei, bi, ui = self.int[(s, p)]
+            # INT: what the queue it saw explains at the nominal rate (2 ms: every departure
+            # leaves a queue), the wait at the rate the port really drains at, and the share of
+            # its rate the port sent at
+            rate = self.silent_rate.get((s, p), 1.0)
             self.int[(s, p)] = (
                 di + n,
-                wi + round(n * 2_000_000 / self.silent_rate.get((s, p), 1.0)),
+                wi + round(n * 2_000_000 * self.draining.get((s, p), 1.0) / rate),
                 ei + n * 2_000_000,
+                bi + n,
+                ui + n * round(rate * 1_000_000),
             )
             d, w, e = self.mon[(s, p)]
             # a healthy port waits what its queue explains (2 ms here) plus a little

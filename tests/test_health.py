@@ -210,6 +210,23 @@ def test_int_names_a_link_that_drains_below_its_rate_where_no_counter_shows_it()
     assert g.loc.ranked() == []
 
 
+def test_int_does_not_call_a_port_slow_that_drains_a_deep_queue_at_its_rate() -> None:
+    """INT carries the queue at dequeue: while a deep queue drains (a DCQCN incast cut its
+    senders), each packet waited for the bytes ahead of it but leaves few behind, so the
+    waits are several times what the dequeue depth explains (the twin's incast at 1/20000:
+    450 ms against 97 ms on h1's link). The port sent at its rate all along (INT's tx
+    utilisation while it had a queue): not slow. The same waits at 70 % of the rate are."""
+    f = Fabric()
+    f.draining[("spine1", 1)] = 4.6
+    f.run(6)
+    assert f.loc.ranked() == []
+    f.silent_rate[("spine1", 1)] = 0.7
+    f.run(3)
+    [s] = f.loc.ranked()
+    assert (s.element, s.kind) == ("link leaf1:5-spine1:1", "slow-link")
+    assert "it sent at 70% of its rate while it had a queue" in s.evidence, s.evidence
+
+
 def test_a_port_that_pfc_pauses_is_not_called_slow() -> None:
     """Frames held by PFC pauses wait longer than their queue explains, by INT and by the
     port's latency monitor alike: the twin's incast under DCQCN+PFC had a spine's port named
