@@ -602,22 +602,22 @@ class Localizer:
         first = next((tot for t, tot in self._int if t1 - t <= self.th.window_s), None)
         if first is None or first is last:
             first = self._int[-2][1]
-        seen: list[tuple[str, DirLink, int, int, int]] = []
-        busy: dict[str, tuple[int, float]] = {}  # departures that left a queue, their util
+        # per link: departures, waited, explained; those that left a queue, their util (ppm)
+        seen: list[tuple[str, DirLink, int, int, int, int, int]] = []
         for name, (d1, w1, e1, b1, u1) in last.items():
             d0, w0, e0, b0, u0 = first.get(name, (0, 0, 0, 0, 0))
             dl = self.topo.links.get(name)
             if d1 - d0 >= self.th.min_departures and dl is not None and dl.capacity_bps > 0:
-                seen.append((name, dl, d1 - d0, w1 - w0, e1 - e0))
-                if b1 > b0:
-                    busy[name] = (b1 - b0, (u1 - u0) / (b1 - b0) / 1e6)
+                seen.append((name, dl, d1 - d0, w1 - w0, e1 - e0, b1 - b0, u1 - u0))
         if len(seen) < 3:
             return {}  # no fabric to judge a link against
-        base = statistics.median((wait - expected) / deps for _, _, deps, wait, expected in seen)
+        base = statistics.median(
+            (wait - expected) / deps for _, _, deps, wait, expected, *_ in seen
+        )
         base = max(0.0, base)
         out: dict[str, tuple[str, float, str]] = {}
-        for name, dl, deps, wait, expected in seen:
-            n_busy, util = busy.get(name, (0, 1.0))
+        for name, dl, deps, wait, expected, n_busy, busy_ppm in seen:
+            util = busy_ppm / n_busy / 1e6 if n_busy else 1.0
             if n_busy < self.th.int_min_busy or util >= self.th.int_busy_util:
                 continue  # sent at its rate while it had a queue (or too few to tell)
             sw = str(dl.tx).partition(":")[0]

@@ -46,6 +46,19 @@ static __always_inline __u64 xm_lt_mask(__u64 a, __u64 b)
 	return (__u64)((__s64)(a - b) >> 63);
 }
 
+/* The events of one increase source (the timer: time; the byte counter: bytes sent) due at
+ * `now` since `*base`, one per `period`, at most XM_DCQCN_BACKLOG; `*base` advances past
+ * those, or to `now` when older ones are dropped. Masks, not branches: every path through
+ * here reaches the event loop as one, which keeps the verifier's walk of it short. */
+static __always_inline __u64 xm_dcqcn_due(__u64 *base, __u64 now, __u64 period)
+{
+	__u64 n = (now - *base) / period;
+	__u64 old = xm_lt_mask(XM_DCQCN_BACKLOG, n);
+	n = (XM_DCQCN_BACKLOG & old) | (n & ~old);
+	*base = (now & old) | ((*base + n * period) & ~old);
+	return n;
+}
+
 /* One increase event. Stage from the timer count T and byte count BC (QCN/DCQCN):
  * max(T, BC) <= F fast recovery, min(T, BC) > F hyper increase by (min - F) * R_HAI,
  * otherwise additive increase by R_AI; then R_C = (R_T + R_C) / 2. */
@@ -92,24 +105,12 @@ static __always_inline void xm_dcqcn_on_feedback(const struct xm_cc_params *prm,
 	/* rate increase events, only after a cut */
 	if (cc->flags & XM_CC_CUT_SEEN) {
 		__u64 nt = 0, nb = 0;
-		if (d->rate_timer_ns && now > cc->timer_ts_ns) {
-			nt = (now - cc->timer_ts_ns) / d->rate_timer_ns;
-			__u64 old = xm_lt_mask(XM_DCQCN_BACKLOG, nt);
-			nt = (XM_DCQCN_BACKLOG & old) | (nt & ~old);
-			cc->timer_ts_ns = ((now - nt * d->rate_timer_ns) & old) |
-					  (cc->timer_ts_ns & ~old);
-			cc->timer_ts_ns += nt * d->rate_timer_ns;
-		}
-		if (d->byte_counter && st->tx_bytes > cc->bc_base_bytes) {
-			nb = (st->tx_bytes - cc->bc_base_bytes) / d->byte_counter;
-			__u64 old = xm_lt_mask(XM_DCQCN_BACKLOG, nb);
-			nb = (XM_DCQCN_BACKLOG & old) | (nb & ~old);
-			cc->bc_base_bytes = ((st->tx_bytes - nb * d->byte_counter) & old) |
-					    (cc->bc_base_bytes & ~old);
-			cc->bc_base_bytes += nb * d->byte_counter;
-		}
-		/* Masks, not branches, clamp nt and nb above: the fewer paths reach this loop, the
-		 * less the verifier walks it (once per iteration, it is not unrolled). */
+		if (d->rate_timer_ns && now > cc->timer_ts_ns)
+			nt = xm_dcqcn_due(&cc->timer_ts_ns, now, d->rate_timer_ns);
+		if (d->byte_counter && st->tx_bytes > cc->bc_base_bytes)
+			nb = xm_dcqcn_due(&cc->bc_base_bytes, st->tx_bytes, d->byte_counter);
+		/* Not unrolled: the verifier walks it once per iteration, for each path that
+		 * reaches it (xm_dcqcn_due keeps those few). */
 #pragma clang loop unroll(disable)
 		for (int e = 0; e < 2 * XM_DCQCN_BACKLOG; e++) {
 			if (e >= nt + nb)

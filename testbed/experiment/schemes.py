@@ -160,8 +160,8 @@ def add_ack_argument(ap: argparse.ArgumentParser, default: int | None = None) ->
         default=default,
         metavar="N",
         help="the receivers ACK every N packets under every scheme (default: "
-        + (f"{default}; " if default else "")
-        + f"each scheme's own: {own})",
+        + (str(default) if default else "each scheme's own")
+        + f"; the schemes' own: {own})",
     )
 
 

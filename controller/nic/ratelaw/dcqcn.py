@@ -30,6 +30,15 @@ def fx_pow(base: int, n: int) -> int:
     return r
 
 
+def _due(base: int, now: int, period: int) -> tuple[int, int]:
+    """xm_dcqcn_due(): the events of one increase source due at `now` since `base`, at most
+    DCQCN_BACKLOG, and the base after them (`now` when older ones are dropped)."""
+    n = (now - base) // period
+    if n > DCQCN_BACKLOG:
+        return DCQCN_BACKLOG, now
+    return n, base + n * period
+
+
 def _dcqcn_increase(cc: CcState, prm: CcParams, ceil_bps: int, weight: int) -> None:
     F = prm.dcqcn.fast_recovery_steps
     mx = max(cc.timer_count, cc.byte_count)
@@ -70,17 +79,9 @@ def dcqcn_on_feedback(
     if cc.flags & CUT_SEEN:
         nt = nb = 0
         if d.rate_timer_ns and now_ns > cc.timer_ts_ns:
-            nt = (now_ns - cc.timer_ts_ns) // d.rate_timer_ns
-            if nt > DCQCN_BACKLOG:
-                cc.timer_ts_ns = now_ns - DCQCN_BACKLOG * d.rate_timer_ns
-                nt = DCQCN_BACKLOG
-            cc.timer_ts_ns += nt * d.rate_timer_ns
+            nt, cc.timer_ts_ns = _due(cc.timer_ts_ns, now_ns, d.rate_timer_ns)
         if d.byte_counter and tx_bytes > cc.bc_base_bytes:
-            nb = (tx_bytes - cc.bc_base_bytes) // d.byte_counter
-            if nb > DCQCN_BACKLOG:
-                cc.bc_base_bytes = tx_bytes - DCQCN_BACKLOG * d.byte_counter
-                nb = DCQCN_BACKLOG
-            cc.bc_base_bytes += nb * d.byte_counter
+            nb, cc.bc_base_bytes = _due(cc.bc_base_bytes, tx_bytes, d.byte_counter)
         for e in range(nt + nb):
             if e < nt:
                 cc.timer_count += 1
