@@ -163,7 +163,8 @@ class ControllerMetrics:
             took.add_metric([], ops.failover_writes_s[-1])
         late = CounterMetricFamily(
             "xingmai_controller_poll_rounds_late",
-            "poll rounds that no switch answered in time (the controller was late): skipped",
+            "poll rounds that no switch answered whole in time and none refused (the controller "
+            "or its box was late): skipped",
         )
         late.add_metric([], ops.rounds_late)
         nic_failed = CounterMetricFamily(

@@ -200,6 +200,45 @@ def test_a_switch_whose_answer_came_before_the_loop_stalled_is_not_silent(
     assert ops.loc.ranked() == [] and ops.dead == frozenset()
 
 
+def test_a_round_every_switch_was_late_in_is_the_box_even_if_some_answered_part(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The emulation's clean suite once named both leaves unreachable: the box stalled for 5 s
+    (2 cores under WebSearch without CC), and in the round after it the leaves' SwitchAdmin
+    timed out while the spines answered it and timed out on their counter read. Every switch
+    late at once, none refusing, is the box, not two leaves failing together: the round is
+    skipped, and a switch late alone is still named."""
+    ops, clock, ports = clocked_operations(monkeypatch)
+    answers: dict[str, PollFailed | None] = {}
+
+    async def poll(s: FakeSession) -> SwitchSample | PollFailed:
+        why = answers.get(s.name)
+        if why is not None:
+            return why
+        return SwitchSample(
+            s.name, clock[0], {p: PortSample(p, tx_packets=0, rx_packets=0) for p in ports[s.name]}
+        )
+
+    monkeypatch.setattr(ops, "_poll", poll)
+    for _ in range(10):
+        clock[0] += 0.5
+        asyncio.run(ops.tick())
+    admin_late = PollFailed("SwitchAdmin: DEADLINE_EXCEEDED", refused=False)
+    counters_late = PollFailed("P4Runtime counter read: no answer", refused=False, answered=True)
+    answers = {"leaf1": admin_late, "leaf2": admin_late}
+    answers |= {"spine1": counters_late, "spine2": counters_late}
+    clock[0] += 5.19  # the stall, then the round
+    asyncio.run(ops.tick())
+    assert ops.rounds_late == 1 and ops.loc.ranked() == [] and ops.dead == frozenset()
+    answers = {"leaf1": admin_late}  # the others answer whole: leaf1 is late alone
+    for _ in range(8):
+        clock[0] += 0.5
+        asyncio.run(ops.tick())
+    assert [(s.element, s.kind) for s in ops.loc.ranked()] == [
+        ("switch leaf1", "switch-unreachable")
+    ]
+
+
 def test_a_poll_that_never_returns_is_a_late_poll_not_a_stopped_loop(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
