@@ -77,10 +77,17 @@ def _common(ap: argparse.ArgumentParser) -> None:
         "--pipeline",
         choices=PIPELINES,
         default=DEFAULT_PIPELINE,
-        help=f"the built-in switches' P4 pipeline (default {DEFAULT_PIPELINE}): native code "
-        "generated from the JSON, or the Python reference it is proven identical to (where "
-        "the native one cannot run, no C compiler or a construct it lacks, one line says why "
-        "and the reference runs)",
+        help=f"the per-packet code (default {DEFAULT_PIPELINE}): native, or the Python "
+        "reference it is proven identical to; the built-in switches' P4 pipeline (native code "
+        "generated from the JSON) and, on the twin, the NICs' rate laws (the XDP program "
+        "compiled); where the native one cannot run (no C compiler, a construct it lacks) one "
+        "line says why and the reference runs",
+    )
+    ap.add_argument(
+        "--nic-pipeline",
+        choices=PIPELINES,
+        help="the twin's NICs alone on this one (default: as --pipeline): to bisect a "
+        "difference between the native and the reference runs",
     )
     ap.add_argument("--pcap", action="store_true", help="per-port pcap files in the run dir")
     ap.add_argument("--run-dir", type=Path, help="default: runs/<timestamp>")
@@ -256,6 +263,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     ]
     if args.engine == "emu" and args.seed != 1:
         print("--seed is the twin's (the emulation's workloads use seed 1)", file=sys.stderr)
+        return 2
+    if args.engine != "sim" and args.nic_pipeline is not None:
+        print(
+            "--nic-pipeline is the twin's (the emulation's NICs run the XDP program in the "
+            "kernel; the flow engine has no NIC)",
+            file=sys.stderr,
+        )
         return 2
     if bad:
         print(f"unknown scheme or scenario: {bad}", file=sys.stderr)

@@ -42,8 +42,10 @@ BPF_TABLE_PINNED("percpu_array", __u32, __u64, xm_counters, XM_CNT_MAX, XM_PIN("
  * A pinned ring buffer: bcc's BPF_RINGBUF_OUTPUT with a pin (every program's module shares
  * it, as they share the tables). Its `leaf` member names the record type, which gives
  * Python the record's layout (the table's .Leaf) from this header. Size: bytes, a power of
- * two multiple of the page size.
+ * two multiple of the page size. (The twin's native build of the program defines its own:
+ * testbed/sim/nic_native.c.)
  */
+#ifndef XM_RINGBUF_PINNED
 #define XM_RINGBUF_PINNED(_name, _record, _bytes, _pin)                                     \
 	struct _name##_table_t {                                                           \
 		int key;                                                                   \
@@ -56,6 +58,7 @@ BPF_TABLE_PINNED("percpu_array", __u32, __u64, xm_counters, XM_CNT_MAX, XM_PIN("
 	};                                                                                 \
 	__attribute__((section("maps/ringbuf:" _pin))) struct _name##_table_t _name = {    \
 		.max_entries = (_bytes)}
+#endif
 
 /* 256 KiB: about 4,600 events, a few seconds of every flow's rate changes at the emulation's
  * scale; when it is full an event is counted as lost and the agent re-reads xm_rates. */

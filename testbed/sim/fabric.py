@@ -42,8 +42,10 @@ from testbed.p4files import BMV2_JSON, P4INFO
 from testbed.probes import Capture, PortCounters, RateEvent
 from testbed.sim.engine import EventLoop
 from testbed.sim.nic import IntSource, SimHost
+from testbed.sim.nic_native import library as nic_library
 from testbed.switch.admin import SwitchAdminService
 from testbed.switch.dataplane import PortStats  # the switch process's own port counters
+from testbed.switch.native.build import BuildError
 from testbed.switch.p4runtime import P4RuntimeService, parse_p4info_text
 from testbed.switch.pfc import (
     PfcConfig,
@@ -53,7 +55,7 @@ from testbed.switch.pfc import (
     pfc_thresholds,
 )
 from testbed.switch.traffic_manager import Clock
-from testbed.switch.v1model import DEFAULT_PIPELINE, V1Switch
+from testbed.switch.v1model import DEFAULT_PIPELINE, PIPELINES, V1Switch
 from testbed.topo import End, FabricSpec
 from testbed.traffic.generators import Flow
 from testbed.traffic.jobs import JOBS
@@ -216,10 +218,22 @@ class SimFabric:
         link_delay_ns: int | None = None,
         seed: int = 1,
         pipeline: str = DEFAULT_PIPELINE,
+        nic_pipeline: str | None = None,
     ):
         self.spec = spec
         self.seed = seed
         self.pipeline = pipeline  # the switches' P4 pipeline: reference or native
+        # the NICs' rate laws: the XDP program compiled, or its Python reference (None: as
+        # the switches); where the native one cannot be built, the reason, and the reference
+        self.nic_pipeline = nic_pipeline or pipeline
+        if self.nic_pipeline not in PIPELINES:
+            raise ValueError(f"nic_pipeline must be one of {PIPELINES}, got {nic_pipeline!r}")
+        self.nic_pipeline_in_use, self.nic_native_reason = self.nic_pipeline, ""
+        if self.nic_pipeline == "native":
+            try:
+                nic_library()
+            except BuildError as exc:
+                self.nic_pipeline_in_use, self.nic_native_reason = "reference", str(exc)
         self.scaling = scaling
         self.ecn = ecn or EcnConfig()
         self.loop = EventLoop()
@@ -306,11 +320,13 @@ class SimFabric:
         int_source = IntSource(
             True, icfg.dscp, icfg.instruction_bitmap, icfg.hop_budget, s.link_mtu + 14
         )
-        by_node = {sw.node_id: sw.name for sw in self.cfg.switches}
 
-        def hop_speed(node: int, port: int) -> int:
-            name = by_node.get(node)
-            return round(self.topo.port_speed_bps(name, port)) if name else 0
+        # every switch port's speed, as the agent writes them to xm_hop_speed
+        hop_speeds = {
+            (sw.node_id, p): round(self.topo.port_speed_bps(sw.name, p))
+            for sw in self.spec.switches
+            for p in self.spec.switch_ports(sw.name)
+        }
 
         for sw in self.switches.values():
             for p in self.spec.switch_ports(sw.name):
@@ -328,10 +344,11 @@ class SimFabric:
                 gw,
                 # the NIC's line rate is its link's (its first: a host's NICs share one rate)
                 s.nic_rate(self.link_bps(att)),
-                hop_speed,
+                hop_speeds,
                 wire.send,
                 int_source,
                 self.link_names,
+                self.nic_pipeline_in_use,
             )
             for i, extra in enumerate(h.nics[1:], start=1):  # the rails of a multi-NIC host
                 att = self.spec.attachment(h.name, i)

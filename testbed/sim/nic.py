@@ -3,8 +3,9 @@ transport (the sans-I/O core and the workload's job), on the event loop.
 
 - INT source: `insert_int` does what `xm_int_insert()` in ebpf/tc_egress.c does to a data
   packet (shim and MD header after the UDP header, INT DSCP, lengths and IPv4 checksum).
-- Rate law: controller.nic.ratelaw.ReferenceNic, the bit-exact reference of ebpf/xdp_ingress.c,
-  fed every arriving frame with the flow's tx bytes and next PSN as tc counts them.
+- Rate law: ebpf/xdp_ingress.c itself, compiled for the process (testbed/sim/nic_native.py,
+  the native NIC), or controller.nic.ratelaw.ReferenceNic, its bit-exact Python reference;
+  fed every arriving feedback frame with the flow's tx bytes and next PSN as tc counts them.
 - Pacer: each flow (5-tuple) sends at exactly its rate, earliest-departure-time first (as
   EDT pacing does: a packet's departure is the flow's previous one plus its length over the
   rate, never before now), and the NIC's port sends one frame at a time at the NIC's line
@@ -31,7 +32,6 @@ from controller.nic.pfc import PfcNic
 from controller.nic.ratelaw import (
     RTT_LAWS,
     CcParams,
-    HopSpeed,
     Law,
     ReferenceNic,
     RttProbe,
@@ -44,6 +44,7 @@ from controller.wire.roce import OP_ACK, OP_CNP, OP_RC_DATA_MAX, ROCE_UDP_PORT
 from controller.wire.telemetry_report import TELEMETRY_REPORT_PORT
 from testbed.probes import Capture, RateEvent, record_int_frame
 from testbed.sim.engine import EventLoop
+from testbed.sim.nic_native import NativeNic
 from testbed.traffic.jobs import Job
 from testbed.traffic.transport_core import QueuePair, TransportCore
 
@@ -128,11 +129,16 @@ class SimHost:
         mac: str,
         gateway_mac: str,
         line_rate_bps: float,
-        hop_speed: HopSpeed,
+        hop_speeds: dict[tuple[int, int], int],
         send: Callable[[bytes, int], bool],
         int_source: IntSource,
         links: dict[tuple[int, int], str],
+        nic_pipeline: str = "reference",
     ):
+        """`hop_speeds`: (node id, port) -> bit/s of every switch port INT may report (the
+        agent's xm_hop_speed); `nic_pipeline`: the rate laws' code, `native` (the XDP program
+        compiled: testbed/sim/nic_native.py, the caller has checked that it builds) or
+        `reference` (Python)."""
         self.loop = loop
         self.name = name
         self.ip = ip
@@ -146,9 +152,14 @@ class SimHost:
         self.ns_per_byte = 8e9 / line_rate_bps
         self.int_source = int_source
         self.links = links
-        self.nic = ReferenceNic(
-            self.line_rate_bps, CcParams.defaults(Law.NONE, self.line_rate_bps), hop_speed
-        )
+        params = CcParams.defaults(Law.NONE, self.line_rate_bps)
+        self.nic: NativeNic | ReferenceNic
+        if nic_pipeline == "native":
+            self.nic = NativeNic(self.line_rate_bps, params, hop_speeds)
+        else:
+            self.nic = ReferenceNic(
+                self.line_rate_bps, params, lambda node, port: hop_speeds.get((node, port), 0)
+            )
         self.flows: dict[tuple[int, int, int, int, int], FlowTx] = {}
         self._qp_keys: dict[QueuePair, tuple[int, int, int, int, int]] = {}
         self.core: TransportCore | None = None
@@ -197,7 +208,7 @@ class SimHost:
     def start_job(self, core: TransportCore, job: Job, t0_ns: int) -> None:
         self.core, self.job, self.done, self.result = core, job, False, None
         self.flows.clear()
-        self.nic.flows.clear()
+        self.nic.reset()
         self._qp_keys.clear()
         core.nic_rates = self  # the application reads its flows' rates (rate_bps)
         # the application's start rates: the flows are paced at them from their first packet,
@@ -353,7 +364,7 @@ class SimHost:
         f = self._flow(key)
         # tc's RTT probe: the departure is now (the pacer sends at the EDT time)
         if data and self.nic.params.law in RTT_LAWS:
-            tc_rtt_probe(f.probe, self.nic.flows.get(key), psn, now_ns)
+            tc_rtt_probe(f.probe, self.nic.state(key), psn, now_ns)
         if data and self.int_source.enabled:
             pkt = insert_int(pkt, self.int_source) or pkt
         frame = port.eth + pkt
@@ -455,6 +466,7 @@ class SimHost:
                 snd_nxt_psn=f.snd_nxt_psn,
                 rtt_probe=f.probe,
                 paced_bps=f.rate_bps or None,
+                key=key,
             )
             if rate is not None and rate != f.rate_bps:
                 f.rate_bps = rate

@@ -109,12 +109,18 @@ def run_sim(args: argparse.Namespace, cfg: SuiteConfig) -> int:
 
     say(f"twin: {spec.name}, {scaling.describe()}")
     fab = SimFabric(
-        spec, scaling, seed=cfg.seed, pipeline=getattr(args, "pipeline", DEFAULT_PIPELINE)
+        spec,
+        scaling,
+        seed=cfg.seed,
+        pipeline=getattr(args, "pipeline", DEFAULT_PIPELINE),
+        nic_pipeline=getattr(args, "nic_pipeline", None),
     )
     if fab.pipeline == "native":
         sw = next(iter(fab.switches.values())).sw
         if sw.pipeline_in_use != "native":
             say(f"native pipeline unavailable ({sw.native_reason}): the reference runs")
+    if fab.nic_native_reason:
+        say(f"native NIC unavailable ({fab.nic_native_reason}): the reference runs")
     say(
         f"{len(fab.switches)} built-in switches programmed through P4Runtime "
         f"({sum(len(s.sw.compiled.tables) for s in fab.switches.values() if s.sw.compiled)}"
@@ -136,6 +142,7 @@ def run_sim(args: argparse.Namespace, cfg: SuiteConfig) -> int:
         "scale": scaling.scale,
         "buffer": scaling.model.buffer,
         "pipeline": next(iter(fab.switches.values())).sw.pipeline_in_use,
+        "nic_pipeline": fab.nic_pipeline_in_use,
         "link_bps": scaling.link_bps,
         "nic_bps": scaling.nic_bps,
         "base_rtt_s": suite.base_rtt_s,

@@ -40,10 +40,11 @@ def compiler() -> str:
     return path
 
 
-def build(source: str, digest: str) -> Path:
-    """The shared object of `source`, compiled now or found in the cache."""
+def build(source: str, digest: str, stem: str = "pipeline") -> Path:
+    """The shared object of `source`, compiled now or found in the cache (`stem`: what it is,
+    the start of its name: the switch's pipelines, the twin's NIC)."""
     out_dir = cache_dir()
-    so = out_dir / f"pipeline-{digest[:32]}.so"
+    so = out_dir / f"{stem}-{digest[:32]}.so"
     if so.exists():
         try:
             os.utime(so)  # used now: the last to be pruned
@@ -56,7 +57,7 @@ def build(source: str, digest: str) -> Path:
     except OSError as exc:
         raise BuildError(f"cannot create the cache directory {out_dir}: {exc}") from exc
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
-        c_file = Path(tmp) / f"pipeline-{digest[:32]}.c"
+        c_file = Path(tmp) / f"{stem}-{digest[:32]}.c"
         c_file.write_text(source)
         tmp_so = Path(tmp) / "pipeline.so"
         try:
@@ -70,7 +71,7 @@ def build(source: str, digest: str) -> Path:
             raise BuildError(f"the C compiler failed to run: {exc}") from exc
         if res.returncode != 0:
             first = next((ln for ln in res.stderr.splitlines() if "error" in ln), res.stderr[:200])
-            raise BuildError(f"the generated C did not compile ({cc}): {first.strip()}")
+            raise BuildError(f"the {stem}'s C did not compile ({cc}): {first.strip()}")
         # keep the C beside the object, for reading and debugging
         shutil.copyfile(c_file, so.with_suffix(".c"))
         os.replace(tmp_so, so)
@@ -81,7 +82,7 @@ def build(source: str, digest: str) -> Path:
 def prune(out_dir: Path, keep: int = CACHE_KEEP) -> None:
     """Remove all but the `keep` shared objects used last, with their C."""
     objs = []
-    for so in out_dir.glob("pipeline-*.so"):
+    for so in out_dir.glob("*-*.so"):
         try:
             objs.append((so.stat().st_mtime, so))
         except OSError:
