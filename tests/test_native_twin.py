@@ -66,3 +66,12 @@ def test_the_twin_on_the_native_pipeline_matches_the_reference() -> None:
     assert any(r["queue_max_bytes"] > 0 for r in reference.values())
     assert reference[("dcqcn+pfc", "incast")]["pauses"] > 0
     assert all(r["rate_series"] for r in reference.values())  # the laws moved rates
+
+
+def test_each_part_keeps_its_pipeline_in_a_fresh_fabric() -> None:
+    """Every run of a suite is on a fabric built anew (`fresh`): the NICs stay on the pipeline
+    asked for, whatever the switches run (a bisection of the two must not be undone by it)."""
+    scaling = Scaling(scale=1.0, max_hops=SPEC.longest_path_switches())
+    fab = SimFabric(SPEC, scaling, pipeline="native", nic_pipeline="reference").fresh()
+    assert fab.nic_pipeline_in_use == "reference"
+    assert all(type(h.nic).__name__ == "ReferenceNic" for h in fab.hosts.values())

@@ -274,6 +274,7 @@ class SimFabric:
             self.delay_ns,
             self.seed if seed is None else seed,
             self.pipeline,
+            self.nic_pipeline,
         )
 
     # ---- construction ----
