@@ -122,6 +122,8 @@ def test_the_twin_runs_from_the_wheel_without_the_extras(wheel: Path, tmp_path: 
     assert res.returncode == 0, res.stderr[-3000:]
     assert (work / "run" / "results.json").exists()
     assert "matplotlib is not installed: pip install 'xingmai[plots]'" in res.stderr
+    # the wheel carries no ebpf/: the NICs run the reference, and the run says so
+    assert "native NIC unavailable (the NIC's eBPF sources are not here" in res.stderr
     assert "incast     tita" in res.stdout
 
 

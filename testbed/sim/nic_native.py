@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 from controller.nic.bpf.header import EBPF_DIR, HEADER
-from controller.nic.bpf.loader import cc_params_to_c, expand_includes
 from controller.nic.ratelaw import CcParams, CcState, Law, RttProbe
 from controller.nic.ratelaw.base import HopRecord
 from testbed.switch.native.build import BuildError, build, compiler, load
@@ -74,6 +73,9 @@ def source() -> str:
     """The shim with the program and the project's headers expanded in place of its include
     (one self-contained text: the cache's .c beside the object is what ran). The kernel's uapi
     headers become the system's; the shim has its own struct xdp_md."""
+    # the loader reads the eBPF headers when it loads: only where they are
+    from controller.nic.bpf.loader import expand_includes
+
     program = expand_includes(EBPF_DIR / PROGRAM)
     program = _UAPI.sub(
         lambda m: "" if m.group(1) == "bpf.h" else f"#include <linux/{m.group(1)}>", program
@@ -172,6 +174,8 @@ class NativeNic:
 
     @params.setter
     def params(self, params: CcParams) -> None:
+        from controller.nic.bpf.loader import cc_params_to_c
+
         self._params = params
         cc_params_to_c(params, self._config.cc)
 
@@ -244,7 +248,7 @@ class NativeNic:
         weight: int,
         params: CcParams | None,
     ) -> None:
-        from controller.nic.bpf.loader import CTL_HAS_CAP, CTL_HAS_PARAMS
+        from controller.nic.bpf.loader import CTL_HAS_CAP, CTL_HAS_PARAMS, cc_params_to_c
 
         ctl = self.ffi.cast("struct xm_flow_ctl *", self._get("xm_ctl", k))
         ctl.flags = (CTL_HAS_CAP if cap_bps is not None else 0) | (
