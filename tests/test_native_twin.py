@@ -14,6 +14,7 @@ import pytest
 from testbed.experiment.suite import RunRecord, SuiteConfig
 from testbed.model import Scaling, model_with_buffer
 from testbed.sim.fabric import SimFabric
+from testbed.sim.nic_programs import ReferencePrograms
 from testbed.sim.suite import SimSuite
 from testbed.topo import leafspine
 
@@ -74,4 +75,4 @@ def test_each_part_keeps_its_pipeline_in_a_fresh_fabric() -> None:
     scaling = Scaling(scale=1.0, max_hops=SPEC.longest_path_switches())
     fab = SimFabric(SPEC, scaling, pipeline="native", nic_pipeline="reference").fresh()
     assert fab.nic_pipeline_in_use == "reference"
-    assert all(type(h.nic).__name__ == "ReferenceNic" for h in fab.hosts.values())
+    assert all(isinstance(h.nic, ReferencePrograms) for h in fab.hosts.values())

@@ -11,7 +11,7 @@ import random
 from dataclasses import replace
 
 import pytest
-from scapy.layers.inet import IP, UDP
+from scapy.layers.inet import IP, UDP, IPOption_NOP
 from scapy.layers.l2 import Ether
 
 from controller.nic.ratelaw import CcParams, Law, ReferenceNic, RttProbe
@@ -20,22 +20,27 @@ from controller.nic.ratelaw.rtt import RTT_LAWS, tc_rtt_probe
 from controller.wire.int_md import encode_stack
 from testbed.packets.int_md import IntHop, IntMD, IntShim
 from testbed.packets.roce import AETH, BTH, CNP
-from testbed.sim.nic_native import ALL_PORTS, NativeNic, library
-from testbed.switch.native.build import BuildError
+from testbed.sim.nic_native import NativeNic, library
+from testbed.sim.nic_programs import ALL_PORTS, IntSource, ReferencePrograms
+from testbed.switch.native.build import BuildError, compiler
 from tests.nic_fuzz_frames import fuzz_frames
 
 LINE = 400_000_000_000
 RTT_NS = 8_000
 A, B = "10.0.1.1", "10.0.2.2"  # this NIC (the data sender) and the receiver
+INT_DSCP = 0x17  # the agent's default is another: any DSCP the tests set
 NODES = (11, 12, 13, 14)
 SPEEDS = {(11, 3): 400_000_000_000, (12, 1): 100_000_000_000, (13, ALL_PORTS): 200_000_000_000}
 
 
 def _native_or_skip() -> None:
+    """Skips where there is no C compiler (the twin then runs the reference and says so); a
+    program that does not build where one is fails."""
     try:
-        library()
-    except BuildError as exc:  # no compiler here: the twin runs the reference, and says so
+        compiler()
+    except BuildError as exc:
         pytest.skip(str(exc))
+    library()
 
 
 @functools.lru_cache(maxsize=64)
@@ -211,3 +216,63 @@ def test_a_frame_that_is_not_feedback_changes_nothing() -> None:
             assert got is None
     nat.reset()
     assert len(nat) == 0
+
+
+@functools.lru_cache(maxsize=1024)
+def _data_template(sport: int, opcode: int, size: int, tos: int, options: bool) -> bytes:
+    ip = IP(src=A, dst=B, tos=tos)
+    if options:
+        ip.options = [IPOption_NOP()] * 4
+    bth = BTH(opcode=opcode, psn=0)
+    return bytes(Ether() / ip / UDP(sport=sport, dport=4791, chksum=0) / bth / (b"x" * size))
+
+
+def data_frame(rng: random.Random, sport: int, psn: int, opcode: int) -> bytes:
+    """A frame the transport sends: RoCE data (or an ACK, a CNP) of a size around the link's
+    MTU with and without room for INT, now and then with the INT DSCP already set or with IP
+    options (scapy builds each kind once; the PSN is patched in)."""
+    size = rng.choice((0, 64, 1024, 4036, 4037, 4096))  # 4037: one byte short of room for INT
+    tos = rng.choice((0, 0, 0x68, INT_DSCP << 2))
+    options = rng.random() < 0.05
+    out = bytearray(_data_template(sport, opcode, size, tos, options))
+    bth = 14 + (24 if options else 20) + 8
+    out[bth + 9 : bth + 12] = psn.to_bytes(3, "big")
+    return bytes(out)
+
+
+@pytest.mark.parametrize("law", [Law.TITA, Law.TIMELY, Law.DCQCN], ids=lambda x: x.name)
+def test_native_tc_egress_equals_the_reference(law: Law) -> None:
+    """tc egress: the frames it sends (INT inserted or not) and each flow's counters and RTT
+    probe, native against the reference (testbed/sim/nic_programs.py), frame by frame, with
+    XDP's feedback between them as in the twin (the probe waits for the law's sample)."""
+    _native_or_skip()
+    rng = random.Random(int(law))
+    src = IntSource(True, INT_DSCP, rng.choice((0xF500, 0xD400)), 8, 4096 + 14)
+    prm = CcParams.defaults(law, LINE, RTT_NS)
+    nat = NativeNic(LINE, prm, SPEEDS, src)
+    ref = ReferencePrograms(LINE, prm, SPEEDS, src)
+    flows = [Flow(41000 + i, rng) for i in range(3)]
+    junk = fuzz_frames(30, 11)
+    now = 1 << 32
+    inserted = 0
+    for i in range(1500):
+        now += rng.randrange(0, 3 * RTT_NS)
+        f = rng.choice(flows)
+        if rng.random() < 0.05:
+            frame = junk[i % len(junk)]
+        else:
+            opcode = rng.choice((0x00, 0x0A, 0x04, 0x11, 0x81))
+            frame = data_frame(rng, f.sport, f.snd_nxt, opcode)
+            f.snd_nxt = (f.snd_nxt + 1) & 0xFFFFFF
+        out, want = nat.egress(frame, now), ref.egress(frame, now)
+        assert out == want, f"{law.name} frame {i}: tc sent different bytes"
+        inserted += len(out) > len(frame)
+        for g in flows:
+            assert nat.flow_stats(fb_key(g)) == ref.flow_stats(fb_key(g)), f"frame {i}"
+        if rng.random() < 0.3:  # an ACK comes back: the law takes its RTT sample
+            fb = feedback(g := rng.choice(flows), law, 0xF500, rng, 0.2)
+            now += rng.randrange(RTT_NS)
+            key = fb_key(g)
+            assert nat.ingress(fb, now, key) == ref.ingress(fb, now, key), f"frame {i}"
+            assert nat.state(key) == ref.state(key)
+    assert inserted > 100  # the INT source ran

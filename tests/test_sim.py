@@ -6,7 +6,7 @@
   incast's p99 queue below DCQCN's without a drop, and WebSearch's p99 FCT slowdown below
   DCQCN's;
 - a YAML topology and a --flows file, end to end through `xingmai-testbed run`;
-- the INT source (testbed.sim.nic.insert_int) builds what the transport and the INT decoder
+- the INT source (testbed.sim.nic_programs.insert_int) builds what the transport and the INT decoder
   read.
 """
 
@@ -26,7 +26,7 @@ from testbed.model import Scaling, model_with_buffer
 from testbed.probes import Capture, record_int_frame
 from testbed.sim.engine import EventLoop
 from testbed.sim.fabric import SimFabric
-from testbed.sim.nic import IntSource, insert_int
+from testbed.sim.nic_programs import IntSource, insert_int
 from testbed.sim.suite import SimSuite
 from testbed.topo import leafspine
 from testbed.traffic.transport_core import TransportConfig, TransportCore

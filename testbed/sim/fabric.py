@@ -41,8 +41,9 @@ from testbed.model import Scaling
 from testbed.p4files import BMV2_JSON, P4INFO
 from testbed.probes import Capture, PortCounters, RateEvent
 from testbed.sim.engine import EventLoop
-from testbed.sim.nic import IntSource, SimHost
+from testbed.sim.nic import SimHost
 from testbed.sim.nic_native import library as nic_library
+from testbed.sim.nic_programs import IntSource
 from testbed.switch.admin import SwitchAdminService
 from testbed.switch.dataplane import PortStats  # the switch process's own port counters
 from testbed.switch.native.build import BuildError

@@ -1,11 +1,10 @@
 """A host of the twin: its NIC (the tc egress INT source and pacer, the XDP rate law) and its
 transport (the sans-I/O core and the workload's job), on the event loop.
 
-- INT source: `insert_int` does what `xm_int_insert()` in ebpf/tc_egress.c does to a data
-  packet (shim and MD header after the UDP header, INT DSCP, lengths and IPv4 checksum).
-- Rate law: ebpf/xdp_ingress.c itself, compiled for the process (testbed/sim/nic_native.py,
-  the native NIC), or controller.nic.ratelaw.ReferenceNic, its bit-exact Python reference;
-  fed every arriving feedback frame with the flow's tx bytes and next PSN as tc counts them.
+- The NIC's programs: ebpf/tc_egress.c (INT source, each flow's counters and RTT probe) and
+  ebpf/xdp_ingress.c (the rate laws) themselves, compiled for the process
+  (testbed/sim/nic_native.py), or their Python reference (testbed/sim/nic_programs.py); tc
+  sees every frame the host sends, XDP every feedback frame it receives.
 - Pacer: each flow (5-tuple) sends at exactly its rate, earliest-departure-time first (as
   EDT pacing does: a packet's departure is the flow's previous one plus its length over the
   rate, never before now), and the NIC's port sends one frame at a time at the NIC's line
@@ -30,62 +29,19 @@ from typing import Any
 from controller.nic.backlog import WaitingMeter
 from controller.nic.pfc import PfcNic
 from controller.nic.ratelaw import (
-    RTT_LAWS,
     CcParams,
     Law,
-    ReferenceNic,
-    RttProbe,
-    tc_rtt_probe,
 )
-from controller.wire.int_md import MD_LEN, SHIM_LEN, hop_ml_words
-from controller.wire.ipv4 import ETHERTYPE_IPV4, checksum, udp_packet, with_checksum
+from controller.wire.ipv4 import ETHERTYPE_IPV4, udp_packet, with_checksum
 from controller.wire.pfc import MAX_QUANTA, is_mac_control, pfc_frame
 from controller.wire.roce import OP_ACK, OP_CNP, OP_RC_DATA_MAX, ROCE_UDP_PORT
 from controller.wire.telemetry_report import TELEMETRY_REPORT_PORT
 from testbed.probes import Capture, RateEvent, record_int_frame
 from testbed.sim.engine import EventLoop
 from testbed.sim.nic_native import NativeNic
+from testbed.sim.nic_programs import IntSource, ReferencePrograms
 from testbed.traffic.jobs import Job
 from testbed.traffic.transport_core import QueuePair, TransportCore
-
-
-@dataclass(frozen=True)
-class IntSource:
-    """The host's INT source settings (SetInt): on, DSCP, instruction bitmap, hop budget."""
-
-    enabled: bool
-    dscp: int
-    bitmap: int
-    hop_budget: int
-    max_frame: int  # the NIC's link MTU + Ethernet
-
-
-def insert_int(pkt: bytes, src: IntSource) -> bytes | None:
-    """`xm_int_insert()` on an IPv4 data packet; None when the program leaves it alone."""
-    ihl = (pkt[0] & 0x0F) * 4
-    tos = pkt[1]
-    grow = SHIM_LEN + MD_LEN
-    if ihl != 20 or tos >> 2 == src.dscp or 14 + len(pkt) + grow > src.max_frame:
-        return None
-    bitmap = src.bitmap & 0xFFFF
-    hdr = bytearray(grow)
-    hdr[0] = 1 << 4  # shim: type 1 (INT-MD), NPT 0
-    hdr[1] = MD_LEN // 4  # shim length: MD header, empty stack
-    hdr[3] = tos & 0xFC  # original DSCP, restored by the sink
-    hdr[4] = 2 << 4  # version 2, D/E/M clear
-    hdr[6] = hop_ml_words(bitmap) & 0x1F  # HopML
-    hdr[7] = src.hop_budget & 0xFF  # RemainingHopCnt
-    hdr[8] = bitmap >> 8
-    hdr[9] = bitmap & 0xFF
-    udp = bytearray(pkt[20:28])
-    udp[4:6] = (int.from_bytes(udp[4:6], "big") + grow).to_bytes(2, "big")
-    udp[6:8] = b"\x00\x00"  # INT packets carry no UDP checksum: the stack grows per hop
-    ip = bytearray(pkt[:20])
-    ip[1] = (src.dscp << 2) | (tos & 3)
-    ip[2:4] = (int.from_bytes(ip[2:4], "big") + grow).to_bytes(2, "big")
-    ip[10:12] = b"\x00\x00"
-    ip[10:12] = checksum(ip).to_bytes(2, "big")
-    return bytes(ip) + bytes(udp) + bytes(hdr) + pkt[28:]
 
 
 @dataclass
@@ -105,13 +61,11 @@ class NicPort:
 
 @dataclass
 class FlowTx:
-    """tc's per-flow state (xm_flows) and the pacer's departure time."""
+    """The pacer's state of a flow: its rate (the law's or the start rate the agent set, as
+    the NIC's programs hold it in xm_rates) and its next departure."""
 
-    tx_bytes: int = 0
-    snd_nxt_psn: int | None = None
     next_ns: int = 0
     rate_bps: int = 0  # 0: the NIC's line rate (no rate set)
-    probe: RttProbe = field(default_factory=RttProbe)  # tc's RTT probe (TIMELY, Swift)
 
 
 def flow_key(saddr: bytes, daddr: bytes, sport: int) -> tuple[int, int, int, int, int]:
@@ -136,9 +90,9 @@ class SimHost:
         nic_pipeline: str = "reference",
     ):
         """`hop_speeds`: (node id, port) -> bit/s of every switch port INT may report (the
-        agent's xm_hop_speed); `nic_pipeline`: the rate laws' code, `native` (the XDP program
-        compiled: testbed/sim/nic_native.py, the caller has checked that it builds) or
-        `reference` (Python)."""
+        agent's xm_hop_speed); `nic_pipeline`: the NIC programs' code, `native` (tc egress and
+        XDP compiled: testbed/sim/nic_native.py, the caller has checked that they build) or
+        `reference` (Python: testbed/sim/nic_programs.py)."""
         self.loop = loop
         self.name = name
         self.ip = ip
@@ -153,13 +107,11 @@ class SimHost:
         self.int_source = int_source
         self.links = links
         params = CcParams.defaults(Law.NONE, self.line_rate_bps)
-        self.nic: NativeNic | ReferenceNic
+        self.nic: NativeNic | ReferencePrograms
         if nic_pipeline == "native":
-            self.nic = NativeNic(self.line_rate_bps, params, hop_speeds)
+            self.nic = NativeNic(self.line_rate_bps, params, hop_speeds, int_source)
         else:
-            self.nic = ReferenceNic(
-                self.line_rate_bps, params, lambda node, port: hop_speeds.get((node, port), 0)
-            )
+            self.nic = ReferencePrograms(self.line_rate_bps, params, hop_speeds, int_source)
         self.flows: dict[tuple[int, int, int, int, int], FlowTx] = {}
         self._qp_keys: dict[QueuePair, tuple[int, int, int, int, int]] = {}
         self.core: TransportCore | None = None
@@ -188,8 +140,9 @@ class SimHost:
         """SetRateLaw on the host: the new law for every flow; flows restart at line rate
         when their law changes (ReferenceNic re-initialises them)."""
         self.nic.params = params
-        for f in self.flows.values():
+        for key, f in self.flows.items():
             f.rate_bps = 0
+            self.nic.set_rate(key, 0)
 
     def add_nic(
         self, ip: str, mac: str, gateway_mac: str, send: Callable[[bytes, int], bool]
@@ -215,8 +168,10 @@ class SimHost:
         # as the agent's SetRate does on the emulation
         while core.rate_hints:
             qp, bps = core.rate_hints.popleft()
-            f = self._flow(flow_key(qp.local_addr, qp.peer_addr, qp.sport))
+            key = flow_key(qp.local_addr, qp.peer_addr, qp.sport)
+            f = self._flow(key)
             f.rate_bps = max(self.nic.params.min_rate_bps, min(bps, self.line_rate_bps))
+            self.nic.set_rate(key, f.rate_bps)
         self.loop.at(t0_ns, self._start, job)
 
     def rate_bps(self, qp: QueuePair) -> int:
@@ -353,24 +308,13 @@ class SimHost:
         return f
 
     def _transmit(self, port: NicPort, pkt: bytes, peer: bytes | None, now_ns: int) -> None:
-        """tc egress (INT source, flow accounting, pacing) and the wire."""
+        """tc egress (INT source, flow accounting; its RTT probe departs now: the pacer sends
+        at the EDT time), the pacer and the wire."""
         pkt = with_checksum(pkt)
         paced_len = 14 + len(pkt)  # before INT: what the qdisc accounts
-        opcode = pkt[28]
-        sport = int.from_bytes(pkt[20:22], "big")
-        key = flow_key(pkt[12:16], pkt[16:20], sport)
-        data = opcode <= OP_RC_DATA_MAX
-        psn = int.from_bytes(pkt[37:40], "big")  # BTH after IPv4 (20) and UDP (8)
-        f = self._flow(key)
-        # tc's RTT probe: the departure is now (the pacer sends at the EDT time)
-        if data and self.nic.params.law in RTT_LAWS:
-            tc_rtt_probe(f.probe, self.nic.state(key), psn, now_ns)
-        if data and self.int_source.enabled:
-            pkt = insert_int(pkt, self.int_source) or pkt
-        frame = port.eth + pkt
-        f.tx_bytes += len(frame)
-        if data:
-            f.snd_nxt_psn = (psn + 1) & 0xFFFFFF
+        frame = self.nic.egress(port.eth + pkt, now_ns)
+        if pkt[28] <= OP_RC_DATA_MAX:  # a data packet (BTH opcode after IPv4 and UDP)
+            f = self._flow(flow_key(pkt[12:16], pkt[16:20], int.from_bytes(pkt[20:22], "big")))
             rate = f.rate_bps or self.line_rate_bps
             f.next_ns = max(f.next_ns, now_ns) + int(paced_len * 8e9 / rate)
         port.busy_until = now_ns + int(paced_len * self.ns_per_byte)
@@ -459,15 +403,7 @@ class SimHost:
         if opcode in (OP_ACK, OP_CNP) and self.nic.params.law != Law.NONE:
             key = flow_key(ip[16:20], ip[12:16], int.from_bytes(ip[ihl : ihl + 2], "big"))
             f = self._flow(key)
-            rate = self.nic.on_frame(
-                frame,
-                now_ns=now_ns,
-                tx_bytes=f.tx_bytes,
-                snd_nxt_psn=f.snd_nxt_psn,
-                rtt_probe=f.probe,
-                paced_bps=f.rate_bps or None,
-                key=key,
-            )
+            rate = self.nic.ingress(frame, now_ns, key)
             if rate is not None and rate != f.rate_bps:
                 f.rate_bps = rate
                 if self.rate_events is not None:

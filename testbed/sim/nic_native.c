@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * The NIC's XDP program (ebpf/xdp_ingress.c and the lib/ headers it includes, unchanged)
- * compiled for this process: the twin's NIC runs the same C the kernel runs, not a copy.
+ * The NIC's two programs, ebpf/xdp_ingress.c and ebpf/tc_egress.c (and the lib/ headers they
+ * include, unchanged), compiled for this process: the twin's NIC runs the C the kernel runs,
+ * not a copy.
  *
  * What the kernel provides, this file provides instead, and nothing more:
  *  - the maps: bcc's `map.lookup(&key)` is C once a map is a struct of function pointers;
@@ -10,20 +11,22 @@
  *  - the helpers the program calls (bpf_ktime_get_ns: the twin's clock, bpf_xdp_load_bytes:
  *    a bounded copy out of the frame) and the byte-order macros;
  *  - struct xdp_md with pointers as 64-bit integers (the kernel's are 32-bit offsets that its
- *    verifier rewrites).
+ *    verifier rewrites), and the struct __sk_buff fields tc_egress.c uses, over a buffer
+ *    (bpf_skb_load_bytes, _store_bytes, _adjust_room: what tc's INT source calls).
  * The ring buffer's events (the agent's wake-up) are counted, not kept: the twin reads the
  * rate from the law's state. An LRU map is a hash map that refuses inserts when full, as
  * a hash map does: the twin's hosts hold far fewer than XM_MAX_FLOWS flows.
  *
- * testbed/sim/nic_native.py builds this with the program expanded in place of its #include
- * below, and drives it; tests/test_nic_native.py holds it equal to the Python reference
- * (controller/nic/ratelaw/) on generated feedback for every law.
+ * testbed/sim/nic_native.py builds this with the programs expanded in place of their
+ * #includes below, and drives it; tests/test_nic_native.py holds it equal to the Python
+ * references (testbed/sim/nic_programs.py, controller/nic/ratelaw/) on generated frames.
  */
 #include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/if_ether.h>
 #include <linux/types.h>
 
 typedef __u64 u64;
@@ -35,6 +38,18 @@ struct xdp_md {
 };
 #define XDP_DROP 1
 #define XDP_PASS 2
+
+/* the fields tc_egress.c reads and writes, and (xm_*) where the shim keeps the frame */
+struct __sk_buff {
+	__u32 len;
+	__u32 gso_segs;
+	__u32 ifindex;
+	__u32 priority;
+	__u64 tstamp;
+	__u8 *xm_data;
+	__u32 xm_room; /* bytes the frame may grow to */
+};
+#define BPF_ADJ_ROOM_NET 0
 
 #if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
 #define bpf_htons(x) __builtin_bswap16(x)
@@ -298,10 +313,46 @@ static long bpf_xdp_load_bytes(struct xdp_md *ctx, __u32 off, void *buf, __u32 l
 	return 0;
 }
 
-/* ---- the program ---- */
+static long bpf_skb_load_bytes(const struct __sk_buff *skb, __u32 off, void *to, __u32 len)
+{
+	if (off > skb->len || len > skb->len - off)
+		return -EFAULT;
+	memcpy(to, skb->xm_data + off, len);
+	return 0;
+}
+
+static long bpf_skb_store_bytes(struct __sk_buff *skb, __u32 off, const void *from, __u32 len,
+				__u64 flags)
+{
+	(void)flags;
+	if (off > skb->len || len > skb->len - off)
+		return -EFAULT;
+	memmove(skb->xm_data + off, from, len);
+	return 0;
+}
+
+/* Room between the IPv4 header and what follows it (BPF_ADJ_ROOM_NET, growing only: all the
+ * program asks for), zeroed. */
+static long bpf_skb_adjust_room(struct __sk_buff *skb, __s32 len_diff, __u32 mode, __u64 flags)
+{
+	(void)flags;
+	if (mode != BPF_ADJ_ROOM_NET || len_diff <= 0 || skb->len < ETH_HLEN + 20 ||
+	    skb->len + (__u32)len_diff > skb->xm_room)
+		return -EINVAL;
+	__u32 at = ETH_HLEN + (skb->xm_data[ETH_HLEN] & 0x0f) * 4;
+	if (at > skb->len)
+		return -EINVAL;
+	memmove(skb->xm_data + at + len_diff, skb->xm_data + at, skb->len - at);
+	memset(skb->xm_data + at, 0, len_diff);
+	skb->len += len_diff;
+	return 0;
+}
+
+/* ---- the programs ---- */
 
 #define XM_PIN_DIR ""
 #include "xdp_ingress.c"
+#include "tc_egress.c"
 
 /* ---- what Python calls (testbed/sim/nic_native.py declares these to cffi) ---- */
 
@@ -403,8 +454,40 @@ int xm_nic_xdp(struct xm_nic *nic, const __u8 *frame, __u32 len, __u64 now_ns)
 	return verdict;
 }
 
+/* tc egress on the frame in `buf` (`len` bytes, room for `room`) at `now_ns`: its length after
+ * (INT inserted in place, or not). */
+__u32 xm_nic_tc(struct xm_nic *nic, __u8 *buf, __u32 len, __u32 room, __u64 now_ns)
+{
+	struct __sk_buff skb = {.len = len, .gso_segs = 1, .xm_data = buf, .xm_room = room};
+	xm_cur = nic;
+	nic->now_ns = now_ns;
+	xm_tc_egress(&skb);
+	xm_cur = NULL;
+	return skb.len;
+}
+
+/* XDP on a frame of the flow `key` (the caller read it from the headers) at `now_ns`, on what
+ * tc counted of the flow: 1 with the flow's rate when it was feedback and the flow has a law's
+ * state, else 0. */
+int xm_nic_rx(struct xm_nic *nic, const __u8 *frame, __u32 len, __u64 now_ns,
+	      const struct xm_flow_key *key, __u64 *rate)
+{
+	__u32 i = XM_CNT_XDP_ACK, c = XM_CNT_XDP_CNP;
+	__u64 *acks = xm_map_lookup(&nic->maps[xm_counters_id], &i);
+	__u64 *cnps = xm_map_lookup(&nic->maps[xm_counters_id], &c);
+	__u64 before = *acks + *cnps;
+	xm_nic_xdp(nic, frame, len, now_ns);
+	if (*acks + *cnps == before)
+		return 0; /* not feedback */
+	struct xm_cc_state *cc = xm_map_lookup(&nic->maps[xm_cc_id], key);
+	if (!cc)
+		return 0;
+	*rate = cc->rate_bps;
+	return 1;
+}
+
 /*
- * The twin's call per feedback frame, in one crossing: what tc keeps of the flow (its bytes,
+ * The law's differential test's call per feedback frame, in one crossing: what tc keeps of the flow (its bytes,
  * next PSN and RTT probe) and its pacing rate before the frame (0: none) written to the maps
  * as tc and the agent would have, the program run, and the flow's rate after it. Returns 1
  * with *rate set when the frame was feedback and the flow has a law's state, else 0.
@@ -431,16 +514,5 @@ int xm_nic_feedback(struct xm_nic *nic, const __u8 *frame, __u32 len, __u64 now_
 	} else {
 		xm_map_delete(&nic->maps[xm_rates_id], key);
 	}
-	__u32 i = XM_CNT_XDP_ACK, c = XM_CNT_XDP_CNP;
-	__u64 *acks = xm_map_lookup(&nic->maps[xm_counters_id], &i);
-	__u64 *cnps = xm_map_lookup(&nic->maps[xm_counters_id], &c);
-	__u64 before = *acks + *cnps;
-	xm_nic_xdp(nic, frame, len, now_ns);
-	if (*acks + *cnps == before)
-		return 0; /* not feedback */
-	struct xm_cc_state *cc = xm_map_lookup(&nic->maps[xm_cc_id], key);
-	if (!cc)
-		return 0;
-	*rate = cc->rate_bps;
-	return 1;
+	return xm_nic_rx(nic, frame, len, now_ns, key, rate);
 }

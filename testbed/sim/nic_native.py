@@ -1,9 +1,12 @@
-"""The twin's NIC on the XDP program itself: ebpf/xdp_ingress.c compiled for this process.
+"""The twin's NIC on its eBPF programs themselves: ebpf/tc_egress.c and ebpf/xdp_ingress.c
+compiled for this process.
 
-`NativeNic` has `ReferenceNic`'s interface (controller/nic/ratelaw/reference.py) and runs the
-C the kernel runs (testbed/sim/nic_native.c gives it maps and helpers), so the twin's rate
-laws are the NIC's own, not a third copy; the Python reference stays, and
-tests/test_nic_native.py holds the two equal, state for state, on generated feedback.
+`NativeNic` has the interface of the Python reference of both programs
+(testbed/sim/nic_programs.py `ReferencePrograms`: egress, ingress, SetRate) and, for the rate
+laws alone, `ReferenceNic`'s `on_frame` (controller/nic/ratelaw/reference.py); it runs the C
+the kernel runs (testbed/sim/nic_native.c gives it maps and helpers), so the twin's INT source
+and rate laws are the NIC's own, not a third copy. The references stay, and
+tests/test_nic_native.py holds them equal, frame for frame and state for state.
 
 The struct layouts Python writes and reads are xingmai.h's, parsed by cffi from the header
 after the preprocessor (nothing re-declared here), and checked against the compiler's sizes
@@ -24,14 +27,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from controller.nic.bpf.header import EBPF_DIR, HEADER
+from controller.nic.bpf.header import EBPF_DIR, HEADER, defines
 from controller.nic.ratelaw import CcParams, CcState, Law, RttProbe
 from controller.nic.ratelaw.base import HopRecord
+from controller.wire.int_md import MD_LEN, SHIM_LEN
+from testbed.sim.nic_programs import FlowStats, IntSource
 from testbed.switch.native.build import BuildError, build, compiler, load
 
 SHIM = Path(__file__).with_name("nic_native.c")
-PROGRAM = "xdp_ingress.c"
-ALL_PORTS = 0xFFFFFFFF  # xm_hop_key.port of a node's default speed
+PROGRAMS = ("xdp_ingress.c", "tc_egress.c")
+INT_GROWTH = SHIM_LEN + MD_LEN  # what tc's INT source inserts
 # the structs whose sizes the C reports (xm_nic_sizeof), in its order
 SIZED = (
     "struct xm_host_config",
@@ -53,6 +58,10 @@ void xm_nic_map_clear(struct xm_nic *nic, int id);
 uint32_t xm_nic_map_count(struct xm_nic *nic, int id);
 size_t xm_nic_sizeof(int which);
 int xm_nic_xdp(struct xm_nic *nic, const uint8_t *frame, uint32_t len, uint64_t now_ns);
+uint32_t xm_nic_tc(struct xm_nic *nic, uint8_t *buf, uint32_t len, uint32_t room,
+                   uint64_t now_ns);
+int xm_nic_rx(struct xm_nic *nic, const uint8_t *frame, uint32_t len, uint64_t now_ns,
+              const struct xm_flow_key *key, uint64_t *rate);
 int xm_nic_feedback(struct xm_nic *nic, const uint8_t *frame, uint32_t len, uint64_t now_ns,
                     const struct xm_flow_key *key, uint64_t tx_bytes, uint32_t snd_nxt_psn,
                     uint32_t psn_valid, uint32_t probe_seq, uint32_t probe_psn,
@@ -70,22 +79,25 @@ EBPF_WARNINGS_OFF = ("-Wunknown-pragmas", "-Wsign-compare", "-Wcomment")
 
 
 def source() -> str:
-    """The shim with the program and the project's headers expanded in place of its include
-    (one self-contained text: the cache's .c beside the object is what ran). The kernel's uapi
-    headers become the system's; the shim has its own struct xdp_md."""
+    """The shim with the programs and the project's headers expanded in place of their
+    includes (one self-contained text: the cache's .c beside the object is what ran). The
+    kernel's uapi headers become the system's; the shim has its own struct xdp_md and
+    __sk_buff."""
     # the loader reads the eBPF headers when it loads: only where they are
     from controller.nic.bpf.loader import expand_includes
 
-    program = expand_includes(EBPF_DIR / PROGRAM)
-    program = _UAPI.sub(
-        lambda m: "" if m.group(1) == "bpf.h" else f"#include <linux/{m.group(1)}>", program
-    )
     pragmas = "".join(f'#pragma GCC diagnostic ignored "{w}"\n' for w in EBPF_WARNINGS_OFF)
-    shim = SHIM.read_text()
-    include = f'#include "{PROGRAM}"\n'
-    if include not in shim:
-        raise BuildError(f"{SHIM.name} has no {include.strip()!r} to expand")
-    return pragmas + shim.replace(include, program)
+    text = SHIM.read_text()
+    for name in PROGRAMS:
+        include = f'#include "{name}"\n'
+        if include not in text:
+            raise BuildError(f"{SHIM.name} has no {include.strip()!r} to expand")
+        program = _UAPI.sub(
+            lambda m: "" if m.group(1) == "bpf.h" else f"#include <linux/{m.group(1)}>",
+            expand_includes(EBPF_DIR / name),
+        )
+        text = text.replace(include, program)
+    return pragmas + text
 
 
 def header_cdef() -> str:
@@ -104,7 +116,7 @@ def header_cdef() -> str:
 @functools.lru_cache(maxsize=1)
 def library() -> tuple[Any, Any]:
     """(ffi, lib) of the native program, built once per process (and cached across them)."""
-    if not (EBPF_DIR / PROGRAM).is_file():
+    if not all((EBPF_DIR / name).is_file() for name in PROGRAMS):
         raise BuildError(f"the NIC's eBPF sources are not here ({EBPF_DIR}): run from a clone")
     text = source()
     digest = hashlib.sha256(text.encode()).hexdigest()
@@ -133,15 +145,17 @@ def _key_bytes(ffi: Any, key: tuple[int, int, int, int, int]) -> Any:
 
 
 class NativeNic:
-    """ReferenceNic's interface on the compiled XDP program: the flows' law states live in its
-    maps (read them with `state`). `hop_speeds`: (node id, port) -> bit/s of the ports INT
-    reports (port ALL_PORTS: the node's default), as the agent writes xm_hop_speed."""
+    """The compiled programs of one host: the flows' counters and law states live in their
+    maps (`flow_stats`, `state`). `hop_speeds`: (node id, port) -> bit/s of the ports INT
+    reports (port ALL_PORTS: the node's default), as the agent writes xm_hop_speed;
+    `int_source`: the agent's SetInt (None: INT off)."""
 
     def __init__(
         self,
         line_rate_bps: int,
         params: CcParams,
         hop_speeds: Mapping[tuple[int, int], int] | None = None,
+        int_source: IntSource | None = None,
     ):
         self.ffi, self.lib = library()
         nic = self.lib.xm_nic_new()
@@ -155,11 +169,19 @@ class NativeNic:
         if min(self._id.values()) < 0:
             raise BuildError(f"the program lacks a map the NIC writes: {self._id}")
         self.line_rate_bps = line_rate_bps
+        self._psn_valid = defines()["XM_FLOW_PSN_VALID"]
         zero = self.ffi.new("uint32_t *", 0)
         self._config = self.ffi.cast(
             "struct xm_host_config *", self._get("xm_config", zero, create=False)
         )
         self._config.line_rate_bps = line_rate_bps
+        if int_source is not None:
+            c = self._config
+            c.int_enabled = int(int_source.enabled)
+            c.int_dscp = int_source.dscp
+            c.int_bitmap = int_source.bitmap
+            c.int_hop_budget = int_source.hop_budget
+            c.int_max_frame = int_source.max_frame
         self.params = params
         for (node, port), bps in (hop_speeds or {}).items():
             hk = self.ffi.new("struct xm_hop_key *", {"node_id": node, "port": port})
@@ -239,6 +261,44 @@ class NativeNic:
             self._rate,
         )
         return int(self._rate[0]) if handled else None
+
+    # ---- the twin's calls: the programs on the frames, the maps theirs ----
+
+    def egress(self, frame: bytes, now_ns: int) -> bytes:
+        """tc egress on a frame the host sends (Ethernet header first): INT inserted into a
+        data packet, the flow's counters and RTT probe in xm_flows."""
+        buf = self.ffi.new("uint8_t[]", len(frame) + INT_GROWTH)
+        self.ffi.memmove(buf, frame, len(frame))
+        n = self.lib.xm_nic_tc(self._nic, buf, len(frame), len(frame) + INT_GROWTH, now_ns)
+        return frame if n == len(frame) else self.ffi.buffer(buf, n)[:]
+
+    def ingress(self, frame: bytes, now_ns: int, key: tuple[int, int, int, int, int]) -> int | None:
+        """XDP on a frame of the flow `key` (the caller read it from the headers): the flow's
+        rate after it, None when it was no feedback the law acted on."""
+        if self.lib.xm_nic_rx(self._nic, frame, len(frame), now_ns, self._key(key), self._rate):
+            return int(self._rate[0])
+        return None
+
+    def set_rate(self, key: tuple[int, int, int, int, int], rate_bps: int) -> None:
+        """The agent's SetRate: the flow's rate in xm_rates (0: none)."""
+        k = self._key(key)
+        if rate_bps:
+            self.ffi.cast("struct xm_rate *", self._get("xm_rates", k)).rate_bps = rate_bps
+        else:
+            self.lib.xm_nic_map_delete(self._nic, self._id["xm_rates"], k)
+
+    def flow_stats(self, key: tuple[int, int, int, int, int]) -> FlowStats | None:
+        """What tc counted of the flow (struct xm_flow_stats), as the reference keeps it."""
+        v = self.lib.xm_nic_map_get(self._nic, self._id["xm_flows"], self._key(key), 0)
+        if v == self.ffi.NULL:
+            return None
+        st = self.ffi.cast("struct xm_flow_stats *", v)
+        valid = st.flags & self._psn_valid
+        return FlowStats(
+            int(st.tx_bytes),
+            int(st.snd_nxt_psn) if valid else None,
+            RttProbe(int(st.rtt_probe_seq), int(st.rtt_probe_psn), int(st.rtt_probe_ns)),
+        )
 
     def _set_ctl(
         self,
