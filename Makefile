@@ -11,7 +11,9 @@
 #   make install  apt packages + virtual environment + pinned pip packages (idempotent)
 #   make bench    benchmarks, written to results/bench.json
 #   make fuzz     fuzz every input surface (FUZZ_CASES each, 10000), counts to results/fuzz.json;
-#                 the native switch pipeline against the reference (results/fuzz-native.json)
+#                 the native switch pipeline and the twin's native NIC against their references
+#                 (results/fuzz-native.json, fuzz-nic.json), again built with AddressSanitizer
+#                 and UBSan (results/fuzz-*-sanitized.json)
 #   make faults   the daemon fault tests (root), their figures to results/faults.json
 #   make p4       recompile p4src/ where p4c is installed, refresh p4src/build/ and its stamp,
 #                 and regenerate the controller's P4 names (controller/p4names.py)
@@ -126,11 +128,23 @@ faults: install
 
 FUZZ_CASES ?= 10000
 # the native switch pipeline against the reference, NATIVE_FUZZ_PACKETS packets per program
+# (SANITIZED_FUZZ_PACKETS under the sanitizers); the twin's native NIC, NIC_FUZZ_SEEDS runs per
+# law and program
 NATIVE_FUZZ_PACKETS ?= 100000
+SANITIZED_FUZZ_PACKETS ?= 20000
+NIC_FUZZ_SEEDS ?= 100
+# the native code built with AddressSanitizer and UBSan (testbed/switch/native/build.py), their
+# runtime loaded first into Python; Python's own allocations are not the leak check's business
+SANITIZED := XINGMAI_NATIVE_SANITIZE=address,undefined ASAN_OPTIONS=detect_leaks=0 \
+	LD_PRELOAD=$$($${CC:-cc} -print-file-name=libasan.so)
 fuzz: install
 	mkdir -p results
 	$(PY) -m tests.fuzz --cases $(FUZZ_CASES) --out results/fuzz.json
 	$(PY) -m tests.fuzz.native --packets $(NATIVE_FUZZ_PACKETS) --out results/fuzz-native.json
+	$(SANITIZED) $(PY) -m tests.fuzz.native --packets $(SANITIZED_FUZZ_PACKETS) \
+		--out results/fuzz-native-sanitized.json
+	$(PY) -m tests.fuzz.nic --seeds $(NIC_FUZZ_SEEDS) --out results/fuzz-nic.json
+	$(SANITIZED) $(PY) -m tests.fuzz.nic --seeds $(NIC_FUZZ_SEEDS) --out results/fuzz-nic-sanitized.json
 
 p4: install
 	$(PY) -m testbed.p4build

@@ -118,7 +118,10 @@ def test_the_twin_reads_the_utilisation_at_the_model_speed(
     for scale in ("1", "1000"):
         seen.clear()
         run = tmp_path / scale
+        # the NICs on the reference, whose law's inputs this watches (the native programs are
+        # held equal to it by tests/test_nic_native.py)
         argv = ["run", "--engine", "sim", "--scale", scale, "--flows", str(flows)]
+        argv += ["--nic-pipeline", "reference"]
         assert main([*argv, "--schemes", "tita", "--run-dir", str(run)]) == 0
         assert len(seen) > 20
         # ppm: the port busy for most of a window (the microsecond clock puts 1 or 2 of its

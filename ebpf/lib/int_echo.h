@@ -25,7 +25,7 @@ struct xm_int_layout {
 /* word offset of field bit b (bit 0 = MSB) in a hop, or XM_HOP_ABSENT when not requested */
 static __always_inline __u32 xm_int_field_off(__u32 bitmap, __u32 b)
 {
-	__u32 before = bitmap & ((0xffff << (16 - b)) & 0xffff);
+	__u32 before = bitmap & ((0xffffU << (16 - b)) & 0xffff);
 	__u32 present = (bitmap >> (15 - b)) & 1;
 	__u32 off = xm_int_words(before);
 	return present * off + (1 - present) * XM_HOP_ABSENT;

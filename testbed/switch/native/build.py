@@ -8,11 +8,16 @@ objects used last (a hit refreshes an object's time) and removes older ones afte
 every program and every generator version has its own object, and nothing else would ever
 remove them. The compiler is `$CC` or `cc`,
 with `-O2 -Wall -Wextra -Werror`: a warning is a build failure, and the reference runs.
+
+`XINGMAI_NATIVE_SANITIZE` (e.g. `address,undefined`) builds with those sanitizers, aborting at
+the first report, into objects of their own; the process must have the sanitizer's runtime
+loaded first (`LD_PRELOAD=$(cc -print-file-name=libasan.so)`, as `make fuzz` does).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -20,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 CFLAGS = ("-O2", "-Wall", "-Wextra", "-Werror", "-fPIC", "-shared", "-std=gnu11")
+SANITIZE_ENV = "XINGMAI_NATIVE_SANITIZE"
 CACHE_KEEP = 512  # objects kept, the ones used last: the test suite alone loads about 140 (~30 MB)
 
 
@@ -40,11 +46,36 @@ def compiler() -> str:
     return path
 
 
+def sanitizers() -> str | None:
+    """The sanitizers asked for (XINGMAI_NATIVE_SANITIZE), None for none."""
+    value = os.environ.get(SANITIZE_ENV, "").strip()
+    if value and not re.fullmatch(r"[a-z]+(,[a-z]+)*", value):
+        raise BuildError(
+            f"{SANITIZE_ENV}={value!r}: a comma-separated list such as address,undefined"
+        )
+    return value or None
+
+
+def cflags() -> tuple[str, ...]:
+    san = sanitizers()
+    if san is None:
+        return CFLAGS
+    return (
+        *CFLAGS,
+        "-g",
+        "-fno-omit-frame-pointer",
+        f"-fsanitize={san}",
+        "-fno-sanitize-recover=all",
+    )
+
+
 def build(source: str, digest: str, stem: str = "pipeline") -> Path:
     """The shared object of `source`, compiled now or found in the cache (`stem`: what it is,
     the start of its name: the switch's pipelines, the twin's NIC)."""
     out_dir = cache_dir()
-    so = out_dir / f"{stem}-{digest[:32]}.so"
+    san = sanitizers()
+    tag = f"-{san.replace(',', '-')}" if san else ""
+    so = out_dir / f"{stem}-{digest[:32]}{tag}.so"
     if so.exists():
         try:
             os.utime(so)  # used now: the last to be pruned
@@ -62,7 +93,7 @@ def build(source: str, digest: str, stem: str = "pipeline") -> Path:
         tmp_so = Path(tmp) / "pipeline.so"
         try:
             res = subprocess.run(
-                [cc, *CFLAGS, "-o", str(tmp_so), str(c_file)],
+                [cc, *cflags(), "-o", str(tmp_so), str(c_file)],
                 capture_output=True,
                 text=True,
                 timeout=300,
@@ -107,5 +138,8 @@ def load(cdef: str, so: Path) -> tuple[Any, Any]:
     try:
         lib = ffi.dlopen(str(so))
     except OSError as exc:
-        raise BuildError(f"cannot load {so}: {exc}") from exc
+        hint = ""
+        if sanitizers():
+            hint = f" ({SANITIZE_ENV} is set: preload the sanitizer's runtime, LD_PRELOAD)"
+        raise BuildError(f"cannot load {so}: {exc}{hint}") from exc
     return ffi, lib
