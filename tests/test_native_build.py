@@ -49,3 +49,15 @@ def test_prebuild_names_the_pipeline_that_runs_the_project_program(
     bad.write_text("{")
     assert prebuild.main([str(bad)]) == 2
     assert "cannot load" in capsys.readouterr().err
+
+
+def test_sanitizers_build_apart_and_are_named_plainly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """XINGMAI_NATIVE_SANITIZE adds the sanitizers' flags (make fuzz); anything but a plain
+    list of names is refused before it reaches a compiler's command line."""
+    monkeypatch.delenv(build.SANITIZE_ENV, raising=False)
+    assert build.cflags() == build.CFLAGS
+    monkeypatch.setenv(build.SANITIZE_ENV, "address,undefined")
+    assert "-fsanitize=address,undefined" in build.cflags()
+    monkeypatch.setenv(build.SANITIZE_ENV, "address -o /etc/passwd")
+    with pytest.raises(build.BuildError, match="comma-separated"):
+        build.cflags()
