@@ -132,7 +132,7 @@ FUZZ_CASES ?= 10000
 # law and program
 NATIVE_FUZZ_PACKETS ?= 100000
 SANITIZED_FUZZ_PACKETS ?= 20000
-NIC_FUZZ_SEEDS ?= 100
+NIC_FUZZ_SEEDS ?= 30
 # the native code built with AddressSanitizer and UBSan (testbed/switch/native/build.py), their
 # runtime loaded first into Python; Python's own allocations are not the leak check's business
 SANITIZED := XINGMAI_NATIVE_SANITIZE=address,undefined ASAN_OPTIONS=detect_leaks=0 \
