@@ -134,9 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--proactive-start",
         action="store_true",
-        help="the incast's senders declare their fair share to their NICs before "
-        "they send (schemes with a rate law); default: they start at line "
-        "rate",
+        help="the incast's senders and the collectives' ranks declare each flow they start "
+        "with its fair share to their NICs before they send (schemes with a rate law); "
+        "default: they start at line rate",
     )
     run.add_argument(
         "--pfc-watchdog",

@@ -63,3 +63,32 @@ def test_the_static_schedule_does_not_read_the_nic() -> None:
     nic = Nic(0.25)
     assert _posted(nic, "static") == [8, 8]
     assert nic.reads == 0
+
+
+def _hints(collective: str, ranks: int, channels: int, nics: int) -> list[int]:
+    """The start rates rank 0 declares (the proactive start) for its first flows."""
+    ips = [[f"10.0.{c + 1}.{r + 1}" for c in range(nics)] for r in range(ranks)]
+    core = TransportCore(TransportConfig(local_ip=ips[0][0], mtu=4096), seed=1)
+    spec: dict[str, Any] = {
+        "kind": "collective",
+        "collective": collective,
+        "hosts": [{"name": f"h{r + 1}", "ip": ips[r][0]} for r in range(ranks)],
+        "nic_ips": ips,
+        "channels": channels,
+        "size": 1 << 20,
+        "chunk": 16 << 10,
+        "start_share_bps": LINE,
+    }
+    CollectiveJob(core, spec, 0)
+    return sorted(bps for _, bps in core.rate_hints)
+
+
+def test_a_collective_declares_each_flow_it_starts_its_share_of_the_nic() -> None:
+    """An all-to-all starts towards all its n - 1 peers at once: a seventh of the NIC each at
+    8 ranks; a ring starts towards its next rank alone: the whole NIC, or a half per channel
+    when two channels share one NIC; two rails give each channel a NIC of its own."""
+    assert _hints("alltoall", 8, 1, 1) == [round(LINE / 7)] * 7
+    assert _hints("allreduce", 8, 1, 1) == [LINE]
+    assert _hints("allreduce", 8, 2, 1) == [LINE // 2] * 2
+    assert _hints("allreduce", 8, 2, 2) == [LINE] * 2
+    assert _hints("alltoall", 4, 2, 2) == [round(LINE / 3)] * 6

@@ -722,6 +722,14 @@ class Suite:
         if worst is not None:
             rec.victim_longest_gap_s, rec.victim_stalls, rec.victim_fct_slowdown = worst
 
+    def _collective_start(self) -> dict[str, Any]:
+        """The proactive start of a collective (`proactive_start`): its job declares each flow
+        it starts with its fair share of the NIC (testbed.traffic.collective_jobs), under every
+        scheme with a rate law, as the incast's senders do."""
+        if not self.cfg.proactive_start or scheme_law(self._scheme) == "none":
+            return {}
+        return {"start_share_bps": self.scaling.nic_bps}
+
     def _incast_start_rate(self) -> float | None:
         """The proactive start (`proactive_start`): the incast's senders know its fan-in and
         declare their fair share of the receiver's link to their NICs, which pace them at
@@ -837,7 +845,11 @@ class Suite:
             return {
                 "workload": "alltoall",
                 "summary": coll.collective(
-                    fab, collective="alltoall", size=cfg.alltoall_bytes, chunk=ALLTOALL_CHUNK
+                    fab,
+                    collective="alltoall",
+                    size=cfg.alltoall_bytes,
+                    chunk=ALLTOALL_CHUNK,
+                    **self._collective_start(),
                 ),
             }
         n = len(self.hosts)
@@ -855,6 +867,7 @@ class Suite:
                     "chunk": 64 << 10,
                     "iters": 3,
                     "compute": compute,
+                    **self._collective_start(),
                 },
             ),
             coll.JobDecl(
@@ -867,6 +880,7 @@ class Suite:
                     "chunk": 64 << 10,
                     "iters": 3,
                     "compute": compute,
+                    **self._collective_start(),
                 },
             ),
         ]

@@ -322,6 +322,13 @@ class CollectiveJob:
                         q = t.create_qp(qpn(host, slot), peer_ip, qpn(me, slot))
                 chans.append(Channel(c, q, peer=p))
             self.channels[p] = chans
+        # the proactive start: the job knows which of its flows start together, and declares
+        # each its fair share of its NIC (`start_share_bps`: the NIC's line rate) before it
+        # sends, as the incast's senders do (testbed.traffic.jobs)
+        line = float(spec.get("start_share_bps") or 0)
+        if line:
+            for qp, bps in self._start_shares(line, len(nic_ips[me])).items():
+                t.hint_rate(qp, round(bps))
         self.t0 = 0.0
         self.it = 0
         self.phase = "idle"  # compute, pre (NVLink), net, post (NVLink), done
@@ -568,6 +575,24 @@ class CollectiveJob:
     def _trace(self, ch: Channel, now: float) -> None:
         if self.cfg.trace_rates and len(self.rate_trace) < MAX_TRACE:
             self.rate_trace.append((now - self.t0, ch.peer, ch.index, ch.rate, ch.nic_rate))
+
+    def _start_shares(self, line_bps: float, nics: int) -> dict[QueuePair, float]:
+        """Each queue pair that sends at the start (a transfer of this rank with no
+        dependency: an all-to-all's n - 1 peers, a ring's next rank) and its share of its NIC:
+        the line rate over the queue pairs that start on that NIC (channel c is NIC c mod
+        the host's NICs; under the adaptive schedule any channel towards the peer may)."""
+        first: set[tuple[int, int]] = set()
+        for x in self.outgoing:
+            if x.deps:
+                continue
+            chans = (x.channel,) if self.cfg.schedule == "static" else range(self.cfg.channels)
+            first.update((x.dst, c) for c in chans)
+        per_nic: dict[int, int] = {}
+        for _, c in first:
+            per_nic[c % nics] = per_nic.get(c % nics, 0) + 1
+        return {
+            self.channels[peer][c].qp: line_bps / per_nic[c % nics] for peer, c in sorted(first)
+        }
 
     def _pick(self, x: Transfer, now: float) -> Channel | None:
         chans = self.channels[x.dst]
