@@ -722,20 +722,22 @@ class Suite:
         if worst is not None:
             rec.victim_longest_gap_s, rec.victim_stalls, rec.victim_fct_slowdown = worst
 
+    def _declares_start(self) -> bool:
+        """The proactive start (`proactive_start`) is on and the scheme has a rate law to
+        start from it (no CC has nothing to start)."""
+        return self.cfg.proactive_start and scheme_law(self._scheme) != "none"
+
     def _collective_start(self) -> dict[str, Any]:
-        """The proactive start of a collective (`proactive_start`): its job declares each flow
-        it starts with its fair share of the NIC (testbed.traffic.collective_jobs), under every
-        scheme with a rate law, as the incast's senders do."""
-        if not self.cfg.proactive_start or scheme_law(self._scheme) == "none":
-            return {}
-        return {"start_share_bps": self.scaling.nic_bps}
+        """The proactive start of a collective: its job declares each flow it starts with its
+        fair share of the NIC (testbed.traffic.collective_jobs), as the incast's senders do."""
+        return {"start_share_bps": self.scaling.nic_bps} if self._declares_start() else {}
 
     def _incast_start_rate(self) -> float | None:
         """The proactive start (`proactive_start`): the incast's senders know its fan-in and
         declare their fair share of the receiver's link to their NICs, which pace them at
         it from the first packet; the rate law moves on from there. None: they declare
         nothing and start at line rate (and so always under no CC, which has no law)."""
-        if not self.cfg.proactive_start or scheme_law(self._scheme) == "none":
+        if not self._declares_start():
             return None
         return self.scaling.nic_bps / (len(self.hosts) - 1)
 

@@ -28,10 +28,7 @@ from typing import Any
 
 from controller.nic.backlog import WaitingMeter
 from controller.nic.pfc import PfcNic
-from controller.nic.ratelaw import (
-    CcParams,
-    Law,
-)
+from controller.nic.ratelaw import CcParams, Law
 from controller.wire.ipv4 import ETHERTYPE_IPV4, udp_packet, with_checksum
 from controller.wire.pfc import MAX_QUANTA, is_mac_control, pfc_frame
 from controller.wire.roce import OP_ACK, OP_CNP, OP_RC_DATA_MAX, ROCE_UDP_PORT
@@ -138,7 +135,7 @@ class SimHost:
 
     def set_law(self, params: CcParams) -> None:
         """SetRateLaw on the host: the new law for every flow; flows restart at line rate
-        when their law changes (ReferenceNic re-initialises them)."""
+        when their law changes (the NIC's XDP program re-initialises their states)."""
         self.nic.params = params
         for key, f in self.flows.items():
             f.rate_bps = 0

@@ -30,6 +30,7 @@ from typing import Any
 from controller.nic.bpf.header import EBPF_DIR, HEADER, defines
 from controller.nic.ratelaw import CcParams, CcState, Law, RttProbe
 from controller.nic.ratelaw.base import HopRecord
+from controller.nic.ratelaw.reference import parse_feedback
 from controller.wire.int_md import MD_LEN, SHIM_LEN
 from testbed.sim.nic_programs import FlowStats, IntSource
 from testbed.switch.native.build import BuildError, build, compiler, load
@@ -225,19 +226,14 @@ class NativeNic:
         params: CcParams | None = None,
         rtt_probe: RttProbe | None = None,
         paced_bps: int | None = None,
-        key: tuple[int, int, int, int, int] | None = None,
     ) -> int | None:
-        """ReferenceNic.on_frame on the program. `key`: the data flow the frame would answer
-        (the twin knows it from the headers it read; None: parsed here, for a caller that
-        does not)."""
-        if key is None:
-            from controller.nic.ratelaw.reference import parse_feedback
-
-            fb = parse_feedback(frame)
-            if fb is None:
-                self.lib.xm_nic_xdp(self._nic, frame, len(frame), now_ns)
-                return None
-            key = fb.key
+        """ReferenceNic.on_frame on the program (the laws' differential test: the flow's
+        counters come from the caller, as the reference takes them)."""
+        fb = parse_feedback(frame)
+        if fb is None:
+            self.lib.xm_nic_xdp(self._nic, frame, len(frame), now_ns)
+            return None
+        key = fb.key
         k = self._key(key)
         if cap_bps is not None or weight != 1 or params is not None:
             self._set_ctl(key, k, cap_bps, weight, params)

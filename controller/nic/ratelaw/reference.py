@@ -112,15 +112,12 @@ class ReferenceNic:
         params: CcParams | None = None,
         rtt_probe: RttProbe | None = None,
         paced_bps: int | None = None,
-        key: tuple[int, int, int, int, int] | None = None,
     ) -> int | None:
         """Process one received frame; returns the flow's rate after it (None: not feedback).
         `rtt_probe` is tc's probe of the flow (TIMELY and Swift take their samples from it);
         `paced_bps` its rate in the rate map before this frame (a flow paced below the
         ceiling before its first feedback, at a start rate the agent set, starts its law
-        there). `key`: the flow the caller read from the frame's headers, which the native
-        NIC takes instead of parsing them (testbed/sim/nic_native.py); the reference parses
-        the frame whole and does not need it."""
+        there)."""
         fb = parse_feedback(frame)
         if fb is None:
             return None
