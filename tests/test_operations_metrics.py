@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import types
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +118,33 @@ def clocked_operations(
     return ops, clock, {s.name: [p.port for p in s.ports] for s in cfg.switches}
 
 
+def failing_polls(
+    monkeypatch: pytest.MonkeyPatch,
+    ops: Operations,
+    clock: list[float],
+    ports: dict[str, list[int]],
+) -> Callable[[dict[str, PollFailed]], None]:
+    """Polls in which every switch answers whole at the clock's time but those the last call
+    of the returned function names, which fail as it says."""
+    failures: dict[str, PollFailed] = {}
+
+    async def poll(s: FakeSession) -> SwitchSample | PollFailed:
+        why = failures.get(s.name)
+        if why is not None:
+            return why
+        return SwitchSample(
+            s.name, clock[0], {p: PortSample(p, tx_packets=0, rx_packets=0) for p in ports[s.name]}
+        )
+
+    monkeypatch.setattr(ops, "_poll", poll)
+
+    def fail(these: dict[str, PollFailed]) -> None:
+        failures.clear()
+        failures.update(these)
+
+    return fail
+
+
 def test_a_late_poll_is_weaker_evidence_than_a_refused_one(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -126,17 +154,7 @@ def test_a_late_poll_is_weaker_evidence_than_a_refused_one(
     process is gone), after `dead_after_s`; one that answers SwitchAdmin but whose counter
     read timed out is alive."""
     ops, clock, ports = clocked_operations(monkeypatch)
-    answers: dict[str, PollFailed | None] = {}
-
-    async def poll(s: FakeSession) -> SwitchSample | PollFailed:
-        why = answers.get(s.name)
-        if why is not None:
-            return why
-        return SwitchSample(
-            s.name, clock[0], {p: PortSample(p, tx_packets=0, rx_packets=0) for p in ports[s.name]}
-        )
-
-    monkeypatch.setattr(ops, "_poll", poll)
+    fail = failing_polls(monkeypatch, ops, clock, ports)
     late = PollFailed("SwitchAdmin: DEADLINE_EXCEEDED", refused=False)
 
     def run(seconds: float) -> None:
@@ -146,13 +164,13 @@ def test_a_late_poll_is_weaker_evidence_than_a_refused_one(
             asyncio.run(ops.tick())
 
     run(1.0)
-    answers = dict.fromkeys(ports, late)
+    fail(dict.fromkeys(ports, late))
     run(5.0)
     assert ops.rounds_late == 50 and ops.loc.ranked() == []
     m = metric_lines(types.SimpleNamespace(**{**vars(ops.d), "sessions": {}}))
     assert m["xingmai_controller_poll_rounds_late_total"] == 50
 
-    answers = {"spine1": late}
+    fail({"spine1": late})
     run(2.0)
     assert ops.loc.ranked() == []  # late alone for 2 s: not yet
     run(1.5)
@@ -160,11 +178,15 @@ def test_a_late_poll_is_weaker_evidence_than_a_refused_one(
         ("switch spine1", "switch-unreachable")
     ]
 
-    answers = {}
+    fail({})
     run(4.0)  # answers again: cleared after the hold time
     assert ops.loc.ranked() == [] and ops.dead == frozenset()
-    answers = {"spine2": PollFailed("P4Runtime channel down", refused=True, answered=True)}
-    answers["leaf1"] = PollFailed("P4Runtime counter read: no answer", refused=False, answered=True)
+    fail(
+        {
+            "spine2": PollFailed("P4Runtime channel down", refused=True, answered=True),
+            "leaf1": PollFailed("P4Runtime counter read: no answer", refused=False, answered=True),
+        }
+    )
     run(0.5)
     assert [(s.element, s.kind) for s in ops.loc.ranked()] == [
         ("switch spine2", "switch-unreachable")
@@ -209,28 +231,19 @@ def test_a_round_every_switch_was_late_in_is_the_box_even_if_some_answered_part(
     late at once, none refusing, is the box, not two leaves failing together: the round is
     skipped, and a switch late alone is still named."""
     ops, clock, ports = clocked_operations(monkeypatch)
-    answers: dict[str, PollFailed | None] = {}
-
-    async def poll(s: FakeSession) -> SwitchSample | PollFailed:
-        why = answers.get(s.name)
-        if why is not None:
-            return why
-        return SwitchSample(
-            s.name, clock[0], {p: PortSample(p, tx_packets=0, rx_packets=0) for p in ports[s.name]}
-        )
-
-    monkeypatch.setattr(ops, "_poll", poll)
+    fail = failing_polls(monkeypatch, ops, clock, ports)
     for _ in range(10):
         clock[0] += 0.5
         asyncio.run(ops.tick())
     admin_late = PollFailed("SwitchAdmin: DEADLINE_EXCEEDED", refused=False)
     counters_late = PollFailed("P4Runtime counter read: no answer", refused=False, answered=True)
-    answers = {"leaf1": admin_late, "leaf2": admin_late}
-    answers |= {"spine1": counters_late, "spine2": counters_late}
+    fail(
+        {"leaf1": admin_late, "leaf2": admin_late, "spine1": counters_late, "spine2": counters_late}
+    )
     clock[0] += 5.19  # the stall, then the round
     asyncio.run(ops.tick())
     assert ops.rounds_late == 1 and ops.loc.ranked() == [] and ops.dead == frozenset()
-    answers = {"leaf1": admin_late}  # the others answer whole: leaf1 is late alone
+    fail({"leaf1": admin_late})  # the others answer whole: leaf1 is late alone
     for _ in range(8):
         clock[0] += 0.5
         asyncio.run(ops.tick())
