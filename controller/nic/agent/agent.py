@@ -463,6 +463,11 @@ class Agent:
                         self._drop_pacing(key)
                         del self.rates_seen[key]
                     continue
+                # the pacer first: a watcher told of a rate finds it applied (ListFlows)
+                rate, origin = int(cur.rate_bps), int(cur.origin)
+                if prev is None or prev[0] != rate:
+                    self._apply_pacing(key, rate)
+                self.rates_seen[key] = (rate, origin)
                 last = prev[0] if prev else 0
                 for ev in evs:
                     rate = int(ev.rate.rate_bps)
@@ -478,10 +483,6 @@ class Agent:
                     for w in list(self.watchers):
                         w.offer(out)
                     last = rate
-                rate, origin = int(cur.rate_bps), int(cur.origin)
-                if prev is None or prev[0] != rate:
-                    self._apply_pacing(key, rate)
-                self.rates_seen[key] = (rate, origin)
             if self.retire_at is None:
                 self.retire_at = time.monotonic() + self.opts.idle_timeout_s
 
@@ -871,7 +872,9 @@ class Agent:
                 "updates": int(s.updates),
             }
         if isinstance(self.pacer, HtbPacer):
-            for k, fc in self.pacer.classes.items():
+            with self.lock:  # the event thread re-rates classes
+                classes = dict(self.pacer.classes)
+            for k, fc in classes.items():
                 if k in views:
                     views[k].paced_rate_bps = fc.rate_bps
         for v in views.values():
