@@ -27,7 +27,13 @@ from typing import Any
 from testbed.collective.metrics import fmt_size, parse_sizes, table
 from testbed.experiment.machine import provenance
 from testbed.experiment.rundir import new_run_dir
-from testbed.experiment.schemes import SCHEMES, add_cc_arguments, cc_config, scheme_law
+from testbed.experiment.schemes import (
+    SCHEMES,
+    add_cc_arguments,
+    add_start_argument,
+    cc_config,
+    scheme_law,
+)
 from testbed.faults import parse_seconds
 from testbed.model import DEFAULT_SCALE, Scaling
 
@@ -48,6 +54,7 @@ def _engine_args(ap: argparse.ArgumentParser) -> None:
     )
     ap.add_argument("--scheme", choices=SCHEMES, default="tita")
     add_cc_arguments(ap)
+    add_start_argument(ap)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument(
         "--retransmit",
@@ -140,7 +147,12 @@ def open_suite(args: argparse.Namespace) -> Iterator[Any]:
         args.scale if args.scale is not None else (1.0 if args.engine == "sim" else DEFAULT_SCALE)
     )
     scaling = Scaling(scale=scale, max_hops=spec.longest_path_switches())
-    cfg = SuiteConfig(seed=args.seed, retransmit=args.retransmit, **cc_config(args))
+    cfg = SuiteConfig(
+        seed=args.seed,
+        retransmit=args.retransmit,
+        proactive_start=args.proactive_start,
+        **cc_config(args),
+    )
     if args.engine == "sim":
         from testbed.sim.fabric import SimFabric
         from testbed.sim.suite import SimSuite

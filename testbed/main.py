@@ -35,6 +35,7 @@ from testbed.experiment.schemes import (
     RATE_LAWS,
     add_ack_argument,
     add_cc_arguments,
+    add_start_argument,
     check_ack_every,
 )
 from testbed.model import BUFFERS, DEFAULT_MODEL, DEFAULT_SCALE, Scaling, model_with_buffer
@@ -131,13 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
         "testbed.experiment.suite.SCENARIOS; "
         "also victim, storm: PFC's harms)",
     )
-    run.add_argument(
-        "--proactive-start",
-        action="store_true",
-        help="the incast's senders and the collectives' ranks declare each flow they start "
-        "with its fair share to their NICs before they send (schemes with a rate law); "
-        "default: they start at line rate",
-    )
+    add_start_argument(run)
     run.add_argument(
         "--pfc-watchdog",
         choices=["on", "off"],

@@ -138,6 +138,8 @@ def load_recording(run_dir: Path) -> Recording:
     suite["scenarios"] = tuple(suite["scenarios"])
     # TiTa's T as the run had it, not re-measured on the twin
     suite["tita_base_rtt_s"] = setup.get("tita_base_rtt_s") or suite.get("tita_base_rtt_s")
+    # a run recorded before the proactive start existed started every flow at line rate
+    suite.setdefault("proactive_start", False)
     cfg = SuiteConfig(**{k: v for k, v in suite.items() if k in SuiteConfig.__dataclass_fields__})
     return Recording(run_dir, spec, scaling, cfg, setup, list(doc["runs"]))
 

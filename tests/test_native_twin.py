@@ -28,8 +28,12 @@ CFG = SuiteConfig(
         "scenarios": ("incast", "websearch"),
         "incast_bytes": 200_000,
         "websearch_seconds": 0.5,
+        # every flow from line rate: the incast's pauses and drops are paths too
+        "proactive_start": False,
     }
 )
+# the proactive start's path (the NICs paced from a declared rate), one cell
+HINTED = SuiteConfig(**{**CFG.__dict__, "schemes": ("tita",), "proactive_start": True})
 
 
 def record(r: RunRecord) -> Any:
@@ -44,14 +48,16 @@ def record(r: RunRecord) -> Any:
     return json.loads(json.dumps(d))
 
 
-def run(pipeline: str) -> tuple[dict[tuple[str, str], Any], tuple[str, str]]:
+def run(
+    pipeline: str, cfg: SuiteConfig = CFG
+) -> tuple[dict[tuple[str, str], Any], tuple[str, str]]:
     # the static buffer: its drops and pauses are paths the pipelines must agree on too
     scaling = Scaling(
         model=model_with_buffer("static"), scale=1.0, max_hops=SPEC.longest_path_switches()
     )
     fab = SimFabric(SPEC, scaling, seed=5, pipeline=pipeline)
     in_use = (next(iter(fab.switches.values())).sw.pipeline_in_use, fab.nic_pipeline_in_use)
-    return {(r.scheme, r.scenario): record(r) for r in SimSuite(fab, CFG).run()}, in_use
+    return {(r.scheme, r.scenario): record(r) for r in SimSuite(fab, cfg).run()}, in_use
 
 
 def test_the_twin_on_the_native_pipeline_matches_the_reference() -> None:
@@ -67,6 +73,9 @@ def test_the_twin_on_the_native_pipeline_matches_the_reference() -> None:
     assert any(r["queue_max_bytes"] > 0 for r in reference.values())
     assert reference[("dcqcn+pfc", "incast")]["pauses"] > 0
     assert all(r["rate_series"] for r in reference.values())  # the laws moved rates
+    hinted, _ = run("native", HINTED)
+    assert hinted == run("reference", HINTED)[0]
+    assert hinted[("tita", "incast")]["start_hints"] > 0
 
 
 def test_each_part_keeps_its_pipeline_in_a_fresh_fabric() -> None:

@@ -33,6 +33,8 @@ def run(schemes: tuple[str, ...], scenario: str, **cfg: Any) -> tuple[SimFabric,
             **SuiteConfig.quick().__dict__,
             "schemes": schemes,
             "scenarios": (scenario,),
+            # every flow from line rate: the bursts that fill the queues PFC guards
+            "proactive_start": False,
             **cfg,
         }
     )

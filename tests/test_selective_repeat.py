@@ -281,6 +281,7 @@ def sweep_args(**kw: object) -> argparse.Namespace:
         scale=None,
         scheme="dcqcn",
         seed=1,
+        proactive_start=True,
         switch="builtin",
         run_dir=None,
         losses="1%",

@@ -20,8 +20,9 @@ import pytest
 
 from controller.wire.int_md import INT_DSCP_DEFAULT
 from controller.wire.ipv4 import checksum as ipv4_checksum
+from testbed.collective import run as coll_run
 from testbed.experiment.suite import SuiteConfig
-from testbed.main import main
+from testbed.main import build_parser, main
 from testbed.model import Scaling, model_with_buffer
 from testbed.probes import Capture, record_int_frame
 from testbed.sim.engine import EventLoop
@@ -104,6 +105,7 @@ def test_repeat_runs_every_cell_n_times_and_keeps_each(tmp_path: Path) -> None:
     # the twin is deterministic: its repetitions run under the next seeds
     assert [r["seed"] for r in doc["runs"]] == [1, 1, 2, 2]
     assert doc["setup"]["suite"]["repeat"] == 2
+    assert doc["setup"]["suite"]["proactive_start"] is True  # the default
     assert doc["verdict"][0].startswith("incast: TiTa vs DCQCN over 2 runs")
     assert main(["run", "--engine", "sim", "--repeat", "0"]) == 2
 
@@ -112,7 +114,8 @@ def test_repeat_runs_every_cell_n_times_and_keeps_each(tmp_path: Path) -> None:
 def test_model_speed_verdicts_on_the_quick_suite() -> None:
     """At 400G and microsecond RTTs (HPCC's eta 0.95 and T = base RTT; DCQCN's parameters
     at the NIC's rate; the static buffer's 500 KB per port, which DCQCN's incast overflows: the
-    drops are counted with their reason), on the default fabric."""
+    drops are counted with their reason), on the default fabric; the laws alone, every flow
+    from line rate (declared at their share, DCQCN's flows keep it and nothing queues)."""
     spec = leafspine(2, 2, 4)
     static = model_with_buffer("static")
     fab = SimFabric(spec, Scaling(model=static, scale=1, max_hops=spec.longest_path_switches()))
@@ -121,6 +124,7 @@ def test_model_speed_verdicts_on_the_quick_suite() -> None:
             **SuiteConfig.quick().__dict__,
             "schemes": ("dcqcn", "tita"),
             "scenarios": ("incast", "websearch"),
+            "proactive_start": False,
         }
     )
     suite = SimSuite(fab, cfg)
@@ -342,26 +346,26 @@ def test_a_run_that_cannot_finish_is_recorded_and_the_suite_goes_on() -> None:
 
 
 def test_the_proactive_start_paces_the_incast_at_its_fair_share_from_the_first_packet() -> None:
-    """`proactive_start`: the incast's senders declare their share of the receiver's link to
-    their NICs; each flow is paced at it from its first packet and its law starts there, so
-    the startup burst that fills the queue does not happen. A switch-able option: without it
-    the same law starts at line rate."""
+    """The proactive start (on by default): the incast's senders declare their share of the
+    receiver's link to their NICs; each flow is paced at it from its first packet and its
+    law starts there, so the startup burst that fills the queue does not happen. Its
+    ablation, `tita-reactive`, is TiTa as it runs with the start off: the same records."""
     spec = leafspine(2, 2, 4)
-    runs = {}
-    for proactive in (False, True):
-        fab = SimFabric(spec, Scaling(max_hops=spec.longest_path_switches()))
-        cfg = SuiteConfig(
-            **{
-                **SuiteConfig.quick().__dict__,
-                "schemes": ("none", "tita"),
-                "scenarios": ("incast",),
-                "proactive_start": proactive,
-            }
-        )
-        runs[proactive] = {r.scheme: r for r in SimSuite(fab, cfg).run()}
-    plain, hinted = runs[False]["tita"], runs[True]["tita"]
+    quick = SuiteConfig.quick().__dict__
+    fab = SimFabric(spec, Scaling(max_hops=spec.longest_path_switches()))
+    cfg = SuiteConfig(
+        **{**quick, "schemes": ("none", "tita", "tita-reactive"), "scenarios": ("incast",)}
+    )
+    assert cfg.proactive_start
+    on = {r.scheme: r for r in SimSuite(fab, cfg).run()}
+    off_cfg = SuiteConfig(
+        **{**quick, "schemes": ("tita",), "scenarios": ("incast",), "proactive_start": False}
+    )
+    off = SimSuite(fab.fresh(), off_cfg).run()[0]
+    plain, hinted = on["tita-reactive"], on["tita"]
     assert plain.start_hints == 0 and hinted.start_hints == 7  # one flow per sender
-    assert runs[True]["none"].start_hints == 0  # no law, no hint: no CC stays no CC
+    assert on["none"].start_hints == 0  # no law, no hint: no CC stays no CC
+    assert {**plain.summary(), "scheme": "tita"} == off.summary()
     assert hinted.drops == 0 and hinted.flows_completed == hinted.flows == 7
     assert hinted.queue_p99_bytes < 0.6 * plain.queue_p99_bytes, (
         hinted.queue_p99_bytes,
@@ -375,6 +379,31 @@ def test_the_proactive_start_paces_the_incast_at_its_fair_share_from_the_first_p
     assert len(firsts) == 7 and all(v < 0.25 * line for v in firsts), (firsts, line)
     plain_firsts = [s["v"][0] for s in plain.rate_series.values() if s["v"]]
     assert all(v > 0.5 * line for v in plain_firsts), plain_firsts
+
+
+def test_the_proactive_start_is_on_unless_the_command_turns_it_off() -> None:
+    parser = build_parser()
+    for argv in (["run"], ["collective"], ["tune"]):
+        assert parser.parse_args(argv).proactive_start is True, argv
+        assert parser.parse_args([*argv, "--no-proactive-start"]).proactive_start is False
+
+
+def test_the_collectives_declare_their_start_under_every_law_but_the_ablation() -> None:
+    """What a collective job declares to the NICs (CollFabric.start, into every job's spec):
+    its fair share under every scheme with a rate law (the fairness rule: the baselines get
+    what TiTa gets), nothing under no CC, under `tita-reactive` or with the start off."""
+    spec = leafspine(2, 2, 4)
+    fab = SimFabric(spec, Scaling(max_hops=spec.longest_path_switches()))
+    line = fab.scaling.nic_bps
+    on = SimSuite(fab, SuiteConfig())
+    for name in ("tita", "dcqcn", "dcqcn+pfc", "hpcc", "timely", "swift"):
+        assert on.collective_fabric(name).start == {"start_share_bps": line}, name
+    for name in ("none", "tita-reactive"):
+        assert on.collective_fabric(name).start == {}, name
+    off = SimSuite(fab, SuiteConfig(proactive_start=False))
+    assert off.collective_fabric("tita").start == {}
+    job = coll_run.job_spec(on.collective_fabric("dcqcn"), collective="alltoall", size=1 << 20)
+    assert job["start_share_bps"] == line
 
 
 def test_ack_every_is_each_schemes_own_unless_the_run_sets_one(

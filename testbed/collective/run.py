@@ -62,6 +62,9 @@ class CollFabric:
     # The scheme's law with these parameters over its CC profile's for the runs to come
     # (Profile.with_values; {}: the profile as configured)
     set_cc: Callable[[dict[str, str]], None]
+    # what every job declares to the NICs as it starts (the proactive start's
+    # `start_share_bps`, testbed.traffic.collective_jobs); {}: nothing, flows start at line rate
+    start: dict[str, Any] = field(default_factory=dict)
 
     @property
     def nics(self) -> int:
@@ -83,6 +86,7 @@ def job_spec(fab: CollFabric, **params: Any) -> dict[str, Any]:
         "transport": fab.transport,
         "nic_ips": fab.nic_ips,
         "seed": fab.seed,
+        **fab.start,
     }
     spec.update(params)
     spec.setdefault("timeout", _timeout(fab, int(spec["size"]), int(spec.get("iters", 1))))

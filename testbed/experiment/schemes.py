@@ -35,6 +35,9 @@ class Scheme:
     bdp_window: bool = False
     ack_every: int = 2  # the receivers ACK every N packets
     takes_t: bool = False  # the law is given T (TiTa's and HPCC's B*T, Swift's delay target)
+    # the application declares nothing to the NIC: every flow starts at line rate, whatever
+    # the proactive start says (TiTa's ablation)
+    reactive: bool = False
 
 
 _SCHEMES = (
@@ -42,6 +45,8 @@ _SCHEMES = (
     Scheme("dcqcn", "dcqcn"),
     # TiTa follows HPCC's law and its B*T bound
     Scheme("tita", "tita", bdp_window=True, takes_t=True),
+    # TiTa without the proactive start: the law alone, from line rate
+    Scheme("tita-reactive", "tita", bdp_window=True, takes_t=True, reactive=True),
     # HPCC: its window W starts at B*T
     Scheme("hpcc", "hpcc", bdp_window=True, takes_t=True),
     # TIMELY and Swift time one packet per RTT: a coalesced ACK would add the wait for the
@@ -76,6 +81,14 @@ def scheme_law(name: str) -> str:
 
 def lossless(name: str) -> bool:
     return scheme(name).lossless
+
+
+def declares_start(name: str, proactive_start: bool) -> bool:
+    """Whether the application declares its flows' start rates to the NIC under `name`: the
+    proactive start is on and the scheme has a rate law to start from them (no CC has
+    nothing to start) and is not the reactive ablation."""
+    s = scheme(name)
+    return proactive_start and s.law != "none" and not s.reactive
 
 
 def law(name: str) -> Law:
@@ -169,6 +182,20 @@ def check_ack_every(n: int | None) -> None:
     """A ValueError for an --ack-every below 1."""
     if n is not None and n < 1:
         raise ValueError(f"--ack-every must be at least 1, not {n}")
+
+
+def add_start_argument(ap: argparse.ArgumentParser) -> None:
+    """`--proactive-start` / `--no-proactive-start` (SuiteConfig.proactive_start)."""
+    reactive = ", ".join(s.name for s in _SCHEMES if s.reactive)
+    ap.add_argument(
+        "--proactive-start",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the incast's senders and the collectives' ranks declare each flow they start "
+        "with its fair share to their NICs before they send, under every scheme with a rate "
+        f"law but {reactive} (default: on); --no-proactive-start: every flow starts at line "
+        "rate, as the runs before this default did",
+    )
 
 
 def add_cc_arguments(ap: argparse.ArgumentParser) -> None:

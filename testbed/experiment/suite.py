@@ -32,9 +32,12 @@ classic harms (not in the default list):
 Schemes: `none` (flows at line rate), `dcqcn` (ECN marks -> CNPs -> the DCQCN law in the
 sender's NIC), `tita` (INT echoed in ACKs -> the proactive law in the sender's NIC; like
 HPCC, whose law it follows, its senders keep at most one bandwidth-delay product B*T in
-flight per flow, where DCQCN and no-CC senders keep up to 64 packets). The controller sets
-each scheme on every host's agent (SetPolicy). Its slow-loop caps are off unless the testbed
-was started with them, so the schemes differ only in what the NIC does.
+flight per flow, where DCQCN and no-CC senders keep up to 64 packets); `tita-reactive` (TiTa
+without the proactive start); the rest in testbed.experiment.schemes. By default the incast's
+senders and the collectives' ranks declare each flow's fair share to their NICs before they
+send (the proactive start, under every scheme with a rate law: SuiteConfig.proactive_start).
+The controller sets each scheme on every host's agent (SetPolicy). Its slow-loop caps are off
+unless the testbed was started with them, so the schemes differ only in what the NIC does.
 
 Measured per (scheme, scenario) — testbed.probes:
 - queue occupancy at every switch egress port the traffic crosses, from the INT records of
@@ -71,6 +74,7 @@ from testbed.experiment import metrics
 from testbed.experiment.schemes import (
     DEFAULT_SCHEMES,
     cc_profile,
+    declares_start,
     default_cc_profiles,
     lossless,
     scheme_law,
@@ -120,8 +124,10 @@ class SuiteConfig:
     tita_base_rtt_s: float | None = None
     retransmit: str = "gbn"  # the transport's: gbn (go-back-N) or sr (selective repeat)
     pfc_watchdog: bool = True  # the PFC watchdog in the switches of a lossless scheme
-    # the incast's senders declare their fair share to their NICs before they send
-    proactive_start: bool = False
+    # the proactive start: the incast's senders and the collectives' ranks declare each
+    # flow's fair share to their NICs before they send (schemes.declares_start); False: every
+    # flow starts at line rate
+    proactive_start: bool = True
     storm_seconds: float = 1.0  # how long the storm scenario's NIC keeps pausing
     # the named CC profile of each rate law (--cc-profile; controller/nic/ratelaw/profiles/)
     cc_profiles: dict[str, str] = field(default_factory=default_cc_profiles)
@@ -494,6 +500,7 @@ class Suite:
             spec=self.spec,
             fresh=(lambda: self.start_run(scheme)) if fresh_runs else (lambda: None),
             set_cc=lambda settings: self.set_cc(scheme, settings),
+            start=self._collective_start(scheme),
         )
 
     # ---- running ----
@@ -722,15 +729,15 @@ class Suite:
         if worst is not None:
             rec.victim_longest_gap_s, rec.victim_stalls, rec.victim_fct_slowdown = worst
 
-    def _declares_start(self) -> bool:
-        """The proactive start (`proactive_start`) is on and the scheme has a rate law to
-        start from it (no CC has nothing to start)."""
-        return self.cfg.proactive_start and scheme_law(self._scheme) != "none"
+    def _declares_start(self, scheme: str | None = None) -> bool:
+        """The proactive start is on for `scheme` (default: the cell's)."""
+        return declares_start(scheme or self._scheme, self.cfg.proactive_start)
 
-    def _collective_start(self) -> dict[str, Any]:
-        """The proactive start of a collective: its job declares each flow it starts with its
-        fair share of the NIC (testbed.traffic.collective_jobs), as the incast's senders do."""
-        return {"start_share_bps": self.scaling.nic_bps} if self._declares_start() else {}
+    def _collective_start(self, scheme: str) -> dict[str, Any]:
+        """The proactive start of a collective under `scheme`: every job declares each flow
+        it starts with its fair share of the NIC (testbed.traffic.collective_jobs), as the
+        incast's senders do."""
+        return {"start_share_bps": self.scaling.nic_bps} if self._declares_start(scheme) else {}
 
     def _incast_start_rate(self) -> float | None:
         """The proactive start (`proactive_start`): the incast's senders know its fan-in and
@@ -851,7 +858,6 @@ class Suite:
                     collective="alltoall",
                     size=cfg.alltoall_bytes,
                     chunk=ALLTOALL_CHUNK,
-                    **self._collective_start(),
                 ),
             }
         n = len(self.hosts)
@@ -869,7 +875,6 @@ class Suite:
                     "chunk": 64 << 10,
                     "iters": 3,
                     "compute": compute,
-                    **self._collective_start(),
                 },
             ),
             coll.JobDecl(
@@ -882,7 +887,6 @@ class Suite:
                     "chunk": 64 << 10,
                     "iters": 3,
                     "compute": compute,
-                    **self._collective_start(),
                 },
             ),
         ]
