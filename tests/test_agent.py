@@ -118,6 +118,22 @@ def test_agent_api_and_clean_shutdown(_: int) -> None:
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             text = stub.GetMetrics(pb.GetMetricsRequest(), timeout=10).text
             assert "xingmai_nic_packets_total" in text and "xingmai_agent_info" in text
+            # ClearFlows: a fresh NIC for the next run; the controller's settings stay
+            other = pair.udp_key(6001)
+            stub.SetRate(pb.SetRateRequest(flow=agent.flow(other), rate_bps=40_000_000), timeout=10)
+            assert {f.flow.src_port: f.rate_bps for f in agent.flows()}[6001] == 40_000_000
+            cleared = stub.ClearFlows(pb.ClearFlowsRequest(), timeout=10).cleared
+            assert cleared == 2  # the two flows' rates
+            after = {f.flow.src_port: f for f in agent.flows()}
+            assert 6001 not in after
+            kept = after[6000]  # its cap, weight and law, at its ceiling again
+            assert (kept.cap_bps, kept.weight, kept.law, kept.rate_bps) == (
+                30_000_000,
+                3,
+                pb.RATE_LAW_DCQCN,
+                30_000_000,
+            )
+            assert kept.paced_rate_bps == 0  # no class until it sends or is rated again
         finally:
             rc = agent.stop(signal.SIGTERM)
         assert rc == 0, agent.log_tail()

@@ -138,6 +138,16 @@ def test_lossless_incast_pauses_every_hop_back_to_the_senders_and_drops_nothing(
     assert r.sender_holds > 0 and r.sender_held_s > 0  # and their transports held
 
 
+def listed_flows(suite: EmuSuite) -> list[int]:
+    """How many flows each host's agent holds (ListFlows)."""
+    from controller.proto import agent_pb2
+
+    return [
+        len(stub.ListFlows(agent_pb2.ListFlowsRequest(), timeout=10).flows)
+        for stub in suite.agents.values()
+    ]
+
+
 def test_the_proactive_start_reaches_the_nics_through_the_agents(tmp_path: Path) -> None:
     """`--proactive-start` on the emulation: each incast sender's transport hands its flow's
     fair share to its host's agent (SetRate) before it sends; the NIC paces the flow at it
@@ -158,6 +168,10 @@ def test_the_proactive_start_reaches_the_nics_through_the_agents(tmp_path: Path)
                 suite.run()
                 (recs[proactive],) = suite.records
                 t_s = suite.tita_t_s
+                # the next run's flows reuse these 5-tuples: the NICs forget them first
+                assert any(listed_flows(suite)), "the run left no flow in the agents"
+                assert not suite._fresh()  # the fabric lives on
+                assert not any(listed_flows(suite))
     plain, hinted = recs[False], recs[True]
     assert plain.start_hints == 0 and hinted.start_hints == 3
     assert hinted.flows_completed == hinted.flows == 3 and hinted.drops == 0

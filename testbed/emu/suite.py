@@ -76,6 +76,7 @@ class EmuSuite(Suite):
         self.watcher: RateWatcher | None = None
         self.ops = EmuOperations(tb)
         self._ops: dict[str, list[dict[str, Any]]] = {}
+        self.agents: dict[str, Any] = {}  # every host's agent stub (on entering)
 
     # ---- lifecycle ----
 
@@ -86,7 +87,8 @@ class EmuSuite(Suite):
             for i in range(len(h.nics))
         ]
         self.sampler = IntSampler(endpoints, self.links)
-        self.watcher = RateWatcher({h.name: self.tb.agent_stub(h.name) for h in self.hosts})
+        self.agents = {h.name: self.tb.agent_stub(h.name) for h in self.hosts}
+        self.watcher = RateWatcher(self.agents)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -96,6 +98,16 @@ class EmuSuite(Suite):
             self.watcher.close()
 
     # ---- engine hooks ----
+
+    def _fresh(self) -> bool:
+        """The fabric lives on from run to run, but its NICs forget the last run's flows: the
+        next run's flows reuse their 5-tuples (its seed's ports), and would otherwise start
+        from the last run's rates and CC state, not from their own first packet."""
+        from controller.proto import agent_pb2
+
+        for stub in self.agents.values():
+            stub.ClearFlows(agent_pb2.ClearFlowsRequest(), timeout=10)
+        return False
 
     def _measure_base_rtt(self) -> float:
         return measure_base_rtt(self.tb)

@@ -783,6 +783,21 @@ class Agent:
             self.sync_once()
         return declared
 
+    def clear_flows(self) -> int:
+        """Forget every flow: rate, CC state, counters and pacing class (xm_ctl, the
+        controller's settings, stays). Returns how many were forgotten."""
+        self._count("ClearFlows")
+        assert self.bpf is not None
+        with self.lock:
+            keys = {k for m in ("xm_flows", "xm_rates", "xm_cc") for k, _ in self.bpf.items(m)}
+            keys |= set(self.rates_seen)
+            if isinstance(self.pacer, HtbPacer):
+                keys |= set(self.pacer.classes)
+            for key in keys:
+                self._retire(key)
+            self.retire_at = None
+            return len(keys)
+
     def set_port_rate(self, rate_bps: int) -> int:
         """The NIC's port rate, all flows together (0: the line rate); the rate laws still
         see the line rate, as a NIC that cannot keep up would not tell them."""

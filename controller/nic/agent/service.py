@@ -257,6 +257,9 @@ class HostAgentService(pb_grpc.HostAgentServicer):
             declared=self._call(context, lambda: self.agent.declare_flows(keys))
         )
 
+    def ClearFlows(self, request: pb.ClearFlowsRequest, context: Any) -> pb.ClearFlowsResponse:
+        return pb.ClearFlowsResponse(cleared=self._call(context, self.agent.clear_flows))
+
     def SetPortRate(self, request: pb.SetPortRateRequest, context: Any) -> pb.SetPortRateResponse:
         return pb.SetPortRateResponse(
             rate_bps=self._call(context, lambda: self.agent.set_port_rate(request.rate_bps))
