@@ -59,8 +59,13 @@ def _pids_alive(pids: list[int]) -> list[int]:
 
 
 def test_incast_per_scheme_int_rates_queues_and_clean_teardown(tmp_path: Path) -> None:
+    # from line rate: the laws must react (declared at their shares, DCQCN's senders may see
+    # no CNP at all)
     cfg = SuiteConfig(
-        scenarios=("incast",), schemes=("none", "dcqcn", "tita"), incast_bytes=1_000_000
+        scenarios=("incast",),
+        schemes=("none", "dcqcn", "tita"),
+        incast_bytes=1_000_000,
+        proactive_start=False,
     )
     tb = Testbed(leafspine(2, 1, 2), TestbedOptions(switch="builtin", run_dir=tmp_path))
     records: dict[str, RunRecord] = {}
