@@ -729,22 +729,20 @@ class Suite:
         if worst is not None:
             rec.victim_longest_gap_s, rec.victim_stalls, rec.victim_fct_slowdown = worst
 
-    def _declares_start(self, scheme: str | None = None) -> bool:
-        """The proactive start is on for `scheme` (default: the cell's)."""
-        return declares_start(scheme or self._scheme, self.cfg.proactive_start)
-
     def _collective_start(self, scheme: str) -> dict[str, Any]:
         """The proactive start of a collective under `scheme`: every job declares each flow
         it starts with its fair share of the NIC (testbed.traffic.collective_jobs), as the
         incast's senders do."""
-        return {"start_share_bps": self.scaling.nic_bps} if self._declares_start(scheme) else {}
+        if not declares_start(scheme, self.cfg.proactive_start):
+            return {}
+        return {"start_share_bps": self.scaling.nic_bps}
 
     def _incast_start_rate(self) -> float | None:
         """The proactive start (`proactive_start`): the incast's senders know its fan-in and
         declare their fair share of the receiver's link to their NICs, which pace them at
         it from the first packet; the rate law moves on from there. None: they declare
         nothing and start at line rate (and so always under no CC, which has no law)."""
-        if not self._declares_start():
+        if not declares_start(self._scheme, self.cfg.proactive_start):
             return None
         return self.scaling.nic_bps / (len(self.hosts) - 1)
 

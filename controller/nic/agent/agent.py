@@ -464,10 +464,10 @@ class Agent:
                         del self.rates_seen[key]
                     continue
                 # the pacer first: a watcher told of a rate finds it applied (ListFlows)
-                rate, origin = int(cur.rate_bps), int(cur.origin)
-                if prev is None or prev[0] != rate:
-                    self._apply_pacing(key, rate)
-                self.rates_seen[key] = (rate, origin)
+                now_rate = int(cur.rate_bps)
+                if prev is None or prev[0] != now_rate:
+                    self._apply_pacing(key, now_rate)
+                self.rates_seen[key] = (now_rate, int(cur.origin))
                 last = prev[0] if prev else 0
                 for ev in evs:
                     rate = int(ev.rate.rate_bps)
