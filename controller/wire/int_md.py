@@ -117,27 +117,51 @@ def unit_offsets(bitmap: int, table: Mapping[int, Unit] = HOP_METADATA) -> dict[
     return out
 
 
+# how to read one record's units: per set bit of the bitmap, in wire order, (bit, bytes, its
+# all-ones value, ((field, shift, mask), ...))
+_Plan = tuple[tuple[int, int, bytes, tuple[tuple[str, int, int], ...]], ...]
+
+
+def _plan(bitmap: int, table: Mapping[int, Unit]) -> _Plan:
+    out = []
+    for bit in set_bits(bitmap, table):
+        fields = table[bit]
+        size = unit_len(fields)
+        shift = size * 8
+        reads = []
+        for name, width in fields:
+            shift -= width
+            reads.append((name, shift, (1 << width) - 1))
+        out.append((bit, size, b"\xff" * size, tuple(reads)))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=4096)
+def _hop_plan(bitmap: int) -> _Plan:
+    """The plan of a hop record (every INT packet's: computed once per bitmap)."""
+    return _plan(bitmap, HOP_METADATA)
+
+
 def decode_units(
     data: bytes | bytearray | memoryview, bitmap: int, table: Mapping[int, Unit] = HOP_METADATA
 ) -> dict[str, int | None]:
     """The metadata units of one record as {field: value}, None where a unit is all-ones."""
     out: dict[str, int | None] = {}
     pos = 0
-    for bit in set_bits(bitmap, table):
-        fields = table[bit]
-        size = unit_len(fields)
+    for bit, size, ones, reads in (
+        _hop_plan(bitmap) if table is HOP_METADATA else _plan(bitmap, table)
+    ):
         unit = bytes(data[pos : pos + size])
         if len(unit) < size:
             raise ValueError(f"metadata for bitmap bit {bit} truncated")
         pos += size
-        if unit == b"\xff" * size:
-            out.update({name: None for name, _ in fields})
+        if unit == ones:
+            for name, _, _ in reads:
+                out[name] = None
             continue
         value = int.from_bytes(unit, "big")
-        shift = size * 8
-        for name, width in fields:
-            shift -= width
-            out[name] = (value >> shift) & ((1 << width) - 1)
+        for name, shift, mask in reads:
+            out[name] = (value >> shift) & mask
     return out
 
 
@@ -173,7 +197,7 @@ def decode_stack(stack: bytes, bitmap: int, hop_ml: int | None = None) -> list[d
     into whole hops.
     """
     hop_len = 4 * (hop_ml if hop_ml is not None else hop_ml_words(bitmap))
-    base = metadata_len(bitmap)
+    base = sum(size for _, size, _, _ in _hop_plan(bitmap))  # metadata_len(bitmap)
     if hop_len < base or hop_len == 0:
         if not stack:
             return []

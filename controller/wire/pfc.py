@@ -71,9 +71,12 @@ def pfc_frame(src_mac: bytes, quanta: dict[int, int]) -> bytes:
     return frame + bytes(MIN_FRAME - len(frame))
 
 
+_MAC_CONTROL_TYPE = ETH_P_MAC_CONTROL.to_bytes(2, "big")
+
+
 def is_mac_control(frame: bytes | bytearray | memoryview) -> bool:
     """Whether a frame is a MAC Control frame (consumed by the MAC, never forwarded)."""
-    return len(frame) >= ETH_HEADER and int.from_bytes(frame[12:14], "big") == ETH_P_MAC_CONTROL
+    return frame[12:14] == _MAC_CONTROL_TYPE and len(frame) >= ETH_HEADER
 
 
 def decode_pfc(frame: bytes | bytearray | memoryview) -> PfcPause:

@@ -218,6 +218,7 @@ class MatchTable:
         self._lpm: dict[int, dict[tuple[int, ...], Entry]] = {}
         self._lpm_lengths: list[int] = []
         self._scan: list[Entry] = []
+        self._scan_keys: list[int] = []  # -priority of each entry of _scan, in its order
         self._cache: dict[tuple[int, ...], Entry | None] = {}
         self._handles = itertools.count(1)
         self.next_hit: NodeFn | None = None
@@ -442,9 +443,11 @@ class MatchTable:
             self._lpm.setdefault(plen, {})[k] = e
             self._lpm_lengths = sorted(self._lpm, reverse=True)
         else:
-            # Stable: among equal priorities the earlier entry wins, as bmv2 does.
-            self._scan.append(e)
-            self._scan.sort(key=lambda x: -x.priority)
+            # Highest priority first; among equal priorities the earlier entry wins, as bmv2
+            # does: a new entry goes after every entry of its priority or higher.
+            i = bisect.bisect_right(self._scan_keys, -e.priority)
+            self._scan.insert(i, e)
+            self._scan_keys.insert(i, -e.priority)
             self._cache.clear()
 
     def _unindex(self, e: Entry) -> None:
@@ -459,5 +462,6 @@ class MatchTable:
                 self._lpm.pop(plen, None)
                 self._lpm_lengths = sorted(self._lpm, reverse=True)
         else:
-            self._scan.remove(e)
+            i = self._scan.index(e)
+            del self._scan[i], self._scan_keys[i]
             self._cache.clear()

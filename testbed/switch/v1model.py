@@ -610,9 +610,14 @@ class V1Switch:
                     and tm.native()
                     and not self._foreign_queued
                 ):
+                    registered = tm._handle
                     n = self._service_native(c, S, tm, limit)
                     done += n
-                    if not n or not tm._busy:  # the next round would find nothing
+                    # The next round would find nothing: the C dequeue ran until no port had
+                    # a packet due by `limit`, so only a packet queued during this round (a
+                    # clone, a recirculation: a new handle) or, on a real clock, time passing
+                    # can make one due.
+                    if not n or not tm._busy or (tm._handle == registered and self.clock.virtual):
                         return done
                     continue
                 ready = self.tm.dequeue_ready(limit)

@@ -20,6 +20,7 @@ A rewrite is O(entries): cheap between packets, not meant for a write per packet
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Callable
 from typing import Any, cast
@@ -27,7 +28,7 @@ from typing import Any, cast
 from testbed.switch.codegen import Compiled
 from testbed.switch.compiler import load_const_state
 from testbed.switch.externs import CounterArray, MeterArray, RegisterArray, ValueSet
-from testbed.switch.native.build import build, load
+from testbed.switch.native.build import SANITIZE_ENV, build, cache_dir, load
 from testbed.switch.native.cgen import (
     ABORT_INDEX,
     C_HASHES,
@@ -679,9 +680,7 @@ def load_native(
 ) -> Compiled:
     """The native pipeline of `prog` as a `Compiled`; raises `Unsupported` (a construct the
     generator lacks) or `BuildError` (no compiler, a failed build) with a one-line reason."""
-    gen = generate(prog)
-    so = build(gen.source, gen.digest)
-    ffi, lib = load(gen.cdef, so)
+    gen, ffi, lib = _built(prog)
     rt = NativeRuntime(prog, gen, ffi, lib)
     st = rt.state
 
@@ -735,6 +734,35 @@ def load_native(
         random=rt.rng,
         native=rt if gen.arch else None,
     )
+
+
+# (the program's JSON, the build's environment and what the program's header types hold, the
+# C generated, built and loaded) of the last few programs: a fabric's switches load one
+# program, from one parsed JSON (v1model.parsed_config), and each run of a suite loads it into
+# every switch again
+_BUILT: list[tuple[Json, tuple[Any, ...], Generated, Any, Any]] = []
+_BUILT_KEEP = 4
+
+
+def _built(prog: Program) -> tuple[Generated, Any, Any]:
+    """The C of `prog`, built and loaded (ffi, lib), once per process for the same JSON
+    document and header types (v1model's StdMeta adds hidden fields to them before compiling):
+    the generated C keeps no state of its own (each switch's is the `xm_state` it passes), and
+    one shared object is loaded once by the process whoever opens it."""
+    # the build's key besides the C: where the cache is and the sanitizers (build.build)
+    shape = (
+        str(cache_dir()),
+        os.environ.get(SANITIZE_ENV, ""),
+        tuple((t.name, tuple(t.fields)) for t in prog.header_types.values()),
+    )
+    for doc, seen, gen, ffi, lib in _BUILT:
+        if doc is prog.doc and seen == shape:
+            return gen, ffi, lib
+    gen = generate(prog)
+    ffi, lib = load(gen.cdef, build(gen.source, gen.digest))
+    _BUILT.insert(0, (prog.doc, shape, gen, ffi, lib))
+    del _BUILT[_BUILT_KEEP:]
+    return gen, ffi, lib
 
 
 def _selector_marker(apj: Json) -> Callable[[Any], int] | None:
