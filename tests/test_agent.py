@@ -9,6 +9,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from controller.nic.agent.main import (
     build_parser,
@@ -118,6 +119,16 @@ def test_agent_api_and_clean_shutdown(_: int) -> None:
             assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
             text = stub.GetMetrics(pb.GetMetricsRequest(), timeout=10).text
             assert "xingmai_nic_packets_total" in text and "xingmai_agent_info" in text
+            if st.pacing_mode == "htb":  # the slow-NIC rule's inputs, to replay it
+                exported = {
+                    s.name: s.value
+                    for fam in text_string_to_metric_families(text)
+                    for s in fam.samples
+                }
+                later = stub.GetNicCounters(pb.GetNicCountersRequest(), timeout=10)
+                assert 0 <= exported["xingmai_agent_nic_sent_bytes_total"] <= later.tx_bytes
+                assert 0 <= exported["xingmai_agent_nic_waiting_bits_total"] <= later.waiting_bits
+                assert exported["xingmai_agent_nic_paused_seconds_total"] == 0
             # ClearFlows: a fresh NIC for the next run; the controller's settings stay
             other = pair.udp_key(6001)
             stub.SetRate(pb.SetRateRequest(flow=agent.flow(other), rate_bps=40_000_000), timeout=10)

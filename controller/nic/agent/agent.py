@@ -919,6 +919,11 @@ class Agent:
         """GetNicCounters: the bytes the interfaces sent, what waited in the NIC (the time
         integral of its waiting flows' rates) and the time PFC pauses held it."""
         self._count("GetNicCounters")
+        return self.nic_totals()
+
+    def nic_totals(self) -> dict[str, int]:
+        """What GetNicCounters answers (the controller's slow-NIC rule reads it), also
+        exported to Prometheus."""
         assert self.bpf is not None
         now = time.monotonic_ns()
         tx = tcstats.tx_bytes(list(self.ifindex))

@@ -96,6 +96,30 @@ class AgentMetrics:
             waits.add_metric(["late"], a.meter.late)
             waits.add_metric(["failed"], a.waiting_errors)
             yield waits
+            # what the controller's slow-NIC rule reads (GetNicCounters): a run's rule can be
+            # replayed from Prometheus
+            try:
+                nic = a.nic_totals()
+            except OSError:
+                return  # the interfaces or the PFC map unreadable now: the next scrape tries
+            for name, key, scale, what in (
+                ("xingmai_agent_nic_sent_bytes", "tx_bytes", 1, "bytes the interfaces sent"),
+                (
+                    "xingmai_agent_nic_waiting_bits",
+                    "waiting_bits",
+                    1,
+                    "the time integral of the rates of the flows waiting in the NIC",
+                ),
+                (
+                    "xingmai_agent_nic_paused_seconds",
+                    "paused_ns",
+                    1e-9,
+                    "time PFC pauses held the NIC",
+                ),
+            ):
+                fam = CounterMetricFamily(name, what)
+                fam.add_metric([], nic[key] * scale)
+                yield fam
 
 
 def registry_for(agent: Agent, reg: CollectorRegistry | None = None) -> CollectorRegistry:
