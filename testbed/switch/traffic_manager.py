@@ -64,7 +64,8 @@ class Clock:
         if not self.virtual:
             raise RuntimeError("advance_to() needs a virtual clock")
         with self._lock:
-            self._virtual_ns = max(self._virtual_ns, ns)
+            if ns > self._virtual_ns:
+                self._virtual_ns = ns
 
 
 # What a queue may be set to. A rate is 0 (no limit) or within these bounds: below them one
@@ -298,6 +299,7 @@ class TrafficManager:
         self.default_rate_bps = 0.0
         self.ports: dict[int, PortQueues] = {}
         self._busy: set[int] = set()  # ports with at least one queued packet
+        self.rx_faults: set[int] = set()  # ports whose arriving frames a fault stops (down, loss)
         # draws of `loss` faults; seeded so that a run on a virtual clock repeats (the twin
         # reseeds it per switch)
         self.rng = random.Random(0)
@@ -398,6 +400,10 @@ class TrafficManager:
             if rate_factor is not None:
                 f.rate_factor = rate_factor
                 pq.next_tx_ns = min(pq.next_tx_ns, now)  # as set_rate: from now on
+            if f.down or f.loss:
+                self.rx_faults.add(pq.port)
+            else:
+                self.rx_faults.discard(pq.port)
             if f.down:  # what waited for a dead link is lost
                 pq.fault_drops += sum(len(q) for q in pq.queues)
                 for prio in range(pq.nb_queues):

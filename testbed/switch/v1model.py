@@ -290,12 +290,13 @@ class V1Switch:
             if c is None or S is None:
                 self.stats.drop("no_pipeline")
                 return
-            if self.tm.port_down(port):  # a link down delivers nothing
-                self.stats.drop("port_down")
-                return
-            if self.tm.corrupted(port):  # a lossy link: the MAC drops a bad frame
-                self.stats.drop("rx_error")
-                return
+            if port in self.tm.rx_faults:
+                if self.tm.port_down(port):  # a link down delivers nothing
+                    self.stats.drop("port_down")
+                    return
+                if self.tm.corrupted(port):  # a lossy link: the MAC drops a bad frame
+                    self.stats.drop("rx_error")
+                    return
             if is_mac_control(data):  # the MAC consumes it: PFC pauses, never forwarded
                 self._mac_control(port, data)
                 return
