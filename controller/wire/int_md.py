@@ -95,7 +95,7 @@ def unit_len(unit: Unit) -> int:
 
 def metadata_len(bitmap: int, table: Mapping[int, Unit] = HOP_METADATA) -> int:
     """Bytes of metadata one node adds for this bitmap (baseline only)."""
-    return sum(unit_len(table[b]) for b in set_bits(bitmap, table))
+    return sum(size for _, size, _, _ in _plan_of(bitmap, table))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -142,15 +142,17 @@ def _hop_plan(bitmap: int) -> _Plan:
     return _plan(bitmap, HOP_METADATA)
 
 
+def _plan_of(bitmap: int, table: Mapping[int, Unit]) -> _Plan:
+    return _hop_plan(bitmap) if table is HOP_METADATA else _plan(bitmap, table)
+
+
 def decode_units(
     data: bytes | bytearray | memoryview, bitmap: int, table: Mapping[int, Unit] = HOP_METADATA
 ) -> dict[str, int | None]:
     """The metadata units of one record as {field: value}, None where a unit is all-ones."""
     out: dict[str, int | None] = {}
     pos = 0
-    for bit, size, ones, reads in (
-        _hop_plan(bitmap) if table is HOP_METADATA else _plan(bitmap, table)
-    ):
+    for bit, size, ones, reads in _plan_of(bitmap, table):
         unit = bytes(data[pos : pos + size])
         if len(unit) < size:
             raise ValueError(f"metadata for bitmap bit {bit} truncated")
@@ -197,7 +199,7 @@ def decode_stack(stack: bytes, bitmap: int, hop_ml: int | None = None) -> list[d
     into whole hops.
     """
     hop_len = 4 * (hop_ml if hop_ml is not None else hop_ml_words(bitmap))
-    base = sum(size for _, size, _, _ in _hop_plan(bitmap))  # metadata_len(bitmap)
+    base = metadata_len(bitmap)
     if hop_len < base or hop_len == 0:
         if not stack:
             return []
