@@ -4,7 +4,10 @@
   (grpcio-tools is a build requirement), never committed;
 - the switch program the twin and the emulation load (p4c's outputs for p4src/, committed
   under p4src/build/ with their stamp) is copied into the package as testbed/_program/, so an
-  installed package runs without the repository beside it (testbed/p4files.py finds it).
+  installed package runs without the repository beside it (testbed/p4files.py finds it);
+- the NIC's C (ebpf/: its programs and headers) is copied into the package as
+  controller/nic/_ebpf/, so an installed twin runs the NIC's own programs compiled, as a clone
+  does (controller/nic/bpf/header.py finds it).
 
 An editable install (`pip install -e .`, what `make install` does) writes the stubs into the
 source tree, where `make proto` also writes them, and reads the program from p4src/build/.
@@ -45,6 +48,12 @@ class BuildPy(build_py):
         program.mkdir(parents=True, exist_ok=True)
         for name in PROGRAM_FILES:
             shutil.copy2(ROOT / "p4src" / "build" / name, program / name)
+        ebpf = out / "controller" / "nic" / "_ebpf"
+        for src in sorted((ROOT / "ebpf").rglob("*")):
+            if src.suffix in (".c", ".h"):
+                dst = ebpf / src.relative_to(ROOT / "ebpf")
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, dst)
 
 
 setup(cmdclass={"build_py": BuildPy})

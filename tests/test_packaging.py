@@ -5,6 +5,7 @@ extras (Mininet, pyroute2, scapy, matplotlib, Dask) installed."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -78,6 +79,20 @@ def test_the_wheel_carries_stubs_program_and_data(wheel: Path) -> None:
         assert f"controller/proto/{proto}_pb2_grpc.py" in names
     assert {"testbed/_program/xingmai.json", "testbed/_program/xingmai.p4info.txtpb"} <= names
     assert "testbed/data/workloads/WebSearch_distribution.txt" in names
+    # the NIC's C, which the twin compiles (testbed/sim/nic_native.py)
+    ebpf = {n for n in names if n.startswith("controller/nic/_ebpf/")}
+    assert {
+        "controller/nic/_ebpf/xingmai.h",
+        "controller/nic/_ebpf/tc_egress.c",
+        "controller/nic/_ebpf/xdp_ingress.c",
+        "controller/nic/_ebpf/lib/tita.h",
+    } <= ebpf
+    tracked = subprocess.run(
+        ["git", "-C", str(REPO), "ls-files", "ebpf"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert {n.removeprefix("controller/nic/_ebpf/") for n in ebpf} == {
+        t.removeprefix("ebpf/") for t in tracked if t.endswith((".c", ".h"))
+    }
     meta = (
         zipfile.ZipFile(wheel)
         .read(next(n for n in names if n.endswith(".dist-info/METADATA")))
@@ -122,8 +137,11 @@ def test_the_twin_runs_from_the_wheel_without_the_extras(wheel: Path, tmp_path: 
     assert res.returncode == 0, res.stderr[-3000:]
     assert (work / "run" / "results.json").exists()
     assert "matplotlib is not installed: pip install 'xingmai[plots]'" in res.stderr
-    # the wheel carries no ebpf/: the NICs run the reference, and the run says so
-    assert "native NIC unavailable (the NIC's eBPF sources are not here" in res.stderr
+    # the wheel carries the NIC's C: the twin's NICs run it compiled, as from a clone
+    assert "native NIC unavailable" not in res.stderr
+    assert json.loads((work / "run" / "results.json").read_text())["setup"]["nic_pipeline"] == (
+        "native"
+    )
     assert "incast     tita" in res.stdout
 
 

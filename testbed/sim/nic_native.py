@@ -118,7 +118,7 @@ def header_cdef() -> str:
 def library() -> tuple[Any, Any]:
     """(ffi, lib) of the native program, built once per process (and cached across them)."""
     if not all((EBPF_DIR / name).is_file() for name in PROGRAMS):
-        raise BuildError(f"the NIC's eBPF sources are not here ({EBPF_DIR}): run from a clone")
+        raise BuildError(f"the NIC's eBPF sources are not here ({EBPF_DIR})")
     text = source()
     digest = hashlib.sha256(text.encode()).hexdigest()
     so = build(text, digest, stem="nic")

@@ -13,7 +13,10 @@ import re
 import struct
 from pathlib import Path
 
-EBPF_DIR = Path(__file__).resolve().parents[3] / "ebpf"
+# the NIC's C: ebpf/ in a clone, or the copy an installed package carries (setup.py)
+_CLONE_EBPF = Path(__file__).resolve().parents[3] / "ebpf"
+_PACKAGED_EBPF = Path(__file__).resolve().parents[1] / "_ebpf"
+EBPF_DIR = _CLONE_EBPF if _CLONE_EBPF.is_dir() else _PACKAGED_EBPF
 HEADER = EBPF_DIR / "xingmai.h"  # constants, enums and structs shared with Python
 MAPS_HEADER = EBPF_DIR / "lib" / "maps.h"  # the map declarations
 
