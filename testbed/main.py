@@ -247,7 +247,13 @@ def _testbed(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
 def cmd_run(args: argparse.Namespace) -> int:
     from testbed.experiment.plots import write_plots
-    from testbed.experiment.report import table, telemetry_notes, verdict, write_results
+    from testbed.experiment.report import (
+        table,
+        telemetry_notes,
+        verdict,
+        write_csvs,
+        write_results,
+    )
     from testbed.experiment.schemes import DEFAULT_SCHEMES, SCHEMES, cc_config, lossless
     from testbed.experiment.suite import ALL_SCENARIOS, SCENARIOS, SuiteConfig
 
@@ -371,6 +377,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         }
         write_results(tb.run_dir / "results.json", records, setup)
         plots = write_plots(records, tb.run_dir, s.link_bps, s.nic_bps)
+        csvs = write_csvs(records, tb.run_dir)
         tb.say("stopping the testbed")
     left = tb.leftovers()
     print()
@@ -389,6 +396,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print()
     print(f"results: {tb.run_dir / 'results.json'}")
     print("plots:   " + (", ".join(str(p) for p in plots) or "none"))
+    print("csv:     " + ", ".join(str(p) for p in csvs))
     print(f"logs:    {tb.run_dir / 'logs'}")
     print(f"total {time.monotonic() - t0:.0f} s; left behind: {', '.join(left) or 'nothing'}")
     return 0 if not left else 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
 from pathlib import Path
@@ -21,6 +22,7 @@ from testbed.experiment.report import (
     results_doc,
     table,
     verdict,
+    write_csvs,
     write_results,
 )
 from testbed.experiment.suite import RunRecord
@@ -231,3 +233,30 @@ def test_results_files_carry_their_schema_and_a_newer_one_is_refused(tmp_path: P
     del doc["schema"]  # a file from before the number: version 1, read
     (tmp_path / "results.json").write_text(json.dumps(doc))
     assert load_results(tmp_path)["runs"]
+
+
+def test_the_csvs_name_each_repetition_s_flows_and_queues(tmp_path: Path) -> None:
+    # what both engines write beside results.json (testbed.experiment.report.write_csvs)
+    first = dataclasses.replace(
+        rec("tita", "incast", 300e3, 0, 4.0),
+        flow_fcts=[
+            {"id": 0, "src": "h2", "dst": "h1", "bytes": 1000, "start_s": 0.0, "fct_s": 0.5},
+            {"id": 1, "src": "h3", "dst": "h1", "bytes": 1000, "start_s": 0.0, "fct_s": None},
+        ],
+        port_series={"leaf1:1": {"t": [0.0, 0.1], "v": [0.0, 4200.0]}},
+    )
+    second = dataclasses.replace(first, repetition=1, flow_fcts=first.flow_fcts[:1])
+    flows_path, queues_path = write_csvs([first, second], tmp_path)
+    flows = list(csv.DictReader(flows_path.open()))
+    assert [(r["repetition"], r["id"], r["fct_s"]) for r in flows] == [
+        ("0", "0", "0.5"),
+        ("0", "1", ""),  # not completed
+        ("1", "0", "0.5"),
+    ]
+    queues = list(csv.DictReader(queues_path.open()))
+    assert [(r["repetition"], r["port"], r["queue_bytes"]) for r in queues] == [
+        ("0", "leaf1:1", "0"),
+        ("0", "leaf1:1", "4200"),
+        ("1", "leaf1:1", "0"),
+        ("1", "leaf1:1", "4200"),
+    ]

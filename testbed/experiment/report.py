@@ -24,6 +24,7 @@ with ranges of one point.
 
 from __future__ import annotations
 
+import csv
 import json
 import statistics
 from collections.abc import Callable, Iterable
@@ -376,6 +377,48 @@ def records_from_results(doc: dict[str, Any]) -> list[RunRecord]:
             )
         )
     return out
+
+
+def write_csvs(records: list[RunRecord], out: Path) -> list[Path]:
+    """Two CSV files of a suite's runs, on every engine:
+
+    - `flows.csv`: one line per flow of every flows run (incast, WebSearch, --flows):
+      `scenario,scheme,repetition,id,src,dst,bytes,start_s,fct_s` (fct_s empty: it did not
+      complete);
+    - `queues.csv`: the queue at every switch egress port the traffic crossed, as the INT
+      records of the arriving data packets saw it (departure-sampled; at most 2000 points per
+      port and run, each bucket's maximum kept):
+      `scenario,scheme,repetition,port,t_s,queue_bytes`.
+    """
+    flows_path, queues_path = out / "flows.csv", out / "queues.csv"
+    with flows_path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(
+            ["scenario", "scheme", "repetition", "id", "src", "dst", "bytes", "start_s", "fct_s"]
+        )
+        for r in records:
+            for fl in r.flow_fcts:
+                w.writerow(
+                    [
+                        r.scenario,
+                        r.scheme,
+                        r.repetition,
+                        fl["id"],
+                        fl["src"],
+                        fl["dst"],
+                        fl["bytes"],
+                        repr(fl["start_s"]),
+                        "" if fl["fct_s"] is None else repr(fl["fct_s"]),
+                    ]
+                )
+    with queues_path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["scenario", "scheme", "repetition", "port", "t_s", "queue_bytes"])
+        for r in records:
+            for port, series in sorted(r.port_series.items()):
+                for t, v in zip(series["t"], series["v"], strict=True):
+                    w.writerow([r.scenario, r.scheme, r.repetition, port, repr(t), int(v)])
+    return [flows_path, queues_path]
 
 
 def write_results(

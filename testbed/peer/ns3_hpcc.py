@@ -470,7 +470,11 @@ def twin_result(run_dir: Path, name: str) -> dict[str, Any]:
     per_flow = []
     with (run_dir / "flows.csv").open() as fh:
         for row in csv.DictReader(fh):
-            if row["scenario"] == "flows" and row["scheme"] == name:
+            if (
+                row["scenario"] == "flows"
+                and row["scheme"] == name
+                and int(row.get("repetition") or 0) == r.get("repetition", 0)
+            ):
                 per_flow.append(
                     {
                         "id": int(row["id"]),

@@ -1,11 +1,6 @@
 """`xingmai-testbed run --engine sim`: the suite on the simulated twin, with the emulation's
-outputs (results.json, the table, the plots) and two CSV files beside them:
-
-- `flows.csv`: one line per flow of every flows run (incast, WebSearch, --flows):
-  `scenario,scheme,id,src,dst,bytes,start_s,fct_s` (fct_s empty: it did not complete);
-- `queues.csv`: the queue at every switch egress port the traffic crossed, as the INT
-  records of the arriving data packets saw it (departure-sampled; at most 2000 points per
-  port and run, each bucket's maximum kept): `scenario,scheme,port,t_s,queue_bytes`.
+outputs (results.json, the table, the plots, flows.csv and queues.csv:
+testbed.experiment.report.write_csvs).
 
 The flow list of `--flows FILE` is a CSV with a header `src,dst,bytes,start_s`: source and
 destination host names (as the topology names them), the flow's size in bytes and its start
@@ -21,7 +16,7 @@ import time
 from pathlib import Path
 
 from testbed.experiment.rundir import new_run_dir
-from testbed.experiment.suite import RunRecord, SuiteConfig, fmt_time
+from testbed.experiment.suite import SuiteConfig, fmt_time
 from testbed.model import DEFAULT_MODEL, Scaling, model_with_buffer
 from testbed.sim.fabric import SimFabric
 from testbed.sim.suite import SimSuite
@@ -60,38 +55,15 @@ def load_flows(path: Path, spec: FabricSpec) -> list[Flow]:
     return flows
 
 
-def write_csvs(records: list[RunRecord], out: Path) -> list[Path]:
-    flows_path, queues_path = out / "flows.csv", out / "queues.csv"
-    with flows_path.open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["scenario", "scheme", "id", "src", "dst", "bytes", "start_s", "fct_s"])
-        for r in records:
-            for fl in r.flow_fcts:
-                w.writerow(
-                    [
-                        r.scenario,
-                        r.scheme,
-                        fl["id"],
-                        fl["src"],
-                        fl["dst"],
-                        fl["bytes"],
-                        repr(fl["start_s"]),
-                        "" if fl["fct_s"] is None else repr(fl["fct_s"]),
-                    ]
-                )
-    with queues_path.open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["scenario", "scheme", "port", "t_s", "queue_bytes"])
-        for r in records:
-            for port, series in sorted(r.port_series.items()):
-                for t, v in zip(series["t"], series["v"], strict=True):
-                    w.writerow([r.scenario, r.scheme, port, repr(t), int(v)])
-    return [flows_path, queues_path]
-
-
 def run_sim(args: argparse.Namespace, cfg: SuiteConfig) -> int:
     from testbed.experiment.plots import write_plots
-    from testbed.experiment.report import table, telemetry_notes, verdict, write_results
+    from testbed.experiment.report import (
+        table,
+        telemetry_notes,
+        verdict,
+        write_csvs,
+        write_results,
+    )
 
     t0 = time.monotonic()
     spec = parse_choice(args.topo)

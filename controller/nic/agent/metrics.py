@@ -102,7 +102,7 @@ class AgentMetrics:
                 nic = a.nic_totals()
             except OSError:
                 return  # the interfaces or the PFC map unreadable now: the next scrape tries
-            for name, key, scale, what in (
+            for name, total, scale, what in (
                 ("xingmai_agent_nic_sent_bytes", "tx_bytes", 1, "bytes the interfaces sent"),
                 (
                     "xingmai_agent_nic_waiting_bits",
@@ -118,7 +118,7 @@ class AgentMetrics:
                 ),
             ):
                 fam = CounterMetricFamily(name, what)
-                fam.add_metric([], nic[key] * scale)
+                fam.add_metric([], nic[total] * scale)
                 yield fam
 
 
