@@ -7,6 +7,7 @@ clock; packets go in with `receive()` and come out through `transmit`.
 from __future__ import annotations
 
 import asyncio
+import queue
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,8 @@ from scapy.layers.l2 import Ether
 
 from controller.common.ports import free_port
 from testbed.switch.p4runtime import P4RuntimeService, serve
+from testbed.switch.p4runtime.codec import RpcError
+from testbed.switch.p4runtime.stream import Client
 from testbed.switch.traffic_manager import Clock
 from testbed.switch.v1model import V1Switch
 
@@ -415,3 +418,28 @@ def test_reconnect_keeps_state_and_bad_config_is_refused(h: Harness) -> None:
     caps = stub.Capabilities(p4r.CapabilitiesRequest())
     assert caps.p4runtime_api_version
     channel.close()
+
+
+def test_a_controller_back_on_a_new_stream_takes_over_its_closed_one() -> None:
+    # the server may still hold a stream its controller has closed (its thread not yet ended)
+    # when the controller comes back with the same election id: the closed stream is gone,
+    # an open one with that id is a second controller and is refused
+    svc = P4RuntimeService(V1Switch(Clock(virtual=True), device_id=1, cpu_port=CPU_PORT), 1)
+    streams = svc.streams
+    req = p4r.MasterArbitrationUpdate(device_id=1)
+    req.election_id.low = 10
+    open_ = True
+    old = Client(1, queue.Queue(), active=lambda: open_)
+    streams.clients[1] = old
+    streams._arbitrate(old, req)
+    assert streams.primary() is old
+    new = Client(2, queue.Queue())
+    streams.clients[2] = new
+    with pytest.raises(RpcError, match="already in use"):
+        streams._arbitrate(new, req)  # the old stream is open: two controllers, one id
+    open_ = False
+    streams._arbitrate(new, req)
+    assert streams.primary() is new and 1 not in streams.clients
+    while old.queue.get_nowait() is not None:  # the closed stream is told to end
+        pass
+    assert new.queue.get_nowait().arbitration.status.code == 0  # OK: primary

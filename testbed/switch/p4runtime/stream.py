@@ -9,7 +9,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +44,9 @@ class Client:
     election_id: int | None = None
     role: str = ""
     peer: str = ""
+    # whether the stream's RPC is still open (its gRPC context's): a controller that closed
+    # its stream is gone before this server's thread for it has ended
+    active: Callable[[], bool] = lambda: True
 
 
 @dataclass
@@ -111,14 +114,19 @@ class Streams:
         role = req.role.name if req.HasField("role") else ""
         eid = election(req.election_id) if req.HasField("election_id") else None
         with self.svc.lock:
-            for other in self.clients.values():
+            for other in list(self.clients.values()):
                 if (
                     other is not client
                     and other.role == role
                     and eid is not None
                     and other.election_id == eid
                 ):
-                    raise RpcError("INVALID_ARGUMENT", f"election id {eid} is already in use")
+                    if other.active():
+                        raise RpcError("INVALID_ARGUMENT", f"election id {eid} is already in use")
+                    # a controller back on a new stream while its closed one is still being
+                    # torn down: the closed one is gone, not a second holder of the id
+                    self.clients.pop(other.stream_id, None)
+                    other.queue.put(None)
             old_primary = self.primary(role)
             client.role, client.election_id = role, eid
             new_primary = self.primary(role)
@@ -144,7 +152,9 @@ class Streams:
                     grpc.StatusCode.RESOURCE_EXHAUSTED,
                     f"at most {self.max_streams} streams at once",
                 )
-            client = Client(self._next_stream, queue.Queue(), peer=context.peer())
+            client = Client(
+                self._next_stream, queue.Queue(), peer=context.peer(), active=context.is_active
+            )
             self._next_stream += 1
             self.clients[client.stream_id] = client
 
