@@ -297,6 +297,36 @@ def test_hash_algorithms_match_the_reference() -> None:
             assert rt.hash(algo, data) == ref(data), (algo, data.hex())
 
 
+
+def test_random_extern_draws_as_python_random() -> None:
+    """The program's random extern draws in C from the pipeline's own Mersenne Twister
+    (NativeRandom): for string, bytes and int seeds, each draw of the C (`xm_random_int`,
+    what the generated code calls) and each of the Python methods on it (randint,
+    getrandbits, random, the state's round trip) is random.Random's, over ranges from one
+    value to the whole 64 bits, where a 65-bit draw is needed."""
+    sw = V1Switch(clock=Clock(virtual=True), pipeline="native")
+    sw.load(BMV2_JSON.read_bytes())
+    assert sw.compiled is not None
+    rng = sw.compiled.random
+    rt = sw.compiled.ingress.__self__  # type: ignore[attr-defined]
+    ref = random.Random()
+    ranges = [(0, 0), (0, 1), (3, 9), (0, 1023), (0, 2**32 - 1), (0, 2**32), (5, 2**33 + 17)]
+    ranges += [(0, 2**63), (0, 2**64 - 1), (2**64 - 2, 2**64 - 1)]
+    for seed in (0, 7, 2**70 + 3, "a seed", b"bytes"):
+        rng.seed(seed)
+        ref.seed(seed)
+        for lo, hi in ranges:
+            for _ in range(200):
+                assert rt.lib.xm_random_int(rt.state, lo, hi) == ref.randint(lo, hi)
+                assert rng.randint(lo, hi) == ref.randint(lo, hi)
+        assert [rng.getrandbits(k) for k in range(100)] == [ref.getrandbits(k) for k in range(100)]
+        assert rng.random() == ref.random()
+        assert rng.getstate() == ref.getstate()
+        ref.setstate(rng.getstate())
+        assert [rng.random() for _ in range(700)] == [ref.random() for _ in range(700)]
+    with pytest.raises(ValueError):
+        rng.setstate((2, (0,) * 625, None))
+
 def test_the_switch_command_takes_the_pipeline() -> None:
     from testbed.switch.main import parse_args
 

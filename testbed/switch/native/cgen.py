@@ -693,7 +693,7 @@ class CGen:
             return [
                 f"uint64_t {t}_lo = {lo.code}, {t}_hi = {hi.code};",
                 f"if ({t}_lo <= {t}_hi) {{",
-                *["    " + ln for ln in self.store(dst, X(f"s->rng({t}_lo, {t}_hi)"))],
+                *["    " + ln for ln in self.store(dst, X(f"xm_randint(s, {t}_lo, {t}_hi)"))],
                 "}",
             ]
         if op == "generate_digest":
@@ -1783,6 +1783,18 @@ class CGen:
         self.emit("}", 1)
         self.emit("}")
         self.emit()
+        self.emit("/* one 32-bit draw of the random extern's generator, for NativeRandom */")
+        self.emit("uint32_t xm_random_u32(xm_state *s)")
+        self.emit("{")
+        self.emit("return xm_mt_next(s);", 1)
+        self.emit("}")
+        self.emit()
+        self.emit("/* the random extern's draw alone, for the tests */")
+        self.emit("uint64_t xm_random_int(xm_state *s, uint64_t lo, uint64_t hi)")
+        self.emit("{")
+        self.emit("return xm_randint(s, lo, hi);", 1)
+        self.emit("}")
+        self.emit()
         self.emit("/* a table's lookup alone (the row, -1 for a miss), for the tests */")
         self.emit(
             "int64_t xm_table_lookup(xm_state *s, uint32_t table, const uint64_t *key, uint32_t nk)"
@@ -2197,7 +2209,11 @@ typedef struct xm_state {{
     uint64_t counter_size[{ncounters}];
     uint64_t *registers[{nregisters}];
     uint64_t register_size[{nregisters}];
-    uint64_t (*rng)(uint64_t lo, uint64_t hi);
+    /* the program's random extern: CPython's Mersenne Twister (random.Random), its state
+     * loaded and read by runtime.py's NativeRandom, so a draw here is the draw the reference
+     * makes from its random.Random */
+    uint32_t mt[624];
+    uint32_t mti;
     int abort_kind;
     const char *abort_msg;
 {tail}}} xm_state;
@@ -2221,6 +2237,64 @@ __attribute__((noreturn)) static inline void xm_abort(xm_state *s, int kind, con
     s->abort_kind = kind;
     s->abort_msg = msg;
     longjmp(s->jb, 1);
+}}
+
+/* CPython's genrand_uint32 (Modules/_randommodule.c): MT19937 */
+static inline uint32_t xm_mt_next(xm_state *s)
+{{
+    static const uint32_t mag01[2] = {{0x0U, 0x9908b0dfU}};
+    uint32_t *mt = s->mt;
+    uint32_t y;
+    if (s->mti >= 624) {{
+        int kk;
+        for (kk = 0; kk < 624 - 397; kk++) {{
+            y = (mt[kk] & 0x80000000U) | (mt[kk + 1] & 0x7fffffffU);
+            mt[kk] = mt[kk + 397] ^ (y >> 1) ^ mag01[y & 0x1U];
+        }}
+        for (; kk < 623; kk++) {{
+            y = (mt[kk] & 0x80000000U) | (mt[kk + 1] & 0x7fffffffU);
+            mt[kk] = mt[kk + 397 - 624] ^ (y >> 1) ^ mag01[y & 0x1U];
+        }}
+        y = (mt[623] & 0x80000000U) | (mt[0] & 0x7fffffffU);
+        mt[623] = mt[396] ^ (y >> 1) ^ mag01[y & 0x1U];
+        s->mti = 0;
+    }}
+    y = mt[s->mti++];
+    y ^= (y >> 11);
+    y ^= (y << 7) & 0x9d2c5680U;
+    y ^= (y << 15) & 0xefc60000U;
+    y ^= (y >> 18);
+    return y;
+}}
+
+/* random.Random.getrandbits(k), 1 <= k <= 65 (words from the least significant up) */
+static inline unsigned __int128 xm_mt_bits(xm_state *s, unsigned k)
+{{
+    if (k <= 32) return xm_mt_next(s) >> (32 - k);
+    unsigned __int128 r = 0;
+    for (unsigned shift = 0; k > 0; shift += 32) {{
+        uint32_t w = xm_mt_next(s);
+        if (k < 32) {{
+            w >>= (32 - k);
+            k = 0;
+        }} else {{
+            k -= 32;
+        }}
+        r |= (unsigned __int128)w << shift;
+    }}
+    return r;
+}}
+
+/* random.Random.randint(lo, hi) for lo <= hi: lo + _randbelow(hi - lo + 1), drawn by
+ * rejection over the width's bit length */
+static inline uint64_t xm_randint(xm_state *s, uint64_t lo, uint64_t hi)
+{{
+    unsigned __int128 n = (unsigned __int128)(hi - lo) + 1;
+    unsigned k = 0;
+    for (unsigned __int128 m = n; m; m >>= 1) k++;
+    unsigned __int128 r = xm_mt_bits(s, k);
+    while (r >= n) r = xm_mt_bits(s, k);
+    return lo + (uint64_t)r;
 }}
 
 static inline uint64_t xm_div(xm_state *s, uint64_t a, uint64_t b)
@@ -2410,4 +2484,6 @@ int xm_run_action(xm_state *s, xm_packet *p, uint32_t id, const uint64_t *ad);
 uint64_t xm_layout(uint64_t what);
 uint64_t xm_hash(int algo, const uint8_t *b, uint64_t n);
 int64_t xm_table_lookup(xm_state *s, uint32_t table, const uint64_t *key, uint32_t nk);
+uint32_t xm_random_u32(xm_state *s);
+uint64_t xm_random_int(xm_state *s, uint64_t lo, uint64_t hi);
 """

@@ -441,6 +441,57 @@ def _mask_groups(ffi: Any, rows: Any, n: int, nk: int, stride: int) -> tuple[Any
     return groups, slots, len(by_mask)
 
 
+class NativeRandom(random.Random):
+    """The program's random extern on the native pipeline: a `random.Random` whose Mersenne
+    Twister state is the C pipeline's (`xm_state.mt`), so the C draws the program's random
+    values without calling back into Python and every draw, from C or from here, is the one
+    a `random.Random` in the same state makes. Seeding, getstate and setstate go through
+    CPython's own generator, so a seed gives the reference's sequence."""
+
+    def __init__(self, lib: Any, state: Any) -> None:  # noqa: D107
+        self._lib = lib
+        self._state = state
+        super().__init__()
+
+    def seed(self, a: Any = None, version: int = 2) -> None:
+        ref = random.Random()
+        ref.seed(a, version)
+        self.setstate(ref.getstate())
+
+    def getstate(self) -> tuple[Any, ...]:
+        st = self._state
+        return (3, (*st.mt, int(st.mti)), self.gauss_next)
+
+    def setstate(self, state: tuple[Any, ...]) -> None:
+        version, internal, gauss_next = state
+        if version != 3 or len(internal) != 625:
+            raise ValueError(f"state of version {version} with {len(internal)} words: not MT19937")
+        st = self._state
+        st.mt = list(internal[:624])
+        st.mti = internal[624]
+        self.gauss_next = gauss_next
+
+    def getrandbits(self, k: int) -> int:
+        if k < 0:
+            raise ValueError("number of bits must be non-negative")
+        if k <= 32:  # CPython's fast path, including k == 0
+            return self._lib.xm_random_u32(self._state) >> (32 - k) if k else 0
+        r, shift = 0, 0
+        while k > 0:  # 32-bit words, the least significant first
+            w = self._lib.xm_random_u32(self._state)
+            if k < 32:
+                w >>= 32 - k
+            r |= w << shift
+            shift += 32
+            k -= 32
+        return r
+
+    def random(self) -> float:
+        a = self._lib.xm_random_u32(self._state) >> 5
+        b = self._lib.xm_random_u32(self._state) >> 6
+        return (a * 67108864.0 + b) * (1.0 / 9007199254740992.0)
+
+
 class NativeRuntime:
     """One loaded native pipeline and its state (one per switch)."""
 
@@ -478,14 +529,9 @@ class NativeRuntime:
         self.departed: Any = ffi.new("xm_departed[]", self._departed_cap) if gen.arch else None
         # the architecture's common path in C (cgen.py's _architecture), when generated
         self.arch = gen.arch
-        self.rng = random.Random()
-        self._rng_cb = ffi.callback("uint64_t(uint64_t, uint64_t)", self._random)
-        self.state.rng = self._rng_cb
+        self.rng = NativeRandom(lib, self.state)
         self.tables: dict[str, NativeMatchTable] = {}
         self.profiles: dict[str, NativeActionProfile] = {}
-
-    def _random(self, lo: int, hi: int) -> int:
-        return self.rng.randint(lo, hi)
 
     def check_call(self, where: str, call: ActionCall) -> None:
         """An action call the native tables can hold: a known action, its parameters each
