@@ -297,7 +297,6 @@ def test_hash_algorithms_match_the_reference() -> None:
             assert rt.hash(algo, data) == ref(data), (algo, data.hex())
 
 
-
 def test_random_extern_draws_as_python_random() -> None:
     """The program's random extern draws in C from the pipeline's own Mersenne Twister
     (NativeRandom): for string, bytes and int seeds, each draw of the C (`xm_random_int`,
@@ -326,6 +325,7 @@ def test_random_extern_draws_as_python_random() -> None:
         assert [rng.random() for _ in range(700)] == [ref.random() for _ in range(700)]
     with pytest.raises(ValueError):
         rng.setstate((2, (0,) * 625, None))
+
 
 def test_the_switch_command_takes_the_pipeline() -> None:
     from testbed.switch.main import parse_args
