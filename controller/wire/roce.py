@@ -78,6 +78,8 @@ DEFAULT_PKEY = 0xFFFF
 
 _BTH = struct.Struct("!BBHII")
 _AETH = struct.Struct("!I")
+_UDP_MASKED = struct.Struct("!HHHH")
+_ICRC_LRH = zlib.crc32(b"\xff" * 8)  # the pseudo LRH the CRC starts with
 assert _BTH.size == BTH_LEN and _AETH.size == AETH_LEN == SACK_LEN
 
 
@@ -157,23 +159,20 @@ def icrc(
     The IPv4 total length and UDP length are those of the packet *without* INT: INT is inserted
     and grown on the path, so the ICRC covers the packet as the transport sent it.
     """
+    if len(transport) < BTH_LEN:
+        raise ValueError(f"the ICRC covers a BTH: {len(transport)} bytes of transport")
     ihl = (ip_header[0] & 0x0F) * 4
     udp_len = 8 + len(transport) + ICRC_LEN
-    masked_ip = (
-        ip_header[:1]
-        + b"\xff"
-        + (ihl + udp_len).to_bytes(2, "big")
-        + ip_header[4:8]
-        + b"\xff"
-        + ip_header[9:10]
-        + b"\xff\xff"
-        + ip_header[12:ihl]
-    )
-    udp = struct.pack("!HHHH", sport, dport, udp_len, 0xFFFF)
-    crc = zlib.crc32(b"\xff" * 8)
-    crc = zlib.crc32(masked_ip, crc)
-    crc = zlib.crc32(udp, crc)
-    crc = zlib.crc32(bytes(transport[:4]) + b"\xff" + bytes(transport[5:BTH_LEN]), crc)
+    # the masked headers in one buffer, one CRC call over them and one over the payload
+    head = bytearray(ip_header[:ihl])
+    head[1] = 0xFF  # TOS
+    head[2:4] = (ihl + udp_len).to_bytes(2, "big")
+    head[8] = 0xFF  # TTL
+    head[10:12] = b"\xff\xff"  # header checksum
+    head += _UDP_MASKED.pack(sport, dport, udp_len, 0xFFFF)
+    head += transport[:BTH_LEN]
+    head[ihl + 12] = 0xFF  # FECN, BECN, reserved
+    crc = zlib.crc32(head, _ICRC_LRH)
     crc = zlib.crc32(transport[BTH_LEN:], crc)
     return crc.to_bytes(4, "little")
 
