@@ -24,7 +24,9 @@ class EventLoop:
     def at(self, t_ns: int, fn: Callable[..., None], *args: Any) -> None:
         """Run `fn(*args)` at `t_ns` (not before now)."""
         self._seq += 1
-        heapq.heappush(self._heap, (max(t_ns, self.now_ns), self._seq, fn, args))
+        if t_ns < self.now_ns:
+            t_ns = self.now_ns
+        heapq.heappush(self._heap, (t_ns, self._seq, fn, args))
 
     def run(self, until_ns: int | None = None, stop: Callable[[], bool] | None = None) -> bool:
         """Run events in order until none are left, the next is after `until_ns`, or `stop()`

@@ -147,11 +147,16 @@ class SimSwitch:
         self._schedule()
 
     def _schedule(self) -> None:
+        now = self.loop.now_ns
+        at = self._service_at
+        if at is not None and at <= now:
+            return  # a service due now runs anyway, whatever the next departure is
         t = self.sw.tm.next_departure_ns()
         if t is None:
             return
-        t = max(t, self.loop.now_ns)
-        if self._service_at is not None and self._service_at <= t:
+        if t < now:
+            t = now
+        if at is not None and at <= t:
             return
         self._service_at = t
         self.loop.at(t, self._service, t)
