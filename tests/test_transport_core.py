@@ -7,8 +7,10 @@ sockets in network namespaces.
 from __future__ import annotations
 
 import errno
+import gc
 import socket
 import struct
+import weakref
 
 import pytest
 
@@ -181,6 +183,22 @@ def test_message_without_last_packet_does_not_grow_without_bound() -> None:
     shuttle(a, b, 1.0)
     msg = qb.poll_recv()
     assert msg is not None and bytes(msg.data) == b"next"
+
+
+def test_a_completed_message_is_not_kept_by_the_core() -> None:
+    """A sender's core forgets a message once it is acknowledged: only its poster holds the
+    SendOp (with its data). A queue of completed messages that no job read kept every message
+    of a run, and with it every byte a collective sent in its data mode."""
+    a, b = pair()
+    refs = []
+    for i in range(20):
+        op = a.qps[5].post_send(bytes([i]) * (3 * MTU), float(i))
+        refs.append(weakref.ref(op))
+        shuttle(a, b, float(i))
+        assert op.done and b.qps[6].poll_recv() is not None
+        del op
+    gc.collect()
+    assert [r for r in refs if r() is not None] == []
 
 
 def test_same_seed_same_source_ports() -> None:

@@ -170,6 +170,9 @@ class LongLivedJob:
         self.bad = 0
         self.received = 0
         self.acked: dict[int, int] | None = None
+        # each flow's messages posted and not yet acknowledged, oldest first (they complete
+        # in order): two at a time, the next posted as one completes
+        self.posted: list[deque[SendOp]] = [deque() for _ in self.mine]
 
     @property
     def next_wake(self) -> float:
@@ -177,16 +180,16 @@ class LongLivedJob:
 
     def start(self, t0: float) -> None:
         self.end = t0 + self.duration
-        for _, qp in self.mine:
+        for (_, qp), posted in zip(self.mine, self.posted, strict=True):
             for _ in range(2):
-                qp.post_send(self.data, t0)
+                posted.append(qp.post_send(self.data, t0))
 
     def poll(self, now: float) -> bool:
-        for _, qp in self.mine:
-            while qp.completions:
-                qp.completions.popleft()
+        for (_, qp), posted in zip(self.mine, self.posted, strict=True):
+            while posted and posted[0].done:
+                posted.popleft()
                 if now < self.end:
-                    qp.post_send(self.data, now)
+                    posted.append(qp.post_send(self.data, now))
         for qp in self.incoming:
             while (m := qp.poll_recv()) is not None:
                 self.received += 1

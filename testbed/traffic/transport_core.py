@@ -240,8 +240,10 @@ class QueuePair:
         self.counters = QpCounters()
         # requester: sequence numbers are unbounded ints, PSN = (sq_psn + seq) mod 2^24
         self.sq_psn = sq_psn & PSN_MASK
-        self.send_q: deque[SendOp] = deque()  # posted, not yet fully acknowledged
-        self.completions: deque[SendOp] = deque()
+        # posted, not yet fully acknowledged; a completed SendOp is marked done and forgotten
+        # (its poster holds it if it wants it: a queue of completions nobody reads would grow
+        # with every message of a run)
+        self.send_q: deque[SendOp] = deque()
         self.una = 0  # oldest unacknowledged
         self.nxt = 0  # next to send
         self.high = 0  # one past the highest ever sent
@@ -481,7 +483,6 @@ class QueuePair:
         while q and q[0].first_seq + q[0].npkts <= una:
             op = q.popleft()
             op.t_done = now
-            self.completions.append(op)
             self.counters.messages_sent += 1
             self._cur = max(0, self._cur - 1)
         if q or self.nxt < self.tail:

@@ -86,7 +86,6 @@ class TransportSurface(Surface):
             for qp in core.qps.values():  # and the application takes what arrived
                 while qp.poll_recv() is not None:
                     pass
-                qp.completions.clear()
             for qp in core.senders():
                 for _ in range(64):
                     if qp.peek(self.now) is None:
