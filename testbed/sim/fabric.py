@@ -19,6 +19,7 @@ processes do (testbed.traffic.runner.run_job), returning the same RunOutput.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import finsy as fy
@@ -395,11 +396,13 @@ class SimFabric:
         """Where frames sent towards `end` go: a switch port, or a host (any of its NICs:
         the host takes what is addressed to one of them; MAC Control frames act on the NIC
         they arrive at)."""
+        # partial, not a lambda: a frame's delivery costs no Python frame of its own
         if self.spec.is_switch(end.node):
-            sw, port = self.switches[end.node], end.index
-            return lambda frame: sw.receive(port, frame)
-        nic = end.index
-        return lambda frame: self.hosts[end.node].receive(frame, nic)
+            return partial(self.switches[end.node].receive, end.index)
+        return partial(self._to_host, end.node, end.index)
+
+    def _to_host(self, node: str, nic: int, frame: bytes) -> None:
+        self.hosts[node].receive(frame, nic)
 
     def _to_collector(self, frame: bytes) -> None:
         """A frame the fabric delivered to the collector: its UDP payload, if it is a
