@@ -27,6 +27,7 @@ BENCHMARKS: tuple[str, ...] = (
     "cpu",
     "scenarios",
     "twin",
+    "twin_pipelines",
     "ns3",
     "localization",
 )

@@ -14,7 +14,9 @@ from testbed.experiment.report import (
     RESULTS_SCHEMA,
     Spread,
     below,
+    comparable,
     compare,
+    differences,
     load_results,
     markdown_report,
     records_from_results,
@@ -260,3 +262,29 @@ def test_the_csvs_name_each_repetition_s_flows_and_queues(tmp_path: Path) -> Non
         ("1", "leaf1:1", "0"),
         ("1", "leaf1:1", "4200"),
     ]
+
+
+def test_two_runs_compare_on_what_they_computed_alone() -> None:
+    """`comparable` drops when, where and with which code a run ran (and the setup keys asked
+    for); `differences` names the paths where two results files still differ."""
+    a = json.loads(
+        json.dumps(results_doc(RECORDS, {"engine": "sim", "command": "a", "pipeline": "native"}))
+    )
+    b = json.loads(json.dumps(a))
+    b["date"], b["machine"], b["source"] = "another day", {"cpu": "another"}, {"commit": "f00"}
+    b["setup"]["command"] = "b"
+    for run in b["runs"]:
+        run["load_avg_1m"] = 3.5
+    assert comparable(a) == comparable(b) and differences(comparable(a), comparable(b)) == []
+    b["setup"]["pipeline"] = "reference"
+    assert differences(comparable(a), comparable(b)) == ["setup.pipeline"]
+    assert comparable(a, ("command", "pipeline")) == comparable(b, ("command", "pipeline"))
+    b["runs"][2]["drops"] += 1
+    b["series"][0]["queue_bytes"]["v"][1] = 0.0
+    assert differences(
+        comparable(a, ("command", "pipeline")), comparable(b, ("command", "pipeline"))
+    ) == [
+        "runs[2].drops",
+        "series[0].queue_bytes.v[1]",
+    ]
+    assert len(differences(list(range(50)), list(range(1, 51)), limit=5)) == 5

@@ -361,6 +361,45 @@ def results_doc(
     }
 
 
+# What a results file records of when, where and with which code it ran (`date`, `machine`,
+# `source`, the runs' `load_avg_1m`), and of the command (`setup.command`), left out when two
+# runs' results are compared: the rest is what the runs computed.
+_WHEN_AND_WHERE = ("date", "machine", "source")
+
+
+def comparable(doc: dict[str, Any], ignore_setup: Iterable[str] = ("command",)) -> dict[str, Any]:
+    """The results file `doc` without what depends on when, where and how it was started:
+    two runs of the twin with the same inputs and seed give equal `comparable` documents.
+    `ignore_setup`: the setup's keys left out too (the pipeline, when comparing two)."""
+    out = {k: v for k, v in doc.items() if k not in _WHEN_AND_WHERE}
+    skip = set(ignore_setup)
+    out["setup"] = {k: v for k, v in doc.get("setup", {}).items() if k not in skip}
+    out["runs"] = [
+        {k: v for k, v in run.items() if k != "load_avg_1m"} for run in doc.get("runs", [])
+    ]
+    return out
+
+
+def differences(a: Any, b: Any, path: str = "", limit: int = 20) -> list[str]:
+    """Where `a` and `b` (JSON values) differ: up to `limit` paths (`runs[3].drops`)."""
+    out: list[str] = []
+
+    def walk(x: Any, y: Any, at: str) -> None:
+        if len(out) >= limit or x == y:
+            return
+        if isinstance(x, dict) and isinstance(y, dict):
+            for k in sorted(x.keys() | y.keys(), key=str):
+                walk(x.get(k), y.get(k), f"{at}.{k}" if at else str(k))
+        elif isinstance(x, list) and isinstance(y, list) and len(x) == len(y):
+            for i, (u, v) in enumerate(zip(x, y, strict=True)):
+                walk(u, v, f"{at}[{i}]")
+        else:
+            out.append(at or "(the whole document)")
+
+    walk(a, b, path)
+    return out
+
+
 def records_from_results(doc: dict[str, Any]) -> list[RunRecord]:
     """The records of a results file (summary and series), e.g. to plot them again. Files
     from before repetitions have none: theirs is repetition 0."""

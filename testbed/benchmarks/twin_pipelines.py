@@ -1,0 +1,69 @@
+"""The twin's suite on the native per-packet path against the Python reference (issue 30's
+proof at the scale of the default suite): the same suite, same seed, once with
+`--pipeline native` (the switches' generated C, the NICs' XDP program compiled) and once with
+`--pipeline reference`, each in a process of its own; their `results.json` must be equal but
+for when, where and with which pipeline they ran (testbed.experiment.report.comparable).
+Figures: whether they are, the first paths where they differ, and each run's CPU seconds.
+
+`make test` runs eight cells of the short suite the same way (tests/test_native_twin.py);
+this runs the default suite (`--quick`: the short one), which takes a few minutes.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from testbed.benchmarks.twin import _in_child
+
+PIPELINE_SETUP = ("command", "pipeline", "nic_pipeline")  # what differs by design
+SEED = 1
+
+
+def _suite(pipeline: str, run_dir: str, quick: bool) -> dict[str, Any]:
+    """One suite on the twin (in a child process): its results file's path, the pipelines
+    that ran and the CPU seconds it took."""
+    from testbed.main import main
+
+    argv = ["run", "--engine", "sim", "--switch", "builtin", "--pipeline", pipeline]
+    argv += ["--seed", str(SEED), "--run-dir", run_dir, *(["--quick"] if quick else [])]
+    c0 = time.process_time()
+    rc = main(argv)
+    cpu = time.process_time() - c0
+    doc = json.loads((Path(run_dir) / "results.json").read_text())
+    return {
+        "rc": rc,
+        "cpu_s": round(cpu, 1),
+        "pipeline": doc["setup"].get("pipeline"),
+        "nic_pipeline": doc["setup"].get("nic_pipeline"),
+        "results": str(Path(run_dir) / "results.json"),
+    }
+
+
+def run(quick: bool) -> dict[str, Any]:
+    from testbed.experiment.report import comparable, differences
+
+    with tempfile.TemporaryDirectory(prefix="xingmai-pipelines-") as tmp:
+        runs = {p: _in_child(_suite, p, str(Path(tmp) / p), quick) for p in ("native", "reference")}
+        docs = {
+            p: comparable(json.loads(Path(r["results"]).read_text()), PIPELINE_SETUP)
+            for p, r in runs.items()
+        }
+    native, reference = runs["native"], runs["reference"]
+    if native["pipeline"] != "native" or native["nic_pipeline"] != "native":
+        # no compiler here: the "native" run fell back to the reference, nothing to compare
+        return {"skipped": "the native pipeline did not build here", "runs": runs}
+    diff = differences(docs["reference"], docs["native"])
+    return {
+        "suite": "quick" if quick else "default",
+        "seed": SEED,
+        "cells": len(docs["reference"]["runs"]),
+        "identical": not diff,
+        "differences": diff,
+        "cpu_s": {"native": native["cpu_s"], "reference": reference["cpu_s"]},
+        "reference_over_native": round(reference["cpu_s"] / max(native["cpu_s"], 1e-9), 2),
+        "exit_codes": {"native": native["rc"], "reference": reference["rc"]},
+    }
