@@ -448,9 +448,10 @@ class NativeRandom(random.Random):
     a `random.Random` in the same state makes. Seeding, getstate and setstate go through
     CPython's own generator, so a seed gives the reference's sequence."""
 
-    def __init__(self, lib: Any, state: Any) -> None:  # noqa: D107
+    def __init__(self, lib: Any, state: Any, memory: Any) -> None:  # noqa: D107
         self._lib = lib
         self._state = state
+        self._memory = memory  # the state's memory: kept while this generator is
         super().__init__()
 
     def seed(self, a: Any = None, version: int = 2) -> None:
@@ -529,7 +530,7 @@ class NativeRuntime:
         self.departed: Any = ffi.new("xm_departed[]", self._departed_cap) if gen.arch else None
         # the architecture's common path in C (cgen.py's _architecture), when generated
         self.arch = gen.arch
-        self.rng = NativeRandom(lib, self.state)
+        self.rng = NativeRandom(lib, self.state, self._state_mem)
         self.tables: dict[str, NativeMatchTable] = {}
         self.profiles: dict[str, NativeActionProfile] = {}
 
