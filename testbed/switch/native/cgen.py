@@ -1783,12 +1783,6 @@ class CGen:
         self.emit("}", 1)
         self.emit("}")
         self.emit()
-        self.emit("/* one 32-bit draw of the random extern's generator, for NativeRandom */")
-        self.emit("uint32_t xm_random_u32(xm_state *s)")
-        self.emit("{")
-        self.emit("return xm_mt_next(s);", 1)
-        self.emit("}")
-        self.emit()
         self.emit("/* the random extern's draw alone, for the tests */")
         self.emit("uint64_t xm_random_int(xm_state *s, uint64_t lo, uint64_t hi)")
         self.emit("{")
@@ -2484,6 +2478,5 @@ int xm_run_action(xm_state *s, xm_packet *p, uint32_t id, const uint64_t *ad);
 uint64_t xm_layout(uint64_t what);
 uint64_t xm_hash(int algo, const uint8_t *b, uint64_t n);
 int64_t xm_table_lookup(xm_state *s, uint32_t table, const uint64_t *key, uint32_t nk);
-uint32_t xm_random_u32(xm_state *s);
 uint64_t xm_random_int(xm_state *s, uint64_t lo, uint64_t hi);
 """

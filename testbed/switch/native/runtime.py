@@ -445,11 +445,10 @@ class NativeRandom(random.Random):
     """The program's random extern on the native pipeline: a `random.Random` whose Mersenne
     Twister state is the C pipeline's (`xm_state.mt`), so the C draws the program's random
     values without calling back into Python and every draw, from C or from here, is the one
-    a `random.Random` in the same state makes. Seeding, getstate and setstate go through
-    CPython's own generator, so a seed gives the reference's sequence."""
+    a `random.Random` in the same state makes. Seeding, and a draw made from Python, go
+    through CPython's own generator, so a seed gives the reference's sequence."""
 
-    def __init__(self, lib: Any, state: Any, memory: Any) -> None:  # noqa: D107
-        self._lib = lib
+    def __init__(self, state: Any, memory: Any) -> None:  # noqa: D107
         self._state = state
         self._memory = memory  # the state's memory: kept while this generator is
         super().__init__()
@@ -472,25 +471,20 @@ class NativeRandom(random.Random):
         st.mti = internal[624]
         self.gauss_next = gauss_next
 
+    # a draw made from Python (rare: the program's draws are the C's) is CPython's own, from
+    # the C's state, which it then advances
+    def _draw(self, draw: Callable[[random.Random], Any]) -> Any:
+        ref = random.Random()
+        ref.setstate(self.getstate())
+        out = draw(ref)
+        self.setstate(ref.getstate())
+        return out
+
     def getrandbits(self, k: int) -> int:
-        if k < 0:
-            raise ValueError("number of bits must be non-negative")
-        if k <= 32:  # CPython's fast path, including k == 0
-            return self._lib.xm_random_u32(self._state) >> (32 - k) if k else 0
-        r, shift = 0, 0
-        while k > 0:  # 32-bit words, the least significant first
-            w = self._lib.xm_random_u32(self._state)
-            if k < 32:
-                w >>= 32 - k
-            r |= w << shift
-            shift += 32
-            k -= 32
-        return r
+        return int(self._draw(lambda ref: ref.getrandbits(k)))
 
     def random(self) -> float:
-        a = self._lib.xm_random_u32(self._state) >> 5
-        b = self._lib.xm_random_u32(self._state) >> 6
-        return (a * 67108864.0 + b) * (1.0 / 9007199254740992.0)
+        return float(self._draw(lambda ref: ref.random()))
 
 
 class NativeRuntime:
@@ -530,7 +524,7 @@ class NativeRuntime:
         self.departed: Any = ffi.new("xm_departed[]", self._departed_cap) if gen.arch else None
         # the architecture's common path in C (cgen.py's _architecture), when generated
         self.arch = gen.arch
-        self.rng = NativeRandom(lib, self.state, self._state_mem)
+        self.rng = NativeRandom(self.state, self._state_mem)
         self.tables: dict[str, NativeMatchTable] = {}
         self.profiles: dict[str, NativeActionProfile] = {}
 
