@@ -21,6 +21,7 @@ import pytest
 from controller.wire.int_md import INT_DSCP_DEFAULT
 from controller.wire.ipv4 import checksum as ipv4_checksum
 from testbed.collective import run as coll_run
+from testbed.experiment.report import comparable
 from testbed.experiment.suite import SuiteConfig
 from testbed.main import build_parser, main
 from testbed.model import Scaling, model_with_buffer
@@ -42,8 +43,7 @@ def _run(tmp: Path, *argv: str) -> Path:
 
 def _stable(path: Path) -> str:
     doc = json.loads((path / "results.json").read_text())
-    del doc["date"], doc["machine"]
-    return json.dumps(doc, sort_keys=True)
+    return json.dumps(comparable(doc), sort_keys=True)
 
 
 @pytest.mark.slow

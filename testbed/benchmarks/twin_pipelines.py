@@ -24,8 +24,9 @@ SEED = 1
 
 
 def _suite(pipeline: str, run_dir: str, quick: bool) -> dict[str, Any]:
-    """One suite on the twin (in a child process): its results file's path, the pipelines
-    that ran and the CPU seconds it took."""
+    """One suite on the twin (in a child process): its results file as `comparable` reads it,
+    the pipelines that ran and the CPU seconds it took."""
+    from testbed.experiment.report import comparable
     from testbed.main import main
 
     argv = ["run", "--engine", "sim", "--switch", "builtin", "--pipeline", pipeline]
@@ -39,19 +40,16 @@ def _suite(pipeline: str, run_dir: str, quick: bool) -> dict[str, Any]:
         "cpu_s": round(cpu, 1),
         "pipeline": doc["setup"].get("pipeline"),
         "nic_pipeline": doc["setup"].get("nic_pipeline"),
-        "results": str(Path(run_dir) / "results.json"),
+        "doc": comparable(doc, PIPELINE_SETUP),
     }
 
 
 def run(quick: bool) -> dict[str, Any]:
-    from testbed.experiment.report import comparable, differences
+    from testbed.experiment.report import differences
 
     with tempfile.TemporaryDirectory(prefix="xingmai-pipelines-") as tmp:
         runs = {p: _in_child(_suite, p, str(Path(tmp) / p), quick) for p in ("native", "reference")}
-        docs = {
-            p: comparable(json.loads(Path(r["results"]).read_text()), PIPELINE_SETUP)
-            for p, r in runs.items()
-        }
+    docs = {p: r.pop("doc") for p, r in runs.items()}
     native, reference = runs["native"], runs["reference"]
     if native["pipeline"] != "native" or native["nic_pipeline"] != "native":
         # no compiler here: the "native" run fell back to the reference, nothing to compare

@@ -380,7 +380,7 @@ def comparable(doc: dict[str, Any], ignore_setup: Iterable[str] = ("command",)) 
     return out
 
 
-def differences(a: Any, b: Any, path: str = "", limit: int = 20) -> list[str]:
+def differences(a: Any, b: Any, limit: int = 20) -> list[str]:
     """Where `a` and `b` (JSON values) differ: up to `limit` paths (`runs[3].drops`)."""
     out: list[str] = []
 
@@ -396,7 +396,7 @@ def differences(a: Any, b: Any, path: str = "", limit: int = 20) -> list[str]:
         else:
             out.append(at or "(the whole document)")
 
-    walk(a, b, path)
+    walk(a, b, "")
     return out
 
 
