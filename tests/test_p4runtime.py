@@ -443,3 +443,24 @@ def test_a_controller_back_on_a_new_stream_takes_over_its_closed_one() -> None:
     while old.queue.get_nowait() is not None:  # the closed stream is told to end
         pass
     assert new.queue.get_nowait().arbitration.status.code == 0  # OK: primary
+
+
+def test_a_stream_that_has_not_arbitrated_is_not_told_of_a_new_primary() -> None:
+    # a controller reconnecting opens its new stream before its old one's thread has ended:
+    # the old one's end must not send the new stream an arbitration answer ("backup, no
+    # primary") ahead of the answer to its own update (finsy then fails its handshake)
+    svc = P4RuntimeService(V1Switch(Clock(virtual=True), device_id=1, cpu_port=CPU_PORT), 1)
+    streams = svc.streams
+    req = p4r.MasterArbitrationUpdate(device_id=1)
+    req.election_id.low = 10
+    old = Client(1, queue.Queue())
+    streams.clients[1] = old
+    streams._arbitrate(old, req)
+    new = Client(2, queue.Queue())
+    streams.clients[2] = new
+    streams._close(old)
+    assert new.queue.empty()
+    streams._arbitrate(new, req)
+    answer = new.queue.get_nowait().arbitration
+    assert answer.status.code == 0 and answer.election_id.low == 10
+    assert new.queue.empty()

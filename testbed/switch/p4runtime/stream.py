@@ -44,6 +44,9 @@ class Client:
     election_id: int | None = None
     role: str = ""
     peer: str = ""
+    # whether the stream has sent its MasterArbitrationUpdate: before it, the stream is told
+    # nothing (its first arbitration message must answer its own update)
+    arbitrated: bool = False
     # whether the stream's RPC is still open (its gRPC context's): a controller that closed
     # its stream is gone before this server's thread for it has ended
     active: Callable[[], bool] = lambda: True
@@ -105,7 +108,7 @@ class Streams:
 
     def _notify_all(self, role: str) -> None:
         for c in self.clients.values():
-            if c.role == role:
+            if c.arbitrated and c.role == role:
                 c.queue.put(self._arbitration_msg(c, role))
 
     def _arbitrate(self, client: Client, req: p4r.MasterArbitrationUpdate) -> None:
@@ -128,7 +131,7 @@ class Streams:
                     self.clients.pop(other.stream_id, None)
                     other.queue.put(None)
             old_primary = self.primary(role)
-            client.role, client.election_id = role, eid
+            client.role, client.election_id, client.arbitrated = role, eid, True
             new_primary = self.primary(role)
             if new_primary is not old_primary:
                 log.info(
@@ -197,11 +200,15 @@ class Streams:
                     break
                 yield msg
         finally:
-            with self.svc.lock:
-                was_primary = self.primary(client.role) is client
-                self.clients.pop(client.stream_id, None)
-                if was_primary:
-                    self._notify_all(client.role)
+            self._close(client)
+
+    def _close(self, client: Client) -> None:
+        """A stream ended: if it was the primary, the others of its role hear who is now."""
+        with self.svc.lock:
+            was_primary = self.primary(client.role) is client
+            self.clients.pop(client.stream_id, None)
+            if was_primary:
+                self._notify_all(client.role)
 
     # ---- packet I/O ----
 
