@@ -23,6 +23,7 @@ import logging
 import socket
 import time
 from collections import Counter, OrderedDict, deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -386,7 +387,7 @@ class Collector:
         if changed:
             rec.path_changes += 1
         rec.path = path
-        rec.links = self._path_links(path_hops)
+        rec.links = self.path_links(path_hops)
         rec.reporter = self.node_name(rep.node_id)
         qmax = max((h.qocc for h in path_hops if h.qocc is not None), default=0)
         lat = sum(h.latency_ns for h in path_hops if h.latency_ns is not None)
@@ -404,7 +405,7 @@ class Collector:
                 links = old_links if changed and old_links else rec.links
                 self.loss_events.append(PathLoss(now, key, tuple(links), qmax))
 
-    def _path_links(self, hops: list[Hop]) -> list[str]:
+    def path_links(self, hops: Sequence[Hop]) -> list[str]:
         """Directed links of the path: the sender's uplink, then every hop's egress."""
         names: list[str] = []
         if hops and self.topo is not None:

@@ -30,6 +30,16 @@ What each suspect rests on:
   `min_vote_loss` of the frames it carried; a loss whose flow's path just changed counts for
   the path it left. This sees what counters cannot: a drop that no port
   counts (a silent drop), or one on a host's downlink, whose receiving end no switch polls.
+- **lossy link, by probe** (Pingmesh, NetBouncer): the hosts' active probers (testbed/traffic/
+  prober.py) send probes to a peer under every other leaf over many source ports, hence over
+  every path between their leaves; each receiver counts a probe flow's losses exactly from
+  its sequence numbers, on the path its probes' INT names. Over the vote window each directed
+  link's loss rate is the probes lost over the probes sent on the flows that cross it; the
+  link with the highest rate (links that no path tells apart tie) is named and the flows it
+  explains are set aside, greedily, for at least `min_probe_losses` probes lost at `min_probe_loss`.
+  A loss revealed by a probe that saw a queue near full is a tail drop of congestion and
+  does not count. Probes cross links that no traffic uses, and are not resent: no
+  go-back-N hides a loss behind another.
 - **slow NIC**: a host's NIC sent less than its flows waiting in it were paced at over the
   window (its agent counts the bytes its link sent, and samples which flows have packets
   queued in the NIC and their rates every 50 ms: controller/nic/backlog.py), with no PFC
@@ -81,6 +91,20 @@ class PathLoss:
     flow: tuple[str, str, int, int, int]
     links: tuple[str, ...]
     max_qocc_bytes: int = 0  # the largest queue on the path (near full: congestion)
+
+
+@dataclass(frozen=True)
+class ProbeTally:
+    """A probe flow as its receiver counts it at `t`, since the flow began: probes received
+    and lost (of them, lost behind a queue near full), on the path its latest probe took
+    (directed links, the collector's names, sender first)."""
+
+    t: float
+    flow: tuple[str, str, int]  # sender, receiver, source port
+    links: tuple[str, ...]
+    received: int
+    lost: int
+    lost_congested: int = 0
 
 
 @dataclass(frozen=True)
@@ -169,6 +193,11 @@ class Thresholds:
     tie_ratio: float = 0.99
     congested_share: float = 0.5  # a loss whose path held a queue this share of the
     #                               queue depth is a tail drop of congestion
+    # A link is named by the probes for this many probes lost on the flows that cross it
+    # and this share of the probes they sent (not counting tail drops of congestion): probes
+    # are not resent, so a loss is counted once and exactly
+    min_probe_losses: int = 5
+    min_probe_loss: float = 0.001
     # A NIC is slow when it sent less than this share of what its waiting flows were paced
     # at over the window (the integral of their rates, each at most its line rate, the whole
     # too), and that shortfall is at least `min_nic_shortfall` of its line rate, PFC holding
@@ -216,6 +245,9 @@ class Localizer:
         # the collector's INT latency totals per directed link, (time, totals) over two windows
         self._int: deque[tuple[float, dict[str, tuple[int, int, int, int, int]]]] = deque()
         self._nics: dict[str, deque[NicSample]] = {h.name: deque() for h in topo.cfg.hosts}
+        # each probe flow's tallies over the vote window (its first kept at or before the
+        # window's start)
+        self._probes: dict[tuple[str, str, int], deque[ProbeTally]] = {}
 
     # ---- input ----
 
@@ -247,6 +279,16 @@ class Localizer:
         q.append(sample)
         while len(q) > 2 and sample.t - q[1].t >= self.th.window_s:
             q.popleft()
+
+    def probes(self, tallies: list[ProbeTally]) -> None:
+        """The probe receivers' tallies (every probe flow's, read at once)."""
+        for tally in tallies:
+            q = self._probes.get(tally.flow)
+            if q is None:
+                q = self._probes[tally.flow] = deque()
+            q.append(tally)
+            while len(q) > 2 and tally.t - q[1].t >= self.th.vote_window_s:
+                q.popleft()
 
     def path_loss(self, loss: PathLoss) -> None:
         """A receiving NIC's loss report (the collector's loss events)."""
@@ -322,6 +364,14 @@ class Localizer:
                 # where it happened, a vote is inferred from paths, and a receiving host that
                 # drops what it cannot read in time votes against its own downlink.
                 found[f"link {lid}"] = ("lossy-link", 0.3 + 0.2 * share, ev)
+        for lid, (rate, ev) in self._probed_links(now, dead).items():
+            old = found.get(f"link {lid}")
+            if old is not None and old[0] == "lossy-link":  # counters or votes agree
+                found[f"link {lid}"] = (old[0], min(0.99, old[1] + 0.1), f"{old[2]}; {ev}")
+            elif old is None:
+                # measured end to end on every path, unlike the vote (inferred from the
+                # data's losses), but not where it happened, unlike a counter
+                found[f"link {lid}"] = ("lossy-link", min(0.49, 0.4 + 5 * rate), ev)
         deltas = {sw: self._port_deltas(sw) for sw in self.topo.switches}
         slow_ports = self._slow_ports(deltas)
         by_switch: dict[str, list[tuple[int, float, str, bool]]] = {}
@@ -559,6 +609,57 @@ class Localizer:
                 )
             gone = {lid for lid, *_ in blamed}
             events = [(e, lids) for e, lids in events if not lids & gone]
+        return out
+
+    def _probed_links(self, now: float, dead: set[str]) -> dict[str, tuple[float, str]]:
+        """The links that explain the probes lost in the window, greedily, with their loss
+        rate (probes lost over probes sent on the flows crossing them, in one direction)
+        and the evidence. Directions apart: a NIC losing what it sends loses every probe
+        flow on its uplink, and only a share of those on each peer's downlink."""
+        th = self.th
+        flows = []  # (lost, sent, directed links) per probe flow over the window
+        for key in list(self._probes):
+            q = self._probes[key]
+            last = q[-1]
+            if now - last.t > th.vote_window_s:  # the flow ended: forget it
+                del self._probes[key]
+                continue
+            first = q[0]
+            lost = (last.lost - last.lost_congested) - (first.lost - first.lost_congested)
+            sent = (last.received + last.lost) - (first.received + first.lost)
+            names = {n for n in last.links if self._undirected(n) is not None}
+            if sent > 0 and names and not {self._undirected(n) for n in names} & dead:
+                flows.append((lost, sent, names))
+        out: dict[str, tuple[float, str]] = {}
+        for _ in range(3):  # at most three culprits at once
+            per_link: dict[str, list[int]] = {}  # directed link -> [lost, sent, flows]
+            for lost, sent, names in flows:
+                for n in names:
+                    t = per_link.setdefault(n, [0, 0, 0])
+                    t[0] += lost
+                    t[1] += sent
+                    t[2] += 1
+            cands = {
+                n: (lost / sent, lost, sent, k)
+                for n, (lost, sent, k) in per_link.items()
+                if lost >= th.min_probe_losses and lost >= th.min_probe_loss * sent
+            }
+            if not cands:
+                break
+            top = max(c[0] for c in cands.values())
+            blamed = {n: c for n, c in cands.items() if c[0] >= th.tie_ratio * top}
+            tied = len({self._undirected(n) for n in blamed})
+            for n, (rate, lost, sent, k) in sorted(blamed.items()):
+                lid, dl = self._undirected(n), self.topo.links[n]
+                assert lid is not None
+                ev = (
+                    f"probes: {lost} of {sent} lost ({rate * 100:.2f} %) on the {k} probe "
+                    f"flows over {dl.tx}->{dl.rx} in {th.vote_window_s:.1f} s"
+                    + (f", tied with {tied - 1} other link(s)" if tied > 1 else "")
+                )
+                old = out.get(lid)
+                out[lid] = (rate, ev) if old is None else (max(old[0], rate), f"{old[1]}; {ev}")
+            flows = [f for f in flows if not f[2] & blamed.keys()]
         return out
 
     def _slow_nics(self) -> dict[str, tuple[float, str]]:

@@ -178,6 +178,14 @@ def build_parser() -> argparse.ArgumentParser:
         "target: leaf1:3|spine1|h3, kind: down|up|loss|rate|delay|kill|slow, "
         "value: ...}; testbed/faults.py)",
     )
+    run.add_argument(
+        "--probes",
+        type=float,
+        metavar="MS",
+        help="the hosts' active probers: every host probes a peer under every other leaf "
+        "from 8 source ports, each probe flow once per MS emulated milliseconds, and the "
+        "localizer ranks links by the probes lost (testbed/traffic/prober.py; the twin)",
+    )
     from testbed.sweep import build_parser as sweep_parser
 
     sweep_parser(sub)
@@ -278,6 +286,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.repeat < 1:
         print("--repeat must be at least 1", file=sys.stderr)
         return 2
+    if args.probes is not None and not 0 < args.probes < float("inf"):
+        print("--probes must be a positive number of milliseconds", file=sys.stderr)
+        return 2
+    if args.probes is not None and args.engine != "sim":
+        print("--probes runs on the twin (--engine sim)", file=sys.stderr)
+        return 2
     try:
         check_ack_every(args.ack_every)
     except ValueError as exc:
@@ -297,6 +311,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             "pfc_watchdog": args.pfc_watchdog == "on",
             "proactive_start": args.proactive_start,
             "ack_every": args.ack_every,
+            "probe_interval_s": None if args.probes is None else args.probes / 1e3,
             **cc_config(args),
         }
     )

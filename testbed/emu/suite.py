@@ -131,7 +131,7 @@ class EmuSuite(Suite):
         self._ops = self.ops.end()
         return out
 
-    def _operations(self) -> dict[str, list[dict[str, Any]]]:
+    def _operations(self) -> dict[str, Any]:
         return self._ops
 
     def _begin_faults(self, faults: list[Fault]) -> None:

@@ -136,6 +136,9 @@ class SuiteConfig:
     # the receivers ACK every N packets under every scheme (--ack-every); None: each scheme's
     # own (testbed/experiment/schemes.py)
     ack_every: int | None = None
+    # the hosts' active probers (testbed/traffic/prober.py): each probe flow's interval,
+    # emulated seconds (--probes); None: off
+    probe_interval_s: float | None = None
 
     @staticmethod
     def quick() -> SuiteConfig:
@@ -205,6 +208,8 @@ class RunRecord:
     faults: list[dict[str, Any]] = field(default_factory=list)
     suspects: list[dict[str, Any]] = field(default_factory=list)
     failovers: list[dict[str, Any]] = field(default_factory=list)
+    # the active probers' probes (--probes): sent, received and lost as the receivers counted
+    probes: dict[str, Any] = field(default_factory=dict)
     flow_fcts: list[dict[str, Any]] = field(default_factory=list)  # per flow (flows runs)
     port_series: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # per port
     jobs: list[dict[str, Any]] = field(default_factory=list)  # per job (twojob)
@@ -400,8 +405,8 @@ class Suite:
     def _now(self) -> float:
         raise NotImplementedError
 
-    def _operations(self) -> dict[str, list[dict[str, Any]]]:
-        """The scenario's faults, suspects and fail-overs (RunRecord's fields)."""
+    def _operations(self) -> dict[str, Any]:
+        """The scenario's faults, suspects, fail-overs and probes (RunRecord's fields)."""
         return {}
 
     def _load_avg(self) -> float | None:

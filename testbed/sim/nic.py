@@ -22,6 +22,7 @@ transport (the sans-I/O core and the workload's job), on the event loop.
 from __future__ import annotations
 
 import socket
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +39,7 @@ from testbed.sim.engine import EventLoop
 from testbed.sim.nic_native import NativeNic
 from testbed.sim.nic_programs import IntSource, ReferencePrograms
 from testbed.traffic.jobs import Job
+from testbed.traffic.prober import Prober
 from testbed.traffic.transport_core import QueuePair, TransportCore
 
 
@@ -130,6 +132,9 @@ class SimHost:
         self.pfc = False  # honour pause frames (a lossless scheme)
         self.pfc_ignored = 0  # pause frames that arrived with PFC off
         self.mac_control_unknown = 0
+        # the active prober (testbed/traffic/prober.py), and its probes waiting for the NIC
+        self.prober: Prober | None = None
+        self.probes_out: deque[bytes] = deque()
 
     # ---- control ----
 
@@ -157,6 +162,7 @@ class SimHost:
 
     def start_job(self, core: TransportCore, job: Job, t0_ns: int) -> None:
         self.core, self.job, self.done, self.result = core, job, False, None
+        core.prober = self.prober
         self.flows.clear()
         self.nic.reset()
         self._qp_keys.clear()
@@ -179,6 +185,15 @@ class SimHost:
             key = self._qp_keys[qp] = flow_key(qp.local_addr, qp.peer_addr, qp.sport)
         f = self.flows.get(key)
         return f.rate_bps if f is not None and f.rate_bps else self.line_rate_bps
+
+    def send_probe(self) -> None:
+        """The prober's next probe, to the NIC (sent like the sink's reports: not paced)."""
+        if self.prober is None or self.core is None:
+            return
+        out = self.prober.next_probe(self.core, self.loop.now_ns)
+        if out is not None:
+            self.probes_out.append(out[1])
+            self._request_kick(self.ports[0], self.loop.now_ns)
 
     def _start(self, job: Job) -> None:
         job.start(self.loop.now)
@@ -246,6 +261,10 @@ class SimHost:
         fb = core.feedback
         if core.reports and port is self.ports[0]:  # the NIC sink's Telemetry Reports
             self._send_report(port, core.reports.popleft(), core.cfg.report_to, now_ns)
+            self._request_kick(port, port.busy_until)
+            return
+        if self.probes_out and port is self.ports[0]:  # tc gives them INT: data opcodes
+            self._transmit(port, self.probes_out.popleft(), None, now_ns)
             self._request_kick(port, port.busy_until)
             return
         if fb:  # ACK/NAK/CNP: the default class, not paced per flow

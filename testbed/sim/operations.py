@@ -2,8 +2,9 @@
 traffic-manager settings as on the emulation, testbed/faults.py), the controller's localizer
 (controller/health.py) fed every poll with the numbers the daemon reads from the switches
 (P4 port counters, port status, the ports' latency monitors) and from the hosts' agents
-(their NICs' counters), and fail-over: the routes
-re-computed without the dead links and written as the daemon writes them (the difference).
+(their NICs' counters, and with `probe` set their active probers' tallies: testbed/traffic/
+prober.py), and fail-over: the routes re-computed without the dead links and written as the
+daemon writes them (the difference).
 
 Times: a fault's `at` and the localizer's windows are emulated seconds, stretched by the
 suite's time scale like the scenarios' timeouts, so one faults file means the same instants
@@ -20,13 +21,21 @@ from finsy.proto import p4r
 
 from controller import p4names as P
 from controller import program
-from controller.health import Localizer, NicSample, PortSample, SwitchSample, Thresholds
+from controller.health import (
+    Localizer,
+    NicSample,
+    PortSample,
+    ProbeTally,
+    SwitchSample,
+    Thresholds,
+)
 from controller.nic.backlog import WAITING_SAMPLE_S
 from controller.reconcile import SwitchState, diff, ordered_updates
 from controller.topology import Topology
 from testbed import faults
 from testbed.p4files import P4INFO
 from testbed.sim.fabric import SimFabric
+from testbed.traffic.prober import ProbeConfig, Prober, probe_peers
 
 POLL_S = 0.1  # the daemon's poll interval (controller.health_poll_s), emulated seconds
 
@@ -50,6 +59,9 @@ class SimOperations:
         self._active = False
         self._started = False
         self.failovers: list[dict[str, Any]] = []
+        # the hosts' active probers: a probe flow's interval in emulated seconds (None: off)
+        self.probe_interval_s: float | None = None
+        self.probers: dict[str, Prober] = {}
 
     # ---- scenario lifecycle ----
 
@@ -78,6 +90,77 @@ class SimOperations:
         for h in self.fab.hosts.values():
             h.meter.period_s = WAITING_SAMPLE_S * self.k
         loop.at(loop.now_ns + round(WAITING_SAMPLE_S * self.k * 1e9), self._sample_nics)
+        self._start_probers(th)
+
+    def _start_probers(self, th: Thresholds) -> None:
+        """A prober on every host, fresh for the scenario, each sending its first probe at
+        its own offset into the round."""
+        self.probers = {}
+        if self.probe_interval_s is None:
+            return
+        fab = self.fab
+        leaves: dict[str, list[str]] = {}
+        for h in fab.spec.hosts:
+            leaves.setdefault(fab.spec.attachment(h.name, 0).node, []).append(h.name)
+        depth = fab.cfg.model.queue_depth_bytes
+        cfg = ProbeConfig(
+            self.probe_interval_s * self.k, congested_bytes=int(th.congested_share * depth)
+        )
+        ip = {h.name: h.nics[0].ip for h in fab.spec.hosts}
+        self._host_of_ip = {v: k for k, v in ip.items()}
+        for i, h in enumerate(fab.spec.hosts):
+            peers = [ip[p] for p in probe_peers(h.name, leaves)]
+            prober = Prober(ip[h.name], peers, cfg, seed=i + 1)
+            if not prober.targets:
+                continue
+            self.probers[h.name] = prober
+            fab.hosts[h.name].prober = prober
+            first = fab.loop.now_ns + round(prober.gap_s * 1e9 * i / len(fab.spec.hosts))
+            fab.loop.at(first, self._probe, h.name)
+
+    def _probe(self, name: str) -> None:
+        """One probe from `name`, and the next after its gap, while any job runs."""
+        if not self._active or not any(h.core is not None for h in self.fab.hosts.values()):
+            return
+        host = self.fab.hosts[name]
+        host.send_probe()
+        gap_ns = max(1, round(self.probers[name].gap_s * 1e9))
+        self.fab.loop.at(self.fab.loop.now_ns + gap_ns, self._probe, name)
+
+    def probe_tallies(self, now: float) -> list[ProbeTally]:
+        """Every probe flow's counts as its receiver has them, paths as the collector names
+        the links."""
+        out = []
+        path_links = self.fab.collector.path_links
+        for name, prober in self.probers.items():
+            for f in prober.flows.values():
+                src = self._host_of_ip.get(f.src, f.src)
+                out.append(
+                    ProbeTally(
+                        now,
+                        (src, name, f.sport),
+                        tuple(path_links(list(f.hops))),
+                        f.received,
+                        f.lost,
+                        f.lost_congested,
+                    )
+                )
+        return out
+
+    def probe_summary(self) -> dict[str, Any]:
+        """The scenario's probes: sent, and received and lost as the receivers counted them."""
+        if not self.probers:
+            return {}
+        flows = [f for p in self.probers.values() for f in p.flows.values()]
+        return {
+            "interval_s": self.probe_interval_s,
+            "flows": len(flows),
+            "sent": sum(p.sent for p in self.probers.values()),
+            "received": sum(f.received for f in flows),
+            "lost": sum(f.lost for f in flows),
+            "lost_congested": sum(f.lost_congested for f in flows),
+            "malformed": sum(p.malformed for p in self.probers.values()),
+        }
 
     def start(self, t: float) -> None:
         """The scenario's first job starts at virtual time `t` (the runner's `on_start`): the
@@ -168,6 +251,8 @@ class SimOperations:
             self.loc.path_loss(loss)
         if self.fab.cfg.controller.int_latency_monitor:
             self.loc.int_waits(now, self.fab.collector.int_waits())
+        if self.probers:
+            self.loc.probes(self.probe_tallies(now))
         self.loc.evaluate(now)
         dead = frozenset(self.loc.dead_links())
         if dead != self.dead:

@@ -33,7 +33,7 @@ class SimSuite(Suite):
         # timeouts are the emulation's at its scale, in the model's dilated time
         self.time_scale = min(1.0, fab.scaling.scale / 20_000)
         self.ops = SimOperations(fab, self.time_scale)
-        self._ops: dict[str, list[dict[str, Any]]] = {}
+        self._ops: dict[str, Any] = {}
         self.events = 0  # events run on the fabrics of the runs before the current one
         self.simulated_s = 0.0  # their virtual time
 
@@ -89,14 +89,20 @@ class SimSuite(Suite):
     def _begin(self) -> None:
         self.fab.begin()
         self.ops.faults = self.faults
+        self.ops.probe_interval_s = self.cfg.probe_interval_s
         self.ops.begin()
 
     def _end(self) -> tuple[Capture, list[RateEvent]]:
         applied, suspects = self.ops.end()
-        self._ops = {"faults": applied, "suspects": suspects, "failovers": self.ops.failovers}
+        self._ops = {
+            "faults": applied,
+            "suspects": suspects,
+            "failovers": self.ops.failovers,
+            "probes": self.ops.probe_summary(),
+        }
         return self.fab.end()
 
-    def _operations(self) -> dict[str, list[dict[str, Any]]]:
+    def _operations(self) -> dict[str, Any]:
         return self._ops
 
     def _now(self) -> float:

@@ -49,7 +49,7 @@ import socket
 import struct
 from collections import Counter, deque
 from dataclasses import asdict, dataclass
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from controller.nic.int_sink import IntSink, SinkConfig
 from controller.wire.int_md import (
@@ -60,6 +60,7 @@ from controller.wire.int_md import (
     looks_like_int_echo,
     shim_total_len,
 )
+from controller.wire.probe import PROBE_QPN
 from controller.wire.roce import (
     AETH_ACK,
     AETH_LEN,
@@ -85,6 +86,9 @@ from controller.wire.roce import (
     unpack_sack,
 )
 from testbed.model import TRANSPORT_OVERHEAD
+
+if TYPE_CHECKING:
+    from testbed.traffic.prober import Prober, ProbeTarget
 
 ECT0 = 0b10
 ECN_CE = 0b11
@@ -702,6 +706,8 @@ class TransportCore:
         # the NIC's side, where the engine can read it (the twin's NIC, the emulation's agent)
         self.nic_rates: NicRates | None = None
         self.sink: IntSink | None = None
+        # the host's active prober (testbed/traffic/prober.py): probes to PROBE_QPN go to it
+        self.prober: Prober | None = None
         if cfg.report_to is not None and cfg.int_dscp is not None:
             sink_cfg = SinkConfig(
                 sample_s=cfg.report_sample_s,
@@ -748,6 +754,8 @@ class TransportCore:
         rq_psn = our sq_psn). `sport` is this QP's entropy source port (drawn if None)."""
         if not 0 < qpn <= 0xFFFFFF or not 0 < remote_qpn <= 0xFFFFFF:
             raise ValueError("QPNs must be in 1..2^24-1")
+        if PROBE_QPN in (qpn, remote_qpn):
+            raise ValueError(f"QPN {PROBE_QPN:#x} is the prober's")
         if qpn in self.qps:
             raise ValueError(f"QPN {qpn:#x} exists")
         if sport is None:
@@ -792,7 +800,7 @@ class TransportCore:
 
     def build(
         self,
-        qp: QueuePair,
+        qp: QueuePair | ProbeTarget,
         opcode: int,
         dqpn: int,
         psn: int,
@@ -881,6 +889,9 @@ class TransportCore:
         dqpn, ap = struct.unpack_from("!II", body, 4)
         qp = self.qps.get(dqpn & 0xFFFFFF)
         if qp is None:
+            if dqpn & 0xFFFFFF == PROBE_QPN and self.prober is not None:
+                self.prober.receive(pkt[12:16], sport, body[BTH_LEN:], int_bytes)
+                return
             drops["unknown_qp"] += 1
             return
         if pkt[12:16] != qp.peer_addr:

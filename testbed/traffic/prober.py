@@ -1,0 +1,205 @@
+"""The active prober of a host's NIC (Pingmesh, R-Pingmesh): probes to peers over every ECMP
+path, the receiver counting each probe flow's losses from sequence numbers (sans-I/O).
+
+Each host probes every other host, up to `MAX_PEERS` spread over the leaves (`probe_peers`),
+from `ports_per_peer` source ports: ECMP hashes the source port, so the ports spread a pair's
+probes over the paths between their leaves, and each probe flow (peer, port) keeps one path.
+A probe is a SEND_ONLY to the peer's probe queue pair (controller/wire/probe.py): the NIC's
+INT source gives it an INT stack, so the receiver learns the path each probe flow takes. No
+probe is resent and each carries a sequence number: a gap is that many probes lost, exactly,
+and a probe that comes late (reordered) is taken back off the count. A gap revealed by a
+probe whose path held a queue of at least `congested_bytes` at some hop is also counted
+`lost_congested` (a tail drop of congestion, not a fault).
+
+The engine sends what `next_probe` returns, one probe every `gap_s` (the twin:
+testbed/sim/operations.py), and gives the localizer the receivers' `flows` with each path
+mapped to links (controller/health.py `ProbeTally`).
+"""
+
+from __future__ import annotations
+
+import socket
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from controller.wire import probe as wire
+from controller.wire.int_md import BIT_L1_PORTS, BIT_NODE_ID, BIT_QUEUE, decode_stack, int_stack_at
+from controller.wire.roce import OP_SEND_ONLY, PSN_MASK
+from controller.wire.telemetry_report import Hop
+
+if TYPE_CHECKING:
+    from testbed.traffic.transport_core import TransportCore
+
+REORDER_WINDOW = 64  # missing probes per flow remembered, to take back one that comes late
+MAX_PEERS = 32  # hosts one host probes at most (Pingmesh: a ToR's full mesh, a few beyond)
+MAX_FLOWS = 4096  # probe flows a receiver tracks; beyond it the oldest is forgotten (counted)
+_PORT_LCG_SALT = 0x5EED  # the ports' LCG is not the transport's: probing moves no job's path
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    interval_s: float  # between two probes of one probe flow (peer, source port)
+    ports_per_peer: int = 8
+    congested_bytes: int = 0  # a gap revealed by a probe that saw this queue: congestion
+
+    def __post_init__(self) -> None:
+        if self.interval_s <= 0 or self.ports_per_peer < 1 or self.congested_bytes < 0:
+            raise ValueError("interval_s must be > 0, ports_per_peer >= 1, congested_bytes >= 0")
+
+
+@dataclass
+class ProbeTarget:
+    """A probe flow this host sends: what `TransportCore.build` needs of a queue pair."""
+
+    peer_ip: str
+    sport: int
+    local_addr: bytes
+    peer_addr: bytes
+    ident: int = 0
+    seq: int = 0
+
+
+@dataclass
+class ProbeFlowRx:
+    """A probe flow as its receiver sees it."""
+
+    src: str
+    sport: int
+    next_seq: int | None = None
+    received: int = 0
+    lost: int = 0
+    lost_congested: int = 0  # of `lost`
+    duplicates: int = 0
+    hops: tuple[Hop, ...] = ()  # the latest probe's path, sender's first hop first
+    # probes found missing and not (yet) come: seq -> counted as congestion
+    missing: OrderedDict[int, bool] = field(default_factory=OrderedDict)
+
+
+def probe_peers(me: str, leaves: dict[str, list[str]], max_peers: int = MAX_PEERS) -> list[str]:
+    """The hosts `me` probes: every other host, at most `max_peers` of them, taken from the
+    leaves in turn (its own leaf's too), each leaf's from `me`'s own position under its leaf
+    on. A host that probes several peers, and is probed by several, tells its own link
+    from theirs: its link is on all of its probe flows, a peer's on a share of them."""
+    mine = next((hs for hs in leaves.values() if me in hs), None)
+    if mine is None:
+        return []
+    pos = mine.index(me)
+    rings = [[hs[(pos + j) % len(hs)] for j in range(len(hs))] for hs in leaves.values()]
+    rings = [[h for h in ring if h != me] for ring in rings]
+    out: list[str] = []
+    for j in range(max((len(r) for r in rings), default=0)):
+        for ring in rings:
+            if j < len(ring) and len(out) < max_peers:
+                out.append(ring[j])
+    return out
+
+
+class Prober:
+    """One host's prober: the probes it sends (round robin over its probe flows) and the
+    probe flows it receives."""
+
+    def __init__(self, local_ip: str, peers: Sequence[str], cfg: ProbeConfig, seed: int) -> None:
+        self.cfg = cfg
+        self.local_ip = local_ip
+        local = socket.inet_aton(local_ip)
+        state = (seed ^ _PORT_LCG_SALT) & 0xFFFFFFFF
+        self.targets: list[ProbeTarget] = []
+        for peer in peers:
+            used: set[int] = set()
+            while len(used) < cfg.ports_per_peer:
+                state = (state * 1664525 + 1013904223) & 0xFFFFFFFF
+                sport = 49152 + (state >> 16) % 16384
+                if sport not in used:
+                    used.add(sport)
+                    self.targets.append(ProbeTarget(peer, sport, local, socket.inet_aton(peer)))
+        self._next = 0
+        self.sent = 0
+        self.flows: OrderedDict[tuple[bytes, int], ProbeFlowRx] = OrderedDict()
+        self.flows_evicted = 0
+        self.malformed = 0  # probes the receiver could not read
+
+    @property
+    def gap_s(self) -> float:
+        """Time between two probes this host sends (its flows take turns)."""
+        return self.cfg.interval_s / max(1, len(self.targets))
+
+    def next_probe(self, core: TransportCore, now_ns: int) -> tuple[ProbeTarget, bytes] | None:
+        """The next probe flow's probe (an IPv4 packet), built by the host's transport."""
+        if not self.targets:
+            return None
+        tg = self.targets[self._next]
+        self._next = (self._next + 1) % len(self.targets)
+        payload = wire.encode(tg.seq, now_ns)
+        psn = tg.seq & PSN_MASK
+        pkt = core.build(tg, OP_SEND_ONLY, wire.PROBE_QPN, psn, False, tg.sport, payload)
+        tg.seq = (tg.seq + 1) % wire.SEQ_MOD
+        self.sent += 1
+        return tg, pkt
+
+    def receive(
+        self, src: bytes | memoryview, sport: int, payload: memoryview, int_bytes: bytes | None
+    ) -> None:
+        """A probe arrived from `src` (its source port `sport`, its INT headers if any)."""
+        p = wire.decode(payload)
+        if p is None or p.kind != wire.KIND_PROBE:
+            self.malformed += 1
+            return
+        hops: tuple[Hop, ...] = ()
+        if int_bytes is not None:
+            try:
+                bitmap, hop_ml, stack = int_stack_at(int_bytes, 0)
+                hops = tuple(
+                    Hop(
+                        node_id=h.get("node_id"),
+                        in_port=h.get("l1_ingress_port"),
+                        out_port=h.get("l1_egress_port"),
+                        qocc=h.get("queue_occupancy"),
+                    )
+                    for h in reversed(decode_stack(stack, bitmap, hop_ml))
+                )
+            except ValueError:
+                self.malformed += 1
+                return
+            need = (BIT_NODE_ID, BIT_L1_PORTS, BIT_QUEUE)
+            if not all(bitmap & (0x8000 >> b) for b in need):
+                hops = tuple(Hop(node_id=h.node_id) for h in hops)
+        key = (bytes(src), sport)
+        f = self.flows.get(key)
+        if f is None:
+            f = self.flows[key] = ProbeFlowRx(socket.inet_ntoa(src), sport)
+            if len(self.flows) > MAX_FLOWS:
+                self.flows.popitem(last=False)
+                self.flows_evicted += 1
+        else:
+            self.flows.move_to_end(key)
+        f.hops = hops
+        seq = p.seq
+        if f.next_seq is None or seq == f.next_seq:
+            f.received += 1
+            f.next_seq = (seq + 1) % wire.SEQ_MOD
+            return
+        ahead = (seq - f.next_seq) % wire.SEQ_MOD
+        if ahead < wire.SEQ_MOD // 2:  # probes next_seq .. seq-1 did not come
+            congested = self._congested(hops)
+            f.lost += ahead
+            if congested:
+                f.lost_congested += ahead
+            for s in range(max(0, ahead - REORDER_WINDOW), ahead):
+                f.missing[(f.next_seq + s) % wire.SEQ_MOD] = congested
+            while len(f.missing) > REORDER_WINDOW:
+                f.missing.popitem(last=False)
+            f.received += 1
+            f.next_seq = (seq + 1) % wire.SEQ_MOD
+        elif seq in f.missing:  # late, not lost
+            if f.missing.pop(seq):
+                f.lost_congested -= 1
+            f.lost -= 1
+            f.received += 1
+        else:
+            f.duplicates += 1
+
+    def _congested(self, hops: tuple[Hop, ...]) -> bool:
+        limit = self.cfg.congested_bytes
+        return limit > 0 and any(h.qocc is not None and h.qocc >= limit for h in hops)
