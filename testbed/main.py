@@ -184,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MS",
         help="the hosts' active probers: every host probes a peer under every other leaf "
         "from 8 source ports, each probe flow once per MS emulated milliseconds, and the "
-        "localizer ranks links by the probes lost (testbed/traffic/prober.py; the twin)",
+        "localizer ranks links by the probes lost (controller/nic/prober.py; the twin)",
     )
     from testbed.sweep import build_parser as sweep_parser
 

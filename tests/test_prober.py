@@ -1,15 +1,15 @@
-"""The active prober (testbed/traffic/prober.py): which peers a host probes, its probes
-through two transport cores as a network would carry them (some lost, one late, one twice),
-the receiver's exact counts, the path and congestion its INT says, and bad input counted."""
+"""The active prober (controller/nic/prober.py): which peers a host probes, its probes as a
+network would carry them (some lost, one late, one twice), the receiver's exact counts, the
+path and congestion its INT says, the transport leaving probes alone, and bad input counted."""
 
 from __future__ import annotations
 
 import pytest
 
+from controller.nic.prober import MAX_FLOWS, ProbeConfig, Prober, probe_peers
 from controller.wire import probe as wire
 from controller.wire.int_md import MD_LEN, SHIM_LEN, encode_stack, hop_ml_words
 from controller.wire.roce import BTH_LEN
-from testbed.traffic.prober import MAX_FLOWS, ProbeConfig, Prober, probe_peers
 from testbed.traffic.transport_core import TransportConfig, TransportCore
 
 A, B = "10.0.1.1", "10.0.2.1"
@@ -25,15 +25,13 @@ def test_a_host_probes_every_other_host_taking_the_leaves_in_turn() -> None:
 
 def test_probes_lost_late_and_twice_are_counted_exactly() -> None:
     cfg = ProbeConfig(interval_s=0.01, ports_per_peer=2)
-    send = TransportCore(TransportConfig(local_ip=A, int_dscp=None), seed=1)
-    recv = TransportCore(TransportConfig(local_ip=B, int_dscp=None), seed=2)
     prober = Prober(A, [B], cfg, seed=1)
-    recv.prober = Prober(B, [A], cfg, seed=2)
+    recv = Prober(B, [A], cfg, seed=2)
     assert len({t.sport for t in prober.targets}) == 2
     assert prober.gap_s == pytest.approx(0.005)
     probes = []
     for i in range(20):
-        out = prober.next_probe(send, i * 1000)
+        out = prober.next_probe(i * 1000)
         assert out is not None
         probes.append(out)
     assert prober.sent == 20
@@ -41,15 +39,23 @@ def test_probes_lost_late_and_twice_are_counted_exactly() -> None:
     # flow 1 (odd probes): its 5th delivered twice
     even = [p for tg, p in probes if tg is prober.targets[0]]
     odd = [p for tg, p in probes if tg is prober.targets[1]]
-    for pkt in even[:2] + even[4:5] + even[6:8] + even[5:6] + even[8:]:
-        recv.receive(pkt, 0.0)
-    for pkt in odd[:5] + odd[4:]:
-        recv.receive(pkt, 0.0)
-    assert recv.drops == {}  # the core gave every probe to the prober
-    f0, f1 = (recv.prober.flows[(bytes([10, 0, 1, 1]), t.sport)] for t in prober.targets)
+    for pkt in even[:2] + even[4:5] + even[6:8] + even[5:6] + even[8:] + odd[:5] + odd[4:]:
+        assert recv.receive_packet(pkt, None)
+    assert recv.malformed == 0
+    f0, f1 = (recv.flows[(bytes([10, 0, 1, 1]), t.sport)] for t in prober.targets)
     assert (f0.received, f0.lost, f0.duplicates) == (8, 2, 0)
     assert (f1.received, f1.lost, f1.duplicates) == (10, 0, 1)
     assert f0.src == A and f0.hops == ()  # no INT on this fabric
+    # a transport that gets a probe leaves it alone (no queue pair lost it); a probe cut
+    # short is the prober's to count; a data packet is not its
+    core = TransportCore(TransportConfig(local_ip=B), seed=1)
+    core.receive(even[0], 0.0)
+    assert core.probes_ignored == 1 and core.drops == {}
+    assert recv.receive_packet(even[0][:-1], None) and recv.malformed == 1
+    peer = core.create_qp(1, A, 1)
+    send = TransportCore(TransportConfig(local_ip=A), seed=2)
+    data = send.build(send.create_qp(1, B, 1), 4, 1, 0, False, peer.sport, b"x" * 16)
+    assert not recv.receive_packet(data, None)
 
 
 def hop_stack(hops: list[tuple[int, int, int, int]]) -> bytes:
@@ -108,6 +114,8 @@ def test_no_queue_pair_takes_the_probers_number_and_bad_configs_are_refused() ->
     core = TransportCore(TransportConfig(local_ip=A), seed=1)
     with pytest.raises(ValueError, match="prober"):
         core.create_qp(wire.PROBE_QPN, B, 5)
+    with pytest.raises(ValueError, match="prober"):
+        core.create_qp(5, B, wire.PROBE_QPN)
     with pytest.raises(ValueError):
         ProbeConfig(interval_s=0)
     with pytest.raises(ValueError):

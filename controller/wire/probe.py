@@ -1,4 +1,4 @@
-"""The active prober's packets (docs/wire-format.md, testbed/traffic/prober.py).
+"""The active prober's packets (docs/wire-format.md, controller/nic/prober.py).
 
 A probe is a RoCEv2 RC SEND_ONLY to the probe queue pair `PROBE_QPN` of the peer's NIC, as
 R-Pingmesh probes RDMA NICs with their own traffic class rather than ICMP: the same UDP port

@@ -136,7 +136,7 @@ class SuiteConfig:
     # the receivers ACK every N packets under every scheme (--ack-every); None: each scheme's
     # own (testbed/experiment/schemes.py)
     ack_every: int | None = None
-    # the hosts' active probers (testbed/traffic/prober.py): each probe flow's interval,
+    # the hosts' active probers (controller/nic/prober.py): each probe flow's interval,
     # emulated seconds (--probes); None: off
     probe_interval_s: float | None = None
 

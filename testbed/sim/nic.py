@@ -29,6 +29,7 @@ from typing import Any
 
 from controller.nic.backlog import WaitingMeter
 from controller.nic.pfc import PfcNic
+from controller.nic.prober import Prober
 from controller.nic.ratelaw import CcParams, Law
 from controller.wire.ipv4 import ETHERTYPE_IPV4, udp_packet, with_checksum
 from controller.wire.pfc import MAX_QUANTA, is_mac_control, pfc_frame
@@ -39,7 +40,6 @@ from testbed.sim.engine import EventLoop
 from testbed.sim.nic_native import NativeNic
 from testbed.sim.nic_programs import IntSource, ReferencePrograms
 from testbed.traffic.jobs import Job
-from testbed.traffic.prober import Prober
 from testbed.traffic.transport_core import QueuePair, TransportCore
 
 
@@ -132,7 +132,7 @@ class SimHost:
         self.pfc = False  # honour pause frames (a lossless scheme)
         self.pfc_ignored = 0  # pause frames that arrived with PFC off
         self.mac_control_unknown = 0
-        # the active prober (testbed/traffic/prober.py), and its probes waiting for the NIC
+        # the active prober (controller/nic/prober.py), and its probes waiting for the NIC
         self.prober: Prober | None = None
         self.probes_out: deque[bytes] = deque()
 
@@ -162,7 +162,6 @@ class SimHost:
 
     def start_job(self, core: TransportCore, job: Job, t0_ns: int) -> None:
         self.core, self.job, self.done, self.result = core, job, False, None
-        core.prober = self.prober
         self.flows.clear()
         self.nic.reset()
         self._qp_keys.clear()
@@ -190,7 +189,7 @@ class SimHost:
         """The prober's next probe, to the NIC (sent like the sink's reports: not paced)."""
         if self.prober is None or self.core is None:
             return
-        out = self.prober.next_probe(self.core, self.loop.now_ns)
+        out = self.prober.next_probe(self.loop.now_ns)
         if out is not None:
             self.probes_out.append(out[1])
             self._request_kick(self.ports[0], self.loop.now_ns)
@@ -415,6 +414,8 @@ class SimHost:
         if ip[9] != 17 or int.from_bytes(ip[ihl + 2 : ihl + 4], "big") != ROCE_UDP_PORT:
             self.rx_dropped += 1
             return
+        if self.prober is not None and self.prober.receive_packet(ip, self.int_source.dscp):
+            return  # a probe, for the NIC's prober (while a job runs: its agent's)
         opcode = ip[ihl + 8] if ip[1] >> 2 != self.int_source.dscp else OP_RC_DATA_MAX
         if opcode in (OP_ACK, OP_CNP) and self.nic.params.law != Law.NONE:
             key = flow_key(ip[16:20], ip[12:16], int.from_bytes(ip[ihl : ihl + 2], "big"))

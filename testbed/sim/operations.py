@@ -30,12 +30,12 @@ from controller.health import (
     Thresholds,
 )
 from controller.nic.backlog import WAITING_SAMPLE_S
+from controller.nic.prober import ProbeConfig, Prober, probe_peers
 from controller.reconcile import SwitchState, diff, ordered_updates
 from controller.topology import Topology
 from testbed import faults
 from testbed.p4files import P4INFO
 from testbed.sim.fabric import SimFabric
-from testbed.traffic.prober import ProbeConfig, Prober, probe_peers
 
 POLL_S = 0.1  # the daemon's poll interval (controller.health_poll_s), emulated seconds
 

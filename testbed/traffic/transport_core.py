@@ -49,7 +49,7 @@ import socket
 import struct
 from collections import Counter, deque
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
 
 from controller.nic.int_sink import IntSink, SinkConfig
 from controller.wire.int_md import (
@@ -86,9 +86,6 @@ from controller.wire.roce import (
     unpack_sack,
 )
 from testbed.model import TRANSPORT_OVERHEAD
-
-if TYPE_CHECKING:
-    from testbed.traffic.prober import Prober, ProbeTarget
 
 ECT0 = 0b10
 ECN_CE = 0b11
@@ -706,8 +703,8 @@ class TransportCore:
         # the NIC's side, where the engine can read it (the twin's NIC, the emulation's agent)
         self.nic_rates: NicRates | None = None
         self.sink: IntSink | None = None
-        # the host's active prober (testbed/traffic/prober.py): probes to PROBE_QPN go to it
-        self.prober: Prober | None = None
+        # probes to the NIC's prober (controller/nic/prober.py) that reached the transport
+        self.probes_ignored = 0
         if cfg.report_to is not None and cfg.int_dscp is not None:
             sink_cfg = SinkConfig(
                 sample_s=cfg.report_sample_s,
@@ -800,7 +797,7 @@ class TransportCore:
 
     def build(
         self,
-        qp: QueuePair | ProbeTarget,
+        qp: QueuePair,
         opcode: int,
         dqpn: int,
         psn: int,
@@ -889,8 +886,8 @@ class TransportCore:
         dqpn, ap = struct.unpack_from("!II", body, 4)
         qp = self.qps.get(dqpn & 0xFFFFFF)
         if qp is None:
-            if dqpn & 0xFFFFFF == PROBE_QPN and self.prober is not None:
-                self.prober.receive(pkt[12:16], sport, body[BTH_LEN:], int_bytes)
+            if dqpn & 0xFFFFFF == PROBE_QPN:  # the NIC's prober's, not a lost queue pair's
+                self.probes_ignored += 1
                 return
             drops["unknown_qp"] += 1
             return

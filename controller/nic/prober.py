@@ -1,5 +1,6 @@
 """The active prober of a host's NIC (Pingmesh, R-Pingmesh): probes to peers over every ECMP
-path, the receiver counting each probe flow's losses from sequence numbers (sans-I/O).
+path, the receiver counting each probe flow's losses from sequence numbers (sans-I/O: the
+twin's hosts and the emulation's agents run it).
 
 Each host probes every other host, up to `MAX_PEERS` spread over the leaves (`probe_peers`),
 from `ports_per_peer` source ports: ECMP hashes the source port, so the ports spread a pair's
@@ -11,31 +12,59 @@ and a probe that comes late (reordered) is taken back off the count. A gap revea
 probe whose path held a queue of at least `congested_bytes` at some hop is also counted
 `lost_congested` (a tail drop of congestion, not a fault).
 
-The engine sends what `next_probe` returns, one probe every `gap_s` (the twin:
-testbed/sim/operations.py), and gives the localizer the receivers' `flows` with each path
-mapped to links (controller/health.py `ProbeTally`).
+The engine sends what `next_probe` returns, one probe every `gap_s`, gives every packet the
+host receives to `receive_packet` first (it takes the probes), and gives the localizer the
+receivers' `flows` with each path mapped to links (controller/health.py `ProbeTally`).
 """
 
 from __future__ import annotations
 
 import socket
+import struct
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from controller.wire import probe as wire
-from controller.wire.int_md import BIT_L1_PORTS, BIT_NODE_ID, BIT_QUEUE, decode_stack, int_stack_at
-from controller.wire.roce import OP_SEND_ONLY, PSN_MASK
+from controller.wire.int_md import (
+    BIT_L1_PORTS,
+    BIT_NODE_ID,
+    BIT_QUEUE,
+    decode_stack,
+    int_stack_at,
+    shim_total_len,
+)
+from controller.wire.ipv4 import with_checksum
+from controller.wire.roce import (
+    BTH_LEN,
+    ICRC_LEN,
+    OP_SEND_ONLY,
+    PSN_MASK,
+    ROCE_UDP_PORT,
+    icrc,
+    pack_bth,
+)
 from controller.wire.telemetry_report import Hop
-
-if TYPE_CHECKING:
-    from testbed.traffic.transport_core import TransportCore
 
 REORDER_WINDOW = 64  # missing probes per flow remembered, to take back one that comes late
 MAX_PEERS = 32  # hosts one host probes at most (Pingmesh: a ToR's full mesh, a few beyond)
 MAX_FLOWS = 4096  # probe flows a receiver tracks; beyond it the oldest is forgotten (counted)
 _PORT_LCG_SALT = 0x5EED  # the ports' LCG is not the transport's: probing moves no job's path
+ECT0 = 0b10  # probes are ECN-capable like the data: a switch marks them, as it marks data
+_IPV4_UDP = struct.Struct("!BBHHHBBH4s4sHHHH")
+
+
+def probe_packet(tg: ProbeTarget, seq: int, sent_ns: int, tos: int = ECT0, ttl: int = 64) -> bytes:
+    """The IPv4 packet of probe `seq` of the probe flow `tg` (its IP ID counts the flow's
+    probes): IPv4, UDP to 4791 from the flow's port, BTH, the probe, ICRC."""
+    body = pack_bth(OP_SEND_ONLY, wire.PROBE_QPN, seq & PSN_MASK) + wire.encode(seq, sent_ns)
+    udp_len = 8 + len(body) + ICRC_LEN
+    tg.ident = (tg.ident + 1) & 0xFFFF
+    hdr = _IPV4_UDP.pack(
+        0x45, tos, 20 + udp_len, tg.ident, 0x4000, ttl, socket.IPPROTO_UDP, 0,
+        tg.local_addr, tg.peer_addr, tg.sport, ROCE_UDP_PORT, udp_len, 0,
+    )  # fmt: skip
+    return with_checksum(hdr + body + icrc(hdr[:20], tg.sport, ROCE_UDP_PORT, body))
 
 
 @dataclass(frozen=True)
@@ -51,7 +80,7 @@ class ProbeConfig:
 
 @dataclass
 class ProbeTarget:
-    """A probe flow this host sends: what `TransportCore.build` needs of a queue pair."""
+    """A probe flow this host sends."""
 
     peer_ip: str
     sport: int
@@ -125,18 +154,51 @@ class Prober:
         """Time between two probes this host sends (its flows take turns)."""
         return self.cfg.interval_s / max(1, len(self.targets))
 
-    def next_probe(self, core: TransportCore, now_ns: int) -> tuple[ProbeTarget, bytes] | None:
-        """The next probe flow's probe (an IPv4 packet), built by the host's transport."""
+    def next_probe(self, now_ns: int) -> tuple[ProbeTarget, bytes] | None:
+        """The next probe flow's probe (an IPv4 packet)."""
         if not self.targets:
             return None
         tg = self.targets[self._next]
         self._next = (self._next + 1) % len(self.targets)
-        payload = wire.encode(tg.seq, now_ns)
-        psn = tg.seq & PSN_MASK
-        pkt = core.build(tg, OP_SEND_ONLY, wire.PROBE_QPN, psn, False, tg.sport, payload)
+        pkt = probe_packet(tg, tg.seq, now_ns)
         tg.seq = (tg.seq + 1) % wire.SEQ_MOD
         self.sent += 1
         return tg, pkt
+
+    def receive_packet(self, pkt: bytes | memoryview, int_dscp: int | None) -> bool:
+        """An IPv4 packet the host received: False when it is no probe (for the transport),
+        True when it was one (counted here; one this prober cannot read is `malformed`).
+        Its INT headers are read when its DSCP is `int_dscp`."""
+        n = len(pkt)
+        if n < 28 or pkt[9] != socket.IPPROTO_UDP:
+            return False
+        ihl = (pkt[0] & 0x0F) * 4
+        if ihl < 20 or n < ihl + 8 + BTH_LEN or pkt[ihl + 2 : ihl + 4] != b"\x12\xb7":
+            return False
+        off = ihl + 8
+        int_bytes = None
+        if int_dscp is not None and pkt[1] >> 2 == int_dscp:
+            int_len = shim_total_len(pkt[off + 1])
+            int_bytes = bytes(pkt[off : off + int_len])
+            off += int_len
+        if n < off + BTH_LEN or int.from_bytes(pkt[off + 5 : off + 8], "big") != wire.PROBE_QPN:
+            return False
+        end = ihl + int.from_bytes(pkt[ihl + 4 : ihl + 6], "big")
+        body = memoryview(pkt)[off : end - ICRC_LEN]
+        if (
+            end > n
+            or len(body) < BTH_LEN
+            or pkt[off] != OP_SEND_ONLY
+            or icrc(
+                bytes(pkt[:ihl]), int.from_bytes(pkt[ihl : ihl + 2], "big"), ROCE_UDP_PORT, body
+            )
+            != pkt[end - ICRC_LEN : end]
+        ):
+            self.malformed += 1
+            return True
+        sport = int.from_bytes(pkt[ihl : ihl + 2], "big")
+        self.receive(bytes(pkt[12:16]), sport, body[BTH_LEN:], int_bytes)
+        return True
 
     def receive(
         self, src: bytes | memoryview, sport: int, payload: memoryview, int_bytes: bytes | None
