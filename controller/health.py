@@ -54,10 +54,12 @@ from __future__ import annotations
 import logging
 import statistics
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from controller.topology import DirLink, Topology, link_id
+from controller.wire.telemetry_report import Hop
 
 log = logging.getLogger("xingmai.controller.health")
 
@@ -105,6 +107,49 @@ class ProbeTally:
     received: int
     lost: int
     lost_congested: int = 0
+
+
+@dataclass(frozen=True)
+class ProbeFlowSample:
+    """A probe flow as its receiving NIC counts it (its agent's GetProbes; the twin's prober's
+    `ProbeFlowRx` has the same fields): the sender's address and source port, probes received
+    and lost since the flow began (of them, lost behind a queue near full), and the INT hops
+    of its latest probe, the sender's first hop first."""
+
+    src: str
+    sport: int
+    received: int
+    lost: int
+    lost_congested: int
+    hops: tuple[Hop, ...]
+
+
+def probe_tallies(
+    t: float,
+    receiver: str,
+    flows: Iterable[ProbeFlowSample] | Iterable[Any],
+    host_of_ip: Mapping[str, str],
+    path_links: Callable[[list[Any]], list[str]],
+) -> list[ProbeTally]:
+    """A receiving NIC's probe flows at `t` as the localizer reads them: senders by host
+    name, paths as the collector names the links (`Collector.path_links`)."""
+    return [
+        ProbeTally(
+            t,
+            (host_of_ip.get(f.src, f.src), receiver, f.sport),
+            tuple(path_links(list(f.hops))),
+            f.received,
+            f.lost,
+            f.lost_congested,
+        )
+        for f in flows
+    ]
+
+
+def probe_congested_bytes(queue_depth_bytes: int, th: Thresholds | None = None) -> int:
+    """The queue at which a probe's gap counts as a tail drop of congestion (the probers'
+    `congested_bytes`): the same share of the queue depth as a path loss's."""
+    return int((th or Thresholds()).congested_share * queue_depth_bytes)
 
 
 @dataclass(frozen=True)

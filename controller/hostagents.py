@@ -19,11 +19,12 @@ from google.protobuf.descriptor import FieldDescriptor
 
 from controller.common.channels import RECONNECT_OPTIONS
 from controller.config import RATE_LAW_PARAMS, Config, HostConfig, LawPolicy
-from controller.health import NicSample
+from controller.health import NicSample, ProbeFlowSample, probe_congested_bytes
 from controller.proto import agent_pb2 as pb
 from controller.proto import agent_pb2_grpc as pb_grpc
 from controller.slowloop import AgentError, AgentFlow, AgentPort, FlowKey
-from controller.topology import Topology
+from controller.topology import Topology, probe_peers
+from controller.wire.telemetry_report import Hop
 
 # The RateLawConfig message each law's parameters go in (T, base_rtt_ns, is TitaParams')
 _LAW_MESSAGE = {
@@ -98,6 +99,20 @@ class GrpcAgent:
             for p in s.ports
         ]
         await self._rpc("SetHopSpeeds", pb.SetHopSpeedsRequest(speeds=speeds))
+        interval = c.controller.probe_interval_s
+        if interval > 0 and self._host.nics:
+            ip = {h.name: h.nics[0].ip for h in c.hosts if h.nics}
+            peers = probe_peers(self.host, self._topo.leaves())
+            await self._rpc(
+                "SetProbes",
+                pb.SetProbesRequest(
+                    interval_s=interval,
+                    local_ip=ip[self.host],
+                    peers=[ip[p] for p in peers],
+                    congested_bytes=probe_congested_bytes(c.model.queue_depth_bytes),
+                    seed=1 + [h.name for h in c.hosts].index(self.host),
+                ),
+            )
 
     async def set_policy(self, policy: LawPolicy) -> None:
         await self._rpc("SetRateLaw", pb.SetRateLawRequest(config=rate_law_config(policy)))
@@ -152,6 +167,26 @@ class GrpcAgent:
         return NicSample(
             self.host, r.time_ns / 1e9, r.tx_bytes, r.waiting_bits, r.line_rate_bps, r.paused_ns
         )
+
+    async def probe_flows(self) -> tuple[float, list[ProbeFlowSample]]:
+        """The probe flows this host's NIC received (GetProbes), at the agent's time."""
+        r = await self._rpc("GetProbes", pb.GetProbesRequest())
+        return r.time_ns / 1e9, [
+            ProbeFlowSample(
+                f.src_ip,
+                f.src_port,
+                received=f.received,
+                lost=f.lost,
+                lost_congested=f.lost_congested,
+                hops=tuple(
+                    Hop(
+                        node_id=h.node_id, in_port=h.in_port, out_port=h.out_port, qocc=h.qocc_bytes
+                    )
+                    for h in f.hops
+                ),
+            )
+            for f in r.flows
+        ]
 
     async def close(self) -> None:
         await self._channel.close()

@@ -7,7 +7,8 @@ What one poll reads from a switch: SwitchAdmin GetStatus (it answers: the switch
 each port's link status) and GetQueues (each port's latency monitor), and the P4 port
 counters `port_tx`/`port_rx` of the configured ports over P4Runtime. bmv2 has no SwitchAdmin:
 its liveness is its P4Runtime channel and its counters; its ports' status is not read. Every
-`NIC_POLL_S` it also reads each host agent's NIC counters (GetNicCounters: the slow-NIC rule);
+`NIC_POLL_S` it also reads each host agent's NIC counters (GetNicCounters: the slow-NIC rule)
+and, with `controller.probe_interval_s` set, its prober's tallies (GetProbes: the probe rule);
 an agent that does not answer is skipped (counted in `nic_polls_failed`).
 """
 
@@ -23,7 +24,14 @@ import finsy as fy
 import grpc
 
 from controller import p4names as P
-from controller.health import Localizer, NicSample, PortSample, Suspect, SwitchSample
+from controller.health import (
+    Localizer,
+    NicSample,
+    PortSample,
+    Suspect,
+    SwitchSample,
+    probe_tallies,
+)
 from controller.slowloop import AgentError
 from controller.topology import Topology
 
@@ -67,6 +75,7 @@ class Operations:
         self.links_restored = 0
         self.rounds_late = 0  # poll rounds that no switch answered whole in time (skipped)
         self.nic_polls_failed = 0  # agents' GetNicCounters that failed or timed out
+        self.probe_polls_failed = 0  # agents' GetProbes that failed or timed out
         self.rounds_failed = 0  # rounds that raised (a bug): logged with their traceback
         self.rounds = 0  # rounds run, whatever their end: a loop that stopped stops counting
         self._late_streak = 0
@@ -132,6 +141,8 @@ class Operations:
             await asyncio.sleep(NIC_POLL_S)
             try:
                 await self.poll_nics()
+                if self.d.cfg.controller.probe_interval_s > 0:
+                    await self.poll_probes()
             except Exception:  # a bug in one round must not end the NICs' readings
                 log.exception("reading the agents' NIC counters failed")
 
@@ -207,6 +218,24 @@ class Operations:
                 self.loc.nic(r)
             elif isinstance(r, AgentError | TimeoutError | OSError):
                 self.nic_polls_failed += 1
+            else:
+                raise r
+
+    async def poll_probes(self) -> None:
+        """Every agent's probe receivers' tallies, to the localizer (the probe rule)."""
+        agents = list(self.d.agents.values())
+        timeout = min(1.0, self.d.cfg.controller.rpc_timeout_s)
+        results = await asyncio.gather(
+            *(asyncio.wait_for(a.probe_flows(), timeout) for a in agents),
+            return_exceptions=True,
+        )
+        owner = self.d.topo.ip_owner
+        for a, r in zip(agents, results, strict=True):
+            if isinstance(r, tuple):
+                t, flows = r
+                self.loc.probes(probe_tallies(t, a.host, flows, owner, self.d.collector.path_links))
+            elif isinstance(r, AgentError | TimeoutError | OSError):
+                self.probe_polls_failed += 1
             else:
                 raise r
 

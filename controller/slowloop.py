@@ -29,7 +29,7 @@ from typing import Protocol
 
 from controller.collector import Collector
 from controller.config import LawPolicy, PolicyConfig
-from controller.health import NicSample
+from controller.health import NicSample, ProbeFlowSample
 from controller.maxmin import max_min_fair
 from controller.topology import Topology
 
@@ -64,6 +64,7 @@ class AgentPort(Protocol):
     async def clear_caps(self, keys: list[FlowKey]) -> None: ...
     async def list_flows(self) -> list[AgentFlow]: ...
     async def nic_counters(self) -> NicSample: ...
+    async def probe_flows(self) -> tuple[float, list[ProbeFlowSample]]: ...
     async def close(self) -> None: ...
 
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from controller.config import Config, Endpoint
 from controller.wire.telemetry_report import nic_node_id
 
+MAX_PROBE_PEERS = 32  # hosts one host probes at most (Pingmesh: a ToR's mesh, a few beyond)
+
 
 def link_id(a: str, b: str) -> str:
     """An undirected link's name: its two ends, sorted (`leaf1:3-spine1:1`)."""
@@ -116,6 +118,15 @@ class Topology:
         peer = self.peer(switch, port)
         return self.links.get(str(peer)) if peer is not None else None
 
+    def leaves(self) -> dict[str, list[str]]:
+        """The hosts under each switch, by their first NIC, in the config's order."""
+        out: dict[str, list[str]] = {}
+        for h in self.cfg.hosts:
+            dest = self.destinations.get(h.nics[0].ip) if h.nics else None
+            if dest is not None:
+                out.setdefault(dest.attached.node, []).append(h.name)
+        return out
+
     def host_ports(self, switch: str) -> list[tuple[int, str]]:
         """(port, host name) of the ports of `switch` that face hosts."""
         out = []
@@ -204,3 +215,24 @@ class Topology:
             return []
         common = set(paths[0]).intersection(*paths[1:])
         return [lk for lk in paths[0] if lk in common]
+
+
+def probe_peers(
+    me: str, leaves: dict[str, list[str]], max_peers: int = MAX_PROBE_PEERS
+) -> list[str]:
+    """The hosts `me` probes: every other host, at most `max_peers` of them, taken from the
+    leaves in turn (its own leaf's too), each leaf's from `me`'s own position under its leaf
+    on. A host that probes several peers, and is probed by several, tells its own link
+    from theirs: its link is on all of its probe flows, a peer's on a share of them."""
+    mine = next((hs for hs in leaves.values() if me in hs), None)
+    if mine is None:
+        return []
+    pos = mine.index(me)
+    rings = [[hs[(pos + j) % len(hs)] for j in range(len(hs))] for hs in leaves.values()]
+    rings = [[h for h in ring if h != me] for ring in rings]
+    out: list[str] = []
+    for j in range(max((len(r) for r in rings), default=0)):
+        for ring in rings:
+            if j < len(ring) and len(out) < max_peers:
+                out.append(ring[j])
+    return out

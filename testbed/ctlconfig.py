@@ -152,6 +152,7 @@ class ControllerSetup:
     # hop latency also holds the wait in the switch process's socket buffer (healthy links
     # of the emulation's WebSearch waited 1.3-6 ms per packet beyond their queue, unevenly)
     int_latency_monitor: bool = True
+    probe_interval_s: float = 0.0  # the agents' active probers; 0: off
 
 
 def controller_config(
@@ -216,6 +217,7 @@ def controller_config(
         "counter_poll_s": 1.0,
         "rpc_timeout_s": 3.0,
         "int_latency_monitor": setup.int_latency_monitor,
+        "probe_interval_s": setup.probe_interval_s,
         "reconnect_max_s": 2.0,
         "log_level": "info",
         "log_file": setup.log_file,

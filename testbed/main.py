@@ -184,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MS",
         help="the hosts' active probers: every host probes a peer under every other leaf "
         "from 8 source ports, each probe flow once per MS emulated milliseconds, and the "
-        "localizer ranks links by the probes lost (controller/nic/prober.py; the twin)",
+        "localizer ranks links by the probes lost (controller/nic/prober.py)",
     )
     from testbed.sweep import build_parser as sweep_parser
 
@@ -249,6 +249,7 @@ def _testbed(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         pcap=args.pcap,
         run_dir=args.run_dir,
         controller_caps=args.controller_caps,
+        probe_interval_s=(getattr(args, "probes", None) or 0.0) / 1e3,
     )
     return Testbed(spec, opts)
 
@@ -289,8 +290,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.probes is not None and not 0 < args.probes < float("inf"):
         print("--probes must be a positive number of milliseconds", file=sys.stderr)
         return 2
-    if args.probes is not None and args.engine != "sim":
-        print("--probes runs on the twin (--engine sim)", file=sys.stderr)
+    if args.probes is not None and args.engine == "flow":
+        print("--probes runs on the packet engines, not --engine flow", file=sys.stderr)
         return 2
     try:
         check_ack_every(args.ack_every)

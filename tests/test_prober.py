@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from controller.nic.prober import MAX_FLOWS, ProbeConfig, Prober, probe_peers
+from controller.nic.prober import MAX_FLOWS, ProbeConfig, Prober
+from controller.topology import probe_peers
 from controller.wire import probe as wire
 from controller.wire.int_md import MD_LEN, SHIM_LEN, encode_stack, hop_ml_words
 from controller.wire.roce import BTH_LEN

@@ -101,6 +101,9 @@ class ControllerSection:
     # health.py): right where hop latency is the switch's (hardware timestamps, the twin),
     # off where a software switch's hop latency also holds its process's backlog
     int_latency_monitor: bool = True
+    # the agents' active probers (controller/nic/prober.py): each probe flow's interval in
+    # seconds, 0 off; every host probes up to 32 others from 8 source ports each
+    probe_interval_s: float = 0.0
 
 
 @dataclass(frozen=True)

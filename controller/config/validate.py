@@ -258,6 +258,7 @@ def _controller(doc: Any, paths: _Paths) -> ControllerSection:
         rpc_timeout_s=r.get("rpc_timeout_s", _num(0.05, 600), d.rpc_timeout_s),
         series_points=r.get("series_points", _int(2, 1_000_000), d.series_points),
         int_latency_monitor=r.get("int_latency_monitor", _bool, d.int_latency_monitor),
+        probe_interval_s=r.get("probe_interval_s", _num(0, 3600), d.probe_interval_s),
     )
     r.done()
     return out

@@ -2,9 +2,10 @@
 path, the receiver counting each probe flow's losses from sequence numbers (sans-I/O: the
 twin's hosts and the emulation's agents run it).
 
-Each host probes every other host, up to `MAX_PEERS` spread over the leaves (`probe_peers`),
-from `ports_per_peer` source ports: ECMP hashes the source port, so the ports spread a pair's
-probes over the paths between their leaves, and each probe flow (peer, port) keeps one path.
+Each host probes every other host, up to 32 spread over the leaves (controller/topology.py
+`probe_peers`: the controller tells each agent whom to probe), from `ports_per_peer` source
+ports: ECMP hashes the source port, so the ports spread a pair's probes over the paths
+between their leaves, and each probe flow (peer, port) keeps one path.
 A probe is a SEND_ONLY to the peer's probe queue pair (controller/wire/probe.py): the NIC's
 INT source gives it an INT stack, so the receiver learns the path each probe flow takes. No
 probe is resent and each carries a sequence number: a gap is that many probes lost, exactly,
@@ -47,7 +48,6 @@ from controller.wire.roce import (
 from controller.wire.telemetry_report import Hop
 
 REORDER_WINDOW = 64  # missing probes per flow remembered, to take back one that comes late
-MAX_PEERS = 32  # hosts one host probes at most (Pingmesh: a ToR's full mesh, a few beyond)
 MAX_FLOWS = 4096  # probe flows a receiver tracks; beyond it the oldest is forgotten (counted)
 _PORT_LCG_SALT = 0x5EED  # the ports' LCG is not the transport's: probing moves no job's path
 ECT0 = 0b10  # probes are ECN-capable like the data: a switch marks them, as it marks data
@@ -104,25 +104,6 @@ class ProbeFlowRx:
     hops: tuple[Hop, ...] = ()  # the latest probe's path, sender's first hop first
     # probes found missing and not (yet) come: seq -> counted as congestion
     missing: OrderedDict[int, bool] = field(default_factory=OrderedDict)
-
-
-def probe_peers(me: str, leaves: dict[str, list[str]], max_peers: int = MAX_PEERS) -> list[str]:
-    """The hosts `me` probes: every other host, at most `max_peers` of them, taken from the
-    leaves in turn (its own leaf's too), each leaf's from `me`'s own position under its leaf
-    on. A host that probes several peers, and is probed by several, tells its own link
-    from theirs: its link is on all of its probe flows, a peer's on a share of them."""
-    mine = next((hs for hs in leaves.values() if me in hs), None)
-    if mine is None:
-        return []
-    pos = mine.index(me)
-    rings = [[hs[(pos + j) % len(hs)] for j in range(len(hs))] for hs in leaves.values()]
-    rings = [[h for h in ring if h != me] for ring in rings]
-    out: list[str] = []
-    for j in range(max((len(r) for r in rings), default=0)):
-        for ring in rings:
-            if j < len(ring) and len(out) < max_peers:
-                out.append(ring[j])
-    return out
 
 
 class Prober:

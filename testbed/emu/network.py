@@ -87,6 +87,7 @@ class TestbedOptions:
     law_params: dict[str, float] = field(default_factory=dict)
     ecn: EcnConfig = field(default_factory=EcnConfig)
     controller_caps: bool = False  # the controller's slow-loop caps on top of the NIC's law
+    probe_interval_s: float = 0.0  # the agents' active probers (controller.probe_interval_s)
     pcap: bool = False
     run_dir: Path | None = None
     switch_log_level: str = "info"
@@ -404,6 +405,7 @@ class Testbed:
             metrics_addr=self.controller_metrics_addr or None,
             web_addr=web_addr,
             int_latency_monitor=False,  # software switches' hop latency: see ControllerSetup
+            probe_interval_s=self.opts.probe_interval_s,
         )
         doc = controller_config(
             self.spec, self.scaling, access, agents, setup, str(P4INFO), str(BMV2_JSON)

@@ -28,11 +28,13 @@ from controller.health import (
     ProbeTally,
     SwitchSample,
     Thresholds,
+    probe_congested_bytes,
+    probe_tallies,
 )
 from controller.nic.backlog import WAITING_SAMPLE_S
-from controller.nic.prober import ProbeConfig, Prober, probe_peers
+from controller.nic.prober import ProbeConfig, Prober
 from controller.reconcile import SwitchState, diff, ordered_updates
-from controller.topology import Topology
+from controller.topology import Topology, probe_peers
 from testbed import faults
 from testbed.p4files import P4INFO
 from testbed.sim.fabric import SimFabric
@@ -99,12 +101,10 @@ class SimOperations:
         if self.probe_interval_s is None:
             return
         fab = self.fab
-        leaves: dict[str, list[str]] = {}
-        for h in fab.spec.hosts:
-            leaves.setdefault(fab.spec.attachment(h.name, 0).node, []).append(h.name)
-        depth = fab.cfg.model.queue_depth_bytes
+        leaves = fab.topo.leaves()
         cfg = ProbeConfig(
-            self.probe_interval_s * self.k, congested_bytes=int(th.congested_share * depth)
+            self.probe_interval_s * self.k,
+            congested_bytes=probe_congested_bytes(fab.cfg.model.queue_depth_bytes, th),
         )
         ip = {h.name: h.nics[0].ip for h in fab.spec.hosts}
         self._host_of_ip = {v: k for k, v in ip.items()}
@@ -128,24 +128,13 @@ class SimOperations:
         self.fab.loop.at(self.fab.loop.now_ns + gap_ns, self._probe, name)
 
     def probe_tallies(self, now: float) -> list[ProbeTally]:
-        """Every probe flow's counts as its receiver has them, paths as the collector names
-        the links."""
-        out = []
+        """Every probe flow's counts as its receiver has them (the agents' GetProbes)."""
         path_links = self.fab.collector.path_links
-        for name, prober in self.probers.items():
-            for f in prober.flows.values():
-                src = self._host_of_ip.get(f.src, f.src)
-                out.append(
-                    ProbeTally(
-                        now,
-                        (src, name, f.sport),
-                        tuple(path_links(list(f.hops))),
-                        f.received,
-                        f.lost,
-                        f.lost_congested,
-                    )
-                )
-        return out
+        return [
+            t
+            for name, prober in self.probers.items()
+            for t in probe_tallies(now, name, prober.flows.values(), self._host_of_ip, path_links)
+        ]
 
     def probe_summary(self) -> dict[str, Any]:
         """The scenario's probes: sent, and received and lost as the receivers counted them."""

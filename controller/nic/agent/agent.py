@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import queue
+import socket
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -39,6 +40,7 @@ from controller.nic.agent.pacer import (
     classid,
     detect_mode,
 )
+from controller.nic.agent.probing import ProbeRunner, start_probing
 from controller.nic.backlog import WAITING_SAMPLE_S, WaitingMeter
 from controller.nic.bpf.loader import (
     CTL_HAS_CAP,
@@ -56,6 +58,8 @@ from controller.nic.bpf.loader import (
 )
 from controller.nic.bpf.ringbuf import RingBuffer
 from controller.nic.pfc import PinnedPfc
+from controller.nic.prober import MAX_FLOWS as MAX_PROBE_FLOWS
+from controller.nic.prober import ProbeConfig
 from controller.nic.ratelaw import UNIT, CcParams, Law
 from controller.wire.int_md import INT_DSCP_DEFAULT
 from controller.wire.roce import ROCE_UDP_PORT
@@ -211,6 +215,7 @@ class Agent:
         self.waiting_errors = 0  # failed reads of the classes' backlogs
         self.waiting_thread: threading.Thread | None = None
         self.pfc: PinnedPfc | None = None  # xm_pfc, for the time pauses held the NIC
+        self.probes: ProbeRunner | None = None  # the active prober (SetProbes)
 
     # ---- lifecycle ----------------------------------------------------------------------
 
@@ -283,6 +288,8 @@ class Agent:
     def stop(self) -> None:
         """Detach every program, remove every class and pin this agent made."""
         self.stop_event.set()
+        if self.probes is not None:
+            self.probes.stop()
         if self.events is not None:
             self.events.wake()
         if self.sync_thread:
@@ -914,6 +921,46 @@ class Agent:
         with self.lock:
             if w in self.watchers:
                 self.watchers.remove(w)
+
+    def set_probes(
+        self, interval_s: float, local_ip: str, peers: list[str], cfg: dict[str, int]
+    ) -> int:
+        """SetProbes: a new prober (its counts from zero), or none with an interval of 0;
+        the probe flows it sends."""
+        self._count("SetProbes")
+        if not interval_s >= 0 or interval_s == float("inf"):
+            raise ValueError("the probe interval must be a finite number of seconds >= 0")
+        for ip in [local_ip, *peers] if interval_s > 0 else []:
+            try:
+                socket.inet_aton(ip)
+            except OSError:
+                raise ValueError(f"not an IPv4 address: {ip!r}") from None
+        ports = cfg.get("ports_per_peer") or 8
+        if len(peers) * ports > MAX_PROBE_FLOWS:
+            raise AgentLimit(f"at most {MAX_PROBE_FLOWS} probe flows (peers x ports)")
+        with self.lock:
+            if self.probes is not None:
+                self.probes.stop()
+                self.probes = None
+            if interval_s <= 0:
+                return 0
+            assert self.bpf is not None
+            pcfg = ProbeConfig(
+                interval_s, ports_per_peer=ports, congested_bytes=cfg.get("congested_bytes", 0)
+            )
+            self.probes = start_probing(
+                local_ip, peers, pcfg, cfg.get("seed", 1), self.bpf.config().int_dscp
+            )
+            return len(self.probes.prober.targets)
+
+    def probe_tallies(self) -> dict[str, Any]:
+        """GetProbes: what the prober sent and the probe flows it received (none: empty)."""
+        self._count("GetProbes")
+        runner = self.probes
+        out: dict[str, Any] = {"time_ns": time.monotonic_ns()}
+        if runner is not None:
+            out.update(runner.snapshot())
+        return out
 
     def nic_counters(self) -> dict[str, int]:
         """GetNicCounters: the bytes the interfaces sent, what waited in the NIC (the time

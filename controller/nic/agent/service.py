@@ -350,5 +350,48 @@ class HostAgentService(pb_grpc.HostAgentServicer):
     def GetNicCounters(self, request: pb.GetNicCountersRequest, context: Any) -> pb.NicCounters:
         return pb.NicCounters(**self._call(context, self.agent.nic_counters))
 
+    def SetProbes(self, request: pb.SetProbesRequest, context: Any) -> pb.SetProbesResponse:
+        r = request
+        cfg = {
+            "ports_per_peer": r.ports_per_peer,
+            "congested_bytes": r.congested_bytes,
+            "seed": r.seed,
+        }
+        flows = self._call(
+            context,
+            lambda: self.agent.set_probes(r.interval_s, r.local_ip, list(r.peers), cfg),
+        )
+        return pb.SetProbesResponse(flows=flows)
+
+    def GetProbes(self, request: pb.GetProbesRequest, context: Any) -> pb.ProbeTallies:
+        t = self._call(context, self.agent.probe_tallies)
+        return pb.ProbeTallies(
+            time_ns=t["time_ns"],
+            sent=t.get("sent", 0),
+            send_errors=t.get("send_errors", 0),
+            malformed=t.get("malformed", 0),
+            flows_evicted=t.get("flows_evicted", 0),
+            flows=[
+                pb.ProbeFlow(
+                    src_ip=src,
+                    src_port=sport,
+                    received=rx,
+                    lost=lost,
+                    lost_congested=congested,
+                    duplicates=dup,
+                    hops=[
+                        pb.ProbeHop(
+                            node_id=h.node_id or 0,
+                            in_port=h.in_port or 0,
+                            out_port=h.out_port or 0,
+                            qocc_bytes=h.qocc or 0,
+                        )
+                        for h in hops
+                    ],
+                )
+                for src, sport, rx, lost, congested, dup, hops in t.get("flows", [])
+            ],
+        )
+
     def GetMetrics(self, request: pb.GetMetricsRequest, context: Any) -> pb.GetMetricsResponse:
         return pb.GetMetricsResponse(text=self._call(context, self.metrics_text))
