@@ -1,7 +1,8 @@
 """The agent's prober (controller/nic/agent/probing.py): on the kernel's loopback its socket's
 classic BPF filter gives it the probes, with and without INT, and none of the data, and its
 thread sends probes at its pace and counts what comes back; two agents over a veth probe
-each other through their NICs' programs (SetProbes, GetProbes) and refuse bad settings."""
+each other through their NICs' programs (SetProbes, GetProbes, PauseProbes) and refuse bad
+settings."""
 
 from __future__ import annotations
 
@@ -92,6 +93,17 @@ def test_two_agents_probe_each_other_over_a_veth_and_refuse_bad_settings() -> No
             assert len(t.flows) == 4 and {f.src_ip for f in t.flows} == {pair.ip_a}
             assert all(f.received >= 30 and f.lost == 0 and not f.hops for f in t.flows)
             stub = a.stub()
+            # paused, a sends nothing; sent again, its sequences go on: b counts no loss
+            assert not stub.PauseProbes(pb.PauseProbesRequest(paused=True), timeout=10).probing
+            time.sleep(0.2)
+            sent = stub.GetProbes(pb.GetProbesRequest(), timeout=10).sent
+            time.sleep(0.5)
+            assert stub.GetProbes(pb.GetProbesRequest(), timeout=10).sent == sent
+            assert stub.PauseProbes(pb.PauseProbesRequest(paused=False), timeout=10).probing
+            time.sleep(0.5)
+            assert stub.GetProbes(pb.GetProbesRequest(), timeout=10).sent >= sent + 50
+            t = b.stub().GetProbes(pb.GetProbesRequest(), timeout=10)
+            assert sum(f.lost for f in t.flows) == 0 and sum(f.received for f in t.flows) > 200
             with pytest.raises(grpc.RpcError) as err:
                 stub.SetProbes(
                     pb.SetProbesRequest(interval_s=0.1, local_ip=pair.ip_a, peers=["nope"]),

@@ -89,6 +89,7 @@ class EmuSuite(Suite):
         self.sampler = IntSampler(endpoints, self.links)
         self.agents = {h.name: self.tb.agent_stub(h.name) for h in self.hosts}
         self.watcher = RateWatcher(self.agents)
+        self._pause_probes(True)  # until the first run's workload
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -124,12 +125,24 @@ class EmuSuite(Suite):
         self.watcher.begin()
         self.ops.faults = self.faults
         self.ops.begin()
+        self._pause_probes(False)
 
     def _end(self) -> tuple[Capture, list[RateEvent]]:
         assert self.sampler is not None and self.watcher is not None
+        self._pause_probes(True)
         out = self.sampler.end(), self.watcher.end()
         self._ops = self.ops.end()
         return out
+
+    def _pause_probes(self, paused: bool) -> None:
+        """The NICs' probers (`--probes`) send only while a run's workload runs, as the
+        twin's do: between runs the fabric falls quiet and its counters are read whole."""
+        if not self.tb.opts.probe_interval_s:
+            return
+        from controller.proto import agent_pb2
+
+        for stub in self.agents.values():
+            stub.PauseProbes(agent_pb2.PauseProbesRequest(paused=paused), timeout=10)
 
     def _operations(self) -> dict[str, Any]:
         return self._ops

@@ -953,6 +953,19 @@ class Agent:
             )
             return len(self.probes.prober.targets)
 
+    def pause_probes(self, paused: bool) -> bool:
+        """PauseProbes: stop sending probes (receiving goes on) or send again; whether the
+        NIC probes now."""
+        self._count("PauseProbes")
+        runner = self.probes
+        if runner is None:
+            return False
+        if paused:
+            runner.paused.set()
+        else:
+            runner.paused.clear()
+        return not paused
+
     def probe_tallies(self) -> dict[str, Any]:
         """GetProbes: what the prober sent and the probe flows it received (none: empty)."""
         self._count("GetProbes")

@@ -1,8 +1,8 @@
 """The agent's active prober on a host (controller/nic/prober.py, the twin's too): a thread
-that sends the probes through a raw IPv4 socket (the NIC's tc program gives them INT, as it
-gives the data) and reads the probes that arrive through a raw UDP socket whose classic BPF
-filter keeps only probes (UDP to 4791, BTH destination queue pair `PROBE_QPN`, after INT's
-headers when the DSCP says INT), so the agent never reads the data.
+that sends the probes (unless paused) through a raw IPv4 socket (the NIC's tc program gives
+them INT, as it gives the data) and reads the probes that arrive through a raw UDP socket
+whose classic BPF filter keeps only probes (UDP to 4791, BTH destination queue pair
+`PROBE_QPN`, after INT's headers when the DSCP says INT), so the agent never reads the data.
 
 Probes are sent on time as the thread's clock allows: one that is late is sent late, and a
 thread that fell more than a second behind starts its round again from now (it does not
@@ -86,6 +86,9 @@ class ProbeRunner:
         self.lock = threading.Lock()
         self.send_errors = 0
         self._stop = threading.Event()
+        # paused: nothing sent, what arrives still counted (a testbed pauses the probers
+        # between its runs, so that its fabric falls quiet; the sequences go on after)
+        self.paused = threading.Event()
         self._thread: threading.Thread | None = None
         self.rx = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_UDP)
         try:
@@ -132,7 +135,9 @@ class ProbeRunner:
         next_at = time.monotonic()
         while not self._stop.is_set():
             now = time.monotonic()
-            if now >= next_at:
+            if self.paused.is_set():
+                next_at = now + gap
+            elif now >= next_at:
                 with self.lock:
                     out = self.prober.next_probe(time.monotonic_ns())
                 if out is not None:

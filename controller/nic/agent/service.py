@@ -363,6 +363,10 @@ class HostAgentService(pb_grpc.HostAgentServicer):
         )
         return pb.SetProbesResponse(flows=flows)
 
+    def PauseProbes(self, request: pb.PauseProbesRequest, context: Any) -> pb.PauseProbesResponse:
+        probing = self._call(context, lambda: self.agent.pause_probes(request.paused))
+        return pb.PauseProbesResponse(probing=probing)
+
     def GetProbes(self, request: pb.GetProbesRequest, context: Any) -> pb.ProbeTallies:
         t = self._call(context, self.agent.probe_tallies)
         return pb.ProbeTallies(
