@@ -78,3 +78,39 @@ def test_faults_localized_and_failed_over(tmp_path: Path) -> None:
         if kind in ("link-down", "switch-unreachable"):
             first = rec.failovers[0]
             assert first["dead_links"] and first["t"] - 0.5 <= 1.0, line
+
+
+def test_the_agents_probers_name_silent_losses_and_nothing_in_healthy_runs(
+    tmp_path: Path,
+) -> None:
+    # probes every 20 ms per probe flow (the agents', controller.probe_interval_s): a silent
+    # loss of 1 % on a spine link (the other half of the paths over spine1 ties with it) and
+    # a NIC losing 1 % of what it sends (its own link alone), named within 5 s
+    cfg = SuiteConfig(**{**SuiteConfig.quick().__dict__, "websearch_seconds": 6.0})
+    opts = TestbedOptions(switch="builtin", run_dir=tmp_path, probe_interval_s=0.02)
+    cases = [
+        (None, set()),
+        ("link leaf1:3 silent-loss 1%", {"link leaf1:3-spine1:1", "link leaf2:3-spine1:2"}),
+        ("nic h1 silent-loss 1%", {"link h1:h1-eth0-leaf1:1"}),
+        (None, set()),
+    ]
+    report, results = [], []
+    with Testbed(SPEC, opts) as tb, EmuSuite(tb, cfg) as suite:
+        suite.prepare()
+        tb.set_policy("tita", {"base_rtt_ns": round(suite.tita_t_s * 1e9)})
+        for line, _ in cases:
+            suite.faults = []
+            if line is not None:
+                f = faults.parse_command(SPEC, line)
+                suite.faults = [faults.Fault(f.target, f.kind, f.value, 0.5)]
+            rec = suite.run_one("tita", "websearch")
+            results.append(rec)
+            report.append(f"{line}: {rec.flows_completed}/{rec.flows} flows, {rec.suspects}")
+    print("\n".join(report))
+    for (line, elements), rec in zip(cases, results, strict=True):
+        assert rec.flows_completed == rec.flows, line
+        top = [s for s in rec.suspects if s["score"] == rec.suspects[0]["score"]]
+        assert {s["element"] for s in top} == elements, line
+        for s in top:
+            assert s["kind"] == "lossy-link" and "probes:" in s["evidence"], line
+            assert s["first_named"] <= 0.5 + 5.0, line
