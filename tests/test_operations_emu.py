@@ -109,6 +109,10 @@ def test_the_agents_probers_name_silent_losses_and_nothing_in_healthy_runs(
     print("\n".join(report))
     for (line, elements), rec in zip(cases, results, strict=True):
         assert rec.flows_completed == rec.flows, line
+        # the run's probes, counted by their receivers: lost only where the fault is
+        assert rec.probes["sent"] > 1000 and rec.probes["malformed"] == 0, line
+        assert rec.probes["lost"] > 0 if line else rec.probes["lost"] == 0, line
+        assert rec.drops == 0 or line, line  # paused between runs: the counters read whole
         top = [s for s in rec.suspects if s["score"] == rec.suspects[0]["score"]]
         assert {s["element"] for s in top} == elements, line
         for s in top:

@@ -75,8 +75,9 @@ class EmuSuite(Suite):
         self.sampler: IntSampler | None = None
         self.watcher: RateWatcher | None = None
         self.ops = EmuOperations(tb)
-        self._ops: dict[str, list[dict[str, Any]]] = {}
+        self._ops: dict[str, Any] = {}
         self.agents: dict[str, Any] = {}  # every host's agent stub (on entering)
+        self._probes_before: dict[str, int] = {}
 
     # ---- lifecycle ----
 
@@ -125,13 +126,41 @@ class EmuSuite(Suite):
         self.watcher.begin()
         self.ops.faults = self.faults
         self.ops.begin()
+        self._probes_before = self._probe_totals()
         self._pause_probes(False)
 
     def _end(self) -> tuple[Capture, list[RateEvent]]:
         assert self.sampler is not None and self.watcher is not None
         self._pause_probes(True)
         out = self.sampler.end(), self.watcher.end()
-        self._ops = self.ops.end()
+        self._ops = dict(self.ops.end())
+        after = self._probe_totals()
+        if after:
+            before = self._probes_before
+            self._ops["probes"] = {
+                "interval_s": self.tb.opts.probe_interval_s,
+                **{k: v - before.get(k, 0) for k, v in after.items() if k != "flows"},
+                "flows": after["flows"],
+            }
+        return out
+
+    def _probe_totals(self) -> dict[str, int]:
+        """The agents' probe counts so far, summed (as the twin's record has them per run):
+        probes sent, received, lost, lost behind a full queue, malformed; probe flows."""
+        if not self.tb.opts.probe_interval_s:
+            return {}
+        from controller.proto import agent_pb2
+
+        out = dict.fromkeys(("flows", "sent", "received", "lost", "lost_congested", "malformed"), 0)
+        for stub in self.agents.values():
+            t = stub.GetProbes(agent_pb2.GetProbesRequest(), timeout=10)
+            out["sent"] += t.sent
+            out["malformed"] += t.malformed
+            out["flows"] += len(t.flows)
+            for f in t.flows:
+                out["received"] += f.received
+                out["lost"] += f.lost
+                out["lost_congested"] += f.lost_congested
         return out
 
     def _pause_probes(self, paused: bool) -> None:
