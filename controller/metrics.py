@@ -172,6 +172,11 @@ class ControllerMetrics:
             "host agents' NIC counter reads (GetNicCounters) that failed or timed out",
         )
         nic_failed.add_metric([], ops.nic_polls_failed)
+        probe_failed = CounterMetricFamily(
+            "xingmai_controller_probe_polls_failed",
+            "host agents' probe tally reads (GetProbes) that failed or timed out",
+        )
+        probe_failed.add_metric([], ops.probe_polls_failed)
         failed = CounterMetricFamily(
             "xingmai_controller_poll_rounds_failed",
             "operations rounds that raised (a defect: the log has its traceback)",
@@ -192,7 +197,9 @@ class ControllerMetrics:
             kinds[sp.kind] = kinds.get(sp.kind, 0) + 1
         for kind, count in sorted(kinds.items()):
             named.add_metric([kind], count)
-        yield from (sus, dead, routed, fo, rr, took, late, failed, rounds, nic_failed, named)
+        yield from (
+            sus, dead, routed, fo, rr, took, late, failed, rounds, nic_failed, probe_failed, named
+        )  # fmt: skip
         loss = CounterMetricFamily(
             "xingmai_controller_flow_loss_reports",
             "NIC sinks' reports of a flow's packets lost before them",

@@ -93,6 +93,10 @@ def test_two_agents_probe_each_other_over_a_veth_and_refuse_bad_settings() -> No
             assert len(t.flows) == 4 and {f.src_ip for f in t.flows} == {pair.ip_a}
             assert all(f.received >= 30 and f.lost == 0 and not f.hops for f in t.flows)
             stub = a.stub()
+            text = b.stub().GetMetrics(pb.GetMetricsRequest(), timeout=10).text
+            assert 'xingmai_agent_probes_total{what="received"}' in text
+            assert 'xingmai_agent_probes_total{what="lost"} 0.0' in text
+            assert "xingmai_agent_probe_flows 4.0" in text
             # paused, a sends nothing; sent again, its sequences go on: b counts no loss
             assert not stub.PauseProbes(pb.PauseProbesRequest(paused=True), timeout=10).probing
             time.sleep(0.2)

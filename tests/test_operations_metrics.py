@@ -17,11 +17,12 @@ from prometheus_client import generate_latest
 
 from controller.collector import Collector
 from controller.config import load
-from controller.health import NicSample, PortSample, SwitchSample
+from controller.health import NicSample, PortSample, ProbeFlowSample, SwitchSample
 from controller.metrics import registry
 from controller.operations import Operations, PollFailed
 from controller.slowloop import AgentError
 from controller.topology import Topology
+from controller.wire.telemetry_report import Hop
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "controller" / "examples" / "leafspine-2x2.yaml"
 DEAD = "leaf2:6-spine2:2"
@@ -400,3 +401,65 @@ def test_the_loop_reads_every_agents_nic_and_names_a_slow_one(
     assert ops.nic_polls_failed == 6
     m = metric_lines(d)
     assert m["xingmai_controller_nic_polls_failed_total"] == 6
+
+
+class FakeProbes:
+    """A receiving host agent's probe tallies (GetProbes): probe flows into it, 100 probes a
+    poll each, a share lost on those from `lossy`; `refuse`: GetProbes fails."""
+
+    PATHS = {  # (sender, source port) -> hops to h5: (node id, in port, out port)
+        ("10.0.1.1", 1): ((1, 1, 5), (3, 1, 2), (2, 5, 1)),  # h1 over spine1
+        ("10.0.1.1", 2): ((1, 1, 6), (4, 1, 2), (2, 6, 1)),  # h1 over spine2
+        ("10.0.1.2", 1): ((1, 2, 5), (3, 1, 2), (2, 5, 1)),  # h2 over spine1
+        ("10.0.1.2", 2): ((1, 2, 6), (4, 1, 2), (2, 6, 1)),  # h2 over spine2
+        ("10.0.2.2", 1): ((2, 2, 1),),  # h6, under h5's leaf
+    }
+
+    def __init__(self, host: str, clock: list[float], lossy: str = "", refuse: bool = False):
+        self.host, self.clock, self.lossy, self.refuse = host, clock, lossy, refuse
+        self.polls = 0
+
+    async def probe_flows(self) -> tuple[float, list[ProbeFlowSample]]:
+        self.polls += 1
+        if self.refuse:
+            raise AgentError("GetProbes: UNAVAILABLE")
+        n = self.polls * 100
+        return self.clock[0], [
+            ProbeFlowSample(
+                src,
+                sport,
+                received=n - (lost := n // 50 if src == self.lossy else 0),
+                lost=lost,
+                lost_congested=0,
+                hops=tuple(Hop(node, i, o, qocc=0) for node, i, o in hops),
+            )
+            for (src, sport), hops in self.PATHS.items()
+        ]
+
+
+def test_the_loop_reads_every_agents_probes_and_names_the_link_that_loses(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The operations read each agent's probe tallies and map their INT hops to links: h1's
+    probes to h5 lose 2 % (h1's NIC, silently) and h1's own link is named, not h5's or the
+    spines', which carry clean probes too; an agent that refuses is counted and exported."""
+    topo = Topology(load(EXAMPLE))
+    clock = [100.0]
+    agents = {
+        "h5": FakeProbes("h5", clock, lossy="10.0.1.1"),
+        "h6": FakeProbes("h6", clock, refuse=True),
+    }
+    d = fake_daemon(topo, agents=agents)
+    ops = Operations(d)  # type: ignore[arg-type]
+    d.operations = ops
+    monkeypatch.setattr("controller.operations.time.monotonic", lambda: clock[0])
+    for i in range(30):
+        clock[0] += 0.1
+        if i % 5 == 4:
+            asyncio.run(ops.poll_probes())
+        asyncio.run(ops.tick())
+    [top] = ops.loc.ranked()
+    assert (top.element, top.kind) == ("link h1:eth0-leaf1:1", "lossy-link"), top
+    assert top.evidence.startswith("probes: 20 of 1000 lost (2.00 %) on the 2 probe flows over")
+    assert ops.probe_polls_failed == 6
+    assert metric_lines(d)["xingmai_controller_probe_polls_failed_total"] == 6

@@ -73,6 +73,28 @@ class AgentMetrics:
         for name, n in sorted(a.rpc_calls.items()):
             rpcs.add_metric([name], n)
         yield rpcs
+        if a.probes is not None:  # the active prober (SetProbes)
+            snap = a.probes.snapshot()
+            probes = CounterMetricFamily(
+                "xingmai_agent_probes",
+                "probes sent (and refused by the kernel), and those received from peers: "
+                "received, lost (from the sequence numbers), lost behind a full queue, malformed",
+                labels=["what"],
+            )
+            flows = snap["flows"]
+            for what, n in (
+                ("sent", snap["sent"]),
+                ("send_errors", snap["send_errors"]),
+                ("received", sum(f[2] for f in flows)),
+                ("lost", sum(f[3] for f in flows)),
+                ("lost_congested", sum(f[4] for f in flows)),
+                ("malformed", snap["malformed"]),
+            ):
+                probes.add_metric([what], n)
+            yield probes
+            pflows = GaugeMetricFamily("xingmai_agent_probe_flows", "probe flows received")
+            pflows.add_metric([], len(flows))
+            yield pflows
         if isinstance(a.pacer, HtbPacer):
             classes = GaugeMetricFamily("xingmai_agent_htb_classes", "per-flow HTB classes")
             classes.add_metric([], len(a.pacer.classes))
