@@ -81,6 +81,11 @@ class Fault:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> Fault:
+        """A fault as `to_dict` wrote it (results.json's `faults`; other keys ignored)."""
+        return Fault(d["target"], d["kind"], d.get("value"), d.get("at", 0.0), d.get("count", 0))
+
 
 @dataclass(frozen=True)
 class PortSetting:

@@ -257,6 +257,7 @@ def _testbed(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 def cmd_run(args: argparse.Namespace) -> int:
     from testbed.experiment.plots import write_plots
     from testbed.experiment.report import (
+        operations_notes,
         table,
         telemetry_notes,
         verdict,
@@ -407,7 +408,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print()
     print(table(records))
     print()
-    for line in [*verdict(records), *telemetry_notes(setup)]:
+    for line in [*verdict(records), *telemetry_notes(setup), *operations_notes(records)]:
         print(line)
     print()
     print(f"results: {tb.run_dir / 'results.json'}")

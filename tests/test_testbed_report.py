@@ -19,6 +19,7 @@ from testbed.experiment.report import (
     differences,
     load_results,
     markdown_report,
+    operations_notes,
     records_from_results,
     representative,
     results_doc,
@@ -288,3 +289,28 @@ def test_two_runs_compare_on_what_they_computed_alone() -> None:
         "series[0].queue_bytes.v[1]",
     ]
     assert len(differences(list(range(50)), list(range(1, 51)), limit=5)) == 5
+
+
+def test_operations_notes_say_the_faults_what_was_named_and_the_probes() -> None:
+    healthy = rec("tita", "websearch", 1e3, 0, 1.0)
+    faulty = dataclasses.replace(
+        healthy,
+        faults=[{"target": "leaf1:3", "kind": "silent-loss", "value": 0.01, "at": 0.5,
+                 "count": 0, "applied_at": 0.5}],
+        suspects=[
+            {"element": f"link l{i}", "kind": "lossy-link", "score": 0.45 - i / 100,
+             "first_named": 1.1, "evidence": f"probes: {i}"}
+            for i in range(5)
+        ],
+        probes={"sent": 15292, "received": 15252, "lost": 40, "lost_congested": 0},
+    )  # fmt: skip
+    probed = dataclasses.replace(healthy, probes={"sent": 10, "received": 10, "lost": 0})
+    assert operations_notes([healthy]) == []
+    lines = operations_notes([faulty, probed])
+    assert lines[0] == (
+        "websearch/tita: faults leaf1:3 silent-loss 1% at 0.50 s; probes 15,292 sent, "
+        "15,252 received, 40 lost (0 behind a full queue)"
+    )
+    assert lines[1] == "    0.45 link l0 lossy-link, first named at 1.10 s: probes: 0"
+    assert lines[4] == "    and 2 more (results.json)"
+    assert lines[5].startswith("websearch/tita: probes 10 sent") and lines[6] == "    nothing named"

@@ -35,6 +35,7 @@ from typing import Any
 from testbed.experiment.machine import provenance
 from testbed.experiment.schemes import SCHEMES, lossless
 from testbed.experiment.suite import RunRecord
+from testbed.faults import Fault
 
 
 @dataclass(frozen=True)
@@ -601,6 +602,43 @@ def telemetry_notes(setup: dict[str, Any]) -> list[str]:
             f"{tel['smallest_resolving_scale']:g} (docs/fidelity.md)"
         )
     return notes
+
+
+def operations_notes(records: list[RunRecord], max_suspects: int = 3) -> list[str]:
+    """Per run with faults, suspects or probes: the faults injected, what the controller
+    named (first, with its evidence) and when, and the run's probes, as lines under the table."""
+    out = []
+    for r in records:
+        if not (r.faults or r.suspects or r.probes):
+            continue
+        parts = []
+        if r.faults:
+            parts.append(
+                "faults "
+                + ", ".join(
+                    f"{Fault.from_dict(f).describe()} at "
+                    f"{f.get('applied_at', f.get('at', 0)):.2f} s"
+                    for f in r.faults
+                )
+            )
+        p = r.probes
+        if p:
+            parts.append(
+                f"probes {p.get('sent', 0):,} sent, {p.get('received', 0):,} received, "
+                f"{p.get('lost', 0):,} lost ({p.get('lost_congested', 0):,} behind a full queue)"
+            )
+        head = f"{r.scenario}/{r.scheme}: " + "; ".join(parts or ["no fault"])
+        out.append(head)
+        if not r.suspects:
+            out.append("    nothing named")
+        for s in r.suspects[:max_suspects]:
+            out.append(
+                f"    {s['score']:.2f} {s['element']} {s['kind']}, first named at "
+                f"{s['first_named']:.2f} s: {s['evidence']}"
+            )
+        if len(r.suspects) > max_suspects:
+            out.append(f"    and {len(r.suspects) - max_suspects} more (results.json)")
+    return out
 
 
 def markdown_report(path: Path) -> str:

@@ -58,6 +58,7 @@ def load_flows(path: Path, spec: FabricSpec) -> list[Flow]:
 def run_sim(args: argparse.Namespace, cfg: SuiteConfig) -> int:
     from testbed.experiment.plots import write_plots
     from testbed.experiment.report import (
+        operations_notes,
         table,
         telemetry_notes,
         verdict,
@@ -152,7 +153,7 @@ def run_sim(args: argparse.Namespace, cfg: SuiteConfig) -> int:
     print()
     print(table(records, scaling.link_bps))
     print()
-    for line in [*verdict(records), *telemetry_notes(setup)]:
+    for line in [*verdict(records), *telemetry_notes(setup), *operations_notes(records)]:
         print(line)
     print()
     print(f"results: {run_dir / 'results.json'}")
