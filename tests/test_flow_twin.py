@@ -2,23 +2,27 @@
 on: the suite's all-reduce and all-to-all on the 8-host leaf-spine of the calibration at a
 quarter and a half of the calibration's sizes (so with another share of latency), under
 `none`, predicted from the stored efficiencies within the issue's 10 % (docs/flow.md; a few
-seconds of twin); and the calibration reads a twin run in the model's time, only where its
-switches' telemetry resolves the base RTT."""
+seconds of twin); the calibration reads a twin run in the model's time, only where its
+switches' telemetry resolves the base RTT; and the flow engine's all-to-all takes the twin's
+ECMP paths (the job's own source ports)."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
 from testbed.ctlconfig import telemetry_resolution
 from testbed.errors import UserError
-from testbed.experiment.suite import SuiteConfig
+from testbed.experiment.suite import ALLTOALL_CHUNK, SuiteConfig
 from testbed.flow import calibration
-from testbed.flow.collectives import model_link_latency, suite_collective
+from testbed.flow.collectives import job_ports, model_link_latency, plan_flows, suite_collective
 from testbed.flow.fabric import from_spec
+from testbed.flow.routing import entropy_ports, route
 from testbed.main import main
 from testbed.model import Scaling
 from testbed.sim.fabric import SimFabric
@@ -54,7 +58,7 @@ def test_flow_engine_predicts_the_twin_at_held_out_sizes() -> None:
     for coll, size in sizes.items():
         rec = records[coll]
         assert rec.correct and rec.drops == 0
-        ideal = suite_collective(fab, coll, size, model_link_latency())
+        ideal = suite_collective(fab, coll, size, model_link_latency(), spec, cfg.seed)
         predicted = ideal.time_s / calibration.efficiency(scheme, coll)
         assert predicted == pytest.approx(rec.completion_s / k, rel=0.10), coll
 
@@ -72,3 +76,35 @@ def test_the_calibration_takes_the_twin_in_the_models_time(tmp_path: Path) -> No
     assert main([*argv, "--scale", "1", "--run-dir", str(tmp_path / "one")]) == 0
     with pytest.raises(UserError, match="does not resolve the base RTT"):
         calibration.ideal_vs_twin(tmp_path / "one" / "results.json")
+
+
+def test_the_flow_engines_all_to_all_takes_the_twins_paths() -> None:
+    # the twin's all-to-all on a 2:1 leaf-spine: the bytes each leaf uplink sent (its frames:
+    # payload, headers, ACKs and reports) against the bytes the flow engine routes on it with
+    # the job's own source ports, and with its own mix of ports (other ECMP choices)
+    spec = parse_choice("leafspine:2,2,4")
+    cfg = replace(SuiteConfig.quick(), schemes=("none",), scenarios=("alltoall",))
+    suite = SimSuite(SimFabric(spec, Scaling(scale=20, max_hops=spec.longest_path_switches())), cfg)
+    [rec] = suite.run()
+    assert rec.correct
+    sent = suite.fab.port_counters()
+    fab = from_spec(spec)
+    i, j, c, nbytes = plan_flows(len(spec.hosts), cfg.alltoall_bytes, 1, ALLTOALL_CHUNK)
+    uplinks = [
+        k
+        for k in range(fab.n_links)
+        if fab.link_name(k) in ("leaf1:5", "leaf1:6", "leaf2:5", "leaf2:6")
+    ]
+
+    def routed(ports: Any) -> dict[str, float]:
+        r = route(fab, i, j, ports(i, j, c, cfg.seed))
+        on = np.bincount(
+            r.links, weights=np.repeat(nbytes, np.diff(r.indptr)), minlength=fab.n_links
+        )
+        return {fab.link_name(k): on[k] for k in uplinks}
+
+    job = routed(job_ports(spec, cfg.alltoall_bytes, cfg.seed, ALLTOALL_CHUNK))
+    mix = routed(entropy_ports)
+    for name, b in job.items():
+        assert b <= sent[name].tx_bytes <= 1.15 * b, name  # the frames' overhead on top
+    assert any(not m <= sent[n].tx_bytes <= 1.15 * m for n, m in mix.items())

@@ -174,7 +174,7 @@ def ideal_vs_twin(results: Path) -> dict[str, dict[str, Any]]:
         if coll not in COLLECTIVES or run.get("error"):
             continue
         size = setup["suite"][SIZE_KEY[coll]]
-        ideal = suite_collective(fab, coll, size, lat)
+        ideal = suite_collective(fab, coll, size, lat, spec, int(setup["suite"].get("seed", 1)))
         out[coll] = {
             "scheme": run["scheme"],
             "topology": setup["topology"],

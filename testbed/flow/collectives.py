@@ -34,6 +34,7 @@ Symmetry, where the routing allows it (`symmetric=True`):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,7 +45,10 @@ from testbed.flow import maxmin
 from testbed.flow.fabric import LEAF_UP, Fabric, leaf_of_gpu
 from testbed.flow.routing import Routes, collisions, entropy_ports, route
 from testbed.model import Scaling, link_latency_s
+from testbed.topo import FabricSpec
+from testbed.traffic.collective_jobs import CollectiveJob
 from testbed.traffic.collective_plans import ELEM, PlanSpec, build, bus_factor
+from testbed.traffic.transport_core import TransportConfig, TransportCore, port_seed
 
 
 @dataclass
@@ -197,6 +201,44 @@ def plan_flows(
     return uniq[keep, 0], uniq[keep, 1], uniq[keep, 2], total[keep]
 
 
+Ports = Callable[[np.ndarray, np.ndarray, np.ndarray, int], np.ndarray]
+
+
+def job_ports(spec: FabricSpec, bytes_per_rank: int, seed: int, chunk: int) -> Ports:
+    """The source ports the packet engines' all-to-all job draws, as (source GPU, destination
+    GPU, channel) -> port: every host's rank made as the runner makes it (the collective job
+    on a transport seeded `port_seed(seed, host)`, the job creating its queue pairs in its
+    own order), so the flow engine routes each flow on the twin's path, not on a mix of its
+    own. For a packet engine's topology (hundreds of hosts at most: one job per host)."""
+    g = len(spec.hosts[0].nics)
+    job = {
+        "kind": "collective",
+        "collective": "alltoall",
+        "size": bytes_per_rank,
+        "chunk": chunk,
+        "channels": g,
+        "nic_ips": [[n.ip for n in h.nics] for h in spec.hosts],
+        "seed": seed,
+        "hosts": [{"name": h.name, "ip": h.nics[0].ip} for h in spec.hosts],
+    }
+    table: dict[tuple[int, int, int], int] = {}
+    for i, h in enumerate(spec.hosts):
+        core = TransportCore(TransportConfig(local_ip=h.nics[0].ip), seed=port_seed(seed, i))
+        rank = CollectiveJob(core, job, i)
+        for peer, chans in rank.channels.items():
+            for ch in chans:
+                k = ch.index % g
+                table[(i * g + k, peer * g + k, ch.index)] = ch.qp.sport
+
+    def ports(src: np.ndarray, dst: np.ndarray, chan: np.ndarray, _seed: int) -> np.ndarray:
+        return np.array(
+            [table[(int(a), int(b), int(c))] for a, b, c in zip(src, dst, chan, strict=True)],
+            dtype=np.uint32,
+        )
+
+    return ports
+
+
 def alltoall(
     fab: Fabric,
     groups: list[np.ndarray],
@@ -206,6 +248,7 @@ def alltoall(
     seed: int = 1,
     chunk: int | None = None,
     link_latency: float = 0.0,
+    ports: Ports | None = None,
 ) -> CollResult:
     """`groups`: arrays of shape (channels, n): row c holds the GPUs of the group's n ranks
     on channel c (a rank with K NICs is a column of K GPUs; a GPU rank is a column of one).
@@ -225,7 +268,7 @@ def alltoall(
     src = np.concatenate([gp[c, i] for gp in todo])
     dst = np.concatenate([gp[c, j] for gp in todo])
     chan = np.concatenate([c for _ in todo])
-    r = route(fab, src, dst, entropy_ports(src, dst, chan, seed), spray)
+    r = route(fab, src, dst, (ports or entropy_ports)(src, dst, chan, seed), spray)
     size = np.tile(nbytes, len(todo))
     end, allocs = maxmin.complete(r, fab.link_cap, size)
     t_bw = float(end.max())
@@ -297,12 +340,18 @@ def uplink_share(fab: Fabric, r: Routes) -> float:
 
 
 def suite_collective(
-    fab: Fabric, collective: str, bytes_per_rank: int, link_latency: float = 0.0
+    fab: Fabric,
+    collective: str,
+    bytes_per_rank: int,
+    link_latency: float = 0.0,
+    spec: FabricSpec | None = None,
+    seed: int = 1,
 ) -> CollResult:
     """The suite's collective on a packet engine's topology, as the collective library runs
     it there: one rank per host, the host's buffer split evenly over its K NICs (channel c
     is NIC c, a ring of NIC c of every host), all hosts in one communicator; the all-to-all
-    with the suite's messages (`ALLTOALL_CHUNK`)."""
+    with the suite's messages (`ALLTOALL_CHUNK`), on the job's own source ports when `spec`
+    (the topology `fab` was built from) is given (`job_ports`: the run's `seed`)."""
     k, hosts = fab.gpus_per_server, fab.servers
     per_channel = [np.arange(hosts) * k + c for c in range(k)]
     if collective == "allreduce":
@@ -320,5 +369,6 @@ def suite_collective(
             bytes_per_rank,
             chunk=ALLTOALL_CHUNK,
             link_latency=link_latency,
+            ports=None if spec is None else job_ports(spec, bytes_per_rank, seed, ALLTOALL_CHUNK),
         )
     raise ValueError(f"the flow engine models allreduce and alltoall, not {collective!r}")

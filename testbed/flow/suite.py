@@ -72,7 +72,9 @@ class FlowSuite(Suite):
     def run_one(self, scheme: str, scenario: str) -> RunRecord:
         eff = calibration.efficiency(scheme, scenario)
         size = self.cfg.allreduce_bytes if scenario == "allreduce" else self.cfg.alltoall_bytes
-        ideal = suite_collective(self.fab, scenario, size, model_link_latency())
+        ideal = suite_collective(
+            self.fab, scenario, size, model_link_latency(), self.spec, self.cfg.seed
+        )
         n = self.fab.servers
         return RunRecord(
             scheme=scheme,
