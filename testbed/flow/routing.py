@@ -13,8 +13,9 @@ draws it from 49152-65535).
 
 Which member a hash picks depends on the order of the group's members. Here members are in
 the order of their links (a leaf's uplinks by port); the controller numbers its members in
-its own allocation order, so which link one given flow takes can differ from the twin's,
-while how often flows collide is the same.
+its own allocation order, which on the packet engines' leaf-spines is the same (with the
+job's own ports, `collectives.job_ports`, each leaf uplink carries what the twin's counters
+count: tests/test_flow_twin.py).
 
 Paths are sparse rows (`Routes`: CSR over flows, with a coefficient per link: 1 for a flow
 on its one path, 1/k per link when spraying splits it over k).
