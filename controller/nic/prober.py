@@ -35,7 +35,7 @@ from controller.wire.int_md import (
     int_stack_at,
     shim_total_len,
 )
-from controller.wire.ipv4 import with_checksum
+from controller.wire.ipv4 import ECT0, with_checksum
 from controller.wire.roce import (
     BTH_LEN,
     ICRC_LEN,
@@ -43,6 +43,7 @@ from controller.wire.roce import (
     PSN_MASK,
     ROCE_UDP_PORT,
     icrc,
+    next_entropy_port,
     pack_bth,
 )
 from controller.wire.telemetry_report import Hop
@@ -50,13 +51,13 @@ from controller.wire.telemetry_report import Hop
 REORDER_WINDOW = 64  # missing probes per flow remembered, to take back one that comes late
 MAX_FLOWS = 4096  # probe flows a receiver tracks; beyond it the oldest is forgotten (counted)
 _PORT_LCG_SALT = 0x5EED  # the ports' LCG is not the transport's: probing moves no job's path
-ECT0 = 0b10  # probes are ECN-capable like the data: a switch marks them, as it marks data
 _IPV4_UDP = struct.Struct("!BBHHHBBH4s4sHHHH")
 
 
 def probe_packet(tg: ProbeTarget, seq: int, sent_ns: int, tos: int = ECT0, ttl: int = 64) -> bytes:
     """The IPv4 packet of probe `seq` of the probe flow `tg` (its IP ID counts the flow's
-    probes): IPv4, UDP to 4791 from the flow's port, BTH, the probe, ICRC."""
+    probes): IPv4, UDP to 4791 from the flow's port, BTH, the probe, ICRC; ECN-capable like
+    the data (a switch marks a probe as it marks data)."""
     body = pack_bth(OP_SEND_ONLY, wire.PROBE_QPN, seq & PSN_MASK) + wire.encode(seq, sent_ns)
     udp_len = 8 + len(body) + ICRC_LEN
     tg.ident = (tg.ident + 1) & 0xFFFF
@@ -119,8 +120,7 @@ class Prober:
         for peer in peers:
             used: set[int] = set()
             while len(used) < cfg.ports_per_peer:
-                state = (state * 1664525 + 1013904223) & 0xFFFFFFFF
-                sport = 49152 + (state >> 16) % 16384
+                state, sport = next_entropy_port(state)
                 if sport not in used:
                     used.add(sport)
                     self.targets.append(ProbeTarget(peer, sport, local, socket.inet_aton(peer)))

@@ -9,6 +9,9 @@ import struct
 ETHERTYPE_IPV4 = b"\x08\x00"
 
 
+ECT0 = 0b10  # the ECN field of an ECN-capable packet (RFC 3168: ECT(0))
+
+
 def checksum(data: bytes | bytearray) -> int:
     """RFC 1071's ones' complement checksum of `data` (padded to whole 16-bit words).
 

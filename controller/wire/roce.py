@@ -15,6 +15,17 @@ from typing import NamedTuple
 from controller.wire.layout import Fields, byte_size
 
 ROCE_UDP_PORT = 4791
+# A RoCEv2 source port carries a flow's entropy for ECMP: the transport and the prober draw
+# it from the dynamic range with a 32-bit LCG (Numerical Recipes' constants)
+ENTROPY_PORT_MIN = 49152
+ENTROPY_PORTS = 16384
+
+
+def next_entropy_port(state: int) -> tuple[int, int]:
+    """One step of the entropy ports' generator: (its next state, the port it draws)."""
+    state = (state * 1664525 + 1013904223) & 0xFFFFFFFF
+    return state, ENTROPY_PORT_MIN + (state >> 16) % ENTROPY_PORTS
+
 
 # BTH opcodes used by the transport (RC = reliable connection).
 OP_SEND_FIRST = 0x00

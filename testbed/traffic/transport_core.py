@@ -60,6 +60,7 @@ from controller.wire.int_md import (
     looks_like_int_echo,
     shim_total_len,
 )
+from controller.wire.ipv4 import ECT0
 from controller.wire.probe import PROBE_QPN
 from controller.wire.roce import (
     AETH_ACK,
@@ -81,13 +82,13 @@ from controller.wire.roce import (
     SACK_LEN,
     icrc,
     is_nak,
+    next_entropy_port,
     pack_aeth,
     pack_sack,
     unpack_sack,
 )
 from testbed.model import TRANSPORT_OVERHEAD
 
-ECT0 = 0b10
 ECN_CE = 0b11
 _IP_UDP_BTH = struct.Struct("!BBHHHBBH4s4sHHHHBBHII")  # IPv4 (20) + UDP (8) + BTH (12)
 _IPV4_DF = 0x4000
@@ -732,9 +733,9 @@ class TransportCore:
         return bps / 8 * mtu / (mtu + TRANSPORT_OVERHEAD) if bps > 0 else 0.0
 
     def _draw_sport(self) -> int:
-        # a 32-bit LCG (Numerical Recipes): deterministic per seed, no global RNG state
-        self._sport_state = (self._sport_state * 1664525 + 1013904223) & 0xFFFFFFFF
-        return 49152 + (self._sport_state >> 16) % 16384
+        # deterministic per seed, no global RNG state
+        self._sport_state, sport = next_entropy_port(self._sport_state)
+        return sport
 
     def create_qp(
         self,
