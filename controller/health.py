@@ -30,16 +30,16 @@ What each suspect rests on:
   `min_vote_loss` of the frames it carried; a loss whose flow's path just changed counts for
   the path it left. This sees what counters cannot: a drop that no port
   counts (a silent drop), or one on a host's downlink, whose receiving end no switch polls.
-- **lossy link, by probe** (Pingmesh, NetBouncer): the hosts' active probers (testbed/traffic/
-  prober.py) send probes to a peer under every other leaf over many source ports, hence over
-  every path between their leaves; each receiver counts a probe flow's losses exactly from
-  its sequence numbers, on the path its probes' INT names. Over the vote window each directed
-  link's loss rate is the probes lost over the probes sent on the flows that cross it; the
-  link with the highest rate (links that no path tells apart tie) is named and the flows it
-  explains are set aside, greedily, for at least `min_probe_losses` probes lost at `min_probe_loss`.
-  A loss revealed by a probe that saw a queue near full is a tail drop of congestion and
-  does not count. Probes cross links that no traffic uses, and are not resent: no
-  go-back-N hides a loss behind another.
+- **lossy link, by probe** (Pingmesh, NetBouncer): the hosts' active probers
+  (controller/nic/prober.py) send probes to the other hosts (up to 32, from every leaf) over
+  many source ports, hence over every path between their leaves; each receiver counts a
+  probe flow's losses exactly from its sequence numbers, on the path its probes' INT names.
+  Over the vote window each directed link's loss rate is the probes lost over the probes
+  sent on the flows that cross it; the link with the highest rate (links that no path tells
+  apart tie) is named and the flows it explains are set aside, greedily, for at least
+  `min_probe_losses` probes lost at `min_probe_loss`. A loss revealed by a probe that saw a
+  queue near full is a tail drop of congestion and does not count. Probes cross links that
+  no traffic uses, and are not resent: no go-back-N hides a loss behind another.
 - **slow NIC**: a host's NIC sent less than its flows waiting in it were paced at over the
   window (its agent counts the bytes its link sent, and samples which flows have packets
   queued in the NIC and their rates every 50 ms: controller/nic/backlog.py), with no PFC
