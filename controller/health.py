@@ -38,7 +38,8 @@ What each suspect rests on:
   sent on the flows that cross it; the link with the highest rate (links that no path tells
   apart tie) is named and the flows it explains are set aside, greedily, for at least
   `min_probe_losses` probes lost at `min_probe_loss`. A loss revealed by a probe that saw a
-  queue near full is a tail drop of congestion and does not count. Probes cross links that
+  queue near full is a tail drop of congestion, and one revealed while the receiving
+  agent's socket dropped packets may be the host's: neither counts. Probes cross links that
   no traffic uses, and are not resent: no go-back-N hides a loss behind another.
 - **slow NIC**: a host's NIC sent less than its flows waiting in it were paced at over the
   window (its agent counts the bytes its link sent, and samples which flows have packets
@@ -107,6 +108,7 @@ class ProbeTally:
     received: int
     lost: int
     lost_congested: int = 0
+    lost_local: int = 0  # of lost, while the receiver's socket dropped packets
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,7 @@ class ProbeFlowSample:
     lost: int
     lost_congested: int
     hops: tuple[Hop, ...]
+    lost_local: int = 0
 
 
 def probe_tallies(
@@ -141,6 +144,7 @@ def probe_tallies(
             f.received,
             f.lost,
             f.lost_congested,
+            f.lost_local,
         )
         for f in flows
     ]
@@ -670,7 +674,9 @@ class Localizer:
                 del self._probes[key]
                 continue
             first = q[0]
-            lost = (last.lost - last.lost_congested) - (first.lost - first.lost_congested)
+            lost = (last.lost - last.lost_congested - last.lost_local) - (
+                first.lost - first.lost_congested - first.lost_local
+            )
             sent = (last.received + last.lost) - (first.received + first.lost)
             names = {n for n in last.links if self._undirected(n) is not None}
             if sent > 0 and names and not {self._undirected(n) for n in names} & dead:

@@ -178,6 +178,7 @@ class GrpcAgent:
                 received=f.received,
                 lost=f.lost,
                 lost_congested=f.lost_congested,
+                lost_local=f.lost_local,
                 hops=tuple(
                     Hop(
                         node_id=h.node_id, in_port=h.in_port, out_port=h.out_port, qocc=h.qocc_bytes

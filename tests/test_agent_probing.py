@@ -127,3 +127,22 @@ def test_two_agents_probe_each_other_over_a_veth_and_refuse_bad_settings() -> No
             assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             stub.SetProbes(pb.SetProbesRequest(interval_s=0), timeout=10)  # off
             assert stub.GetProbes(pb.GetProbesRequest(), timeout=10).sent == 0
+
+
+def test_probes_the_agents_socket_drops_are_counted_as_the_hosts() -> None:
+    runner = ProbeRunner(Prober(LO, [], ProbeConfig(interval_s=1.0), seed=1), None)
+    runner.rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1)  # the kernel's least
+    sender = Prober(LO, [LO], ProbeConfig(interval_s=1.0, ports_per_peer=1), seed=3)
+    out = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
+    try:
+        for burst in (200, 1):  # more than the socket holds, read only after; then one more
+            for i in range(burst):
+                out.sendto(sender.next_probe(i)[1], (LO, 0))  # type: ignore[index]
+            time.sleep(0.2)
+            runner._receive()
+        [f] = runner.prober.flows.values()
+        assert runner.rx_dropped > 0 and f.received + f.lost == 201
+        assert f.lost == f.lost_local == runner.rx_dropped
+    finally:
+        out.close()
+        runner.stop()

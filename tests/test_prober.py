@@ -122,3 +122,18 @@ def test_no_queue_pair_takes_the_probers_number_and_bad_configs_are_refused() ->
     with pytest.raises(ValueError):
         ProbeConfig(interval_s=1.0, ports_per_peer=0)
     assert wire.PAYLOAD_LEN + BTH_LEN == 28
+
+
+def test_a_gap_revealed_while_the_receivers_socket_dropped_is_the_hosts() -> None:
+    # the agent's socket says how many packets it had dropped when each one was queued
+    # (SO_RXQ_OVFL): a gap revealed after that count moved may be the host's own loss
+    p = Prober(B, [], ProbeConfig(interval_s=1.0), seed=1)
+    src = bytes([10, 0, 1, 1])
+    p.receive(src, 1, memoryview(wire.encode(0, 0)), None, 0)
+    p.receive(src, 1, memoryview(wire.encode(2, 0)), None, 0)  # 1 lost: the network's
+    p.receive(src, 1, memoryview(wire.encode(6, 0)), None, 3)  # 3-5 lost: the socket dropped
+    p.receive(src, 1, memoryview(wire.encode(8, 0)), None, 3)  # 7 lost: the network's again
+    f = p.flows[(src, 1)]
+    assert (f.received, f.lost, f.lost_local, f.lost_congested) == (4, 5, 3, 0)
+    p.receive(src, 1, memoryview(wire.encode(4, 0)), None, 3)  # late after all
+    assert (f.lost, f.lost_local) == (4, 2)

@@ -11,7 +11,8 @@ INT source gives it an INT stack, so the receiver learns the path each probe flo
 probe is resent and each carries a sequence number: a gap is that many probes lost, exactly,
 and a probe that comes late (reordered) is taken back off the count. A gap revealed by a
 probe whose path held a queue of at least `congested_bytes` at some hop is also counted
-`lost_congested` (a tail drop of congestion, not a fault).
+`lost_congested` (a tail drop of congestion, not a fault), and one revealed while the
+receiver's own socket was dropping packets (the agent read them too late) `lost_local`.
 
 The engine sends what `next_probe` returns, one probe every `gap_s`, gives every packet the
 host receives to `receive_packet` first (it takes the probes), and gives the localizer the
@@ -101,10 +102,15 @@ class ProbeFlowRx:
     received: int = 0
     lost: int = 0
     lost_congested: int = 0  # of `lost`
+    # of `lost`, gaps revealed while the receiver's own socket dropped packets (it read them
+    # too late: the probes may have been lost at home, not in the network)
+    lost_local: int = 0
     duplicates: int = 0
     hops: tuple[Hop, ...] = ()  # the latest probe's path, sender's first hop first
-    # probes found missing and not (yet) come: seq -> counted as congestion
-    missing: OrderedDict[int, bool] = field(default_factory=OrderedDict)
+    # probes found missing and not (yet) come: seq -> why they are excused ("", "congested",
+    # "local")
+    missing: OrderedDict[int, str] = field(default_factory=OrderedDict)
+    overflow_seen: int | None = None  # the receiver's socket drops at this flow's last probe
 
 
 class Prober:
@@ -146,10 +152,13 @@ class Prober:
         self.sent += 1
         return tg, pkt
 
-    def receive_packet(self, pkt: bytes | memoryview, int_dscp: int | None) -> bool:
+    def receive_packet(
+        self, pkt: bytes | memoryview, int_dscp: int | None, rx_overflow: int | None = None
+    ) -> bool:
         """An IPv4 packet the host received: False when it is no probe (for the transport),
         True when it was one (counted here; one this prober cannot read is `malformed`).
-        Its INT headers are read when its DSCP is `int_dscp`."""
+        Its INT headers are read when its DSCP is `int_dscp`; `rx_overflow`: the packets the
+        receiving socket had dropped when this one was queued (SO_RXQ_OVFL; None: no socket)."""
         n = len(pkt)
         if n < 28 or pkt[9] != socket.IPPROTO_UDP:
             return False
@@ -178,13 +187,19 @@ class Prober:
             self.malformed += 1
             return True
         sport = int.from_bytes(pkt[ihl : ihl + 2], "big")
-        self.receive(bytes(pkt[12:16]), sport, body[BTH_LEN:], int_bytes)
+        self.receive(bytes(pkt[12:16]), sport, body[BTH_LEN:], int_bytes, rx_overflow)
         return True
 
     def receive(
-        self, src: bytes | memoryview, sport: int, payload: memoryview, int_bytes: bytes | None
+        self,
+        src: bytes | memoryview,
+        sport: int,
+        payload: memoryview,
+        int_bytes: bytes | None,
+        rx_overflow: int | None = None,
     ) -> None:
-        """A probe arrived from `src` (its source port `sport`, its INT headers if any)."""
+        """A probe arrived from `src` (its source port `sport`, its INT headers if any;
+        `rx_overflow` as `receive_packet` says)."""
         p = wire.decode(payload)
         if p is None or p.kind != wire.KIND_PROBE:
             self.malformed += 1
@@ -218,6 +233,9 @@ class Prober:
         else:
             self.flows.move_to_end(key)
         f.hops = hops
+        # the socket dropped packets since this flow's last probe: a gap may be the host's
+        local = rx_overflow is not None and rx_overflow != (f.overflow_seen or 0)
+        f.overflow_seen = rx_overflow
         seq = p.seq
         if f.next_seq is None or seq == f.next_seq:
             f.received += 1
@@ -225,18 +243,23 @@ class Prober:
             return
         ahead = (seq - f.next_seq) % wire.SEQ_MOD
         if ahead < wire.SEQ_MOD // 2:  # probes next_seq .. seq-1 did not come
-            congested = self._congested(hops)
+            why = "local" if local else "congested" if self._congested(hops) else ""
             f.lost += ahead
-            if congested:
+            if why == "local":
+                f.lost_local += ahead
+            elif why == "congested":
                 f.lost_congested += ahead
             for s in range(max(0, ahead - REORDER_WINDOW), ahead):
-                f.missing[(f.next_seq + s) % wire.SEQ_MOD] = congested
+                f.missing[(f.next_seq + s) % wire.SEQ_MOD] = why
             while len(f.missing) > REORDER_WINDOW:
                 f.missing.popitem(last=False)
             f.received += 1
             f.next_seq = (seq + 1) % wire.SEQ_MOD
         elif seq in f.missing:  # late, not lost
-            if f.missing.pop(seq):
+            why = f.missing.pop(seq)
+            if why == "local":
+                f.lost_local -= 1
+            elif why == "congested":
                 f.lost_congested -= 1
             f.lost -= 1
             f.received += 1

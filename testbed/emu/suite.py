@@ -151,7 +151,8 @@ class EmuSuite(Suite):
             return {}
         from controller.proto import agent_pb2
 
-        out = dict.fromkeys(("flows", "sent", "received", "lost", "lost_congested", "malformed"), 0)
+        keys = ("flows", "sent", "received", "lost", "lost_congested", "lost_local", "malformed")
+        out = dict.fromkeys(keys, 0)
         for stub in self.agents.values():
             t = stub.GetProbes(agent_pb2.GetProbesRequest(), timeout=10)
             out["sent"] += t.sent
@@ -161,6 +162,7 @@ class EmuSuite(Suite):
                 out["received"] += f.received
                 out["lost"] += f.lost
                 out["lost_congested"] += f.lost_congested
+                out["lost_local"] += f.lost_local
         return out
 
     def _pause_probes(self, paused: bool) -> None:

@@ -148,6 +148,7 @@ class SimOperations:
             "received": sum(f.received for f in flows),
             "lost": sum(f.lost for f in flows),
             "lost_congested": sum(f.lost_congested for f in flows),
+            "lost_local": sum(f.lost_local for f in flows),
             "malformed": sum(p.malformed for p in self.probers.values()),
         }
 

@@ -78,7 +78,8 @@ class AgentMetrics:
             probes = CounterMetricFamily(
                 "xingmai_agent_probes",
                 "probes sent (and refused by the kernel), and those received from peers: "
-                "received, lost (from the sequence numbers), lost behind a full queue, malformed",
+                "received, lost (from the sequence numbers), of them lost behind a full queue "
+                "and while the agent's socket dropped (rx_dropped), malformed",
                 labels=["what"],
             )
             flows = snap["flows"]
@@ -88,6 +89,8 @@ class AgentMetrics:
                 ("received", sum(f[2] for f in flows)),
                 ("lost", sum(f[3] for f in flows)),
                 ("lost_congested", sum(f[4] for f in flows)),
+                ("lost_local", sum(f[7] for f in flows)),
+                ("rx_dropped", snap["rx_dropped"]),
                 ("malformed", snap["malformed"]),
             ):
                 probes.add_metric([what], n)

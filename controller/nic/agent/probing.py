@@ -27,6 +27,7 @@ from controller.wire.roce import ROCE_UDP_PORT
 log = logging.getLogger("xingmai.agent.probing")
 
 SO_ATTACH_FILTER = 26
+SO_RXQ_OVFL = 40  # a received packet says how many the socket had dropped before it
 RCVBUF = 1 << 20
 MAX_BEHIND_S = 1.0
 
@@ -85,6 +86,7 @@ class ProbeRunner:
         self.int_dscp = int_dscp
         self.lock = threading.Lock()
         self.send_errors = 0
+        self.rx_dropped = 0  # probes the receiving socket dropped (read too late)
         self._stop = threading.Event()
         # paused: nothing sent, what arrives still counted (a testbed pauses the probers
         # between its runs, so that its fabric falls quiet; the sequences go on after)
@@ -93,6 +95,7 @@ class ProbeRunner:
         self.rx = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_UDP)
         try:
             self.rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF)
+            self.rx.setsockopt(socket.SOL_SOCKET, SO_RXQ_OVFL, 1)
             _attach(self.rx, probe_filter(int_dscp))
             self.rx.setblocking(False)
             while True:  # what came before the filter
@@ -125,9 +128,19 @@ class ProbeRunner:
                 "malformed": p.malformed,
                 "flows_evicted": p.flows_evicted,
                 "flows": [
-                    (f.src, f.sport, f.received, f.lost, f.lost_congested, f.duplicates, f.hops)
+                    (
+                        f.src,
+                        f.sport,
+                        f.received,
+                        f.lost,
+                        f.lost_congested,
+                        f.duplicates,
+                        f.hops,
+                        f.lost_local,
+                    )
                     for f in p.flows.values()
                 ],
+                "rx_dropped": self.rx_dropped,
             }
 
     def _run(self) -> None:
@@ -157,11 +170,15 @@ class ProbeRunner:
     def _receive(self) -> None:
         for _ in range(256):
             try:
-                pkt = self.rx.recv(65536)
+                pkt, anc, _, _ = self.rx.recvmsg(65536, socket.CMSG_SPACE(4))
             except (BlockingIOError, InterruptedError):
                 return
+            # the packets the socket had dropped when this one was queued (absent: none)
+            for level, kind, data in anc:
+                if level == socket.SOL_SOCKET and kind == SO_RXQ_OVFL and len(data) >= 4:
+                    self.rx_dropped = struct.unpack("I", data[:4])[0]
             with self.lock:
-                self.prober.receive_packet(pkt, self.int_dscp)
+                self.prober.receive_packet(pkt, self.int_dscp, self.rx_dropped)
 
 
 def start_probing(

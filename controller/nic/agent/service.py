@@ -383,6 +383,7 @@ class HostAgentService(pb_grpc.HostAgentServicer):
                     lost=lost,
                     lost_congested=congested,
                     duplicates=dup,
+                    lost_local=local,
                     hops=[
                         pb.ProbeHop(
                             node_id=h.node_id or 0,
@@ -393,7 +394,7 @@ class HostAgentService(pb_grpc.HostAgentServicer):
                         for h in hops
                     ],
                 )
-                for src, sport, rx, lost, congested, dup, hops in t.get("flows", [])
+                for src, sport, rx, lost, congested, dup, hops, local in t.get("flows", [])
             ],
         )
 
