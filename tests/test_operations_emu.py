@@ -113,13 +113,15 @@ def test_the_agents_probers_name_silent_losses_and_nothing_in_healthy_runs(
     for (line, elements), rec in zip(cases, results, strict=True):
         assert rec.flows_completed == rec.flows, line
         # the run's probes, counted by their receivers: lost where the fault is; in a healthy
-        # run at most what a loaded box's software switches drop (frames their processes did
-        # not read in time: none on an idle box), below the rule's 0.1 %
+        # run none but at the receiving agents' own sockets (lost_local: a loaded box reads
+        # them late) and at most what a loaded box's software switches drop (frames their
+        # processes did not read in time: none on an idle box), below the rule's 0.1 %
         assert rec.probes["sent"] > 1000 and rec.probes["malformed"] == 0, line
+        network = rec.probes["lost"] - rec.probes["lost_local"]
         if line:
-            assert rec.probes["lost"] > 0, line
+            assert network > 0, line
         else:
-            assert rec.probes["lost"] < 0.001 * rec.probes["sent"], (line, rec.probes)
+            assert network < 0.001 * rec.probes["sent"], (line, rec.probes)
         top = [s for s in rec.suspects if s["score"] == rec.suspects[0]["score"]]
         assert {s["element"] for s in top} == elements, line
         for s in top:
