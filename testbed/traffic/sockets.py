@@ -14,12 +14,11 @@ drop-all filter keeps it from queueing a second copy of every packet.
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import socket
-import struct
 
-SO_ATTACH_FILTER = 26
+from controller.common.sockfilter import attach_filter, drain
+
 SO_RCVBUFFORCE = 33
 SO_SNDBUFFORCE = 32
 IP_RECVERR = 11
@@ -29,23 +28,6 @@ _BPF_LDX_B_MSH = 0xB1  # X <- 4 * (pkt[k] & 0xf)
 _BPF_LD_H_IND = 0x48  # A <- u16 at pkt[X + k]
 _BPF_JEQ_K = 0x15
 _BPF_RET_K = 0x06
-
-
-def _attach_filter(sock: socket.socket, program: list[tuple[int, int, int, int]]) -> None:
-    code = b"".join(struct.pack("HBBI", c, jt, jf, k) for c, jt, jf, k in program)
-    buf = ctypes.create_string_buffer(code)
-    fprog = struct.pack("HL", len(program), ctypes.addressof(buf))
-    sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
-
-
-def _drain(sock: socket.socket) -> None:
-    """Drop what was queued before a filter was attached."""
-    sock.setblocking(False)
-    while True:
-        try:
-            sock.recv(65536)
-        except (BlockingIOError, InterruptedError):
-            return
 
 
 def _set_buf(sock: socket.socket, force_opt: int, opt: int, size: int) -> None:
@@ -67,12 +49,12 @@ def open_tx_socket(sndbuf: int) -> socket.socket:
 def open_rx_sockets(port: int, rcvbuf: int) -> tuple[socket.socket, socket.socket]:
     """(raw receiving socket filtered to UDP dport `port`, placeholder UDP socket on `port`)."""
     udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    _attach_filter(udp, [(_BPF_RET_K, 0, 0, 0)])
+    attach_filter(udp, [(_BPF_RET_K, 0, 0, 0)])
     udp.bind(("0.0.0.0", port))
-    _drain(udp)
+    drain(udp)
     raw = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_UDP)
     _set_buf(raw, SO_RCVBUFFORCE, socket.SO_RCVBUF, rcvbuf)
-    _attach_filter(
+    attach_filter(
         raw,
         [
             (_BPF_LDX_B_MSH, 0, 0, 0),
@@ -82,7 +64,7 @@ def open_rx_sockets(port: int, rcvbuf: int) -> tuple[socket.socket, socket.socke
             (_BPF_RET_K, 0, 0, 0),
         ],
     )
-    _drain(raw)
+    drain(raw)
     return raw, udp
 
 

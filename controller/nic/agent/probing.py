@@ -11,7 +11,6 @@ send a burst).
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import select
 import socket
@@ -20,19 +19,19 @@ import threading
 import time
 from typing import Any
 
+from controller.common.sockfilter import Program, attach_filter, drain
 from controller.nic.prober import ProbeConfig, Prober
 from controller.wire.probe import PROBE_QPN
 from controller.wire.roce import ROCE_UDP_PORT
 
 log = logging.getLogger("xingmai.agent.probing")
 
-SO_ATTACH_FILTER = 26
 SO_RXQ_OVFL = 40  # a received packet says how many the socket had dropped before it
 RCVBUF = 1 << 20
 MAX_BEHIND_S = 1.0
 
 
-def probe_filter(int_dscp: int | None) -> list[tuple[int, int, int, int]]:
+def probe_filter(int_dscp: int | None) -> Program:
     """Classic BPF over an IPv4 packet: accept UDP to 4791 whose BTH (after the UDP header,
     and after INT's shim, MD header and stack when the DSCP is `int_dscp`) names PROBE_QPN."""
     # (code, jt, jf, k); jumps count the instructions skipped
@@ -70,14 +69,6 @@ def probe_filter(int_dscp: int | None) -> list[tuple[int, int, int, int]]:
     return [*head, (0x15, 0, not_4791, ROCE_UDP_PORT), *dscp, *plain, *with_int]
 
 
-def _attach(sock: socket.socket, program: list[tuple[int, int, int, int]]) -> None:
-    code = b"".join(struct.pack("HBBI", c, jt, jf, k) for c, jt, jf, k in program)
-    buf = ctypes.create_string_buffer(code)
-    sock.setsockopt(
-        socket.SOL_SOCKET, SO_ATTACH_FILTER, struct.pack("HL", len(program), ctypes.addressof(buf))
-    )
-
-
 class ProbeRunner:
     """The prober's thread: `start()`, `stop()`; `snapshot()` reads its counts."""
 
@@ -96,13 +87,8 @@ class ProbeRunner:
         try:
             self.rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF)
             self.rx.setsockopt(socket.SOL_SOCKET, SO_RXQ_OVFL, 1)
-            _attach(self.rx, probe_filter(int_dscp))
-            self.rx.setblocking(False)
-            while True:  # what came before the filter
-                try:
-                    self.rx.recv(65536)
-                except (BlockingIOError, InterruptedError):
-                    break
+            attach_filter(self.rx, probe_filter(int_dscp))
+            drain(self.rx)
             self.tx = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_RAW)
         except OSError:
             self.rx.close()
