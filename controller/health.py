@@ -130,11 +130,12 @@ class ProbeFlowSample:
 def probe_tallies(
     t: float,
     receiver: str,
-    flows: Iterable[ProbeFlowSample] | Iterable[Any],
+    flows: Iterable[Any],
     host_of_ip: Mapping[str, str],
     path_links: Callable[[list[Any]], list[str]],
 ) -> list[ProbeTally]:
-    """A receiving NIC's probe flows at `t` as the localizer reads them: senders by host
+    """A receiving NIC's probe flows at `t` (ProbeFlowSample, or the twin's prober's
+    `ProbeFlowRx`, which has the same fields) as the localizer reads them: senders by host
     name, paths as the collector names the links (`Collector.path_links`)."""
     return [
         ProbeTally(

@@ -66,8 +66,8 @@ def test_the_thread_probes_its_peers_and_counts_what_comes_back() -> None:
     # 4 probe flows, each every 20 ms: a probe every 5 ms, about 100 in 0.5 s
     assert 50 <= snap["sent"] <= 120 and snap["send_errors"] == 0 and snap["malformed"] == 0
     assert len(snap["flows"]) == 4
-    received = sum(f[2] for f in snap["flows"])
-    assert received >= snap["sent"] - 4 and sum(f[3] for f in snap["flows"]) == 0
+    received = sum(f.received for f in snap["flows"])
+    assert received >= snap["sent"] - 4 and sum(f.lost for f in snap["flows"]) == 0
 
 
 def test_two_agents_probe_each_other_over_a_veth_and_refuse_bad_settings() -> None:

@@ -86,10 +86,10 @@ class AgentMetrics:
             for what, n in (
                 ("sent", snap["sent"]),
                 ("send_errors", snap["send_errors"]),
-                ("received", sum(f[2] for f in flows)),
-                ("lost", sum(f[3] for f in flows)),
-                ("lost_congested", sum(f[4] for f in flows)),
-                ("lost_local", sum(f[7] for f in flows)),
+                ("received", sum(f.received for f in flows)),
+                ("lost", sum(f.lost for f in flows)),
+                ("lost_congested", sum(f.lost_congested for f in flows)),
+                ("lost_local", sum(f.lost_local for f in flows)),
                 ("rx_dropped", snap["rx_dropped"]),
                 ("malformed", snap["malformed"]),
             ):

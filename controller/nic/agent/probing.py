@@ -17,6 +17,8 @@ import socket
 import struct
 import threading
 import time
+from collections import OrderedDict
+from dataclasses import replace
 from typing import Any
 
 from controller.common.sockfilter import Program, attach_filter, drain
@@ -113,19 +115,8 @@ class ProbeRunner:
                 "send_errors": self.send_errors,
                 "malformed": p.malformed,
                 "flows_evicted": p.flows_evicted,
-                "flows": [
-                    (
-                        f.src,
-                        f.sport,
-                        f.received,
-                        f.lost,
-                        f.lost_congested,
-                        f.duplicates,
-                        f.hops,
-                        f.lost_local,
-                    )
-                    for f in p.flows.values()
-                ],
+                # copies, without the sequence state the prober keeps for itself
+                "flows": [replace(f, missing=OrderedDict()) for f in p.flows.values()],
                 "rx_dropped": self.rx_dropped,
             }
 

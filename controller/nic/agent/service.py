@@ -377,13 +377,13 @@ class HostAgentService(pb_grpc.HostAgentServicer):
             flows_evicted=t.get("flows_evicted", 0),
             flows=[
                 pb.ProbeFlow(
-                    src_ip=src,
-                    src_port=sport,
-                    received=rx,
-                    lost=lost,
-                    lost_congested=congested,
-                    duplicates=dup,
-                    lost_local=local,
+                    src_ip=f.src,
+                    src_port=f.sport,
+                    received=f.received,
+                    lost=f.lost,
+                    lost_congested=f.lost_congested,
+                    duplicates=f.duplicates,
+                    lost_local=f.lost_local,
                     hops=[
                         pb.ProbeHop(
                             node_id=h.node_id or 0,
@@ -391,10 +391,10 @@ class HostAgentService(pb_grpc.HostAgentServicer):
                             out_port=h.out_port or 0,
                             qocc_bytes=h.qocc or 0,
                         )
-                        for h in hops
+                        for h in f.hops
                     ],
                 )
-                for src, sport, rx, lost, congested, dup, hops, local in t.get("flows", [])
+                for f in t.get("flows", [])
             ],
         )
 
