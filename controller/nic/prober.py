@@ -53,6 +53,7 @@ REORDER_WINDOW = 64  # missing probes per flow remembered, to take back one that
 MAX_FLOWS = 4096  # probe flows a receiver tracks; beyond it the oldest is forgotten (counted)
 _PORT_LCG_SALT = 0x5EED  # the ports' LCG is not the transport's: probing moves no job's path
 _IPV4_UDP = struct.Struct("!BBHHHBBH4s4sHHHH")
+_ROCE_PORT = ROCE_UDP_PORT.to_bytes(2, "big")
 
 
 def probe_packet(tg: ProbeTarget, seq: int, sent_ns: int, tos: int = ECT0, ttl: int = 64) -> bytes:
@@ -163,7 +164,7 @@ class Prober:
         if n < 28 or pkt[9] != socket.IPPROTO_UDP:
             return False
         ihl = (pkt[0] & 0x0F) * 4
-        if ihl < 20 or n < ihl + 8 + BTH_LEN or pkt[ihl + 2 : ihl + 4] != b"\x12\xb7":
+        if ihl < 20 or n < ihl + 8 + BTH_LEN or pkt[ihl + 2 : ihl + 4] != _ROCE_PORT:
             return False
         off = ihl + 8
         int_bytes = None
@@ -175,18 +176,15 @@ class Prober:
             return False
         end = ihl + int.from_bytes(pkt[ihl + 4 : ihl + 6], "big")
         body = memoryview(pkt)[off : end - ICRC_LEN]
+        sport = int.from_bytes(pkt[ihl : ihl + 2], "big")
         if (
             end > n
             or len(body) < BTH_LEN
             or pkt[off] != OP_SEND_ONLY
-            or icrc(
-                bytes(pkt[:ihl]), int.from_bytes(pkt[ihl : ihl + 2], "big"), ROCE_UDP_PORT, body
-            )
-            != pkt[end - ICRC_LEN : end]
+            or icrc(bytes(pkt[:ihl]), sport, ROCE_UDP_PORT, body) != pkt[end - ICRC_LEN : end]
         ):
             self.malformed += 1
             return True
-        sport = int.from_bytes(pkt[ihl : ihl + 2], "big")
         self.receive(bytes(pkt[12:16]), sport, body[BTH_LEN:], int_bytes, rx_overflow)
         return True
 
