@@ -226,3 +226,17 @@ def test_a_switch_on_both_traffic_managers_sends_the_same_queue_metadata(unit: s
 
 
 PIPELINES = ("reference", "native")
+
+
+def test_ports_free_at_the_same_time_leave_in_port_order() -> None:
+    """A defined tie order (the native twin's loop depends on it): ports whose next departure
+    is the same nanosecond leave in port order, whatever order their packets came in. Ports
+    8 and 1 (and 40 and 9) are the pairs a small Python set iterates the other way."""
+    for tm in pair(1)[:2]:
+        for port in (40, 8, 1, 9):
+            tm.port(port).rate_bps = 1e9
+        for port in (40, 8, 9, 1):
+            assert tm.enqueue(port, 0, f"p{port}", 1000, 0) is not None
+        assert sorted(tm._busy) == [1, 8, 9, 40]
+        assert [d[0] for d in tm.dequeue_ready(0)] == [1, 8, 9, 40], type(tm).__name__
+        assert not tm._busy

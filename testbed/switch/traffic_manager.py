@@ -516,8 +516,10 @@ class TrafficManager:
         busy = self._busy
         while busy:
             progressed = False
+            # ports free at the same time go in port order: a tie order defined by the
+            # state, not by how a Python set happens to iterate (the native code's too)
             ports = (
-                sorted(busy, key=lambda p: self.ports[p].next_tx_ns)
+                sorted(busy, key=lambda p: (self.ports[p].next_tx_ns, p))
                 if len(busy) > 1
                 else list(busy)
             )

@@ -344,7 +344,6 @@ class V1Switch:
             if rc >= 0:  # queued for port rc
                 if rc not in tm.ports:
                     tm.port(rc)
-                tm._busy.add(rc)
                 return
             del tm.packets[h]
             if rc == ARCH_QUEUE_FULL:
@@ -618,7 +617,8 @@ class V1Switch:
                     # a packet due by `limit`, so only a packet queued during this round (a
                     # clone, a recirculation: a new handle) or, on a real clock, time passing
                     # can make one due.
-                    if not n or not tm._busy or (tm._handle == registered and self.clock.virtual):
+                    again = tm._handle != registered or not self.clock.virtual
+                    if not n or not tm.ports_busy() or not again:
                         return done
                     continue
                 ready = self.tm.dequeue_ready(limit)

@@ -10,10 +10,8 @@ departure books the same nanoseconds. What this cut does not do, the reference k
 counting against ingress ports (pauses sent, the watchdog), so a switch with PFC on runs the
 Python traffic manager.
 
-Ties between ports free at the same time are broken as the reference breaks them: in the
-iteration order of its Python set of busy ports, which the caller passes in (`order`), a
-Python set kept beside the C state (`NativeTrafficManager.busy`), added to on every enqueue
-and discarded from when a port empties.
+Ports free at the same time leave in port order, as in the reference. Which ports hold a
+packet is kept in C (`busy`), the reference's set of busy ports a view of it here.
 
 The C is generated into the build's source (`source()`), the structs declared once below for
 both the C and cffi's cdef.
@@ -99,6 +97,7 @@ typedef struct {{
     int64_t buffered_bytes;
     int64_t queued; /* packets in every queue */
     int64_t pfc_items; /* of them, counted by PFC against an ingress port (in_port >= 0) */
+    int64_t port_hi; /* one past the highest port made: what a scan of the ports covers */
     uint8_t busy[{nports}]; /* the port has a queued packet (the reference's _busy) */
     xm_tm_port ports[{nports}];
 }} xm_tm;
@@ -120,8 +119,7 @@ xm_tm_item xm_tm_fifo_pop(xm_tm_fifo *q);
 xm_tm_port *xm_tm_port_of(xm_tm *tm, int64_t port);
 int xm_tm_enqueue(xm_tm *tm, int64_t port, int64_t prio, uint64_t handle, uint64_t cpkt,
                   int64_t nbytes, int64_t now_ns, int64_t *found);
-int64_t xm_tm_dequeue_ready(xm_tm *tm, int64_t now_ns, const int64_t *order, int64_t norder,
-                            xm_tm_departure *out, int64_t cap);
+int64_t xm_tm_dequeue_ready(xm_tm *tm, int64_t now_ns, xm_tm_departure *out, int64_t cap);
 int xm_tm_next_departure(xm_tm *tm, int64_t *t);
 void xm_tm_resize(xm_tm *tm, int64_t port, int64_t booked, int64_t sent);
 int64_t xm_tm_flush(xm_tm *tm, int64_t port, int64_t prio, uint64_t *handles);
@@ -148,6 +146,7 @@ xm_tm_port *xm_tm_port_of(xm_tm *tm, int64_t port)
         pq->first_tx_ns = -1;
         pq->last_tx_end_ns = -1;
         pq->fault_rate_factor = 1.0;
+        if (port >= tm->port_hi) tm->port_hi = port + 1;
     }}
     return pq;
 }}
@@ -286,17 +285,16 @@ static xm_tm_departure depart(xm_tm *tm, int64_t port, xm_tm_port *pq, int64_t p
 }}
 
 /* TrafficManager.dequeue_ready: rounds of one departure per free port, the ports of a round
- * in order of next_tx_ns, ties in `order` (the busy set's iteration order); stops before a
- * round that might not fit in cap (calling again goes on where it stopped) */
-int64_t xm_tm_dequeue_ready(xm_tm *tm, int64_t now_ns, const int64_t *order, int64_t norder,
-                            xm_tm_departure *out, int64_t cap)
+ * in order of next_tx_ns, ties in port order; stops before a round that might not fit in cap
+ * (calling again goes on where it stopped) */
+int64_t xm_tm_dequeue_ready(xm_tm *tm, int64_t now_ns, xm_tm_departure *out, int64_t cap)
 {{
     int64_t ports[XM_TM_PORTS];
     int64_t nout = 0;
     for (;;) {{
         int64_t n = 0;
-        for (int64_t k = 0; k < norder; k++)
-            if (tm->busy[order[k]]) ports[n++] = order[k];
+        for (int64_t port = 0; port < tm->port_hi; port++)
+            if (tm->busy[port]) ports[n++] = port;
         if (n == 0 || n > cap - nout) break;
         for (int64_t i = 1; i < n; i++) {{ /* stable, as sorted() */
             int64_t p = ports[i], key = tm->ports[p].next_tx_ns, j = i;
@@ -355,7 +353,7 @@ static int64_t head_ready_ns(const xm_tm *tm, const xm_tm_port *pq)
 int xm_tm_next_departure(xm_tm *tm, int64_t *t)
 {{
     int have = 0;
-    for (int64_t port = 0; port < XM_TM_PORTS; port++) {{
+    for (int64_t port = 0; port < tm->port_hi; port++) {{
         if (!tm->busy[port]) continue;
         int64_t r = head_ready_ns(tm, &tm->ports[port]);
         if (!have || r < *t) *t = r;
@@ -554,6 +552,37 @@ class _Queue:
             self.popleft()
 
 
+class _BusyPorts:
+    """The reference's set of busy ports (those holding a packet) as a view of the C flags,
+    which the C enqueue and dequeue keep; iterated in port order."""
+
+    __slots__ = ("_c",)
+
+    def __init__(self, c: Any) -> None:
+        self._c = c
+
+    def __contains__(self, port: object) -> bool:
+        return isinstance(port, int) and 0 <= port <= MAX_PORT and bool(self._c.busy[port])
+
+    def add(self, port: int) -> None:
+        self._c.busy[port] = 1
+
+    def discard(self, port: int) -> None:
+        if 0 <= port <= MAX_PORT:
+            self._c.busy[port] = 0
+
+    def __iter__(self) -> Iterator[int]:
+        c = self._c
+        busy = c.busy
+        return iter([p for p in range(c.port_hi) if busy[p]])
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __bool__(self) -> bool:
+        return any(True for _ in self)
+
+
 class NativePortFault(PortFault):
     """A port's fault: what the data path reads (delay, rate factor, silent) in C."""
 
@@ -644,6 +673,7 @@ class NativeTrafficManager(TrafficManager):
         self.address = int(self.ffi.cast("uintptr_t", self._c))
         self._buffer: SharedBuffer | None = None
         super().__init__(clock, nb_queues, depth_pkts)
+        self._busy = _BusyPorts(self._c)  # type: ignore[assignment]
 
     def __del__(self) -> None:
         lib = getattr(self, "lib", None)
@@ -682,20 +712,13 @@ class NativeTrafficManager(TrafficManager):
     def dequeue_native(self, now_ns: int) -> int:
         """dequeue_ready into `departures` (C structs, the packets still in `packets`): how
         many. PFC must be off (`native`)."""
-        busy = self._busy
-        if not busy:
-            return 0
-        order = list(busy)
         cap = int(self._c.queued)
+        if not cap:
+            return 0
         if cap > self._out_cap:
             self._out_cap = max(cap, 2 * self._out_cap)
             self._out = self.ffi.new("xm_tm_departure[]", self._out_cap)
-        n = int(self.lib.xm_tm_dequeue_ready(self._c, now_ns, order, len(order), self._out, cap))
-        flags = self._c.busy
-        for port in order:
-            if not flags[port]:
-                busy.discard(port)
-        return n
+        return int(self.lib.xm_tm_dequeue_ready(self._c, now_ns, self._out, cap))
 
     def ports_busy(self) -> bool:
         return bool(self._c.queued)
@@ -709,12 +732,6 @@ class NativeTrafficManager(TrafficManager):
         if self._out_addr[0] is not self._out:
             self._out_addr = (self._out, int(self.ffi.cast("uintptr_t", self._out)))
         return self._out_addr[1]
-
-    def _sync_busy(self) -> None:
-        """The C flags of busy ports after the reference's code changed the set."""
-        busy = self._c.busy
-        for port in self.ports:
-            busy[port] = port in self._busy
 
     def port(self, port: int) -> PortQueues:
         pq = self.ports.get(port)
@@ -731,9 +748,7 @@ class NativeTrafficManager(TrafficManager):
         self, port: int, prio: int, pkt: Any, nbytes: int, now_ns: int, ingress_port: int = -1
     ) -> tuple[int, int] | None:
         if not self.native():
-            found = super().enqueue(port, prio, pkt, nbytes, now_ns, ingress_port)
-            self._sync_busy()
-            return found
+            return super().enqueue(port, prio, pkt, nbytes, now_ns, ingress_port)
         if port not in self.ports:
             self.port(port)
         h = self._register(pkt)
@@ -746,14 +761,11 @@ class NativeTrafficManager(TrafficManager):
                 raise MemoryError("the native traffic manager could not grow a queue")
             self.last_drop = "queue_full"
             return None
-        self._busy.add(port)
         return int(self._found[0]), int(self._found[1])
 
     def dequeue_ready(self, now_ns: int) -> list[tuple[int, int, Any, int, int, int]]:
         if not self.native():
-            out = super().dequeue_ready(now_ns)
-            self._sync_busy()
-            return out
+            return super().dequeue_ready(now_ns)
         n = self.dequeue_native(now_ns)
         out = self._out
         pop = self.packets.pop
@@ -789,6 +801,7 @@ class NativeTrafficManager(TrafficManager):
                 "buffer",
             )
         }
+        busy = set(self._busy)
         ports: dict[int, PortQueues] = {}
         for port, view in self.ports.items():
             values: dict[str, Any] = {}
@@ -810,12 +823,4 @@ class NativeTrafficManager(TrafficManager):
         self.__class__ = TrafficManager  # type: ignore[assignment]
         self.__dict__.update(plain)
         self.ports = ports
-
-    def _flush(self, pq: PortQueues, prio: int, now_ns: int) -> int:
-        n = super()._flush(pq, prio, now_ns)
-        self._sync_busy()
-        return n
-
-    def set_fault(self, *args: Any, **kw: Any) -> None:
-        super().set_fault(*args, **kw)
-        self._sync_busy()
+        self._busy = busy
