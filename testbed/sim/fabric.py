@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import finsy as fy
 from finsy.proto import p4r
@@ -42,12 +42,14 @@ from testbed.model import Scaling
 from testbed.p4files import BMV2_JSON, P4INFO
 from testbed.probes import Capture, PortCounters, RateEvent
 from testbed.sim.engine import EventLoop
+from testbed.sim.native_loop import NativeEventLoop
 from testbed.sim.nic import SimHost
 from testbed.sim.nic_native import library as nic_library
 from testbed.sim.nic_programs import IntSource
 from testbed.switch.admin import SwitchAdminService
 from testbed.switch.dataplane import PortStats  # the switch process's own port counters
 from testbed.switch.native.build import BuildError
+from testbed.switch.native.tm import NativeTrafficManager
 from testbed.switch.p4runtime import P4RuntimeService, parse_p4info_text
 from testbed.switch.pfc import (
     PfcConfig,
@@ -57,7 +59,7 @@ from testbed.switch.pfc import (
     pfc_thresholds,
 )
 from testbed.switch.traffic_manager import Clock
-from testbed.switch.v1model import DEFAULT_PIPELINE, PIPELINES, V1Switch
+from testbed.switch.v1model import CELL_BYTES, DEFAULT_PIPELINE, PIPELINES, Stats, V1Switch
 from testbed.topo import End, FabricSpec
 from testbed.traffic.generators import Flow
 from testbed.traffic.jobs import JOBS
@@ -73,7 +75,7 @@ LINK_DELAY_MODEL_NS = 80
 
 
 class Wire:
-    """One direction of a link."""
+    """One direction of a link (on the native loop: NativeWire, the same in C)."""
 
     def __init__(
         self,
@@ -102,6 +104,105 @@ class Wire:
         return True
 
 
+class NativeWire(Wire):
+    """A Wire whose frames are the native loop's (testbed/switch/native/hop.py): sent and
+    counted in C, delivered to a switch there or to its Python target."""
+
+    def __init__(  # noqa: D107 - Wire's, and the loop's wire at index `index`
+        self, loop: NativeEventLoop, index: int, max_frame: int
+    ) -> None:
+        self.native = loop
+        self.index = index
+        self.max_frame = max_frame
+        self._w = loop._wires[index]
+
+    @property
+    def ns_per_byte(self) -> float:  # type: ignore[override]
+        return float(self._w.ns_per_byte)
+
+    @property
+    def delay_ns(self) -> int:  # type: ignore[override]
+        return int(self._w.delay_ns)
+
+    @property
+    def frames(self) -> int:  # type: ignore[override]
+        return int(self._w.frames)
+
+    @property
+    def too_big(self) -> int:  # type: ignore[override]
+        return int(self._w.too_big)
+
+    def send(self, frame: bytes, t_ns: int) -> bool:
+        return self.native.send(self.index, frame, t_ns)
+
+
+class HopClock(Clock):
+    """A switch's virtual clock; on the native loop it is its hop's (`clock_ns`), which the
+    C advances as Python does (to the time of the switch's latest event)."""
+
+    def __init__(self) -> None:  # noqa: D107
+        super().__init__(virtual=True)
+        self.hop: Any = None
+
+    def attach(self, hop: Any) -> None:
+        hop.clock_ns = self._virtual_ns
+        self.hop = hop
+
+    def now_ns(self) -> int:
+        return int(self.hop.clock_ns) if self.hop is not None else self._virtual_ns
+
+    def now_us(self) -> int:
+        return self.now_ns() // 1000
+
+    def advance(self, ns: int) -> None:
+        self.advance_to(self.now_ns() + ns)
+
+    def advance_to(self, ns: int) -> None:
+        if self.hop is None:
+            super().advance_to(ns)
+        elif ns > self.hop.clock_ns:
+            self.hop.clock_ns = ns
+
+
+class HopStats(Stats):
+    """V1Switch's counters with the frames in and out its hop's (the C counts them)."""
+
+    def __init__(self, hop: Any, old: Stats) -> None:  # noqa: D107
+        self._hop = hop
+        super().__init__(old.rx, old.tx, old.dropped)
+
+    rx = property(  # type: ignore[assignment]
+        lambda self: int(self._hop.rx), lambda self, v: setattr(self._hop, "rx", v)
+    )
+    tx = property(  # type: ignore[assignment]
+        lambda self: int(self._hop.tx), lambda self, v: setattr(self._hop, "tx", v)
+    )
+
+
+def _port_counter(name: str) -> property:
+    def get(self: HopPortStats) -> int:
+        return int(getattr(self._hop, name)[self._port])
+
+    def put(self: HopPortStats, value: int) -> None:
+        getattr(self._hop, name)[self._port] = value
+
+    return property(get, put)
+
+
+class HopPortStats(PortStats):
+    """A switch port's counters, its frames and bytes in and out its hop's."""
+
+    def __init__(self, hop: Any, port: int, old: PortStats) -> None:  # noqa: D107
+        self._hop, self._port = hop, port
+        hop.counted[port] = 1
+        super().__init__(old.rx, old.tx, old.tx_errors, old.rx_down, old.rx_bytes, old.tx_bytes)
+
+    rx = _port_counter("port_rx")  # type: ignore[assignment]
+    tx = _port_counter("port_tx")  # type: ignore[assignment]
+    rx_bytes = _port_counter("port_rx_bytes")  # type: ignore[assignment]
+    tx_bytes = _port_counter("port_tx_bytes")  # type: ignore[assignment]
+
+
 class SimSwitch:
     """The built-in switch on the loop's clock."""
 
@@ -113,9 +214,9 @@ class SimSwitch:
         qdepth_unit: str = "bytes",
         pipeline: str = DEFAULT_PIPELINE,
     ):
-        self.loop = loop
+        self.loop: EventLoop | NativeEventLoop = loop
         self.name = name
-        self.clock = Clock(virtual=True)
+        self.clock = HopClock()
         self.sw = V1Switch(
             self.clock,
             device_id=device_id,
@@ -135,6 +236,115 @@ class SimSwitch:
         self._service_at: int | None = None
         # ports with no wire but a listener (the collector's): frame -> the listener
         self.local: dict[int, Callable[[bytes], None]] = {}
+        # on the native loop: this switch's hop there (xm_hop), its node index
+        self.native: NativeEventLoop | None = None
+        self.hop: Any = None
+        self.node = -1
+
+    # ---- on the native loop (testbed/sim/native_loop.py) ----
+
+    def native_path(self) -> bool:
+        """Whether this switch's per-packet path can run in the native loop's C now: the
+        native pipeline with its common path, the native traffic manager with PFC off, no
+        packet of a program loaded before queued."""
+        c, tm = self.sw.compiled, self.sw.tm
+        return (
+            c is not None
+            and c.native is not None
+            and bool(c.native.arch)
+            and isinstance(tm, NativeTrafficManager)
+            and tm.native()
+            and not self.sw._foreign_queued
+        )
+
+    def attach(self, loop: NativeEventLoop, node: int) -> None:
+        """Run this switch's common per-packet path in the native loop's C, as node `node`
+        (`native_path` must hold)."""
+        assert self.native_path()
+        c, S, tm = self.sw.compiled, self.sw.std, self.sw.tm
+        assert c is not None and S is not None and isinstance(tm, NativeTrafficManager)
+        rt = c.native
+        h = loop.hop(node, self)
+        self.native, self.hop, self.node = loop, h, node
+        self.loop = loop
+        h.state = int(rt.ffi.cast("uintptr_t", rt.state))
+        h.tm = tm.address
+        h.drop_port = self.sw.drop_port
+        h.unit = self.sw._unit
+        h.cell = CELL_BYTES
+        h.port_mask = S.m_ingress_port
+        self.clock.attach(h)
+        self.sw.stats = HopStats(h, self.sw.stats)
+        for p, st in list(self.ports.items()):
+            self.ports[p] = HopPortStats(h, p, st)
+        for p in tm.ports:
+            h.known[p] = 1
+        rt.dirty_flag = rt.ffi.addressof(h, "dirty")
+        rt.dirty = rt.dirty
+        tm.adopt = lambda block: rt.adopt(block)[0]
+        tm.leaving_native = self._leave_native
+        self.sw.on_change = self.refresh
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Tell the hop whether the per-packet path may run in C now."""
+        if self.hop is not None:
+            self.hop.fast = int(self.native_path())
+
+    def _leave_native(self) -> None:
+        self.hop.fast = 0  # the traffic manager's C state goes: nothing may read it
+
+    def add_port(self, port: int) -> None:
+        """Counters for a port with a link."""
+        st = PortStats()
+        self.ports[port] = st if self.hop is None else HopPortStats(self.hop, port, st)
+
+    def add_wire(self, port: int, wire: Wire) -> None:
+        self.wires[port] = wire
+        if self.hop is not None:
+            assert isinstance(wire, NativeWire)
+            self.hop.wire[port] = wire.index
+
+    # what the hop's C leaves to Python (native_loop.HopCallbacks)
+
+    def receive_python(self, port: int, frame: bytes) -> None:
+        self.receive(port, frame)
+
+    def after_receive(self, port: int, rc: int, packet: int) -> None:
+        self.sw.hop_not_queued(port, rc, packet, self.clock.now_ns())
+
+    def port_made(self, port: int) -> None:
+        self.sw.tm.port(port)
+        self.hop.known[port] = 1
+
+    def service_python(self) -> None:
+        self.sw.service()
+        self._schedule()
+
+    def schedule_python(self) -> None:
+        self._schedule()
+
+    def transmit_python(self, port: int, frame: bytes) -> None:
+        self._transmit(port, frame)
+
+    def release(self, handle: int) -> None:
+        cast(NativeTrafficManager, self.sw.tm).packets.pop(handle)
+
+    def not_sent(self, k: int, packet: int) -> None:
+        assert self.native is not None
+        r = self.native._c.res[k]
+        self.sw.hop_not_sent(self._departure(k), int(r.rc), int(r.booked), packet)
+
+    def foreign(self, k: int) -> None:
+        self.sw.hop_foreign(self._departure(k))
+
+    def _departure(self, k: int) -> Any:
+        """The hop's departure k (an xm_tm_departure, read through the traffic manager's
+        cffi: the hop's C holds it as an address)."""
+        assert self.native is not None
+        tm = cast(NativeTrafficManager, self.sw.tm)
+        address = int(self.native.ffi.cast("uintptr_t", self.hop.deps))
+        return tm.ffi.cast("xm_tm_departure *", address)[k]
 
     def receive(self, port: int, frame: bytes) -> None:
         st = self.ports.get(port)
@@ -148,6 +358,11 @@ class SimSwitch:
         self._schedule()
 
     def _schedule(self) -> None:
+        if self.native is not None:  # the hop's C keeps when its service is due
+            t = self.sw.tm.next_departure_ns()
+            if t is not None:
+                self.native.schedule_at(self.node, t)
+            return
         now = self.loop.now_ns
         at = self._service_at
         if at is not None and at <= now:
@@ -226,6 +441,7 @@ class SimFabric:
         seed: int = 1,
         pipeline: str = DEFAULT_PIPELINE,
         nic_pipeline: str | None = None,
+        loop_pipeline: str | None = None,
     ):
         self.spec = spec
         self.seed = seed
@@ -241,9 +457,14 @@ class SimFabric:
                 nic_library()
             except BuildError as exc:
                 self.nic_pipeline_in_use, self.nic_native_reason = "reference", str(exc)
+        # the event loop and the switches' hops: in C (testbed/sim/native_loop.py) or the
+        # Python loop (None: as the switches)
+        self.loop_pipeline = loop_pipeline or pipeline
+        if self.loop_pipeline not in PIPELINES:
+            raise ValueError(f"loop_pipeline must be one of {PIPELINES}, got {loop_pipeline!r}")
         self.scaling = scaling
         self.ecn = ecn or EcnConfig()
-        self.loop = EventLoop()
+        self.loop: EventLoop | NativeEventLoop = EventLoop()
         self.cfg = controller_cfg(spec, scaling, self.ecn)
         self.topo = Topology(self.cfg)
         self.delay_ns = (
@@ -269,6 +490,7 @@ class SimFabric:
         if spec.collector is not None:
             self.switches[spec.collector.node].local[spec.collector.index] = self._to_collector
         self._program()
+        self.loop_in_use = self._native_loop() if self.loop_pipeline == "native" else "reference"
         self._build()
 
     def fresh(self, seed: int | None = None) -> SimFabric:
@@ -282,9 +504,28 @@ class SimFabric:
             self.seed if seed is None else seed,
             self.pipeline,
             self.nic_pipeline,
+            self.loop_pipeline,
         )
 
     # ---- construction ----
+
+    def _native_loop(self) -> str:
+        """The event loop in C with every switch's hop there, when every switch runs the
+        native pipeline's common path from one library (the same program): "native", else
+        "reference" (the Python loop, as a switch that could not be native is)."""
+        sims = list(self.switches.values())
+        if not sims or not all(s.native_path() for s in sims):
+            return "reference"
+        libs = {id(cast(Any, s.sw.compiled).native.lib) for s in sims}
+        if len(libs) != 1:
+            return "reference"
+        rt = cast(Any, sims[0].sw.compiled).native
+        assert self.loop.pending == 0 and self.loop.now_ns == 0
+        wires = sum(len(h.nics) for h in self.spec.hosts) + 2 * len(self.spec.links)
+        self.loop = NativeEventLoop(rt.ffi, rt.lib, len(sims), wires)
+        for node, sim in enumerate(sims):
+            sim.attach(self.loop, node)
+        return "native"
 
     def _program(self) -> None:
         info = parse_p4info_text(P4INFO.read_text())
@@ -338,7 +579,7 @@ class SimFabric:
 
         for sw in self.switches.values():
             for p in self.spec.switch_ports(sw.name):
-                sw.ports[p] = PortStats()
+                sw.add_port(p)
         for h in self.spec.hosts:
             nic = h.nics[0]
             att = self.spec.attachment(h.name, 0)
@@ -367,7 +608,7 @@ class SimFabric:
         for lk in self.spec.links:
             for a, b in ((lk.a, lk.b), (lk.b, lk.a)):
                 if self.spec.is_switch(a.node):
-                    self.switches[a.node].wires[a.index] = self._wire(a, b)
+                    self.switches[a.node].add_wire(a.index, self._wire(a, b))
 
     def link_bps(self, end: End) -> float:
         """The emulated rate of the link at `end` (its own, or the switch model's)."""
@@ -384,6 +625,18 @@ class SimFabric:
 
     def _wire(self, src: End, dst: End) -> Wire:
         """The direction src -> dst of their link, at the link's rate and delay."""
+        if isinstance(self.loop, NativeEventLoop):
+            max_frame = self.scaling.link_mtu + 14
+            if self.spec.is_switch(dst.node):
+                node = list(self.switches).index(dst.node)
+                i = self.loop.wire(
+                    self.link_bps(src), self.link_delay_ns(src), max_frame, node, dst.index
+                )
+            else:
+                i = self.loop.wire(
+                    self.link_bps(src), self.link_delay_ns(src), max_frame, None, self._to(dst)
+                )
+            return NativeWire(self.loop, i, max_frame)
         return Wire(
             self.loop,
             self.link_bps(src),
@@ -468,6 +721,7 @@ class SimFabric:
             wd = self.watchdog_config(action) if on and watchdog else None
             req = pfc_request(self.pfc_config(name), wd) if on else switch_pb2.SetPfcRequest()
             sw.admin.SetPfc(req, None)  # as a controller sets it, through SwitchAdmin
+            sw.refresh()
         for h in self.hosts.values():
             h.pfc = on
             if not on:

@@ -37,6 +37,7 @@ from controller.wire.roce import OP_ACK, OP_CNP, OP_RC_DATA_MAX, ROCE_UDP_PORT
 from controller.wire.telemetry_report import TELEMETRY_REPORT_PORT
 from testbed.probes import Capture, RateEvent, record_int_frame
 from testbed.sim.engine import EventLoop
+from testbed.sim.native_loop import NativeEventLoop
 from testbed.sim.nic_native import NativeNic
 from testbed.sim.nic_programs import IntSource, ReferencePrograms
 from testbed.traffic.jobs import Job
@@ -76,7 +77,7 @@ class SimHost:
 
     def __init__(
         self,
-        loop: EventLoop,
+        loop: EventLoop | NativeEventLoop,
         name: str,
         ip: str,
         mac: str,

@@ -209,6 +209,9 @@ class V1Switch:
         self.log_fn: Callable[[str], None] = lambda msg: log.info("log_msg: %s", msg)
         self._uid = 0
         self._foreign_queued = False
+        # told when what decides where the per-packet path runs changes (a program loaded,
+        # packets of the previous one gone): a native loop's switch hop (testbed/sim)
+        self.on_change: Callable[[], None] = lambda: None
         self._unit = QDEPTH_UNITS.index(qdepth_unit)
         self._meta: list[int] = []
         self._zeros: list[list[int]] = []
@@ -254,6 +257,7 @@ class V1Switch:
             # a new pipeline starts with empty replication state, as bmv2 does on a swap
             self.clone_sessions.clear()
             self.mcast_groups.clear()
+        self.on_change()
         log.info(
             "loaded program: %d tables, %d actions, %s pipeline",
             len(compiled.tables),
@@ -346,28 +350,67 @@ class V1Switch:
                     tm.port(rc)
                 return
             del tm.packets[h]
-            if rc == ARCH_QUEUE_FULL:
-                eport = p.h[S.h][S.egress_spec]
-                if eport not in tm.ports:
-                    tm.port(eport)
-                tm.last_drop = "queue_full"
-                self._enqueue_failed(S, eport, p)
-                return
-            if rc == ARCH_ENQUEUE_PYTHON:
-                self._enqueue(S, p.h[S.h][S.egress_spec], p)
-                return
-            if rc == ARCH_NO_MEMORY:
-                raise MemoryError("the native traffic manager could not grow a queue")
         else:
             rc = rt.receive(p, buf, port & S.m_ingress_port, p.t_ns // CLOCK_NS, self.drop_port)
-        if rc == 0:
+            if rc == 0:
+                self._enqueue(S, p.h[S.h][S.egress_spec], p)
+                return
+        self._not_queued(c, S, p, buf, port, rc)
+
+    def _not_queued(
+        self, c: Compiled, S: StdMeta, p: Packet, buf: bytes, port: int, rc: int
+    ) -> None:
+        """A packet after a native ingress that did not queue it (`rc` < 0): a full queue,
+        a rare case going on in `_after_ingress` or `_enqueue`, a drop, or an abort raised as
+        the reference's."""
+        tm = self.tm
+        if rc == ARCH_QUEUE_FULL:
+            eport = p.h[S.h][S.egress_spec]
+            if eport not in tm.ports:
+                tm.port(eport)
+            tm.last_drop = "queue_full"
+            self._enqueue_failed(S, eport, p)
+        elif rc == ARCH_ENQUEUE_PYTHON:
             self._enqueue(S, p.h[S.h][S.egress_spec], p)
+        elif rc == ARCH_NO_MEMORY:
+            raise MemoryError("the native traffic manager could not grow a queue")
         elif rc == ARCH_PYTHON:
             self._after_ingress(c, S, p, buf, port)
         elif rc == ARCH_DROP:
             self.stats.drop("ingress_drop")
         else:
-            self._guarded("ingress", lambda: rt.raise_abort("ingress"))
+            self._guarded("ingress", lambda: cast(Any, c.native).raise_abort("ingress"))
+
+    # ---- what a native loop's switch hop leaves here (testbed/switch/native/hop.py) -------
+
+    def hop_not_queued(self, port: int, rc: int, packet: int, t_ns: int) -> None:
+        """A packet the hop's C ran ingress on and did not queue (`rc`): `_not_queued`, the
+        C packet (`packet`, its address) ours from now on."""
+        c, S = self.compiled, self.std
+        assert c is not None and S is not None and c.native is not None
+        p, buf = c.native.adopt(packet)
+        self._uid += 1
+        p.uid = self._uid
+        p.t_ns = t_ns
+        self._not_queued(c, S, p, buf, port, rc)
+
+    def hop_not_sent(self, d: Any, rc: int, booked: int, packet: int) -> None:
+        """A departure `d` whose egress the hop's C ran and sent nothing of (`rc`): its C
+        packet (`packet`, or 0: the traffic manager holds it by handle) ours from now on."""
+        c, S = self.compiled, self.std
+        assert c is not None and S is not None and c.native is not None
+        tm = cast(NativeTrafficManager, self.tm)
+        p = c.native.adopt(packet)[0] if packet else tm.packets.pop(d.handle)
+        p.t_ns = d.start
+        self._egress_not_sent(c, S, d.port, p, rc, booked)
+
+    def hop_foreign(self, d: Any) -> None:
+        """A departure `d` that is not the native pipeline's packet: the reference's egress."""
+        c, S = self.compiled, self.std
+        assert c is not None and S is not None
+        p = cast(NativeTrafficManager, self.tm).packets.pop(d.handle)
+        p.t_ns = d.start
+        self._run_egress(c, S, d.port, d.prio, p, d.enq_ns, d.left)
 
     def _mac_control(self, port: int, data: bytes) -> None:
         try:
@@ -602,6 +645,7 @@ class V1Switch:
                 tm = self.tm
                 if self._foreign_queued and not cast(NativeTrafficManager, tm).ports_busy():
                     self._foreign_queued = False
+                    self.on_change()
                 if (
                     c is not None
                     and S is not None
@@ -665,8 +709,7 @@ class V1Switch:
         if not n:
             return 0
         deps = tm.departures
-        pop = tm.packets.pop
-        pkts = [pop(deps[k].handle) for k in range(n)]
+        pkts = [tm.take(deps[k]) for k in range(n)]
         i = 0
         while i < n:
             stop = rt.depart_batch(

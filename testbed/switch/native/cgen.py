@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from testbed.switch.compiler import is_action_call
+from testbed.switch.native.hop import cdef as hop_cdef
+from testbed.switch.native.hop import source as hop_source
 from testbed.switch.native.tm import source as tm_source
 from testbed.switch.packet import CLOCK_NS, PKT_INSTANCE_TYPE_NORMAL, STD_FIELDS
 from testbed.switch.program import HeaderType, Json, Program, hexint
@@ -870,6 +872,8 @@ class CGen:
         self._control(g)
         self._entry_points()
         g.arch = self._architecture(g)
+        if g.arch:
+            self.out += hop_source().splitlines()
         g.source = "\n".join(self.out) + "\n"
         g.header_slots = list(self.slots)
         g.nfields = self.nfields
@@ -881,7 +885,7 @@ class CGen:
         g.profiles = dict(self.profile_idx)
         g.cdef = self._cdef(g)
         if g.arch:
-            g.cdef += _ARCH_CDEF
+            g.cdef += _ARCH_CDEF + hop_cdef()
         return g
 
     def _preamble(self) -> None:

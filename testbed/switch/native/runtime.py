@@ -495,6 +495,8 @@ class NativeRuntime:
         self.gen = gen
         self.ffi = ffi
         self.lib = lib
+        # where a native loop's switch hop reads `dirty` (testbed/switch/native/hop.py)
+        self.dirty_flag: Any = None
         self.dirty = True
         self.packet_size = int(lib.xm_layout(0))
         checks = {
@@ -527,6 +529,32 @@ class NativeRuntime:
         self.rng = NativeRandom(self.state, self._state_mem)
         self.tables: dict[str, NativeMatchTable] = {}
         self.profiles: dict[str, NativeActionProfile] = {}
+
+    @property
+    def dirty(self) -> bool:
+        """Whether a table changed in Python since the C last took them (`sync`)."""
+        return self._dirty
+
+    @dirty.setter
+    def dirty(self, value: bool) -> None:
+        self._dirty = value
+        if self.dirty_flag is not None:
+            self.dirty_flag[0] = int(value)
+
+    def adopt(self, block: int) -> tuple[NativePacket, bytes]:
+        """The packet a native loop's switch hop made of a frame (`block`, the address of its
+        xm_block: the packet, then the frame it was parsed from), owned by Python from now
+        on, and that frame's bytes."""
+        ffi = self.ffi
+        b = ffi.cast("xm_block *", block)
+        buf = ffi.buffer(b.data, b.len)[:]
+        p = NativePacket.__new__(NativePacket)
+        p._rt = self
+        p._c = ffi.gc(ffi.cast("xm_packet *", block), self.lib.xm_hop_free_packet)
+        p._keep = p._c  # the payload points into the block: copies keep it alive
+        p._h = None
+        p.uid, p.reinjects, p.t_ns = 0, 0, 0
+        return p, buf
 
     def check_call(self, where: str, call: ActionCall) -> None:
         """An action call the native tables can hold: a known action, its parameters each

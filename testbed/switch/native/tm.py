@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from testbed.switch.native.build import build, load
@@ -99,6 +99,7 @@ typedef struct {{
     int64_t pfc_items; /* of them, counted by PFC against an ingress port (in_port >= 0) */
     int64_t port_hi; /* one past the highest port made: what a scan of the ports covers */
     uint8_t busy[{nports}]; /* the port has a queued packet (the reference's _busy) */
+    uint8_t rx_fault[{nports}]; /* the port is down or lossy (the reference's rx_faults) */
     xm_tm_port ports[{nports}];
 }} xm_tm;
 
@@ -398,6 +399,11 @@ void xm_tm_free(xm_tm *tm)
 {{
     for (int64_t port = 0; port < XM_TM_PORTS; port++)
         for (int64_t prio = 0; prio < XM_TM_NQ; prio++) {{
+            xm_tm_fifo *q = &tm->ports[port].queues[prio];
+            for (int64_t i = 0; i < q->len; i++) {{ /* a packet C holds (a native loop's) */
+                xm_tm_item *it = &q->items[(q->head + i) & (q->cap - 1)];
+                if (!it->handle) free((void *)(uintptr_t)it->cpkt);
+            }}
             free(tm->ports[port].queues[prio].items);
             tm->ports[port].queues[prio].items = NULL;
         }}
@@ -521,7 +527,8 @@ class _Queue:
         if not -q.len <= i < q.len:
             raise IndexError("deque index out of range")
         it = q.items[(q.head + i % q.len) & (q.cap - 1)]
-        return (self._tm.packets[it.handle], it.nbytes, it.enq_ns, it.expected, it.in_port)
+        h = it.handle or self._tm._adopt(it)
+        return (self._tm.packets[h], it.nbytes, it.enq_ns, it.expected, it.in_port)
 
     def __iter__(self) -> Iterator[tuple[Any, int, int, int, int]]:
         return (self[i] for i in range(len(self)))
@@ -541,6 +548,8 @@ class _Queue:
         if not self._q.len:
             raise IndexError("pop from an empty deque")
         tm = self._tm
+        if not self._q.items[self._q.head].handle:
+            tm._adopt(self._q.items[self._q.head])
         it = tm.lib.xm_tm_fifo_pop(self._q)
         tm._c.queued -= 1
         if it.in_port >= 0:
@@ -552,29 +561,30 @@ class _Queue:
             self.popleft()
 
 
-class _BusyPorts:
-    """The reference's set of busy ports (those holding a packet) as a view of the C flags,
-    which the C enqueue and dequeue keep; iterated in port order."""
+class _PortFlags:
+    """A set of ports of the reference (its busy ports, those holding a packet; its ports
+    with a receive fault) as a view of a C array of flags, which the C reads (and for busy
+    ports keeps); iterated in port order."""
 
-    __slots__ = ("_c",)
+    __slots__ = ("_c", "_flags")
 
-    def __init__(self, c: Any) -> None:
+    def __init__(self, c: Any, name: str) -> None:
         self._c = c
+        self._flags = getattr(c, name)
 
     def __contains__(self, port: object) -> bool:
-        return isinstance(port, int) and 0 <= port <= MAX_PORT and bool(self._c.busy[port])
+        return isinstance(port, int) and 0 <= port <= MAX_PORT and bool(self._flags[port])
 
     def add(self, port: int) -> None:
-        self._c.busy[port] = 1
+        self._flags[port] = 1
 
     def discard(self, port: int) -> None:
         if 0 <= port <= MAX_PORT:
-            self._c.busy[port] = 0
+            self._flags[port] = 0
 
     def __iter__(self) -> Iterator[int]:
-        c = self._c
-        busy = c.busy
-        return iter([p for p in range(c.port_hi) if busy[p]])
+        flags = self._flags
+        return iter([p for p in range(self._c.port_hi) if flags[p]])
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
@@ -672,8 +682,14 @@ class NativeTrafficManager(TrafficManager):
         # the C state's address (the pipeline's xm_receive_enqueue and xm_depart_batch)
         self.address = int(self.ffi.cast("uintptr_t", self._c))
         self._buffer: SharedBuffer | None = None
+        # a native loop's switch hop queues packets C holds (handle 0, testbed/switch/native/
+        # hop.py): what makes one Python's when the reference's code reads its queue
+        self.adopt: Callable[[int], Any] | None = None
+        # told before the state leaves C (`_to_reference`): what holds its address stops
+        self.leaving_native: Callable[[], None] = lambda: None
         super().__init__(clock, nb_queues, depth_pkts)
-        self._busy = _BusyPorts(self._c)  # type: ignore[assignment]
+        self._busy = _PortFlags(self._c, "busy")  # type: ignore[assignment]
+        self.rx_faults = _PortFlags(self._c, "rx_fault")  # type: ignore[assignment]
 
     def __del__(self) -> None:
         lib = getattr(self, "lib", None)
@@ -702,6 +718,22 @@ class NativeTrafficManager(TrafficManager):
         h = self._handle
         self.packets[h] = pkt
         return h
+
+    def _adopt(self, item: Any) -> int:
+        """A queued item whose packet C holds, registered (`packets`) under a new handle,
+        which the item then carries; the handle."""
+        assert self.adopt is not None, "a packet held in C, and no one to adopt it"
+        h = self._register(self.adopt(int(item.cpkt)))
+        item.handle = h
+        return h
+
+    def take(self, d: Any) -> Any:
+        """The packet of departure `d`, Python's from now on: `packets` let it go, or the
+        native loop's C held it."""
+        if d.handle:
+            return self.packets.pop(d.handle)
+        assert self.adopt is not None, "a packet held in C, and no one to adopt it"
+        return self.adopt(int(d.cpkt))
 
     @staticmethod
     def cpkt(pkt: Any) -> int:
@@ -768,11 +800,10 @@ class NativeTrafficManager(TrafficManager):
             return super().dequeue_ready(now_ns)
         n = self.dequeue_native(now_ns)
         out = self._out
-        pop = self.packets.pop
         res = []
         for i in range(n):
             d = out[i]
-            res.append((d.port, d.prio, pop(d.handle), d.enq_ns, d.left, d.start))
+            res.append((d.port, d.prio, self.take(d), d.enq_ns, d.left, d.start))
         return res
 
     def next_departure_ns(self) -> int | None:
@@ -790,6 +821,7 @@ class NativeTrafficManager(TrafficManager):
 
     def _to_reference(self) -> None:
         """Turn this object into a TrafficManager holding the same state in Python."""
+        self.leaving_native()
         plain = {
             name: getattr(self, name)
             for name in (
@@ -801,7 +833,7 @@ class NativeTrafficManager(TrafficManager):
                 "buffer",
             )
         }
-        busy = set(self._busy)
+        busy, rx_faults = set(self._busy), set(self.rx_faults)
         ports: dict[int, PortQueues] = {}
         for port, view in self.ports.items():
             values: dict[str, Any] = {}
@@ -823,4 +855,4 @@ class NativeTrafficManager(TrafficManager):
         self.__class__ = TrafficManager  # type: ignore[assignment]
         self.__dict__.update(plain)
         self.ports = ports
-        self._busy = busy
+        self._busy, self.rx_faults = busy, rx_faults

@@ -1,0 +1,462 @@
+"""The twin's event loop with its switch hops in C: the heap of events, the links (wires) and
+each switch's common per-packet path, so a frame crossing the fabric runs no Python between
+the hosts.
+
+This is the C under testbed/sim/native_loop.py (which says how the twin uses it), appended to
+every native pipeline's generated source that has the architecture's common path (cgen.py),
+so it calls that program's `xm_receive_enqueue` and `xm_depart_batch` and the traffic
+manager's C directly. What it does is what the reference does, in the same order:
+
+- the heap orders events by (time, sequence number), the sequence shared with the events
+  Python schedules (testbed/sim/engine.py's EventLoop);
+- a wire (testbed/sim/fabric.py's `Wire`) delivers a frame after its serialization and delay,
+  counting frames over its MTU;
+- a switch's arrival and service are SimSwitch's `receive`, `_schedule` and `_service` with
+  v1model.py's `_receive_native` and `_service_native` on the native traffic manager, the
+  packets held in C from arrival to departure (a queued item's handle 0).
+
+Whatever the common path does not cover runs in Python, through callbacks the loop is given:
+a switch whose per-packet path is not native at the moment (PFC on, its tables changed and
+not yet synced, a program just loaded), a frame on a port with a receive fault or a MAC Control
+frame, a packet the program clones, recirculates, drops or sends to a port with no wire (the
+collector's, the CPU's). A callback gets the C packet when there is one; Python then owns it.
+"""
+
+from __future__ import annotations
+
+from testbed.switch.traffic_manager import MAX_PORT
+
+# what xm_loop_run hands back to Python
+RUN_EMPTY = 0  # no event left
+RUN_UNTIL = 1  # the next event is after `until`
+RUN_PYTHON = 2  # a Python event: its handle in py_handle
+RUN_DELIVER = 3  # a frame for a Python target (a host): py_handle, py_data, py_len
+RUN_FAILED = 4  # a callback raised: Python re-raises what it kept
+
+_NPORTS = MAX_PORT + 1
+
+# declared once: the C and cffi's cdef read these
+_STRUCTS = """
+typedef struct { /* a frame in flight: room for the packet a switch makes of it, its bytes */
+    xm_packet p;
+    int64_t len;
+    uint8_t data[];
+} xm_block;
+
+typedef struct {
+    double ns_per_byte;
+    int64_t delay_ns;
+    int64_t max_frame;
+    int64_t to_switch; /* the switch it delivers to, or -1: a Python target */
+    int64_t to; /* that switch's port, or the Python target's handle */
+    int64_t frames;
+    int64_t too_big;
+} xm_wire;
+
+typedef struct {
+    uint64_t state; /* the switch's xm_state */
+    uint64_t tm; /* its xm_tm */
+    int64_t fast; /* Python's: its per-packet path may run here now */
+    int64_t dirty; /* the pipeline's tables changed in Python, not synced to C yet */
+    int64_t drop_port;
+    int64_t unit;
+    int64_t cell;
+    int64_t port_mask;
+    int64_t clock_ns; /* the switch's clock: the time of its latest event */
+    int64_t service_at; /* the service due, or -1 */
+    int64_t rx; /* V1Switch.stats */
+    int64_t tx;
+    int64_t deps_cap;
+    void *deps; /* xm_tm_departure[deps_cap] */
+    int64_t wire[NPORTS]; /* the loop's wire out of each port, or -1 */
+    uint8_t counted[NPORTS]; /* the port has counters (SimSwitch.ports) */
+    uint8_t known[NPORTS]; /* Python has made the port's queues (tm.ports) */
+    int64_t port_rx[NPORTS];
+    int64_t port_tx[NPORTS];
+    int64_t port_rx_bytes[NPORTS];
+    int64_t port_tx_bytes[NPORTS];
+} xm_hop;
+
+typedef struct {
+    void *heap;
+    int64_t n;
+    int64_t cap;
+    int64_t now;
+    int64_t seq;
+    int64_t events;
+    xm_hop *hops;
+    int64_t nhops;
+    xm_wire *wires;
+    int64_t nwires;
+    uint8_t *out; /* xm_depart_batch's frames */
+    int64_t out_cap;
+    xm_departed *res;
+    int64_t res_cap;
+    int64_t failed; /* a callback raised */
+    int64_t py_handle; /* what run hands back */
+    const uint8_t *py_data;
+    int64_t py_len;
+    void *py_block; /* the frame handed back, freed at the next run */
+    /* into Python, for what the C does not do */
+    void (*receive)(int64_t node, int64_t port, const uint8_t *data, int64_t len);
+    void (*after_receive)(int64_t node, int64_t port, int64_t rc, uint64_t packet);
+    void (*port_made)(int64_t node, int64_t port);
+    void (*service)(int64_t node);
+    void (*schedule)(int64_t node);
+    void (*transmit)(int64_t node, int64_t port, const uint8_t *data, int64_t len);
+    void (*release)(int64_t node, uint64_t handle);
+    void (*not_sent)(int64_t node, int64_t k, uint64_t packet);
+    void (*foreign)(int64_t node, int64_t k);
+} xm_loop;
+"""
+
+_FUNCS = """
+int xm_loop_init(xm_loop *L);
+void xm_loop_free(xm_loop *L);
+int xm_loop_at(xm_loop *L, int64_t t, int64_t handle);
+int64_t xm_loop_run(xm_loop *L, int64_t until);
+int xm_wire_send(xm_loop *L, int64_t wire, const uint8_t *data, int64_t len, int64_t t);
+int xm_hop_schedule_at(xm_loop *L, int64_t node, int64_t t);
+void xm_hop_free_packet(void *packet);
+"""
+
+_C = r"""
+#include <stdlib.h>
+
+#define XM_EV_PY 0 /* a Python event: run returns its handle */
+#define XM_EV_RX 1 /* a frame arrives at a switch's port */
+#define XM_EV_SERVICE 2 /* a switch's traffic manager may send */
+#define XM_EV_DELIVER 3 /* a frame arrives at a Python target: run returns it */
+#define XM_RUN_EMPTY 0
+#define XM_RUN_UNTIL 1
+#define XM_RUN_PYTHON 2
+#define XM_RUN_DELIVER 3
+#define XM_RUN_FAILED 4
+
+typedef struct {
+    int64_t t;
+    int64_t seq;
+    int64_t kind;
+    int64_t node;
+    int64_t a; /* the Python handle, the port, or the service time */
+    void *block;
+} xm_ev;
+
+static int ev_before(const xm_ev *a, const xm_ev *b)
+{
+    return a->t < b->t || (a->t == b->t && a->seq < b->seq);
+}
+
+int xm_loop_init(xm_loop *L)
+{
+    L->cap = 1024;
+    L->heap = malloc((size_t)L->cap * sizeof(xm_ev));
+    L->out_cap = 1 << 20;
+    L->out = malloc((size_t)L->out_cap);
+    L->res_cap = 64;
+    L->res = malloc((size_t)L->res_cap * sizeof(xm_departed));
+    return L->heap && L->out && L->res ? 0 : -1;
+}
+
+void xm_loop_free(xm_loop *L)
+{
+    xm_ev *h = L->heap;
+    for (int64_t i = 0; i < L->n; i++) free(h[i].block);
+    free(L->heap);
+    free(L->out);
+    free(L->res);
+    free(L->py_block);
+    for (int64_t i = 0; i < L->nhops; i++) free(L->hops[i].deps);
+    L->heap = NULL;
+    L->out = NULL;
+    L->res = NULL;
+    L->py_block = NULL;
+    L->n = 0;
+}
+
+/* EventLoop.at: due at t (not before now), after what is already due then */
+static int push(xm_loop *L, int64_t t, int64_t kind, int64_t node, int64_t a, void *block)
+{
+    if (L->n == L->cap) {
+        xm_ev *h = realloc(L->heap, (size_t)(2 * L->cap) * sizeof(xm_ev));
+        if (!h) return -1;
+        L->heap = h;
+        L->cap *= 2;
+    }
+    xm_ev *h = L->heap;
+    xm_ev e = {t < L->now ? L->now : t, ++L->seq, kind, node, a, block};
+    int64_t i = L->n++;
+    while (i > 0) {
+        int64_t up = (i - 1) / 2;
+        if (!ev_before(&e, &h[up])) break;
+        h[i] = h[up];
+        i = up;
+    }
+    h[i] = e;
+    return 0;
+}
+
+static xm_ev pop(xm_loop *L)
+{
+    xm_ev *h = L->heap;
+    xm_ev top = h[0], last = h[--L->n];
+    int64_t i = 0, n = L->n;
+    for (;;) {
+        int64_t c = 2 * i + 1;
+        if (c >= n) break;
+        if (c + 1 < n && ev_before(&h[c + 1], &h[c])) c++;
+        if (!ev_before(&h[c], &last)) break;
+        h[i] = h[c];
+        i = c;
+    }
+    if (n) h[i] = last;
+    return top;
+}
+
+int xm_loop_at(xm_loop *L, int64_t t, int64_t handle)
+{
+    return push(L, t, XM_EV_PY, 0, handle, NULL);
+}
+
+void xm_hop_free_packet(void *packet)
+{
+    free(packet); /* the packet is its block's first member */
+}
+
+/* Wire.send: the frame leaves at t and arrives whole after its serialization and delay;
+ * 0 for a frame over the link's MTU (counted, not sent), -1 out of memory */
+int xm_wire_send(xm_loop *L, int64_t wire, const uint8_t *data, int64_t len, int64_t t)
+{
+    xm_wire *w = &L->wires[wire];
+    if (len > w->max_frame) {
+        w->too_big++;
+        return 0;
+    }
+    w->frames++;
+    xm_block *b = malloc(sizeof(xm_block) + (size_t)len);
+    if (!b) return -1;
+    b->len = len;
+    memcpy(b->data, data, (size_t)len);
+    int64_t at = t + (int64_t)((double)len * w->ns_per_byte) + w->delay_ns;
+    int64_t kind = w->to_switch >= 0 ? XM_EV_RX : XM_EV_DELIVER;
+    if (push(L, at, kind, w->to_switch, w->to, b)) {
+        free(b);
+        return -1;
+    }
+    return 1;
+}
+
+/* SimSwitch._schedule, the next departure known: a service at t (not before now) unless
+ * one is due by then */
+int xm_hop_schedule_at(xm_loop *L, int64_t node, int64_t t)
+{
+    xm_hop *h = &L->hops[node];
+    int64_t now = L->now, at = h->service_at;
+    if (at >= 0 && at <= now) return 0; /* a service due now runs anyway */
+    if (t < now) t = now;
+    if (at >= 0 && at <= t) return 0;
+    h->service_at = t;
+    return push(L, t, XM_EV_SERVICE, node, t, NULL);
+}
+
+static void schedule(xm_loop *L, int64_t node)
+{
+    xm_hop *h = &L->hops[node];
+    int64_t t;
+    if (!h->fast) { /* a callback made the path Python's: so is the traffic manager */
+        L->schedule(node);
+        return;
+    }
+    if (xm_tm_next_departure((xm_tm *)(uintptr_t)h->tm, &t)) xm_hop_schedule_at(L, node, t);
+}
+
+/* SimSwitch.receive with v1model.py's _receive_native */
+static void hop_receive(xm_loop *L, int64_t node, int64_t port, xm_block *b)
+{
+    xm_hop *h = &L->hops[node];
+    xm_tm *tm = (xm_tm *)(uintptr_t)h->tm;
+    h->clock_ns = L->now;
+    int control = b->len >= 14 && b->data[12] == 0x88 && b->data[13] == 0x08;
+    if (!h->fast || h->dirty || port < 0 || port >= NPORTS || tm->rx_fault[port] || control) {
+        L->receive(node, port, b->data, b->len);
+        free(b);
+        return;
+    }
+    h->rx++;
+    if (h->counted[port]) {
+        h->port_rx[port]++;
+        h->port_rx_bytes[port] += b->len;
+    }
+    int64_t rc = xm_receive_enqueue((xm_state *)(uintptr_t)h->state, &b->p, b->data,
+                                    (uint64_t)b->len, (uint64_t)(port & h->port_mask),
+                                    (uint64_t)L->now, (uint64_t)h->drop_port, h->tm, 0, h->unit,
+                                    h->cell);
+    if (rc >= 0) {
+        if (!h->known[rc]) L->port_made(node, rc);
+    } else {
+        L->after_receive(node, port, rc, (uint64_t)(uintptr_t)b); /* Python owns it now */
+    }
+    schedule(L, node);
+}
+
+/* what SimSwitch._transmit does with a frame that left the pipeline */
+static void transmit(xm_loop *L, int64_t node, int64_t port, const uint8_t *data, int64_t len)
+{
+    xm_hop *h = &L->hops[node];
+    int64_t w = port >= 0 && port < NPORTS ? h->wire[port] : -1;
+    int control = len >= 14 && data[12] == 0x88 && data[13] == 0x08;
+    if (w < 0 || control) {
+        L->transmit(node, port, data, len);
+        return;
+    }
+    int rc = xm_wire_send(L, w, data, len, L->now);
+    if (rc < 0) {
+        L->failed = 1;
+        return;
+    }
+    if (rc && h->counted[port]) {
+        h->port_tx[port]++;
+        h->port_tx_bytes[port] += len;
+    }
+}
+
+/* SimSwitch._service with v1model.py's service and _service_native */
+static void hop_service(xm_loop *L, int64_t node, int64_t t)
+{
+    xm_hop *h = &L->hops[node];
+    if (t != h->service_at) return; /* superseded by an earlier service */
+    h->service_at = -1;
+    h->clock_ns = L->now;
+    if (!h->fast || h->dirty) {
+        L->service(node);
+        return;
+    }
+    xm_tm *tm = (xm_tm *)(uintptr_t)h->tm;
+    xm_state *s = (xm_state *)(uintptr_t)h->state;
+    while (h->fast && !L->failed) {
+        int64_t cap = tm->queued;
+        if (!cap) break;
+        if (cap > h->deps_cap) {
+            int64_t c = 2 * h->deps_cap > cap ? 2 * h->deps_cap : cap;
+            xm_tm_departure *d = realloc(h->deps, (size_t)c * sizeof(xm_tm_departure));
+            if (!d) {
+                L->failed = 1;
+                return;
+            }
+            h->deps = d;
+            h->deps_cap = c;
+        }
+        if (cap > L->res_cap) {
+            int64_t c = 2 * L->res_cap > cap ? 2 * L->res_cap : cap;
+            xm_departed *r = realloc(L->res, (size_t)c * sizeof *r);
+            if (!r) {
+                L->failed = 1;
+                return;
+            }
+            L->res = r;
+            L->res_cap = c;
+        }
+        int64_t n = xm_tm_dequeue_ready(tm, L->now, (xm_tm_departure *)h->deps, cap);
+        if (!n) break;
+        int64_t i = 0;
+        while (i < n) {
+            int64_t stop = xm_depart_batch(s, h->tm, (uint64_t)(uintptr_t)h->deps, i, n,
+                                           (uint64_t)h->drop_port, h->unit, h->cell, L->out,
+                                           (uint64_t)L->out_cap, L->res);
+            for (int64_t j = i; j < stop; j++) {
+                const xm_departed *r = &L->res[j];
+                const xm_tm_departure *d = (const xm_tm_departure *)h->deps + j;
+                xm_packet *p = (xm_packet *)(uintptr_t)d->cpkt;
+                if (r->rc < 0) { /* not sent: v1model.py goes on with it (and owns it) */
+                    L->not_sent(node, j, d->handle ? 0 : d->cpkt);
+                    continue;
+                }
+                const uint8_t *frame = L->out + r->off;
+                int64_t len = r->rc;
+                uint8_t *joined = NULL;
+                if (len > L->out_cap - r->off) { /* the payload was left where it is */
+                    int64_t head = len - (int64_t)p->payload_len;
+                    joined = malloc((size_t)len);
+                    if (!joined) {
+                        L->failed = 1;
+                        return;
+                    }
+                    memcpy(joined, frame, (size_t)head);
+                    memcpy(joined + head, p->payload, p->payload_len);
+                    frame = joined;
+                }
+                if (r->truncate >= 0 && r->truncate < len) len = r->truncate;
+                if (len != r->booked) xm_tm_resize(tm, d->port, r->booked, len);
+                h->tx++;
+                transmit(L, node, d->port, frame, len);
+                free(joined);
+                if (d->handle)
+                    L->release(node, d->handle);
+                else
+                    free(p);
+            }
+            if (stop == i) { /* not this pipeline's packet: v1model.py departs it */
+                L->foreign(node, i);
+                stop = i + 1;
+            }
+            i = stop;
+        }
+    }
+    if (!L->failed) schedule(L, node);
+}
+
+/* run events in order until a Python one is next (RUN_PYTHON, RUN_DELIVER), none is left
+ * (RUN_EMPTY), the next is after until (RUN_UNTIL; until < 0: no bound) or a callback
+ * raised (RUN_FAILED) */
+int64_t xm_loop_run(xm_loop *L, int64_t until)
+{
+    free(L->py_block);
+    L->py_block = NULL;
+    while (L->n) {
+        xm_ev *top = L->heap;
+        if (until >= 0 && top->t > until) {
+            L->now = until;
+            return XM_RUN_UNTIL;
+        }
+        xm_ev e = pop(L);
+        L->now = e.t;
+        L->events++;
+        switch (e.kind) {
+        case XM_EV_PY:
+            L->py_handle = e.a;
+            return XM_RUN_PYTHON;
+        case XM_EV_DELIVER: {
+            xm_block *b = e.block;
+            L->py_handle = e.a;
+            L->py_data = b->data;
+            L->py_len = b->len;
+            L->py_block = b;
+            return XM_RUN_DELIVER;
+        }
+        case XM_EV_RX:
+            hop_receive(L, e.node, e.a, e.block);
+            break;
+        default:
+            hop_service(L, e.node, e.a);
+        }
+        if (L->failed) return XM_RUN_FAILED;
+    }
+    if (until >= 0 && L->now < until) L->now = until;
+    return XM_RUN_EMPTY;
+}
+"""
+
+
+def _fill(text: str) -> str:
+    return text.replace("NPORTS", str(_NPORTS))
+
+
+def source() -> str:
+    """The loop's C, to follow the architecture's common path in a generated source."""
+    return "/* ---- the twin's loop and switch hops (testbed/switch/native/hop.py) ---- */\n" + (
+        _fill(_STRUCTS) + _fill(_C)
+    )
+
+
+def cdef() -> str:
+    return _fill(_STRUCTS) + _FUNCS
