@@ -47,9 +47,9 @@ from testbed.sim.nic import SimHost
 from testbed.sim.nic_native import library as nic_library
 from testbed.sim.nic_programs import IntSource
 from testbed.switch.admin import SwitchAdminService
-from testbed.switch.dataplane import PortStats  # the switch process's own port counters
+from testbed.switch.dataplane import HopPortStats, PortStats  # the switch process's own
+from testbed.switch.hop import SwitchHop, native_path
 from testbed.switch.native.build import BuildError
-from testbed.switch.native.tm import NativeTrafficManager
 from testbed.switch.p4runtime import P4RuntimeService, parse_p4info_text
 from testbed.switch.pfc import (
     PfcConfig,
@@ -59,7 +59,7 @@ from testbed.switch.pfc import (
     pfc_thresholds,
 )
 from testbed.switch.traffic_manager import Clock
-from testbed.switch.v1model import CELL_BYTES, DEFAULT_PIPELINE, PIPELINES, Stats, V1Switch
+from testbed.switch.v1model import DEFAULT_PIPELINE, PIPELINES, V1Switch
 from testbed.topo import End, FabricSpec
 from testbed.traffic.generators import Flow
 from testbed.traffic.jobs import JOBS
@@ -164,45 +164,6 @@ class HopClock(Clock):
             self.hop.clock_ns = ns
 
 
-class HopStats(Stats):
-    """V1Switch's counters with the frames in and out its hop's (the C counts them)."""
-
-    def __init__(self, hop: Any, old: Stats) -> None:  # noqa: D107
-        self._hop = hop
-        super().__init__(old.rx, old.tx, old.dropped)
-
-    rx = property(  # type: ignore[assignment]
-        lambda self: int(self._hop.rx), lambda self, v: setattr(self._hop, "rx", v)
-    )
-    tx = property(  # type: ignore[assignment]
-        lambda self: int(self._hop.tx), lambda self, v: setattr(self._hop, "tx", v)
-    )
-
-
-def _port_counter(name: str) -> property:
-    def get(self: HopPortStats) -> int:
-        return int(getattr(self._hop, name)[self._port])
-
-    def put(self: HopPortStats, value: int) -> None:
-        getattr(self._hop, name)[self._port] = value
-
-    return property(get, put)
-
-
-class HopPortStats(PortStats):
-    """A switch port's counters, its frames and bytes in and out its hop's."""
-
-    def __init__(self, hop: Any, port: int, old: PortStats) -> None:  # noqa: D107
-        self._hop, self._port = hop, port
-        hop.counted[port] = 1
-        super().__init__(old.rx, old.tx, old.tx_errors, old.rx_down, old.rx_bytes, old.tx_bytes)
-
-    rx = _port_counter("port_rx")  # type: ignore[assignment]
-    tx = _port_counter("port_tx")  # type: ignore[assignment]
-    rx_bytes = _port_counter("port_rx_bytes")  # type: ignore[assignment]
-    tx_bytes = _port_counter("port_tx_bytes")  # type: ignore[assignment]
-
-
 class SimSwitch:
     """The built-in switch on the loop's clock."""
 
@@ -244,55 +205,21 @@ class SimSwitch:
     # ---- on the native loop (testbed/sim/native_loop.py) ----
 
     def native_path(self) -> bool:
-        """Whether this switch's per-packet path can run in the native loop's C now: the
-        native pipeline with its common path, the native traffic manager with PFC off, no
-        packet of a program loaded before queued."""
-        c, tm = self.sw.compiled, self.sw.tm
-        return (
-            c is not None
-            and c.native is not None
-            and bool(c.native.arch)
-            and isinstance(tm, NativeTrafficManager)
-            and tm.native()
-            and not self.sw._foreign_queued
-        )
+        return native_path(self.sw)
 
     def attach(self, loop: NativeEventLoop, node: int) -> None:
         """Run this switch's common per-packet path in the native loop's C, as node `node`
         (`native_path` must hold)."""
-        assert self.native_path()
-        c, S, tm = self.sw.compiled, self.sw.std, self.sw.tm
-        assert c is not None and S is not None and isinstance(tm, NativeTrafficManager)
-        rt = c.native
-        h = loop.hop(node, self)
-        self.native, self.hop, self.node = loop, h, node
+        hop = SimHop(loop, node, self)
+        self.native, self.hop, self.node = loop, hop.hop, node
         self.loop = loop
-        h.state = int(rt.ffi.cast("uintptr_t", rt.state))
-        h.tm = tm.address
-        h.drop_port = self.sw.drop_port
-        h.unit = self.sw._unit
-        h.cell = CELL_BYTES
-        h.port_mask = S.m_ingress_port
-        self.clock.attach(h)
-        self.sw.stats = HopStats(h, self.sw.stats)
-        for p, st in list(self.ports.items()):
-            self.ports[p] = HopPortStats(h, p, st)
-        for p in tm.ports:
-            h.known[p] = 1
-        rt.dirty_flag = rt.ffi.addressof(h, "dirty")
-        rt.dirty = rt.dirty
-        tm.adopt = lambda block: rt.adopt(block)[0]
-        tm.leaving_native = self._leave_native
-        self.sw.on_change = self.refresh
-        self.refresh()
+        self.clock.attach(hop.hop)
+        self.sw.on_change = hop.refresh
 
     def refresh(self) -> None:
         """Tell the hop whether the per-packet path may run in C now."""
         if self.hop is not None:
-            self.hop.fast = int(self.native_path())
-
-    def _leave_native(self) -> None:
-        self.hop.fast = 0  # the traffic manager's C state goes: nothing may read it
+            self.hop.fast = int(native_path(self.sw))
 
     def add_port(self, port: int) -> None:
         """Counters for a port with a link."""
@@ -304,47 +231,6 @@ class SimSwitch:
         if self.hop is not None:
             assert isinstance(wire, NativeWire)
             self.hop.wire[port] = wire.index
-
-    # what the hop's C leaves to Python (native_loop.HopCallbacks)
-
-    def receive_python(self, port: int, frame: bytes) -> None:
-        self.receive(port, frame)
-
-    def after_receive(self, port: int, rc: int, packet: int) -> None:
-        self.sw.hop_not_queued(port, rc, packet, self.clock.now_ns())
-
-    def port_made(self, port: int) -> None:
-        self.sw.tm.port(port)
-        self.hop.known[port] = 1
-
-    def service_python(self) -> None:
-        self.sw.service()
-        self._schedule()
-
-    def schedule_python(self) -> None:
-        self._schedule()
-
-    def transmit_python(self, port: int, frame: bytes) -> None:
-        self._transmit(port, frame)
-
-    def release(self, handle: int) -> None:
-        cast(NativeTrafficManager, self.sw.tm).packets.pop(handle)
-
-    def not_sent(self, k: int, packet: int) -> None:
-        assert self.native is not None
-        r = self.native._c.res[k]
-        self.sw.hop_not_sent(self._departure(k), int(r.rc), int(r.booked), packet)
-
-    def foreign(self, k: int) -> None:
-        self.sw.hop_foreign(self._departure(k))
-
-    def _departure(self, k: int) -> Any:
-        """The hop's departure k (an xm_tm_departure, read through the traffic manager's
-        cffi: the hop's C holds it as an address)."""
-        assert self.native is not None
-        tm = cast(NativeTrafficManager, self.sw.tm)
-        address = int(self.native.ffi.cast("uintptr_t", self.hop.deps))
-        return tm.ffi.cast("xm_tm_departure *", address)[k]
 
     def receive(self, port: int, frame: bytes) -> None:
         st = self.ports.get(port)
@@ -410,6 +296,27 @@ class SimSwitch:
     @property
     def dropped(self) -> int:
         return sum(self.sw.stats.dropped.values())
+
+
+class SimHop(SwitchHop):
+    """A SimSwitch's hop in the native loop: what the C hands back to the twin's switch."""
+
+    def __init__(self, loop: NativeEventLoop, node: int, sim: SimSwitch) -> None:  # noqa: D107
+        self.sim = sim
+        super().__init__(loop, node, sim.sw)
+
+    def receive(self, port: int, frame: bytes) -> None:
+        self.sim.receive(port, frame)
+
+    def service(self) -> None:
+        self.sw.service()
+        self.sim._schedule()
+
+    def schedule(self) -> None:
+        self.sim._schedule()
+
+    def transmit(self, port: int, frame: bytes) -> None:
+        self.sim._transmit(port, frame)
 
 
 def seed_random_extern(sw: V1Switch, seed: int) -> None:

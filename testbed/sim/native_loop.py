@@ -5,7 +5,7 @@ the same order ((time, sequence number), one sequence for every event), the same
 `run`. The fabric's wires and its switches' common per-packet path are events of the C heap
 that run without returning to Python; a frame for a host, and every event Python schedules,
 come back to `run`, which calls them as EventLoop does. What the C leaves to Python runs
-through the callbacks `SimSwitch` gives (`HopCallbacks`).
+through the callbacks of each switch's `SwitchHop` (testbed/switch/hop.py).
 
 `run`'s `stop` is asked after each Python event, not after each switch hop: what it reads
 (the hosts' jobs) only Python events change. The loop is used when the switches run the
@@ -16,60 +16,21 @@ the Python loop over the same switches, to bisect a difference).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
-from testbed.switch.native.hop import (
-    RUN_DELIVER,
-    RUN_EMPTY,
-    RUN_FAILED,
-    RUN_PYTHON,
-    RUN_UNTIL,
-)
+from testbed.switch.hop import HopLoop
+from testbed.switch.native.hop import RUN_DELIVER, RUN_EMPTY, RUN_FAILED, RUN_PYTHON, RUN_UNTIL
 
 
-class HopCallbacks(Protocol):
-    """What a switch does in Python for its hop's C (SimSwitch implements it)."""
-
-    def receive_python(self, port: int, frame: bytes) -> None: ...
-    def after_receive(self, port: int, rc: int, packet: int) -> None: ...
-    def port_made(self, port: int) -> None: ...
-    def service_python(self) -> None: ...
-    def schedule_python(self) -> None: ...
-    def transmit_python(self, port: int, frame: bytes) -> None: ...
-    def release(self, handle: int) -> None: ...
-    def not_sent(self, k: int, packet: int) -> None: ...
-    def foreign(self, k: int) -> None: ...
-
-
-class NativeEventLoop:
+class NativeEventLoop(HopLoop):
     def __init__(self, ffi: Any, lib: Any, switches: int, wires: int) -> None:
-        self.ffi, self.lib = ffi, lib
-        self._mem = ffi.new("xm_loop *")
-        self._c = self._mem
-        self._hops = ffi.new("xm_hop[]", max(1, switches))
-        self._wires = ffi.new("xm_wire[]", max(1, wires))
-        self._c.hops, self._c.nhops = self._hops, switches
-        self._c.wires, self._c.nwires = self._wires, 0
+        super().__init__(ffi, lib, switches, wires)
         self._wire_cap = wires
-        if lib.xm_loop_init(self._c):
-            raise MemoryError("the native event loop could not allocate its heap")
         self._py: dict[int, tuple[Callable[..., None], tuple[Any, ...]]] = {}
         self._handle = 0
         self._targets: list[Callable[[bytes], None]] = []
-        self._switches: list[HopCallbacks | None] = [None] * switches
-        self._error: BaseException | None = None
-        self._callbacks = self._make_callbacks()
-
-    def __del__(self) -> None:
-        lib = getattr(self, "lib", None)
-        if lib is not None:
-            lib.xm_loop_free(self._c)
 
     # ---- EventLoop's interface ----
-
-    @property
-    def now_ns(self) -> int:
-        return int(self._c.now)
 
     @property
     def now(self) -> float:
@@ -109,18 +70,14 @@ class NativeEventLoop:
             elif k == RUN_DELIVER:
                 targets[c.py_handle](buffer(c.py_data, c.py_len)[:])
             elif k == RUN_FAILED:
-                c.failed = 0
-                err, self._error = self._error, None
-                if err is None:
-                    raise MemoryError("the native event loop ran out of memory")
-                raise err
+                self.raise_failed()
             else:
                 assert k in (RUN_EMPTY, RUN_UNTIL)
                 return False
             if stop is not None and stop():
                 return True
 
-    # ---- the fabric's parts in C ----
+    # ---- the fabric's links in C ----
 
     def wire(
         self,
@@ -155,83 +112,6 @@ class NativeEventLoop:
             raise MemoryError("the native event loop could not hold a frame")
         return bool(rc)
 
-    def hop(self, node: int, switch: HopCallbacks) -> Any:
-        """Switch `node`'s C state (xm_hop), its callbacks `switch`'s."""
-        self._switches[node] = switch
-        h = self._hops[node]
-        h.service_at = -1
-        for p in range(len(h.wire)):
-            h.wire[p] = -1
-        return h
-
     def schedule_at(self, node: int, t_ns: int) -> None:
         if self.lib.xm_hop_schedule_at(self._c, node, t_ns):
             raise MemoryError("the native event loop could not grow its heap")
-
-    def free_packet(self) -> Any:
-        return self.lib.xm_hop_free_packet
-
-    def _make_callbacks(self) -> list[Any]:
-        """The C's callbacks into the switches: an exception is kept, the loop stops after
-        the event, and `run` raises it."""
-        ffi, c, sw = self.ffi, self._c, self._switches
-        buffer = ffi.buffer
-
-        def failed(exc_type: Any, exc: BaseException, tb: Any) -> None:
-            if self._error is None:
-                self._error = exc.with_traceback(tb)
-            c.failed = 1
-
-        def cb(sig: str, fn: Callable[..., None]) -> Any:
-            return ffi.callback(sig, fn, onerror=failed)
-
-        def switch(node: int) -> HopCallbacks:
-            s = sw[node]
-            assert s is not None
-            return s
-
-        made = [
-            (
-                "receive",
-                cb(
-                    "void(int64_t, int64_t, const uint8_t *, int64_t)",
-                    lambda n, port, data, size: switch(n).receive_python(
-                        port, buffer(data, size)[:]
-                    ),
-                ),
-            ),
-            (
-                "after_receive",
-                cb(
-                    "void(int64_t, int64_t, int64_t, uint64_t)",
-                    lambda n, port, rc, p: switch(n).after_receive(port, rc, p),
-                ),
-            ),
-            (
-                "port_made",
-                cb("void(int64_t, int64_t)", lambda n, port: switch(n).port_made(port)),
-            ),
-            ("service", cb("void(int64_t)", lambda n: switch(n).service_python())),
-            ("schedule", cb("void(int64_t)", lambda n: switch(n).schedule_python())),
-            (
-                "transmit",
-                cb(
-                    "void(int64_t, int64_t, const uint8_t *, int64_t)",
-                    lambda n, port, data, size: switch(n).transmit_python(
-                        port, buffer(data, size)[:]
-                    ),
-                ),
-            ),
-            ("release", cb("void(int64_t, uint64_t)", lambda n, h: switch(n).release(h))),
-            (
-                "not_sent",
-                cb(
-                    "void(int64_t, int64_t, uint64_t)",
-                    lambda n, k, p: switch(n).not_sent(k, p),
-                ),
-            ),
-            ("foreign", cb("void(int64_t, int64_t)", lambda n, k: switch(n).foreign(k))),
-        ]
-        for name, fn in made:
-            setattr(c, name, fn)
-        return [fn for _, fn in made]  # kept alive with the loop

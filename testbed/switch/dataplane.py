@@ -2,7 +2,10 @@
 
 One thread runs the data plane: it waits (poll) for packets on every port and for the next
 departure time of the traffic manager, runs ingress on what arrives, and runs egress on what
-the traffic manager releases. Other threads (P4Runtime packet-out, tests) hand packets in with
+the traffic manager releases. On the native pipeline the per-frame part (reading a port's
+frames with their kernel times, the pipeline, the queues, sending) is C, one call per port
+read and per service (`EmuHop`, testbed/switch/hop.py); Python keeps the poll, the control
+plane and what the C hands back. Other threads (P4Runtime packet-out, tests) hand packets in with
 `inject()`, which wakes the loop through an eventfd-like pipe.
 
 The loop does not die: an error in one pass (a bug, or a setting no check foresaw) is logged,
@@ -24,8 +27,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
+from testbed.switch.hop import HopLoop, SwitchHop, native_path
 from testbed.switch.v1model import V1Switch
 
 log = logging.getLogger("xingmai.switch.dataplane")
@@ -66,6 +70,33 @@ class PortStats:
     rx_down: int = 0  # reads that found the interface down (ENETDOWN: a teardown, ip link)
     rx_bytes: int = 0
     tx_bytes: int = 0
+
+
+def _port_counter(name: str) -> property:
+    def get(self: HopPortStats) -> int:
+        return int(getattr(self._hop, name)[self._port])
+
+    def put(self: HopPortStats, value: int) -> None:
+        getattr(self._hop, name)[self._port] = value
+
+    return property(get, put)
+
+
+class HopPortStats(PortStats):
+    """A port's counters kept by a native hop's C (testbed/switch/hop.py), which counts
+    what it receives and sends there."""
+
+    def __init__(self, hop: Any, port: int, old: PortStats) -> None:  # noqa: D107
+        self._hop, self._port = hop, port
+        hop.counted[port] = 1
+        super().__init__(old.rx, old.tx, old.tx_errors, old.rx_down, old.rx_bytes, old.tx_bytes)
+
+    rx = _port_counter("port_rx")  # type: ignore[assignment]
+    tx = _port_counter("port_tx")  # type: ignore[assignment]
+    tx_errors = _port_counter("port_tx_errors")  # type: ignore[assignment]
+    rx_down = _port_counter("port_rx_down")  # type: ignore[assignment]
+    rx_bytes = _port_counter("port_rx_bytes")  # type: ignore[assignment]
+    tx_bytes = _port_counter("port_tx_bytes")  # type: ignore[assignment]
 
 
 class Port:
@@ -138,8 +169,54 @@ class Port:
                 w.close()
 
 
+class EmuHop(SwitchHop):
+    """The switch process's hop: its ports' sockets read and written in C, and what the C
+    hands back done as Dataplane does it."""
+
+    def __init__(self, dp: Dataplane) -> None:  # noqa: D107
+        sw = dp.switch
+        assert sw.compiled is not None and sw.compiled.native is not None
+        self.rt = sw.compiled.native  # kept: the hop's C uses its state
+        self.dp = dp
+        loop = HopLoop(self.rt.ffi, self.rt.lib, 1)
+        loop._c.real_time = 1
+        super().__init__(loop, 0, sw)
+        for number, port in dp.ports.items():
+            self.hop.fd[number] = port.sock.fileno()
+            port.stats = HopPortStats(self.hop, number, port.stats)
+
+    def ready(self, sw: V1Switch) -> bool:
+        """Whether the next batch may run in C: the hop's program is the switch's, and its
+        per-packet path is native now."""
+        c = sw.compiled
+        return c is not None and c.native is self.rt and bool(self.hop.fast)
+
+    def receive(self, port: int, frame: bytes) -> None:
+        t = self.loop.now_ns  # the frame's arrival, as `_read_port` takes it
+        sw = self.sw
+        due = sw.tm.next_departure_ns()
+        if due is not None and due <= t:
+            sw.service(until_ns=t)
+        sw.receive(port, frame, t)
+
+    def service(self) -> None:
+        self.sw.service()
+
+    def schedule(self) -> None:
+        pass  # the loop polls for the next departure itself
+
+    def transmit(self, port: int, frame: bytes) -> None:
+        self.dp._transmit(port, frame)
+
+
 class Dataplane:
-    def __init__(self, switch: V1Switch, interfaces: dict[int, str], pcap_dir: Path | None = None):
+    def __init__(
+        self,
+        switch: V1Switch,
+        interfaces: dict[int, str],
+        pcap_dir: Path | None = None,
+        io: str = "native",
+    ):
         self.switch = switch
         self.ports: dict[int, Port] = {}
         self.cpu_handler: Callable[[bytes], None] | None = None
@@ -162,6 +239,47 @@ class Dataplane:
             self.close()
             raise
         switch.transmit = self._transmit
+        # the per-frame part in C where it can run: the native pipeline, no capture, and a
+        # kernel that keeps our own transmissions out of our reads
+        self.native_io = ""
+        if io != "native":
+            self.native_io = "python: asked for (--io)"
+        elif pcap_dir is not None:
+            self.native_io = "python: capturing to pcap"
+        elif not all(p.kernel_filters_outgoing for p in self.ports.values()):
+            self.native_io = "python: the kernel lacks PACKET_IGNORE_OUTGOING"
+        self.hop: EmuHop | None = None
+        switch.on_change = self._pipeline_changed
+        self._pipeline_changed()
+
+    def _pipeline_changed(self) -> None:
+        """A program loaded (or the last packet of the one before left): the hop follows."""
+        sw = self.switch
+        if self.hop is not None:
+            self.hop.refresh()
+        if self.native_io or not native_path(sw):
+            return
+        c = sw.compiled
+        assert c is not None
+        if self.hop is None or c.native is not self.hop.rt:
+            self.hop = EmuHop(self)
+            log.info("the per-frame path runs in C")
+
+    def io_path(self) -> str:
+        """Where the per-frame part runs now: "native", or "python: " and why."""
+        sw = self.switch
+        if self.native_io:
+            return self.native_io
+        if self.hop is not None and self.hop.ready(sw):
+            return "native"
+        c = sw.compiled
+        if c is None:
+            return "python: no program loaded"
+        if c.native is None or not c.native.arch:
+            return f"python: the {sw.pipeline_in_use} pipeline"
+        if sw.tm.pfc is not None or not native_path(sw):
+            return "python: PFC on or packets of the program before queued"
+        return "python"
 
     def _transmit(self, port: int, data: bytes) -> None:
         p = self.ports.get(port)
@@ -266,7 +384,13 @@ class Dataplane:
                 except Exception as exc:
                     self._survive(exc)
             try:
-                sw.service()
+                hop = self.hop
+                if hop is not None and hop.ready(sw):
+                    with sw.lock:
+                        hop.loop.lib.xm_emu_service(hop.loop._c, 0, clock.start_ns)
+                    hop.loop.raise_failed()
+                else:
+                    sw.service()
             except Exception as exc:
                 self._survive(exc)
 
@@ -287,6 +411,16 @@ class Dataplane:
 
     def _read_port(self, p: Port, offset: int) -> None:
         sw, tm = self.switch, self.switch.tm
+        hop = self.hop
+        if hop is not None and hop.ready(sw):
+            with sw.lock:
+                n = hop.loop.lib.xm_emu_read(
+                    hop.loop._c, 0, p.number, RX_BATCH, sw.clock.start_ns, offset
+                )
+            hop.loop.raise_failed()
+            if n < 0:
+                raise OSError(-n, f"{p.iface}: receive: {os.strerror(-n)}")
+            return
         for data, t_real in p.recv_batch():
             p.stats.rx += 1
             p.stats.rx_bytes += len(data)

@@ -112,6 +112,14 @@ def build_parser() -> argparse.ArgumentParser:
         "(where the native one cannot run, no C compiler or a construct it lacks, one line "
         "says why and the reference runs)",
     )
+    ap.add_argument(
+        "--io",
+        choices=list(PIPELINES),
+        default=None,
+        help="the packet loop's per-frame part (default: as --pipeline): native, in C "
+        "(reading the ports, the pipeline, the queues, sending), or Python around the "
+        "pipeline; to bisect a difference",
+    )
     ap.add_argument("--metrics-addr", help="serve Prometheus metrics on HOST:PORT")
     ap.add_argument("--name", default="", help="name used in logs and metrics")
     return ap
@@ -188,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         log.error("a port number is given twice in -i")
         return 2
     try:
-        dp = Dataplane(sw, interfaces, Path(args.pcap) if args.pcap else None)
+        io = args.io or args.pipeline
+        dp = Dataplane(sw, interfaces, Path(args.pcap) if args.pcap else None, io)
     except OSError as exc:
         log.error("cannot open interfaces: %s", exc)
         return 1

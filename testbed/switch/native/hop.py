@@ -68,13 +68,16 @@ typedef struct {
     int64_t tx;
     int64_t deps_cap;
     void *deps; /* xm_tm_departure[deps_cap] */
-    int64_t wire[NPORTS]; /* the loop's wire out of each port, or -1 */
+    int64_t wire[NPORTS]; /* the twin: the loop's wire out of each port, or -1 */
+    int64_t fd[NPORTS]; /* the emulation: each port's packet socket, or -1 */
     uint8_t counted[NPORTS]; /* the port has counters (SimSwitch.ports) */
     uint8_t known[NPORTS]; /* Python has made the port's queues (tm.ports) */
     int64_t port_rx[NPORTS];
     int64_t port_tx[NPORTS];
     int64_t port_rx_bytes[NPORTS];
     int64_t port_tx_bytes[NPORTS];
+    int64_t port_tx_errors[NPORTS];
+    int64_t port_rx_down[NPORTS];
 } xm_hop;
 
 typedef struct {
@@ -93,6 +96,8 @@ typedef struct {
     xm_departed *res;
     int64_t res_cap;
     int64_t failed; /* a callback raised */
+    int64_t real_time; /* the emulation's switch: no heap, the caller services by the clock */
+    uint8_t *rx; /* the emulation's receive buffer (XM_RX_MAX bytes) */
     int64_t py_handle; /* what run hands back */
     const uint8_t *py_data;
     int64_t py_len;
@@ -117,12 +122,19 @@ int xm_loop_at(xm_loop *L, int64_t t, int64_t handle);
 int64_t xm_loop_run(xm_loop *L, int64_t until);
 int xm_wire_send(xm_loop *L, int64_t wire, const uint8_t *data, int64_t len, int64_t t);
 int xm_hop_schedule_at(xm_loop *L, int64_t node, int64_t t);
+int64_t xm_emu_read(xm_loop *L, int64_t node, int64_t port, int64_t max, int64_t start_ns,
+                    int64_t offset_ns);
+int64_t xm_emu_service(xm_loop *L, int64_t node, int64_t start_ns);
 void xm_hop_free_packet(void *packet);
 """
 
 _C = r"""
+#include <errno.h>
 #include <stdlib.h>
+#include <sys/socket.h>
+#include <time.h>
 
+#define XM_RX_MAX 65536 /* the largest frame a packet socket gives (MAX_FRAME + 1) */
 #define XM_EV_PY 0 /* a Python event: run returns its handle */
 #define XM_EV_RX 1 /* a frame arrives at a switch's port */
 #define XM_EV_SERVICE 2 /* a switch's traffic manager may send */
@@ -155,7 +167,8 @@ int xm_loop_init(xm_loop *L)
     L->out = malloc((size_t)L->out_cap);
     L->res_cap = 64;
     L->res = malloc((size_t)L->res_cap * sizeof(xm_departed));
-    return L->heap && L->out && L->res ? 0 : -1;
+    L->rx = malloc(XM_RX_MAX);
+    return L->heap && L->out && L->res && L->rx ? 0 : -1;
 }
 
 void xm_loop_free(xm_loop *L)
@@ -166,6 +179,8 @@ void xm_loop_free(xm_loop *L)
     free(L->out);
     free(L->res);
     free(L->py_block);
+    free(L->rx);
+    L->rx = NULL;
     for (int64_t i = 0; i < L->nhops; i++) free(L->hops[i].deps);
     L->heap = NULL;
     L->out = NULL;
@@ -263,6 +278,7 @@ static void schedule(xm_loop *L, int64_t node)
 {
     xm_hop *h = &L->hops[node];
     int64_t t;
+    if (L->real_time) return; /* the emulation's loop asks the traffic manager itself */
     if (!h->fast) { /* a callback made the path Python's: so is the traffic manager */
         L->schedule(node);
         return;
@@ -283,7 +299,7 @@ static void hop_receive(xm_loop *L, int64_t node, int64_t port, xm_block *b)
         return;
     }
     h->rx++;
-    if (h->counted[port]) {
+    if (!L->real_time && h->counted[port]) { /* the emulation's read counted it */
         h->port_rx[port]++;
         h->port_rx_bytes[port] += b->len;
     }
@@ -305,6 +321,16 @@ static void transmit(xm_loop *L, int64_t node, int64_t port, const uint8_t *data
     xm_hop *h = &L->hops[node];
     int64_t w = port >= 0 && port < NPORTS ? h->wire[port] : -1;
     int control = len >= 14 && data[12] == 0x88 && data[13] == 0x08;
+    int64_t fd = w < 0 && port >= 0 && port < NPORTS ? h->fd[port] : -1;
+    if (fd >= 0 && !control) { /* Port.send */
+        if (send((int)fd, data, (size_t)len, 0) < 0) {
+            h->port_tx_errors[port]++;
+        } else {
+            h->port_tx[port]++;
+            h->port_tx_bytes[port] += len;
+        }
+        return;
+    }
     if (w < 0 || control) {
         L->transmit(node, port, data, len);
         return;
@@ -320,17 +346,10 @@ static void transmit(xm_loop *L, int64_t node, int64_t port, const uint8_t *data
     }
 }
 
-/* SimSwitch._service with v1model.py's service and _service_native */
-static void hop_service(xm_loop *L, int64_t node, int64_t t)
+/* v1model.py's service with _service_native: every departure due by now */
+static void service_round(xm_loop *L, int64_t node)
 {
     xm_hop *h = &L->hops[node];
-    if (t != h->service_at) return; /* superseded by an earlier service */
-    h->service_at = -1;
-    h->clock_ns = L->now;
-    if (!h->fast || h->dirty) {
-        L->service(node);
-        return;
-    }
     xm_tm *tm = (xm_tm *)(uintptr_t)h->tm;
     xm_state *s = (xm_state *)(uintptr_t)h->state;
     while (h->fast && !L->failed) {
@@ -402,7 +421,109 @@ static void hop_service(xm_loop *L, int64_t node, int64_t t)
             i = stop;
         }
     }
+}
+
+/* SimSwitch._service */
+static void hop_service(xm_loop *L, int64_t node, int64_t t)
+{
+    xm_hop *h = &L->hops[node];
+    if (t != h->service_at) return; /* superseded by an earlier service */
+    h->service_at = -1;
+    h->clock_ns = L->now;
+    if (!h->fast || h->dirty) {
+        L->service(node);
+        return;
+    }
+    service_round(L, node);
     if (!L->failed) schedule(L, node);
+}
+
+/* ---- the emulation's switch (testbed/switch/dataplane.py's loop, its per-frame part) */
+
+static int64_t clock_ns(int64_t start_ns)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec - start_ns;
+}
+
+/* Dataplane._read_port: up to max frames waiting on the port's socket, each at its kernel
+ * arrival time (offset_ns maps it onto the switch's clock, which started at start_ns of
+ * CLOCK_MONOTONIC): the departures due by then first, then the frame's arrival. The frames
+ * read, or -errno (the batch stops there; a port gone down is counted, not an error). */
+int64_t xm_emu_read(xm_loop *L, int64_t node, int64_t port, int64_t max, int64_t start_ns,
+                    int64_t offset_ns)
+{
+    uint8_t *frame = L->rx;
+    xm_hop *h = &L->hops[node];
+    xm_tm *tm = (xm_tm *)(uintptr_t)h->tm;
+    int64_t k;
+    for (k = 0; k < max && !L->failed; k++) {
+        union {
+            struct cmsghdr align;
+            uint8_t buf[CMSG_SPACE(sizeof(struct timespec))];
+        } control;
+        struct iovec iov = {frame, XM_RX_MAX - 1};
+        struct msghdr msg = {0};
+        msg.msg_iov = &iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.buf;
+        msg.msg_controllen = sizeof control.buf;
+        ssize_t n = recvmsg((int)h->fd[port], &msg, MSG_DONTWAIT);
+        if (n < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) break;
+            if (errno == ENETDOWN) { /* the interface went down under the socket */
+                h->port_rx_down[port]++;
+                break;
+            }
+            return -errno;
+        }
+        /* a frame with no kernel time (none here: the socket asks for them) is taken now */
+        int64_t now = clock_ns(start_ns), t = now, real = 0;
+        for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+            if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == 35 /* SO_TIMESTAMPNS */) {
+                struct timespec ts;
+                memcpy(&ts, CMSG_DATA(c), sizeof ts);
+                real = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+            }
+        }
+        h->port_rx[port]++;
+        h->port_rx_bytes[port] += n;
+        if (real && real - offset_ns < now) t = real - offset_ns;
+        xm_block *b = malloc(sizeof(xm_block) + (size_t)n);
+        if (!b) {
+            L->failed = 1;
+            break;
+        }
+        b->len = n;
+        memcpy(b->data, frame, (size_t)n);
+        if (!h->fast || h->dirty) { /* the whole frame is Python's, from its time */
+            L->now = t;
+            L->receive(node, port, b->data, b->len);
+            free(b);
+            continue;
+        }
+        int64_t due;
+        if (xm_tm_next_departure(tm, &due) && due <= t) { /* read late: what left before it */
+            L->now = t;
+            service_round(L, node);
+        }
+        L->now = t;
+        hop_receive(L, node, port, b);
+    }
+    return k; /* the caller looks at failed */
+}
+
+/* Dataplane's service after each poll: every departure due by now */
+int64_t xm_emu_service(xm_loop *L, int64_t node, int64_t start_ns)
+{
+    xm_hop *h = &L->hops[node];
+    L->now = clock_ns(start_ns);
+    if (!h->fast || h->dirty)
+        L->service(node);
+    else
+        service_round(L, node);
+    return 0; /* the caller looks at failed */
 }
 
 /* run events in order until a Python one is next (RUN_PYTHON, RUN_DELIVER), none is left
