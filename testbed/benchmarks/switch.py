@@ -12,7 +12,9 @@ ECMP group):
   reference pipeline (`pipeline_pps_native`: the native one, testbed/switch/native/);
 - `veth_pps`: 60-byte (64 with FCS) UDP frames offered as fast as one core can send them
   from a host namespace, the switch process pinned to the other core, counted at the receiving
-  host: the rate the switch sustains, as bmv2's figure in the issue was measured.
+  host: the rate the switch sustains, as bmv2's figure in the issue was measured; for the
+  built-in switch with its packet loop's per-frame part in C (the default) and in Python
+  (`--io reference`, `xingmai_switch_python_io`).
 """
 
 from __future__ import annotations
@@ -249,7 +251,9 @@ def _writes(name: str, mac: str) -> list[Any]:
     ]
 
 
-def veth_pps(name: str, binary: str, seconds: float) -> dict[str, Any]:
+def veth_pps(
+    name: str, binary: str, seconds: float, extra: list[str] | None = None
+) -> dict[str, Any]:
     import finsy as fy
 
     from testbed.switch.rig import SwitchRig
@@ -257,7 +261,7 @@ def veth_pps(name: str, binary: str, seconds: float) -> dict[str, Any]:
     p4info, p4blob = _program_files(name)
     with SwitchRig(2) as rig:
         h1, h2 = rig.hosts
-        rig.start_switch(None, binary=binary, cpu=0)
+        rig.start_switch(None, binary=binary, cpu=0, extra=extra)
 
         async def program() -> None:
             opts = fy.SwitchOptions(p4info=p4info, p4blob=p4blob, device_id=1)
@@ -341,6 +345,10 @@ def run(quick: bool) -> dict[str, Any]:
             }
         if os.geteuid() == 0:
             entry["xingmai_switch"] = veth_pps(name, "xingmai-switch", seconds)
+            # the packet loop's per-frame part in Python around the same pipeline
+            entry["xingmai_switch_python_io"] = veth_pps(
+                name, "xingmai-switch", seconds, ["--io", "reference"]
+            )
             for build, exe in bmv2_builds().items():
                 entry[build] = {"binary": exe, **veth_pps(name, exe, seconds)}
                 entry[f"ratio_xingmai_to_{build}"] = round(
