@@ -240,3 +240,34 @@ def test_ports_free_at_the_same_time_leave_in_port_order() -> None:
         assert sorted(tm._busy) == [1, 8, 9, 40]
         assert [d[0] for d in tm.dequeue_ready(0)] == [1, 8, 9, 40], type(tm).__name__
         assert not tm._busy
+
+
+def test_pfc_off_makes_the_traffic_manager_native_again() -> None:
+    """PFC on turns the native traffic manager into the reference (PFC's counting is
+    Python); off, the switch gets a native one again with the same state, once nothing is
+    queued: ports, rates, faults, counters and the loss draws' generator carried over."""
+    from testbed.switch.native.tm import NativeTrafficManager
+    from testbed.switch.v1model import V1Switch
+
+    sw = V1Switch(Clock(virtual=True), pipeline="native")
+    assert isinstance(sw.tm, NativeTrafficManager)
+    for port in (2, 7):
+        sw.tm.port(port).rate_bps = 1e9
+    sw.tm.set_fault(7, delay_ns=500, rate_factor=0.5)
+    sw.tm.set_fault(2, loss=0.25)
+    assert sw.tm.enqueue(2, 0, "p", 1000, 0) is not None
+    sw.tm.dequeue_ready(10_000)
+    rng = sw.tm.rng
+    sw.set_pfc(PfcConfig(6000, 2000, 3000, link_bps=1e10))
+    assert type(sw.tm) is TrafficManager
+    assert sw.tm.enqueue(7, 0, "q", 1000, 20_000) is not None
+    before = state(sw.tm)
+    sw.set_pfc(None)
+    assert type(sw.tm) is TrafficManager  # a packet is queued: it stays
+    sw.tm.dequeue_ready(10**9)
+    before = state(sw.tm)
+    sw.set_pfc(None)
+    assert isinstance(sw.tm, NativeTrafficManager) and sw.tm.native()
+    assert state(sw.tm) == before and sw.tm.rng is rng and sorted(sw.tm.rx_faults) == [2]
+    assert sw.tm.enqueue(7, 0, "r", 1000, 2 * 10**9) is not None  # and it runs
+    assert [d[2] for d in sw.tm.dequeue_ready(3 * 10**9)] == ["r"]

@@ -109,3 +109,38 @@ def test_the_native_packet_loop_forwards_what_the_python_one_does() -> None:
     )
     ports = [[(p.port, p.rx_packets, p.tx_packets) for p in st.ports] for st in (st_n, st_p)]
     assert ports[0] == ports[1]
+
+
+def test_the_packet_loop_is_native_again_after_pfc() -> None:
+    """PFC on puts the switch's queues on the reference traffic manager, so its frames on
+    Python's path; PFC off (and nothing queued) brings the native path back."""
+    from testbed.switch.pfc import PfcConfig, pfc_request
+
+    with SwitchRig(2) as rig:
+        rig.start_switch(None)
+        h1, h2 = rig.hosts
+        seen: list[str] = []
+
+        async def program() -> None:
+            async with fy.Switch("s1", rig.grpc_addr, options()) as s:
+                await s.write(_writes("xingmai", h2.mac))
+                election = switch_pb2.ElectionId(high=0, low=int(s.election_id))
+                with grpc.insecure_channel(rig.grpc_addr) as ch:
+                    admin = switch_pb2_grpc.SwitchAdminStub(ch)
+
+                    def status() -> None:
+                        st = admin.GetStatus(switch_pb2.GetStatusRequest())
+                        seen.append(st.dataplane_io)
+
+                    status()
+                    req = pfc_request(PfcConfig(6000, 2000, 3000, link_bps=1e10), None)
+                    req.device_id = 1
+                    req.election_id.CopyFrom(election)
+                    admin.SetPfc(req)
+                    status()
+                    admin.SetPfc(switch_pb2.SetPfcRequest(device_id=1, election_id=election))
+                    status()
+
+        asyncio.run(program())
+        assert seen[0] == "native" and seen[2] == "native", seen
+        assert seen[1].startswith("python: PFC on"), seen

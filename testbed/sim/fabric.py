@@ -200,6 +200,7 @@ class SimSwitch:
         # on the native loop: this switch's hop there (xm_hop), its node index
         self.native: NativeEventLoop | None = None
         self.hop: Any = None
+        self.switch_hop: SimHop | None = None
         self.node = -1
 
     # ---- on the native loop (testbed/sim/native_loop.py) ----
@@ -211,15 +212,15 @@ class SimSwitch:
         """Run this switch's common per-packet path in the native loop's C, as node `node`
         (`native_path` must hold)."""
         hop = SimHop(loop, node, self)
-        self.native, self.hop, self.node = loop, hop.hop, node
+        self.native, self.hop, self.node, self.switch_hop = loop, hop.hop, node, hop
         self.loop = loop
         self.clock.attach(hop.hop)
         self.sw.on_change = hop.refresh
 
     def refresh(self) -> None:
         """Tell the hop whether the per-packet path may run in C now."""
-        if self.hop is not None:
-            self.hop.fast = int(native_path(self.sw))
+        if self.switch_hop is not None:
+            self.switch_hop.refresh()
 
     def add_port(self, port: int) -> None:
         """Counters for a port with a link."""

@@ -103,8 +103,7 @@ class SwitchAdminService(switch_pb2_grpc.SwitchAdminServicer):  # type: ignore[m
                     )
             except ValueError as exc:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        with self.switch.lock:
-            self.switch.tm.set_pfc(pfc, wd)
+        self.switch.set_pfc(pfc, wd)
         return switch_pb2.SetPfcResponse()
 
     def SetBuffer(self, request: Any, context: Any) -> Any:

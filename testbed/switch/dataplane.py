@@ -176,9 +176,9 @@ class EmuHop(SwitchHop):
     def __init__(self, dp: Dataplane) -> None:  # noqa: D107
         sw = dp.switch
         assert sw.compiled is not None and sw.compiled.native is not None
-        self.rt = sw.compiled.native  # kept: the hop's C uses its state
+        rt = sw.compiled.native
         self.dp = dp
-        loop = HopLoop(self.rt.ffi, self.rt.lib, 1)
+        loop = HopLoop(rt.ffi, rt.lib, 1)
         loop._c.real_time = 1
         super().__init__(loop, 0, sw)
         for number, port in dp.ports.items():
@@ -351,7 +351,7 @@ class Dataplane:
             poller.register(fd, select.POLLIN)
         poller.register(self._wake_r, select.POLLIN)
         sw = self.switch
-        clock, tm = sw.clock, sw.tm
+        clock = sw.clock  # the traffic manager is read anew: PFC's changes replace it
         # kernel timestamps are wall-clock time: map them onto the switch's clock
         offset = time.time_ns() - time.monotonic_ns() + clock.start_ns
         refreshed = time.monotonic()
@@ -360,7 +360,7 @@ class Dataplane:
                 offset = time.time_ns() - time.monotonic_ns() + clock.start_ns
                 refreshed = time.monotonic()
             try:
-                nxt = tm.next_departure_ns()
+                nxt = sw.tm.next_departure_ns()
                 timeout_ms = (
                     IDLE_POLL_MS
                     if nxt is None

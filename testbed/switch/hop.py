@@ -152,24 +152,34 @@ class SwitchHop:
         rt = c.native
         self.loop, self.node, self.sw = loop, node, sw
         h = self.hop = loop._hop(node, self)
+        self.rt = rt  # kept: the hop's C uses its state
         h.state = int(rt.ffi.cast("uintptr_t", rt.state))
-        h.tm = tm.address
         h.drop_port = sw.drop_port
         h.unit = sw._unit
         h.cell = CELL_BYTES
         h.port_mask = S.m_ingress_port
         sw.stats = HopStats(h, sw.stats)
-        for p in tm.ports:
-            h.known[p] = 1
         rt.dirty_flag = rt.ffi.addressof(h, "dirty")
         rt.dirty = rt.dirty
-        tm.adopt = lambda block: rt.adopt(block)[0]
-        tm.leaving_native = self._leave_native
+        self.tm: NativeTrafficManager | None = None
         self.refresh()  # the driver has the switch tell it of changes (V1Switch.on_change)
 
     def refresh(self) -> None:
-        """Tell the hop whether the per-packet path may run in C now."""
-        self.hop.fast = int(native_path(self.sw))
+        """Tell the hop whether the per-packet path may run in C now, and which traffic
+        manager's C state it is (a switch whose PFC went off has a new one)."""
+        sw, h = self.sw, self.hop
+        fast = native_path(sw)
+        tm = sw.tm
+        if fast and tm is not self.tm:
+            assert isinstance(tm, NativeTrafficManager)
+            rt = self.rt
+            h.tm = tm.address
+            for p in range(len(h.known)):
+                h.known[p] = int(p in tm.ports)
+            tm.adopt = lambda block: rt.adopt(block)[0]
+            tm.leaving_native = self._leave_native
+            self.tm = tm
+        h.fast = int(fast)
 
     def _leave_native(self) -> None:
         self.hop.fast = 0  # the traffic manager's C state goes: nothing may read it

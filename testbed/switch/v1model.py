@@ -47,6 +47,7 @@ from testbed.switch.packet import (
     Packet,
     PipelineAbort,
 )
+from testbed.switch.pfc import PfcConfig, WatchdogConfig
 from testbed.switch.program import LoadError, Program
 from testbed.switch.traffic_manager import Clock, TrafficManager
 
@@ -380,6 +381,19 @@ class V1Switch:
             self.stats.drop("ingress_drop")
         else:
             self._guarded("ingress", lambda: cast(Any, c.native).raise_abort("ingress"))
+
+    def set_pfc(self, pfc: PfcConfig | None, watchdog: WatchdogConfig | None = None) -> None:
+        """PFC on (its traffic manager the reference's from then on: PFC's per-packet counting
+        is Python) or off (on the native pipeline, the traffic manager native again once no
+        packet is queued)."""
+        with self.lock:
+            self.tm.set_pfc(pfc, watchdog)
+            if pfc is None and self.pipeline == "native":
+                if not isinstance(self.tm, NativeTrafficManager):
+                    tm = NativeTrafficManager.from_reference(self.tm)
+                    if tm is not None:
+                        self.tm = tm
+        self.on_change()
 
     # ---- what a native loop's switch hop leaves here (testbed/switch/native/hop.py) -------
 

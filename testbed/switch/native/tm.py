@@ -819,6 +819,40 @@ class NativeTrafficManager(TrafficManager):
             self._to_reference()
         TrafficManager.set_pfc(self, pfc, watchdog)
 
+    @classmethod
+    def from_reference(cls, old: TrafficManager) -> NativeTrafficManager | None:
+        """A native traffic manager with the state of `old` (a reference one, as
+        `_to_reference` made it: PFC off again), or None while `old` has PFC on or a packet
+        queued (the state moves only when there is none to move)."""
+        if old.pfc is not None or any(any(pq.queues) for pq in old.ports.values()):
+            return None
+        new = cls(old.clock, old.nb_queues, old.default_depth_pkts)
+        in_c = {"default_depth_pkts", "default_depth_bytes", "default_rate_pps"}
+        in_c |= {"default_rate_bps", "buffered_bytes", "buffer", "ports", "_busy", "rx_faults"}
+        for name in ("default_depth_bytes", "default_rate_pps", "default_rate_bps", "buffer"):
+            setattr(new, name, getattr(old, name))
+        # the rest of the reference's own state as it is (the loss draws' generator, the
+        # driver's callbacks, PFC's leftovers), not what its native past left behind
+        for name in TrafficManager(old.clock, old.nb_queues).__dict__.keys() - in_c:
+            new.__dict__[name] = old.__dict__[name]
+        for port, pq in old.ports.items():
+            view = new.port(port)
+            for f in dataclasses.fields(PortQueues):
+                if f.name in ("port", "nb_queues", "queues"):
+                    continue
+                value = getattr(pq, f.name)
+                if f.name == "fault":
+                    for k in ("down", "loss", "delay_ns", "rate_factor", "silent"):
+                        setattr(view.fault, k, getattr(value, k))
+                elif isinstance(getattr(view, f.name), _Array):
+                    for i, v in enumerate(value):
+                        getattr(view, f.name)[i] = v
+                else:
+                    setattr(view, f.name, value)
+        for port in old.rx_faults:
+            new.rx_faults.add(port)
+        return new
+
     def _to_reference(self) -> None:
         """Turn this object into a TrafficManager holding the same state in Python."""
         self.leaving_native()
