@@ -90,6 +90,12 @@ def _common(ap: argparse.ArgumentParser) -> None:
         help="the twin's NICs alone on this one (default: as --pipeline): to bisect a "
         "difference between the native and the reference runs",
     )
+    ap.add_argument(
+        "--loop-pipeline",
+        choices=PIPELINES,
+        help="the twin's event loop and its switches' hops alone on this one (default: as "
+        "--pipeline; native needs the switches native): to bisect, as --nic-pipeline",
+    )
     ap.add_argument("--pcap", action="store_true", help="per-port pcap files in the run dir")
     ap.add_argument("--run-dir", type=Path, help="default: runs/<timestamp>")
     ap.add_argument(
@@ -279,6 +285,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(
             "--nic-pipeline is the twin's (the emulation's NICs run the XDP program in the "
             "kernel; the flow engine has no NIC)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.engine != "sim" and args.loop_pipeline is not None:
+        print(
+            "--loop-pipeline is the twin's (the emulation's switch processes take --io)",
             file=sys.stderr,
         )
         return 2

@@ -139,9 +139,9 @@ def test_the_twin_runs_from_the_wheel_without_the_extras(wheel: Path, tmp_path: 
     assert "matplotlib is not installed: pip install 'xingmai[plots]'" in res.stderr
     # the wheel carries the NIC's C: the twin's NICs run it compiled, as from a clone
     assert "native NIC unavailable" not in res.stderr
-    assert json.loads((work / "run" / "results.json").read_text())["setup"]["nic_pipeline"] == (
-        "native"
-    )
+    setup = json.loads((work / "run" / "results.json").read_text())["setup"]
+    assert setup["nic_pipeline"] == "native"
+    assert setup["loop_pipeline"] == "native"  # the event loop's C comes with the pipeline's
     assert "incast     tita" in res.stdout
 
 

@@ -87,6 +87,7 @@ def run_sim(args: argparse.Namespace, cfg: SuiteConfig) -> int:
         seed=cfg.seed,
         pipeline=getattr(args, "pipeline", DEFAULT_PIPELINE),
         nic_pipeline=getattr(args, "nic_pipeline", None),
+        loop_pipeline=getattr(args, "loop_pipeline", None),
     )
     if fab.pipeline == "native":
         sw = next(iter(fab.switches.values())).sw
@@ -116,6 +117,7 @@ def run_sim(args: argparse.Namespace, cfg: SuiteConfig) -> int:
         "buffer": scaling.model.buffer,
         "pipeline": next(iter(fab.switches.values())).sw.pipeline_in_use,
         "nic_pipeline": fab.nic_pipeline_in_use,
+        "loop_pipeline": fab.loop_in_use,
         "link_bps": scaling.link_bps,
         "nic_bps": scaling.nic_bps,
         "base_rtt_s": suite.base_rtt_s,
