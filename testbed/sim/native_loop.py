@@ -9,8 +9,8 @@ through the callbacks of each switch's `SwitchHop` (testbed/switch/hop.py).
 
 `run`'s `stop` is asked after each Python event, not after each switch hop: what it reads
 (the hosts' jobs) only Python events change. The loop is used when the switches run the
-native pipeline with its common path (testbed.sim.fabric chooses; `loop="reference"` keeps
-the Python loop over the same switches, to bisect a difference).
+native pipeline with its common path (testbed.sim.fabric chooses; `--loop-pipeline
+reference` keeps the Python loop over the same switches, to bisect a difference).
 """
 
 from __future__ import annotations
