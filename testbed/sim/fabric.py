@@ -108,13 +108,14 @@ class NativeWire(Wire):
     """A Wire whose frames are the native loop's (testbed/switch/native/hop.py): sent and
     counted in C, delivered to a switch there or to its Python target."""
 
-    def __init__(  # noqa: D107 - Wire's, and the loop's wire at index `index`
-        self, loop: NativeEventLoop, index: int, max_frame: int
-    ) -> None:
+    def __init__(self, loop: NativeEventLoop, index: int) -> None:  # noqa: D107
         self.native = loop
         self.index = index
-        self.max_frame = max_frame
         self._w = loop._wires[index]
+
+    @property
+    def max_frame(self) -> int:  # type: ignore[override]
+        return int(self._w.max_frame)
 
     @property
     def ns_per_byte(self) -> float:  # type: ignore[override]
@@ -197,41 +198,29 @@ class SimSwitch:
         self._service_at: int | None = None
         # ports with no wire but a listener (the collector's): frame -> the listener
         self.local: dict[int, Callable[[bytes], None]] = {}
-        # on the native loop: this switch's hop there (xm_hop), its node index
-        self.native: NativeEventLoop | None = None
-        self.hop: Any = None
-        self.switch_hop: SimHop | None = None
-        self.node = -1
+        # on the native loop: this switch's hop there
+        self.native: SimHop | None = None
 
     # ---- on the native loop (testbed/sim/native_loop.py) ----
-
-    def native_path(self) -> bool:
-        return native_path(self.sw)
 
     def attach(self, loop: NativeEventLoop, node: int) -> None:
         """Run this switch's common per-packet path in the native loop's C, as node `node`
         (`native_path` must hold)."""
-        hop = SimHop(loop, node, self)
-        self.native, self.hop, self.node, self.switch_hop = loop, hop.hop, node, hop
+        self.native = SimHop(loop, node, self)
         self.loop = loop
-        self.clock.attach(hop.hop)
-        self.sw.on_change = hop.refresh
-
-    def refresh(self) -> None:
-        """Tell the hop whether the per-packet path may run in C now."""
-        if self.switch_hop is not None:
-            self.switch_hop.refresh()
+        self.clock.attach(self.native.hop)
+        self.sw.on_change = self.native.refresh
 
     def add_port(self, port: int) -> None:
         """Counters for a port with a link."""
         st = PortStats()
-        self.ports[port] = st if self.hop is None else HopPortStats(self.hop, port, st)
+        self.ports[port] = st if self.native is None else HopPortStats(self.native.hop, port, st)
 
     def add_wire(self, port: int, wire: Wire) -> None:
         self.wires[port] = wire
-        if self.hop is not None:
+        if self.native is not None:
             assert isinstance(wire, NativeWire)
-            self.hop.wire[port] = wire.index
+            self.native.hop.wire[port] = wire.index
 
     def receive(self, port: int, frame: bytes) -> None:
         st = self.ports.get(port)
@@ -246,9 +235,7 @@ class SimSwitch:
 
     def _schedule(self) -> None:
         if self.native is not None:  # the hop's C keeps when its service is due
-            t = self.sw.tm.next_departure_ns()
-            if t is not None:
-                self.native.schedule_at(self.node, t)
+            self.native.schedule()
             return
         now = self.loop.now_ns
         at = self._service_at
@@ -303,7 +290,7 @@ class SimHop(SwitchHop):
     """A SimSwitch's hop in the native loop: what the C hands back to the twin's switch."""
 
     def __init__(self, loop: NativeEventLoop, node: int, sim: SimSwitch) -> None:  # noqa: D107
-        self.sim = sim
+        self.sim, self.events = sim, loop
         super().__init__(loop, node, sim.sw)
 
     def receive(self, port: int, frame: bytes) -> None:
@@ -311,10 +298,13 @@ class SimHop(SwitchHop):
 
     def service(self) -> None:
         self.sw.service()
-        self.sim._schedule()
+        self.schedule()
 
     def schedule(self) -> None:
-        self.sim._schedule()
+        """SimSwitch._schedule on the native loop: the C keeps when the service is due."""
+        t = self.sw.tm.next_departure_ns()
+        if t is not None:
+            self.events.schedule_at(self.node, t)
 
     def transmit(self, port: int, frame: bytes) -> None:
         self.sim._transmit(port, frame)
@@ -422,7 +412,7 @@ class SimFabric:
         native pipeline's common path from one library (the same program): "native", else
         "reference" (the Python loop, as a switch that could not be native is)."""
         sims = list(self.switches.values())
-        if not sims or not all(s.native_path() for s in sims):
+        if not sims or not all(native_path(s.sw) for s in sims):
             return "reference"
         libs = {id(cast(Any, s.sw.compiled).native.lib) for s in sims}
         if len(libs) != 1:
@@ -534,17 +524,15 @@ class SimFabric:
     def _wire(self, src: End, dst: End) -> Wire:
         """The direction src -> dst of their link, at the link's rate and delay."""
         if isinstance(self.loop, NativeEventLoop):
-            max_frame = self.scaling.link_mtu + 14
-            if self.spec.is_switch(dst.node):
-                node = list(self.switches).index(dst.node)
-                i = self.loop.wire(
-                    self.link_bps(src), self.link_delay_ns(src), max_frame, node, dst.index
-                )
-            else:
-                i = self.loop.wire(
-                    self.link_bps(src), self.link_delay_ns(src), max_frame, None, self._to(dst)
-                )
-            return NativeWire(self.loop, i, max_frame)
+            hop = self.switches[dst.node].native if self.spec.is_switch(dst.node) else None
+            i = self.loop.wire(
+                self.link_bps(src),
+                self.link_delay_ns(src),
+                self.scaling.link_mtu + 14,
+                None if hop is None else hop.node,
+                self._to(dst) if hop is None else dst.index,
+            )
+            return NativeWire(self.loop, i)
         return Wire(
             self.loop,
             self.link_bps(src),
@@ -629,7 +617,6 @@ class SimFabric:
             wd = self.watchdog_config(action) if on and watchdog else None
             req = pfc_request(self.pfc_config(name), wd) if on else switch_pb2.SetPfcRequest()
             sw.admin.SetPfc(req, None)  # as a controller sets it, through SwitchAdmin
-            sw.refresh()
         for h in self.hosts.values():
             h.pfc = on
             if not on:

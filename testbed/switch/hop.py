@@ -99,10 +99,7 @@ class HopLoop:
                 ),
             ),
             ("release", cb("void(int64_t, uint64_t)", lambda n, h: switch(n).release(h))),
-            (
-                "not_sent",
-                cb("void(int64_t, int64_t, uint64_t)", lambda n, k, p: switch(n).not_sent(k, p)),
-            ),
+            ("not_sent", cb("void(int64_t, int64_t)", lambda n, k: switch(n).not_sent(k))),
             ("foreign", cb("void(int64_t, int64_t)", lambda n, k: switch(n).foreign(k))),
         ]
         for name, fn in made:
@@ -196,9 +193,9 @@ class SwitchHop:
     def release(self, handle: int) -> None:
         cast_tm(self.sw).packets.pop(handle)
 
-    def not_sent(self, k: int, packet: int) -> None:
+    def not_sent(self, k: int) -> None:
         r = self.loop._c.res[k]
-        self.sw.hop_not_sent(self._departure(k), int(r.rc), int(r.booked), packet)
+        self.sw.hop_not_sent(self._departure(k), int(r.rc), int(r.booked))
 
     def foreign(self, k: int) -> None:
         self.sw.hop_foreign(self._departure(k))

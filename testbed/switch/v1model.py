@@ -408,13 +408,12 @@ class V1Switch:
         p.t_ns = t_ns
         self._not_queued(c, S, p, buf, port, rc)
 
-    def hop_not_sent(self, d: Any, rc: int, booked: int, packet: int) -> None:
-        """A departure `d` whose egress the hop's C ran and sent nothing of (`rc`): its C
-        packet (`packet`, or 0: the traffic manager holds it by handle) ours from now on."""
+    def hop_not_sent(self, d: Any, rc: int, booked: int) -> None:
+        """A departure `d` whose egress the hop's C ran and sent nothing of (`rc`): its
+        packet ours from now on."""
         c, S = self.compiled, self.std
-        assert c is not None and S is not None and c.native is not None
-        tm = cast(NativeTrafficManager, self.tm)
-        p = c.native.adopt(packet)[0] if packet else tm.packets.pop(d.handle)
+        assert c is not None and S is not None
+        p = cast(NativeTrafficManager, self.tm).take(d)
         p.t_ns = d.start
         self._egress_not_sent(c, S, d.port, p, rc, booked)
 
@@ -422,7 +421,7 @@ class V1Switch:
         """A departure `d` that is not the native pipeline's packet: the reference's egress."""
         c, S = self.compiled, self.std
         assert c is not None and S is not None
-        p = cast(NativeTrafficManager, self.tm).packets.pop(d.handle)
+        p = cast(NativeTrafficManager, self.tm).take(d)
         p.t_ns = d.start
         self._run_egress(c, S, d.port, d.prio, p, d.enq_ns, d.left)
 

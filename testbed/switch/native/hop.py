@@ -110,7 +110,7 @@ typedef struct {
     void (*schedule)(int64_t node);
     void (*transmit)(int64_t node, int64_t port, const uint8_t *data, int64_t len);
     void (*release)(int64_t node, uint64_t handle);
-    void (*not_sent)(int64_t node, int64_t k, uint64_t packet);
+    void (*not_sent)(int64_t node, int64_t k);
     void (*foreign)(int64_t node, int64_t k);
 } xm_loop;
 """
@@ -286,14 +286,32 @@ static void schedule(xm_loop *L, int64_t node)
     if (xm_tm_next_departure((xm_tm *)(uintptr_t)h->tm, &t)) xm_hop_schedule_at(L, node, t);
 }
 
+/* an array of *cap items of `size` holding at least `want`: 0, or -1 out of memory */
+static int grow(void **items, int64_t *cap, int64_t want, size_t size)
+{
+    if (want <= *cap) return 0;
+    int64_t c = 2 * *cap > want ? 2 * *cap : want;
+    void *p = realloc(*items, (size_t)c * size);
+    if (!p) return -1;
+    *items = p;
+    *cap = c;
+    return 0;
+}
+
+/* a MAC Control frame (PFC's): consumed by the MAC, left to Python */
+static int mac_control(const uint8_t *data, int64_t len)
+{
+    return len >= 14 && data[12] == 0x88 && data[13] == 0x08;
+}
+
 /* SimSwitch.receive with v1model.py's _receive_native */
 static void hop_receive(xm_loop *L, int64_t node, int64_t port, xm_block *b)
 {
     xm_hop *h = &L->hops[node];
     xm_tm *tm = (xm_tm *)(uintptr_t)h->tm;
     h->clock_ns = L->now;
-    int control = b->len >= 14 && b->data[12] == 0x88 && b->data[13] == 0x08;
-    if (!h->fast || h->dirty || port < 0 || port >= NPORTS || tm->rx_fault[port] || control) {
+    if (!h->fast || h->dirty || port < 0 || port >= NPORTS || tm->rx_fault[port] ||
+        mac_control(b->data, b->len)) {
         L->receive(node, port, b->data, b->len);
         free(b);
         return;
@@ -320,8 +338,8 @@ static void transmit(xm_loop *L, int64_t node, int64_t port, const uint8_t *data
 {
     xm_hop *h = &L->hops[node];
     int64_t w = port >= 0 && port < NPORTS ? h->wire[port] : -1;
-    int control = len >= 14 && data[12] == 0x88 && data[13] == 0x08;
     int64_t fd = w < 0 && port >= 0 && port < NPORTS ? h->fd[port] : -1;
+    int control = mac_control(data, len);
     if (fd >= 0 && !control) { /* Port.send */
         if (send((int)fd, data, (size_t)len, 0) < 0) {
             h->port_tx_errors[port]++;
@@ -355,25 +373,10 @@ static void service_round(xm_loop *L, int64_t node)
     while (h->fast && !L->failed) {
         int64_t cap = tm->queued;
         if (!cap) break;
-        if (cap > h->deps_cap) {
-            int64_t c = 2 * h->deps_cap > cap ? 2 * h->deps_cap : cap;
-            xm_tm_departure *d = realloc(h->deps, (size_t)c * sizeof(xm_tm_departure));
-            if (!d) {
-                L->failed = 1;
-                return;
-            }
-            h->deps = d;
-            h->deps_cap = c;
-        }
-        if (cap > L->res_cap) {
-            int64_t c = 2 * L->res_cap > cap ? 2 * L->res_cap : cap;
-            xm_departed *r = realloc(L->res, (size_t)c * sizeof *r);
-            if (!r) {
-                L->failed = 1;
-                return;
-            }
-            L->res = r;
-            L->res_cap = c;
+        if (grow(&h->deps, &h->deps_cap, cap, sizeof(xm_tm_departure)) ||
+            grow((void **)&L->res, &L->res_cap, cap, sizeof(xm_departed))) {
+            L->failed = 1;
+            return;
         }
         int64_t n = xm_tm_dequeue_ready(tm, L->now, (xm_tm_departure *)h->deps, cap);
         if (!n) break;
@@ -387,7 +390,7 @@ static void service_round(xm_loop *L, int64_t node)
                 const xm_tm_departure *d = (const xm_tm_departure *)h->deps + j;
                 xm_packet *p = (xm_packet *)(uintptr_t)d->cpkt;
                 if (r->rc < 0) { /* not sent: v1model.py goes on with it (and owns it) */
-                    L->not_sent(node, j, d->handle ? 0 : d->cpkt);
+                    L->not_sent(node, j);
                     continue;
                 }
                 const uint8_t *frame = L->out + r->off;
