@@ -111,7 +111,7 @@ def cells(loop: str, *fault_lines: str, scheme: str = "tita") -> list[Any]:
         ("tita", "link leaf1:3 down"),  # drops, then the fail-over writes tables mid-run
         ("tita", "link leaf1:3 loss 2%"),  # the port's receive faults: Python's receive
         ("tita", "switch spine2 kill"),  # a switch that stops: its queues and wires idle
-        ("dcqcn+pfc", "link leaf1:3 rate 25%"),  # PFC: the traffic managers leave C
+        ("dcqcn+pfc", "link leaf1:3 rate 25%"),  # PFC: pauses and timers through Python
     ],
 )
 def test_the_native_loop_runs_what_the_python_loop_runs(scheme: str, fault: str) -> None:

@@ -4,8 +4,8 @@ PFC), departures, frame resizes, rate, depth, fault, shared-buffer, pause and PF
 through both, every result identical (the queue found on arrival, each departure's port,
 priority, packet, times and packets left, the next departure time, the PFC frames sent) and
 every port's state after each step (bookings to the fraction of a nanosecond, counters, the
-latency monitor's sums). With PFC on the native one runs the reference's code on its C
-state; off, its C path."""
+latency monitor's sums, PFC's per-priority states). PFC's per-packet counting runs in C, its
+pause frames, timers and watchdog in the reference's code on the C state."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
+from controller.wire.pfc import PfcPause
 from testbed.switch.native.build import BuildError, compiler
-from testbed.switch.pfc import PfcConfig
+from testbed.switch.pfc import PfcConfig, WatchdogConfig
 from testbed.switch.traffic_manager import Clock, SharedBuffer, TrafficManager
 
 try:
@@ -54,8 +55,31 @@ def state(tm: TrafficManager) -> list[Any]:
         out.append([list(pq.qbytes), list(pq.dequeued_prio), list(pq.pause_until)])
         out.append([[(e[1], e[2], e[3], e[4]) for e in q] for q in pq.queues])
         out.append([pq.fault.delay_ns, pq.fault.rate_factor, pq.fault.silent, pq.fault.down])
-        out.append([pq.pfc.xoff_sent, pq.pfc.xon_sent, pq.pfc.watchdog_drops])
+        c = pq.pfc
+        out.append([c.xoff_sent, c.xon_sent, c.watchdog_drops, c.storms, c.restored])
+        out.append([c.pauses_received, c.resumes_received])
+        out.append([(prio, vars_of(st)) for prio, st in c.per_prio.items()])
+    out.append([sorted(tm._pausing), tm._wd_next_ns, tm._pfc_shared_used])
     return out
+
+
+PFC_STATE = (
+    "ingress_bytes",
+    "pausing",
+    "xoff_sent_ns",
+    "paused_until_ns",
+    "paused_since_ns",
+    "paused_ns",
+    "storm",
+    "last_pause_rx_ns",
+    "wd_seen_dequeued",
+    "wd_stalled_polls",
+    "wd_quiet_polls",
+)
+
+
+def vars_of(st: Any) -> list[Any]:
+    return [getattr(st, f) for f in PFC_STATE]
 
 
 def pair(nq: int) -> tuple[TrafficManager, TrafficManager, list[Any], list[Any]]:
@@ -82,6 +106,8 @@ def run_sequence(seed: int, steps: int) -> int:
         buf = SharedBuffer(rnd.choice([20_000, 300_000, 4_000_000]), rnd.choice([1 / 8, 0.5, 1, 4]))
         for tm in both:
             tm.set_buffer(buf)
+    # sizes of every kind, or a few whose sums land exactly on PFC's thresholds
+    sizes = rnd.choice([[64, 100, 1000, 1500, 4096, 9000, 0], [1000], [500, 1000, 1500]])
     now = 0
     departures = 0
     packets: dict[int, int] = {}
@@ -93,7 +119,7 @@ def run_sequence(seed: int, steps: int) -> int:
         r = rnd.random()
         if r < 0.5:
             port, prio = rnd.choice(ports), rnd.randrange(nq)
-            nbytes = rnd.choice([64, 100, 1000, 1500, 4096, 9000, rnd.randrange(1, 10_000)])
+            nbytes = rnd.choice(sizes) or rnd.randrange(1, 10_000)
             in_port = rnd.choice([-1, *ports])
             handle += 1
             got = [tm.enqueue(port, prio, handle, nbytes, now, in_port) for tm in both]
@@ -117,13 +143,13 @@ def run_sequence(seed: int, steps: int) -> int:
             pps = rnd.choice([0.0, 0.0, 1.0, 1e5, 3e6]) if rnd.random() < 0.3 else None
             for tm in both:
                 tm.set_rate(port, pps, bps)
-        elif r < 0.89:
+        elif r < 0.88:
             port = rnd.choice([*ports, None])
             pkts = rnd.choice([None, 0, 1, 4, 64, 1000])
             nbytes = rnd.choice([None, 0, 3000, 100_000])
             for tm in both:
                 tm.set_depth(port, pkts, nbytes)
-        elif r < 0.94:
+        elif r < 0.91:
             port = rnd.choice(ports)
             down = rnd.choice([None, False, False, False, True])
             delay = rnd.choice([None, 0, 0, 500, 20_000])
@@ -131,24 +157,60 @@ def run_sequence(seed: int, steps: int) -> int:
             silent = rnd.choice([None, False, True])
             for tm in both:
                 tm.set_fault(port, down, None, delay, factor, silent)
-        elif r < 0.97:  # a downstream pause held or released
+        elif r < 0.93:  # a downstream pause held or released
             port, prio = rnd.choice(ports), rnd.randrange(nq)
             until = now + rnd.choice([0, 1000, 50_000])
             for tm in both:
                 tm.port(port).pause_until[prio] = until
-        elif r < 0.985:
+        elif r < 0.94:
             buf = rnd.choice([None, SharedBuffer(rnd.choice([5_000, 200_000]), 2.0)])
             for tm in both:
                 tm.set_buffer(buf)
-        else:  # PFC on (the reference's code on the C state) or off (the C path)
-            pfc = rnd.choice([None, PfcConfig(6000, 2000, 3000, link_bps=1e10)])
+        elif r < 0.98:  # a pause frame from the downstream device (or its resume)
+            port = rnd.choice(ports)
+            enable = rnd.randrange(1, 256)
+            quanta = tuple(rnd.choice([0, 1, 100, 0xFFFF]) for _ in range(8))
+            got = [tm.receive_pause(port, PfcPause(enable, quanta), now) for tm in both]
+            assert got[0] == got[1], (seed, "pause")
+        else:  # PFC on, static or dynamic, with or without its watchdog, or off
+            pfc, wd = random_pfc(rnd, nq)
             for tm in both:
-                tm.set_pfc(pfc)
+                tm.set_pfc(pfc, wd)
         assert ref.next_departure_ns() == nat.next_departure_ns(), (seed, "next departure")
         assert sent_ref == sent_nat, (seed, "PFC frames")
         a, b = state(ref), state(nat)
         assert a == b, (seed, a, b)
     return departures
+
+
+def random_pfc(rnd: random.Random, nq: int) -> tuple[PfcConfig | None, WatchdogConfig | None]:
+    """PFC off, or on with static or dynamic thresholds over some of the priorities, and
+    maybe the watchdog (either action)."""
+    if rnd.random() < 0.25:
+        return None, None
+    prios = frozenset(rnd.sample(range(nq), rnd.randint(1, nq)))
+    quanta = rnd.choice([1, 100, 0xFFFF])
+    link = rnd.choice([0.0, 1e10, 4e11])
+    if rnd.random() < 0.5:
+        xoff = rnd.choice([1500, 6000, 40_000])
+        pfc = PfcConfig(xoff, xoff - 1000, 3000, quanta, prios, link)
+    else:
+        pfc = PfcConfig(
+            6000,
+            3000,
+            3000,
+            quanta,
+            prios,
+            link or 1e10,
+            alpha=rnd.choice([1 / 8, 1.0, 2.0]),
+            pool_bytes=rnd.choice([20_000, 500_000]),
+            reserve_bytes=rnd.choice([0, 1500]),
+            resume_offset_bytes=rnd.choice([0, 3000]),
+        )
+    wd = None
+    if rnd.random() < 0.6:
+        wd = WatchdogConfig(rnd.choice([500, 5000, 50_000]), 2, 2, rnd.choice(["drop", "forward"]))
+    return pfc, wd
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -242,32 +304,26 @@ def test_ports_free_at_the_same_time_leave_in_port_order() -> None:
         assert not tm._busy
 
 
-def test_pfc_off_makes_the_traffic_manager_native_again() -> None:
-    """PFC on turns the native traffic manager into the reference (PFC's counting is
-    Python); off, the switch gets a native one again with the same state, once nothing is
-    queued: ports, rates, faults, counters and the loss draws' generator carried over."""
+def test_pfc_runs_in_c_on_and_off() -> None:
+    """PFC on keeps the switch's traffic manager native (its counting is in C); a packet
+    counted against an ingress port releases its bytes whether PFC is still on or not."""
     from testbed.switch.native.tm import NativeTrafficManager
     from testbed.switch.v1model import V1Switch
 
     sw = V1Switch(Clock(virtual=True), pipeline="native")
-    assert isinstance(sw.tm, NativeTrafficManager)
-    for port in (2, 7):
-        sw.tm.port(port).rate_bps = 1e9
-    sw.tm.set_fault(7, delay_ns=500, rate_factor=0.5)
-    sw.tm.set_fault(2, loss=0.25)
-    assert sw.tm.enqueue(2, 0, "p", 1000, 0) is not None
-    sw.tm.dequeue_ready(10_000)
-    rng = sw.tm.rng
-    sw.set_pfc(PfcConfig(6000, 2000, 3000, link_bps=1e10))
-    assert type(sw.tm) is TrafficManager
-    assert sw.tm.enqueue(7, 0, "q", 1000, 20_000) is not None
-    before = state(sw.tm)
+    tm = sw.tm
+    assert isinstance(tm, NativeTrafficManager)
+    sent: list[tuple[int, bytes]] = []
+    tm.send_control = lambda port, frame: sent.append((port, frame))
+    tm.port(7).rate_bps = 1e9
+    sw.set_pfc(PfcConfig(1500, 500, 3000, link_bps=1e10))
+    assert sw.tm is tm
+    assert tm.enqueue(7, 0, "q", 1000, 0, ingress_port=3) is not None
+    assert tm.enqueue(7, 0, "r", 1000, 0, ingress_port=3) is not None
+    assert [p for p, _ in sent] == [3] and tm.ports[3].pfc.xoff_sent == 1  # XOFF upstream
+    assert sorted(tm._pausing) == [(3, 0)] and tm.ports[3].pfc.state(0).ingress_bytes == 2000
+    assert tm.next_departure_ns() == 0
     sw.set_pfc(None)
-    assert type(sw.tm) is TrafficManager  # a packet is queued: it stays
-    sw.tm.dequeue_ready(10**9)
-    before = state(sw.tm)
-    sw.set_pfc(None)
-    assert isinstance(sw.tm, NativeTrafficManager) and sw.tm.native()
-    assert state(sw.tm) == before and sw.tm.rng is rng and sorted(sw.tm.rx_faults) == [2]
-    assert sw.tm.enqueue(7, 0, "r", 1000, 2 * 10**9) is not None  # and it runs
-    assert [d[2] for d in sw.tm.dequeue_ready(3 * 10**9)] == ["r"]
+    assert tm.ports[3].pfc.xon_sent == 1 and not tm._pausing  # released as PFC went off
+    assert [d[2] for d in tm.dequeue_ready(10**6)] == ["q", "r"]
+    assert tm.ports[3].pfc.state(0).ingress_bytes == -2000  # as the reference counts it

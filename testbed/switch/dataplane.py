@@ -277,8 +277,8 @@ class Dataplane:
             return "python: no program loaded"
         if c.native is None or not c.native.arch:
             return f"python: the {sw.pipeline_in_use} pipeline"
-        if sw.tm.pfc is not None or not native_path(sw):
-            return "python: PFC on or packets of the program before queued"
+        if not native_path(sw):
+            return "python: packets of the program before queued"
         return "python"
 
     def _transmit(self, port: int, data: bytes) -> None:
@@ -351,7 +351,7 @@ class Dataplane:
             poller.register(fd, select.POLLIN)
         poller.register(self._wake_r, select.POLLIN)
         sw = self.switch
-        clock = sw.clock  # the traffic manager is read anew: PFC's changes replace it
+        clock = sw.clock
         # kernel timestamps are wall-clock time: map them onto the switch's clock
         offset = time.time_ns() - time.monotonic_ns() + clock.start_ns
         refreshed = time.monotonic()

@@ -98,6 +98,7 @@ class HopLoop:
                     frame_sig, lambda n, port, d, size: switch(n).transmit(port, buffer(d, size)[:])
                 ),
             ),
+            ("pfc", cb("void(int64_t, int64_t)", lambda n, tick: switch(n).pfc(tick))),
             ("release", cb("void(int64_t, uint64_t)", lambda n, h: switch(n).release(h))),
             ("not_sent", cb("void(int64_t, int64_t)", lambda n, k: switch(n).not_sent(k))),
             ("foreign", cb("void(int64_t, int64_t)", lambda n, k: switch(n).foreign(k))),
@@ -109,15 +110,14 @@ class HopLoop:
 
 def native_path(sw: V1Switch) -> bool:
     """Whether a switch's per-packet path can run in a hop's C now: the native pipeline with
-    its common path, the native traffic manager with PFC off, no packet of a program loaded
-    before queued."""
+    its common path, the native traffic manager, no packet of a program loaded before
+    queued."""
     c, tm = sw.compiled, sw.tm
     return (
         c is not None
         and c.native is not None
         and bool(c.native.arch)
         and isinstance(tm, NativeTrafficManager)
-        and tm.native()
         and not sw._foreign_queued
     )
 
@@ -158,28 +158,15 @@ class SwitchHop:
         sw.stats = HopStats(h, sw.stats)
         rt.dirty_flag = rt.ffi.addressof(h, "dirty")
         rt.dirty = rt.dirty
-        self.tm: NativeTrafficManager | None = None
+        h.tm = tm.address  # the switch keeps its traffic manager for its life
+        for p in range(len(h.known)):
+            h.known[p] = int(p in tm.ports)
+        tm.adopt = lambda block: rt.adopt(block)[0]
         self.refresh()  # the driver has the switch tell it of changes (V1Switch.on_change)
 
     def refresh(self) -> None:
-        """Tell the hop whether the per-packet path may run in C now, and which traffic
-        manager's C state it is (a switch whose PFC went off has a new one)."""
-        sw, h = self.sw, self.hop
-        fast = native_path(sw)
-        tm = sw.tm
-        if fast and tm is not self.tm:
-            assert isinstance(tm, NativeTrafficManager)
-            rt = self.rt
-            h.tm = tm.address
-            for p in range(len(h.known)):
-                h.known[p] = int(p in tm.ports)
-            tm.adopt = lambda block: rt.adopt(block)[0]
-            tm.leaving_native = self._leave_native
-            self.tm = tm
-        h.fast = int(fast)
-
-    def _leave_native(self) -> None:
-        self.hop.fast = 0  # the traffic manager's C state goes: nothing may read it
+        """Tell the hop whether the per-packet path may run in C now."""
+        self.hop.fast = int(native_path(self.sw))
 
     # the switch's part of what the C hands back
 
@@ -189,6 +176,9 @@ class SwitchHop:
     def port_made(self, port: int) -> None:
         self.sw.tm.port(port)
         self.hop.known[port] = 1
+
+    def pfc(self, tick: int) -> None:
+        self.sw.hop_pfc(bool(tick), self.loop.now_ns)
 
     def release(self, handle: int) -> None:
         cast_tm(self.sw).packets.pop(handle)

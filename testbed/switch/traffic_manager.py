@@ -603,6 +603,8 @@ class TrafficManager:
             for st in pq.pfc.per_prio.values()
         )
         self.watchdog = watchdog if pfc is not None else None
+        if self.watchdog is None:
+            self._wd_next_ns = None  # no watchdog: no poll due (a new one starts at a pause)
 
     def receive_pause(self, port: int, pause: PfcPause, now_ns: int) -> bool:
         """A PFC frame arrived on `port`: hold (or, with time 0, release) its egress on each

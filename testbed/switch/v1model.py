@@ -332,7 +332,7 @@ class V1Switch:
         p.t_ns = now if t_ns is None or t_ns > now else t_ns
         buf = bytes(data)
         tm = self.tm
-        if isinstance(tm, NativeTrafficManager) and tm.native() and not self._foreign_queued:
+        if isinstance(tm, NativeTrafficManager) and not self._foreign_queued:
             # one call: ingress and the traffic manager's enqueue, in C
             h = tm._register(p)
             rc = rt.receive_enqueue(
@@ -346,6 +346,7 @@ class V1Switch:
                 self._unit,
                 CELL_BYTES,
             )
+            tm.send_pauses()  # what PFC decided on the way in
             if rc >= 0:  # queued for port rc
                 if rc not in tm.ports:
                     tm.port(rc)
@@ -383,17 +384,9 @@ class V1Switch:
             self._guarded("ingress", lambda: cast(Any, c.native).raise_abort("ingress"))
 
     def set_pfc(self, pfc: PfcConfig | None, watchdog: WatchdogConfig | None = None) -> None:
-        """PFC on (its traffic manager the reference's from then on: PFC's per-packet counting
-        is Python) or off (on the native pipeline, the traffic manager native again once no
-        packet is queued)."""
+        """PFC on with these thresholds (and the watchdog) or off."""
         with self.lock:
             self.tm.set_pfc(pfc, watchdog)
-            if pfc is None and self.pipeline == "native":
-                if not isinstance(self.tm, NativeTrafficManager):
-                    tm = NativeTrafficManager.from_reference(self.tm)
-                    if tm is not None:
-                        self.tm = tm
-        self.on_change()
 
     # ---- what a native loop's switch hop leaves here (testbed/switch/native/hop.py) -------
 
@@ -416,6 +409,13 @@ class V1Switch:
         p = cast(NativeTrafficManager, self.tm).take(d)
         p.t_ns = d.start
         self._egress_not_sent(c, S, d.port, p, rc, booked)
+
+    def hop_pfc(self, tick: bool, now_ns: int) -> None:
+        """The hop's C decided pauses (sent here), or (`tick`) one of PFC's timers is due."""
+        tm = cast(NativeTrafficManager, self.tm)
+        if tick:
+            tm.pfc_tick(now_ns)
+        tm.send_pauses()
 
     def hop_foreign(self, d: Any) -> None:
         """A departure `d` that is not the native pipeline's packet: the reference's egress."""
@@ -664,7 +664,6 @@ class V1Switch:
                     and S is not None
                     and c.native is not None
                     and isinstance(tm, NativeTrafficManager)
-                    and tm.native()
                     and not self._foreign_queued
                 ):
                     registered = tm._handle

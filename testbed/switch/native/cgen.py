@@ -53,7 +53,7 @@ ABORT_INDEX = 2  # the reference raises IndexError
 ARCH_DROP = -3  # the program dropped the packet (egress_spec is the drop port)
 ARCH_PYTHON = -4  # a rare case (clone, digest, resubmit, recirculate, multicast): v1model.py
 ARCH_DEPARSE_ERROR = -5  # updating the checksums or deparsing aborted
-ARCH_ENQUEUE_PYTHON = -6  # v1model.py enqueues it (a bad priority, a port down: rare)
+ARCH_ENQUEUE_PYTHON = -6  # v1model.py enqueues it (a bad priority, a port down, PFC: rare)
 ARCH_QUEUE_FULL = -7  # the traffic manager dropped it (a full queue or buffer)
 ARCH_NO_MEMORY = -8  # a queue could not grow
 C_HASHES = ("csum16", "cksum16", "crc16", "crc32", "crcCCITT", "identity")
@@ -1966,10 +1966,13 @@ class CGen:
             "if (prio >= (uint64_t)tm->nb_queues) return ARCH_ENQUEUE_PYTHON;",
             "if (tm->ports[port].exists && tm->ports[port].fault_down) return ARCH_ENQUEUE_PYTHON;",
             "int64_t found[2];",
+            "/* PFC counts what came in from a port against it (a normal packet, here) */",
+            f"int64_t in_port = (int64_t){sm('ingress_port')};",
             "int rc = xm_tm_enqueue(tm, (int64_t)port, (int64_t)prio, handle, "
-            "(uint64_t)(uintptr_t)p, p->regs.plen, t_ns, found);",
+            "(uint64_t)(uintptr_t)p, p->regs.plen, t_ns, in_port, found);",
             "if (rc < 0) return ARCH_NO_MEMORY;",
             "if (rc == 0) return ARCH_QUEUE_FULL;",
+            "if (rc != 1) return ARCH_ENQUEUE_PYTHON; /* the watchdog's drop, a port to make */",
             f"{sm('enq_timestamp')} = ((uint64_t)t_ns / {CLOCK_NS}) & {m('enq_timestamp')};",
             "uint64_t depth = (uint64_t)qdepth(unit, cell, found[0], found[1]);",
             f"{sm('enq_qdepth')} = depth < {m('enq_qdepth')} ? depth : {m('enq_qdepth')};",

@@ -16,10 +16,12 @@ manager's C directly. What it does is what the reference does, in the same order
   packets held in C from arrival to departure (a queued item's handle 0).
 
 Whatever the common path does not cover runs in Python, through callbacks the loop is given:
-a switch whose per-packet path is not native at the moment (PFC on, its tables changed and
-not yet synced, a program just loaded), a frame on a port with a receive fault or a MAC Control
+a switch whose per-packet path is not native at the moment (its tables changed and not yet
+synced, a program just loaded), a frame on a port with a receive fault or a MAC Control
 frame, a packet the program clones, recirculates, drops or sends to a port with no wire (the
-collector's, the CPU's). A callback gets the C packet when there is one; Python then owns it.
+collector's, the CPU's), and PFC's pause frames and timers (the pauses the traffic manager's
+C decides are sent from Python right after it decides them, when the reference sends them).
+A callback gets the C packet when there is one; Python then owns it.
 """
 
 from __future__ import annotations
@@ -109,6 +111,7 @@ typedef struct {
     void (*service)(int64_t node);
     void (*schedule)(int64_t node);
     void (*transmit)(int64_t node, int64_t port, const uint8_t *data, int64_t len);
+    void (*pfc)(int64_t node, int64_t tick); /* pauses decided, or (tick) a PFC timer due */
     void (*release)(int64_t node, uint64_t handle);
     void (*not_sent)(int64_t node, int64_t k);
     void (*foreign)(int64_t node, int64_t k);
@@ -325,6 +328,7 @@ static void hop_receive(xm_loop *L, int64_t node, int64_t port, xm_block *b)
                                     (uint64_t)b->len, (uint64_t)(port & h->port_mask),
                                     (uint64_t)L->now, (uint64_t)h->drop_port, h->tm, 0, h->unit,
                                     h->cell);
+    if (tm->npause) L->pfc(node, 0); /* PFC paused the port it came in on */
     if (rc >= 0) {
         if (!h->known[rc]) L->port_made(node, rc);
     } else {
@@ -371,6 +375,10 @@ static void service_round(xm_loop *L, int64_t node)
     xm_tm *tm = (xm_tm *)(uintptr_t)h->tm;
     xm_state *s = (xm_state *)(uintptr_t)h->state;
     while (h->fast && !L->failed) {
+        if (xm_tm_pfc_due(tm, L->now)) { /* v1model.py's service: pfc_tick first */
+            L->pfc(node, 1);
+            if (!h->fast || L->failed) break;
+        }
         int64_t cap = tm->queued;
         if (!cap) break;
         if (grow(&h->deps, &h->deps_cap, cap, sizeof(xm_tm_departure)) ||
@@ -379,6 +387,10 @@ static void service_round(xm_loop *L, int64_t node)
             return;
         }
         int64_t n = xm_tm_dequeue_ready(tm, L->now, (xm_tm_departure *)h->deps, cap);
+        if (tm->npause) { /* resumed upstreams, before the departures' egress */
+            L->pfc(node, 0);
+            if (L->failed) return;
+        }
         if (!n) break;
         int64_t i = 0;
         while (i < n) {

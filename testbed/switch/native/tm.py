@@ -2,13 +2,17 @@
 (the reference): admission (each queue's static depth, or the shared buffer's dynamic
 threshold), the per-port, per-priority FIFOs, strict priority, the port's rate (bits and
 packets per second, the fraction of a nanosecond carried from one booking to the next), the
-`delay` and `rate_factor` faults, pauses held by a downstream device, and what INT and the
+`delay` and `rate_factor` faults, pauses held by a downstream device, PFC's counting against
+ingress ports with its static or dynamic thresholds and its timers, and what INT and the
 latency monitor read (the queue found on arrival, the packets left, the waits).
 
 The float arithmetic is the reference's, in double, in the same order of operations: each
-departure books the same nanoseconds. What this cut does not do, the reference keeps: PFC's
-counting against ingress ports (pauses sent, the watchdog), so a switch with PFC on runs the
-Python traffic manager.
+departure books the same nanoseconds. What happens per pause frame or per PFC timer rather
+than per packet runs the reference's Python on the C state (receiving a pause, refreshing
+the pauses this switch holds, the watchdog's poll, turning PFC on or off, flushes): the C
+says when a timer is due (`xm_tm_pfc_due`). A pause or resume the C decides is kept in
+`pauses` and sent by the caller right after the call, before anything else happens, which is
+when the reference sends it.
 
 Ports free at the same time leave in port order, as in the reference. Which ports hold a
 packet is kept in C (`busy`), the reference's set of busy ports a view of it here.
@@ -19,14 +23,13 @@ both the C and cffi's cdef.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
-from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from controller.wire.pfc import QUANTUM_BITS
 from testbed.switch.native.build import build, load
-from testbed.switch.pfc import PfcConfig, PfcPortCounters, WatchdogConfig
+from testbed.switch.pfc import PfcConfig, PfcPortCounters, PfcQueueState, WatchdogConfig
 from testbed.switch.traffic_manager import (
     MAX_DEPTH_PACKETS,
     MAX_PORT,
@@ -50,6 +53,24 @@ typedef struct {{
     int64_t expected; /* what the bytes ahead take at the port's set rate */
     int64_t in_port; /* the ingress port PFC counts it against, or -1 */
 }} xm_tm_item;
+
+typedef struct {{ /* one (port, priority)'s PFC state: the reference's PfcQueueState, in part */
+    int64_t exists; /* the reference's per_prio holds it: its order of making, from 1 */
+    int64_t ingress_bytes;
+    int64_t pausing;
+    int64_t xoff_sent_ns;
+    int64_t paused_until_ns;
+    int64_t paused_since_set; /* paused_since_ns is not the reference's None */
+    int64_t paused_since_ns;
+    int64_t paused_ns;
+    int64_t storm;
+}} xm_pfc_state;
+
+typedef struct {{ /* a pause (quanta > 0) or resume (0) C decided; the caller sends it */
+    int64_t port;
+    int64_t prio;
+    int64_t quanta;
+}} xm_pfc_pause;
 
 typedef struct {{
     xm_tm_item *items; /* a ring of cap items (a power of two), len of them from head */
@@ -84,6 +105,7 @@ typedef struct {{
     int64_t pause_until[{nq}];
     int64_t dequeued_prio[{nq}];
     xm_tm_fifo queues[{nq}];
+    xm_pfc_state pfc[{nq}];
 }} xm_tm_port;
 
 typedef struct {{
@@ -96,8 +118,26 @@ typedef struct {{
     double buffer_alpha;
     int64_t buffered_bytes;
     int64_t queued; /* packets in every queue */
-    int64_t pfc_items; /* of them, counted by PFC against an ingress port (in_port >= 0) */
     int64_t port_hi; /* one past the highest port made: what a scan of the ports covers */
+    /* PFC (the reference's PfcConfig while pfc_on) and the watchdog's part C reads */
+    int64_t pfc_on;
+    int64_t pfc_xoff;
+    int64_t pfc_xon;
+    int64_t pfc_quanta;
+    int64_t pfc_prios; /* the lossless priorities, a bit each */
+    double pfc_link_bps;
+    double pfc_alpha;
+    int64_t pfc_pool;
+    int64_t pfc_reserve;
+    int64_t pfc_resume_offset;
+    int64_t pfc_shared_used; /* the reference's _pfc_shared_used */
+    int64_t pfc_made; /* PFC states made (their `exists`) */
+    int64_t wd_drop; /* a watchdog with the action drop */
+    int64_t wd_next_set; /* the reference's _wd_next_ns is not None */
+    int64_t wd_next_ns;
+    int64_t npause; /* pauses decided and not yet sent (the caller sends them, in order) */
+    int64_t pause_lost; /* more than pauses[] holds: never (at most one per (port, prio)) */
+    xm_pfc_pause pauses[{npauses}];
     uint8_t busy[{nports}]; /* the port has a queued packet (the reference's _busy) */
     uint8_t rx_fault[{nports}]; /* the port is down or lossy (the reference's rx_faults) */
     xm_tm_port ports[{nports}];
@@ -119,11 +159,11 @@ int xm_tm_fifo_push(xm_tm_fifo *q, xm_tm_item item);
 xm_tm_item xm_tm_fifo_pop(xm_tm_fifo *q);
 xm_tm_port *xm_tm_port_of(xm_tm *tm, int64_t port);
 int xm_tm_enqueue(xm_tm *tm, int64_t port, int64_t prio, uint64_t handle, uint64_t cpkt,
-                  int64_t nbytes, int64_t now_ns, int64_t *found);
+                  int64_t nbytes, int64_t now_ns, int64_t in_port, int64_t *found);
 int64_t xm_tm_dequeue_ready(xm_tm *tm, int64_t now_ns, xm_tm_departure *out, int64_t cap);
 int xm_tm_next_departure(xm_tm *tm, int64_t *t);
+int xm_tm_pfc_due(const xm_tm *tm, int64_t now_ns);
 void xm_tm_resize(xm_tm *tm, int64_t port, int64_t booked, int64_t sent);
-int64_t xm_tm_flush(xm_tm *tm, int64_t port, int64_t prio, uint64_t *handles);
 void xm_tm_free(xm_tm *tm);
 """
 
@@ -132,6 +172,7 @@ _C = r"""
 #define XM_TM_PORTS {nports}
 #define XM_MAX_SERVICE_NS {max_service}
 #define XM_MAX_DEPTH_PACKETS {max_depth}
+#define XM_TM_PAUSES {npauses}
 
 /* the port's queues, made with the defaults on first use (the reference's `port`) */
 xm_tm_port *xm_tm_port_of(xm_tm *tm, int64_t port)
@@ -209,20 +250,140 @@ static int64_t book_ns(xm_tm_port *pq, double t)
     return (int64_t)whole;
 }}
 
-/* TrafficManager.enqueue with PFC off: 1 and the queue found (packets, bytes), or 0 when full */
+/* ---- PFC: TrafficManager's _count_in, _count_out, _paused_cum, _pfc_threshold, _pfc_timers */
+
+static int64_t max0(int64_t x)
+{{
+    return x > 0 ? x : 0;
+}}
+
+/* a pause decided: the caller sends it (TrafficManager._send_pause), in the order decided */
+static void send_pause(xm_tm *tm, int64_t port, int64_t prio, int64_t quanta)
+{{
+    if (tm->npause == XM_TM_PAUSES) {{
+        tm->pause_lost++;
+        return;
+    }}
+    xm_pfc_pause pause = {{port, prio, quanta}};
+    tm->pauses[tm->npause++] = pause;
+}}
+
+/* the time the priority has been paused so far (a state never made has none) */
+static int64_t paused_cum(const xm_pfc_state *st, int64_t now_ns)
+{{
+    if (!st->paused_since_set) return st->paused_ns;
+    int64_t end = now_ns < st->paused_until_ns ? now_ns : st->paused_until_ns;
+    return st->paused_ns + max0(end - st->paused_since_ns);
+}}
+
+/* the bytes above its reserve a (port, priority) may hold before it pauses */
+static double pfc_threshold(const xm_tm *tm)
+{{
+    if (tm->pfc_alpha == 0.0) return (double)tm->pfc_xoff;
+    return tm->pfc_alpha * (double)max0(tm->pfc_pool - tm->pfc_shared_used);
+}}
+
+/* PfcPortCounters.state: the (port, priority)'s state, made on first use */
+static xm_pfc_state *pfc_state(xm_tm *tm, int64_t port, int64_t prio)
+{{
+    xm_pfc_state *st = &tm->ports[port].pfc[prio];
+    if (!st->exists) st->exists = ++tm->pfc_made;
+    return st;
+}}
+
+static void count_in(xm_tm *tm, int64_t port, int64_t prio, int64_t nbytes, int64_t now_ns)
+{{
+    xm_pfc_state *st = pfc_state(tm, port, prio);
+    int64_t before = max0(st->ingress_bytes - tm->pfc_reserve);
+    st->ingress_bytes += nbytes;
+    int64_t shared = max0(st->ingress_bytes - tm->pfc_reserve);
+    tm->pfc_shared_used += shared - before;
+    if (!st->pausing && (double)shared >= pfc_threshold(tm)) {{
+        st->pausing = 1;
+        st->xoff_sent_ns = now_ns;
+        send_pause(tm, port, prio, tm->pfc_quanta);
+    }}
+}}
+
+/* what a packet counted against its ingress port releases, PFC on or off */
+static void count_out(xm_tm *tm, int64_t port, int64_t prio, int64_t nbytes)
+{{
+    xm_pfc_state *st = pfc_state(tm, port, prio);
+    int64_t reserve = tm->pfc_on ? tm->pfc_reserve : 0;
+    int64_t before = max0(st->ingress_bytes - reserve);
+    st->ingress_bytes -= nbytes;
+    int64_t shared = max0(st->ingress_bytes - reserve);
+    tm->pfc_shared_used += shared - before;
+    if (!st->pausing || !tm->pfc_on) return;
+    int resume = tm->pfc_alpha == 0.0
+                     ? st->ingress_bytes <= tm->pfc_xon
+                     : shared == 0 ||
+                           (double)(shared + tm->pfc_resume_offset) <= pfc_threshold(tm);
+    if (resume) {{
+        st->pausing = 0;
+        send_pause(tm, port, prio, 0);
+    }}
+}}
+
+/* TrafficManager._refresh_ns: half a pause's time at the port's rate (controller/wire/pfc.py's
+ * pause_ns, its rate rounded half to even as Python's round) */
+static int64_t refresh_ns(const xm_tm *tm, const xm_tm_port *pq)
+{{
+    double rate = pq->rate_bps * pq->fault_rate_factor;
+    if (rate == 0.0) rate = tm->pfc_link_bps;
+    int64_t whole = (int64_t)__builtin_rint(rate);
+    if (!(rate > 0.0) || whole <= 0) return (int64_t)1 << 62;
+    int64_t half = tm->pfc_quanta * {quantum_bits} * 1000000000 / whole / 2;
+    return half > 1 ? half : 1;
+}}
+
+/* the earliest of PFC's timers (a pause to refresh, the watchdog's poll): 1 and *t, or 0 */
+static int pfc_timer(const xm_tm *tm, int64_t *t)
+{{
+    int have = 0;
+    for (int64_t port = 0; port < tm->port_hi; port++) {{
+        const xm_tm_port *pq = &tm->ports[port];
+        if (!pq->exists) continue;
+        for (int64_t prio = 0; prio < XM_TM_NQ; prio++) {{
+            if (!pq->pfc[prio].pausing) continue;
+            int64_t r = pq->pfc[prio].xoff_sent_ns + refresh_ns(tm, pq);
+            if (!have || r < *t) *t = r;
+            have = 1;
+        }}
+    }}
+    if (tm->wd_next_set && (!have || tm->wd_next_ns < *t)) {{
+        *t = tm->wd_next_ns;
+        have = 1;
+    }}
+    return have;
+}}
+
+/* whether TrafficManager.pfc_tick has something to do at now_ns */
+int xm_tm_pfc_due(const xm_tm *tm, int64_t now_ns)
+{{
+    int64_t t;
+    return tm->pfc_on && pfc_timer(tm, &t) && t <= now_ns;
+}}
+
+/* TrafficManager.enqueue: 1 and the queue found (packets, bytes); 0 when full; 2 when the PFC
+ * watchdog drops the queue's packets (the caller counts it); 3 when the ingress port PFC
+ * would count it against is not made yet (the caller makes it and calls again); -1 out of
+ * memory */
 int xm_tm_enqueue(xm_tm *tm, int64_t port, int64_t prio, uint64_t handle, uint64_t cpkt,
-                  int64_t nbytes, int64_t now_ns, int64_t *found)
+                  int64_t nbytes, int64_t now_ns, int64_t in_port, int64_t *found)
 {{
     xm_tm_port *pq = xm_tm_port_of(tm, port);
     xm_tm_fifo *q = &pq->queues[prio];
     int64_t n = q->len, b = pq->qbytes[prio];
+    int lossless = tm->pfc_on && (tm->pfc_prios >> prio & 1);
+    if (tm->pfc_on && pq->pfc[prio].exists && pq->pfc[prio].storm && tm->wd_drop) return 2;
     int full;
     if (!tm->buffer_bytes) {{
         full = n >= pq->depth_pkts || (pq->depth_bytes && b + nbytes > pq->depth_bytes);
     }} else {{
         int64_t used = tm->buffered_bytes + nbytes;
         full = used > tm->buffer_bytes || n >= XM_MAX_DEPTH_PACKETS;
-        if (!full)
+        if (!full && !lossless)
             full = (double)(b + nbytes) >
                    tm->buffer_alpha * (double)(tm->buffer_bytes - tm->buffered_bytes);
     }}
@@ -230,14 +391,19 @@ int xm_tm_enqueue(xm_tm *tm, int64_t port, int64_t prio, uint64_t handle, uint64
         pq->dropped++;
         return 0;
     }}
+    if (!lossless || in_port < 0) in_port = -1;
+    if (in_port >= 0 && !tm->ports[in_port].exists) return 3; /* nothing changed yet */
     int64_t expected = 0;
     if (tm->busy[port] && pq->next_tx_ns > now_ns) expected = pq->next_tx_ns - now_ns;
     if (pq->rate_bps > 0) {{
         double rate = pq->fault_silent ? pq->rate_bps * pq->fault_rate_factor : pq->rate_bps;
         expected += (int64_t)((double)b * 8e9 / rate);
     }}
-    xm_tm_item item = {{handle, cpkt, nbytes, now_ns, expected, -1}};
+    /* the latency monitor: time this priority is paused while the packet waits is explained */
+    if (tm->pfc_on) expected -= paused_cum(&pq->pfc[prio], now_ns);
+    xm_tm_item item = {{handle, cpkt, nbytes, now_ns, expected, in_port}};
     if (xm_tm_fifo_push(q, item)) return -1;
+    if (in_port >= 0) count_in(tm, in_port, prio, nbytes, now_ns);
     pq->qbytes[prio] = b + nbytes;
     tm->buffered_bytes += nbytes;
     tm->queued++;
@@ -261,6 +427,7 @@ static xm_tm_departure depart(xm_tm *tm, int64_t port, xm_tm_port *pq, int64_t p
     tm->queued--;
     pq->dequeued++;
     pq->dequeued_prio[prio]++;
+    if (it.in_port >= 0) count_out(tm, it.in_port, prio, it.nbytes);
     /* busy from when the port became free (or the packet came, or its pause ended) */
     int64_t ready = it.enq_ns + delay;
     if (pq->pause_until[prio] > ready) ready = pq->pause_until[prio];
@@ -280,6 +447,7 @@ static xm_tm_departure depart(xm_tm *tm, int64_t port, xm_tm_port *pq, int64_t p
     pq->last_tx_end_ns = done;
     pq->departures++;
     pq->wait_ns += start - it.enq_ns;
+    if (tm->pfc_on) it.expected = max0(it.expected + paused_cum(&pq->pfc[prio], start));
     pq->expected_wait_ns += it.expected;
     xm_tm_departure d = {{port, prio, it.handle, it.cpkt, it.enq_ns, q->len, start}};
     return d;
@@ -350,10 +518,12 @@ static int64_t head_ready_ns(const xm_tm *tm, const xm_tm_port *pq)
     return have ? best : t;
 }}
 
-/* TrafficManager.next_departure_ns with PFC off: 1 and *t, or 0 when nothing is queued */
+/* TrafficManager.next_departure_ns: 1 and *t, or 0 when nothing is queued and PFC has no
+ * timer */
 int xm_tm_next_departure(xm_tm *tm, int64_t *t)
 {{
     int have = 0;
+    if (tm->pfc_on) have = pfc_timer(tm, t);
     for (int64_t port = 0; port < tm->port_hi; port++) {{
         if (!tm->busy[port]) continue;
         int64_t r = head_ready_ns(tm, &tm->ports[port]);
@@ -381,20 +551,6 @@ void xm_tm_resize(xm_tm *tm, int64_t port, int64_t booked, int64_t sent)
     pq->last_tx_end_ns = pq->next_tx_ns;
 }}
 
-/* TrafficManager._flush with PFC off: every packet of one queue dropped, their handles out */
-int64_t xm_tm_flush(xm_tm *tm, int64_t port, int64_t prio, uint64_t *handles)
-{{
-    xm_tm_port *pq = xm_tm_port_of(tm, port);
-    xm_tm_fifo *q = &pq->queues[prio];
-    int64_t n = q->len;
-    for (int64_t i = 0; i < n; i++) handles[i] = xm_tm_fifo_pop(q).handle;
-    tm->buffered_bytes -= pq->qbytes[prio];
-    tm->queued -= n;
-    pq->qbytes[prio] = 0;
-    if (port_empty(tm, pq)) tm->busy[port] = 0;
-    return n;
-}}
-
 void xm_tm_free(xm_tm *tm)
 {{
     for (int64_t port = 0; port < XM_TM_PORTS; port++)
@@ -417,6 +573,8 @@ def _fill(text: str) -> str:
         nports=MAX_PORT + 1,
         max_service=f"{float(MAX_SERVICE_NS)!r}",
         max_depth=MAX_DEPTH_PACKETS,
+        npauses=(MAX_PORT + 1) * TM_QUEUES,
+        quantum_bits=QUANTUM_BITS,
     )
 
 
@@ -509,7 +667,7 @@ class _Array:
 
 class _Queue:
     """One C FIFO as the reference's deque of (packet, bytes, enqueue time, expected wait,
-    ingress port), for the reference's code (PFC, flushes) run on the C state."""
+    ingress port), for the reference's code (flushes) run on the C state."""
 
     __slots__ = ("_tm", "_q")
 
@@ -533,17 +691,6 @@ class _Queue:
     def __iter__(self) -> Iterator[tuple[Any, int, int, int, int]]:
         return (self[i] for i in range(len(self)))
 
-    def append(self, item: tuple[Any, int, int, int, int]) -> None:
-        tm = self._tm
-        pkt, nbytes, enq_ns, expected, in_port = item
-        h = tm._register(pkt)
-        cpkt = tm.cpkt(pkt)
-        if tm.lib.xm_tm_fifo_push(self._q, (h, cpkt, nbytes, enq_ns, expected, in_port)):
-            raise MemoryError("the native traffic manager could not grow a queue")
-        tm._c.queued += 1
-        if in_port >= 0:
-            tm._c.pfc_items += 1
-
     def popleft(self) -> tuple[Any, int, int, int, int]:
         if not self._q.len:
             raise IndexError("pop from an empty deque")
@@ -552,8 +699,6 @@ class _Queue:
             tm._adopt(self._q.items[self._q.head])
         it = tm.lib.xm_tm_fifo_pop(self._q)
         tm._c.queued -= 1
-        if it.in_port >= 0:
-            tm._c.pfc_items -= 1
         return (tm.packets.pop(it.handle), it.nbytes, it.enq_ns, it.expected, it.in_port)
 
     def clear(self) -> None:
@@ -591,6 +736,114 @@ class _PortFlags:
 
     def __bool__(self) -> bool:
         return any(True for _ in self)
+
+
+class _PfcPausing:
+    """The reference's set of (ingress port, priority) this switch holds paused, as a view of
+    the C states' `pausing` flags; iterated in (port, priority) order."""
+
+    __slots__ = ("_tm",)
+
+    def __init__(self, tm: NativeTrafficManager) -> None:
+        self._tm = tm
+
+    def _state(self, key: tuple[int, int]) -> Any:
+        port, prio = key
+        return self._tm._c.ports[port].pfc[prio]
+
+    def __contains__(self, key: object) -> bool:
+        return key in set(self)
+
+    def add(self, key: tuple[int, int]) -> None:
+        self._state(key).pausing = 1
+
+    def discard(self, key: tuple[int, int]) -> None:
+        self._state(key).pausing = 0
+
+    def clear(self) -> None:
+        for key in list(self):
+            self.discard(key)
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        c = self._tm._c
+        return iter(
+            [
+                (port, prio)
+                for port in range(c.port_hi)
+                if c.ports[port].exists
+                for prio in range(TM_QUEUES)
+                if c.ports[port].pfc[prio].pausing
+            ]
+        )
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __bool__(self) -> bool:
+        return any(True for _ in self)
+
+
+def _csince(self: Any) -> int | None:
+    return int(self._c.paused_since_ns) if self._c.paused_since_set else None
+
+
+def _put_since(self: Any, value: int | None) -> None:
+    self._c.paused_since_set = int(value is not None)
+    self._c.paused_since_ns = 0 if value is None else value
+
+
+class NativePfcQueueState(PfcQueueState):
+    """One (port, priority)'s PFC state: what the per-packet path reads and writes in C, the
+    watchdog's bookkeeping (per poll) here."""
+
+    def __init__(self, c: Any) -> None:  # noqa: D107 - the dataclass's fields, in C and here
+        self._c = c
+        self.last_pause_rx_ns = None
+        self.dequeued = 0
+        self.wd_seen_dequeued = 0
+        self.wd_stalled_polls = 0
+        self.wd_quiet_polls = 0
+        self.wd_seen_pause_rx = 0
+
+    ingress_bytes = _cfield("ingress_bytes")  # type: ignore[assignment]
+    pausing = _cflag("pausing")  # type: ignore[assignment]
+    xoff_sent_ns = _cfield("xoff_sent_ns")  # type: ignore[assignment]
+    paused_until_ns = _cfield("paused_until_ns")  # type: ignore[assignment]
+    paused_since_ns = property(_csince, _put_since)  # type: ignore[assignment]
+    paused_ns = _cfield("paused_ns")  # type: ignore[assignment]
+    storm = _cflag("storm")  # type: ignore[assignment]
+
+
+class NativePfcPortCounters(PfcPortCounters):
+    """A port's PFC counters (Python's: they change per pause frame) and its per-priority
+    states, those the reference would have made (`exists` in C) in `per_prio`."""
+
+    def __init__(self, tm: NativeTrafficManager, c: Any) -> None:  # noqa: D107
+        self._tm, self._c = tm, c
+        self._states: dict[int, NativePfcQueueState] = {}
+        self.xoff_sent = self.xon_sent = self.pauses_received = self.resumes_received = 0
+        self.storms = self.restored = self.watchdog_drops = 0
+
+    def _view(self, prio: int) -> NativePfcQueueState:
+        st = self._states.get(prio)
+        if st is None:
+            st = self._states[prio] = NativePfcQueueState(self._c.pfc + prio)
+        return st
+
+    @property
+    def per_prio(self) -> dict[int, PfcQueueState]:  # type: ignore[override]
+        """The states made, in the order they were (as the reference's dict)."""
+        pfc = self._c.pfc
+        made = sorted((pfc[p].exists, p) for p in range(TM_QUEUES) if pfc[p].exists)
+        return {p: self._view(p) for _, p in made}
+
+    def state(self, prio: int) -> PfcQueueState:
+        if not 0 <= prio < TM_QUEUES:
+            raise ValueError(f"PFC priority {prio} is not within [0, {TM_QUEUES - 1}]")
+        if not self._c.pfc[prio].exists:
+            self._tm._c.pfc_made += 1
+            self._c.pfc[prio].exists = self._tm._c.pfc_made
+        return self._view(prio)
 
 
 class NativePortFault(PortFault):
@@ -636,7 +889,7 @@ class NativePortQueues(PortQueues):
         self.fault_drops = 0
         self.rx_errors = 0
         self.silent_drops = 0
-        self.pfc = PfcPortCounters()
+        self.pfc = NativePfcPortCounters(tm, c)
 
     depth_pkts = _cfield("depth_pkts")  # type: ignore[assignment]
     depth_bytes = _cfield("depth_bytes")  # type: ignore[assignment]
@@ -660,10 +913,10 @@ class NativePortQueues(PortQueues):
 
 
 class NativeTrafficManager(TrafficManager):
-    """The traffic manager with its queues and port state in C: the reference's methods run
-    unchanged on that state (configuration, PFC, the watchdog, flushes), and with PFC off the
-    per-packet ones (enqueue, dequeue_ready, next_departure_ns) run in C. Packets are held
-    in `packets` by the integer handles the C queues carry."""
+    """The traffic manager with its queues, port and PFC state in C: the per-packet methods
+    (enqueue, dequeue_ready, next_departure_ns) run in C, the reference's others unchanged on
+    that state (configuration, receiving a pause, PFC's timers and watchdog, flushes).
+    Packets are held in `packets` by the integer handles the C queues carry."""
 
     def __init__(self, clock: Clock, nb_queues: int = 1, depth_pkts: int = 64):
         if not 1 <= nb_queues <= TM_QUEUES:
@@ -685,11 +938,12 @@ class NativeTrafficManager(TrafficManager):
         # a native loop's switch hop queues packets C holds (handle 0, testbed/switch/native/
         # hop.py): what makes one Python's when the reference's code reads its queue
         self.adopt: Callable[[int], Any] | None = None
-        # told before the state leaves C (`_to_reference`): what holds its address stops
-        self.leaving_native: Callable[[], None] = lambda: None
+        self._pfc: PfcConfig | None = None
+        self._watchdog: WatchdogConfig | None = None
         super().__init__(clock, nb_queues, depth_pkts)
         self._busy = _PortFlags(self._c, "busy")  # type: ignore[assignment]
         self.rx_faults = _PortFlags(self._c, "rx_fault")  # type: ignore[assignment]
+        self._pausing = _PfcPausing(self)  # type: ignore[assignment]
 
     def __del__(self) -> None:
         lib = getattr(self, "lib", None)
@@ -701,6 +955,41 @@ class NativeTrafficManager(TrafficManager):
     default_rate_pps = _cfield("default_rate_pps")  # type: ignore[assignment]
     default_rate_bps = _cfield("default_rate_bps")  # type: ignore[assignment]
     buffered_bytes = _cfield("buffered_bytes")  # type: ignore[assignment]
+    _pfc_shared_used = _cfield("pfc_shared_used")
+
+    @property  # type: ignore[override]
+    def pfc(self) -> PfcConfig | None:
+        return self._pfc
+
+    @pfc.setter
+    def pfc(self, value: PfcConfig | None) -> None:
+        self._pfc = value
+        c = self._c
+        c.pfc_on = value is not None
+        if value is not None:
+            c.pfc_xoff, c.pfc_xon, c.pfc_quanta = value.xoff_bytes, value.xon_bytes, value.quanta
+            c.pfc_prios = sum(1 << p for p in value.priorities)
+            c.pfc_link_bps, c.pfc_alpha = value.link_bps, value.alpha
+            c.pfc_pool, c.pfc_reserve = value.pool_bytes, value.reserve_bytes
+            c.pfc_resume_offset = value.resume_offset_bytes
+
+    @property  # type: ignore[override]
+    def watchdog(self) -> WatchdogConfig | None:
+        return self._watchdog
+
+    @watchdog.setter
+    def watchdog(self, value: WatchdogConfig | None) -> None:
+        self._watchdog = value
+        self._c.wd_drop = value is not None and value.action == "drop"
+
+    @property
+    def _wd_next_ns(self) -> int | None:  # type: ignore[override]
+        return int(self._c.wd_next_ns) if self._c.wd_next_set else None
+
+    @_wd_next_ns.setter
+    def _wd_next_ns(self, value: int | None) -> None:
+        self._c.wd_next_set = value is not None
+        self._c.wd_next_ns = 0 if value is None else value
 
     @property  # type: ignore[override]
     def buffer(self) -> SharedBuffer | None:
@@ -743,14 +1032,16 @@ class NativeTrafficManager(TrafficManager):
 
     def dequeue_native(self, now_ns: int) -> int:
         """dequeue_ready into `departures` (C structs, the packets still in `packets`): how
-        many. PFC must be off (`native`)."""
+        many, the resumes it decided sent."""
         cap = int(self._c.queued)
         if not cap:
             return 0
         if cap > self._out_cap:
             self._out_cap = max(cap, 2 * self._out_cap)
             self._out = self.ffi.new("xm_tm_departure[]", self._out_cap)
-        return int(self.lib.xm_tm_dequeue_ready(self._c, now_ns, self._out, cap))
+        n = int(self.lib.xm_tm_dequeue_ready(self._c, now_ns, self._out, cap))
+        self.send_pauses()
+        return n
 
     def ports_busy(self) -> bool:
         return bool(self._c.queued)
@@ -772,32 +1063,48 @@ class NativeTrafficManager(TrafficManager):
             self.ports[port] = pq
         return pq
 
-    def native(self) -> bool:
-        """Whether the per-packet path may run in C: PFC off and no packet PFC counted."""
-        return self.pfc is None and not self._c.pfc_items
-
     def enqueue(
         self, port: int, prio: int, pkt: Any, nbytes: int, now_ns: int, ingress_port: int = -1
     ) -> tuple[int, int] | None:
-        if not self.native():
-            return super().enqueue(port, prio, pkt, nbytes, now_ns, ingress_port)
         if port not in self.ports:
             self.port(port)
         h = self._register(pkt)
-        rc = self.lib.xm_tm_enqueue(
-            self._c, port, prio, h, self.cpkt(pkt), nbytes, now_ns, self._found
-        )
-        if rc <= 0:
-            del self.packets[h]
-            if rc < 0:
-                raise MemoryError("the native traffic manager could not grow a queue")
+        cpkt = self.cpkt(pkt)
+        c, found = self._c, self._found
+        rc = self.lib.xm_tm_enqueue(c, port, prio, h, cpkt, nbytes, now_ns, ingress_port, found)
+        if rc == 3:  # PFC counts it against a port not made yet: made as the reference does
+            self.port(ingress_port)
+            rc = self.lib.xm_tm_enqueue(c, port, prio, h, cpkt, nbytes, now_ns, ingress_port, found)
+        self.send_pauses()
+        if rc == 1:
+            return int(found[0]), int(found[1])
+        del self.packets[h]
+        if rc < 0:
+            raise MemoryError("the native traffic manager could not grow a queue")
+        self.refused(port, rc)
+        return None
+
+    def refused(self, port: int, rc: int) -> None:
+        """What the reference does when it refuses a packet the C refused (`rc`)."""
+        if rc == 2:
+            self.ports[port].pfc.watchdog_drops += 1
+            self.last_drop = "pfc_watchdog"
+        else:
             self.last_drop = "queue_full"
-            return None
-        return int(self._found[0]), int(self._found[1])
+
+    def send_pauses(self) -> None:
+        """Send the pauses and resumes the C decided, in order (the reference's _send_pause):
+        after every C call that may decide one, before anything else happens."""
+        c = self._c
+        if not c.npause:
+            return
+        assert not c.pause_lost, "the native traffic manager lost a pause"
+        pauses = [(p.port, p.prio, p.quanta) for p in c.pauses[0 : c.npause]]
+        c.npause = 0
+        for port, prio, quanta in pauses:
+            self._send_pause(port, prio, quanta)
 
     def dequeue_ready(self, now_ns: int) -> list[tuple[int, int, Any, int, int, int]]:
-        if not self.native():
-            return super().dequeue_ready(now_ns)
         n = self.dequeue_native(now_ns)
         out = self._out
         res = []
@@ -807,86 +1114,12 @@ class NativeTrafficManager(TrafficManager):
         return res
 
     def next_departure_ns(self) -> int | None:
-        if self.pfc is not None:
-            return super().next_departure_ns()
         return int(self._t[0]) if self.lib.xm_tm_next_departure(self._c, self._t) else None
 
-    def set_pfc(self, pfc: PfcConfig | None, watchdog: WatchdogConfig | None = None) -> None:
-        """PFC on: this traffic manager becomes the reference, its state moved into Python
-        (PFC's per-packet counting is not in C yet, and the reference's code on the C state is
-        slower than on its own)."""
-        if pfc is not None:
-            self._to_reference()
-        TrafficManager.set_pfc(self, pfc, watchdog)
+    def pfc_due(self, now_ns: int) -> bool:
+        """Whether `pfc_tick` has anything to do at `now_ns`."""
+        return bool(self.lib.xm_tm_pfc_due(self._c, now_ns))
 
-    @classmethod
-    def from_reference(cls, old: TrafficManager) -> NativeTrafficManager | None:
-        """A native traffic manager with the state of `old` (a reference one, as
-        `_to_reference` made it: PFC off again), or None while `old` has PFC on or a packet
-        queued (the state moves only when there is none to move)."""
-        if old.pfc is not None or any(any(pq.queues) for pq in old.ports.values()):
-            return None
-        new = cls(old.clock, old.nb_queues, old.default_depth_pkts)
-        in_c = {"default_depth_pkts", "default_depth_bytes", "default_rate_pps"}
-        in_c |= {"default_rate_bps", "buffered_bytes", "buffer", "ports", "_busy", "rx_faults"}
-        for name in ("default_depth_bytes", "default_rate_pps", "default_rate_bps", "buffer"):
-            setattr(new, name, getattr(old, name))
-        # the rest of the reference's own state as it is (the loss draws' generator, the
-        # driver's callbacks, PFC's leftovers), not what its native past left behind
-        for name in TrafficManager(old.clock, old.nb_queues).__dict__.keys() - in_c:
-            new.__dict__[name] = old.__dict__[name]
-        for port, pq in old.ports.items():
-            view = new.port(port)
-            for f in dataclasses.fields(PortQueues):
-                if f.name in ("port", "nb_queues", "queues"):
-                    continue
-                value = getattr(pq, f.name)
-                if f.name == "fault":
-                    for k in ("down", "loss", "delay_ns", "rate_factor", "silent"):
-                        setattr(view.fault, k, getattr(value, k))
-                elif isinstance(getattr(view, f.name), _Array):
-                    for i, v in enumerate(value):
-                        getattr(view, f.name)[i] = v
-                else:
-                    setattr(view, f.name, value)
-        for port in old.rx_faults:
-            new.rx_faults.add(port)
-        return new
-
-    def _to_reference(self) -> None:
-        """Turn this object into a TrafficManager holding the same state in Python."""
-        self.leaving_native()
-        plain = {
-            name: getattr(self, name)
-            for name in (
-                "default_depth_pkts",
-                "default_depth_bytes",
-                "default_rate_pps",
-                "default_rate_bps",
-                "buffered_bytes",
-                "buffer",
-            )
-        }
-        busy, rx_faults = set(self._busy), set(self.rx_faults)
-        ports: dict[int, PortQueues] = {}
-        for port, view in self.ports.items():
-            values: dict[str, Any] = {}
-            for f in dataclasses.fields(PortQueues):
-                v = getattr(view, f.name)
-                if f.name == "queues":
-                    v = [deque(q) for q in v]
-                elif isinstance(v, _Array):
-                    v = list(v)
-                elif isinstance(v, PortFault):
-                    v = PortFault(v.down, v.loss, v.delay_ns, v.rate_factor, v.silent)
-                values[f.name] = v
-            pq = PortQueues.__new__(PortQueues)
-            pq.__dict__.update(values)
-            ports[port] = pq
-        self.lib.xm_tm_free(self._c)
-        for name in ("ffi", "lib", "_mem", "_c", "packets", "_out", "_found", "_t"):
-            self.__dict__.pop(name, None)
-        self.__class__ = TrafficManager  # type: ignore[assignment]
-        self.__dict__.update(plain)
-        self.ports = ports
-        self._busy, self.rx_faults = busy, rx_faults
+    def pfc_tick(self, now_ns: int) -> None:
+        if self.lib.xm_tm_pfc_due(self._c, now_ns):
+            super().pfc_tick(now_ns)
