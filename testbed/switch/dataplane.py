@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from testbed.switch.hop import HopLoop, SwitchHop, native_path
+from testbed.switch.native.build import BuildError
+from testbed.switch.native.lock import NativeLock
 from testbed.switch.v1model import V1Switch
 
 log = logging.getLogger("xingmai.switch.dataplane")
@@ -184,6 +186,7 @@ class EmuHop(SwitchHop):
         for number, port in dp.ports.items():
             self.hop.fd[number] = port.sock.fileno()
             port.stats = HopPortStats(self.hop, number, port.stats)
+        self.ports = loop.ffi.new("int64_t[]", list(dp.ports))  # in the order the loop polls
 
     def ready(self, sw: V1Switch) -> bool:
         """Whether the next batch may run in C: the hop's program is the switch's, and its
@@ -249,6 +252,17 @@ class Dataplane:
         elif not all(p.kernel_filters_outgoing for p in self.ports.values()):
             self.native_io = "python: the kernel lacks PACKET_IGNORE_OUTGOING"
         self.hop: EmuHop | None = None
+        # The C loop takes the switch's lock itself: a C mutex, swapped in here, before the
+        # control plane runs (main.py makes the data plane first). Without a C compiler the
+        # switch keeps its RLock and the loop calls the C per port read and per service.
+        self.c_lock: NativeLock | None = None
+        if not self.native_io:
+            try:
+                self.c_lock = NativeLock()
+            except BuildError as exc:
+                log.warning("the packet loop's wait stays in Python: %s", exc)
+            else:
+                switch.lock = self.c_lock
         switch.on_change = self._pipeline_changed
         self._pipeline_changed()
 
@@ -257,6 +271,8 @@ class Dataplane:
         sw = self.switch
         if self.hop is not None:
             self.hop.refresh()
+            if sw.compiled is None or sw.compiled.native is not self.hop.rt:
+                self.hop.hop.fast = 0  # not this program's: the C loop stops using it
         if self.native_io or not native_path(sw):
             return
         c = sw.compiled
@@ -359,6 +375,13 @@ class Dataplane:
             if time.monotonic() - refreshed > 1.0:
                 offset = time.time_ns() - time.monotonic_ns() + clock.start_ns
                 refreshed = time.monotonic()
+            hop = self.hop
+            if hop is not None and self.c_lock is not None and hop.ready(sw):
+                try:
+                    self._c_passes(hop, offset)
+                except Exception as exc:
+                    self._survive(exc)
+                continue
             try:
                 nxt = sw.tm.next_departure_ns()
                 timeout_ms = (
@@ -393,6 +416,31 @@ class Dataplane:
                     sw.service()
             except Exception as exc:
                 self._survive(exc)
+
+    def _c_passes(self, hop: EmuHop, offset: int) -> None:
+        """The loop's passes in C (`xm_emu_loop`) until it returns: the wake pipe had
+        something (handed in here), IDLE_POLL_MS went by (the loop's housekeeping: the
+        clocks' offset, the stop), or the switch's path left the hop."""
+        assert self.c_lock is not None
+        until = time.monotonic_ns() + int(IDLE_POLL_MS * 1e6)
+        lp = hop.loop
+        rc = lp.lib.xm_emu_loop(
+            lp._c,
+            0,
+            self.c_lock.address,
+            hop.ports,
+            len(self.ports),
+            self._wake_r,
+            self.switch.clock.start_ns,
+            offset,
+            until,
+        )
+        lp.raise_failed()
+        if rc < 0:
+            p = self.ports.get(int(lp._c.py_handle))
+            where = p.iface if p is not None else "poll"
+            raise OSError(-rc, f"{where}: {os.strerror(-rc)}")
+        self._drain_inbox()
 
     def _drain_inbox(self) -> None:
         try:

@@ -34,6 +34,7 @@ from testbed.switch.native.cgen import (
     ARCH_PYTHON,
     ARCH_QUEUE_FULL,
 )
+from testbed.switch.native.lock import NativeLock
 from testbed.switch.native.tm import NativeTrafficManager
 from testbed.switch.packet import (
     CLOCK_NS,
@@ -197,7 +198,9 @@ class V1Switch:
         self.tm.send_control = lambda port, frame: self._send_control(port, frame)
         self.tm.port_mac = self.port_mac
         self.pfc_frames_sent = 0
-        self.lock = threading.RLock()  # held while a packet runs or the control plane writes
+        # held while a packet runs or the control plane writes (the switch process's data plane
+        # makes it a C mutex its packet loop in C takes: testbed/switch/native/lock.py)
+        self.lock: threading.RLock | NativeLock = threading.RLock()
         self.compiled: Compiled | None = None
         self.json_bytes: bytes = b""
         self.std: StdMeta | None = None

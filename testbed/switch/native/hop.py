@@ -128,16 +128,22 @@ int xm_hop_schedule_at(xm_loop *L, int64_t node, int64_t t);
 int64_t xm_emu_read(xm_loop *L, int64_t node, int64_t port, int64_t max, int64_t start_ns,
                     int64_t offset_ns);
 int64_t xm_emu_service(xm_loop *L, int64_t node, int64_t start_ns);
+int64_t xm_emu_loop(xm_loop *L, int64_t node, uint64_t mutex, const int64_t *ports,
+                    int64_t nports, int64_t wake_fd, int64_t start_ns, int64_t offset_ns,
+                    int64_t until_ns);
 void xm_hop_free_packet(void *packet);
 """
 
 _C = r"""
 #include <errno.h>
+#include <poll.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <sys/socket.h>
 #include <time.h>
 
 #define XM_RX_MAX 65536 /* the largest frame a packet socket gives (MAX_FRAME + 1) */
+#define XM_RX_BATCH 64 /* frames read from one port before looking at the others (RX_BATCH) */
 #define XM_EV_PY 0 /* a Python event: run returns its handle */
 #define XM_EV_RX 1 /* a frame arrives at a switch's port */
 #define XM_EV_SERVICE 2 /* a switch's traffic manager may send */
@@ -539,6 +545,64 @@ int64_t xm_emu_service(xm_loop *L, int64_t node, int64_t start_ns)
     else
         service_round(L, node);
     return 0; /* the caller looks at failed */
+}
+
+/* Dataplane._loop's passes in one call: wait (poll) for frames on the ports, for the wake
+ * pipe, or until the next departure, with the switch's lock (a pthread mutex: testbed/switch/
+ * native/lock.py) released; then, holding it, read each port with frames and serve the
+ * queues. Returns to Python, the lock released: when the wake pipe has something (a packet
+ * handed in, a stop), at until_ns of CLOCK_MONOTONIC (the loop's housekeeping), when the
+ * switch's path is no longer the hop's (fast cleared: a program loaded) or a callback
+ * failed: 0; -errno when a port's read (py_handle: the port) or the poll failed. */
+int64_t xm_emu_loop(xm_loop *L, int64_t node, uint64_t mutex, const int64_t *ports,
+                    int64_t nports, int64_t wake_fd, int64_t start_ns, int64_t offset_ns,
+                    int64_t until_ns)
+{
+    xm_hop *h = &L->hops[node];
+    pthread_mutex_t *m = (pthread_mutex_t *)(uintptr_t)mutex;
+    struct pollfd fds[NPORTS + 1];
+    if (nports > NPORTS) return -EINVAL;
+    for (int64_t i = 0; i < nports; i++) {
+        fds[i].fd = (int)h->fd[ports[i]];
+        fds[i].events = POLLIN;
+    }
+    fds[nports].fd = (int)wake_fd;
+    fds[nports].events = POLLIN;
+    for (;;) {
+        int64_t due = 0;
+        pthread_mutex_lock(m);
+        int fast = (int)h->fast;
+        int have = fast && xm_tm_next_departure((xm_tm *)(uintptr_t)h->tm, &due);
+        int64_t now = clock_ns(start_ns);
+        pthread_mutex_unlock(m);
+        if (!fast) return 0;
+        int64_t wait = until_ns - clock_ns(0);
+        if (wait <= 0) return 0;
+        if (have && due - now < wait) wait = due - now;
+        /* in whole milliseconds rounded up, as Python's poll takes its timeout */
+        int timeout = wait <= 0 ? 0 : (int)((wait + 999999) / 1000000);
+        int n = poll(fds, (nfds_t)(nports + 1), timeout);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            return -errno;
+        }
+        pthread_mutex_lock(m);
+        int64_t rc = 0;
+        if (h->fast) {
+            for (int64_t i = 0; i < nports && n > 0 && !L->failed; i++) {
+                if (!fds[i].revents) continue;
+                rc = xm_emu_read(L, node, ports[i], XM_RX_BATCH, start_ns, offset_ns);
+                if (rc < 0) {
+                    L->py_handle = ports[i];
+                    break;
+                }
+            }
+            if (rc >= 0 && !L->failed) xm_emu_service(L, node, start_ns);
+        }
+        pthread_mutex_unlock(m);
+        if (rc < 0) return rc;
+        if (L->failed || !h->fast || (n > 0 && fds[nports].revents)) return 0;
+    }
 }
 
 /* run events in order until a Python one is next (RUN_PYTHON, RUN_DELIVER), none is left
