@@ -2,10 +2,10 @@
 
 `make install` runs it on the project's program, so that the first switches of a run (or of
 `make test`, several at once) load the shared objects from the cache instead of each compiling
-them. Without arguments it builds the traffic manager and the xingmai program
-(p4src/build/xingmai.json); a program the native pipeline cannot run is named with the reason
-and the reference runs it, as a switch would. Exit status 0 either way (the reference always
-runs); 2 when a JSON cannot be read.
+them. Without arguments it builds the traffic manager, the switch process's lock and the
+xingmai program (p4src/build/xingmai.json); a program the native pipeline cannot run is named
+with the reason and the reference runs it, as a switch would. Exit status 0 either way (the
+reference always runs); 2 when a JSON cannot be read.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 
 from testbed.p4files import BMV2_JSON
+from testbed.switch.native.build import BuildError
+from testbed.switch.native.lock import NativeLock
 from testbed.switch.native.tm import NativeTrafficManager
 from testbed.switch.program import LoadError
 from testbed.switch.v1model import V1Switch
@@ -25,6 +27,10 @@ def prebuild(path: Path) -> str:
     """Load `path` on a native switch (which builds or finds its C) and say which pipeline
     runs it."""
     t0 = time.monotonic()
+    try:
+        NativeLock()  # the switch process's lock (testbed/switch/dataplane.py)
+    except BuildError:
+        pass  # no compiler: the pipeline's line below says so
     sw = V1Switch(pipeline="native")
     sw.load(path.read_bytes())
     took = time.monotonic() - t0
