@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from scapy.layers.inet import IP
 
 from controller.collector import Collector
@@ -217,12 +218,12 @@ def test_reports_flow_to_the_collector_in_a_twin_run() -> None:
         assert len(f.links) == 4 and f.latency_ns > 0 and f.reporter == f.dst_host
 
 
-def test_switches_report_their_tail_drops_to_the_collector() -> None:
-    from controller.wire.telemetry_report import DROP_REASON_TM_QUEUE_FULL
+def tail_drops(loop: str) -> tuple[Any, dict[str, Any]]:
+    """An incast that overflows h1's downlink on the twin (`loop`: its event loop), and what
+    each switch dropped and reported."""
     from testbed.experiment.suite import report_settings, transport_settings
     from testbed.model import Scaling, model_with_buffer
     from testbed.sim.fabric import SimFabric
-    from testbed.switch.drop_reports import HW_ID_TM
     from testbed.topo import leafspine
     from testbed.traffic.generators import Flow
 
@@ -231,15 +232,36 @@ def test_switches_report_their_tail_drops_to_the_collector() -> None:
     # absorbs it
     static = model_with_buffer("static")
     s = Scaling(model=static, scale=20_000, max_hops=spec.longest_path_switches())
-    fab = SimFabric(spec, s)
+    fab = SimFabric(spec, s, loop_pipeline=loop)
     hosts = fab.traffic_hosts()
     # an incast with no rate law and 64 packets in flight per flow: h1's downlink overflows
     flows = [Flow(id=i, src=i, dst=0, size=1_000_000, start=0.0) for i in (1, 2, 3)]
     tr = {**transport_settings(s, window=64), **report_settings(spec, s)}
-    fab.run_job(
+    res = fab.run_job(
         hosts,
         {"kind": "flows", "flows": [f.as_dict() for f in flows], "transport": tr, "timeout": 60},
     )
+    seen = {
+        name: (
+            sim.sw.drop_reports.sent,
+            sim.sw.drop_reports.suppressed,
+            sim.sw.stats.dropped,
+            sim.sw.drop_counts(),
+        )
+        for name, sim in fab.switches.items()
+    }
+    col = fab.collector
+    seen["collector"] = (col.drop_reasons, {k: lt.drops_reported for k, lt in col.links.items()})
+    seen["job"] = (res.results, res.counters, fab.loop.now_ns)
+    return fab, seen
+
+
+def test_switches_report_their_tail_drops_to_the_collector() -> None:
+    from controller.wire.telemetry_report import DROP_REASON_TM_QUEUE_FULL
+    from testbed.switch.drop_reports import HW_ID_TM
+
+    fab, _ = tail_drops("native")
+    hosts = fab.traffic_hosts()
     downlink = str(fab.topo.destinations[hosts[0].ip].attached)  # leaf1's port to h1
     col = fab.collector
     sent = {n: sw.sw.drop_reports.sent for n, sw in fab.switches.items()}
@@ -256,3 +278,16 @@ def test_switches_report_their_tail_drops_to_the_collector() -> None:
     assert sum(lt.drops_reported for lt in col.links.values()) == sum(sent.values())
     assert sum(f.drops_reported for f in col.flows.values()) == sum(sent.values())
     assert col.errors == {}
+
+
+def test_tail_drops_on_the_c_loop_as_on_the_python_loop() -> None:
+    """The C loop's switch hops hold back the drops whose report the pacing holds back (no
+    Python per such drop): the same drops, reports, counters and job on both loops."""
+    native_fab, native = tail_drops("native")
+    if native_fab.loop_in_use != "native":
+        pytest.skip("the native pipeline does not build here (no C compiler)")
+    held = sum(sim.sw.stats._hop.queue_full for sim in native_fab.switches.values())
+    assert held > 0  # the C handled drops alone
+    python_fab, python = tail_drops("reference")
+    assert python_fab.loop_in_use == "reference"
+    assert native == python

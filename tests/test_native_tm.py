@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from controller.wire.pfc import PfcPause
+from controller.wire.telemetry_report import DROP_REASON_TM_PORT_DOWN, DROP_REASON_TM_QUEUE_FULL
 from testbed.switch.native.build import BuildError, compiler
 from testbed.switch.pfc import PfcConfig, WatchdogConfig
 from testbed.switch.traffic_manager import Clock, SharedBuffer, TrafficManager
@@ -59,7 +60,7 @@ def state(tm: TrafficManager) -> list[Any]:
         out.append([c.xoff_sent, c.xon_sent, c.watchdog_drops, c.storms, c.restored])
         out.append([c.pauses_received, c.resumes_received])
         out.append([(prio, vars_of(st)) for prio, st in c.per_prio.items()])
-    out.append([sorted(tm._pausing), tm._wd_next_ns, tm._pfc_shared_used])
+    out.append([sorted(tm._pausing), tm._wd_next_ns, tm._pfc_shared_used, tm.reports_held])
     return out
 
 
@@ -157,6 +158,14 @@ def run_sequence(seed: int, steps: int) -> int:
             silent = rnd.choice([None, False, True])
             for tm in both:
                 tm.set_fault(port, down, None, delay, factor, silent)
+        elif r < 0.92:  # a drop's report: held back within the gap after the last, or sent
+            port = rnd.choice(ports)
+            reason = rnd.choice([DROP_REASON_TM_QUEUE_FULL, DROP_REASON_TM_PORT_DOWN])
+            got = [tm.report_held(port, reason, now) for tm in both]
+            assert got[0] == got[1], (seed, "report held")
+            if not got[0] and rnd.random() < 0.7:
+                for tm in both:
+                    tm.report_ns[(port, reason)] = now
         elif r < 0.93:  # a downstream pause held or released
             port, prio = rnd.choice(ports), rnd.randrange(nq)
             until = now + rnd.choice([0, 1000, 50_000])

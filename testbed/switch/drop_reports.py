@@ -7,8 +7,10 @@ the target reports them, as a switch ASIC's drop reporting does (the program's
 `report_collector` default action holds the collector's and this switch's addresses, its
 `switch_config` the node id; the report leaves by the report clone session's port). Reports
 use their own hardware id (`HW_ID_TM`), so their sequence numbers are a stream of their own at
-the collector. A port reports at most one drop per reason every `GAP_FRAMES` frame times at
-its rate (an incast drops thousands of frames a second: the first of a burst says where).
+the collector. A port reports at most one drop per reason every `REPORT_GAP_BYTES` at its
+rate, 8 frames of 1500 bytes (an incast drops thousands of frames a second: the first of a
+burst says where); the traffic manager keeps that pacing (`report_held`), in C on the native
+one, so a drop held back costs no Python.
 Frames that arrive corrupted are not reported: their headers cannot be trusted (the port's
 receive-error counter counts them).
 """
@@ -38,8 +40,7 @@ if TYPE_CHECKING:
     from testbed.switch.v1model import V1Switch
 
 HW_ID_TM = 63  # the traffic manager's report stream (the P4 sink's is the configured hw id)
-GAP_FRAMES = 8
-FRAME_BYTES = 1500  # a frame time at the port's rate, for the gap (a bound, not a size)
+REPORT_GAP_BYTES = 8 * 1500  # 8 frame times at the port's rate (a bound, not a size)
 INNER_PAYLOAD_BYTES = 16
 REP_MD = bitmap_bit(BIT_L1_PORTS) | bitmap_bit(BIT_QUEUE) | bitmap_bit(15)
 
@@ -49,9 +50,12 @@ class DropReporter:
         self.sw = sw
         self.seq = 0
         self.sent = 0
-        self.suppressed = 0  # drops not reported (within the gap of the last one)
         self.unconfigured = 0  # drops with no collector configured
-        self._last: dict[tuple[int, int], int] = {}  # (port, reason) -> ns of the last report
+
+    @property
+    def suppressed(self) -> int:
+        """Drops not reported, within the gap after one that was (`report_held`)."""
+        return self.sw.tm.reports_held
 
     def _config(self) -> tuple[tuple[int, ...], int, int] | None:
         """(collector action params, node id, report port), or None: no collector."""
@@ -74,15 +78,9 @@ class DropReporter:
     def dropped(
         self, in_port: int, out_port: int, reason: int, frame: bytes, qocc: int, now_ns: int
     ) -> None:
-        """The traffic manager dropped `frame` (an Ethernet frame, as the pipeline left it)."""
-        key = (out_port, reason)
-        pq = self.sw.tm.ports.get(out_port)
-        rate = pq.rate_bps if pq is not None and pq.rate_bps > 0 else 0.0
-        gap = int(GAP_FRAMES * FRAME_BYTES * 8e9 / rate) if rate else 1_000_000
-        last = self._last.get(key)
-        if last is not None and now_ns - last < gap:
-            self.suppressed += 1
-            return
+        """The traffic manager dropped `frame` (an Ethernet frame, as the pipeline left it),
+        outside the gap after the last drop reported for the port and reason (the caller asks
+        the traffic manager's `report_held` first)."""
         cfg = self._config()
         if cfg is None:
             self.unconfigured += 1
@@ -91,7 +89,7 @@ class DropReporter:
         inner = _inner(frame)
         if inner is None:
             return
-        self._last[key] = now_ns
+        self.sw.tm.report_ns[(out_port, reason)] = now_ns
         payload = encode_report(
             hw_id=HW_ID_TM,
             seq=self.seq,

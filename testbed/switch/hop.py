@@ -123,11 +123,27 @@ def native_path(sw: V1Switch) -> bool:
 
 
 class HopStats(Stats):
-    """V1Switch's counters with the frames in and out its hop's (the C counts them)."""
+    """V1Switch's counters with the frames in and out its hop's, and the drops of a full
+    queue the hop handled alone (the C counts them)."""
 
     def __init__(self, hop: Any, old: Stats) -> None:  # noqa: D107
         self._hop = hop
+        self._dropped: dict[str, int] = {}
         super().__init__(old.rx, old.tx, old.dropped)
+
+    @property  # type: ignore[override]
+    def dropped(self) -> dict[str, int]:
+        out = dict(self._dropped)
+        if self._hop.queue_full:
+            out["queue_full"] = out.get("queue_full", 0) + int(self._hop.queue_full)
+        return out
+
+    @dropped.setter
+    def dropped(self, value: dict[str, int]) -> None:
+        self._dropped = dict(value)
+
+    def drop(self, reason: str) -> None:
+        self._dropped[reason] = self._dropped.get(reason, 0) + 1
 
     rx = property(  # type: ignore[assignment]
         lambda self: int(self._hop.rx), lambda self, v: setattr(self._hop, "rx", v)

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.wire.pfc import PfcPause, pause_ns, pfc_frame
+from testbed.switch.drop_reports import REPORT_GAP_BYTES
 from testbed.switch.pfc import PfcConfig, PfcPortCounters, PfcQueueState, WatchdogConfig
 
 
@@ -318,6 +319,10 @@ class TrafficManager:
         self.buffered_bytes = 0
         # PFC's dynamic threshold: the ingress bytes above each (port, priority)'s reserve
         self._pfc_shared_used = 0
+        # drop reports' pacing (testbed/switch/drop_reports.py): when a drop of each (port,
+        # reason) was last reported, and the drops held back within the gap after one
+        self.report_ns: dict[tuple[int, int], int] = {}
+        self.reports_held = 0
 
     def set_buffer(self, buffer: SharedBuffer | None) -> None:
         """Share one buffer among every queue with a dynamic threshold, or (None) hold each
@@ -424,6 +429,21 @@ class TrafficManager:
             pq.silent_drops += 1
         else:
             pq.rx_errors += 1
+        return True
+
+    def report_held(self, port: int, reason: int, now_ns: int) -> bool:
+        """Whether a drop on `port` for `reason` (a Telemetry Report drop reason) falls within
+        the gap after the last one reported there (REPORT_GAP_BYTES at the port's rate, 1 ms
+        with none): held back, and counted."""
+        last = self.report_ns.get((port, reason))
+        if last is None:
+            return False
+        pq = self.ports.get(port)
+        rate = pq.rate_bps if pq is not None and pq.rate_bps > 0 else 0.0
+        gap = int(REPORT_GAP_BYTES * 8e9 / rate) if rate else 1_000_000
+        if now_ns - last >= gap:
+            return False
+        self.reports_held += 1
         return True
 
     def _targets(self, port: int | None) -> list[PortQueues]:

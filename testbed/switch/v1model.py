@@ -629,7 +629,7 @@ class V1Switch:
 
     def _report_drop(self, S: StdMeta, port: int, p: Packet, why: str) -> None:
         c = self.compiled
-        if c is None:
+        if c is None or self.tm.report_held(port, DROP_REASONS[why], p.t_ns):
             return
         try:
             frame = c.deparse(p)

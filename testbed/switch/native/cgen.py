@@ -1981,6 +1981,12 @@ class CGen:
             self.emit(line, 1)
         self.emit("}")
         self.emit()
+        self.emit("/* the port the packet was for (after ARCH_QUEUE_FULL: the drop's port) */")
+        self.emit("static int64_t v1model_egress_spec(xm_packet *p)")
+        self.emit("{")
+        self.emit(f"return (int64_t){sm('egress_spec')};", 1)
+        self.emit("}")
+        self.emit()
         self.emit(
             "/* a packet arrives and is queued: xm_receive, then v1model_enqueue after its 0 */"
         )

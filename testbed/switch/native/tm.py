@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from controller.wire.pfc import QUANTUM_BITS
+from testbed.switch.drop_reports import DROP_REASONS, REPORT_GAP_BYTES
 from testbed.switch.native.build import build, load
 from testbed.switch.pfc import PfcConfig, PfcPortCounters, PfcQueueState, WatchdogConfig
 from testbed.switch.traffic_manager import (
@@ -42,6 +43,7 @@ from testbed.switch.traffic_manager import (
 )
 
 TM_QUEUES = 8  # priorities a port may have (standard_metadata.priority: 3 bits)
+REPORT_REASONS = tuple(DROP_REASONS.values())  # the drops reported, by index in C
 
 # declared once: the C source and cffi's cdef both read these structs
 _STRUCTS = """
@@ -135,6 +137,11 @@ typedef struct {{
     int64_t wd_drop; /* a watchdog with the action drop */
     int64_t wd_next_set; /* the reference's _wd_next_ns is not None */
     int64_t wd_next_ns;
+    /* drop reports' pacing: when a drop of each (port, reason of REPORT_REASONS) was last
+     * reported (report_set: one was), and the drops held back */
+    int64_t report_ns[{nports}][{nreasons}];
+    uint8_t report_set[{nports}][{nreasons}];
+    int64_t reports_held;
     int64_t npause; /* pauses decided and not yet sent (the caller sends them, in order) */
     int64_t pause_lost; /* more than pauses[] holds: never (at most one per (port, prio)) */
     xm_pfc_pause pauses[{npauses}];
@@ -163,6 +170,7 @@ int xm_tm_enqueue(xm_tm *tm, int64_t port, int64_t prio, uint64_t handle, uint64
 int64_t xm_tm_dequeue_ready(xm_tm *tm, int64_t now_ns, xm_tm_departure *out, int64_t cap);
 int xm_tm_next_departure(xm_tm *tm, int64_t *t);
 int xm_tm_pfc_due(const xm_tm *tm, int64_t now_ns);
+int xm_tm_report_held(xm_tm *tm, int64_t port, int64_t reason, int64_t now_ns);
 void xm_tm_resize(xm_tm *tm, int64_t port, int64_t booked, int64_t sent);
 void xm_tm_free(xm_tm *tm);
 """
@@ -173,6 +181,7 @@ _C = r"""
 #define XM_MAX_SERVICE_NS {max_service}
 #define XM_MAX_DEPTH_PACKETS {max_depth}
 #define XM_TM_PAUSES {npauses}
+#define XM_REPORT_QUEUE_FULL {report_queue_full} /* REPORT_REASONS' index of a full queue */
 
 /* the port's queues, made with the defaults on first use (the reference's `port`) */
 xm_tm_port *xm_tm_port_of(xm_tm *tm, int64_t port)
@@ -533,6 +542,18 @@ int xm_tm_next_departure(xm_tm *tm, int64_t *t)
     return have;
 }}
 
+/* TrafficManager.report_held, the reason by its index in REPORT_REASONS */
+int xm_tm_report_held(xm_tm *tm, int64_t port, int64_t reason, int64_t now_ns)
+{{
+    if (!tm->report_set[port][reason]) return 0;
+    const xm_tm_port *pq = &tm->ports[port];
+    double rate = pq->exists && pq->rate_bps > 0 ? pq->rate_bps : 0.0;
+    int64_t gap = rate != 0.0 ? (int64_t)({gap_bytes} * 8e9 / rate) : 1000000;
+    if (now_ns - tm->report_ns[port][reason] >= gap) return 0;
+    tm->reports_held++;
+    return 1;
+}}
+
 /* PortQueues.resize: the frame booked at `booked` bytes left as `sent` */
 void xm_tm_resize(xm_tm *tm, int64_t port, int64_t booked, int64_t sent)
 {{
@@ -574,6 +595,9 @@ def _fill(text: str) -> str:
         max_service=f"{float(MAX_SERVICE_NS)!r}",
         max_depth=MAX_DEPTH_PACKETS,
         npauses=(MAX_PORT + 1) * TM_QUEUES,
+        nreasons=len(REPORT_REASONS),
+        report_queue_full=REPORT_REASONS.index(DROP_REASONS["queue_full"]),
+        gap_bytes=REPORT_GAP_BYTES,
         quantum_bits=QUANTUM_BITS,
     )
 
@@ -846,6 +870,37 @@ class NativePfcPortCounters(PfcPortCounters):
         return self._view(prio)
 
 
+class _ReportTimes:
+    """The reference's `report_ns` ((port, reason) -> when a drop was last reported) as a
+    view of the C arrays."""
+
+    __slots__ = ("_c",)
+
+    def __init__(self, c: Any) -> None:
+        self._c = c
+
+    def _index(self, key: tuple[int, int]) -> tuple[int, int]:
+        port, reason = key
+        if not 0 <= port <= MAX_PORT:
+            raise KeyError(key)
+        return port, REPORT_REASONS.index(reason)
+
+    def get(self, key: tuple[int, int], default: int | None = None) -> int | None:
+        port, i = self._index(key)
+        return int(self._c.report_ns[port][i]) if self._c.report_set[port][i] else default
+
+    def __getitem__(self, key: tuple[int, int]) -> int:
+        got = self.get(key)
+        if got is None:
+            raise KeyError(key)
+        return got
+
+    def __setitem__(self, key: tuple[int, int], ns: int) -> None:
+        port, i = self._index(key)
+        self._c.report_ns[port][i] = ns
+        self._c.report_set[port][i] = 1
+
+
 class NativePortFault(PortFault):
     """A port's fault: what the data path reads (delay, rate factor, silent) in C."""
 
@@ -956,6 +1011,19 @@ class NativeTrafficManager(TrafficManager):
     default_rate_bps = _cfield("default_rate_bps")  # type: ignore[assignment]
     buffered_bytes = _cfield("buffered_bytes")  # type: ignore[assignment]
     _pfc_shared_used = _cfield("pfc_shared_used")
+    reports_held = _cfield("reports_held")
+
+    @property  # type: ignore[override]
+    def report_ns(self) -> _ReportTimes:
+        return _ReportTimes(self._c)
+
+    @report_ns.setter
+    def report_ns(self, value: dict[tuple[int, int], int]) -> None:
+        assert not value, "the C arrays start empty"
+
+    def report_held(self, port: int, reason: int, now_ns: int) -> bool:
+        i = REPORT_REASONS.index(reason)
+        return bool(self.lib.xm_tm_report_held(self._c, port, i, now_ns))
 
     @property  # type: ignore[override]
     def pfc(self) -> PfcConfig | None:
