@@ -109,7 +109,7 @@ def cells(loop: str, *fault_lines: str, scheme: str = "tita") -> list[Any]:
     ("scheme", "fault"),
     [
         ("tita", "link leaf1:3 down"),  # drops, then the fail-over writes tables mid-run
-        ("tita", "link leaf1:3 loss 2%"),  # the port's receive faults: Python's receive
+        ("tita", "link leaf1:3 loss 2%"),  # receive faults: the draws in C and in Python
         ("tita", "switch spine2 kill"),  # a switch that stops: its queues and wires idle
         ("dcqcn+pfc", "link leaf1:3 rate 25%"),  # PFC: pauses and timers through Python
     ],

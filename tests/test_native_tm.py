@@ -46,6 +46,8 @@ FIELDS = (
     "wait_ns",
     "expected_wait_ns",
     "fault_drops",
+    "rx_errors",
+    "silent_drops",
 )
 
 
@@ -156,8 +158,12 @@ def run_sequence(seed: int, steps: int) -> int:
             delay = rnd.choice([None, 0, 0, 500, 20_000])
             factor = rnd.choice([None, 1.0, 1.0, 0.5, 0.1, 1 / 3])
             silent = rnd.choice([None, False, True])
+            loss = rnd.choice([None, None, 0.0, 0.3, 1.0])
             for tm in both:
-                tm.set_fault(port, down, None, delay, factor, silent)
+                tm.set_fault(port, down, loss, delay, factor, silent)
+            frames = rnd.choice([1, 70])  # past the 64 draws the native one holds
+            got = [[tm.corrupted(port) for _ in range(frames)] for tm in both]
+            assert got[0] == got[1], (seed, "corrupted")
         elif r < 0.92:  # a drop's report: held back within the gap after the last, or sent
             port = rnd.choice(ports)
             reason = rnd.choice([DROP_REASON_TM_QUEUE_FULL, DROP_REASON_TM_PORT_DOWN])

@@ -123,8 +123,8 @@ def native_path(sw: V1Switch) -> bool:
 
 
 class HopStats(Stats):
-    """V1Switch's counters with the frames in and out its hop's, and the drops of a full
-    queue the hop handled alone (the C counts them)."""
+    """V1Switch's counters with the frames in and out its hop's, and the drops the hop
+    handled alone, of a full queue or a corrupted frame (the C counts them)."""
 
     def __init__(self, hop: Any, old: Stats) -> None:  # noqa: D107
         self._hop = hop
@@ -134,8 +134,10 @@ class HopStats(Stats):
     @property  # type: ignore[override]
     def dropped(self) -> dict[str, int]:
         out = dict(self._dropped)
-        if self._hop.queue_full:
-            out["queue_full"] = out.get("queue_full", 0) + int(self._hop.queue_full)
+        for reason in ("queue_full", "rx_error"):
+            n = int(getattr(self._hop, reason))
+            if n:
+                out[reason] = out.get(reason, 0) + n
         return out
 
     @dropped.setter

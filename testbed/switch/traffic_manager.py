@@ -423,7 +423,7 @@ class TrafficManager:
         """Whether a frame arriving on the port now was corrupted by a `loss` fault (counted
         as a receive error)."""
         pq = self.ports.get(port)
-        if pq is None or not pq.fault.loss or self.rng.random() >= pq.fault.loss:
+        if pq is None or not pq.fault.loss or self._draw() >= pq.fault.loss:
             return False
         if pq.fault.silent:
             pq.silent_drops += 1
@@ -445,6 +445,10 @@ class TrafficManager:
             return False
         self.reports_held += 1
         return True
+
+    def _draw(self) -> float:
+        """The next draw of the `loss` faults' generator."""
+        return self.rng.random()
 
     def _targets(self, port: int | None) -> list[PortQueues]:
         return list(self.ports.values()) if port is None else [self.port(port)]

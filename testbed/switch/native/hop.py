@@ -69,6 +69,7 @@ typedef struct {
     int64_t rx; /* V1Switch.stats */
     int64_t tx;
     int64_t queue_full; /* its drops of a full queue whose report the pacing held back */
+    int64_t rx_error; /* its drops of frames a `loss` fault corrupted */
     int64_t deps_cap;
     void *deps; /* xm_tm_departure[deps_cap] */
     int64_t wire[NPORTS]; /* the twin: the loop's wire out of each port, or -1 */
@@ -332,7 +333,11 @@ static void hop_receive(xm_loop *L, int64_t node, int64_t port, xm_block *b)
     xm_hop *h = &L->hops[node];
     xm_tm *tm = (xm_tm *)(uintptr_t)h->tm;
     h->clock_ns = L->now;
-    if (!h->fast || h->dirty || port < 0 || port >= NPORTS || tm->rx_fault[port] ||
+    /* a port with a receive fault: a `loss` fault's draw is C's while it holds draws, the
+     * rest (a port down, no draw left: Python fills them) Python's */
+    int lossy = h->fast && port >= 0 && port < NPORTS && tm->rx_fault[port] &&
+                !tm->ports[port].fault_down && tm->rx_draws_left;
+    if (!h->fast || h->dirty || port < 0 || port >= NPORTS || (tm->rx_fault[port] && !lossy) ||
         mac_control(b->data, b->len)) {
         L->receive(node, port, b->data, b->len);
         free(b);
@@ -342,6 +347,12 @@ static void hop_receive(xm_loop *L, int64_t node, int64_t port, xm_block *b)
     if (!L->real_time && h->counted[port]) { /* the emulation's read counted it */
         h->port_rx[port]++;
         h->port_rx_bytes[port] += b->len;
+    }
+    if (lossy && xm_tm_corrupted(tm, port)) { /* corrupted on the wire: the MAC drops it */
+        h->rx_error++;
+        free(b);
+        schedule(L, node);
+        return;
     }
     int64_t rc = xm_receive_enqueue((xm_state *)(uintptr_t)h->state, &b->p, b->data,
                                     (uint64_t)b->len, (uint64_t)(port & h->port_mask),

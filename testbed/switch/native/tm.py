@@ -24,6 +24,7 @@ both the C and cffi's cdef.
 from __future__ import annotations
 
 import hashlib
+import random
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -44,6 +45,7 @@ from testbed.switch.traffic_manager import (
 
 TM_QUEUES = 8  # priorities a port may have (standard_metadata.priority: 3 bits)
 REPORT_REASONS = tuple(DROP_REASONS.values())  # the drops reported, by index in C
+RX_DRAWS = 64  # draws of the `loss` faults' generator taken into C at a time
 
 # declared once: the C source and cffi's cdef both read these structs
 _STRUCTS = """
@@ -100,6 +102,9 @@ typedef struct {{
     int64_t fault_delay_ns;
     double fault_rate_factor;
     int64_t fault_silent;
+    double fault_loss;
+    int64_t rx_errors; /* frames a `loss` fault dropped, counted (the port's FCS errors) */
+    int64_t silent_drops; /* ... and those a silent one dropped */
     int64_t departures;
     int64_t wait_ns;
     int64_t expected_wait_ns;
@@ -142,6 +147,11 @@ typedef struct {{
     int64_t report_ns[{nports}][{nreasons}];
     uint8_t report_set[{nports}][{nreasons}];
     int64_t reports_held;
+    /* the next draws of the `loss` faults' generator (the reference's rng.random(), in its
+     * order: Python fills them, C and Python take them) */
+    double rx_draws[{ndraws}];
+    int64_t rx_draws_next;
+    int64_t rx_draws_left;
     int64_t npause; /* pauses decided and not yet sent (the caller sends them, in order) */
     int64_t pause_lost; /* more than pauses[] holds: never (at most one per (port, prio)) */
     xm_pfc_pause pauses[{npauses}];
@@ -171,6 +181,7 @@ int64_t xm_tm_dequeue_ready(xm_tm *tm, int64_t now_ns, xm_tm_departure *out, int
 int xm_tm_next_departure(xm_tm *tm, int64_t *t);
 int xm_tm_pfc_due(const xm_tm *tm, int64_t now_ns);
 int xm_tm_report_held(xm_tm *tm, int64_t port, int64_t reason, int64_t now_ns);
+int xm_tm_corrupted(xm_tm *tm, int64_t port);
 void xm_tm_resize(xm_tm *tm, int64_t port, int64_t booked, int64_t sent);
 void xm_tm_free(xm_tm *tm);
 """
@@ -554,6 +565,23 @@ int xm_tm_report_held(xm_tm *tm, int64_t port, int64_t reason, int64_t now_ns)
     return 1;
 }}
 
+/* TrafficManager.corrupted for a port with a `loss` fault: 1 (dropped, counted) or 0 from
+ * the next draw; -1 when no draw is left (the caller asks Python, which fills them) */
+int xm_tm_corrupted(xm_tm *tm, int64_t port)
+{{
+    xm_tm_port *pq = &tm->ports[port];
+    if (!pq->exists || pq->fault_loss == 0.0) return 0;
+    if (!tm->rx_draws_left) return -1;
+    double u = tm->rx_draws[tm->rx_draws_next++];
+    tm->rx_draws_left--;
+    if (u >= pq->fault_loss) return 0;
+    if (pq->fault_silent)
+        pq->silent_drops++;
+    else
+        pq->rx_errors++;
+    return 1;
+}}
+
 /* PortQueues.resize: the frame booked at `booked` bytes left as `sent` */
 void xm_tm_resize(xm_tm *tm, int64_t port, int64_t booked, int64_t sent)
 {{
@@ -595,6 +623,7 @@ def _fill(text: str) -> str:
         max_service=f"{float(MAX_SERVICE_NS)!r}",
         max_depth=MAX_DEPTH_PACKETS,
         npauses=(MAX_PORT + 1) * TM_QUEUES,
+        ndraws=RX_DRAWS,
         nreasons=len(REPORT_REASONS),
         report_queue_full=REPORT_REASONS.index(DROP_REASONS["queue_full"]),
         gap_bytes=REPORT_GAP_BYTES,
@@ -870,6 +899,23 @@ class NativePfcPortCounters(PfcPortCounters):
         return self._view(prio)
 
 
+class _Draws(random.Random):
+    """The `loss` faults' generator (the reference's `random.Random(0)`), whose draws C
+    holds some of ahead: seeding it (the twin seeds each switch's) drops them."""
+
+    def __init__(self, c: Any) -> None:
+        self._c = c
+        super().__init__(0)
+
+    def seed(self, *args: Any, **kwargs: Any) -> None:
+        super().seed(*args, **kwargs)
+        self._c.rx_draws_left = 0
+
+    def setstate(self, state: Any) -> None:
+        super().setstate(state)
+        self._c.rx_draws_left = 0
+
+
 class _ReportTimes:
     """The reference's `report_ns` ((port, reason) -> when a drop was last reported) as a
     view of the C arrays."""
@@ -904,11 +950,11 @@ class _ReportTimes:
 class NativePortFault(PortFault):
     """A port's fault: what the data path reads (delay, rate factor, silent) in C."""
 
-    def __init__(self, c: Any) -> None:  # noqa: D107 - the dataclass's fields, in C and here
+    def __init__(self, c: Any) -> None:  # noqa: D107 - the dataclass's fields, in C
         self._c = c
-        self.loss = 0.0
 
     down = _cflag("fault_down")  # type: ignore[assignment]
+    loss = _cfield("fault_loss")  # type: ignore[assignment]
     delay_ns = _cfield("fault_delay_ns")  # type: ignore[assignment]
     rate_factor = _cfield("fault_rate_factor")  # type: ignore[assignment]
 
@@ -942,8 +988,6 @@ class NativePortQueues(PortQueues):
         self.dequeued_prio = _Array(c.dequeued_prio, n)  # type: ignore[assignment]
         self.fault = NativePortFault(c)
         self.fault_drops = 0
-        self.rx_errors = 0
-        self.silent_drops = 0
         self.pfc = NativePfcPortCounters(tm, c)
 
     depth_pkts = _cfield("depth_pkts")  # type: ignore[assignment]
@@ -962,6 +1006,8 @@ class NativePortQueues(PortQueues):
     departures = _cfield("departures")  # type: ignore[assignment]
     wait_ns = _cfield("wait_ns")  # type: ignore[assignment]
     expected_wait_ns = _cfield("expected_wait_ns")  # type: ignore[assignment]
+    rx_errors = _cfield("rx_errors")  # type: ignore[assignment]
+    silent_drops = _cfield("silent_drops")  # type: ignore[assignment]
 
     def resize(self, booked_bytes: int, sent_bytes: int) -> None:
         self._tm.lib.xm_tm_resize(self._tm._c, self.port, booked_bytes, sent_bytes)
@@ -996,6 +1042,7 @@ class NativeTrafficManager(TrafficManager):
         self._pfc: PfcConfig | None = None
         self._watchdog: WatchdogConfig | None = None
         super().__init__(clock, nb_queues, depth_pkts)
+        self.rng = _Draws(self._c)
         self._busy = _PortFlags(self._c, "busy")  # type: ignore[assignment]
         self.rx_faults = _PortFlags(self._c, "rx_fault")  # type: ignore[assignment]
         self._pausing = _PfcPausing(self)  # type: ignore[assignment]
@@ -1020,6 +1067,19 @@ class NativeTrafficManager(TrafficManager):
     @report_ns.setter
     def report_ns(self, value: dict[tuple[int, int], int]) -> None:
         assert not value, "the C arrays start empty"
+
+    def _draw(self) -> float:
+        """The next of the draws C holds, filled from `rng` when none is left (so the C and
+        this take the generator's values in its order)."""
+        c = self._c
+        if not c.rx_draws_left:
+            for i in range(RX_DRAWS):
+                c.rx_draws[i] = self.rng.random()
+            c.rx_draws_next, c.rx_draws_left = 0, RX_DRAWS
+        u = float(c.rx_draws[c.rx_draws_next])
+        c.rx_draws_next += 1
+        c.rx_draws_left -= 1
+        return u
 
     def report_held(self, port: int, reason: int, now_ns: int) -> bool:
         i = REPORT_REASONS.index(reason)
