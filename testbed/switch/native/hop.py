@@ -605,9 +605,11 @@ int64_t xm_emu_loop(xm_loop *L, int64_t node, uint64_t mutex, const int64_t *por
         int64_t wait = until_ns - clock_ns(0);
         if (wait <= 0) return 0;
         if (have && due - now < wait) wait = due - now;
-        /* in whole milliseconds rounded up, as Python's poll takes its timeout */
-        int timeout = wait <= 0 ? 0 : (int)((wait + 999999) / 1000000);
-        int n = poll(fds, (nfds_t)(nports + 1), timeout);
+        /* to the nanosecond: a departure due in 0.3 ms leaves then, not at the next whole
+         * millisecond (Python's poll takes milliseconds, rounded up) */
+        if (wait < 0) wait = 0;
+        struct timespec ts = {(time_t)(wait / 1000000000), (long)(wait % 1000000000)};
+        int n = ppoll(fds, (nfds_t)(nports + 1), &ts, NULL);
         if (n < 0) {
             if (errno == EINTR) continue;
             return -errno;
