@@ -171,7 +171,7 @@ def run_sequence(seed: int, steps: int) -> int:
             assert got[0] == got[1], (seed, "report held")
             if not got[0] and rnd.random() < 0.7:
                 for tm in both:
-                    tm.report_ns[(port, reason)] = now
+                    tm.drop_reported(port, reason, now)
         elif r < 0.93:  # a downstream pause held or released
             port, prio = rnd.choice(ports), rnd.randrange(nq)
             until = now + rnd.choice([0, 1000, 50_000])

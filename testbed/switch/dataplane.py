@@ -188,11 +188,10 @@ class EmuHop(SwitchHop):
             port.stats = HopPortStats(self.hop, number, port.stats)
         self.ports = loop.ffi.new("int64_t[]", list(dp.ports))  # in the order the loop polls
 
-    def ready(self, sw: V1Switch) -> bool:
-        """Whether the next batch may run in C: the hop's program is the switch's, and its
-        per-packet path is native now."""
-        c = sw.compiled
-        return c is not None and c.native is self.rt and bool(self.hop.fast)
+    def ready(self) -> bool:
+        """Whether the next batch may run in C (`refresh` keeps it: the switch's program is
+        the hop's, and its per-packet path native)."""
+        return bool(self.hop.fast)
 
     def receive(self, port: int, frame: bytes) -> None:
         t = self.loop.now_ns  # the frame's arrival, as `_read_port` takes it
@@ -271,8 +270,6 @@ class Dataplane:
         sw = self.switch
         if self.hop is not None:
             self.hop.refresh()
-            if sw.compiled is None or sw.compiled.native is not self.hop.rt:
-                self.hop.hop.fast = 0  # not this program's: the C loop stops using it
         if self.native_io or not native_path(sw):
             return
         c = sw.compiled
@@ -286,7 +283,7 @@ class Dataplane:
         sw = self.switch
         if self.native_io:
             return self.native_io
-        if self.hop is not None and self.hop.ready(sw):
+        if self.hop is not None and self.hop.ready():
             return "native"
         c = sw.compiled
         if c is None:
@@ -376,7 +373,7 @@ class Dataplane:
                 offset = time.time_ns() - time.monotonic_ns() + clock.start_ns
                 refreshed = time.monotonic()
             hop = self.hop
-            if hop is not None and self.c_lock is not None and hop.ready(sw):
+            if hop is not None and self.c_lock is not None and hop.ready():
                 try:
                     self._c_passes(hop, offset)
                 except Exception as exc:
@@ -408,7 +405,7 @@ class Dataplane:
                     self._survive(exc)
             try:
                 hop = self.hop
-                if hop is not None and hop.ready(sw):
+                if hop is not None and hop.ready():
                     with sw.lock:
                         hop.loop.lib.xm_emu_service(hop.loop._c, 0, clock.start_ns)
                     hop.loop.raise_failed()
@@ -460,7 +457,7 @@ class Dataplane:
     def _read_port(self, p: Port, offset: int) -> None:
         sw, tm = self.switch, self.switch.tm
         hop = self.hop
-        if hop is not None and hop.ready(sw):
+        if hop is not None and hop.ready():
             with sw.lock:
                 n = hop.loop.lib.xm_emu_read(
                     hop.loop._c, 0, p.number, RX_BATCH, sw.clock.start_ns, offset

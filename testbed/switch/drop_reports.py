@@ -89,7 +89,7 @@ class DropReporter:
         inner = _inner(frame)
         if inner is None:
             return
-        self.sw.tm.report_ns[(out_port, reason)] = now_ns
+        self.sw.tm.drop_reported(out_port, reason, now_ns)
         payload = encode_report(
             hw_id=HW_ID_TM,
             seq=self.seq,

@@ -183,8 +183,10 @@ class SwitchHop:
         self.refresh()  # the driver has the switch tell it of changes (V1Switch.on_change)
 
     def refresh(self) -> None:
-        """Tell the hop whether the per-packet path may run in C now."""
-        self.hop.fast = int(native_path(self.sw))
+        """Tell the hop whether the per-packet path may run in C now: the switch's path is
+        native and its program still the one this hop was made for."""
+        c = self.sw.compiled
+        self.hop.fast = int(native_path(self.sw) and c is not None and c.native is self.rt)
 
     # the switch's part of what the C hands back
 

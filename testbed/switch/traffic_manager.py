@@ -321,7 +321,7 @@ class TrafficManager:
         self._pfc_shared_used = 0
         # drop reports' pacing (testbed/switch/drop_reports.py): when a drop of each (port,
         # reason) was last reported, and the drops held back within the gap after one
-        self.report_ns: dict[tuple[int, int], int] = {}
+        self._report_ns: dict[tuple[int, int], int] = {}
         self.reports_held = 0
 
     def set_buffer(self, buffer: SharedBuffer | None) -> None:
@@ -435,7 +435,7 @@ class TrafficManager:
         """Whether a drop on `port` for `reason` (a Telemetry Report drop reason) falls within
         the gap after the last one reported there (REPORT_GAP_BYTES at the port's rate, 1 ms
         with none): held back, and counted."""
-        last = self.report_ns.get((port, reason))
+        last = self._report_ns.get((port, reason))
         if last is None:
             return False
         pq = self.ports.get(port)
@@ -445,6 +445,10 @@ class TrafficManager:
             return False
         self.reports_held += 1
         return True
+
+    def drop_reported(self, port: int, reason: int, now_ns: int) -> None:
+        """A drop on `port` for `reason` was reported at `now_ns`: the gap starts again."""
+        self._report_ns[(port, reason)] = now_ns
 
     def _draw(self) -> float:
         """The next draw of the `loss` faults' generator."""

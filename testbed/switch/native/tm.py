@@ -916,37 +916,6 @@ class _Draws(random.Random):
         self._c.rx_draws_left = 0
 
 
-class _ReportTimes:
-    """The reference's `report_ns` ((port, reason) -> when a drop was last reported) as a
-    view of the C arrays."""
-
-    __slots__ = ("_c",)
-
-    def __init__(self, c: Any) -> None:
-        self._c = c
-
-    def _index(self, key: tuple[int, int]) -> tuple[int, int]:
-        port, reason = key
-        if not 0 <= port <= MAX_PORT:
-            raise KeyError(key)
-        return port, REPORT_REASONS.index(reason)
-
-    def get(self, key: tuple[int, int], default: int | None = None) -> int | None:
-        port, i = self._index(key)
-        return int(self._c.report_ns[port][i]) if self._c.report_set[port][i] else default
-
-    def __getitem__(self, key: tuple[int, int]) -> int:
-        got = self.get(key)
-        if got is None:
-            raise KeyError(key)
-        return got
-
-    def __setitem__(self, key: tuple[int, int], ns: int) -> None:
-        port, i = self._index(key)
-        self._c.report_ns[port][i] = ns
-        self._c.report_set[port][i] = 1
-
-
 class NativePortFault(PortFault):
     """A port's fault: what the data path reads (delay, rate factor, silent) in C."""
 
@@ -1060,14 +1029,6 @@ class NativeTrafficManager(TrafficManager):
     _pfc_shared_used = _cfield("pfc_shared_used")
     reports_held = _cfield("reports_held")
 
-    @property  # type: ignore[override]
-    def report_ns(self) -> _ReportTimes:
-        return _ReportTimes(self._c)
-
-    @report_ns.setter
-    def report_ns(self, value: dict[tuple[int, int], int]) -> None:
-        assert not value, "the C arrays start empty"
-
     def _draw(self) -> float:
         """The next of the draws C holds, filled from `rng` when none is left (so the C and
         this take the generator's values in its order)."""
@@ -1084,6 +1045,11 @@ class NativeTrafficManager(TrafficManager):
     def report_held(self, port: int, reason: int, now_ns: int) -> bool:
         i = REPORT_REASONS.index(reason)
         return bool(self.lib.xm_tm_report_held(self._c, port, i, now_ns))
+
+    def drop_reported(self, port: int, reason: int, now_ns: int) -> None:
+        i = REPORT_REASONS.index(reason)
+        self._c.report_ns[port][i] = now_ns
+        self._c.report_set[port][i] = 1
 
     @property  # type: ignore[override]
     def pfc(self) -> PfcConfig | None:
@@ -1209,10 +1175,10 @@ class NativeTrafficManager(TrafficManager):
         del self.packets[h]
         if rc < 0:
             raise MemoryError("the native traffic manager could not grow a queue")
-        self.refused(port, rc)
+        self._refused(port, rc)
         return None
 
-    def refused(self, port: int, rc: int) -> None:
+    def _refused(self, port: int, rc: int) -> None:
         """What the reference does when it refuses a packet the C refused (`rc`)."""
         if rc == 2:
             self.ports[port].pfc.watchdog_drops += 1
@@ -1243,10 +1209,6 @@ class NativeTrafficManager(TrafficManager):
 
     def next_departure_ns(self) -> int | None:
         return int(self._t[0]) if self.lib.xm_tm_next_departure(self._c, self._t) else None
-
-    def pfc_due(self, now_ns: int) -> bool:
-        """Whether `pfc_tick` has anything to do at `now_ns`."""
-        return bool(self.lib.xm_tm_pfc_due(self._c, now_ns))
 
     def pfc_tick(self, now_ns: int) -> None:
         if self.lib.xm_tm_pfc_due(self._c, now_ns):
