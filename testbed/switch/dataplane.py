@@ -31,6 +31,7 @@ from typing import Any, BinaryIO
 
 from testbed.switch.hop import HopLoop, SwitchHop, native_path
 from testbed.switch.native.build import BuildError
+from testbed.switch.native.hop import RX_BATCH
 from testbed.switch.native.lock import NativeLock
 from testbed.switch.v1model import V1Switch
 
@@ -42,7 +43,6 @@ PACKET_IGNORE_OUTGOING = 23
 SO_TIMESTAMPNS = 35  # kernel receive time of each packet, as a struct timespec
 _TIMESPEC = struct.Struct("@qq")
 MAX_FRAME = 65535
-RX_BATCH = 64  # packets read from one port before looking at the others
 IDLE_POLL_MS = 200.0  # the longest the loop sleeps: it also wakes for departures and inject()
 ERROR_LOG_INTERVAL_S = 1.0  # a loop error is logged with its traceback at most this often
 

@@ -17,8 +17,8 @@ manager's C directly. What it does is what the reference does, in the same order
 
 Whatever the common path does not cover runs in Python, through callbacks the loop is given:
 a switch whose per-packet path is not native at the moment (its tables changed and not yet
-synced, a program just loaded), a frame on a port with a receive fault or a MAC Control
-frame, a packet the program clones, recirculates, drops or sends to a port with no wire (the
+synced, a program just loaded), a frame on a port that is down or a MAC Control frame, a
+packet the program clones, recirculates, drops or sends to a port with no wire (the
 collector's, the CPU's), and PFC's pause frames and timers (the pauses the traffic manager's
 C decides are sent from Python right after it decides them, when the reference sends them).
 A callback gets the C packet when there is one; Python then owns it.
@@ -36,6 +36,7 @@ RUN_DELIVER = 3  # a frame for a Python target (a host): py_handle, py_data, py_
 RUN_FAILED = 4  # a callback raised: Python re-raises what it kept
 
 _NPORTS = MAX_PORT + 1
+RX_BATCH = 64  # frames read from one port before looking at the others
 
 # declared once: the C and cffi's cdef read these
 _STRUCTS = """
@@ -145,7 +146,7 @@ _C = r"""
 #include <time.h>
 
 #define XM_RX_MAX 65536 /* the largest frame a packet socket gives (MAX_FRAME + 1) */
-#define XM_RX_BATCH 64 /* frames read from one port before looking at the others (RX_BATCH) */
+#define XM_RX_BATCH RX_BATCH_VALUE /* frames read from one port before the others */
 #define XM_EV_PY 0 /* a Python event: run returns its handle */
 #define XM_EV_RX 1 /* a frame arrives at a switch's port */
 #define XM_EV_SERVICE 2 /* a switch's traffic manager may send */
@@ -612,6 +613,7 @@ int64_t xm_emu_loop(xm_loop *L, int64_t node, uint64_t mutex, const int64_t *por
         int n = ppoll(fds, (nfds_t)(nports + 1), &ts, NULL);
         if (n < 0) {
             if (errno == EINTR) continue;
+            L->py_handle = -1; /* no port's: the poll's */
             return -errno;
         }
         pthread_mutex_lock(m);
@@ -676,7 +678,7 @@ int64_t xm_loop_run(xm_loop *L, int64_t until)
 
 
 def _fill(text: str) -> str:
-    return text.replace("NPORTS", str(_NPORTS))
+    return text.replace("NPORTS", str(_NPORTS)).replace("RX_BATCH_VALUE", str(RX_BATCH))
 
 
 def source() -> str:
