@@ -12,6 +12,7 @@ from testbed.flow import collectives
 from testbed.flow.collectives import (
     alltoall,
     ep_groups,
+    flat_ring,
     model_link_latency,
     plan_flows,
     rail_rings,
@@ -19,7 +20,7 @@ from testbed.flow.collectives import (
     ring_latency,
     suite_collective,
 )
-from testbed.flow.fabric import ClosParams, build_clos, from_spec
+from testbed.flow.fabric import NIC_UP, ClosParams, build_clos, fail, from_spec
 from testbed.model import link_latency_s
 from testbed.topo import leafspine, rail
 from testbed.traffic.collective_plans import Op, Transfer
@@ -35,8 +36,12 @@ SMALL: dict[str, Any] = {"radix": 8, "switch_tbps": 3.2}
         ClosParams(128, tiers=3, rail=False, oversub=3.0, **SMALL),
     ],
 )
-def test_ring_shortcut_equals_every_step(params: ClosParams) -> None:
+@pytest.mark.parametrize("down", [(), ("p1d1a2",)])
+def test_ring_shortcut_equals_every_step(params: ClosParams, down: tuple[str, ...]) -> None:
     fab = build_clos(params)
+    if down and params.tiers == 2:
+        return  # one spine per plane there: a spine down cuts its plane
+    fab = fail(fab, down)
     fast = ring_allreduce(fab, rail_rings(fab), 1 << 20, symmetric=True)
     full = ring_allreduce(fab, rail_rings(fab), 1 << 20, symmetric=False)
     assert fast.time_s == pytest.approx(full.time_s, rel=1e-12)
@@ -162,3 +167,62 @@ def test_a_plan_with_dependencies_is_refused(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(collectives, "build", lambda spec: staged)
     with pytest.raises(ValueError, match="not one step"):
         plan_flows(2, 32, 1, 16)
+
+
+def test_a_spine_down_moves_the_ring_off_it_and_spraying_undoes_collisions() -> None:
+    # plain Clos of radix 8: the rings' leaf-crossing flows share uplinks by hash
+    fab = build_clos(ClosParams(128, tiers=3, rail=False, **SMALL))
+    whole = ring_allreduce(fab, rail_rings(fab), 1 << 20)
+    down = fail(fab, ["p1d1a1"])
+    r = ring_allreduce(down, rail_rings(down), 1 << 20)
+    agg = fab.n_gpus + fab.switch_names.index("p1d1a1")
+    assert down.down is not None and down.down[(fab.link_src == agg) | (fab.link_dst == agg)].all()
+    sprayed = ring_allreduce(fab, rail_rings(fab), 1 << 20, spray=True)
+    assert whole.collisions["excess"] > 0 and sprayed.collisions["excess"] == 0
+    # spraying spreads every hop's flows evenly: no slower than any hashing
+    assert sprayed.time_s <= min(whole.time_s, r.time_s) + 1e-15
+
+
+def test_flat_ring_crosses_servers_on_rail_zero_and_pays_8x_the_steps() -> None:
+    fab = build_clos(ClosParams(64, **SMALL))
+    flat = ring_allreduce(fab, flat_ring(fab), 1 << 20, link_latency=1e-7)
+    per_rail = ring_allreduce(fab, rail_rings(fab), 1 << 20, link_latency=1e-7)
+    assert flat.ranks == 64 and flat.steps == 2 * 63 and per_rail.steps == 2 * 7
+    from testbed.flow.routing import entropy_ports, route
+
+    src = np.arange(64)
+    r = route(fab, src, np.roll(src, -1), entropy_ports(src, np.roll(src, -1)))
+    nic = r.links[fab.link_kind[r.links] == NIC_UP] - fab.shape["b_nic_up"]
+    assert len(nic) == 8 and np.all(nic % 8 == 0)  # one hop per server, from GPU 0's NIC
+    # each server's network link carries one ring's 2(n-1)/n of the buffer either way (n
+    # the ring's ranks: alike when n is large); the steps' latency is what one channel costs
+    b = (1 << 20) * 8 / 400e9
+    assert flat.time_s - flat.latency_s == pytest.approx(2 * 63 / 64 * b)
+    assert per_rail.time_s - per_rail.latency_s == pytest.approx(2 * 7 / 8 * b)
+    assert flat.latency_s > 4 * per_rail.latency_s
+
+
+def test_flow_iteration_command(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from testbed.main import main
+
+    base = ["flow-iteration", "--gpus", "128", "--tiers", "3", "--radix", "8"]
+    base += ["--switch-tbps", "3.2", "--dp-bytes", "1048576", "--ep-bytes", "65536"]
+    base += ["--ep-group", "8", "--json"]
+    runs = {}
+    for name, extra in [
+        ("ecmp", ["--clos"]),
+        ("spray", ["--clos", "--spray"]),
+        ("down", ["--clos", "--fail", "p1d1a1,p1d2a1-p1c1"]),
+        ("flat", ["--dp-rings", "flat"]),
+    ]:
+        assert main(base + extra) == 0
+        runs[name] = json.loads(capsys.readouterr().out)
+    assert runs["down"]["failed"] == ["p1d1a1", "p1d2a1-p1c1"]
+    assert runs["spray"]["routing"] == "spray" and runs["spray"]["ring_collisions"]["excess"] == 0
+    assert runs["spray"]["allreduce_s"] <= runs["ecmp"]["allreduce_s"]
+    assert runs["flat"]["dp_rings"] == "flat"
+    assert runs["flat"]["allreduce_latency_s"] > runs["ecmp"]["allreduce_latency_s"]
+    assert main(base + ["--fail", "p1l1"]) == 2
+    assert "a leaf" in capsys.readouterr().err

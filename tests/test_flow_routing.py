@@ -4,15 +4,26 @@ rail alignment and spraying."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from testbed.flow.fabric import LEAF_UP, NIC_UP, ClosParams, build_clos, from_spec
+from testbed.flow.fabric import (
+    LEAF_UP,
+    NIC_DOWN,
+    NIC_UP,
+    ClosParams,
+    FabricError,
+    build_clos,
+    fail,
+    from_spec,
+)
 from testbed.flow.routing import (
     ECMP_ALGO,
+    NoPathError,
     _route_search,
     collisions,
     ecmp_hash,
@@ -134,3 +145,119 @@ def test_spraying_splits_evenly() -> None:
     assert len(ups) == 2 and all(c == 0.5 for _, c in ups)
     # every hop's coefficients sum to 1 (2 NIC links + 2 x 1/2 up + 2 x 1/2 down)
     assert r.coeff.sum() == pytest.approx(4.0)
+
+
+def _assert_no_shortest_path(
+    fab0: Any, fab: Any, src: np.ndarray, dst: np.ndarray, h: np.ndarray, err: Exception
+) -> None:
+    """The flow the arithmetic router refused has no path on the failed fabric as short as
+    on the whole one: the search finds none, a longer one, or one that detours over the
+    server's scale-up domain first (which the search tries whenever the network has no
+    path; the arithmetic router relays only on rail-optimized fabrics, to the
+    destination's rail)."""
+    a, b = (int(x) for x in re.findall(r"GPU (\d+)", str(err)))
+    f = int(np.flatnonzero((src == a) & (dst == b))[0])
+    one = slice(f, f + 1)
+    whole = _route_search(fab0, src[one], dst[one], h[one], False)
+    try:
+        longer = _route_search(fab, src[one], dst[one], h[one], False)
+    except ValueError as no_path:
+        assert "no path" in str(no_path)
+        return
+    assert longer.indptr[1] > whole.indptr[1] or fab.link_kind[longer.links[0]] == 0
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        ClosParams(32, rail=False, **SMALL),
+        ClosParams(128, tiers=3, **SMALL),
+        ClosParams(128, tiers=3, rail=False, oversub=3.0, **SMALL),
+        ClosParams(24, gpus_per_server=4, rail=False, radix=12, switch_tbps=4.8),
+    ],
+)
+def test_failures_route_as_the_controller_fails_over(params: ClosParams) -> None:
+    """A switch and a cable down: the arithmetic router's paths are the search's over the
+    live links (shortest paths, ECMP over the live next hops in port order: the
+    controller's fail-over), and none crosses a link down; where it refuses a flow, the
+    search finds no path as short as the fabric's own."""
+    fab0 = build_clos(params)
+    rng = np.random.default_rng(11)
+    spines = [n for n in fab0.switch_names if "l" not in n[2:]]
+    inner = np.flatnonzero(
+        (fab0.link_kind != NIC_UP) & (fab0.link_kind != NIC_DOWN) & (fab0.link_kind != 0)
+    )
+    routed = refused = 0
+    for _ in range(8):
+        lk = int(rng.choice(inner))
+        cable = f"{fab0.node_name(int(fab0.link_src[lk]))}-{fab0.node_name(int(fab0.link_dst[lk]))}"
+        fab = fail(fab0, [str(rng.choice(spines)), cable])
+        src, dst = _random_flows(params.gpus, 200, int(rng.integers(1 << 30)))
+        sport = entropy_ports(src, dst)
+        h = ecmp_hash(fab.gpu_ip[src], fab.gpu_ip[dst], sport)
+        try:
+            fast = route(fab, src, dst, sport)
+        except NoPathError as e:
+            _assert_no_shortest_path(fab0, fab, src, dst, h, e)
+            refused += 1
+            continue
+        slow = _route_search(fab, src, dst, h, spray=False)
+        assert all(fast.path(f) == slow.path(f) for f in range(len(src)))
+        assert collisions(fast) == collisions(slow)
+        assert fab.down is not None and not fab.down[fast.links].any()
+        routed += 1
+    assert routed >= 4
+
+
+def test_what_cannot_fail_is_named() -> None:
+    fab = build_clos(ClosParams(128, tiers=3, **SMALL))
+    for bad, why in [
+        ("p1l1", "a leaf"),
+        ("p9s1", "no switch of that name"),
+        ("p1d1a1-p2d1a1", "no cable between"),
+        ("p1d1a1-nowhere", "SWITCH-SWITCH"),
+    ]:
+        with pytest.raises(FabricError, match=why):
+            fail(fab, [bad])
+    # every spine of a plane down: that plane's cross-leaf flows have no path left
+    plane1 = [n for n in fab.switch_names if n.startswith("p1d1a")]
+    with pytest.raises(NoPathError, match="no up-down path left"):
+        route(fail(fab, plane1), np.array([0]), np.array([8 * 15]), np.array([50000]))
+
+
+def _per_flow(r: Any, f: int) -> list[tuple[int, float]]:
+    lo, hi = r.indptr[f], r.indptr[f + 1]
+    return sorted(
+        (int(lk), round(float(c), 12)) for lk, c in zip(r.links[lo:hi], r.coeff[lo:hi], strict=True)
+    )
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        ClosParams(64, **SMALL),
+        ClosParams(128, tiers=3, **SMALL),
+        ClosParams(128, tiers=3, rail=False, oversub=3.0, **SMALL),
+        ClosParams(24, gpus_per_server=4, rail=False, radix=12, switch_tbps=4.8),
+    ],
+)
+@pytest.mark.parametrize("down", [False, True])
+def test_arithmetic_spraying_equals_the_search(params: ClosParams, down: bool) -> None:
+    fab0 = fab = build_clos(params)
+    if down:  # one aggregation (spine) switch and one cable down
+        spines = [n for n in fab.switch_names if "l" not in n[2:]]
+        inner = np.flatnonzero(fab.link_kind >= LEAF_UP)
+        lk = int(inner[len(inner) // 3])
+        cable = f"{fab.node_name(int(fab.link_src[lk]))}-{fab.node_name(int(fab.link_dst[lk]))}"
+        fab = fail(fab, [spines[-1], cable])
+    src, dst = _random_flows(params.gpus, 300, 4)
+    sport = entropy_ports(src, dst)
+    h = ecmp_hash(fab.gpu_ip[src], fab.gpu_ip[dst], sport)
+    try:
+        fast = route(fab, src, dst, sport, spray=True)
+    except NoPathError as e:  # e.g. one spine per plane: that plane is cut
+        _assert_no_shortest_path(fab0, fab, src, dst, h, e)
+        return
+    slow = _route_search(fab, src, dst, h, spray=True)
+    assert all(_per_flow(fast, f) == _per_flow(slow, f) for f in range(len(src)))
+    assert len(fast.choice_link) == 0

@@ -21,11 +21,12 @@ from testbed.flow import calibration
 from testbed.flow.collectives import (
     alltoall,
     ep_groups,
+    flat_ring,
     model_link_latency,
     rail_rings,
     ring_allreduce,
 )
-from testbed.flow.fabric import ClosParams, build_clos, describe, to_spec
+from testbed.flow.fabric import ClosParams, build_clos, describe, fail, to_spec
 from testbed.topo import dump
 
 
@@ -97,6 +98,13 @@ def add_parsers(sub: Any) -> None:
         help="all-reduce bytes per GPU (default 1 GiB)",
     )
     it.add_argument(
+        "--dp-rings",
+        choices=["rail", "flat"],
+        default="rail",
+        help="rail: a ring per rail (TCCL's channel per NIC rail; default); flat: one ring "
+        "through every GPU, server by server (one channel)",
+    )
+    it.add_argument(
         "--ep-bytes",
         type=float,
         default=float(256 << 20),
@@ -112,6 +120,20 @@ def add_parsers(sub: Any) -> None:
         "--full",
         action="store_true",
         help="compute every ring step, ring and group (no symmetry shortcut)",
+    )
+    it.add_argument(
+        "--fail",
+        default="",
+        metavar="ELEMENTS",
+        help="switches or cables down, comma-separated: a switch by name (p1s3, p1d2a4, "
+        "p1c5) or the cables between two (p1l3-p1s2); routed around as the controller's "
+        "fail-over does",
+    )
+    it.add_argument(
+        "--spray",
+        action="store_true",
+        help="every flow split evenly over its equal-cost paths (packet spraying) instead "
+        "of one ECMP path per flow",
     )
     it.add_argument("--json", action="store_true", help="the figures as one JSON line")
     cal = sub.add_parser(
@@ -150,13 +172,27 @@ def _rss_mib() -> float:
 def cmd_iteration(args: argparse.Namespace) -> int:
     cpu0, t0 = time.process_time(), time.perf_counter()
     fab = build_clos(_params(args))
+    if args.fail:
+        fab = fail(fab, [e.strip() for e in args.fail.split(",") if e.strip()])
     t_fab = time.perf_counter() - t0
     sym = not args.full
     lat = model_link_latency()
-    ring = ring_allreduce(fab, rail_rings(fab), args.dp_bytes, symmetric=sym, link_latency=lat)
+    ring = ring_allreduce(
+        fab,
+        rail_rings(fab) if args.dp_rings == "rail" else flat_ring(fab),
+        args.dp_bytes,
+        symmetric=sym,
+        spray=args.spray,
+        link_latency=lat,
+    )
     t_ring = time.perf_counter() - t0 - t_fab
     a2a = alltoall(
-        fab, ep_groups(fab, args.ep_group), args.ep_bytes, symmetric=sym, link_latency=lat
+        fab,
+        ep_groups(fab, args.ep_group),
+        args.ep_bytes,
+        symmetric=sym,
+        spray=args.spray,
+        link_latency=lat,
     )
     t_a2a = time.perf_counter() - t0 - t_fab - t_ring
     eff = {"allreduce": 1.0, "alltoall": 1.0}
@@ -166,6 +202,9 @@ def cmd_iteration(args: argparse.Namespace) -> int:
         "fabric": fab.name,
         "gpus": fab.n_gpus,
         "scheme": args.scheme or "ideal",
+        "failed": list(fab.failed),
+        "routing": "spray" if args.spray else "ecmp",
+        "dp_rings": args.dp_rings,
         "allreduce_s": ring.time_s / eff["allreduce"],
         "allreduce_busbw_gbps": ring.busbw_bps * eff["allreduce"] / 1e9,
         "allreduce_latency_s": ring.latency_s,
@@ -186,9 +225,11 @@ def cmd_iteration(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(out))
         return 0
-    print(f"{fab.name}: one iteration ({out['scheme']})")
+    down = f", {', '.join(fab.failed)} down" if fab.failed else ""
+    print(f"{fab.name}: one iteration ({out['scheme']}, {out['routing']}{down})")
     print(
-        f"  DP ring all-reduce {args.dp_bytes / 2**20:g} MiB/GPU, one ring per rail of "
+        f"  DP ring all-reduce {args.dp_bytes / 2**20:g} MiB/GPU, "
+        f"{'one ring per rail' if args.dp_rings == 'rail' else 'one flat ring'} of "
         f"{ring.ranks} ranks: {out['allreduce_s'] * 1e3:.2f} ms, busbw "
         f"{out['allreduce_busbw_gbps']:.1f} Gb/s (latency {ring.latency_s * 1e3:.2f} ms of "
         f"it ideally; {ring.shortcut}; {ring.flows_computed} "

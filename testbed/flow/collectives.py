@@ -324,6 +324,14 @@ def rail_rings(fab: Fabric) -> list[np.ndarray]:
     return [np.arange(fab.servers) * g + c for c in range(g)]
 
 
+def flat_ring(fab: Fabric) -> list[np.ndarray]:
+    """One ring through every GPU, server by server (one channel: inside a server over the
+    scale-up domain, between servers over one NIC, GPU g-1's of one server to GPU 0's of the
+    next; on a rail-optimized fabric that hop relays to the sender's GPU 0 first (PXN), so
+    every server-to-server hop is on rail 0)."""
+    return [np.arange(fab.n_gpus)]
+
+
 def ep_groups(fab: Fabric, size: int) -> list[np.ndarray]:
     """Consecutive groups of `size` GPUs (expert parallelism), one rank per GPU."""
     if fab.n_gpus % size:

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -128,6 +129,9 @@ class Fabric:
     end_names: list[str] | None = None
     switch_names: list[str] = field(default_factory=list)
     has_scaleup: bool = True
+    # links that carry nothing (`fail`: switches and cables down); None: all up
+    down: np.ndarray | None = None
+    failed: tuple[str, ...] = ()  # what `fail` took down, as named
 
     @property
     def n_links(self) -> int:
@@ -391,6 +395,53 @@ def clos_switch_names(s: dict[str, int]) -> list[str]:
             for c in range(s["cores"]):
                 names.append(f"p{pl + 1}c{a * s['cores'] + c + 1}")
     return names
+
+
+# ---- failures -------------------------------------------------------------------------------
+
+
+def fail(fab: Fabric, elements: Sequence[str]) -> Fabric:
+    """The fabric with `elements` down: a switch by name (`p1s3`, `p2d1a4`, `p1c5`, or a
+    topology's `spine1`), or every cable between two switches (`p1l3-p1s2`). Their links
+    stay in the arrays (ids and capacities unchanged) and are marked `down`: routing leaves
+    them out as the controller's fail-over does (shortest paths over what is alive, ECMP over
+    the live next hops in port order). A leaf cannot fail here: it would cut off its NICs,
+    which no re-route can help (the hosts' side is not modelled)."""
+    down = np.zeros(fab.n_links, dtype=bool) if fab.down is None else fab.down.copy()
+    index = {name: fab.n_gpus + i for i, name in enumerate(fab.switch_names)}
+    touches_nic = (fab.link_kind == NIC_UP) | (fab.link_kind == NIC_DOWN)
+    leaves = set(fab.link_dst[fab.link_kind == NIC_UP].tolist())
+
+    def node(name: str) -> int:
+        n = index.get(name)
+        if n is None:
+            some = ", ".join(fab.switch_names[:: max(1, len(fab.switch_names) // 4)][:4])
+            raise FabricError(f"--fail {name}: no switch of that name in {fab.name} (e.g. {some})")
+        if n in leaves:
+            raise FabricError(
+                f"--fail {name}: a leaf; its NICs would be cut off, which no re-route helps "
+                "(fail a spine, aggregation or core switch, or a cable between switches)"
+            )
+        return n
+
+    for el in elements:
+        if "-" in el:
+            a_name, b_name = el.split("-", 1)
+            a, b = index.get(a_name), index.get(b_name)
+            if a is None or b is None:
+                raise FabricError(
+                    f"--fail {el}: a cable is SWITCH-SWITCH, both named in {fab.name}"
+                )
+            hit = ((fab.link_src == a) & (fab.link_dst == b)) | (
+                (fab.link_src == b) & (fab.link_dst == a)
+            )
+            if not hit.any():
+                raise FabricError(f"--fail {el}: no cable between {a_name} and {b_name}")
+        else:
+            n = node(el)
+            hit = ((fab.link_src == n) | (fab.link_dst == n)) & ~touches_nic
+        down |= hit
+    return replace(fab, down=down, failed=fab.failed + tuple(elements))
 
 
 # ---- what it is -----------------------------------------------------------------------------

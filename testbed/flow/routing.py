@@ -24,6 +24,7 @@ on its one path, 1/k per link when spraying splits it over k).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -151,7 +152,9 @@ def route(
     src = np.asarray(src, dtype=np.int64)
     dst = np.asarray(dst, dtype=np.int64)
     h = ecmp_hash(fab.gpu_ip[src], fab.gpu_ip[dst], np.asarray(sport, dtype=np.uint32))
-    if fab.structured and not spray:
+    if fab.structured:
+        if spray:
+            return _spray_clos(fab, src, dst)
         return _route_clos(fab, src, dst, h.astype(np.int64))
     return _route_search(fab, src, dst, h, spray)
 
@@ -159,82 +162,333 @@ def route(
 # ---- a Clos built here: arithmetic ------------------------------------------------------------
 
 
-def _route_clos(fab: Fabric, src: np.ndarray, dst: np.ndarray, h: np.ndarray) -> Routes:
+def _nth(ok: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ECMP over live members: per row of `ok` (flows x members, True where the member is
+    on a shortest live path), member number h % (live members) among the live ones, in
+    member (port) order; and the live count. With every member live it is h % members."""
+    count = ok.sum(axis=1)
+    pick = h % np.maximum(count, 1)
+    return np.argmax(np.cumsum(ok, axis=1) > pick[:, None], axis=1), count
+
+
+class NoPathError(ValueError):
+    """A flow with no shortest path left under the fabric's failures."""
+
+
+@dataclass
+class _Ends:
+    """Where a Clos's flows start and end: the scale-up hop (same server, or PXN to the
+    destination's rail), and for the flows that enter the network (`rows`) their leaves,
+    pods and plane."""
+
+    via_su: np.ndarray  # flows that take the scale-up domain first
+    su_dst: np.ndarray  # the GPU they reach there
+    rows: np.ndarray  # flows that enter the network
+    a: np.ndarray  # (rows) the GPU whose NIC sends, and the one whose NIC receives
+    b: np.ndarray
+    la: np.ndarray  # their leaves (over all planes)
+    lb: np.ndarray
+    plane: np.ndarray
+    cross: np.ndarray  # leaving the leaf
+    far: np.ndarray  # leaving the pod
+    base_a: np.ndarray  # the first aggregation switch of the source's and destination's pod
+    base_b: np.ndarray
+
+
+def _clos_ends(fab: Fabric, src: np.ndarray, dst: np.ndarray) -> _Ends:
     p, s = fab.params, fab.shape
     assert p is not None
     g = fab.gpus_per_server
-    n = len(src)
-    width = 8
-    paths = np.full((n, width), -1, dtype=np.int64)
-    groups: list[np.ndarray] = []
-    chosen: list[np.ndarray] = []
-    sizes: list[np.ndarray] = []
     same_server = src // g == dst // g
     # scale-up: same server; or a hop to the GPU on the destination's rail (PXN), since
     # the planes of a rail-optimized fabric are joined only inside the servers
-    relay = src.copy()
-    if p.rail:
-        relay = (src // g) * g + dst % g
+    relay = (src // g) * g + dst % g if p.rail else src.copy()
     via_su = same_server | (relay != src)
-    paths[via_su, 0] = s["b_scaleup_out"] + src[via_su]
-    su_dst = np.where(same_server, dst, relay)
-    paths[via_su, 1] = s["b_scaleup_in"] + su_dst[via_su]
     net = ~same_server
-    a, b, hh = relay[net], dst[net], h[net]
-    rows = np.flatnonzero(net)
-    up, aggs, leaves, per_pod = s["up"], s["aggs"], s["leaves"], s["per_pod"]
+    a, b = relay[net], dst[net]
+    leaves, per_pod = s["leaves"], s["per_pod"]
     if p.rail:
         la = (a % g) * leaves + (a // g) // s["down"]
         lb = (b % g) * leaves + (b // g) // s["down"]
     else:
         la, lb = a // s["down"], b // s["down"]
-    paths[rows, 2] = s["b_nic_up"] + a
-    paths[rows, 7] = s["b_nic_down"] + b
-    cross = la != lb
-    k1 = hh % up
-    ag = k1 % aggs
-    mu = up // aggs
-    leaf_node = s["leaf_node"] + la
-    paths[rows[cross], 3] = s["b_leaf_up"] + (la * up + k1)[cross]
-    groups.append(leaf_node[cross])
-    chosen.append((s["b_leaf_up"] + la * up + k1)[cross])
-    sizes.append(np.full(int(cross.sum()), up))
     pod_a, pod_b = (la % leaves) // per_pod, (lb % leaves) // per_pod
     plane = la // leaves
-    far = cross & (pod_a != pod_b)
+    return _Ends(
+        via_su,
+        np.where(same_server, dst, relay),
+        np.flatnonzero(net),
+        a,
+        b,
+        la,
+        lb,
+        plane,
+        la != lb,
+        (la != lb) & (pod_a != pod_b),
+        (plane * s["pods"] + pod_a) * s["aggs"],
+        (plane * s["pods"] + pod_b) * s["aggs"],
+    )
+
+
+def _dead(fab: Fabric) -> np.ndarray | None:
+    return fab.down if fab.down is not None and fab.down.any() else None
+
+
+def _leaf_ok(fab: Fabric, e: _Ends, live: _Live, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """(network flows, leaf uplinks): the uplinks on a shortest live path (to an aggregation
+    switch that still reaches the destination's leaf: directly, or over a core between
+    pods); refuses a leaving flow with none."""
+    s = fab.shape
+    up, aggs = s["up"], s["aggs"]
+    ks = np.arange(up)
+    ok = ~live.dead[s["b_leaf_up"] + e.la[:, None] * up + ks]
+    ok &= live.agg_to_leaf[e.lb][:, ks % aggs]
+    if e.far.any():
+        ok[e.far] &= live.pods_joined(e.base_a[e.far], e.base_b[e.far])[:, ks % aggs]
+    stuck = e.cross & ~ok.any(axis=1)
+    if stuck.any():
+        f = int(e.rows[np.flatnonzero(stuck)[0]])
+        raise NoPathError(
+            f"GPU {src[f]} -> GPU {dst[f]}: no up-down path left with "
+            f"{', '.join(fab.failed)} down (the controller would take a longer one, if "
+            "any: the flow engine routes a Clos over shortest up-down paths only)"
+        )
+    return ok
+
+
+def _core_ok(fab: Fabric, live: _Live, agg_a: np.ndarray, agg_b: np.ndarray) -> np.ndarray:
+    """(flows, ..., agg uplinks): aggregation switch agg_a's uplinks to a core that still
+    reaches agg_b (arrays of one shape)."""
+    s = fab.shape
+    au = s["agg_up"]
+    k2 = np.arange(au)
+    ok = ~live.dead[s["b_agg_up"] + agg_a[..., None] * au + k2]
+    return ok & live.core_to_agg[agg_b][..., k2 % s["cores"]]
+
+
+def _route_clos(fab: Fabric, src: np.ndarray, dst: np.ndarray, h: np.ndarray) -> Routes:
+    """Up to the lowest tier the two ends share, then down. With links down (`fab.down`),
+    each ECMP choice is over the members that still lie on a shortest path (the controller's
+    fail-over recomputes shortest paths over what is alive): a leaf's uplink to an
+    aggregation switch that still reaches the destination's leaf (over a core, between
+    pods), an aggregation switch's uplink to a core that still reaches the destination's
+    aggregation switch, and the live ones of parallel links. A flow whose shortest paths
+    are all gone is refused (a longer path is what the search router would find: small
+    fabrics)."""
+    s = fab.shape
+    n = len(src)
+    paths = np.full((n, 8), -1, dtype=np.int64)
+    groups: list[np.ndarray] = []
+    chosen: list[np.ndarray] = []
+    sizes: list[np.ndarray] = []
+    e = _clos_ends(fab, src, dst)
+    paths[e.via_su, 0] = s["b_scaleup_out"] + src[e.via_su]
+    paths[e.via_su, 1] = s["b_scaleup_in"] + e.su_dst[e.via_su]
+    rows, la, lb, cross, far, hh = e.rows, e.la, e.lb, e.cross, e.far, h[e.rows]
+    paths[rows, 2] = s["b_nic_up"] + e.a
+    paths[rows, 7] = s["b_nic_down"] + e.b
+    up, aggs, au, cores = s["up"], s["aggs"], s["agg_up"], s["cores"]
+    mu, mc = up // aggs, au // cores if cores else 1
+    dead = _dead(fab)
+    live = _Live(fab, dead) if dead is not None else None
+    if live is None:
+        k1, n_up = hh % up, np.full(len(hh), up)
+        per_agg: np.ndarray | None = None
+    else:
+        ok = _leaf_ok(fab, e, live, src, dst)
+        k1, n_up = _nth(ok, hh)
+        per_agg = np.asarray(ok[cross].reshape(-1, mu, aggs).any(axis=1))
+    ag = k1 % aggs
+    up1 = s["b_leaf_up"] + la * up + k1
+    paths[rows[cross], 3] = up1[cross]
+    groups.append(
+        _group_key(
+            fab,
+            (s["leaf_node"] + la)[cross],
+            per_agg,
+            aggs,
+            lambda r, i: fab.link_dst[s["b_leaf_up"] + la[cross][r] * up + i],
+        )
+    )
+    chosen.append(up1[cross])
+    sizes.append(n_up[cross])
     # down from agg ag (of the destination's pod) to leaf lb: its parallel links
-    kdown = ag + aggs * (hh % mu)
-    down_link = s["b_leaf_down"] + lb * up + kdown
+    if live is None:
+        j, n_par = hh % mu, np.full(len(hh), mu)
+    else:
+        j, n_par = _nth(
+            ~live.dead[s["b_leaf_down"] + (lb * up + ag)[:, None] + aggs * np.arange(mu)], hh
+        )
+    down_link = s["b_leaf_down"] + lb * up + ag + aggs * j
     paths[rows[cross], 6] = down_link[cross]
-    agg_b = s["agg_node"] + (plane * s["pods"] + pod_b) * aggs + ag
-    if mu > 1:
-        groups.append((agg_b * fab.n_nodes + s["leaf_node"] + lb)[cross])
-        chosen.append(down_link[cross])
-        sizes.append(np.full(int(cross.sum()), mu))
+    agg_b = s["agg_node"] + e.base_b + ag
+    groups.append((agg_b * fab.n_nodes + s["leaf_node"] + lb)[cross])
+    chosen.append(down_link[cross])
+    sizes.append(n_par[cross])
     if far.any():
-        au, cores = s["agg_up"], s["cores"]
-        mc = au // cores
-        k2 = hh % au
-        agg_a_flat = (plane * s["pods"] + pod_a) * aggs + ag
-        agg_b_flat = (plane * s["pods"] + pod_b) * aggs + ag
+        agg_a_flat, agg_b_flat = (e.base_a + ag)[far], (e.base_b + ag)[far]
+        hf = hh[far]
+        if live is None:
+            k2, n_core = hf % au, np.full(len(hf), au)
+            per_core: np.ndarray | None = None
+        else:
+            ok2 = _core_ok(fab, live, agg_a_flat, agg_b_flat)
+            k2, n_core = _nth(ok2, hf)
+            per_core = np.asarray(ok2.reshape(-1, mc, cores).any(axis=1))
         up2 = s["b_agg_up"] + agg_a_flat * au + k2
-        paths[rows[far], 4] = up2[far]
-        groups.append((s["agg_node"] + agg_a_flat)[far])
-        chosen.append(up2[far])
-        sizes.append(np.full(int(far.sum()), au))
+        paths[rows[far], 4] = up2
+        groups.append(
+            _group_key(
+                fab,
+                s["agg_node"] + agg_a_flat,
+                per_core,
+                cores,
+                lambda r, i: fab.link_dst[s["b_agg_up"] + agg_a_flat[r] * au + i],
+            )
+        )
+        chosen.append(up2)
+        sizes.append(n_core)
         core = k2 % cores
-        down2 = s["b_agg_down"] + agg_b_flat * au + core + cores * (hh % mc)
-        paths[rows[far], 5] = down2[far]
-        if mc > 1:
-            core_node = s["core_node"] + (plane * aggs + ag) * cores + core
-            groups.append((core_node * fab.n_nodes + s["agg_node"] + agg_b_flat)[far])
-            chosen.append(down2[far])
-            sizes.append(np.full(int(far.sum()), mc))
+        if live is None:
+            m, n_par2 = hf % mc, np.full(len(hf), mc)
+        else:
+            ms = np.arange(mc)
+            m, n_par2 = _nth(
+                ~live.dead[s["b_agg_down"] + (agg_b_flat * au + core)[:, None] + cores * ms], hf
+            )
+        down2 = s["b_agg_down"] + agg_b_flat * au + core + cores * m
+        paths[rows[far], 5] = down2
+        core_node = s["core_node"] + (e.plane[far] * aggs + ag[far]) * cores + core
+        groups.append(core_node * fab.n_nodes + s["agg_node"] + agg_b_flat)
+        chosen.append(down2)
+        sizes.append(n_par2)
     mask = paths >= 0
     indptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(mask.sum(axis=1), out=indptr[1:])
     links = paths[mask].astype(np.int64)
-    return Routes(indptr, links, np.ones(len(links)), _cat(groups), _cat(chosen), _cat(sizes))
+    # a choice among one member is no choice (the search records none either)
+    grp, ch, sz = _cat(groups), _cat(chosen), _cat(sizes)
+    keep = sz > 1
+    return Routes(indptr, links, np.ones(len(links)), grp[keep], ch[keep], sz[keep])
+
+
+SPRAY_BATCH = 2048  # pod-crossing flows sprayed at once (each a dense aggs x agg_up block)
+
+
+def _spray_clos(fab: Fabric, src: np.ndarray, dst: np.ndarray) -> Routes:
+    """Every flow split evenly at each switch over its next hops on shortest live paths
+    (as the search sprays: a switch divides what reaches it), computed per tier with
+    dense blocks instead of a walk: a leaf's uplinks, the parallel links down from each
+    aggregation switch, and between pods each aggregation switch's uplinks and each core's
+    parallel links down."""
+    s = fab.shape
+    e = _clos_ends(fab, src, dst)
+    up, aggs, au, cores = s["up"], s["aggs"], s["agg_up"], s["cores"]
+    mu = up // aggs
+    dead = _dead(fab)
+    live = _Live(fab, np.zeros(fab.n_links, dtype=bool) if dead is None else dead)
+    flows: list[np.ndarray] = []
+    links: list[np.ndarray] = []
+    coeffs: list[np.ndarray] = []
+
+    def put(f: np.ndarray, lk: np.ndarray, c: np.ndarray) -> None:
+        keep = c > 0
+        flows.append(np.broadcast_to(f, c.shape)[keep])
+        links.append(np.broadcast_to(lk, c.shape)[keep])
+        coeffs.append(c[keep])
+
+    su = np.flatnonzero(e.via_su)
+    put(su, s["b_scaleup_out"] + src[su], np.ones(len(su)))
+    put(su, s["b_scaleup_in"] + e.su_dst[su], np.ones(len(su)))
+    put(e.rows, s["b_nic_up"] + e.a, np.ones(len(e.rows)))
+    ok = _leaf_ok(fab, e, live, src, dst)[e.cross]
+    rows, la, lb = e.rows[e.cross], e.la[e.cross], e.lb[e.cross]
+    w_up = ok / ok.sum(axis=1, keepdims=True)
+    put(rows[:, None], s["b_leaf_up"] + la[:, None] * up + np.arange(up), w_up)
+    w_agg = w_up.reshape(-1, mu, aggs).sum(axis=1)  # what reaches each aggregation switch
+    far = e.far[e.cross]
+    if far.any():
+        for lo in range(0, int(far.sum()), SPRAY_BATCH):
+            sel = np.flatnonzero(far)[lo : lo + SPRAY_BATCH]
+            ags = np.arange(aggs)
+            agg_a = e.base_a[e.cross][sel, None] + ags
+            agg_b = e.base_b[e.cross][sel, None] + ags
+            ok2 = _core_ok(fab, live, agg_a, agg_b)  # (flows, aggs, agg_up)
+            w2 = ok2 * (w_agg[sel] / np.maximum(ok2.sum(axis=2), 1))[..., None]
+            put(rows[sel, None, None], s["b_agg_up"] + agg_a[..., None] * au + np.arange(au), w2)
+            w_core = w2.reshape(len(sel), aggs, -1, cores).sum(axis=2)  # into each core
+            dn = s["b_agg_down"] + agg_b[..., None] * au + np.arange(au)
+            par = (~live.dead[dn]).reshape(len(sel), aggs, -1, cores)
+            w3 = par * (w_core / np.maximum(par.sum(axis=2), 1))[:, :, None, :]
+            put(rows[sel, None, None], dn, w3.reshape(len(sel), aggs, au))
+    dn = s["b_leaf_down"] + lb[:, None] * up + np.arange(up)
+    par = (~live.dead[dn]).reshape(-1, mu, aggs)
+    w_dn = par * (w_agg / np.maximum(par.sum(axis=1), 1))[:, None, :]
+    put(rows[:, None], dn, w_dn.reshape(-1, up))
+    put(e.rows, s["b_nic_down"] + e.b, np.ones(len(e.rows)))
+    f_all = _cat(flows)
+    order = np.argsort(f_all, kind="stable")  # each flow's links in path order
+    indptr = np.zeros(len(src) + 1, dtype=np.int64)
+    np.cumsum(np.bincount(f_all, minlength=len(src)), out=indptr[1:])
+    none = np.zeros(0, dtype=np.int64)
+    return Routes(indptr, _cat(links)[order], np.concatenate(coeffs)[order], none, none, none)
+
+
+def _group_key(
+    fab: Fabric,
+    node: np.ndarray,
+    per_next: np.ndarray | None,
+    n_next: int,
+    next_node: Callable[[np.ndarray, np.ndarray], np.ndarray],
+) -> np.ndarray:
+    """The search's key for an ECMP choice at switch `node`: the switch; or, where its live
+    members all lead to one next switch (parallel links), the pair. `per_next` (flows x
+    next switches): the next switches live members lead to (None: all `n_next`);
+    `next_node(rows, i)`: the node of next switch i of those rows."""
+    one = np.full(len(node), n_next == 1) if per_next is None else per_next.sum(axis=1) == 1
+    key = node.astype(np.int64)
+    if one.any():
+        rows = np.flatnonzero(one)
+        i = np.zeros(len(rows), dtype=np.int64) if per_next is None else per_next[rows].argmax(1)
+        key[rows] = node[rows] * fab.n_nodes + next_node(rows, i)
+    return key
+
+
+class _Live:
+    """What is still joined under a fabric's failures (`dead`: links down), per block:
+    `agg_to_leaf[leaf, a]`: agg a of the leaf's pod has a live link down to it;
+    `core_to_agg[agg, c]`: core c of the agg's group has a live link down to it;
+    `agg_to_core[agg, c]`: the agg has a live link up to core c."""
+
+    def __init__(self, fab: Fabric, dead: np.ndarray):
+        self.dead = dead
+        s = fab.shape
+        up, aggs = s["up"], s["aggs"]
+        n_leaves = s["planes"] * s["leaves"]
+        blk = dead[s["b_leaf_down"] : s["b_leaf_down"] + n_leaves * up]
+        self.agg_to_leaf = np.asarray((~blk).reshape(n_leaves, up // aggs, aggs).any(axis=1))
+        if s["cores"]:
+            au, cores = s["agg_up"], s["cores"]
+            n_aggs = s["planes"] * s["pods"] * aggs
+            shape = (n_aggs, au // cores, cores)
+            up_blk = dead[s["b_agg_up"] : s["b_agg_up"] + n_aggs * au]
+            dn_blk = dead[s["b_agg_down"] : s["b_agg_down"] + n_aggs * au]
+            self.agg_to_core = np.asarray((~up_blk).reshape(shape).any(axis=1))
+            self.core_to_agg = np.asarray((~dn_blk).reshape(shape).any(axis=1))
+        self.aggs = aggs
+
+    def pods_joined(self, base_a: np.ndarray, base_b: np.ndarray) -> np.ndarray:
+        """(flows, aggs): agg a of the source pod (first agg `base_a`) reaches agg a of the
+        destination pod over some core; computed once per pair of pods."""
+        pairs, inv = np.unique(np.stack([base_a, base_b], axis=1), axis=0, return_inverse=True)
+        ags = np.arange(self.aggs)
+        joined = np.stack(
+            [
+                (self.agg_to_core[pa + ags] & self.core_to_agg[pb + ags]).any(axis=1)
+                for pa, pb in pairs
+            ]
+        )
+        return joined[inv.ravel()]
 
 
 def _cat(parts: list[np.ndarray]) -> np.ndarray:
@@ -249,14 +503,15 @@ class _Graph:
 
     def __init__(self, fab: Fabric):
         self.fab = fab
-        order = np.argsort(fab.link_src, kind="stable")
+        # links down (fab.down) are left out, as the controller's fail-over leaves them
+        live = np.arange(fab.n_links) if fab.down is None else np.flatnonzero(~fab.down)
+        src, dst = fab.link_src[live], fab.link_dst[live]
         self.out_ptr = np.zeros(fab.n_nodes + 1, dtype=np.int64)
-        np.cumsum(np.bincount(fab.link_src, minlength=fab.n_nodes), out=self.out_ptr[1:])
-        self.out_links = order
-        order_in = np.argsort(fab.link_dst, kind="stable")
+        np.cumsum(np.bincount(src, minlength=fab.n_nodes), out=self.out_ptr[1:])
+        self.out_links = live[np.argsort(src, kind="stable")]
         self.in_ptr = np.zeros(fab.n_nodes + 1, dtype=np.int64)
-        np.cumsum(np.bincount(fab.link_dst, minlength=fab.n_nodes), out=self.in_ptr[1:])
-        self.in_links = order_in
+        np.cumsum(np.bincount(dst, minlength=fab.n_nodes), out=self.in_ptr[1:])
+        self.in_links = live[np.argsort(dst, kind="stable")]
         self._dist: dict[int, np.ndarray] = {}
 
     def outs(self, u: int) -> np.ndarray:
