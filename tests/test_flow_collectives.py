@@ -215,14 +215,33 @@ def test_flow_iteration_command(capsys: pytest.CaptureFixture[str]) -> None:
         ("ecmp", ["--clos"]),
         ("spray", ["--clos", "--spray"]),
         ("down", ["--clos", "--fail", "p1d1a1,p1d2a1-p1c1"]),
-        ("flat", ["--dp-rings", "flat"]),
+        ("flat", ["--dp-algo", "flat"]),
+        ("hier", ["--dp-algo", "hier"]),
     ]:
         assert main(base + extra) == 0
         runs[name] = json.loads(capsys.readouterr().out)
     assert runs["down"]["failed"] == ["p1d1a1", "p1d2a1-p1c1"]
     assert runs["spray"]["routing"] == "spray" and runs["spray"]["ring_collisions"]["excess"] == 0
     assert runs["spray"]["allreduce_s"] <= runs["ecmp"]["allreduce_s"]
-    assert runs["flat"]["dp_rings"] == "flat"
+    assert runs["flat"]["dp_algo"] == "flat"
+    # one DP group either way: the hierarchical one's rings are 8x shorter, on 1/8 shards
+    assert runs["hier"]["allreduce_s"] < runs["flat"]["allreduce_s"]
     assert runs["flat"]["allreduce_latency_s"] > runs["ecmp"]["allreduce_latency_s"]
     assert main(base + ["--fail", "p1l1"]) == 2
     assert "a leaf" in capsys.readouterr().err
+
+
+def test_hier_is_the_librarys_scaleup_steps_around_a_ring_per_rail_on_shards() -> None:
+    from testbed.flow.collectives import hier_allreduce
+    from testbed.traffic.collective_jobs import NVLINK_BPS, NVLINK_LATENCY_S, nvlink_ring_time
+
+    fab = build_clos(ClosParams(64, **SMALL))  # 8 servers of 8 GPUs
+    size = float(1 << 20)
+    h = hier_allreduce(fab, size)
+    net = ring_allreduce(fab, rail_rings(fab), size / 8)
+    intra = 7 * (NVLINK_LATENCY_S + size / 8 * 8 / NVLINK_BPS)  # the library's 7 steps
+    assert nvlink_ring_time(8, size, NVLINK_BPS, NVLINK_LATENCY_S) == pytest.approx(intra)
+    assert h.time_s == pytest.approx(net.time_s + 2 * intra)
+    assert h.scaleup_s == pytest.approx(2 * intra) and h.ranks == 64
+    # a network efficiency stretches only the network's part
+    assert h.time_at(0.5) == pytest.approx(2 * net.time_s + 2 * intra)

@@ -22,12 +22,20 @@ from testbed.flow.collectives import (
     alltoall,
     ep_groups,
     flat_ring,
+    hier_allreduce,
     model_link_latency,
     rail_rings,
     ring_allreduce,
 )
 from testbed.flow.fabric import ClosParams, build_clos, describe, fail, to_spec
 from testbed.topo import dump
+
+DP_ALGOS = {
+    "rails": "a DP group per rail (GPU g of every server), one ring each",
+    "hier": "every GPU in one DP group, the library's hierarchical all-reduce (scale-up, "
+    "then a ring per rail on GPU g's shard: TCCL's channel per NIC rail)",
+    "flat": "every GPU in one DP group, one ring through every GPU server by server (one channel)",
+}
 
 
 def _fabric_args(ap: argparse.ArgumentParser) -> None:
@@ -53,8 +61,9 @@ def _fabric_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--scaleup-gbytes",
         type=float,
-        default=900.0,
-        help="scale-up bandwidth per GPU, GB/s both directions (NVLink 4: 900)",
+        default=ClosParams.scaleup_gbytes,
+        help="scale-up bandwidth per GPU, GB/s both directions (default NVLink 4's "
+        f"{ClosParams.scaleup_gbytes:g})",
     )
 
 
@@ -98,11 +107,10 @@ def add_parsers(sub: Any) -> None:
         help="all-reduce bytes per GPU (default 1 GiB)",
     )
     it.add_argument(
-        "--dp-rings",
-        choices=["rail", "flat"],
-        default="rail",
-        help="rail: a ring per rail (TCCL's channel per NIC rail; default); flat: one ring "
-        "through every GPU, server by server (one channel)",
+        "--dp-algo",
+        choices=list(DP_ALGOS),
+        default="rails",
+        help="; ".join(f"{k}: {v}" for k, v in DP_ALGOS.items()),
     )
     it.add_argument(
         "--ep-bytes",
@@ -177,14 +185,17 @@ def cmd_iteration(args: argparse.Namespace) -> int:
     t_fab = time.perf_counter() - t0
     sym = not args.full
     lat = model_link_latency()
-    ring = ring_allreduce(
-        fab,
-        rail_rings(fab) if args.dp_rings == "rail" else flat_ring(fab),
-        args.dp_bytes,
-        symmetric=sym,
-        spray=args.spray,
-        link_latency=lat,
-    )
+    if args.dp_algo == "hier":
+        ring = hier_allreduce(fab, args.dp_bytes, symmetric=sym, spray=args.spray, link_latency=lat)
+    else:
+        ring = ring_allreduce(
+            fab,
+            rail_rings(fab) if args.dp_algo == "rails" else flat_ring(fab),
+            args.dp_bytes,
+            symmetric=sym,
+            spray=args.spray,
+            link_latency=lat,
+        )
     t_ring = time.perf_counter() - t0 - t_fab
     a2a = alltoall(
         fab,
@@ -204,9 +215,10 @@ def cmd_iteration(args: argparse.Namespace) -> int:
         "scheme": args.scheme or "ideal",
         "failed": list(fab.failed),
         "routing": "spray" if args.spray else "ecmp",
-        "dp_rings": args.dp_rings,
-        "allreduce_s": ring.time_s / eff["allreduce"],
-        "allreduce_busbw_gbps": ring.busbw_bps * eff["allreduce"] / 1e9,
+        "dp_algo": args.dp_algo,
+        "allreduce_s": ring.time_at(eff["allreduce"]),
+        "allreduce_busbw_gbps": ring.busbw_bps * ring.time_s / ring.time_at(eff["allreduce"]) / 1e9,
+        "allreduce_scaleup_s": ring.scaleup_s,
         "allreduce_latency_s": ring.latency_s,
         "allreduce_shortcut": ring.shortcut,
         "allreduce_flows_computed": ring.flows_computed,
@@ -228,8 +240,7 @@ def cmd_iteration(args: argparse.Namespace) -> int:
     down = f", {', '.join(fab.failed)} down" if fab.failed else ""
     print(f"{fab.name}: one iteration ({out['scheme']}, {out['routing']}{down})")
     print(
-        f"  DP ring all-reduce {args.dp_bytes / 2**20:g} MiB/GPU, "
-        f"{'one ring per rail' if args.dp_rings == 'rail' else 'one flat ring'} of "
+        f"  DP all-reduce {args.dp_bytes / 2**20:g} MiB/GPU, {DP_ALGOS[args.dp_algo]}, "
         f"{ring.ranks} ranks: {out['allreduce_s'] * 1e3:.2f} ms, busbw "
         f"{out['allreduce_busbw_gbps']:.1f} Gb/s (latency {ring.latency_s * 1e3:.2f} ms of "
         f"it ideally; {ring.shortcut}; {ring.flows_computed} "

@@ -46,7 +46,7 @@ from testbed.flow.fabric import LEAF_UP, Fabric, leaf_of_gpu
 from testbed.flow.routing import Routes, collisions, entropy_ports, route
 from testbed.model import Scaling, link_latency_s
 from testbed.topo import FabricSpec
-from testbed.traffic.collective_jobs import CollectiveJob
+from testbed.traffic.collective_jobs import NVLINK_LATENCY_S, CollectiveJob, nvlink_ring_time
 from testbed.traffic.collective_plans import ELEM, PlanSpec, build, bus_factor
 from testbed.traffic.transport_core import TransportConfig, TransportCore, port_seed
 
@@ -66,6 +66,12 @@ class CollResult:
     bottleneck: str = ""  # the most loaded link of the computed flows
     bottleneck_util: float = 0.0  # its load over its capacity during the computed step
     latency_s: float = 0.0  # of time_s, the steps' latency (alpha)
+    scaleup_s: float = 0.0  # of time_s, the steps on the scale-up domain alone (hier)
+
+    def time_at(self, efficiency: float) -> float:
+        """The time under a scheme whose efficiency on the network is `efficiency` (the
+        scale-up domain's steps are not the network's)."""
+        return (self.time_s - self.scaleup_s) / efficiency + self.scaleup_s
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -322,6 +328,52 @@ def rail_rings(fab: Fabric) -> list[np.ndarray]:
     """One ring per rail: GPU g of every server, in server order."""
     g = fab.gpus_per_server
     return [np.arange(fab.servers) * g + c for c in range(g)]
+
+
+def hier_allreduce(
+    fab: Fabric,
+    bytes_per_gpu: float,
+    symmetric: bool = True,
+    spray: bool = False,
+    link_latency: float = 0.0,
+) -> CollResult:
+    """The collective library's hierarchical all-reduce over every GPU (`hier`): a ring
+    reduce-scatter over each server's GPUs on the scale-up domain, then GPU g's shard of
+    its server's sum all-reduced on rail g (a ring per rail, TCCL's channel per NIC rail),
+    then a ring all-gather on the scale-up domain; the intra-server steps timed as the
+    library times them (`nvlink_ring_time`: its step latency, the fabric's scale-up
+    bandwidth one way)."""
+    g = fab.gpus_per_server
+    if not fab.has_scaleup:
+        raise ValueError(f"{fab.name} has no scale-up domain for the hierarchical all-reduce")
+    su_bps = float(fab.link_cap[fab.shape["b_scaleup_out"]]) if fab.structured else 0.0
+    intra = nvlink_ring_time(g, bytes_per_gpu, su_bps, NVLINK_LATENCY_S)
+    net = ring_allreduce(
+        fab,
+        rail_rings(fab),
+        bytes_per_gpu / g,
+        symmetric=symmetric,
+        spray=spray,
+        link_latency=link_latency,
+    )
+    total = 2 * intra + net.time_s
+    n = fab.n_gpus
+    return CollResult(
+        "allreduce",
+        n,
+        bytes_per_gpu,
+        total,
+        bytes_per_gpu * 8 / total * bus_factor("allreduce", n),
+        2 * (g - 1) + net.steps,
+        net.flows_computed,
+        net.allocations,
+        net.shortcut,
+        net.collisions,
+        net.bottleneck,
+        net.bottleneck_util,
+        net.latency_s + 2 * (g - 1) * NVLINK_LATENCY_S,
+        2 * intra,
+    )
 
 
 def flat_ring(fab: Fabric) -> list[np.ndarray]:

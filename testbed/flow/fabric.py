@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from testbed.topo import End, FabricSpec, HostSpec, LinkSpec, NicSpec, SwitchSpec
+from testbed.traffic.collective_jobs import NVLINK_BPS
 
 # link kinds
 SCALEUP, NIC_UP, NIC_DOWN, LEAF_UP, LEAF_DOWN, AGG_UP, AGG_DOWN = range(7)
@@ -55,9 +56,9 @@ class ClosParams:
     port_gbps: float = 400.0
     switch_tbps: float = 51.2  # what a switch can carry: radix x port speed at most
     nic_gbps: float = 400.0
-    # scale-up bandwidth per GPU, both directions together as NVLink 4 quotes its 900 GB/s;
-    # each direction is a link of half of it
-    scaleup_gbytes: float = 900.0
+    # scale-up bandwidth per GPU, both directions together as NVLink 4 quotes its 900 GB/s
+    # (the collective library's NVLink); each direction is a link of half of it
+    scaleup_gbytes: float = NVLINK_BPS * 2 / 8e9
     # the machine's memory the fabric may take (bytes); None: what /proc/meminfo says is
     # available
     memory_limit: int | None = None

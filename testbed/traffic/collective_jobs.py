@@ -224,6 +224,19 @@ class Channel:
         return channel_estimate(self.rate, self.nic_rate)
 
 
+NVLINK_BPS = 3.6e12  # NVLink 4: 900 GB/s both directions, 450 GB/s (3.6 Tb/s) each way
+NVLINK_LATENCY_S = 2e-6  # per intra-host step
+
+
+def nvlink_ring_time(gpus: int, size: float, bps: float, latency: float) -> float:
+    """One intra-host ring reduce-scatter (or all-gather) of `size` bytes per GPU over a
+    host's `gpus` GPUs: g - 1 steps of a 1/g share each (the hierarchical algorithm's
+    steps before and after the rails; the flow engine's too)."""
+    if gpus < 2:
+        return 0.0
+    return (gpus - 1) * (latency + size / gpus * 8 / bps)
+
+
 @dataclass
 class CollectiveConfig:
     collective: str
@@ -257,8 +270,8 @@ class CollectiveConfig:
             schedule=str(spec.get("schedule", "static")),
             depth=int(spec.get("depth", 8)),
             gpus=int(spec.get("gpus", channels if algorithm == "hier" else 1)),
-            nvlink_bps=float(spec.get("nvlink_bps", 3.6e12)),  # NVLink 4: 900 GB/s
-            nvlink_latency=float(spec.get("nvlink_latency", 2e-6)),
+            nvlink_bps=float(spec.get("nvlink_bps", NVLINK_BPS)),
+            nvlink_latency=float(spec.get("nvlink_latency", NVLINK_LATENCY_S)),
             iters=int(spec.get("iters", 1)),
             compute=float(spec.get("compute", 0.0)),
             overlap=bool(spec.get("overlap", False)),
@@ -408,10 +421,8 @@ class CollectiveJob:
 
     def _nvlink_time(self) -> float:
         """One intra-host ring reduce-scatter (or all-gather) over the host's GPUs."""
-        g = self.cfg.gpus
-        if g < 2:
-            return 0.0
-        return (g - 1) * (self.cfg.nvlink_latency + self.cfg.size / g * 8 / self.cfg.nvlink_bps)
+        c = self.cfg
+        return nvlink_ring_time(c.gpus, c.size, c.nvlink_bps, c.nvlink_latency)
 
     def _begin_collective(self, now: float) -> None:
         it = self.it
