@@ -24,7 +24,7 @@ from testbed.collective.metrics import parse_size, summarize
 from testbed.faults import Fault
 from testbed.model import Scaling
 from testbed.topo import End, FabricSpec
-from testbed.traffic.collective_jobs import channel_estimate
+from testbed.traffic.collective_jobs import NVLINK_BPS, NVLINK_LATENCY_S, channel_estimate
 from testbed.traffic.collective_plans import SUPPORTED
 from testbed.traffic.generators import Flow
 from testbed.traffic.metrics import iteration_times
@@ -89,6 +89,11 @@ def job_spec(fab: CollFabric, **params: Any) -> dict[str, Any]:
         **fab.start,
     }
     spec.update(params)
+    # the hosts' NVLink (the hierarchical algorithm's steps inside a host) as the model has
+    # it (a job file's values too), run in the engine's time, `scale` times slower as the
+    # links are
+    spec["nvlink_bps"] = float(spec.get("nvlink_bps", NVLINK_BPS)) / fab.scaling.scale
+    spec["nvlink_latency"] = float(spec.get("nvlink_latency", NVLINK_LATENCY_S)) * fab.scaling.scale
     spec.setdefault("timeout", _timeout(fab, int(spec["size"]), int(spec.get("iters", 1))))
     return spec
 
