@@ -46,7 +46,12 @@ from testbed.flow.fabric import LEAF_UP, Fabric, leaf_of_gpu
 from testbed.flow.routing import Routes, collisions, entropy_ports, route
 from testbed.model import Scaling, link_latency_s
 from testbed.topo import FabricSpec
-from testbed.traffic.collective_jobs import NVLINK_LATENCY_S, CollectiveJob, nvlink_ring_time
+from testbed.traffic.collective_jobs import (
+    NVLINK_BPS,
+    NVLINK_LATENCY_S,
+    CollectiveJob,
+    nvlink_ring_time,
+)
 from testbed.traffic.collective_plans import ELEM, PlanSpec, build, bus_factor
 from testbed.traffic.transport_core import TransportConfig, TransportCore, port_seed
 
@@ -342,11 +347,11 @@ def hier_allreduce(
     its server's sum all-reduced on rail g (a ring per rail, TCCL's channel per NIC rail),
     then a ring all-gather on the scale-up domain; the intra-server steps timed as the
     library times them (`nvlink_ring_time`: its step latency, the fabric's scale-up
-    bandwidth one way)."""
+    bandwidth one way). On a packet engine's topology a host's NICs are its GPUs."""
     g = fab.gpus_per_server
-    if not fab.has_scaleup:
-        raise ValueError(f"{fab.name} has no scale-up domain for the hierarchical all-reduce")
-    su_bps = float(fab.link_cap[fab.shape["b_scaleup_out"]]) if fab.structured else 0.0
+    # a Clos built here has scale-up links; a packet engine's topology has none, and its
+    # hosts' NVLink is the library's (what the packet engines time the steps with)
+    su_bps = float(fab.link_cap[fab.shape["b_scaleup_out"]]) if fab.has_scaleup else NVLINK_BPS
     intra = nvlink_ring_time(g, bytes_per_gpu, su_bps, NVLINK_LATENCY_S)
     net = ring_allreduce(
         fab,
