@@ -245,3 +245,43 @@ def test_hier_is_the_librarys_scaleup_steps_around_a_ring_per_rail_on_shards() -
     assert h.scaleup_s == pytest.approx(2 * intra) and h.ranks == 64
     # a network efficiency stretches only the network's part
     assert h.time_at(0.5) == pytest.approx(2 * net.time_s + 2 * intra)
+
+
+def test_link_load_counts_idle_links_and_stands_one_group_for_its_alikes() -> None:
+    from testbed.flow.report import link_load
+
+    fab = build_clos(ClosParams(64, **SMALL))
+    one = alltoall(fab, ep_groups(fab, 16), 1 << 20, symmetric=True)
+    every = alltoall(fab, ep_groups(fab, 16), 1 << 20, symmetric=False)
+    assert one.replicas == 4 and every.replicas == 1 and one.time_s == every.time_s
+    a, b = link_load(fab, one, one.time_s), link_load(fab, every, every.time_s)
+    assert a.percentiles == pytest.approx(b.percentiles) and a.idle == b.idle
+    assert {k: v["mean"] for k, v in a.by_kind.items()} == pytest.approx(
+        {k: v["mean"] for k, v in b.by_kind.items()}
+    )
+    # groups of 16 GPUs = 2 servers under one leaf: only NIC links carry anything, and every
+    # one of them; the NIC links are a third of the network's (NIC, leaf up/down, both ways)
+    assert b.by_kind["leaf up"]["mean"] == 0 and b.idle == b.links - 2 * fab.n_gpus
+    assert b.percentiles["max"] == pytest.approx(b.by_kind["NIC up"]["max"])
+    assert 0 < b.percentiles["max"] <= 1 + 1e-9
+
+
+def test_flow_iteration_writes_its_results_and_plot(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from testbed.main import main
+
+    argv = ["flow-iteration", "--gpus", "128", "--tiers", "3", "--radix", "8"]
+    argv += ["--switch-tbps", "3.2", "--dp-bytes", "1048576", "--ep-bytes", "65536"]
+    argv += ["--ep-group", "8", "--clos", "--compute-ms", "1", "--run-dir", str(tmp_path)]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "busbw(GB/s)" in text and "hottest:" in text and "communication" in text
+    doc = json.loads((tmp_path / "iteration.json").read_text())
+    it = doc["iteration"]
+    assert doc["source"]["commit"] and doc["date"]
+    assert it["iteration_s"] == pytest.approx(1e-3 + it["allreduce_s"] + it["alltoall_s"])
+    assert set(it["link_load"]) == {"allreduce", "alltoall"}
+    assert (tmp_path / "iteration.png").stat().st_size > 10_000

@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from testbed.experiment.machine import provenance
+from testbed.experiment.rundir import new_run_dir
 from testbed.flow import calibration
 from testbed.flow.collectives import (
     alltoall,
@@ -28,6 +30,7 @@ from testbed.flow.collectives import (
     ring_allreduce,
 )
 from testbed.flow.fabric import ClosParams, build_clos, describe, fail, to_spec
+from testbed.flow.report import LinkLoad, collective_rows, link_load, load_lines
 from testbed.topo import dump
 
 DP_ALGOS = {
@@ -96,8 +99,8 @@ def add_parsers(sub: Any) -> None:
     )
     it = sub.add_parser(
         "flow-iteration",
-        help="one training iteration on the flow engine: "
-        "DP ring all-reduce (one ring per rail), then an EP all-to-all",
+        help="one training iteration on the flow engine: computation, a DP all-reduce, "
+        "an EP all-to-all; nccl-tests' columns, the links' utilisation, a plot",
     )
     _fabric_args(it)
     it.add_argument(
@@ -143,7 +146,23 @@ def add_parsers(sub: Any) -> None:
         help="every flow split evenly over its equal-cost paths (packet spraying) instead "
         "of one ECMP path per flow",
     )
-    it.add_argument("--json", action="store_true", help="the figures as one JSON line")
+    it.add_argument(
+        "--compute-ms",
+        type=float,
+        default=0.0,
+        help="computation per iteration before its communication (no overlap), ms",
+    )
+    it.add_argument(
+        "--run-dir",
+        type=Path,
+        help="where iteration.json and iteration.png go (default runs/<time>-flow-iteration; "
+        "none with --json unless given)",
+    )
+    it.add_argument(
+        "--json",
+        action="store_true",
+        help="the figures as one JSON line (no run directory unless --run-dir)",
+    )
     cal = sub.add_parser(
         "calibrate-flow",
         help="fit a scheme's flow-engine efficiency on the "
@@ -230,33 +249,65 @@ def cmd_iteration(args: argparse.Namespace) -> int:
         "wall_fabric_s": round(t_fab, 3),
         "wall_allreduce_s": round(t_ring, 3),
         "wall_alltoall_s": round(t_a2a, 3),
-        "wall_s": round(time.perf_counter() - t0, 3),
-        "cpu_s": round(time.process_time() - cpu0, 3),
-        "peak_rss_mib": round(_rss_mib(), 1),
     }
+    t_ar, t_aa = out["allreduce_s"], out["alltoall_s"]
+    out["compute_s"] = args.compute_ms / 1e3
+    out["iteration_s"] = out["compute_s"] + t_ar + t_aa
+    out["communication_share"] = (t_ar + t_aa) / out["iteration_s"]
+    loads = [link_load(fab, ring, t_ar), link_load(fab, a2a, t_aa)]
+    out["link_load"] = {ld.collective: ld.as_dict() for ld in loads}
+    # the computation's cost, its outputs' included (not the files and the plot)
+    out["wall_s"] = round(time.perf_counter() - t0, 3)
+    out["cpu_s"] = round(time.process_time() - cpu0, 3)
+    out["peak_rss_mib"] = round(_rss_mib(), 1)
+    run_dir = args.run_dir or (None if args.json else new_run_dir("flow-iteration"))
+    if run_dir is not None:
+        _write_iteration(run_dir, args, out, loads)
     if args.json:
         print(json.dumps(out))
         return 0
     down = f", {', '.join(fab.failed)} down" if fab.failed else ""
     print(f"{fab.name}: one iteration ({out['scheme']}, {out['routing']}{down})")
+    print(f"  DP all-reduce: {DP_ALGOS[args.dp_algo]}; EP all-to-all in groups of {args.ep_group}")
+    print(collective_rows([(ring, t_ar), (a2a, t_aa)]))
     print(
-        f"  DP all-reduce {args.dp_bytes / 2**20:g} MiB/GPU, {DP_ALGOS[args.dp_algo]}, "
-        f"{ring.ranks} ranks: {out['allreduce_s'] * 1e3:.2f} ms, busbw "
-        f"{out['allreduce_busbw_gbps']:.1f} Gb/s (latency {ring.latency_s * 1e3:.2f} ms of "
-        f"it ideally; {ring.shortcut}; {ring.flows_computed} "
-        f"flows computed; ECMP excess {ring.collisions.get('excess', 0)})"
+        f"  iteration {out['iteration_s'] * 1e3:.2f} ms: compute {args.compute_ms:g} ms, "
+        f"communication {out['communication_share']:.0%} (no overlap)"
     )
     print(
-        f"  EP all-to-all {args.ep_bytes / 2**20:g} MiB/GPU in groups of {args.ep_group}: "
-        f"{out['alltoall_s'] * 1e3:.2f} ms, busbw {out['alltoall_busbw_gbps']:.1f} Gb/s "
-        f"({a2a.shortcut}; {a2a.flows_computed} flows computed)"
+        f"  ECMP: all-reduce excess {ring.collisions.get('excess', 0)} (worst link "
+        f"{ring.collisions.get('worst', 0)} flows, {ring.collisions.get('worst_perfect', 0)} in "
+        f"a perfect spread); symmetry: {ring.shortcut} / {a2a.shortcut}"
     )
+    print("  link utilisation (network links, idle included):")
+    for ld in loads:
+        print("\n".join(load_lines(ld)))
     print(
         f"  wall {out['wall_s']:.2f} s (fabric {t_fab:.2f}, all-reduce {t_ring:.2f}, "
         f"all-to-all {t_a2a:.2f}), CPU {out['cpu_s']:.2f} s, peak RSS "
         f"{out['peak_rss_mib']:.0f} MiB"
     )
+    if run_dir is not None:
+        print(f"  results: {run_dir / 'iteration.json'}\n  plot:    {run_dir / 'iteration.png'}")
     return 0
+
+
+def _write_iteration(
+    run_dir: Path, args: argparse.Namespace, out: dict[str, Any], loads: list[LinkLoad]
+) -> None:
+    from testbed.flow.plots import iteration_plot
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    doc = {**provenance(getattr(args, "command", None)), "iteration": out}
+    (run_dir / "iteration.json").write_text(json.dumps(doc, indent=1) + "\n")
+    parts = {"compute": out["compute_s"], "all-reduce": out["allreduce_s"]}
+    parts["all-to-all"] = out["alltoall_s"]
+    iteration_plot(
+        parts,
+        loads,
+        run_dir / "iteration.png",
+        f"{out['fabric']}, {out['scheme']}, {out['routing']}, DP {out['dp_algo']}",
+    )
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:

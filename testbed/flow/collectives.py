@@ -34,6 +34,7 @@ Symmetry, where the routing allows it (`symmetric=True`):
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,6 +56,8 @@ from testbed.traffic.collective_jobs import (
 from testbed.traffic.collective_plans import ELEM, PlanSpec, build, bus_factor
 from testbed.traffic.transport_core import TransportConfig, TransportCore, port_seed
 
+PROGRESS_S = 2.0  # how often a long computation says how far it is
+
 
 @dataclass
 class CollResult:
@@ -72,6 +75,10 @@ class CollResult:
     bottleneck_util: float = 0.0  # its load over its capacity during the computed step
     latency_s: float = 0.0  # of time_s, the steps' latency (alpha)
     scaleup_s: float = 0.0  # of time_s, the steps on the scale-up domain alone (hier)
+    # bits each link carried over the whole collective, of the flows routed (every flow, or
+    # one group of `replicas` alike ones on links of their own: the all-to-all's shortcut)
+    link_bits: np.ndarray | None = field(default=None, repr=False)
+    replicas: int = 1
 
     def time_at(self, efficiency: float) -> float:
         """The time under a scheme whose efficiency on the network is `efficiency` (the
@@ -79,7 +86,7 @@ class CollResult:
         return (self.time_s - self.scaleup_s) / efficiency + self.scaleup_s
 
     def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        return {k: v for k, v in self.__dict__.items() if k != "link_bits"}
 
 
 def _step(fab: Fabric, r: Routes, size: np.ndarray) -> tuple[float, int]:
@@ -111,11 +118,16 @@ def ring_latency(links: np.ndarray, steps: int, link_latency: float) -> float:
     return float(chains.max(initial=0.0)) * link_latency
 
 
+def link_bits(fab: Fabric, r: Routes, nbytes: np.ndarray) -> np.ndarray:
+    """Bits on each link of the fabric when flow f of `r` moves nbytes[f]."""
+    return np.bincount(
+        r.links, weights=r.coeff * np.repeat(nbytes * 8.0, np.diff(r.indptr)), minlength=fab.n_links
+    )
+
+
 def _bottleneck(fab: Fabric, r: Routes, size: np.ndarray, t: float) -> tuple[str, float]:
     """The link that carried the most bits relative to its capacity over time t."""
-    bits = np.bincount(
-        r.links, weights=r.coeff * np.repeat(size * 8.0, np.diff(r.indptr)), minlength=fab.n_links
-    )
+    bits = link_bits(fab, r, size)
     util = bits / (fab.link_cap * t) if t > 0 else bits
     i = int(util.argmax())
     return fab.link_name(i), float(util[i])
@@ -130,11 +142,14 @@ def ring_allreduce(
     seed: int = 1,
     rank_bytes: float | None = None,
     link_latency: float = 0.0,
+    progress: Callable[[str], None] | None = None,
 ) -> CollResult:
     """`rings`: each an array of GPUs in ring order (all of one length n), each all-reducing
     `bytes_per_rank` per member. `rank_bytes`: the size per rank busbw is reported for
     (default bytes_per_rank; a host's whole buffer when its channels are the rings).
-    `link_latency`: seconds per link of a step's longest path (0: bandwidth only)."""
+    `link_latency`: seconds per link of a step's longest path (0: bandwidth only).
+    `progress`: told how far the step-by-step computation (`symmetric=False`) is, every
+    few seconds."""
     n = len(rings[0])
     if any(len(rg) != n for rg in rings) or n < 2:
         raise ValueError("rings of one length, at least 2")
@@ -149,10 +164,14 @@ def ring_allreduce(
     if not symmetric:
         total, allocs = 0.0, 0
         size = np.full(len(src), seg)
-        for _ in range(steps):  # every step on its own, as the plan runs them
+        told = time.monotonic()
+        for i in range(steps):  # every step on its own, as the plan runs them
             t, a = _step(fab, r_all, size)
             total += t
             allocs += a
+            if progress is not None and time.monotonic() - told > PROGRESS_S:
+                told = time.monotonic()
+                progress(f"all-reduce: step {i + 1} of {steps} computed")
         computed, how, r, t_one = len(src) * steps, "none", r_all, total / steps
     else:
         r, how = r_all, "steps"
@@ -180,6 +199,7 @@ def ring_allreduce(
         name,
         util,
         latency,
+        link_bits=link_bits(fab, r_all, np.full(r_all.n_flows, seg * steps)),
     )
 
 
@@ -300,6 +320,8 @@ def alltoall(
         name,
         util,
         latency,
+        link_bits=link_bits(fab, r, size),
+        replicas=len(groups) // len(todo),
     )
 
 
@@ -378,6 +400,7 @@ def hier_allreduce(
         net.bottleneck_util,
         net.latency_s + 2 * (g - 1) * NVLINK_LATENCY_S,
         2 * intra,
+        link_bits=net.link_bits,  # the network's (the scale-up steps are not routed)
     )
 
 
