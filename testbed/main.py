@@ -347,10 +347,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.engine == "flow":
         from testbed.flow.suite import run_flow
 
-        if args.flows is not None or args.faults is not None:
-            print(
-                "--flows and --faults run on the packet engines, not --engine flow", file=sys.stderr
-            )
+        if args.flows is not None:
+            print("--flows runs on the packet engines, not --engine flow", file=sys.stderr)
             return 2
         return run_flow(args, cfg)
     if args.flows is not None:

@@ -3,11 +3,13 @@
 The grid is schemes x values of one suite parameter (a field of
 testbed.experiment.suite.SuiteConfig, `--param NAME=V1,V2,...`) x seeds. Every point is one run
 of the suite's scenarios under one scheme on an engine that runs in one process (`ENGINES`: the
-twin, testbed.sim.suite.SimSuite, by default), run as a task of a dask.distributed cluster: a
-LocalCluster on this machine by default, or the user's cluster (`--scheduler ADDR`). A point
-runs in one process and is deterministic, so a grid spreads over as many workers as it has
-points. The table gives, per (value, scenario, scheme) cell, the median over the seeds and the
-min-max of each metric; `sweep.json` in the run dir holds every point.
+twin, testbed.sim.suite.SimSuite, by default; or the flow-level engine,
+testbed.flow.suite.FlowSuite, its `allreduce` and `alltoall`), run as a task of a
+dask.distributed cluster: a LocalCluster on this machine by default, or the user's cluster
+(`--scheduler ADDR`). A point runs in one process and is deterministic, so a grid spreads over
+as many workers as it has points. The table gives, per (value, scenario, scheme) cell, the
+median over the seeds and the min-max of each metric; `sweep.json` in the run dir holds every
+point.
 """
 
 from __future__ import annotations
@@ -44,9 +46,23 @@ def _twin(spec: FabricSpec, scaling: Scaling, cfg: SuiteConfig) -> Suite:
     return SimSuite(SimFabric(spec, scaling, seed=cfg.seed), cfg)
 
 
+def _flow(spec: FabricSpec, scaling: Scaling, cfg: SuiteConfig) -> Suite:
+    from testbed.flow import calibration
+    from testbed.flow.suite import FlowSuite
+
+    # its efficiencies hold for the CC profiles the twin was fitted under, no other
+    calibration.check_profiles(cfg.schemes, cfg.cc_profiles, cfg.cc_set)
+    return FlowSuite(spec, cfg, lambda line: None)
+
+
 # The engines a sweep can run: those whose run is one deterministic process (a Dask task);
 # the emulation needs the whole machine and root, so it has no place in a grid of workers.
-ENGINES: dict[str, Callable[[FabricSpec, Scaling, SuiteConfig], Suite]] = {"sim": _twin}
+# The flow engine runs at the model's own speed whatever `--scale` says.
+ENGINES: dict[str, Callable[[FabricSpec, Scaling, SuiteConfig], Suite]] = {
+    "sim": _twin,
+    "flow": _flow,
+}
+ENGINE_NAMES = {"sim": "twin", "flow": "flow-engine"}
 
 
 def run_point(
@@ -125,7 +141,11 @@ def table(param: str, cells: dict[tuple[Any, str, str], dict[str, Any]]) -> str:
 def build_parser(sub: Any) -> None:
     sw = sub.add_parser("sweep", help="a grid of runs on Dask: median and min-max")
     sw.add_argument(
-        "--engine", choices=sorted(ENGINES), default="sim", help="the engine (default: the twin)"
+        "--engine",
+        choices=sorted(ENGINES),
+        default="sim",
+        help="the engine (default: the twin; flow: the flow-level engine, allreduce and "
+        "alltoall, calibrated schemes)",
     )
     sw.add_argument("--topo", default="leafspine:2,2,4")
     sw.add_argument(
@@ -158,15 +178,23 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise ValueError(f"unknown scheme(s) {bad}")
     param, values = parse_param(args.param)
     seeds = [int(s) for s in args.seeds.split(",") if s]
+    scenarios = [s for s in args.scenarios.split(",") if s]
+    if args.engine == "flow":  # what the flow engine cannot run is refused before the grid
+        from testbed.flow import calibration
+        from testbed.flow.suite import FLOW_SCENARIOS
+
+        if any(s not in FLOW_SCENARIOS for s in scenarios):
+            raise ValueError(
+                f"--engine flow runs {', '.join(FLOW_SCENARIOS)}, not --scenarios {args.scenarios}"
+            )
+        for scheme in schemes:
+            for scenario in scenarios:
+                calibration.efficiency(scheme, scenario)
     base = SuiteConfig.quick() if args.quick else SuiteConfig()
     grid = []
     for value in values:
         for seed in seeds:
-            suite = {
-                **base.__dict__,
-                "scenarios": [s for s in args.scenarios.split(",") if s],
-                "seed": seed,
-            }
+            suite = {**base.__dict__, "scenarios": scenarios, "seed": seed}
             if param:
                 suite[param] = value
             for scheme in schemes:
@@ -185,7 +213,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         client = Client(cluster)
     try:
         print(
-            f"sweep: {len(grid)} twin runs on {client.scheduler_info()['address']} "
+            f"sweep: {len(grid)} {ENGINE_NAMES[args.engine]} runs on "
+            f"{client.scheduler_info()['address']} "
             f"({len(client.scheduler_info()['workers'])} workers)",
             file=sys.stderr,
         )
@@ -206,8 +235,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     run_dir = args.run_dir or new_run_dir("sweep")
     run_dir.mkdir(parents=True, exist_ok=True)
     doc = {
+        "engine": args.engine,
         "topology": args.topo,
-        "scale": args.scale,
+        "scale": args.scale if args.engine != "flow" else 1.0,
         "param": param,
         "values": values,
         "seeds": seeds,
@@ -216,7 +246,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         "wall_s": round(time.monotonic() - t0, 1),
     }
     (run_dir / "sweep.json").write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"{args.topo}, twin at scale 1/{args.scale:g}; {len(seeds)} seeds per cell")
+    where = "flow engine (400G)" if args.engine == "flow" else f"twin at scale 1/{args.scale:g}"
+    print(f"{args.topo}, {where}; {len(seeds)} seeds per cell")
     print(table(param, cells))
     print(f"sweep.json: {run_dir / 'sweep.json'}; {doc['wall_s']} s")
     return 0

@@ -285,3 +285,77 @@ def test_flow_iteration_writes_its_results_and_plot(
     assert it["iteration_s"] == pytest.approx(1e-3 + it["allreduce_s"] + it["alltoall_s"])
     assert set(it["link_load"]) == {"allreduce", "alltoall"}
     assert (tmp_path / "iteration.png").stat().st_size > 10_000
+
+
+def test_sweep_on_the_flow_engine(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from testbed.main import main
+    from testbed.sweep import aggregate
+
+    argv = ["sweep", "--engine", "flow", "--topo", "leafspine:2,2,4", "--quick"]
+    argv += ["--scenarios", "allreduce", "--schemes", "none,tita", "--seeds", "1"]
+    argv += ["--param", "allreduce_bytes=262144,1048576", "--workers", "1"]
+    assert main([*argv, "--run-dir", str(tmp_path)]) == 0
+    doc = json.loads((tmp_path / "sweep.json").read_text())
+    assert doc["engine"] == "flow" and len(doc["points"]) == 4
+    cells = aggregate(doc["points"])
+    for scheme in ("none", "tita"):
+        small = cells[(262144, "allreduce", scheme)]["time ms"][0]
+        assert small < cells[(1048576, "allreduce", scheme)]["time ms"][0]
+    assert "flow engine" in capsys.readouterr().out
+    # what the flow engine cannot run is refused before any worker starts
+    bad = [a if a != "allreduce" else "incast" for a in argv]
+    assert main([*bad, "--run-dir", str(tmp_path / "bad")]) == 2
+    assert "--engine flow runs allreduce, alltoall" in capsys.readouterr().err
+
+
+def test_run_on_the_flow_engine_with_a_spine_killed_and_a_link_down(tmp_path: Any) -> None:
+    import json
+
+    from testbed.main import main
+
+    argv = ["run", "--engine", "flow", "--quick", "--topo", "leafspine:2,2,4"]
+    argv += ["--schemes", "none", "--scenarios", "allreduce,alltoall"]
+    times = {}
+    for name, fault in [
+        ("whole", None),
+        ("kill", "{at: 0, target: spine1, kind: kill}"),
+        ("down", "{at: 0, target: leaf1:5, kind: down}"),  # leaf1's uplink to spine1
+    ]:
+        extra = []
+        if fault:
+            (tmp_path / f"{name}.yaml").write_text(f"- {fault}\n")
+            extra = ["--faults", str(tmp_path / f"{name}.yaml")]
+        assert main([*argv, *extra, "--run-dir", str(tmp_path / name)]) == 0
+        doc = json.loads((tmp_path / name / "results.json").read_text())
+        times[name] = {r["scenario"]: r["completion_s"] for r in doc["runs"]}
+        assert len(doc["setup"]["faults"]) == (0 if fault is None else 1)
+    # the all-to-all's cross-leaf half loses one of two uplinks; the ring's two leaf-crossing
+    # flows had an uplink each and keep one
+    assert times["kill"]["alltoall"] > 1.3 * times["whole"]["alltoall"]
+    assert times["down"]["alltoall"] == pytest.approx(times["kill"]["alltoall"])
+    assert times["kill"]["allreduce"] == pytest.approx(times["whole"]["allreduce"])
+    for bad in (
+        "{at: 0.1, target: spine1, kind: kill}",
+        "{at: 0, target: leaf1:5, kind: loss, value: 1%}",
+    ):
+        (tmp_path / "bad.yaml").write_text(f"- {bad}\n")
+        assert (
+            main([*argv, "--faults", str(tmp_path / "bad.yaml"), "--run-dir", str(tmp_path / "b")])
+            == 1
+        )
+
+
+def test_a_topologys_link_fails_by_its_end_and_a_host_link_is_refused() -> None:
+    from testbed.flow.fabric import FabricError
+
+    fab = from_spec(leafspine(2, 2, 4))
+    down = fail(fab, ["leaf1:5"])
+    assert down.down is not None and down.down.sum() == 2
+    ends = {fab.end_names[i] for i in np.flatnonzero(down.down)} if fab.end_names else set()
+    assert "leaf1:5" in ends and len(ends) == 2
+    with pytest.raises(FabricError, match="a host's link"):
+        fail(fab, ["leaf1:1"])
+    with pytest.raises(FabricError, match="no link"):
+        fail(fab, ["leaf1:99"])

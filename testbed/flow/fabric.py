@@ -403,7 +403,9 @@ def clos_switch_names(s: dict[str, int]) -> list[str]:
 
 def fail(fab: Fabric, elements: Sequence[str]) -> Fabric:
     """The fabric with `elements` down: a switch by name (`p1s3`, `p2d1a4`, `p1c5`, or a
-    topology's `spine1`), or every cable between two switches (`p1l3-p1s2`). Their links
+    topology's `spine1`), every cable between two switches (`p1l3-p1s2`), or on a
+    topology's fabric (`from_spec`) a link by one of its ends (`leaf1:3`, as `--faults`
+    names it). Their links
     stay in the arrays (ids and capacities unchanged) and are marked `down`: routing leaves
     them out as the controller's fail-over does (shortest paths over what is alive, ECMP over
     the live next hops in port order). A leaf cannot fail here: it would cut off its NICs,
@@ -426,6 +428,18 @@ def fail(fab: Fabric, elements: Sequence[str]) -> Fabric:
         return n
 
     for el in elements:
+        if ":" in el and fab.end_names is not None:  # a topology's link by one of its ends
+            if el not in fab.end_names:
+                raise FabricError(f"--fail {el}: no link of {fab.name} has that end")
+            i = fab.end_names.index(el)
+            pair = [i - i % 2, i - i % 2 + 1]  # a cable's two directions, side by side
+            if touches_nic[pair].any():
+                raise FabricError(
+                    f"--fail {el}: a host's link; its NIC would be cut off, which no re-route "
+                    "helps (fail a link between switches, or a switch)"
+                )
+            down[pair] = True
+            continue
         if "-" in el:
             a_name, b_name = el.split("-", 1)
             a, b = index.get(a_name), index.get(b_name)

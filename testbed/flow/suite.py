@@ -18,16 +18,17 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from controller.nic.ratelaw import CcParams
 from testbed.errors import UserError
 from testbed.experiment.rundir import new_run_dir
 from testbed.experiment.schemes import cc_profile_name
 from testbed.experiment.suite import RunRecord, Suite, SuiteConfig
+from testbed.faults import Fault
 from testbed.flow import calibration
 from testbed.flow.collectives import model_link_latency, suite_collective
-from testbed.flow.fabric import Fabric, from_spec
+from testbed.flow.fabric import Fabric, fail, from_spec
 from testbed.model import Scaling
 from testbed.topo import FabricSpec, dump, parse_choice
 
@@ -40,7 +41,13 @@ class FlowSuite(Suite):
 
     reseed_repetitions = True  # deterministic
 
-    def __init__(self, spec: FabricSpec, cfg: SuiteConfig, say: Callable[[str], None]):
+    def __init__(
+        self,
+        spec: FabricSpec,
+        cfg: SuiteConfig,
+        say: Callable[[str], None],
+        faults: Sequence[Fault] = (),
+    ):
         super().__init__(cfg, say)
         bad = [s for s in cfg.scenarios if s not in FLOW_SCENARIOS]
         if bad:
@@ -55,15 +62,19 @@ class FlowSuite(Suite):
         self.scaling = Scaling(scale=1.0, max_hops=spec.longest_path_switches())
         self.hosts = []
         self.fab: Fabric = from_spec(spec, self.scaling.model.port_speed_gbps)
+        down = failed_elements(faults)
+        if down:
+            self.fab = fail(self.fab, down)
 
     def _measure_base_rtt(self) -> float:
         return self.scaling.base_rtt_s  # the model's: a fluid model has no RTT to measure
 
     def prepare(self) -> None:
         self.base_rtt_s = self.tita_t_s = self._measure_base_rtt()
+        down = f"; down: {', '.join(self.fab.failed)}" if self.fab.failed else ""
         self.say(
             f"flow engine: {self.spec.name}, {self.fab.n_links} directed links; no RTT "
-            "is measured (the model's, 1 us)"
+            f"is measured (the model's, 1 us){down}"
         )
 
     def _set_policy(self, scheme: str, cc: CcParams) -> int:
@@ -102,6 +113,24 @@ class FlowSuite(Suite):
         )
 
 
+def failed_elements(faults: Sequence[Fault]) -> list[str]:
+    """`--faults` as the flow engine takes them: links down and switches killed, for the
+    whole run (at 0), routed around as the controller's fail-over does; other kinds, and a
+    fault that comes later, have no meaning in a fluid model of one collective and are
+    refused."""
+    out = []
+    for f in faults:
+        if f.kind not in ("down", "kill") or f.at != 0:
+            raise UserError(
+                f"--faults {f.describe()} at {f.at:g} s: the flow engine takes links down "
+                "and switches killed from the start (at: 0), routed around as the "
+                "controller's fail-over does; loss, rate, delay, flaps and NIC faults run on "
+                "the packet engines"
+            )
+        out.append(f.target)
+    return out
+
+
 def run_flow(args: argparse.Namespace, cfg: SuiteConfig) -> int:
     from testbed.experiment.report import table, write_results
 
@@ -114,7 +143,8 @@ def run_flow(args: argparse.Namespace, cfg: SuiteConfig) -> int:
 
     # its fits hold for the CC profiles the twin ran them under, no other
     calibration.check_profiles(cfg.schemes, cfg.cc_profiles, cfg.cc_set)
-    suite = FlowSuite(spec, cfg, say)
+    faults = getattr(args, "fault_list", [])
+    suite = FlowSuite(spec, cfg, say, faults)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "topology.yaml").write_text(dump(spec))
     records = suite.run()
@@ -138,6 +168,7 @@ def run_flow(args: argparse.Namespace, cfg: SuiteConfig) -> int:
         "flow_efficiency": eff,
         "calibration": str(calibration.CALIBRATION.name),
         "queue_source": "none: a fluid model has no queues (docs/flow.md)",
+        "faults": [f.to_dict() for f in faults],
     }
     write_results(
         run_dir / "results.json",
