@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from testbed.experiment.machine import provenance
 from testbed.experiment.rundir import new_run_dir
 from testbed.experiment.schemes import SCHEMES
 from testbed.experiment.suite import Suite, SuiteConfig
@@ -235,6 +236,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     run_dir = args.run_dir or new_run_dir("sweep")
     run_dir.mkdir(parents=True, exist_ok=True)
     doc = {
+        **provenance(getattr(args, "command", None)),
         "engine": args.engine,
         "topology": args.topo,
         "scale": args.scale if args.engine != "flow" else 1.0,

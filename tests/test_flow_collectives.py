@@ -299,6 +299,7 @@ def test_sweep_on_the_flow_engine(tmp_path: Any, capsys: pytest.CaptureFixture[s
     assert main([*argv, "--run-dir", str(tmp_path)]) == 0
     doc = json.loads((tmp_path / "sweep.json").read_text())
     assert doc["engine"] == "flow" and len(doc["points"]) == 4
+    assert doc["source"]["commit"] and doc["date"]  # the grid's provenance
     cells = aggregate(doc["points"])
     for scheme in ("none", "tita"):
         small = cells[(262144, "allreduce", scheme)]["time ms"][0]
@@ -359,3 +360,20 @@ def test_a_topologys_link_fails_by_its_end_and_a_host_link_is_refused() -> None:
         fail(fab, ["leaf1:1"])
     with pytest.raises(FabricError, match="no link"):
         fail(fab, ["leaf1:99"])
+
+
+def test_held_by_the_network_where_a_switch_not_the_nic_sets_the_rate() -> None:
+    lat = model_link_latency()
+    for topo, coll, held in [
+        ("leafspine:2,1,4", "alltoall", True),  # 4:1: the leaf's one uplink
+        ("leafspine:2,1,4", "allreduce", False),  # a ring: one flow per link, NIC-paced
+        ("rail:2,8,1", "alltoall", False),  # every NIC shares its rate evenly, no switch binds
+    ]:
+        spec = leafspine(2, 1, 4) if topo.startswith("leaf") else rail(2, 8, 1)
+        r = suite_collective(from_spec(spec), coll, 1 << 20, lat, spec)
+        assert r.held_by_network is held, (topo, coll)
+    # ECMP collisions on a plain Clos hold the ring; the rail-optimized fabric's do not exist
+    plain = build_clos(ClosParams(128, tiers=3, rail=False, **SMALL))
+    railed = build_clos(ClosParams(128, tiers=3, **SMALL))
+    assert ring_allreduce(plain, rail_rings(plain), 1 << 20).held_by_network
+    assert not ring_allreduce(railed, rail_rings(railed), 1 << 20).held_by_network

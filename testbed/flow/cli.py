@@ -242,6 +242,8 @@ def cmd_iteration(args: argparse.Namespace) -> int:
         "allreduce_shortcut": ring.shortcut,
         "allreduce_flows_computed": ring.flows_computed,
         "ring_collisions": ring.collisions,
+        "allreduce_held_by_network": ring.held_by_network,
+        "alltoall_held_by_network": a2a.held_by_network,
         "alltoall_s": a2a.time_s / eff["alltoall"],
         "alltoall_busbw_gbps": a2a.busbw_bps * eff["alltoall"] / 1e9,
         "alltoall_shortcut": a2a.shortcut,
@@ -279,6 +281,13 @@ def cmd_iteration(args: argparse.Namespace) -> int:
         f"{ring.collisions.get('worst', 0)} flows, {ring.collisions.get('worst_perfect', 0)} in "
         f"a perfect spread); symmetry: {ring.shortcut} / {a2a.shortcut}"
     )
+    held = [c.collective for c in (ring, a2a) if c.held_by_network]
+    if held:
+        print(
+            f"  held by the network (a switch's egress, not the NIC, sets the last flows' "
+            f"rate: where congestion control acts, and one efficiency per scheme does not "
+            f"hold, docs/flow.md): {', '.join(held)}"
+        )
     print("  link utilisation (network links, idle included):")
     for ld in loads:
         print("\n".join(load_lines(ld)))

@@ -43,7 +43,7 @@ import numpy as np
 
 from testbed.experiment.suite import ALLTOALL_CHUNK
 from testbed.flow import maxmin
-from testbed.flow.fabric import LEAF_UP, Fabric, leaf_of_gpu
+from testbed.flow.fabric import LEAF_UP, NIC_UP, Fabric, leaf_of_gpu
 from testbed.flow.routing import Routes, collisions, entropy_ports, route
 from testbed.model import Scaling, link_latency_s
 from testbed.topo import FabricSpec
@@ -79,6 +79,9 @@ class CollResult:
     # one group of `replicas` alike ones on links of their own: the all-to-all's shortcut)
     link_bits: np.ndarray | None = field(default=None, repr=False)
     replicas: int = 1
+    # the flows that finish last are held by the network (a switch's egress, not their own
+    # NIC, sets their rate): where congestion control acts (`calibration`'s congested fit)
+    held_by_network: bool = False
 
     def time_at(self, efficiency: float) -> float:
         """The time under a scheme whose efficiency on the network is `efficiency` (the
@@ -89,9 +92,31 @@ class CollResult:
         return {k: v for k, v in self.__dict__.items() if k != "link_bits"}
 
 
-def _step(fab: Fabric, r: Routes, size: np.ndarray) -> tuple[float, int]:
-    end, allocs = maxmin.complete(r, fab.link_cap, size)
-    return float(end.max()), allocs
+def _step(fab: Fabric, r: Routes, size: np.ndarray) -> tuple[np.ndarray, int]:
+    """A ring step: its flows' completions and the allocations it took."""
+    return maxmin.complete(r, fab.link_cap, size)
+
+
+def held_by_network(fab: Fabric, r: Routes, end: np.ndarray) -> bool:
+    """Whether the flows that finish last (`end`: each flow's completion, all starting
+    together) are held by the network: at the first allocation their own NIC's uplink is
+    not their bottleneck (it has room, or carries a faster flow of theirs), so a switch's
+    egress further on, shared with other senders, sets their rate, and without congestion
+    control a queue would build there. Flows that stay in their server are not."""
+    if r.n_flows == 0:
+        return False
+    rate = maxmin.rates(r, fab.link_cap)
+    flow = r.flow_of_entry()
+    load = np.bincount(r.links, weights=r.coeff * rate[flow], minlength=fab.n_links)
+    fastest = np.zeros(fab.n_links)
+    np.maximum.at(fastest, r.links, rate[flow])
+    nic = fab.link_kind[r.links] == NIC_UP
+    lk, f = r.links[nic], flow[nic]
+    held = np.zeros(r.n_flows, dtype=bool)
+    paced = (load[lk] >= fab.link_cap[lk] * (1 - 1e-6)) & (rate[f] >= fastest[lk] * (1 - 1e-6))
+    held[f] = ~paced
+    last = end >= float(end.max()) * (1 - 1e-9)
+    return bool(held[last].any())
 
 
 def model_link_latency() -> float:
@@ -166,8 +191,8 @@ def ring_allreduce(
         size = np.full(len(src), seg)
         told = time.monotonic()
         for i in range(steps):  # every step on its own, as the plan runs them
-            t, a = _step(fab, r_all, size)
-            total += t
+            end, a = _step(fab, r_all, size)
+            total += float(end.max())
             allocs += a
             if progress is not None and time.monotonic() - told > PROGRESS_S:
                 told = time.monotonic()
@@ -179,9 +204,11 @@ def ring_allreduce(
             r = route(fab, rings[0], np.roll(rings[0], -1), sport[:n], spray)
             how = "steps, one ring"
         size = np.full(r.n_flows, seg)
-        t_one, allocs = _step(fab, r, size)
+        end, allocs = _step(fab, r, size)
+        t_one = float(end.max())
         total, computed = t_one * steps, r.n_flows
     name, util = _bottleneck(fab, r, np.full(r.n_flows, seg), t_one)
+    held = held_by_network(fab, r, end)  # every step alike: the last one's flows
     latency = ring_latency(path_links(r_all).reshape(len(rings), n), steps, link_latency)
     total += latency
     per_rank = bytes_per_rank if rank_bytes is None else rank_bytes
@@ -200,6 +227,7 @@ def ring_allreduce(
         util,
         latency,
         link_bits=link_bits(fab, r_all, np.full(r_all.n_flows, seg * steps)),
+        held_by_network=held,
     )
 
 
@@ -322,6 +350,7 @@ def alltoall(
         latency,
         link_bits=link_bits(fab, r, size),
         replicas=len(groups) // len(todo),
+        held_by_network=held_by_network(fab, r, end),
     )
 
 
@@ -401,6 +430,7 @@ def hier_allreduce(
         net.latency_s + 2 * (g - 1) * NVLINK_LATENCY_S,
         2 * intra,
         link_bits=net.link_bits,  # the network's (the scale-up steps are not routed)
+        held_by_network=net.held_by_network,
     )
 
 
