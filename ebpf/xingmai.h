@@ -167,8 +167,15 @@ struct xm_dcqcn_params {
 	__u32 rate_timer_ns;       /* T: timer increase event period */
 	__u32 cut_interval_ns;     /* at most one cut per interval */
 	__u32 fast_recovery_steps; /* F */
-	__u32 pad;
+	__u32 clamp_target;        /* XM_DCQCN_CLAMP_*: when a cut sets R_T to the current rate */
 };
+
+/* When a DCQCN cut sets the target rate R_T to the current rate (ConnectX firmware's
+ * clamp_tgt_rate and clamp_tgt_rate_after_time_inc): on every cut (the paper's), or only
+ * when the timer has raised the rate since the previous cut (as HPCC's ns-3 simulator has
+ * it with EcnClampTgtRate 0: rpTimeStage != 0); else R_T stays. */
+#define XM_DCQCN_CLAMP_ALWAYS 1
+#define XM_DCQCN_CLAMP_AFTER_TIMER 2
 
 /* TIMELY parameters (the gradient is normalised by min_rtt_ns). */
 struct xm_timely_params {
@@ -299,6 +306,7 @@ struct xm_pfc_state {
 #define XM_CC_HAVE_RECORDS 1
 #define XM_CC_PSN_VALID 2
 #define XM_CC_CUT_SEEN 4
+#define XM_CC_TIMER_INC 8 /* DCQCN: a timer increase event since the last cut */
 struct xm_cc_state {
 	__u64 rate_bps;       /* current rate of the law (before the pacer) */
 	__u64 ref_rate_bps;   /* TiTa: R_ref (committed once per RTT); DCQCN: target rate R_T */

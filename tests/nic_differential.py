@@ -118,6 +118,8 @@ def params_for(law: Law, rng: random.Random) -> CcParams:
     if law == Law.DCQCN and rng.random() < 0.5:
         # timers short enough that many periods elapse between feedback packets
         prm = replace(prm, dcqcn=replace(prm.dcqcn, rate_timer_ns=2_000, alpha_timer_ns=3_000))
+    if law == Law.DCQCN:  # when a cut sets the target: every cut, after a timer increase, never
+        prm = replace(prm, dcqcn=replace(prm.dcqcn, clamp_target=rng.choice((1, 2, 0, 3))))
     return prm
 
 

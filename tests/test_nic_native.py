@@ -8,13 +8,16 @@ also under AddressSanitizer and UBSan (tests/fuzz/nic.py)."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from controller.nic.ratelaw import CcParams, Law
+from controller.nic.ratelaw.params import DCQCN_CLAMP_AFTER_TIMER
 from controller.nic.ratelaw.reference import parse_feedback
 from testbed.sim.nic_native import NativeNic, library
 from testbed.switch.native.build import BuildError, compiler
-from tests.nic_differential import LINE, RTT_NS, drive_laws, drive_tc
+from tests.nic_differential import LINE, RTT_NS, drive_laws, drive_tc, params_for
 from tests.nic_fuzz_frames import fuzz_frames
 
 
@@ -33,6 +36,16 @@ def test_native_nic_equals_the_reference_frame_by_frame(law: Law) -> None:
     _native_or_skip()
     changed = sum(drive_laws(law, seed) for seed in range(3))
     assert changed > 50  # the laws moved: a sequence that changes no rate proves nothing
+
+
+def test_native_dcqcn_equals_the_reference_under_every_target_clamp() -> None:
+    """The seeds whose DCQCN parameters clamp the target after a timer increase only, and
+    never (the frame-by-frame test's seeds draw the others)."""
+    _native_or_skip()
+    seeds = (3, 5)
+    clamps = {params_for(Law.DCQCN, random.Random(s)).dcqcn.clamp_target for s in seeds}
+    assert clamps == {DCQCN_CLAMP_AFTER_TIMER, 0}
+    assert sum(drive_laws(Law.DCQCN, s) for s in seeds) > 30
 
 
 def test_a_frame_that_is_not_feedback_changes_nothing() -> None:

@@ -61,6 +61,9 @@ def test_params_validation_rejects_what_the_fixed_point_cannot_carry() -> None:
         CcParams.defaults(Law.TITA, LINE, base_rtt_ns=10**9).validate(LINE)
     with pytest.raises(ValueError, match="line rate"):
         ok.validate(10**13)
+    d = CcParams.defaults(Law.DCQCN, LINE)
+    with pytest.raises(ValueError, match="clamp_target 4"):
+        replace(d, dcqcn=replace(d.dcqcn, clamp_target=4)).validate(LINE)
 
 
 def test_int_words_and_golden_echo_parse() -> None:
@@ -218,6 +221,43 @@ def test_dcqcn_cut_alpha_and_recovery_stages() -> None:
         dcqcn_on_feedback(cc, prm, is_cnp=False, tx_bytes=tx, now_ns=t, ceil_bps=LINE, weight=1)
     assert cc.byte_count > d.fast_recovery_steps and cc.timer_count > d.fast_recovery_steps
     assert cc.ref_rate_bps == min(LINE, cc.ref_rate_bps)
+
+
+def test_dcqcn_cut_sets_the_target_as_its_clamp_says() -> None:
+    """`clamp_target` 1 (the paper): every cut sets R_T to the rate before it; 2 (ConnectX
+    firmware's clamp_tgt_rate 0 after_time_inc 1, HPCC's ns-3 CLAMP_TARGET_RATE 0): only a cut
+    after a timer increase since the previous cut; 0: never."""
+
+    def run(clamp: int, byte_event: bool, timer_event: bool) -> tuple[int, int]:
+        base = CcParams.defaults(Law.DCQCN, LINE)
+        prm = replace(base, dcqcn=replace(base.dcqcn, clamp_target=clamp, byte_counter=1000))
+        d = prm.dcqcn
+        cc = CcState.initial(Law.DCQCN, LINE, 0, 0)
+        dcqcn_on_feedback(cc, prm, is_cnp=True, tx_bytes=0, now_ns=0, ceil_bps=LINE, weight=1)
+        first_target = cc.ref_rate_bps
+        t, tx = d.cut_interval_ns, 0
+        if byte_event:  # one byte-counter increase
+            tx = 1000
+            dcqcn_on_feedback(cc, prm, is_cnp=False, tx_bytes=tx, now_ns=t, ceil_bps=LINE, weight=1)
+        if timer_event:  # one timer increase
+            t = d.rate_timer_ns + 1
+            dcqcn_on_feedback(cc, prm, is_cnp=False, tx_bytes=tx, now_ns=t, ceil_bps=LINE, weight=1)
+        before = cc.rate_bps
+        dcqcn_on_feedback(
+            cc, prm, is_cnp=True, tx_bytes=tx, now_ns=t + d.cut_interval_ns, ceil_bps=LINE, weight=1
+        )
+        assert cc.rate_bps < before  # it cut
+        return first_target, cc.ref_rate_bps if cc.ref_rate_bps != before else -before
+
+    # the first cut, at the line rate: every rule leaves R_T at the line rate (where it starts)
+    assert run(1, False, False)[0] == run(2, False, False)[0] == run(0, False, False)[0] == LINE
+    # the second cut, after a byte-counter increase only: the paper's sets R_T to the rate
+    # before the cut; the firmware's keeps the line rate
+    assert run(1, True, False)[1] < 0  # -rate: R_T == the rate before the cut
+    assert run(2, True, False)[1] == LINE and run(0, True, False)[1] == LINE
+    # after a timer increase: the firmware's sets it too; "never" still keeps it
+    assert run(2, True, True)[1] < 0 and run(2, False, True)[1] < 0
+    assert run(0, False, True)[1] == LINE
 
 
 def test_dcqcn_applies_every_elapsed_event_at_the_next_feedback_up_to_the_backlog() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from controller.nic.bpf import header, loader
-from controller.nic.ratelaw import base, dcqcn, echo
+from controller.nic.ratelaw import base, dcqcn, echo, params
 from controller.wire import int_md, pfc, roce
 from controller.wire import telemetry_report as tr
 from controller.wire.layout import Fields
@@ -53,6 +53,9 @@ C_DEFINES: dict[str, int | None] = {
     "XM_CC_HAVE_RECORDS": base.HAVE_RECORDS,
     "XM_CC_PSN_VALID": base.PSN_VALID,
     "XM_CC_CUT_SEEN": base.CUT_SEEN,
+    "XM_CC_TIMER_INC": base.TIMER_INC,
+    "XM_DCQCN_CLAMP_ALWAYS": params.DCQCN_CLAMP_ALWAYS,
+    "XM_DCQCN_CLAMP_AFTER_TIMER": params.DCQCN_CLAMP_AFTER_TIMER,
     "XM_HOP_ABSENT": echo.HOP_ABSENT,
     "XM_HOP_BUF_WORDS": echo.HOP_BUF_WORDS,
     "XM_MAX_FLOWS": None,

@@ -63,6 +63,7 @@ RATE_LAW_PARAMS: dict[str, frozenset[str]] = {
             "rate_timer_ns",
             "cut_interval_ns",
             "fast_recovery_steps",
+            "clamp_target",
             "min_rate_bps",
         }
     ),

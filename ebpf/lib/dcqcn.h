@@ -120,6 +120,8 @@ static __always_inline void xm_dcqcn_on_feedback(const struct xm_cc_params *prm,
 			cc->byte_count += 1 - is_timer;
 			xm_dcqcn_increase(prm, cc, ceil, weight);
 		}
+		if (nt)
+			cc->flags |= XM_CC_TIMER_INC;
 		if (nt + nb)
 			xm_count(XM_CNT_XDP_DCQCN_INCREASE);
 	}
@@ -128,7 +130,10 @@ static __always_inline void xm_dcqcn_on_feedback(const struct xm_cc_params *prm,
 		if ((cc->flags & XM_CC_CUT_SEEN) && now - cc->last_cut_ns < d->cut_interval_ns) {
 			xm_count(XM_CNT_XDP_DCQCN_CUT_HELD);
 		} else {
-			cc->ref_rate_bps = cc->rate_bps;
+			if ((d->clamp_target & XM_DCQCN_CLAMP_ALWAYS) ||
+			    ((d->clamp_target & XM_DCQCN_CLAMP_AFTER_TIMER) &&
+			     (cc->flags & XM_CC_TIMER_INC)))
+				cc->ref_rate_bps = cc->rate_bps;
 			cc->rate_bps = (cc->rate_bps * (XM_UNIT - cc->alpha / 2)) >> XM_UNIT_SHIFT;
 			cc->alpha = (((XM_UNIT - d->g) * cc->alpha) >> XM_UNIT_SHIFT) + d->g;
 			if (cc->alpha > XM_UNIT)
@@ -140,6 +145,7 @@ static __always_inline void xm_dcqcn_on_feedback(const struct xm_cc_params *prm,
 			cc->bc_base_bytes = st->tx_bytes;
 			cc->last_cut_ns = now;
 			cc->flags |= XM_CC_CUT_SEEN;
+			cc->flags &= ~XM_CC_TIMER_INC; /* no timer increase since this cut */
 			xm_count(XM_CNT_XDP_DCQCN_CUT);
 		}
 	}

@@ -48,7 +48,7 @@ import numpy as np
 
 from controller.config import EcnConfig
 from controller.nic.ratelaw.base import UNIT
-from controller.nic.ratelaw.params import CcParams
+from controller.nic.ratelaw.params import DCQCN_CLAMP_ALWAYS, CcParams
 from testbed.experiment.schemes import (
     SCHEMES,
     Scheme,
@@ -201,7 +201,8 @@ def ns3_config(
         # DCQCN (CC_MODE 1): timers in us; no byte counter in theirs
         ("ALPHA_RESUME_INTERVAL", d.alpha_timer_ns / 1000),
         ("RATE_DECREASE_INTERVAL", d.cut_interval_ns / 1000),
-        ("CLAMP_TARGET_RATE", 0),
+        # 1: every cut sets the target; 0: only after a timer increase (rpTimeStage != 0)
+        ("CLAMP_TARGET_RATE", int(bool(d.clamp_target & DCQCN_CLAMP_ALWAYS))),
         ("RP_TIMER", d.rate_timer_ns / 1000),
         ("EWMA_GAIN", d.g / UNIT),
         ("FAST_RECOVERY_TIMES", d.fast_recovery_steps),

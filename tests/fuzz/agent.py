@@ -90,6 +90,7 @@ class AgentSurface(Surface):
             rate_timer_ns=u64,
             cut_interval_ns=u64,
             fast_recovery_steps=st.integers(0, 2**32 - 1),
+            clamp_target=st.integers(0, 2**32 - 1),
         )
         law = st.builds(
             pb.RateLawConfig,

@@ -62,6 +62,7 @@ _DCQCN_INTS = (
     ("rate_timer_ns", "rate_timer_ns"),
     ("cut_interval_ns", "cut_interval_ns"),
     ("fast_recovery_steps", "fast_recovery_steps"),
+    ("clamp_target", "clamp_target"),
 )
 _TIMELY_INTS = ("delta_bps", "t_low_ns", "t_high_ns", "min_rtt_ns", "hai_steps")
 _SWIFT_INTS = ("ai_bytes", "base_target_ns", "per_hop_ns", "sender_ttl")
@@ -130,6 +131,7 @@ def params_to_pb(p: CcParams) -> pb.RateLawConfig:
             rate_timer_ns=p.dcqcn.rate_timer_ns,
             cut_interval_ns=p.dcqcn.cut_interval_ns,
             fast_recovery_steps=p.dcqcn.fast_recovery_steps,
+            clamp_target=p.dcqcn.clamp_target,
         ),
         timely=pb.TimelyParams(
             alpha=from_fixed(m.alpha),

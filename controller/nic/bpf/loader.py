@@ -182,6 +182,7 @@ def cc_params_to_c(p: CcParams, c: Any) -> None:
     c.dcqcn.rate_timer_ns = d.rate_timer_ns
     c.dcqcn.cut_interval_ns = d.cut_interval_ns
     c.dcqcn.fast_recovery_steps = d.fast_recovery_steps
+    c.dcqcn.clamp_target = d.clamp_target
     for name in ("wai_bps", "eta", "max_stage", "base_rtt_ns"):
         setattr(c.hpcc, name, getattr(p.hpcc, name))
     for name in ("delta_bps", "alpha", "beta", "t_low_ns", "t_high_ns", "min_rtt_ns", "hai_steps"):
@@ -217,6 +218,7 @@ def cc_params_from_c(c: Any) -> CcParams:
             rate_timer_ns=int(c.dcqcn.rate_timer_ns),
             cut_interval_ns=int(c.dcqcn.cut_interval_ns),
             fast_recovery_steps=int(c.dcqcn.fast_recovery_steps),
+            clamp_target=int(c.dcqcn.clamp_target),
         ),
     )
 

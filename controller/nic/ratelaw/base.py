@@ -50,6 +50,7 @@ def from_fixed(v: int) -> float:
 HAVE_RECORDS = 1
 PSN_VALID = 2
 CUT_SEEN = 4
+TIMER_INC = 8  # DCQCN: a timer increase event since the last cut
 
 
 @dataclass

@@ -12,8 +12,16 @@ order.
 
 from __future__ import annotations
 
-from controller.nic.ratelaw.base import CUT_SEEN, U64, UNIT, UNIT_SHIFT, CcState, bound_rate
-from controller.nic.ratelaw.params import CcParams
+from controller.nic.ratelaw.base import (
+    CUT_SEEN,
+    TIMER_INC,
+    U64,
+    UNIT,
+    UNIT_SHIFT,
+    CcState,
+    bound_rate,
+)
+from controller.nic.ratelaw.params import DCQCN_CLAMP_AFTER_TIMER, DCQCN_CLAMP_ALWAYS, CcParams
 
 # XM_DCQCN_BACKLOG of ebpf/lib/dcqcn.h: the most increase events, per source, one feedback
 # packet applies (all that elapsed since the last, the older ones dropped)
@@ -88,6 +96,8 @@ def dcqcn_on_feedback(
             else:
                 cc.byte_count += 1
             _dcqcn_increase(cc, prm, ceil_bps, weight)
+        if nt:
+            cc.flags |= TIMER_INC
         if nt + nb:
             counters.append("XDP_DCQCN_INCREASE")
 
@@ -95,7 +105,10 @@ def dcqcn_on_feedback(
         if cc.flags & CUT_SEEN and ((now_ns - cc.last_cut_ns) & U64) < d.cut_interval_ns:
             counters.append("XDP_DCQCN_CUT_HELD")
         else:
-            cc.ref_rate_bps = cc.rate_bps
+            if d.clamp_target & DCQCN_CLAMP_ALWAYS or (
+                d.clamp_target & DCQCN_CLAMP_AFTER_TIMER and cc.flags & TIMER_INC
+            ):
+                cc.ref_rate_bps = cc.rate_bps
             cc.rate_bps = (cc.rate_bps * (UNIT - cc.alpha // 2)) >> UNIT_SHIFT
             cc.alpha = min((((UNIT - d.g) * cc.alpha) >> UNIT_SHIFT) + d.g, UNIT)
             cc.timer_count = cc.byte_count = 0
@@ -103,6 +116,7 @@ def dcqcn_on_feedback(
             cc.bc_base_bytes = tx_bytes
             cc.last_cut_ns = now_ns
             cc.flags |= CUT_SEEN
+            cc.flags &= ~TIMER_INC  # no timer increase since this cut
             counters.append("XDP_DCQCN_CUT")
     cc.rate_bps = bound_rate(cc.rate_bps, prm.min_rate_bps, ceil_bps)
     cc.ref_rate_bps = bound_rate(cc.ref_rate_bps, prm.min_rate_bps, ceil_bps)

@@ -47,6 +47,14 @@ class TitaParams:
         )
 
 
+# XM_DCQCN_CLAMP_* of ebpf/xingmai.h: a DCQCN cut sets the target rate R_T to the current
+# rate on every cut (the paper's), or only when the timer has raised the rate since the
+# previous cut (ConnectX firmware's clamp_tgt_rate 0, clamp_tgt_rate_after_time_inc 1; HPCC's
+# ns-3 simulator with EcnClampTgtRate 0)
+DCQCN_CLAMP_ALWAYS = 1
+DCQCN_CLAMP_AFTER_TIMER = 2
+
+
 @dataclass(frozen=True)
 class DcqcnParams:
     rai_bps: int
@@ -57,6 +65,8 @@ class DcqcnParams:
     rate_timer_ns: int
     cut_interval_ns: int
     fast_recovery_steps: int
+    # DCQCN_CLAMP_*: when a cut sets the target rate to the current rate (the paper: always)
+    clamp_target: int = DCQCN_CLAMP_ALWAYS
 
     @classmethod
     def scaled(cls, line_rate_bps: int) -> DcqcnParams:
@@ -71,6 +81,7 @@ class DcqcnParams:
             rate_timer_ns=int(55_000 / s),
             cut_interval_ns=int(4_000 / s),
             fast_recovery_steps=5,
+            clamp_target=DCQCN_CLAMP_ALWAYS,
         )
 
 
@@ -175,6 +186,12 @@ class CcParams:
                 raise ValueError(f"{name} must be within [0, line rate]")
         if self.tita.max_stage >= 2**32 or self.dcqcn.fast_recovery_steps >= 2**32:
             raise ValueError("stage counts must fit 32 bits")
+        if self.dcqcn.clamp_target & ~(DCQCN_CLAMP_ALWAYS | DCQCN_CLAMP_AFTER_TIMER):
+            raise ValueError(
+                f"DCQCN clamp_target {self.dcqcn.clamp_target}: 0 (never), "
+                f"{DCQCN_CLAMP_ALWAYS} (every cut) or {DCQCN_CLAMP_AFTER_TIMER} (after a "
+                "timer increase), or both"
+            )
         h, t, w = self.hpcc, self.timely, self.swift
         if not 0 < h.base_rtt_ns <= MAX_BASE_RTT_NS or not 0 < h.eta <= UNIT:
             raise ValueError("HPCC: base RTT outside (0, 1e8] ns or eta outside (0, 1]")

@@ -97,6 +97,7 @@ FIELD_KIND: dict[str, str] = {
     "max_mdf": FRACTION,
     "max_stage": COUNT,
     "fast_recovery_steps": COUNT,
+    "clamp_target": COUNT,
     "hai_steps": COUNT,
     "sender_ttl": COUNT,
 }
@@ -296,6 +297,7 @@ def policy_params(p: CcParams) -> dict[str, float]:
             "rate_timer_ns": d.rate_timer_ns,
             "cut_interval_ns": d.cut_interval_ns,
             "fast_recovery_steps": d.fast_recovery_steps,
+            "clamp_target": d.clamp_target,
         }
     elif p.law is Law.TIMELY:
         m = p.timely
