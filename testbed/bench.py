@@ -30,6 +30,7 @@ BENCHMARKS: tuple[str, ...] = (
     "twin_pipelines",
     "ns3",
     "localization",
+    "flow_scale",
 )
 # Run only when named (--only): they take tens of minutes.
 OPT_IN: tuple[str, ...] = ("twin_scale",)

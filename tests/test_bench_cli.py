@@ -24,3 +24,24 @@ def test_an_unknown_benchmark_is_refused_with_the_list(
 def test_opt_in_benchmarks_are_not_in_the_default_run() -> None:
     assert set(bench.OPT_IN).isdisjoint(bench.BENCHMARKS)
     assert "twin_scale" in bench.OPT_IN
+
+
+def test_the_flow_engines_cost_bench_runs_and_draws(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from testbed.benchmarks import flow_scale
+
+    monkeypatch.setattr(flow_scale, "PLOT", tmp_path / "flow-scale.png")
+    out = flow_scale.run(quick=True)
+    fabrics = [(p["fabric"], p["gpus"]) for p in out["points"]]
+    assert fabrics == [
+        ("rail", 1024),
+        ("plain", 1024),
+        ("rail", 8192),
+        ("plain", 8192),
+        ("rail --full", 1024),
+    ]
+    full = out["points"][-1]
+    assert full["allreduce_s"] == out["points"][0]["allreduce_s"]  # the shortcut is exact
+    assert out["growth"]["rail"]["gpus"] == 8
+    assert (tmp_path / "flow-scale.png").stat().st_size > 10_000

@@ -1,9 +1,12 @@
-"""`flow-iteration`'s plot (matplotlib, no display): where the iteration's time goes, and the
-distribution of the network links' utilisation in each collective (idle links included)."""
+"""The flow engine's plots (matplotlib, no display): `flow-iteration`'s (where the iteration's
+time goes, and the distribution of the network links' utilisation in each collective, idle
+links included) and `make bench`'s cost of one iteration against the GPUs
+(testbed/benchmarks/flow_scale.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -40,6 +43,33 @@ def iteration_plot(
     cdf.legend(fontsize=8)
     if title:
         fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def cost_plot(points: list[dict[str, Any]], path: Path) -> Path:
+    """Wall time and peak RSS of one iteration against the GPUs, per fabric (min-max bars)."""
+    fig, (wall, rss) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for fabric in dict.fromkeys(p["fabric"] for p in points):
+        own = [p for p in points if p["fabric"] == fabric]
+        x = [p["gpus"] for p in own]
+        for ax, key in ((wall, "wall_s"), (rss, "peak_rss_mib")):
+            lo = np.array([p[key][0] for p in own])
+            hi = np.array([p[key][1] for p in own])
+            ax.errorbar(x, (lo + hi) / 2, yerr=(hi - lo) / 2, marker="o", capsize=3, label=fabric)
+    for ax, label in ((wall, "wall time of the computation (s)"), (rss, "peak RSS (MiB)")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("GPUs")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=8)
+    fig.suptitle(
+        "flow engine: one iteration (DP ring all-reduce 1 GiB, EP all-to-all 256 MiB)", fontsize=9
+    )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
