@@ -42,6 +42,6 @@ def test_the_flow_engines_cost_bench_runs_and_draws(
         ("rail --full", 1024),
     ]
     full = out["points"][-1]
-    assert full["allreduce_s"] == out["points"][0]["allreduce_s"]  # the shortcut is exact
+    assert full["allreduce_s"] == pytest.approx(out["points"][0]["allreduce_s"], rel=1e-12)
     assert out["growth"]["rail"]["gpus"] == 8
     assert (tmp_path / "flow-scale.png").stat().st_size > 10_000
