@@ -35,6 +35,14 @@ from testbed.topo import leafspine
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL: dict[str, Any] = {"radix": 8, "switch_tbps": 3.2}
+# rail 2-tier, rail 3-tier, plain 3-tier 3:1 oversubscribed, and parallel links (4 leaves of
+# 6 up over 2 spines, 3 links each)
+SHAPES = [
+    ClosParams(64, **SMALL),
+    ClosParams(128, tiers=3, **SMALL),
+    ClosParams(128, tiers=3, rail=False, oversub=3.0, **SMALL),
+    ClosParams(24, gpus_per_server=4, rail=False, radix=12, switch_tbps=4.8),
+]
 
 
 def test_the_selector_is_crc16_over_the_five_tuple() -> None:
@@ -77,16 +85,7 @@ def _random_flows(n_gpus: int, n: int, seed: int = 1) -> tuple[np.ndarray, np.nd
     return src[keep], dst[keep]
 
 
-@pytest.mark.parametrize(
-    "params",
-    [
-        ClosParams(64, **SMALL),
-        ClosParams(128, tiers=3, **SMALL),
-        ClosParams(128, tiers=3, rail=False, oversub=3.0, **SMALL),
-        # parallel links: 4 leaves of 6 up over 2 spines, 3 links each
-        ClosParams(24, gpus_per_server=4, rail=False, radix=12, switch_tbps=4.8),
-    ],
-)
+@pytest.mark.parametrize("params", SHAPES)
 def test_arithmetic_routes_equal_the_search(params: ClosParams) -> None:
     fab = build_clos(params)
     src, dst = _random_flows(params.gpus, 400)
@@ -232,15 +231,7 @@ def _per_flow(r: Any, f: int) -> list[tuple[int, float]]:
     )
 
 
-@pytest.mark.parametrize(
-    "params",
-    [
-        ClosParams(64, **SMALL),
-        ClosParams(128, tiers=3, **SMALL),
-        ClosParams(128, tiers=3, rail=False, oversub=3.0, **SMALL),
-        ClosParams(24, gpus_per_server=4, rail=False, radix=12, switch_tbps=4.8),
-    ],
-)
+@pytest.mark.parametrize("params", SHAPES)
 @pytest.mark.parametrize("down", [False, True])
 def test_arithmetic_spraying_equals_the_search(params: ClosParams, down: bool) -> None:
     fab0 = fab = build_clos(params)

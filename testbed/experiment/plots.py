@@ -52,6 +52,15 @@ def _pyplot() -> Any:
     return plt
 
 
+def save_figure(fig: Any, path: Path) -> Path:
+    """Lay a figure out, write it (110 dpi, its folder made) and close it: every plot's end."""
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    _pyplot().close(fig)
+    return path
+
+
 def _gaps(t: list[float], v: list[float], gap_s: float = 0.05) -> tuple[np.ndarray, np.ndarray]:
     """The samples with a break wherever no packet left for `gap_s`: the queue between two
     departures is not known, so no line is drawn across."""

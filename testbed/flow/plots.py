@@ -14,6 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from testbed.experiment.plots import save_figure  # noqa: E402
 from testbed.flow.report import LinkLoad  # noqa: E402
 
 
@@ -43,11 +44,7 @@ def iteration_plot(
     cdf.legend(fontsize=8)
     if title:
         fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def cost_plot(points: list[dict[str, Any]], path: Path) -> Path:
@@ -70,8 +67,4 @@ def cost_plot(points: list[dict[str, Any]], path: Path) -> Path:
     fig.suptitle(
         "flow engine: one iteration (DP ring all-reduce 1 GiB, EP all-to-all 256 MiB)", fontsize=9
     )
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
