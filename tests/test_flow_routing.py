@@ -252,3 +252,79 @@ def test_arithmetic_spraying_equals_the_search(params: ClosParams, down: bool) -
     slow = _route_search(fab, src, dst, h, spray=True)
     assert all(_per_flow(fast, f) == _per_flow(slow, f) for f in range(len(src)))
     assert len(fast.choice_link) == 0
+
+
+def _controller_topology(fab: Any, down_elements: list[str]) -> tuple[Any, dict[Any, int]]:
+    """The controller's own routing (controller/topology.py) of the fabric `to_spec` exports,
+    with the same switches and cables down; and each switch's port towards a neighbour."""
+    import yaml
+
+    from controller.config import parse
+    from controller.topology import Topology, link_id
+    from testbed.ctlconfig import ControllerSetup, SwitchAccess, controller_config
+    from testbed.flow.fabric import to_spec
+    from testbed.model import Scaling
+
+    spec = to_spec(fab)
+    access = {s.name: SwitchAccess("127.0.0.1:1", "builtin") for s in spec.switches}
+    doc = controller_config(
+        spec, Scaling(), access, {}, ControllerSetup("127.0.0.1:1", None, ""), "/p", "/j"
+    )
+    doc["controller"].pop("log_file", None)
+    cfg = parse(yaml.safe_load(yaml.safe_dump(doc)))
+    port_of: dict[Any, int] = {}
+    down = set()
+    failed = set(down_elements)
+    for lk in spec.links:
+        a, b = lk.a.node, lk.b.node
+        if failed & {a, b, f"{a}-{b}", f"{b}-{a}"}:
+            down.add(link_id(str(lk.a), str(lk.b)))
+        for x, y in ((lk.a, lk.b), (lk.b, lk.a)):
+            if x.node in access:  # a switch's port towards a switch, or a host's NIC
+                key = (x.node, str(y) if y.node not in access else y.node)
+                assert key not in port_of, f"parallel links {key}: not this test's fabric"
+                port_of[key] = x.index
+    return Topology(cfg, down=frozenset(down)), port_of
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        # rail-optimized, 4 planes of 4 pods (radix 4: no parallel links to tell apart)
+        ClosParams(64, gpus_per_server=4, tiers=3, radix=4, switch_tbps=1.6),
+        ClosParams(128, tiers=3, rail=False, oversub=3.0, **SMALL),
+    ],
+)
+@pytest.mark.parametrize("down", [[], ["p1d1a1"], ["p1d2a2", "p1d1a1-p1c1"]])
+def test_every_choice_is_the_controllers_next_hop_by_the_switch_hash(
+    params: ClosParams, down: list[str]
+) -> None:
+    """At every switch of every path, the link the flow engine takes is the controller's next
+    hop for the destination (its routes over what is alive, sorted by port) that the switch's
+    selector picks: hash % members. The controller's code, not a copy of its rule."""
+    fab0 = build_clos(params)
+    topo, port_of = _controller_topology(fab0, down)
+    fab = fail(fab0, down) if down else fab0
+    src, dst = _random_flows(fab.n_gpus, 300, 3)
+    apart = src // fab.gpus_per_server != dst // fab.gpus_per_server
+    src, dst = src[apart], dst[apart]
+    sport = entropy_ports(src, dst)
+    r = route(fab, src, dst, sport)
+    h = ecmp_hash(fab.gpu_ip[src], fab.gpu_ip[dst], sport)
+    routes: dict[str, Any] = {}
+    checked = 0
+    for f in range(len(src)):
+        ip = ".".join(str(int(fab.gpu_ip[dst[f]]) >> s & 255) for s in (24, 16, 8, 0))
+        for lk in r.path(f):
+            a, b = int(fab.link_src[lk]), int(fab.link_dst[lk])
+            if not fab.n_gpus <= a < fab.shape["su_node"]:
+                continue  # a NIC's or the scale-up domain's link: no switch decides
+            sw = fab.node_name(a)
+            host, nic = divmod(b, fab.gpus_per_server)
+            nxt = f"h{host + 1}:{nic}" if b < fab.n_gpus else fab.node_name(b)
+            if sw not in routes:
+                routes[sw] = topo.routes(sw)
+            nh = routes[sw][ip]
+            assert port_of[(sw, nxt)] == nh[int(h[f]) % len(nh)].port, (f, sw, nh)
+            checked += 1
+    assert checked > 3 * len(src)
