@@ -128,6 +128,7 @@ def test_experiment_files(fabric, tmp_path: Path) -> None:  # type: ignore[no-un
     assert c["RATE_DECREASE_INTERVAL"] == "4.0"
     assert c["EWMA_GAIN"] == "0.0048828125"  # dce_tcp_g 1019: 5/1024
     assert c["FAST_RECOVERY_TIMES"] == "1" and c["MIN_RATE"] == "1000000bps"
+    assert c["CLAMP_TARGET_RATE"] == "0"  # clamp_tgt_rate 0: the target only after a timer rise
     # --cc-profile dcqcn-paper: the paper's 40G values x 9.765 (the NIC's rate / 40G), its
     # timers / 9.765
     paper = peer_cc("dcqcn+pfc", scaling, parse_cc_profiles("dcqcn-paper"), {})
@@ -138,6 +139,7 @@ def test_experiment_files(fabric, tmp_path: Path) -> None:  # type: ignore[no-un
     assert c["RATE_DECREASE_INTERVAL"] == "0.409"
     assert c["EWMA_GAIN"] == "0.00390625"  # g = 1/256
     assert c["FAST_RECOVERY_TIMES"] == "5"
+    assert c["CLAMP_TARGET_RATE"] == "1"  # the paper's: every cut sets the target
     assert c["HAS_WIN"] == "0"
 
 
