@@ -217,18 +217,23 @@ def test_flow_iteration_command(capsys: pytest.CaptureFixture[str]) -> None:
         ("down", ["--clos", "--fail", "p1d1a1,p1d2a1-p1c1"]),
         ("flat", ["--dp-algo", "flat"]),
         ("hier", ["--dp-algo", "hier"]),
+        ("slow", ["--clos", "--slow", "h3g2=25%"]),
     ]:
         assert main(base + extra) == 0
         runs[name] = json.loads(capsys.readouterr().out)
     assert runs["down"]["failed"] == ["p1d1a1", "p1d2a1-p1c1"]
     assert runs["spray"]["routing"] == "spray" and runs["spray"]["ring_collisions"]["excess"] == 0
     assert runs["spray"]["allreduce_s"] <= runs["ecmp"]["allreduce_s"]
+    assert runs["slow"]["slowed"] == {"h3g2": 0.25}
+    assert runs["slow"]["allreduce_s"] > runs["ecmp"]["allreduce_s"]
     assert runs["flat"]["dp_algo"] == "flat"
     # one DP group either way: the hierarchical one's rings are 8x shorter, on 1/8 shards
     assert runs["hier"]["allreduce_s"] < runs["flat"]["allreduce_s"]
     assert runs["flat"]["allreduce_latency_s"] > runs["ecmp"]["allreduce_latency_s"]
     assert main(base + ["--fail", "p1l1"]) == 2
     assert "a leaf" in capsys.readouterr().err
+    assert main(base + ["--slow", "h3g2"]) == 2
+    assert "ELEMENT=FRACTION" in capsys.readouterr().err
 
 
 def test_hier_is_the_librarys_scaleup_steps_around_a_ring_per_rail_on_shards() -> None:
@@ -377,3 +382,48 @@ def test_held_by_the_network_where_a_switch_not_the_nic_sets_the_rate() -> None:
     railed = build_clos(ClosParams(128, tiers=3, **SMALL))
     assert ring_allreduce(plain, rail_rings(plain), 1 << 20).held_by_network
     assert not ring_allreduce(railed, rail_rings(railed), 1 << 20).held_by_network
+
+
+def test_a_slow_nic_holds_its_ring_and_every_ring_waits() -> None:
+    from testbed.flow.fabric import FabricError, slow
+
+    fab = build_clos(ClosParams(64, **SMALL))  # one ring per rail of 8 servers
+    whole = ring_allreduce(fab, rail_rings(fab), 1 << 20)
+    cut = slow(fab, {"h3g2": 0.25})  # server 3's GPU 2: its NIC at a quarter, both ways
+    assert cut.slowed == (("h3g2", 0.25),)
+    r = ring_allreduce(cut, rail_rings(cut), 1 << 20)
+    # ring 2's hops into and out of that GPU run at 100G, and a ring steps at its slowest
+    assert r.time_s == pytest.approx(4 * whole.time_s)
+    assert r.shortcut == "steps"  # the rings are no longer alike: each is computed
+    for bad, why in [("p1l1", "a switch"), ("h99g0", "no such GPU"), ("h1g9", "no such GPU")]:
+        with pytest.raises(FabricError, match=why):
+            slow(fab, {bad: 0.5})
+    with pytest.raises(FabricError, match="a fraction"):
+        slow(fab, {"h1g0": 1.5})
+
+
+def test_rate_faults_on_the_flow_engine_as_the_packet_engines_set_them(tmp_path: Any) -> None:
+    import json
+
+    from testbed.main import main
+
+    argv = ["run", "--engine", "flow", "--quick", "--topo", "leafspine:2,2,4"]
+    argv += ["--schemes", "none", "--scenarios", "allreduce,alltoall"]
+    times = {}
+    for name, fault in [
+        ("whole", None),
+        ("uplink", "{at: 0, target: leaf1:5, kind: rate, value: 25%}"),
+        ("nic", "{at: 0, target: h1, kind: rate, value: 25%}"),
+    ]:
+        extra = []
+        if fault:
+            (tmp_path / f"{name}.yaml").write_text(f"- {fault}\n")
+            extra = ["--faults", str(tmp_path / f"{name}.yaml")]
+        assert main([*argv, *extra, "--run-dir", str(tmp_path / name)]) == 0
+        doc = json.loads((tmp_path / name / "results.json").read_text())
+        times[name] = {r["scenario"]: r["completion_s"] for r in doc["runs"]}
+    # h1's NIC sends at a quarter: the ring waits for its hop; the all-to-all for its flows
+    assert times["nic"]["allreduce"] > 3 * times["whole"]["allreduce"]
+    assert times["nic"]["alltoall"] > 2 * times["whole"]["alltoall"]
+    # a leaf uplink at a quarter: the all-to-all's cross-leaf half slows
+    assert times["uplink"]["alltoall"] > 1.2 * times["whole"]["alltoall"]

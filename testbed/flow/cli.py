@@ -29,7 +29,7 @@ from testbed.flow.collectives import (
     rail_rings,
     ring_allreduce,
 )
-from testbed.flow.fabric import ClosParams, build_clos, describe, fail, to_spec
+from testbed.flow.fabric import ClosParams, build_clos, describe, fail, slow, to_spec
 from testbed.flow.report import LinkLoad, collective_rows, link_load, load_lines
 from testbed.topo import dump
 
@@ -141,6 +141,13 @@ def add_parsers(sub: Any) -> None:
         "fail-over does",
     )
     it.add_argument(
+        "--slow",
+        default="",
+        metavar="ELEMENT=FRACTION,...",
+        help="links at a fraction of their rate (a gray failure the routes do not see): a "
+        "cable between switches (p1l3-p1s2=0.25) or a GPU's NIC link (h5g2=0.5)",
+    )
+    it.add_argument(
         "--spray",
         action="store_true",
         help="every flow split evenly over its equal-cost paths (packet spraying) instead "
@@ -192,6 +199,21 @@ def cmd_fabric(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cuts(text: str) -> dict[str, float]:
+    """`--slow p1l3-p1s2=0.25,h5g2=50%`: element -> fraction of its rate."""
+    out = {}
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        el, eq, val = part.partition("=")
+        try:
+            frac = float(val[:-1]) / 100 if val.endswith("%") else float(val)
+        except ValueError:
+            frac = -1.0
+        if not eq or not el or frac <= 0:
+            raise ValueError(f"--slow {part}: ELEMENT=FRACTION (0.25 or 25%)")
+        out[el] = frac
+    return out
+
+
 def _rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -201,6 +223,8 @@ def cmd_iteration(args: argparse.Namespace) -> int:
     fab = build_clos(_params(args))
     if args.fail:
         fab = fail(fab, [e.strip() for e in args.fail.split(",") if e.strip()])
+    if args.slow:
+        fab = slow(fab, _cuts(args.slow))
     t_fab = time.perf_counter() - t0
     sym = not args.full
     lat = model_link_latency()
@@ -233,6 +257,7 @@ def cmd_iteration(args: argparse.Namespace) -> int:
         "gpus": fab.n_gpus,
         "scheme": args.scheme or "ideal",
         "failed": list(fab.failed),
+        "slowed": dict(fab.slowed),
         "routing": "spray" if args.spray else "ecmp",
         "dp_algo": args.dp_algo,
         "allreduce_s": ring.time_at(eff["allreduce"]),
@@ -269,6 +294,7 @@ def cmd_iteration(args: argparse.Namespace) -> int:
         print(json.dumps(out))
         return 0
     down = f", {', '.join(fab.failed)} down" if fab.failed else ""
+    down += "".join(f", {el} at {f:.0%}" for el, f in fab.slowed)
     print(f"{fab.name}: one iteration ({out['scheme']}, {out['routing']}{down})")
     print(f"  DP all-reduce: {DP_ALGOS[args.dp_algo]}; EP all-to-all in groups of {args.ep_group}")
     print(collective_rows([(ring, t_ar), (a2a, t_aa)]))

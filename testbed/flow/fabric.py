@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -133,6 +134,7 @@ class Fabric:
     # links that carry nothing (`fail`: switches and cables down); None: all up
     down: np.ndarray | None = None
     failed: tuple[str, ...] = ()  # what `fail` took down, as named
+    slowed: tuple[tuple[str, float], ...] = ()  # what `slow` cut, as named, and to what
 
     @property
     def n_links(self) -> int:
@@ -401,62 +403,92 @@ def clos_switch_names(s: dict[str, int]) -> list[str]:
 # ---- failures -------------------------------------------------------------------------------
 
 
+def _element_links(fab: Fabric, el: str, option: str) -> tuple[np.ndarray, str]:
+    """The links of one named element, both directions, and what it is: a topology's link by
+    one of its ends (`leaf1:3`, on a fabric `from_spec`), the cables between two switches
+    (`p1l3-p1s2`), a GPU's NIC link (`h5g2`) or a switch (`p1s3`: its links but its NICs')."""
+    index = {name: fab.n_gpus + i for i, name in enumerate(fab.switch_names)}
+    touches_nic = (fab.link_kind == NIC_UP) | (fab.link_kind == NIC_DOWN)
+    if ":" in el and fab.end_names is not None:
+        if el not in fab.end_names:
+            raise FabricError(f"{option} {el}: no link of {fab.name} has that end")
+        i = fab.end_names.index(el)
+        hit = np.zeros(fab.n_links, dtype=bool)
+        hit[[i - i % 2, i - i % 2 + 1]] = True  # a cable's two directions, side by side
+        return hit, "nic" if touches_nic[hit].any() else "cable"
+    if "-" in el:
+        a_name, b_name = el.split("-", 1)
+        a, b = index.get(a_name), index.get(b_name)
+        if a is None or b is None:
+            raise FabricError(f"{option} {el}: a cable is SWITCH-SWITCH, both named in {fab.name}")
+        hit = ((fab.link_src == a) & (fab.link_dst == b)) | (
+            (fab.link_src == b) & (fab.link_dst == a)
+        )
+        if not hit.any():
+            raise FabricError(f"{option} {el}: no cable between {a_name} and {b_name}")
+        return hit, "cable"
+    gpu = _GPU_NAME.fullmatch(el)
+    if gpu is not None:
+        g = (int(gpu.group(1)) - 1) * fab.gpus_per_server + int(gpu.group(2))
+        if not 0 <= g < fab.n_gpus or int(gpu.group(2)) >= fab.gpus_per_server:
+            raise FabricError(f"{option} {el}: no such GPU in {fab.name}")
+        return ((fab.link_src == g) | (fab.link_dst == g)) & touches_nic, "nic"
+    n = index.get(el)
+    if n is None:
+        some = ", ".join(fab.switch_names[:: max(1, len(fab.switch_names) // 4)][:4])
+        raise FabricError(f"{option} {el}: no switch of that name in {fab.name} (e.g. {some})")
+    leaves = set(fab.link_dst[fab.link_kind == NIC_UP].tolist())
+    kind = "leaf" if n in leaves else "switch"
+    return ((fab.link_src == n) | (fab.link_dst == n)) & ~touches_nic, kind
+
+
+_GPU_NAME = re.compile(r"h(\d+)g(\d+)")
+
+
 def fail(fab: Fabric, elements: Sequence[str]) -> Fabric:
     """The fabric with `elements` down: a switch by name (`p1s3`, `p2d1a4`, `p1c5`, or a
     topology's `spine1`), every cable between two switches (`p1l3-p1s2`), or on a
     topology's fabric (`from_spec`) a link by one of its ends (`leaf1:3`, as `--faults`
-    names it). Their links
-    stay in the arrays (ids and capacities unchanged) and are marked `down`: routing leaves
-    them out as the controller's fail-over does (shortest paths over what is alive, ECMP over
-    the live next hops in port order). A leaf cannot fail here: it would cut off its NICs,
-    which no re-route can help (the hosts' side is not modelled)."""
+    names it). Their links stay in the arrays (ids and capacities unchanged) and are marked
+    `down`: routing leaves them out as the controller's fail-over does (shortest paths over
+    what is alive, ECMP over the live next hops in port order). A leaf or a NIC's link cannot
+    fail here: it would cut off NICs, which no re-route can help (the hosts' side is not
+    modelled)."""
     down = np.zeros(fab.n_links, dtype=bool) if fab.down is None else fab.down.copy()
-    index = {name: fab.n_gpus + i for i, name in enumerate(fab.switch_names)}
-    touches_nic = (fab.link_kind == NIC_UP) | (fab.link_kind == NIC_DOWN)
-    leaves = set(fab.link_dst[fab.link_kind == NIC_UP].tolist())
-
-    def node(name: str) -> int:
-        n = index.get(name)
-        if n is None:
-            some = ", ".join(fab.switch_names[:: max(1, len(fab.switch_names) // 4)][:4])
-            raise FabricError(f"--fail {name}: no switch of that name in {fab.name} (e.g. {some})")
-        if n in leaves:
+    for el in elements:
+        hit, kind = _element_links(fab, el, "--fail")
+        if kind in ("leaf", "nic"):
+            what = "a leaf" if kind == "leaf" else "a host's link"
             raise FabricError(
-                f"--fail {name}: a leaf; its NICs would be cut off, which no re-route helps "
+                f"--fail {el}: {what}; its NICs would be cut off, which no re-route helps "
                 "(fail a spine, aggregation or core switch, or a cable between switches)"
             )
-        return n
-
-    for el in elements:
-        if ":" in el and fab.end_names is not None:  # a topology's link by one of its ends
-            if el not in fab.end_names:
-                raise FabricError(f"--fail {el}: no link of {fab.name} has that end")
-            i = fab.end_names.index(el)
-            pair = [i - i % 2, i - i % 2 + 1]  # a cable's two directions, side by side
-            if touches_nic[pair].any():
-                raise FabricError(
-                    f"--fail {el}: a host's link; its NIC would be cut off, which no re-route "
-                    "helps (fail a link between switches, or a switch)"
-                )
-            down[pair] = True
-            continue
-        if "-" in el:
-            a_name, b_name = el.split("-", 1)
-            a, b = index.get(a_name), index.get(b_name)
-            if a is None or b is None:
-                raise FabricError(
-                    f"--fail {el}: a cable is SWITCH-SWITCH, both named in {fab.name}"
-                )
-            hit = ((fab.link_src == a) & (fab.link_dst == b)) | (
-                (fab.link_src == b) & (fab.link_dst == a)
-            )
-            if not hit.any():
-                raise FabricError(f"--fail {el}: no cable between {a_name} and {b_name}")
-        else:
-            n = node(el)
-            hit = ((fab.link_src == n) | (fab.link_dst == n)) & ~touches_nic
         down |= hit
     return replace(fab, down=down, failed=fab.failed + tuple(elements))
+
+
+def slow(fab: Fabric, cuts: Mapping[str, float]) -> Fabric:
+    """The fabric with links at a fraction of their rate: `{element: fraction}`, an element
+    a cable between switches (`p1l3-p1s2`, both directions), a GPU's NIC link (`h5g2`, both
+    directions) or on a topology's fabric a link by one of its ends as the packet engines'
+    faults name it (`leaf1:3`: what its switch ports send; `h3:0`: what that NIC sends); a
+    gray failure the routes do not see (the controller routes around what is down, not what
+    is slow)."""
+    cap = fab.link_cap.copy()
+    for el, frac in cuts.items():
+        if not 0 < frac <= 1:
+            raise FabricError(f"--slow {el}={frac:g}: a fraction of the rate in (0, 1]")
+        hit, kind = _element_links(fab, el, "--slow")
+        if kind in ("leaf", "switch"):
+            raise FabricError(f"--slow {el}: a switch; slow a cable or a NIC's link")
+        if ":" in el and fab.end_names is not None:
+            # as the packet engines' faults act: a link's switch ports (a host's NIC has no
+            # traffic manager), or, named by a host's end, that NIC's sending
+            i = fab.end_names.index(el)
+            by_host = fab.link_src < fab.n_gpus
+            hit &= np.arange(fab.n_links) == i if by_host[i] else ~by_host
+        cap[hit] *= frac
+    return replace(fab, link_cap=cap, slowed=fab.slowed + tuple(cuts.items()))
 
 
 # ---- what it is -----------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from testbed.experiment.suite import RunRecord, Suite, SuiteConfig
 from testbed.faults import Fault
 from testbed.flow import calibration
 from testbed.flow.collectives import model_link_latency, suite_collective
-from testbed.flow.fabric import Fabric, fail, from_spec
+from testbed.flow.fabric import Fabric, fail, from_spec, slow
 from testbed.model import Scaling
 from testbed.topo import FabricSpec, dump, parse_choice
 
@@ -62,9 +62,11 @@ class FlowSuite(Suite):
         self.scaling = Scaling(scale=1.0, max_hops=spec.longest_path_switches())
         self.hosts = []
         self.fab: Fabric = from_spec(spec, self.scaling.model.port_speed_gbps)
-        down = failed_elements(faults)
+        down, cuts = flow_faults(faults)
         if down:
             self.fab = fail(self.fab, down)
+        if cuts:
+            self.fab = slow(self.fab, _nic_links(spec, cuts))
 
     def _measure_base_rtt(self) -> float:
         return self.scaling.base_rtt_s  # the model's: a fluid model has no RTT to measure
@@ -72,6 +74,7 @@ class FlowSuite(Suite):
     def prepare(self) -> None:
         self.base_rtt_s = self.tita_t_s = self._measure_base_rtt()
         down = f"; down: {', '.join(self.fab.failed)}" if self.fab.failed else ""
+        down += "".join(f"; {el} at {f:.0%}" for el, f in self.fab.slowed)
         self.say(
             f"flow engine: {self.spec.name}, {self.fab.n_links} directed links; no RTT "
             f"is measured (the model's, 1 us){down}"
@@ -113,22 +116,42 @@ class FlowSuite(Suite):
         )
 
 
-def failed_elements(faults: Sequence[Fault]) -> list[str]:
-    """`--faults` as the flow engine takes them: links down and switches killed, for the
-    whole run (at 0), routed around as the controller's fail-over does; other kinds, and a
-    fault that comes later, have no meaning in a fluid model of one collective and are
-    refused."""
-    out = []
-    for f in faults:
-        if f.kind not in ("down", "kill") or f.at != 0:
-            raise UserError(
-                f"--faults {f.describe()} at {f.at:g} s: the flow engine takes links down "
-                "and switches killed from the start (at: 0), routed around as the "
-                "controller's fail-over does; loss, rate, delay, flaps and NIC faults run on "
-                "the packet engines"
-            )
-        out.append(f.target)
+def _nic_links(spec: FabricSpec, cuts: dict[str, float]) -> dict[str, float]:
+    """A host's NIC cut (`h3`) as each of its links, by the host's end (what it sends)."""
+    out = {}
+    for target, frac in cuts.items():
+        host = next((h for h in spec.hosts if h.name == target), None)
+        if host is None:
+            out[target] = frac
+            continue
+        for lk in spec.links:
+            for end in (lk.a, lk.b):
+                if end.node == host.name:
+                    out[str(end)] = frac
     return out
+
+
+def flow_faults(faults: Sequence[Fault]) -> tuple[list[str], dict[str, float]]:
+    """`--faults` as the flow engine takes them, for the whole run (at 0): links down and
+    switches killed (routed around as the controller's fail-over does), and links (by one
+    end) or hosts' NICs at a fraction of their rate (`rate`; a NIC's: each of its links).
+    Other kinds, and a fault that comes later, have no meaning in a fluid model of one
+    collective and are refused."""
+    down: list[str] = []
+    cuts: dict[str, float] = {}
+    for f in faults:
+        if f.kind not in ("down", "kill", "rate") or f.at != 0:
+            raise UserError(
+                f"--faults {f.describe()} at {f.at:g} s: the flow engine takes links down, "
+                "switches killed and rate cuts from the start (at: 0); loss, delay, flaps, "
+                "silent faults and NIC loss run on the packet engines"
+            )
+        if f.kind == "rate":
+            assert f.value is not None
+            cuts[f.target] = f.value
+        else:
+            down.append(f.target)
+    return down, cuts
 
 
 def run_flow(args: argparse.Namespace, cfg: SuiteConfig) -> int:
