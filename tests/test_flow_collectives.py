@@ -217,14 +217,14 @@ def test_flow_iteration_command(capsys: pytest.CaptureFixture[str]) -> None:
         ("down", ["--clos", "--fail", "p1d1a1,p1d2a1-p1c1"]),
         ("flat", ["--dp-algo", "flat"]),
         ("hier", ["--dp-algo", "hier"]),
-        ("slow", ["--clos", "--slow", "h3g2=25%"]),
+        ("slow", ["--clos", "--slow", "h3g2=10%"]),  # below the collisions' 80G share
     ]:
         assert main(base + extra) == 0
         runs[name] = json.loads(capsys.readouterr().out)
     assert runs["down"]["failed"] == ["p1d1a1", "p1d2a1-p1c1"]
     assert runs["spray"]["routing"] == "spray" and runs["spray"]["ring_collisions"]["excess"] == 0
     assert runs["spray"]["allreduce_s"] <= runs["ecmp"]["allreduce_s"]
-    assert runs["slow"]["slowed"] == {"h3g2": 0.25}
+    assert runs["slow"]["slowed"] == {"h3g2": 0.1}
     assert runs["slow"]["allreduce_s"] > runs["ecmp"]["allreduce_s"]
     assert runs["flat"]["dp_algo"] == "flat"
     # one DP group either way: the hierarchical one's rings are 8x shorter, on 1/8 shards
