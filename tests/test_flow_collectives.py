@@ -427,3 +427,23 @@ def test_rate_faults_on_the_flow_engine_as_the_packet_engines_set_them(tmp_path:
     assert times["nic"]["alltoall"] > 2 * times["whole"]["alltoall"]
     # a leaf uplink at a quarter: the all-to-all's cross-leaf half slows
     assert times["uplink"]["alltoall"] > 1.2 * times["whole"]["alltoall"]
+
+
+def test_the_adaptive_schedule_shares_the_data_by_the_rails_rates() -> None:
+    from testbed.flow.collectives import hier_allreduce
+    from testbed.flow.fabric import slow
+
+    fab = build_clos(ClosParams(64, **SMALL))  # 8 rails, rings of 8 servers
+    size = float(1 << 22)
+    whole = hier_allreduce(fab, size)
+    assert hier_allreduce(fab, size, adaptive=True).time_s == pytest.approx(whole.time_s)
+    cut = slow(fab, {"h3g2": 0.25})  # rail 2's ring at a quarter
+    static = hier_allreduce(cut, size)
+    adaptive = hier_allreduce(cut, size, adaptive=True)
+    net = whole.time_s - whole.scaleup_s - whole.latency_s + 2 * 7 * 2e-6  # its bandwidth part
+    bw = lambda r: r.time_s - r.scaleup_s - r.latency_s + 2 * 7 * 2e-6  # noqa: E731
+    assert bw(static) == pytest.approx(4 * net)  # a static split: the slow rail's ring ends last
+    assert bw(adaptive) == pytest.approx(8 / (7 + 1 / 4) * net)  # shares by rate: 8 / 7.25
+    plain = build_clos(ClosParams(128, tiers=3, rail=False, **SMALL))
+    with pytest.raises(ValueError, match="links of their own"):
+        hier_allreduce(plain, size, adaptive=True)

@@ -116,6 +116,12 @@ def add_parsers(sub: Any) -> None:
         help="; ".join(f"{k}: {v}" for k, v in DP_ALGOS.items()),
     )
     it.add_argument(
+        "--adaptive",
+        action="store_true",
+        help="with --dp-algo hier: the library's adaptive schedule, each rail's ring given "
+        "data in proportion to its rate (rail-optimized fabrics)",
+    )
+    it.add_argument(
         "--ep-bytes",
         type=float,
         default=float(256 << 20),
@@ -228,8 +234,17 @@ def cmd_iteration(args: argparse.Namespace) -> int:
     t_fab = time.perf_counter() - t0
     sym = not args.full
     lat = model_link_latency()
+    if args.adaptive and args.dp_algo != "hier":
+        raise ValueError("--adaptive: the hierarchical all-reduce's (--dp-algo hier)")
     if args.dp_algo == "hier":
-        ring = hier_allreduce(fab, args.dp_bytes, symmetric=sym, spray=args.spray, link_latency=lat)
+        ring = hier_allreduce(
+            fab,
+            args.dp_bytes,
+            symmetric=sym,
+            spray=args.spray,
+            link_latency=lat,
+            adaptive=args.adaptive,
+        )
     else:
         ring = ring_allreduce(
             fab,
@@ -260,6 +275,7 @@ def cmd_iteration(args: argparse.Namespace) -> int:
         "slowed": dict(fab.slowed),
         "routing": "spray" if args.spray else "ecmp",
         "dp_algo": args.dp_algo,
+        "adaptive": args.adaptive,
         "allreduce_s": ring.time_at(eff["allreduce"]),
         "allreduce_busbw_gbps": ring.busbw_bps * ring.time_s / ring.time_at(eff["allreduce"]) / 1e9,
         "allreduce_scaleup_s": ring.scaleup_s,

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -392,13 +392,20 @@ def hier_allreduce(
     symmetric: bool = True,
     spray: bool = False,
     link_latency: float = 0.0,
+    adaptive: bool = False,
 ) -> CollResult:
     """The collective library's hierarchical all-reduce over every GPU (`hier`): a ring
     reduce-scatter over each server's GPUs on the scale-up domain, then GPU g's shard of
     its server's sum all-reduced on rail g (a ring per rail, TCCL's channel per NIC rail),
     then a ring all-gather on the scale-up domain; the intra-server steps timed as the
     library times them (`nvlink_ring_time`: its step latency, the fabric's scale-up
-    bandwidth one way). On a packet engine's topology a host's NICs are its GPUs."""
+    bandwidth one way). On a packet engine's topology a host's NICs are its GPUs.
+
+    `adaptive`: the library's adaptive schedule at its best, every rail's ring given a share
+    of the data in proportion to the rate it runs at, so that all finish together (its
+    work-stealing gets within a few % of that on the packet engines, docs/collectives.md);
+    for rings on links of their own (a rail-optimized fabric), each computed alone. The
+    scale-up hops that move the shares between rails are not counted."""
     g = fab.gpus_per_server
     # a Clos built here has scale-up links; a packet engine's topology has none, and its
     # hosts' NVLink is the library's (what the packet engines time the steps with)
@@ -412,6 +419,8 @@ def hier_allreduce(
         spray=spray,
         link_latency=link_latency,
     )
+    if adaptive:
+        net = _share_by_rate(fab, net, bytes_per_gpu / g, spray, link_latency)
     total = 2 * intra + net.time_s
     n = fab.n_gpus
     return CollResult(
@@ -432,6 +441,29 @@ def hier_allreduce(
         link_bits=net.link_bits,  # the network's (the scale-up steps are not routed)
         held_by_network=net.held_by_network,
     )
+
+
+def _share_by_rate(
+    fab: Fabric, net: CollResult, shard: float, spray: bool, link_latency: float
+) -> CollResult:
+    """The rail rings' all-reduce with the data shared in proportion to each ring's rate:
+    every ring alone (each its bandwidth time for one shard), then the time at which their
+    rates together have moved all the shards."""
+    rings = rail_rings(fab)
+    alone = [
+        ring_allreduce(fab, [rg], shard, spray=spray, link_latency=link_latency) for rg in rings
+    ]
+    together = np.concatenate([rg for rg in rings])
+    used = [set(np.flatnonzero(r.link_bits)) for r in alone if r.link_bits is not None]
+    if sum(len(u) for u in used) != len(set().union(*used)) or len(together) != fab.n_gpus:
+        raise ValueError(
+            "the adaptive schedule is modelled for rings on links of their own "
+            "(a rail-optimized fabric), not for rings that share links"
+        )
+    bw = np.array([r.time_s - r.latency_s for r in alone])
+    t_bw = len(rings) / float(np.sum(1 / bw))  # all shards at the rings' rates together
+    latency = max(r.latency_s for r in alone)
+    return replace(net, time_s=t_bw + latency, latency_s=latency, shortcut="adaptive, rings alone")
 
 
 def flat_ring(fab: Fabric) -> list[np.ndarray]:
