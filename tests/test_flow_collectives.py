@@ -316,27 +316,41 @@ def test_sweep_on_the_flow_engine(tmp_path: Any, capsys: pytest.CaptureFixture[s
     assert "--engine flow runs allreduce, alltoall" in capsys.readouterr().err
 
 
-def test_run_on_the_flow_engine_with_a_spine_killed_and_a_link_down(tmp_path: Any) -> None:
+FLOW_RUN = ["run", "--engine", "flow", "--quick", "--topo", "leafspine:2,2,4"]
+FLOW_RUN += ["--schemes", "none", "--scenarios", "allreduce,alltoall"]
+
+
+def _flow_runs(tmp_path: Any, faults: dict[str, str | None]) -> dict[str, dict[str, float]]:
+    """The quick allreduce and alltoall on the flow engine under each fault (a YAML item, or
+    None for none): each scenario's completion time per name."""
     import json
 
     from testbed.main import main
 
-    argv = ["run", "--engine", "flow", "--quick", "--topo", "leafspine:2,2,4"]
-    argv += ["--schemes", "none", "--scenarios", "allreduce,alltoall"]
     times = {}
-    for name, fault in [
-        ("whole", None),
-        ("kill", "{at: 0, target: spine1, kind: kill}"),
-        ("down", "{at: 0, target: leaf1:5, kind: down}"),  # leaf1's uplink to spine1
-    ]:
+    for name, fault in faults.items():
         extra = []
         if fault:
             (tmp_path / f"{name}.yaml").write_text(f"- {fault}\n")
             extra = ["--faults", str(tmp_path / f"{name}.yaml")]
-        assert main([*argv, *extra, "--run-dir", str(tmp_path / name)]) == 0
+        assert main([*FLOW_RUN, *extra, "--run-dir", str(tmp_path / name)]) == 0
         doc = json.loads((tmp_path / name / "results.json").read_text())
         times[name] = {r["scenario"]: r["completion_s"] for r in doc["runs"]}
         assert len(doc["setup"]["faults"]) == (0 if fault is None else 1)
+    return times
+
+
+def test_run_on_the_flow_engine_with_a_spine_killed_and_a_link_down(tmp_path: Any) -> None:
+    from testbed.main import main
+
+    times = _flow_runs(
+        tmp_path,
+        {
+            "whole": None,
+            "kill": "{at: 0, target: spine1, kind: kill}",
+            "down": "{at: 0, target: leaf1:5, kind: down}",  # leaf1's uplink to spine1
+        },
+    )
     # the all-to-all's cross-leaf half loses one of two uplinks; the ring's two leaf-crossing
     # flows had an uplink each and keep one
     assert times["kill"]["alltoall"] > 1.3 * times["whole"]["alltoall"]
@@ -348,7 +362,15 @@ def test_run_on_the_flow_engine_with_a_spine_killed_and_a_link_down(tmp_path: An
     ):
         (tmp_path / "bad.yaml").write_text(f"- {bad}\n")
         assert (
-            main([*argv, "--faults", str(tmp_path / "bad.yaml"), "--run-dir", str(tmp_path / "b")])
+            main(
+                [
+                    *FLOW_RUN,
+                    "--faults",
+                    str(tmp_path / "bad.yaml"),
+                    "--run-dir",
+                    str(tmp_path / "b"),
+                ]
+            )
             == 1
         )
 
@@ -403,25 +425,14 @@ def test_a_slow_nic_holds_its_ring_and_every_ring_waits() -> None:
 
 
 def test_rate_faults_on_the_flow_engine_as_the_packet_engines_set_them(tmp_path: Any) -> None:
-    import json
-
-    from testbed.main import main
-
-    argv = ["run", "--engine", "flow", "--quick", "--topo", "leafspine:2,2,4"]
-    argv += ["--schemes", "none", "--scenarios", "allreduce,alltoall"]
-    times = {}
-    for name, fault in [
-        ("whole", None),
-        ("uplink", "{at: 0, target: leaf1:5, kind: rate, value: 25%}"),
-        ("nic", "{at: 0, target: h1, kind: rate, value: 25%}"),
-    ]:
-        extra = []
-        if fault:
-            (tmp_path / f"{name}.yaml").write_text(f"- {fault}\n")
-            extra = ["--faults", str(tmp_path / f"{name}.yaml")]
-        assert main([*argv, *extra, "--run-dir", str(tmp_path / name)]) == 0
-        doc = json.loads((tmp_path / name / "results.json").read_text())
-        times[name] = {r["scenario"]: r["completion_s"] for r in doc["runs"]}
+    times = _flow_runs(
+        tmp_path,
+        {
+            "whole": None,
+            "uplink": "{at: 0, target: leaf1:5, kind: rate, value: 25%}",
+            "nic": "{at: 0, target: h1, kind: rate, value: 25%}",
+        },
+    )
     # h1's NIC sends at a quarter: the ring waits for its hop; the all-to-all for its flows
     assert times["nic"]["allreduce"] > 3 * times["whole"]["allreduce"]
     assert times["nic"]["alltoall"] > 2 * times["whole"]["alltoall"]
