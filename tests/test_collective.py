@@ -157,12 +157,20 @@ def test_plans_respect_causality() -> None:
 
 
 def test_double_binary_tree_leaves_are_inner_nodes_of_the_other() -> None:
-    n = 8
-    a = plan._tree(list(range(n)))
-    b = plan._tree([(r + 1) % n for r in range(n)])
-    leaves_a = set(range(n)) - set(a.values())
-    inner_b = set(b.values())
-    assert len(leaves_a & inner_b) >= len(leaves_a) - 1
+    # NCCL's trees: two children at most per rank over both trees (an inner node of one is a
+    # leaf of the other, or, n odd, rank 0 a one-child node of each), so at most twice its
+    # share of the buffer moved
+    for n in range(2, 40):
+        a, b = plan.double_binary_trees(n)
+        for t in (a, b):
+            assert len(t) == n - 1 and sum(1 for r in range(n) if r not in t) == 1  # one root
+        kids = list(a.values()) + list(b.values())
+        assert max(kids.count(r) for r in range(n)) <= 2, n
+    assert plan.double_binary_trees(8)[0] == {1: 2, 2: 4, 3: 2, 4: 0, 5: 6, 6: 4, 7: 6}
+    sent: dict[int, int] = {}
+    for x in plan.build(plan.PlanSpec("allreduce", "tree", 8, 1 << 16, 1, 1 << 12)):
+        sent[x.src] = sent.get(x.src, 0) + x.nbytes
+    assert max(sent.values()) <= 2 * (1 << 16) * 4  # twice the buffer (float32 elements)
 
 
 def test_bad_specs_are_refused() -> None:

@@ -147,24 +147,32 @@ def _ring_all_gather(
         last = now
 
 
-def _tree(ranks: list[int]) -> dict[int, int]:
-    """A balanced binary tree over `ranks` in in-order layout: child -> parent (the root is
-    absent). In-order layout puts the leaves at every other position, so the same layout
-    shifted by one makes the leaves of one tree inner nodes of the other (NCCL's double
-    binary tree)."""
+def _btree(n: int) -> dict[int, int]:
+    """NCCL's binary tree over ranks 0..n-1 (child -> parent; `ncclGetBtree` in its
+    src/graph/trees.cc): rank r's parent from its lowest set bit, (r ^ bit) | (bit << 1), or
+    r ^ bit where that is out of range; rank 0 is the root, with one child. Leaves and inner
+    nodes alternate (the odd ranks are leaves)."""
     parent: dict[int, int] = {}
-
-    def build(lo: int, hi: int, up: int | None) -> None:
-        if lo >= hi:
-            return
-        mid = (lo + hi) // 2
-        if up is not None:
-            parent[ranks[mid]] = up
-        build(lo, mid, ranks[mid])
-        build(mid + 1, hi, ranks[mid])
-
-    build(0, len(ranks), None)
+    for r in range(1, n):
+        bit = 1
+        while bit < n and not bit & r:
+            bit <<= 1
+        up = (r ^ bit) | (bit << 1)
+        parent[r] = up if up < n else r ^ bit
     return parent
+
+
+def double_binary_trees(n: int) -> list[dict[int, int]]:
+    """NCCL's double binary tree (`ncclGetDtree`): the binary tree, and the same mirrored
+    (rank r as n - 1 - r) when n is even or shifted by one when n is odd, so that every rank
+    is an inner node of at most one of the two and sends and receives at most twice its share
+    of the buffer."""
+    first = _btree(n)
+    if n % 2:
+        second = {(c + 1) % n: (p + 1) % n for c, p in first.items()}
+    else:
+        second = {n - 1 - c: n - 1 - p for c, p in first.items()}
+    return [first, second]
 
 
 def _tree_all_reduce(
@@ -231,7 +239,7 @@ def build(spec: PlanSpec) -> list[Transfer]:
             done = _ring_reduce_scatter(b, segs, ring, i % k)
             _ring_all_gather(b, segs, ring, i % k, done)
     elif spec.collective == "allreduce" and spec.algorithm == "tree":
-        trees = [_tree(ring), _tree([(r + 1) % n for r in ring])]
+        trees = double_binary_trees(n)
         for i, (lo, hi) in enumerate(pieces(0, count, per_msg, 2 * k)):
             _tree_all_reduce(b, lo, hi, trees[i % 2], n, (i // 2) % k)
     elif spec.collective == "allreduce":  # hier: GPU g's shard of the host sum on rail g
