@@ -171,6 +171,14 @@ def _nth(ok: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.argmax(np.cumsum(ok, axis=1) > pick[:, None], axis=1), count
 
 
+def _pick(h: np.ndarray, size: int, live: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """An ECMP choice among `size` members: h % size, or with links down among the live
+    ones (`live`: flows x members); and how many there were."""
+    if live is None:
+        return h % size, np.full(len(h), size)
+    return _nth(live, h)
+
+
 class NoPathError(ValueError):
     """A flow with no shortest path left under the fabric's failures."""
 
@@ -291,13 +299,10 @@ def _route_clos(fab: Fabric, src: np.ndarray, dst: np.ndarray, h: np.ndarray) ->
     mu, mc = up // aggs, au // cores if cores else 1
     dead = _dead(fab)
     live = _Live(fab, dead) if dead is not None else None
-    if live is None:
-        k1, n_up = hh % up, np.full(len(hh), up)
-        per_agg: np.ndarray | None = None
-    else:
-        ok = _leaf_ok(fab, e, live, src, dst)
-        k1, n_up = _nth(ok, hh)
-        per_agg = np.asarray(ok[cross].reshape(-1, mu, aggs).any(axis=1))
+
+    ok = None if live is None else _leaf_ok(fab, e, live, src, dst)
+    k1, n_up = _pick(hh, up, ok)
+    per_agg = None if ok is None else np.asarray(ok[cross].reshape(-1, mu, aggs).any(axis=1))
     ag = k1 % aggs
     up1 = s["b_leaf_up"] + la * up + k1
     paths[rows[cross], 3] = up1[cross]
@@ -313,12 +318,8 @@ def _route_clos(fab: Fabric, src: np.ndarray, dst: np.ndarray, h: np.ndarray) ->
     chosen.append(up1[cross])
     sizes.append(n_up[cross])
     # down from agg ag (of the destination's pod) to leaf lb: its parallel links
-    if live is None:
-        j, n_par = hh % mu, np.full(len(hh), mu)
-    else:
-        j, n_par = _nth(
-            ~live.dead[s["b_leaf_down"] + (lb * up + ag)[:, None] + aggs * np.arange(mu)], hh
-        )
+    par = s["b_leaf_down"] + (lb * up + ag)[:, None] + aggs * np.arange(mu)
+    j, n_par = _pick(hh, mu, None if live is None else ~live.dead[par])
     down_link = s["b_leaf_down"] + lb * up + ag + aggs * j
     paths[rows[cross], 6] = down_link[cross]
     agg_b = s["agg_node"] + e.base_b + ag
@@ -328,13 +329,9 @@ def _route_clos(fab: Fabric, src: np.ndarray, dst: np.ndarray, h: np.ndarray) ->
     if far.any():
         agg_a_flat, agg_b_flat = (e.base_a + ag)[far], (e.base_b + ag)[far]
         hf = hh[far]
-        if live is None:
-            k2, n_core = hf % au, np.full(len(hf), au)
-            per_core: np.ndarray | None = None
-        else:
-            ok2 = _core_ok(fab, live, agg_a_flat, agg_b_flat)
-            k2, n_core = _nth(ok2, hf)
-            per_core = np.asarray(ok2.reshape(-1, mc, cores).any(axis=1))
+        ok2 = None if live is None else _core_ok(fab, live, agg_a_flat, agg_b_flat)
+        k2, n_core = _pick(hf, au, ok2)
+        per_core = None if ok2 is None else np.asarray(ok2.reshape(-1, mc, cores).any(axis=1))
         up2 = s["b_agg_up"] + agg_a_flat * au + k2
         paths[rows[far], 4] = up2
         groups.append(
@@ -349,13 +346,8 @@ def _route_clos(fab: Fabric, src: np.ndarray, dst: np.ndarray, h: np.ndarray) ->
         chosen.append(up2)
         sizes.append(n_core)
         core = k2 % cores
-        if live is None:
-            m, n_par2 = hf % mc, np.full(len(hf), mc)
-        else:
-            ms = np.arange(mc)
-            m, n_par2 = _nth(
-                ~live.dead[s["b_agg_down"] + (agg_b_flat * au + core)[:, None] + cores * ms], hf
-            )
+        par2 = s["b_agg_down"] + (agg_b_flat * au + core)[:, None] + cores * np.arange(mc)
+        m, n_par2 = _pick(hf, mc, None if live is None else ~live.dead[par2])
         down2 = s["b_agg_down"] + agg_b_flat * au + core + cores * m
         paths[rows[far], 5] = down2
         core_node = s["core_node"] + (e.plane[far] * aggs + ag[far]) * cores + core
