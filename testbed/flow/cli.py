@@ -19,6 +19,7 @@ from typing import Any
 
 from testbed.experiment.machine import provenance
 from testbed.experiment.rundir import new_run_dir
+from testbed.faults import parse_value
 from testbed.flow import calibration
 from testbed.flow.collectives import (
     alltoall,
@@ -210,12 +211,13 @@ def _cuts(text: str) -> dict[str, float]:
     out = {}
     for part in (p.strip() for p in text.split(",") if p.strip()):
         el, eq, val = part.partition("=")
-        try:
-            frac = float(val[:-1]) / 100 if val.endswith("%") else float(val)
-        except ValueError:
-            frac = -1.0
-        if not eq or not el or frac <= 0:
+        if not eq or not el:
             raise ValueError(f"--slow {part}: ELEMENT=FRACTION (0.25 or 25%)")
+        try:  # the faults' rate: a percentage, or a fraction
+            frac = parse_value("rate", val if val.endswith("%") else float(val))
+        except ValueError as exc:
+            raise ValueError(f"--slow {part}: {exc}") from None
+        assert frac is not None  # a rate always has a value
         out[el] = frac
     return out
 
@@ -277,7 +279,7 @@ def cmd_iteration(args: argparse.Namespace) -> int:
         "dp_algo": args.dp_algo,
         "adaptive": args.adaptive,
         "allreduce_s": ring.time_at(eff["allreduce"]),
-        "allreduce_busbw_gbps": ring.busbw_bps * ring.time_s / ring.time_at(eff["allreduce"]) / 1e9,
+        "allreduce_busbw_gbps": ring.busbw_at(ring.time_at(eff["allreduce"])) / 1e9,
         "allreduce_scaleup_s": ring.scaleup_s,
         "allreduce_latency_s": ring.latency_s,
         "allreduce_shortcut": ring.shortcut,
@@ -285,8 +287,8 @@ def cmd_iteration(args: argparse.Namespace) -> int:
         "ring_collisions": ring.collisions,
         "allreduce_held_by_network": ring.held_by_network,
         "alltoall_held_by_network": a2a.held_by_network,
-        "alltoall_s": a2a.time_s / eff["alltoall"],
-        "alltoall_busbw_gbps": a2a.busbw_bps * eff["alltoall"] / 1e9,
+        "alltoall_s": a2a.time_at(eff["alltoall"]),
+        "alltoall_busbw_gbps": a2a.busbw_at(a2a.time_at(eff["alltoall"])) / 1e9,
         "alltoall_shortcut": a2a.shortcut,
         "alltoall_flows_computed": a2a.flows_computed,
         "wall_fabric_s": round(t_fab, 3),

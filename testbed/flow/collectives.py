@@ -83,6 +83,10 @@ class CollResult:
     # NIC, sets their rate): where congestion control acts (`calibration`'s congested fit)
     held_by_network: bool = False
 
+    def busbw_at(self, time_s: float) -> float:
+        """The bus bandwidth (b/s) had the collective taken `time_s`."""
+        return self.busbw_bps * self.time_s / time_s if time_s else 0.0
+
     def time_at(self, efficiency: float) -> float:
         """The time under a scheme whose efficiency on the network is `efficiency` (the
         scale-up domain's steps are not the network's)."""
@@ -453,9 +457,8 @@ def _share_by_rate(
     alone = [
         ring_allreduce(fab, [rg], shard, spray=spray, link_latency=link_latency) for rg in rings
     ]
-    together = np.concatenate([rg for rg in rings])
     used = [set(np.flatnonzero(r.link_bits)) for r in alone if r.link_bits is not None]
-    if sum(len(u) for u in used) != len(set().union(*used)) or len(together) != fab.n_gpus:
+    if sum(len(u) for u in used) != len(set().union(*used)):
         raise ValueError(
             "the adaptive schedule is modelled for rings on links of their own "
             "(a rail-optimized fabric), not for rings that share links"

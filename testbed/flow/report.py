@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from testbed.collective.metrics import fmt_size
 from testbed.flow.collectives import CollResult
 from testbed.flow.fabric import KIND_NAMES, SCALEUP, Fabric
 
@@ -94,9 +95,9 @@ def collective_rows(results: list[tuple[CollResult, float]]) -> str:
     lines = [head]
     for res, t in results:
         algbw = res.bytes_per_rank / t / 1e9
-        busbw = res.busbw_bps * res.time_s / t / 8e9
+        busbw = res.busbw_at(t) / 8e9
         lines.append(
-            f" {res.collective:>10} {_size(res.bytes_per_rank):>10} {res.ranks:>7} "
+            f" {res.collective:>10} {fmt_size(int(res.bytes_per_rank)):>10} {res.ranks:>7} "
             f"{t * 1e3:>10.2f} {algbw:>12.2f} {busbw:>12.2f} {res.latency_s * 1e3:>12.3f} "
             f"{res.flows_computed:>9}"
         )
@@ -117,10 +118,3 @@ def load_lines(load: LinkLoad) -> list[str]:
     hot = ", ".join(f"{h['link']} {h['util']:.0%}" for h in load.hottest[:5])
     lines.append(f"    hottest: {hot}")
     return lines
-
-
-def _size(b: float) -> str:
-    for unit, f in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if b >= f:
-            return f"{b / f:g} {unit}"
-    return f"{b:g} B"
