@@ -25,7 +25,7 @@ from testbed.errors import UserError
 from testbed.experiment.rundir import new_run_dir
 from testbed.experiment.schemes import cc_profile_name
 from testbed.experiment.suite import RunRecord, Suite, SuiteConfig
-from testbed.faults import Fault
+from testbed.faults import Fault, target_class
 from testbed.flow import calibration
 from testbed.flow.collectives import model_link_latency, suite_collective
 from testbed.flow.fabric import Fabric, fail, from_spec, slow
@@ -62,11 +62,11 @@ class FlowSuite(Suite):
         self.scaling = Scaling(scale=1.0, max_hops=spec.longest_path_switches())
         self.hosts = []
         self.fab: Fabric = from_spec(spec, self.scaling.model.port_speed_gbps)
-        down, cuts = flow_faults(faults)
+        down, cuts = flow_faults(spec, faults)
         if down:
             self.fab = fail(self.fab, down)
         if cuts:
-            self.fab = slow(self.fab, _nic_links(spec, cuts))
+            self.fab = slow(self.fab, cuts)
 
     def _measure_base_rtt(self) -> float:
         return self.scaling.base_rtt_s  # the model's: a fluid model has no RTT to measure
@@ -116,41 +116,29 @@ class FlowSuite(Suite):
         )
 
 
-def _nic_links(spec: FabricSpec, cuts: dict[str, float]) -> dict[str, float]:
-    """A host's NIC cut (`h3`) as each of its links, by the host's end (what it sends)."""
-    out = {}
-    for target, frac in cuts.items():
-        host = next((h for h in spec.hosts if h.name == target), None)
-        if host is None:
-            out[target] = frac
-            continue
-        for lk in spec.links:
-            for end in (lk.a, lk.b):
-                if end.node == host.name:
-                    out[str(end)] = frac
-    return out
-
-
-def flow_faults(faults: Sequence[Fault]) -> tuple[list[str], dict[str, float]]:
+def flow_faults(spec: FabricSpec, faults: Sequence[Fault]) -> tuple[list[str], dict[str, float]]:
     """`--faults` as the flow engine takes them, for the whole run (at 0): links down and
     switches killed (routed around as the controller's fail-over does), and links (by one
-    end) or hosts' NICs at a fraction of their rate (`rate`; a NIC's: each of its links).
-    Other kinds, and a fault that comes later, have no meaning in a fluid model of one
-    collective and are refused."""
+    end) or hosts' NICs (each NIC's own end: what it sends) at a fraction of their rate.
+    Other kinds, a NIC down, and a fault that comes later have no meaning in a fluid model
+    of one collective and are refused."""
     down: list[str] = []
     cuts: dict[str, float] = {}
     for f in faults:
-        if f.kind not in ("down", "kill", "rate") or f.at != 0:
+        cls = target_class(spec, f.target)
+        if f.kind not in ("down", "kill", "rate") or f.at != 0 or (cls, f.kind) == ("nic", "down"):
             raise UserError(
                 f"--faults {f.describe()} at {f.at:g} s: the flow engine takes links down, "
                 "switches killed and rate cuts from the start (at: 0); loss, delay, flaps, "
-                "silent faults and NIC loss run on the packet engines"
+                "silent faults and a NIC's loss or down run on the packet engines"
             )
-        if f.kind == "rate":
-            assert f.value is not None
-            cuts[f.target] = f.value
-        else:
+        if f.kind != "rate":
             down.append(f.target)
+            continue
+        assert f.value is not None
+        nics = range(len(spec.host(f.target).nics)) if cls == "nic" else None
+        for end in [f.target] if nics is None else [f"{f.target}:{i}" for i in nics]:
+            cuts[end] = f.value
     return down, cuts
 
 
