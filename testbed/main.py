@@ -16,7 +16,8 @@
     xingmai-testbed flow-iteration --gpus 131072 --tiers 3   # one iteration on it
     xingmai-testbed calibrate-flow --scheme tita  # fit the flow engine on the twin
 
-Topologies: `single[:H]`, `leafspine[:L,S,H]`, `rail[:K,H,S]` or a YAML file (testbed.topo).
+Topologies: `single[:H]`, `leafspine[:L,S,H]`, `crossed[:L,S,H]`, `rail[:K,H,S]` or a YAML file
+(testbed.topo).
 The emulation (`--engine emu`, the default) needs root; everything it starts it stops, on
 exit, error, Ctrl-C or SIGTERM. The simulated twin (`--engine sim`, testbed.sim) runs the same
 suite in one process under a virtual clock, without root.
@@ -51,7 +52,8 @@ def _common(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--topo",
         default=DEFAULT_TOPO,
-        help=f"single[:H], leafspine[:L,S,H], rail[:K,H,S] or a YAML file (default {DEFAULT_TOPO})",
+        help=f"single[:H], leafspine[:L,S,H], crossed[:L,S,H], rail[:K,H,S] or a YAML file "
+        f"(default {DEFAULT_TOPO})",
     )
     ap.add_argument(
         "--switch",
@@ -147,6 +149,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_cc_arguments(run)
     run.add_argument("--quick", action="store_true", help="a shorter suite")
+    run.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a numeric suite parameter set otherwise than the suite (or --quick) has it, e.g. "
+        "allreduce_bytes=16777216 (repeatable; recorded in results.json's setup.suite)",
+    )
     run.add_argument(
         "--engine",
         choices=["emu", "sim", "flow"],
@@ -271,7 +281,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         write_results,
     )
     from testbed.experiment.schemes import DEFAULT_SCHEMES, SCHEMES, cc_config, lossless
-    from testbed.experiment.suite import ALL_SCENARIOS, SCENARIOS, SuiteConfig
+    from testbed.experiment.suite import ALL_SCENARIOS, SCENARIOS, SuiteConfig, suite_param
 
     schemes = tuple(s for s in args.schemes.split(",") if s) if args.schemes else DEFAULT_SCHEMES
     scenarios = tuple(s for s in args.scenarios.split(",") if s) if args.scenarios else SCENARIOS
@@ -312,11 +322,22 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(exc, file=sys.stderr)
         return 2
     base = SuiteConfig.quick() if args.quick else SuiteConfig()
+    try:
+        params = {}
+        for item in args.param:
+            name, eq, value = item.partition("=")
+            if not eq:
+                raise ValueError(f"--param {item}: NAME=VALUE")
+            params[name] = suite_param(name, value)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     if args.flows is not None:
         scenarios = ("flows",)
     cfg = SuiteConfig(
         **{
             **base.__dict__,
+            **params,
             "schemes": schemes,
             "scenarios": scenarios,
             "seed": args.seed,

@@ -15,7 +15,6 @@ point.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 import sys
@@ -27,7 +26,7 @@ from typing import Any
 from testbed.experiment.machine import provenance
 from testbed.experiment.rundir import new_run_dir
 from testbed.experiment.schemes import SCHEMES
-from testbed.experiment.suite import Suite, SuiteConfig
+from testbed.experiment.suite import Suite, SuiteConfig, suite_param
 from testbed.model import Scaling
 from testbed.topo import FabricSpec, parse_choice
 
@@ -76,24 +75,13 @@ def run_point(
     return [r.summary() for r in ENGINES[engine](spec, scaling, cfg).run()]
 
 
-def _value(field: dataclasses.Field[Any], text: str) -> Any:
-    kind = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", "")
-    if "int" in kind and "float" not in kind:
-        return int(float(text))
-    if "float" in kind:
-        return float(text)
-    raise ValueError(f"--param {field.name}: only numeric suite parameters can be swept")
-
-
 def parse_param(text: str | None) -> tuple[str, list[Any]]:
     if not text:
         return "", [None]
     name, _, values = text.partition("=")
-    fields = {f.name: f for f in dataclasses.fields(SuiteConfig)}
-    if name not in fields or not values:
-        known = ", ".join(f for f in fields if f not in ("schemes", "scenarios", "seed"))
-        raise ValueError(f"--param NAME=V1,V2,...: NAME is one of {known}")
-    return name, [_value(fields[name], v) for v in values.split(",") if v]
+    if not values:
+        raise ValueError("--param NAME=V1,V2,...: a suite parameter and its values")
+    return name, [suite_param(name, v) for v in values.split(",") if v]
 
 
 def aggregate(points: list[dict[str, Any]]) -> dict[tuple[Any, str, str], dict[str, Any]]:
@@ -190,7 +178,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             )
         for scheme in schemes:
             for scenario in scenarios:
-                calibration.efficiency(scheme, scenario)
+                calibration.require(scheme, scenario)
     base = SuiteConfig.quick() if args.quick else SuiteConfig()
     grid = []
     for value in values:

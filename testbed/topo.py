@@ -262,19 +262,30 @@ def leafspine(leaves: int = 2, spines: int = 2, hosts_per_leaf: int = 4) -> Fabr
     """L leaves, S spines, H hosts per leaf. Host j of leaf i is 10.0.i.j on leaf port j;
     leaf i's uplink to spine k is port H+k (spine port i); the collector is on leaf1's port
     H+S+1."""
+    return _leafspine("leafspine", leaves, spines, hosts_per_leaf)
+
+
+def crossed(leaves: int = 2, spines: int = 1, hosts_per_leaf: int = 4) -> FabricSpec:
+    """The leaf-spine with its hosts numbered round the leaves (h1 on leaf1, h2 on leaf2,
+    ...; addresses and ports as `leafspine`), so that a ring in host order crosses the spines
+    at every hop: with one spine, H ring flows share each leaf's uplink, the ECMP collision
+    of a large Clos (docs/flow.md) in miniature."""
+    return _leafspine("crossed", leaves, spines, hosts_per_leaf)
+
+
+def _leafspine(kind: str, leaves: int, spines: int, hosts_per_leaf: int) -> FabricSpec:
     if not (1 <= leaves <= 99 and 1 <= spines <= 99 and 1 <= hosts_per_leaf <= 200):
-        raise TopologyError("leafspine: 1..99 leaves and spines, 1..200 hosts per leaf")
+        raise TopologyError(f"{kind}: 1..99 leaves and spines, 1..200 hosts per leaf")
     if leaves * hosts_per_leaf < 2:
-        raise TopologyError("leafspine: at least two hosts")
+        raise TopologyError(f"{kind}: at least two hosts")
     sw = _switches(
         [f"leaf{i}" for i in range(1, leaves + 1)] + [f"spine{k}" for k in range(1, spines + 1)]
     )
     hosts: list[HostSpec] = []
     links: list[LinkSpec] = []
-    n = 0
     for i in range(1, leaves + 1):
         for j in range(1, hosts_per_leaf + 1):
-            n += 1
+            n = (j - 1) * leaves + i if kind == "crossed" else (i - 1) * hosts_per_leaf + j
             ip = f"10.0.{i}.{j}"
             hosts.append(HostSpec(f"h{n}", (NicSpec(ip, _host_mac(ip)),)))
             links.append(LinkSpec(End(f"h{n}", 0), End(f"leaf{i}", j)))
@@ -282,9 +293,9 @@ def leafspine(leaves: int = 2, spines: int = 2, hosts_per_leaf: int = 4) -> Fabr
         for k in range(1, spines + 1):
             links.append(LinkSpec(End(f"leaf{i}", hosts_per_leaf + k), End(f"spine{k}", i)))
     return FabricSpec(
-        f"leafspine-{leaves}x{spines}x{hosts_per_leaf}",
+        f"{kind}-{leaves}x{spines}x{hosts_per_leaf}",
         sw,
-        tuple(hosts),
+        tuple(sorted(hosts, key=lambda h: int(h.name[1:]))),
         tuple(links),
         End("leaf1", hosts_per_leaf + spines + 1),
     )
@@ -321,7 +332,7 @@ def rail(nics: int = 2, hosts: int = 4, spines: int = 1) -> FabricSpec:
     )
 
 
-BUILDERS = {"single": single, "leafspine": leafspine, "rail": rail}
+BUILDERS = {"single": single, "leafspine": leafspine, "crossed": crossed, "rail": rail}
 
 
 # ---- YAML -----------------------------------------------------------------------------------
@@ -475,4 +486,6 @@ def parse_choice(text: str) -> FabricSpec:
             raise TopologyError(f"{text!r}: too many arguments for {kind}") from None
     if Path(text).exists():
         return load(text)
-    raise TopologyError(f"{text!r}: not single[:H], leafspine[:L,S,H], rail[:K,H,S] or a YAML file")
+    raise TopologyError(
+        f"{text!r}: not single[:H], leafspine[:L,S,H], crossed[:L,S,H], rail[:K,H,S] or a YAML file"
+    )

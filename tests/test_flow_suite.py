@@ -33,12 +33,17 @@ def test_run_engine_flow_writes_the_results(tmp_path: Path) -> None:
     assert doc["setup"]["engine"] == "flow"
     runs = {(r["scheme"], r["scenario"]): r for r in doc["runs"]}
     assert set(runs) == {(s, c) for s in ("none", "tita") for c in ("allreduce", "alltoall")}
+    applied = doc["setup"]["flow_efficiency"]
     for (scheme, coll), r in runs.items():
-        eff = calibration.efficiency(scheme, coll)
+        got = applied[scheme][coll]
         fitted = calibration.load()["schemes"][scheme][coll]["fitted_on"]
-        # the default topology and quick sizes are what it was fitted on: the twin's time
-        assert r["completion_s"] == pytest.approx(fitted["ideal_time_s"] / eff)
-        assert r["completion_s"] == pytest.approx(fitted["twin_time_s"], rel=1e-3)
+        assert r["completion_s"] == pytest.approx(fitted["ideal_time_s"] / got["efficiency"])
+        if coll == "allreduce":  # the NICs set its rates: the free fit, made on this run
+            assert got["regime"] == "free"
+            assert got["efficiency"] == calibration.efficiency(scheme, coll)
+            assert r["completion_s"] == pytest.approx(fitted["twin_time_s"], rel=1e-3)
+        else:  # the network holds the all-to-all's last flows (ECMP collisions): congested
+            assert fitted["held_by_network"] and got["regime"] == "congested"
         assert r["queue_samples"] == 0 and r["correct"] is None
 
 
@@ -81,3 +86,75 @@ def test_a_cc_profile_other_than_the_fits_is_refused(tmp_path: Path) -> None:
     assert calibration.fitted_profile("dcqcn", recorded) == "dcqcn-paper"
     with pytest.raises(UserError, match="does not say its CC profile"):
         calibration.fitted_profile("dcqcn", {"twin_command": "run --cc-profile dcqcn-paper"})
+
+
+def _point(ideal_s: float, eff: float) -> dict[str, object]:
+    return {"efficiency": eff, "fitted_on": {"ideal_time_s": ideal_s}}
+
+
+def test_the_congested_efficiency_by_the_collectives_ideal_time() -> None:
+    points = [_point(1e-4, 0.5), _point(1e-5, 0.9)]  # in any order
+    mid = calibration.congested_efficiency(points, 10**-4.5)  # halfway in the logarithm
+    assert mid.efficiency == pytest.approx(0.7) and mid.regime == "congested" and not mid.note
+    assert calibration.congested_efficiency(points, 1e-4).efficiency == 0.5
+    beyond = calibration.congested_efficiency(points, 0.181)
+    assert beyond.efficiency == 0.5
+    assert (
+        beyond.note
+        == "held 181 ms ideally, beyond the congested fit's 10 us-100 us: the efficiency at 100 us"
+    )
+    below = calibration.congested_efficiency(points, 1e-6)
+    assert below.efficiency == 0.9 and "the efficiency at 10 us" in below.note
+
+
+def test_a_collective_the_network_holds_takes_the_congested_fit(tmp_path: Path) -> None:
+    from testbed.flow.collectives import CollResult
+
+    path = tmp_path / "calibration.yaml"
+    path.write_text(
+        json.dumps(
+            {
+                "format": calibration.FORMAT,
+                "schemes": {
+                    "tita": {
+                        "allreduce": {
+                            "efficiency": 0.95,
+                            "congested": {"points": [_point(1e-5, 0.9), _point(1e-4, 0.8)]},
+                        },
+                        "alltoall": {"efficiency": 0.9},
+                    }
+                },
+            }
+        )
+    )
+
+    def result(held: bool, coll: str = "allreduce") -> CollResult:
+        return CollResult(coll, 8, 1 << 20, 1e-4, 1.0, 14, 8, 1, "", held_by_network=held)
+
+    free = calibration.applied("tita", "allreduce", result(False), path)
+    assert (free.efficiency, free.regime) == (0.95, "free")
+    held = calibration.applied("tita", "allreduce", result(True), path)
+    assert (held.efficiency, held.regime) == (0.8, "congested")
+    assert (
+        calibration.applied("tita", "alltoall", result(False, "alltoall"), path).efficiency == 0.9
+    )
+    with pytest.raises(
+        UserError, match="where the network holds it .*calibrate-flow --scheme tita"
+    ):
+        calibration.applied("tita", "alltoall", result(True, "alltoall"), path)
+    with pytest.raises(UserError, match="calibrate-flow --scheme tita"):
+        calibration.require("tita", "alltoall", path)
+    calibration.require("tita", "allreduce", path)
+
+
+def test_run_sets_a_suite_parameter(tmp_path: Path) -> None:
+    argv = ["run", "--engine", "flow", "--quick", "--schemes", "none", "--scenarios", "allreduce"]
+    argv += ["--run-dir", str(tmp_path), "--param", "allreduce_bytes=2097152"]
+    assert main(argv) == 0
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert doc["setup"]["suite"]["allreduce_bytes"] == 2 << 20
+    assert doc["setup"]["suite"]["alltoall_bytes"] == 256 << 10  # the quick suite's
+    [run] = doc["runs"]
+    assert run["busbw_bps"] > 0
+    for bad in ("allreduce_bytes=x", "seed=3", "allreduce_bytes", "nonsense=1"):
+        assert main([*argv[:-1], bad]) == 2

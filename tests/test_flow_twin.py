@@ -65,7 +65,7 @@ def test_flow_engine_predicts_the_twin_at_held_out_sizes() -> None:
 
 def test_the_calibration_takes_the_twin_in_the_models_time(tmp_path: Path) -> None:
     argv = ["run", "--engine", "sim", "--quick", "--schemes", "none", "--scenarios", "allreduce"]
-    k = calibration.twin_scale(8)
+    k = calibration.twin_scale(calibration.topology_for(8))
     assert main([*argv, "--scale", f"{k:g}", "--run-dir", str(tmp_path / "k")]) == 0
     doc = json.loads((tmp_path / "k" / "results.json").read_text())
     got = calibration.ideal_vs_twin(tmp_path / "k" / "results.json")["allreduce"]
@@ -127,3 +127,48 @@ def test_the_hierarchical_all_reduce_predicted_on_rails(tmp_path: Path) -> None:
     h = hier_allreduce(fab, size, link_latency=model_link_latency())
     predicted = h.time_at(calibration.efficiency("none", "allreduce"))
     assert predicted == pytest.approx(row["time_s"], rel=0.10)
+
+
+def test_the_congested_fit_refits_on_a_small_fabric(tmp_path: Path) -> None:
+    """calibrate-flow's congested part on the twin at two small sizes on the crossed
+    leaf-spine (every collective held by the network there): one point per size, each the
+    ideal over the twin's time; the free fit kept beside it, and kept by a free refit; a run
+    whose collective the network does not hold is refused."""
+    import shutil
+
+    path = tmp_path / "calibration.yaml"
+    shutil.copy(calibration.CALIBRATION, path)
+    topo = calibration.CONGESTED_TOPOLOGY
+    k = calibration.twin_scale(topo)
+    runs = []
+    for i, (ar, aa) in enumerate([(256 << 10, 64 << 10), (512 << 10, 128 << 10)]):
+        d = tmp_path / f"congested{i}"
+        argv = ["run", "--engine", "sim", "--scale", f"{k:g}", "--quick", "--topo", topo]
+        argv += ["--schemes", "tita", "--scenarios", "allreduce,alltoall", "--run-dir", str(d)]
+        argv += ["--param", f"allreduce_bytes={ar}", "--param", f"alltoall_bytes={aa}"]
+        assert main(argv) == 0
+        runs.append(d / "results.json")
+    out = calibration.fit_congested("tita", runs, None, path)
+    assert set(out) == {"allreduce", "alltoall"}
+    for coll, cong in out.items():
+        pts = cong["points"]
+        assert [p["fitted_on"]["bytes_per_rank"] for p in pts] == sorted(
+            p["fitted_on"]["bytes_per_rank"] for p in pts
+        )
+        for p in pts:
+            f = p["fitted_on"]
+            assert f["held_by_network"] and f["topology"] == "crossed-2x1x4" and f["hosts"] == 8
+            assert p["efficiency"] == round(f["ideal_time_s"] / f["twin_time_s"], 4)
+            assert 0.3 < p["efficiency"] < 1.1, coll
+    stored = calibration.load(path)["schemes"]["tita"]
+    assert stored["allreduce"]["efficiency"] == calibration.efficiency("tita", "allreduce")
+    assert stored["allreduce"]["congested"] == out["allreduce"]
+    # a free refit on a run of the suite's fabric keeps the congested points
+    free = tmp_path / "free"
+    argv = ["run", "--engine", "sim", "--scale", "20", "--quick", "--schemes", "tita"]
+    assert main([*argv, "--scenarios", "allreduce", "--run-dir", str(free)]) == 0
+    calibration.fit("tita", free / "results.json", None, path)
+    assert calibration.load(path)["schemes"]["tita"]["allreduce"]["congested"] == out["allreduce"]
+    # on that fabric the ring is not held by the network: not a congested point
+    with pytest.raises(UserError, match="does not hold its allreduce"):
+        calibration.fit_congested("tita", [free / "results.json"], None, path)

@@ -17,7 +17,9 @@ from testbed.model import Scaling, SwitchModel
 from testbed.topo import (
     COLLECTOR_NODE,
     End,
+    FabricSpec,
     TopologyError,
+    crossed,
     dump,
     from_doc,
     leafspine,
@@ -51,6 +53,27 @@ def test_leafspine_addresses_ports_and_links() -> None:
     assert spec.switch_ports("spine2") == [1, 2]
     assert spec.longest_path_switches() == 3
     assert spec.host("h1").nics[0].gateway == "10.0.1.254"
+
+
+def test_crossed_numbers_the_hosts_round_the_leaves() -> None:
+    spec, plain = crossed(2, 1, 4), leafspine(2, 1, 4)
+    assert spec.name == "crossed-2x1x4" and parse_choice("crossed:2,1,4") == spec
+    assert [h.name for h in spec.hosts] == [f"h{n}" for n in range(1, 9)]
+    assert spec.attachment("h1", 0) == End("leaf1", 1)
+    assert spec.attachment("h2", 0) == End("leaf2", 1)
+    assert spec.attachment("h3", 0) == End("leaf1", 2)
+
+    # the same fabric, addresses and ports: only the hosts' numbers differ
+    def wired(s: FabricSpec) -> set[tuple[str, End]]:
+        return {(h.nics[0].ip, s.attachment(h.name, 0)) for h in s.hosts}
+
+    assert wired(spec) == wired(plain)
+    assert spec.switches == plain.switches and spec.collector == plain.collector
+    # a ring in host order crosses the spine at every hop
+    leaf = [spec.attachment(h.name, 0).node for h in spec.hosts]
+    assert all(leaf[i] != leaf[(i + 1) % 8] for i in range(8))
+    with pytest.raises(TopologyError, match="crossed: at least two hosts"):
+        crossed(1, 1, 1)
 
 
 def test_single_and_rail() -> None:

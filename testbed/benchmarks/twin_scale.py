@@ -24,15 +24,16 @@ GOAL_CPU_S = 15 * 60
 
 def flow_prediction(fabric: tuple[int, int, int], size: int) -> dict[str, Any]:
     """The flow engine's time for the twin's run: its ideal (max-min rates and the latency
-    term) over TiTa's all-reduce efficiency from testbed/flow/calibration.yaml."""
-    from testbed.flow.calibration import efficiency
+    term) over TiTa's all-reduce efficiency from testbed/flow/calibration.yaml (the free
+    fit's: on this 1:1 fabric the NICs set the ring's rates)."""
+    from testbed.flow.calibration import applied
     from testbed.flow.collectives import model_link_latency, suite_collective
     from testbed.flow.fabric import from_spec
     from testbed.topo import leafspine
 
     c0 = time.process_time()
     ideal = suite_collective(from_spec(leafspine(*fabric)), "allreduce", size, model_link_latency())
-    eff = efficiency("tita", "allreduce")
+    eff = applied("tita", "allreduce", ideal).efficiency
     return {
         "ideal_s": ideal.time_s,
         "efficiency": eff,

@@ -58,6 +58,7 @@ INT decoding and summaries, in virtual time, a fresh fabric for every run).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -151,6 +152,34 @@ class SuiteConfig:
             twojob_bytes=256 << 10,
             websearch_seconds=2.0,
         )
+
+
+# the suite's numeric parameters `--param` sets (the seed and the repetitions have options)
+def _numeric_fields() -> dict[str, type]:
+    out: dict[str, type] = {}
+    for f in dataclasses.fields(SuiteConfig):
+        kind = str(f.type)  # the annotation's text (postponed annotations)
+        if f.name not in ("seed", "repeat") and kind in ("int", "float"):
+            out[f.name] = float if kind == "float" else int
+    return out
+
+
+def suite_param(name: str, text: str) -> Any:
+    """A numeric SuiteConfig field's value from its text (`run --param`, `sweep --param`);
+    a ValueError names the fields that can be set, or the value that is not a number."""
+    fields = _numeric_fields()
+    if name not in fields:
+        known = ", ".join(fields)
+        raise ValueError(f"--param {name}: not a numeric suite parameter (one of {known})")
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"--param {name}={text}: not a number") from None
+    if fields[name] is int:
+        if value != int(value) or value < 0:
+            raise ValueError(f"--param {name}={text}: a whole number of at least 0")
+        return int(value)
+    return value
 
 
 @dataclass
@@ -767,7 +796,7 @@ class Suite:
                 transport=tr,
                 line_rate=line,
                 base_rtt=self.base_rtt_s,
-                timeout=120 * k,
+                timeout=120 * k * self._stretch("incast_bytes"),
                 seed=cfg.seed,
                 runner=self.runner,
                 start_rate=self._incast_start_rate(),
@@ -778,7 +807,7 @@ class Suite:
                 cfg.allreduce_bytes,
                 chunk=cfg.allreduce_chunk,
                 transport=tr,
-                timeout=180 * k,
+                timeout=180 * k * self._stretch("allreduce_bytes"),
                 seed=cfg.seed,
                 runner=self.runner,
                 nic_ips=self.nic_ips(),
@@ -845,6 +874,11 @@ class Suite:
             seed=cfg.seed,
             runner=self.runner,
         )
+
+    def _stretch(self, size_field: str) -> float:
+        """How much longer than the default suite's a scenario may take: its timeout grows
+        with its size beyond the default's (a size set by `--param`)."""
+        return max(1.0, getattr(self.cfg, size_field) / getattr(SuiteConfig(), size_field))
 
     def _same_switch(self, a: int, b: int) -> bool:
         ha, hb = self.hosts[a].name, self.hosts[b].name

@@ -14,31 +14,56 @@ alltoall on a 2:1 leaf-spine of 4 hosts per leaf; the flow engine does not impor
 and reads its results.json. K is the smallest scale at which the switches' telemetry
 resolves the base RTT (testbed/ctlconfig.py: at the model's own speed INT carries no link
 utilisation), and the twin's times are taken in the model's, divided by K.
+
+Where the flows that finish last are held by the network (`CollResult.held_by_network`: a
+switch's egress, not their NIC, sets their rate) the laws act, and how well depends on the
+scheme and on how long the network holds the collective: one efficiency per scheme does not
+hold there (docs/flow.md). The congested fit runs the twin where it does, at three sizes per
+collective, and reads the efficiency there as a function of the collective's ideal time on
+the network: interpolated in its logarithm between the fitted points, the nearest point's
+beyond them, and said so.
 """
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 from testbed.ctlconfig import smallest_resolving_scale
 from testbed.errors import UserError
 from testbed.experiment.report import load_results
 from testbed.experiment.schemes import cc_profile_name, default_cc_profiles
-from testbed.flow.collectives import model_link_latency, suite_collective
+from testbed.flow.collectives import CollResult, model_link_latency, suite_collective
 from testbed.flow.fabric import from_spec
 from testbed.model import Scaling
+from testbed.topo import load as load_topology
 from testbed.topo import parse_choice
 
 CALIBRATION = Path(__file__).with_name("calibration.yaml")
 FORMAT = 1
 COLLECTIVES = ("allreduce", "alltoall")
 SIZE_KEY = {"allreduce": "allreduce_bytes", "alltoall": "alltoall_bytes"}
+
+# The congested fit's fabric: hosts numbered round the leaves behind one spine, so the suite's
+# ring sends 4 flows through each leaf's uplink (the 4-flow ECMP collision of a 131,072-GPU
+# plain Clos, docs/flow.md) and the all-to-all's cross-leaf half crosses one 4:1 uplink; held
+# out on 16 hosts (4 leaves) at sizes between the fitted ones.
+CONGESTED_TOPOLOGY = "crossed:2,1,4"
+CONGESTED_CHECK_TOPOLOGY = "crossed:4,1,4"
+CONGESTED_SIZES = (
+    {"allreduce_bytes": 1 << 20, "alltoall_bytes": 256 << 10},
+    {"allreduce_bytes": 4 << 20, "alltoall_bytes": 1 << 20},
+    {"allreduce_bytes": 16 << 20, "alltoall_bytes": 4 << 20},
+)
+CONGESTED_CHECK_SIZES = {"allreduce_bytes": 8 << 20, "alltoall_bytes": 2 << 20}
 
 
 class Uncalibrated(UserError):
@@ -59,16 +84,71 @@ def load(path: Path = CALIBRATION) -> dict[str, Any]:
     return doc
 
 
-def efficiency(scheme: str, collective: str, path: Path = CALIBRATION) -> float:
-    """The fitted ratio ideal time / twin time; Uncalibrated names the command to fit it."""
+def _entry(scheme: str, collective: str, path: Path, congested: bool = False) -> dict[str, Any]:
     entry = load(path)["schemes"].get(scheme, {}).get(collective)
-    if entry is None:
+    if entry is None or (congested and "congested" not in entry):
+        where = "where the network holds it " if congested else ""
         raise Uncalibrated(
-            f"scheme {scheme!r} has no flow-engine calibration for {collective} "
+            f"scheme {scheme!r} has no flow-engine calibration for {collective} {where}"
             f"(a flow model cannot derive congestion control); fit it on the twin: "
             f"{calibrate_command(scheme)}"
         )
-    return float(entry["efficiency"])
+    return dict(entry)
+
+
+def efficiency(scheme: str, collective: str, path: Path = CALIBRATION) -> float:
+    """The fitted ratio ideal time / twin time where the network does not hold the
+    collective; Uncalibrated names the command to fit it."""
+    return float(_entry(scheme, collective, path)["efficiency"])
+
+
+def require(scheme: str, collective: str, path: Path = CALIBRATION) -> None:
+    """Both fits of (scheme, collective) are there, or Uncalibrated names the command."""
+    _entry(scheme, collective, path, congested=True)
+
+
+@dataclass(frozen=True)
+class Applied:
+    """The efficiency a collective runs at under a scheme, and which fit gave it."""
+
+    efficiency: float
+    regime: str  # "free": not held by the network; "congested": held (the congested fit)
+    note: str = ""  # a congested time beyond the fitted ones: the nearest point's, said so
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"efficiency": self.efficiency, "regime": self.regime, "note": self.note}
+
+
+def applied(scheme: str, collective: str, result: CollResult, path: Path = CALIBRATION) -> Applied:
+    """The efficiency of `result` (the flow engine's ideal) under `scheme`: the free fit's,
+    or where the network holds the last flows the congested fit's at the collective's ideal
+    time on the network."""
+    if not result.held_by_network:
+        return Applied(efficiency(scheme, collective, path), "free")
+    points = _entry(scheme, collective, path, congested=True)["congested"]["points"]
+    return congested_efficiency(points, result.time_s - result.scaleup_s)
+
+
+def congested_efficiency(points: list[dict[str, Any]], ideal_s: float) -> Applied:
+    """Between fitted points (each with its ideal time), linear in the time's logarithm;
+    beyond them the nearest one's, with a note saying how far beyond."""
+    pts = sorted((float(p["fitted_on"]["ideal_time_s"]), float(p["efficiency"])) for p in points)
+    xs = [math.log(t) for t, _ in pts]
+    effs = [e for _, e in pts]
+    lo, hi = pts[0][0], pts[-1][0]
+    note = ""
+    if ideal_s > hi * (1 + 1e-9) or ideal_s < lo * (1 - 1e-9):
+        edge = hi if ideal_s > hi else lo
+        note = (
+            f"held {_fmt_s(ideal_s)} ideally, beyond the congested fit's "
+            f"{_fmt_s(lo)}-{_fmt_s(hi)}: the efficiency at {_fmt_s(edge)}"
+        )
+    eff = float(np.interp(math.log(ideal_s), xs, effs)) if ideal_s > 0 else effs[0]
+    return Applied(round(eff, 4), "congested", note)
+
+
+def _fmt_s(t: float) -> str:
+    return f"{t * 1e3:.3g} ms" if t >= 1e-3 else f"{t * 1e6:.3g} us"
 
 
 def fitted_profile(scheme: str, fitted_on: dict[str, Any]) -> str:
@@ -110,19 +190,25 @@ def topology_for(hosts: int) -> str:
     return f"leafspine:{hosts // 4},2,4"
 
 
-def twin_scale(hosts: int) -> float:
-    """The scale the twin is calibrated at on the fabric of `hosts`: the smallest at which
-    its switches' telemetry resolves the base RTT."""
-    spec = parse_choice(topology_for(hosts))
+def twin_scale(topology: str) -> float:
+    """The scale the twin is calibrated at on `topology`: the smallest at which its
+    switches' telemetry resolves the base RTT."""
+    spec = parse_choice(topology)
     k = smallest_resolving_scale(spec, Scaling(max_hops=spec.longest_path_switches()))
     if k is None:
         raise UserError(f"{spec.name}: no scale resolves its switches' telemetry")
     return k
 
 
-def run_twin(scheme: str, hosts: int, run_dir: Path, say: Any = print) -> Path:
-    """The twin's allreduce and alltoall (quick sizes) at `twin_scale`, in a process of its
-    own; returns its results.json."""
+def run_twin(
+    scheme: str,
+    topology: str,
+    run_dir: Path,
+    say: Any = print,
+    params: dict[str, int] | None = None,
+) -> Path:
+    """The twin's allreduce and alltoall (the quick suite's sizes, or `params`'s) on
+    `topology` at `twin_scale`, in a process of its own; returns its results.json."""
     cmd = [
         sys.executable,
         "-m",
@@ -131,10 +217,11 @@ def run_twin(scheme: str, hosts: int, run_dir: Path, say: Any = print) -> Path:
         "--engine",
         "sim",
         "--scale",
-        f"{twin_scale(hosts):g}",
+        f"{twin_scale(topology):g}",
         "--quick",
+        *[f"--param={k}={v}" for k, v in (params or {}).items()],
         "--topo",
-        topology_for(hosts),
+        topology,
         "--schemes",
         scheme,
         "--scenarios",
@@ -165,7 +252,10 @@ def ideal_vs_twin(results: Path) -> dict[str, dict[str, Any]]:
             "check): calibrate on one that does, as calibrate-flow runs it"
         )
     k = float(setup["scale"])  # the twin's times in the model's
-    spec = parse_choice(f"{_topology_arg(setup['topology'])}")
+    saved = results.parent / "topology.yaml"  # the run's own fabric, as it ran
+    spec = (
+        load_topology(saved) if saved.exists() else parse_choice(_topology_arg(setup["topology"]))
+    )
     fab = from_spec(spec)
     lat = model_link_latency()  # as the flow engine runs (the twin's measured RTT recorded)
     out = {}
@@ -184,6 +274,7 @@ def ideal_vs_twin(results: Path) -> dict[str, dict[str, Any]]:
             "twin_scale": k,
             "ideal_time_s": ideal.time_s,
             "ideal_latency_s": ideal.latency_s,
+            "held_by_network": ideal.held_by_network,
             "twin_base_rtt_s": setup["base_rtt_s"] / k,
             "cc_profile": setup.get("cc_profiles", {}).get(run["scheme"], {}).get("profile"),
             "twin_commit": doc["source"]["commit"],
@@ -222,11 +313,65 @@ def fit(
                 "error": round(predicted / h["twin_time_s"] - 1, 4),
             }
     doc = load(path)
+    old = doc["schemes"].get(scheme, {})
+    for coll in entry:  # the congested fit is the other command's part
+        if "congested" in old.get(coll, {}):
+            entry[coll]["congested"] = old[coll]["congested"]
     doc["schemes"][scheme] = entry
+    _write(doc, path)
+    return entry
+
+
+def fit_congested(
+    scheme: str, fit_results: list[Path], check_results: Path | None, path: Path = CALIBRATION
+) -> dict[str, Any]:
+    """Store the scheme's congested efficiencies from twin runs at several sizes on a fabric
+    where the network holds each collective (and the held-out error of another run);
+    returns the scheme's congested entries per collective."""
+    points: dict[str, list[dict[str, Any]]] = {}
+    for results in fit_results:
+        for coll, f in ideal_vs_twin(results).items():
+            if f["scheme"] != scheme:
+                raise UserError(f"{results}: a run of {f['scheme']}, not {scheme}")
+            if not f["held_by_network"]:
+                raise UserError(
+                    f"{results}: the network does not hold its {coll} on {f['topology']}: "
+                    "the congested fit wants a fabric where it does"
+                )
+            eff = f["ideal_time_s"] / f["twin_time_s"]
+            points.setdefault(coll, []).append({"efficiency": round(eff, 4), "fitted_on": f})
+    held = ideal_vs_twin(check_results) if check_results is not None else {}
+    doc = load(path)
+    out: dict[str, Any] = {}
+    for coll, pts in points.items():
+        if len({p["fitted_on"]["bytes_per_rank"] for p in pts}) != len(pts):
+            raise UserError(f"the congested fit of {coll}: one twin run per size")
+        pts.sort(key=lambda p: p["fitted_on"]["ideal_time_s"])
+        cong: dict[str, Any] = {"points": pts}
+        if coll in held:
+            h = held[coll]
+            got = congested_efficiency(pts, h["ideal_time_s"])
+            predicted = h["ideal_time_s"] / got.efficiency
+            cong["held_out"] = {
+                **h,
+                "predicted_time_s": predicted,
+                "error": round(predicted / h["twin_time_s"] - 1, 4),
+            }
+        entry = doc["schemes"].setdefault(scheme, {}).get(coll)
+        if entry is None:
+            raise Uncalibrated(
+                f"{scheme} {coll}: fit the free efficiency first ({calibrate_command(scheme)})"
+            )
+        entry["congested"] = out[coll] = cong
+    _write(doc, path)
+    return out
+
+
+def _write(doc: dict[str, Any], path: Path) -> None:
     doc["format"] = FORMAT
     header = (
         "# The flow engine's per-scheme efficiencies (ideal max-min time / the twin's "
-        "time),\n# written by `xingmai-testbed calibrate-flow`; see docs/flow.md.\n"
+        "time; `congested`: where the network holds the collective, by its ideal time),\n"
+        "# written by `xingmai-testbed calibrate-flow`; see docs/flow.md.\n"
     )
     path.write_text(header + yaml.safe_dump(doc, sort_keys=False))
-    return entry

@@ -14,9 +14,11 @@ import resource
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from testbed.collective.metrics import fmt_size
 from testbed.experiment.machine import provenance
 from testbed.experiment.rundir import new_run_dir
 from testbed.faults import parse_value
@@ -179,8 +181,17 @@ def add_parsers(sub: Any) -> None:
     )
     cal = sub.add_parser(
         "calibrate-flow",
-        help="fit a scheme's flow-engine efficiency on the "
-        "twin (allreduce, alltoall at 8 hosts; held-out check at 16)",
+        help="fit a scheme's flow-engine efficiencies on the twin (allreduce, alltoall at 8 "
+        "hosts; held-out check at 16): free, and congested at three sizes where the network "
+        "holds the collective",
+    )
+    cal.add_argument(
+        "--part",
+        choices=["both", "free", "congested"],
+        default="both",
+        help="free: the quick sizes on the suite's leaf-spine; congested: three sizes on "
+        f"{calibration.CONGESTED_TOPOLOGY}, held out on {calibration.CONGESTED_CHECK_TOPOLOGY} "
+        "(default both)",
     )
     cal.add_argument("--scheme", required=True)
     cal.add_argument("--hosts", type=int, default=8, help="hosts of the fitting run")
@@ -193,6 +204,13 @@ def add_parsers(sub: Any) -> None:
         help="use this twin run's results instead of running the twin for the fit",
     )
     cal.add_argument("--check-run", type=Path, help="the same for the held-out check")
+    cal.add_argument(
+        "--congested-runs",
+        help="comma-separated twin runs to fit the congested part on instead of running them",
+    )
+    cal.add_argument(
+        "--congested-check-run", type=Path, help="the same for the congested held-out check"
+    )
 
 
 def cmd_fabric(args: argparse.Namespace) -> int:
@@ -266,9 +284,11 @@ def cmd_iteration(args: argparse.Namespace) -> int:
         link_latency=lat,
     )
     t_a2a = time.perf_counter() - t0 - t_fab - t_ring
-    eff = {"allreduce": 1.0, "alltoall": 1.0}
+    colls = {"allreduce": ring, "alltoall": a2a}
+    applied = {c: calibration.Applied(1.0, "ideal") for c in colls}
     if args.scheme:
-        eff = {c: calibration.efficiency(args.scheme, c) for c in eff}
+        applied = {c: calibration.applied(args.scheme, c, r) for c, r in colls.items()}
+    eff = {c: a.efficiency for c, a in applied.items()}
     out: dict[str, Any] = {
         "fabric": fab.name,
         "gpus": fab.n_gpus,
@@ -291,6 +311,7 @@ def cmd_iteration(args: argparse.Namespace) -> int:
         "alltoall_busbw_gbps": a2a.busbw_at(a2a.time_at(eff["alltoall"])) / 1e9,
         "alltoall_shortcut": a2a.shortcut,
         "alltoall_flows_computed": a2a.flows_computed,
+        "efficiency": {c: a.as_dict() for c, a in applied.items()},
         "wall_fabric_s": round(t_fab, 3),
         "wall_allreduce_s": round(t_ring, 3),
         "wall_alltoall_s": round(t_a2a, 3),
@@ -329,9 +350,13 @@ def cmd_iteration(args: argparse.Namespace) -> int:
     if held:
         print(
             f"  held by the network (a switch's egress, not the NIC, sets the last flows' "
-            f"rate: where congestion control acts, and one efficiency per scheme does not "
-            f"hold, docs/flow.md): {', '.join(held)}"
+            f"rate: where congestion control acts, the scheme's congested fit, docs/flow.md): "
+            f"{', '.join(held)}"
         )
+    if args.scheme:
+        for c, a in applied.items():
+            note = f"; {a.note}" if a.note else ""
+            print(f"  {args.scheme} {c}: efficiency {a.efficiency:.3f} ({a.regime} fit{note})")
     print("  link utilisation (network links, idle included):")
     for ld in loads:
         print("\n".join(load_lines(ld)))
@@ -368,33 +393,74 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         print(line, file=sys.stderr, flush=True)
 
     with tempfile.TemporaryDirectory(prefix="xingmai-cal-") as tmp:
-        fit_run = args.twin_run or calibration.run_twin(
-            args.scheme, args.hosts, Path(tmp) / "fit", say
-        )
-        check_run = args.check_run
-        if check_run is None and args.check_hosts:
-            check_run = calibration.run_twin(
-                args.scheme, args.check_hosts, Path(tmp) / "check", say
-            )
-        entry = calibration.fit(
-            args.scheme, _results(fit_run), _results(check_run) if check_run else None
-        )
-    for coll, e in entry.items():
-        f = e["fitted_on"]
-        line = (
-            f"{args.scheme} {coll}: efficiency {e['efficiency']:.3f} (twin "
-            f"{f['twin_time_s'] * 1e6:.2f} us, ideal {f['ideal_time_s'] * 1e6:.2f} us, "
-            f"{f['topology']})"
-        )
-        if "held_out" in e:
-            h = e["held_out"]
-            line += (
-                f"; held out {h['topology']}: predicted {h['predicted_time_s'] * 1e6:.2f}"
-                f" us, twin {h['twin_time_s'] * 1e6:.2f} us, error {h['error']:+.1%}"
-            )
-        print(line)
+        if args.part in ("both", "free"):
+            _calibrate_free(args, Path(tmp), say)
+        if args.part in ("both", "congested"):
+            _calibrate_congested(args, Path(tmp), say)
     print(f"written: {calibration.CALIBRATION}")
     return 0
+
+
+def _calibrate_free(args: argparse.Namespace, tmp: Path, say: Callable[[str], None]) -> None:
+    fit_run = args.twin_run or calibration.run_twin(
+        args.scheme, calibration.topology_for(args.hosts), tmp / "fit", say
+    )
+    check_run = args.check_run
+    if check_run is None and args.check_hosts:
+        check_run = calibration.run_twin(
+            args.scheme, calibration.topology_for(args.check_hosts), tmp / "check", say
+        )
+    entry = calibration.fit(
+        args.scheme, _results(fit_run), _results(check_run) if check_run else None
+    )
+    for coll, e in entry.items():
+        print(f"{args.scheme} {coll}: efficiency {_fit_line(e['efficiency'], e)}")
+
+
+def _calibrate_congested(args: argparse.Namespace, tmp: Path, say: Callable[[str], None]) -> None:
+    if args.congested_runs:
+        runs = [_results(Path(p)) for p in args.congested_runs.split(",") if p]
+    else:
+        runs = [
+            calibration.run_twin(
+                args.scheme, calibration.CONGESTED_TOPOLOGY, tmp / f"congested{i}", say, sizes
+            )
+            for i, sizes in enumerate(calibration.CONGESTED_SIZES)
+        ]
+    check = args.congested_check_run
+    if check is None:
+        check = calibration.run_twin(
+            args.scheme,
+            calibration.CONGESTED_CHECK_TOPOLOGY,
+            tmp / "congested-check",
+            say,
+            calibration.CONGESTED_CHECK_SIZES,
+        )
+    out = calibration.fit_congested(args.scheme, runs, _results(check))
+    for coll, cong in out.items():
+        for p in cong["points"]:
+            print(f"{args.scheme} {coll} congested: efficiency {_fit_line(p['efficiency'], p)}")
+        if "held_out" in cong:
+            print(f"  {_held_line(cong['held_out'])}")
+
+
+def _fit_line(eff: float, e: dict[str, Any]) -> str:
+    f = e["fitted_on"]
+    line = (
+        f"{eff:.3f} (twin {f['twin_time_s'] * 1e6:.2f} us, ideal {f['ideal_time_s'] * 1e6:.2f} "
+        f"us, {fmt_size(f['bytes_per_rank'])} per rank, {f['topology']})"
+    )
+    if "held_out" in e:
+        line += "; " + _held_line(e["held_out"])
+    return line
+
+
+def _held_line(h: dict[str, Any]) -> str:
+    return (
+        f"held out {h['topology']} at {fmt_size(h['bytes_per_rank'])}: predicted "
+        f"{h['predicted_time_s'] * 1e6:.2f} us, twin {h['twin_time_s'] * 1e6:.2f} us, "
+        f"error {h['error']:+.1%}"
+    )
 
 
 def _results(p: Path) -> Path:

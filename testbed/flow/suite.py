@@ -57,7 +57,9 @@ class FlowSuite(Suite):
             )
         for scheme in cfg.schemes:  # refuse before running anything
             for scenario in cfg.scenarios:
-                calibration.efficiency(scheme, scenario)
+                calibration.require(scheme, scenario)
+        # per (scheme, scenario): the efficiency each ran at and which fit gave it
+        self.applied: dict[str, dict[str, calibration.Applied]] = {}
         self.spec = spec
         self.scaling = Scaling(scale=1.0, max_hops=spec.longest_path_switches())
         self.hosts = []
@@ -84,11 +86,15 @@ class FlowSuite(Suite):
         return 0  # no NICs: the scheme is its calibrated efficiency
 
     def run_one(self, scheme: str, scenario: str) -> RunRecord:
-        eff = calibration.efficiency(scheme, scenario)
         size = self.cfg.allreduce_bytes if scenario == "allreduce" else self.cfg.alltoall_bytes
         ideal = suite_collective(
             self.fab, scenario, size, model_link_latency(), self.spec, self.cfg.seed
         )
+        got = calibration.applied(scheme, scenario, ideal)
+        self.applied.setdefault(scheme, {})[scenario] = got
+        if got.note:
+            self.say(f"{scheme} {scenario}: {got.note}")
+        eff = got.efficiency
         n = self.fab.servers
         return RunRecord(
             scheme=scheme,
@@ -160,7 +166,7 @@ def run_flow(args: argparse.Namespace, cfg: SuiteConfig) -> int:
     (run_dir / "topology.yaml").write_text(dump(spec))
     records = suite.run()
     s = suite.scaling
-    eff = {sc: {c: calibration.efficiency(sc, c) for c in cfg.scenarios} for sc in cfg.schemes}
+    eff = {sc: {c: got.as_dict() for c, got in per.items()} for sc, per in suite.applied.items()}
     setup = {
         "engine": "flow",
         "command": getattr(args, "command", None),
