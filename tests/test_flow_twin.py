@@ -59,7 +59,7 @@ def test_flow_engine_predicts_the_twin_at_held_out_sizes() -> None:
         rec = records[coll]
         assert rec.correct and rec.drops == 0
         ideal = suite_collective(fab, coll, size, model_link_latency(), spec, cfg.seed)
-        predicted = ideal.time_s / calibration.efficiency(scheme, coll)
+        predicted = ideal.time_s / calibration.applied(scheme, coll, ideal).efficiency
         assert predicted == pytest.approx(rec.completion_s / k, rel=0.10), coll
 
 
