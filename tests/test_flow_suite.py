@@ -148,6 +148,15 @@ def test_a_collective_the_network_holds_takes_the_congested_fit(tmp_path: Path) 
     missed = calibration.applied("tita", "alltoall", result(True, "alltoall"), path)
     assert missed.efficiency == 0.3 and missed.held_out_error == 0.41
     assert "missed its held-out check by +41%" in missed.note
+    doc = calibration.load(path)
+    cong = doc["schemes"]["tita"]["alltoall"]["congested"]
+    cong["held_out"] = {"failed": "h1: alltoall rank 0 stuck"}
+    path.write_text(json.dumps(doc))
+    failed = calibration.applied("tita", "alltoall", result(True, "alltoall"), path)
+    assert failed.held_out_error is None
+    assert (
+        "its held-out run did not complete on the twin (h1: alltoall rank 0 stuck)" in failed.note
+    )
     calibration.require("tita", "alltoall", path)
     with pytest.raises(
         UserError, match="where the network holds it .*calibrate-flow --scheme none"

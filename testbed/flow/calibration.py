@@ -137,11 +137,17 @@ def applied(scheme: str, collective: str, result: CollResult, path: Path = CALIB
         return Applied(float(entry["efficiency"]), "free", held_out_error=error)
     cong = _entry(scheme, collective, path, congested=True)["congested"]
     got = congested_efficiency(cong["points"], result.time_s - result.scaleup_s)
-    error = cong.get("held_out", {}).get("error")
-    if error is not None and abs(error) > HELD_OUT_BOUND:
+    held = cong.get("held_out", {})
+    error = held.get("error")
+    missed = ""
+    if "failed" in held:
+        missed = f"its held-out run did not complete on the twin ({held['failed']})"
+    elif error is not None and abs(error) > HELD_OUT_BOUND:
+        missed = f"it missed its held-out check by {error:+.0%}"
+    if missed:
         missed = (
-            f"the congested fit of {scheme} {collective} missed its held-out check by "
-            f"{error:+.0%} (docs/flow.md): a figure to check on the twin"
+            f"the congested fit of {scheme} {collective}: {missed} (docs/flow.md): a figure "
+            "to check on the twin"
         )
         got = replace(got, note="; ".join(n for n in (got.note, missed) if n))
     return replace(got, held_out_error=error)
@@ -279,7 +285,7 @@ def ideal_vs_twin(results: Path) -> dict[str, dict[str, Any]]:
     out = {}
     for run in doc["runs"]:
         coll = run["scenario"]
-        if coll not in COLLECTIVES or run.get("error"):
+        if coll not in COLLECTIVES:
             continue
         size = setup["suite"][SIZE_KEY[coll]]
         ideal = suite_collective(fab, coll, size, lat, spec, int(setup["suite"].get("seed", 1)))
@@ -300,7 +306,26 @@ def ideal_vs_twin(results: Path) -> dict[str, dict[str, Any]]:
             "twin_date": doc["date"],
             "twin_command": setup.get("command"),
         }
+        if run.get("error"):  # the twin's collective did not complete: no time to fit on
+            del out[coll]["twin_time_s"]
+            out[coll]["failed"] = run["error"]
     return out
+
+
+def _fit_point(f: dict[str, Any], results: Path) -> float:
+    """A run's efficiency (ideal / twin), or a UserError if the twin's run failed."""
+    if "failed" in f:
+        raise UserError(f"{results}: the twin's {f['topology']} run failed ({f['failed']})")
+    return float(f["ideal_time_s"] / f["twin_time_s"])
+
+
+def _held_out(h: dict[str, Any], eff: float) -> dict[str, Any]:
+    """A held-out run's check: the predicted time, and its error unless the twin's run failed
+    (then the failure stands as the check's outcome)."""
+    predicted = h["ideal_time_s"] / eff
+    if "failed" in h:
+        return {**h, "predicted_time_s": predicted}
+    return {**h, "predicted_time_s": predicted, "error": round(predicted / h["twin_time_s"] - 1, 4)}
 
 
 def _topology_arg(name: str) -> str:
@@ -320,16 +345,10 @@ def fit(
     for coll, f in fitted.items():
         if f["scheme"] != scheme:
             raise UserError(f"{fit_results}: a run of {f['scheme']}, not {scheme}")
-        eff = f["ideal_time_s"] / f["twin_time_s"]
+        eff = _fit_point(f, fit_results)
         entry[coll] = {"efficiency": round(eff, 4), "fitted_on": f}
         if coll in held:
-            h = held[coll]
-            predicted = h["ideal_time_s"] / eff
-            entry[coll]["held_out"] = {
-                **h,
-                "predicted_time_s": predicted,
-                "error": round(predicted / h["twin_time_s"] - 1, 4),
-            }
+            entry[coll]["held_out"] = _held_out(held[coll], eff)
     doc = load(path)
     old = doc["schemes"].get(scheme, {})
     for coll in entry:  # the congested fit is the other command's part
@@ -356,7 +375,7 @@ def fit_congested(
                     f"{results}: the network does not hold its {coll} on {f['topology']}: "
                     "the congested fit wants a fabric where it does"
                 )
-            eff = f["ideal_time_s"] / f["twin_time_s"]
+            eff = _fit_point(f, results)
             points.setdefault(coll, []).append({"efficiency": round(eff, 4), "fitted_on": f})
     held = ideal_vs_twin(check_results) if check_results is not None else {}
     doc = load(path)
@@ -368,13 +387,7 @@ def fit_congested(
         cong: dict[str, Any] = {"points": pts}
         if coll in held:
             h = held[coll]
-            got = congested_efficiency(pts, h["ideal_time_s"])
-            predicted = h["ideal_time_s"] / got.efficiency
-            cong["held_out"] = {
-                **h,
-                "predicted_time_s": predicted,
-                "error": round(predicted / h["twin_time_s"] - 1, 4),
-            }
+            cong["held_out"] = _held_out(h, congested_efficiency(pts, h["ideal_time_s"]).efficiency)
         entry = doc["schemes"].setdefault(scheme, {}).get(coll)
         if entry is None:
             raise Uncalibrated(

@@ -456,9 +456,11 @@ def _fit_line(eff: float, e: dict[str, Any]) -> str:
 
 
 def _held_line(h: dict[str, Any]) -> str:
+    where = f"held out {h['topology']} at {fmt_size(h['bytes_per_rank'])}: predicted "
+    if "failed" in h:
+        return f"{where}{h['predicted_time_s'] * 1e6:.2f} us, the twin's run failed ({h['failed']})"
     return (
-        f"held out {h['topology']} at {fmt_size(h['bytes_per_rank'])}: predicted "
-        f"{h['predicted_time_s'] * 1e6:.2f} us, twin {h['twin_time_s'] * 1e6:.2f} us, "
+        f"{where}{h['predicted_time_s'] * 1e6:.2f} us, twin {h['twin_time_s'] * 1e6:.2f} us, "
         f"error {h['error']:+.1%}"
     )
 
