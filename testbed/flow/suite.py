@@ -201,5 +201,12 @@ def run_flow(args: argparse.Namespace, cfg: SuiteConfig) -> int:
     print()
     print(table(records, s.link_bps))
     print()
+    for sc, per in suite.applied.items():
+        for c, got in per.items():
+            print(
+                f"{c} {sc}: efficiency {got.efficiency:.3f}, {got.regime} fit"
+                + (f"; {got.note}" if got.note else "")
+            )
+    print()
     print(f"results: {run_dir / 'results.json'}")
     return 0
