@@ -24,6 +24,7 @@ from testbed.experiment.rundir import new_run_dir
 from testbed.faults import parse_value
 from testbed.flow import calibration
 from testbed.flow.collectives import (
+    CollResult,
     alltoall,
     ep_groups,
     flat_ring,
@@ -44,8 +45,11 @@ DP_ALGOS = {
 }
 
 
-def _fabric_args(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--gpus", type=int, required=True)
+def _fabric_args(ap: argparse.ArgumentParser, gpus_help: str | None = None) -> None:
+    if gpus_help is None:
+        ap.add_argument("--gpus", type=int, required=True)
+    else:
+        ap.add_argument("--gpus", type=int, help=gpus_help)
     ap.add_argument("--gpus-per-server", type=int, default=8)
     ap.add_argument("--tiers", type=int, default=2, choices=[2, 3])
     kind = ap.add_mutually_exclusive_group()
@@ -178,6 +182,23 @@ def add_parsers(sub: Any) -> None:
         "--json",
         action="store_true",
         help="the figures as one JSON line (no run directory unless --run-dir)",
+    )
+    wl = sub.add_parser(
+        "flow-workload",
+        help="a SimAI/AICB workload file (a TP x DP x PP x EP training iteration, layer by "
+        "layer) on the flow engine's fabric: the iteration's time, compute and exposed "
+        "communication, every collective as nccl-tests rows",
+    )
+    wl.add_argument("workload", type=Path, help="the workload file (AICB's SimAI format)")
+    _fabric_args(wl, gpus_help="the fabric's GPUs (default: the file's all_gpus)")
+    wl.add_argument("--scheme", default=None, help="apply this scheme's calibrated efficiencies")
+    wl.add_argument("--spray", action="store_true", help="as flow-iteration's")
+    wl.add_argument("--json", action="store_true", help="the figures as one JSON line")
+    wl.add_argument(
+        "--run-dir",
+        type=Path,
+        help="where workload.json and workload.png go (default runs/<time>-flow-workload; "
+        "none with --json unless given)",
     )
     cal = sub.add_parser(
         "calibrate-flow",
@@ -465,8 +486,135 @@ def _held_line(h: dict[str, Any]) -> str:
     )
 
 
+def cmd_workload(args: argparse.Namespace) -> int:
+    from testbed.flow import workload
+
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    wl = workload.read(args.workload)
+    if args.gpus is None:
+        args.gpus = wl.all_gpus
+    fab = build_clos(_params(args))
+    applied: dict[tuple[str, int, int], calibration.Applied] = {}
+
+    def efficiency(coll: str, r: CollResult) -> float:
+        # a reduce-scatter or an all-gather is half the ring all-reduce's steps: its fit
+        fitted = "alltoall" if coll == "alltoall" else "allreduce"
+        got = calibration.applied(args.scheme, fitted, r) if args.scheme else None
+        key = (coll, r.ranks, int(r.bytes_per_rank))
+        if got is not None:
+            applied[key] = got
+            return got.efficiency
+        return 1.0
+
+    tl = workload.run(fab, wl, model_link_latency(), efficiency, spray=args.spray)
+    rows = []
+    for (coll, group, nbytes), r in tl.collectives.items():
+        got = applied.get((coll, r.ranks, nbytes))
+        t = r.time_at(got.efficiency) if got else r.time_s
+        rows.append((group, r, t, got))
+    out: dict[str, Any] = {
+        "workload": str(args.workload),
+        "policy": wl.policy,
+        "parallelism": {
+            "tp": wl.tp,
+            "dp": wl.dp,
+            "pp": wl.pp,
+            "ep": wl.ep,
+            "vpp": wl.vpp,
+            "ga": wl.ga,
+        },
+        "layers": len(wl.layers),
+        "fabric": fab.name,
+        "gpus": fab.n_gpus,
+        "scheme": args.scheme or "ideal",
+        "routing": "spray" if args.spray else "ecmp",
+        **tl.as_dict(),
+    }
+    out["collectives"] = [
+        {
+            **c,
+            "time_under_scheme_s": t,
+            "fit": got.regime if got else ("ideal" if not args.scheme else "scale-up"),
+            "note": got.note if got else "",
+        }
+        for c, (_, _, t, got) in zip(out["collectives"], rows, strict=True)
+    ]
+    out["wall_s"] = round(time.perf_counter() - t0, 3)
+    out["cpu_s"] = round(time.process_time() - cpu0, 3)
+    out["peak_rss_mib"] = round(_rss_mib(), 1)
+    run_dir = args.run_dir or (None if args.json else new_run_dir("flow-workload"))
+    if run_dir is not None:
+        _write_workload(run_dir, args, out, fab, tl, rows)
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(
+        f"{args.workload.name}: {wl.policy}, {len(wl.layers)} layers; TP {wl.tp} x DP {wl.dp} "
+        f"x PP {wl.pp}, EP {wl.ep} on {fab.name} ({out['scheme']}, {out['routing']})"
+    )
+    print(collective_rows([(r, t) for _, r, t, _ in rows], [g for g, *_ in rows]))
+    print(
+        f"  one pass {tl.time_s * 1e3:.2f} ms: compute {tl.compute_s * 1e3:.2f} ms, "
+        f"collectives waited for {tl.blocking_comm_s * 1e3:.2f} ms, weight-gradient "
+        f"collectives {tl.wg_comm_s * 1e3:.2f} ms of which exposed {tl.wg_exposed_s * 1e3:.2f} ms"
+    )
+    print(
+        "  communication by group: "
+        + ", ".join(f"{g} {s * 1e3:.2f} ms" for g, s in sorted(tl.comm_by_group.items()))
+    )
+    if wl.pp > 1:
+        print(
+            f"  pipeline: PP {wl.pp}, bubble {tl.bubble_s * 1e3:.2f} ms by SimAI's formula "
+            f"(not in the pass's time; its point-to-point traffic, pp_comm "
+            f"{fmt_size(wl.pp_comm)} per micro-batch, not modelled)"
+        )
+    for group, r, _, got in rows:
+        if got is not None and got.note:
+            print(f"  {r.collective} {group} {fmt_size(int(r.bytes_per_rank))}: {got.note}")
+    print(
+        f"  wall {out['wall_s']:.2f} s, CPU {out['cpu_s']:.2f} s, peak RSS "
+        f"{out['peak_rss_mib']:.0f} MiB"
+    )
+    if run_dir is not None:
+        print(f"  results: {run_dir / 'workload.json'}")
+    return 0
+
+
+def _write_workload(
+    run_dir: Path,
+    args: argparse.Namespace,
+    out: dict[str, Any],
+    fab: Any,
+    tl: Any,
+    rows: list[Any],
+) -> None:
+    from testbed.flow.plots import iteration_plot
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    doc = {**provenance(getattr(args, "command", None)), "workload": out}
+    (run_dir / "workload.json").write_text(json.dumps(doc, indent=1) + "\n")
+    parts = {
+        "compute": tl.compute_s,
+        "collectives waited for": tl.blocking_comm_s,
+        "weight-gradient collectives exposed": tl.wg_exposed_s,
+    }
+    loads = []
+    for group, r, t, _ in rows:
+        ld = link_load(fab, r, t)
+        ld.collective = f"{r.collective} {group} {fmt_size(int(r.bytes_per_rank))}"
+        loads.append(ld)
+    iteration_plot(
+        parts, loads, run_dir / "workload.png", title=f"{args.workload.name} on {fab.name}"
+    )
+
+
 def _results(p: Path) -> Path:
     return p / "results.json" if p.is_dir() else p
 
 
-COMMANDS = {"fabric": cmd_fabric, "flow-iteration": cmd_iteration, "calibrate-flow": cmd_calibrate}
+COMMANDS = {
+    "fabric": cmd_fabric,
+    "flow-iteration": cmd_iteration,
+    "flow-workload": cmd_workload,
+    "calibrate-flow": cmd_calibrate,
+}

@@ -172,17 +172,22 @@ def ring_allreduce(
     rank_bytes: float | None = None,
     link_latency: float = 0.0,
     progress: Callable[[str], None] | None = None,
+    collective: str = "allreduce",
 ) -> CollResult:
     """`rings`: each an array of GPUs in ring order (all of one length n), each all-reducing
     `bytes_per_rank` per member. `rank_bytes`: the size per rank busbw is reported for
     (default bytes_per_rank; a host's whole buffer when its channels are the rings).
     `link_latency`: seconds per link of a step's longest path (0: bandwidth only).
     `progress`: told how far the step-by-step computation (`symmetric=False`) is, every
-    few seconds."""
+    few seconds. `collective`: "reducescatter" or "allgather" runs the ring's half of the
+    all-reduce (n - 1 steps of a segment each, `bytes_per_rank` the whole buffer, as
+    nccl-tests sizes them)."""
     n = len(rings[0])
     if any(len(rg) != n for rg in rings) or n < 2:
         raise ValueError("rings of one length, at least 2")
-    steps = 2 * (n - 1)
+    if collective not in RING_STEPS:
+        raise ValueError(f"a ring runs {', '.join(RING_STEPS)}, not {collective!r}")
+    steps = RING_STEPS[collective] * (n - 1)
     src = np.concatenate(rings)
     dst = np.concatenate([np.roll(rg, -1) for rg in rings])
     chan = np.repeat(np.arange(len(rings)), n)
@@ -217,11 +222,11 @@ def ring_allreduce(
     total += latency
     per_rank = bytes_per_rank if rank_bytes is None else rank_bytes
     return CollResult(
-        "allreduce",
+        collective,
         n,
         per_rank,
         total,
-        per_rank * 8 / total * bus_factor("allreduce", n) if total else 0.0,
+        per_rank * 8 / total * bus_factor(collective, n) if total else 0.0,
         steps,
         computed,
         allocs,
@@ -233,6 +238,10 @@ def ring_allreduce(
         link_bits=link_bits(fab, r_all, np.full(r_all.n_flows, seg * steps)),
         held_by_network=held,
     )
+
+
+# a ring's steps per (n - 1): the all-reduce is a reduce-scatter then an all-gather
+RING_STEPS = {"allreduce": 2, "reducescatter": 1, "allgather": 1}
 
 
 def _rings_alike(fab: Fabric, r: Routes, k: int, n: int) -> bool:

@@ -86,18 +86,23 @@ def _weighted_percentile(vals: np.ndarray, weight: int, zeros: int, p: float) ->
     return float(srt[min(len(srt) - 1, int((rank - zeros) // weight))])
 
 
-def collective_rows(results: list[tuple[CollResult, float]]) -> str:
-    """nccl-tests' columns for each (collective, its time under the scheme)."""
+def collective_rows(
+    results: list[tuple[CollResult, float]], groups: list[str] | None = None
+) -> str:
+    """nccl-tests' columns for each (collective, its time under the scheme); `groups`: a
+    first column naming each one's group."""
+    first = f"{'group':>6} " if groups else ""
     head = (
-        f"#{'collective':>10} {'size/rank':>10} {'ranks':>7} {'time(ms)':>10} "
+        f"#{first}{'collective':>13} {'size/rank':>10} {'ranks':>7} {'time(ms)':>10} "
         f"{'algbw(GB/s)':>12} {'busbw(GB/s)':>12} {'latency(ms)':>12} {'flows':>9}"
     )
     lines = [head]
-    for res, t in results:
+    for i, (res, t) in enumerate(results):
         algbw = res.bytes_per_rank / t / 1e9
         busbw = res.busbw_at(t) / 8e9
+        label = f"{groups[i]:>6} " if groups else ""
         lines.append(
-            f" {res.collective:>10} {fmt_size(int(res.bytes_per_rank)):>10} {res.ranks:>7} "
+            f" {label}{res.collective:>13} {fmt_size(int(res.bytes_per_rank)):>10} {res.ranks:>7} "
             f"{t * 1e3:>10.2f} {algbw:>12.2f} {busbw:>12.2f} {res.latency_s * 1e3:>12.3f} "
             f"{res.flows_computed:>9}"
         )
