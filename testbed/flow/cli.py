@@ -3,7 +3,8 @@
 xingmai-testbed fabric --gpus 131072 --tiers 3 --rail      # switches, links, bisection
 xingmai-testbed fabric --gpus 64 --radix 8 --dump > f.yaml  # for the packet engines
 xingmai-testbed flow-iteration --gpus 131072 --tiers 3     # DP ring + EP all-to-all
-xingmai-testbed calibrate-flow --scheme tita               # fit on the twin (8 hosts)
+xingmai-testbed flow-workload workload.txt --tiers 3        # a SimAI/AICB workload file
+xingmai-testbed calibrate-flow --scheme tita               # fit on the twin (free, congested)
 """
 
 from __future__ import annotations
