@@ -159,7 +159,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from testbed.errors import require
 
     require("dask.distributed", "the sweep")
-    from dask.distributed import Client, LocalCluster
+    from dask.distributed import Client, LocalCluster, as_completed
 
     schemes = [s for s in args.schemes.split(",") if s]
     bad = [s for s in schemes if s not in SCHEMES]
@@ -211,6 +211,16 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             client.submit(run_point, args.engine, args.topo, args.scale, suite, scheme, pure=False)
             for _, _, scheme, suite in grid
         ]
+        which = {f.key: i for i, f in enumerate(futures)}
+        for done, fut in enumerate(as_completed(futures), 1):  # a line as each run ends
+            value, seed, scheme, _ = grid[which[fut.key]]
+            what = f"{param}={value} " if param else ""
+            print(
+                f"[{time.monotonic() - t0:6.1f}s] [{done}/{len(grid)}] {what}seed {seed} "
+                f"{scheme}: {'failed' if fut.status == 'error' else 'done'}",
+                file=sys.stderr,
+                flush=True,
+            )
         results = client.gather(futures)
     finally:
         client.close()

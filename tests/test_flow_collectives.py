@@ -309,7 +309,10 @@ def test_sweep_on_the_flow_engine(tmp_path: Any, capsys: pytest.CaptureFixture[s
     for scheme in ("none", "tita"):
         small = cells[(262144, "allreduce", scheme)]["time ms"][0]
         assert small < cells[(1048576, "allreduce", scheme)]["time ms"][0]
-    assert "flow engine" in capsys.readouterr().out
+    out = capsys.readouterr()
+    assert "flow engine" in out.out
+    # a progress line as each run ends
+    assert "[4/4] allreduce_bytes=" in out.err and out.err.count("done") == 4
     # what the flow engine cannot run is refused before any worker starts
     bad = [a if a != "allreduce" else "incast" for a in argv]
     assert main([*bad, "--run-dir", str(tmp_path / "bad")]) == 2
