@@ -236,3 +236,34 @@ def test_socket_runner_survives_enetunreach(monkeypatch: pytest.MonkeyPatch) -> 
         t.step(0.01, 0.0)
         assert qp.counters.timeouts == 1 and qp.counters.retransmits == 2
     peer.close()
+
+
+def test_a_duplicate_is_acked_again_ackreq_or_not() -> None:
+    """IBA C9-105: a duplicate SEND is ACKed again. A requester resends after a timeout when
+    the ACK it waits for was coalesced away (ACK every N) or lost; a responder that dropped
+    the duplicate silently unless it carried AckReq left a slow sender resending the same
+    packet for ever (the twin's dcqcn+pfc all-to-all on crossed:4,1,4 at 2 MiB: rates of a
+    few Mb/s, one packet per timeout, no ACK, no rate increase)."""
+    a, b = pair(ack_every=4, rto=0.01, rto_max=0.04)
+    a.qps[5].post_send(bytes(4 * MTU), 0.0)
+
+    def psn(p: bytes) -> int:
+        return struct.unpack_from("!I", p, 20 + 8 + 8)[0] & 0xFFFFFF
+
+    # packets 0 and 1 arrive (no ACK: neither is the 4th nor asks for one); 2 and 3 are lost
+    shuttle(a, b, 0.0, lambda p: p if opcode(p) != OP_ACK and psn(p) < 2 else None)
+    qa = a.qps[5]
+    assert b.qps[6].epsn == 2 and qa.una == 0
+    a.expire(0.01)  # the timeout: go back to the oldest unacknowledged, packet 0
+    assert qa.counters.timeouts == 1 and qa.nxt == 0
+    resend = qa.peek(0.01)
+    assert resend is not None and psn(resend) == 0
+    qa.commit(0.01)
+    b.receive(resend, 0.01)  # a duplicate without AckReq
+    assert b.drops["duplicate"] == 1
+    acks = [f.packet for f in b.feedback if opcode(f.packet) == OP_ACK]
+    assert acks, "the duplicate went unanswered"
+    a.receive(acks[-1], 0.01)
+    assert qa.una == 2  # the requester learns 0 and 1 arrived and moves on
+    shuttle(a, b, 0.01)
+    assert qa.idle and b.qps[6].counters.messages_received == 1

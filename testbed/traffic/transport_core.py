@@ -551,8 +551,11 @@ class QueuePair:
                 core.drops["psn_out_of_window"] += 1
                 return
             core.drops["duplicate"] += 1
-            if ackreq:
-                self._send_ack(AETH_ACK, (self.epsn - 1) & PSN_MASK, sport)
+            # IBA C9-105: a duplicate SEND is ACKed again, AckReq or not: the requester
+            # resent it after a timeout, and the ACK it waits for may have been coalesced
+            # away (every `ack_every`); unanswered, a sender paced below a packet per
+            # timeout resends the same packet for ever
+            self._send_ack(AETH_ACK, (self.epsn - 1) & PSN_MASK, sport)
             return
         if not self._accept(opcode, psn, ackreq, payload, sport, int_bytes, now):
             return
