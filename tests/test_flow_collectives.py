@@ -459,6 +459,24 @@ def test_the_adaptive_schedule_shares_the_data_by_the_rails_rates() -> None:
     bw = lambda r: r.time_s - r.scaleup_s - r.latency_s + 2 * 7 * 2e-6  # noqa: E731
     assert bw(static) == pytest.approx(4 * net)  # a static split: the slow rail's ring ends last
     assert bw(adaptive) == pytest.approx(8 / (7 + 1 / 4) * net)  # shares by rate: 8 / 7.25
+    # a plain Clos: the rails' rings collide under ECMP; the stealing moves each hop's pieces
+    # to its channels with room: the slowest hop's summed first max-min rates set a step
+    from testbed.flow import maxmin
+    from testbed.flow.collectives import adaptive_rings, rail_rings, ring_allreduce
+    from testbed.flow.routing import entropy_ports, route
+
     plain = build_clos(ClosParams(128, tiers=3, rail=False, **SMALL))
-    with pytest.raises(ValueError, match="links of their own"):
-        hier_allreduce(plain, size, adaptive=True)
+    st, ad = hier_allreduce(plain, size), hier_allreduce(plain, size, adaptive=True)
+    assert ad.time_s < st.time_s
+    rings = rail_rings(plain)
+    k, n = len(rings), len(rings[0])
+    src = np.concatenate(rings)
+    dst = np.concatenate([np.roll(rg, -1) for rg in rings])
+    r = route(plain, src, dst, entropy_ports(src, dst, np.repeat(np.arange(k), n), 1))
+    hop = maxmin.rates(r, plain.link_cap).reshape(k, n).sum(axis=0)
+    assert hop.min() < hop.max()  # the collisions are on some hops only
+    seg = size / k / n
+    assert bw(ad) == pytest.approx(2 * (n - 1) * k * seg * 8 / hop.min())
+    net = ring_allreduce(plain, rings, size / k)
+    with pytest.raises(ValueError, match="same servers"):
+        adaptive_rings(plain, net, [rings[0], np.roll(rings[1], 1)], seg)

@@ -126,8 +126,8 @@ def add_parsers(sub: Any) -> None:
     it.add_argument(
         "--adaptive",
         action="store_true",
-        help="with --dp-algo hier: the library's adaptive schedule, each rail's ring given "
-        "data in proportion to its rate (rail-optimized fabrics)",
+        help="with --dp-algo hier: the library's adaptive schedule, each hop's pieces stolen "
+        "between the rails' channels (a slow rail or an ECMP collision carries less)",
     )
     it.add_argument(
         "--ep-bytes",

@@ -55,6 +55,7 @@ from testbed.traffic.collective_jobs import (
 )
 from testbed.traffic.collective_plans import ELEM, PlanSpec, build, bus_factor
 from testbed.traffic.transport_core import TransportConfig, TransportCore, port_seed
+from testbed.traffic.workloads import ALLREDUCE_SCHEDULE
 
 PROGRESS_S = 2.0  # how often a long computation says how far it is
 
@@ -414,11 +415,10 @@ def hier_allreduce(
     library times them (`nvlink_ring_time`: its step latency, the fabric's scale-up
     bandwidth one way). On a packet engine's topology a host's NICs are its GPUs.
 
-    `adaptive`: the library's adaptive schedule at its best, every rail's ring given a share
-    of the data in proportion to the rate it runs at, so that all finish together (its
-    work-stealing gets within a few % of that on the packet engines, docs/collectives.md);
-    for rings on links of their own (a rail-optimized fabric), each computed alone. The
-    scale-up hops that move the shares between rails are not counted."""
+    `adaptive`: the library's adaptive schedule at its best (`adaptive_rings`: each hop's
+    pieces stolen between the rails' channels, so a slow rail or a collision carries less;
+    its work-stealing gets within a few % of that on the packet engines,
+    docs/collectives.md and docs/flow.md)."""
     g = fab.gpus_per_server
     # a Clos built here has scale-up links; a packet engine's topology has none, and its
     # hosts' NVLink is the library's (what the packet engines time the steps with)
@@ -433,7 +433,8 @@ def hier_allreduce(
         link_latency=link_latency,
     )
     if adaptive:
-        net = _share_by_rate(fab, net, bytes_per_gpu / g, spray, link_latency)
+        rings = rail_rings(fab)
+        net = adaptive_rings(fab, net, rings, bytes_per_gpu / g / len(rings[0]), spray)
     total = 2 * intra + net.time_s
     n = fab.n_gpus
     return CollResult(
@@ -456,26 +457,45 @@ def hier_allreduce(
     )
 
 
-def _share_by_rate(
-    fab: Fabric, net: CollResult, shard: float, spray: bool, link_latency: float
+def adaptive_rings(
+    fab: Fabric,
+    net: CollResult,
+    rings: list[np.ndarray],
+    seg_bytes: float,
+    spray: bool = False,
+    seed: int = 1,
 ) -> CollResult:
-    """The rail rings' all-reduce with the data shared in proportion to each ring's rate:
-    every ring alone (each its bandwidth time for one shard), then the time at which their
-    rates together have moved all the shards."""
-    rings = rail_rings(fab)
-    alone = [
-        ring_allreduce(fab, [rg], shard, spray=spray, link_latency=link_latency) for rg in rings
-    ]
-    used = [set(np.flatnonzero(r.link_bits)) for r in alone if r.link_bits is not None]
-    if sum(len(u) for u in used) != len(set().union(*used)):
+    """`net` (the rings' all-reduce with a static split, each ring `seg_bytes` a step) under
+    the library's adaptive schedule at its best: its work-stealing moves a step's pieces
+    between the channels that join the same two servers (ring c's hop i is server i to
+    server i + 1 on every channel), so a hop moves its servers' whole segment at the sum of
+    its channels' rates, every channel busy to the end of the step, and the step lasts as
+    long as its slowest hop. The rates are the max-min allocation of every channel's flows
+    at once (the static split's first allocation): a channel behind an ECMP collision or a
+    slow NIC carries less, the others more. The scale-up hops that hand pieces between a
+    server's GPUs are not counted."""
+    k, n = len(rings), len(rings[0])
+    gps = fab.gpus_per_server
+    servers = np.stack([np.asarray(rg) // gps for rg in rings])  # [channel, rank]
+    if np.any(servers != servers[0]):
         raise ValueError(
-            "the adaptive schedule is modelled for rings on links of their own "
-            "(a rail-optimized fabric), not for rings that share links"
+            "the adaptive schedule steals between channels that join the same servers "
+            "hop by hop: rings of GPUs of the same servers in the same order"
         )
-    bw = np.array([r.time_s - r.latency_s for r in alone])
-    t_bw = len(rings) / float(np.sum(1 / bw))  # all shards at the rings' rates together
-    latency = max(r.latency_s for r in alone)
-    return replace(net, time_s=t_bw + latency, latency_s=latency, shortcut="adaptive, rings alone")
+    src = np.concatenate(rings)
+    dst = np.concatenate([np.roll(rg, -1) for rg in rings])
+    chan = np.repeat(np.arange(k), n)
+    r = route(fab, src, dst, entropy_ports(src, dst, chan, seed), spray)
+    rate = maxmin.rates(r, fab.link_cap).reshape(k, n)
+    hop = rate.sum(axis=0)  # b/s each server-to-server hop moves on all its channels
+    t_step = k * seg_bytes * 8 / float(hop.min())
+    t_bw = t_step * net.steps
+    return replace(
+        net,
+        time_s=t_bw + net.latency_s,
+        busbw_bps=net.busbw_at(t_bw + net.latency_s),
+        shortcut="adaptive",
+    )
 
 
 def flat_ring(fab: Fabric) -> list[np.ndarray]:
@@ -510,20 +530,24 @@ def suite_collective(
     seed: int = 1,
 ) -> CollResult:
     """The suite's collective on a packet engine's topology, as the collective library runs
-    it there: one rank per host, the host's buffer split evenly over its K NICs (channel c
-    is NIC c, a ring of NIC c of every host), all hosts in one communicator; the all-to-all
+    it there: one rank per host, the host's buffer split over its K NICs (channel c is NIC
+    c, a ring of NIC c of every host) by the suite's schedule (`ALLREDUCE_SCHEDULE`,
+    adaptive: `adaptive_rings`), all hosts in one communicator; the all-to-all
     with the suite's messages (`ALLTOALL_CHUNK`), on the job's own source ports when `spec`
     (the topology `fab` was built from) is given (`job_ports`: the run's `seed`)."""
     k, hosts = fab.gpus_per_server, fab.servers
     per_channel = [np.arange(hosts) * k + c for c in range(k)]
     if collective == "allreduce":
-        return ring_allreduce(
+        ring = ring_allreduce(
             fab,
             per_channel,
             bytes_per_rank / k,
             rank_bytes=bytes_per_rank,
             link_latency=link_latency,
         )
+        if k > 1 and ALLREDUCE_SCHEDULE == "adaptive":  # the suite's schedule: stealing
+            ring = adaptive_rings(fab, ring, per_channel, bytes_per_rank / k / hosts)
+        return ring
     if collective == "alltoall":
         return alltoall(
             fab,

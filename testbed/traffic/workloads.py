@@ -26,6 +26,8 @@ Runner = Callable[[list[Host], dict[str, Any]], RunOutput]
 
 DEFAULT_LINE_RATE = 100e6  # b/s: what the emulated links carry (see the transport benchmark)
 DEFAULT_BASE_RTT = 100e-6  # s
+# the all-reduce's schedule (the suite's; the flow engine's `suite_collective` models it)
+ALLREDUCE_SCHEDULE = "adaptive"
 
 
 def _flows_metrics(
@@ -133,7 +135,7 @@ def allreduce(
     runner: Runner = run_job,
     nic_ips: list[list[str]] | None = None,
     algorithm: str = "ring",
-    schedule: str = "adaptive",
+    schedule: str = ALLREDUCE_SCHEDULE,
     payload: str = "data",
 ) -> dict[str, Any]:
     """All-reduce of `size` bytes of float32 per rank (testbed.collective: ring by default,
