@@ -150,8 +150,30 @@ def test_a_scheme_slows_the_network_not_the_servers(tmp_path: Path) -> None:
     half = workload.run(fab, wl, lat, lambda coll, r: 0.5)
     assert half.blocking_comm_s == pytest.approx(ideal.blocking_comm_s)  # TP: in the server
     assert half.wg_comm_s == pytest.approx(2 * ideal.wg_comm_s, rel=1e-6)
-    with pytest.raises(workload.WorkloadError, match="all_gpus 16, the fabric has 32"):
-        workload.run(_fabric(32), wl, lat)
+    with pytest.raises(workload.WorkloadError, match="do not fit the fabric's 16 GPUs"):
+        workload.run(fab, wl, lat, jobs=(0, 16))
+    with pytest.raises(workload.WorkloadError, match="jobs overlap"):
+        workload.run(_fabric(32), wl, lat, jobs=(0, 8))
+
+
+def test_jobs_in_lockstep_meet_only_where_they_share_links(tmp_path: Path) -> None:
+    """Copies of a job on consecutive GPUs, their same collectives at once: on a
+    rail-optimized fabric each DP ring stays on its rail's leaf (nothing shared), on a plain
+    3-tier Clos the copies' rings meet at ECMP and each pass is longer than one copy's
+    alone on the same fabric."""
+    head = HEAD.replace("NPU_group: 8", "NPU_group: 4").replace("all_gpus: 16", "all_gpus: 32")
+    layer = "a -1 1000 NONE 0 1000 NONE 0 1000 ALLREDUCE 67108864 1"
+    wl = workload.read(_file(tmp_path, layer, head=head))  # TP 4 x DP 8 on 32 GPUs
+    lat = model_link_latency()
+    jobs = (0, 32, 64, 96)
+    rail = build_clos(ClosParams(gpus=128, radix=8, switch_tbps=3.2, tiers=3))
+    together = workload.run(rail, wl, lat, jobs=jobs)
+    assert together.time_s == pytest.approx(workload.run(rail, wl, lat).time_s)
+    plain = build_clos(ClosParams(gpus=128, radix=8, switch_tbps=3.2, rail=False, tiers=3))
+    alone = workload.run(plain, wl, lat)
+    together = workload.run(plain, wl, lat, jobs=jobs)
+    assert together.time_s > 1.3 * alone.time_s
+    assert together.compute_s == alone.compute_s
 
 
 def test_flow_workload_prints_and_writes(
@@ -169,7 +191,9 @@ def test_flow_workload_prints_and_writes(
     kinds = {(c["collective"], c["group"]) for c in got["collectives"]}
     assert ("alltoall", "EP") in kinds and ("allgather", "DP_EP") in kinds
     assert (tmp_path / "workload.png").stat().st_size > 0
-    assert main(["flow-workload", str(MOE), "--gpus", "256", "--json"]) == 1
+    assert main(["flow-workload", str(MOE), "--gpus", "256", "--json"]) == 2  # not 1 x 128
+    assert main(["flow-workload", str(MOE), "--jobs", "2", "--json"]) == 0  # 256 GPUs
+    assert '"jobs": 2' in capsys.readouterr().out
     assert main(["flow-workload", str(tmp_path / "missing.txt"), "--json"]) == 1
 
 

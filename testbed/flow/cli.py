@@ -194,6 +194,14 @@ def add_parsers(sub: Any) -> None:
     _fabric_args(wl, gpus_help="the fabric's GPUs (default: the file's all_gpus)")
     wl.add_argument("--scheme", default=None, help="apply this scheme's calibrated efficiencies")
     wl.add_argument("--spray", action="store_true", help="as flow-iteration's")
+    wl.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="copies of the job on consecutive GPU ranges, in lockstep (their same "
+        "collectives at once: the worst alignment), each also run alone on the same fabric "
+        "(default 1)",
+    )
     wl.add_argument("--json", action="store_true", help="the figures as one JSON line")
     wl.add_argument(
         "--run-dir",
@@ -492,25 +500,35 @@ def cmd_workload(args: argparse.Namespace) -> int:
 
     t0, cpu0 = time.perf_counter(), time.process_time()
     wl = workload.read(args.workload)
+    if args.jobs < 1:
+        raise ValueError(f"--jobs {args.jobs}: at least 1")
     if args.gpus is None:
-        args.gpus = wl.all_gpus
+        args.gpus = wl.all_gpus * args.jobs
+    if args.gpus != wl.all_gpus * args.jobs:
+        raise ValueError(
+            f"--gpus {args.gpus}: {args.jobs} job(s) of the file's all_gpus {wl.all_gpus} "
+            f"take {wl.all_gpus * args.jobs}"
+        )
     fab = build_clos(_params(args))
-    applied: dict[tuple[str, int, int], calibration.Applied] = {}
+    jobs = tuple(j * wl.all_gpus for j in range(args.jobs))
+    applied: dict[int, calibration.Applied] = {}  # by the result's id: what it ran at
 
     def efficiency(coll: str, r: CollResult) -> float:
         # a reduce-scatter or an all-gather is half the ring all-reduce's steps: its fit
         fitted = "alltoall" if coll == "alltoall" else "allreduce"
         got = calibration.applied(args.scheme, fitted, r) if args.scheme else None
-        key = (coll, r.ranks, int(r.bytes_per_rank))
         if got is not None:
-            applied[key] = got
+            applied[id(r)] = got
             return got.efficiency
         return 1.0
 
-    tl = workload.run(fab, wl, model_link_latency(), efficiency, spray=args.spray)
+    tl = workload.run(fab, wl, model_link_latency(), efficiency, spray=args.spray, jobs=jobs)
+    alone = None
+    if args.jobs > 1:  # the first copy alone on the same fabric: what the others cost it
+        alone = workload.run(fab, wl, model_link_latency(), efficiency, spray=args.spray)
     rows = []
-    for (coll, group, nbytes), r in tl.collectives.items():
-        got = applied.get((coll, r.ranks, nbytes))
+    for (_, group, _), r in tl.collectives.items():
+        got = applied.get(id(r))
         t = r.time_at(got.efficiency) if got else r.time_s
         rows.append((group, r, t, got))
     out: dict[str, Any] = {
@@ -530,6 +548,8 @@ def cmd_workload(args: argparse.Namespace) -> int:
         "scheme": args.scheme or "ideal",
         "routing": "spray" if args.spray else "ecmp",
         **tl.as_dict(),
+        "jobs": args.jobs,
+        "alone_s": alone.time_s if alone else tl.time_s,
     }
     out["collectives"] = [
         {
@@ -559,6 +579,12 @@ def cmd_workload(args: argparse.Namespace) -> int:
         f"collectives waited for {tl.blocking_comm_s * 1e3:.2f} ms, weight-gradient "
         f"collectives {tl.wg_comm_s * 1e3:.2f} ms of which exposed {tl.wg_exposed_s * 1e3:.2f} ms"
     )
+    if alone is not None:
+        print(
+            f"  {args.jobs} jobs in lockstep, each {tl.time_s * 1e3:.2f} ms; one alone on the "
+            f"same fabric {alone.time_s * 1e3:.2f} ms: the others cost it "
+            f"{tl.time_s / alone.time_s - 1:+.1%}"
+        )
     print(
         "  communication by group: "
         + ", ".join(f"{g} {s * 1e3:.2f} ms" for g, s in sorted(tl.comm_by_group.items()))

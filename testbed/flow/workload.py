@@ -243,12 +243,22 @@ def run(
     link_latency: float,
     efficiency: Callable[[str, CollResult], float] = lambda coll, r: 1.0,
     spray: bool = False,
+    jobs: tuple[int, ...] = (0,),
 ) -> Timeline:
     """One pass of `wl` on `fab` (SimAI's loop, above); every distinct (collective, group,
     bytes) computed once on the flow engine, every group of that kind at once, its time
-    under `efficiency(collective, result)` (1: the ideal)."""
-    if fab.n_gpus != wl.all_gpus:
-        raise WorkloadError(f"{wl.path}: all_gpus {wl.all_gpus}, the fabric has {fab.n_gpus} GPUs")
+    under `efficiency(collective, result)` (1: the ideal). `jobs`: the first GPU of each
+    copy of the job (its GPUs the next all_gpus), all in lockstep: their same collectives
+    at once on the fabric, the worst alignment of identical jobs (every copy's pass the
+    same time)."""
+    if max(jobs) + wl.all_gpus > fab.n_gpus or min(jobs) < 0:
+        raise WorkloadError(
+            f"{wl.path}: {len(jobs)} job(s) of all_gpus {wl.all_gpus} do not fit the fabric's "
+            f"{fab.n_gpus} GPUs"
+        )
+    starts = sorted(jobs)
+    if any(b - a < wl.all_gpus for a, b in zip(starts, starts[1:], strict=False)):
+        raise WorkloadError(f"{wl.path}: jobs overlap (first GPUs {starts})")
     tl = Timeline()
     cache: dict[tuple[str, str, int], float] = {}
     all_groups: dict[str, list[np.ndarray]] = {}
@@ -258,7 +268,10 @@ def run(
             return 0.0
         key = (p.collective, p.group, p.nbytes)
         if key not in cache:
-            gps = all_groups.setdefault(p.group, groups(wl, p.group))
+            if p.group not in all_groups:
+                one = groups(wl, p.group)
+                all_groups[p.group] = [g + j for j in jobs for g in one]
+            gps = all_groups[p.group]
             if p.collective == "alltoall":
                 r = alltoall(
                     fab, [g[None, :] for g in gps], p.nbytes, spray=spray, link_latency=link_latency
