@@ -143,3 +143,22 @@ def test_a_flapping_link_is_named_down_and_routed_around_each_time() -> None:
     removed = [f for f in rec.failovers if f["dead_links"]]
     assert len(removed) == 3  # each down routed around, each up restored
     assert rec.failovers[-1]["dead_links"] == []
+
+
+def test_flows_paced_after_timeouts_do_not_make_a_healthy_nic_slow() -> None:
+    """DCQCN cuts flows to a few Mb/s after go-back-N timeouts (a 2 MiB all-to-all through
+    4:1 uplinks), and its recovery raises their rate while each one's next departure is still
+    milliseconds ahead: the NIC's meter counts such a flow at the pace its last packet set,
+    as the pacer holds it, not at the raised rate (ten healthy NICs were named slow)."""
+    from dataclasses import replace
+
+    from testbed.topo import crossed
+
+    spec = crossed(4, 1, 4)
+    fab = SimFabric(spec, Scaling(scale=20, max_hops=spec.longest_path_switches()))
+    cfg = replace(
+        SuiteConfig.quick(), schemes=("dcqcn",), scenarios=("alltoall",), alltoall_bytes=2 << 20
+    )
+    [rec] = SimSuite(fab, cfg).run()
+    assert rec.correct and rec.retransmits > 0  # the timeouts happened
+    assert [s["element"] for s in rec.suspects if s["kind"] == "slow-nic"] == []

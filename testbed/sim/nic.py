@@ -66,6 +66,7 @@ class FlowTx:
 
     next_ns: int = 0
     rate_bps: int = 0  # 0: the NIC's line rate (no rate set)
+    gap_bps: int = 0  # the rate `next_ns` was paced at (its last packet's)
 
 
 def flow_key(saddr: bytes, daddr: bytes, sport: int) -> tuple[int, int, int, int, int]:
@@ -333,6 +334,7 @@ class SimHost:
             f = self._flow(flow_key(pkt[12:16], pkt[16:20], int.from_bytes(pkt[20:22], "big")))
             rate = f.rate_bps or self.line_rate_bps
             f.next_ns = max(f.next_ns, now_ns) + int(paced_len * 8e9 / rate)
+            f.gap_bps = rate
         port.busy_until = now_ns + int(paced_len * self.ns_per_byte)
         port.tx_bytes += len(frame)
         if not port.send(frame, now_ns):
@@ -342,14 +344,23 @@ class SimHost:
 
     def sample_waiting(self) -> None:
         """What waits in the NIC now (the sum of the paced rates of the queue pairs with a
-        packet to send), into its meter, as the agent samples its pacer's classes."""
-        line = self.line_rate_bps
+        packet to send), into its meter, as the agent samples its pacer's classes. A flow whose
+        next departure is still ahead counts at the rate that set it, not at a rate its law
+        raised since: the pacer holds it to the old pace until then (DCQCN's recovery raising
+        flows paced at a few Mb/s after timeouts made healthy NICs look slow)."""
+        line, now_ns = self.line_rate_bps, self.loop.now_ns
         waiting = 0
         if self.core is not None:
             for qp in self.core.active:
                 if qp.wants_to_send:
                     f = self.flows.get(flow_key(qp.local_addr, qp.peer_addr, qp.sport))
-                    waiting += min(f.rate_bps or line, line) if f is not None else line
+                    if f is None:
+                        bps = line
+                    elif f.next_ns > now_ns:  # held to the pace its last packet set
+                        bps = min(f.gap_bps or line, line)
+                    else:
+                        bps = min(f.rate_bps or line, line)
+                    waiting += bps
         self.meter.sample(self.loop.now, waiting)
 
     def nic_counters(self) -> tuple[int, float, int]:
