@@ -26,6 +26,8 @@ suite in one process under a virtual clock, without root.
 from __future__ import annotations
 
 import argparse
+import io
+import os
 import shlex
 import sys
 import time
@@ -570,6 +572,12 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:  # a testbed or component that cannot start, a missing extra
         print(f"xingmai-testbed: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # the reader went away (`... | head`): stop quietly, as Unix tools do
+        try:  # and let the interpreter's last flush of stdout go nowhere
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError, io.UnsupportedOperation):
+            pass
+        return 141
 
 
 if __name__ == "__main__":

@@ -213,3 +213,16 @@ def test_the_pipeline_bubble_by_simais_formula(tmp_path: Path) -> None:
     tl = workload.run(_fabric(32), wl, model_link_latency())
     assert tl.bubble_s == pytest.approx(6000e-9 * 1 / 2)
     assert tl.time_s == pytest.approx(21000e-9)  # the bubble is reported, not added
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import testbed.flow.cli as flow_cli
+
+    def closed(*_: object) -> str:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(flow_cli, "describe", closed)
+    assert main(["fabric", "--gpus", "64", "--radix", "8", "--switch-tbps", "3.2"]) == 141
+    assert "Traceback" not in capsys.readouterr().err
