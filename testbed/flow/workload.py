@@ -215,6 +215,26 @@ def groups(wl: Workload, group: str) -> list[np.ndarray]:
     raise ValueError(group)
 
 
+def channel_rings(gps: list[np.ndarray], gpus_per_server: int) -> list[np.ndarray]:
+    """The rings NCCL builds for each group: where a group has k GPUs in each of several
+    servers, k channels, each a ring through every member server by server, channel c
+    entering and leaving each server by a different member (the server's members rotated
+    by c), so that every member's NIC carries one channel's hop between servers; each
+    channel moves 1/k of the buffer. A group inside one server, or with one GPU per
+    server, is one ring."""
+    out = []
+    for g in gps:
+        server = g // gpus_per_server
+        _, per = np.unique(server, return_counts=True)
+        k = int(per[0])
+        if k == 1 or len(per) == 1 or np.any(per != k) or np.any(np.diff(server) < 0):
+            out.append(g)
+            continue
+        blocks = g.reshape(-1, k)  # the members of each server, servers in order
+        out += [np.roll(blocks, -c, axis=1).ravel() for c in range(k)]
+    return out
+
+
 @dataclass
 class Timeline:
     """One pass of the workload: where its time went."""
@@ -277,13 +297,15 @@ def run(
                     fab, [g[None, :] for g in gps], p.nbytes, spray=spray, link_latency=link_latency
                 )
             else:
+                rings = channel_rings(gps, fab.gpus_per_server)
                 r = ring_allreduce(
                     fab,
-                    gps,
-                    p.nbytes,
+                    rings,
+                    p.nbytes * len(gps) / len(rings),
                     spray=spray,
                     link_latency=link_latency,
                     collective=p.collective,
+                    rank_bytes=p.nbytes,
                 )
             tl.collectives[key] = r
             # a collective inside the servers (a TP group of up to 8) never meets the
