@@ -55,8 +55,9 @@ class SeqTracker:
     if the report turns up late; a number seen before is a duplicate. A 0 out of order is the
     reporter restarting (its pipeline reloaded), not a loss. Any other number outside the
     window moves nothing by itself — one corrupt or spoofed report must not count millions
-    lost or reset the count — until the report after it follows it: then the stream really
-    jumped (a long outage: counted lost) or went back (a restart: counted as one)."""
+    lost or reset the count — until a report follows it (its successor, or one within the
+    window after it): then the stream really jumped (a long outage: counted lost) or went
+    back (a restart: counted as one)."""
 
     def __init__(self, window: int = REORDER_WINDOW):
         self.window = window
@@ -107,15 +108,20 @@ class SeqTracker:
             self._restart(seq)
         elif behind <= self.window:
             self.duplicates += 1
-        elif self._candidate is not None and seq == (self._candidate + 1) % SEQ_MOD:
+        elif self._candidate is not None and 0 < (seq - self._candidate) % SEQ_MOD <= self.window:
+            # the stream followed the candidate (its successor, or within the window after
+            # it: an overloaded socket keeps dropping after an outage): it jumped
+            cand, self._candidate = self._candidate, None
             self.out_of_window -= 1  # the candidate was the stream after all
-            jump = (self._candidate - self.next) % SEQ_MOD
+            jump = (cand - self.next) % SEQ_MOD
             if jump < SEQ_MOD // 2:
-                self._gap(jump)
-                self.next = (seq + 1) % SEQ_MOD
+                self._gap(jump)  # the outage: lost
+                self.next = (cand + 1) % SEQ_MOD
             else:
-                self._restart(seq)
-            self._candidate = None
+                self._restart(cand)  # it went back: a restart
+            if seq != self.next:
+                self._gap((seq - self.next) % SEQ_MOD)  # between the candidate and this one
+            self.next = (seq + 1) % SEQ_MOD
         else:
             self._candidate = seq
             self.out_of_window += 1

@@ -89,6 +89,24 @@ def test_sequence_tracker_counts_gaps_reorders_duplicates_and_restarts() -> None
     assert (w.lost, w.resets) == (1, 0)
 
 
+def test_an_outage_whose_next_reports_also_have_gaps_is_counted() -> None:
+    """An overloaded collector's socket drops a run longer than the reorder window and then
+    keeps dropping: the far report after the outage is followed by another with a gap, not
+    by its successor. Every number is still received or lost, none uncounted (the burst
+    test of tests/test_collector_hardening.py lost 4,273 of 50,001 so under load)."""
+    t = SeqTracker(window=16)
+    seen = [1, 2, 3, 100, 102, 105, 106]  # 4..99 in an outage, then 101, 103, 104 dropped
+    for s in seen:
+        t.see(s)
+    assert t.received == len(seen) and t.received + t.lost == 106
+    assert t.out_of_window == 0
+    # a lone corrupt number far away still moves nothing until the stream follows it
+    t.see(5000)
+    assert t.lost == 106 - len(seen) and t.out_of_window == 1
+    t.see(107)
+    assert t.received + t.lost == 108 and t.out_of_window == 1
+
+
 def test_every_tenth_report_dropped_is_counted_exactly() -> None:
     topo = Topology(load(EXAMPLE))
     col = Collector(topo)
