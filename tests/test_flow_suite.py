@@ -48,9 +48,12 @@ def test_run_engine_flow_writes_the_results(tmp_path: Path) -> None:
 
 
 def test_an_uncalibrated_scheme_is_refused_with_its_command() -> None:
-    with pytest.raises(UserError, match="calibrate-flow --scheme swift"):
-        calibration.efficiency("swift", "allreduce")
-    assert main(["run", "--engine", "flow", "--schemes", "swift", "--scenarios", "allreduce"]) == 1
+    with pytest.raises(UserError, match="calibrate-flow --scheme tita-reactive"):
+        calibration.efficiency("tita-reactive", "allreduce")
+    assert (
+        main(["run", "--engine", "flow", "--schemes", "tita-reactive", "--scenarios", "allreduce"])
+        == 1
+    )
 
 
 def test_other_scenarios_are_refused() -> None:
