@@ -6,12 +6,15 @@ per-scheme efficiencies calibrated on the packet-level twin (docs/flow.md).
 - `routing`: per-flow ECMP with the P4 program's hash, spraying, collisions, fail-over around
   switches and cables down (`fabric.fail`);
 - `maxmin`: progressive filling, and flows run to completion on events;
-- `collectives`: ring all-reduce per rail, the library's hierarchical all-reduce, one flat
-  ring, and all-to-all within groups, as flows;
-- `calibration`: the per-scheme efficiencies (calibration.yaml) and how they are fitted;
+- `collectives`: ring all-reduce per rail (and its reduce-scatter and all-gather halves), the
+  library's hierarchical all-reduce, one flat ring, all-to-all within groups, as flows, and
+  the library's adaptive schedule as work-stealing per hop;
+- `calibration`: the per-scheme efficiencies (calibration.yaml), free and where the network
+  holds the collective (congested), and how they are fitted;
+- `workload`: SimAI/AICB workload files, one pass of SimAI's loop on the fabric;
 - `suite`: `xingmai-testbed run --engine flow` (allreduce, alltoall; `--faults` down/kill at 0)
   and `sweep --engine flow`;
 - `report`, `plots`: `flow-iteration`'s table, link utilisation and plot, and the cost plot of
   `make bench`'s `flow_scale`;
-- `cli`: the commands `fabric`, `flow-iteration`, `calibrate-flow`.
+- `cli`: the commands `fabric`, `flow-iteration`, `flow-workload`, `calibrate-flow`.
 """
