@@ -31,6 +31,10 @@ def test_run_engine_flow_writes_the_results(tmp_path: Path) -> None:
     assert rc == 0
     doc = json.loads((tmp_path / "results.json").read_text())
     assert doc["setup"]["engine"] == "flow"
+    # the summary plot, and none of the packet engines' (a fluid model has no queues, rates
+    # or FCTs to draw)
+    assert (tmp_path / "summary.png").stat().st_size > 0
+    assert not (tmp_path / "queue.png").exists() and not (tmp_path / "rates.png").exists()
     runs = {(r["scheme"], r["scenario"]): r for r in doc["runs"]}
     assert set(runs) == {(s, c) for s in ("none", "tita") for c in ("allreduce", "alltoall")}
     applied = doc["setup"]["flow_efficiency"]

@@ -5,11 +5,12 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from testbed.experiment.plots import write_plots
+from testbed.experiment.plots import summary_plot, write_plots
 from testbed.experiment.report import (
     RESULTS_SCHEMA,
     Spread,
@@ -106,13 +107,20 @@ def test_results_file_and_plots(tmp_path: Path) -> None:
     assert len(doc["runs"]) == 6 and "queue_series" not in doc["runs"][0]
     assert doc["series"][0]["queue_bytes"]["v"][1] == 495e3
     made = write_plots(RECORDS, tmp_path, 20e6, 19.5e6)
-    assert [p.name for p in made] == ["queue.png", "rates.png", "fct_cdf.png"]
+    assert [p.name for p in made] == ["queue.png", "rates.png", "fct_cdf.png", "summary.png"]
     assert all(p.stat().st_size > 10_000 for p in made)
     (tmp_path / "x").mkdir()
     only = write_plots(
         [r for r in RECORDS if r.scenario == "allreduce"], tmp_path / "x", 20e6, 19.5e6
     )
-    assert [p.name for p in only] == ["queue.png", "rates.png"]  # no FCT without flows
+    assert [p.name for p in only] == ["queue.png", "rates.png", "summary.png"]  # no FCT
+    # a failed run is left out of the summary, and said in its panel's title
+    failed = [
+        replace(r, error="stuck", completion_s=0.0) if r.scheme == "dcqcn" else r for r in RECORDS
+    ]
+    (tmp_path / "y").mkdir()
+    assert summary_plot(failed, tmp_path / "y" / "summary.png") is not None
+    assert summary_plot([replace(r, error="stuck") for r in RECORDS], tmp_path / "z.png") is None
     # lossless schemes alone are plotted too (a run of dcqcn+pfc,tita+pfc once had no column)
     (tmp_path / "pfc").mkdir()
     lossless = [
@@ -121,7 +129,7 @@ def test_results_file_and_plots(tmp_path: Path) -> None:
         if r.scheme in ("dcqcn", "tita")
     ]
     made = write_plots(lossless, tmp_path / "pfc", 20e6, 19.5e6)
-    assert [p.name for p in made] == ["queue.png", "rates.png", "fct_cdf.png"]
+    assert [p.name for p in made] == ["queue.png", "rates.png", "fct_cdf.png", "summary.png"]
 
 
 # ---- repetitions (--repeat N) -----------------------------------------------------------
@@ -189,7 +197,7 @@ def test_table_shows_median_and_range_and_results_keep_every_repetition(
     # the plots show the repetition with the median time (4.2 s: repetition 2)
     assert [r.repetition for r in representative(records) if r.scheme == "tita"] == [2]
     made = write_plots(records, tmp_path, 20e6, 19.5e6)
-    assert [p.name for p in made] == ["queue.png", "rates.png", "fct_cdf.png"]
+    assert [p.name for p in made] == ["queue.png", "rates.png", "fct_cdf.png", "summary.png"]
 
 
 def test_compare_takes_a_repeated_files_median(tmp_path: Path) -> None:

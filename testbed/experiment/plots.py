@@ -4,7 +4,9 @@
   (scenario, scheme), same scale along a row;
 - `rates.png`: every flow's NIC rate over time (the agents' WatchRates), for the incast and
   the all-reduce, one panel per scheme;
-- `fct_cdf.png`: the CDF of FCT slowdown per scheme (incast and WebSearch flows).
+- `fct_cdf.png`: the CDF of FCT slowdown per scheme (incast and WebSearch flows);
+- `summary.png`: each scenario's completion time per scheme, the median of its repetitions
+  with their range: every engine has it (the flow engine no other).
 """
 
 from __future__ import annotations
@@ -212,6 +214,37 @@ def fct_cdf_plot(records: list[RunRecord], path: Path) -> Path | None:
     return path
 
 
+def summary_plot(records: list[RunRecord], path: Path) -> Path | None:
+    """One panel per scenario: each scheme's completion time, a bar at the median of its
+    repetitions and a line over their range (runs that failed are left out, and said)."""
+    from testbed.experiment.report import Spread, cells
+
+    done = [r for r in records if not r.error and r.completion_s > 0]
+    if not done:
+        return None
+    plt = _pyplot()
+    by = cells(done)
+    scen = list(dict.fromkeys(sc for sc, _ in by))
+    fig, axes = plt.subplots(1, len(scen), figsize=(3.4 * len(scen), 3.2), squeeze=False)
+    for ax, sc in zip(axes[0], scen, strict=True):
+        schemes = [s for s in COLORS if (sc, s) in by]
+        spreads = [Spread.of(r.completion_s for r in by[(sc, s)]) for s in schemes]
+        x = np.arange(len(schemes))
+        med = np.array([sp.med for sp in spreads if sp is not None])
+        lo = med - np.array([sp.lo for sp in spreads if sp is not None])
+        hi = np.array([sp.hi for sp in spreads if sp is not None]) - med
+        top = float(med.max())
+        unit, k = ("us", 1e6) if top < 1e-3 else ("ms", 1e3) if top < 1 else ("s", 1.0)
+        ax.bar(x, med * k, color=[COLORS[s] for s in schemes], yerr=[lo * k, hi * k], capsize=3)
+        ax.set_xticks(x, [TITLES[s] for s in schemes], rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel(f"completion ({unit})", fontsize=8)
+        failed = sum(1 for r in records if r.scenario == sc and (r.error or r.completion_s <= 0))
+        ax.set_title(sc + (f" ({failed} failed, left out)" if failed else ""), fontsize=9)
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle("Completion time per scheme (median, min-max over repetitions)", fontsize=10)
+    return save_figure(fig, path)
+
+
 def replot(results: Path) -> list[Path]:
     """The plots again, from a run's results.json (next to it)."""
     import json
@@ -245,11 +278,15 @@ def write_plots(
         )
         return []
 
-    records = representative(records)
+    every = records
+    # the packet engines' records carry queues, rates and FCTs; a fluid model's do not
+    # (the flow engine's: no INT, no queue samples), and has the summary only
+    records = representative([r for r in records if r.int_packets or r.queue_samples])
     made = [
-        queue_plot(records, out / "queue.png", line_rate_bps),
-        rates_plot(records, out / "rates.png", nic_bps),
-        fct_cdf_plot(records, out / "fct_cdf.png"),
+        queue_plot(records, out / "queue.png", line_rate_bps) if records else None,
+        rates_plot(records, out / "rates.png", nic_bps) if records else None,
+        fct_cdf_plot(records, out / "fct_cdf.png") if records else None,
+        summary_plot(every, out / "summary.png"),
     ]
     return [p for p in made if p is not None]
 

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 
 from controller.nic.ratelaw import CcParams
 from testbed.errors import UserError
+from testbed.experiment.plots import write_plots
 from testbed.experiment.rundir import new_run_dir
 from testbed.experiment.schemes import cc_profile_name
 from testbed.experiment.suite import RunRecord, Suite, SuiteConfig
@@ -208,5 +209,7 @@ def run_flow(args: argparse.Namespace, cfg: SuiteConfig) -> int:
                 + (f"; {got.note}" if got.note else "")
             )
     print()
+    plots = write_plots(records, run_dir, s.link_bps, s.nic_bps)
     print(f"results: {run_dir / 'results.json'}")
+    print("plots:   " + (", ".join(str(p) for p in plots) or "none"))
     return 0
