@@ -112,6 +112,7 @@ def test_the_congested_efficiency_by_the_collectives_ideal_time() -> None:
     )
     below = calibration.congested_efficiency(points, 1e-6)
     assert below.efficiency == 0.9 and "the efficiency at 10 us" in below.note
+    assert beyond.beyond and below.beyond and not mid.beyond
 
 
 def test_a_collective_the_network_holds_takes_the_congested_fit(tmp_path: Path) -> None:
@@ -154,7 +155,8 @@ def test_a_collective_the_network_holds_takes_the_congested_fit(tmp_path: Path) 
     # a congested fit that missed its held-out check by more than the issue's 10 % says so
     missed = calibration.applied("tita", "alltoall", result(True, "alltoall"), path)
     assert missed.efficiency == 0.3 and missed.held_out_error == 0.41
-    assert "missed its held-out check by +41%" in missed.note
+    assert "missed its held-out check by +41%" in missed.note and missed.missed
+    assert not free.missed
     doc = calibration.load(path)
     cong = doc["schemes"]["tita"]["alltoall"]["congested"]
     cong["held_out"] = {"failed": "h1: alltoall rank 0 stuck"}
@@ -182,3 +184,24 @@ def test_run_sets_a_suite_parameter(tmp_path: Path) -> None:
     assert run["busbw_bps"] > 0
     for bad in ("allreduce_bytes=x", "seed=3", "allreduce_bytes", "nonsense=1"):
         assert main([*argv[:-1], bad]) == 2
+
+
+def test_flow_iteration_compares_schemes_side_by_side(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--compare`: the iteration computed once, each scheme's calibrated efficiencies on
+    it; its fits marked (beyond the fitted times, a missed held-out check); an unknown
+    scheme refused by name."""
+    argv = ["flow-iteration", "--gpus", "128", "--radix", "8", "--switch-tbps", "3.2"]
+    argv += ["--tiers", "3", "--clos", "--dp-bytes", "16777216", "--ep-bytes", "1048576"]
+    argv += ["--ep-group", "8", "--json"]
+    assert main([*argv, "--compare", "none,tita,timely"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    cmp = out["compare"]
+    assert list(cmp) == ["none", "tita", "timely"]
+    for c in cmp.values():
+        eff = c["efficiency"]["allreduce"]
+        assert eff["regime"] == ("congested" if out["allreduce_held_by_network"] else "free")
+        assert c["iteration_s"] == pytest.approx(c["allreduce_s"] + c["alltoall_s"])
+    assert cmp["timely"]["efficiency"]["allreduce"]["missed"]  # its fit missed (+15 %)
+    assert cmp["none"]["allreduce_s"] < cmp["timely"]["allreduce_s"]
+    assert main([*argv, "--compare", "none,bogus"]) == 1
+    assert "unknown scheme 'bogus'" in capsys.readouterr().err

@@ -40,7 +40,7 @@ import yaml
 from testbed.ctlconfig import smallest_resolving_scale
 from testbed.errors import UserError
 from testbed.experiment.report import load_results
-from testbed.experiment.schemes import cc_profile_name, default_cc_profiles
+from testbed.experiment.schemes import SCHEMES, cc_profile_name, default_cc_profiles
 from testbed.flow.collectives import CollResult, model_link_latency, suite_collective
 from testbed.flow.fabric import from_spec
 from testbed.model import Scaling
@@ -87,6 +87,8 @@ def load(path: Path = CALIBRATION) -> dict[str, Any]:
 
 
 def _entry(scheme: str, collective: str, path: Path, congested: bool = False) -> dict[str, Any]:
+    if scheme not in SCHEMES:
+        raise UserError(f"unknown scheme {scheme!r} (one of {', '.join(SCHEMES)})")
     entry = load(path)["schemes"].get(scheme, {}).get(collective)
     if entry is None or (congested and "congested" not in entry):
         where = "where the network holds it " if congested else ""
@@ -117,6 +119,8 @@ class Applied:
     regime: str  # "free": not held by the network; "congested": held (the congested fit)
     note: str = ""  # beyond the fitted times, or a fit that missed its held-out check
     held_out_error: float | None = None  # the fit's held-out check: predicted / twin - 1
+    beyond: bool = False  # the collective's time lies outside the fitted ones
+    missed: bool = False  # the fit missed its held-out check (or its held-out run failed)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -124,6 +128,8 @@ class Applied:
             "regime": self.regime,
             "note": self.note,
             "held_out_error": self.held_out_error,
+            "beyond": self.beyond,
+            "missed": self.missed,
         }
 
 
@@ -149,7 +155,7 @@ def applied(scheme: str, collective: str, result: CollResult, path: Path = CALIB
             f"the congested fit of {scheme} {collective}: {missed} (docs/flow.md): a figure "
             "to check on the twin"
         )
-        got = replace(got, note="; ".join(n for n in (got.note, missed) if n))
+        got = replace(got, note="; ".join(n for n in (got.note, missed) if n), missed=True)
     return replace(got, held_out_error=error)
 
 
@@ -161,14 +167,15 @@ def congested_efficiency(points: list[dict[str, Any]], ideal_s: float) -> Applie
     effs = [e for _, e in pts]
     lo, hi = pts[0][0], pts[-1][0]
     note = ""
-    if ideal_s > hi * (1 + 1e-9) or ideal_s < lo * (1 - 1e-9):
+    beyond = ideal_s > hi * (1 + 1e-9) or ideal_s < lo * (1 - 1e-9)
+    if beyond:
         edge = hi if ideal_s > hi else lo
         note = (
             f"held {_fmt_s(ideal_s)} ideally, beyond the congested fit's "
             f"{_fmt_s(lo)}-{_fmt_s(hi)}: the efficiency at {_fmt_s(edge)}"
         )
     eff = float(np.interp(math.log(ideal_s), xs, effs)) if ideal_s > 0 else effs[0]
-    return Applied(round(eff, 4), "congested", note)
+    return Applied(round(eff, 4), "congested", note, beyond=beyond)
 
 
 def _fmt_s(t: float) -> str:

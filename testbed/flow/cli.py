@@ -142,6 +142,13 @@ def add_parsers(sub: Any) -> None:
         help="apply this scheme's calibrated efficiencies (default: ideal)",
     )
     it.add_argument(
+        "--compare",
+        default="",
+        metavar="SCHEMES",
+        help="comma-separated schemes: the same iteration under each one's calibrated "
+        "efficiencies, side by side (computed once; e.g. none,tita,dcqcn+pfc)",
+    )
+    it.add_argument(
         "--full",
         action="store_true",
         help="compute every ring step, ring and group (no symmetry shortcut)",
@@ -349,6 +356,7 @@ def cmd_iteration(args: argparse.Namespace) -> int:
     t_ar, t_aa = out["allreduce_s"], out["alltoall_s"]
     out["compute_s"] = args.compute_ms / 1e3
     out["iteration_s"] = out["compute_s"] + t_ar + t_aa
+    out["compare"] = _compare(args.compare, colls, out["compute_s"])
     out["communication_share"] = (t_ar + t_aa) / out["iteration_s"]
     loads = [link_load(fab, ring, t_ar), link_load(fab, a2a, t_aa)]
     out["link_load"] = {ld.collective: ld.as_dict() for ld in loads}
@@ -387,6 +395,23 @@ def cmd_iteration(args: argparse.Namespace) -> int:
         for c, a in applied.items():
             note = f"; {a.note}" if a.note else ""
             print(f"  {args.scheme} {c}: efficiency {a.efficiency:.3f} ({a.regime} fit{note})")
+    if out["compare"]:
+        print(f"  {'scheme':>10} {'all-reduce':>12} {'all-to-all':>12} {'iteration':>12}  fits")
+        for sch, c in out["compare"].items():
+            fits = ", ".join(
+                f"{k} {v['regime']} {v['efficiency']:.3f}"
+                + ("*" if v["beyond"] else "")
+                + ("!" if v["missed"] else "")
+                for k, v in c["efficiency"].items()
+            )
+            print(
+                f"  {sch:>10} {c['allreduce_s'] * 1e3:>9.2f} ms {c['alltoall_s'] * 1e3:>9.2f} ms "
+                f"{c['iteration_s'] * 1e3:>9.2f} ms  {fits}"
+            )
+        print(
+            "  (*: the collective's ideal time lies beyond the fitted ones, the nearest "
+            "point's efficiency; !: the fit missed its held-out check: docs/flow.md)"
+        )
     print("  link utilisation (network links, idle included):")
     for ld in loads:
         print("\n".join(load_lines(ld)))
@@ -398,6 +423,24 @@ def cmd_iteration(args: argparse.Namespace) -> int:
     if run_dir is not None:
         print(f"  results: {run_dir / 'iteration.json'}\n  plot:    {run_dir / 'iteration.png'}")
     return 0
+
+
+def _compare(
+    schemes: str, colls: dict[str, CollResult], compute_s: float
+) -> dict[str, dict[str, Any]]:
+    """The iteration under each scheme of `schemes` (comma-separated): its collectives'
+    times at the scheme's calibrated efficiencies (the fit each took, and its note)."""
+    out = {}
+    for sch in (x.strip() for x in schemes.split(",") if x.strip()):
+        got = {c: calibration.applied(sch, c, r) for c, r in colls.items()}
+        t = {c: r.time_at(got[c].efficiency) for c, r in colls.items()}
+        out[sch] = {
+            "allreduce_s": t["allreduce"],
+            "alltoall_s": t["alltoall"],
+            "iteration_s": compute_s + sum(t.values()),
+            "efficiency": {c: a.as_dict() for c, a in got.items()},
+        }
+    return out
 
 
 def _write_iteration(
