@@ -462,7 +462,7 @@ def test_the_adaptive_schedule_shares_the_data_by_the_rails_rates() -> None:
     # a plain Clos: the rails' rings collide under ECMP; the stealing moves each hop's pieces
     # to its channels with room: the slowest hop's summed first max-min rates set a step
     from testbed.flow import maxmin
-    from testbed.flow.collectives import adaptive_rings, rail_rings, ring_allreduce
+    from testbed.flow.collectives import rail_rings, ring_allreduce
     from testbed.flow.routing import entropy_ports, route
 
     plain = build_clos(ClosParams(128, tiers=3, rail=False, **SMALL))
@@ -477,6 +477,5 @@ def test_the_adaptive_schedule_shares_the_data_by_the_rails_rates() -> None:
     assert hop.min() < hop.max()  # the collisions are on some hops only
     seg = size / k / n
     assert bw(ad) == pytest.approx(2 * (n - 1) * k * seg * 8 / hop.min())
-    net = ring_allreduce(plain, rings, size / k)
     with pytest.raises(ValueError, match="same servers"):
-        adaptive_rings(plain, net, [rings[0], np.roll(rings[1], 1)], seg)
+        ring_allreduce(plain, [rings[0], np.roll(rings[1], 1)], size / k, adaptive=True)

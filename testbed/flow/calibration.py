@@ -301,7 +301,6 @@ def ideal_vs_twin(results: Path) -> dict[str, dict[str, Any]]:
             "topology": setup["topology"],
             "hosts": len(spec.hosts),
             "bytes_per_rank": size,
-            "twin_time_s": run["completion_s"] / k,
             "twin_scale": k,
             "ideal_time_s": ideal.time_s,
             "ideal_latency_s": ideal.latency_s,
@@ -314,8 +313,9 @@ def ideal_vs_twin(results: Path) -> dict[str, dict[str, Any]]:
             "twin_command": setup.get("command"),
         }
         if run.get("error"):  # the twin's collective did not complete: no time to fit on
-            del out[coll]["twin_time_s"]
             out[coll]["failed"] = run["error"]
+        else:
+            out[coll]["twin_time_s"] = run["completion_s"] / k
     return out
 
 

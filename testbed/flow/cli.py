@@ -322,9 +322,7 @@ def cmd_iteration(args: argparse.Namespace) -> int:
     )
     t_a2a = time.perf_counter() - t0 - t_fab - t_ring
     colls = {"allreduce": ring, "alltoall": a2a}
-    applied = {c: calibration.Applied(1.0, "ideal") for c in colls}
-    if args.scheme:
-        applied = {c: calibration.applied(args.scheme, c, r) for c, r in colls.items()}
+    applied = _under(args.scheme, colls)
     eff = {c: a.efficiency for c, a in applied.items()}
     out: dict[str, Any] = {
         "fabric": fab.name,
@@ -425,6 +423,13 @@ def cmd_iteration(args: argparse.Namespace) -> int:
     return 0
 
 
+def _under(scheme: str | None, colls: dict[str, CollResult]) -> dict[str, calibration.Applied]:
+    """Each collective's calibrated efficiency under `scheme` (None: the ideal, 1)."""
+    if not scheme:
+        return {c: calibration.Applied(1.0, "ideal") for c in colls}
+    return {c: calibration.applied(scheme, c, r) for c, r in colls.items()}
+
+
 def _compare(
     schemes: str, colls: dict[str, CollResult], compute_s: float
 ) -> dict[str, dict[str, Any]]:
@@ -432,7 +437,7 @@ def _compare(
     times at the scheme's calibrated efficiencies (the fit each took, and its note)."""
     out = {}
     for sch in (x.strip() for x in schemes.split(",") if x.strip()):
-        got = {c: calibration.applied(sch, c, r) for c, r in colls.items()}
+        got = _under(sch, colls)
         t = {c: r.time_at(got[c].efficiency) for c, r in colls.items()}
         out[sch] = {
             "allreduce_s": t["allreduce"],
@@ -569,11 +574,7 @@ def cmd_workload(args: argparse.Namespace) -> int:
     alone = None
     if args.jobs > 1:  # the first copy alone on the same fabric: what the others cost it
         alone = workload.run(fab, wl, model_link_latency(), efficiency, spray=args.spray)
-    rows = []
-    for (_, group, _), r in tl.collectives.items():
-        got = applied.get(id(r))
-        t = r.time_at(got.efficiency) if got else r.time_s
-        rows.append((group, r, t, got))
+    rows = [(key[1], r, tl.times[key], applied.get(id(r))) for key, r in tl.collectives.items()]
     out: dict[str, Any] = {
         "workload": str(args.workload),
         "policy": wl.policy,
@@ -597,11 +598,10 @@ def cmd_workload(args: argparse.Namespace) -> int:
     out["collectives"] = [
         {
             **c,
-            "time_under_scheme_s": t,
             "fit": got.regime if got else ("ideal" if not args.scheme else "scale-up"),
             "note": got.note if got else "",
         }
-        for c, (_, _, t, got) in zip(out["collectives"], rows, strict=True)
+        for c, (_, _, _, got) in zip(out["collectives"], rows, strict=True)
     ]
     out["wall_s"] = round(time.perf_counter() - t0, 3)
     out["cpu_s"] = round(time.process_time() - cpu0, 3)

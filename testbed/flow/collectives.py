@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -174,6 +174,7 @@ def ring_allreduce(
     link_latency: float = 0.0,
     progress: Callable[[str], None] | None = None,
     collective: str = "allreduce",
+    adaptive: bool = False,
 ) -> CollResult:
     """`rings`: each an array of GPUs in ring order (all of one length n), each all-reducing
     `bytes_per_rank` per member. `rank_bytes`: the size per rank busbw is reported for
@@ -182,7 +183,16 @@ def ring_allreduce(
     `progress`: told how far the step-by-step computation (`symmetric=False`) is, every
     few seconds. `collective`: "reducescatter" or "allgather" runs the ring's half of the
     all-reduce (n - 1 steps of a segment each, `bytes_per_rank` the whole buffer, as
-    nccl-tests sizes them)."""
+    nccl-tests sizes them).
+
+    `adaptive`: the rings are the channels of one collective (ring c's hop i joins the same
+    two servers on every channel), under the library's adaptive schedule at its best: its
+    work-stealing moves a step's pieces between the channels of a hop, so a hop moves its
+    servers' whole segment at the sum of its channels' rates, every channel busy to the
+    step's end, and a step lasts as long as its slowest hop. The rates are the max-min
+    allocation of every channel's flows at once (the static split's first): a channel
+    behind an ECMP collision or a slow NIC carries less, the others more. The scale-up hops
+    that hand pieces between a server's GPUs are not counted."""
     n = len(rings[0])
     if any(len(rg) != n for rg in rings) or n < 2:
         raise ValueError("rings of one length, at least 2")
@@ -219,6 +229,19 @@ def ring_allreduce(
         total, computed = t_one * steps, r.n_flows
     name, util = _bottleneck(fab, r, np.full(r.n_flows, seg), t_one)
     held = held_by_network(fab, r, end)  # every step alike: the last one's flows
+    carried = np.full(r_all.n_flows, seg * steps)  # each flow's bytes over the collective
+    if adaptive and len(rings) > 1:  # one channel: nothing to steal
+        k = len(rings)
+        servers = src.reshape(k, n) // fab.gpus_per_server
+        if np.any(servers != servers[0]):
+            raise ValueError(
+                "the adaptive schedule steals between channels that join the same servers "
+                "hop by hop: rings of GPUs of the same servers in the same order"
+            )
+        rate = maxmin.rates(r_all, fab.link_cap).reshape(k, n)
+        hop = rate.sum(axis=0)  # b/s each server-to-server hop moves on all its channels
+        total, how = steps * k * seg * 8 / float(hop.min()), "adaptive"
+        carried = (steps * k * seg * rate / hop).ravel()
     latency = ring_latency(path_links(r_all).reshape(len(rings), n), steps, link_latency)
     total += latency
     per_rank = bytes_per_rank if rank_bytes is None else rank_bytes
@@ -236,7 +259,7 @@ def ring_allreduce(
         name,
         util,
         latency,
-        link_bits=link_bits(fab, r_all, np.full(r_all.n_flows, seg * steps)),
+        link_bits=link_bits(fab, r_all, carried),
         held_by_network=held,
     )
 
@@ -415,7 +438,7 @@ def hier_allreduce(
     library times them (`nvlink_ring_time`: its step latency, the fabric's scale-up
     bandwidth one way). On a packet engine's topology a host's NICs are its GPUs.
 
-    `adaptive`: the library's adaptive schedule at its best (`adaptive_rings`: each hop's
+    `adaptive`: the library's adaptive schedule at its best (`ring_allreduce`'s: each hop's
     pieces stolen between the rails' channels, so a slow rail or a collision carries less;
     its work-stealing gets within a few % of that on the packet engines,
     docs/collectives.md and docs/flow.md)."""
@@ -431,10 +454,8 @@ def hier_allreduce(
         symmetric=symmetric,
         spray=spray,
         link_latency=link_latency,
+        adaptive=adaptive,
     )
-    if adaptive:
-        rings = rail_rings(fab)
-        net = adaptive_rings(fab, net, rings, bytes_per_gpu / g / len(rings[0]), spray)
     total = 2 * intra + net.time_s
     n = fab.n_gpus
     return CollResult(
@@ -454,47 +475,6 @@ def hier_allreduce(
         2 * intra,
         link_bits=net.link_bits,  # the network's (the scale-up steps are not routed)
         held_by_network=net.held_by_network,
-    )
-
-
-def adaptive_rings(
-    fab: Fabric,
-    net: CollResult,
-    rings: list[np.ndarray],
-    seg_bytes: float,
-    spray: bool = False,
-    seed: int = 1,
-) -> CollResult:
-    """`net` (the rings' all-reduce with a static split, each ring `seg_bytes` a step) under
-    the library's adaptive schedule at its best: its work-stealing moves a step's pieces
-    between the channels that join the same two servers (ring c's hop i is server i to
-    server i + 1 on every channel), so a hop moves its servers' whole segment at the sum of
-    its channels' rates, every channel busy to the end of the step, and the step lasts as
-    long as its slowest hop. The rates are the max-min allocation of every channel's flows
-    at once (the static split's first allocation): a channel behind an ECMP collision or a
-    slow NIC carries less, the others more. The scale-up hops that hand pieces between a
-    server's GPUs are not counted."""
-    k, n = len(rings), len(rings[0])
-    gps = fab.gpus_per_server
-    servers = np.stack([np.asarray(rg) // gps for rg in rings])  # [channel, rank]
-    if np.any(servers != servers[0]):
-        raise ValueError(
-            "the adaptive schedule steals between channels that join the same servers "
-            "hop by hop: rings of GPUs of the same servers in the same order"
-        )
-    src = np.concatenate(rings)
-    dst = np.concatenate([np.roll(rg, -1) for rg in rings])
-    chan = np.repeat(np.arange(k), n)
-    r = route(fab, src, dst, entropy_ports(src, dst, chan, seed), spray)
-    rate = maxmin.rates(r, fab.link_cap).reshape(k, n)
-    hop = rate.sum(axis=0)  # b/s each server-to-server hop moves on all its channels
-    t_step = k * seg_bytes * 8 / float(hop.min())
-    t_bw = t_step * net.steps
-    return replace(
-        net,
-        time_s=t_bw + net.latency_s,
-        busbw_bps=net.busbw_at(t_bw + net.latency_s),
-        shortcut="adaptive",
     )
 
 
@@ -532,22 +512,20 @@ def suite_collective(
     """The suite's collective on a packet engine's topology, as the collective library runs
     it there: one rank per host, the host's buffer split over its K NICs (channel c is NIC
     c, a ring of NIC c of every host) by the suite's schedule (`ALLREDUCE_SCHEDULE`,
-    adaptive: `adaptive_rings`), all hosts in one communicator; the all-to-all
+    adaptive: work-stealing between the channels), all hosts in one communicator; the all-to-all
     with the suite's messages (`ALLTOALL_CHUNK`), on the job's own source ports when `spec`
     (the topology `fab` was built from) is given (`job_ports`: the run's `seed`)."""
     k, hosts = fab.gpus_per_server, fab.servers
     per_channel = [np.arange(hosts) * k + c for c in range(k)]
     if collective == "allreduce":
-        ring = ring_allreduce(
+        return ring_allreduce(
             fab,
             per_channel,
             bytes_per_rank / k,
             rank_bytes=bytes_per_rank,
             link_latency=link_latency,
+            adaptive=ALLREDUCE_SCHEDULE == "adaptive",  # the suite's schedule
         )
-        if k > 1 and ALLREDUCE_SCHEDULE == "adaptive":  # the suite's schedule: stealing
-            ring = adaptive_rings(fab, ring, per_channel, bytes_per_rank / k / hosts)
-        return ring
     if collective == "alltoall":
         return alltoall(
             fab,

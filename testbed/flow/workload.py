@@ -246,12 +246,21 @@ class Timeline:
     wg_exposed_s: float = 0.0  # of them, what the backward pass did not hide
     comm_by_group: dict[str, float] = field(default_factory=dict)
     bubble_s: float = 0.0  # pipeline bubble, SimAI's formula (PP > 1)
+    # every distinct (collective, group, bytes): the flow engine's result, and the time it
+    # ran at (the scheme's efficiency applied where it crossed the network)
     collectives: dict[tuple[str, str, int], CollResult] = field(default_factory=dict)
+    times: dict[tuple[str, str, int], float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
-        out = {k: v for k, v in self.__dict__.items() if k != "collectives"}
+        out = {k: v for k, v in self.__dict__.items() if k not in ("collectives", "times")}
         out["collectives"] = [
-            {"collective": c, "group": g, "bytes": b, **r.as_dict()}
+            {
+                "collective": c,
+                "group": g,
+                "bytes": b,
+                **r.as_dict(),
+                "time_under_scheme_s": self.times[c, g, b],
+            }
             for (c, g, b), r in self.collectives.items()
         ]
         return out
@@ -280,14 +289,13 @@ def run(
     if any(b - a < wl.all_gpus for a, b in zip(starts, starts[1:], strict=False)):
         raise WorkloadError(f"{wl.path}: jobs overlap (first GPUs {starts})")
     tl = Timeline()
-    cache: dict[tuple[str, str, int], float] = {}
     all_groups: dict[str, list[np.ndarray]] = {}
 
     def comm(p: Phase) -> float:
         if not p.collective or wl.group_size(p.group) < 2:
             return 0.0
         key = (p.collective, p.group, p.nbytes)
-        if key not in cache:
+        if key not in tl.times:
             if p.group not in all_groups:
                 one = groups(wl, p.group)
                 all_groups[p.group] = [g + j for j in jobs for g in one]
@@ -313,8 +321,8 @@ def run(
             on_network = r.link_bits is not None and bool(
                 r.link_bits[fab.link_kind != SCALEUP].any()
             )
-            cache[key] = r.time_at(efficiency(p.collective, r)) if on_network else r.time_s
-        t = cache[key]
+            tl.times[key] = r.time_at(efficiency(p.collective, r)) if on_network else r.time_s
+        t = tl.times[key]
         tl.comm_by_group[p.group] = tl.comm_by_group.get(p.group, 0.0) + t
         return t
 
