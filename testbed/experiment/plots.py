@@ -217,7 +217,7 @@ def fct_cdf_plot(records: list[RunRecord], path: Path) -> Path | None:
 def summary_plot(records: list[RunRecord], path: Path) -> Path | None:
     """One panel per scenario: each scheme's completion time, a bar at the median of its
     repetitions and a line over their range (runs that failed are left out, and said)."""
-    from testbed.experiment.report import Spread, cells
+    from testbed.experiment.report import cells
 
     done = [r for r in records if not r.error and r.completion_s > 0]
     if not done:
@@ -228,11 +228,11 @@ def summary_plot(records: list[RunRecord], path: Path) -> Path | None:
     fig, axes = plt.subplots(1, len(scen), figsize=(3.4 * len(scen), 3.2), squeeze=False)
     for ax, sc in zip(axes[0], scen, strict=True):
         schemes = [s for s in COLORS if (sc, s) in by]
-        spreads = [Spread.of(r.completion_s for r in by[(sc, s)]) for s in schemes]
+        times = [[r.completion_s for r in by[(sc, s)]] for s in schemes]
         x = np.arange(len(schemes))
-        med = np.array([sp.med for sp in spreads if sp is not None])
-        lo = med - np.array([sp.lo for sp in spreads if sp is not None])
-        hi = np.array([sp.hi for sp in spreads if sp is not None]) - med
+        med = np.array([np.median(t) for t in times])
+        lo = med - np.array([min(t) for t in times])
+        hi = np.array([max(t) for t in times]) - med
         top = float(med.max())
         unit, k = ("us", 1e6) if top < 1e-3 else ("ms", 1e3) if top < 1 else ("s", 1.0)
         ax.bar(x, med * k, color=[COLORS[s] for s in schemes], yerr=[lo * k, hi * k], capsize=3)

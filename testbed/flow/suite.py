@@ -91,10 +91,8 @@ class FlowSuite(Suite):
         ideal = suite_collective(
             self.fab, scenario, size, model_link_latency(), self.spec, self.cfg.seed
         )
-        got = calibration.applied(scheme, scenario, ideal)
+        got = calibration.applied(scheme, scenario, ideal)  # its note: under the table
         self.applied.setdefault(scheme, {})[scenario] = got
-        if got.note:
-            self.say(f"{scheme} {scenario}: {got.note}")
         eff = got.efficiency
         n = self.fab.servers
         return RunRecord(
