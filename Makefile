@@ -129,10 +129,11 @@ faults: install
 FUZZ_CASES ?= 10000
 # the native switch pipeline against the reference, NATIVE_FUZZ_PACKETS packets per program
 # (SANITIZED_FUZZ_PACKETS under the sanitizers); the twin's native NIC, NIC_FUZZ_SEEDS runs per
-# law and program
+# law and program; the native transport core, TRANSPORT_FUZZ_SEEDS sequences per configuration
 NATIVE_FUZZ_PACKETS ?= 100000
 SANITIZED_FUZZ_PACKETS ?= 20000
 NIC_FUZZ_SEEDS ?= 30
+TRANSPORT_FUZZ_SEEDS ?= 100
 # the native code built with AddressSanitizer and UBSan (testbed/switch/native/build.py), their
 # runtime loaded first into Python; Python's own allocations are not the leak check's business
 SANITIZED := XINGMAI_NATIVE_SANITIZE=address,undefined ASAN_OPTIONS=detect_leaks=0 \
@@ -145,6 +146,10 @@ fuzz: install
 		--out results/fuzz-native-sanitized.json
 	$(PY) -m tests.fuzz.nic --seeds $(NIC_FUZZ_SEEDS) --out results/fuzz-nic.json
 	$(SANITIZED) $(PY) -m tests.fuzz.nic --seeds $(NIC_FUZZ_SEEDS) --out results/fuzz-nic-sanitized.json
+	$(PY) -m tests.fuzz.transport_native --seeds $(TRANSPORT_FUZZ_SEEDS) \
+		--out results/fuzz-transport.json
+	$(SANITIZED) $(PY) -m tests.fuzz.transport_native --seeds $(TRANSPORT_FUZZ_SEEDS) \
+		--out results/fuzz-transport-sanitized.json
 
 p4: install
 	$(PY) -m testbed.p4build

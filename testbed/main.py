@@ -100,6 +100,13 @@ def _common(ap: argparse.ArgumentParser) -> None:
         help="the twin's event loop and its switches' hops alone on this one (default: as "
         "--pipeline; native needs the switches native): to bisect, as --nic-pipeline",
     )
+    ap.add_argument(
+        "--transport-pipeline",
+        choices=PIPELINES,
+        help="the twin's hosts' transport cores alone on this one (default: as --pipeline; "
+        "the native core runs go-back-N without the NIC as INT sink, the reference the rest): "
+        "to bisect, as --nic-pipeline",
+    )
     ap.add_argument("--pcap", action="store_true", help="per-port pcap files in the run dir")
     ap.add_argument("--run-dir", type=Path, help="default: runs/<timestamp>")
     ap.add_argument(
@@ -297,6 +304,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(
             "--nic-pipeline is the twin's (the emulation's NICs run the XDP program in the "
             "kernel; the flow engine has no NIC)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.engine != "sim" and args.transport_pipeline is not None:
+        print(
+            "--transport-pipeline is the twin's (the emulation's transports run the reference)",
             file=sys.stderr,
         )
         return 2

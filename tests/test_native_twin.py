@@ -1,8 +1,9 @@
-"""The twin with the native switch pipeline and the native NIC (the XDP program compiled)
-inside it gives what it gives with the Python references (issue 29's proof at the scale of a
-suite, and issue 30's for the NIC): the same cells of the short suite on both, every record
-identical, series included. A pipeline that drifted by one bit of a header, one ECN mark or
-one INT field, or a rate law by one bit/s, would move a queue, a rate or a completion time."""
+"""The twin with the native switch pipeline, the native NIC (the XDP program compiled) and the
+native transport core inside it gives what it gives with the Python references (issue 29's
+proof at the scale of a suite, and issue 30's for the NIC and the transport): the same cells
+of the short suite on both, every record identical, series included. A pipeline that drifted
+by one bit of a header, one ECN mark or one INT field, a rate law by one bit/s, or a transport
+by one ACK, would move a queue, a rate or a completion time."""
 
 from __future__ import annotations
 
@@ -50,22 +51,28 @@ def record(r: RunRecord) -> Any:
 
 def run(
     pipeline: str, cfg: SuiteConfig = CFG
-) -> tuple[dict[tuple[str, str], Any], tuple[str, str]]:
+) -> tuple[dict[tuple[str, str], Any], tuple[str, str, str]]:
     # the static buffer: its drops and pauses are paths the pipelines must agree on too
     scaling = Scaling(
         model=model_with_buffer("static"), scale=1.0, max_hops=SPEC.longest_path_switches()
     )
     fab = SimFabric(SPEC, scaling, seed=5, pipeline=pipeline)
-    in_use = (next(iter(fab.switches.values())).sw.pipeline_in_use, fab.nic_pipeline_in_use)
-    return {(r.scheme, r.scenario): record(r) for r in SimSuite(fab, cfg).run()}, in_use
+    records = {(r.scheme, r.scenario): record(r) for r in SimSuite(fab, cfg).run()}
+    # the suite's fabrics share the record of the transport cores their jobs ran
+    transport = "+".join(sorted(fab.transport_in_use))
+    return records, (
+        next(iter(fab.switches.values())).sw.pipeline_in_use,
+        fab.nic_pipeline_in_use,
+        transport,
+    )
 
 
 def test_the_twin_on_the_native_pipeline_matches_the_reference() -> None:
     native, in_use = run("native")
-    if in_use != ("native", "native"):
-        pytest.skip("the native pipeline or NIC does not build here (no C compiler)")
+    if in_use != ("native", "native", "native"):
+        pytest.skip("the native pipeline, NIC or transport does not build here (no C compiler)")
     reference, in_use = run("reference")
-    assert in_use == ("reference", "reference")
+    assert in_use == ("reference", "reference", "reference")
     assert native.keys() == reference.keys() and len(native) == 8
     for cell, rec in reference.items():
         assert native[cell] == rec, f"{cell} differs between the pipelines"
@@ -82,6 +89,9 @@ def test_each_part_keeps_its_pipeline_in_a_fresh_fabric() -> None:
     """Every run of a suite is on a fabric built anew (`fresh`): the NICs stay on the pipeline
     asked for, whatever the switches run (a bisection of the two must not be undone by it)."""
     scaling = Scaling(scale=1.0, max_hops=SPEC.longest_path_switches())
-    fab = SimFabric(SPEC, scaling, pipeline="native", nic_pipeline="reference").fresh()
+    fab = SimFabric(
+        SPEC, scaling, pipeline="native", nic_pipeline="reference", transport_pipeline="reference"
+    ).fresh()
     assert fab.nic_pipeline_in_use == "reference"
     assert all(isinstance(h.nic, ReferencePrograms) for h in fab.hosts.values())
+    assert fab.transport_pipeline == "reference"

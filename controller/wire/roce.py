@@ -90,7 +90,7 @@ DEFAULT_PKEY = 0xFFFF
 _BTH = struct.Struct("!BBHII")
 _AETH = struct.Struct("!I")
 _UDP_MASKED = struct.Struct("!HHHH")
-_ICRC_LRH = zlib.crc32(b"\xff" * 8)  # the pseudo LRH the CRC starts with
+ICRC_LRH = zlib.crc32(b"\xff" * 8)  # the pseudo LRH the CRC starts with
 assert _BTH.size == BTH_LEN and _AETH.size == AETH_LEN == SACK_LEN
 
 
@@ -183,7 +183,7 @@ def icrc(
     head += _UDP_MASKED.pack(sport, dport, udp_len, 0xFFFF)
     head += transport[:BTH_LEN]
     head[ihl + 12] = 0xFF  # FECN, BECN, reserved
-    crc = zlib.crc32(head, _ICRC_LRH)
+    crc = zlib.crc32(head, ICRC_LRH)
     crc = zlib.crc32(transport[BTH_LEN:], crc)
     return crc.to_bytes(4, "little")
 

@@ -65,7 +65,8 @@ from testbed.traffic.generators import Flow
 from testbed.traffic.jobs import JOBS
 from testbed.traffic.netns import Host
 from testbed.traffic.runner import RunError, RunOutput
-from testbed.traffic.transport_core import TransportConfig, TransportCore, port_seed
+from testbed.traffic.transport_core import TransportConfig, port_seed
+from testbed.traffic.transport_native import NativeTransportCore, make_core
 
 CPU_PORT = 255  # testbed.emu.nodes.CPU_PORT (nodes imports Mininet)
 # Propagation delay of every link in the model (about 16 m of fiber), dilated by the scale
@@ -340,6 +341,7 @@ class SimFabric:
         pipeline: str = DEFAULT_PIPELINE,
         nic_pipeline: str | None = None,
         loop_pipeline: str | None = None,
+        transport_pipeline: str | None = None,
     ):
         self.spec = spec
         self.seed = seed
@@ -360,6 +362,17 @@ class SimFabric:
         self.loop_pipeline = loop_pipeline or pipeline
         if self.loop_pipeline not in PIPELINES:
             raise ValueError(f"loop_pipeline must be one of {PIPELINES}, got {loop_pipeline!r}")
+        # the hosts' transport cores: their per-packet work in C
+        # (testbed/traffic/transport_native.py) or the Python reference (None: as the
+        # switches); a job whose transport the C does not run (selective repeat, the NIC as
+        # INT sink) or where it cannot be built runs the reference, its reason kept here
+        self.transport_pipeline = transport_pipeline or pipeline
+        if self.transport_pipeline not in PIPELINES:
+            raise ValueError(
+                f"transport_pipeline must be one of {PIPELINES}, got {transport_pipeline!r}"
+            )
+        self.transport_in_use: set[str] = set()
+        self.transport_native_reasons: set[str] = set()
         self.scaling = scaling
         self.ecn = ecn or EcnConfig()
         self.loop: EventLoop | NativeEventLoop = EventLoop()
@@ -393,8 +406,9 @@ class SimFabric:
 
     def fresh(self, seed: int | None = None) -> SimFabric:
         """The same fabric built anew: switches, NICs, hosts, the clock at 0 and every random
-        stream seeded (with `seed`, default this fabric's), nothing of what ran on this one."""
-        return SimFabric(
+        stream seeded (with `seed`, default this fabric's), nothing of what ran on this one
+        but the record of which transport cores its jobs ran (the run's, shared)."""
+        new = SimFabric(
             self.spec,
             self.scaling,
             self.ecn,
@@ -403,7 +417,11 @@ class SimFabric:
             self.pipeline,
             self.nic_pipeline,
             self.loop_pipeline,
+            self.transport_pipeline,
         )
+        new.transport_in_use = self.transport_in_use
+        new.transport_native_reasons = self.transport_native_reasons
+        return new
 
     # ---- construction ----
 
@@ -710,7 +728,14 @@ class SimFabric:
         for i, h in enumerate(sims):
             h.on_done = one_done
             tcfg = TransportConfig(local_ip=h.ip, **spec.get("transport", {}))
-            core = TransportCore(tcfg, seed=port_seed(int(spec.get("seed", 1)), i))
+            core, why = make_core(
+                tcfg, port_seed(int(spec.get("seed", 1)), i), self.transport_pipeline
+            )
+            self.transport_in_use.add(
+                "native" if isinstance(core, NativeTransportCore) else "reference"
+            )
+            if why:
+                self.transport_native_reasons.add(why)
             job = JOBS[spec["kind"]](core, spec, i)
             h.start_job(core, job, t0)
         if on_start is not None:

@@ -351,16 +351,15 @@ class SimHost:
         line, now_ns = self.line_rate_bps, self.loop.now_ns
         waiting = 0
         if self.core is not None:
-            for qp in self.core.active:
-                if qp.wants_to_send:
-                    f = self.flows.get(flow_key(qp.local_addr, qp.peer_addr, qp.sport))
-                    if f is None:
-                        bps = line
-                    elif f.next_ns > now_ns:  # held to the pace its last packet set
-                        bps = min(f.gap_bps or line, line)
-                    else:
-                        bps = min(f.rate_bps or line, line)
-                    waiting += bps
+            for qp in self.core.senders():
+                f = self.flows.get(flow_key(qp.local_addr, qp.peer_addr, qp.sport))
+                if f is None:
+                    bps = line
+                elif f.next_ns > now_ns:  # held to the pace its last packet set
+                    bps = min(f.gap_bps or line, line)
+                else:
+                    bps = min(f.rate_bps or line, line)
+                waiting += bps
         self.meter.sample(self.loop.now, waiting)
 
     def nic_counters(self) -> tuple[int, float, int]:

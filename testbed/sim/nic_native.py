@@ -38,6 +38,7 @@ from testbed.switch.native.build import BuildError, build, compiler, load
 SHIM = Path(__file__).with_name("nic_native.c")
 PROGRAMS = ("xdp_ingress.c", "tc_egress.c")
 INT_GROWTH = SHIM_LEN + MD_LEN  # what tc's INT source inserts
+EGRESS_ROOM = 1 << 14  # the egress buffer kept: a jumbo frame with INT and more
 # the structs whose sizes the C reports (xm_nic_sizeof), in its order
 SIZED = (
     "struct xm_host_config",
@@ -190,6 +191,7 @@ class NativeNic:
         self._keys: dict[tuple[int, int, int, int, int], Any] = {}
         self._ctl: set[tuple[int, int, int, int, int]] = set()
         self._rate = self.ffi.new("uint64_t *")
+        self._egress_buf = self.ffi.new("uint8_t[]", EGRESS_ROOM)
 
     @property
     def params(self) -> CcParams:
@@ -263,9 +265,11 @@ class NativeNic:
     def egress(self, frame: bytes, now_ns: int) -> bytes:
         """tc egress on a frame the host sends (Ethernet header first): INT inserted into a
         data packet, the flow's counters and RTT probe in xm_flows."""
-        buf = self.ffi.new("uint8_t[]", len(frame) + INT_GROWTH)
+        room = len(frame) + INT_GROWTH
+        # one buffer for every frame (a new one per frame cost a third of this call)
+        buf = self._egress_buf if room <= EGRESS_ROOM else self.ffi.new("uint8_t[]", room)
         self.ffi.memmove(buf, frame, len(frame))
-        n = self.lib.xm_nic_tc(self._nic, buf, len(frame), len(frame) + INT_GROWTH, now_ns)
+        n = self.lib.xm_nic_tc(self._nic, buf, len(frame), room, now_ns)
         return frame if n == len(frame) else self.ffi.buffer(buf, n)[:]
 
     def ingress(self, frame: bytes, now_ns: int, key: tuple[int, int, int, int, int]) -> int | None:

@@ -88,6 +88,7 @@ def run_sim(args: argparse.Namespace, cfg: SuiteConfig) -> int:
         pipeline=getattr(args, "pipeline", DEFAULT_PIPELINE),
         nic_pipeline=getattr(args, "nic_pipeline", None),
         loop_pipeline=getattr(args, "loop_pipeline", None),
+        transport_pipeline=getattr(args, "transport_pipeline", None),
     )
     if fab.pipeline == "native":
         sw = next(iter(fab.switches.values())).sw
@@ -106,6 +107,8 @@ def run_sim(args: argparse.Namespace, cfg: SuiteConfig) -> int:
         suite.flows_override = load_flows(args.flows, spec)
     suite.faults = getattr(args, "fault_list", [])
     records = suite.run()
+    for why in sorted(suite.fab.transport_native_reasons):
+        say(f"native transport not run for some jobs ({why}): the reference ran them")
     wall = time.monotonic() - t0
     setup = {
         "engine": "sim",
@@ -118,6 +121,10 @@ def run_sim(args: argparse.Namespace, cfg: SuiteConfig) -> int:
         "pipeline": next(iter(fab.switches.values())).sw.pipeline_in_use,
         "nic_pipeline": fab.nic_pipeline_in_use,
         "loop_pipeline": fab.loop_in_use,
+        # which cores the jobs ran ("native", "reference", or both where some jobs' transport
+        # the native core does not run), and why not native where it was asked for
+        "transport_pipeline": "+".join(sorted(suite.fab.transport_in_use)) or None,
+        "transport_native_reasons": sorted(suite.fab.transport_native_reasons),
         "link_bps": scaling.link_bps,
         "nic_bps": scaling.nic_bps,
         "base_rtt_s": suite.base_rtt_s,

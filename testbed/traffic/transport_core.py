@@ -48,7 +48,7 @@ import ipaddress
 import socket
 import struct
 from collections import Counter, deque
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 from controller.nic.int_sink import IntSink, SinkConfig
@@ -99,6 +99,7 @@ RETRANSMIT_SCHEMES = ("gbn", "sr")  # go-back-N, selective repeat
 # SACKed (nothing follows it), so the timer is the RTO times 100/320, IRN's RTO_low/RTO_high.
 SR_FEW_IN_FLIGHT = 3
 SR_RTO_LOW_FACTOR = 100 / 320
+MTU_MAX = 9000 - 100  # payload bytes: a jumbo frame with room for the headers and INT
 
 
 @dataclass(frozen=True)
@@ -131,7 +132,7 @@ class TransportConfig:
     report_event_gap_s: float = 0.01
 
     def __post_init__(self) -> None:
-        if not 1 <= self.mtu <= 9000 - 100:
+        if not 1 <= self.mtu <= MTU_MAX:
             raise ValueError(f"mtu {self.mtu} out of range")
         if not 1 <= self.window < _HALF or not 1 <= self.ack_every:
             raise ValueError("window must be in [1, 2^23) and ack_every >= 1")
@@ -764,11 +765,16 @@ class TransportCore:
             while sport in self._used_ports:
                 sport = self._draw_sport()
         self._used_ports.add(sport)
-        qp = QueuePair(self, qpn, peer_ip, remote_qpn, sport, sq_psn, rq_psn)
+        qp = self._queue_pair(qpn, peer_ip, remote_qpn, sport, sq_psn, rq_psn)
         if local_ip is not None:  # a host with several NICs: this QP's source address
             qp.local_addr = socket.inet_aton(local_ip)
         self.qps[qpn] = qp
         return qp
+
+    def _queue_pair(
+        self, qpn: int, peer_ip: str, remote_qpn: int, sport: int, sq_psn: int, rq_psn: int
+    ) -> QueuePair:
+        return QueuePair(self, qpn, peer_ip, remote_qpn, sport, sq_psn, rq_psn)
 
     # ---- timers ----
 
@@ -964,8 +970,8 @@ class TransportCore:
 
     def counters(self) -> dict[str, object]:
         total = Counter[str]()
-        for qp in self.qps.values():
-            total.update(asdict(qp.counters))
+        for qp in self.qps.values():  # the counters' fields, a dataclass's or a C struct's
+            total.update({k: getattr(qp.counters, k) for k in QpCounters.__dataclass_fields__})
         sink = self.sink
         return {
             "rx_packets": self.rx_packets,

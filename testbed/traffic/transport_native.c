@@ -1,0 +1,922 @@
+/* The transport core's per-packet work in C: testbed/traffic/transport_core.py is the
+ * reference, this is its port, function for function (each C function names the Python method
+ * it follows), held equal to it by tests/test_transport_native.py on generated event
+ * sequences and by the twin's suite run on both.
+ *
+ * What it covers: go-back-N (TransportConfig.retransmit "gbn"), segmentation, reassembly,
+ * coalesced ACKs, NAKs, CNPs, the INT echo, the gaps' reordered/lost counts, the RTO and its
+ * back-off, every drop by reason. What stays in Python (testbed/traffic/transport_native.py):
+ * queue-pair set-up, the application's API over the queues this code fills (completions,
+ * received messages, feedback packets), and everything a run does not do per packet. Selective
+ * repeat is not ported: a core configured with it runs the reference (the loader says so in
+ * one line). The NIC as INT sink stays Python (controller/nic/int_sink.py): the packets it
+ * observes are queued here, in the order the reference hands them to it.
+ *
+ * The wire constants (opcodes, lengths, the ICRC's pseudo LRH) are not declared here: the
+ * loader prepends them as #defines from controller/wire/roce.py and int_md.py.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define HALF (1 << 23)
+
+/* drop reasons, in the order of DROP_NAMES in transport_native.py */
+enum {
+	D_SHORT,
+	D_BAD_UDP_LENGTH,
+	D_BAD_INT,
+	D_BAD_ICRC,
+	D_UNKNOWN_QP,
+	D_WRONG_PEER,
+	D_BAD_SACK,
+	D_BAD_INT_ECHO,
+	D_UNKNOWN_OPCODE,
+	D_NAK_UNSUPPORTED,
+	D_ACK_OUT_OF_WINDOW,
+	D_SACK_OUT_OF_WINDOW,
+	D_PSN_OUT_OF_WINDOW,
+	D_OUT_OF_ORDER,
+	D_DUPLICATE,
+	D_BAD_OPCODE_SEQUENCE,
+	D_BAD_LENGTH,
+	D_MESSAGE_TOO_LONG,
+	D_N
+};
+
+#include "transport_native.h"
+
+_Static_assert(D_N == DROPS_N, "the drop reasons are DROP_NAMES in transport_native.py");
+
+#define DROP(tp, why) ((tp)->drops[why]++, (tp)->drops_total++)
+
+static int grow(void **p, uint32_t *cap, uint32_t need, size_t size)
+{
+	if (need <= *cap)
+		return 0;
+	uint32_t n = *cap ? *cap : 16;
+	while (n < need)
+		n *= 2;
+	void *q = realloc(*p, (size_t)n * size);
+	if (!q)
+		return -1;
+	*p = q;
+	*cap = n;
+	return 0;
+}
+
+/* ---- CRC-32 as zlib.crc32 computes it, eight bytes a step (slicing-by-8) ---- */
+
+static uint32_t crc_table[8][256];
+
+static void crc_init(void)
+{
+	for (uint32_t i = 0; i < 256; i++) {
+		uint32_t c = i;
+		for (int k = 0; k < 8; k++)
+			c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+		crc_table[0][i] = c;
+	}
+	for (uint32_t i = 0; i < 256; i++)
+		for (int t = 1; t < 8; t++)
+			crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xFF];
+}
+
+static uint32_t crc32_update(uint32_t crc, const uint8_t *p, uint64_t n)
+{
+	crc = ~crc;
+	for (; n >= 8; p += 8, n -= 8) {
+		/* the bytes in order, whatever the machine's byte order */
+		uint32_t one = crc ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+				      (uint32_t)p[3] << 24);
+		crc = crc_table[7][one & 0xFF] ^ crc_table[6][(one >> 8) & 0xFF] ^
+		      crc_table[5][(one >> 16) & 0xFF] ^ crc_table[4][one >> 24] ^
+		      crc_table[3][p[4]] ^ crc_table[2][p[5]] ^ crc_table[1][p[6]] ^
+		      crc_table[0][p[7]];
+	}
+	while (n--)
+		crc = crc_table[0][(crc ^ *p++) & 0xFF] ^ (crc >> 8);
+	return ~crc;
+}
+
+/* controller.wire.roce.icrc: `ip` the IPv4 header (ihl bytes), `t` BTH + payload */
+static uint32_t icrc(const uint8_t *ip, uint32_t ihl, uint16_t sport, const uint8_t *t,
+		     uint64_t tlen)
+{
+	uint8_t head[60 + 8 + BTH_LEN];
+	uint32_t udp_len = (uint32_t)(8 + tlen + ICRC_LEN);
+	memcpy(head, ip, ihl);
+	head[1] = 0xFF;
+	head[2] = (uint8_t)((ihl + udp_len) >> 8);
+	head[3] = (uint8_t)(ihl + udp_len);
+	head[8] = 0xFF;
+	head[10] = head[11] = 0xFF;
+	uint8_t *u = head + ihl;
+	u[0] = (uint8_t)(sport >> 8);
+	u[1] = (uint8_t)sport;
+	u[2] = (uint8_t)(ROCE_UDP_PORT >> 8);
+	u[3] = (uint8_t)ROCE_UDP_PORT;
+	u[4] = (uint8_t)(udp_len >> 8);
+	u[5] = (uint8_t)udp_len;
+	u[6] = u[7] = 0xFF;
+	memcpy(u + 8, t, BTH_LEN);
+	u[8 + 4] = 0xFF;
+	uint32_t crc = crc32_update(ICRC_LRH, head, ihl + 8 + BTH_LEN);
+	return crc32_update(crc, t + BTH_LEN, tlen - BTH_LEN);
+}
+
+static inline uint16_t be16(const uint8_t *p)
+{
+	return (uint16_t)(p[0] << 8 | p[1]);
+}
+
+static inline uint32_t be32(const uint8_t *p)
+{
+	return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+static inline void put16(uint8_t *p, uint32_t v)
+{
+	p[0] = (uint8_t)(v >> 8);
+	p[1] = (uint8_t)v;
+}
+
+static inline void put32(uint8_t *p, uint32_t v)
+{
+	p[0] = (uint8_t)(v >> 24);
+	p[1] = (uint8_t)(v >> 16);
+	p[2] = (uint8_t)(v >> 8);
+	p[3] = (uint8_t)v;
+}
+
+static inline int32_t psn_diff(uint32_t a, uint32_t b)
+{
+	return (int32_t)((a - b + HALF) & PSN_MASK) - HALF;
+}
+
+/* ---- set-up ---- */
+
+struct xm_tp *xm_tp_new(const struct xm_tp_cfg *cfg)
+{
+	static int crc_ready;
+	if (!crc_ready) {
+		crc_init();
+		crc_ready = 1;
+	}
+	struct xm_tp *tp = calloc(1, sizeof(*tp));
+	if (tp)
+		tp->cfg = *cfg;
+	return tp;
+}
+
+static void free_msgs(struct xm_tp *tp)
+{
+	for (uint32_t i = 0; i < tp->nmsgs; i++)
+		free(tp->msgs[i].data);
+	tp->nmsgs = 0;
+	for (uint32_t i = 0; i < tp->nsink; i++)
+		free(tp->sink_ev[i].pkt);
+	tp->nsink = 0;
+}
+
+/* a copy of `pkt` for the sink (Python calls it after this call returns, in this order) */
+static void sink_event(struct xm_tp *tp, uint32_t kind, const uint8_t *pkt, uint32_t len,
+		       uint32_t int_off, double t)
+{
+	if (grow((void **)&tp->sink_ev, &tp->cap_sink, tp->nsink + 1, sizeof(*tp->sink_ev)))
+		return; /* out of memory: no report, as a sink short of memory would send none */
+	uint8_t *copy = malloc(len ? len : 1);
+	if (!copy)
+		return;
+	memcpy(copy, pkt, len);
+	tp->sink_ev[tp->nsink++] = (struct xm_tp_sink_ev){ kind, len, int_off, copy, t };
+}
+
+void xm_tp_free(struct xm_tp *tp)
+{
+	if (!tp)
+		return;
+	for (uint32_t i = 0; i < tp->nqps; i++) {
+		free(tp->qps[i]->ops);
+		free(tp->qps[i]->rx_buf);
+		free(tp->qps[i]->gap_pkt);
+		free(tp->qps[i]);
+	}
+	free_msgs(tp);
+	free(tp->qps);
+	free(tp->map_key);
+	free(tp->map_val);
+	free(tp->done);
+	free(tp->msgs);
+	free(tp->fb);
+	free(tp->sink_ev);
+	free(tp);
+}
+
+static struct xm_tp_qp *find_qp(struct xm_tp *tp, uint32_t qpn)
+{
+	if (!tp->map_cap)
+		return NULL;
+	for (uint32_t h = (qpn * 2654435761u) & (tp->map_cap - 1);; h = (h + 1) & (tp->map_cap - 1)) {
+		if (!tp->map_val[h])
+			return NULL;
+		if (tp->map_key[h] == qpn)
+			return tp->qps[tp->map_val[h] - 1];
+	}
+}
+
+static int map_put(struct xm_tp *tp, uint32_t qpn, uint32_t val)
+{
+	if ((tp->nqps + 1) * 2 > tp->map_cap) {
+		uint32_t cap = tp->map_cap ? tp->map_cap * 2 : 64;
+		uint32_t *k = calloc(cap, sizeof(*k)), *v = calloc(cap, sizeof(*v));
+		if (!k || !v) {
+			free(k);
+			free(v);
+			return -1;
+		}
+		uint32_t *ok = tp->map_key, *ov = tp->map_val, ocap = tp->map_cap;
+		tp->map_key = k;
+		tp->map_val = v;
+		tp->map_cap = cap;
+		for (uint32_t i = 0; i < ocap; i++)
+			if (ov[i])
+				map_put(tp, ok[i], ov[i]);
+		free(ok);
+		free(ov);
+	}
+	uint32_t h = (qpn * 2654435761u) & (tp->map_cap - 1);
+	while (tp->map_val[h])
+		h = (h + 1) & (tp->map_cap - 1);
+	tp->map_key[h] = qpn;
+	tp->map_val[h] = val;
+	return 0;
+}
+
+/* QueuePair.__init__; returns the queue pair's index, -1 out of memory */
+int32_t xm_tp_create_qp(struct xm_tp *tp, uint32_t qpn, uint32_t remote_qpn, uint16_t sport,
+			const uint8_t *local_addr, const uint8_t *peer_addr, uint32_t sq_psn,
+			uint32_t rq_psn)
+{
+	if (grow((void **)&tp->qps, &tp->cap_qps, tp->nqps + 1, sizeof(*tp->qps)))
+		return -1;
+	struct xm_tp_qp *qp = calloc(1, sizeof(*qp));
+	if (!qp || map_put(tp, qpn, tp->nqps + 1)) {
+		free(qp);
+		return -1;
+	}
+	qp->index = tp->nqps;
+	qp->qpn = qpn;
+	qp->remote_qpn = remote_qpn;
+	qp->sport = sport;
+	memcpy(qp->local_addr, local_addr, 4);
+	memcpy(qp->peer_addr, peer_addr, 4);
+	qp->sq_psn = sq_psn & PSN_MASK;
+	qp->epsn = rq_psn & PSN_MASK;
+	qp->rto = tp->cfg.rto;
+	qp->last_cnp = -1e18;
+	qp->feedback_sport = -1;
+	tp->qps[tp->nqps++] = qp;
+	return (int32_t)qp->index;
+}
+
+struct xm_tp_qp *xm_tp_qp(struct xm_tp *tp, uint32_t index)
+{
+	return index < tp->nqps ? tp->qps[index] : NULL;
+}
+
+/* QueuePair.post_send (the Python side checked the size and keeps `data` alive until the
+ * completion); 0, or -1 out of memory */
+int xm_tp_post(struct xm_tp *tp, uint32_t index, const uint8_t *data, uint64_t len,
+	       uint64_t size)
+{
+	struct xm_tp_qp *qp = tp->qps[index];
+	if (qp->ops_len == qp->ops_cap) {
+		uint32_t cap = qp->ops_cap ? qp->ops_cap * 2 : 8;
+		struct xm_tp_op *ops = malloc(cap * sizeof(*ops));
+		if (!ops)
+			return -1;
+		for (uint32_t i = 0; i < qp->ops_len; i++)
+			ops[i] = qp->ops[(qp->ops_head + i) % qp->ops_cap];
+		free(qp->ops);
+		qp->ops = ops;
+		qp->ops_cap = cap;
+		qp->ops_head = 0;
+	}
+	int64_t npkts = size ? (int64_t)((size + tp->cfg.mtu - 1) / tp->cfg.mtu) : 1;
+	struct xm_tp_op *op = &qp->ops[(qp->ops_head + qp->ops_len++) % qp->ops_cap];
+	op->data = data;
+	op->len = len;
+	op->size = size;
+	op->first_seq = qp->tail;
+	op->npkts = npkts;
+	qp->tail += npkts;
+	qp->active = 1;
+	return 0;
+}
+
+static inline struct xm_tp_op *op_at(struct xm_tp_qp *qp, uint32_t i)
+{
+	return &qp->ops[(qp->ops_head + i) % qp->ops_cap];
+}
+
+/* ---- packets out ---- */
+
+/* TransportCore.build: IPv4 + UDP + BTH + payload + ICRC into `out`; its length */
+static uint32_t build(struct xm_tp *tp, struct xm_tp_qp *qp, uint8_t *out, uint8_t opcode,
+		      uint32_t dqpn, uint32_t psn, int ackreq, uint16_t sport, const uint8_t *p1,
+		      uint32_t n1, const uint8_t *p2, uint32_t n2, uint32_t zeros)
+{
+	uint32_t plen = n1 + n2 + zeros;
+	uint32_t udp_len = 8 + BTH_LEN + plen + ICRC_LEN;
+	qp->ident = (uint16_t)(qp->ident + 1);
+	out[0] = 0x45;
+	out[1] = tp->cfg.tos;
+	put16(out + 2, 20 + udp_len);
+	put16(out + 4, qp->ident);
+	put16(out + 6, 0x4000);
+	out[8] = tp->cfg.ttl;
+	out[9] = 17;
+	out[10] = out[11] = 0;
+	memcpy(out + 12, qp->local_addr, 4);
+	memcpy(out + 16, qp->peer_addr, 4);
+	put16(out + 20, sport);
+	put16(out + 22, ROCE_UDP_PORT);
+	put16(out + 24, udp_len);
+	put16(out + 26, 0);
+	uint8_t *b = out + 28;
+	b[0] = opcode;
+	b[1] = 0;
+	put16(b + 2, DEFAULT_PKEY);
+	put32(b + 4, dqpn);
+	put32(b + 8, (uint32_t)(ackreq ? 1u << 31 : 0) | psn);
+	uint8_t *p = b + BTH_LEN;
+	if (n1)
+		memcpy(p, p1, n1);
+	if (n2)
+		memcpy(p + n1, p2, n2);
+	if (zeros)
+		memset(p + n1 + n2, 0, zeros);
+	uint32_t crc = icrc(out, 20, sport, b, BTH_LEN + plen);
+	uint8_t *c = p + plen;
+	c[0] = (uint8_t)crc;
+	c[1] = (uint8_t)(crc >> 8);
+	c[2] = (uint8_t)(crc >> 16);
+	c[3] = (uint8_t)(crc >> 24);
+	return 28 + BTH_LEN + plen + ICRC_LEN;
+}
+
+/* TransportCore._feedback */
+static void feedback(struct xm_tp *tp, struct xm_tp_qp *qp, uint8_t opcode, uint32_t psn,
+		     uint16_t sport, const uint8_t *p1, uint32_t n1, const uint8_t *p2, uint32_t n2,
+		     uint32_t zeros)
+{
+	if (grow((void **)&tp->fb, &tp->cap_fb, tp->nfb + 1, sizeof(*tp->fb)))
+		return; /* out of memory: the feedback is lost, as a full queue would lose it */
+	struct xm_tp_fb *f = &tp->fb[tp->nfb++];
+	f->qp = qp->index;
+	f->len = build(tp, qp, f->pkt, opcode, qp->remote_qpn, psn, 0, sport, p1, n1, p2, n2, zeros);
+}
+
+/* QueuePair._send_ack */
+static void send_ack(struct xm_tp *tp, struct xm_tp_qp *qp, uint8_t syndrome, uint32_t psn,
+		     uint16_t sport)
+{
+	uint8_t aeth[AETH_LEN];
+	put32(aeth, (uint32_t)syndrome << 24 | (qp->msn & 0xFFFFFF));
+	uint32_t echo = qp->pending_int_len;
+	qp->pending_int_len = 0;
+	feedback(tp, qp, OP_ACK, psn, sport, aeth, AETH_LEN, qp->pending_int, echo, 0);
+	qp->unacked = 0;
+	if (syndrome == AETH_ACK)
+		qp->c.acks_sent++;
+	else
+		qp->c.naks_sent++;
+	if (echo)
+		qp->c.int_echoes_sent++;
+}
+
+static inline uint32_t psn_of(struct xm_tp_qp *qp, int64_t seq)
+{
+	return (uint32_t)((qp->sq_psn + (uint64_t)seq) & PSN_MASK);
+}
+
+/* QueuePair._seq_of */
+static inline int64_t seq_of(struct xm_tp_qp *qp, uint32_t psn, int64_t ref)
+{
+	return ref + psn_diff(psn, psn_of(qp, ref));
+}
+
+/* QueuePair._op_for: the op holding `seq` (`cur` is a hint) */
+static struct xm_tp_op *op_for(struct xm_tp_qp *qp, int64_t seq)
+{
+	uint32_t i = qp->cur < qp->ops_len ? qp->cur : 0;
+	if (op_at(qp, i)->first_seq > seq)
+		i = 0;
+	while (op_at(qp, i)->first_seq + op_at(qp, i)->npkts <= seq)
+		i++;
+	qp->cur = i;
+	return op_at(qp, i);
+}
+
+/* QueuePair.wants_to_send */
+static inline int wants_to_send(struct xm_tp *tp, struct xm_tp_qp *qp)
+{
+	return qp->nxt < qp->tail && qp->nxt - qp->una < (int64_t)tp->cfg.window;
+}
+
+int xm_tp_wants_to_send(struct xm_tp *tp, uint32_t index)
+{
+	return wants_to_send(tp, tp->qps[index]);
+}
+
+/* QueuePair.peek: the next data packet into tp->out; its length, 0 for none */
+uint32_t xm_tp_peek(struct xm_tp *tp, uint32_t index)
+{
+	struct xm_tp_qp *qp = tp->qps[index];
+	if (!wants_to_send(tp, qp))
+		return 0;
+	uint32_t mtu = tp->cfg.mtu;
+	int64_t seq = qp->nxt;
+	struct xm_tp_op *op = op_for(qp, seq);
+	int64_t i = seq - op->first_seq;
+	uint8_t opcode;
+	if (op->npkts == 1)
+		opcode = OP_SEND_ONLY;
+	else if (i == 0)
+		opcode = OP_SEND_FIRST;
+	else if (i == op->npkts - 1)
+		opcode = OP_SEND_LAST;
+	else
+		opcode = OP_SEND_MIDDLE;
+	uint64_t lo = (uint64_t)i * mtu;
+	uint64_t n = op->size > lo ? op->size - lo : 0;
+	if (n > mtu)
+		n = mtu;
+	uint64_t have = op->len > lo ? op->len - lo : 0;
+	if (have > n)
+		have = n;
+	int ackreq = i == op->npkts - 1 || seq - qp->una + 1 >= (int64_t)tp->cfg.window;
+	return build(tp, qp, tp->out, opcode, qp->remote_qpn, psn_of(qp, seq), ackreq, qp->sport,
+		     op->data + (have ? lo : 0), (uint32_t)have, NULL, 0, (uint32_t)(n - have));
+}
+
+const uint8_t *xm_tp_out(struct xm_tp *tp)
+{
+	return tp->out;
+}
+
+/* QueuePair.commit */
+void xm_tp_commit(struct xm_tp *tp, uint32_t index, double now)
+{
+	struct xm_tp_qp *qp = tp->qps[index];
+	uint32_t mtu = tp->cfg.mtu;
+	int64_t seq = qp->nxt;
+	struct xm_tp_op *op = op_for(qp, seq);
+	uint64_t lo = (uint64_t)(seq - op->first_seq) * mtu;
+	uint64_t n = op->size ? op->size - lo : 0;
+	if (n > mtu)
+		n = mtu;
+	if (qp->una == qp->high)
+		qp->last_progress = now;
+	qp->c.tx_packets++;
+	qp->c.tx_bytes += (int64_t)n;
+	if (seq < qp->high)
+		qp->c.retransmits++;
+	qp->nxt = seq + 1;
+	if (qp->nxt > qp->high)
+		qp->high = qp->nxt;
+}
+
+/* QueuePair._advance */
+static void advance(struct xm_tp *tp, struct xm_tp_qp *qp, int64_t una, double now)
+{
+	if (una <= qp->una)
+		return;
+	qp->una = una;
+	if (qp->nxt < una)
+		qp->nxt = una;
+	qp->rto = tp->cfg.rto;
+	qp->last_progress = now;
+	while (qp->ops_len && op_at(qp, 0)->first_seq + op_at(qp, 0)->npkts <= una) {
+		qp->ops_head = (qp->ops_head + 1) % qp->ops_cap;
+		qp->ops_len--;
+		qp->c.messages_sent++;
+		qp->cur = qp->cur ? qp->cur - 1 : 0;
+		if (!grow((void **)&tp->done, &tp->cap_done, tp->ndone + 1, sizeof(*tp->done)))
+			tp->done[tp->ndone++] = (struct xm_tp_done){ qp->index, now };
+	}
+	if (qp->ops_len || qp->nxt < qp->tail)
+		qp->active = 1;
+}
+
+/* QueuePair._on_ack (go-back-N: a SACK header is checked, then named by its hole alone) */
+static void on_ack(struct xm_tp *tp, struct xm_tp_qp *qp, uint32_t psn, uint8_t syndrome,
+		   double now, int has_sack, uint32_t sack_psn)
+{
+	if (syndrome >> 5 == AETH_NAK_PSN_SEQ_ERR >> 5) {
+		if (syndrome != AETH_NAK_PSN_SEQ_ERR && syndrome != AETH_NAK_PSN_SEQ_ERR_SACK) {
+			DROP(tp, D_NAK_UNSUPPORTED);
+			return;
+		}
+		int64_t expected = seq_of(qp, psn, qp->una);
+		if (!(qp->una <= expected && expected <= qp->high)) {
+			DROP(tp, D_ACK_OUT_OF_WINDOW);
+			return;
+		}
+		if (has_sack) {
+			int64_t sacked = seq_of(qp, sack_psn, qp->una);
+			if (!(expected < sacked && sacked < qp->high)) {
+				DROP(tp, D_SACK_OUT_OF_WINDOW);
+				return;
+			}
+		}
+		qp->c.naks_received++;
+		advance(tp, qp, expected, now);
+		if (expected < qp->high) {
+			qp->nxt = expected; /* go back N */
+			qp->active = 1;
+		}
+		return;
+	}
+	int64_t acked = seq_of(qp, psn, qp->una);
+	if (acked >= qp->high) {
+		DROP(tp, D_ACK_OUT_OF_WINDOW);
+		return;
+	}
+	qp->c.acks_received++;
+	if (acked >= qp->una)
+		advance(tp, qp, acked + 1, now);
+}
+
+/* ---- timers ---- */
+
+/* TransportCore.next_deadline: 0 and *at unset for none */
+int xm_tp_next_deadline(struct xm_tp *tp, double *at)
+{
+	int any = 0;
+	double best = 0;
+	for (uint32_t i = 0; i < tp->nqps; i++) {
+		struct xm_tp_qp *qp = tp->qps[i];
+		if (qp->una < qp->high) {
+			double d = qp->last_progress + qp->rto;
+			if (!any || d < best)
+				best = d;
+			any = 1;
+		}
+	}
+	*at = best;
+	return any;
+}
+
+/* TransportCore.expire */
+void xm_tp_expire(struct xm_tp *tp, double now)
+{
+	for (uint32_t i = 0; i < tp->nqps; i++) {
+		struct xm_tp_qp *qp = tp->qps[i];
+		if (qp->una < qp->high && now >= qp->last_progress + qp->rto) {
+			qp->c.timeouts++;
+			qp->nxt = qp->una;
+			qp->rto = qp->rto * 2 < tp->cfg.rto_max ? qp->rto * 2 : tp->cfg.rto_max;
+			qp->last_progress = now;
+			qp->active = 1;
+		}
+	}
+}
+
+/* TransportCore.senders: the indices of the queue pairs with a packet to send, in creation
+ * order (the reference's set has no order its callers rely on) */
+uint32_t xm_tp_senders(struct xm_tp *tp, uint32_t *out)
+{
+	uint32_t n = 0;
+	for (uint32_t i = 0; i < tp->nqps; i++) {
+		struct xm_tp_qp *qp = tp->qps[i];
+		if (!qp->active)
+			continue;
+		if (wants_to_send(tp, qp))
+			out[n++] = i;
+		else if (qp->nxt >= qp->tail)
+			qp->active = 0;
+	}
+	return n;
+}
+
+/* ---- packets in ---- */
+
+/* QueuePair._accept */
+static int accept(struct xm_tp *tp, struct xm_tp_qp *qp, uint8_t opcode, uint32_t psn,
+		  int ackreq, const uint8_t *payload, uint32_t n, uint16_t sport,
+		  const uint8_t *int_bytes, uint32_t int_len, double now)
+{
+	int first = opcode == OP_SEND_FIRST || opcode == OP_SEND_ONLY;
+	int last = opcode == OP_SEND_LAST || opcode == OP_SEND_ONLY;
+	if (first == qp->in_msg) {
+		DROP(tp, D_BAD_OPCODE_SEQUENCE);
+		return 0;
+	}
+	if (n > tp->cfg.mtu || (!last && n != tp->cfg.mtu)) {
+		DROP(tp, D_BAD_LENGTH);
+		return 0;
+	}
+	if (first) {
+		qp->rx_len = 0;
+		qp->rx_t_first = now;
+		qp->rx_overflow = 0;
+	}
+	if (!qp->rx_overflow && qp->rx_len + n > tp->cfg.max_message) {
+		qp->rx_overflow = 1;
+		qp->rx_len = 0;
+		DROP(tp, D_MESSAGE_TOO_LONG);
+	}
+	if (!qp->rx_overflow) {
+		if (qp->rx_len + n > qp->rx_cap) {
+			uint64_t cap = qp->rx_cap ? qp->rx_cap : 4096;
+			while (cap < qp->rx_len + n)
+				cap *= 2;
+			uint8_t *b = realloc(qp->rx_buf, cap);
+			if (!b) { /* out of memory: the message cannot be kept, as one too long */
+				qp->rx_overflow = 1;
+				qp->rx_len = 0;
+				DROP(tp, D_MESSAGE_TOO_LONG);
+			} else {
+				qp->rx_buf = b;
+				qp->rx_cap = cap;
+			}
+		}
+		if (!qp->rx_overflow && n) {
+			memcpy(qp->rx_buf + qp->rx_len, payload, n);
+			qp->rx_len += n;
+		}
+	}
+	qp->in_msg = !last;
+	qp->epsn = (qp->epsn + 1) & PSN_MASK;
+	qp->nak_sent = 0;
+	qp->c.rx_data_packets++;
+	qp->c.rx_bytes += n;
+	if (int_bytes) {
+		memcpy(qp->pending_int, int_bytes, int_len);
+		qp->pending_int_len = int_len;
+	}
+	if (last)
+		qp->msn = (qp->msn + 1) & PSN_MASK;
+	qp->unacked++;
+	if (last || ackreq || qp->unacked >= tp->cfg.ack_every)
+		send_ack(tp, qp, AETH_ACK, psn, sport);
+	if (last) {
+		if (!qp->rx_overflow &&
+		    !grow((void **)&tp->msgs, &tp->cap_msgs, tp->nmsgs + 1, sizeof(*tp->msgs))) {
+			/* the buffer goes with the message; the next starts a new one */
+			tp->msgs[tp->nmsgs++] =
+				(struct xm_tp_msg){ qp->index, qp->rx_buf, qp->rx_len, qp->rx_t_first, now };
+			qp->rx_buf = NULL;
+			qp->rx_cap = 0;
+			qp->c.messages_received++;
+		}
+		qp->rx_len = 0;
+		qp->rx_overflow = 0;
+	}
+	return 1;
+}
+
+/* QueuePair._on_data (go-back-N) */
+static void on_data(struct xm_tp *tp, struct xm_tp_qp *qp, uint8_t opcode, uint32_t psn,
+		    int ackreq, const uint8_t *payload, uint32_t n, uint16_t sport, int ce,
+		    const uint8_t *int_bytes, uint32_t int_len, double now)
+{
+	struct xm_tp_cfg *cfg = &tp->cfg;
+	qp->feedback_sport = sport;
+	if (ce) {
+		qp->c.ecn_ce_seen++;
+		if (now - qp->last_cnp >= cfg->cnp_interval) {
+			qp->last_cnp = now;
+			feedback(tp, qp, OP_CNP, 0, sport, NULL, 0, NULL, 0, CNP_LEN);
+			qp->c.cnps_sent++;
+		}
+	}
+	if (int_bytes)
+		qp->c.int_seen++;
+	int32_t d = psn_diff(psn, qp->epsn);
+	if (d > 0) {
+		if ((uint32_t)d >= cfg->psn_window) {
+			DROP(tp, D_PSN_OUT_OF_WINDOW);
+			return;
+		}
+		DROP(tp, D_OUT_OF_ORDER);
+		if (!qp->has_discarded || psn_diff(psn, qp->discarded_hi) > 0) {
+			qp->discarded_hi = psn;
+			qp->has_discarded = 1;
+		}
+		if (!qp->nak_sent || ackreq) {
+			qp->nak_sent = 1;
+			send_ack(tp, qp, AETH_NAK_PSN_SEQ_ERR, qp->epsn, sport);
+		}
+		return;
+	}
+	if (d < 0) {
+		if (d < -(int32_t)cfg->psn_window) {
+			DROP(tp, D_PSN_OUT_OF_WINDOW);
+			return;
+		}
+		DROP(tp, D_DUPLICATE);
+		/* IBA C9-105: a duplicate SEND is ACKed again (the reference says why) */
+		send_ack(tp, qp, AETH_ACK, (qp->epsn - 1) & PSN_MASK, sport);
+		return;
+	}
+	accept(tp, qp, opcode, psn, ackreq, payload, n, sport, int_bytes, int_len, now);
+}
+
+static inline int is_data(uint8_t op)
+{
+	return op == OP_SEND_FIRST || op == OP_SEND_MIDDLE || op == OP_SEND_LAST ||
+	       op == OP_SEND_ONLY;
+}
+
+/* TransportCore.receive: one IPv4 packet (UDP dport 4791) */
+static void receive(struct xm_tp *tp, const uint8_t *pkt, uint32_t n, double now)
+{
+	struct xm_tp_cfg *cfg = &tp->cfg;
+	tp->rx_packets++;
+	if (n < 20) {
+		DROP(tp, D_SHORT);
+		return;
+	}
+	uint32_t ihl = (pkt[0] & 0x0F) * 4u;
+	uint8_t tos = pkt[1];
+	if (n < ihl + 8 || ihl < 20) {
+		DROP(tp, D_SHORT);
+		return;
+	}
+	uint16_t sport = be16(pkt + ihl);
+	uint32_t udp_len = be16(pkt + ihl + 4);
+	uint32_t end = ihl + udp_len;
+	if (udp_len < 8 || end > n) {
+		DROP(tp, D_BAD_UDP_LENGTH);
+		return;
+	}
+	uint32_t off = ihl + 8;
+	const uint8_t *int_bytes = NULL;
+	uint32_t int_len = 0;
+	if (cfg->int_dscp >= 0 && tos >> 2 == cfg->int_dscp) {
+		if (end - off < SHIM_LEN || pkt[off] >> 4 != INT_TYPE_MD) {
+			DROP(tp, D_BAD_INT);
+			return;
+		}
+		int_len = SHIM_LEN + 4u * pkt[off + 1];
+		if (off + int_len > end || int_len < HEADERS_LEN) {
+			DROP(tp, D_BAD_INT);
+			return;
+		}
+		int_bytes = pkt + off;
+		off += int_len;
+	}
+	if (end - off < BTH_LEN + ICRC_LEN) {
+		DROP(tp, D_SHORT);
+		return;
+	}
+	const uint8_t *body = pkt + off;
+	uint32_t blen = end - ICRC_LEN - off;
+	uint32_t crc = icrc(pkt, ihl, sport, body, blen);
+	const uint8_t *c = pkt + end - ICRC_LEN;
+	if (c[0] != (uint8_t)crc || c[1] != (uint8_t)(crc >> 8) || c[2] != (uint8_t)(crc >> 16) ||
+	    c[3] != (uint8_t)(crc >> 24)) {
+		DROP(tp, D_BAD_ICRC);
+		return;
+	}
+	uint8_t opcode = body[0];
+	uint32_t dqpn = be32(body + 4), ap = be32(body + 8);
+	struct xm_tp_qp *qp = find_qp(tp, dqpn & 0xFFFFFF);
+	if (!qp) {
+		if ((dqpn & 0xFFFFFF) == PROBE_QPN)
+			tp->probes_ignored++;
+		else
+			DROP(tp, D_UNKNOWN_QP);
+		return;
+	}
+	if (memcmp(pkt + 12, qp->peer_addr, 4)) {
+		DROP(tp, D_WRONG_PEER);
+		return;
+	}
+	uint32_t psn = ap & PSN_MASK;
+	if (is_data(opcode)) {
+		int32_t d = psn_diff(psn, qp->epsn);
+		uint16_t ident = be16(pkt + 4);
+		if (d == 0 && qp->has_gap) {
+			/* TransportCore._settle_gap */
+			qp->has_gap = 0;
+			if ((uint16_t)(ident - qp->gap_ident) >= 0x8000) {
+				qp->c.reordered++;
+			} else {
+				qp->c.gaps_lost++;
+				if (qp->gap_len)
+					sink_event(tp, 1, qp->gap_pkt, qp->gap_len, qp->gap_int_off,
+						   qp->gap_t);
+			}
+			qp->gap_len = 0;
+		} else if (0 < d && (uint32_t)d < cfg->psn_window && !qp->has_gap && !qp->nak_sent) {
+			if (!qp->has_discarded || qp->discarded_hi != ((psn - 1) & PSN_MASK)) {
+				qp->has_gap = 1;
+				qp->gap_ident = ident;
+				qp->gap_len = 0;
+				if (cfg->sink && int_bytes) { /* kept for the sink's loss report */
+					uint8_t *b = realloc(qp->gap_pkt, end);
+					if (b) {
+						qp->gap_pkt = b;
+						memcpy(b, pkt, end);
+						qp->gap_len = end;
+						qp->gap_int_off = ihl + 8;
+						qp->gap_t = now;
+					}
+				}
+			}
+		}
+		if (cfg->sink && int_bytes)
+			sink_event(tp, 0, pkt, end, ihl + 8, now);
+		on_data(tp, qp, opcode, psn, (int)(ap >> 31), body + BTH_LEN, blen - BTH_LEN, sport,
+			(tos & 3) == 3, int_bytes, int_len, now);
+	} else if (opcode == OP_ACK) {
+		if (blen < BTH_LEN + AETH_LEN) {
+			DROP(tp, D_SHORT);
+			return;
+		}
+		const uint8_t *rest = body + BTH_LEN + AETH_LEN;
+		uint32_t rlen = blen - BTH_LEN - AETH_LEN;
+		uint8_t syndrome = body[BTH_LEN];
+		if (syndrome == AETH_NAK_PSN_SEQ_ERR_SACK) {
+			if (rlen != SACK_LEN) {
+				DROP(tp, D_BAD_SACK);
+				return;
+			}
+			on_ack(tp, qp, psn, syndrome, now, 1, be32(rest) & PSN_MASK);
+			return;
+		}
+		/* controller.wire.int_md.looks_like_int_echo */
+		if (rlen && !(rlen >= HEADERS_LEN && rest[0] >> 4 == INT_TYPE_MD &&
+			      SHIM_LEN + 4u * rest[1] == rlen)) {
+			DROP(tp, D_BAD_INT_ECHO);
+			return;
+		}
+		on_ack(tp, qp, psn, syndrome, now, 0, 0);
+	} else if (opcode == OP_CNP) {
+		qp->c.cnps_received++;
+	} else {
+		DROP(tp, D_UNKNOWN_OPCODE);
+	}
+}
+
+/* receive, and whether it left anything for the Python side to take (xm_tp_taken) */
+int xm_tp_receive(struct xm_tp *tp, const uint8_t *pkt, uint32_t n, double now)
+{
+	int64_t drops = tp->drops_total;
+	receive(tp, pkt, n, now);
+	return tp->ndone || tp->nmsgs || tp->nfb || tp->nsink || tp->drops_total != drops;
+}
+
+/* ---- what the Python side takes ---- */
+
+uint32_t xm_tp_ndone(struct xm_tp *tp)
+{
+	return tp->ndone;
+}
+
+const struct xm_tp_done *xm_tp_dones(struct xm_tp *tp)
+{
+	return tp->done;
+}
+
+uint32_t xm_tp_nmsgs(struct xm_tp *tp)
+{
+	return tp->nmsgs;
+}
+
+const struct xm_tp_msg *xm_tp_msgs(struct xm_tp *tp)
+{
+	return tp->msgs;
+}
+
+uint32_t xm_tp_nfb(struct xm_tp *tp)
+{
+	return tp->nfb;
+}
+
+const struct xm_tp_fb *xm_tp_fbs(struct xm_tp *tp)
+{
+	return tp->fb;
+}
+
+uint32_t xm_tp_nsink(struct xm_tp *tp)
+{
+	return tp->nsink;
+}
+
+const struct xm_tp_sink_ev *xm_tp_sink_evs(struct xm_tp *tp)
+{
+	return tp->sink_ev;
+}
+
+/* everything taken: the queues restart empty (what they held was copied by the caller) */
+void xm_tp_taken(struct xm_tp *tp)
+{
+	tp->ndone = 0;
+	free_msgs(tp);
+	tp->nfb = 0;
+}

@@ -1,0 +1,122 @@
+/* The native transport core's structs and functions: the C (transport_native.c) includes
+ * this file, and transport_native.py gives it to cffi, so each layout is declared once. No
+ * #include or macro here (cffi parses it): the constants are #defines transport_native.py
+ * prepends, from controller/wire. */
+struct xm_tp_cfg {
+	uint32_t mtu, window, ack_every, psn_window;
+	int32_t int_dscp; /* -1: no INT */
+	uint8_t tos, ttl;
+	uint8_t sink; /* the NIC is an INT sink: the packets it observes go to Python */
+	uint64_t max_message;
+	double rto, rto_max, cnp_interval;
+};
+
+/* QpCounters, field for field */
+struct xm_tp_counters {
+	int64_t tx_packets, tx_bytes, retransmits, timeouts, naks_received, acks_received,
+		cnps_received, rx_data_packets, rx_kept, rx_bytes, acks_sent, naks_sent, reordered,
+		gaps_lost, cnps_sent, ecn_ce_seen, int_seen, int_echoes_sent, tx_blocked, tx_nobufs,
+		tx_errors, messages_sent, messages_received;
+};
+
+struct xm_tp_op {
+	const uint8_t *data;
+	uint64_t len, size;
+	int64_t first_seq, npkts;
+};
+
+struct xm_tp_qp {
+	struct xm_tp_counters c;
+	uint32_t index, qpn, remote_qpn, sq_psn;
+	uint16_t sport, ident;
+	uint8_t local_addr[4], peer_addr[4];
+	/* requester: unbounded sequence numbers, PSN = (sq_psn + seq) mod 2^24 */
+	struct xm_tp_op *ops; /* a ring of the posted, not fully acknowledged */
+	uint32_t ops_head, ops_len, ops_cap, cur;
+	int64_t una, nxt, high, tail;
+	double rto, last_progress;
+	uint8_t active;
+	/* responder */
+	uint32_t epsn, msn, unacked;
+	uint8_t in_msg, rx_overflow, nak_sent, has_gap, has_discarded;
+	int32_t feedback_sport; /* -1: none yet */
+	uint16_t gap_ident;
+	uint32_t discarded_hi;
+	/* with a sink: the packet that showed the gap, for the loss report */
+	uint8_t *gap_pkt;
+	uint32_t gap_len, gap_int_off;
+	double gap_t;
+	double rx_t_first, last_cnp;
+	uint8_t *rx_buf;
+	uint64_t rx_len, rx_cap;
+	uint8_t pending_int[MAX_INT];
+	uint32_t pending_int_len;
+};
+
+/* what the Python side takes after each call: completions, messages, feedback */
+struct xm_tp_done {
+	uint32_t qp;
+	double t;
+};
+struct xm_tp_msg {
+	uint32_t qp;
+	uint8_t *data; /* malloc'd; xm_tp_taken frees it (Python copies it first) */
+	uint64_t len;
+	double t_first, t_done;
+};
+/* for the INT sink (Python's controller.nic.int_sink), in the order the reference calls it:
+ * kind 0 observe (a data packet with INT), 1 loss (a gap's packet, its loss now known) */
+struct xm_tp_sink_ev {
+	uint32_t kind, len, int_off;
+	uint8_t *pkt; /* malloc'd; xm_tp_taken frees it */
+	double t;
+};
+struct xm_tp_fb {
+	uint32_t qp, len;
+	uint8_t pkt[FB_MAX];
+};
+
+struct xm_tp {
+	struct xm_tp_cfg cfg;
+	int64_t drops[DROPS_N];
+	int64_t drops_total, rx_packets, probes_ignored;
+	struct xm_tp_qp **qps;
+	uint32_t nqps, cap_qps;
+	/* qpn -> index + 1, open addressing */
+	uint32_t *map_key, *map_val, map_cap;
+	struct xm_tp_done *done;
+	uint32_t ndone, cap_done;
+	struct xm_tp_msg *msgs;
+	uint32_t nmsgs, cap_msgs;
+	struct xm_tp_fb *fb;
+	uint32_t nfb, cap_fb;
+	struct xm_tp_sink_ev *sink_ev;
+	uint32_t nsink, cap_sink;
+	uint8_t out[OUT_MAX]; /* the packet xm_tp_peek built */
+};
+
+struct xm_tp *xm_tp_new(const struct xm_tp_cfg *cfg);
+void xm_tp_free(struct xm_tp *tp);
+int32_t xm_tp_create_qp(struct xm_tp *tp, uint32_t qpn, uint32_t remote_qpn, uint16_t sport,
+			const uint8_t *local_addr, const uint8_t *peer_addr, uint32_t sq_psn,
+			uint32_t rq_psn);
+struct xm_tp_qp *xm_tp_qp(struct xm_tp *tp, uint32_t index);
+int xm_tp_post(struct xm_tp *tp, uint32_t index, const uint8_t *data, uint64_t len,
+	       uint64_t size);
+int xm_tp_wants_to_send(struct xm_tp *tp, uint32_t index);
+uint32_t xm_tp_peek(struct xm_tp *tp, uint32_t index);
+const uint8_t *xm_tp_out(struct xm_tp *tp);
+void xm_tp_commit(struct xm_tp *tp, uint32_t index, double now);
+int xm_tp_next_deadline(struct xm_tp *tp, double *at);
+void xm_tp_expire(struct xm_tp *tp, double now);
+uint32_t xm_tp_senders(struct xm_tp *tp, uint32_t *out);
+int xm_tp_receive(struct xm_tp *tp, const uint8_t *pkt, uint32_t n, double now);
+uint32_t xm_tp_ndone(struct xm_tp *tp);
+const struct xm_tp_done *xm_tp_dones(struct xm_tp *tp);
+uint32_t xm_tp_nmsgs(struct xm_tp *tp);
+const struct xm_tp_msg *xm_tp_msgs(struct xm_tp *tp);
+uint32_t xm_tp_nfb(struct xm_tp *tp);
+const struct xm_tp_fb *xm_tp_fbs(struct xm_tp *tp);
+uint32_t xm_tp_nsink(struct xm_tp *tp);
+const struct xm_tp_sink_ev *xm_tp_sink_evs(struct xm_tp *tp);
+void xm_tp_taken(struct xm_tp *tp);

@@ -1,0 +1,388 @@
+"""The transport core with its per-packet work in C (testbed/traffic/transport_native.c).
+
+`NativeTransportCore` is a `TransportCore` (testbed/traffic/transport_core.py, the reference)
+whose queue pairs' protocol state and per-packet steps live in C: receiving a packet, building
+the next data packet and the feedback, the timers. Python keeps what is not per packet: the
+queue pairs' set-up (inherited), and the application's API over the queues the C fills after
+each call (send completions, received messages, feedback packets, drops by reason), so a job,
+the twin's host and the tests drive either core the same way. tests/test_transport_native.py
+holds the two equal, packet for packet and counter for counter, on generated sequences.
+
+Go-back-N only: a configuration with selective repeat is refused with `Unsupported`, whose
+message says why in one line, and the caller runs the reference (`make_core`). The NIC as INT
+sink (controller/nic/int_sink.py) stays Python: the C queues what it would be shown, in the
+reference's order, and `_take` shows it. The wire constants reach the C as #defines made here from
+controller/wire (one declaration each). The build is cached as the native switch pipeline's is
+(testbed/switch/native/build.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from collections import deque
+from pathlib import Path
+from typing import Any, cast
+
+from controller.wire import int_md, probe, roce
+from testbed.switch.native.build import BuildError, build, load
+from testbed.switch.v1model import PIPELINES
+from testbed.traffic.transport_core import (
+    MTU_MAX,
+    Outgoing,
+    QpCounters,
+    QueuePair,
+    ReceivedMessage,
+    SendOp,
+    TransportConfig,
+    TransportCore,
+)
+
+SOURCE = Path(__file__).with_name("transport_native.c")
+HEADER = SOURCE.with_suffix(".h")
+# the C's drop reasons, in its enum's order (tests check them against the reference's)
+DROP_NAMES = (
+    "short",
+    "bad_udp_length",
+    "bad_int",
+    "bad_icrc",
+    "unknown_qp",
+    "wrong_peer",
+    "bad_sack",
+    "bad_int_echo",
+    "unknown_opcode",
+    "nak_unsupported",
+    "ack_out_of_window",
+    "sack_out_of_window",
+    "psn_out_of_window",
+    "out_of_order",
+    "duplicate",
+    "bad_opcode_sequence",
+    "bad_length",
+    "message_too_long",
+)
+_COUNTERS = tuple(QpCounters.__dataclass_fields__)
+MAX_INT = int_md.SHIM_LEN + 4 * int_md.SHIM_LENGTH_MAX  # the longest INT stack a shim names
+_HEADERS = 28  # IPv4 + UDP, as the transport sends them
+
+
+class Unsupported(BuildError):
+    """The native core does not run this configuration; the message says why."""
+
+
+def defines() -> str:
+    """The wire constants the C uses, from their one declaration in controller/wire."""
+    values = {
+        name: getattr(roce, name)
+        for name in (
+            "ROCE_UDP_PORT",
+            "OP_SEND_FIRST",
+            "OP_SEND_MIDDLE",
+            "OP_SEND_LAST",
+            "OP_SEND_ONLY",
+            "OP_ACK",
+            "OP_CNP",
+            "AETH_ACK",
+            "AETH_NAK_PSN_SEQ_ERR",
+            "AETH_NAK_PSN_SEQ_ERR_SACK",
+            "BTH_LEN",
+            "AETH_LEN",
+            "SACK_LEN",
+            "CNP_LEN",
+            "ICRC_LEN",
+            "PSN_MASK",
+            "DEFAULT_PKEY",
+            "ICRC_LRH",
+        )
+    }
+    values |= {
+        "INT_TYPE_MD": int_md.INT_TYPE_MD,
+        "SHIM_LEN": int_md.SHIM_LEN,
+        "HEADERS_LEN": int_md.HEADERS_LEN,
+        "PROBE_QPN": probe.PROBE_QPN,
+        "MAX_INT": MAX_INT,
+        "FB_MAX": _HEADERS + roce.BTH_LEN + roce.AETH_LEN + MAX_INT + roce.ICRC_LEN,
+        "OUT_MAX": _HEADERS + roce.BTH_LEN + MTU_MAX + roce.ICRC_LEN,
+        "DROPS_N": len(DROP_NAMES),
+    }
+    return "".join(f"#define {k} {v}\n" for k, v in values.items())
+
+
+def cdef() -> str:
+    """What cffi reads: the constants and the header."""
+    return defines() + HEADER.read_text()
+
+
+def source() -> str:
+    """The C with the header in place of its #include (one self-contained text: the cache's
+    .c beside the object is what ran)."""
+    include = f'#include "{HEADER.name}"\n'
+    text = SOURCE.read_text()
+    if include not in text:
+        raise BuildError(f"{SOURCE.name} has no {include.strip()!r} to expand")
+    return defines() + text.replace(include, HEADER.read_text())
+
+
+@functools.lru_cache(maxsize=1)
+def library() -> tuple[Any, Any]:
+    """(ffi, lib), built once per process (and cached across them); BuildError if it cannot
+    be built here."""
+    if not SOURCE.is_file() or not HEADER.is_file():
+        raise BuildError(f"{SOURCE.name} or {HEADER.name} is not beside {Path(__file__).name}")
+    text, decls = source(), cdef()
+    digest = hashlib.sha256((decls + text).encode()).hexdigest()
+    ffi, lib = load(decls, build(text, digest, stem="transport"))
+    fields = tuple(name for name, _ in ffi.typeof("struct xm_tp_counters").fields)
+    if fields != _COUNTERS:
+        raise BuildError(f"{HEADER.name}'s counters are not QpCounters' fields: {fields}")
+    return ffi, lib
+
+
+def unsupported(cfg: TransportConfig) -> str | None:
+    """Why the native core cannot run `cfg` (None: it can)."""
+    if cfg.retransmit != "gbn":
+        return f"retransmit={cfg.retransmit!r} (the native core is go-back-N)"
+    return None
+
+
+def make_core(cfg: TransportConfig, seed: int, pipeline: str) -> tuple[TransportCore, str]:
+    """The core `pipeline` asks for, and why not native when it was asked ("" when it is or
+    was not): the reference where the native one cannot run `cfg` or cannot be built."""
+    if pipeline not in PIPELINES:
+        raise ValueError(f"transport pipeline must be one of {PIPELINES}, got {pipeline!r}")
+    if pipeline == "native":
+        try:
+            return NativeTransportCore(cfg, seed), ""
+        except BuildError as exc:
+            return TransportCore(cfg, seed), str(exc)
+    return TransportCore(cfg, seed), ""
+
+
+class NativeQueuePair(QueuePair):
+    """A queue pair whose state is the C's; the application's API as the reference's."""
+
+    def __init__(
+        self,
+        core: NativeTransportCore,
+        qpn: int,
+        peer_ip: str,
+        remote_qpn: int,
+        sport: int,
+        sq_psn: int,
+        rq_psn: int,
+    ) -> None:
+        # not QueuePair.__init__: the protocol state it would make is the C's
+        self.core = self._core = core
+        self.qpn = qpn
+        self.peer_ip = peer_ip
+        self.peer_addr = _inet_aton(peer_ip)
+        self.remote_qpn = remote_qpn
+        self.sport = sport
+        ffi, lib = core._ffi, core._lib
+        index = lib.xm_tp_create_qp(
+            core._tp, qpn, remote_qpn, sport, core.local_addr, self.peer_addr, sq_psn, rq_psn
+        )
+        if index < 0:
+            raise MemoryError("the native transport core could not create a queue pair")
+        self._index = index
+        self._c = lib.xm_tp_qp(core._tp, index)
+        self.counters = cast(QpCounters, self._c.c)  # the C struct: the same fields
+        self.send_q: deque[SendOp] = deque()
+        self._buffers: deque[Any] = deque()  # the posted data, alive while the C reads it
+        self.recv_q: deque[ReceivedMessage] = deque()
+        self.rtx_q: deque[int] = deque()  # go-back-N: never a selective resend
+        self._ffi = ffi
+
+    @property  # type: ignore[override]
+    def local_addr(self) -> bytes:
+        return bytes(self._ffi.buffer(self._c.local_addr, 4))
+
+    @local_addr.setter
+    def local_addr(self, addr: bytes) -> None:
+        self._ffi.memmove(self._c.local_addr, addr, 4)
+
+    def post_send(
+        self,
+        data: bytes | bytearray | memoryview,
+        now: float,
+        tag: object = None,
+        size: int | None = None,
+    ) -> SendOp:
+        mv = memoryview(data).cast("B")
+        total = len(mv) if size is None else size
+        if total < len(mv):
+            raise ValueError(f"message size {total} below its {len(mv)} bytes of data")
+        npkts = max(1, -(-total // self.core.cfg.mtu))
+        op = SendOp(mv, total, self.tail, npkts, now, tag)
+        buf = self._ffi.from_buffer(mv)
+        if self._core._lib.xm_tp_post(self._core._tp, self._index, buf, len(mv), total) < 0:
+            raise MemoryError("the native transport core could not queue the message")
+        self.send_q.append(op)
+        self._buffers.append(buf)
+        return op
+
+    @property
+    def wants_to_send(self) -> bool:
+        return bool(self._core._lib.xm_tp_wants_to_send(self._core._tp, self._index))
+
+    def peek(self, now: float) -> bytes | None:
+        core = self._core
+        n = core._lib.xm_tp_peek(core._tp, self._index)
+        return bytes(self._ffi.buffer(core._out, n)) if n else None
+
+    def commit(self, now: float) -> None:
+        self._core._lib.xm_tp_commit(self._core._tp, self._index, now)
+
+    @property
+    def deadline(self) -> float | None:
+        c = self._c
+        return c.last_progress + c.rto if self.una < self.high else None
+
+    # the protocol state, read from the C (tests and tools; not on the per-packet path)
+    una = property(lambda self: self._c.una)
+    nxt = property(lambda self: self._c.nxt)
+    high = property(lambda self: self._c.high)
+    tail = property(lambda self: self._c.tail)
+    epsn = property(lambda self: self._c.epsn)
+    ident = property(lambda self: self._c.ident)
+    rto = property(lambda self: self._c.rto)
+    last_progress = property(lambda self: self._c.last_progress)
+    rx_buf = property(lambda self: bytes(self._ffi.buffer(self._c.rx_buf, self._c.rx_len)))
+
+
+class NativeTransportCore(TransportCore):
+    """A host's queue pairs with the per-packet work in C; see the module's docstring."""
+
+    def __init__(self, cfg: TransportConfig, seed: int) -> None:
+        why = unsupported(cfg)
+        if why is not None:
+            raise Unsupported(why)
+        ffi, lib = library()
+        self._ffi, self._lib = ffi, lib
+        ccfg = ffi.new(
+            "struct xm_tp_cfg *",
+            {
+                "mtu": cfg.mtu,
+                "window": cfg.window,
+                "ack_every": cfg.ack_every,
+                "psn_window": cfg.psn_window,
+                "int_dscp": -1 if cfg.int_dscp is None else cfg.int_dscp,
+                "tos": (cfg.dscp << 2) | 0b10,  # ECT(0), as the reference's _tos
+                "ttl": cfg.ttl,
+                "sink": cfg.report_to is not None and cfg.int_dscp is not None,
+                "max_message": cfg.max_message,
+                "rto": cfg.rto,
+                "rto_max": cfg.rto_max,
+                "cnp_interval": cfg.cnp_interval,
+            },
+        )
+        tp = lib.xm_tp_new(ccfg)
+        if tp == ffi.NULL:
+            raise MemoryError("the native transport core could not be allocated")
+        self._tp = ffi.gc(tp, lib.xm_tp_free)
+        self._out = lib.xm_tp_out(self._tp)
+        self._at = ffi.new("double *")
+        self._idx = ffi.new("uint32_t[]", 16)
+        self._by_index: list[NativeQueuePair] = []
+        self._drops_seen = [0] * len(DROP_NAMES)
+        super().__init__(cfg, seed)
+        if self._tos != ccfg.tos:
+            raise BuildError(f"the native core's TOS {ccfg.tos} is not the reference's {self._tos}")
+
+    # the core's own counters live in the C
+    rx_packets = property(
+        lambda self: self._tp.rx_packets, lambda self, v: setattr(self._tp, "rx_packets", v)
+    )
+    probes_ignored = property(
+        lambda self: self._tp.probes_ignored,
+        lambda self, v: setattr(self._tp, "probes_ignored", v),
+    )
+
+    def _queue_pair(
+        self, qpn: int, peer_ip: str, remote_qpn: int, sport: int, sq_psn: int, rq_psn: int
+    ) -> QueuePair:
+        qp = NativeQueuePair(self, qpn, peer_ip, remote_qpn, sport, sq_psn, rq_psn)
+        self._by_index.append(qp)
+        if len(self._by_index) > len(self._idx):
+            self._idx = self._ffi.new("uint32_t[]", 2 * len(self._by_index))
+        return qp
+
+    def next_deadline(self) -> float | None:
+        at = self._at
+        return float(at[0]) if self._lib.xm_tp_next_deadline(self._tp, at) else None
+
+    def expire(self, now: float) -> None:
+        self._lib.xm_tp_expire(self._tp, now)
+
+    def senders(self) -> list[QueuePair]:
+        idx, qps = self._idx, self._by_index
+        n = self._lib.xm_tp_senders(self._tp, idx)
+        return [qps[idx[i]] for i in range(n)]
+
+    def receive(self, pkt: memoryview | bytes, now: float) -> None:
+        data = pkt if isinstance(pkt, bytes) else bytes(pkt)
+        if self._lib.xm_tp_receive(self._tp, data, len(data), now):
+            self._take()
+
+    def _take(self) -> None:
+        """Into Python what the last call made: completions, messages, feedback, drops."""
+        lib, tp, ffi, qps = self._lib, self._tp, self._ffi, self._by_index
+        nd, nm, nf = lib.xm_tp_ndone(tp), lib.xm_tp_nmsgs(tp), lib.xm_tp_nfb(tp)
+        ns = lib.xm_tp_nsink(tp)
+        if ns:
+            sink, evs = self.sink, lib.xm_tp_sink_evs(tp)
+            assert sink is not None  # the C queues events only for a core with a sink
+            for i in range(ns):
+                e = evs[i]
+                pkt = bytes(ffi.buffer(e.pkt, e.len))
+                if e.kind == 0:
+                    rep = sink.observe(memoryview(pkt), e.int_off, e.t)
+                else:
+                    rep = sink.loss(pkt, e.int_off, e.t)
+                if rep is not None:
+                    self.reports.append(rep)
+        if nd:
+            dones = lib.xm_tp_dones(tp)
+            for i in range(nd):
+                d = dones[i]
+                qp = qps[d.qp]
+                qp.send_q.popleft().t_done = d.t
+                qp._buffers.popleft()
+        if nm:
+            msgs = lib.xm_tp_msgs(tp)
+            for i in range(nm):
+                m = msgs[i]
+                qps[m.qp].recv_q.append(
+                    ReceivedMessage(bytearray(ffi.buffer(m.data, m.len)), m.t_first, m.t_done)
+                )
+        if nf:
+            fbs = lib.xm_tp_fbs(tp)
+            for i in range(nf):
+                f = fbs[i]
+                self.feedback.append(Outgoing(qps[f.qp], bytes(ffi.buffer(f.pkt, f.len))))
+        if nd or nm or nf or ns:
+            lib.xm_tp_taken(tp)
+        if tp.drops_total != sum(self._drops_seen):
+            seen = self._drops_seen
+            for i, name in enumerate(DROP_NAMES):
+                n = tp.drops[i]
+                if n != seen[i]:
+                    self.drops[name] += n - seen[i]
+                    seen[i] = n
+
+
+def _inet_aton(ip: str) -> bytes:
+    import socket
+
+    return socket.inet_aton(ip)
+
+
+__all__ = [
+    "DROP_NAMES",
+    "NativeQueuePair",
+    "NativeTransportCore",
+    "Unsupported",
+    "library",
+    "make_core",
+    "unsupported",
+]
