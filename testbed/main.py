@@ -103,9 +103,9 @@ def _common(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--transport-pipeline",
         choices=PIPELINES,
-        help="the twin's hosts' transport cores alone on this one (default: as --pipeline; "
-        "the native core runs go-back-N without the NIC as INT sink, the reference the rest): "
-        "to bisect, as --nic-pipeline",
+        help="the hosts' transport cores alone on this one, on either packet engine (default: "
+        "as --pipeline; the native core runs go-back-N, the reference selective repeat): to "
+        "bisect, as --nic-pipeline",
     )
     ap.add_argument("--pcap", action="store_true", help="per-port pcap files in the run dir")
     ap.add_argument("--run-dir", type=Path, help="default: runs/<timestamp>")
@@ -268,6 +268,7 @@ def _testbed(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     opts = TestbedOptions(
         switch=args.switch,
         pipeline=args.pipeline,
+        transport_pipeline=getattr(args, "transport_pipeline", None) or args.pipeline,
         scaling=scaling,
         rate_law=args.rate_law,
         ecn=EcnConfig(),
@@ -307,11 +308,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    if args.engine != "sim" and args.transport_pipeline is not None:
-        print(
-            "--transport-pipeline is the twin's (the emulation's transports run the reference)",
-            file=sys.stderr,
-        )
+    if args.engine == "flow" and args.transport_pipeline is not None:
+        print("--transport-pipeline: the flow engine has no transport", file=sys.stderr)
         return 2
     if args.engine != "sim" and args.loop_pipeline is not None:
         print(
@@ -426,6 +424,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             "scale": s.scale,
             "buffer": s.model.buffer,
             "pipeline": args.pipeline,
+            "transport_pipeline": tb.opts.transport_pipeline,
             "link_bps": s.link_bps,
             "nic_bps": s.nic_bps,
             "base_rtt_s": base_rtt,

@@ -27,9 +27,8 @@ import pytest
 
 from testbed.p4files import BMV2_JSON
 from testbed.switch import hashes
-from testbed.switch.native import Unsupported
 from testbed.switch.native.build import CFLAGS, compiler
-from testbed.switch.native.cgen import C_HASHES, generate
+from testbed.switch.native.cgen import C_HASHES, Unsupported, generate
 from testbed.switch.program import Program
 from testbed.switch.stf import StfRunner
 from testbed.switch.tables import ActionCall, Entry, TableError

@@ -56,6 +56,8 @@ def test_unsupported_configurations_run_the_reference() -> None:
     assert type(core) is TransportCore and "go-back-N" in why
     core, why = make_core(TransportConfig(local_ip=A), 1, "native")
     assert type(core) is NativeTransportCore and why == ""
+    assert core.counters()["transport"] == "native"
+    assert make_core(sr, 1, "reference")[0].counters()["transport"] == "reference"
     with pytest.raises(ValueError, match="one of"):
         make_core(TransportConfig(local_ip=A), 1, "fast")
 

@@ -133,7 +133,8 @@ def _snapshot(core: TransportCore) -> tuple[Any, ...]:
         for qp in core.qps.values()
     )
     sink = (dict(core.sink.reports), dict(core.sink.errors)) if core.sink is not None else None
-    return core.counters(), dict(core.drops), core.probes_ignored, core.next_deadline(), qps, sink
+    counters = {k: v for k, v in core.counters().items() if k != "transport"}  # its name
+    return counters, dict(core.drops), core.probes_ignored, core.next_deadline(), qps, sink
 
 
 def drive(native: bool, seed: int, steps: int, **cfg: Any) -> list[Any]:

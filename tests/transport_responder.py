@@ -18,6 +18,7 @@ RESPONDER = textwrap.dedent(
     """
     import hashlib, json, sys, time
     from testbed.traffic.transport import Transport, TransportConfig
+    from testbed.traffic.transport_core import counter_values
     args = json.loads(sys.argv[1])
     with Transport(TransportConfig(**args["cfg"])) as t:
         qp = t.create_qp(args["qpn"], args["peer"], args["qpn"])
@@ -27,7 +28,7 @@ RESPONDER = textwrap.dedent(
         while (m := qp.poll_recv()) is not None:
             msgs.append({"len": len(m.data), "sha": hashlib.sha256(m.data).hexdigest()})
         print(json.dumps({"messages": msgs, "counters": t.counters(),
-                          "qp": vars(qp.counters)}), flush=True)
+                          "qp": counter_values(qp.counters)}), flush=True)
     """
 )
 

@@ -97,6 +97,8 @@ class TestbedOptions:
     # Their priority keeps such stalls short on a busy machine.
     switch_nice: int = -10
     pipeline: str = DEFAULT_PIPELINE  # the built-in switches' P4 pipeline: reference or native
+    # the hosts' transports: the core's per-packet work in C, or the Python reference
+    transport_pipeline: str = DEFAULT_PIPELINE
     boot_timeout_s: float = 180.0
     # a Prometheus server scraping every daemon, and the controller's fabric page (loopback)
     monitoring: bool = True

@@ -197,6 +197,7 @@ class EmuSuite(Suite):
             spec = {**spec, "pfc_pins": self.tb.pfc_pins()}
         if self.tb.agents:
             spec = {**spec, "agents": {h: a.target for h, a in self.tb.agents.items()}}
+        spec = {**spec, "transport_pipeline": self.tb.opts.transport_pipeline}
         return wl.run_job(hosts, spec, on_start=self.ops.start)
 
     def _set_pfc(self, on: bool) -> None:

@@ -25,7 +25,8 @@ from controller.wire.pfc import decode_pfc, is_mac_control
 from testbed.switch.codegen import DROP_PORT, Compiled
 from testbed.switch.compiler import compile_program
 from testbed.switch.drop_reports import DROP_REASONS, DropReporter
-from testbed.switch.native import BuildError, Unsupported, load_native
+from testbed.switch.native import DEFAULT_PIPELINE, PIPELINES
+from testbed.switch.native.build import BuildError
 from testbed.switch.native.cgen import (
     ARCH_DEPARSE_ERROR,
     ARCH_DROP,
@@ -33,8 +34,10 @@ from testbed.switch.native.cgen import (
     ARCH_NO_MEMORY,
     ARCH_PYTHON,
     ARCH_QUEUE_FULL,
+    Unsupported,
 )
 from testbed.switch.native.lock import NativeLock
+from testbed.switch.native.runtime import load_native
 from testbed.switch.native.tm import NativeTrafficManager
 from testbed.switch.packet import (
     CLOCK_NS,
@@ -58,11 +61,6 @@ log = logging.getLogger("xingmai.switch")
 # (bmv2 has no limit and would loop forever on a program that always recirculates).
 MAX_REINJECT = 32
 
-PIPELINES = ("reference", "native")
-# the pipeline a switch runs when none is named (the switch, both engines, the STF runner): the
-# native one, C generated from the same program and proven identical to the Python reference
-# (docs/builtin-switch.md), which runs instead wherever the native one cannot, saying why
-DEFAULT_PIPELINE = "native"
 
 # What enq_qdepth / deq_qdepth count: packets (bmv2), bytes, or cells of CELL_BYTES (a
 # switch ASIC's buffer unit, Tofino's 80 B): 19 bits of bytes read at most 512 KiB, of

@@ -119,7 +119,10 @@ def counter_totals(counters: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     total: dict[str, Any] = {k: 0 for k in COUNTER_KEYS}
     drops: dict[str, int] = {}
     reports: dict[str, int] = {}  # Telemetry Reports the NIC sinks sent, by trigger
+    transports: set[str] = set()  # the hosts' transport cores: native, reference
     for c in counters:
+        if c.get("transport"):
+            transports.add(str(c["transport"]))
         for k in COUNTER_KEYS:
             total[k] += int(c.get(k, 0))
         for reason, n in dict(c.get("drops", {})).items():
@@ -128,6 +131,7 @@ def counter_totals(counters: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
             reports[why] = reports.get(why, 0) + int(n)
     total["drops"] = drops
     total["reports"] = reports
+    total["transport"] = sorted(transports)
     return total
 
 

@@ -31,6 +31,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from controller.wire.roce import ROCE_UDP_PORT
+from testbed.switch.native import DEFAULT_PIPELINE
 from testbed.traffic.sockets import is_would_block, open_rx_sockets, open_tx_socket
 from testbed.traffic.transport_core import (
     QpCounters,
@@ -38,8 +39,8 @@ from testbed.traffic.transport_core import (
     ReceivedMessage,
     SendOp,
     TransportConfig,
-    TransportCore,
 )
+from testbed.traffic.transport_native import make_core
 
 # A paused NIC's hold: CLOCK_MONOTONIC ns -> until when it must not send (0: it may).
 HoldFn = Callable[[int], int]
@@ -64,9 +65,12 @@ class Transport:
         start_rate: StartRateFn | None = None,
         declare: DeclareFn | None = None,
         seed: int | None = None,
+        pipeline: str = DEFAULT_PIPELINE,
     ) -> None:
         """`seed`: the entropy source ports' (`port_seed`; None: drawn from the process,
-        for a transport outside a run)."""
+        for a transport outside a run); `pipeline`: the core's per-packet work in C
+        (testbed/traffic/transport_native.py) or the Python reference; where the native one
+        cannot run this configuration, the reference, and `native_reason` says why."""
         self.cfg = cfg
         self._hold = hold
         self._start_rate = start_rate
@@ -75,7 +79,9 @@ class Transport:
         self._last_look = 0.0
         self.held_s = 0.0  # time spent paused (between steps that found the NIC held)
         self.holds = 0  # pauses found (steps that found it held after one that did not)
-        self.core = TransportCore(cfg, os.getpid() ^ time.time_ns() if seed is None else seed)
+        self.core, self.native_reason = make_core(
+            cfg, os.getpid() ^ time.time_ns() if seed is None else seed, pipeline
+        )
         self.rx, self._rx_udp = open_rx_sockets(ROCE_UDP_PORT, cfg.rcvbuf)
         self.rx.setblocking(False)
         self._socks: dict[QueuePair, socket.socket] = {}

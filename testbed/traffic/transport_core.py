@@ -176,6 +176,12 @@ class QpCounters:
     messages_received: int = 0
 
 
+def counter_values(counters: QpCounters) -> dict[str, int]:
+    """A queue pair's counters by name: a QpCounters' or the native core's C struct's (the
+    same fields)."""
+    return {k: int(getattr(counters, k)) for k in QpCounters.__dataclass_fields__}
+
+
 @dataclass(frozen=True, slots=True)
 class _Gap:
     """A gap in a QP's received PSNs: the IPv4 ID and arrival time of the packet that showed
@@ -688,6 +694,8 @@ class TransportCore:
     from its seed, whatever ran before it).
     """
 
+    pipeline = "reference"  # this Python core; transport_native.py's is "native"
+
     def __init__(self, cfg: TransportConfig, seed: int) -> None:
         self.cfg = cfg
         self.local_addr = socket.inet_aton(cfg.local_ip)
@@ -970,8 +978,8 @@ class TransportCore:
 
     def counters(self) -> dict[str, object]:
         total = Counter[str]()
-        for qp in self.qps.values():  # the counters' fields, a dataclass's or a C struct's
-            total.update({k: getattr(qp.counters, k) for k in QpCounters.__dataclass_fields__})
+        for qp in self.qps.values():
+            total.update(counter_values(qp.counters))
         sink = self.sink
         return {
             "rx_packets": self.rx_packets,
@@ -980,6 +988,7 @@ class TransportCore:
             "drops": dict(self.drops),
             "qps": len(self.qps),
             "rate_hints": self.rate_hints_made,
+            "transport": self.pipeline,
             **{k: total.get(k, 0) for k in QpCounters.__dataclass_fields__},
         }
 
@@ -993,4 +1002,5 @@ __all__ = [
     "SendOp",
     "TransportConfig",
     "TransportCore",
+    "counter_values",
 ]

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any, cast
 
 from controller.wire import int_md, probe, roce
+from testbed.switch.native import PIPELINES
 from testbed.switch.native.build import BuildError, build, load
-from testbed.switch.v1model import PIPELINES
 from testbed.traffic.transport_core import (
     MTU_MAX,
     Outgoing,
@@ -252,6 +252,8 @@ class NativeQueuePair(QueuePair):
 
 class NativeTransportCore(TransportCore):
     """A host's queue pairs with the per-packet work in C; see the module's docstring."""
+
+    pipeline = "native"
 
     def __init__(self, cfg: TransportConfig, seed: int) -> None:
         why = unsupported(cfg)

@@ -24,6 +24,7 @@ from typing import Any
 
 from controller.nic.pfc import PinnedPfc
 from controller.wire.roce import ROCE_UDP_PORT
+from testbed.switch.native import DEFAULT_PIPELINE
 from testbed.traffic.jobs import JOBS, Job
 from testbed.traffic.transport import Transport, TransportConfig
 from testbed.traffic.transport_core import QueuePair, port_seed
@@ -150,6 +151,7 @@ def main() -> int:
             hand.start_rate if hand else None,
             hand.declare if hand else None,
             seed=port_seed(int(spec.get("seed", 1)), me),
+            pipeline=spec.get("transport_pipeline", DEFAULT_PIPELINE),
         ) as t:
             t.core.nic_rates = hand
             job = JOBS[spec["kind"]](t, spec, me)

@@ -11,14 +11,16 @@ pipeline (testbed/switch/codegen.py, compiler.py) runs, compiled on the user's m
 - `runtime.py` wraps the loaded object as a `Compiled` (the interface `V1Switch` drives), with
   the packet state in C memory and the tables, counters and registers mirrored natively.
 
-`load_native(prog, ...)` is the one entry point: a `Compiled`, or `Unsupported` /
+`runtime.load_native(prog, ...)` is the one entry point: a `Compiled`, or `Unsupported` /
 `BuildError` naming why the reference must run instead.
+
+This file imports nothing: the twin's NIC and the transports build their own C with `build.py`
+and read the pipelines' names here, without loading the switch's generator.
 """
 
-from __future__ import annotations
-
-from testbed.switch.native.build import BuildError
-from testbed.switch.native.cgen import Unsupported
-from testbed.switch.native.runtime import load_native
-
-__all__ = ["BuildError", "Unsupported", "load_native"]
+# The per-packet code of a part (the switch's pipeline, the twin's NICs, event loop and
+# transports): the Python reference, or native code proven identical to it.
+PIPELINES = ("reference", "native")
+# what runs when none is named (the switch, both engines, the STF runner): the native code,
+# which falls back to the reference wherever it cannot run, saying why
+DEFAULT_PIPELINE = "native"
