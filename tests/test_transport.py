@@ -76,11 +76,18 @@ _PAUSED_SENDER = textwrap.dedent(
             until.append(now_ns + int(args["pause"] * 1e9))
         return until[0] if now_ns < until[0] else 0
 
-    with Transport(TransportConfig(**args["cfg"]), hold) as t:
+    with Transport(TransportConfig(**args["cfg"]), hold, pipeline=args["pipeline"]) as t:
         qp = t.create_qp(args["qpn"], args["peer"], args["qpn"])
         sent = []
         send = t._sendto
         t._sendto = lambda q, pkt: (sent.append(time.monotonic_ns()), send(q, pkt))[1]
+        burst = t._send_native  # the native core's data sends
+        def send_native(core, q, now):
+            n = burst(core, q, now)
+            if n:
+                sent.append(time.monotonic_ns())
+            return n
+        t._send_native = send_native
         op = qp.post_send(bytes(range(256)) * (args["size"] // 256), time.monotonic())
         t.run_until(lambda: op.done, timeout=30)
         print(json.dumps({"done": op.done, "until": until[0], "sent": sent,
@@ -188,10 +195,11 @@ def test_10mb_message_intact_through_1pct_loss_with_selective_repeat(lan: NetnsL
 # ---- injected packets ---------------------------------------------------------------------
 
 
-def test_a_paused_nic_sends_nothing_until_the_pause_ends(lan: NetnsLan) -> None:
+@pytest.mark.parametrize("pipeline", ["native", "reference"])
+def test_a_paused_nic_sends_nothing_until_the_pause_ends(lan: NetnsLan, pipeline: str) -> None:
     """PFC on the emulation: the runner holds every send (data and feedback) while its NIC's
     record of the switch's pause says so (tests/test_nic_pfc.py: that record, read without
-    bcc), then sends the message whole; the time held is counted."""
+    bcc), then sends the message whole; the time held is counted. On either core."""
     a, b = lan.hosts
     size = 1 << 20
     responder = start_responder(b, a, seconds=4.0)
@@ -201,6 +209,7 @@ def test_a_paused_nic_sends_nothing_until_the_pause_ends(lan: NetnsLan) -> None:
         "peer": b.ip,
         "size": size,
         "pause": 0.4,
+        "pipeline": pipeline,
     }
     out = subprocess.run(
         a.command([sys.executable, "-c", _PAUSED_SENDER, json.dumps(args)]),

@@ -40,7 +40,7 @@ from testbed.traffic.transport_core import (
     SendOp,
     TransportConfig,
 )
-from testbed.traffic.transport_native import make_core
+from testbed.traffic.transport_native import NativeTransportCore, make_core
 
 # A paused NIC's hold: CLOCK_MONOTONIC ns -> until when it must not send (0: it may).
 HoldFn = Callable[[int], int]
@@ -49,6 +49,7 @@ StartRateFn = Callable[[str, str, int, int], int]
 # The NIC told of flows about to send: [(src ip, dst ip, sport)] -> how many it took.
 DeclareFn = Callable[[list[tuple[str, str, int]]], int]
 PAUSE_POLL_S = 0.001  # while paused, how often the hold is read again (a resume ends it)
+SEND_BURST = 32  # data packets a queue pair sends in a row before the others get a turn
 
 
 class _Outcome:
@@ -237,19 +238,39 @@ class Transport:
 
     def _send_round(self, now: float) -> bool:
         sent = 0
+        native = self.core if isinstance(self.core, NativeTransportCore) else None
         for qp in self.core.senders():
             if qp in self._blocked or self._retry_at.get(qp, 0.0) > now:
                 continue
-            for _ in range(32):
-                pkt = qp.peek(now)
-                if pkt is None:
-                    break
-                if self._sendto(qp, pkt) == _Outcome.BLOCKED:
-                    break
-                qp.commit(now)  # sent, or lost on the way out (the RTO recovers it)
-                sent += 1
+            if native is not None:
+                sent += self._send_native(native, qp, now)
+            else:
+                for _ in range(SEND_BURST):
+                    pkt = qp.peek(now)
+                    if pkt is None:
+                        break
+                    if self._sendto(qp, pkt) == _Outcome.BLOCKED:
+                        break
+                    qp.commit(now)  # sent, or lost on the way out (the RTO recovers it)
+                    sent += 1
             self._send_feedback()  # feedback made meanwhile goes out promptly
         return sent > 0
+
+    def _send_native(self, core: NativeTransportCore, qp: QueuePair, now: float) -> int:
+        """The reference's burst for `qp` with its sends in C: the C stops at a failed send
+        and this does with it what `_sendto` does."""
+        fd = self._socks[qp].fileno()
+        left = SEND_BURST
+        while left:
+            n, err = core.send_burst(qp, fd, left, now)
+            left -= n
+            if not err:
+                break
+            if self._send_failed(qp, OSError(err, os.strerror(err))) == _Outcome.BLOCKED:
+                break
+            qp.commit(now)  # lost on the way out: the RTO recovers it
+            left -= 1
+        return SEND_BURST - left
 
     def _wait(self, now: float, max_wait: float) -> None:
         timeout = max_wait
@@ -274,24 +295,31 @@ class Transport:
             self._socks[qp].sendto(pkt, (qp.peer_ip, 0))
             return _Outcome.SENT
         except OSError as exc:
-            c = qp.counters
-            if is_would_block(exc):
-                c.tx_blocked += 1
-                if qp not in self._blocked:
-                    self._blocked.add(qp)
-                    self._sel.register(self._socks[qp], selectors.EVENT_WRITE, qp)
-                return _Outcome.BLOCKED
-            if exc.errno == errno.ENOBUFS:  # the qdisc (NIC pacing queue) is full
-                c.tx_nobufs += 1
-                self._retry_at[qp] = time.monotonic() + self.cfg.nobufs_backoff
-                return _Outcome.BLOCKED
-            c.tx_errors += 1
-            self.core.drops[f"send_error_{errno.errorcode.get(exc.errno or 0, exc.errno)}"] += 1
-            return _Outcome.LOST
+            return self._send_failed(qp, exc)
+
+    def _send_failed(self, qp: QueuePair, exc: OSError) -> int:
+        """A send of `qp`'s failed: BLOCKED (the socket or the qdisc full: sent again later)
+        or LOST (counted)."""
+        c = qp.counters
+        if is_would_block(exc):
+            c.tx_blocked += 1
+            if qp not in self._blocked:
+                self._blocked.add(qp)
+                self._sel.register(self._socks[qp], selectors.EVENT_WRITE, qp)
+            return _Outcome.BLOCKED
+        if exc.errno == errno.ENOBUFS:  # the qdisc (NIC pacing queue) is full
+            c.tx_nobufs += 1
+            self._retry_at[qp] = time.monotonic() + self.cfg.nobufs_backoff
+            return _Outcome.BLOCKED
+        c.tx_errors += 1
+        self.core.drops[f"send_error_{errno.errorcode.get(exc.errno or 0, exc.errno)}"] += 1
+        return _Outcome.LOST
 
     # ---- packets in ----
 
     def _receive(self, now: float, budget: int) -> bool:
+        if isinstance(self.core, NativeTransportCore):  # the same loop in C, batched
+            return self.core.receive_from(self.rx.fileno(), budget, now) > 0
         got = 0
         buf = self._buf
         mv = memoryview(buf)

@@ -15,9 +15,13 @@
  * The wire constants (opcodes, lengths, the ICRC's pseudo LRH) are not declared here: the
  * loader prepends them as #defines from controller/wire/roce.py and int_md.py.
  */
+#define _GNU_SOURCE /* recvmmsg */
+#include <errno.h>
+#include <netinet/in.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #define HALF (1 << 23)
 
@@ -210,6 +214,7 @@ void xm_tp_free(struct xm_tp *tp)
 	free(tp->msgs);
 	free(tp->fb);
 	free(tp->sink_ev);
+	free(tp->rx_bufs);
 	free(tp);
 }
 
@@ -604,7 +609,7 @@ uint32_t xm_tp_senders(struct xm_tp *tp, uint32_t *out)
 /* ---- packets in ---- */
 
 /* QueuePair._accept */
-static int accept(struct xm_tp *tp, struct xm_tp_qp *qp, uint8_t opcode, uint32_t psn,
+static int accept_data(struct xm_tp *tp, struct xm_tp_qp *qp, uint8_t opcode, uint32_t psn,
 		  int ackreq, const uint8_t *payload, uint32_t n, uint16_t sport,
 		  const uint8_t *int_bytes, uint32_t int_len, double now)
 {
@@ -722,7 +727,7 @@ static void on_data(struct xm_tp *tp, struct xm_tp_qp *qp, uint8_t opcode, uint3
 		send_ack(tp, qp, AETH_ACK, (qp->epsn - 1) & PSN_MASK, sport);
 		return;
 	}
-	accept(tp, qp, opcode, psn, ackreq, payload, n, sport, int_bytes, int_len, now);
+	accept_data(tp, qp, opcode, psn, ackreq, payload, n, sport, int_bytes, int_len, now);
 }
 
 static inline int is_data(uint8_t op)
@@ -869,6 +874,72 @@ int xm_tp_receive(struct xm_tp *tp, const uint8_t *pkt, uint32_t n, double now)
 	int64_t drops = tp->drops_total;
 	receive(tp, pkt, n, now);
 	return tp->ndone || tp->nmsgs || tp->nfb || tp->nsink || tp->drops_total != drops;
+}
+
+/* ---- the emulation's sockets, batched (testbed/traffic/transport.py's loops, in C) ---- */
+
+#define RX_BATCH 32
+#define RX_BUF 65536 /* per datagram: Transport's receive buffer */
+
+/* Transport._receive: up to `budget` datagrams from the raw socket `fd`, each received at
+ * `now`, read RX_BATCH a call (recvmmsg); how many, or -errno on an error the reference would
+ * raise (it stops at EAGAIN and EINTR) */
+int32_t xm_tp_recv_batch(struct xm_tp *tp, int fd, uint32_t budget, double now)
+{
+	if (!tp->rx_bufs) {
+		tp->rx_bufs = malloc((size_t)RX_BATCH * RX_BUF);
+		if (!tp->rx_bufs)
+			return -ENOMEM;
+	}
+	struct mmsghdr msgs[RX_BATCH];
+	struct iovec iov[RX_BATCH];
+	uint32_t got = 0;
+	while (got < budget) {
+		uint32_t want = budget - got < RX_BATCH ? budget - got : RX_BATCH;
+		memset(msgs, 0, sizeof(msgs[0]) * want);
+		for (uint32_t i = 0; i < want; i++) {
+			iov[i].iov_base = tp->rx_bufs + (size_t)i * RX_BUF;
+			iov[i].iov_len = RX_BUF;
+			msgs[i].msg_hdr.msg_iov = &iov[i];
+			msgs[i].msg_hdr.msg_iovlen = 1;
+		}
+		int n = recvmmsg(fd, msgs, want, MSG_DONTWAIT, NULL);
+		if (n < 0) {
+			if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
+				break;
+			return got ? (int32_t)got : -errno;
+		}
+		for (int i = 0; i < n; i++)
+			receive(tp, tp->rx_bufs + (size_t)i * RX_BUF, msgs[i].msg_len, now);
+		got += (uint32_t)n;
+		if ((uint32_t)n < want)
+			break; /* the socket is empty */
+	}
+	return (int32_t)got;
+}
+
+/* Transport._send_round for one queue pair: up to `max` data packets to `peer` on its raw
+ * socket `fd` (peek, sendto, commit); *sent counts them. Returns 0 when it sent `max` or had
+ * no more, else the errno of the send that failed (the packet not committed: the Python side
+ * does what the reference does with it) */
+int xm_tp_send_burst(struct xm_tp *tp, uint32_t index, int fd, uint32_t max, double now,
+		     uint32_t *sent)
+{
+	struct xm_tp_qp *qp = tp->qps[index];
+	struct sockaddr_in to = { 0 };
+	to.sin_family = AF_INET;
+	memcpy(&to.sin_addr, qp->peer_addr, 4);
+	*sent = 0;
+	while (*sent < max) {
+		uint32_t n = xm_tp_peek(tp, index);
+		if (!n)
+			return 0;
+		if (sendto(fd, tp->out, n, 0, (struct sockaddr *)&to, sizeof(to)) < 0)
+			return errno ? errno : EIO;
+		xm_tp_commit(tp, index, now);
+		++*sent;
+	}
+	return 0;
 }
 
 /* ---- what the Python side takes ---- */

@@ -92,6 +92,7 @@ struct xm_tp {
 	uint32_t nfb, cap_fb;
 	struct xm_tp_sink_ev *sink_ev;
 	uint32_t nsink, cap_sink;
+	uint8_t *rx_bufs; /* xm_tp_recv_batch's datagrams */
 	uint8_t out[OUT_MAX]; /* the packet xm_tp_peek built */
 };
 
@@ -117,6 +118,9 @@ uint32_t xm_tp_nmsgs(struct xm_tp *tp);
 const struct xm_tp_msg *xm_tp_msgs(struct xm_tp *tp);
 uint32_t xm_tp_nfb(struct xm_tp *tp);
 const struct xm_tp_fb *xm_tp_fbs(struct xm_tp *tp);
+int32_t xm_tp_recv_batch(struct xm_tp *tp, int fd, uint32_t budget, double now);
+int xm_tp_send_burst(struct xm_tp *tp, uint32_t index, int fd, uint32_t max, double now,
+		     uint32_t *sent);
 uint32_t xm_tp_nsink(struct xm_tp *tp);
 const struct xm_tp_sink_ev *xm_tp_sink_evs(struct xm_tp *tp);
 void xm_tp_taken(struct xm_tp *tp);

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 from collections import deque
 from pathlib import Path
 from typing import Any, cast
@@ -284,6 +285,7 @@ class NativeTransportCore(TransportCore):
         self._tp = ffi.gc(tp, lib.xm_tp_free)
         self._out = lib.xm_tp_out(self._tp)
         self._at = ffi.new("double *")
+        self._sent = ffi.new("uint32_t *")
         self._idx = ffi.new("uint32_t[]", 16)
         self._by_index: list[NativeQueuePair] = []
         self._drops_seen = [0] * len(DROP_NAMES)
@@ -325,6 +327,28 @@ class NativeTransportCore(TransportCore):
         data = pkt if isinstance(pkt, bytes) else bytes(pkt)
         if self._lib.xm_tp_receive(self._tp, data, len(data), now):
             self._take()
+
+    # ---- the emulation's sockets (testbed/traffic/transport.py) ----
+
+    def receive_from(self, fd: int, budget: int, now: float) -> int:
+        """Up to `budget` packets from the raw socket `fd`, each `receive`d at `now`, read in
+        batches in C; how many. OSError on what the reference's loop would raise."""
+        got = self._lib.xm_tp_recv_batch(self._tp, fd, budget, now)
+        if got < 0:
+            raise OSError(-got, os.strerror(-got))
+        if got:
+            self._take()
+        return int(got)
+
+    def send_burst(self, qp: QueuePair, fd: int, most: int, now: float) -> tuple[int, int]:
+        """Up to `most` of `qp`'s data packets sent on its raw socket `fd` (peek, sendto,
+        commit, in C): (how many, the errno of the send that failed, 0 for none; that packet
+        is not committed)."""
+        sent = self._sent
+        err = self._lib.xm_tp_send_burst(
+            self._tp, cast(NativeQueuePair, qp)._index, fd, most, now, sent
+        )
+        return int(sent[0]), int(err)
 
     def _take(self) -> None:
         """Into Python what the last call made: completions, messages, feedback, drops."""
