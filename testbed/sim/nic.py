@@ -115,6 +115,7 @@ class SimHost:
             self.nic = ReferencePrograms(self.line_rate_bps, params, hop_speeds, int_source)
         self.flows: dict[tuple[int, int, int, int, int], FlowTx] = {}
         self._qp_keys: dict[QueuePair, tuple[int, int, int, int, int]] = {}
+        self._qp_flows: dict[QueuePair, FlowTx] = {}  # each queue pair's flow, looked up once
         self.core: TransportCore | None = None
         self.job: Job | None = None
         self.done = True
@@ -167,6 +168,7 @@ class SimHost:
         self.flows.clear()
         self.nic.reset()
         self._qp_keys.clear()
+        self._qp_flows.clear()
         core.nic_rates = self  # the application reads its flows' rates (rate_bps)
         # the application's start rates: the flows are paced at them from their first packet,
         # as the agent's SetRate does on the emulation
@@ -284,12 +286,16 @@ class SimHost:
         now = self.loop.now
         best = None
         best_t = 0
+        flows = self._qp_flows
+        best_f = None
         for qp in core.senders():
             if not single and qp.local_addr != port.addr:
                 continue
-            f = self._flow(flow_key(port.addr, qp.peer_addr, qp.sport))
+            f = flows.get(qp)
+            if f is None:  # a queue pair sends on its own NIC's port only: one flow
+                f = flows[qp] = self._flow(flow_key(port.addr, qp.peer_addr, qp.sport))
             if best is None or f.next_ns < best_t or (f.next_ns == best_t and qp.qpn < best.qpn):
-                best, best_t = qp, f.next_ns
+                best, best_t, best_f = qp, f.next_ns, f
         if best is None:
             return
         if best_t > now_ns:
@@ -298,7 +304,7 @@ class SimHost:
         pkt = best.peek(now)
         assert pkt is not None
         best.commit(now)
-        self._transmit(port, pkt, best.peer_addr, now_ns)
+        self._transmit(port, pkt, best.peer_addr, now_ns, best_f)
         # a packet in flight runs the retransmission timer, even if nothing ever comes back
         # (every packet lost: no ACK would arm it)
         self._arm(core.next_deadline())
@@ -324,14 +330,24 @@ class SimHost:
             f = self.flows[key] = FlowTx()
         return f
 
-    def _transmit(self, port: NicPort, pkt: bytes, peer: bytes | None, now_ns: int) -> None:
+    def _transmit(
+        self,
+        port: NicPort,
+        pkt: bytes,
+        peer: bytes | None,
+        now_ns: int,
+        flow: FlowTx | None = None,
+    ) -> None:
         """tc egress (INT source, flow accounting; its RTT probe departs now: the pacer sends
-        at the EDT time), the pacer and the wire."""
+        at the EDT time), the pacer and the wire. `flow`: the data packet's flow where the
+        caller has it (else it is looked up from the packet's headers)."""
         pkt = with_checksum(pkt)
         paced_len = 14 + len(pkt)  # before INT: what the qdisc accounts
         frame = self.nic.egress(port.eth + pkt, now_ns)
         if pkt[28] <= OP_RC_DATA_MAX:  # a data packet (BTH opcode after IPv4 and UDP)
-            f = self._flow(flow_key(pkt[12:16], pkt[16:20], int.from_bytes(pkt[20:22], "big")))
+            f = flow or self._flow(
+                flow_key(pkt[12:16], pkt[16:20], int.from_bytes(pkt[20:22], "big"))
+            )
             rate = f.rate_bps or self.line_rate_bps
             f.next_ns = max(f.next_ns, now_ns) + int(paced_len * 8e9 / rate)
             f.gap_bps = rate
