@@ -227,7 +227,8 @@ def test_socket_runner_survives_enetunreach(monkeypatch: pytest.MonkeyPatch) -> 
     keep, _ = socket.socketpair()
     monkeypatch.setattr(transport_mod, "open_rx_sockets", lambda port, size: (rx, keep))
     monkeypatch.setattr(transport_mod, "open_tx_socket", lambda size: _UnreachableSocket())
-    with transport_mod.Transport(TransportConfig(local_ip=A, mtu=MTU, rto=0.001)) as t:
+    cfg = TransportConfig(local_ip=A, mtu=MTU, rto=0.001)
+    with transport_mod.Transport(cfg, pipeline="reference") as t:
         qp = t.create_qp(5, B, 6)
         qp.post_send(bytes(2 * MTU), 0.0)
         t.step(0.0, 0.0)
@@ -236,6 +237,31 @@ def test_socket_runner_survives_enetunreach(monkeypatch: pytest.MonkeyPatch) -> 
         t.step(0.01, 0.0)
         assert qp.counters.timeouts == 1 and qp.counters.retransmits == 2
     peer.close()
+
+
+def test_native_sends_survive_a_failing_socket(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same on the native core, whose data sends are C's `sendto` on the socket itself: a
+    datagram socket of the wrong family refuses every IPv4 destination (EINVAL), and each
+    refused packet is counted and treated as lost, as the reference does with any error but a
+    full buffer."""
+    rx, peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    keep, _ = socket.socketpair()
+    tx, tx_peer = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    monkeypatch.setattr(transport_mod, "open_rx_sockets", lambda port, size: (rx, keep))
+    monkeypatch.setattr(transport_mod, "open_tx_socket", lambda size: tx)
+    cfg = TransportConfig(local_ip=A, mtu=MTU, rto=0.001)
+    with transport_mod.Transport(cfg, pipeline="native") as t:
+        if t.native_reason:
+            pytest.skip(f"native transport: {t.native_reason}")
+        qp = t.create_qp(5, B, 6)
+        qp.post_send(bytes(2 * MTU), 0.0)
+        t.step(0.0, 0.0)
+        assert qp.counters.tx_errors == 2 and t.drops["send_error_EINVAL"] == 2
+        assert qp.high == 2
+        t.step(0.01, 0.0)
+        assert qp.counters.timeouts == 1 and qp.counters.retransmits == 2
+    for s in (peer, tx_peer):
+        s.close()
 
 
 def test_a_duplicate_is_acked_again_ackreq_or_not() -> None:
