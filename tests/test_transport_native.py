@@ -6,6 +6,7 @@ identical, step by step."""
 
 from __future__ import annotations
 
+import random
 import re
 import socket
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from controller.wire.ipv4 import with_checksum
 from testbed.switch.native.build import BuildError, compiler
 from testbed.traffic.transport_core import TransportConfig, TransportCore
 from testbed.traffic.transport_native import (
@@ -111,3 +113,17 @@ def test_batched_receive_is_the_receive_loop() -> None:
     assert one.counters() == batched.counters() and one.drops == batched.drops
     assert [o.packet for o in one.feedback] == [o.packet for o in batched.feedback]
     assert [m.data for m in one.qps[6].recv_q] == [m.data for m in batched.qps[6].recv_q]
+
+
+@needs_native
+def test_the_ipv4_checksum_is_the_kernels() -> None:
+    """The header checksum the native send path fills in (for the twin's NIC) is
+    controller.wire.ipv4.with_checksum's, on random headers with and without options."""
+    ffi, lib = library()
+    rng = random.Random(7)
+    for _ in range(2000):
+        ihl = rng.choice([5, 5, 5, 6, 15])
+        hdr = bytes([0x40 | ihl]) + bytes(rng.randrange(256) for _ in range(4 * ihl - 1))
+        buf = ffi.new("uint8_t[]", hdr)
+        lib.xm_tp_ipv4_checksum(buf)
+        assert bytes(ffi.buffer(buf, len(hdr))) == with_checksum(hdr)

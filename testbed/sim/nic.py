@@ -42,6 +42,7 @@ from testbed.sim.nic_native import NativeNic
 from testbed.sim.nic_programs import IntSource, ReferencePrograms
 from testbed.traffic.jobs import Job
 from testbed.traffic.transport_core import QueuePair, TransportCore
+from testbed.traffic.transport_native import NativeTransportCore
 
 
 @dataclass
@@ -116,6 +117,9 @@ class SimHost:
         self.flows: dict[tuple[int, int, int, int, int], FlowTx] = {}
         self._qp_keys: dict[QueuePair, tuple[int, int, int, int, int]] = {}
         self._qp_flows: dict[QueuePair, FlowTx] = {}  # each queue pair's flow, looked up once
+        # with the native NIC and transport core: a data packet's peek, commit, checksum and
+        # tc egress in one C call (NativeTransportCore.frame_sender), else None
+        self._send_frame: Callable[[QueuePair, float, bytes, int], tuple[bytes, int]] | None = None
         self.core: TransportCore | None = None
         self.job: Job | None = None
         self.done = True
@@ -169,6 +173,9 @@ class SimHost:
         self.nic.reset()
         self._qp_keys.clear()
         self._qp_flows.clear()
+        self._send_frame = None
+        if isinstance(core, NativeTransportCore) and isinstance(self.nic, NativeNic):
+            self._send_frame = core.frame_sender(self.nic.tc_entry())
         core.nic_rates = self  # the application reads its flows' rates (rate_bps)
         # the application's start rates: the flows are paced at them from their first packet,
         # as the agent's SetRate does on the emulation
@@ -301,10 +308,14 @@ class SimHost:
         if best_t > now_ns:
             self._request_kick(port, best_t)
             return
-        pkt = best.peek(now)
-        assert pkt is not None
-        best.commit(now)
-        self._transmit(port, pkt, best.peer_addr, now_ns, best_f)
+        if self._send_frame is not None:  # the same steps in C
+            frame, ip_len = self._send_frame(best, now, port.eth, now_ns)
+            self._depart(port, frame, 14 + ip_len, now_ns, best_f)
+        else:
+            pkt = best.peek(now)
+            assert pkt is not None
+            best.commit(now)
+            self._transmit(port, pkt, best.peer_addr, now_ns, best_f)
         # a packet in flight runs the retransmission timer, even if nothing ever comes back
         # (every packet lost: no ACK would arm it)
         self._arm(core.next_deadline())
@@ -342,15 +353,24 @@ class SimHost:
         at the EDT time), the pacer and the wire. `flow`: the data packet's flow where the
         caller has it (else it is looked up from the packet's headers)."""
         pkt = with_checksum(pkt)
-        paced_len = 14 + len(pkt)  # before INT: what the qdisc accounts
         frame = self.nic.egress(port.eth + pkt, now_ns)
         if pkt[28] <= OP_RC_DATA_MAX:  # a data packet (BTH opcode after IPv4 and UDP)
-            f = flow or self._flow(
+            flow = flow or self._flow(
                 flow_key(pkt[12:16], pkt[16:20], int.from_bytes(pkt[20:22], "big"))
             )
-            rate = f.rate_bps or self.line_rate_bps
-            f.next_ns = max(f.next_ns, now_ns) + int(paced_len * 8e9 / rate)
-            f.gap_bps = rate
+        else:
+            flow = None
+        self._depart(port, frame, 14 + len(pkt), now_ns, flow)
+
+    def _depart(
+        self, port: NicPort, frame: bytes, paced_len: int, now_ns: int, flow: FlowTx | None
+    ) -> None:
+        """A frame leaves the NIC: the data packet's flow paced (`paced_len`: its bytes before
+        INT, what the qdisc accounts), the port busy while it serializes, the link."""
+        if flow is not None:
+            rate = flow.rate_bps or self.line_rate_bps
+            flow.next_ns = max(flow.next_ns, now_ns) + int(paced_len * 8e9 / rate)
+            flow.gap_bps = rate
         port.busy_until = now_ns + int(paced_len * self.ns_per_byte)
         port.tx_bytes += len(frame)
         if not port.send(frame, now_ns):

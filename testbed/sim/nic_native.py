@@ -272,6 +272,13 @@ class NativeNic:
         n = self.lib.xm_nic_tc(self._nic, buf, len(frame), room, now_ns)
         return frame if n == len(frame) else self.ffi.buffer(buf, n)[:]
 
+    def tc_entry(self) -> tuple[int, int, int]:
+        """(tc egress's C function, this NIC's state, the room tc needs past a frame), as
+        addresses: for C built apart that runs tc on its frames (the native transport core's
+        `frame_sender`); valid while this NIC lives."""
+        fn = self.ffi.cast("uintptr_t", self.ffi.addressof(self.lib, "xm_nic_tc"))
+        return int(fn), int(self.ffi.cast("uintptr_t", self._nic)), INT_GROWTH
+
     def ingress(self, frame: bytes, now_ns: int, key: tuple[int, int, int, int, int]) -> int | None:
         """XDP on a frame of the flow `key` (the caller read it from the headers): the flow's
         rate after it, None when it was no feedback the law acted on."""

@@ -876,6 +876,51 @@ int xm_tp_receive(struct xm_tp *tp, const uint8_t *pkt, uint32_t n, double now)
 	return tp->ndone || tp->nmsgs || tp->nfb || tp->nsink || tp->drops_total != drops;
 }
 
+/* ---- the twin's NIC: a data frame in one call ---- */
+
+/* RFC 1071 over the IPv4 header, as controller.wire.ipv4.with_checksum fills it in (the
+ * kernel's job for IP_HDRINCL) */
+void xm_tp_ipv4_checksum(uint8_t *ip)
+{
+	uint32_t ihl = (ip[0] & 0x0F) * 4u, sum = 0;
+	ip[10] = ip[11] = 0;
+	for (uint32_t i = 0; i < ihl; i += 2)
+		sum += (uint32_t)ip[i] << 8 | ip[i + 1];
+	while (sum >> 16)
+		sum = (sum & 0xFFFF) + (sum >> 16);
+	sum = ~sum & 0xFFFF;
+	ip[10] = (uint8_t)(sum >> 8);
+	ip[11] = (uint8_t)sum;
+}
+
+/* tc egress of the twin's NIC (testbed/sim/nic_native.c xm_nic_tc), called through a pointer:
+ * the two are built apart */
+typedef uint32_t (*xm_tc_fn)(void *nic, uint8_t *buf, uint32_t len, uint32_t room,
+			     uint64_t now_ns);
+
+/* The twin's SimHost._kick for a data packet, in one call: QueuePair.peek and commit, the
+ * IPv4 header checksum, the Ethernet header `eth` and tc egress (`tc` on `nic`, with `growth`
+ * bytes of room for what it inserts). The frame is in xm_tp_frame(); its length, 0 when the
+ * queue pair has nothing to send; *ip_len the IPv4 packet's before tc (what the pacer counts) */
+uint32_t xm_tp_send_frame(struct xm_tp *tp, uint32_t index, double now, const uint8_t *eth,
+			  xm_tc_fn tc, void *nic, uint64_t now_ns, uint32_t growth, uint32_t *ip_len)
+{
+	uint32_t n = xm_tp_peek(tp, index);
+	*ip_len = n;
+	if (!n || growth > MAX_INT)
+		return 0;
+	xm_tp_commit(tp, index, now);
+	xm_tp_ipv4_checksum(tp->out);
+	memcpy(tp->frame, eth, 14);
+	memcpy(tp->frame + 14, tp->out, n);
+	return tc(nic, tp->frame, 14 + n, 14 + n + growth, now_ns);
+}
+
+const uint8_t *xm_tp_frame(struct xm_tp *tp)
+{
+	return tp->frame;
+}
+
 /* ---- the emulation's sockets, batched (testbed/traffic/transport.py's loops, in C) ---- */
 
 #define RX_BATCH 32

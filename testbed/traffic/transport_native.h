@@ -94,6 +94,7 @@ struct xm_tp {
 	uint32_t nsink, cap_sink;
 	uint8_t *rx_bufs; /* xm_tp_recv_batch's datagrams */
 	uint8_t out[OUT_MAX]; /* the packet xm_tp_peek built */
+	uint8_t frame[14 + OUT_MAX + MAX_INT]; /* the frame xm_tp_send_frame made of it */
 };
 
 struct xm_tp *xm_tp_new(const struct xm_tp_cfg *cfg);
@@ -118,6 +119,12 @@ uint32_t xm_tp_nmsgs(struct xm_tp *tp);
 const struct xm_tp_msg *xm_tp_msgs(struct xm_tp *tp);
 uint32_t xm_tp_nfb(struct xm_tp *tp);
 const struct xm_tp_fb *xm_tp_fbs(struct xm_tp *tp);
+uint32_t xm_tp_send_frame(struct xm_tp *tp, uint32_t index, double now, const uint8_t *eth,
+			  uint32_t (*tc)(void *nic, uint8_t *buf, uint32_t len, uint32_t room,
+					 uint64_t now_ns),
+			  void *nic, uint64_t now_ns, uint32_t growth, uint32_t *ip_len);
+const uint8_t *xm_tp_frame(struct xm_tp *tp);
+void xm_tp_ipv4_checksum(uint8_t *ip);
 int32_t xm_tp_recv_batch(struct xm_tp *tp, int fd, uint32_t budget, double now);
 int xm_tp_send_burst(struct xm_tp *tp, uint32_t index, int fd, uint32_t max, double now,
 		     uint32_t *sent);

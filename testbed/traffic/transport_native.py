@@ -22,6 +22,7 @@ import functools
 import hashlib
 import os
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -327,6 +328,31 @@ class NativeTransportCore(TransportCore):
         data = pkt if isinstance(pkt, bytes) else bytes(pkt)
         if self._lib.xm_tp_receive(self._tp, data, len(data), now):
             self._take()
+
+    # ---- the twin's NIC (testbed/sim/nic.py) ----
+
+    def frame_sender(
+        self, tc: tuple[int, int, int]
+    ) -> Callable[[QueuePair, float, bytes, int], tuple[bytes, int]]:
+        """`send(qp, now, eth, now_ns) -> (frame, IPv4 length)`: `qp`'s next data packet as the
+        twin's host sends it, in one C call: peek, commit, the IPv4 header checksum, the
+        Ethernet header `eth`, and tc egress, `tc` being the native NIC's `tc_entry()`."""
+        ffi, lib, tp = self._ffi, self._lib, self._tp
+        fn_addr, nic_addr, growth = tc
+        fn = ffi.cast("uint32_t (*)(void *, uint8_t *, uint32_t, uint32_t, uint64_t)", fn_addr)
+        nic = ffi.cast("void *", nic_addr)
+        frame = lib.xm_tp_frame(tp)
+        ip_len = ffi.new("uint32_t *")
+        send_frame, buffer = lib.xm_tp_send_frame, ffi.buffer
+
+        def send(qp: QueuePair, now: float, eth: bytes, now_ns: int) -> tuple[bytes, int]:
+            index = cast(NativeQueuePair, qp)._index
+            n = send_frame(tp, index, now, eth, fn, nic, now_ns, growth, ip_len)
+            if not n:
+                raise RuntimeError(f"queue pair {qp.qpn:#x} had no packet to send")
+            return buffer(frame, n)[:], int(ip_len[0])
+
+        return send
 
     # ---- the emulation's sockets (testbed/traffic/transport.py) ----
 
