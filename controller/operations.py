@@ -289,14 +289,19 @@ class Operations:
         reader: Any = sw
         try:
             async with asyncio.timeout(timeout):
-                for ctr, key in ((P.CTR_PORT_TX, "tx_packets"), (P.CTR_PORT_RX, "rx_packets")):
-                    # the channel's own state, read right before each read (our session's flag
-                    # follows it a moment later): a read on a channel gone down fails finsy's
-                    # assert, which once ended this loop at a switch killed mid-poll
-                    if not sw.is_up:
-                        return PollFailed("P4Runtime channel down", refused=True, answered=answered)
-                    async for ent in reader.read([fy.P4CounterEntry(ctr, index=p) for p in ports]):
-                        if ent.data is not None and ent.index in ports:
+                # the channel's own state, read right before the read (our session's flag
+                # follows it a moment later): a read on a channel gone down fails finsy's
+                # assert, which once ended this loop at a switch killed mid-poll
+                if not sw.is_up:
+                    return PollFailed("P4Runtime channel down", refused=True, answered=answered)
+                # both counters in one Read: each RPC costs the switch's gRPC server about
+                # half a millisecond of CPU, ten times a second
+                keys = {P.CTR_PORT_TX: "tx_packets", P.CTR_PORT_RX: "rx_packets"}
+                wanted = [fy.P4CounterEntry(ctr, index=p) for ctr in keys for p in ports]
+                async for ent in reader.read(wanted):
+                    if ent.data is not None and ent.index in ports:
+                        key = keys.get(sw.p4info.counters[ent.counter_id].name)
+                        if key is not None:
                             ports[ent.index][key] = ent.data.packet_count
         except TimeoutError:
             why = f"P4Runtime counter read: no answer within {timeout:g} s"

@@ -334,13 +334,17 @@ class SwitchSession:
         if self.collector is None:
             return
         ports = {p.port for p in self.sw.ports}
+        if not ports:
+            return  # no port of the switch's to read
         reader: Any = sw
         while True:
             await asyncio.sleep(self.cfg.controller.counter_poll_s)
             try:
                 async with asyncio.timeout(max(2.0, self.cfg.controller.rpc_timeout_s)):
                     now = time.monotonic()
-                    async for ent in reader.read(fy.P4CounterEntry(P.CTR_PORT_TX)):
+                    # the switch's ports only, not the counter's 512 cells
+                    wanted = [fy.P4CounterEntry(P.CTR_PORT_TX, index=p) for p in sorted(ports)]
+                    async for ent in reader.read(wanted):
                         if ent.index in ports and ent.data is not None:
                             self.collector.port_counter(
                                 self.name, ent.index, ent.data.byte_count, now=now
