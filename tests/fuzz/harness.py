@@ -3,6 +3,9 @@ are kept (not stopped at the first failure: a fuzz pass reports how many of each
 
 from __future__ import annotations
 
+import json
+import os
+import platform
 import resource
 import signal
 import time
@@ -11,6 +14,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, Phase, given, settings
@@ -189,3 +193,17 @@ EDITS = st.lists(
     max_size=6,
 )
 Check = Callable[[Any], str]
+
+
+def write_report(out: Path, fields: dict[str, Any]) -> None:
+    """A fuzz pass's results file: when, where, under which sanitizers, and `fields`."""
+    doc = {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+        "python": platform.python_version(),
+        "sanitize": os.environ.get("XINGMAI_NATIVE_SANITIZE") or None,
+        **fields,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"results: {out}")

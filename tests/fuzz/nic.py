@@ -14,9 +14,6 @@ memory error or undefined behaviour ends the process with the sanitizer's report
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -24,6 +21,7 @@ from typing import Any
 
 from controller.nic.ratelaw import Law
 from testbed.sim.nic_native import library
+from tests.fuzz.harness import write_report
 from tests.nic_differential import drive_laws, drive_tc
 
 TC_LAWS = (Law.TITA, Law.TIMELY, Law.DCQCN)
@@ -62,19 +60,15 @@ def main(argv: list[str] | None = None) -> int:
                 f"{len(res['divergences'])} divergences, {res['seconds']:.0f} s",
                 flush=True,
             )
-    doc = {
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
-        "python": platform.python_version(),
-        "sanitize": os.environ.get("XINGMAI_NATIVE_SANITIZE") or None,
-        "seeds": args.seeds,
-        "frames_per_run": args.frames,
-        "seconds": round(time.monotonic() - t0, 1),
-        **report,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=2) + "\n")
-    print(f"results: {args.out}")
+    write_report(
+        args.out,
+        {
+            "seeds": args.seeds,
+            "frames_per_run": args.frames,
+            "seconds": round(time.monotonic() - t0, 1),
+            **report,
+        },
+    )
     return 0 if clean else 1
 
 

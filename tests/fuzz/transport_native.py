@@ -15,15 +15,13 @@ with the sanitizer's report.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from testbed.traffic.transport_native import library
+from tests.fuzz.harness import write_report
 from tests.transport_differential import CONFIGS, drive, first_difference
 
 
@@ -54,19 +52,15 @@ def main(argv: list[str] | None = None) -> int:
             f"{res['packets']} packets, {len(res['divergences'])} divergences",
             flush=True,
         )
-    doc = {
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
-        "python": platform.python_version(),
-        "sanitize": os.environ.get("XINGMAI_NATIVE_SANITIZE") or None,
-        "seeds": args.seeds,
-        "steps_per_run": args.steps,
-        "seconds": round(time.monotonic() - t0, 1),
-        "configs": configs,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(doc, indent=2) + "\n")
-    print(f"results: {args.out}")
+    write_report(
+        args.out,
+        {
+            "seeds": args.seeds,
+            "steps_per_run": args.steps,
+            "seconds": round(time.monotonic() - t0, 1),
+            "configs": configs,
+        },
+    )
     return 0 if clean else 1
 
 
