@@ -466,11 +466,6 @@ uint32_t xm_tp_peek(struct xm_tp *tp, uint32_t index)
 		     op->data + (have ? lo : 0), (uint32_t)have, NULL, 0, (uint32_t)(n - have));
 }
 
-const uint8_t *xm_tp_out(struct xm_tp *tp)
-{
-	return tp->out;
-}
-
 /* QueuePair.commit */
 void xm_tp_commit(struct xm_tp *tp, uint32_t index, double now)
 {
@@ -900,7 +895,7 @@ typedef uint32_t (*xm_tc_fn)(void *nic, uint8_t *buf, uint32_t len, uint32_t roo
 
 /* The twin's SimHost._kick for a data packet, in one call: QueuePair.peek and commit, the
  * IPv4 header checksum, the Ethernet header `eth` and tc egress (`tc` on `nic`, with `growth`
- * bytes of room for what it inserts). The frame is in xm_tp_frame(); its length, 0 when the
+ * bytes of room for what it inserts). The frame is in tp->frame; its length, 0 when the
  * queue pair has nothing to send; *ip_len the IPv4 packet's before tc (what the pacer counts) */
 uint32_t xm_tp_send_frame(struct xm_tp *tp, uint32_t index, double now, const uint8_t *eth,
 			  xm_tc_fn tc, void *nic, uint64_t now_ns, uint32_t growth, uint32_t *ip_len)
@@ -914,11 +909,6 @@ uint32_t xm_tp_send_frame(struct xm_tp *tp, uint32_t index, double now, const ui
 	memcpy(tp->frame, eth, 14);
 	memcpy(tp->frame + 14, tp->out, n);
 	return tc(nic, tp->frame, 14 + n, 14 + n + growth, now_ns);
-}
-
-const uint8_t *xm_tp_frame(struct xm_tp *tp)
-{
-	return tp->frame;
 }
 
 /* ---- the emulation's sockets, batched (testbed/traffic/transport.py's loops, in C) ---- */
@@ -987,47 +977,7 @@ int xm_tp_send_burst(struct xm_tp *tp, uint32_t index, int fd, uint32_t max, dou
 	return 0;
 }
 
-/* ---- what the Python side takes ---- */
-
-uint32_t xm_tp_ndone(struct xm_tp *tp)
-{
-	return tp->ndone;
-}
-
-const struct xm_tp_done *xm_tp_dones(struct xm_tp *tp)
-{
-	return tp->done;
-}
-
-uint32_t xm_tp_nmsgs(struct xm_tp *tp)
-{
-	return tp->nmsgs;
-}
-
-const struct xm_tp_msg *xm_tp_msgs(struct xm_tp *tp)
-{
-	return tp->msgs;
-}
-
-uint32_t xm_tp_nfb(struct xm_tp *tp)
-{
-	return tp->nfb;
-}
-
-const struct xm_tp_fb *xm_tp_fbs(struct xm_tp *tp)
-{
-	return tp->fb;
-}
-
-uint32_t xm_tp_nsink(struct xm_tp *tp)
-{
-	return tp->nsink;
-}
-
-const struct xm_tp_sink_ev *xm_tp_sink_evs(struct xm_tp *tp)
-{
-	return tp->sink_ev;
-}
+/* ---- what the Python side takes (it reads the queues' fields of struct xm_tp) ---- */
 
 /* everything taken: the queues restart empty (what they held was copied by the caller) */
 void xm_tp_taken(struct xm_tp *tp)

@@ -107,27 +107,17 @@ int xm_tp_post(struct xm_tp *tp, uint32_t index, const uint8_t *data, uint64_t l
 	       uint64_t size);
 int xm_tp_wants_to_send(struct xm_tp *tp, uint32_t index);
 uint32_t xm_tp_peek(struct xm_tp *tp, uint32_t index);
-const uint8_t *xm_tp_out(struct xm_tp *tp);
 void xm_tp_commit(struct xm_tp *tp, uint32_t index, double now);
 int xm_tp_next_deadline(struct xm_tp *tp, double *at);
 void xm_tp_expire(struct xm_tp *tp, double now);
 uint32_t xm_tp_senders(struct xm_tp *tp, uint32_t *out);
 int xm_tp_receive(struct xm_tp *tp, const uint8_t *pkt, uint32_t n, double now);
-uint32_t xm_tp_ndone(struct xm_tp *tp);
-const struct xm_tp_done *xm_tp_dones(struct xm_tp *tp);
-uint32_t xm_tp_nmsgs(struct xm_tp *tp);
-const struct xm_tp_msg *xm_tp_msgs(struct xm_tp *tp);
-uint32_t xm_tp_nfb(struct xm_tp *tp);
-const struct xm_tp_fb *xm_tp_fbs(struct xm_tp *tp);
 uint32_t xm_tp_send_frame(struct xm_tp *tp, uint32_t index, double now, const uint8_t *eth,
 			  uint32_t (*tc)(void *nic, uint8_t *buf, uint32_t len, uint32_t room,
 					 uint64_t now_ns),
 			  void *nic, uint64_t now_ns, uint32_t growth, uint32_t *ip_len);
-const uint8_t *xm_tp_frame(struct xm_tp *tp);
 void xm_tp_ipv4_checksum(uint8_t *ip);
 int32_t xm_tp_recv_batch(struct xm_tp *tp, int fd, uint32_t budget, double now);
 int xm_tp_send_burst(struct xm_tp *tp, uint32_t index, int fd, uint32_t max, double now,
 		     uint32_t *sent);
-uint32_t xm_tp_nsink(struct xm_tp *tp);
-const struct xm_tp_sink_ev *xm_tp_sink_evs(struct xm_tp *tp);
 void xm_tp_taken(struct xm_tp *tp);

@@ -284,7 +284,7 @@ class NativeTransportCore(TransportCore):
         if tp == ffi.NULL:
             raise MemoryError("the native transport core could not be allocated")
         self._tp = ffi.gc(tp, lib.xm_tp_free)
-        self._out = lib.xm_tp_out(self._tp)
+        self._out = self._tp.out
         self._at = ffi.new("double *")
         self._sent = ffi.new("uint32_t *")
         self._idx = ffi.new("uint32_t[]", 16)
@@ -341,7 +341,7 @@ class NativeTransportCore(TransportCore):
         fn_addr, nic_addr, growth = tc
         fn = ffi.cast("uint32_t (*)(void *, uint8_t *, uint32_t, uint32_t, uint64_t)", fn_addr)
         nic = ffi.cast("void *", nic_addr)
-        frame = lib.xm_tp_frame(tp)
+        frame = tp.frame
         ip_len = ffi.new("uint32_t *")
         send_frame, buffer = lib.xm_tp_send_frame, ffi.buffer
 
@@ -379,10 +379,9 @@ class NativeTransportCore(TransportCore):
     def _take(self) -> None:
         """Into Python what the last call made: completions, messages, feedback, drops."""
         lib, tp, ffi, qps = self._lib, self._tp, self._ffi, self._by_index
-        nd, nm, nf = lib.xm_tp_ndone(tp), lib.xm_tp_nmsgs(tp), lib.xm_tp_nfb(tp)
-        ns = lib.xm_tp_nsink(tp)
+        nd, nm, nf, ns = tp.ndone, tp.nmsgs, tp.nfb, tp.nsink
         if ns:
-            sink, evs = self.sink, lib.xm_tp_sink_evs(tp)
+            sink, evs = self.sink, tp.sink_ev
             assert sink is not None  # the C queues events only for a core with a sink
             for i in range(ns):
                 e = evs[i]
@@ -394,21 +393,21 @@ class NativeTransportCore(TransportCore):
                 if rep is not None:
                     self.reports.append(rep)
         if nd:
-            dones = lib.xm_tp_dones(tp)
+            dones = tp.done
             for i in range(nd):
                 d = dones[i]
                 qp = qps[d.qp]
                 qp.send_q.popleft().t_done = d.t
                 qp._buffers.popleft()
         if nm:
-            msgs = lib.xm_tp_msgs(tp)
+            msgs = tp.msgs
             for i in range(nm):
                 m = msgs[i]
                 qps[m.qp].recv_q.append(
                     ReceivedMessage(bytearray(ffi.buffer(m.data, m.len)), m.t_first, m.t_done)
                 )
         if nf:
-            fbs = lib.xm_tp_fbs(tp)
+            fbs = tp.fb
             for i in range(nf):
                 f = fbs[i]
                 self.feedback.append(Outgoing(qps[f.qp], bytes(ffi.buffer(f.pkt, f.len))))
