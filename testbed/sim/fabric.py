@@ -66,7 +66,7 @@ from testbed.traffic.jobs import JOBS
 from testbed.traffic.netns import Host
 from testbed.traffic.runner import RunError, RunOutput
 from testbed.traffic.transport_core import TransportConfig, port_seed
-from testbed.traffic.transport_native import NativeTransportCore, make_core
+from testbed.traffic.transport_native import make_core
 
 CPU_PORT = 255  # testbed.emu.nodes.CPU_PORT (nodes imports Mininet)
 # Propagation delay of every link in the model (about 16 m of fiber), dilated by the scale
@@ -364,8 +364,8 @@ class SimFabric:
             raise ValueError(f"loop_pipeline must be one of {PIPELINES}, got {loop_pipeline!r}")
         # the hosts' transport cores: their per-packet work in C
         # (testbed/traffic/transport_native.py) or the Python reference (None: as the
-        # switches); a job whose transport the C does not run (selective repeat, the NIC as
-        # INT sink) or where it cannot be built runs the reference, its reason kept here
+        # switches); a job whose transport the C does not run (selective repeat) or where it
+        # cannot be built runs the reference, its reason kept here
         self.transport_pipeline = transport_pipeline or pipeline
         if self.transport_pipeline not in PIPELINES:
             raise ValueError(
@@ -731,9 +731,7 @@ class SimFabric:
             core, why = make_core(
                 tcfg, port_seed(int(spec.get("seed", 1)), i), self.transport_pipeline
             )
-            self.transport_in_use.add(
-                "native" if isinstance(core, NativeTransportCore) else "reference"
-            )
+            self.transport_in_use.add(core.pipeline)
             if why:
                 self.transport_native_reasons.add(why)
             job = JOBS[spec["kind"]](core, spec, i)

@@ -146,6 +146,11 @@ class TransportConfig:
             )
         ipaddress.IPv4Address(self.local_ip)
 
+    @property
+    def tos(self) -> int:
+        """The IPv4 TOS of everything this transport sends: its DSCP, ECT(0)."""
+        return (self.dscp << 2) | ECT0
+
 
 @dataclass
 class QpCounters:
@@ -282,7 +287,6 @@ class QueuePair:
         self.gap: _Gap | None = None
         self.discarded_hi: int | None = None
         self.ident = 0  # the IPv4 ID of the packet this QP sent last
-        self.feedback_sport: int | None = None  # the data sender's UDP sport, for ACKs/CNPs
         self.recv_q: deque[ReceivedMessage] = deque()
         # selective repeat: out-of-order packets kept, by PSN: (opcode, ackreq, payload)
         self.kept: dict[int, tuple[int, bool, bytes]] = {}
@@ -528,7 +532,6 @@ class QueuePair:
         core = self.core
         cfg = core.cfg
         c = self.counters
-        self.feedback_sport = sport
         if ce:
             c.ecn_ce_seen += 1
             if now - self.last_cnp >= cfg.cnp_interval:
@@ -705,7 +708,6 @@ class TransportCore:
         self.active: set[QueuePair] = set()  # QPs that may have something to send
         self.feedback: deque[Outgoing] = deque()  # ACK/NAK/CNP made, not yet handed to I/O
         self._hdr = bytearray(_IP_UDP_BTH.size)
-        self._tos = (cfg.dscp << 2) | ECT0
         self._used_ports: set[int] = set()
         self._sport_state = seed & 0xFFFFFFFF
         # Telemetry Reports made (UDP payloads for cfg.report_to), not yet handed to I/O
@@ -832,7 +834,7 @@ class TransportCore:
             hdr,
             0,
             0x45,
-            self._tos,
+            self.cfg.tos,
             20 + udp_len,
             ident,
             _IPV4_DF,

@@ -173,7 +173,8 @@ struct xm_tp *xm_tp_new(const struct xm_tp_cfg *cfg)
 	return tp;
 }
 
-static void free_msgs(struct xm_tp *tp)
+/* the memory the taken queues point to: the messages' buffers, the sink's packets */
+static void free_queued(struct xm_tp *tp)
 {
 	for (uint32_t i = 0; i < tp->nmsgs; i++)
 		free(tp->msgs[i].data);
@@ -206,7 +207,7 @@ void xm_tp_free(struct xm_tp *tp)
 		free(tp->qps[i]->gap_pkt);
 		free(tp->qps[i]);
 	}
-	free_msgs(tp);
+	free_queued(tp);
 	free(tp->qps);
 	free(tp->map_key);
 	free(tp->map_val);
@@ -280,7 +281,6 @@ int32_t xm_tp_create_qp(struct xm_tp *tp, uint32_t qpn, uint32_t remote_qpn, uin
 	qp->epsn = rq_psn & PSN_MASK;
 	qp->rto = tp->cfg.rto;
 	qp->last_cnp = -1e18;
-	qp->feedback_sport = -1;
 	tp->qps[tp->nqps++] = qp;
 	return (int32_t)qp->index;
 }
@@ -684,7 +684,6 @@ static void on_data(struct xm_tp *tp, struct xm_tp_qp *qp, uint8_t opcode, uint3
 		    const uint8_t *int_bytes, uint32_t int_len, double now)
 {
 	struct xm_tp_cfg *cfg = &tp->cfg;
-	qp->feedback_sport = sport;
 	if (ce) {
 		qp->c.ecn_ce_seen++;
 		if (now - qp->last_cnp >= cfg->cnp_interval) {
@@ -900,10 +899,13 @@ typedef uint32_t (*xm_tc_fn)(void *nic, uint8_t *buf, uint32_t len, uint32_t roo
 uint32_t xm_tp_send_frame(struct xm_tp *tp, uint32_t index, double now, const uint8_t *eth,
 			  xm_tc_fn tc, void *nic, uint64_t now_ns, uint32_t growth, uint32_t *ip_len)
 {
-	uint32_t n = xm_tp_peek(tp, index);
-	*ip_len = n;
-	if (!n || growth > MAX_INT)
+	*ip_len = 0;
+	if (growth > MAX_INT) /* tc would write past the frame */
 		return 0;
+	uint32_t n = xm_tp_peek(tp, index);
+	if (!n)
+		return 0;
+	*ip_len = n;
 	xm_tp_commit(tp, index, now);
 	xm_tp_ipv4_checksum(tp->out);
 	memcpy(tp->frame, eth, 14);
@@ -983,6 +985,6 @@ int xm_tp_send_burst(struct xm_tp *tp, uint32_t index, int fd, uint32_t max, dou
 void xm_tp_taken(struct xm_tp *tp)
 {
 	tp->ndone = 0;
-	free_msgs(tp);
+	free_queued(tp);
 	tp->nfb = 0;
 }

@@ -39,7 +39,6 @@ struct xm_tp_qp {
 	/* responder */
 	uint32_t epsn, msn, unacked;
 	uint8_t in_msg, rx_overflow, nak_sent, has_gap, has_discarded;
-	int32_t feedback_sport; /* -1: none yet */
 	uint16_t gap_ident;
 	uint32_t discarded_hi;
 	/* with a sink: the packet that showed the gap, for the loss report */
