@@ -101,6 +101,13 @@ def _common(ap: argparse.ArgumentParser) -> None:
         "--pipeline; native needs the switches native): to bisect, as --nic-pipeline",
     )
     ap.add_argument(
+        "--host-pipeline",
+        choices=PIPELINES,
+        help="the twin's hosts' per-packet loops alone on this one (default: as --pipeline; "
+        "native needs the event loop, NICs and transport native, and runs the jobs with one "
+        "NIC, no PFC, no prober, no INT sink on the NIC): to bisect, as --nic-pipeline",
+    )
+    ap.add_argument(
         "--transport-pipeline",
         choices=PIPELINES,
         help="the hosts' transport cores alone on this one, on either packet engine (default: "
@@ -315,6 +322,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(
             "--loop-pipeline is the twin's (the emulation's switch processes take --io)",
             file=sys.stderr,
+        )
+        return 2
+    if args.engine != "sim" and args.host_pipeline is not None:
+        print(
+            "--host-pipeline is the twin's (the emulation's hosts are processes)", file=sys.stderr
         )
         return 2
     if bad:

@@ -1,9 +1,10 @@
-"""The twin with the native switch pipeline, the native NIC (the XDP program compiled) and the
-native transport core inside it gives what it gives with the Python references (issue 29's
-proof at the scale of a suite, and issue 30's for the NIC and the transport): the same cells
-of the short suite on both, every record identical, series included. A pipeline that drifted
-by one bit of a header, one ECN mark or one INT field, a rate law by one bit/s, or a transport
-by one ACK, would move a queue, a rate or a completion time."""
+"""The twin with the native switch pipeline, the native NIC (the XDP program compiled), the
+native transport core and the hosts' per-packet loops in C inside it gives what it gives with
+the Python references (issue 29's proof at the scale of a suite, and issue 30's for the NIC,
+the transport and the hosts): the same cells of the short suite on both, every record
+identical, series included. A pipeline that drifted by one bit of a header, one ECN mark or
+one INT field, a rate law by one bit/s, a transport by one ACK or a host by one kick, would
+move a queue, a rate or a completion time."""
 
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ def record(r: RunRecord) -> Any:
 
 def run(
     pipeline: str, cfg: SuiteConfig = CFG
-) -> tuple[dict[tuple[str, str], Any], tuple[str, str, str]]:
+) -> tuple[dict[tuple[str, str], Any], tuple[str, str, str, str]]:
     # the static buffer: its drops and pauses are paths the pipelines must agree on too
     scaling = Scaling(
         model=model_with_buffer("static"), scale=1.0, max_hops=SPEC.longest_path_switches()
@@ -64,15 +65,17 @@ def run(
         next(iter(fab.switches.values())).sw.pipeline_in_use,
         fab.nic_pipeline_in_use,
         transport,
+        # the hosts' loops: in C but for dcqcn+pfc's jobs (PFC is SimHost's Python)
+        "+".join(sorted(fab.host_in_use)),
     )
 
 
 def test_the_twin_on_the_native_pipeline_matches_the_reference() -> None:
     native, in_use = run("native")
-    if in_use != ("native", "native", "native"):
+    if in_use != ("native", "native", "native", "native+reference"):
         pytest.skip("the native pipeline, NIC or transport does not build here (no C compiler)")
     reference, in_use = run("reference")
-    assert in_use == ("reference", "reference", "reference")
+    assert in_use == ("reference", "reference", "reference", "reference")
     assert native.keys() == reference.keys() and len(native) == 8
     for cell, rec in reference.items():
         assert native[cell] == rec, f"{cell} differs between the pipelines"

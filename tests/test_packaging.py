@@ -142,6 +142,9 @@ def test_the_twin_runs_from_the_wheel_without_the_extras(wheel: Path, tmp_path: 
     setup = json.loads((work / "run" / "results.json").read_text())["setup"]
     assert setup["nic_pipeline"] == "native"
     assert setup["loop_pipeline"] == "native"  # the event loop's C comes with the pipeline's
+    # the transport core's and the hosts' C come with the package
+    assert setup["transport_pipeline"] == "native"
+    assert setup["host_pipeline"] == "native", setup["host_native_reasons"]
     assert "incast     tita" in res.stdout
 
 

@@ -42,6 +42,8 @@ from testbed.model import Scaling
 from testbed.p4files import BMV2_JSON, P4INFO
 from testbed.probes import Capture, PortCounters, RateEvent
 from testbed.sim.engine import EventLoop
+from testbed.sim.host_native import NativeSimHost
+from testbed.sim.host_native import library as host_library
 from testbed.sim.native_loop import NativeEventLoop
 from testbed.sim.nic import SimHost
 from testbed.sim.nic_native import library as nic_library
@@ -342,6 +344,7 @@ class SimFabric:
         nic_pipeline: str | None = None,
         loop_pipeline: str | None = None,
         transport_pipeline: str | None = None,
+        host_pipeline: str | None = None,
     ):
         self.spec = spec
         self.seed = seed
@@ -373,6 +376,14 @@ class SimFabric:
             )
         self.transport_in_use: set[str] = set()
         self.transport_native_reasons: set[str] = set()
+        # the hosts' per-packet loops: in C (testbed/sim/host_native.py) where the event loop,
+        # the NICs and the job's transport core are native and the job needs nothing the C
+        # lacks, else SimHost's Python (None: as the switches); per job, as the transport
+        self.host_pipeline = host_pipeline or pipeline
+        if self.host_pipeline not in PIPELINES:
+            raise ValueError(f"host_pipeline must be one of {PIPELINES}, got {host_pipeline!r}")
+        self.host_in_use: set[str] = set()
+        self.host_native_reasons: set[str] = set()
         self.scaling = scaling
         self.ecn = ecn or EcnConfig()
         self.loop: EventLoop | NativeEventLoop = EventLoop()
@@ -418,9 +429,12 @@ class SimFabric:
             self.nic_pipeline,
             self.loop_pipeline,
             self.transport_pipeline,
+            self.host_pipeline,
         )
         new.transport_in_use = self.transport_in_use
         new.transport_native_reasons = self.transport_native_reasons
+        new.host_in_use = self.host_in_use
+        new.host_native_reasons = self.host_native_reasons
         return new
 
     # ---- construction ----
@@ -496,25 +510,20 @@ class SimFabric:
         for sw in self.switches.values():
             for p in self.spec.switch_ports(sw.name):
                 sw.add_port(p)
+        native_hosts = self._native_hosts()
         for h in self.spec.hosts:
             nic = h.nics[0]
             att = self.spec.attachment(h.name, 0)
             gw = self.spec.switch(att.node).router_mac
             wire = self._wire(End(h.name, 0), att)
-            self.hosts[h.name] = SimHost(
-                self.loop,
-                h.name,
-                nic.ip,
-                nic.mac,
-                gw,
-                # the NIC's line rate is its link's (its first: a host's NICs share one rate)
-                s.nic_rate(self.link_bps(att)),
-                hop_speeds,
-                wire.send,
-                int_source,
-                self.link_names,
-                self.nic_pipeline_in_use,
-            )
+            # the NIC's line rate is its link's (its first: a host's NICs share one rate)
+            args = (h.name, nic.ip, nic.mac, gw, s.nic_rate(self.link_bps(att)))
+            more = (hop_speeds, wire.send, int_source, self.link_names)
+            if native_hosts:
+                assert isinstance(self.loop, NativeEventLoop) and isinstance(wire, NativeWire)
+                self.hosts[h.name] = NativeSimHost(self.loop, *args, *more, wire.index)
+            else:
+                self.hosts[h.name] = SimHost(self.loop, *args, *more, self.nic_pipeline_in_use)
             for i, extra in enumerate(h.nics[1:], start=1):  # the rails of a multi-NIC host
                 att = self.spec.attachment(h.name, i)
                 wire = self._wire(End(h.name, i), att)
@@ -525,6 +534,25 @@ class SimFabric:
             for a, b in ((lk.a, lk.b), (lk.b, lk.a)):
                 if self.spec.is_switch(a.node):
                     self.switches[a.node].add_wire(a.index, self._wire(a, b))
+
+    def _native_hosts(self) -> bool:
+        """Whether the hosts can run their per-packet loops in C: asked for, on the native
+        loop and NICs, and the C built (else the reason is kept, and SimHost runs)."""
+        if self.host_pipeline != "native":
+            return False
+        why = ""
+        if not isinstance(self.loop, NativeEventLoop):
+            why = "the event loop is the reference's"
+        elif self.nic_pipeline_in_use != "native":
+            why = "the NICs are the reference's"
+        else:
+            try:
+                host_library()
+            except BuildError as exc:
+                why = str(exc)
+        if why:
+            self.host_native_reasons.add(why)
+        return not why
 
     def link_bps(self, end: End) -> float:
         """The emulated rate of the link at `end` (its own, or the switch model's)."""
@@ -543,12 +571,15 @@ class SimFabric:
         """The direction src -> dst of their link, at the link's rate and delay."""
         if isinstance(self.loop, NativeEventLoop):
             hop = self.switches[dst.node].native if self.spec.is_switch(dst.node) else None
+            host = self.hosts.get(dst.node)
             i = self.loop.wire(
                 self.link_bps(src),
                 self.link_delay_ns(src),
                 self.scaling.link_mtu + 14,
                 None if hop is None else hop.node,
                 self._to(dst) if hop is None else dst.index,
+                # a host in C sees the frames to its first NIC first
+                int(host._h.index) if isinstance(host, NativeSimHost) and dst.index == 0 else -1,
             )
             return NativeWire(self.loop, i)
         return Wire(
@@ -736,6 +767,10 @@ class SimFabric:
                 self.transport_native_reasons.add(why)
             job = JOBS[spec["kind"]](core, spec, i)
             h.start_job(core, job, t0)
+            host_why = h.python_reason(core) if isinstance(h, NativeSimHost) else "not built"
+            self.host_in_use.add("reference" if host_why else "native")
+            if host_why and isinstance(h, NativeSimHost):
+                self.host_native_reasons.add(host_why)
         if on_start is not None:
             on_start(t0 / 1e9)
         finished = self.loop.run(until_ns=t0 + timeout_ns, stop=lambda: left[0] == 0)

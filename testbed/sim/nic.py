@@ -181,19 +181,26 @@ class SimHost:
         # as the agent's SetRate does on the emulation
         while core.rate_hints:
             qp, bps = core.rate_hints.popleft()
-            key = flow_key(qp.local_addr, qp.peer_addr, qp.sport)
-            f = self._flow(key)
-            f.rate_bps = max(self.nic.params.min_rate_bps, min(bps, self.line_rate_bps))
-            self.nic.set_rate(key, f.rate_bps)
+            self._start_rate(qp, max(self.nic.params.min_rate_bps, min(bps, self.line_rate_bps)))
         self.loop.at(t0_ns, self._start, job)
+
+    def _start_rate(self, qp: QueuePair, bps: int) -> None:
+        """`qp`'s flow paced at `bps` from its first packet."""
+        key = flow_key(qp.local_addr, qp.peer_addr, qp.sport)
+        self._flow(key).rate_bps = bps
+        self.nic.set_rate(key, bps)
+
+    def _flow_of(self, qp: QueuePair) -> FlowTx | None:
+        """The pacer's state of `qp`'s flow, None if it has none yet."""
+        key = self._qp_keys.get(qp)
+        if key is None:
+            key = self._qp_keys[qp] = flow_key(qp.local_addr, qp.peer_addr, qp.sport)
+        return self.flows.get(key)
 
     def rate_bps(self, qp: QueuePair) -> int:
         """The rate the NIC sends `qp`'s flow at: its rate law's or start rate, the line rate
         where none is set (as the emulation's agent tells it, WatchRates)."""
-        key = self._qp_keys.get(qp)
-        if key is None:
-            key = self._qp_keys[qp] = flow_key(qp.local_addr, qp.peer_addr, qp.sport)
-        f = self.flows.get(key)
+        f = self._flow_of(qp)
         return f.rate_bps if f is not None and f.rate_bps else self.line_rate_bps
 
     def send_probe(self) -> None:
@@ -388,7 +395,7 @@ class SimHost:
         waiting = 0
         if self.core is not None:
             for qp in self.core.senders():
-                f = self.flows.get(flow_key(qp.local_addr, qp.peer_addr, qp.sport))
+                f = self._flow_of(qp)
                 if f is None:
                     bps = line
                 elif f.next_ns > now_ns:  # held to the pace its last packet set

@@ -500,6 +500,23 @@ int xm_nic_rx(struct xm_nic *nic, const __u8 *frame, __u32 len, __u64 now_ns,
 	return 1;
 }
 
+/* xm_nic_rx with the flow's key read from the frame, as the twin's host reads it (IPv4 at 14,
+ * the feedback answers (daddr, saddr, UDP sport, 4791, UDP)): for C built apart that runs XDP
+ * on its frames (testbed/sim/host_native.c), which has checked the headers are there. */
+int xm_nic_host_rx(struct xm_nic *nic, const __u8 *frame, __u32 len, __u64 now_ns, __u64 *rate)
+{
+	const __u8 *ip = frame + 14;
+	__u32 ihl = (ip[0] & 0x0F) * 4u;
+	struct xm_flow_key key;
+	memset(&key, 0, sizeof(key));
+	memcpy(&key.saddr, ip + 16, 4);
+	memcpy(&key.daddr, ip + 12, 4);
+	memcpy(&key.sport, ip + ihl, 2);
+	key.dport = bpf_htons(XM_ROCE_PORT);
+	key.proto = 17;
+	return xm_nic_rx(nic, frame, len, now_ns, &key, rate);
+}
+
 /*
  * The law's differential test's call per feedback frame, in one crossing: what tc keeps of the flow (its bytes,
  * next PSN and RTT probe) and its pacing rate before the frame (0: none) written to the maps

@@ -64,6 +64,8 @@ uint32_t xm_nic_tc(struct xm_nic *nic, uint8_t *buf, uint32_t len, uint32_t room
                    uint64_t now_ns);
 int xm_nic_rx(struct xm_nic *nic, const uint8_t *frame, uint32_t len, uint64_t now_ns,
               const struct xm_flow_key *key, uint64_t *rate);
+int xm_nic_host_rx(struct xm_nic *nic, const uint8_t *frame, uint32_t len, uint64_t now_ns,
+                   uint64_t *rate);
 int xm_nic_feedback(struct xm_nic *nic, const uint8_t *frame, uint32_t len, uint64_t now_ns,
                     const struct xm_flow_key *key, uint64_t tx_bytes, uint32_t snd_nxt_psn,
                     uint32_t psn_valid, uint32_t probe_seq, uint32_t probe_psn,

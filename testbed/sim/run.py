@@ -88,6 +88,7 @@ def run_sim(args: argparse.Namespace, cfg: SuiteConfig) -> int:
         pipeline=getattr(args, "pipeline", DEFAULT_PIPELINE),
         nic_pipeline=getattr(args, "nic_pipeline", None),
         loop_pipeline=getattr(args, "loop_pipeline", None),
+        host_pipeline=getattr(args, "host_pipeline", None),
         transport_pipeline=getattr(args, "transport_pipeline", None),
     )
     if fab.pipeline == "native":
@@ -121,6 +122,9 @@ def run_sim(args: argparse.Namespace, cfg: SuiteConfig) -> int:
         "pipeline": next(iter(fab.switches.values())).sw.pipeline_in_use,
         "nic_pipeline": fab.nic_pipeline_in_use,
         "loop_pipeline": fab.loop_in_use,
+        # which host loops the jobs ran (as transport_pipeline), and why not native
+        "host_pipeline": "+".join(sorted(suite.fab.host_in_use)) or None,
+        "host_native_reasons": sorted(suite.fab.host_native_reasons),
         # which cores the jobs ran ("native", "reference", or both where some jobs' transport
         # the native core does not run), and why not native where it was asked for
         "transport_pipeline": "+".join(sorted(suite.fab.transport_in_use)) or None,

@@ -34,6 +34,10 @@ RUN_UNTIL = 1  # the next event is after `until`
 RUN_PYTHON = 2  # a Python event: its handle in py_handle
 RUN_DELIVER = 3  # a frame for a Python target (a host): py_handle, py_data, py_len
 RUN_FAILED = 4  # a callback raised: Python re-raises what it kept
+# a host in C (testbed/sim/host_native.c) left part of its event to Python: py_handle the
+# host, py_code what to do (py_data, py_len the frame that arrived, if one did)
+RUN_HOST = 5
+HOST_KICK, HOST_TIMER = 0, 1  # xm_loop_push_host's kinds
 
 _NPORTS = MAX_PORT + 1
 RX_BATCH = 64  # frames read from one port before looking at the others
@@ -54,6 +58,7 @@ typedef struct {
     int64_t to; /* that switch's port, or the Python target's handle */
     int64_t frames;
     int64_t too_big;
+    int64_t host; /* the C host it delivers to (loop.hosts), or -1 */
 } xm_wire;
 
 typedef struct {
@@ -107,6 +112,13 @@ typedef struct {
     const uint8_t *py_data;
     int64_t py_len;
     void *py_block; /* the frame handed back, freed at the next run */
+    int64_t py_code; /* RUN_HOST's */
+    /* the hosts whose per-packet loop is C (testbed/sim/host_native.c), by number: their
+     * entry points, as addresses (built apart), and each host's state or NULL */
+    int64_t (*host_rx)(void *host, const uint8_t *data, int64_t len, int64_t now);
+    int64_t (*host_event)(void *host, int64_t kind, int64_t a, int64_t now);
+    void **hosts;
+    int64_t nhosts;
     /* into Python, for what the C does not do */
     void (*receive)(int64_t node, int64_t port, const uint8_t *data, int64_t len);
     void (*after_receive)(int64_t node, int64_t port, int64_t rc, uint64_t packet);
@@ -128,6 +140,7 @@ int xm_loop_at(xm_loop *L, int64_t t, int64_t handle);
 int64_t xm_loop_run(xm_loop *L, int64_t until);
 int xm_wire_send(xm_loop *L, int64_t wire, const uint8_t *data, int64_t len, int64_t t);
 int xm_hop_schedule_at(xm_loop *L, int64_t node, int64_t t);
+int xm_loop_push_host(void *loop, int64_t t, int64_t kind, int64_t host, int64_t a);
 int64_t xm_emu_read(xm_loop *L, int64_t node, int64_t port, int64_t max, int64_t start_ns,
                     int64_t offset_ns);
 int64_t xm_emu_service(xm_loop *L, int64_t node, int64_t start_ns);
@@ -150,12 +163,14 @@ _C = r"""
 #define XM_EV_PY 0 /* a Python event: run returns its handle */
 #define XM_EV_RX 1 /* a frame arrives at a switch's port */
 #define XM_EV_SERVICE 2 /* a switch's traffic manager may send */
-#define XM_EV_DELIVER 3 /* a frame arrives at a Python target: run returns it */
+#define XM_EV_DELIVER 3 /* a frame arrives at a Python target (or a C host): run returns it */
+#define XM_EV_HOST 4 /* a C host's event: XM_EV_HOST + its kind (HOST_KICK, HOST_TIMER) */
 #define XM_RUN_EMPTY 0
 #define XM_RUN_UNTIL 1
 #define XM_RUN_PYTHON 2
 #define XM_RUN_DELIVER 3
 #define XM_RUN_FAILED 4
+#define XM_RUN_HOST 5
 
 typedef struct {
     int64_t t;
@@ -245,6 +260,12 @@ int xm_loop_at(xm_loop *L, int64_t t, int64_t handle)
     return push(L, t, XM_EV_PY, 0, handle, NULL);
 }
 
+/* a C host's event (host_native.c calls it through its address) */
+int xm_loop_push_host(void *loop, int64_t t, int64_t kind, int64_t host, int64_t a)
+{
+    return push((xm_loop *)loop, t, XM_EV_HOST + kind, host, a, NULL);
+}
+
 void xm_hop_free_packet(void *packet)
 {
     free(packet); /* the packet is its block's first member */
@@ -266,7 +287,7 @@ int xm_wire_send(xm_loop *L, int64_t wire, const uint8_t *data, int64_t len, int
     memcpy(b->data, data, (size_t)len);
     int64_t at = t + (int64_t)((double)len * w->ns_per_byte) + w->delay_ns;
     int64_t kind = w->to_switch >= 0 ? XM_EV_RX : XM_EV_DELIVER;
-    if (push(L, at, kind, w->to_switch, w->to, b)) {
+    if (push(L, at, kind, w->to_switch >= 0 ? w->to_switch : w->host, w->to, b)) {
         free(b);
         return -1;
     }
@@ -657,17 +678,40 @@ int64_t xm_loop_run(xm_loop *L, int64_t until)
             return XM_RUN_PYTHON;
         case XM_EV_DELIVER: {
             xm_block *b = e.block;
-            L->py_handle = e.a;
+            int64_t code = 1; /* host_native.c's XM_HOST_WHOLE: the target's, in Python */
+            if (e.node >= 0 && e.node < L->nhosts && L->hosts[e.node])
+                code = L->host_rx(L->hosts[e.node], b->data, b->len, L->now);
+            if (!code) {
+                free(b);
+                break;
+            }
             L->py_data = b->data;
             L->py_len = b->len;
             L->py_block = b;
-            return XM_RUN_DELIVER;
+            if (code == 1) {
+                L->py_handle = e.a;
+                return XM_RUN_DELIVER;
+            }
+            L->py_handle = e.node;
+            L->py_code = code;
+            return XM_RUN_HOST;
         }
         case XM_EV_RX:
             hop_receive(L, e.node, e.a, e.block);
             break;
-        default:
+        case XM_EV_SERVICE:
             hop_service(L, e.node, e.a);
+            break;
+        default: { /* a C host's */
+            int64_t code = L->host_event(L->hosts[e.node], e.kind - XM_EV_HOST, e.a, L->now);
+            if (code) {
+                L->py_handle = e.node;
+                L->py_code = code;
+                L->py_data = NULL;
+                L->py_len = 0;
+                return XM_RUN_HOST;
+            }
+        }
         }
         if (L->failed) return XM_RUN_FAILED;
     }

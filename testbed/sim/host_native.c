@@ -1,0 +1,411 @@
+/* The twin's host (testbed/sim/nic.py SimHost) with its per-packet loop in C: the NIC's kick
+ * (feedback first, then the paced queue pair whose next departure is earliest), the frames that
+ * arrive (the checks, XDP's rate law, the transport core), the retransmission timer, and what
+ * the host does after each of them, in the reference's order, step for step. The job stays
+ * Python: an event after which the job must look (a completion, a message, a rate changed,
+ * its wake-up time come) hands back to Python, as does whatever this file does not do (a MAC
+ * Control frame, recording INT frames, the drops' names). host_native.py says when a host
+ * runs here; tests/test_native_twin.py holds the records equal to the reference's.
+ *
+ * Built apart from the loop, the NIC and the transport core: it calls them through the
+ * addresses it is given. The transport core's header comes first (host_native.py puts it
+ * there with the wire constants). */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "transport_native.h"
+#include "host_native.h"
+
+#define KICK 0 /* the loop's host events (hop.py's XM_EV_HOST_KICK + kind) */
+#define TIMER 1
+
+struct xm_host *xm_host_new(void)
+{
+	struct xm_host *h = calloc(1, sizeof(*h));
+	if (h) {
+		h->kick_at = -1;
+		h->timer_at = -1;
+		h->rate_flow = -1;
+	}
+	return h;
+}
+
+void xm_host_free(struct xm_host *h)
+{
+	if (!h)
+		return;
+	free(h->flows);
+	free(h->map);
+	free(h->qp_flow);
+	free(h->senders);
+	free(h->fb);
+	free(h);
+}
+
+/* a new job: no flow, no feedback (SimHost.start_job's flows.clear()) */
+void xm_host_reset(struct xm_host *h)
+{
+	h->nflows = 0;
+	if (h->map)
+		memset(h->map, 0, (size_t)h->map_cap * sizeof(*h->map));
+	if (h->qp_flow)
+		memset(h->qp_flow, 0, (size_t)h->cap_qp_flow * sizeof(*h->qp_flow));
+	h->fb_head = h->fb_len = 0;
+	h->rate_flow = -1;
+}
+
+static int grow(void **p, uint32_t *cap, uint32_t need, size_t size)
+{
+	if (need <= *cap)
+		return 0;
+	uint32_t c = *cap ? *cap : 8;
+	while (c < need)
+		c *= 2;
+	void *q = realloc(*p, (size_t)c * size);
+	if (!q)
+		return -1;
+	memset((uint8_t *)q + (size_t)*cap * size, 0, (size_t)(c - *cap) * size);
+	*p = q;
+	*cap = c;
+	return 0;
+}
+
+static uint32_t flow_hash(const uint8_t *saddr, const uint8_t *daddr, uint16_t sport)
+{
+	uint32_t x = 2166136261u;
+	for (int i = 0; i < 4; i++)
+		x = (x ^ saddr[i]) * 16777619u;
+	for (int i = 0; i < 4; i++)
+		x = (x ^ daddr[i]) * 16777619u;
+	x = (x ^ (sport & 0xFF)) * 16777619u;
+	return (x ^ (uint32_t)(sport >> 8)) * 16777619u;
+}
+
+static int same(const struct xm_host_flow *f, const uint8_t *saddr, const uint8_t *daddr,
+		uint16_t sport)
+{
+	return f->sport == sport && !memcmp(f->saddr, saddr, 4) && !memcmp(f->daddr, daddr, 4);
+}
+
+static int map_rebuild(struct xm_host *h, uint32_t cap)
+{
+	uint32_t *m = calloc(cap, sizeof(*m));
+	if (!m)
+		return -1;
+	for (uint32_t i = 0; i < h->nflows; i++) {
+		const struct xm_host_flow *f = &h->flows[i];
+		uint32_t j = flow_hash(f->saddr, f->daddr, f->sport) & (cap - 1);
+		while (m[j])
+			j = (j + 1) & (cap - 1);
+		m[j] = i + 1;
+	}
+	free(h->map);
+	h->map = m;
+	h->map_cap = cap;
+	return 0;
+}
+
+/* SimHost._flow: the flow's index (made, at rate 0 and next departure 0, with `create`), -1
+ * when there is none (or no memory for it) */
+int64_t xm_host_flow(struct xm_host *h, const uint8_t *saddr, const uint8_t *daddr,
+		     uint16_t sport, int create)
+{
+	if (h->map_cap) {
+		uint32_t j = flow_hash(saddr, daddr, sport) & (h->map_cap - 1);
+		while (h->map[j]) {
+			if (same(&h->flows[h->map[j] - 1], saddr, daddr, sport))
+				return h->map[j] - 1;
+			j = (j + 1) & (h->map_cap - 1);
+		}
+	}
+	if (!create)
+		return -1;
+	if (2 * (h->nflows + 1) > h->map_cap &&
+	    map_rebuild(h, h->map_cap ? 2 * h->map_cap : 16))
+		return -1;
+	if (grow((void **)&h->flows, &h->cap_flows, h->nflows + 1, sizeof(*h->flows)))
+		return -1;
+	struct xm_host_flow *f = &h->flows[h->nflows];
+	memset(f, 0, sizeof(*f));
+	memcpy(f->saddr, saddr, 4);
+	memcpy(f->daddr, daddr, 4);
+	f->sport = sport;
+	uint32_t j = flow_hash(saddr, daddr, sport) & (h->map_cap - 1);
+	while (h->map[j])
+		j = (j + 1) & (h->map_cap - 1);
+	h->map[j] = ++h->nflows;
+	return h->nflows - 1;
+}
+
+/* SimHost._request_kick */
+static int request_kick(struct xm_host *h, int64_t t)
+{
+	if (t < h->busy_until)
+		t = h->busy_until;
+	if (h->kick_at >= 0 && h->kick_at <= t)
+		return 0;
+	h->kick_at = t;
+	return h->push(h->loop, t, KICK, h->index, t);
+}
+
+/* SimHost._arm: a timer at `wake` (s), unless an earlier one is set */
+static int arm(struct xm_host *h, int have, double wake, int64_t now)
+{
+	if (!have || isinf(wake))
+		return 0;
+	/* 1 ns past the deadline: the core and the job compare in float seconds */
+	int64_t t = (int64_t)(wake * 1e9) + 1;
+	if (t < now + 1)
+		t = now + 1;
+	if (h->timer_at >= 0 && t >= h->timer_at)
+		return 0;
+	h->timer_at = t;
+	return h->push(h->loop, t, TIMER, h->index, t);
+}
+
+/* SimHost._activity after the job's poll: the NIC kicked, the timer armed for the earlier of
+ * the core's deadline and the job's wake-up */
+int64_t xm_host_activity(struct xm_host *h, int64_t now)
+{
+	if (!h->tp)
+		return 0; /* the job is over */
+	if (request_kick(h, now))
+		return XM_HOST_NO_MEMORY;
+	double wake = 0;
+	int have = h->tp_next_deadline(h->tp, &wake);
+	if (!h->done && h->job_wake < (have ? wake : INFINITY)) {
+		wake = h->job_wake;
+		have = 1;
+	}
+	return arm(h, have, wake, now) ? XM_HOST_NO_MEMORY : 0;
+}
+
+/* the job must look now: its wake-up time has come */
+static int job_due(const struct xm_host *h, int64_t now)
+{
+	return !h->done && (double)now / 1e9 >= h->job_wake;
+}
+
+/* SimHost._depart: the data packet's flow paced (paced_len: its bytes before INT), the port
+ * busy while the frame serializes, the link */
+static int depart(struct xm_host *h, const uint8_t *frame, uint32_t len, uint32_t paced_len,
+		  int64_t now, struct xm_host_flow *f)
+{
+	if (f) {
+		int64_t rate = f->rate_bps ? f->rate_bps : h->line_rate_bps;
+		int64_t from = f->next_ns > now ? f->next_ns : now;
+		f->next_ns = from + (int64_t)((double)paced_len * 8e9 / (double)rate);
+		f->gap_bps = rate;
+	}
+	h->busy_until = now + (int64_t)((double)paced_len * h->ns_per_byte);
+	h->tx_bytes += len;
+	int rc = h->wire_send(h->loop, h->wire, frame, len, now);
+	if (rc < 0)
+		return -1;
+	if (!rc)
+		h->tx_too_big++; /* over the link's MTU: lost, as the kernel would refuse it */
+	return 0;
+}
+
+/* the flow of queue pair `index` (SimHost._qp_flows), looked up once */
+static struct xm_host_flow *qp_flow(struct xm_host *h, uint32_t index)
+{
+	if (grow((void **)&h->qp_flow, &h->cap_qp_flow, index + 1, sizeof(*h->qp_flow)))
+		return NULL;
+	if (!h->qp_flow[index]) {
+		const struct xm_tp_qp *qp = h->tp->qps[index];
+		int64_t i = xm_host_flow(h, h->addr, qp->peer_addr, qp->sport, 1);
+		if (i < 0)
+			return NULL;
+		h->qp_flow[index] = (int32_t)i + 1;
+	}
+	return &h->flows[h->qp_flow[index] - 1];
+}
+
+/* SimHost._transmit of a feedback packet: the IPv4 checksum, tc egress, the wire (not paced:
+ * the default class) */
+static int send_feedback(struct xm_host *h, const struct xm_tp_fb *out, int64_t now)
+{
+	uint8_t *frame = h->frame;
+	memcpy(frame, h->eth, 14);
+	memcpy(frame + 14, out->pkt, out->len);
+	h->tp_ipv4_checksum(frame + 14);
+	struct xm_host_flow *f = NULL;
+	if (frame[14 + 28] <= OP_RC_DATA_MAX) { /* a data packet: its flow is paced */
+		const uint8_t *ip = frame + 14;
+		int64_t i = xm_host_flow(h, ip + 12, ip + 16, (uint16_t)(ip[20] << 8 | ip[21]), 1);
+		if (i < 0)
+			return -1;
+		f = &h->flows[i];
+	}
+	uint32_t n = h->tc(h->nic, frame, 14 + out->len, 14 + out->len + h->growth, (uint64_t)now);
+	return depart(h, frame, n, 14 + out->len, now, f);
+}
+
+/* SimHost._kick */
+static int64_t kick(struct xm_host *h, int64_t t, int64_t now)
+{
+	if (t != h->kick_at)
+		return 0;
+	h->kick_at = -1;
+	if (!h->tp)
+		return 0;
+	if (now < h->busy_until)
+		return request_kick(h, h->busy_until) ? XM_HOST_NO_MEMORY : 0;
+	if (h->fb_len) { /* ACK/NAK/CNP: the default class, not paced per flow */
+		const struct xm_tp_fb *out = &h->fb[h->fb_head];
+		h->fb_head = (h->fb_head + 1) % h->fb_cap;
+		h->fb_len--;
+		if (send_feedback(h, out, now))
+			return XM_HOST_NO_MEMORY;
+		return request_kick(h, h->busy_until) ? XM_HOST_NO_MEMORY : 0;
+	}
+	struct xm_tp *tp = h->tp;
+	if (grow((void **)&h->senders, &h->cap_senders, tp->nqps, sizeof(*h->senders)))
+		return XM_HOST_NO_MEMORY;
+	uint32_t n = h->tp_senders(tp, h->senders);
+	int64_t best = -1, best_t = 0;
+	struct xm_host_flow *best_f = NULL;
+	for (uint32_t i = 0; i < n; i++) {
+		uint32_t index = h->senders[i];
+		struct xm_host_flow *f = qp_flow(h, index);
+		if (!f)
+			return XM_HOST_NO_MEMORY;
+		if (best < 0 || f->next_ns < best_t ||
+		    (f->next_ns == best_t && tp->qps[index]->qpn < tp->qps[best]->qpn)) {
+			best = index;
+			best_t = f->next_ns;
+			best_f = f;
+		}
+	}
+	if (best < 0)
+		return 0;
+	if (best_t > now)
+		return request_kick(h, best_t) ? XM_HOST_NO_MEMORY : 0;
+	uint32_t ip_len = 0;
+	uint32_t len = h->tp_send_frame(tp, (uint32_t)best, (double)now / 1e9, h->eth, h->tc, h->nic,
+					(uint64_t)now, h->growth, &ip_len);
+	if (!len)
+		return XM_HOST_NOTHING_SENT;
+	if (depart(h, tp->frame, len, 14 + ip_len, now, best_f))
+		return XM_HOST_NO_MEMORY;
+	/* a packet in flight runs the retransmission timer, even if nothing ever comes back */
+	double wake = 0;
+	int have = h->tp_next_deadline(tp, &wake);
+	if (arm(h, have, wake, now) || request_kick(h, h->busy_until))
+		return XM_HOST_NO_MEMORY;
+	return 0;
+}
+
+/* SimHost._timer */
+static int64_t timer(struct xm_host *h, int64_t t, int64_t now)
+{
+	if (t != h->timer_at)
+		return 0; /* superseded by an earlier timer */
+	h->timer_at = -1;
+	if (!h->tp)
+		return 0;
+	h->tp_expire(h->tp, (double)now / 1e9);
+	if (job_due(h, now))
+		return XM_HOST_ACTIVITY;
+	return xm_host_activity(h, now);
+}
+
+/* the loop's host events: kind KICK or TIMER, `a` the time it was asked for */
+int64_t xm_host_event(struct xm_host *h, int64_t kind, int64_t a, int64_t now)
+{
+	return kind == KICK ? kick(h, a, now) : timer(h, a, now);
+}
+
+/* the feedback the core queued, into the ring the kick sends from (the core's queue emptied:
+ * Python takes the rest) */
+static int keep_feedback(struct xm_host *h)
+{
+	struct xm_tp *tp = h->tp;
+	if (!tp->nfb)
+		return 0;
+	uint32_t need = h->fb_len + tp->nfb;
+	if (need > h->fb_cap) {
+		uint32_t cap = h->fb_cap ? h->fb_cap : 8;
+		while (cap < need)
+			cap *= 2;
+		struct xm_tp_fb *ring = malloc((size_t)cap * sizeof(*ring));
+		if (!ring)
+			return -1;
+		for (uint32_t i = 0; i < h->fb_len; i++)
+			ring[i] = h->fb[(h->fb_head + i) % h->fb_cap];
+		free(h->fb);
+		h->fb = ring;
+		h->fb_cap = cap;
+		h->fb_head = 0;
+	}
+	for (uint32_t i = 0; i < tp->nfb; i++)
+		h->fb[(h->fb_head + h->fb_len++) % h->fb_cap] = tp->fb[i];
+	tp->nfb = 0;
+	return 0;
+}
+
+/* the bytes at off..off+2 of ip as Python's int.from_bytes(ip[off:off + 2]) reads them (fewer
+ * past the end) */
+static uint32_t be16_clipped(const uint8_t *ip, int64_t n, int64_t off)
+{
+	if (off + 2 <= n)
+		return (uint32_t)ip[off] << 8 | ip[off + 1];
+	return off < n ? ip[off] : 0;
+}
+
+/* SimHost.receive: a frame from the switch */
+int64_t xm_host_rx(struct xm_host *h, const uint8_t *frame, int64_t len, int64_t now)
+{
+	if (!h->active || (len >= 14 && frame[12] == 0x88 && frame[13] == 0x08))
+		return XM_HOST_WHOLE; /* between jobs, and PFC's MAC Control: Python's */
+	if (len < 14 + 28 || frame[12] != 0x08 || frame[13] != 0x00 ||
+	    memcmp(frame + 30, h->addr, 4)) {
+		h->rx_dropped++;
+		return 0;
+	}
+	const uint8_t *ip = frame + 14;
+	int64_t n = len - 14, ihl = (ip[0] & 0x0F) * 4;
+	if (ip[9] != 17 || be16_clipped(ip, n, ihl + 2) != ROCE_UDP_PORT) {
+		h->rx_dropped++;
+		return 0;
+	}
+	int dscp = ip[1] >> 2;
+	if (dscp != h->int_dscp && ihl + 8 >= n)
+		return XM_HOST_WHOLE; /* no opcode to read: the reference fails there */
+	uint8_t opcode = dscp != h->int_dscp ? ip[ihl + 8] : OP_RC_DATA_MAX;
+	int64_t code = 0;
+	if ((opcode == OP_ACK || opcode == OP_CNP) && h->law) {
+		int64_t i = xm_host_flow(h, ip + 16, ip + 12, (uint16_t)be16_clipped(ip, n, ihl), 1);
+		if (i < 0)
+			return XM_HOST_NO_MEMORY;
+		uint64_t rate = 0;
+		if (h->xdp(h->nic, frame, (uint32_t)len, (uint64_t)now, &rate) &&
+		    (int64_t)rate != h->flows[i].rate_bps) {
+			h->flows[i].rate_bps = (int64_t)rate;
+			h->rate_flow = i;
+			h->rate_new = (int64_t)rate;
+			code |= XM_HOST_RATE;
+		}
+	} else if (dscp == h->int_dscp && h->capture) {
+		code |= XM_HOST_CAPTURE;
+	}
+	struct xm_tp *tp = h->tp;
+	if (!tp)
+		return code; /* the job is over: nothing for its transport */
+	int64_t drops = tp->drops_total;
+	if (h->tp_receive(tp, ip, (uint32_t)n, (double)now / 1e9)) {
+		if (keep_feedback(h))
+			return XM_HOST_NO_MEMORY;
+		if (tp->ndone || tp->nmsgs || tp->nsink || tp->drops_total != drops)
+			code |= XM_HOST_TAKE;
+	}
+	/* the job looks after what it may see: a completion, a message, a rate (a collective's
+	 * schedule reads its NIC's), its wake-up time */
+	if (code & (XM_HOST_TAKE | XM_HOST_RATE) || job_due(h, now))
+		return code | XM_HOST_ACTIVITY;
+	int64_t rc = xm_host_activity(h, now);
+	return rc < 0 ? rc : code;
+}

@@ -1,0 +1,362 @@
+"""The twin's host with its per-packet loop in C (testbed/sim/host_native.c).
+
+`NativeSimHost` is a `SimHost` (testbed/sim/nic.py, the reference) on the native event loop,
+NIC and transport core whose kicks, timers and arriving frames run in C for a job that uses
+only what the C does: one NIC, no PFC, no prober, no INT sink on the NIC. Such a job's host
+runs no Python per packet: the C sends the feedback and the paced data packets, runs XDP's rate
+law and the transport core on what arrives, and re-arms the NIC and the timer as
+`SimHost._activity` does. It hands an event back to Python (`native_event`) where the job may
+see something (a completion, a message, a rate the law changed, the job's wake-up time: then
+the job polls, as the reference's does after every event, the others being no-ops by the
+jobs' contract, testbed/traffic/jobs.py) or where the run records (INT frames, rate
+changes). Every other job runs SimHost's Python on the same state: the port's and timer's
+fields are the C's, read and written through properties.
+
+`SimFabric(host_pipeline="reference")` keeps the Python host over the same NICs and cores,
+to bisect a difference; tests/test_native_twin.py holds the suites' records equal.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from controller.nic.ratelaw import CcParams, Law
+from controller.wire import roce
+from testbed.probes import RateEvent, record_int_frame
+from testbed.sim.native_loop import NativeEventLoop
+from testbed.sim.nic import FlowTx, NicPort, SimHost, flow_key
+from testbed.sim.nic_native import NativeNic
+from testbed.sim.nic_native import library as nic_library
+from testbed.switch.native.build import BuildError, build, load
+from testbed.traffic import transport_native
+from testbed.traffic.jobs import Job
+from testbed.traffic.transport_core import QueuePair, TransportCore
+from testbed.traffic.transport_native import NativeTransportCore
+
+SOURCE = Path(__file__).with_name("host_native.c")
+HEADER = SOURCE.with_suffix(".h")
+_TRANSPORT_INCLUDE = f'#include "{transport_native.HEADER.name}"\n'
+_INCLUDE = f'#include "{HEADER.name}"\n'
+
+# what the C hands back (host_native.h's enum, checked when the library loads)
+WHOLE, CAPTURE, RATE, TAKE, ACTIVITY = 1, 2, 4, 8, 16
+NO_MEMORY, NOTHING_SENT = -1, -2
+
+
+def _defines() -> str:
+    """The constants the C uses: the transport core's, and the opcodes' bound."""
+    return transport_native.defines() + f"#define OP_RC_DATA_MAX {roce.OP_RC_DATA_MAX}\n"
+
+
+def cdef() -> str:
+    return _defines() + transport_native.HEADER.read_text() + HEADER.read_text()
+
+
+def source() -> str:
+    """The C with both headers in place of their #includes (one self-contained text)."""
+    text = SOURCE.read_text()
+    for include in (_TRANSPORT_INCLUDE, _INCLUDE):
+        if include not in text:
+            raise BuildError(f"{SOURCE.name} has no {include.strip()!r} to expand")
+    text = text.replace(_TRANSPORT_INCLUDE, transport_native.HEADER.read_text())
+    return _defines() + text.replace(_INCLUDE, HEADER.read_text())
+
+
+@functools.lru_cache(maxsize=1)
+def library() -> tuple[Any, Any]:
+    """(ffi, lib), built once per process (and cached across them); BuildError if it cannot
+    be built here."""
+    if not SOURCE.is_file() or not HEADER.is_file():
+        raise BuildError(f"{SOURCE.name} or {HEADER.name} is not beside {Path(__file__).name}")
+    text, decls = source(), cdef()
+    digest = hashlib.sha256((decls + text).encode()).hexdigest()
+    ffi, lib = load(decls, build(text, digest, stem="host"))
+    codes = (WHOLE, CAPTURE, RATE, TAKE, ACTIVITY, NO_MEMORY, NOTHING_SENT)
+    names = ("WHOLE", "CAPTURE", "RATE", "TAKE", "ACTIVITY", "NO_MEMORY", "NOTHING_SENT")
+    got = tuple(getattr(lib, f"XM_HOST_{n}") for n in names)
+    if got != codes:
+        raise BuildError(f"{HEADER.name}'s codes are not host_native.py's: {got}")
+    return ffi, lib
+
+
+def _addr(ffi: Any, fn_lib: Any, name: str) -> int:
+    return int(ffi.cast("uintptr_t", ffi.addressof(fn_lib, name)))
+
+
+class NativeNicPort(NicPort):
+    """NIC 0 of a NativeSimHost: its pacer fields are the C's (struct xm_host)."""
+
+    def __init__(self, h: Any, addr: bytes, eth: bytes, send: Callable[[bytes, int], bool]):
+        self._h = h
+        super().__init__(addr, eth, send)
+
+    @property  # type: ignore[override]
+    def busy_until(self) -> int:
+        return int(self._h.busy_until)
+
+    @busy_until.setter
+    def busy_until(self, t: int) -> None:
+        self._h.busy_until = t
+
+    @property  # type: ignore[override]
+    def kick_at(self) -> int | None:
+        t = int(self._h.kick_at)
+        return None if t < 0 else t
+
+    @kick_at.setter
+    def kick_at(self, t: int | None) -> None:
+        self._h.kick_at = -1 if t is None else t
+
+    @property  # type: ignore[override]
+    def tx_bytes(self) -> int:
+        return int(self._h.tx_bytes)
+
+    @tx_bytes.setter
+    def tx_bytes(self, n: int) -> None:
+        self._h.tx_bytes = n
+
+
+class NativeSimHost(SimHost):
+    """A SimHost whose per-packet loop is C's for the jobs it can run; see the module's
+    docstring. `wire`: the loop's index of its NIC's wire to the switch."""
+
+    def __init__(
+        self,
+        loop: NativeEventLoop,
+        name: str,
+        ip: str,
+        mac: str,
+        gateway_mac: str,
+        line_rate_bps: float,
+        hop_speeds: dict[tuple[int, int], int],
+        send: Callable[[bytes, int], bool],
+        int_source: Any,
+        links: dict[tuple[int, int], str],
+        wire: int,
+    ):
+        ffi, lib = library()
+        h = lib.xm_host_new()
+        if h == ffi.NULL:
+            raise MemoryError("the native host could not be allocated")
+        self._ffi, self._lib = ffi, lib
+        self._h = ffi.gc(h, lib.xm_host_free)
+        self._cap: Any = None
+        super().__init__(
+            loop,
+            name,
+            ip,
+            mac,
+            gateway_mac,
+            line_rate_bps,
+            hop_speeds,
+            send,
+            int_source,
+            links,
+            "native",
+        )
+        port = self.ports[0]
+        self.ports[0] = NativeNicPort(self._h, port.addr, port.eth, port.send)
+        h = self._h
+        ffi.memmove(h.addr, self.addr, 4)
+        ffi.memmove(h.eth, self.eth, 14)
+        h.line_rate_bps = self.line_rate_bps
+        h.int_dscp = int_source.dscp
+        h.wire = wire
+        nic = self.nic
+        assert isinstance(nic, NativeNic)
+        tc, state, growth = nic.tc_entry()
+        h.tc = ffi.cast(ffi.typeof(h.tc), tc)
+        h.nic = ffi.cast("void *", state)
+        h.growth = growth
+        nffi, nlib = nic_library()
+        h.xdp = ffi.cast(ffi.typeof(h.xdp), _addr(nffi, nlib, "xm_nic_host_rx"))
+        state_addr, push, wire_send = loop.host_entry()
+        h.loop = ffi.cast("void *", state_addr)
+        h.push = ffi.cast(ffi.typeof(h.push), push)
+        h.wire_send = ffi.cast(ffi.typeof(h.wire_send), wire_send)
+        tffi, tlib = transport_native.library()
+        for name_ in ("senders", "send_frame", "receive", "next_deadline", "expire"):
+            field = f"tp_{name_}"
+            fn = _addr(tffi, tlib, f"xm_tp_{name_}")
+            setattr(h, field, ffi.cast(ffi.typeof(getattr(h, field)), fn))
+        h.tp_ipv4_checksum = ffi.cast(
+            ffi.typeof(h.tp_ipv4_checksum), _addr(tffi, tlib, "xm_tp_ipv4_checksum")
+        )
+        h.index = loop.add_host(
+            self,
+            int(ffi.cast("uintptr_t", h)),
+            _addr(ffi, lib, "xm_host_rx"),
+            _addr(ffi, lib, "xm_host_event"),
+        )
+
+    # ---- SimHost's fields that are the C's ----
+
+    @property  # type: ignore[override]
+    def ns_per_byte(self) -> float:
+        return float(self._h.ns_per_byte)
+
+    @ns_per_byte.setter
+    def ns_per_byte(self, v: float) -> None:
+        self._h.ns_per_byte = v
+
+    @property  # type: ignore[override]
+    def _timer_at(self) -> int | None:
+        t = int(self._h.timer_at)
+        return None if t < 0 else t
+
+    @_timer_at.setter
+    def _timer_at(self, t: int | None) -> None:
+        self._h.timer_at = -1 if t is None else t
+
+    @property  # type: ignore[override]
+    def rx_dropped(self) -> int:
+        return int(self._h.rx_dropped)
+
+    @rx_dropped.setter
+    def rx_dropped(self, n: int) -> None:
+        self._h.rx_dropped = n
+
+    @property  # type: ignore[override]
+    def tx_too_big(self) -> int:
+        return int(self._h.tx_too_big)
+
+    @tx_too_big.setter
+    def tx_too_big(self, n: int) -> None:
+        self._h.tx_too_big = n
+
+    @property  # type: ignore[override]
+    def capture(self) -> Any:
+        return self._cap
+
+    @capture.setter
+    def capture(self, cap: Any) -> None:
+        self._cap = cap
+        self._h.capture = cap is not None
+
+    @property  # type: ignore[override]
+    def core(self) -> TransportCore | None:
+        return self._core
+
+    @core.setter
+    def core(self, core: TransportCore | None) -> None:
+        self._core = core
+        if core is None:  # the job is over: the C forgets its core
+            self._h.tp = self._ffi.NULL
+
+    # ---- jobs ----
+
+    def python_reason(self, core: TransportCore) -> str | None:
+        """Why this job's host runs SimHost's Python (None: it runs in C)."""
+        if not isinstance(core, NativeTransportCore):
+            return "the reference transport core"
+        if core.sink is not None:
+            return "the NIC is an INT sink"
+        if len(self.ports) > 1:
+            return "more than one NIC"
+        if self.pfc:
+            return "PFC"
+        if self.prober is not None:
+            return "a prober"
+        return None
+
+    def start_job(self, core: TransportCore, job: Job, t0_ns: int) -> None:
+        h = self._h
+        h.active = 0
+        self._lib.xm_host_reset(h)
+        in_c = self.python_reason(core) is None
+        h.active = in_c  # before the start rates: they go to its flows
+        super().start_job(core, job, t0_ns)
+        if in_c:
+            assert isinstance(core, NativeTransportCore)
+            h.tp = self._ffi.cast("struct xm_tp *", int(core._ffi.cast("uintptr_t", core._tp)))
+            h.law = self.nic.params.law != Law.NONE
+            h.done = 0
+            h.job_wake = math.inf
+            self._send_frame = None
+
+    def _start_rate(self, qp: QueuePair, bps: int) -> None:
+        if not self._h.active:
+            super()._start_rate(qp, bps)
+            return
+        i = self._lib.xm_host_flow(self._h, qp.local_addr, qp.peer_addr, qp.sport, 1)
+        if i < 0:
+            raise MemoryError("the native host's flows")
+        self._h.flows[i].rate_bps = bps
+        self.nic.set_rate(flow_key(qp.local_addr, qp.peer_addr, qp.sport), bps)
+
+    def _flow_of(self, qp: QueuePair) -> FlowTx | None:
+        if not self._h.active:
+            return super()._flow_of(qp)
+        i = self._lib.xm_host_flow(self._h, qp.local_addr, qp.peer_addr, qp.sport, 0)
+        return None if i < 0 else self._h.flows[i]  # its fields are FlowTx's
+
+    def set_law(self, params: CcParams) -> None:
+        super().set_law(params)
+        h = self._h
+        h.law = params.law != Law.NONE
+        if h.active:
+            for i in range(h.nflows):
+                f = h.flows[i]
+                f.rate_bps = 0
+                self.nic.set_rate(flow_key(bytes(f.saddr), bytes(f.daddr), f.sport), 0)
+
+    def _activity(self) -> None:
+        h = self._h
+        if not h.active:
+            super()._activity()
+            return
+        core, job = self.core, self.job
+        if core is None or job is None:
+            return
+        now = self.loop.now
+        if not self.done and job.poll(now):
+            self.done = True
+            self.result = job.result(now)
+            self.on_done()
+        h.done = self.done
+        h.job_wake = job.next_wake
+        self._check(self._lib.xm_host_activity(h, self.loop.now_ns))
+
+    def native_event(self, code: int, frame: bytes | None) -> None:
+        """What the C left to Python of an event (the loop calls it): `code`'s bits."""
+        self._check(code)
+        if code & RATE and self.rate_events is not None:
+            assert frame is not None
+            ip = frame[14:]
+            ihl = (ip[0] & 0x0F) * 4
+            self.rate_events.append(
+                RateEvent(
+                    self.loop.now,
+                    self.name,
+                    (
+                        socket.inet_ntoa(ip[16:20]),
+                        socket.inet_ntoa(ip[12:16]),
+                        int.from_bytes(ip[ihl : ihl + 2], "big"),
+                    ),
+                    int(self._h.rate_new),
+                    "law",
+                )
+            )
+        if code & CAPTURE and self.capture is not None:
+            assert frame is not None
+            record_int_frame(self.capture, frame, self.loop.now, self.links)
+        if code & TAKE:
+            assert isinstance(self.core, NativeTransportCore)
+            self.core._take()
+        if code & ACTIVITY:
+            self._activity()
+
+    def _check(self, code: int) -> None:
+        if code == NO_MEMORY:
+            raise MemoryError(f"{self.name}: the native host ran out of memory")
+        if code == NOTHING_SENT:
+            raise RuntimeError(f"{self.name}: a queue pair the core named had no packet")
+
+
+__all__ = ["NativeSimHost", "library"]
