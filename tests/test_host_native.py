@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from controller.nic.ratelaw import Law
-from testbed.experiment.suite import tita_window, transport_settings
+from testbed.experiment.suite import report_settings, tita_window, transport_settings
 from testbed.model import Scaling, model_with_buffer
 from testbed.sim.fabric import SimFabric
 from testbed.sim.host_native import NativeSimHost
@@ -36,8 +36,10 @@ def _fabric(host: str, buffer: str = "shared", law: Law = Law.TITA) -> SimFabric
 
 
 def _transport(fab: SimFabric) -> dict[str, Any]:
+    """TiTa's window, and the receiving NICs INT sinks reporting to the collector (as the
+    suites run them)."""
     s = fab.scaling
-    return transport_settings(s, tita_window(s, s.base_rtt_s))
+    return transport_settings(s, tita_window(s, s.base_rtt_s)) | report_settings(SPEC, s)
 
 
 def _incast(fab: SimFabric, size: int = 300_000, bounded: bool = True) -> dict[str, Any]:
@@ -100,6 +102,7 @@ def _observe(fab: SimFabric, job: dict[str, Any]) -> dict[str, Any]:
         "ports": fab.port_counters(),
         "nics": {n: h.nic_counters() for n, h in fab.hosts.items()},
         "dropped": {n: (h.rx_dropped, h.tx_too_big) for n, h in fab.hosts.items()},
+        "collector": (fab.collector.node_summary(), fab.collector.int_waits()),
     }
 
 
@@ -113,6 +116,7 @@ def test_a_host_in_c_runs_a_job_as_the_python_host_does(job: str) -> None:
     assert c.host_in_use == {"native"} and py.host_in_use == {"reference"}
     assert a == b
     assert a["rate_events"] and a["capture"].hops  # the law moved rates; INT was recorded
+    assert sum(sum(c["reports"].values()) for c in a["counters"]) > 0  # the sinks reported
 
 
 def test_drops_and_timeouts_on_a_small_buffer_are_the_same() -> None:

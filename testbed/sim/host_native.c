@@ -150,6 +150,11 @@ static int request_kick(struct xm_host *h, int64_t t)
 	return h->push(h->loop, t, KICK, h->index, t);
 }
 
+int64_t xm_host_request_kick(struct xm_host *h, int64_t t)
+{
+	return request_kick(h, t) ? XM_HOST_NO_MEMORY : 0;
+}
+
 /* SimHost._arm: a timer at `wake` (s), unless an earlier one is set */
 static int arm(struct xm_host *h, int have, double wake, int64_t now)
 {
@@ -254,6 +259,8 @@ static int64_t kick(struct xm_host *h, int64_t t, int64_t now)
 		return 0;
 	if (now < h->busy_until)
 		return request_kick(h, h->busy_until) ? XM_HOST_NO_MEMORY : 0;
+	if (h->reports) /* the NIC sink's Telemetry Reports: Python's (the sink is) */
+		return XM_HOST_REPORT;
 	if (h->fb_len) { /* ACK/NAK/CNP: the default class, not paced per flow */
 		const struct xm_tp_fb *out = &h->fb[h->fb_head];
 		h->fb_head = (h->fb_head + 1) % h->fb_cap;
@@ -401,10 +408,12 @@ int64_t xm_host_rx(struct xm_host *h, const uint8_t *frame, int64_t len, int64_t
 			return XM_HOST_NO_MEMORY;
 		if (tp->ndone || tp->nmsgs || tp->nsink || tp->drops_total != drops)
 			code |= XM_HOST_TAKE;
+		/* the job looks after what it may see: a completion, a message, */
+		if (tp->ndone || tp->nmsgs)
+			code |= XM_HOST_ACTIVITY;
 	}
-	/* the job looks after what it may see: a completion, a message, a rate (a collective's
-	 * schedule reads its NIC's), its wake-up time */
-	if (code & (XM_HOST_TAKE | XM_HOST_RATE) || job_due(h, now))
+	/* a rate (a collective's schedule reads its NIC's), its wake-up time */
+	if (code & (XM_HOST_ACTIVITY | XM_HOST_RATE) || job_due(h, now))
 		return code | XM_HOST_ACTIVITY;
 	int64_t rc = xm_host_activity(h, now);
 	return rc < 0 ? rc : code;

@@ -9,8 +9,11 @@ enum {
 	XM_HOST_WHOLE = 1,
 	XM_HOST_CAPTURE = 2, /* record the INT frame (probes.record_int_frame) */
 	XM_HOST_RATE = 4, /* the law changed a flow's rate (rate_flow, rate_new): the event */
-	XM_HOST_TAKE = 8, /* the core queued completions, messages or drops: take them */
+	XM_HOST_TAKE = 8, /* the core queued completions, messages, the sink's packets or drops:
+			   * take them */
 	XM_HOST_ACTIVITY = 16, /* the job looks (SimHost._activity): the C did not */
+	XM_HOST_REPORT = 32, /* the NIC's turn to send a Telemetry Report (the kick's first
+			      * step): Python sends it and kicks again */
 	XM_HOST_NO_MEMORY = -1,
 	XM_HOST_NOTHING_SENT = -2, /* a queue pair the core named a sender had no packet */
 };
@@ -58,6 +61,7 @@ struct xm_host {
 	uint8_t law; /* a rate law runs (not Law.NONE) */
 	uint8_t capture; /* INT frames are recorded (SimHost.capture) */
 	double job_wake; /* the job's next_wake, as of its last poll */
+	uint32_t reports; /* Telemetry Reports the sink made, waiting (Python's core.reports) */
 	int64_t busy_until, kick_at, timer_at; /* kick_at, timer_at: -1 for none */
 	int64_t tx_bytes, rx_dropped, tx_too_big;
 	/* the pacer's flows, in the order they were made, found by key through `map` (open
@@ -84,5 +88,6 @@ void xm_host_reset(struct xm_host *h);
 int64_t xm_host_flow(struct xm_host *h, const uint8_t *saddr, const uint8_t *daddr,
 		     uint16_t sport, int create);
 int64_t xm_host_activity(struct xm_host *h, int64_t now);
+int64_t xm_host_request_kick(struct xm_host *h, int64_t t);
 int64_t xm_host_event(struct xm_host *h, int64_t kind, int64_t a, int64_t now);
 int64_t xm_host_rx(struct xm_host *h, const uint8_t *frame, int64_t len, int64_t now);

@@ -2,8 +2,9 @@
 
 `NativeSimHost` is a `SimHost` (testbed/sim/nic.py, the reference) on the native event loop,
 NIC and transport core whose kicks, timers and arriving frames run in C for a job that uses
-only what the C does: one NIC, no PFC, no prober, no INT sink on the NIC. Such a job's host
-runs no Python per packet: the C sends the feedback and the paced data packets, runs XDP's rate
+only what the C does: one NIC, no PFC, no prober. Such a job's host runs no Python per packet
+but the NIC's INT sink (controller/nic/int_sink.py, shown the packets the core queues for it,
+and sending its reports): the C sends the feedback and the paced data packets, runs XDP's rate
 law and the transport core on what arrives, and re-arms the NIC and the timer as
 `SimHost._activity` does. It hands an event back to Python (`native_event`) where the job may
 see something (a completion, a message, a rate the law changed, the job's wake-up time: then
@@ -45,7 +46,7 @@ _TRANSPORT_INCLUDE = f'#include "{transport_native.HEADER.name}"\n'
 _INCLUDE = f'#include "{HEADER.name}"\n'
 
 # what the C hands back (host_native.h's enum, checked when the library loads)
-WHOLE, CAPTURE, RATE, TAKE, ACTIVITY = 1, 2, 4, 8, 16
+WHOLE, CAPTURE, RATE, TAKE, ACTIVITY, REPORT = 1, 2, 4, 8, 16, 32
 NO_MEMORY, NOTHING_SENT = -1, -2
 
 
@@ -77,8 +78,8 @@ def library() -> tuple[Any, Any]:
     text, decls = source(), cdef()
     digest = hashlib.sha256((decls + text).encode()).hexdigest()
     ffi, lib = load(decls, build(text, digest, stem="host"))
-    codes = (WHOLE, CAPTURE, RATE, TAKE, ACTIVITY, NO_MEMORY, NOTHING_SENT)
-    names = ("WHOLE", "CAPTURE", "RATE", "TAKE", "ACTIVITY", "NO_MEMORY", "NOTHING_SENT")
+    codes = (WHOLE, CAPTURE, RATE, TAKE, ACTIVITY, REPORT, NO_MEMORY, NOTHING_SENT)
+    names = ("WHOLE", "CAPTURE", "RATE", "TAKE", "ACTIVITY", "REPORT", "NO_MEMORY", "NOTHING_SENT")
     got = tuple(getattr(lib, f"XM_HOST_{n}") for n in names)
     if got != codes:
         raise BuildError(f"{HEADER.name}'s codes are not host_native.py's: {got}")
@@ -255,8 +256,6 @@ class NativeSimHost(SimHost):
         """Why this job's host runs SimHost's Python (None: it runs in C)."""
         if not isinstance(core, NativeTransportCore):
             return "the reference transport core"
-        if core.sink is not None:
-            return "the NIC is an INT sink"
         if len(self.ports) > 1:
             return "more than one NIC"
         if self.pfc:
@@ -278,6 +277,7 @@ class NativeSimHost(SimHost):
             h.law = self.nic.params.law != Law.NONE
             h.done = 0
             h.job_wake = math.inf
+            h.reports = 0
             self._send_frame = None
 
     def _start_rate(self, qp: QueuePair, bps: int) -> None:
@@ -323,6 +323,12 @@ class NativeSimHost(SimHost):
         h.job_wake = job.next_wake
         self._check(self._lib.xm_host_activity(h, self.loop.now_ns))
 
+    def _request_kick(self, port: NicPort, t: int) -> None:
+        if not self._h.active:
+            super()._request_kick(port, t)
+            return
+        self._check(self._lib.xm_host_request_kick(self._h, t))
+
     def native_event(self, code: int, frame: bytes | None) -> None:
         """What the C left to Python of an event (the loop calls it): `code`'s bits."""
         self._check(code)
@@ -346,11 +352,19 @@ class NativeSimHost(SimHost):
         if code & CAPTURE and self.capture is not None:
             assert frame is not None
             record_int_frame(self.capture, frame, self.loop.now, self.links)
+        core = self.core
         if code & TAKE:
-            assert isinstance(self.core, NativeTransportCore)
-            self.core._take()
+            assert isinstance(core, NativeTransportCore)
+            core._take()
+            self._h.reports = len(core.reports)
         if code & ACTIVITY:
             self._activity()
+        if code & REPORT:  # the kick's first step: a Telemetry Report from NIC 0
+            assert core is not None
+            port = self.ports[0]
+            self._send_report(port, core.reports.popleft(), core.cfg.report_to, self.loop.now_ns)
+            self._h.reports = len(core.reports)
+            self._request_kick(port, port.busy_until)
 
     def _check(self, code: int) -> None:
         if code == NO_MEMORY:
