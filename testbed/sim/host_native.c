@@ -384,6 +384,7 @@ int64_t xm_host_rx(struct xm_host *h, const uint8_t *frame, int64_t len, int64_t
 		return XM_HOST_WHOLE; /* no opcode to read: the reference fails there */
 	uint8_t opcode = dscp != h->int_dscp ? ip[ihl + 8] : OP_RC_DATA_MAX;
 	int64_t code = 0;
+	int changed = 0; /* a rate the job reads */
 	if ((opcode == OP_ACK || opcode == OP_CNP) && h->law) {
 		int64_t i = xm_host_flow(h, ip + 16, ip + 12, (uint16_t)be16_clipped(ip, n, ihl), 1);
 		if (i < 0)
@@ -394,7 +395,10 @@ int64_t xm_host_rx(struct xm_host *h, const uint8_t *frame, int64_t len, int64_t
 			h->flows[i].rate_bps = (int64_t)rate;
 			h->rate_flow = i;
 			h->rate_new = (int64_t)rate;
-			code |= XM_HOST_RATE;
+			if (h->rate_events)
+				code |= XM_HOST_RATE;
+			if (h->rate_polls)
+				changed = 1;
 		}
 	} else if (dscp == h->int_dscp && h->capture) {
 		code |= XM_HOST_CAPTURE;
@@ -412,8 +416,8 @@ int64_t xm_host_rx(struct xm_host *h, const uint8_t *frame, int64_t len, int64_t
 		if (tp->ndone || tp->nmsgs)
 			code |= XM_HOST_ACTIVITY;
 	}
-	/* a rate (a collective's schedule reads its NIC's), its wake-up time */
-	if (code & (XM_HOST_ACTIVITY | XM_HOST_RATE) || job_due(h, now))
+	/* a rate it reads (a collective's adaptive schedule), its wake-up time */
+	if (code & XM_HOST_ACTIVITY || changed || job_due(h, now))
 		return code | XM_HOST_ACTIVITY;
 	int64_t rc = xm_host_activity(h, now);
 	return rc < 0 ? rc : code;

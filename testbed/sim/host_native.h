@@ -8,7 +8,7 @@
 enum {
 	XM_HOST_WHOLE = 1,
 	XM_HOST_CAPTURE = 2, /* record the INT frame (probes.record_int_frame) */
-	XM_HOST_RATE = 4, /* the law changed a flow's rate (rate_flow, rate_new): the event */
+	XM_HOST_RATE = 4, /* the law changed a flow's rate (rate_flow, rate_new): record it */
 	XM_HOST_TAKE = 8, /* the core queued completions, messages, the sink's packets or drops:
 			   * take them */
 	XM_HOST_ACTIVITY = 16, /* the job looks (SimHost._activity): the C did not */
@@ -60,6 +60,8 @@ struct xm_host {
 	uint8_t done; /* the job's part is done */
 	uint8_t law; /* a rate law runs (not Law.NONE) */
 	uint8_t capture; /* INT frames are recorded (SimHost.capture) */
+	uint8_t rate_events; /* rate changes are recorded (SimHost.rate_events) */
+	uint8_t rate_polls; /* the job is polled after a rate change (Job.reads_nic_rates) */
 	double job_wake; /* the job's next_wake, as of its last poll */
 	uint32_t reports; /* Telemetry Reports the sink made, waiting (Python's core.reports) */
 	int64_t busy_until, kick_at, timer_at; /* kick_at, timer_at: -1 for none */

@@ -7,11 +7,11 @@ but the NIC's INT sink (controller/nic/int_sink.py, shown the packets the core q
 and sending its reports): the C sends the feedback and the paced data packets, runs XDP's rate
 law and the transport core on what arrives, and re-arms the NIC and the timer as
 `SimHost._activity` does. It hands an event back to Python (`native_event`) where the job may
-see something (a completion, a message, a rate the law changed, the job's wake-up time: then
-the job polls, as the reference's does after every event, the others being no-ops by the
-jobs' contract, testbed/traffic/jobs.py) or where the run records (INT frames, rate
-changes). Every other job runs SimHost's Python on the same state: the port's and timer's
-fields are the C's, read and written through properties.
+see something (a completion, a message, the job's wake-up time, a rate the law changed if the
+job reads rates: then the job polls, as the reference's does after every event, the others
+being no-ops by the jobs' contract, testbed/traffic/jobs.py) or where the run records (INT
+frames, rate changes). Every other job runs SimHost's Python on the same state: the port's
+and timer's fields are the C's, read and written through properties.
 
 `SimFabric(host_pipeline="reference")` keeps the Python host over the same NICs and cores,
 to bisect a difference; tests/test_native_twin.py holds the suites' records equal.
@@ -241,6 +241,15 @@ class NativeSimHost(SimHost):
         self._h.capture = cap is not None
 
     @property  # type: ignore[override]
+    def rate_events(self) -> list[RateEvent] | None:
+        return self._rate_events
+
+    @rate_events.setter
+    def rate_events(self, events: list[RateEvent] | None) -> None:
+        self._rate_events = events
+        self._h.rate_events = events is not None
+
+    @property  # type: ignore[override]
     def core(self) -> TransportCore | None:
         return self._core
 
@@ -277,6 +286,8 @@ class NativeSimHost(SimHost):
             h.law = self.nic.params.law != Law.NONE
             h.done = 0
             h.job_wake = math.inf
+            # a job that does not say reads the rates: polled after each change, as always
+            h.rate_polls = getattr(job, "reads_nic_rates", True)
             h.reports = 0
             self._send_frame = None
 

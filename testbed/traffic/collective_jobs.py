@@ -298,6 +298,8 @@ class CollectiveJob:
 
     def __init__(self, t: QpHost, spec: dict[str, Any], me: int) -> None:
         self.cfg = cfg = CollectiveConfig.from_spec(spec)
+        # the adaptive schedule reads its NIC's rates as it picks channels
+        self.reads_nic_rates = cfg.schedule == "adaptive"
         self.t = t
         hosts = spec["hosts"]
         self.ranks: list[int] = [int(h) for h in spec.get("ranks", range(len(hosts)))]

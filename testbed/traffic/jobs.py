@@ -3,8 +3,11 @@
 A job is made from the run's spec (JSON) and this host's index, and creates its queue pairs at
 construction (before the runner says go, so no peer's first packet finds no QP). Jobs do no
 I/O and read no clock (like the transport core they drive): `start(t0)` at the common start
-time, then `poll(now)` whenever the transport made progress or `next_wake` came; `poll`
-returns True once this host's part is done, and `result(now)` is JSON-able. Both engines run
+time, then `poll(now)` whenever the transport made progress (a send completed, a message
+arrived), `next_wake` came or, for a job whose `reads_nic_rates`, the NIC changed a flow's
+rate; a poll at any other time changes nothing (the twin's hosts in C rely on it:
+testbed/sim/host_native.py). `poll` returns True once this host's part is done, and
+`result(now)` is JSON-able. Both engines run
 them: the socket worker (testbed.traffic.worker, times on CLOCK_MONOTONIC, shared by all
 namespaces) and the simulated twin (virtual time). Times in results are seconds relative to
 the start time.
@@ -52,6 +55,8 @@ class FlowsJob:
     Used by incast, all-to-all, WebSearch/Hadoop and single-message runs. A flow's FCT is the
     sender's completion (last packet acknowledged) minus its start time.
     """
+
+    reads_nic_rates = False
 
     def __init__(self, t: QpHost, spec: dict[str, Any], me: int) -> None:
         self.t = t
@@ -155,6 +160,8 @@ class LongLivedJob:
     """Keep every flow of this host busy for `duration` s with back-to-back messages, then let
     what is in flight finish (at most `drain` s more) so every queue pair ends idle."""
 
+    reads_nic_rates = False
+
     def __init__(self, t: QpHost, spec: dict[str, Any], me: int) -> None:
         self.t = t
         self.me = me
@@ -232,6 +239,7 @@ class MultiJob:
                 continue
             self.parts.append((i, JOBS[full["kind"]](t, full, me)))
         self.done: set[int] = set()
+        self.reads_nic_rates = any(job.reads_nic_rates for _, job in self.parts)
 
     def start(self, t0: float) -> None:
         for _, job in self.parts:
@@ -267,6 +275,10 @@ class Job(Protocol):
     """What the engines drive (see the module's docstring)."""
 
     def __init__(self, t: QpHost, spec: dict[str, Any], me: int) -> None: ...
+
+    # whether a poll reads the NIC's rates (QpHost.nic_payload_rate): it is polled after the
+    # NIC changes one too
+    reads_nic_rates: bool
 
     @property
     def next_wake(self) -> float: ...
