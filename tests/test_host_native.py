@@ -76,6 +76,11 @@ def _allreduce(fab: SimFabric) -> dict[str, Any]:
     }
 
 
+def _ring(fab: SimFabric) -> dict[str, Any]:
+    """The suites' all-reduce: adaptive, one channel, no trace (its job reads no rates)."""
+    return {**_allreduce(fab), "channels": 1, "trace_rates": False, "depth": 8}
+
+
 def _longlived(fab: SimFabric) -> dict[str, Any]:
     flows = [Flow(id=i, src=i, dst=(i + 2) % 4, size=0, start=0.0) for i in range(4)]
     return {
@@ -106,7 +111,7 @@ def _observe(fab: SimFabric, job: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-JOBS = {"incast": _incast, "allreduce": _allreduce, "longlived": _longlived}
+JOBS = {"incast": _incast, "allreduce": _allreduce, "ring": _ring, "longlived": _longlived}
 
 
 @pytest.mark.parametrize("job", sorted(JOBS))

@@ -298,8 +298,9 @@ class CollectiveJob:
 
     def __init__(self, t: QpHost, spec: dict[str, Any], me: int) -> None:
         self.cfg = cfg = CollectiveConfig.from_spec(spec)
-        # the adaptive schedule reads its NIC's rates as it picks channels
-        self.reads_nic_rates = cfg.schedule == "adaptive"
+        # the adaptive schedule reads its NIC's rates as it picks among channels, and traces
+        # what it read (one channel and no trace: what it reads changes nothing)
+        self.reads_nic_rates = cfg.schedule == "adaptive" and (cfg.channels > 1 or cfg.trace_rates)
         self.t = t
         hosts = spec["hosts"]
         self.ranks: list[int] = [int(h) for h in spec.get("ranks", range(len(hosts)))]
