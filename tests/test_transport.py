@@ -96,6 +96,28 @@ _PAUSED_SENDER = textwrap.dedent(
 )
 
 
+# Runs in a host's namespace: one message to an address with no route, the transport's loop
+# (Python's steps or the native loop's) run for a while; its counters.
+_UNROUTABLE = textwrap.dedent(
+    """
+    import json, sys, time
+    from testbed.traffic.transport import Transport, TransportConfig
+    args = json.loads(sys.argv[1])
+    with Transport(TransportConfig(local_ip=args["ip"], mtu=1024, rto=0.02)) as t:
+        qp = t.create_qp(7, "198.51.100.1", 7)
+        qp.post_send(bytes(8192), time.monotonic())
+        end = time.monotonic() + 0.3
+        if args["loop"] == "steps":
+            assert t.native_loop()
+            while time.monotonic() < end:
+                t.run_steps(end)
+        else:
+            t.run_until(lambda: time.monotonic() >= end)
+        print(json.dumps(t.counters()), flush=True)
+    """
+)
+
+
 def _inject(
     host: Host, dst: Host, packets: list[tuple[float, bytes]], capture: float = 0.5
 ) -> list[tuple[float, IP]]:
@@ -229,7 +251,14 @@ def test_a_paused_nic_sends_nothing_until_the_pause_ends(lan: NetnsLan, pipeline
     assert res["messages"][0]["sha"] == sha
 
 
-def test_reordered_packets_are_nakd_and_the_message_completes_intact(lan: NetnsLan) -> None:
+# the responder's loop: Python's steps, or the native loop's (the worker's, in C)
+LOOPS = pytest.mark.parametrize("loop", ["until", "steps"])
+
+
+@LOOPS
+def test_reordered_packets_are_nakd_and_the_message_completes_intact(
+    lan: NetnsLan, loop: str
+) -> None:
     a, b = lan.hosts
     chunks = [bytes([i]) * MTU for i in range(3)] + [b"end"]
     ops = [OP_SEND_FIRST, OP_SEND_MIDDLE, OP_SEND_MIDDLE, OP_SEND_LAST]
@@ -237,7 +266,7 @@ def test_reordered_packets_are_nakd_and_the_message_completes_intact(lan: NetnsL
         _data(a, b, op, psn, c, ackreq=op == OP_SEND_LAST)
         for psn, (op, c) in enumerate(zip(ops, chunks, strict=True))
     ]
-    proc = start_responder(b, a, 1.5)
+    proc = start_responder(b, a, 1.5, loop)
     # 0, 2, 1 arrive out of order; the sender then goes back to PSN 1 as it would on the NAK
     order = [0, 2, 1, 1, 2, 3]
     captured = _inject(a, b, [(0.01, pkts[i]) for i in order])
@@ -292,7 +321,10 @@ HOPS = [
 ]
 
 
-def test_int_echo_is_byte_identical(lan: NetnsLan) -> None:
+@LOOPS
+def test_int_echo_is_byte_identical(lan: NetnsLan, loop: str) -> None:
+    """The INT stack echoed in the ACK byte for byte; the responder's NIC an INT sink too (its
+    steps stop for Python's sink), whose report the packet's deep queue triggers."""
     a, b = lan.hosts
     pkt = int_packet(
         src_ip=a.ip,
@@ -304,7 +336,8 @@ def test_int_echo_is_byte_identical(lan: NetnsLan) -> None:
         payload=BTH(opcode=OP_SEND_ONLY, dqpn=QPN, psn=0) / (b"i" * 200),
     )
     sent_int = raw(pkt[IntShim])[: 4 + 12 + 3 * 28]
-    proc = start_responder(b, a, 1.0)
+    sink = {"report_to": f"{a.ip}:32766", "report_queue_bytes": 50_000}
+    proc = start_responder(b, a, 1.0, loop, **sink)
     captured = _inject(a, b, [(0.01, raw(pkt[IP]))])
     res = finish(proc)
     acks = _acks(captured[1:])
@@ -316,6 +349,7 @@ def test_int_echo_is_byte_identical(lan: NetnsLan) -> None:
     assert echo == sent_int  # the whole shim + MD + 3-hop stack, byte for byte
     assert ack[IntShim] and ack[BTH].icrc is not None
     assert res["qp"]["int_echoes_sent"] == 1 and res["messages"][0]["len"] == 200
+    assert sum(res["counters"]["reports"].values()) == 1, res["counters"]
 
 
 def test_cnps_are_paced_per_interval(lan: NetnsLan) -> None:
@@ -337,7 +371,8 @@ def test_cnps_are_paced_per_interval(lan: NetnsLan) -> None:
         assert p[BTH].dqpn == QPN and p_sport(p) == SPORT and CNP in p
 
 
-def test_malformed_input_is_counted_and_dropped(lan: NetnsLan) -> None:
+@LOOPS
+def test_malformed_input_is_counted_and_dropped(lan: NetnsLan, loop: str) -> None:
     a, b = lan.hosts
     good = b"G" * 300
     garbage = raw(IP(src=a.ip, dst=b.ip) / UDP(sport=SPORT, dport=4791) / Raw(b"\x13" * 40))
@@ -369,7 +404,7 @@ def test_malformed_input_is_counted_and_dropped(lan: NetnsLan) -> None:
     )
     short = raw(IP(src=a.ip, dst=b.ip) / UDP(sport=SPORT, dport=4791) / Raw(b"\x04\x00"))
     valid = _data(a, b, OP_SEND_ONLY, 0, good)
-    proc = start_responder(b, a, 1.5)
+    proc = start_responder(b, a, 1.5, loop)
     _inject(
         a,
         b,
@@ -389,6 +424,23 @@ def test_malformed_input_is_counted_and_dropped(lan: NetnsLan) -> None:
         "bad_int_echo": 1,
         "short": 1,
     }
+
+
+@LOOPS
+def test_sends_that_fail_are_counted_lost_by_their_errno(lan: NetnsLan, loop: str) -> None:
+    """No route: every send fails with ENETUNREACH; the packets count as lost on the way out
+    (the RTO sends them again), on either loop, under the reference's names."""
+    a, _ = lan.hosts
+    out = subprocess.run(
+        a.command([sys.executable, "-c", _UNROUTABLE, json.dumps({"ip": a.ip, "loop": loop})]),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    c = json.loads(out.stdout.strip().splitlines()[-1])
+    assert c["tx_errors"] > 8 and c["timeouts"] > 0  # sent, lost, timed out, sent again
+    assert c["drops"] == {"send_error_ENETUNREACH": c["tx_errors"]}
 
 
 # ---- workloads over four hosts -----------------------------------------------------------

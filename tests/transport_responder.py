@@ -14,6 +14,8 @@ QPN = 7
 MTU = 1024
 
 # Runs in the responder's namespace: one QP towards the injector, counters and messages out.
+# Its loop: Transport.run_until (Python's steps) or, `steps`, the worker's native loop
+# (run_steps, the steps in C).
 RESPONDER = textwrap.dedent(
     """
     import hashlib, json, sys, time
@@ -23,7 +25,13 @@ RESPONDER = textwrap.dedent(
     with Transport(TransportConfig(**args["cfg"])) as t:
         qp = t.create_qp(args["qpn"], args["peer"], args["qpn"])
         print("ready", flush=True)
-        t.run_until(lambda: False, timeout=args["seconds"])
+        if args["loop"] == "steps":
+            assert t.native_loop()
+            end = time.monotonic() + args["seconds"]
+            while time.monotonic() < end:
+                t.run_steps(end)
+        else:
+            t.run_until(lambda: False, timeout=args["seconds"])
         msgs = []
         while (m := qp.poll_recv()) is not None:
             msgs.append({"len": len(m.data), "sha": hashlib.sha256(m.data).hexdigest()})
@@ -33,12 +41,15 @@ RESPONDER = textwrap.dedent(
 )
 
 
-def start_responder(host: Host, peer: Host, seconds: float, **cfg: Any) -> subprocess.Popen:
+def start_responder(
+    host: Host, peer: Host, seconds: float, loop: str = "until", **cfg: Any
+) -> subprocess.Popen:
     args = {
         "cfg": {"local_ip": host.ip, "mtu": MTU, **cfg},
         "qpn": QPN,
         "peer": peer.ip,
         "seconds": seconds,
+        "loop": loop,
     }
     proc = subprocess.Popen(
         host.command([sys.executable, "-c", RESPONDER, json.dumps(args)]),

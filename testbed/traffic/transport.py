@@ -29,6 +29,7 @@ import socket
 import time
 from collections import Counter
 from collections.abc import Callable
+from typing import Any, cast
 
 from controller.wire.roce import ROCE_UDP_PORT
 from testbed.switch.native import DEFAULT_PIPELINE
@@ -40,7 +41,14 @@ from testbed.traffic.transport_core import (
     SendOp,
     TransportConfig,
 )
-from testbed.traffic.transport_native import NativeTransportCore, make_core
+from testbed.traffic.transport_native import (
+    IO_SINK,
+    IO_UNTIL,
+    SEND_ERRNO_N,
+    NativeQueuePair,
+    NativeTransportCore,
+    make_core,
+)
 
 # A paused NIC's hold: CLOCK_MONOTONIC ns -> until when it must not send (0: it may).
 HoldFn = Callable[[int], int]
@@ -99,6 +107,17 @@ class Transport:
             self._report_addr = (host, int(port))
             self._report_sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             self._report_sock.setblocking(False)
+        # the native core's loop (run_steps): its view of the sockets, grown with the QPs
+        self._io: Any = None
+        self._io_arrays: tuple[Any, ...] = ()
+        self._io_errors = [0] * SEND_ERRNO_N
+        self._io_errors_total = 0
+        self._io_not_sent = 0
+        if isinstance(self.core, NativeTransportCore):
+            self._io = self.core._ffi.new("struct xm_tp_io *")
+            self._io.rx_fd = self.rx.fileno()
+            self._io.send_burst = SEND_BURST
+            self._io.nobufs_backoff = cfg.nobufs_backoff
 
     @property
     def qps(self) -> dict[int, QueuePair]:
@@ -128,7 +147,27 @@ class Transport:
             qpn, peer_ip, remote_qpn, sport=sport, sq_psn=sq_psn, rq_psn=rq_psn, local_ip=local_ip
         )
         self._socks[qp] = open_tx_socket(self.cfg.sndbuf)
+        if self._io is not None:
+            self._io_grow()
         return qp
+
+    def _io_grow(self) -> None:
+        """The native loop's arrays, one entry per queue pair (by its index in the C)."""
+        io, ffi = self._io, cast(NativeTransportCore, self.core)._ffi
+        n = len(self._socks)
+        if n > io.cap:
+            cap = max(16, 2 * n)
+            arrays = (
+                ffi.new("int32_t[]", cap),
+                ffi.new("uint8_t[]", cap),
+                ffi.new("double[]", cap),
+                ffi.new("uint32_t[]", cap),
+            )
+            io.fd, io.blocked, io.retry_at, io.senders = arrays
+            io.cap = cap
+            self._io_arrays = arrays  # alive while the C holds them
+        for qp, sock in self._socks.items():
+            io.fd[cast(NativeQueuePair, qp)._index] = sock.fileno()
 
     def hint_rate(self, qp: QueuePair, rate_bps: int) -> None:
         self.core.hint_rate(qp, rate_bps)
@@ -165,6 +204,69 @@ class Transport:
 
     def step(self, now: float, max_wait: float) -> None:
         busy = self._receive(now, 256)
+        self._rest_of_step(now, busy, max_wait)
+
+    def native_loop(self) -> bool:
+        """Whether `run_steps` runs the steps in C: the native core without a PFC hold (the
+        hold is read in Python)."""
+        return self._io is not None and self._hold is None
+
+    def run_steps(self, until: float) -> None:
+        """Steps, as `step` with at most 10 ms of wait each, until one completes a send or a
+        message (the job must look) or `until` (time.monotonic()) comes: in C (native_loop()),
+        each step the reference's in its order, but for what it leaves to Python (the INT
+        sink's part of a step, whose rest runs here)."""
+        if not self.native_loop():
+            now = time.monotonic()
+            self.step(now, max(0.0, min(0.01, until - now)))
+            return
+        core = cast(NativeTransportCore, self.core)
+        io = self._io
+        for qp in self.core.qps.values():  # Python's view of the sockets, to the C's
+            i = cast(NativeQueuePair, qp)._index
+            io.blocked[i] = qp in self._blocked
+            io.retry_at[i] = self._retry_at.get(qp, 0.0)
+        rc = core._lib.xm_tp_run(core._tp, io, until)
+        for qp in self.core.qps.values():  # and back
+            i = cast(NativeQueuePair, qp)._index
+            if io.blocked[i] and qp not in self._blocked:
+                self._blocked.add(qp)
+                self._sel.register(self._socks[qp], selectors.EVENT_WRITE, qp)
+            elif not io.blocked[i] and qp in self._blocked:
+                self._blocked.discard(qp)
+                self._sel.unregister(self._socks[qp])
+        self._retry_at = {
+            qp: float(io.retry_at[cast(NativeQueuePair, qp)._index])
+            for qp in self.core.qps.values()
+            if io.retry_at[cast(NativeQueuePair, qp)._index] > 0
+        }
+        core._take()
+        self._io_drops()
+        if rc < 0:
+            raise OSError(-rc, os.strerror(-rc))
+        if rc == IO_SINK:
+            self._rest_of_step(io.step_now, bool(io.step_busy), io.step_max_wait)
+        else:
+            assert rc >= IO_UNTIL
+
+    def _io_drops(self) -> None:
+        """The native loop's lost sends into the core's drops, by the reference's names."""
+        io, drops = self._io, self.core.drops
+        if io.feedback_not_sent != self._io_not_sent:
+            drops["feedback_not_sent"] += io.feedback_not_sent - self._io_not_sent
+            self._io_not_sent = io.feedback_not_sent
+        if io.send_errors_total == self._io_errors_total:
+            return
+        self._io_errors_total = io.send_errors_total
+        seen = self._io_errors
+        for err in range(SEND_ERRNO_N):
+            n = io.send_errors[err]
+            if n != seen[err]:
+                drops[f"send_error_{errno.errorcode.get(err, err)}"] += n - seen[err]
+                seen[err] = n
+
+    def _rest_of_step(self, now: float, busy: bool, max_wait: float) -> None:
+        """`step` after its reads."""
         core = self.core
         held = self._paused(now)
         if not held:

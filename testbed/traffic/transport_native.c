@@ -18,10 +18,12 @@
 #define _GNU_SOURCE /* recvmmsg */
 #include <errno.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 
 #define HALF (1 << 23)
 
@@ -987,4 +989,169 @@ void xm_tp_taken(struct xm_tp *tp)
 	tp->ndone = 0;
 	free_queued(tp);
 	tp->nfb = 0;
+}
+
+/* ---- the emulation's loop: Transport.step, one step after another (transport.py) ---- */
+
+#define XM_IO_UNTIL 0 /* `until` came */
+#define XM_IO_PROGRESS 1 /* a step completed a send or a message: the job looks */
+#define XM_IO_SINK 2 /* a step's reads queued packets for the INT sink: Python takes them and
+		      * does the rest of the step (Transport._rest_of_step) */
+#define SENT 0
+#define BLOCKED 1
+#define LOST 2
+
+/* time.monotonic() */
+static double monotonic(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)((int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec) / 1e9;
+}
+
+/* Transport._send_failed: SENT never; BLOCKED (the socket or the qdisc full: sent again
+ * later) or LOST (counted) */
+static int send_failed(struct xm_tp *tp, struct xm_tp_io *io, uint32_t index, int err)
+{
+	struct xm_tp_counters *c = &tp->qps[index]->c;
+	if (err == EAGAIN || err == EWOULDBLOCK) {
+		c->tx_blocked++;
+		io->blocked[index] = 1;
+		return BLOCKED;
+	}
+	if (err == ENOBUFS) { /* the qdisc (NIC pacing queue) is full */
+		c->tx_nobufs++;
+		io->retry_at[index] = monotonic() + io->nobufs_backoff;
+		return BLOCKED;
+	}
+	c->tx_errors++;
+	io->send_errors[err > 0 && err < SEND_ERRNO_N ? err : 0]++;
+	io->send_errors_total++;
+	return LOST;
+}
+
+/* Transport._send_feedback: each ACK/NAK/CNP once, in order, on its queue pair's socket */
+static void send_feedback(struct xm_tp *tp, struct xm_tp_io *io)
+{
+	for (uint32_t i = 0; i < tp->nfb; i++) {
+		const struct xm_tp_fb *f = &tp->fb[i];
+		struct sockaddr_in to = { 0 };
+		to.sin_family = AF_INET;
+		memcpy(&to.sin_addr, tp->qps[f->qp]->peer_addr, 4);
+		if (sendto(io->fd[f->qp], f->pkt, f->len, 0, (struct sockaddr *)&to, sizeof(to)) < 0 &&
+		    send_failed(tp, io, f->qp, errno ? errno : EIO) != SENT)
+			io->feedback_not_sent++;
+	}
+	tp->nfb = 0;
+}
+
+/* Transport._send_native: a queue pair's burst, a failed send handled as _send_failed does */
+static uint32_t send_native(struct xm_tp *tp, struct xm_tp_io *io, uint32_t index, double now)
+{
+	uint32_t left = io->send_burst;
+	while (left) {
+		uint32_t n = 0;
+		int err = xm_tp_send_burst(tp, index, io->fd[index], left, now, &n);
+		left -= n;
+		if (!err)
+			break;
+		if (send_failed(tp, io, index, err) == BLOCKED)
+			break;
+		xm_tp_commit(tp, index, now); /* lost on the way out: the RTO recovers it */
+		left--;
+	}
+	return io->send_burst - left;
+}
+
+/* Transport._send_round */
+static int send_round(struct xm_tp *tp, struct xm_tp_io *io, double now)
+{
+	uint32_t sent = 0, n = xm_tp_senders(tp, io->senders);
+	for (uint32_t i = 0; i < n; i++) {
+		uint32_t index = io->senders[i];
+		if (io->blocked[index] || io->retry_at[index] > now)
+			continue;
+		sent += send_native(tp, io, index, now);
+		send_feedback(tp, io); /* feedback made meanwhile goes out promptly */
+	}
+	return sent > 0;
+}
+
+/* Transport._wait: until a packet comes, a blocked socket can take more, the next deadline or
+ * retry, or max_wait; to the nanosecond (Python's selector rounds up to milliseconds) */
+static int wait(struct xm_tp *tp, struct xm_tp_io *io, double now, double max_wait)
+{
+	double timeout = max_wait, d;
+	if (xm_tp_next_deadline(tp, &d) && d - now < timeout)
+		timeout = d - now;
+	struct pollfd fds[tp->nqps + 1];
+	nfds_t n = 1;
+	uint32_t which[tp->nqps + 1];
+	fds[0].fd = io->rx_fd;
+	fds[0].events = POLLIN;
+	for (uint32_t i = 0; i < tp->nqps; i++) {
+		if (io->retry_at[i] > 0 && io->retry_at[i] - now < timeout)
+			timeout = io->retry_at[i] - now;
+		if (io->blocked[i]) {
+			fds[n].fd = io->fd[i];
+			fds[n].events = POLLOUT;
+			which[n - 1] = i;
+			n++;
+		}
+	}
+	if (timeout < 0)
+		timeout = 0;
+	struct timespec ts = { (time_t)timeout, (long)((timeout - (double)(time_t)timeout) * 1e9) };
+	if (ppoll(fds, n, &ts, NULL) < 0 && errno != EINTR)
+		return -errno;
+	for (nfds_t k = 1; k < n; k++) /* writable, or an error: selectors' EVENT_WRITE */
+		if (fds[k].revents & ~POLLIN)
+			io->blocked[which[k - 1]] = 0;
+	double later = monotonic();
+	for (uint32_t i = 0; i < tp->nqps; i++)
+		if (io->retry_at[i] > 0 && io->retry_at[i] <= later)
+			io->retry_at[i] = 0;
+	return 0;
+}
+
+/* Transport.step without a PFC hold and with the INT sink's part left to Python */
+static int64_t step(struct xm_tp *tp, struct xm_tp_io *io, double now, double max_wait)
+{
+	int32_t got = xm_tp_recv_batch(tp, io->rx_fd, 256, now);
+	if (got < 0)
+		return got;
+	int busy = got > 0;
+	if (tp->nsink) {
+		io->step_now = now;
+		io->step_busy = busy;
+		io->step_max_wait = max_wait;
+		return XM_IO_SINK;
+	}
+	send_feedback(tp, io);
+	xm_tp_expire(tp, now);
+	busy |= send_round(tp, io, now);
+	if (!busy)
+		return wait(tp, io, now, max_wait);
+	return 0;
+}
+
+/* The worker's run_job between its job's polls: steps (each waiting at most 10 ms, as the
+ * reference's) until one completes a send or a message (XM_IO_PROGRESS), `until` (the job's
+ * next wake-up or deadline, time.monotonic()) comes, or a step stops for Python
+ * (XM_IO_SINK); -errno for a read or a wait that failed */
+int64_t xm_tp_run(struct xm_tp *tp, struct xm_tp_io *io, double until)
+{
+	if (io->cap < tp->nqps)
+		return -EINVAL;
+	for (;;) {
+		double now = monotonic();
+		if (now >= until)
+			return XM_IO_UNTIL;
+		double max_wait = until - now < 0.01 ? until - now : 0.01;
+		int64_t rc = step(tp, io, now, max_wait);
+		if (rc)
+			return rc;
+		if (tp->ndone || tp->nmsgs)
+			return XM_IO_PROGRESS;
+	}
 }

@@ -96,6 +96,25 @@ struct xm_tp {
 	uint8_t frame[14 + OUT_MAX + MAX_INT]; /* the frame xm_tp_send_frame made of it */
 };
 
+/* the emulation's loop (Transport.step, step after step: xm_tp_run): its sockets, and the
+ * state Transport keeps of them while it runs */
+struct xm_tp_io {
+	int32_t rx_fd;
+	uint32_t cap; /* the arrays' length: at least the queue pairs */
+	int32_t *fd; /* each queue pair's sending socket */
+	uint8_t *blocked; /* its socket buffer full: waiting for writability */
+	double *retry_at; /* the qdisc refused its packet: resent after this time (0: none) */
+	uint32_t *senders; /* xm_tp_senders' */
+	uint32_t send_burst; /* data packets a queue pair sends in a row (SEND_BURST) */
+	double nobufs_backoff;
+	int64_t feedback_not_sent;
+	int64_t send_errors[SEND_ERRNO_N]; /* packets lost on a failed send, by errno */
+	int64_t send_errors_total;
+	/* where a step stopped for Python (XM_IO_SINK): its time, whether it was busy, its wait */
+	double step_now, step_max_wait;
+	int32_t step_busy;
+};
+
 struct xm_tp *xm_tp_new(const struct xm_tp_cfg *cfg);
 void xm_tp_free(struct xm_tp *tp);
 int32_t xm_tp_create_qp(struct xm_tp *tp, uint32_t qpn, uint32_t remote_qpn, uint16_t sport,
@@ -120,3 +139,4 @@ int32_t xm_tp_recv_batch(struct xm_tp *tp, int fd, uint32_t budget, double now);
 int xm_tp_send_burst(struct xm_tp *tp, uint32_t index, int fd, uint32_t max, double now,
 		     uint32_t *sent);
 void xm_tp_taken(struct xm_tp *tp);
+int64_t xm_tp_run(struct xm_tp *tp, struct xm_tp_io *io, double until);

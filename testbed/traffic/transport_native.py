@@ -67,6 +67,9 @@ DROP_NAMES = (
 _COUNTERS = tuple(QpCounters.__dataclass_fields__)
 MAX_INT = int_md.SHIM_LEN + 4 * int_md.SHIM_LENGTH_MAX  # the longest INT stack a shim names
 _HEADERS = 28  # IPv4 + UDP, as the transport sends them
+SEND_ERRNO_N = 256  # the emulation's loop counts the sends lost by errno below this (above: 0)
+# what xm_tp_run hands back (< 0: -errno of a failed read)
+IO_UNTIL, IO_PROGRESS, IO_SINK = 0, 1, 2
 
 
 class Unsupported(BuildError):
@@ -107,6 +110,7 @@ def defines() -> str:
         "FB_MAX": _HEADERS + roce.BTH_LEN + roce.AETH_LEN + MAX_INT + roce.ICRC_LEN,
         "OUT_MAX": _HEADERS + roce.BTH_LEN + MTU_MAX + roce.ICRC_LEN,
         "DROPS_N": len(DROP_NAMES),
+        "SEND_ERRNO_N": SEND_ERRNO_N,
     }
     return "".join(f"#define {k} {v}\n" for k, v in values.items())
 
