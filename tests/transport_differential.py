@@ -132,7 +132,11 @@ def _snapshot(core: TransportCore) -> tuple[Any, ...]:
         )
         for qp in core.qps.values()
     )
-    sink = (dict(core.sink.reports), dict(core.sink.errors)) if core.sink is not None else None
+    sink = (
+        (dict(core.sink.reports), dict(core.sink.errors), core.sink.flows_evicted)
+        if core.sink is not None
+        else None
+    )
     counters = {k: v for k, v in core.counters().items() if k != "transport"}  # its name
     return counters, dict(core.drops), core.probes_ignored, core.next_deadline(), qps, sink
 
@@ -221,5 +225,15 @@ CONFIGS = [
         "report_queue_bytes": 1,
         "report_latency_ns": 1,
         "report_event_gap_s": 1e-6,
+    },
+    # a sink that keeps one flow's state (each other flow's packet evicts it), events only
+    {
+        "mtu": 200,
+        "window": 12,
+        "report_to": "10.0.9.9:32766",
+        "report_sample_s": 1.0,
+        "report_queue_bytes": 2000,
+        "report_event_gap_s": 3e-6,
+        "report_max_flows": 1,
     },
 ]

@@ -45,6 +45,20 @@ REP_MD_SAMPLE = bitmap_bit(BIT_INGRESS_TS)
 REP_MD_DROP = bitmap_bit(BIT_INGRESS_TS) | bitmap_bit(BIT_DROP)
 
 Path = tuple[tuple[int | None, int | None, int | None], ...]
+# what makes a report, and what `observe` counts in `errors`, each once (the native transport
+# core's sink, testbed/traffic/transport_native.c, names them by their index here)
+TRIGGERS = ("new", "path", "queue", "latency", "sample", "loss")
+ERRORS = (
+    "short",
+    "no_flow",
+    "inner_not_ipv4",
+    "inner_truncated",
+    "int_truncated",
+    "int_bad_type",
+    "int_bad_version",
+    "int_bad_length",
+    "int_bad_hop_ml",
+)
 
 
 @dataclass(frozen=True)
@@ -125,7 +139,7 @@ class IntSink:
         st.last_report = now
         if event:
             st.last_event = now
-        return self._encode(why, inner, int_off, now, event)
+        return self.encode(why, inner, int_off, now, event)
 
     def loss(self, pkt: bytes | memoryview, int_off: int, t: float) -> bytes | None:
         """The report of a loss: `pkt` (INT at `int_off`) arrived at `t` after a gap in its
@@ -134,7 +148,7 @@ class IntSink:
         if parsed is None:
             return None
         inner, rep = parsed
-        return self._encode("loss", inner, int_off, t, any(self._conditions(rep)))
+        return self.encode("loss", inner, int_off, t, any(self._conditions(rep)))
 
     def _parse(self, pkt: bytes | memoryview, int_off: int) -> tuple[bytes, IntReport] | None:
         """The packet's inner part as a report carries it, and its INT decoded (None: counted
@@ -167,7 +181,9 @@ class IntSink:
             cfg.latency_ns > 0 and latency > cfg.latency_ns,
         )
 
-    def _encode(self, why: str, inner: bytes, int_off: int, t: float, congested: bool) -> bytes:
+    def encode(self, why: str, inner: bytes, int_off: int, t: float, congested: bool) -> bytes:
+        """The report `why` (TRIGGERS) of `inner` (the packet as a report carries it, INT at
+        `int_off`) at `t`; `congested`: its Q flag. Counted, and the next sequence number."""
         self.reports[why] += 1
         md = {"ingress_ts": int(t * 1e9) & ((1 << 64) - 1)}
         bits = REP_MD_SAMPLE

@@ -406,11 +406,12 @@ int64_t xm_host_rx(struct xm_host *h, const uint8_t *frame, int64_t len, int64_t
 	struct xm_tp *tp = h->tp;
 	if (!tp)
 		return code; /* the job is over: nothing for its transport */
-	int64_t drops = tp->drops_total;
+	int64_t drops = tp->drops_total, errors = tp->sink_errors_total;
 	if (h->tp_receive(tp, ip, (uint32_t)n, (double)now / 1e9)) {
 		if (keep_feedback(h))
 			return XM_HOST_NO_MEMORY;
-		if (tp->ndone || tp->nmsgs || tp->nsink || tp->drops_total != drops)
+		if (tp->ndone || tp->nmsgs || tp->nsink || tp->drops_total != drops ||
+		    tp->sink_errors_total != errors)
 			code |= XM_HOST_TAKE;
 		/* the job looks after what it may see: a completion, a message, */
 		if (tp->ndone || tp->nmsgs)

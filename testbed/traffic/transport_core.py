@@ -130,6 +130,7 @@ class TransportConfig:
     report_queue_bytes: int = 0
     report_latency_ns: int = 0
     report_event_gap_s: float = 0.01
+    report_max_flows: int = 4096  # flows the sink keeps a state of (the least recent go)
 
     def __post_init__(self) -> None:
         if not 1 <= self.mtu <= MTU_MAX:
@@ -726,6 +727,7 @@ class TransportCore:
                 queue_bytes=cfg.report_queue_bytes,
                 latency_ns=cfg.report_latency_ns,
                 event_gap_s=cfg.report_event_gap_s,
+                max_flows=cfg.report_max_flows,
             )
             self.sink = IntSink(cfg.local_ip, sink_cfg, cfg.int_dscp)
 

@@ -196,7 +196,365 @@ static void sink_event(struct xm_tp *tp, uint32_t kind, const uint8_t *pkt, uint
 	if (!copy)
 		return;
 	memcpy(copy, pkt, len);
-	tp->sink_ev[tp->nsink++] = (struct xm_tp_sink_ev){ kind, len, int_off, copy, t };
+	tp->sink_ev[tp->nsink++] = (struct xm_tp_sink_ev){ kind, len, int_off, SINK_WHY_LOSS, 0,
+							    copy, t };
+}
+
+
+/* ---- the NIC as INT sink: controller/nic/int_sink.py IntSink.observe ---- */
+
+#define SINK_HOPS_MAX 256 /* a shim's length (8 bits of words) bounds a stack's hops */
+
+enum { A_NODE, A_IN, A_OUT, A_LATENCY, A_QOCC }; /* SINK_FIELDS' order */
+
+static const uint8_t hop_unit_size[16] = HOP_UNIT_SIZES;
+static const struct {
+	uint32_t bit, shift;
+	uint64_t mask;
+	uint32_t attr;
+} sink_attrs[SINK_ATTRS_N] = SINK_ATTRS;
+
+struct sink_hop { /* a hop's fields the sink reads; -1 for None */
+	int64_t v[SINK_ATTRS_N];
+};
+
+struct sink_flow { /* IntSink._FlowState, and its place in the flows' order */
+	uint8_t src[4];
+	uint16_t sport, dport;
+	uint32_t nhops;
+	int64_t *path; /* per hop: node id, ingress port, egress port (-1: None) */
+	double last_report, last_event;
+	uint8_t has_last_event, in_event;
+	int32_t older, newer; /* -1 at the ends; `newer` links the free slots */
+};
+
+struct sink_state {
+	struct sink_flow *flows;
+	uint32_t nslots, cap;
+	int32_t free, oldest, newest;
+	uint32_t count;
+	uint32_t *map; /* open addressing: a slot + 1, or 0 */
+	uint32_t map_cap;
+	struct sink_hop hops[SINK_HOPS_MAX];
+};
+
+static uint32_t sink_hash(const uint8_t *src, uint16_t sport, uint16_t dport)
+{
+	uint32_t x = 2166136261u;
+	for (int i = 0; i < 4; i++)
+		x = (x ^ src[i]) * 16777619u;
+	x = (x ^ sport) * 16777619u;
+	return (x ^ dport) * 16777619u;
+}
+
+static void sink_free(struct sink_state *st)
+{
+	if (!st)
+		return;
+	for (uint32_t i = 0; i < st->nslots; i++)
+		free(st->flows[i].path);
+	free(st->flows);
+	free(st->map);
+	free(st);
+}
+
+static int sink_map_rebuild(struct sink_state *st, uint32_t cap)
+{
+	uint32_t *m = calloc(cap, sizeof(*m));
+	if (!m)
+		return -1;
+	for (int32_t i = st->oldest; i >= 0; i = st->flows[i].newer) {
+		const struct sink_flow *f = &st->flows[i];
+		uint32_t j = sink_hash(f->src, f->sport, f->dport) & (cap - 1);
+		while (m[j])
+			j = (j + 1) & (cap - 1);
+		m[j] = (uint32_t)i + 1;
+	}
+	free(st->map);
+	st->map = m;
+	st->map_cap = cap;
+	return 0;
+}
+
+/* the map's slot holding flow `slot`, emptied with backward-shift deletion */
+static void sink_map_remove(struct sink_state *st, int32_t slot)
+{
+	uint32_t mask = st->map_cap - 1;
+	const struct sink_flow *f = &st->flows[slot];
+	uint32_t i = sink_hash(f->src, f->sport, f->dport) & mask;
+	while (st->map[i] != (uint32_t)slot + 1)
+		i = (i + 1) & mask;
+	for (uint32_t j = i;;) {
+		j = (j + 1) & mask;
+		if (!st->map[j])
+			break;
+		const struct sink_flow *g = &st->flows[st->map[j] - 1];
+		uint32_t k = sink_hash(g->src, g->sport, g->dport) & mask;
+		/* move it back when its home is not cyclically in (i, j] */
+		if (i <= j ? (k <= i || k > j) : (k <= i && k > j)) {
+			st->map[i] = st->map[j];
+			i = j;
+		}
+	}
+	st->map[i] = 0;
+}
+
+static void lru_unlink(struct sink_state *st, int32_t i)
+{
+	struct sink_flow *f = &st->flows[i];
+	if (f->older >= 0)
+		st->flows[f->older].newer = f->newer;
+	else
+		st->oldest = f->newer;
+	if (f->newer >= 0)
+		st->flows[f->newer].older = f->older;
+	else
+		st->newest = f->older;
+}
+
+static void lru_push(struct sink_state *st, int32_t i)
+{
+	struct sink_flow *f = &st->flows[i];
+	f->older = st->newest;
+	f->newer = -1;
+	if (st->newest >= 0)
+		st->flows[st->newest].newer = i;
+	else
+		st->oldest = i;
+	st->newest = i;
+}
+
+static int32_t sink_find(struct sink_state *st, const uint8_t *src, uint16_t sport, uint16_t dport)
+{
+	if (!st->map_cap)
+		return -1;
+	uint32_t mask = st->map_cap - 1, j = sink_hash(src, sport, dport) & mask;
+	for (; st->map[j]; j = (j + 1) & mask) {
+		const struct sink_flow *f = &st->flows[st->map[j] - 1];
+		if (f->sport == sport && f->dport == dport && !memcmp(f->src, src, 4))
+			return (int32_t)st->map[j] - 1;
+	}
+	return -1;
+}
+
+/* a new flow, the newest (-1: no memory) */
+static int32_t sink_add(struct sink_state *st, const uint8_t *src, uint16_t sport, uint16_t dport)
+{
+	if (2 * (st->count + 1) > st->map_cap &&
+	    sink_map_rebuild(st, st->map_cap ? 2 * st->map_cap : 16))
+		return -1;
+	int32_t i = st->free;
+	if (i >= 0) {
+		st->free = st->flows[i].newer;
+	} else {
+		if (grow((void **)&st->flows, &st->cap, st->nslots + 1, sizeof(*st->flows)))
+			return -1;
+		i = (int32_t)st->nslots++;
+	}
+	struct sink_flow *f = &st->flows[i];
+	memset(f, 0, sizeof(*f));
+	memcpy(f->src, src, 4);
+	f->sport = sport;
+	f->dport = dport;
+	uint32_t mask = st->map_cap - 1, j = sink_hash(src, sport, dport) & mask;
+	while (st->map[j])
+		j = (j + 1) & mask;
+	st->map[j] = (uint32_t)i + 1;
+	st->count++;
+	lru_push(st, i);
+	return i;
+}
+
+static void sink_evict_oldest(struct sink_state *st)
+{
+	int32_t i = st->oldest;
+	sink_map_remove(st, i);
+	lru_unlink(st, i);
+	free(st->flows[i].path);
+	st->flows[i].path = NULL;
+	st->flows[i].newer = st->free;
+	st->free = i;
+	st->count--;
+}
+
+static int sink_error(struct xm_tp *tp, int why)
+{
+	tp->sink_errors[why]++;
+	tp->sink_errors_total++;
+	return -1;
+}
+
+/* telemetry_report.decode_inner on the `n` bytes of `p` (the inner packet): the flow's ports,
+ * whether it has hops, and the hops into st->hops (*nhops); -1 counted in the sink's errors */
+static int sink_decode(struct xm_tp *tp, struct sink_state *st, const uint8_t *p, uint32_t n,
+		       uint16_t *sport, uint16_t *dport, uint32_t *nhops)
+{
+	*sport = *dport = 0;
+	*nhops = 0;
+	if (n < 20 || p[0] >> 4 != 4)
+		return sink_error(tp, SINK_ERR_INNER_NOT_IPV4);
+	uint32_t ihl = (p[0] & 0x0F) * 4u, l4 = ihl, l4_len;
+	if (ihl < 20 || n < ihl)
+		return sink_error(tp, SINK_ERR_INNER_TRUNCATED);
+	if (p[9] == 17) {
+		l4_len = 8;
+	} else if (p[9] == 6) {
+		if (n < l4 + 13)
+			return sink_error(tp, SINK_ERR_INNER_TRUNCATED);
+		l4_len = (p[l4 + 12] >> 4) * 4u;
+	} else {
+		return 0; /* no ports */
+	}
+	if (n < l4 + 4)
+		return sink_error(tp, SINK_ERR_INNER_TRUNCATED);
+	*sport = be16(p + l4);
+	*dport = be16(p + l4 + 2);
+	if (tp->cfg.int_dscp < 0 || p[1] >> 2 != (uint32_t)tp->cfg.int_dscp)
+		return 0;
+	uint32_t shim = l4 + l4_len;
+	if (n < shim + SHIM_LEN + MD_LEN)
+		return sink_error(tp, SINK_ERR_INT_TRUNCATED);
+	if (p[shim] >> 4 != INT_TYPE_MD)
+		return sink_error(tp, SINK_ERR_INT_BAD_TYPE);
+	uint32_t md = shim + SHIM_LEN;
+	if (p[md] >> 4 != INT_VERSION)
+		return sink_error(tp, SINK_ERR_INT_BAD_VERSION);
+	uint32_t hop_ml = p[md + 2] & HOP_ML_MAX;
+	uint32_t bitmap = (uint32_t)p[md + 4] << 8 | p[md + 5];
+	int32_t stack_len = ((int32_t)p[shim + 1] - MD_WORDS) * 4;
+	if (stack_len < 0)
+		return sink_error(tp, SINK_ERR_INT_BAD_LENGTH);
+	uint32_t stack = md + MD_LEN;
+	if (n < stack + (uint32_t)stack_len)
+		return sink_error(tp, SINK_ERR_INT_TRUNCATED);
+	if (!stack_len)
+		return 0;
+	uint32_t hop_len = hop_ml * 4, base = 0, at[16];
+	for (uint32_t bit = 0; bit < 16; bit++) { /* hop_plan: each unit's offset in a hop */
+		at[bit] = base;
+		if (bitmap & (0x8000u >> bit))
+			base += hop_unit_size[bit];
+	}
+	if (!hop_len || hop_len < base || (uint32_t)stack_len % hop_len)
+		return sink_error(tp, SINK_ERR_INT_BAD_HOP_ML);
+	for (uint32_t off = stack; off < stack + (uint32_t)stack_len; off += hop_len) {
+		struct sink_hop *h = &st->hops[(*nhops)++];
+		for (int a = 0; a < SINK_ATTRS_N; a++) {
+			uint32_t bit = sink_attrs[a].bit, size = hop_unit_size[bit];
+			int64_t v = -1;
+			if (bitmap & (0x8000u >> bit)) {
+				uint64_t u = 0;
+				for (uint32_t k = 0; k < size; k++)
+					u = u << 8 | p[off + at[bit] + k];
+				uint64_t ones = size == 8 ? ~0ull : (1ull << (8 * size)) - 1;
+				if (u != ones) /* all-ones: not available */
+					v = (int64_t)((u >> sink_attrs[a].shift) & sink_attrs[a].mask);
+			}
+			h->v[sink_attrs[a].attr] = v;
+		}
+	}
+	return 0;
+}
+
+static int same_path(const struct sink_flow *f, const struct sink_hop *hops, uint32_t n)
+{
+	if (f->nhops != n)
+		return 0;
+	for (uint32_t i = 0; i < n; i++)
+		for (int a = A_NODE; a <= A_OUT; a++)
+			if (f->path[3 * i + (uint32_t)a] != hops[i].v[a])
+				return 0;
+	return 1;
+}
+
+static void set_path(struct sink_flow *f, const struct sink_hop *hops, uint32_t n)
+{
+	int64_t *p = realloc(f->path, (size_t)(n ? n : 1) * 3 * sizeof(*p));
+	if (!p)
+		return; /* out of memory: the old path kept, as a sink short of memory might */
+	for (uint32_t i = 0; i < n; i++)
+		for (int a = A_NODE; a <= A_OUT; a++)
+			p[3 * i + (uint32_t)a] = hops[i].v[a];
+	f->path = p;
+	f->nhops = n;
+}
+
+/* IntSink.observe: the IPv4 packet `pkt` with INT at `int_off` arrived at `now`; a report to
+ * make goes to Python (kind 0, its trigger), which encodes it */
+static void sink_observe(struct xm_tp *tp, const uint8_t *pkt, uint32_t len, uint32_t int_off,
+			 double now)
+{
+	const struct xm_tp_cfg *cfg = &tp->cfg;
+	struct sink_state *st = tp->sink_state;
+	if (!st) {
+		st = tp->sink_state = calloc(1, sizeof(*st));
+		if (!st)
+			return;
+		st->free = st->oldest = st->newest = -1;
+	}
+	if (len < int_off + 2) {
+		sink_error(tp, SINK_ERR_SHORT);
+		return;
+	}
+	uint32_t end = int_off + SHIM_LEN + 4u * pkt[int_off + 1] + INNER_PAYLOAD_BYTES;
+	uint32_t n = (end < len ? end : len) & ~3u;
+	uint16_t sport, dport;
+	uint32_t nhops;
+	if (sink_decode(tp, st, pkt, n, &sport, &dport, &nhops))
+		return;
+	int64_t qmax = 0, latency = 0;
+	for (uint32_t i = 0; i < nhops; i++) {
+		if (st->hops[i].v[A_QOCC] >= 0 && st->hops[i].v[A_QOCC] > qmax)
+			qmax = st->hops[i].v[A_QOCC];
+		if (st->hops[i].v[A_LATENCY] >= 0)
+			latency += st->hops[i].v[A_LATENCY];
+	}
+	int queue = cfg->sink_queue_bytes > 0 && (uint64_t)qmax > cfg->sink_queue_bytes;
+	int slow = cfg->sink_latency_ns > 0 && (uint64_t)latency > cfg->sink_latency_ns;
+	int event = queue || slow;
+	int32_t i = sink_find(st, pkt + 12, sport, dport);
+	int why = -1;
+	struct sink_flow *f;
+	if (i < 0) {
+		why = SINK_WHY_NEW;
+		i = sink_add(st, pkt + 12, sport, dport);
+		if (i < 0)
+			return;
+		f = &st->flows[i];
+		set_path(f, st->hops, nhops);
+		f->last_report = now;
+		if (st->count > cfg->sink_max_flows) {
+			sink_evict_oldest(st);
+			tp->sink_flows_evicted++;
+		}
+		f = &st->flows[i];
+	} else {
+		lru_unlink(st, i);
+		lru_push(st, i);
+		f = &st->flows[i];
+		if (!same_path(f, st->hops, nhops))
+			why = SINK_WHY_PATH;
+		else if (event && (!f->in_event || !f->has_last_event ||
+				   now - f->last_event >= cfg->sink_event_gap_s))
+			why = queue ? SINK_WHY_QUEUE : SINK_WHY_LATENCY;
+		else if (now - f->last_report >= cfg->sink_sample_s)
+			why = SINK_WHY_SAMPLE;
+	}
+	f->in_event = (uint8_t)event;
+	if (why < 0)
+		return;
+	set_path(f, st->hops, nhops);
+	f->last_report = now;
+	if (event) {
+		f->last_event = now;
+		f->has_last_event = 1;
+	}
+	uint32_t before = tp->nsink;
+	sink_event(tp, 0, pkt, n, int_off, now);
+	if (tp->nsink > before) {
+		tp->sink_ev[before].why = (uint32_t)why;
+		tp->sink_ev[before].congested = (uint8_t)event;
+	}
 }
 
 void xm_tp_free(struct xm_tp *tp)
@@ -210,6 +568,7 @@ void xm_tp_free(struct xm_tp *tp)
 		free(tp->qps[i]);
 	}
 	free_queued(tp);
+	sink_free(tp->sink_state);
 	free(tp->qps);
 	free(tp->map_key);
 	free(tp->map_val);
@@ -831,7 +1190,7 @@ static void receive(struct xm_tp *tp, const uint8_t *pkt, uint32_t n, double now
 			}
 		}
 		if (cfg->sink && int_bytes)
-			sink_event(tp, 0, pkt, end, ihl + 8, now);
+			sink_observe(tp, pkt, end, ihl + 8, now);
 		on_data(tp, qp, opcode, psn, (int)(ap >> 31), body + BTH_LEN, blen - BTH_LEN, sport,
 			(tos & 3) == 3, int_bytes, int_len, now);
 	} else if (opcode == OP_ACK) {
@@ -867,9 +1226,10 @@ static void receive(struct xm_tp *tp, const uint8_t *pkt, uint32_t n, double now
 /* receive, and whether it left anything for the Python side to take (xm_tp_taken) */
 int xm_tp_receive(struct xm_tp *tp, const uint8_t *pkt, uint32_t n, double now)
 {
-	int64_t drops = tp->drops_total;
+	int64_t drops = tp->drops_total, errors = tp->sink_errors_total;
 	receive(tp, pkt, n, now);
-	return tp->ndone || tp->nmsgs || tp->nfb || tp->nsink || tp->drops_total != drops;
+	return tp->ndone || tp->nmsgs || tp->nfb || tp->nsink || tp->drops_total != drops ||
+	       tp->sink_errors_total != errors;
 }
 
 /* ---- the twin's NIC: a data frame in one call ---- */

@@ -6,9 +6,13 @@ struct xm_tp_cfg {
 	uint32_t mtu, window, ack_every, psn_window;
 	int32_t int_dscp; /* -1: no INT */
 	uint8_t tos, ttl;
-	uint8_t sink; /* the NIC is an INT sink: the packets it observes go to Python */
+	uint8_t sink; /* the NIC is an INT sink (controller/nic/int_sink.py) */
 	uint64_t max_message;
 	double rto, rto_max, cnp_interval;
+	/* the sink's SinkConfig */
+	double sink_sample_s, sink_event_gap_s;
+	uint64_t sink_queue_bytes, sink_latency_ns;
+	uint32_t sink_max_flows;
 };
 
 /* QpCounters, field for field */
@@ -63,10 +67,12 @@ struct xm_tp_msg {
 	uint64_t len;
 	double t_first, t_done;
 };
-/* for the INT sink (Python's controller.nic.int_sink), in the order the reference calls it:
- * kind 0 observe (a data packet with INT), 1 loss (a gap's packet, its loss now known) */
+/* the INT sink's reports to make (Python's IntSink encodes them), in the reference's order:
+ * kind 0 a report the sink's C decided (`why`: SINK_WHY_*, `congested` its Q flag, `pkt` the
+ * packet as the report carries it), 1 loss (a gap's packet, its loss now known: IntSink.loss) */
 struct xm_tp_sink_ev {
-	uint32_t kind, len, int_off;
+	uint32_t kind, len, int_off, why;
+	uint8_t congested;
 	uint8_t *pkt; /* malloc'd; xm_tp_taken frees it */
 	double t;
 };
@@ -91,6 +97,10 @@ struct xm_tp {
 	uint32_t nfb, cap_fb;
 	struct xm_tp_sink_ev *sink_ev;
 	uint32_t nsink, cap_sink;
+	/* the sink's flows (IntSink.flows), and what IntSink.observe counts */
+	void *sink_state;
+	int64_t sink_errors[SINK_ERRORS_N]; /* by int_sink.ERRORS */
+	int64_t sink_errors_total, sink_flows_evicted;
 	uint8_t *rx_bufs; /* xm_tp_recv_batch's datagrams */
 	uint8_t out[OUT_MAX]; /* the packet xm_tp_peek built */
 	uint8_t frame[14 + OUT_MAX + MAX_INT]; /* the frame xm_tp_send_frame made of it */

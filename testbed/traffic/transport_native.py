@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
+from controller.nic import int_sink
 from controller.wire import int_md, probe, roce
 from testbed.switch.native import PIPELINES
 from testbed.switch.native.build import BuildError, build, load
@@ -76,8 +77,36 @@ class Unsupported(BuildError):
     """The native core does not run this configuration; the message says why."""
 
 
+# the hop fields the NIC's sink reads (controller.wire.int_md's names), in the C's order
+SINK_FIELDS = ("node_id", "l1_ingress_port", "l1_egress_port", "hop_latency", "queue_occupancy")
+
+
+def _sink_tables() -> dict[str, str]:
+    """The INT-MD hop layout as the C's sink reads it, from int_md.HOP_METADATA: each
+    instruction bit's unit size, and where each field of SINK_FIELDS sits (bit, shift, mask)."""
+    sizes, where = [], {}
+    for bit in range(16):
+        unit = int_md.HOP_METADATA[bit]
+        size = sum(w for _, w in unit) // 8
+        sizes.append(size)
+        shift = size * 8
+        for name, width in unit:
+            shift -= width
+            if name in SINK_FIELDS:
+                where[name] = (bit, shift, (1 << width) - 1)
+    attrs = ", ".join(
+        "{%d, %d, %#x, %d}" % (*where[name], i) for i, name in enumerate(SINK_FIELDS)
+    )
+    return {
+        "HOP_UNIT_SIZES": "{" + ", ".join(map(str, sizes)) + "}",
+        "SINK_ATTRS": "{" + attrs + "}",
+        "SINK_ATTRS_N": str(len(SINK_FIELDS)),
+    }
+
+
 def defines() -> str:
-    """The wire constants the C uses, from their one declaration in controller/wire."""
+    """The wire constants the C uses, from their one declaration in controller/wire (and the
+    INT sink's names, from controller/nic/int_sink.py)."""
     values = {
         name: getattr(roce, name)
         for name in (
@@ -111,6 +140,14 @@ def defines() -> str:
         "OUT_MAX": _HEADERS + roce.BTH_LEN + MTU_MAX + roce.ICRC_LEN,
         "DROPS_N": len(DROP_NAMES),
         "SEND_ERRNO_N": SEND_ERRNO_N,
+        "MD_LEN": int_md.MD_LEN,
+        "MD_WORDS": int_md.MD_WORDS,
+        "HOP_ML_MAX": int_md.HOP_ML_MAX,
+        "INT_VERSION": int_md.INT_VERSION,
+        "INNER_PAYLOAD_BYTES": int_sink.INNER_PAYLOAD_BYTES,
+        "SINK_ERRORS_N": len(int_sink.ERRORS),
+        **{f"SINK_ERR_{e.upper()}": i for i, e in enumerate(int_sink.ERRORS)},
+        **{f"SINK_WHY_{w.upper()}": i for i, w in enumerate(int_sink.TRIGGERS)},
     }
     return "".join(f"#define {k} {v}\n" for k, v in values.items())
 
@@ -127,7 +164,8 @@ def source() -> str:
     text = SOURCE.read_text()
     if include not in text:
         raise BuildError(f"{SOURCE.name} has no {include.strip()!r} to expand")
-    return defines() + text.replace(include, HEADER.read_text())
+    tables = "".join(f"#define {k} {v}\n" for k, v in _sink_tables().items())  # not cffi's
+    return defines() + tables + text.replace(include, HEADER.read_text())
 
 
 @functools.lru_cache(maxsize=1)
@@ -283,6 +321,11 @@ class NativeTransportCore(TransportCore):
                 "rto": cfg.rto,
                 "rto_max": cfg.rto_max,
                 "cnp_interval": cfg.cnp_interval,
+                "sink_sample_s": cfg.report_sample_s,
+                "sink_event_gap_s": cfg.report_event_gap_s,
+                "sink_queue_bytes": cfg.report_queue_bytes,
+                "sink_latency_ns": cfg.report_latency_ns,
+                "sink_max_flows": cfg.report_max_flows,
             },
         )
         tp = lib.xm_tp_new(ccfg)
@@ -296,6 +339,8 @@ class NativeTransportCore(TransportCore):
         self._by_index: list[NativeQueuePair] = []
         self._drops_seen = [0] * len(DROP_NAMES)  # what `drops` holds of the C's counts
         self._drops_total_seen = 0
+        self._sink_errors_seen = [0] * len(int_sink.ERRORS)  # and the sink's errors
+        self._sink_errors_total_seen = 0
         super().__init__(cfg, seed)
 
     # the core's own counters live in the C
@@ -332,6 +377,19 @@ class NativeTransportCore(TransportCore):
         data = pkt if isinstance(pkt, bytes) else bytes(pkt)
         if self._lib.xm_tp_receive(self._tp, data, len(data), now):
             self._take()
+
+    def _sink_counts(self) -> None:
+        """The C sink's errors (by IntSink's names) and evictions into the sink's counters."""
+        tp, sink = self._tp, self.sink
+        assert sink is not None
+        self._sink_errors_total_seen = tp.sink_errors_total
+        seen = self._sink_errors_seen
+        for i, name in enumerate(int_sink.ERRORS):
+            n = tp.sink_errors[i]
+            if n != seen[i]:
+                sink.errors[name] += n - seen[i]
+                seen[i] = n
+        sink.flows_evicted = int(tp.sink_flows_evicted)
 
     # ---- the twin's NIC (testbed/sim/nic.py) ----
 
@@ -387,11 +445,12 @@ class NativeTransportCore(TransportCore):
         if ns:
             sink, evs = self.sink, tp.sink_ev
             assert sink is not None  # the C queues events only for a core with a sink
+            triggers = int_sink.TRIGGERS
             for i in range(ns):
                 e = evs[i]
                 pkt = bytes(ffi.buffer(e.pkt, e.len))
-                if e.kind == 0:
-                    rep = sink.observe(memoryview(pkt), e.int_off, e.t)
+                if e.kind == 0:  # what observe decided, in C
+                    rep = sink.encode(triggers[e.why], pkt, e.int_off, e.t, bool(e.congested))
                 else:
                     rep = sink.loss(pkt, e.int_off, e.t)
                 if rep is not None:
@@ -417,6 +476,11 @@ class NativeTransportCore(TransportCore):
                 self.feedback.append(Outgoing(qps[f.qp], bytes(ffi.buffer(f.pkt, f.len))))
         if nd or nm or nf or ns:
             lib.xm_tp_taken(tp)
+        if self.sink is not None and (
+            tp.sink_errors_total != self._sink_errors_total_seen
+            or tp.sink_flows_evicted != self.sink.flows_evicted
+        ):
+            self._sink_counts()
         if tp.drops_total != self._drops_total_seen:
             self._drops_total_seen = tp.drops_total
             seen = self._drops_seen
