@@ -95,7 +95,7 @@ def _sink_tables() -> dict[str, str]:
             if name in SINK_FIELDS:
                 where[name] = (bit, shift, (1 << width) - 1)
     attrs = ", ".join(
-        "{%d, %d, %#x, %d}" % (*where[name], i) for i, name in enumerate(SINK_FIELDS)
+        "{{{}, {}, {:#x}, {}}}".format(*where[name], i) for i, name in enumerate(SINK_FIELDS)
     )
     return {
         "HOP_UNIT_SIZES": "{" + ", ".join(map(str, sizes)) + "}",
@@ -449,6 +449,7 @@ class NativeTransportCore(TransportCore):
             for i in range(ns):
                 e = evs[i]
                 pkt = bytes(ffi.buffer(e.pkt, e.len))
+                rep: bytes | None
                 if e.kind == 0:  # what observe decided, in C
                     rep = sink.encode(triggers[e.why], pkt, e.int_off, e.t, bool(e.congested))
                 else:
