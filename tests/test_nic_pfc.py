@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import time
 
 import pytest
 
@@ -17,6 +18,7 @@ from controller.nic.bpf.syscalls import prog_test_run
 from controller.nic.pfc import PfcNic, PfcState, PinnedPfc
 from controller.wire.pfc import pause_ns, pfc_frame
 from testbed.emu.nicrig import standalone_nic
+from testbed.traffic.transport import Transport, TransportConfig
 
 pytestmark = [
     pytest.mark.root,
@@ -94,6 +96,34 @@ def test_the_pinned_map_read_without_bcc_is_what_xdp_wrote() -> None:
             assert pinned.hold_until_ns(x0.pause_until_ns) == 0  # the pause is over
             prog_test_run(nic.fd("xdp"), pfc_frame(MAC, {0: 0}))
             assert pinned.state(0) == state(nic, 0) and pinned.hold_until_ns(x0.since_ns) == 0
+        finally:
+            pinned.close()
+
+
+def test_the_native_loop_holds_a_paused_nic_from_the_pinned_map() -> None:
+    """The emulation's native loop (Transport.run_steps, in C) reads the pinned xm_pfc itself,
+    as `hold` (PinnedPfc.hold_until_ns) does: nothing leaves while the switch's pause holds,
+    the data goes once it ends, and the hold is counted as the Python steps count it."""
+    quanta = 12_000  # about 0.31 s at LINE
+    with standalone_nic(LINE, law="dcqcn") as nic:
+        pinned = PinnedPfc(nic.pin_dir / "xm_pfc")
+        cfg = TransportConfig(local_ip="127.0.0.1", mtu=1024)
+        try:
+            with Transport(cfg, pinned.hold_until_ns, hold_map=pinned.native_view()) as t:
+                assert t.native_loop()
+                qp = t.create_qp(7, "127.0.0.2", 7)  # nobody answers: sent is what counts
+                assert prog_test_run(nic.fd("xdp"), pfc_frame(MAC, {0: quanta})).retval == XDP_DROP
+                until = pinned.hold_until_ns(time.monotonic_ns()) / 1e9
+                assert until - time.monotonic() > 0.2
+                qp.post_send(bytes(8192), time.monotonic())
+                while time.monotonic() < until - 0.05:
+                    t.run_steps(until - 0.05)
+                assert qp.counters.tx_packets == 0 and t.holds == 1
+                while time.monotonic() < until + 0.05:
+                    t.run_steps(until + 0.05)
+                assert qp.counters.tx_packets >= 8
+                held = pause_ns(quanta, LINE) / 1e9
+                assert 0.6 * held <= t.counters()["pfc_held_us"] / 1e6 <= held + 0.05
         finally:
             pinned.close()
 

@@ -108,6 +108,15 @@ class PinnedPfc:
         until, since, paused, pauses, resumes, active, _pad = self._layout.unpack(raw)
         return PfcState(until, since, paused, pauses, resumes, bool(active))
 
+    def native_view(self) -> tuple[int, int, int, int]:
+        """(the map's fd, its value's size, the offsets of `pause_until_ns` (8 bytes) and
+        `active` (4)): for C that reads priority 0's state itself, as `hold_until_ns` does."""
+        offs = header.struct_offsets("xm_pfc_state")
+        until, active = offs["pause_until_ns"], offs["active"]
+        if until[1] != 8 or active[1] != 4:
+            raise ValueError(f"xm_pfc_state's fields are not the sizes a reader expects: {offs}")
+        return self._fd, self._layout.size, until[0], active[0]
+
     def hold_until_ns(self, now_ns: int, prio: int = 0) -> int:
         """Until when the switch holds the priority (CLOCK_MONOTONIC ns); 0 when it does not."""
         st = self.state(prio)

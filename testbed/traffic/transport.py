@@ -75,11 +75,14 @@ class Transport:
         declare: DeclareFn | None = None,
         seed: int | None = None,
         pipeline: str = DEFAULT_PIPELINE,
+        hold_map: tuple[int, int, int, int] | None = None,
     ) -> None:
         """`seed`: the entropy source ports' (`port_seed`; None: drawn from the process,
         for a transport outside a run); `pipeline`: the core's per-packet work in C
         (testbed/traffic/transport_native.py) or the Python reference; where the native one
-        cannot run this configuration, the reference, and `native_reason` says why."""
+        cannot run this configuration, the reference, and `native_reason` says why;
+        `hold_map`: where `hold` reads the NIC's pauses (PinnedPfc.native_view), for the
+        native loop to read them itself (without it, a hold keeps the steps in Python)."""
         self.cfg = cfg
         self._hold = hold
         self._start_rate = start_rate
@@ -118,6 +121,11 @@ class Transport:
             self._io.rx_fd = self.rx.fileno()
             self._io.send_burst = SEND_BURST
             self._io.nobufs_backoff = cfg.nobufs_backoff
+            self._io.pause_poll_s = PAUSE_POLL_S
+            self._io.pfc_fd = -1
+            if hold is not None and hold_map is not None:
+                io = self._io
+                io.pfc_fd, io.pfc_value_size, io.pfc_until_off, io.pfc_active_off = hold_map
 
     @property
     def qps(self) -> dict[int, QueuePair]:
@@ -207,9 +215,9 @@ class Transport:
         self._rest_of_step(now, busy, max_wait)
 
     def native_loop(self) -> bool:
-        """Whether `run_steps` runs the steps in C: the native core without a PFC hold (the
-        hold is read in Python)."""
-        return self._io is not None and self._hold is None
+        """Whether `run_steps` runs the steps in C: the native core, and a PFC hold (if any)
+        the C can read (its map)."""
+        return self._io is not None and (self._hold is None or self._io.pfc_fd >= 0)
 
     def run_steps(self, until: float) -> None:
         """Steps, as `step` with at most 10 ms of wait each, until one completes a send or a
@@ -226,7 +234,15 @@ class Transport:
             i = cast(NativeQueuePair, qp)._index
             io.blocked[i] = qp in self._blocked
             io.retry_at[i] = self._retry_at.get(qp, 0.0)
+        io.held_until, io.last_look, io.held_s, io.holds = (
+            self._held_until,
+            self._last_look,
+            self.held_s,
+            self.holds,
+        )
         rc = core._lib.xm_tp_run(core._tp, io, until)
+        self._held_until, self._last_look = float(io.held_until), float(io.last_look)
+        self.held_s, self.holds = float(io.held_s), int(io.holds)
         for qp in self.core.qps.values():  # and back
             i = cast(NativeQueuePair, qp)._index
             if io.blocked[i] and qp not in self._blocked:

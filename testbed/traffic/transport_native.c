@@ -22,8 +22,11 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/bpf.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 #define HALF (1 << 23)
 
@@ -1449,6 +1452,12 @@ static int wait(struct xm_tp *tp, struct xm_tp_io *io, double now, double max_wa
 	uint32_t which[tp->nqps + 1];
 	fds[0].fd = io->rx_fd;
 	fds[0].events = POLLIN;
+	if (io->held_until > now) { /* paused: look again soon (a resume can end it early) */
+		if (io->held_until - now < timeout)
+			timeout = io->held_until - now;
+		if (io->pause_poll_s < timeout)
+			timeout = io->pause_poll_s;
+	}
 	for (uint32_t i = 0; i < tp->nqps; i++) {
 		if (io->retry_at[i] > 0 && io->retry_at[i] - now < timeout)
 			timeout = io->retry_at[i] - now;
@@ -1474,7 +1483,51 @@ static int wait(struct xm_tp *tp, struct xm_tp_io *io, double now, double max_wa
 	return 0;
 }
 
-/* Transport.step without a PFC hold and with the INT sink's part left to Python */
+/* PinnedPfc.hold_until_ns for priority 0: until when the switch holds the NIC (0: it does
+ * not), read from the pinned map with bpf(2); -errno when the read fails */
+static int64_t pfc_hold_until(const struct xm_tp_io *io, int64_t now_ns)
+{
+	uint8_t value[256];
+	uint32_t key = 0;
+	if (io->pfc_value_size > sizeof(value))
+		return -EINVAL;
+	union bpf_attr attr;
+	memset(&attr, 0, sizeof(attr));
+	attr.map_fd = (uint32_t)io->pfc_fd;
+	attr.key = (uint64_t)(uintptr_t)&key;
+	attr.value = (uint64_t)(uintptr_t)value;
+	if (syscall(__NR_bpf, BPF_MAP_LOOKUP_ELEM, &attr, sizeof(attr)) < 0)
+		return -errno;
+	uint64_t until;
+	uint32_t active;
+	memcpy(&until, value + io->pfc_until_off, sizeof(until));
+	memcpy(&active, value + io->pfc_active_off, sizeof(active));
+	return active && (uint64_t)now_ns < until ? (int64_t)until : 0; /* PfcState.holds */
+}
+
+/* Transport._paused: whether the NIC is paused now (a PFC pause from its switch): 1, 0, or
+ * -errno */
+static int paused(struct xm_tp_io *io, double now)
+{
+	if (io->pfc_fd < 0)
+		return 0;
+	double was = io->held_until;
+	int64_t until_ns = pfc_hold_until(io, (int64_t)(now * 1e9));
+	if (until_ns < 0)
+		return (int)until_ns;
+	double until = (double)until_ns / 1e9;
+	if (was > 0.0) { /* the time since the last look was held (up to the pause's end) */
+		double held = (now < was ? now : was) - io->last_look;
+		io->held_s += held > 0.0 ? held : 0.0;
+	} else if (until > 0.0) {
+		io->holds++;
+	}
+	io->held_until = until;
+	io->last_look = now;
+	return until > now;
+}
+
+/* Transport.step, with the INT sink's part left to Python */
 static int64_t step(struct xm_tp *tp, struct xm_tp_io *io, double now, double max_wait)
 {
 	int32_t got = xm_tp_recv_batch(tp, io->rx_fd, 256, now);
@@ -1487,9 +1540,14 @@ static int64_t step(struct xm_tp *tp, struct xm_tp_io *io, double now, double ma
 		io->step_max_wait = max_wait;
 		return XM_IO_SINK;
 	}
-	send_feedback(tp, io);
+	int held = paused(io, now);
+	if (held < 0)
+		return held;
+	if (!held)
+		send_feedback(tp, io); /* reports: only after the sink's part, Python's */
 	xm_tp_expire(tp, now);
-	busy |= send_round(tp, io, now);
+	if (!held)
+		busy |= send_round(tp, io, now);
 	if (!busy)
 		return wait(tp, io, now, max_wait);
 	return 0;

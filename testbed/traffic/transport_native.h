@@ -120,6 +120,12 @@ struct xm_tp_io {
 	int64_t feedback_not_sent;
 	int64_t send_errors[SEND_ERRNO_N]; /* packets lost on a failed send, by errno */
 	int64_t send_errors_total;
+	/* PFC: the NIC's pinned xm_pfc map (-1: no hold), where priority 0's fields are in its
+	 * value; Transport._paused's state; how often a paused NIC looks again */
+	int32_t pfc_fd;
+	uint32_t pfc_value_size, pfc_until_off, pfc_active_off;
+	double held_until, last_look, held_s, pause_poll_s;
+	int64_t holds;
 	/* where a step stopped for Python (XM_IO_SINK): its time, whether it was busy, its wait */
 	double step_now, step_max_wait;
 	int32_t step_busy;

@@ -159,6 +159,7 @@ def main() -> int:
             hand.declare if hand else None,
             seed=port_seed(int(spec.get("seed", 1)), me),
             pipeline=spec.get("transport_pipeline", DEFAULT_PIPELINE),
+            hold_map=pfc.native_view() if pfc else None,
         ) as t:
             t.core.nic_rates = hand
             job = JOBS[spec["kind"]](t, spec, me)

@@ -96,11 +96,25 @@ _SCALARS = {"__u8": "B", "__u16": "H", "__u32": "I", "__u64": "Q", "__s32": "i",
 def struct_layout(name: str, path: Path = HEADER) -> tuple[tuple[str, ...], struct.Struct]:
     """`struct <name>`'s field names and its bytes as the compiler lays them out (each field
     at its natural alignment, the whole padded to the largest), for a struct of scalars."""
+    names, _, fmt = _layout(name, path)
+    return names, struct.Struct(fmt)
+
+
+def struct_offsets(name: str, path: Path = HEADER) -> dict[str, tuple[int, int]]:
+    """Each field of `struct <name>` (as `struct_layout` lays it out): (offset, size)."""
+    names, offsets, fmt = _layout(name, path)
+    sizes = [struct.calcsize("<" + c) for c in fmt[1:] if c != "x"]
+    return {n: (o, s) for n, o, s in zip(names, offsets, sizes, strict=True)}
+
+
+def _layout(name: str, path: Path) -> tuple[tuple[str, ...], tuple[int, ...], str]:
+    """(field names, their offsets, the struct module's format) of `struct <name>`."""
     m = re.search(rf"struct\s+{name}\s*\{{(.*?)\}};", _text(path), re.S)
     if m is None:
         raise KeyError(f"struct {name} not in {path}")
     body = re.sub(r"/\*.*?\*/", "", m.group(1), flags=re.S)
     names: list[str] = []
+    offsets: list[int] = []
     fmt, offset, align = "<", 0, 1
     for decl in filter(None, (d.strip() for d in body.split(";"))):
         f = re.fullmatch(r"(__[us]\d+)\s+(\w+)", decl)
@@ -110,8 +124,9 @@ def struct_layout(name: str, path: Path = HEADER) -> tuple[tuple[str, ...], stru
         size = struct.calcsize("<" + code)
         pad = -offset % size
         fmt += "x" * pad + code
+        offsets.append(offset + pad)
         offset += pad + size
         align = max(align, size)
         names.append(f.group(2))
     fmt += "x" * (-offset % align)
-    return tuple(names), struct.Struct(fmt)
+    return tuple(names), tuple(offsets), fmt
