@@ -26,6 +26,7 @@ BENCHMARKS: tuple[str, ...] = (
     "nic",
     "cpu",
     "scenarios",
+    "emu_allreduce",
     "twin",
     "twin_pipelines",
     "ns3",
