@@ -264,8 +264,11 @@ class RunRecord:
     victim_longest_gap_s: float | None = None
 
     def summary(self) -> dict[str, Any]:
-        d = asdict(self)
-        for k in ("queue_series", "rate_series", "slowdowns", "flow_fcts", "port_series"):
+        """The record without its series (emptied before the copy: asdict copies deeply, and
+        the series are most of a record)."""
+        series = ("queue_series", "rate_series", "slowdowns", "flow_fcts", "port_series")
+        d = asdict(replace(self, **{k: type(getattr(self, k))() for k in series}))
+        for k in series:
             d.pop(k)
         return d
 
