@@ -3,8 +3,8 @@
 `NativeSimHost` is a `SimHost` (testbed/sim/nic.py, the reference) on the native event loop,
 NIC and transport core whose kicks, timers and arriving frames run in C for a job that uses
 only what the C does: one NIC, no PFC, no prober. Such a job's host runs no Python per packet
-but the NIC's INT sink (controller/nic/int_sink.py, shown the packets the core queues for it,
-and sending its reports): the C sends the feedback and the paced data packets, runs XDP's rate
+(the NIC's INT sink observes in the transport core's C; Python encodes and sends the reports it
+decides): the C sends the feedback and the paced data packets, runs XDP's rate
 law and the transport core on what arrives, and re-arms the NIC and the timer as
 `SimHost._activity` does. It hands an event back to Python (`native_event`) where the job may
 see something (a completion, a message, the job's wake-up time, a rate the law changed if the

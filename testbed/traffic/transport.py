@@ -1,9 +1,10 @@
 """The transport's socket runner: one host's `TransportCore` over raw IPv4 sockets.
 
 One `Transport` per host (network namespace), single-threaded: the application drives it with
-`run_until()`. The protocol (queue pairs, go-back-N, ACK/NAK/CNP, INT echo) is
-testbed.traffic.transport_core, shared with the simulated twin; this module only moves its
-packets through sockets and its timers through `time.monotonic()` and `select`.
+`run_until()`, or, between its polls, `run_steps()` (the native core's steps in C). The
+protocol (queue pairs, go-back-N, ACK/NAK/CNP, INT echo) is testbed.traffic.transport_core,
+shared with the simulated twin; this module only moves its packets through sockets and its
+timers through `time.monotonic()` and `select`.
 
 There is no pacing here: the NIC (tc eBPF) paces. Each queue pair has its own sending socket;
 the runner sends until the window or that socket's buffer is full and then waits for it to

@@ -9,8 +9,9 @@
  * queue-pair set-up, the application's API over the queues this code fills (completions,
  * received messages, feedback packets), and everything a run does not do per packet. Selective
  * repeat is not ported: a core configured with it runs the reference (the loader says so in
- * one line). The NIC as INT sink stays Python (controller/nic/int_sink.py): the packets it
- * observes are queued here, in the order the reference hands them to it.
+ * one line). The NIC as INT sink (controller/nic/int_sink.py) observes here; the reports it
+ * makes, and the loss reports, are queued for Python to encode, in the reference's order. The
+ * emulation's loop between a job's polls (Transport.step, step after step) is at the end.
  *
  * The wire constants (opcodes, lengths, the ICRC's pseudo LRH) are not declared here: the
  * loader prepends them as #defines from controller/wire/roce.py and int_md.py.

@@ -10,10 +10,12 @@ holds the two equal, packet for packet and counter for counter, on generated seq
 
 Go-back-N only: a configuration with selective repeat is refused with `Unsupported`, whose
 message says why in one line, and the caller runs the reference (`make_core`). The NIC as INT
-sink (controller/nic/int_sink.py) stays Python: the C queues what it would be shown, in the
-reference's order, and `_take` shows it. The wire constants reach the C as #defines made here from
-controller/wire (one declaration each). The build is cached as the native switch pipeline's is
-(testbed/switch/native/build.py).
+sink (controller/nic/int_sink.py) observes in C (IntSink.observe's decode, flow states and
+triggers); the reports it decides, and the loss reports, are queued in the reference's order
+and `_take` has the Python sink encode them. The emulation's steps between a job's polls run in
+C too (`xm_tp_run`, testbed/traffic/transport.py's `run_steps`). The wire constants reach the
+C as #defines made here from controller/wire (one declaration each). The build is cached as the
+native switch pipeline's is (testbed/switch/native/build.py).
 """
 
 from __future__ import annotations
