@@ -229,6 +229,28 @@ def test_stack_encode_rejects_bad_hops(
         encode_stack(hops, bitmap, hop_ml)
 
 
+def test_a_hop_read_in_one_unpack_is_the_unit_by_unit_read() -> None:
+    """decode_units reads a whole hop record of a bitmap in one struct unpack: the same fields,
+    in the same order, all-ones units None, as reading it unit by unit (the path any other
+    table, and a record cut short, take)."""
+    import random
+
+    from controller.wire.int_md import HOP_METADATA, decode_units
+
+    rng = random.Random(7)
+    for _ in range(3000):
+        bitmap = rng.randrange(1 << 16)
+        size = sum(
+            len(HOP_METADATA[b]) and sum(w for _, w in HOP_METADATA[b]) // 8
+            for b in range(16)
+            if bitmap & (0x8000 >> b)
+        )
+        data = bytes(rng.choice([0, 0xFF, rng.randrange(256)]) for _ in range(size + 2))
+        fast = decode_units(data, bitmap)
+        by_unit = decode_units(data, bitmap, dict(HOP_METADATA))  # not the table: unit by unit
+        assert fast == by_unit and list(fast) == list(by_unit)
+
+
 def test_stack_decode_rejects_partial_hop() -> None:
     with pytest.raises(ValueError, match="whole number"):
         decode_stack(b"\x00" * 30, BITMAP)

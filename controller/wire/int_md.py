@@ -12,6 +12,7 @@ the dicts of `decode_stack`). INT presence is one DSCP value of the INT domain.
 from __future__ import annotations
 
 import functools
+import struct
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -146,11 +147,37 @@ def _plan_of(bitmap: int, table: Mapping[int, Unit]) -> _Plan:
     return _hop_plan(bitmap) if table is HOP_METADATA else _plan(bitmap, table)
 
 
+_CODES = {1: "B", 2: "H", 4: "I", 8: "Q"}
+
+
+@functools.lru_cache(maxsize=4096)
+def _hop_reader(
+    bitmap: int,
+) -> tuple[struct.Struct, tuple[tuple[int, tuple[tuple[str, int, int], ...]], ...]] | None:
+    """A hop record of this bitmap read in one unpack: the record's struct and, per unit, its
+    all-ones value and fields (None where a unit has no struct code)."""
+    plan = _hop_plan(bitmap)
+    if any(size not in _CODES for _, size, _, _ in plan):
+        return None
+    fmt = "!" + "".join(_CODES[size] for _, size, _, _ in plan)
+    return struct.Struct(fmt), tuple(((1 << (8 * size)) - 1, reads) for _, size, _, reads in plan)
+
+
 def decode_units(
     data: bytes | bytearray | memoryview, bitmap: int, table: Mapping[int, Unit] = HOP_METADATA
 ) -> dict[str, int | None]:
     """The metadata units of one record as {field: value}, None where a unit is all-ones."""
     out: dict[str, int | None] = {}
+    reader = _hop_reader(bitmap) if table is HOP_METADATA else None
+    if reader is not None and len(data) >= reader[0].size:  # a hop record, whole: one unpack
+        for word, (all_ones, fields) in zip(reader[0].unpack_from(data), reader[1], strict=True):
+            if word == all_ones:
+                for name, _, _ in fields:
+                    out[name] = None
+            else:
+                for name, shift, mask in fields:
+                    out[name] = (word >> shift) & mask
+        return out
     pos = 0
     for bit, size, ones, reads in _plan_of(bitmap, table):
         unit = bytes(data[pos : pos + size])
