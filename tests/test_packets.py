@@ -241,9 +241,7 @@ def test_a_hop_read_in_one_unpack_is_the_unit_by_unit_read() -> None:
     for _ in range(3000):
         bitmap = rng.randrange(1 << 16)
         size = sum(
-            len(HOP_METADATA[b]) and sum(w for _, w in HOP_METADATA[b]) // 8
-            for b in range(16)
-            if bitmap & (0x8000 >> b)
+            sum(w for _, w in HOP_METADATA[b]) // 8 for b in range(16) if bitmap & (0x8000 >> b)
         )
         data = bytes(rng.choice([0, 0xFF, rng.randrange(256)]) for _ in range(size + 2))
         fast = decode_units(data, bitmap)
