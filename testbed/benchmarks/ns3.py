@@ -234,7 +234,7 @@ def run(
     python, version = find_python()
     if python is None:
         return {"skipped": version}
-    sizes = sizes or ((8, 16) if quick else (8, 16, 32, 64, 128))
+    sizes = sizes or ((8, 16) if quick else (8, 16, 32, 64, 128, 1024))
     per_host = per_host or (32 << 10 if quick else 64 << 10)  # as the twin's bench
     points: list[dict[str, Any]] = []
     for hosts in sizes:

@@ -15,9 +15,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from testbed.benchmarks.twin import _in_child, allreduce
+from testbed.benchmarks.twin import FABRICS, _in_child, allreduce
 
-FABRIC = (16, 64, 64)  # leaves, spines, hosts per leaf
+FABRIC = FABRICS[1024]  # leaves, spines, hosts per leaf
 QUICK_FABRIC = (4, 64, 64)
 GOAL_CPU_S = 15 * 60
 
