@@ -21,7 +21,6 @@ native switch pipeline's is (testbed/switch/native/build.py).
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 import socket
 from collections import deque
@@ -32,7 +31,7 @@ from typing import Any, cast
 from controller.nic import int_sink
 from controller.wire import int_md, probe, roce
 from testbed.switch.native import PIPELINES
-from testbed.switch.native.build import BuildError, build, load
+from testbed.switch.native.build import BuildError, build_library, inline_headers
 from testbed.traffic.transport_core import (
     MTU_MAX,
     Outgoing,
@@ -160,14 +159,9 @@ def cdef() -> str:
 
 
 def source() -> str:
-    """The C with the header in place of its #include (one self-contained text: the cache's
-    .c beside the object is what ran)."""
-    include = f'#include "{HEADER.name}"\n'
-    text = SOURCE.read_text()
-    if include not in text:
-        raise BuildError(f"{SOURCE.name} has no {include.strip()!r} to expand")
+    """The C with the header in place of its #include, after the constants."""
     tables = "".join(f"#define {k} {v}\n" for k, v in _sink_tables().items())  # not cffi's
-    return defines() + tables + text.replace(include, HEADER.read_text())
+    return defines() + tables + inline_headers(SOURCE, [HEADER])
 
 
 @functools.lru_cache(maxsize=1)
@@ -176,9 +170,7 @@ def library() -> tuple[Any, Any]:
     be built here."""
     if not SOURCE.is_file() or not HEADER.is_file():
         raise BuildError(f"{SOURCE.name} or {HEADER.name} is not beside {Path(__file__).name}")
-    text, decls = source(), cdef()
-    digest = hashlib.sha256((decls + text).encode()).hexdigest()
-    ffi, lib = load(decls, build(text, digest, stem="transport"))
+    ffi, lib = build_library(source(), cdef(), "transport")
     fields = tuple(name for name, _ in ffi.typeof("struct xm_tp_counters").fields)
     if fields != _COUNTERS:
         raise BuildError(f"{HEADER.name}'s counters are not QpCounters' fields: {fields}")

@@ -16,11 +16,13 @@ loaded first (`LD_PRELOAD=$(cc -print-file-name=libasan.so)`, as `make fuzz` doe
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +127,25 @@ def prune(out_dir: Path, keep: int = CACHE_KEEP) -> None:
                 f.unlink()
             except OSError:
                 pass  # gone already, or not ours to remove: the next prune tries again
+
+
+def inline_headers(source: Path, headers: Sequence[Path]) -> str:
+    """`source`'s text with each header's `#include "<name>"` line replaced by the header (one
+    self-contained text: the cache's .c beside the object is what ran)."""
+    text = source.read_text()
+    for header in headers:
+        include = f'#include "{header.name}"\n'
+        if include not in text:
+            raise BuildError(f"{source.name} has no {include.strip()!r} to expand")
+        text = text.replace(include, header.read_text())
+    return text
+
+
+def build_library(text: str, decls: str, stem: str) -> tuple[Any, Any]:
+    """(ffi, lib) of the C `text` that cffi's `decls` declare, built into the cache (or found
+    there) by the hash of both."""
+    digest = hashlib.sha256((decls + text).encode()).hexdigest()
+    return load(decls, build(text, digest, stem=stem))
 
 
 def load(cdef: str, so: Path) -> tuple[Any, Any]:
