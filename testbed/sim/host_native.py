@@ -20,7 +20,6 @@ to bisect a difference; tests/test_native_twin.py holds the suites' records equa
 from __future__ import annotations
 
 import functools
-import hashlib
 import math
 import socket
 from collections.abc import Callable
@@ -34,7 +33,7 @@ from testbed.sim.native_loop import NativeEventLoop
 from testbed.sim.nic import FlowTx, NicPort, SimHost, flow_key
 from testbed.sim.nic_native import NativeNic
 from testbed.sim.nic_native import library as nic_library
-from testbed.switch.native.build import BuildError, build, load
+from testbed.switch.native.build import BuildError, build_library, inline_headers
 from testbed.traffic import transport_native
 from testbed.traffic.jobs import Job
 from testbed.traffic.transport_core import QueuePair, TransportCore
@@ -42,8 +41,6 @@ from testbed.traffic.transport_native import NativeTransportCore
 
 SOURCE = Path(__file__).with_name("host_native.c")
 HEADER = SOURCE.with_suffix(".h")
-_TRANSPORT_INCLUDE = f'#include "{transport_native.HEADER.name}"\n'
-_INCLUDE = f'#include "{HEADER.name}"\n'
 
 # what the C hands back (host_native.h's enum, checked when the library loads)
 WHOLE, CAPTURE, RATE, TAKE, ACTIVITY, REPORT = 1, 2, 4, 8, 16, 32
@@ -60,13 +57,8 @@ def cdef() -> str:
 
 
 def source() -> str:
-    """The C with both headers in place of their #includes (one self-contained text)."""
-    text = SOURCE.read_text()
-    for include in (_TRANSPORT_INCLUDE, _INCLUDE):
-        if include not in text:
-            raise BuildError(f"{SOURCE.name} has no {include.strip()!r} to expand")
-    text = text.replace(_TRANSPORT_INCLUDE, transport_native.HEADER.read_text())
-    return _defines() + text.replace(_INCLUDE, HEADER.read_text())
+    """The C with both headers in place of their #includes, after the constants."""
+    return _defines() + inline_headers(SOURCE, [transport_native.HEADER, HEADER])
 
 
 @functools.lru_cache(maxsize=1)
@@ -75,9 +67,7 @@ def library() -> tuple[Any, Any]:
     be built here."""
     if not SOURCE.is_file() or not HEADER.is_file():
         raise BuildError(f"{SOURCE.name} or {HEADER.name} is not beside {Path(__file__).name}")
-    text, decls = source(), cdef()
-    digest = hashlib.sha256((decls + text).encode()).hexdigest()
-    ffi, lib = load(decls, build(text, digest, stem="host"))
+    ffi, lib = build_library(source(), cdef(), "host")
     codes = (WHOLE, CAPTURE, RATE, TAKE, ACTIVITY, REPORT, NO_MEMORY, NOTHING_SENT)
     names = ("WHOLE", "CAPTURE", "RATE", "TAKE", "ACTIVITY", "REPORT", "NO_MEMORY", "NOTHING_SENT")
     got = tuple(getattr(lib, f"XM_HOST_{n}") for n in names)
@@ -90,37 +80,33 @@ def _addr(ffi: Any, fn_lib: Any, name: str) -> int:
     return int(ffi.cast("uintptr_t", ffi.addressof(fn_lib, name)))
 
 
+class CField:
+    """An attribute kept in the host's C struct (the owner's `_h`, struct xm_host): `field`,
+    read as `kind`; with `none_below_zero`, -1 in C is None (no time set)."""
+
+    def __init__(self, field: str, kind: type = int, none_below_zero: bool = False) -> None:
+        self.field, self.kind, self.none_below_zero = field, kind, none_below_zero
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        v = self.kind(getattr(obj._h, self.field))
+        return None if self.none_below_zero and v < 0 else v
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        setattr(obj._h, self.field, -1 if value is None else value)
+
+
 class NativeNicPort(NicPort):
     """NIC 0 of a NativeSimHost: its pacer fields are the C's (struct xm_host)."""
+
+    busy_until = CField("busy_until")
+    kick_at = CField("kick_at", none_below_zero=True)
+    tx_bytes = CField("tx_bytes")
 
     def __init__(self, h: Any, addr: bytes, eth: bytes, send: Callable[[bytes, int], bool]):
         self._h = h
         super().__init__(addr, eth, send)
-
-    @property  # type: ignore[override]
-    def busy_until(self) -> int:
-        return int(self._h.busy_until)
-
-    @busy_until.setter
-    def busy_until(self, t: int) -> None:
-        self._h.busy_until = t
-
-    @property  # type: ignore[override]
-    def kick_at(self) -> int | None:
-        t = int(self._h.kick_at)
-        return None if t < 0 else t
-
-    @kick_at.setter
-    def kick_at(self, t: int | None) -> None:
-        self._h.kick_at = -1 if t is None else t
-
-    @property  # type: ignore[override]
-    def tx_bytes(self) -> int:
-        return int(self._h.tx_bytes)
-
-    @tx_bytes.setter
-    def tx_bytes(self, n: int) -> None:
-        self._h.tx_bytes = n
 
 
 class NativeSimHost(SimHost):
@@ -198,38 +184,10 @@ class NativeSimHost(SimHost):
 
     # ---- SimHost's fields that are the C's ----
 
-    @property  # type: ignore[override]
-    def ns_per_byte(self) -> float:
-        return float(self._h.ns_per_byte)
-
-    @ns_per_byte.setter
-    def ns_per_byte(self, v: float) -> None:
-        self._h.ns_per_byte = v
-
-    @property  # type: ignore[override]
-    def _timer_at(self) -> int | None:
-        t = int(self._h.timer_at)
-        return None if t < 0 else t
-
-    @_timer_at.setter
-    def _timer_at(self, t: int | None) -> None:
-        self._h.timer_at = -1 if t is None else t
-
-    @property  # type: ignore[override]
-    def rx_dropped(self) -> int:
-        return int(self._h.rx_dropped)
-
-    @rx_dropped.setter
-    def rx_dropped(self, n: int) -> None:
-        self._h.rx_dropped = n
-
-    @property  # type: ignore[override]
-    def tx_too_big(self) -> int:
-        return int(self._h.tx_too_big)
-
-    @tx_too_big.setter
-    def tx_too_big(self, n: int) -> None:
-        self._h.tx_too_big = n
+    ns_per_byte = CField("ns_per_byte", float)
+    _timer_at = CField("timer_at", none_below_zero=True)
+    rx_dropped = CField("rx_dropped")
+    tx_too_big = CField("tx_too_big")
 
     @property  # type: ignore[override]
     def capture(self) -> Any:
