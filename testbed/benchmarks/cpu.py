@@ -111,13 +111,14 @@ def idle_cpu(roles: dict[str, list[int]], windows: int, window_s: float) -> dict
     for role, vals in sorted(per.items()):
         if role.startswith("agent:") or role == "transport":
             continue
-        out[f"{role}_pct_of_core"] = _spread(vals)
+        out[f"{role}_pct_of_core"] = spread(vals)
     agents = [v for r, v in per.items() if r.startswith("agent:")]
-    out["agent_each_pct_of_core"] = _spread([statistics.median(v) for v in agents])
+    out["agent_each_pct_of_core"] = spread([statistics.median(v) for v in agents])
     return out
 
 
-def _spread(vals: list[float]) -> dict[str, float]:
+def spread(vals: list[float]) -> dict[str, float]:
+    """Median and min-max of repeated figures (the benchmarks' spread)."""
     return {
         "median": round(statistics.median(vals), 3),
         "min": round(min(vals), 3),

@@ -12,8 +12,9 @@ every repetition met the goal, every rank's sums right, and the completion times
 from __future__ import annotations
 
 import os
-import statistics
 from typing import Any
+
+from testbed.benchmarks.cpu import spread
 
 GOALS = {8: 0.90, 16: 0.85, 32: 0.75}  # issue 30: share of the NIC's payload rate
 FABRICS = {8: (2, 2, 4), 16: (4, 2, 4), 32: (4, 2, 8)}
@@ -58,18 +59,10 @@ def _size(fabric: tuple[int, int, int], goal: float | None, repeat: int) -> dict
         times = [r.completion_s for r in rs]
         shares = [b / payload_bps for b in bw]
         out[scheme] = {
-            "busbw_mbps": _spread([b / 1e6 for b in bw]),
-            "share": _spread(shares),
+            "busbw_mbps": spread([b / 1e6 for b in bw]),
+            "share": spread(shares),
             "within_goal": None if goal is None else all(x >= goal for x in shares),
             "correct": all(r.correct is not False for r in rs),
             "time_spread": round(max(times) / min(times), 3) if min(times) > 0 else None,
         }
     return out
-
-
-def _spread(vals: list[float]) -> dict[str, float]:
-    return {
-        "median": round(statistics.median(vals), 3),
-        "min": round(min(vals), 3),
-        "max": round(max(vals), 3),
-    }

@@ -767,9 +767,10 @@ class SimFabric:
                 self.transport_native_reasons.add(why)
             job = JOBS[spec["kind"]](core, spec, i)
             h.start_job(core, job, t0)
-            host_why = h.python_reason(core) if isinstance(h, NativeSimHost) else "not built"
-            self.host_in_use.add("reference" if host_why else "native")
-            if host_why and isinstance(h, NativeSimHost):
+            host_why = h.python_reason(core) if isinstance(h, NativeSimHost) else None
+            in_c = isinstance(h, NativeSimHost) and host_why is None
+            self.host_in_use.add("native" if in_c else "reference")
+            if host_why:
                 self.host_native_reasons.add(host_why)
         if on_start is not None:
             on_start(t0 / 1e9)
