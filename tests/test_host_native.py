@@ -111,7 +111,30 @@ def _observe(fab: SimFabric, job: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-JOBS = {"incast": _incast, "allreduce": _allreduce, "ring": _ring, "longlived": _longlived}
+def _fanout(fab: SimFabric) -> dict[str, Any]:
+    """40 flows from host 0 (10 slots to each other host), all starting at once: the NIC's
+    first kick looks up 40 new flows in one pass, growing the pacer's table (which moves)
+    while it holds the earliest flow found so far."""
+    flows = [
+        Flow(id=i, src=0, dst=1 + i % 3, size=20_000, start=0.0, slot=i // 3)
+        for i in range(40)
+    ]
+    return {
+        "kind": "flows",
+        "flows": [f.as_dict() for f in flows],
+        "transport": _transport(fab),
+        "timeout": 1.0,
+        "seed": 5,
+    }
+
+
+JOBS = {
+    "incast": _incast,
+    "allreduce": _allreduce,
+    "ring": _ring,
+    "longlived": _longlived,
+    "fanout": _fanout,
+}
 
 
 @pytest.mark.parametrize("job", sorted(JOBS))

@@ -214,19 +214,20 @@ static int depart(struct xm_host *h, const uint8_t *frame, uint32_t len, uint32_
 	return 0;
 }
 
-/* the flow of queue pair `index` (SimHost._qp_flows), looked up once */
-static struct xm_host_flow *qp_flow(struct xm_host *h, uint32_t index)
+/* the index of queue pair `index`'s flow (SimHost._qp_flows), looked up once; -1 out of
+ * memory. An index, not a pointer: a new flow may move `flows` */
+static int64_t qp_flow(struct xm_host *h, uint32_t index)
 {
 	if (grow((void **)&h->qp_flow, &h->cap_qp_flow, index + 1, sizeof(*h->qp_flow)))
-		return NULL;
+		return -1;
 	if (!h->qp_flow[index]) {
 		const struct xm_tp_qp *qp = h->tp->qps[index];
 		int64_t i = xm_host_flow(h, h->addr, qp->peer_addr, qp->sport, 1);
 		if (i < 0)
-			return NULL;
+			return -1;
 		h->qp_flow[index] = (int32_t)i + 1;
 	}
-	return &h->flows[h->qp_flow[index] - 1];
+	return h->qp_flow[index] - 1;
 }
 
 /* SimHost._transmit of a feedback packet: the IPv4 checksum, tc egress, the wire (not paced:
@@ -273,22 +274,23 @@ static int64_t kick(struct xm_host *h, int64_t t, int64_t now)
 	if (grow((void **)&h->senders, &h->cap_senders, tp->nqps, sizeof(*h->senders)))
 		return XM_HOST_NO_MEMORY;
 	uint32_t n = h->tp_senders(tp, h->senders);
-	int64_t best = -1, best_t = 0;
-	struct xm_host_flow *best_f = NULL;
+	int64_t best = -1, best_t = 0, best_fi = -1;
 	for (uint32_t i = 0; i < n; i++) {
 		uint32_t index = h->senders[i];
-		struct xm_host_flow *f = qp_flow(h, index);
-		if (!f)
+		int64_t fi = qp_flow(h, index);
+		if (fi < 0)
 			return XM_HOST_NO_MEMORY;
-		if (best < 0 || f->next_ns < best_t ||
-		    (f->next_ns == best_t && tp->qps[index]->qpn < tp->qps[best]->qpn)) {
+		int64_t next = h->flows[fi].next_ns;
+		if (best < 0 || next < best_t ||
+		    (next == best_t && tp->qps[index]->qpn < tp->qps[best]->qpn)) {
 			best = index;
-			best_t = f->next_ns;
-			best_f = f;
+			best_t = next;
+			best_fi = fi;
 		}
 	}
 	if (best < 0)
 		return 0;
+	struct xm_host_flow *best_f = &h->flows[best_fi]; /* after the last lookup */
 	if (best_t > now)
 		return request_kick(h, best_t) ? XM_HOST_NO_MEMORY : 0;
 	uint32_t ip_len = 0;
