@@ -185,6 +185,30 @@ def test_message_without_last_packet_does_not_grow_without_bound() -> None:
     assert msg is not None and bytes(msg.data) == b"next"
 
 
+def test_a_queue_pair_stores_the_first_bytes_it_is_told_to() -> None:
+    """`store_bytes`: a message's first bytes are stored, the rest counted in its size (the
+    collectives' size mode pads its fingerprints with zeros the receiver need not hold);
+    max_message still bounds the whole message; a negative count is refused."""
+    a, b = pair(max_message=8 * MTU)
+    qb = b.qps[6]
+    qb.store_bytes = MTU + 7  # within the second packet
+    data = bytes(range(256)) * 20
+    a.qps[5].post_send(data, 0.0, size=5 * MTU + 3)  # zeros after the data
+    a.qps[5].post_send(b"", 0.0, size=10 * MTU)  # too long for the responder, stored or not
+    shuttle(a, b, 0.0)
+    msg = qb.poll_recv()
+    assert msg is not None and bytes(msg.data) == data[: MTU + 7] and msg.size == 5 * MTU + 3
+    assert qb.poll_recv() is None and b.drops["message_too_long"] == 1
+    qb.store_bytes = 0
+    a.qps[5].post_send(b"next", 1.0)
+    shuttle(a, b, 1.0)
+    msg = qb.poll_recv()
+    assert msg is not None and msg.data == b"" and msg.size == 4
+    assert b.qps[6].counters.rx_bytes == 5 * MTU + 3 + 10 * MTU + 4
+    with pytest.raises(ValueError, match="store_bytes"):
+        qb.store_bytes = -1
+
+
 def test_a_completed_message_is_not_kept_by_the_core() -> None:
     """A sender's core forgets a message once it is acknowledged: only its poster holds the
     SendOp (with its data). A queue of completed messages that no job read kept every message

@@ -42,11 +42,11 @@ Sizes (`payload: size`), for scale: a rank keeps one 32-bit fingerprint per piec
 buffer instead of its elements, the pieces being the ranges between all the boundaries the
 plan's transfers have (so every transfer covers whole pieces). Rank r's GPU g starts from
 fingerprints drawn with (seed, iteration, r, g); a message carries the fingerprints of its
-pieces, then zeros up to the transfer's size (which the sender's transport does not hold),
-so the network carries the same bytes; the receiver adds (mod 2^32) or copies them as it
-would the data. Every rank checks its fingerprints against the sums of all ranks' (a
-contribution lost, doubled or misplaced shows, but for a chance of 2^-32 per piece), and its
-memory grows with the plan, not the data.
+pieces, then zeros up to the transfer's size (which neither the sender's transport holds nor
+the receiver's stores: `QueuePair.store_bytes`), so the network carries the same bytes; the
+receiver adds (mod 2^32) or copies them as it would the data. Every rank checks its
+fingerprints against the sums of all ranks' (a contribution lost, doubled or misplaced shows,
+but for a chance of 2^-32 per piece), and its memory grows with the plan, not the data.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ from testbed.traffic.collective_plans import (
     segments,
 )
 from testbed.traffic.queue_pairs import QP_SLOTS, QpHost, qpn
-from testbed.traffic.transport_core import QueuePair, SendOp
+from testbed.traffic.transport_core import QueuePair, ReceivedMessage, SendOp
 
 if TYPE_CHECKING:
     from testbed.traffic.jobs import Job
@@ -338,6 +338,15 @@ class CollectiveJob:
                         q = t.create_qp(qpn(host, slot), peer_ip, qpn(me, slot))
                 chans.append(Channel(c, q, peer=p))
             self.channels[p] = chans
+        if lay.sizes:  # a message is its header and fingerprints, then zeros: store the former
+            most: dict[int, int] = {}
+            for x in self.incoming.values():
+                lo, hi = lay.span(x.dst_lo, x.dst_lo + x.hi - x.lo)
+                most[x.src] = max(most.get(x.src, 0), hi - lo)
+            unit = np.dtype(lay.dtype).itemsize
+            for p, chans in self.channels.items():
+                for ch in chans:
+                    ch.qp.store_bytes = HEADER.size + unit * most.get(p, 0)
         # the proactive start: the job knows which of its flows start together, and declares
         # each its fair share of its NIC (`start_share_bps`: the NIC's line rate) before it
         # sends, as the incast's senders do (testbed.traffic.jobs)
@@ -521,19 +530,20 @@ class CollectiveJob:
         for p, chans in self.channels.items():
             for ch in chans:
                 while (m := ch.qp.poll_recv()) is not None:
-                    self._on_message(p, m.data)
+                    self._on_message(p, m)
 
-    def _on_message(self, peer: int, data: bytes | bytearray) -> None:
+    def _on_message(self, peer: int, m: ReceivedMessage) -> None:
+        data = m.data
         if len(data) < HEADER.size:
             self.unexpected += 1
             return
         it, tid = HEADER.unpack_from(data)
         x = self.incoming.get(tid)
-        body = bytes(data[HEADER.size :])
+        body = bytes(data[HEADER.size :])  # sizes: the fingerprints (the zeros not stored)
         if (
             x is None
             or x.src != peer
-            or len(body) != x.nbytes
+            or m.size - HEADER.size != x.nbytes
             or it < self.it
             or (it == self.it and tid in self.arrived)
         ):
@@ -568,7 +578,7 @@ class CollectiveJob:
         for p, chans in self.channels.items():
             for ch in chans:
                 while (m := ch.qp.poll_recv()) is not None:
-                    self._on_message(p, m.data)
+                    self._on_message(p, m)
                 self._complete(ch, now)
         for queue in self.ready.values():
             while queue:

@@ -39,6 +39,11 @@ it is made and is never retried: I/O that cannot send one counts it (`feedback_n
 Bad input is counted per reason in `drops` and dropped. A message longer than
 `max_message` is not buffered: its packets are acknowledged (so the sender is not stuck) and
 its data discarded, counted once as `message_too_long`.
+
+A queue pair stores at most `store_bytes` of each message it receives (None: all of it): the
+rest is counted in the message's `size` and not kept. A sender whose messages are data then
+padding (the collectives' size mode, flows nobody verifies) costs its receiver no memory for
+the padding; the wire carries the same bytes.
 """
 
 from __future__ import annotations
@@ -218,9 +223,16 @@ class SendOp:
         return self.t_done is not None
 
 
+def checked_store(n: int | None) -> int | None:
+    if n is not None and (not isinstance(n, int) or n < 0):
+        raise ValueError(f"store_bytes {n!r}: a count of bytes, or None for all")
+    return n
+
+
 @dataclass
 class ReceivedMessage:
-    data: bytearray  # handed over without a copy
+    data: bytearray  # handed over without a copy: the first `store_bytes` of the message
+    size: int  # the message's bytes, stored or not
     t_first: float  # first packet of the message accepted
     t_done: float  # last packet accepted
 
@@ -276,6 +288,8 @@ class QueuePair:
         self.epsn = rq_psn & PSN_MASK  # expected PSN
         self.msn = 0
         self.rx_buf = bytearray()
+        self.rx_size = 0  # the message in progress: its bytes so far, stored or not
+        self._store: int | None = None  # store_bytes
         self.rx_t_first = 0.0
         self.in_msg = False
         self.rx_overflow = False  # the message in progress exceeded max_message: discarded
@@ -293,6 +307,16 @@ class QueuePair:
         self.kept: dict[int, tuple[int, bool, bytes]] = {}
 
     # ---- application API ----
+
+    @property
+    def store_bytes(self) -> int | None:
+        """Bytes this queue pair stores of each message it receives (None: all); the rest
+        is counted in the message's `size`. Set before the messages it is meant for arrive."""
+        return self._store
+
+    @store_bytes.setter
+    def store_bytes(self, n: int | None) -> None:
+        self._store = checked_store(n)
 
     def post_send(
         self,
@@ -633,15 +657,21 @@ class QueuePair:
             return False
         if first:
             self.rx_buf = bytearray()
+            self.rx_size = 0
             self.rx_t_first = now
             self.rx_overflow = False
-        if not self.rx_overflow and len(self.rx_buf) + n > cfg.max_message:
+        if not self.rx_overflow and self.rx_size + n > cfg.max_message:
             # a message with no end in sight: stop buffering it, keep the connection going
             self.rx_overflow = True
             self.rx_buf = bytearray()
             core.drops["message_too_long"] += 1
         if not self.rx_overflow:
-            self.rx_buf += payload
+            store = self._store
+            if store is None:
+                self.rx_buf += payload
+            elif len(self.rx_buf) < store:
+                self.rx_buf += payload[: store - len(self.rx_buf)]
+            self.rx_size += n
         self.in_msg = not last
         self.epsn = (self.epsn + 1) & PSN_MASK
         self.nak_sent = False
@@ -656,9 +686,11 @@ class QueuePair:
             self._send_ack(AETH_ACK, psn, sport)
         if last:  # after the ACK: handing over the buffer is the application's time, not the wire's
             if not self.rx_overflow:
-                self.recv_q.append(ReceivedMessage(self.rx_buf, self.rx_t_first, now))
+                msg = ReceivedMessage(self.rx_buf, self.rx_size, self.rx_t_first, now)
+                self.recv_q.append(msg)
                 c.messages_received += 1
             self.rx_buf = bytearray()
+            self.rx_size = 0
             self.rx_overflow = False
         return True
 

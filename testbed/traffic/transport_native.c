@@ -569,6 +569,7 @@ void xm_tp_free(struct xm_tp *tp)
 		free(tp->qps[i]->ops);
 		free(tp->qps[i]->rx_buf);
 		free(tp->qps[i]->gap_pkt);
+		free(tp->qps[i]->pending_int);
 		free(tp->qps[i]);
 	}
 	free_queued(tp);
@@ -646,6 +647,7 @@ int32_t xm_tp_create_qp(struct xm_tp *tp, uint32_t qpn, uint32_t remote_qpn, uin
 	qp->epsn = rq_psn & PSN_MASK;
 	qp->rto = tp->cfg.rto;
 	qp->last_cnp = -1e18;
+	qp->store = UINT64_MAX;
 	tp->qps[tp->nqps++] = qp;
 	return (int32_t)qp->index;
 }
@@ -985,18 +987,25 @@ static int accept_data(struct xm_tp *tp, struct xm_tp_qp *qp, uint8_t opcode, ui
 	}
 	if (first) {
 		qp->rx_len = 0;
+		qp->rx_size = 0;
 		qp->rx_t_first = now;
 		qp->rx_overflow = 0;
 	}
-	if (!qp->rx_overflow && qp->rx_len + n > tp->cfg.max_message) {
+	if (!qp->rx_overflow && qp->rx_size + n > tp->cfg.max_message) {
 		qp->rx_overflow = 1;
 		qp->rx_len = 0;
 		DROP(tp, D_MESSAGE_TOO_LONG);
 	}
 	if (!qp->rx_overflow) {
-		if (qp->rx_len + n > qp->rx_cap) {
-			uint64_t cap = qp->rx_cap ? qp->rx_cap : 4096;
-			while (cap < qp->rx_len + n)
+		/* the part of this payload the queue pair stores (store_bytes: its first bytes) */
+		uint32_t k = qp->rx_len >= qp->store ? 0
+			     : qp->store - qp->rx_len < n ? (uint32_t)(qp->store - qp->rx_len)
+							  : n;
+		if (qp->rx_len + k > qp->rx_cap) {
+			/* from a little: a queue pair that stores a few bytes of each message (the
+			 * collectives' size mode) holds a few, for each of a million queue pairs */
+			uint64_t cap = qp->rx_cap ? qp->rx_cap : 64;
+			while (cap < qp->rx_len + k)
 				cap *= 2;
 			uint8_t *b = realloc(qp->rx_buf, cap);
 			if (!b) { /* out of memory: the message cannot be kept, as one too long */
@@ -1008,9 +1017,11 @@ static int accept_data(struct xm_tp *tp, struct xm_tp_qp *qp, uint8_t opcode, ui
 				qp->rx_cap = cap;
 			}
 		}
-		if (!qp->rx_overflow && n) {
-			memcpy(qp->rx_buf + qp->rx_len, payload, n);
-			qp->rx_len += n;
+		if (!qp->rx_overflow) {
+			if (k)
+				memcpy(qp->rx_buf + qp->rx_len, payload, k);
+			qp->rx_len += k;
+			qp->rx_size += n;
 		}
 	}
 	qp->in_msg = !last;
@@ -1019,8 +1030,14 @@ static int accept_data(struct xm_tp *tp, struct xm_tp_qp *qp, uint8_t opcode, ui
 	qp->c.rx_data_packets++;
 	qp->c.rx_bytes += n;
 	if (int_bytes) {
-		memcpy(qp->pending_int, int_bytes, int_len);
-		qp->pending_int_len = int_len;
+		/* the stack to echo, in a buffer of its size (inline, MAX_INT a queue pair would
+		 * cost a million queue pairs a GB); out of memory: no echo, as with no INT */
+		if (grow((void **)&qp->pending_int, &qp->pending_int_cap, int_len, 1)) {
+			qp->pending_int_len = 0;
+		} else {
+			memcpy(qp->pending_int, int_bytes, int_len);
+			qp->pending_int_len = int_len;
+		}
 	}
 	if (last)
 		qp->msn = (qp->msn + 1) & PSN_MASK;
@@ -1032,12 +1049,14 @@ static int accept_data(struct xm_tp *tp, struct xm_tp_qp *qp, uint8_t opcode, ui
 		    !grow((void **)&tp->msgs, &tp->cap_msgs, tp->nmsgs + 1, sizeof(*tp->msgs))) {
 			/* the buffer goes with the message; the next starts a new one */
 			tp->msgs[tp->nmsgs++] =
-				(struct xm_tp_msg){ qp->index, qp->rx_buf, qp->rx_len, qp->rx_t_first, now };
+				(struct xm_tp_msg){ qp->index, qp->rx_buf, qp->rx_len, qp->rx_size,
+						    qp->rx_t_first, now };
 			qp->rx_buf = NULL;
 			qp->rx_cap = 0;
 			qp->c.messages_received++;
 		}
 		qp->rx_len = 0;
+		qp->rx_size = 0;
 		qp->rx_overflow = 0;
 	}
 	return 1;

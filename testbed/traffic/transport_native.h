@@ -52,8 +52,11 @@ struct xm_tp_qp {
 	double rx_t_first, last_cnp;
 	uint8_t *rx_buf;
 	uint64_t rx_len, rx_cap;
-	uint8_t pending_int[MAX_INT];
-	uint32_t pending_int_len;
+	/* the message's bytes so far, stored or not; how many of each message to store
+	 * (QueuePair.store_bytes; UINT64_MAX: all) */
+	uint64_t rx_size, store;
+	uint8_t *pending_int; /* the INT stack the next ACK echoes (malloc'd as it grows) */
+	uint32_t pending_int_len, pending_int_cap;
 };
 
 /* what the Python side takes after each call: completions, messages, feedback */
@@ -64,7 +67,7 @@ struct xm_tp_done {
 struct xm_tp_msg {
 	uint32_t qp;
 	uint8_t *data; /* malloc'd; xm_tp_taken frees it (Python copies it first) */
-	uint64_t len;
+	uint64_t len, size; /* stored, and the message's */
 	double t_first, t_done;
 };
 /* the INT sink's reports to make (Python's IntSink encodes them), in the reference's order:

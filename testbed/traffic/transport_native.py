@@ -41,6 +41,7 @@ from testbed.traffic.transport_core import (
     SendOp,
     TransportConfig,
     TransportCore,
+    checked_store,
 )
 
 SOURCE = Path(__file__).with_name("transport_native.c")
@@ -69,6 +70,7 @@ DROP_NAMES = (
 _COUNTERS = tuple(QpCounters.__dataclass_fields__)
 MAX_INT = int_md.SHIM_LEN + 4 * int_md.SHIM_LENGTH_MAX  # the longest INT stack a shim names
 _HEADERS = 28  # IPv4 + UDP, as the transport sends them
+_STORE_ALL = (1 << 64) - 1  # xm_tp_qp.store for None: every byte
 SEND_ERRNO_N = 256  # the emulation's loop counts the sends lost by errno below this (above: 0)
 # what xm_tp_run hands back (< 0: -errno of a failed read)
 IO_UNTIL, IO_PROGRESS, IO_SINK = 0, 1, 2
@@ -259,6 +261,16 @@ class NativeQueuePair(QueuePair):
         self.send_q.append(op)
         self._buffers.append(buf)
         return op
+
+    @property  # type: ignore[override]
+    def store_bytes(self) -> int | None:
+        store = int(self._c.store)
+        return None if store == _STORE_ALL else store
+
+    @store_bytes.setter
+    def store_bytes(self, n: int | None) -> None:
+        n = checked_store(n)
+        self._c.store = _STORE_ALL if n is None else n
 
     @property
     def wants_to_send(self) -> bool:
@@ -462,7 +474,9 @@ class NativeTransportCore(TransportCore):
             for i in range(nm):
                 m = msgs[i]
                 qps[m.qp].recv_q.append(
-                    ReceivedMessage(bytearray(ffi.buffer(m.data, m.len)), m.t_first, m.t_done)
+                    ReceivedMessage(
+                        bytearray(ffi.buffer(m.data, m.len)), m.size, m.t_first, m.t_done
+                    )
                 )
         if nf:
             fbs = tp.fb
