@@ -116,8 +116,7 @@ def _fanout(fab: SimFabric) -> dict[str, Any]:
     first kick looks up 40 new flows in one pass, growing the pacer's table (which moves)
     while it holds the earliest flow found so far."""
     flows = [
-        Flow(id=i, src=0, dst=1 + i % 3, size=20_000, start=0.0, slot=i // 3)
-        for i in range(40)
+        Flow(id=i, src=0, dst=1 + i % 3, size=20_000, start=0.0, slot=i // 3) for i in range(40)
     ]
     return {
         "kind": "flows",
