@@ -448,7 +448,7 @@ def test_sends_that_fail_are_counted_lost_by_their_errno(lan: NetnsLan, loop: st
 
 def test_allreduce_on_4_hosts_gives_the_sums_and_busbw() -> None:
     with NetnsLan(4) as lan4:
-        res = workloads.allreduce(lan4.hosts, 400_000, chunk=64 * 1024, timeout=120)
+        res = workloads.collective(lan4.hosts, 400_000, chunk=64 * 1024, timeout=120)
     assert res["correct"] and res["max_abs_err"] == 0.0
     coll = res["collective"]
     assert coll["busbw_Bps"] == pytest.approx(coll["algbw_Bps"] * 2 * 3 / 4)

@@ -7,7 +7,7 @@ second, packet-hops per wall second (a packet crossing one switch: the switches'
 frames), the same per CPU second of the process (what a loaded machine does not change), and
 the process's peak RSS. One core: the twin is one thread.
 
-`allreduce64` (`allreduce`) times the ring all-reduce of 16 MiB per rank over 64 hosts at
+`allreduce64` (`collective`) times the ring all-reduce of 16 MiB per rank over 64 hosts at
 400G (scale 1), once per payload mode (testbed.traffic.collective_jobs): `size`, whose memory
 is the goal's (at most 60 CPU seconds and 1 GiB), and `data`, every rank's buffer real; it
 runs only without --quick.
@@ -87,11 +87,17 @@ def _point(hosts: int, scale: float, per_host: int) -> dict[str, Any]:
     }
 
 
-def allreduce(
-    fabric: tuple[int, int, int], payload: str, size: int = 16 << 20, goal_cpu_s: float = 60
+def collective(
+    fabric: tuple[int, int, int],
+    payload: str,
+    size: int = 16 << 20,
+    goal_cpu_s: float | None = 60,
+    kind: str = "allreduce",
+    goal_rss_mib: float | None = 1024,
 ) -> dict[str, Any]:
-    """The ring all-reduce of `size` bytes per rank over leafspine(*fabric) at 400G, TiTa,
-    1 MiB chunks; its figures against `goal_cpu_s` and 1 GiB of peak RSS."""
+    """The collective library's `kind` (the ring all-reduce, or the all-to-all) of `size`
+    bytes per rank over leafspine(*fabric) at 400G, TiTa, 1 MiB chunks; its figures against
+    `goal_cpu_s` and `goal_rss_mib` of peak RSS (None: no goal)."""
     from controller.nic.ratelaw import Law
     from testbed.experiment.suite import tita_window, transport_settings
     from testbed.model import Scaling
@@ -105,9 +111,10 @@ def allreduce(
     fab = SimFabric(spec, s)
     fab.set_law(Law.TITA, round(s.base_rtt_s * 1e9))
     t0, c0 = time.perf_counter(), time.process_time()
-    res = wl.allreduce(
+    res = wl.collective(
         fab.traffic_hosts(),
         size,
+        collective=kind,
         chunk=1 << 20,
         timeout=10.0,
         transport=transport_settings(s, tita_window(s, s.base_rtt_s)),
@@ -118,6 +125,7 @@ def allreduce(
     coll = res["collective"]
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {
+        "collective": kind,
         "fabric": spec.name,
         "switches": len(spec.switches),
         "hosts": len(spec.hosts),
@@ -131,9 +139,12 @@ def allreduce(
         "setup_cpu_s": round(c0 - c_setup, 1),
         "events": fab.loop.events,
         "packet_hops": sum(c.rx_packets for c in fab.port_counters().values()),
+        "retransmits": res["counters"]["retransmits"],
+        "timeouts": res["counters"]["timeouts"],
         "goal_cpu_s": goal_cpu_s,
-        "goal_rss_mib": 1024,
-        "within_goal": cpu <= goal_cpu_s and rss <= 1024,
+        "goal_rss_mib": goal_rss_mib,
+        "within_goal": (goal_cpu_s is None or cpu <= goal_cpu_s)
+        and (goal_rss_mib is None or rss <= goal_rss_mib),
         "peak_rss_mib": round(rss, 1),
     }
 
@@ -163,7 +174,7 @@ def run(quick: bool) -> dict[str, Any]:
         out["allreduce64"] = runs = {}
         for payload in ("size", "data"):
             try:
-                runs[payload] = _in_child(allreduce, FABRICS[64], payload)
+                runs[payload] = _in_child(collective, FABRICS[64], payload)
             except Exception as exc:
                 runs[payload] = {"error": f"{type(exc).__name__}: {exc}"}
     return out

@@ -805,7 +805,7 @@ class Suite:
                 start_rate=self._incast_start_rate(),
             )
         if scenario == "allreduce":
-            return wl.allreduce(
+            return wl.collective(
                 self.hosts,
                 cfg.allreduce_bytes,
                 chunk=cfg.allreduce_chunk,

@@ -315,6 +315,7 @@ def job_ports(spec: FabricSpec, bytes_per_rank: int, seed: int, chunk: int) -> P
         "channels": g,
         "nic_ips": [[n.ip for n in h.nics] for h in spec.hosts],
         "seed": seed,
+        "payload": "size",  # the same queue pairs; no rank draws every rank's data
         "hosts": [{"name": h.name, "ip": h.nics[0].ip} for h in spec.hosts],
     }
     table: dict[tuple[int, int, int], int] = {}

@@ -123,10 +123,11 @@ def poisson(
     return res
 
 
-def allreduce(
+def collective(
     hosts: list[Host],
     size: int,
     *,
+    collective: str = "allreduce",
     chunk: int = 1 << 20,
     iters: int = 1,
     transport: dict[str, Any] | None = None,
@@ -138,13 +139,14 @@ def allreduce(
     schedule: str = ALLREDUCE_SCHEDULE,
     payload: str = "data",
 ) -> dict[str, Any]:
-    """All-reduce of `size` bytes of float32 per rank (testbed.collective: ring by default,
-    one channel per NIC given in `nic_ips`, else one on each host's address); checks the sums
-    on every rank (`payload: size`: their fingerprints, testbed.traffic.collective_jobs)."""
+    """The collective library's `collective` (all-reduce by default) of `size` bytes of
+    float32 per rank (testbed.traffic.collective_jobs: ring by default, one channel per NIC
+    given in `nic_ips`, else one on each host's address); checks the result on every rank
+    (`payload: size`: its fingerprints)."""
     channels = min(len(ips) for ips in nic_ips) if nic_ips else 1
     spec = {
         "kind": "collective",
-        "collective": "allreduce",
+        "collective": collective,
         "algorithm": algorithm,
         "schedule": schedule,
         "channels": channels,
@@ -162,12 +164,12 @@ def allreduce(
     per_iter = iteration_times(out.results)
     mean_t = sum(per_iter) / len(per_iter)
     return {
-        "workload": "allreduce",
+        "workload": collective,
         "hosts": [h.name for h in hosts],
         "channels": channels,
         "correct": all(r["ok"] for r in out.results),
         "max_abs_err": max(r["max_abs_err"] for r in out.results),
-        "collective": m.collective_bw("allreduce", size, mean_t, len(hosts)),
+        "collective": m.collective_bw(collective, size, mean_t, len(hosts)),
         "iter_times_s": per_iter,
         "channel_bytes": [sum(r["channel_bytes"][c] for r in out.results) for c in range(channels)],
         "counters": m.counter_totals(out.counters),
@@ -291,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
                 **common,
             )
         elif a.workload == "allreduce":
-            res = allreduce(hosts, a.size, chunk=a.chunk, iters=a.iters, **common)
+            res = collective(hosts, a.size, chunk=a.chunk, iters=a.iters, **common)
         elif a.workload == "alltoall":
             res = alltoall(hosts, a.size, line_rate=a.line_rate, base_rtt=a.base_rtt, **common)
         elif a.workload == "longlived":
