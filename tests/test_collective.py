@@ -411,18 +411,29 @@ def test_tuned_cc_parameters_reach_the_nics_for_that_run_only(tmp_path: Path) ->
 
 
 class _FakeQp:
-    """A queue pair that hands over what the test puts in and completes every send."""
+    """A queue pair that hands over what the test delivers and completes every send, telling
+    its watcher as a core does (QueuePair.watch)."""
+
+    watch: set[Any] | None = None
 
     def __init__(self, qpn: int) -> None:
         self.qpn = qpn
         self.inbox: list[bytes] = []
 
+    def deliver(self, data: bytes) -> None:
+        self.inbox.append(data)
+        if self.watch is not None:
+            self.watch.add(self)
+
     def poll_recv(self) -> Any:
         if not self.inbox:
             return None
-        return type("Msg", (), {"data": self.inbox.pop(0)})()
+        data = self.inbox.pop(0)
+        return type("Msg", (), {"data": data, "size": len(data)})()
 
     def post_send(self, data: bytes, now: float, tag: object = None, size: int = 0) -> Any:
+        if self.watch is not None:
+            self.watch.add(self)
         return type("Op", (), {"done": True, "t_done": now})()
 
 
@@ -459,11 +470,11 @@ def test_next_iterations_messages_during_compute_are_kept() -> None:
         return HEADER.pack(it, x.id) + job._inputs(it, 0).tobytes()
 
     job.start(0.0)
-    qp.inbox.append(msg(0))
+    qp.deliver(msg(0))
     assert not job.poll(1.0)  # iteration 0's collective: data in, own send posted
     assert not job.poll(1.0)  # the send completed: iteration 1 computes
     assert job.it == 1 and job.phase == "compute"
-    qp.inbox.append(msg(1))  # the peer is in iteration 1 already
+    qp.deliver(msg(1))  # the peer is in iteration 1 already
     assert not job.poll(1.5)
     assert not job.poll(2.0)  # iteration 1: the kept data in, own send posted
     assert job.poll(2.0) and job.ok and job.unexpected == 0

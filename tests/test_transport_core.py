@@ -209,6 +209,21 @@ def test_a_queue_pair_stores_the_first_bytes_it_is_told_to() -> None:
         qb.store_bytes = -1
 
 
+def test_a_watched_queue_pair_is_named_on_completions_and_messages() -> None:
+    """`watch`: the core adds a queue pair to its watcher's set when a send completes and when
+    a message arrives, and not for packets that do neither."""
+    a, b = pair(ack_every=100)
+    seen: set[object] = set()
+    a.qps[5].watch = b.qps[6].watch = seen
+    a.qps[5].post_send(bytes(3 * MTU), 0.0)
+    qa, qb = a.qps[5], b.qps[6]
+    b.receive(qa.peek(0.0) or b"", 0.0)  # the first packet: no message yet
+    qa.commit(0.0)
+    assert not seen
+    shuttle(a, b, 0.0)
+    assert seen == {qa, qb}
+
+
 def test_a_completed_message_is_not_kept_by_the_core() -> None:
     """A sender's core forgets a message once it is acknowledged: only its poster holds the
     SendOp (with its data). A queue of completed messages that no job read kept every message

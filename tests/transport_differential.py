@@ -158,9 +158,11 @@ def drive(native: bool, seed: int, steps: int, **cfg: Any) -> list[Any]:
     # what each stores of a message (all, none, or its first bytes), from a stream of its own
     # so the sequences stay those the other tests were written on
     stores = random.Random(-seed)
+    watched: set[Any] = set()  # the queue pairs a completion or a message touched
     for core in cores:
         for qp in core.qps.values():
             qp.store_bytes = stores.choice([None, None, 0, 3, mtu + 5])
+            qp.watch = watched
     now = 0.0
     flight: list[tuple[TransportCore, bytes]] = []
     ops: list[Any] = []
@@ -205,6 +207,8 @@ def drive(native: bool, seed: int, steps: int, **cfg: Any) -> list[Any]:
             now += rng.choice([0.0, 1e-6, 3e-6, a.cfg.rto / 3, a.cfg.rto, 2 * a.cfg.rto])
             for core in cores:
                 core.expire(now)
+        log.append(("watched", sorted(qp.qpn for qp in watched)))
+        watched.clear()
         log.append(("state", _snapshot(a), _snapshot(b)))
         log.append(("done", tuple(op.t_done for op in ops)))
     return log

@@ -338,6 +338,17 @@ class CollectiveJob:
                         q = t.create_qp(qpn(host, slot), peer_ip, qpn(me, slot))
                 chans.append(Channel(c, q, peer=p))
             self.channels[p] = chans
+        # the queue pairs whose sends completed or that received since the job last looked
+        # (the core adds them: QueuePair.watch), so that a poll costs what changed, not a look
+        # at each of an all-to-all's n - 1 peers; taken in the channels' order
+        self._changed: set[QueuePair] = set()
+        self._chan_of: dict[QueuePair, Channel] = {}
+        self._order: dict[QueuePair, int] = {}
+        for chans in self.channels.values():
+            for ch in chans:
+                self._chan_of[ch.qp] = ch
+                self._order[ch.qp] = len(self._order)
+                ch.qp.watch = self._changed
         if lay.sizes:  # a message is its header and fingerprints, then zeros: store the former
             most: dict[int, int] = {}
             for x in self.incoming.values():
@@ -366,6 +377,9 @@ class CollectiveJob:
         # ready transfers per (peer, channel; -1 for any) in plan order (pieces in the order
         # they started): a heap of (id, transfer)
         self.ready: dict[tuple[int, int], list[tuple[int, Transfer]]] = {}
+        self._pending: set[tuple[int, int]] = set()  # the keys of `ready`'s non-empty heaps
+        self._rank: dict[tuple[int, int], int] = {}  # each key's place in `ready`
+        self._inflight = 0  # messages posted and not complete, on all channels
         self.arrived: set[int] = set()
         self.early: list[tuple[int, Transfer, bytes]] = []
         self.ok = True
@@ -449,6 +463,8 @@ class CollectiveJob:
         self.arrived = set()
         self.waiting = {x.id: len(x.deps) for x in self.outgoing}
         self.ready = {}
+        self._pending = set()
+        self._rank = {}
         for x in self.outgoing:
             if not x.deps:
                 self._make_ready(x)
@@ -511,11 +527,7 @@ class CollectiveJob:
                 continue
             # net
             self._progress(now)
-            if (
-                len(self.arrived) < len(self.incoming)
-                or any(self.ready.values())
-                or any(ch.inflight for chans in self.channels.values() for ch in chans)
-            ):
+            if len(self.arrived) < len(self.incoming) or self._pending or self._inflight:
                 return False
             if self.cfg.algorithm == "hier":
                 self.phase, self.phase_end = "post", now + self._nvlink_time()
@@ -527,10 +539,10 @@ class CollectiveJob:
     def _receive_early(self) -> None:
         """Take messages of peers already in the collective while this rank still computes
         (they are kept until it gets there)."""
-        for p, chans in self.channels.items():
-            for ch in chans:
-                while (m := ch.qp.poll_recv()) is not None:
-                    self._on_message(p, m)
+        for qp in sorted(self._changed, key=self._order.__getitem__):
+            while (m := qp.poll_recv()) is not None:
+                self._on_message(self._chan_of[qp].peer, m)
+        # (the queue pairs stay changed: their completions are the collective's to take)
 
     def _on_message(self, peer: int, m: ReceivedMessage) -> None:
         data = m.data
@@ -572,15 +584,26 @@ class CollectiveJob:
 
     def _make_ready(self, x: Transfer) -> None:
         key = (x.dst, x.channel if self.cfg.schedule == "static" else -1)
-        heapq.heappush(self.ready.setdefault(key, []), (x.id, x))
+        heap = self.ready.get(key)
+        if heap is None:
+            heap = self.ready[key] = []
+            self._rank[key] = len(self._rank)
+        heapq.heappush(heap, (x.id, x))
+        self._pending.add(key)
 
     def _progress(self, now: float) -> None:
-        for p, chans in self.channels.items():
-            for ch in chans:
-                while (m := ch.qp.poll_recv()) is not None:
-                    self._on_message(p, m)
-                self._complete(ch, now)
-        for queue in self.ready.values():
+        changed = sorted(self._changed, key=self._order.__getitem__)
+        self._changed.clear()
+        for qp in changed:
+            ch = self._chan_of[qp]
+            while (m := qp.poll_recv()) is not None:
+                self._on_message(ch.peer, m)
+            self._complete(ch, now)
+        if not self._pending:
+            return
+        # the non-empty heaps, in the order of `ready`
+        for key in sorted(self._pending, key=self._rank.__getitem__):
+            queue = self.ready[key]
             while queue:
                 x = queue[0][1]
                 picked = self._pick(x, now)
@@ -588,10 +611,13 @@ class CollectiveJob:
                     break
                 heapq.heappop(queue)
                 self._send(picked, x, now)
+            if not queue:
+                self._pending.discard(key)
 
     def _complete(self, ch: Channel, now: float) -> None:
         while ch.inflight and ch.inflight[0][0].done:
             op, x, _ = ch.inflight.popleft()
+            self._inflight -= 1
             ch.inflight_bytes -= x.nbytes
             t_done = op.t_done if op.t_done is not None else now
             service = t_done - ch.head_since
@@ -657,6 +683,7 @@ class CollectiveJob:
         # sizes: the fingerprints, then zeros up to the transfer's size (not in memory)
         op = ch.qp.post_send(data, now, tag=x.id, size=HEADER.size + x.nbytes)
         ch.inflight.append((op, x, now))
+        self._inflight += 1
         ch.inflight_bytes += x.nbytes
         ch.sent_bytes += HEADER.size + x.nbytes
         ch.sent_msgs += 1

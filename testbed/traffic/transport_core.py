@@ -247,6 +247,11 @@ class Outgoing(NamedTuple):
 class QueuePair:
     """One end of a reliable connection. Create with `TransportCore.create_qp`."""
 
+    # The set the core adds this queue pair to when one of its sends completes or a message
+    # arrives on it (None: no one watches): its job reads which of its many queue pairs
+    # changed without looking at each after every event.
+    watch: set[QueuePair] | None = None
+
     def __init__(
         self,
         core: TransportCore,
@@ -523,6 +528,8 @@ class QueuePair:
             op.t_done = now
             self.counters.messages_sent += 1
             self._cur = max(0, self._cur - 1)
+            if self.watch is not None:
+                self.watch.add(self)
         if q or self.nxt < self.tail:
             self.core.active.add(self)
 
@@ -688,6 +695,8 @@ class QueuePair:
             if not self.rx_overflow:
                 msg = ReceivedMessage(self.rx_buf, self.rx_size, self.rx_t_first, now)
                 self.recv_q.append(msg)
+                if self.watch is not None:
+                    self.watch.add(self)
                 c.messages_received += 1
             self.rx_buf = bytearray()
             self.rx_size = 0

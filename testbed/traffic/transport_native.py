@@ -469,15 +469,20 @@ class NativeTransportCore(TransportCore):
                 qp = qps[d.qp]
                 qp.send_q.popleft().t_done = d.t
                 qp._buffers.popleft()
+                if qp.watch is not None:
+                    qp.watch.add(qp)
         if nm:
             msgs = tp.msgs
             for i in range(nm):
                 m = msgs[i]
-                qps[m.qp].recv_q.append(
+                qp = qps[m.qp]
+                qp.recv_q.append(
                     ReceivedMessage(
                         bytearray(ffi.buffer(m.data, m.len)), m.size, m.t_first, m.t_done
                     )
                 )
+                if qp.watch is not None:
+                    qp.watch.add(qp)
         if nf:
             fbs = tp.fb
             for i in range(nf):
