@@ -146,6 +146,8 @@ class TransportConfig:
             raise ValueError("psn_window must be in [1, 2^23]")
         if self.max_message < self.mtu:
             raise ValueError("max_message must hold at least one packet")
+        if not 0 < self.rto <= self.rto_max:
+            raise ValueError(f"rto {self.rto} s must be above 0 and at most rto_max {self.rto_max}")
         if self.retransmit not in RETRANSMIT_SCHEMES:
             raise ValueError(
                 f"retransmit {self.retransmit!r}: one of {', '.join(RETRANSMIT_SCHEMES)}"

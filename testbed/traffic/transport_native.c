@@ -575,6 +575,7 @@ void xm_tp_free(struct xm_tp *tp)
 	free_queued(tp);
 	sink_free(tp->sink_state);
 	free(tp->qps);
+	free(tp->dl_heap);
 	free(tp->map_key);
 	free(tp->map_val);
 	free(tp->done);
@@ -626,11 +627,69 @@ static int map_put(struct xm_tp *tp, uint32_t qpn, uint32_t val)
 }
 
 /* QueuePair.__init__; returns the queue pair's index, -1 out of memory */
+/* ---- the deadline heap (xm_tp.dl_heap) ---- */
+
+static inline double dl_key(const struct xm_tp *tp, uint32_t k)
+{
+	const struct xm_tp_qp *qp = tp->qps[tp->dl_heap[k]];
+	return qp->last_progress + qp->rto;
+}
+
+static void dl_swap(struct xm_tp *tp, uint32_t a, uint32_t b)
+{
+	uint32_t x = tp->dl_heap[a];
+	tp->dl_heap[a] = tp->dl_heap[b];
+	tp->dl_heap[b] = x;
+	tp->qps[tp->dl_heap[a]]->dl_pos = (int32_t)a;
+	tp->qps[tp->dl_heap[b]]->dl_pos = (int32_t)b;
+}
+
+static void dl_sift(struct xm_tp *tp, uint32_t k)
+{
+	while (k > 0 && dl_key(tp, k) < dl_key(tp, (k - 1) / 2)) {
+		dl_swap(tp, k, (k - 1) / 2);
+		k = (k - 1) / 2;
+	}
+	for (;;) {
+		uint32_t l = 2 * k + 1, r = l + 1, m = k;
+		if (l < tp->dl_n && dl_key(tp, l) < dl_key(tp, m))
+			m = l;
+		if (r < tp->dl_n && dl_key(tp, r) < dl_key(tp, m))
+			m = r;
+		if (m == k)
+			return;
+		dl_swap(tp, k, m);
+		k = m;
+	}
+}
+
+/* after a queue pair's una, high, last_progress or rto changed: its place in the heap (the
+ * heap holds a place for every queue pair, made with it: this never allocates) */
+static void dl_update(struct xm_tp *tp, struct xm_tp_qp *qp)
+{
+	if (qp->una < qp->high) {
+		if (qp->dl_pos < 0) {
+			qp->dl_pos = (int32_t)tp->dl_n;
+			tp->dl_heap[tp->dl_n++] = qp->index;
+		}
+		dl_sift(tp, (uint32_t)qp->dl_pos);
+	} else if (qp->dl_pos >= 0) {
+		uint32_t k = (uint32_t)qp->dl_pos;
+		qp->dl_pos = -1;
+		if (k == --tp->dl_n)
+			return;
+		tp->dl_heap[k] = tp->dl_heap[tp->dl_n];
+		tp->qps[tp->dl_heap[k]]->dl_pos = (int32_t)k;
+		dl_sift(tp, k);
+	}
+}
+
 int32_t xm_tp_create_qp(struct xm_tp *tp, uint32_t qpn, uint32_t remote_qpn, uint16_t sport,
 			const uint8_t *local_addr, const uint8_t *peer_addr, uint32_t sq_psn,
 			uint32_t rq_psn)
 {
-	if (grow((void **)&tp->qps, &tp->cap_qps, tp->nqps + 1, sizeof(*tp->qps)))
+	if (grow((void **)&tp->qps, &tp->cap_qps, tp->nqps + 1, sizeof(*tp->qps)) ||
+	    grow((void **)&tp->dl_heap, &tp->dl_cap, tp->nqps + 1, sizeof(*tp->dl_heap)))
 		return -1;
 	struct xm_tp_qp *qp = calloc(1, sizeof(*qp));
 	if (!qp || map_put(tp, qpn, tp->nqps + 1)) {
@@ -648,6 +707,7 @@ int32_t xm_tp_create_qp(struct xm_tp *tp, uint32_t qpn, uint32_t remote_qpn, uin
 	qp->rto = tp->cfg.rto;
 	qp->last_cnp = -1e18;
 	qp->store = UINT64_MAX;
+	qp->dl_pos = -1;
 	tp->qps[tp->nqps++] = qp;
 	return (int32_t)qp->index;
 }
@@ -853,6 +913,7 @@ void xm_tp_commit(struct xm_tp *tp, uint32_t index, double now)
 	qp->nxt = seq + 1;
 	if (qp->nxt > qp->high)
 		qp->high = qp->nxt;
+	dl_update(tp, qp);
 }
 
 /* QueuePair._advance */
@@ -865,6 +926,7 @@ static void advance(struct xm_tp *tp, struct xm_tp_qp *qp, int64_t una, double n
 		qp->nxt = una;
 	qp->rto = tp->cfg.rto;
 	qp->last_progress = now;
+	dl_update(tp, qp);
 	while (qp->ops_len && op_at(qp, 0)->first_seq + op_at(qp, 0)->npkts <= una) {
 		qp->ops_head = (qp->ops_head + 1) % qp->ops_cap;
 		qp->ops_len--;
@@ -921,33 +983,24 @@ static void on_ack(struct xm_tp *tp, struct xm_tp_qp *qp, uint32_t psn, uint8_t 
 /* TransportCore.next_deadline: 0 and *at unset for none */
 int xm_tp_next_deadline(struct xm_tp *tp, double *at)
 {
-	int any = 0;
-	double best = 0;
-	for (uint32_t i = 0; i < tp->nqps; i++) {
-		struct xm_tp_qp *qp = tp->qps[i];
-		if (qp->una < qp->high) {
-			double d = qp->last_progress + qp->rto;
-			if (!any || d < best)
-				best = d;
-			any = 1;
-		}
-	}
-	*at = best;
-	return any;
+	*at = tp->dl_n ? dl_key(tp, 0) : 0;
+	return tp->dl_n > 0;
 }
 
-/* TransportCore.expire */
+/* TransportCore.expire: each queue pair due, from the heap's top (what a timeout changes is
+ * the queue pair's own: the order they are taken in changes nothing) */
 void xm_tp_expire(struct xm_tp *tp, double now)
 {
-	for (uint32_t i = 0; i < tp->nqps; i++) {
-		struct xm_tp_qp *qp = tp->qps[i];
-		if (qp->una < qp->high && now >= qp->last_progress + qp->rto) {
-			qp->c.timeouts++;
-			qp->nxt = qp->una;
-			qp->rto = qp->rto * 2 < tp->cfg.rto_max ? qp->rto * 2 : tp->cfg.rto_max;
-			qp->last_progress = now;
-			qp->active = 1;
-		}
+	/* (a timeout moves its queue pair's deadline past now, rto being above 0: each due one
+	 * is taken once; the bound is for a configuration that would break that) */
+	for (uint32_t left = tp->dl_n; left && tp->dl_n && now >= dl_key(tp, 0); left--) {
+		struct xm_tp_qp *qp = tp->qps[tp->dl_heap[0]];
+		qp->c.timeouts++;
+		qp->nxt = qp->una;
+		qp->rto = qp->rto * 2 < tp->cfg.rto_max ? qp->rto * 2 : tp->cfg.rto_max;
+		qp->last_progress = now;
+		qp->active = 1;
+		dl_update(tp, qp);
 	}
 }
 

@@ -55,6 +55,7 @@ struct xm_tp_qp {
 	/* the message's bytes so far, stored or not; how many of each message to store
 	 * (QueuePair.store_bytes; UINT64_MAX: all) */
 	uint64_t rx_size, store;
+	int32_t dl_pos; /* its place in xm_tp's deadline heap (-1: nothing in flight) */
 	uint8_t *pending_int; /* the INT stack the next ACK echoes (malloc'd as it grows) */
 	uint32_t pending_int_len, pending_int_cap;
 };
@@ -90,6 +91,11 @@ struct xm_tp {
 	int64_t drops_total, rx_packets, probes_ignored;
 	struct xm_tp_qp **qps;
 	uint32_t nqps, cap_qps;
+	/* the queue pairs with packets in flight, a binary heap by their retransmission
+	 * deadline (last_progress + rto): the earliest at the top, found without looking at
+	 * each of a thousand queue pairs after every packet */
+	uint32_t *dl_heap;
+	uint32_t dl_n, dl_cap;
 	/* qpn -> index + 1, open addressing */
 	uint32_t *map_key, *map_val, map_cap;
 	struct xm_tp_done *done;
