@@ -158,6 +158,14 @@ def test_a_reordered_packet_is_told_from_a_lost_one(what: str) -> None:
         assert (c.reordered, c.gaps_lost, b.sink.reports["loss"]) == (0, 1, 1)
 
 
+@pytest.mark.parametrize("rto,rto_max", [(0.0, 0.2), (-1.0, 0.2), (0.3, 0.2), (float("nan"), 0.2)])
+def test_a_retransmission_timeout_not_above_zero_or_above_its_ceiling_is_refused(
+    rto: float, rto_max: float
+) -> None:
+    with pytest.raises(ValueError, match="rto"):
+        TransportConfig(local_ip=A, rto=rto, rto_max=rto_max)
+
+
 def test_bad_input_is_counted_and_dropped() -> None:
     a, b = pair()
     a.qps[5].post_send(bytes(10), 0.0)
