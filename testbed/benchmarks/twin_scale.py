@@ -26,7 +26,7 @@ SIZE = 16 << 20
 GOAL_CPU_S = {"allreduce": 15 * 60, "alltoall": None}
 # The flow engine's all-to-all is a flow per pair of ranks, each routed on its own ECMP path,
 # and rates allocated again at every completion: 65,280 flows (256 hosts) take seconds, the
-# 1,047,552 of 1,024 hosts had not after 8 minutes (docs/twin.md, "A million queue pairs")
+# 1,047,552 of 1,024 hosts had not after 45 CPU minutes (docs/twin.md, "A million queue pairs")
 FLOW_MAX_PAIRS = 100_000
 
 
