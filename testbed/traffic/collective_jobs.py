@@ -340,14 +340,12 @@ class CollectiveJob:
             self.channels[p] = chans
         # the queue pairs whose sends completed or that received since the job last looked
         # (the core adds them: QueuePair.watch), so that a poll costs what changed, not a look
-        # at each of an all-to-all's n - 1 peers; taken in the channels' order
+        # at each of an all-to-all's n - 1 peers; taken in the channels' order (`_changed`)
         self._changed: set[QueuePair] = set()
         self._chan_of: dict[QueuePair, Channel] = {}
-        self._order: dict[QueuePair, int] = {}
         for chans in self.channels.values():
             for ch in chans:
                 self._chan_of[ch.qp] = ch
-                self._order[ch.qp] = len(self._order)
                 ch.qp.watch = self._changed
         if lay.sizes:  # a message is its header and fingerprints, then zeros: store the former
             most: dict[int, int] = {}
@@ -539,10 +537,15 @@ class CollectiveJob:
     def _receive_early(self) -> None:
         """Take messages of peers already in the collective while this rank still computes
         (they are kept until it gets there)."""
-        for qp in sorted(self._changed, key=self._order.__getitem__):
-            while (m := qp.poll_recv()) is not None:
-                self._on_message(self._chan_of[qp].peer, m)
+        for ch in self._changed_channels():
+            while (m := ch.qp.poll_recv()) is not None:
+                self._on_message(ch.peer, m)
         # (the queue pairs stay changed: their completions are the collective's to take)
+
+    def _changed_channels(self) -> list[Channel]:
+        """The channels of the changed queue pairs, in the order of `channels` (by peer, then
+        channel)."""
+        return sorted((self._chan_of[q] for q in self._changed), key=lambda c: (c.peer, c.index))
 
     def _on_message(self, peer: int, m: ReceivedMessage) -> None:
         data = m.data
@@ -592,11 +595,10 @@ class CollectiveJob:
         self._pending.add(key)
 
     def _progress(self, now: float) -> None:
-        changed = sorted(self._changed, key=self._order.__getitem__)
+        changed = self._changed_channels()
         self._changed.clear()
-        for qp in changed:
-            ch = self._chan_of[qp]
-            while (m := qp.poll_recv()) is not None:
+        for ch in changed:
+            while (m := ch.qp.poll_recv()) is not None:
                 self._on_message(ch.peer, m)
             self._complete(ch, now)
         if not self._pending:
