@@ -1051,9 +1051,8 @@ static int accept_data(struct xm_tp *tp, struct xm_tp_qp *qp, uint8_t opcode, ui
 	}
 	if (!qp->rx_overflow) {
 		/* the part of this payload the queue pair stores (store_bytes: its first bytes) */
-		uint32_t k = qp->rx_len >= qp->store ? 0
-			     : qp->store - qp->rx_len < n ? (uint32_t)(qp->store - qp->rx_len)
-							  : n;
+		uint64_t room = qp->rx_len < qp->store ? qp->store - qp->rx_len : 0;
+		uint32_t k = room < n ? (uint32_t)room : n;
 		if (qp->rx_len + k > qp->rx_cap) {
 			/* from a little: a queue pair that stores a few bytes of each message (the
 			 * collectives' size mode) holds a few, for each of a million queue pairs */
