@@ -65,3 +65,46 @@ def test_late_start() -> None:
     # f0 alone for 1 s (8 bits), then both at 4 b/s: f1 (8 bits) ends at 3 s, f0 has
     # 32 - 8 - 8 = 16 bits left at 8 b/s: 5 s
     assert end.tolist() == pytest.approx([5.0, 3.0])
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_many_levels_equal_the_reference(seed: int) -> None:
+    # hundreds of flows at dozens of bottleneck levels: the rounds that take frozen flows'
+    # entries out of the links' loads, against the definition
+    rng = np.random.default_rng(100 + seed)
+    n_links, n_flows = 40, 300
+    cap = rng.integers(1, 50, n_links).astype(np.float64) * 10
+    paths = [
+        [(int(h), 1.0) for h in rng.choice(n_links, size=int(rng.integers(1, 5)), replace=False)]
+        for _ in range(n_flows)
+    ]
+    fast = maxmin.rates(routes_of(paths), cap)
+    assert len(np.unique(fast.round(9))) > 10
+    assert fast.tolist() == pytest.approx(maxmin.reference_rates(paths, cap.tolist()), rel=1e-9)
+
+
+def test_completions_equal_allocating_from_scratch() -> None:
+    # the events of `complete` against a plain loop: at each completion, the reference's
+    # rates among the flows left
+    rng = np.random.default_rng(7)
+    n_links, n_flows = 12, 60
+    cap = rng.integers(1, 20, n_links).astype(np.float64)
+    paths = [
+        [(int(h), 1.0) for h in rng.choice(n_links, size=int(rng.integers(1, 4)), replace=False)]
+        for _ in range(n_flows)
+    ]
+    sizes = rng.integers(1, 100, n_flows).astype(np.float64)
+    end, _ = maxmin.complete(routes_of(paths), cap, sizes)
+    left = {f: sizes[f] * 8 for f in range(n_flows)}
+    now, want = 0.0, [0.0] * n_flows
+    while left:
+        alive = sorted(left)
+        rate = maxmin.reference_rates([paths[f] for f in alive], cap.tolist())
+        dt = min(left[f] / r for f, r in zip(alive, rate, strict=True))
+        now += dt
+        for f, r in zip(alive, rate, strict=True):
+            left[f] -= r * dt
+            if left[f] <= 1e-9 * sizes[f] * 8 + 1e-6:
+                want[f] = now
+                del left[f]
+    assert end.tolist() == pytest.approx(want, rel=1e-9)

@@ -2,9 +2,12 @@
 
 Progressive filling: every flow not yet frozen grows at the same pace; a link is full when
 the coefficients of its flows times their rates reach its capacity, and the flows crossing a
-full link freeze. Vectorized over the links x flows incidence (COO arrays from
-`routing.Routes`): each round is a few `bincount`s over the incidence, and there are as many
-rounds as distinct bottleneck levels (a collective's flows have one or a few).
+full link freeze. Vectorized over the links x flows incidence (`routing.Routes`, with its
+entries also in link order): the links' loads are summed once per allocation, and a round
+costs the used links plus the entries of the flows that froze in it, which leave the loads.
+There are as many rounds as distinct bottleneck levels: a ring's flows have one or a few; an
+all-to-all whose flows collide on ECMP has about one per host (each host link's share rises
+as its flows freeze elsewhere).
 
 `reference_rates` is the same definition written plainly, link by link and flow by flow, to
 check the vectorized one against.
@@ -28,31 +31,63 @@ def rates(routes: Routes, cap: np.ndarray, active: np.ndarray | None = None) -> 
     n = routes.n_flows
     rate = np.zeros(n)
     growing = np.ones(n, dtype=bool) if active is None else active.copy()
-    flow = routes.flow_of_entry()
-    link, coeff = routes.links, routes.coeff
-    # keep only the entries of active flows
-    keep = growing[flow]
-    flow, link, coeff = flow[keep], link[keep], coeff[keep]
-    # links that carry nothing cannot limit anyone: work on the used ones only
-    used, link = np.unique(link, return_inverse=True)
+    flow_of, by_link = routes.incidence()
+    # the entries of the growing flows, in link order (each link's in flow order)
+    ent = by_link[growing[flow_of[by_link]]]
+    if not len(ent):
+        return rate
+    lk = routes.links[ent]
+    first = np.flatnonzero(np.r_[True, lk[1:] != lk[:-1]])  # each used link's first entry
+    used = lk[first]
+    ptr = np.r_[first, len(ent)]
+    local = np.zeros(len(cap), dtype=np.int64)
+    local[used] = np.arange(len(used))
+    load = np.add.reduceat(routes.coeff[ent], first)
+    flows_on = np.diff(ptr)
     rem = cap[used].astype(np.float64).copy()
     full_at = REL_EPS * cap[used]
+    # Every growing flow has the same rate, `level`, the sum of the increments so far; a flow
+    # freezes at the level it had, and its entries leave the links' loads. A round costs the
+    # used links and the entries that froze in it: an all-to-all's flows freeze over as many
+    # rounds as there are hosts, at as many levels.
+    level = 0.0
+    seen = np.zeros(n, dtype=np.int64)
     while True:
-        on = growing[flow]
-        if not on.any():
+        busy = flows_on > 0
+        if not busy.any():
             break
-        load = np.bincount(link[on], weights=coeff[on], minlength=len(used))
-        busy = load > 0
-        room = np.full(len(used), np.inf)
-        room[busy] = rem[busy] / load[busy]
+        room = np.divide(rem, load, out=np.full(len(used), np.inf), where=busy)
         inc = float(room.min())
-        rate[growing] += inc
+        level += inc
         rem -= inc * load
         # the links that set the increment are full (whatever the rounding left in them)
-        full = busy & ((room <= inc * (1 + REL_EPS)) | (rem <= full_at))
-        frozen = np.unique(flow[on & full[link]])
+        full = np.flatnonzero(busy & ((room <= inc * (1 + REL_EPS)) | (rem <= full_at)))
+        on_full = flow_of[ent[_ranges(ptr[full], ptr[full + 1])]]
+        on_full = on_full[growing[on_full]]
+        # each once (a flow may cross two full links): its last occurrence
+        seen[on_full] = np.arange(len(on_full))
+        frozen = on_full[seen[on_full] == np.arange(len(on_full))]
+        rate[frozen] = level
         growing[frozen] = False
+        gone = _ranges(routes.indptr[frozen], routes.indptr[frozen + 1])
+        at = local[routes.links[gone]]
+        np.subtract.at(load, at, routes.coeff[gone])
+        flows_on -= np.bincount(at, minlength=len(used))
+        load[flows_on == 0] = 0.0  # what the subtractions' rounding left
+    # a growing flow on no link (none in a fabric's routes) grew with the others to the end
+    rate[growing] = level
     return rate
+
+
+def _ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """The indices lo[0]..hi[0]-1, lo[1]..hi[1]-1, ... in one array."""
+    lens = hi - lo
+    total = int(lens.sum())
+    if not total:
+        return np.zeros(0, dtype=np.int64)
+    # each range's start, shifted by where it begins in the output
+    shift = np.repeat(lo - np.cumsum(lens) + lens, lens)
+    return shift + np.arange(total)
 
 
 def reference_rates(paths: list[list[tuple[int, float]]], cap: list[float]) -> list[float]:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -100,6 +100,9 @@ class Routes:
     choice_group: np.ndarray
     choice_link: np.ndarray
     choice_size: np.ndarray
+    _incidence: tuple[np.ndarray, np.ndarray] | None = field(
+        default=None, repr=False, compare=False
+    )
 
     @property
     def n_flows(self) -> int:
@@ -107,6 +110,13 @@ class Routes:
 
     def flow_of_entry(self) -> np.ndarray:
         return np.repeat(np.arange(self.n_flows), np.diff(self.indptr))
+
+    def incidence(self) -> tuple[np.ndarray, np.ndarray]:
+        """The flow of every entry, and the entries in link order (stable: a link's in flow
+        order); made once, for the rates' allocations at every completion."""
+        if self._incidence is None:
+            self._incidence = (self.flow_of_entry(), np.argsort(self.links, kind="stable"))
+        return self._incidence
 
     def path(self, f: int) -> list[int]:
         return [int(x) for x in self.links[self.indptr[f] : self.indptr[f + 1]]]
@@ -505,9 +515,31 @@ class _Graph:
         np.cumsum(np.bincount(dst, minlength=fab.n_nodes), out=self.in_ptr[1:])
         self.in_links = live[np.argsort(dst, kind="stable")]
         self._dist: dict[int, np.ndarray] = {}
+        self._hops: dict[tuple[int, int], tuple[list[int], int | None]] = {}
+        self.link_dst: list[int] = fab.link_dst.tolist()  # plain ints: read once per hop
 
     def outs(self, u: int) -> np.ndarray:
         return self.out_links[self.out_ptr[u] : self.out_ptr[u + 1]]
+
+    def hop(self, u: int, target: int) -> tuple[list[int], int | None]:
+        """The links out of `u` on a shortest path to `target` (in link order: the ECMP
+        members), and their ECMP group when there is a choice: this switch and, where the
+        members all lead to one next switch (parallel links), that one too. Cached: a
+        fabric's flows share few (node, target) pairs, and an all-to-all of a thousand hosts
+        asks a million flows' hops."""
+        got = self._hops.get((u, target))
+        if got is None:
+            d = self.dist(target)
+            outs = self.outs(u)
+            nxt = self.fab.link_dst[outs]
+            on = d[nxt] == d[u] - 1
+            cand = [int(lk) for lk in outs[on]]
+            key = None
+            if len(cand) > 1:
+                nodes = np.unique(nxt[on])
+                key = u if len(nodes) > 1 else u * self.fab.n_nodes + int(nodes[0])
+            got = self._hops[(u, target)] = (cand, key)
+        return got
 
     def dist(self, target: int) -> np.ndarray:
         """Hops to `target` over the network: GPUs are endpoints (never crossed), and
@@ -585,19 +617,15 @@ def _route_search(
         else:
             u = a
             while u != b:
-                cand = [lk for lk in gr.outs(u) if d[fab.link_dst[lk]] == d[u] - 1]
-                lk = int(cand[hv % len(cand)])
-                if len(cand) > 1:
-                    # the group: this switch and, where the candidates all lead to one next
-                    # switch (parallel links), that one too
-                    nxt_nodes = {int(fab.link_dst[c]) for c in cand}
-                    key = u if len(nxt_nodes) > 1 else u * fab.n_nodes + nxt_nodes.pop()
+                cand, key = gr.hop(u, b)
+                lk = cand[hv % len(cand)]
+                if key is not None:
                     groups.append(key)
                     chosen.append(lk)
                     sizes.append(len(cand))
                 links.append(lk)
                 coeff.append(1.0)
-                u = int(fab.link_dst[lk])
+                u = gr.link_dst[lk]
         rows_links.append(links)
         rows_coeff.append(coeff)
     indptr = np.zeros(len(src) + 1, dtype=np.int64)
