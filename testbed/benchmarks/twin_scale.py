@@ -43,6 +43,7 @@ def flow_prediction(fabric: tuple[int, int, int], size: int, kind: str) -> dict[
         "ideal_s": ideal.time_s,
         "efficiency": got.efficiency,
         "regime": got.regime,
+        "note": got.note,  # e.g. beyond the fitted times: the efficiency at the nearest
         "predicted_s": ideal.time_s / got.efficiency,
         "cpu_s": round(time.process_time() - c0, 2),
     }
