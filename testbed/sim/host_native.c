@@ -39,7 +39,9 @@ void xm_host_free(struct xm_host *h)
 	free(h->flows);
 	free(h->map);
 	free(h->qp_flow);
-	free(h->senders);
+	free(h->sq_heap);
+	free(h->sq_key);
+	free(h->sq_pos);
 	free(h->fb);
 	free(h);
 }
@@ -54,6 +56,11 @@ void xm_host_reset(struct xm_host *h)
 		memset(h->qp_flow, 0, (size_t)h->cap_qp_flow * sizeof(*h->qp_flow));
 	h->fb_head = h->fb_len = 0;
 	h->rate_flow = -1;
+	/* the senders' heap is the last core's: made again at the next kick */
+	if (h->sq_pos)
+		memset(h->sq_pos, 0xff, (size_t)h->cap_sq_pos * sizeof(*h->sq_pos));
+	h->sq_n = 0;
+	h->sq_tp = NULL;
 }
 
 static int grow(void **p, uint32_t *cap, uint32_t need, size_t size)
@@ -250,6 +257,129 @@ static int send_feedback(struct xm_host *h, const struct xm_tp_fb *out, int64_t 
 	return depart(h, frame, n, 14 + out->len, now, f);
 }
 
+/* ---- the senders' heap, by (key, qpn) ---- */
+
+static int sq_before(const struct xm_host *h, uint32_t a, uint32_t b)
+{
+	if (h->sq_key[a] != h->sq_key[b])
+		return h->sq_key[a] < h->sq_key[b];
+	return h->sq_tp->qps[h->sq_heap[a]]->qpn < h->sq_tp->qps[h->sq_heap[b]]->qpn;
+}
+
+static void sq_swap(struct xm_host *h, uint32_t a, uint32_t b)
+{
+	uint32_t qa = h->sq_heap[a], qb = h->sq_heap[b];
+	int64_t k = h->sq_key[a];
+	h->sq_heap[a] = qb;
+	h->sq_heap[b] = qa;
+	h->sq_key[a] = h->sq_key[b];
+	h->sq_key[b] = k;
+	h->sq_pos[qb] = (int32_t)a;
+	h->sq_pos[qa] = (int32_t)b;
+}
+
+/* the entry at `i` moved up or down to its place */
+static void sq_fix(struct xm_host *h, uint32_t i)
+{
+	while (i && sq_before(h, i, (i - 1) / 2)) {
+		sq_swap(h, i, (i - 1) / 2);
+		i = (i - 1) / 2;
+	}
+	for (;;) {
+		uint32_t l = 2 * i + 1, r = l + 1, m = i;
+		if (l < h->sq_n && sq_before(h, l, m))
+			m = l;
+		if (r < h->sq_n && sq_before(h, r, m))
+			m = r;
+		if (m == i)
+			return;
+		sq_swap(h, i, m);
+		i = m;
+	}
+}
+
+static void sq_pop(struct xm_host *h)
+{
+	h->sq_pos[h->sq_heap[0]] = -1;
+	if (--h->sq_n) {
+		h->sq_heap[0] = h->sq_heap[h->sq_n];
+		h->sq_key[0] = h->sq_key[h->sq_n];
+		h->sq_pos[h->sq_heap[0]] = 0;
+		sq_fix(h, 0);
+	}
+}
+
+/* queue pair `index` in the heap with its flow's next departure as its key (its flow looked
+ * up now, as SimHost._kick looks up a sender's); -1 out of memory */
+static int sq_put(struct xm_host *h, uint32_t index)
+{
+	int64_t fi = qp_flow(h, index);
+	if (fi < 0)
+		return -1;
+	int64_t key = h->flows[fi].next_ns;
+	int32_t at = h->sq_pos[index];
+	if (at >= 0) {
+		h->sq_key[at] = key;
+		sq_fix(h, (uint32_t)at);
+		return 0;
+	}
+	if (grow((void **)&h->sq_heap, &h->cap_sq_heap, h->sq_n + 1, sizeof(*h->sq_heap)) ||
+	    grow((void **)&h->sq_key, &h->cap_sq_key, h->sq_n + 1, sizeof(*h->sq_key)))
+		return -1;
+	h->sq_heap[h->sq_n] = index;
+	h->sq_key[h->sq_n] = key;
+	h->sq_pos[index] = (int32_t)h->sq_n;
+	sq_fix(h, h->sq_n++);
+	return 0;
+}
+
+static int by_index(const void *a, const void *b)
+{
+	uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+	return (x > y) - (x < y);
+}
+
+/* the queue pairs the core made active since the last kick that looked, into the heap if
+ * they can send, in index order (SimHost._kick looks at the core's senders in that order, and
+ * makes their flows as it meets them). A queue pair can start to send only by what makes it
+ * active (a post, an ACK, a NAK, a timeout), so every sender is in the heap after this; a
+ * heap of another core (a new job) is made from all its queue pairs. -1 out of memory */
+static int sq_take_woken(struct xm_host *h, struct xm_tp *tp)
+{
+	uint32_t old_cap = h->cap_sq_pos;
+	if (grow((void **)&h->sq_pos, &h->cap_sq_pos, tp->nqps, sizeof(*h->sq_pos)))
+		return -1;
+	if (h->cap_sq_pos > old_cap)
+		memset(h->sq_pos + old_cap, 0xff,
+		       (size_t)(h->cap_sq_pos - old_cap) * sizeof(*h->sq_pos));
+	int all = h->sq_tp != tp || tp->woken_lost;
+	if (all) {
+		for (uint32_t i = 0; i < h->sq_n; i++)
+			h->sq_pos[h->sq_heap[i]] = -1;
+		h->sq_n = 0;
+		h->sq_tp = tp;
+		tp->track_woken = 1;
+		tp->woken_lost = 0;
+		for (uint32_t i = 0; i < tp->nwoken; i++)
+			tp->qps[tp->woken[i]]->woken = 0;
+		tp->nwoken = 0;
+		for (uint32_t i = 0; i < tp->nqps; i++)
+			if (h->tp_wants_to_send(tp, i) && sq_put(h, i))
+				return -1;
+		return 0;
+	}
+	if (tp->nwoken > 1)
+		qsort(tp->woken, tp->nwoken, sizeof(*tp->woken), by_index);
+	for (uint32_t i = 0; i < tp->nwoken; i++) {
+		uint32_t index = tp->woken[i];
+		tp->qps[index]->woken = 0;
+		if (h->tp_wants_to_send(tp, index) && sq_put(h, index))
+			return -1;
+	}
+	tp->nwoken = 0;
+	return 0;
+}
+
 /* SimHost._kick */
 static int64_t kick(struct xm_host *h, int64_t t, int64_t now)
 {
@@ -271,22 +401,27 @@ static int64_t kick(struct xm_host *h, int64_t t, int64_t now)
 		return request_kick(h, h->busy_until) ? XM_HOST_NO_MEMORY : 0;
 	}
 	struct xm_tp *tp = h->tp;
-	if (grow((void **)&h->senders, &h->cap_senders, tp->nqps, sizeof(*h->senders)))
+	if (sq_take_woken(h, tp))
 		return XM_HOST_NO_MEMORY;
-	uint32_t n = h->tp_senders(tp, h->senders);
+	/* the sender whose flow departs first (the earlier qpn on a tie): the top, once it still
+	 * sends and its key is its flow's (a key below it moves down, its entry looked at again) */
 	int64_t best = -1, best_t = 0, best_fi = -1;
-	for (uint32_t i = 0; i < n; i++) {
-		uint32_t index = h->senders[i];
-		int64_t fi = qp_flow(h, index);
-		if (fi < 0)
-			return XM_HOST_NO_MEMORY;
-		int64_t next = h->flows[fi].next_ns;
-		if (best < 0 || next < best_t ||
-		    (next == best_t && tp->qps[index]->qpn < tp->qps[best]->qpn)) {
-			best = index;
-			best_t = next;
-			best_fi = fi;
+	while (h->sq_n) {
+		uint32_t index = h->sq_heap[0];
+		if (!h->tp_wants_to_send(tp, index)) {
+			sq_pop(h); /* back when the core makes it active again */
+			continue;
 		}
+		int64_t fi = h->qp_flow[index] - 1;
+		if (h->flows[fi].next_ns != h->sq_key[0]) {
+			h->sq_key[0] = h->flows[fi].next_ns;
+			sq_fix(h, 0);
+			continue;
+		}
+		best = index;
+		best_t = h->sq_key[0];
+		best_fi = fi;
+		break;
 	}
 	if (best < 0)
 		return 0;

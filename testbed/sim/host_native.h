@@ -42,7 +42,7 @@ struct xm_host {
 	/* the job's transport core (testbed/traffic/transport_native.c); NULL: the job is over
 	 * (SimHost.core None) */
 	struct xm_tp *tp;
-	uint32_t (*tp_senders)(struct xm_tp *tp, uint32_t *out);
+	int (*tp_wants_to_send)(struct xm_tp *tp, uint32_t index);
 	uint32_t (*tp_send_frame)(struct xm_tp *tp, uint32_t index, double now, const uint8_t *eth,
 				  uint32_t (*tc)(void *nic, uint8_t *buf, uint32_t len,
 						 uint32_t room, uint64_t now_ns),
@@ -74,8 +74,16 @@ struct xm_host {
 	uint32_t map_cap;
 	int32_t *qp_flow; /* queue pair index -> its flow's index + 1 (0: not looked up) */
 	uint32_t cap_qp_flow;
-	uint32_t *senders;
-	uint32_t cap_senders;
+	/* the queue pairs that can send, a binary heap by (their flow's next departure, qpn):
+	 * a key is the flow's or below it (departures only move it later; a key is checked at
+	 * the top), so the top checked is the kick's pick (SimHost._kick's, which looks at every
+	 * sender). Filled from the core's woken queue pairs (tp->woken) */
+	uint32_t *sq_heap; /* queue pair indices */
+	int64_t *sq_key;
+	uint32_t sq_n, cap_sq_heap, cap_sq_key;
+	int32_t *sq_pos; /* queue pair index -> its place in the heap, -1 none */
+	uint32_t cap_sq_pos;
+	struct xm_tp *sq_tp; /* the core the heap is of (NULL: none yet) */
 	/* the core's feedback waiting for the NIC, oldest first (a ring) */
 	struct xm_tp_fb *fb;
 	uint32_t fb_head, fb_len, fb_cap;

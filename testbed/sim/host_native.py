@@ -168,7 +168,7 @@ class NativeSimHost(SimHost):
         h.push = ffi.cast(ffi.typeof(h.push), push)
         h.wire_send = ffi.cast(ffi.typeof(h.wire_send), wire_send)
         tffi, tlib = transport_native.library()
-        for name_ in ("senders", "send_frame", "receive", "next_deadline", "expire"):
+        for name_ in ("wants_to_send", "send_frame", "receive", "next_deadline", "expire"):
             field = f"tp_{name_}"
             fn = _addr(tffi, tlib, f"xm_tp_{name_}")
             setattr(h, field, ffi.cast(ffi.typeof(getattr(h, field)), fn))

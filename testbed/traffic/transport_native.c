@@ -75,6 +75,21 @@ static int grow(void **p, uint32_t *cap, uint32_t need, size_t size)
 	return 0;
 }
 
+/* the queue pair may have something to send now (what made it so: a post, an ACK, a NAK, a
+ * timeout); the twin's host, when it tracks them, is told */
+static void activate(struct xm_tp *tp, struct xm_tp_qp *qp)
+{
+	qp->active = 1;
+	if (!tp->track_woken || qp->woken)
+		return;
+	if (grow((void **)&tp->woken, &tp->cap_woken, tp->nwoken + 1, sizeof(*tp->woken))) {
+		tp->woken_lost = 1;
+		return;
+	}
+	tp->woken[tp->nwoken++] = qp->index;
+	qp->woken = 1;
+}
+
 /* ---- CRC-32 as zlib.crc32 computes it, eight bytes a step (slicing-by-8) ---- */
 
 static uint32_t crc_table[8][256];
@@ -576,6 +591,7 @@ void xm_tp_free(struct xm_tp *tp)
 	sink_free(tp->sink_state);
 	free(tp->qps);
 	free(tp->dl_heap);
+	free(tp->woken);
 	free(tp->map_key);
 	free(tp->map_val);
 	free(tp->done);
@@ -743,7 +759,7 @@ int xm_tp_post(struct xm_tp *tp, uint32_t index, const uint8_t *data, uint64_t l
 	op->first_seq = qp->tail;
 	op->npkts = npkts;
 	qp->tail += npkts;
-	qp->active = 1;
+	activate(tp, qp);
 	return 0;
 }
 
@@ -936,7 +952,7 @@ static void advance(struct xm_tp *tp, struct xm_tp_qp *qp, int64_t una, double n
 			tp->done[tp->ndone++] = (struct xm_tp_done){ qp->index, now };
 	}
 	if (qp->ops_len || qp->nxt < qp->tail)
-		qp->active = 1;
+		activate(tp, qp);
 }
 
 /* QueuePair._on_ack (go-back-N: a SACK header is checked, then named by its hole alone) */
@@ -964,7 +980,7 @@ static void on_ack(struct xm_tp *tp, struct xm_tp_qp *qp, uint32_t psn, uint8_t 
 		advance(tp, qp, expected, now);
 		if (expected < qp->high) {
 			qp->nxt = expected; /* go back N */
-			qp->active = 1;
+			activate(tp, qp);
 		}
 		return;
 	}
@@ -999,7 +1015,7 @@ void xm_tp_expire(struct xm_tp *tp, double now)
 		qp->nxt = qp->una;
 		qp->rto = qp->rto * 2 < tp->cfg.rto_max ? qp->rto * 2 : tp->cfg.rto_max;
 		qp->last_progress = now;
-		qp->active = 1;
+		activate(tp, qp);
 		dl_update(tp, qp);
 	}
 }

@@ -40,6 +40,7 @@ struct xm_tp_qp {
 	int64_t una, nxt, high, tail;
 	double rto, last_progress;
 	uint8_t active;
+	uint8_t woken; /* in tp->woken */
 	/* responder */
 	uint32_t epsn, msn, unacked;
 	uint8_t in_msg, rx_overflow, nak_sent, has_gap, has_discarded;
@@ -96,6 +97,12 @@ struct xm_tp {
 	 * each of a thousand queue pairs after every packet */
 	uint32_t *dl_heap;
 	uint32_t dl_n, dl_cap;
+	/* the queue pairs made active since the twin's host last took them (track_woken set:
+	 * the host keeps its senders in a heap and adds these), each once; woken_lost: one could
+	 * not be recorded (out of memory), so the host looks at all */
+	uint32_t *woken;
+	uint32_t nwoken, cap_woken;
+	uint8_t track_woken, woken_lost;
 	/* qpn -> index + 1, open addressing */
 	uint32_t *map_key, *map_val, map_cap;
 	struct xm_tp_done *done;
