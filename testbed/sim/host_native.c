@@ -41,6 +41,7 @@ void xm_host_free(struct xm_host *h)
 	free(h->qp_flow);
 	free(h->sq_heap);
 	free(h->sq_key);
+	free(h->sq_qpn);
 	free(h->sq_pos);
 	free(h->fb);
 	free(h);
@@ -263,17 +264,19 @@ static int sq_before(const struct xm_host *h, uint32_t a, uint32_t b)
 {
 	if (h->sq_key[a] != h->sq_key[b])
 		return h->sq_key[a] < h->sq_key[b];
-	return h->sq_tp->qps[h->sq_heap[a]]->qpn < h->sq_tp->qps[h->sq_heap[b]]->qpn;
+	return h->sq_qpn[a] < h->sq_qpn[b];
 }
 
 static void sq_swap(struct xm_host *h, uint32_t a, uint32_t b)
 {
-	uint32_t qa = h->sq_heap[a], qb = h->sq_heap[b];
+	uint32_t qa = h->sq_heap[a], qb = h->sq_heap[b], n = h->sq_qpn[a];
 	int64_t k = h->sq_key[a];
 	h->sq_heap[a] = qb;
 	h->sq_heap[b] = qa;
 	h->sq_key[a] = h->sq_key[b];
 	h->sq_key[b] = k;
+	h->sq_qpn[a] = h->sq_qpn[b];
+	h->sq_qpn[b] = n;
 	h->sq_pos[qb] = (int32_t)a;
 	h->sq_pos[qa] = (int32_t)b;
 }
@@ -304,6 +307,7 @@ static void sq_pop(struct xm_host *h)
 	if (--h->sq_n) {
 		h->sq_heap[0] = h->sq_heap[h->sq_n];
 		h->sq_key[0] = h->sq_key[h->sq_n];
+		h->sq_qpn[0] = h->sq_qpn[h->sq_n];
 		h->sq_pos[h->sq_heap[0]] = 0;
 		sq_fix(h, 0);
 	}
@@ -324,10 +328,12 @@ static int sq_put(struct xm_host *h, uint32_t index)
 		return 0;
 	}
 	if (grow((void **)&h->sq_heap, &h->cap_sq_heap, h->sq_n + 1, sizeof(*h->sq_heap)) ||
-	    grow((void **)&h->sq_key, &h->cap_sq_key, h->sq_n + 1, sizeof(*h->sq_key)))
+	    grow((void **)&h->sq_key, &h->cap_sq_key, h->sq_n + 1, sizeof(*h->sq_key)) ||
+	    grow((void **)&h->sq_qpn, &h->cap_sq_qpn, h->sq_n + 1, sizeof(*h->sq_qpn)))
 		return -1;
 	h->sq_heap[h->sq_n] = index;
 	h->sq_key[h->sq_n] = key;
+	h->sq_qpn[h->sq_n] = h->sq_tp->qps[index]->qpn;
 	h->sq_pos[index] = (int32_t)h->sq_n;
 	sq_fix(h, h->sq_n++);
 	return 0;

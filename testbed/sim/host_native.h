@@ -78,9 +78,10 @@ struct xm_host {
 	 * a key is the flow's or below it (departures only move it later; a key is checked at
 	 * the top), so the top checked is the kick's pick (SimHost._kick's, which looks at every
 	 * sender). Filled from the core's woken queue pairs (tp->woken) */
-	uint32_t *sq_heap; /* queue pair indices */
+	uint32_t *sq_heap; /* queue pair indices, and beside each its key and qpn */
 	int64_t *sq_key;
-	uint32_t sq_n, cap_sq_heap, cap_sq_key;
+	uint32_t *sq_qpn;
+	uint32_t sq_n, cap_sq_heap, cap_sq_key, cap_sq_qpn;
 	int32_t *sq_pos; /* queue pair index -> its place in the heap, -1 none */
 	uint32_t cap_sq_pos;
 	struct xm_tp *sq_tp; /* the core the heap is of (NULL: none yet) */
