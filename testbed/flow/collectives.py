@@ -34,15 +34,14 @@ Symmetry, where the routing allows it (`symmetric=True`):
 
 from __future__ import annotations
 
-import gc
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from controller.common.gc_pause import gc_paused
 from testbed.experiment.suite import ALLTOALL_CHUNK
 from testbed.flow import maxmin
 from testbed.flow.fabric import LEAF_UP, NIC_UP, Fabric, leaf_of_gpu
@@ -302,17 +301,6 @@ def plan_flows(
 Ports = Callable[[np.ndarray, np.ndarray, np.ndarray, int], np.ndarray]
 
 
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-
-
 def job_ports(spec: FabricSpec, bytes_per_rank: int, seed: int, chunk: int) -> Ports:
     """The source ports the packet engines' all-to-all job draws, as (source GPU, destination
     GPU, channel) -> port: every host's rank made as the runner makes it (the collective job
@@ -333,10 +321,8 @@ def job_ports(spec: FabricSpec, bytes_per_rank: int, seed: int, chunk: int) -> P
     }
     table: dict[tuple[int, int, int], int] = {}
     for i, h in enumerate(spec.hosts):
-        # a rank's job is a queue pair per peer, thousands of containers made at once: with
-        # the cyclic collector off while they are made it walks them once, when the job is
-        # dropped, not at every threshold on the way (60 % of the time here at 512 hosts)
-        with _collector_paused():
+        # a rank's job is a queue pair per peer, made at once (controller.common.gc_pause)
+        with gc_paused():
             core = TransportCore(TransportConfig(local_ip=h.nics[0].ip), seed=port_seed(seed, i))
             rank = CollectiveJob(core, job, i)
         for peer, chans in rank.channels.items():

@@ -28,6 +28,7 @@ from finsy.proto import p4r
 from controller import config as ctlconfig
 from controller import program
 from controller.collector import Collector
+from controller.common.gc_pause import gc_frozen, gc_paused
 from controller.config import EcnConfig
 from controller.nic.ratelaw import CcParams, Law
 from controller.nic.ratelaw.profiles import DEFAULT_PROFILES, load_profile
@@ -756,25 +757,30 @@ class SimFabric:
         def one_done() -> None:
             left[0] -= 1
 
-        for i, h in enumerate(sims):
-            h.on_done = one_done
-            tcfg = TransportConfig(local_ip=h.ip, **spec.get("transport", {}))
-            core, why = make_core(
-                tcfg, port_seed(int(spec.get("seed", 1)), i), self.transport_pipeline
-            )
-            self.transport_in_use.add(core.pipeline)
-            if why:
-                self.transport_native_reasons.add(why)
-            job = JOBS[spec["kind"]](core, spec, i)
-            h.start_job(core, job, t0)
-            host_why = h.python_reason(core) if isinstance(h, NativeSimHost) else None
-            in_c = isinstance(h, NativeSimHost) and host_why is None
-            self.host_in_use.add("native" if in_c else "reference")
-            if host_why:
-                self.host_native_reasons.add(host_why)
+        # the jobs (a queue pair per peer and rank) made with the collector off, then left out
+        # of its collections while the run lasts: they live until its end
+        # (controller.common.gc_pause; it changes no result)
+        with gc_paused():
+            for i, h in enumerate(sims):
+                h.on_done = one_done
+                tcfg = TransportConfig(local_ip=h.ip, **spec.get("transport", {}))
+                core, why = make_core(
+                    tcfg, port_seed(int(spec.get("seed", 1)), i), self.transport_pipeline
+                )
+                self.transport_in_use.add(core.pipeline)
+                if why:
+                    self.transport_native_reasons.add(why)
+                job = JOBS[spec["kind"]](core, spec, i)
+                h.start_job(core, job, t0)
+                host_why = h.python_reason(core) if isinstance(h, NativeSimHost) else None
+                in_c = isinstance(h, NativeSimHost) and host_why is None
+                self.host_in_use.add("native" if in_c else "reference")
+                if host_why:
+                    self.host_native_reasons.add(host_why)
         if on_start is not None:
             on_start(t0 / 1e9)
-        finished = self.loop.run(until_ns=t0 + timeout_ns, stop=lambda: left[0] == 0)
+        with gc_frozen():
+            finished = self.loop.run(until_ns=t0 + timeout_ns, stop=lambda: left[0] == 0)
         if not finished:
             for h in sims:
                 if not h.done and h.job is not None:
