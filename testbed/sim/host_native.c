@@ -39,9 +39,7 @@ void xm_host_free(struct xm_host *h)
 	free(h->flows);
 	free(h->map);
 	free(h->qp_flow);
-	free(h->sq_heap);
-	free(h->sq_key);
-	free(h->sq_qpn);
+	free(h->sq);
 	free(h->sq_pos);
 	free(h->fb);
 	free(h);
@@ -262,23 +260,17 @@ static int send_feedback(struct xm_host *h, const struct xm_tp_fb *out, int64_t 
 
 static int sq_before(const struct xm_host *h, uint32_t a, uint32_t b)
 {
-	if (h->sq_key[a] != h->sq_key[b])
-		return h->sq_key[a] < h->sq_key[b];
-	return h->sq_qpn[a] < h->sq_qpn[b];
+	const struct xm_host_sender *x = &h->sq[a], *y = &h->sq[b];
+	return x->key != y->key ? x->key < y->key : x->qpn < y->qpn;
 }
 
 static void sq_swap(struct xm_host *h, uint32_t a, uint32_t b)
 {
-	uint32_t qa = h->sq_heap[a], qb = h->sq_heap[b], n = h->sq_qpn[a];
-	int64_t k = h->sq_key[a];
-	h->sq_heap[a] = qb;
-	h->sq_heap[b] = qa;
-	h->sq_key[a] = h->sq_key[b];
-	h->sq_key[b] = k;
-	h->sq_qpn[a] = h->sq_qpn[b];
-	h->sq_qpn[b] = n;
-	h->sq_pos[qb] = (int32_t)a;
-	h->sq_pos[qa] = (int32_t)b;
+	struct xm_host_sender t = h->sq[a];
+	h->sq[a] = h->sq[b];
+	h->sq[b] = t;
+	h->sq_pos[h->sq[a].index] = (int32_t)a;
+	h->sq_pos[h->sq[b].index] = (int32_t)b;
 }
 
 /* the entry at `i` moved up or down to its place */
@@ -303,12 +295,10 @@ static void sq_fix(struct xm_host *h, uint32_t i)
 
 static void sq_pop(struct xm_host *h)
 {
-	h->sq_pos[h->sq_heap[0]] = -1;
+	h->sq_pos[h->sq[0].index] = -1;
 	if (--h->sq_n) {
-		h->sq_heap[0] = h->sq_heap[h->sq_n];
-		h->sq_key[0] = h->sq_key[h->sq_n];
-		h->sq_qpn[0] = h->sq_qpn[h->sq_n];
-		h->sq_pos[h->sq_heap[0]] = 0;
+		h->sq[0] = h->sq[h->sq_n];
+		h->sq_pos[h->sq[0].index] = 0;
 		sq_fix(h, 0);
 	}
 }
@@ -323,17 +313,13 @@ static int sq_put(struct xm_host *h, uint32_t index)
 	int64_t key = h->flows[fi].next_ns;
 	int32_t at = h->sq_pos[index];
 	if (at >= 0) {
-		h->sq_key[at] = key;
+		h->sq[at].key = key;
 		sq_fix(h, (uint32_t)at);
 		return 0;
 	}
-	if (grow((void **)&h->sq_heap, &h->cap_sq_heap, h->sq_n + 1, sizeof(*h->sq_heap)) ||
-	    grow((void **)&h->sq_key, &h->cap_sq_key, h->sq_n + 1, sizeof(*h->sq_key)) ||
-	    grow((void **)&h->sq_qpn, &h->cap_sq_qpn, h->sq_n + 1, sizeof(*h->sq_qpn)))
+	if (grow((void **)&h->sq, &h->cap_sq, h->sq_n + 1, sizeof(*h->sq)))
 		return -1;
-	h->sq_heap[h->sq_n] = index;
-	h->sq_key[h->sq_n] = key;
-	h->sq_qpn[h->sq_n] = h->sq_tp->qps[index]->qpn;
+	h->sq[h->sq_n] = (struct xm_host_sender){ key, h->sq_tp->qps[index]->qpn, index };
 	h->sq_pos[index] = (int32_t)h->sq_n;
 	sq_fix(h, h->sq_n++);
 	return 0;
@@ -361,7 +347,7 @@ static int sq_take_woken(struct xm_host *h, struct xm_tp *tp)
 	int all = h->sq_tp != tp || tp->woken_lost;
 	if (all) {
 		for (uint32_t i = 0; i < h->sq_n; i++)
-			h->sq_pos[h->sq_heap[i]] = -1;
+			h->sq_pos[h->sq[i].index] = -1;
 		h->sq_n = 0;
 		h->sq_tp = tp;
 		tp->track_woken = 1;
@@ -413,19 +399,19 @@ static int64_t kick(struct xm_host *h, int64_t t, int64_t now)
 	 * sends and its key is its flow's (a key below it moves down, its entry looked at again) */
 	int64_t best = -1, best_t = 0, best_fi = -1;
 	while (h->sq_n) {
-		uint32_t index = h->sq_heap[0];
+		uint32_t index = h->sq[0].index;
 		if (!h->tp_wants_to_send(tp, index)) {
 			sq_pop(h); /* back when the core makes it active again */
 			continue;
 		}
 		int64_t fi = h->qp_flow[index] - 1;
-		if (h->flows[fi].next_ns != h->sq_key[0]) {
-			h->sq_key[0] = h->flows[fi].next_ns;
+		if (h->flows[fi].next_ns != h->sq[0].key) {
+			h->sq[0].key = h->flows[fi].next_ns;
 			sq_fix(h, 0);
 			continue;
 		}
 		best = index;
-		best_t = h->sq_key[0];
+		best_t = h->sq[0].key;
 		best_fi = fi;
 		break;
 	}

@@ -26,6 +26,12 @@ struct xm_host_flow {
 	int64_t next_ns, rate_bps, gap_bps;
 };
 
+/* an entry of the senders' heap: a queue pair (its index), its key and its qpn (the tie) */
+struct xm_host_sender {
+	int64_t key;
+	uint32_t qpn, index;
+};
+
 struct xm_host {
 	/* the event loop's (testbed/switch/native/hop.py), as addresses: the C is built apart */
 	void *loop;
@@ -78,10 +84,8 @@ struct xm_host {
 	 * a key is the flow's or below it (departures only move it later; a key is checked at
 	 * the top), so the top checked is the kick's pick (SimHost._kick's, which looks at every
 	 * sender). Filled from the core's woken queue pairs (tp->woken) */
-	uint32_t *sq_heap; /* queue pair indices, and beside each its key and qpn */
-	int64_t *sq_key;
-	uint32_t *sq_qpn;
-	uint32_t sq_n, cap_sq_heap, cap_sq_key, cap_sq_qpn;
+	struct xm_host_sender *sq;
+	uint32_t sq_n, cap_sq;
 	int32_t *sq_pos; /* queue pair index -> its place in the heap, -1 none */
 	uint32_t cap_sq_pos;
 	struct xm_tp *sq_tp; /* the core the heap is of (NULL: none yet) */

@@ -642,7 +642,6 @@ static int map_put(struct xm_tp *tp, uint32_t qpn, uint32_t val)
 	return 0;
 }
 
-/* QueuePair.__init__; returns the queue pair's index, -1 out of memory */
 /* ---- the deadline heap (xm_tp.dl_heap) ---- */
 
 static inline double dl_key(const struct xm_tp *tp, uint32_t k)
@@ -700,6 +699,7 @@ static void dl_update(struct xm_tp *tp, struct xm_tp_qp *qp)
 	}
 }
 
+/* QueuePair.__init__; returns the queue pair's index, -1 out of memory */
 int32_t xm_tp_create_qp(struct xm_tp *tp, uint32_t qpn, uint32_t remote_qpn, uint16_t sport,
 			const uint8_t *local_addr, const uint8_t *peer_addr, uint32_t sq_psn,
 			uint32_t rq_psn)
