@@ -258,26 +258,35 @@ def single(hosts: int = 4) -> FabricSpec:
     return FabricSpec(f"single-{hosts}", _switches(["s1"]), hs, links, End("s1", hosts + 1))
 
 
-def leafspine(leaves: int = 2, spines: int = 2, hosts_per_leaf: int = 4) -> FabricSpec:
+def leafspine(
+    leaves: int = 2, spines: int = 2, hosts_per_leaf: int = 4, host_gbps: int | None = None
+) -> FabricSpec:
     """L leaves, S spines, H hosts per leaf. Host j of leaf i is 10.0.i.j on leaf port j;
     leaf i's uplink to spine k is port H+k (spine port i); the collector is on leaf1's port
-    H+S+1."""
-    return _leafspine("leafspine", leaves, spines, hosts_per_leaf)
+    H+S+1. `host_gbps`: the hosts' links' own speed (e.g. 100 under the switch model's 400G
+    ports, as HPCC's fat-tree has them); None: the switch model's port speed."""
+    return _leafspine("leafspine", leaves, spines, hosts_per_leaf, host_gbps)
 
 
-def crossed(leaves: int = 2, spines: int = 1, hosts_per_leaf: int = 4) -> FabricSpec:
+def crossed(
+    leaves: int = 2, spines: int = 1, hosts_per_leaf: int = 4, host_gbps: int | None = None
+) -> FabricSpec:
     """The leaf-spine with its hosts numbered round the leaves (h1 on leaf1, h2 on leaf2,
-    ...; addresses and ports as `leafspine`), so that a ring in host order crosses the spines
-    at every hop: with one spine, H ring flows share each leaf's uplink, the ECMP collision
-    of a large Clos (docs/flow.md) in miniature."""
-    return _leafspine("crossed", leaves, spines, hosts_per_leaf)
+    ...; addresses, ports and `host_gbps` as `leafspine`), so that a ring in host order
+    crosses the spines at every hop: with one spine, H ring flows share each leaf's uplink,
+    the ECMP collision of a large Clos (docs/flow.md) in miniature."""
+    return _leafspine("crossed", leaves, spines, hosts_per_leaf, host_gbps)
 
 
-def _leafspine(kind: str, leaves: int, spines: int, hosts_per_leaf: int) -> FabricSpec:
+def _leafspine(
+    kind: str, leaves: int, spines: int, hosts_per_leaf: int, host_gbps: int | None
+) -> FabricSpec:
     if not (1 <= leaves <= 99 and 1 <= spines <= 99 and 1 <= hosts_per_leaf <= 200):
         raise TopologyError(f"{kind}: 1..99 leaves and spines, 1..200 hosts per leaf")
     if leaves * hosts_per_leaf < 2:
         raise TopologyError(f"{kind}: at least two hosts")
+    if host_gbps is not None and not 0 < host_gbps <= MAX_LINK_GBPS:
+        raise TopologyError(f"{kind}: host link speed {host_gbps} Gb/s is not a speed")
     sw = _switches(
         [f"leaf{i}" for i in range(1, leaves + 1)] + [f"spine{k}" for k in range(1, spines + 1)]
     )
@@ -288,12 +297,19 @@ def _leafspine(kind: str, leaves: int, spines: int, hosts_per_leaf: int) -> Fabr
             n = (j - 1) * leaves + i if kind == "crossed" else (i - 1) * hosts_per_leaf + j
             ip = f"10.0.{i}.{j}"
             hosts.append(HostSpec(f"h{n}", (NicSpec(ip, _host_mac(ip)),)))
-            links.append(LinkSpec(End(f"h{n}", 0), End(f"leaf{i}", j)))
+            links.append(
+                LinkSpec(
+                    End(f"h{n}", 0),
+                    End(f"leaf{i}", j),
+                    gbps=None if host_gbps is None else float(host_gbps),
+                )
+            )
     for i in range(1, leaves + 1):
         for k in range(1, spines + 1):
             links.append(LinkSpec(End(f"leaf{i}", hosts_per_leaf + k), End(f"spine{k}", i)))
+    speed = "" if host_gbps is None else f"-{host_gbps}g"
     return FabricSpec(
-        f"{kind}-{leaves}x{spines}x{hosts_per_leaf}",
+        f"{kind}-{leaves}x{spines}x{hosts_per_leaf}{speed}",
         sw,
         tuple(sorted(hosts, key=lambda h: int(h.name[1:]))),
         tuple(links),
@@ -473,7 +489,8 @@ def dump(spec: FabricSpec) -> str:
 
 
 def parse_choice(text: str) -> FabricSpec:
-    """`leafspine:2,2,4`, `single:4`, `rail:2,4,1`, or a YAML file path."""
+    """`leafspine:2,2,4` (`leafspine:20,4,16,100`: hosts on 100G links), `single:4`,
+    `rail:2,4,1`, or a YAML file path."""
     kind, _, args = text.partition(":")
     if kind in BUILDERS:
         try:
@@ -487,5 +504,6 @@ def parse_choice(text: str) -> FabricSpec:
     if Path(text).exists():
         return load(text)
     raise TopologyError(
-        f"{text!r}: not single[:H], leafspine[:L,S,H], crossed[:L,S,H], rail[:K,H,S] or a YAML file"
+        f"{text!r}: not single[:H], leafspine[:L,S,H[,G]], crossed[:L,S,H[,G]], rail[:K,H,S] "
+        "or a YAML file"
     )

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from testbed.ctlconfig import controller_config
-from testbed.model import Scaling
+from testbed.experiment.suite import flow_line_rate, payload_line_rate
+from testbed.model import TRANSPORT_OVERHEAD, Scaling
 from testbed.sim.fabric import SimFabric
-from testbed.topo import End, TopologyError, dump, from_doc, load
+from testbed.topo import End, TopologyError, dump, from_doc, leafspine, load, parse_choice
 from testbed.traffic.generators import Flow
 
 DOC = {
@@ -89,3 +90,27 @@ def test_the_twin_runs_each_link_at_its_own_rate_and_delay() -> None:
     fct = out.results[0]["sent"][0]["fct"]
     # the 100G host sends 4 MB at its NIC's 100G: at least 320 us (80 us at 400G)
     assert 320e-6 < fct < 400e-6, fct
+
+
+def test_leafspine_with_hosts_on_links_of_their_own_speed() -> None:
+    spec = parse_choice("leafspine:20,4,16,100")
+    assert spec.name == "leafspine-20x4x16-100g"
+    assert (len(spec.hosts), len(spec.switches), len(spec.links)) == (320, 24, 320 + 80)
+    # the hosts' links at 100G, the leaves' uplinks at the switch model's speed
+    assert spec.link_gbps(End("h1", 0), 400.0) == 100.0
+    assert spec.link_gbps(End("leaf1", 17), 400.0) == 400.0
+    assert parse_choice("leafspine:2,2,4").links[0].gbps is None
+    with pytest.raises(TopologyError, match="host link speed 0"):
+        parse_choice("leafspine:2,2,4,0")
+
+
+def test_a_flows_ideal_rate_is_its_slower_nic() -> None:
+    """The FCT slowdown's ideal: size over the slower of the two NICs' payload rates (each at
+    its own link's speed), not the model's NIC."""
+    spec = from_doc(DOC)  # h1 on a 100G link, h2 on the model's 400G
+    s = Scaling(scale=1, max_hops=1)
+    per_payload = s.transport_mtu / (s.transport_mtu + TRANSPORT_OVERHEAD)
+    assert flow_line_rate(spec, s, "h1", "h2") == pytest.approx(s.nic_rate(100e9) * per_payload)
+    assert flow_line_rate(spec, s, "h2", "h1") == flow_line_rate(spec, s, "h1", "h2")
+    both400 = leafspine(1, 1, 2)
+    assert flow_line_rate(both400, s, "h1", "h2") == pytest.approx(payload_line_rate(s))

@@ -8,11 +8,13 @@ spine1), and the error when the simulator is not where --sim says.
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
 
 from testbed.experiment.schemes import parse_cc_profiles
+from testbed.experiment.suite import payload_line_rate
 from testbed.main import main
 from testbed.model import Scaling
 from testbed.peer.ns3_hpcc import (
@@ -26,6 +28,8 @@ from testbed.peer.ns3_hpcc import (
     parse_pfc,
     parse_qlen,
     peer_cc,
+    side_by_side,
+    twin_result,
     write_experiment,
 )
 from testbed.sim.run import load_flows
@@ -185,6 +189,42 @@ def test_result_of_samples(fabric) -> None:  # type: ignore[no-untyped-def]
     assert r["peak_port"] == "leaf1:1" and r["peak_queue_bytes"] == 4000
     assert r["peak_port_p99_bytes"] == 2000
     assert r["pauses"] == 1 and r["drops"] is None  # no stdout.txt beside the samples
+    # slowdown: FCT over ns-3's own ideal (standalone_fct, 6.5 us): 12/6.5 and 9/6.5, both
+    # flows of 300 KB
+    sd = r["slowdown"]
+    assert set(sd) == {"100K-1M", "all"} and sd["100K-1M"]["flows"] == 2
+    assert sd["100K-1M"]["p50"] == pytest.approx((12 + 9) / 2 / 6.5)
+    assert sd["all"]["p99"] == pytest.approx((9 + 0.99 * 3) / 6.5)
+
+
+def test_twin_result_slowdown_against_its_own_ideal(fabric, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The twin's side: a flow's ideal is its bytes at the slower NIC's payload rate plus the
+    run's measured base RTT; the table shows both sides' slowdown per size bucket."""
+    spec, scaling = fabric
+    run = {"scenario": "flows", "scheme": "hpcc", "repetition": 0, "drops": 0, "pauses": 0}
+    doc = {"setup": {"base_rtt_s": 2e-6}, "runs": [run]}
+    (tmp_path / "results.json").write_text(json.dumps(doc))
+    (tmp_path / "flows.csv").write_text(
+        "scenario,scheme,repetition,id,src,dst,bytes,start_s,fct_s\n"
+        "flows,hpcc,0,0,h3,h1,300000,0.0,0.00002\n"
+        "flows,hpcc,0,1,h4,h1,8000,0.0,\n"
+    )
+    r = twin_result(tmp_path, "hpcc", spec, scaling)
+    line = payload_line_rate(scaling)  # every host of this fabric on the model's ports
+    ideal = 300000 * 8 / line + 2e-6
+    assert r["per_flow"][0]["ideal_s"] == pytest.approx(ideal)
+    assert r["completed"] == 1 and r["slowdown"]["all"]["flows"] == 1
+    assert r["slowdown"]["100K-1M"]["p50"] == pytest.approx(20e-6 / ideal)
+    ns3 = ns3_result(
+        SAMPLES,
+        ns3_topology(spec, scaling),
+        load_flows(DATA / "twin-flows.csv", spec),
+        [h.name for h in spec.hosts],
+    )
+    table = side_by_side({"hpcc": {"twin": r, "ns3": ns3}}, ["head"])
+    row = next(ln for ln in table.splitlines() if "sd p50 100K-1M" in ln).split()
+    assert float(row[-3]) == pytest.approx(20e-6 / ideal, rel=1e-3)
+    assert float(row[-2]) == pytest.approx(21 / 2 / 6.5, rel=1e-3)
 
 
 def test_missing_simulator(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

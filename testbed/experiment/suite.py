@@ -84,7 +84,7 @@ from testbed.experiment.schemes import scheme as scheme_info
 from testbed.faults import Fault
 from testbed.model import TRANSPORT_OVERHEAD, Scaling, fmt_rate
 from testbed.probes import Capture, PortCounters, RateEvent, counters_delta
-from testbed.topo import COLLECTOR_IP
+from testbed.topo import COLLECTOR_IP, FabricSpec
 from testbed.traffic import generators as gen
 from testbed.traffic import metrics as m
 from testbed.traffic import workloads as wl
@@ -350,9 +350,22 @@ def telemetry_summary(
     }
 
 
-def payload_line_rate(s: Scaling) -> float:
-    """The NIC line rate in payload bits (what an idle path delivers)."""
-    return s.nic_bps * s.transport_mtu / (s.transport_mtu + TRANSPORT_OVERHEAD)
+def payload_line_rate(s: Scaling, nic_bps: float | None = None) -> float:
+    """A NIC's line rate in payload bits (what an idle path delivers): the model's NIC, or
+    one of `nic_bps`."""
+    nic = s.nic_bps if nic_bps is None else nic_bps
+    return nic * s.transport_mtu / (s.transport_mtu + TRANSPORT_OVERHEAD)
+
+
+def flow_line_rate(spec: FabricSpec, s: Scaling, src: str, dst: str) -> float:
+    """The payload rate an idle path gives a flow from host `src` to host `dst`: the slower
+    of its two NICs, each at its own link's speed (a 100G host under 400G switch ports)."""
+
+    def nic(host: str) -> float:
+        lk = spec.link_at(spec.attachment(host, 0))
+        return s.nic_rate(s.emulated_bps(None if lk is None else lk.gbps))
+
+    return payload_line_rate(s, min(nic(src), nic(dst)))
 
 
 def websearch_flows(cfg: SuiteConfig, hosts: int, nic_bps: float, seconds: float) -> list[gen.Flow]:
@@ -743,7 +756,6 @@ class Suite:
         """The victim flow's stalls, longest gap between its packets and FCT slowdown (of
         several, the one with the longest gap)."""
         stall = STALL_FRAMES * self.scaling.frame_bytes * 8 / self.scaling.link_bps
-        line = payload_line_rate(self.scaling)
         fcts = {(f["src"], f["dst"]): f["fct"] for r in res.get("raw", []) for f in r["sent"]}
         sizes = {(f["src"], f["dst"]): f["size"] for r in res.get("raw", []) for f in r["sent"]}
         worst: tuple[float, int, float | None] | None = None
@@ -758,7 +770,9 @@ class Suite:
             gaps = [b - a for a, b in zip(arrivals, arrivals[1:], strict=False)]
             fct = fcts.get((src, dst))
             slowdown = (
-                None if fct is None else fct / m.ideal_fct(sizes[(src, dst)], line, self.base_rtt_s)
+                None
+                if fct is None
+                else fct / m.ideal_fct(sizes[(src, dst)], self._line(src, dst), self.base_rtt_s)
             )
             one = (max(gaps, default=0.0), sum(1 for g in gaps if g > stall), slowdown)
             if worst is None or one[0] > worst[0]:
@@ -882,6 +896,10 @@ class Suite:
         """How much longer than the default suite's a scenario may take: its timeout grows
         with its size beyond the default's (a size set by `--param`)."""
         return max(1.0, getattr(self.cfg, size_field) / getattr(SuiteConfig(), size_field))
+
+    def _line(self, src: int, dst: int) -> float:
+        """The payload rate an idle path gives a flow between two of the hosts (by index)."""
+        return flow_line_rate(self.spec, self.scaling, self.hosts[src].name, self.hosts[dst].name)
 
     def _same_switch(self, a: int, b: int) -> bool:
         ha, hb = self.hosts[a].name, self.hosts[b].name
@@ -1057,7 +1075,6 @@ class Suite:
         """(completion time, flows, completed flows, FCT slowdowns, busbw b/s, correct)."""
         if "failed" in res:
             return (0.0, 0, 0, [], None, None)
-        line = payload_line_rate(self.scaling)
         scale = self.scaling.scale
         if scenario == "alltoall":
             r = res["summary"]
@@ -1096,7 +1113,10 @@ class Suite:
             )
         sent = [f for r in res["raw"] for f in r["sent"]]
         done = [f for f in sent if f["fct"] is not None]
-        slow = [f["fct"] / m.ideal_fct(f["size"], line, self.base_rtt_s) for f in done]
+        slow = [
+            f["fct"] / m.ideal_fct(f["size"], self._line(f["src"], f["dst"]), self.base_rtt_s)
+            for f in done
+        ]
         end = max((f["start"] + f["fct"] for f in done), default=0.0)
         # correct: every message that arrived arrived intact (unfinished flows are counted
         # apart, as flows - completed)

@@ -59,9 +59,11 @@ from testbed.experiment.schemes import (
     check_ack_every,
     scheme,
 )
+from testbed.experiment.suite import flow_line_rate
 from testbed.model import Scaling
 from testbed.sim.fabric import LINK_DELAY_MODEL_NS
 from testbed.topo import FabricSpec, parse_choice
+from testbed.traffic import metrics as m
 from testbed.traffic.generators import Flow
 
 SIMULATOR = "alibaba-edu/High-Precision-Congestion-Control"
@@ -401,7 +403,9 @@ def summarise(
     pauses: int | None,
 ) -> dict[str, Any]:
     """Both simulators' figures computed the same way from per-flow FCTs and per-port queue
-    (p99, max): completion = the last finish less the first start."""
+    (p99, max): completion = the last finish less the first start; FCT slowdown = FCT / the
+    side's own ideal FCT of the flow (`ideal_s`), its p50 and p99 per size bucket
+    (testbed.traffic.metrics.SIZE_BUCKETS) and over all completed flows."""
     done = [f for f in flows if f["fct_s"] is not None]
     fcts = np.asarray([f["fct_s"] for f in done]) if done else None
     peak_port = max(queues, key=lambda p: queues[p]["max"], default="")
@@ -421,9 +425,28 @@ def summarise(
         "peak_port_p99_bytes": queues[peak_port]["p99"] if peak_port else 0.0,
         "drops": drops,
         "pauses": pauses,
+        "slowdown": slowdown_by_size(done),
         "per_flow": flows,
         "queues": queues,
     }
+
+
+def slowdown_by_size(done: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """FCT slowdown's p50 and p99 (and the flows counted) per size bucket, and over `all`,
+    of completed flows with their ideal FCT."""
+
+    def pcts(sel: list[dict[str, Any]]) -> dict[str, float]:
+        sd = np.asarray([f["fct_s"] / f["ideal_s"] for f in sel])
+        return {
+            "flows": len(sel),
+            "p50": float(np.percentile(sd, 50)),
+            "p99": float(np.percentile(sd, 99)),
+        }
+
+    out = {label: pcts(sel) for label, sel in m.by_size(done, lambda f: int(f["bytes"]))}
+    if done:
+        out["all"] = pcts(done)
+    return out
 
 
 def ns3_result(out: Path, topo: Ns3Topology, flows: list[Flow], names: list[str]) -> dict:
@@ -440,7 +463,9 @@ def ns3_result(out: Path, topo: Ns3Topology, flows: list[Flow], names: list[str]
                 "bytes": f.size,
                 "start_s": f.start,
                 "fct_s": None if ln is None else ln.fct_ns / 1e9,
-                "standalone_fct_s": None if ln is None else ln.standalone_ns / 1e9,
+                # its own ideal: base RTT + the flow's bytes with headers at the path's
+                # slowest link (third.cc's standalone_fct)
+                "ideal_s": None if ln is None else ln.standalone_ns / 1e9,
             }
         )
     queues = {}
@@ -461,9 +486,12 @@ def _read(p: Path) -> str:
     return p.read_text()
 
 
-def twin_result(run_dir: Path, name: str) -> dict[str, Any]:
-    """A twin --flows run's figures for scheme `name`: results.json and flows.csv."""
+def twin_result(run_dir: Path, name: str, spec: FabricSpec, scaling: Scaling) -> dict[str, Any]:
+    """A twin --flows run's figures for scheme `name`: results.json and flows.csv. A flow's
+    ideal FCT is the suite's (its bytes at the slower NIC's payload rate + the run's
+    measured base RTT)."""
     doc = json.loads((run_dir / "results.json").read_text())
+    base_rtt = float(doc["setup"]["base_rtt_s"])
     runs = [r for r in doc["runs"] if r["scenario"] == "flows" and r["scheme"] == name]
     if not runs:
         raise PeerError(f"{run_dir}: no 'flows' run of scheme {name!r} (run it with --flows)")
@@ -476,14 +504,17 @@ def twin_result(run_dir: Path, name: str) -> dict[str, Any]:
                 and row["scheme"] == name
                 and int(row.get("repetition") or 0) == r.get("repetition", 0)
             ):
+                size = int(row["bytes"])
+                line = flow_line_rate(spec, scaling, row["src"], row["dst"])
                 per_flow.append(
                     {
                         "id": int(row["id"]),
                         "src": row["src"],
                         "dst": row["dst"],
-                        "bytes": int(row["bytes"]),
+                        "bytes": size,
                         "start_s": float(row["start_s"]),
                         "fct_s": float(row["fct_s"]) if row["fct_s"] else None,
+                        "ideal_s": m.ideal_fct(size, line, base_rtt),
                     }
                 )
     queues = {
@@ -507,22 +538,32 @@ ROWS = (  # (label, field, scale to the shown unit)
 )
 
 
+def _row(name: str, label: str, va: float | None, vb: float | None, k: float = 1.0) -> str:
+    shown = " ".join(f"{'-':>10}" if v is None else f"{v * k:>10.4g}" for v in (va, vb))
+    ratio = f"{vb / va:>6.2f}" if va and vb is not None else f"{'-':>6}"
+    return f"{'flows':<10} {name:<9} {label:<18} {shown} {ratio}"
+
+
 def side_by_side(results: dict[str, dict[str, dict[str, Any]]], head: list[str]) -> str:
-    """`compare`'s layout: A the twin, B ns-3, B/A; then each flow's FCT on both."""
+    """`compare`'s layout: A the twin, B ns-3, B/A, with the FCT slowdown's p50 and p99 per
+    size bucket (`sd p50 100K-1M`: flows of 100 KB to 1 MB); then each flow's FCT on both."""
     lines = [*head, ""]
-    top = f"{'scenario':<10} {'scheme':<9} {'metric':<14} {'A':>10} {'B':>10} {'B/A':>6}"
+    top = f"{'scenario':<10} {'scheme':<9} {'metric':<18} {'A':>10} {'B':>10} {'B/A':>6}"
     lines += [top, "-" * len(top)]
     for name, sides in results.items():
         a, b = sides["twin"], sides["ns3"]
         for label, key, k in ROWS:
-            va, vb = a.get(key), b.get(key)
-            shown = " ".join(f"{'-':>10}" if v is None else f"{v * k:>10.4g}" for v in (va, vb))
-            ratio = f"{vb / va:>6.2f}" if va and vb is not None else f"{'-':>6}"
-            lines.append(f"{'flows':<10} {name:<9} {label:<14} {shown} {ratio}")
+            lines.append(_row(name, label, a.get(key), b.get(key), k))
         lines.append(
-            f"{'':<10} {'':<9} {'peak port':<14} {a['peak_port'] or '-':>10} "
+            f"{'':<10} {'':<9} {'peak port':<18} {a['peak_port'] or '-':>10} "
             f"{b['peak_port'] or '-':>10}"
         )
+        sa, sb = a["slowdown"], b["slowdown"]
+        for bucket in [*sorted((set(sa) | set(sb)) - {"all"}, key=_bucket_order), "all"]:
+            ba, bb = sa.get(bucket, {}), sb.get(bucket, {})
+            lines.append(_row(name, f"flows {bucket}", ba.get("flows"), bb.get("flows")))
+            for q in ("p50", "p99"):
+                lines.append(_row(name, f"sd {q} {bucket}", ba.get(q), bb.get(q)))
         lines.append("")
     lines.append("FCT per flow, us (A: the twin, B: ns-3)")
     top = f"{'scheme':<9} {'id':>4} {'src':>5} {'dst':>5} {'bytes':>9} {'A':>9} {'B':>9} {'B/A':>6}"
@@ -538,6 +579,15 @@ def side_by_side(results: dict[str, dict[str, dict[str, Any]]], head: list[str])
                 + f" {ratio}"
             )
     return "\n".join(lines)
+
+
+def _bucket_order(label: str) -> int:
+    """Size buckets smallest first, by their labels (testbed.traffic.metrics.bucket_label)."""
+    labels = [
+        m.bucket_label(lo, hi)
+        for lo, hi in zip([0.0, *m.SIZE_BUCKETS], [*m.SIZE_BUCKETS, math.inf], strict=True)
+    ]
+    return labels.index(label)
 
 
 # ---- running it ------------------------------------------------------------------------------
@@ -715,7 +765,7 @@ def cmd_peer(args: argparse.Namespace) -> int:
                 f"ns-3 {s}: {time.monotonic() - t0:.1f} s wall, {cpu[s]:.1f} s CPU", file=sys.stderr
             )
             results[s] = {
-                "twin": twin_result(twin_dir, s),
+                "twin": twin_result(twin_dir, s, spec, scaling),
                 "ns3": ns3_result(out, topos[s], flows, names),
             }
     except PeerError as exc:

@@ -17,8 +17,8 @@ Definitions:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -27,6 +27,7 @@ from testbed.traffic.collective_plans import bus_factor
 # Upper edges of the FCT size buckets, bytes (the last bucket is open).
 SIZE_BUCKETS = (10_000, 100_000, 1_000_000, 10_000_000)
 PERCENTILES = (50, 95, 99)
+T = TypeVar("T")
 COUNTER_KEYS = (
     "retransmits",
     "timeouts",
@@ -68,6 +69,20 @@ def _pcts(values: list[float]) -> dict[str, float]:
     return {f"p{q}": float(np.percentile(arr, q)) for q in PERCENTILES}
 
 
+def by_size(
+    items: Sequence[T], size: Callable[[T], int], edges: tuple[int, ...] = SIZE_BUCKETS
+) -> list[tuple[str, list[T]]]:
+    """`items` in the size buckets `edges` bound (`[lo, hi)` bytes), labelled, smallest
+    first; empty buckets left out."""
+    bounds = [0.0, *map(float, edges), math.inf]
+    out = []
+    for lo, hi in zip(bounds, bounds[1:], strict=False):
+        sel = [it for it in items if lo <= size(it) < hi]
+        if sel:
+            out.append((bucket_label(lo, hi), sel))
+    return out
+
+
 def fct_stats(
     flows: Iterable[Mapping[str, Any]],
     line_rate_bps: float,
@@ -76,20 +91,15 @@ def fct_stats(
 ) -> dict[str, Any]:
     """FCT and slowdown percentiles per size bucket and overall, for completed flows."""
     done = [(int(f["size"]), float(f["fct"])) for f in flows if f.get("fct") is not None]
-    bounds = [0.0, *map(float, edges), math.inf]
-    buckets = []
-    for lo, hi in zip(bounds, bounds[1:], strict=False):
-        sel = [(s, t) for s, t in done if lo <= s < hi]
-        if not sel:
-            continue
-        buckets.append(
-            {
-                "bucket": bucket_label(lo, hi),
-                "flows": len(sel),
-                "fct_s": _pcts([t for _, t in sel]),
-                "slowdown": _pcts([t / ideal_fct(s, line_rate_bps, base_rtt) for s, t in sel]),
-            }
-        )
+    buckets = [
+        {
+            "bucket": label,
+            "flows": len(sel),
+            "fct_s": _pcts([t for _, t in sel]),
+            "slowdown": _pcts([t / ideal_fct(s, line_rate_bps, base_rtt) for s, t in sel]),
+        }
+        for label, sel in by_size(done, lambda f: f[0], edges)
+    ]
     overall: dict[str, Any] = {"flows": len(done)}
     if done:
         overall["fct_s"] = _pcts([t for _, t in done])
