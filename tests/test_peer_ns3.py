@@ -22,6 +22,7 @@ from testbed.peer.ns3_hpcc import (
     check_sim,
     hist_p99,
     hist_peak,
+    hosts_nic_bps,
     ns3_result,
     ns3_topology,
     parse_fct,
@@ -33,7 +34,7 @@ from testbed.peer.ns3_hpcc import (
     write_experiment,
 )
 from testbed.sim.run import load_flows
-from testbed.topo import load
+from testbed.topo import load, parse_choice
 
 DATA = Path(__file__).parent / "data"
 SAMPLES = DATA / "ns3_hpcc"
@@ -79,6 +80,30 @@ def test_topology_file_takes_each_links_own_speed_and_delay(fabric) -> None:  # 
     lines = ns3_topology(mixed, scaling).text.splitlines()
     assert lines[2] == "0 4 100000000000bps 500ns 0"
     assert lines[3] == "1 4 400000000000bps 80ns 0"
+
+
+def test_hosts_on_links_of_their_own_speed(tmp_path: Path) -> None:
+    """100G hosts under 400G uplinks: every link speed gets the ECN thresholds the controller
+    programs at every port (a speed missing from the map gets 0 in the simulator: every
+    queued packet marked), and the CC parameters are the hosts' NICs' (HPCC's W_AI at
+    100G); hosts of different speeds are refused (it has one parameter set)."""
+    spec = parse_choice("leafspine:2,2,4,100")
+    scaling = Scaling(scale=1, max_hops=spec.longest_path_switches())
+    nic = hosts_nic_bps(spec, scaling)
+    assert nic == round(scaling.nic_rate(100e9))
+    flows = load_flows(DATA / "twin-flows.csv", spec)
+    hpcc = peer_cc("hpcc", scaling, parse_cc_profiles(""), {}, nic)
+    write_experiment(spec, flows, "hpcc", scaling, tmp_path, hpcc)
+    c = _config(tmp_path / "config.txt")
+    assert c["KMIN_MAP"] == "2 100000000000 20 400000000000 20"
+    assert c["KMAX_MAP"] == "2 100000000000 100 400000000000 100"
+    assert c["PMAX_MAP"] == "2 100000000000 0.2 400000000000 0.2"
+    # W_AI = the 100G NIC's line rate x (1 - 0.95) / 100 (the law's integer rounding)
+    assert int(c["RATE_AI"].removesuffix("bps")) == pytest.approx(nic * 0.05 / 100, abs=2)
+    first = dataclasses.replace(spec.links[0], gbps=None)
+    mixed = dataclasses.replace(spec, links=(first, *spec.links[1:]))
+    with pytest.raises(PeerError, match="different speeds"):
+        hosts_nic_bps(mixed, scaling)
 
 
 def _config(path: Path) -> dict[str, str]:

@@ -94,6 +94,7 @@ class Ns3Topology:
     # (switch node id, device index) -> our switch port ("leaf1:3"): the simulator numbers a
     # node's devices 1, 2, ... in the order of the links that touch it (0 is the loopback)
     ports: dict[tuple[int, int], str]
+    rates: tuple[int, ...] = ()  # the links' distinct rates, b/s
 
 
 def _rate(bps: float) -> str:
@@ -136,7 +137,23 @@ def ns3_topology(spec: FabricSpec, scaling: Scaling) -> Ns3Topology:
         rate = scaling.emulated_bps(lk.gbps)
         delay = delay_ns if own_delay is None else own_delay
         lines.append(f"{a} {b} {_rate(rate)} {_delay(delay)} 0")
-    return Ns3Topology("\n".join(lines) + "\n", node, ports)
+    rates = tuple(sorted({round(scaling.emulated_bps(lk.gbps)) for lk in spec.links}))
+    return Ns3Topology("\n".join(lines) + "\n", node, ports, rates)
+
+
+def hosts_nic_bps(spec: FabricSpec, scaling: Scaling) -> int:
+    """The hosts' NIC line rate, as the twin runs them (each at its own link's speed): the
+    simulator takes one set of CC parameters for every NIC, so they must all be one."""
+    rates = set()
+    for h in spec.hosts:
+        lk = spec.link_at(spec.attachment(h.name, 0))
+        rates.add(round(scaling.nic_rate(scaling.emulated_bps(None if lk is None else lk.gbps))))
+    if len(rates) != 1:
+        raise PeerError(
+            f"hosts on links of different speeds ({sorted(rates)} b/s NICs): HPCC's simulator "
+            "takes one set of CC parameters for every NIC"
+        )
+    return rates.pop()
 
 
 def ns3_flows(flows: list[Flow]) -> str:
@@ -172,24 +189,28 @@ def ns3_config(
     buffer: int,
     cc: CcParams,
     ecn: EcnConfig | None = None,
+    link_rates: tuple[int, ...] = (),
 ) -> str:
     """config.txt for scheme `name`: our parameters (`cc`, what the twin's NICs run: the
     scheme's CC profile at the NIC's line rate, `peer_cc`; the controller's ECN thresholds, the
     model's MTU) in the simulator's keys; docs/fidelity.md has the table. `files` maps
-    TOPOLOGY_FILE etc. to paths."""
+    TOPOLOGY_FILE etc. to paths; `link_rates` the topology's link rates (b/s; default the
+    model's port rate), each of which needs its ECN thresholds."""
     sch: Scheme = scheme(name)
     ecn = ecn or EcnConfig()  # the controller's thresholds
     if name not in CC_MODES:
         known = ", ".join(sorted(CC_MODES))
         raise PeerError(f"scheme {name!r} has no counterpart in HPCC's simulator (it has {known})")
-    if sch.law == "hpcc" and not any(math.isclose(scaling.link_bps, r) for r in INT_LINE_RATES):
+    rate = round(scaling.link_bps)
+    rates = link_rates or (rate,)
+    odd = [r for r in rates if not any(math.isclose(r, ok) for ok in INT_LINE_RATES)]
+    if sch.law == "hpcc" and odd:
         raise PeerError(
-            f"HPCC's INT encodes only 25/50/100/200/400G links, not {scaling.link_bps:g} b/s "
+            f"HPCC's INT encodes only 25/50/100/200/400G links, not {odd[0]:g} b/s "
             "(run at --scale 1, 2, 4, 8 or 16)"
         )
     p = cc
     d, h = p.dcqcn, p.hpcc
-    rate = round(scaling.link_bps)
     mtu = scaling.transport_mtu
     keys: list[tuple[str, Any]] = [
         ("ENABLE_QCN", 1),  # ECN marking, as the controller programs every egress queue
@@ -240,10 +261,12 @@ def ns3_config(
         ("ACK_HIGH_PRIO", 0),  # our ACKs share the data queue
         ("LINK_DOWN", "0 0 0"),
         ("ENABLE_TRACE", 0),
-        # ECN thresholds in KB (ConfigEcn multiplies by 1000), per link speed
-        ("KMAX_MAP", f"1 {rate} {round(ecn.kmax_bytes / 1000)}"),
-        ("KMIN_MAP", f"1 {rate} {round(ecn.kmin_bytes / 1000)}"),
-        ("PMAX_MAP", f"1 {rate} {ecn.pmax}"),
+        # ECN thresholds in KB (ConfigEcn multiplies by 1000), per link speed: the same at
+        # every port, as the controller programs ours (a speed the map lacks gets 0 there:
+        # its optimized build compiles the assert away, and every queued packet is marked)
+        ("KMAX_MAP", _per_rate(rates, round(ecn.kmax_bytes / 1000))),
+        ("KMIN_MAP", _per_rate(rates, round(ecn.kmin_bytes / 1000))),
+        ("PMAX_MAP", _per_rate(rates, ecn.pmax)),
         ("BUFFER_SIZE", buffer),
         ("QLEN_MON_START", mon_start_ns),
         ("QLEN_MON_END", round(stop_s * 1e9)),
@@ -261,17 +284,24 @@ def stop_time_s(flows: list[Flow], link_bps: float) -> float:
     return last + 50 * total * 8 / link_bps + 0.01
 
 
+def _per_rate(rates: tuple[int, ...], value: Any) -> str:
+    """A KMIN_MAP-style value: the count, then `rate value` for each rate."""
+    return " ".join([str(len(rates)), *(f"{r} {value}" for r in rates)])
+
+
 def peer_cc(
     name: str,
     scaling: Scaling,
     profiles: dict[str, str],
     cc_set: dict[str, dict[str, str]],
+    nic_bps: int | None = None,
 ) -> CcParams:
     """The parameters the twin's NICs run scheme `name` with (as the suite sets them: its CC
-    profile, `--cc-set` over it, at the NICs' line rate, the model's base RTT and the scale),
-    which the simulator's config takes."""
+    profile, `--cc-set` over it, at the NICs' line rate, `nic_bps` or the model's NIC's, the
+    model's base RTT and the scale), which the simulator's config takes."""
     prof = cc_profile(name, profiles, cc_set)
-    return prof.cc_params(int(scaling.nic_bps), round(scaling.base_rtt_s * 1e9), scaling.scale)
+    nic = int(scaling.nic_bps) if nic_bps is None else nic_bps
+    return prof.cc_params(nic, round(scaling.base_rtt_s * 1e9), scaling.scale)
 
 
 def write_experiment(
@@ -306,6 +336,7 @@ def write_experiment(
         start_ns,
         buffer_mb(spec, scaling),
         cc,
+        link_rates=topo.rates,
     )
     (out / "config.txt").write_text(cfg)
     return topo
@@ -739,6 +770,7 @@ def cmd_peer(args: argparse.Namespace) -> int:
         except ValueError as exc:  # a profile or setting it does not know
             raise PeerError(str(exc)) from None
         # every input first: a scheme or fabric it cannot take fails before anything runs
+        nic = hosts_nic_bps(spec, scaling)
         topos = {
             s: write_experiment(
                 spec,
@@ -746,7 +778,7 @@ def cmd_peer(args: argparse.Namespace) -> int:
                 s,
                 scaling,
                 run_dir / "ns3" / s,
-                peer_cc(s, scaling, cc["cc_profiles"], cc["cc_set"]),
+                peer_cc(s, scaling, cc["cc_profiles"], cc["cc_set"], nic),
             )
             for s in schemes
         }
