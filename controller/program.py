@@ -19,6 +19,7 @@ them from the source).
 from __future__ import annotations
 
 import ipaddress
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +31,8 @@ from controller import p4names as P
 from controller.config import Config, SwitchConfig
 from controller.reconcile import IdAllocator, Key, SwitchState, group_key, member_key
 from controller.topology import NextHop, Topology
+
+log = logging.getLogger("xingmai.controller.program")
 
 REPORT_CLONE_SESSION = 256  # p4src/include/define.p4
 CPU_CLONE_SESSION = 257  # p4src/include/define.p4
@@ -142,12 +145,15 @@ def build(
             target: Key = ("member", mids[0])
             action: Any = fy.P4IndirectAction(member_id=mids[0])
         else:
-            gid = groups.get(group_key(schema, P.PROF_ECMP_SELECTOR, [(m, 1) for m in mids]))
+            # a choice among switches reads this switch's digit; one among parallel links to
+            # one switch the lowest (controller.ecmp)
+            w = weight if len({nh.dmac for nh in hops}) > 1 else 1
+            gid = groups.get(group_key(schema, P.PROF_ECMP_SELECTOR, [(m, w) for m in mids]))
             if gid not in group_ents:
                 group_ents[gid] = fy.P4ActionProfileGroup(
                     P.PROF_ECMP_SELECTOR,
                     group_id=gid,
-                    members=[fy.P4Member(m, weight=1) for m in mids],
+                    members=[fy.P4Member(m, weight=w) for m in mids],
                 )
             target = ("group", gid)
             action = fy.P4IndirectAction(group_id=gid)
@@ -159,6 +165,23 @@ def build(
                 action=action,
             )
         return nid
+
+    # this switch's digit of the hash (controller.ecmp), as equal weights on its groups'
+    # members; within what one group may hold (TNA's selectors bound it: P4Info's
+    # max_group_size, 0 for none), else plain ECMP and a warning
+    weight = topo.ecmp_base.get(sw.name, 1)
+    max_group = schema.action_profiles[P.PROF_ECMP_SELECTOR].max_group_size
+    widest = max((len(set(hops)) for hops in routes.values()), default=0)
+    if weight > 1 and max_group and widest * weight > max_group:
+        log.warning(
+            "%s: ECMP groups of %d members weighted %d exceed the selector's %d: plain ECMP "
+            "(this tier reads the same digit of the hash as the one below it)",
+            sw.name,
+            widest,
+            weight,
+            max_group,
+        )
+        weight = 1
 
     route_ents = []
     for ip, hops in routes.items():

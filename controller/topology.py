@@ -12,6 +12,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from controller.config import Config, Endpoint
+from controller.ecmp import digit_bases
 from controller.wire.telemetry_report import nic_node_id
 
 MAX_PROBE_PEERS = 32  # hosts one host probes at most (Pingmesh: a ToR's mesh, a few beyond)
@@ -94,6 +95,15 @@ class Topology:
                 assert a.port is not None and b.port is not None
                 self.adj[a.node].append((b.node, a.port))
                 self.adj[b.node].append((a.node, b.port))
+        # each switch's digit of the ECMP hash (controller.ecmp), from every link: a link down
+        # changes the groups' members, never their weights
+        full: dict[str, list[str]] = {s: [] for s in self.switches}
+        for link in cfg.links:
+            if link.a.node in self.switches and link.b.node in self.switches:
+                full[link.a.node].append(link.b.node)
+                full[link.b.node].append(link.a.node)
+        edge = [d.attached.node for ip, d in self.destinations.items() if ip in self.ip_owner]
+        self.ecmp_base: dict[str, int] = digit_bases(full, edge)
 
     def _speed(self, a: Endpoint, b: Endpoint) -> float:
         speeds = []

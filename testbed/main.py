@@ -17,7 +17,8 @@
     xingmai-testbed calibrate-flow --scheme tita  # fit the flow engine on the twin
 
 Topologies: `single[:H]`, `leafspine[:L,S,H[,G]]`, `crossed[:L,S,H[,G]]` (G: the hosts' links
-in Gb/s, e.g. 100 under 400G switch ports), `rail[:K,H,S]` or a YAML file (testbed.topo).
+in Gb/s, e.g. 100 under 400G switch ports), `rail[:K,H,S]`, `fattree[:P,T,H,A,C[,G]]` (three
+tiers; alone, HPCC's 320-host fat-tree) or a YAML file (testbed.topo).
 The emulation (`--engine emu`, the default) needs root; everything it starts it stops, on
 exit, error, Ctrl-C or SIGTERM. The simulated twin (`--engine sim`, testbed.sim) runs the same
 suite in one process under a virtual clock, without root.
@@ -54,8 +55,8 @@ def _common(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--topo",
         default=DEFAULT_TOPO,
-        help=f"single[:H], leafspine[:L,S,H[,G]], crossed[:L,S,H[,G]], rail[:K,H,S] or a YAML file "
-        f"(default {DEFAULT_TOPO})",
+        help=f"single[:H], leafspine[:L,S,H[,G]], crossed[:L,S,H[,G]], rail[:K,H,S], "
+        f"fattree[:P,T,H,A,C[,G]] or a YAML file (default {DEFAULT_TOPO})",
     )
     ap.add_argument(
         "--switch",

@@ -348,7 +348,73 @@ def rail(nics: int = 2, hosts: int = 4, spines: int = 1) -> FabricSpec:
     )
 
 
-BUILDERS = {"single": single, "leafspine": leafspine, "crossed": crossed, "rail": rail}
+def fattree(
+    pods: int = 5,
+    tors_per_pod: int = 4,
+    hosts_per_tor: int = 16,
+    aggs_per_pod: int = 4,
+    cores_per_agg: int = 4,
+    host_gbps: int | None = 100,
+) -> FabricSpec:
+    """Three tiers as HPCC's paper and simulator have them (its `mix/fat.txt`, the defaults:
+    320 hosts at 100G, 20 ToRs, 20 aggregation and 16 core switches at the model's 400G):
+    P pods of T ToRs and A aggregation switches, every ToR linked to every aggregation
+    switch of its pod; aggregation switch j of every pod linked to the C cores of group j.
+    Host k of ToR i is 10.0.i.k on ToR port k; a ToR's uplinks are ports H+1..H+A, an
+    aggregation switch's T+1..T+C (its ToRs on 1..T), a core's port p faces pod p; the
+    collector is on tor1's port H+A+1. `host_gbps` as `leafspine` (None: the model's)."""
+    n_tor, n_agg, n_core = pods * tors_per_pod, pods * aggs_per_pod, aggs_per_pod * cores_per_agg
+    if not (1 <= pods <= 64 and 1 <= tors_per_pod and 1 <= aggs_per_pod and 1 <= cores_per_agg):
+        raise TopologyError("fattree: at least one pod, ToR, aggregation switch and core each")
+    if not (n_tor <= 250 and 1 <= hosts_per_tor <= 200 and n_tor * hosts_per_tor >= 2):
+        raise TopologyError("fattree: 1..250 ToRs in all, 1..200 hosts per ToR, two hosts at least")
+    if max(hosts_per_tor + aggs_per_pod + 1, tors_per_pod + cores_per_agg, pods) > MAX_PORT:
+        raise TopologyError(f"fattree: more than {MAX_PORT} ports on a switch")
+    if host_gbps is not None and not 0 < host_gbps <= MAX_LINK_GBPS:
+        raise TopologyError(f"fattree: host link speed {host_gbps} Gb/s is not a speed")
+    sw = _switches(
+        [f"tor{i}" for i in range(1, n_tor + 1)]
+        + [f"agg{i}" for i in range(1, n_agg + 1)]
+        + [f"core{i}" for i in range(1, n_core + 1)]
+    )
+    gbps = None if host_gbps is None else float(host_gbps)
+    hosts: list[HostSpec] = []
+    links: list[LinkSpec] = []
+    for i in range(1, n_tor + 1):
+        for k in range(1, hosts_per_tor + 1):
+            n, ip = (i - 1) * hosts_per_tor + k, f"10.0.{i}.{k}"
+            hosts.append(HostSpec(f"h{n}", (NicSpec(ip, _host_mac(ip)),)))
+            links.append(LinkSpec(End(f"h{n}", 0), End(f"tor{i}", k), gbps=gbps))
+    for p in range(pods):
+        for t in range(1, tors_per_pod + 1):
+            tor = p * tors_per_pod + t
+            for j in range(1, aggs_per_pod + 1):
+                agg = p * aggs_per_pod + j
+                links.append(LinkSpec(End(f"tor{tor}", hosts_per_tor + j), End(f"agg{agg}", t)))
+        for j in range(1, aggs_per_pod + 1):
+            agg = p * aggs_per_pod + j
+            for c in range(1, cores_per_agg + 1):
+                core = (j - 1) * cores_per_agg + c
+                links.append(
+                    LinkSpec(End(f"agg{agg}", tors_per_pod + c), End(f"core{core}", p + 1))
+                )
+    speed = "" if host_gbps is None else f"-{host_gbps}g"
+    return FabricSpec(
+        f"fattree-{pods}x{tors_per_pod}x{hosts_per_tor}x{aggs_per_pod}x{cores_per_agg}{speed}",
+        sw,
+        tuple(hosts),
+        tuple(links),
+        End("tor1", hosts_per_tor + aggs_per_pod + 1),
+    )
+
+
+BUILDERS = {
+    "single": single,
+    "leafspine": leafspine,
+    "crossed": crossed,
+    "rail": rail,
+    "fattree": fattree,
+}
 
 
 # ---- YAML -----------------------------------------------------------------------------------
@@ -490,7 +556,7 @@ def dump(spec: FabricSpec) -> str:
 
 def parse_choice(text: str) -> FabricSpec:
     """`leafspine:2,2,4` (`leafspine:20,4,16,100`: hosts on 100G links), `single:4`,
-    `rail:2,4,1`, or a YAML file path."""
+    `rail:2,4,1`, `fattree` (HPCC's; `fattree:P,T,H,A,C,G`), or a YAML file path."""
     kind, _, args = text.partition(":")
     if kind in BUILDERS:
         try:
@@ -504,6 +570,6 @@ def parse_choice(text: str) -> FabricSpec:
     if Path(text).exists():
         return load(text)
     raise TopologyError(
-        f"{text!r}: not single[:H], leafspine[:L,S,H[,G]], crossed[:L,S,H[,G]], rail[:K,H,S] "
-        "or a YAML file"
+        f"{text!r}: not single[:H], leafspine[:L,S,H[,G]], crossed[:L,S,H[,G]], rail[:K,H,S], "
+        "fattree[:P,T,H,A,C[,G]] or a YAML file"
     )

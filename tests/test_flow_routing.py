@@ -301,7 +301,8 @@ def test_every_choice_is_the_controllers_next_hop_by_the_switch_hash(
 ) -> None:
     """At every switch of every path, the link the flow engine takes is the controller's next
     hop for the destination (its routes over what is alive, sorted by port) that the switch's
-    selector picks: hash % members. The controller's code, not a copy of its rule."""
+    selector picks with the weights the controller gives its groups: (hash // the switch's
+    digit base) % members (controller.ecmp). The controller's code, not a copy of its rule."""
     fab0 = build_clos(params)
     topo, port_of = _controller_topology(fab0, down)
     fab = fail(fab0, down) if down else fab0
@@ -325,6 +326,7 @@ def test_every_choice_is_the_controllers_next_hop_by_the_switch_hash(
             if sw not in routes:
                 routes[sw] = topo.routes(sw)
             nh = routes[sw][ip]
-            assert port_of[(sw, nxt)] == nh[int(h[f]) % len(nh)].port, (f, sw, nh)
+            pick = (int(h[f]) // topo.ecmp_base[sw]) % len(nh)
+            assert port_of[(sw, nxt)] == nh[pick].port, (f, sw, nh)
             checked += 1
     assert checked > 3 * len(src)

@@ -160,8 +160,9 @@ def test_a_scheme_slows_the_network_not_the_servers(tmp_path: Path) -> None:
 def test_jobs_in_lockstep_meet_only_where_they_share_links(tmp_path: Path) -> None:
     """Copies of a job on consecutive GPUs, their same collectives at once: on a
     rail-optimized fabric each DP ring stays on its rail's leaf (nothing shared), on a plain
-    3-tier Clos the copies' rings meet at ECMP and each pass is longer than one copy's
-    alone on the same fabric."""
+    3-tier Clos with leaves at 2:1 the copies' rings meet on the uplinks and each pass is
+    longer than one copy's alone on the same fabric (at 1:1 their rings' paths are apart
+    since each tier reads its own digit of the hash, controller.ecmp)."""
     head = HEAD.replace("NPU_group: 8", "NPU_group: 2").replace("all_gpus: 16", "all_gpus: 32")
     layer = "a -1 1000 NONE 0 1000 NONE 0 1000 ALLREDUCE 67108864 1"
     wl = workload.read(_file(tmp_path, layer, head=head))  # TP 2 x DP 16 on 32 GPUs
@@ -170,7 +171,9 @@ def test_jobs_in_lockstep_meet_only_where_they_share_links(tmp_path: Path) -> No
     rail = build_clos(ClosParams(gpus=128, radix=8, switch_tbps=3.2, tiers=3))
     together = workload.run(rail, wl, lat, jobs=jobs)
     assert together.time_s == pytest.approx(workload.run(rail, wl, lat).time_s)
-    plain = build_clos(ClosParams(gpus=128, radix=8, switch_tbps=3.2, rail=False, tiers=3))
+    plain = build_clos(
+        ClosParams(gpus=128, radix=8, switch_tbps=3.2, rail=False, tiers=3, oversub=2.0)
+    )
     alone = workload.run(plain, wl, lat)
     together = workload.run(plain, wl, lat, jobs=jobs)
     assert together.time_s > 1.25 * alone.time_s

@@ -19,6 +19,7 @@ from testbed.main import main
 from testbed.model import Scaling
 from testbed.peer.ns3_hpcc import (
     PeerError,
+    byte_counter_notes,
     check_sim,
     hist_p99,
     hist_peak,
@@ -273,3 +274,14 @@ def test_missing_simulator(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     err = capsys.readouterr().err
     assert "HPCC's ns-3 simulator not found" in err and str(missing) in err
     assert not (tmp_path / "run").exists()  # nothing written, the twin not run
+
+
+def test_a_byte_counter_the_simulator_lacks_is_named(fabric) -> None:  # type: ignore[no-untyped-def]
+    spec, scaling = fabric
+    flows = load_flows(DATA / "twin-flows.csv", spec)  # 300 KB the largest
+    shipped = parse_cc_profiles("")
+    params = {s: peer_cc(s, scaling, shipped, {}) for s in ("hpcc", "dcqcn")}
+    [note] = byte_counter_notes(params, flows)
+    assert note.startswith("NOTE dcqcn: the twin's DCQCN raises its rate every 32767 B")
+    paper = {"dcqcn": peer_cc("dcqcn", scaling, parse_cc_profiles("dcqcn-paper"), {})}
+    assert byte_counter_notes(paper, flows) == []  # 10 MiB: never within these flows

@@ -29,8 +29,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from controller.ecmp import digit_bases
 from controller.wire.roce import ROCE_UDP_PORT
-from testbed.flow.fabric import Fabric
+from testbed.flow.fabric import NIC_UP, SCALEUP, Fabric
 from testbed.switch.hashes import get_hash
 
 ECMP_ALGO = "crc16"  # the selector's, p4src/include/arch/v1model.p4 (checked by a test)
@@ -340,7 +341,9 @@ def _route_clos(fab: Fabric, src: np.ndarray, dst: np.ndarray, h: np.ndarray) ->
         agg_a_flat, agg_b_flat = (e.base_a + ag)[far], (e.base_b + ag)[far]
         hf = hh[far]
         ok2 = None if live is None else _core_ok(fab, live, agg_a_flat, agg_b_flat)
-        k2, n_core = _pick(hf, au, ok2)
+        # an aggregation switch's choice among cores reads the hash's next digit
+        # (controller.ecmp): (hash // up) % its uplinks, the leaf's being hash % up
+        k2, n_core = _pick(hf // up, au, ok2)
         per_core = None if ok2 is None else np.asarray(ok2.reshape(-1, mc, cores).any(axis=1))
         up2 = s["b_agg_up"] + agg_a_flat * au + k2
         paths[rows[far], 4] = up2
@@ -517,6 +520,7 @@ class _Graph:
         self._dist: dict[int, np.ndarray] = {}
         self._hops: dict[tuple[int, int], tuple[list[int], int | None]] = {}
         self.link_dst: list[int] = fab.link_dst.tolist()  # plain ints: read once per hop
+        self.base = _digit_bases(fab)
 
     def outs(self, u: int) -> np.ndarray:
         return self.out_links[self.out_ptr[u] : self.out_ptr[u + 1]]
@@ -563,6 +567,23 @@ class _Graph:
                     todo.append(u)
         self._dist[target] = d
         return d
+
+
+def _digit_bases(fab: Fabric) -> list[int]:
+    """Each node's digit of the ECMP hash (controller.ecmp, as the controller weights its
+    groups): from every switch-to-switch link (up or down), the leaves being the switches
+    the NICs hang off; 1 for GPUs and scale-up switches."""
+    net = (fab.link_kind != SCALEUP) & (fab.link_src >= fab.n_gpus) & (fab.link_dst >= fab.n_gpus)
+    adj: dict[int, list[int]] = {}
+    for u, v in zip(fab.link_src[net].tolist(), fab.link_dst[net].tolist(), strict=True):
+        adj.setdefault(u, []).append(v)
+    edge = set(fab.link_dst[fab.link_kind == NIC_UP].tolist())
+    for e in edge:
+        adj.setdefault(e, [])
+    base = [1] * fab.n_nodes
+    for node, w in digit_bases(adj, edge).items():
+        base[node] = w
+    return base
 
 
 def _route_search(
@@ -618,7 +639,10 @@ def _route_search(
             u = a
             while u != b:
                 cand, key = gr.hop(u, b)
-                lk = cand[hv % len(cand)]
+                # a choice among switches reads the switch's digit of the hash; one among
+                # parallel links to one switch (key > n_nodes), the lowest (controller.ecmp)
+                digit = gr.base[u] if key is not None and key < fab.n_nodes else 1
+                lk = cand[(hv // digit) % len(cand)]
                 if key is not None:
                     groups.append(key)
                     chosen.append(lk)

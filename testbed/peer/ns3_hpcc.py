@@ -284,6 +284,21 @@ def stop_time_s(flows: list[Flow], link_bps: float) -> float:
     return last + 50 * total * 8 / link_bps + 0.01
 
 
+def byte_counter_notes(params: dict[str, CcParams], flows: list[Flow]) -> list[str]:
+    """What the simulator's DCQCN cannot run: a byte counter (its rate increases come from
+    its timer alone), a line per scheme whose counter fires within the largest flow."""
+    largest = max((f.size for f in flows), default=0)
+    out = []
+    for name, p in params.items():
+        if scheme(name).law == "dcqcn" and p.dcqcn.byte_counter < largest:
+            out.append(
+                f"NOTE {name}: the twin's DCQCN raises its rate every {p.dcqcn.byte_counter} B "
+                "sent as well as by its timer; the simulator's has no byte counter (to compare "
+                "the laws alone: --cc-set 'dcqcn.byte_counter=1000000000 B')"
+            )
+    return out
+
+
 def _per_rate(rates: tuple[int, ...], value: Any) -> str:
     """A KMIN_MAP-style value: the count, then `rate value` for each rate."""
     return " ".join([str(len(rates)), *(f"{r} {value}" for r in rates)])
@@ -771,15 +786,9 @@ def cmd_peer(args: argparse.Namespace) -> int:
             raise PeerError(str(exc)) from None
         # every input first: a scheme or fabric it cannot take fails before anything runs
         nic = hosts_nic_bps(spec, scaling)
+        params = {s: peer_cc(s, scaling, cc["cc_profiles"], cc["cc_set"], nic) for s in schemes}
         topos = {
-            s: write_experiment(
-                spec,
-                flows,
-                s,
-                scaling,
-                run_dir / "ns3" / s,
-                peer_cc(s, scaling, cc["cc_profiles"], cc["cc_set"], nic),
-            )
+            s: write_experiment(spec, flows, s, scaling, run_dir / "ns3" / s, params[s])
             for s in schemes
         }
         twin_dir = args.twin
@@ -820,6 +829,7 @@ def cmd_peer(args: argparse.Namespace) -> int:
         )
         + ", B every packet",
     ]
+    head += byte_counter_notes(params, flows)
     text = side_by_side(results, head)
     print(text)
     doc = {
