@@ -256,6 +256,21 @@ def build_parser() -> argparse.ArgumentParser:
     from testbed.flow.cli import add_parsers as flow_parsers
 
     flow_parsers(sub)  # fabric, flow-iteration, calibrate-flow
+    fl = sub.add_parser(
+        "flows",
+        help="a --flows file: Poisson arrivals of a flow-size CDF at a load (HPCC's workloads)",
+    )
+    fl.add_argument("cdf", help="websearch, fbhadoop, ... (testbed/data/workloads) or a CDF file")
+    fl.add_argument("--load", type=float, required=True, help="of each host's line rate, 0-1")
+    fl.add_argument("--seconds", type=float, required=True, help="of arrivals, in the model's time")
+    fl.add_argument("--topo", default=DEFAULT_TOPO, help="whose hosts send (as run --topo)")
+    fl.add_argument(
+        "--gbps",
+        type=float,
+        help="the line rate the load is of (default: the first host's link, or the model's port)",
+    )
+    fl.add_argument("--seed", type=int, default=1)
+    fl.add_argument("--out", type=Path, help="the file (default: standard output)")
     topo = sub.add_parser("topo", help="print a topology")
     topo.add_argument("topo", nargs="?", default=DEFAULT_TOPO)
     topo.add_argument("--dump", action="store_true", help="as YAML (the file format)")
@@ -535,6 +550,34 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return report()
 
 
+def cmd_flows(args: argparse.Namespace) -> int:
+    from testbed.topo import End, parse_choice
+    from testbed.traffic import generators as gen
+
+    spec = parse_choice(args.topo)
+    gbps = args.gbps or spec.link_gbps(End(spec.hosts[0].name, 0), DEFAULT_MODEL.port_speed_gbps)
+    flows = gen.poisson(
+        len(spec.hosts),
+        gen.SizeCdf.load(args.cdf),
+        args.load,
+        gbps * 1e9,
+        args.seconds,
+        seed=args.seed,
+    )
+    what = (
+        f"{args.cdf} at {args.load:g} of {gbps:g} Gb/s per host, {args.seconds * 1e3:g} ms of "
+        f"Poisson arrivals, seed {args.seed}, {spec.name}: {len(flows)} flows, "
+        f"{sum(f.size for f in flows) / 1e6:.1f} MB"
+    )
+    text = gen.flows_csv(flows, [h.name for h in spec.hosts], what)
+    if args.out is None:
+        print(text, end="")
+    else:
+        args.out.write_text(text)
+        print(f"{args.out}: {what}", file=sys.stderr)
+    return 0
+
+
 def cmd_topo(args: argparse.Namespace) -> int:
     from testbed.topo import dump, parse_choice
 
@@ -580,6 +623,7 @@ def main(argv: list[str] | None = None) -> int:
             "cli": cmd_cli,
             "doctor": cmd_doctor,
             "topo": cmd_topo,
+            "flows": cmd_flows,
             "compare": cmd_compare,
             "report": cmd_report,
             "sweep": cmd_sweep,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
@@ -71,3 +72,23 @@ def test_payload_is_deterministic_and_position_dependent() -> None:
     assert a == payload(5, 10_000) and a != payload(6, 10_000)
     assert a[:1024] != a[1024:2048]  # a packet at the wrong offset would not match
     assert qpn(2, 3) != qpn(3, 2) and qpn(0, 0) > 0
+
+
+def test_flows_command_writes_a_flow_list_run_reads(tmp_path: Path) -> None:
+    """`xingmai-testbed flows`: the suite's Poisson generator at a load of the hosts' own
+    link speed, written as a --flows file; the twin's reader gives back the same flows."""
+    from testbed.main import main
+    from testbed.sim.run import load_flows
+    from testbed.topo import parse_choice
+
+    out = tmp_path / "ws.csv"
+    argv = ["flows", "websearch", "--load", "0.3", "--seconds", "0.0005", "--topo", "fattree"]
+    assert main([*argv, "--out", str(out)]) == 0
+    text = out.read_text()
+    assert text.startswith("# websearch at 0.3 of 100 Gb/s per host, 0.5 ms")
+    spec = parse_choice("fattree")
+    want = gen.poisson(320, gen.SizeCdf.load("websearch"), 0.3, 100e9, 0.0005, seed=1)
+    got = load_flows(out, spec)
+    assert [(f.src, f.dst, f.size, f.start) for f in got] == [
+        (f.src, f.dst, f.size, f.start) for f in want
+    ]

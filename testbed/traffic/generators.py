@@ -176,6 +176,16 @@ def poisson(
     return [Flow(i, f.src, f.dst, f.size, f.start, f.slot) for i, f in enumerate(flows)]
 
 
+def flows_csv(flows: list[Flow], names: list[str], comment: str = "") -> str:
+    """`flows` as a `--flows` file (testbed.sim.run.load_flows reads it): a `# comment`
+    line, the header `src,dst,bytes,start_s`, one line per flow by start, hosts by name."""
+    lines = [f"# {comment}"] if comment else []
+    lines.append("src,dst,bytes,start_s")
+    for f in sorted(flows, key=lambda f: (f.start, f.id)):
+        lines.append(f"{names[f.src]},{names[f.dst]},{f.size},{f.start!r}")
+    return "\n".join(lines) + "\n"
+
+
 def offered_load(flows: list[Flow], n_hosts: int, line_rate_bps: float, duration: float) -> float:
     """Mean offered load per host as a fraction of the line rate."""
     return sum(f.size for f in flows) * 8 / (n_hosts * line_rate_bps * duration)
