@@ -285,3 +285,21 @@ def test_a_byte_counter_the_simulator_lacks_is_named(fabric) -> None:  # type: i
     assert note.startswith("NOTE dcqcn: the twin's DCQCN raises its rate every 32767 B")
     paper = {"dcqcn": peer_cc("dcqcn", scaling, parse_cc_profiles("dcqcn-paper"), {})}
     assert byte_counter_notes(paper, flows) == []  # 10 MiB: never within these flows
+
+
+def test_timely_through_the_drivers_keys(fabric, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """TIMELY (the simulator's CC_MODE 7): its step and hyper step in RATE_AI and RATE_HAI,
+    its thresholds in our driver's TIMELY_* keys, all the profile's at the NIC's rate (the
+    paper's 10 Gb/s values scaled by 390.6 / 10)."""
+    spec, scaling = fabric
+    flows = load_flows(DATA / "twin-flows.csv", spec)
+    timely = peer_cc("timely", scaling, parse_cc_profiles(""), {})
+    write_experiment(spec, flows, "timely", scaling, tmp_path, timely)
+    c = _config(tmp_path / "config.txt")
+    t = timely.timely
+    assert c["CC_MODE"] == "7" and c["HAS_WIN"] == "0"
+    assert c["RATE_AI"] == f"{t.delta_bps}bps" and c["RATE_HAI"] == f"{5 * t.delta_bps}bps"
+    assert t.delta_bps == pytest.approx(10e6 * scaling.nic_bps / 10e9, rel=1e-6)
+    assert (c["TIMELY_ALPHA"], c["TIMELY_BETA"]) == ("0.875", "0.8")
+    assert int(c["TIMELY_TLOW"]) == t.t_low_ns == int(50_000 * 10e9 / int(scaling.nic_bps))
+    assert int(c["TIMELY_THIGH"]) == t.t_high_ns and int(c["TIMELY_MINRTT"]) == t.min_rtt_ns

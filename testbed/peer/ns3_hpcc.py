@@ -73,8 +73,9 @@ DATA_PG = 3  # the priority group HPCC's example flow files send data on
 # speeds print "IntHeader unknown rate" and corrupt HPCC's utilisation
 INT_LINE_RATES = (25e9, 50e9, 100e9, 200e9, 400e9)
 # CC_MODE of each of our schemes whose parameters map onto the simulator's (config_doc.txt;
-# its TIMELY, mode 7, takes thresholds ours sets that its config cannot: not mapped)
-CC_MODES = {"dcqcn": 1, "dcqcn+pfc": 1, "hpcc": 3}
+# TIMELY's thresholds, RdmaHw attributes third.cc never sets, through our driver's TIMELY_*
+# keys: third.cc itself would run rdma-hw.cc's defaults)
+CC_MODES = {"dcqcn": 1, "dcqcn+pfc": 1, "hpcc": 3, "timely": 7}
 QLEN_SAMPLE_NS = 100  # third.cc's queue sampling period
 # a dump interval that divides no sample's time but 0 (third.cc reads it as a uint32)
 NEVER_NS = 4_000_000_000
@@ -210,7 +211,7 @@ def ns3_config(
             "(run at --scale 1, 2, 4, 8 or 16)"
         )
     p = cc
-    d, h = p.dcqcn, p.hpcc
+    d, h, t = p.dcqcn, p.hpcc, p.timely
     mtu = scaling.transport_mtu
     keys: list[tuple[str, Any]] = [
         ("ENABLE_QCN", 1),  # ECN marking, as the controller programs every egress queue
@@ -231,8 +232,10 @@ def ns3_config(
         ("FAST_RECOVERY_TIMES", d.fast_recovery_steps),
         # the additive increase: DCQCN's R_AI, HPCC's W_AI as a rate (their rate-based HPCC
         # adds RATE_AI per update, as our law adds W_AI / T)
-        ("RATE_AI", _rate(h.wai_bps if sch.law == "hpcc" else d.rai_bps)),
-        ("RATE_HAI", _rate(d.rhai_bps)),
+        # TIMELY (mode 7) adds RATE_AI per RTT and RATE_HAI after 5 such increases, ours delta
+        # and hai_steps x delta
+        ("RATE_AI", _rate({"hpcc": h.wai_bps, "timely": t.delta_bps}.get(sch.law, d.rai_bps))),
+        ("RATE_HAI", _rate(t.hai_steps * t.delta_bps if sch.law == "timely" else d.rhai_bps)),
         ("MIN_RATE", _rate(p.min_rate_bps)),
         ("DCTCP_RATE_AI", "1000Mb/s"),
         ("ERROR_RATE_PER_LINK", "0.0000"),
@@ -273,6 +276,18 @@ def ns3_config(
         ("QLEN_MON_INTERVAL", QLEN_SAMPLE_NS),
         ("QLEN_DUMP_INTERVAL", NEVER_NS),
     ]
+    if sch.law == "timely":
+        if t.hai_steps != 5:
+            raise PeerError(
+                f"the simulator's TIMELY enters HAI after 5 increases, not {t.hai_steps}"
+            )
+        keys += [  # our driver's keys (docs/fidelity.md); times in ns
+            ("TIMELY_ALPHA", f"{t.alpha / UNIT:.6g}"),
+            ("TIMELY_BETA", f"{t.beta / UNIT:.6g}"),
+            ("TIMELY_TLOW", t.t_low_ns),
+            ("TIMELY_THIGH", t.t_high_ns),
+            ("TIMELY_MINRTT", t.min_rtt_ns),
+        ]
     return "".join(f"{k} {v}\n" for k, v in keys)
 
 
