@@ -20,9 +20,10 @@ runs `PATH config.txt` in `RUNDIR/ns3/<scheme>/` and reads back what it writes:
   port's egress queue at 0, 1, 2 ... KB (a histogram over the run so far);
 - `pfc.txt`: `time_ns node node_type port type` per PFC frame a device received (1 pause).
 
-Our driver adds four config keys to third.cc's (ENABLE_PFC, STOP_WHEN_DONE,
-QLEN_MON_INTERVAL, QLEN_DUMP_INTERVAL; docs/fidelity.md): third.cc itself ignores keys it
-does not know, so its binary runs these files too, with PFC on and no final queue dump.
+Our driver adds config keys to third.cc's (ENABLE_PFC, STOP_WHEN_DONE, QLEN_MON_INTERVAL,
+QLEN_DUMP_INTERVAL, and TIMELY_ALPHA/BETA/TLOW/THIGH/MINRTT; docs/fidelity.md): third.cc
+itself ignores keys it does not know, so its binary runs these files too, with PFC on, no
+final queue dump and TIMELY at rdma-hw.cc's defaults.
 
 The twin's side is a `xingmai-testbed run --engine sim --flows` run: the one `--twin DIR`
 names, or one this command runs into `RUNDIR/twin`. The table has the `compare` layout (A: the
