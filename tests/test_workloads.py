@@ -92,3 +92,8 @@ def test_flows_command_writes_a_flow_list_run_reads(tmp_path: Path) -> None:
     assert [(f.src, f.dst, f.size, f.start) for f in got] == [
         (f.src, f.dst, f.size, f.start) for f in want
     ]
+
+
+def test_an_unknown_cdf_is_named() -> None:
+    with pytest.raises(ValueError, match="'nosuch': neither a bundled CDF .*websearch"):
+        gen.SizeCdf.load("nosuch")

@@ -60,7 +60,13 @@ class SizeCdf:
         if name_or_path in CDF_FILES:
             text = (resources.files("testbed.data.workloads") / CDF_FILES[name_or_path]).read_text()
         else:
-            text = Path(name_or_path).read_text()
+            try:
+                text = Path(name_or_path).read_text()
+            except OSError as exc:
+                raise ValueError(
+                    f"{name_or_path!r}: neither a bundled CDF ({', '.join(sorted(CDF_FILES))}) "
+                    f"nor a readable file ({exc.strerror})"
+                ) from None
         points = []
         for lineno, line in enumerate(text.splitlines(), 1):
             if not line.strip():
