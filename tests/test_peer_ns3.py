@@ -251,6 +251,12 @@ def test_twin_result_slowdown_against_its_own_ideal(fabric, tmp_path: Path) -> N
     row = next(ln for ln in table.splitlines() if "sd p50 100K-1M" in ln).split()
     assert float(row[-3]) == pytest.approx(20e-6 / ideal, rel=1e-3)
     assert float(row[-2]) == pytest.approx(21 / 2 / 6.5, rel=1e-3)
+    # a ratio beyond 15 % is marked, and the buckets that agree are counted
+    ratio = (21 / 2 / 6.5) / (20e-6 / ideal)
+    assert row[-1] == f"{ratio:.2f}" + ("" if abs(ratio - 1) <= 0.15 else "*")
+    marks = [ln.split()[-1] for ln in table.splitlines() if " sd p" in ln and " all " not in ln]
+    agree = sum(not m.endswith("*") for m in marks)
+    assert f"per size bucket within 15%: {agree} of {len(marks)}" in table
 
 
 def test_missing_simulator(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -600,15 +600,28 @@ ROWS = (  # (label, field, scale to the shown unit)
 )
 
 
+AGREE = 0.15  # issue 27's bound on B/A - 1: a ratio beyond it is marked *
+
+
+def within(va: float | None, vb: float | None) -> bool | None:
+    """Whether B is within AGREE of A (None: a side has no figure)."""
+    if not va or vb is None:
+        return None
+    return abs(vb / va - 1) <= AGREE
+
+
 def _row(name: str, label: str, va: float | None, vb: float | None, k: float = 1.0) -> str:
     shown = " ".join(f"{'-':>10}" if v is None else f"{v * k:>10.4g}" for v in (va, vb))
-    ratio = f"{vb / va:>6.2f}" if va and vb is not None else f"{'-':>6}"
+    ratio = f"{'-':>6}"
+    if va and vb is not None:
+        ratio = f"{vb / va:>6.2f}" + ("" if within(va, vb) else "*")
     return f"{'flows':<10} {name:<9} {label:<18} {shown} {ratio}"
 
 
 def side_by_side(results: dict[str, dict[str, dict[str, Any]]], head: list[str]) -> str:
-    """`compare`'s layout: A the twin, B ns-3, B/A, with the FCT slowdown's p50 and p99 per
-    size bucket (`sd p50 100K-1M`: flows of 100 KB to 1 MB); then each flow's FCT on both."""
+    """`compare`'s layout: A the twin, B ns-3, B/A (`*` beyond issue 27's 15 %), with the FCT
+    slowdown's p50 and p99 per size bucket (`sd p50 100K-1M`: flows of 100 KB to 1 MB) and how
+    many of those agree; then each flow's FCT on both."""
     lines = [*head, ""]
     top = f"{'scenario':<10} {'scheme':<9} {'metric':<18} {'A':>10} {'B':>10} {'B/A':>6}"
     lines += [top, "-" * len(top)]
@@ -626,6 +639,16 @@ def side_by_side(results: dict[str, dict[str, dict[str, Any]]], head: list[str])
             lines.append(_row(name, f"flows {bucket}", ba.get("flows"), bb.get("flows")))
             for q in ("p50", "p99"):
                 lines.append(_row(name, f"sd {q} {bucket}", ba.get(q), bb.get(q)))
+        agree = [
+            within(sa[bk].get(q), sb[bk].get(q))
+            for bk in set(sa) & set(sb) - {"all"}
+            for q in ("p50", "p99")
+        ]
+        counted = [x for x in agree if x is not None]
+        lines.append(
+            f"{'':<10} {name:<9} slowdown p50 and p99 per size bucket within "
+            f"{AGREE:.0%}: {sum(counted)} of {len(counted)}"
+        )
         lines.append("")
     lines.append("FCT per flow, us (A: the twin, B: ns-3)")
     top = f"{'scheme':<9} {'id':>4} {'src':>5} {'dst':>5} {'bytes':>9} {'A':>9} {'B':>9} {'B/A':>6}"
