@@ -357,15 +357,17 @@ def payload_line_rate(s: Scaling, nic_bps: float | None = None) -> float:
     return nic * s.transport_mtu / (s.transport_mtu + TRANSPORT_OVERHEAD)
 
 
+def host_nic_bps(spec: FabricSpec, s: Scaling, host: str) -> float:
+    """A host's NIC line rate, at its own link's speed (a 100G host under 400G switch ports;
+    the model's NIC where the link sets none)."""
+    lk = spec.link_at(spec.attachment(host, 0))
+    return s.nic_rate(s.emulated_bps(None if lk is None else lk.gbps))
+
+
 def flow_line_rate(spec: FabricSpec, s: Scaling, src: str, dst: str) -> float:
     """The payload rate an idle path gives a flow from host `src` to host `dst`: the slower
-    of its two NICs, each at its own link's speed (a 100G host under 400G switch ports)."""
-
-    def nic(host: str) -> float:
-        lk = spec.link_at(spec.attachment(host, 0))
-        return s.nic_rate(s.emulated_bps(None if lk is None else lk.gbps))
-
-    return payload_line_rate(s, min(nic(src), nic(dst)))
+    of its two NICs."""
+    return payload_line_rate(s, min(host_nic_bps(spec, s, src), host_nic_bps(spec, s, dst)))
 
 
 def websearch_flows(cfg: SuiteConfig, hosts: int, nic_bps: float, seconds: float) -> list[gen.Flow]:
@@ -833,7 +835,9 @@ class Suite:
             return self._collective_workload(scenario, window)
         if scenario == "websearch":
             seconds = cfg.websearch_seconds * k  # as many flows at any scale
-            flows = websearch_flows(cfg, len(self.hosts), s.nic_bps, seconds)
+            # the load is of the hosts' own NICs (the slowest, where their links differ)
+            nic = min(host_nic_bps(self.spec, s, h.name) for h in self.hosts)
+            flows = websearch_flows(cfg, len(self.hosts), nic, seconds)
             res = wl.run_flows(
                 self.hosts,
                 flows,
@@ -845,7 +849,7 @@ class Suite:
                 seed=cfg.seed,
                 runner=self.runner,
             )
-            res["offered_load"] = gen.offered_load(flows, len(self.hosts), s.nic_bps, seconds)
+            res["offered_load"] = gen.offered_load(flows, len(self.hosts), nic, seconds)
             return res
         if scenario in PFC_SCENARIOS:
             return self._victim_workload(scenario, tr, line)
