@@ -86,8 +86,8 @@ METRICS: tuple[Metric, ...] = (
         "FCT p50",
         "ratio",
         "the median over completed flows of FCT / ideal FCT: FCT from the flow's start to "
-        "the sender seeing its last packet acknowledged, ideal = size x 8 / the NIC's payload "
-        "line rate + the measured base RTT",
+        "the sender seeing its last packet acknowledged, ideal = size x 8 / the payload line "
+        "rate of the flow's slower NIC + the measured base RTT",
     ),
     Metric("fct_slowdown_p99", "FCT p99", "ratio", "the same, the 99th percentile"),
     Metric("flows", "", "flows", "flows (or ranks, or jobs) the workload started"),
