@@ -145,9 +145,7 @@ def build(
             target: Key = ("member", mids[0])
             action: Any = fy.P4IndirectAction(member_id=mids[0])
         else:
-            # a choice among switches reads this switch's digit; one among parallel links to
-            # one switch the lowest (controller.ecmp)
-            w = weight if len({nh.dmac for nh in hops}) > 1 else 1
+            w = weight if among_switches(hops) else 1
             gid = groups.get(group_key(schema, P.PROF_ECMP_SELECTOR, [(m, w) for m in mids]))
             if gid not in group_ents:
                 group_ents[gid] = fy.P4ActionProfileGroup(
@@ -166,12 +164,16 @@ def build(
             )
         return nid
 
-    # this switch's digit of the hash (controller.ecmp), as equal weights on its groups'
-    # members; within what one group may hold (TNA's selectors bound it: P4Info's
-    # max_group_size, 0 for none), else plain ECMP and a warning
+    # this switch's digit of the hash (controller.ecmp), as equal weights on the members of
+    # its groups among switches (one among parallel links to one switch reads the lowest);
+    # within what one group may hold (TNA's selectors bound it: P4Info's max_group_size, 0
+    # for none), else plain ECMP and a warning
+    def among_switches(hops: tuple[NextHop, ...]) -> bool:
+        return len({nh.dmac for nh in hops}) > 1
+
     weight = topo.ecmp_base.get(sw.name, 1)
     max_group = schema.action_profiles[P.PROF_ECMP_SELECTOR].max_group_size
-    widest = max((len(set(hops)) for hops in routes.values()), default=0)
+    widest = max((len(set(h)) for h in routes.values() if among_switches(h)), default=0)
     if weight > 1 and max_group and widest * weight > max_group:
         log.warning(
             "%s: ECMP groups of %d members weighted %d exceed the selector's %d: plain ECMP "

@@ -83,25 +83,21 @@ class Topology:
         if coll is not None and coll.port is not None:
             c = cfg.int.collector
             self.destinations[c.ip] = Destination(c.ip, c.mac, Endpoint("collector"), coll)
-        # switch adjacency: (neighbor switch, local port)
+        # switch adjacency: (neighbor switch, local port) over the live links; `full` over every
+        # link, for each switch's digit of the ECMP hash (controller.ecmp): a link down
+        # changes the groups' members, never their weights
         self.adj: dict[str, list[tuple[str, int]]] = {s: [] for s in self.switches}
+        full: dict[str, list[str]] = {s: [] for s in self.switches}
         for link in cfg.links:
             a, b = link.a, link.b
-            if (
-                a.node in self.switches
-                and b.node in self.switches
-                and link_id(str(a), str(b)) not in down
-            ):
+            if a.node not in self.switches or b.node not in self.switches:
+                continue
+            full[a.node].append(b.node)
+            full[b.node].append(a.node)
+            if link_id(str(a), str(b)) not in down:
                 assert a.port is not None and b.port is not None
                 self.adj[a.node].append((b.node, a.port))
                 self.adj[b.node].append((a.node, b.port))
-        # each switch's digit of the ECMP hash (controller.ecmp), from every link: a link down
-        # changes the groups' members, never their weights
-        full: dict[str, list[str]] = {s: [] for s in self.switches}
-        for link in cfg.links:
-            if link.a.node in self.switches and link.b.node in self.switches:
-                full[link.a.node].append(link.b.node)
-                full[link.b.node].append(link.a.node)
         edge = [d.attached.node for ip, d in self.destinations.items() if ip in self.ip_owner]
         self.ecmp_base: dict[str, int] = digit_bases(full, edge)
 

@@ -278,6 +278,16 @@ def crossed(
     return _leafspine("crossed", leaves, spines, hosts_per_leaf, host_gbps)
 
 
+def _host_links(kind: str, host_gbps: int | None) -> tuple[float | None, str]:
+    """The hosts' links' own speed (None: the switch model's) and the fabric name's suffix
+    for it (`-100g`)."""
+    if host_gbps is None:
+        return None, ""
+    if not 0 < host_gbps <= MAX_LINK_GBPS:
+        raise TopologyError(f"{kind}: host link speed {host_gbps} Gb/s is not a speed")
+    return float(host_gbps), f"-{host_gbps}g"
+
+
 def _leafspine(
     kind: str, leaves: int, spines: int, hosts_per_leaf: int, host_gbps: int | None
 ) -> FabricSpec:
@@ -285,8 +295,7 @@ def _leafspine(
         raise TopologyError(f"{kind}: 1..99 leaves and spines, 1..200 hosts per leaf")
     if leaves * hosts_per_leaf < 2:
         raise TopologyError(f"{kind}: at least two hosts")
-    if host_gbps is not None and not 0 < host_gbps <= MAX_LINK_GBPS:
-        raise TopologyError(f"{kind}: host link speed {host_gbps} Gb/s is not a speed")
+    gbps, speed = _host_links(kind, host_gbps)
     sw = _switches(
         [f"leaf{i}" for i in range(1, leaves + 1)] + [f"spine{k}" for k in range(1, spines + 1)]
     )
@@ -297,17 +306,10 @@ def _leafspine(
             n = (j - 1) * leaves + i if kind == "crossed" else (i - 1) * hosts_per_leaf + j
             ip = f"10.0.{i}.{j}"
             hosts.append(HostSpec(f"h{n}", (NicSpec(ip, _host_mac(ip)),)))
-            links.append(
-                LinkSpec(
-                    End(f"h{n}", 0),
-                    End(f"leaf{i}", j),
-                    gbps=None if host_gbps is None else float(host_gbps),
-                )
-            )
+            links.append(LinkSpec(End(f"h{n}", 0), End(f"leaf{i}", j), gbps=gbps))
     for i in range(1, leaves + 1):
         for k in range(1, spines + 1):
             links.append(LinkSpec(End(f"leaf{i}", hosts_per_leaf + k), End(f"spine{k}", i)))
-    speed = "" if host_gbps is None else f"-{host_gbps}g"
     return FabricSpec(
         f"{kind}-{leaves}x{spines}x{hosts_per_leaf}{speed}",
         sw,
@@ -370,14 +372,12 @@ def fattree(
         raise TopologyError("fattree: 1..250 ToRs in all, 1..200 hosts per ToR, two hosts at least")
     if max(hosts_per_tor + aggs_per_pod + 1, tors_per_pod + cores_per_agg, pods) > MAX_PORT:
         raise TopologyError(f"fattree: more than {MAX_PORT} ports on a switch")
-    if host_gbps is not None and not 0 < host_gbps <= MAX_LINK_GBPS:
-        raise TopologyError(f"fattree: host link speed {host_gbps} Gb/s is not a speed")
+    gbps, speed = _host_links("fattree", host_gbps)
     sw = _switches(
         [f"tor{i}" for i in range(1, n_tor + 1)]
         + [f"agg{i}" for i in range(1, n_agg + 1)]
         + [f"core{i}" for i in range(1, n_core + 1)]
     )
-    gbps = None if host_gbps is None else float(host_gbps)
     hosts: list[HostSpec] = []
     links: list[LinkSpec] = []
     for i in range(1, n_tor + 1):
@@ -398,7 +398,6 @@ def fattree(
                 links.append(
                     LinkSpec(End(f"agg{agg}", tors_per_pod + c), End(f"core{core}", p + 1))
                 )
-    speed = "" if host_gbps is None else f"-{host_gbps}g"
     return FabricSpec(
         f"fattree-{pods}x{tors_per_pod}x{hosts_per_tor}x{aggs_per_pod}x{cores_per_agg}{speed}",
         sw,

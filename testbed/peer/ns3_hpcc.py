@@ -60,7 +60,7 @@ from testbed.experiment.schemes import (
     check_ack_every,
     scheme,
 )
-from testbed.experiment.suite import flow_line_rate
+from testbed.experiment.suite import flow_line_rate, host_nic_bps
 from testbed.model import Scaling
 from testbed.sim.fabric import LINK_DELAY_MODEL_NS
 from testbed.topo import FabricSpec, parse_choice
@@ -146,10 +146,7 @@ def ns3_topology(spec: FabricSpec, scaling: Scaling) -> Ns3Topology:
 def hosts_nic_bps(spec: FabricSpec, scaling: Scaling) -> int:
     """The hosts' NIC line rate, as the twin runs them (each at its own link's speed): the
     simulator takes one set of CC parameters for every NIC, so they must all be one."""
-    rates = set()
-    for h in spec.hosts:
-        lk = spec.link_at(spec.attachment(h.name, 0))
-        rates.add(round(scaling.nic_rate(scaling.emulated_bps(None if lk is None else lk.gbps))))
+    rates = {round(host_nic_bps(spec, scaling, h.name)) for h in spec.hosts}
     if len(rates) != 1:
         raise PeerError(
             f"hosts on links of different speeds ({sorted(rates)} b/s NICs): HPCC's simulator "
@@ -634,7 +631,8 @@ def side_by_side(results: dict[str, dict[str, dict[str, Any]]], head: list[str])
             f"{b['peak_port'] or '-':>10}"
         )
         sa, sb = a["slowdown"], b["slowdown"]
-        for bucket in [*sorted((set(sa) | set(sb)) - {"all"}, key=_bucket_order), "all"]:
+        seen = set(sa) | set(sb)
+        for bucket in [*(lb for lb in m.bucket_labels() if lb in seen), "all"]:
             ba, bb = sa.get(bucket, {}), sb.get(bucket, {})
             lines.append(_row(name, f"flows {bucket}", ba.get("flows"), bb.get("flows")))
             for q in ("p50", "p99"):
@@ -664,15 +662,6 @@ def side_by_side(results: dict[str, dict[str, dict[str, Any]]], head: list[str])
                 + f" {ratio}"
             )
     return "\n".join(lines)
-
-
-def _bucket_order(label: str) -> int:
-    """Size buckets smallest first, by their labels (testbed.traffic.metrics.bucket_label)."""
-    labels = [
-        m.bucket_label(lo, hi)
-        for lo, hi in zip([0.0, *m.SIZE_BUCKETS], [*m.SIZE_BUCKETS, math.inf], strict=True)
-    ]
-    return labels.index(label)
 
 
 # ---- running it ------------------------------------------------------------------------------

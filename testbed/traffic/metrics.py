@@ -69,14 +69,23 @@ def _pcts(values: list[float]) -> dict[str, float]:
     return {f"p{q}": float(np.percentile(arr, q)) for q in PERCENTILES}
 
 
+def _bounds(edges: tuple[int, ...]) -> list[tuple[float, float]]:
+    bounds = [0.0, *map(float, edges), math.inf]
+    return list(zip(bounds, bounds[1:], strict=False))
+
+
+def bucket_labels(edges: tuple[int, ...] = SIZE_BUCKETS) -> list[str]:
+    """The size buckets' labels, smallest first."""
+    return [bucket_label(lo, hi) for lo, hi in _bounds(edges)]
+
+
 def by_size(
     items: Sequence[T], size: Callable[[T], int], edges: tuple[int, ...] = SIZE_BUCKETS
 ) -> list[tuple[str, list[T]]]:
     """`items` in the size buckets `edges` bound (`[lo, hi)` bytes), labelled, smallest
     first; empty buckets left out."""
-    bounds = [0.0, *map(float, edges), math.inf]
     out = []
-    for lo, hi in zip(bounds, bounds[1:], strict=False):
+    for lo, hi in _bounds(edges):
         sel = [it for it in items if lo <= size(it) < hi]
         if sel:
             out.append((bucket_label(lo, hi), sel))
