@@ -139,3 +139,92 @@ def test_websearch_offers_its_load_of_the_hosts_own_nics(monkeypatch: pytest.Mon
     except RuntimeError:
         pass  # the suite may record the error or pass it on: the rate is what matters
     assert seen == [pytest.approx(s.nic_rate(100e9 / 20))]
+
+
+def test_each_nic_runs_its_law_at_its_own_line_rate() -> None:
+    """A scheme's CC profile is resolved at each host NIC's line rate: a 100G host's TIMELY
+    thresholds and increase are a 100G NIC's (the twin's 100G hosts once ran the 400G NIC's,
+    T_low below their base RTT), its neighbour's at the model's 400G; the B*T window is the
+    hosts' link's, and results.json's record says which rates the values are for."""
+    from controller.nic.ratelaw.profiles import load_profile
+    from testbed.experiment.suite import SuiteConfig, tita_window
+    from testbed.sim.suite import SimSuite
+
+    spec = from_doc(DOC)  # h1 on a 100G link, h2 on the model's 400G
+    s = Scaling(scale=1, max_hops=spec.longest_path_switches())
+    fab = SimFabric(spec, s)
+    cfg = dataclasses.replace(SuiteConfig.quick(), schemes=("timely",), scenarios=("incast",))
+    suite = SimSuite(fab, cfg)
+    suite.prepare()
+    suite.use_scheme("timely")
+    prof = load_profile("timely-paper")
+    t_ns = round(suite.tita_t_s * 1e9)
+    for name in ("h1", "h2"):
+        host = fab.hosts[name]
+        assert host.nic.params == prof.cc_params(host.line_rate_bps, t_ns, s.scale)
+    slow, fast = fab.hosts["h1"].nic.params.timely, fab.hosts["h2"].nic.params.timely
+    assert slow.t_low_ns == pytest.approx(4 * fast.t_low_ns, rel=1e-3)
+    assert fast.delta_bps == pytest.approx(4 * slow.delta_bps, rel=1e-3)
+    rec = suite.cc_records["timely"]
+    assert rec["nic_bps"] == fab.hosts["h2"].line_rate_bps
+    by_rate = rec["values_by_nic_bps"]
+    assert by_rate[str(fab.hosts["h1"].line_rate_bps)]["t_low_ns"] == slow.t_low_ns
+    # one window for all: the fastest host's B*T, so that none is held below its own
+    assert suite.hosts_link_bps() == s.link_bps
+    assert suite.window("hpcc") == tita_window(s, suite.tita_t_s)
+
+
+def test_a_fabric_of_100g_hosts_resolves_everything_at_100g() -> None:
+    """Hosts all on 100G links under 400G switch ports: the laws, the B*T window, the
+    receivers' CNP interval and the incast's declared start are a 100G NIC's."""
+    from testbed.experiment.suite import SuiteConfig, tita_window, transport_settings
+    from testbed.sim.suite import SimSuite
+
+    spec = parse_choice("leafspine:1,1,3,100")
+    s = Scaling(scale=1, max_hops=spec.longest_path_switches())
+    fab = SimFabric(spec, s)
+    suite = SimSuite(fab, dataclasses.replace(SuiteConfig.quick(), schemes=("hpcc",)))
+    suite.prepare()
+    cc = suite.scheme_cc("hpcc")
+    nic = s.nic_rate(100e9)
+    assert {p.hpcc for p in cc.values()} == {cc["h1"].hpcc}
+    assert suite.cc_records["hpcc"]["nic_bps"] == int(nic)
+    assert "values_by_nic_bps" not in suite.cc_records["hpcc"]
+    assert suite.window("hpcc") == tita_window(s, suite.tita_t_s, 100e9)
+    assert suite.window("hpcc") < tita_window(s, suite.tita_t_s)
+    assert suite.hosts_link_bps() == 100e9
+    assert transport_settings(s, nic_bps=nic)["cnp_interval"] == pytest.approx(
+        4 * transport_settings(s)["cnp_interval"], rel=1e-3
+    )
+    suite._scheme = "tita"
+    assert suite._incast_start_rate() == pytest.approx(nic / 2)
+
+
+def test_the_emulation_pushes_each_agent_its_own_parameters(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The emulation sets one policy for every agent where the hosts' NICs are alike, one
+    per host (SetPolicy's `host`) where they differ."""
+    import testbed.emu.suite as emu_suite
+    from controller.nic.ratelaw.profiles import load_profile, policy_params
+
+    calls: list[tuple[str, dict[str, float], str]] = []
+
+    class FakeTestbed:
+        def set_policy(self, law: str, params: dict[str, float], host: str = "") -> list[str]:
+            calls.append((law, params, host))
+            return [host] if host else ["h1", "h2"]
+
+    monkeypatch.setattr(emu_suite.time, "sleep", lambda s: None)
+    suite = object.__new__(emu_suite.EmuSuite)
+    suite.tb = FakeTestbed()  # type: ignore[assignment]
+    prof = load_profile("timely-paper")
+    slow, fast = prof.cc_params(96_000_000_000, 2000), prof.cc_params(385_000_000_000, 2000)
+    assert suite._set_policy("timely", {"h1": fast, "h2": fast}) == 2
+    assert calls == [("timely", policy_params(fast), "")]
+    calls.clear()
+    assert suite._set_policy("timely", {"h1": slow, "h2": fast}) == 2
+    assert calls == [
+        ("timely", policy_params(slow), "h1"),
+        ("timely", policy_params(fast), "h2"),
+    ]

@@ -533,15 +533,20 @@ class Testbed:
                 "controller", f"GetStatus failed: {exc.code().name}", self.controller.log
             ) from None
 
-    def set_policy(self, rate_law: str, params: dict[str, float] | None = None) -> list[str]:
-        """The rate law (and parameters) of every host, through the controller, which pushes
-        it to the agents. Returns the hosts that accepted it; raises if any did not."""
+    def set_policy(
+        self, rate_law: str, params: dict[str, float] | None = None, host: str = ""
+    ) -> list[str]:
+        """The rate law (and parameters) of every host (`host`: of that one), through the
+        controller, which pushes it to the agents. Returns the hosts that accepted it;
+        raises if any did not."""
         from controller.proto import controller_pb2 as pb
 
         if rate_law not in RATE_LAWS:
             raise ValueError(f"rate law {rate_law!r}: one of {', '.join(RATE_LAWS)}")
         resp = self.controller_stub().SetPolicy(
-            pb.SetPolicyRequest(policy=pb.Policy(rate_law=rate_law, params=params or {})),
+            pb.SetPolicyRequest(
+                host=host, policy=pb.Policy(rate_law=rate_law, params=params or {})
+            ),
             timeout=10,
         )
         if resp.failed:

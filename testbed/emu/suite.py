@@ -114,9 +114,14 @@ class EmuSuite(Suite):
     def _measure_base_rtt(self) -> float:
         return measure_base_rtt(self.tb)
 
-    def _set_policy(self, scheme: str, cc: CcParams) -> int:
-        # every parameter of the law, as the profile resolved them for the agents' line rate
-        hosts = self.tb.set_policy(scheme_law(scheme), policy_params(cc))
+    def _set_policy(self, scheme: str, cc: dict[str, CcParams]) -> int:
+        # every parameter of the law, as the profile resolved them for each agent's line
+        # rate: one policy for all where the hosts' NICs are alike, else one per host
+        law, params = scheme_law(scheme), {h: policy_params(p) for h, p in cc.items()}
+        if len({tuple(sorted(p.items())) for p in params.values()}) == 1:
+            hosts = self.tb.set_policy(law, next(iter(params.values())))
+        else:
+            hosts = [h for name, p in params.items() for h in self.tb.set_policy(law, p, name)]
         time.sleep(0.5)
         return len(hosts)
 

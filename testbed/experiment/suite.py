@@ -276,13 +276,19 @@ class RunRecord:
 DEFAULT_WINDOW = 64  # packets in flight per queue pair (RoCE NICs bound little)
 
 
-def tita_window(s: Scaling, tita_t_s: float) -> int:
-    """HPCC's in-flight bound, one bandwidth-delay product B*T per flow, in packets."""
-    return max(2, math.ceil(s.link_bps * tita_t_s / 8 / s.frame_bytes))
+def tita_window(s: Scaling, tita_t_s: float, link_bps: float | None = None) -> int:
+    """HPCC's in-flight bound, one bandwidth-delay product B*T per flow, in packets: B the
+    hosts' link, `link_bps` (the model's port where not given)."""
+    b = s.link_bps if link_bps is None else link_bps
+    return max(2, math.ceil(b * tita_t_s / 8 / s.frame_bytes))
 
 
 def transport_settings(
-    s: Scaling, window: int = DEFAULT_WINDOW, ack_every: int = 2, retransmit: str = "gbn"
+    s: Scaling,
+    window: int = DEFAULT_WINDOW,
+    ack_every: int = 2,
+    retransmit: str = "gbn",
+    nic_bps: float | None = None,
 ) -> dict[str, Any]:
     """The transport's parameters for every run (testbed.traffic.transport.TransportConfig).
 
@@ -293,7 +299,8 @@ def transport_settings(
       emulation's scale), dilated like every time of the model;
     - an ACK every 2 packets (TiTa's feedback; every packet for TIMELY and Swift, which
       time packets), a CNP at most every 50 us of the paper's
-      40 Gb/s time, dilated to the NIC's rate like the agents' DCQCN timers;
+      40 Gb/s time, dilated to the NIC's rate like the agents' DCQCN timers (`nic_bps`, the
+      model's NIC where not given);
     - `window`: packets in flight per queue pair. TiTa is HPCC-like, and HPCC's sender
       bounds its in-flight bytes by B*T (`tita_window`); DCQCN and no-CC senders do not;
     - `retransmit`: go-back-N (`gbn`, RC's) or selective repeat (`sr`).
@@ -306,7 +313,7 @@ def transport_settings(
         "rto": max(1.0 * dilation, 50e-6),
         "rto_max": max(4.0 * dilation, 200e-6),
         "sndbuf": 4 * s.frame_bytes,
-        "cnp_interval": 50e-6 * 40e9 / s.nic_bps,
+        "cnp_interval": 50e-6 * 40e9 / (s.nic_bps if nic_bps is None else nic_bps),
         "retransmit": retransmit,
     }
 
@@ -357,11 +364,16 @@ def payload_line_rate(s: Scaling, nic_bps: float | None = None) -> float:
     return nic * s.transport_mtu / (s.transport_mtu + TRANSPORT_OVERHEAD)
 
 
-def host_nic_bps(spec: FabricSpec, s: Scaling, host: str) -> float:
-    """A host's NIC line rate, at its own link's speed (a 100G host under 400G switch ports;
-    the model's NIC where the link sets none)."""
+def host_link_bps(spec: FabricSpec, s: Scaling, host: str) -> float:
+    """A host's link speed in the model (a 100G host under 400G switch ports; the model's
+    port where the link sets none)."""
     lk = spec.link_at(spec.attachment(host, 0))
-    return s.nic_rate(s.emulated_bps(None if lk is None else lk.gbps))
+    return s.emulated_bps(None if lk is None else lk.gbps)
+
+
+def host_nic_bps(spec: FabricSpec, s: Scaling, host: str) -> float:
+    """A host's NIC line rate, at its own link's speed."""
+    return s.nic_rate(host_link_bps(spec, s, host))
 
 
 def flow_line_rate(spec: FabricSpec, s: Scaling, src: str, dst: str) -> float:
@@ -432,9 +444,9 @@ class Suite:
     def _measure_base_rtt(self) -> float:
         raise NotImplementedError
 
-    def _set_policy(self, scheme: str, cc: CcParams) -> int:
-        """The scheme's rate law with parameters `cc` on every host (the controller's
-        SetPolicy); returns how many hosts took it."""
+    def _set_policy(self, scheme: str, cc: dict[str, CcParams]) -> int:
+        """The scheme's rate law on every host, with the parameters `cc` has for it (the
+        controller's SetPolicy); returns how many hosts took it."""
         raise NotImplementedError
 
     def _begin(self) -> None:
@@ -511,6 +523,18 @@ class Suite:
         by_name = {h.name: [n.ip for n in h.nics] for h in self.spec.hosts}
         return [by_name[h.name] for h in self.hosts]
 
+    def nic_rates(self) -> dict[str, float]:
+        """Each traffic host's NIC line rate, at its own link's speed: what its rate law's
+        parameters are resolved at (a 100G host's TIMELY thresholds and HPCC's W_AI are a
+        100G NIC's, whatever the switches' ports)."""
+        return {h.name: host_nic_bps(self.spec, self.scaling, h.name) for h in self.hosts}
+
+    def hosts_link_bps(self) -> float:
+        """The traffic hosts' link speed, for what one value sets on every host (the B*T
+        window, the receivers' CNP interval, the collectives' start share and line rate):
+        the fastest's where their links differ, so that no host is held below its own."""
+        return max(host_link_bps(self.spec, self.scaling, h.name) for h in self.hosts)
+
     def collective_fabric(
         self, scheme: str, window: int | None = None, fresh_runs: bool = True
     ) -> CollFabric:
@@ -519,10 +543,11 @@ class Suite:
         suite's cell, which started on one and captures the run there."""
         s = self.scaling
         cfg = self.cfg
+        nic = s.nic_rate(self.hosts_link_bps())
 
         def websearch(hosts: int, load: float, seconds: float) -> list[gen.Flow]:
             wcfg = SuiteConfig(**{**cfg.__dict__, "websearch_load": load})
-            return websearch_flows(wcfg, hosts, s.nic_bps, seconds)
+            return websearch_flows(wcfg, hosts, nic, seconds)
 
         return CollFabric(
             topology=self.spec.name,
@@ -538,10 +563,11 @@ class Suite:
                     self.window(scheme) if window is None else window,
                     self.ack_every(scheme),
                     cfg.retransmit,
+                    nic,
                 ),
                 **report_settings(self.spec, s),
             },
-            line_rate=payload_line_rate(s),
+            line_rate=payload_line_rate(s, nic),
             time_scale=self.time_scale,
             seed=cfg.seed,
             set_port_rate=self._set_port_rate,
@@ -632,24 +658,31 @@ class Suite:
                 # at once: a suite's cell runs its collective on the fabric it started with
                 self.use_scheme(self._scheme_set)
 
-    def scheme_cc(self, scheme: str) -> CcParams:
-        """The parameters of a scheme's law: its CC profile for the NICs' line rate, T (the
-        laws that take it) and the model's dilation (the scale); recorded in cc_records."""
+    def scheme_cc(self, scheme: str) -> dict[str, CcParams]:
+        """The parameters of a scheme's law on each host: its CC profile for the host NIC's
+        line rate, T (the laws that take it) and the model's dilation (the scale); recorded
+        in cc_records (`nic_bps` the rate they were resolved at; where the hosts' NICs
+        differ, `values_by_nic_bps` those of each)."""
         name = scheme_law(scheme)
         settings = {name: self.cfg.cc_set.get(name, {}) | self._cc_set.get(name, {})}
         prof = cc_profile(scheme, self.cfg.cc_profiles, settings)
         s = self.scaling
-        line, t_ns = int(s.nic_bps), round((self.tita_t_s or s.base_rtt_s) * 1e9)
-        cc = prof.cc_params(line, t_ns, s.scale)
+        t_ns = round((self.tita_t_s or s.base_rtt_s) * 1e9)
+        rates = {host: int(bps) for host, bps in self.nic_rates().items()}
+        at = {line: prof.cc_params(line, t_ns, s.scale) for line in sorted(set(rates.values()))}
         if self.cc_records.get(scheme, {}).get("profile") != prof.name:
-            clamped = prof.clamped(line, t_ns, s.scale)
-            self.cc_records[scheme] = prof.record(cc, clamped)
+            lines = list(at)
+            clamped = prof.clamped(lines[-1], t_ns, s.scale)
+            rec = prof.record(at[lines[-1]], clamped) | {"nic_bps": lines[-1]}
+            if len(lines) > 1:
+                rec["values_by_nic_bps"] = {str(r): prof.record(at[r])["values"] for r in lines}
+            self.cc_records[scheme] = rec
             for k, v in clamped.items():
                 self.say(
                     f"cc profile {prof.name}: {k} {v} ns at scale {s.scale:g} exceeds the "
                     f"NIC's 32 bits, clamped to {2**32 - 1} ns"
                 )
-        return cc
+        return {host: at[line] for host, line in rates.items()}
 
     def start_run(self, scheme: str) -> None:
         """Before every run: a fresh fabric where the engine can build one (the twin: its
@@ -661,7 +694,7 @@ class Suite:
 
     def window(self, name: str) -> int:
         if scheme_info(name).bdp_window and self.tita_t_s:
-            return tita_window(self.scaling, self.tita_t_s)
+            return tita_window(self.scaling, self.tita_t_s, self.hosts_link_bps())
         return DEFAULT_WINDOW
 
     def ack_every(self, name: str) -> int:
@@ -788,7 +821,7 @@ class Suite:
         incast's senders do."""
         if not declares_start(scheme, self.cfg.proactive_start):
             return {}
-        return {"start_share_bps": self.scaling.nic_bps}
+        return {"start_share_bps": self.scaling.nic_rate(self.hosts_link_bps())}
 
     def _incast_start_rate(self) -> float | None:
         """The proactive start (`proactive_start`): the incast's senders know its fan-in and
@@ -797,15 +830,17 @@ class Suite:
         nothing and start at line rate (and so always under no CC, which has no law)."""
         if not declares_start(self._scheme, self.cfg.proactive_start):
             return None
-        return self.scaling.nic_bps / (len(self.hosts) - 1)
+        # the receiver's (wl.incast's default, the first host) link is the bottleneck shared
+        return host_nic_bps(self.spec, self.scaling, self.hosts[0].name) / (len(self.hosts) - 1)
 
     def _workload(self, scenario: str, window: int, ack_every: int) -> dict[str, Any]:
         cfg, s = self.cfg, self.scaling
+        nic = s.nic_rate(self.hosts_link_bps())
         tr = {
-            **transport_settings(s, window, ack_every, cfg.retransmit),
+            **transport_settings(s, window, ack_every, cfg.retransmit, nic),
             **report_settings(self.spec, s),
         }
-        line = payload_line_rate(s)
+        line = payload_line_rate(s, nic)
         k = self.time_scale
         if scenario == "incast":
             return wl.incast(
@@ -836,8 +871,8 @@ class Suite:
         if scenario == "websearch":
             seconds = cfg.websearch_seconds * k  # as many flows at any scale
             # the load is of the hosts' own NICs (the slowest, where their links differ)
-            nic = min(host_nic_bps(self.spec, s, h.name) for h in self.hosts)
-            flows = websearch_flows(cfg, len(self.hosts), nic, seconds)
+            slowest = min(self.nic_rates().values())
+            flows = websearch_flows(cfg, len(self.hosts), slowest, seconds)
             res = wl.run_flows(
                 self.hosts,
                 flows,
@@ -849,7 +884,7 @@ class Suite:
                 seed=cfg.seed,
                 runner=self.runner,
             )
-            res["offered_load"] = gen.offered_load(flows, len(self.hosts), nic, seconds)
+            res["offered_load"] = gen.offered_load(flows, len(self.hosts), slowest, seconds)
             return res
         if scenario in PFC_SCENARIOS:
             return self._victim_workload(scenario, tr, line)

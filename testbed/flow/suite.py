@@ -83,7 +83,7 @@ class FlowSuite(Suite):
             f"is measured (the model's, 1 us){down}"
         )
 
-    def _set_policy(self, scheme: str, cc: CcParams) -> int:
+    def _set_policy(self, scheme: str, cc: dict[str, CcParams]) -> int:
         return 0  # no NICs: the scheme is its calibrated efficiency
 
     def run_one(self, scheme: str, scenario: str) -> RunRecord:

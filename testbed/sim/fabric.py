@@ -634,11 +634,15 @@ class SimFabric:
             h.set_law(prof.cc_params(h.line_rate_bps, base_rtt_ns, self.scaling.scale))
         return len(self.hosts)
 
-    def set_params(self, params: CcParams) -> int:
-        """SetRateLaw with these parameters on every host."""
-        self.law = params.law
-        for h in self.hosts.values():
-            h.set_law(params)
+    def set_params(self, params: dict[str, CcParams]) -> int:
+        """SetRateLaw on every host, with the parameters `params` has for it (each NIC's
+        own: resolved at its line rate)."""
+        missing = sorted(set(self.hosts) - set(params))
+        if missing:
+            raise ValueError(f"no rate-law parameters for host(s) {', '.join(missing)}")
+        for name, h in self.hosts.items():
+            h.set_law(params[name])
+        self.law = next((p.law for p in params.values()), self.law)
         return len(self.hosts)
 
     def pfc_config(self, switch: str) -> PfcConfig:

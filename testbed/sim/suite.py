@@ -66,7 +66,7 @@ class SimSuite(Suite):
     def _measure_base_rtt(self) -> float:
         return self.fab.measure_base_rtt(self.scaling.transport_mtu)
 
-    def _set_policy(self, scheme: str, cc: CcParams) -> int:
+    def _set_policy(self, scheme: str, cc: dict[str, CcParams]) -> int:
         return self.fab.set_params(cc)
 
     def _set_pfc(self, on: bool) -> None:
