@@ -641,10 +641,13 @@ class Suite:
         """The scheme on the engine's fabric as it stands: PFC on or off, the rate law on
         every host (the controller's SetPolicy)."""
         self._set_pfc(lossless(scheme))
-        agents = self._set_policy(scheme, self.scheme_cc(scheme))
+        cc = self.scheme_cc(scheme)
+        agents = self._set_policy(scheme, cc)
         profile = self.cc_records[scheme]["profile"]
+        rates = " and ".join(fmt_rate(r) for r in sorted(set(self.nic_rates().values())))
         self.say(
-            f"scheme {scheme} (cc profile {profile}): set on {agents} agents by the controller"
+            f"scheme {scheme} (cc profile {profile}, at the NICs' {rates}): set on {agents} "
+            "agents by the controller"
         )
         self._scheme_set = scheme
 
