@@ -349,3 +349,45 @@ def test_results_json_records_each_schemes_profile(tmp_path: Path) -> None:
     assert dcqcn["clamped_from"] == {"rate_timer_ns": 6_000_000_000}  # 300 us x 20,000
     assert tita["profile"] == "tita[eta=0.9]" and tita["values"]["eta"] == pytest.approx(0.9)
     assert setup["suite"]["cc_set"] == {"tita": {"eta": "0.9"}}
+
+
+def test_the_notification_points_cnp_spacing_comes_from_the_dcqcn_profile() -> None:
+    """The receivers' least time between two CNPs of a flow is the DCQCN profile's
+    notification point: HPCC's simulator sends one with every ACK of a marked packet (0),
+    the paper's 50 us at 40 Gb/s is dilated to the NIC's rate, and a scheme of another law
+    gets the configured DCQCN profile's (a NIC's notification point runs whatever law its
+    peers run). The law's struct never carries it."""
+    import dataclasses
+
+    from testbed.experiment.suite import SuiteConfig, transport_settings
+    from testbed.model import Scaling
+    from testbed.sim.fabric import SimFabric
+    from testbed.sim.suite import SimSuite
+    from testbed.topo import parse_choice
+
+    spec = parse_choice("leafspine:1,1,3")
+    s = Scaling(scale=1, max_hops=spec.longest_path_switches())
+    paper = 50e-6 * 40e9 / s.nic_bps  # the transport's spacing before profiles carried it
+    cfg = dataclasses.replace(SuiteConfig.quick(), schemes=("dcqcn",))
+    suite = SimSuite(SimFabric(spec, s), cfg)
+    suite.prepare()
+    assert suite.cnp_interval_s("dcqcn") == pytest.approx(paper, abs=1e-9)
+    assert suite.cnp_interval_s("tita") == suite.cnp_interval_s("dcqcn")
+    assert transport_settings(s)["cnp_interval"] == pytest.approx(paper, abs=1e-9)
+    sim = dataclasses.replace(cfg, cc_profiles={**cfg.cc_profiles, "dcqcn": "dcqcn-hpcc-sim"})
+    suite = SimSuite(SimFabric(spec, s), sim)
+    suite.prepare()
+    assert suite.cnp_interval_s("dcqcn") == 0.0
+    assert suite.cnp_interval_s("hpcc") == 0.0  # the NICs' notification point is the simulator's
+    suite.use_scheme("dcqcn")
+    assert suite.cc_records["dcqcn"]["values"]["cnp_interval_ns"] == 0
+    set_cfg = dataclasses.replace(cfg, cc_set={"dcqcn": {"cnp_interval_ns": "2 us"}})
+    suite = SimSuite(SimFabric(spec, s), set_cfg)
+    suite.prepare()
+    assert suite.cnp_interval_s("dcqcn") == pytest.approx(2e-6)
+    for name in ("dcqcn-nvidia", "dcqcn-paper", "dcqcn-hpcc-sim"):
+        prof = load_profile(name)
+        cc = prof.cc_params(400_000_000_000, 2000)
+        assert not hasattr(cc.dcqcn, "cnp_interval_ns")
+        assert set(prof.np_values(400_000_000_000, 2000)) == {"cnp_interval_ns"}
+    assert load_profile("timely-paper").np_values(400_000_000_000, 2000) == {}

@@ -193,7 +193,7 @@ def test_a_fabric_of_100g_hosts_resolves_everything_at_100g() -> None:
     assert suite.window("hpcc") == tita_window(s, suite.tita_t_s, 100e9)
     assert suite.window("hpcc") < tita_window(s, suite.tita_t_s)
     assert suite.hosts_link_bps() == 100e9
-    assert transport_settings(s, nic_bps=nic)["cnp_interval"] == pytest.approx(
+    assert suite.cnp_interval_s("dcqcn") == pytest.approx(
         4 * transport_settings(s)["cnp_interval"], rel=1e-3
     )
     suite._scheme = "tita"

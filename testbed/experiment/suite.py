@@ -66,7 +66,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from controller.nic.ratelaw import CcParams
+from controller.nic.ratelaw import CcParams, Law
+from controller.nic.ratelaw.profiles import DEFAULT_PROFILES, Profile, load_profile
 from controller.wire.telemetry_report import TELEMETRY_REPORT_PORT
 from testbed.collective import run as coll
 from testbed.collective.run import CollFabric
@@ -288,7 +289,7 @@ def transport_settings(
     window: int = DEFAULT_WINDOW,
     ack_every: int = 2,
     retransmit: str = "gbn",
-    nic_bps: float | None = None,
+    cnp_interval: float | None = None,
 ) -> dict[str, Any]:
     """The transport's parameters for every run (testbed.traffic.transport.TransportConfig).
 
@@ -298,14 +299,18 @@ def transport_settings(
     - the RTO above the deepest queueing delay (a full 500 KB queue drains in 0.2 s at the
       emulation's scale), dilated like every time of the model;
     - an ACK every 2 packets (TiTa's feedback; every packet for TIMELY and Swift, which
-      time packets), a CNP at most every 50 us of the paper's
-      40 Gb/s time, dilated to the NIC's rate like the agents' DCQCN timers (`nic_bps`, the
-      model's NIC where not given);
+      time packets);
+    - `cnp_interval`: the least time between two CNPs of a flow (s), the notification
+      point of the DCQCN profile in force (`Suite.cnp_interval_s`); where not given, the
+      default DCQCN profile's at the model's NIC;
     - `window`: packets in flight per queue pair. TiTa is HPCC-like, and HPCC's sender
       bounds its in-flight bytes by B*T (`tita_window`); DCQCN and no-CC senders do not;
     - `retransmit`: go-back-N (`gbn`, RC's) or selective repeat (`sr`).
     """
     dilation = min(1.0, s.scale / 20_000)  # the RTO was chosen at the emulation's scale
+    if cnp_interval is None:
+        np = load_profile(DEFAULT_PROFILES[Law.DCQCN]).np_values(int(s.nic_bps), 1, s.scale)
+        cnp_interval = np["cnp_interval_ns"] / 1e9
     return {
         "mtu": s.transport_mtu,
         "window": window,
@@ -313,7 +318,7 @@ def transport_settings(
         "rto": max(1.0 * dilation, 50e-6),
         "rto_max": max(4.0 * dilation, 200e-6),
         "sndbuf": 4 * s.frame_bytes,
-        "cnp_interval": 50e-6 * 40e9 / (s.nic_bps if nic_bps is None else nic_bps),
+        "cnp_interval": cnp_interval,
         "retransmit": retransmit,
     }
 
@@ -563,7 +568,7 @@ class Suite:
                     self.window(scheme) if window is None else window,
                     self.ack_every(scheme),
                     cfg.retransmit,
-                    nic,
+                    self.cnp_interval_s(scheme),
                 ),
                 **report_settings(self.spec, s),
             },
@@ -666,19 +671,20 @@ class Suite:
         line rate, T (the laws that take it) and the model's dilation (the scale); recorded
         in cc_records (`nic_bps` the rate they were resolved at; where the hosts' NICs
         differ, `values_by_nic_bps` those of each)."""
-        name = scheme_law(scheme)
-        settings = {name: self.cfg.cc_set.get(name, {}) | self._cc_set.get(name, {})}
-        prof = cc_profile(scheme, self.cfg.cc_profiles, settings)
+        prof = self._profile(scheme)
         s = self.scaling
-        t_ns = round((self.tita_t_s or s.base_rtt_s) * 1e9)
+        t_ns = self._t_ns()
         rates = {host: int(bps) for host, bps in self.nic_rates().items()}
         at = {line: prof.cc_params(line, t_ns, s.scale) for line in sorted(set(rates.values()))}
         if self.cc_records.get(scheme, {}).get("profile") != prof.name:
             lines = list(at)
             clamped = prof.clamped(lines[-1], t_ns, s.scale)
-            rec = prof.record(at[lines[-1]], clamped) | {"nic_bps": lines[-1]}
+            np = {r: prof.np_values(r, t_ns, s.scale) for r in lines}
+            rec = prof.record(at[lines[-1]], clamped, np[lines[-1]]) | {"nic_bps": lines[-1]}
             if len(lines) > 1:
-                rec["values_by_nic_bps"] = {str(r): prof.record(at[r])["values"] for r in lines}
+                rec["values_by_nic_bps"] = {
+                    str(r): prof.record(at[r], np_values=np[r])["values"] for r in lines
+                }
             self.cc_records[scheme] = rec
             for k, v in clamped.items():
                 self.say(
@@ -686,6 +692,27 @@ class Suite:
                     f"NIC's 32 bits, clamped to {2**32 - 1} ns"
                 )
         return {host: at[line] for host, line in rates.items()}
+
+    def _profile(self, scheme: str) -> Profile:
+        """The CC profile of a scheme's law, with what --cc-set and set_cc set over it."""
+        name = scheme_law(scheme)
+        settings = {name: self.cfg.cc_set.get(name, {}) | self._cc_set.get(name, {})}
+        return cc_profile(scheme, self.cfg.cc_profiles, settings)
+
+    def _t_ns(self) -> int:
+        """T for the laws that take it: TiTa's, else the model's base RTT, in ns."""
+        return round((self.tita_t_s or self.scaling.base_rtt_s) * 1e9)
+
+    def cnp_interval_s(self, scheme: str) -> float:
+        """The receivers' least time between two CNPs of a flow under `scheme`: the
+        notification point of the DCQCN profile in force (the scheme's where its law is
+        DCQCN, else the configured DCQCN profile's: a NIC's notification point runs whatever
+        law its peers' reaction points run), at the hosts' NIC rate."""
+        np_scheme = scheme if scheme_law(scheme) == "dcqcn" else "dcqcn"
+        s = self.scaling
+        nic = int(s.nic_rate(self.hosts_link_bps()))
+        np = self._profile(np_scheme).np_values(nic, self._t_ns(), s.scale)
+        return np["cnp_interval_ns"] / 1e9
 
     def start_run(self, scheme: str) -> None:
         """Before every run: a fresh fabric where the engine can build one (the twin: its
@@ -840,7 +867,9 @@ class Suite:
         cfg, s = self.cfg, self.scaling
         nic = s.nic_rate(self.hosts_link_bps())
         tr = {
-            **transport_settings(s, window, ack_every, cfg.retransmit, nic),
+            **transport_settings(
+                s, window, ack_every, cfg.retransmit, self.cnp_interval_s(self._scheme)
+            ),
             **report_settings(self.spec, s),
         }
         line = payload_line_rate(s, nic)

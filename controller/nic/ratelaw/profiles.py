@@ -5,7 +5,9 @@ vendor or authors, year, section, URL) and every field of the law's struct
 (`params.DcqcnParams`, `TitaParams`, `TimelyParams`, `SwiftParams`, and `min_rate_bps`), each
 as `value` + `unit` as the source gives it, with `from:` (what the source says) or `chosen:`
 (a value the source does not give: which one and why). `not_modelled:` lists the source's
-parameters that no field of ours carries, and why.
+parameters that no field of ours carries, and why. A DCQCN profile also gives its notification
+point's (the receiving NIC's) `cnp_interval_ns`, the least time between two CNPs of a flow:
+not the law's (XDP never reads it) but the transport's (`Profile.np_values`).
 
 `Profile.cc_params(line_rate_bps, base_rtt_ns, dilation)` turns it into CcParams for a NIC:
 
@@ -71,6 +73,10 @@ LAW_STRUCT: dict[Law, tuple[str, type] | None] = {
     Law.SWIFT: ("swift", SwiftParams),
 }
 
+# The notification point's fields of a law's profile: the receiving NIC's, which the transport
+# (not the rate law's struct) takes.
+NP_FIELDS: dict[Law, tuple[str, ...]] = {Law.DCQCN: ("cnp_interval_ns",)}
+
 # What each field measures. Fractions are UNIT fixed point in the struct.
 RATE, TIME, BYTES, FRACTION, COUNT = "rate", "time", "bytes", "fraction", "count"
 FIELD_KIND: dict[str, str] = {
@@ -88,6 +94,7 @@ FIELD_KIND: dict[str, str] = {
     "min_rtt_ns": TIME,
     "base_target_ns": TIME,
     "per_hop_ns": TIME,
+    "cnp_interval_ns": TIME,
     "byte_counter": BYTES,
     "ai_bytes": BYTES,
     "eta": FRACTION,
@@ -163,6 +170,8 @@ class Profile:
             k: min(v, NS_MAX) if FIELD_KIND[k] == TIME else v
             for k, v in self._values(line_rate_bps, base_rtt_ns, dilation).items()
         }
+        for f in NP_FIELDS.get(self.law, ()):
+            out.pop(f)
         base = CcParams.defaults(self.law, line_rate_bps, base_rtt_ns)
         p = replace(base, min_rate_bps=out.pop("min_rate_bps"))
         struct = LAW_STRUCT[self.law]
@@ -174,6 +183,17 @@ class Profile:
         except ValueError as exc:
             raise ProfileError(f"cc profile {self.name!r} at {line_rate_bps} b/s: {exc}") from None
         return p
+
+    def np_values(
+        self, line_rate_bps: int, base_rtt_ns: int, dilation: float = 1.0
+    ) -> dict[str, int]:
+        """The notification point's fields (NP_FIELDS) for a NIC at `line_rate_bps`, as
+        cc_params() converts the law's ({} for a law that has none)."""
+        conv = self._convert
+        return {
+            f: min(conv(self.params[f], line_rate_bps, base_rtt_ns, dilation, None), NS_MAX)
+            for f in NP_FIELDS.get(self.law, ())
+        }
 
     def clamped(
         self, line_rate_bps: int, base_rtt_ns: int, dilation: float = 1.0
@@ -255,10 +275,16 @@ class Profile:
         label = ",".join(f"{k}={' '.join(str(settings[k]).split())}" for k in sorted(settings))
         return replace(self, name=f"{self.name}[{label}]", params=params)
 
-    def record(self, params: CcParams, clamped: dict[str, int] | None = None) -> dict[str, Any]:
+    def record(
+        self,
+        params: CcParams,
+        clamped: dict[str, int] | None = None,
+        np_values: dict[str, int] | None = None,
+    ) -> dict[str, Any]:
         """For results.json: the profile, its source, the values `params` holds (the
-        struct's fields in b/s, ns, bytes, fractions and counts) and what was clamped."""
-        values: dict[str, float] = {"min_rate_bps": params.min_rate_bps}
+        struct's fields in b/s, ns, bytes, fractions and counts), the notification point's
+        (`np_values`) and what was clamped."""
+        values: dict[str, float] = {"min_rate_bps": params.min_rate_bps, **(np_values or {})}
         struct = LAW_STRUCT[self.law]
         if struct is not None:
             s = getattr(params, struct[0])
@@ -364,7 +390,8 @@ def parse_profile(doc: Any, name: str) -> Profile:
     if not isinstance(raw, dict):
         raise bad("parameters must be a mapping")
     struct = LAW_STRUCT[law]
-    want = {"min_rate_bps"} | ({f.name for f in fields(struct[1])} if struct else set())
+    want = {"min_rate_bps", *NP_FIELDS.get(law, ())}
+    want |= {f.name for f in fields(struct[1])} if struct else set()
     if set(raw) != want:
         missing, unknown = sorted(want - set(raw)), sorted(set(raw) - want)
         raise bad(
