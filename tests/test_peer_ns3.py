@@ -21,6 +21,7 @@ from testbed.peer.ns3_hpcc import (
     PeerError,
     byte_counter_notes,
     check_sim,
+    cnp_notes,
     hist_p99,
     hist_peak,
     hosts_nic_bps,
@@ -291,6 +292,26 @@ def test_a_byte_counter_the_simulator_lacks_is_named(fabric) -> None:  # type: i
     assert note.startswith("NOTE dcqcn: the twin's DCQCN raises its rate every 32767 B")
     paper = {"dcqcn": peer_cc("dcqcn", scaling, parse_cc_profiles("dcqcn-paper"), {})}
     assert byte_counter_notes(paper, flows) == []  # 10 MiB: never within these flows
+
+
+def test_how_each_side_sends_cnps_is_named() -> None:
+    """The header says how the twin's receivers spaced their CNPs under each DCQCN scheme
+    (its DCQCN profile's notification point, from results.json) against the simulator's one
+    with every ACK of a marked packet; nothing for schemes of other laws."""
+    setup = {
+        "cc_profiles": {
+            "dcqcn": {"values": {"cnp_interval_ns": 5187}},
+            "dcqcn+pfc": {"values": {"cnp_interval_ns": 0}},
+            "hpcc": {"values": {"eta": 0.95}},
+        }
+    }
+    [line] = cnp_notes(setup, ["hpcc", "dcqcn", "dcqcn+pfc"])
+    assert line == (
+        "CNPs: A dcqcn at most one per 5.187 us per flow, dcqcn+pfc one per marked packet; "
+        "B one with every ACK of a marked packet"
+    )
+    assert cnp_notes(setup, ["hpcc"]) == []
+    assert cnp_notes({}, ["dcqcn"]) == []  # a twin run from before profiles carried it
 
 
 def test_timely_through_the_drivers_keys(fabric, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

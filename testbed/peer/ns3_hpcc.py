@@ -41,6 +41,7 @@ import resource
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -310,6 +311,23 @@ def byte_counter_notes(params: dict[str, CcParams], flows: list[Flow]) -> list[s
                 "the laws alone: --cc-set 'dcqcn.byte_counter=1000000000 B')"
             )
     return out
+
+
+def cnp_notes(twin_setup: dict[str, Any], schemes: Sequence[str]) -> list[str]:
+    """How each side's receivers send CNPs under the DCQCN schemes: the twin's at most one
+    per flow per its DCQCN profile's spacing (results.json's cc_profiles), the simulator's
+    with every ACK of a marked packet."""
+    profiles = twin_setup.get("cc_profiles", {})
+    parts = []
+    for name in schemes:
+        ns = profiles.get(name, {}).get("values", {}).get("cnp_interval_ns")
+        if scheme(name).law != "dcqcn" or ns is None:
+            continue
+        every = "one per marked packet" if ns == 0 else f"at most one per {ns / 1e3:g} us per flow"
+        parts.append(f"{name} {every}")
+    if not parts:
+        return []
+    return [f"CNPs: A {', '.join(parts)}; B one with every ACK of a marked packet"]
 
 
 def _per_rate(rates: tuple[int, ...], value: Any) -> str:
@@ -857,6 +875,7 @@ def cmd_peer(args: argparse.Namespace) -> int:
         )
         + ", B every packet",
     ]
+    head += cnp_notes(twin_doc.get("setup", {}), schemes)
     head += byte_counter_notes(params, flows)
     text = side_by_side(results, head)
     print(text)
