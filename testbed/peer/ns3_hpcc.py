@@ -308,7 +308,8 @@ def byte_counter_notes(params: dict[str, CcParams], flows: list[Flow]) -> list[s
             out.append(
                 f"NOTE {name}: the twin's DCQCN raises its rate every {p.dcqcn.byte_counter} B "
                 "sent as well as by its timer; the simulator's has no byte counter (to compare "
-                "the laws alone: --cc-set 'dcqcn.byte_counter=1000000000 B')"
+                "the laws alone, with the simulator's CNP on every marked packet: --cc-set "
+                "'dcqcn.byte_counter=1000000000 B,dcqcn.cnp_interval_ns=0 us')"
             )
     return out
 
