@@ -108,6 +108,31 @@ def test_hosts_on_links_of_their_own_speed(tmp_path: Path) -> None:
         hosts_nic_bps(mixed, scaling)
 
 
+def test_both_sides_run_the_same_parameters_on_100g_hosts() -> None:
+    """What the simulator is given is what the twin's NICs run: on 100G hosts under 400G
+    uplinks both take the profile at the hosts' NIC rate (the twin's NICs once ran the
+    model's 400G NIC's: TIMELY's T_low below the base RTT)."""
+    from testbed.experiment.suite import SuiteConfig
+    from testbed.sim.fabric import SimFabric
+    from testbed.sim.suite import SimSuite
+
+    spec = parse_choice("leafspine:1,1,3,100")
+    scaling = Scaling(scale=1, max_hops=spec.longest_path_switches())
+    nic = hosts_nic_bps(spec, scaling)
+    profiles = parse_cc_profiles("dcqcn-hpcc-sim")
+    cfg = dataclasses.replace(SuiteConfig.quick(), cc_profiles=profiles)
+    suite = SimSuite(SimFabric(spec, scaling), cfg)
+    suite.prepare()
+    for name in ("timely", "dcqcn"):
+        ours = suite.scheme_cc(name)
+        theirs = peer_cc(name, scaling, profiles, {}, nic)
+        assert set(ours) == {h.name for h in spec.hosts}
+        for p in ours.values():  # the law's own struct and floor (the others' T may differ)
+            assert getattr(p, name) == getattr(theirs, name)
+            assert p.min_rate_bps == theirs.min_rate_bps
+    assert suite.cnp_interval_s("dcqcn") == 0.0  # and a CNP per marked packet, as theirs
+
+
 def _config(path: Path) -> dict[str, str]:
     out = {}
     for line in path.read_text().splitlines():
