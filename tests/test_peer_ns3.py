@@ -317,6 +317,9 @@ def test_a_byte_counter_the_simulator_lacks_is_named(fabric) -> None:  # type: i
     assert note.startswith("NOTE dcqcn: the twin's DCQCN raises its rate every 32767 B")
     paper = {"dcqcn": peer_cc("dcqcn", scaling, parse_cc_profiles("dcqcn-paper"), {})}
     assert byte_counter_notes(paper, flows) == []  # 10 MiB: never within these flows
+    sim = {"dcqcn": peer_cc("dcqcn", scaling, parse_cc_profiles("dcqcn-hpcc-sim"), {})}
+    assert sim["dcqcn"].dcqcn.byte_counter == 0
+    assert byte_counter_notes(sim, flows) == []  # 0: the counter is off, as theirs
 
 
 def test_how_each_side_sends_cnps_is_named() -> None:

@@ -304,7 +304,7 @@ def byte_counter_notes(params: dict[str, CcParams], flows: list[Flow]) -> list[s
     largest = max((f.size for f in flows), default=0)
     out = []
     for name, p in params.items():
-        if scheme(name).law == "dcqcn" and p.dcqcn.byte_counter < largest:
+        if scheme(name).law == "dcqcn" and 0 < p.dcqcn.byte_counter < largest:  # 0: off
             out.append(
                 f"NOTE {name}: the twin's DCQCN raises its rate every {p.dcqcn.byte_counter} B "
                 "sent as well as by its timer; the simulator's has no byte counter (to compare "
