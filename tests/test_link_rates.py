@@ -203,8 +203,10 @@ def test_a_fabric_of_100g_hosts_resolves_everything_at_100g() -> None:
 def test_the_emulation_pushes_each_agent_its_own_parameters(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The emulation sets one policy for every agent where the hosts' NICs are alike, one
-    per host (SetPolicy's `host`) where they differ."""
+    """The emulation sets one policy for every agent where the hosts' NICs run at one rate,
+    one per host (SetPolicy's `host`) where they differ, under every scheme: NVIDIA's DCQCN,
+    alike at every rate, after TIMELY's per-host policies once went to the default, which
+    the hosts' own TIMELY policies outranked."""
     import testbed.emu.suite as emu_suite
     from controller.nic.ratelaw.profiles import load_profile, policy_params
 
@@ -220,11 +222,20 @@ def test_the_emulation_pushes_each_agent_its_own_parameters(
     suite.tb = FakeTestbed()  # type: ignore[assignment]
     prof = load_profile("timely-paper")
     slow, fast = prof.cc_params(96_000_000_000, 2000), prof.cc_params(385_000_000_000, 2000)
+    alike = {"h1": 385e9, "h2": 385e9}
+    suite.nic_rates = lambda: alike  # type: ignore[method-assign]
     assert suite._set_policy("timely", {"h1": fast, "h2": fast}) == 2
     assert calls == [("timely", policy_params(fast), "")]
     calls.clear()
+    suite.nic_rates = lambda: {"h1": 96e9, "h2": 385e9}  # type: ignore[method-assign]
     assert suite._set_policy("timely", {"h1": slow, "h2": fast}) == 2
     assert calls == [
         ("timely", policy_params(slow), "h1"),
         ("timely", policy_params(fast), "h2"),
     ]
+    calls.clear()
+    nvidia = load_profile("dcqcn-nvidia")
+    same = nvidia.cc_params(96_000_000_000, 2000)
+    assert same.dcqcn == nvidia.cc_params(385_000_000_000, 2000).dcqcn  # absolute values
+    assert suite._set_policy("dcqcn", {"h1": same, "h2": same}) == 2
+    assert [host for _, _, host in calls] == ["h1", "h2"]
