@@ -540,6 +540,10 @@ class Suite:
         the fastest's where their links differ, so that no host is held below its own."""
         return max(host_link_bps(self.spec, self.scaling, h.name) for h in self.hosts)
 
+    def hosts_nic_bps(self) -> float:
+        """The NIC line rate on hosts_link_bps: what those values are sized by."""
+        return self.scaling.nic_rate(self.hosts_link_bps())
+
     def collective_fabric(
         self, scheme: str, window: int | None = None, fresh_runs: bool = True
     ) -> CollFabric:
@@ -548,7 +552,7 @@ class Suite:
         suite's cell, which started on one and captures the run there."""
         s = self.scaling
         cfg = self.cfg
-        nic = s.nic_rate(self.hosts_link_bps())
+        nic = self.hosts_nic_bps()
 
         def websearch(hosts: int, load: float, seconds: float) -> list[gen.Flow]:
             wcfg = SuiteConfig(**{**cfg.__dict__, "websearch_load": load})
@@ -686,7 +690,9 @@ class Suite:
                     str(r): prof.record(at[r], np_values=np[r])["values"] for r in lines
                 }
             self.cc_records[scheme] = rec
-            for k, v in clamped.items():
+            # a slower NIC's times are longer: each clamp, at whichever rate it happens
+            beyond = {kv for r in lines for kv in prof.clamped(r, t_ns, s.scale).items()}
+            for k, v in sorted(beyond):
                 self.say(
                     f"cc profile {prof.name}: {k} {v} ns at scale {s.scale:g} exceeds the "
                     f"NIC's 32 bits, clamped to {2**32 - 1} ns"
@@ -709,9 +715,8 @@ class Suite:
         DCQCN, else the configured DCQCN profile's: a NIC's notification point runs whatever
         law its peers' reaction points run), at the hosts' NIC rate."""
         np_scheme = scheme if scheme_law(scheme) == "dcqcn" else "dcqcn"
-        s = self.scaling
-        nic = int(s.nic_rate(self.hosts_link_bps()))
-        np = self._profile(np_scheme).np_values(nic, self._t_ns(), s.scale)
+        nic = int(self.hosts_nic_bps())
+        np = self._profile(np_scheme).np_values(nic, self._t_ns(), self.scaling.scale)
         return np["cnp_interval_ns"] / 1e9
 
     def start_run(self, scheme: str) -> None:
@@ -851,7 +856,7 @@ class Suite:
         incast's senders do."""
         if not declares_start(scheme, self.cfg.proactive_start):
             return {}
-        return {"start_share_bps": self.scaling.nic_rate(self.hosts_link_bps())}
+        return {"start_share_bps": self.hosts_nic_bps()}
 
     def _incast_start_rate(self) -> float | None:
         """The proactive start (`proactive_start`): the incast's senders know its fan-in and
@@ -865,7 +870,7 @@ class Suite:
 
     def _workload(self, scenario: str, window: int, ack_every: int) -> dict[str, Any]:
         cfg, s = self.cfg, self.scaling
-        nic = s.nic_rate(self.hosts_link_bps())
+        nic = self.hosts_nic_bps()
         tr = {
             **transport_settings(
                 s, window, ack_every, cfg.retransmit, self.cnp_interval_s(self._scheme)
