@@ -95,6 +95,8 @@ enum xm_counter {
 	XM_CNT_TC_HTB_DEFAULT,
 	XM_CNT_TC_EDT_PACED,
 	XM_CNT_TC_RTT_PROBE,
+	XM_CNT_WIRE_PACKETS,
+	XM_CNT_WIRE_RTT_STAMP,
 	XM_CNT_XDP_PACKETS,
 	XM_CNT_XDP_NOT_IPV4,
 	XM_CNT_XDP_MALFORMED,
@@ -275,9 +277,10 @@ struct xm_flow_stats {
 	/* RTT probe (TIMELY, Swift): one data packet per RTT. tc starts a new probe when XDP
 	 * has taken the last one (xm_cc_state.rtt_done_seq == rtt_probe_seq) */
 	__u32 rtt_probe_seq;
-	__u64 rtt_probe_ns; /* its departure: the EDT timestamp, or tc's time with HTB */
+	__u64 rtt_probe_ns; /* its departure: the EDT timestamp, or tc's time with HTB until the
+			     * wire's far end stamps it (tc_wire.c) */
 	__u32 rtt_probe_psn;
-	__u32 pad;
+	__u32 rtt_probe_wire_seq; /* the probe whose departure the wire stamped */
 };
 
 /* One hop's INT record as remembered between feedback packets. */

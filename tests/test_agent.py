@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import signal
 import subprocess
 import time
@@ -17,6 +18,7 @@ from controller.nic.agent.main import (
     parse_bitmap,
     parse_duration_ns,
     parse_rate,
+    parse_wire_peer,
 )
 from testbed.emu.nicrig import AgentProcess, NetnsPair, measure_udp_pacing
 from tests.faults import record
@@ -36,6 +38,15 @@ def test_cli_units_and_config(tmp_path: Path) -> None:
     cfg.write_text("line_rate: 100M\ninterfaces: [eth9]\nrate_law: dcqcn\n")
     s = merged_settings(build_parser().parse_args(["--config", str(cfg), "--rate-law", "tita"]))
     assert s["line_rate"] == "100M" and s["interfaces"] == ["eth9"] and s["rate_law"] == "tita"
+    assert parse_wire_peer("h1-eth0=/proc/42/ns/net:leaf1-eth3") == (
+        "h1-eth0",
+        "/proc/42/ns/net",
+        "leaf1-eth3",
+    )
+    assert parse_wire_peer("h1-eth0=sw1:p3") == ("h1-eth0", "/run/netns/sw1", "p3")
+    for bad in ("h1-eth0", "h1-eth0=ns", "=ns:p", "h1-eth0=ns:"):
+        with pytest.raises(argparse.ArgumentTypeError, match="IFACE=NETNS:PEER"):
+            parse_wire_peer(bad)
     cfg.write_text("line_rat: 100M\n")
     with pytest.raises(SystemExit, match="unknown keys"):
         merged_settings(build_parser().parse_args(["--config", str(cfg)]))
@@ -46,10 +57,27 @@ def test_cli_units_and_config(tmp_path: Path) -> None:
 @pytest.mark.root
 def test_agent_api_and_clean_shutdown(_: int) -> None:
     with NetnsPair.create() as pair:
-        agent = AgentProcess(pair.a, pair.dev_a, 100_000_000).start()
+        wire = ("--wire-peer", f"{pair.dev_a}={pair.b}:{pair.dev_b}")
+        agent = AgentProcess(pair.a, pair.dev_a, 100_000_000, extra=wire).start()
         try:
             pb, stub = agent.pb(), agent.stub()
             st = stub.GetStatus(pb.GetStatusRequest(), timeout=10)
+            # under HTB the far end of the wire stamps departures, in the peer's namespace
+            wired = "xm_tc_wire" in tc(pair.b, "filter", "show", "dev", pair.dev_b, "ingress")
+            assert wired == (st.pacing_mode == "htb")
+            if wired:
+                subprocess.run(
+                    ["ip", "netns", "exec", pair.a, "ping", "-c", "2", "-i", "0.2", pair.ip_b],
+                    capture_output=True,
+                )
+                text = stub.GetMetrics(pb.GetMetricsRequest(), timeout=10).text
+                seen = {
+                    s.labels.get("reason"): s.value
+                    for fam in text_string_to_metric_families(text)
+                    for s in fam.samples
+                    if s.name == "xingmai_nic_packets_total"
+                }
+                assert seen["wire_packets"] >= 2
             assert st.healthy and st.pacing_mode in ("htb", "edt") and st.pacing_detail
             if st.pacing_mode == "htb":
                 assert "sch_fq" in st.pacing_detail
@@ -157,6 +185,7 @@ def test_agent_api_and_clean_shutdown(_: int) -> None:
         )
         assert "xm_tc_egress" not in tc(pair.a, "filter", "show", "dev", pair.dev_a, "egress")
         assert "htb" not in tc(pair.a, "qdisc", "show", "dev", pair.dev_a)
+        assert "clsact" not in tc(pair.b, "qdisc", "show", "dev", pair.dev_b)  # the wire's
         assert not agent.pin_dir.exists()
         assert not (Path("/run/xingmai/agents") / agent.name).exists()
 

@@ -21,7 +21,15 @@ from scapy.packet import Raw
 
 from controller.nic.bpf.loader import FlowKey
 from controller.nic.bpf.syscalls import prog_test_run
-from controller.nic.ratelaw import CcParams, CcState, Law, ReferenceNic, RttProbe, tc_rtt_probe
+from controller.nic.ratelaw import (
+    CcParams,
+    CcState,
+    Law,
+    ReferenceNic,
+    RttProbe,
+    tc_rtt_probe,
+    wire_stamp_rtt_probe,
+)
 from testbed.emu.nicrig import standalone_nic
 from testbed.packets.int_md import IntHop, IntMD, IntShim
 from testbed.packets.roce import AETH, BTH, CNP
@@ -316,3 +324,58 @@ def test_tc_rtt_probe_matches_reference() -> None:
     with standalone_nic(LINE, law="tita") as nic:
         assert prog_test_run(nic.fd("tc"), data(sport, 1)).retval == TC_ACT_OK
         assert nic.counter_values()["tc_rtt_probe"] == 0
+
+
+@pytest.mark.parametrize("int_enabled", [True, False])
+def test_the_wire_stamps_the_probes_departure(int_enabled: bool) -> None:
+    """Under HTB tc egress runs before the packet's wait in its class; tc_wire.c, at the
+    wire's far end, makes the probe's send time its departure, once per probe, as the
+    reference does (wire_stamp_rtt_probe), reading the frame as tc egress sent it (INT
+    included), and the ACK's RTT sample counts from there."""
+    with standalone_nic(
+        LINE, law="timely", int_enabled=int_enabled, programs=("tc", "xdp", "wire")
+    ) as nic:
+        sport = 51005
+        key = FlowKey(A, B, 17, sport, 4791)
+        probe = RttProbe()
+
+        def tc(psn: int) -> bytes:
+            res = prog_test_run(nic.fd("tc"), data(sport, psn))
+            assert res.retval == TC_ACT_OK
+            st = nic.get("xm_flows", key)
+            tc_rtt_probe(probe, None, psn, int(st.last_ns))  # no CC state yet
+            return res.data_out
+
+        def wire(frame: bytes, psn: int) -> tuple[int, int, int, int]:
+            before = time.monotonic_ns()
+            assert prog_test_run(nic.fd("wire"), frame).retval == TC_ACT_OK
+            st = nic.get("xm_flows", key)
+            got = (
+                int(st.rtt_probe_seq),
+                int(st.rtt_probe_psn),
+                int(st.rtt_probe_ns),
+                int(st.rtt_probe_wire_seq),
+            )
+            stamped = wire_stamp_rtt_probe(probe, psn, got[2])
+            if stamped:
+                assert before <= probe.sent_ns <= time.monotonic_ns()
+            assert got == (probe.seq, probe.psn, probe.sent_ns, probe.wire_seq)
+            return got
+
+        sent = tc(0)  # the probe, stamped by tc at the class's enqueue
+        assert (0x17 << 2 == IP(sent[14:]).tos & 0xFC) == int_enabled  # INT went in
+        queued_at = probe.sent_ns
+        bth = 14 + 20 + 8 + (16 if int_enabled else 0)
+        later = sent[: bth + 9] + (1).to_bytes(3, "big") + sent[bth + 12 :]  # PSN 1
+        time.sleep(0.005)  # its wait in the class
+        wire(later, 1)
+        assert probe.sent_ns == queued_at and probe.wire_seq == 0  # PSN 1 is not the probe
+        seq, psn, ns, wire_seq = wire(sent, 0)
+        assert psn == 0 and wire_seq == seq == 1 and ns >= queued_at + 5_000_000
+        wire(sent, 0)  # a second departure of the same probe (a copy) changes nothing
+        assert probe.sent_ns == ns
+        assert prog_test_run(nic.fd("wire"), b"\x00" * 20).retval == TC_ACT_OK  # not a frame
+        c = nic.counter_values()
+        assert c["wire_rtt_stamp"] == 1 and c["wire_packets"] == 4
+        # tc egress counted each frame once: the wire does not count them again
+        assert c["tc_packets"] == 1 and c["tc_malformed"] == 0

@@ -31,6 +31,20 @@ static __always_inline void xm_rtt_probe(const struct xm_host_config *cfg,
 	xm_count(XM_CNT_TC_RTT_PROBE);
 }
 
+/* The wire's far end (tc_wire.c, HTB pacing only): the probe's packet left the NIC now, after
+ * its wait in its flow's HTB class, which tc egress (before the qdisc) does not see. A NIC's
+ * transmit timestamp is this time; under EDT tc egress already knows it (skb->tstamp). Only
+ * the probe's first departure is stamped (wire_stamp_rtt_probe()). */
+static __always_inline void xm_rtt_wire_stamp(struct xm_flow_stats *st, __u32 psn, __u64 now)
+{
+	__u32 seq = st->rtt_probe_seq;
+	if (st->rtt_probe_wire_seq == seq || st->rtt_probe_psn != psn)
+		return;
+	st->rtt_probe_ns = now;
+	st->rtt_probe_wire_seq = seq;
+	xm_count(XM_CNT_WIRE_RTT_STAMP);
+}
+
 /* XDP: the RTT of tc's pending probe when this ACK covers it (take_rtt_sample()). */
 static __always_inline int xm_rtt_sample(struct xm_cc_state *cc, const struct xm_flow_stats *st,
 					 __u32 ack_psn, __u64 now, __u64 *rtt)

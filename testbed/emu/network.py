@@ -360,6 +360,9 @@ class Testbed:
             ]
             for i in range(len(h.nics)):
                 argv += ["--interface", h.ifname(i)]
+                peer = _wire_peer(node, h.ifname(i))
+                if peer is not None:  # where the agent stamps its RTT probes' departures
+                    argv += ["--wire-peer", f"{h.ifname(i)}={peer[0]}:{peer[1]}"]
             comp = Component(
                 f"agent {h.name}", argv, self.run_dir / "logs" / f"agent-{h.name}.log", cwd=REPO
             )
@@ -905,6 +908,18 @@ class Testbed:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _wire_peer(node: Any, ifname: str) -> tuple[str, str] | None:
+    """The far end of a host interface's veth: its namespace's path and its name, where the
+    node there is in a namespace of its own (the switches)."""
+    intf = node.intf(ifname)
+    link = getattr(intf, "link", None)
+    if link is None:
+        return None
+    other = link.intf2 if link.intf1 is intf else link.intf1
+    path = getattr(other.node, "netns_path", None)
+    return (path, other.name) if path else None
 
 
 def _dump_spec(spec: FabricSpec) -> str:

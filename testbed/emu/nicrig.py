@@ -235,9 +235,11 @@ def standalone_nic(
     base_rtt_ns: int = 100_000,
     int_enabled: bool = True,
     mtu: int = 1500,
+    programs: tuple[str, ...] = ("tc", "xdp"),
 ) -> Iterator[Any]:
-    """tc and XDP programs compiled against a private bpffs, configured like an agent would,
-    attached nowhere: tests drive them with BPF_PROG_TEST_RUN."""
+    """The NIC's programs (tc and XDP unless `programs` says) compiled against a private
+    bpffs, configured like an agent would, attached nowhere: tests drive them with
+    BPF_PROG_TEST_RUN."""
     from controller.nic.agent import netdev
     from controller.nic.bpf.loader import NicBpf, cc_params_to_c
     from controller.nic.ratelaw import CcParams, Law
@@ -246,7 +248,7 @@ def standalone_nic(
     mounted = netdev.mount_bpffs(pin)
     bpf = None
     try:
-        bpf = NicBpf(pin, programs=("tc", "xdp"))
+        bpf = NicBpf(pin, programs=programs)
         cfg = bpf.config()
         cfg.line_rate_bps = line_rate_bps
         cc_params_to_c(CcParams.defaults(Law[law.upper()], line_rate_bps, base_rtt_ns), cfg.cc)

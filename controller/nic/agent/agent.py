@@ -101,6 +101,9 @@ class AgentOptions:
     # each can cost an HTB class, and a request must not make thousands for flows that never
     # existed; such settings without a cap or law are forgotten after idle_timeout_s
     max_unseen_flows: int = 256
+    # the far end of an interface's wire, (interface, namespace path, peer interface): under
+    # HTB tc_wire.c stamps the RTT probes' departures there (the emulation's veth peers)
+    wire_peers: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def pin_dir(self) -> Path:
@@ -192,6 +195,8 @@ class Agent:
         self.created_clsact: dict[str, bool] = {}
         self.tx_csum_restore: dict[str, bool] = {}
         self.xdp_mode: dict[str, str] = {}
+        # tc_wire.c where it is attached: (namespace path, ifindex there, clsact made)
+        self.wires: list[tuple[str, int, bool]] = []
         self.sockops_cgroup: Path | None = None
         self.lock = threading.RLock()
         self.stop_event = threading.Event()
@@ -226,7 +231,8 @@ class Agent:
         o.run_dir.mkdir(parents=True, exist_ok=True)
         self._load_previous_state()
         self.mounted_bpffs = netdev.mount_bpffs(o.pin_dir) or self.mounted_bpffs
-        self.bpf = NicBpf(o.pin_dir)
+        programs = ("tc", "xdp", "sockops", *(("wire",) if o.wire_peers else ()))
+        self.bpf = NicBpf(o.pin_dir, programs)
         self.adopted = self.bpf.adopted
         self.ipr = IPRoute()
         for name in o.interfaces:
@@ -250,6 +256,10 @@ class Agent:
             self.xdp_mode[name] = netdev.attach_xdp(name, self.bpf.fd("xdp"))
             created = netdev.attach_tc(self.ipr, idx, self.bpf.fd("tc"), "xm_tc_egress")
             self.created_clsact[name] = created or self.created_clsact.get(name, False)
+        if self.mode is PacingMode.HTB:  # EDT: tc egress knows each departure itself
+            for _iface, netns_path, peer in o.wire_peers:
+                idx, created = netdev.attach_wire(netns_path, peer, self.bpf.fd("wire"))
+                self.wires.append((netns_path, idx, created))
         if o.sockops:
             cg = o.cgroup or netdev.cgroup2_root()
             if cg is None:
@@ -270,6 +280,7 @@ class Agent:
                 "pacing_detail": self.mode_detail,
                 "adopted_pins": self.adopted,
                 "xdp_mode": ",".join(f"{k}={v}" for k, v in self.xdp_mode.items()),
+                "wire_stamps": ",".join(f"{n}={p}" for n, _, p in o.wire_peers) or "none",
                 "kernel_headers": self.bpf.headers,
                 "bpffs": str(o.pin_dir),
             },
@@ -313,6 +324,8 @@ class Agent:
             for name, idx in self.ifindex.items():
                 netdev.detach_xdp(name)
                 netdev.detach_tc(self.ipr, idx, self.created_clsact.get(name, False))
+            for netns_path, idx, created in self.wires:
+                netdev.detach_wire(netns_path, idx, created)
             if self.pacer is not None:
                 self.pacer.teardown()
             for name, on in self.tx_csum_restore.items():

@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from controller.common.logs import setup_logging
-from controller.common.netns import enter_netns
+from controller.common.netns import enter_netns, netns_path
 from controller.nic.ratelaw import Law
 
 log = logging.getLogger("xingmai.agent.main")
@@ -69,6 +69,15 @@ def parse_bitmap(v: str | int) -> int:
     return int(v, 0)
 
 
+def parse_wire_peer(v: str) -> tuple[str, str, str]:
+    """'h1-eth0=/proc/42/ns/net:s1-eth3' -> (interface, namespace path, peer interface)."""
+    iface, eq, rest = v.partition("=")
+    netns, colon, peer = rest.rpartition(":")
+    if not (eq and colon and iface and netns and peer):
+        raise argparse.ArgumentTypeError(f"{v!r}: expected IFACE=NETNS:PEER")
+    return iface, netns_path(netns), peer
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="xingmai-agent",
@@ -85,6 +94,15 @@ def build_parser() -> argparse.ArgumentParser:
         dest="interfaces",
         action="append",
         help="interface to attach to (repeat; default: every non-loopback one)",
+    )
+    ap.add_argument(
+        "--wire-peer",
+        dest="wire_peers",
+        action="append",
+        type=parse_wire_peer,
+        help="IFACE=NETNS:PEER, the far end of IFACE's wire (PEER in namespace NETNS, a name "
+        "in /run/netns or a path): under HTB pacing the RTT probes' departures are stamped "
+        "there, after their wait in the flow's class (repeat per interface)",
     )
     ap.add_argument("--line-rate", type=parse_rate, help="emulated NIC line rate, e.g. 100M")
     ap.add_argument(
@@ -199,6 +217,16 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("no interface to attach to (give --interface)")
     if "line_rate" not in s:
         raise SystemExit("--line-rate is required (the emulated NIC's speed, e.g. 100M)")
+    try:  # a --config file gives them as strings
+        wire_peers = tuple(
+            parse_wire_peer(w) if isinstance(w, str) else tuple(w)
+            for w in s.get("wire_peers") or ()
+        )
+    except argparse.ArgumentTypeError as exc:
+        raise SystemExit(f"wire_peers: {exc}") from exc
+    for iface, _, _ in wire_peers:
+        if iface not in interfaces:
+            raise SystemExit(f"--wire-peer {iface}=...: {iface} is not one of {interfaces}")
 
     from controller.nic.agent.agent import Agent, AgentOptions
 
@@ -220,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         run_root=Path(s.get("run_root", "/run/xingmai/agents")),
         sync_interval_s=parse_duration_ns(s.get("sync_interval", 2_000_000)) / 1e9,
         idle_timeout_s=float(s.get("idle_timeout", 30.0)),
+        wire_peers=wire_peers,
     )
     listen = s.get("listen") or f"unix://{opts.run_dir / 'agent.sock'}"
 

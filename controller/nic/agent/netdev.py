@@ -1,7 +1,8 @@
 """Where the agent lives and what it hooks: network namespace, bpffs, interfaces, cgroup.
 
-Attach/detach of the three programs (XDP and tc clsact on each interface, sock_ops on a
-cgroup v2) and the small namespace helpers. Everything here removes only what it added.
+Attach/detach of the programs (XDP and tc clsact on each interface, sock_ops on a cgroup v2,
+tc_wire.c at the far end of each interface's wire under HTB) and the small namespace helpers.
+Everything here removes only what it added.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from controller.common.netns import in_netns
 from controller.nic.bpf import syscalls
 
 log = logging.getLogger("xingmai.agent.netdev")
@@ -24,6 +26,7 @@ SO_NETNS_COOKIE = 71
 XDP_FLAGS_SKB_MODE = 1 << 1
 XDP_FLAGS_DRV_MODE = 1 << 2
 TC_EGRESS_PARENT = 0xFFFFFFF3  # clsact egress hook
+TC_INGRESS_PARENT = 0xFFFFFFF2  # clsact ingress hook
 TC_PRIO = 0xC0DE & 0x7FFF  # our filter's priority on the clsact hook
 TC_HANDLE = 1
 
@@ -106,9 +109,11 @@ def detach_xdp(ifname: str) -> None:
 # ---- tc -------------------------------------------------------------------------------------
 
 
-def attach_tc(ipr: Any, ifindex: int, prog_fd: int, name: str) -> bool:
-    """Our filter on the clsact egress hook (direct action), replacing a previous agent's.
-    Returns True when this call created the clsact qdisc."""
+def attach_tc(
+    ipr: Any, ifindex: int, prog_fd: int, name: str, parent: int = TC_EGRESS_PARENT
+) -> bool:
+    """Our filter on a clsact hook (egress unless `parent` says ingress; direct action),
+    replacing a previous agent's. Returns True when this call created the clsact qdisc."""
     created = False
     try:
         ipr.tc("add", "clsact", ifindex)
@@ -123,7 +128,7 @@ def attach_tc(ipr: Any, ifindex: int, prog_fd: int, name: str) -> bool:
         TC_HANDLE,
         fd=prog_fd,
         name=name,
-        parent=TC_EGRESS_PARENT,
+        parent=parent,
         prio=TC_PRIO,
         protocol=0x0003,  # ETH_P_ALL
         classid=1,
@@ -132,14 +137,14 @@ def attach_tc(ipr: Any, ifindex: int, prog_fd: int, name: str) -> bool:
     return created
 
 
-def detach_tc(ipr: Any, ifindex: int, remove_clsact: bool) -> None:
+def detach_tc(ipr: Any, ifindex: int, remove_clsact: bool, parent: int = TC_EGRESS_PARENT) -> None:
     try:
         ipr.tc(
             "del-filter",
             "bpf",
             ifindex,
             TC_HANDLE,
-            parent=TC_EGRESS_PARENT,
+            parent=parent,
             prio=TC_PRIO,
             protocol=0x0003,
         )
@@ -150,6 +155,35 @@ def detach_tc(ipr: Any, ifindex: int, remove_clsact: bool) -> None:
             ipr.tc("del", "clsact", ifindex)
         except Exception as exc:
             log.warning("clsact on ifindex %d: %s", ifindex, exc)
+
+
+def attach_wire(netns_path: str, ifname: str, prog_fd: int) -> tuple[int, bool]:
+    """tc_wire.c on the clsact ingress of `ifname` in `netns_path`: the far end of the NIC's
+    wire (on the emulation the host link's veth peer, in the switch's namespace). Returns its
+    ifindex there and whether this call created the clsact qdisc."""
+    from pyroute2 import IPRoute
+
+    with in_netns(netns_path):
+        ipr = IPRoute()  # its socket stays in that namespace
+    with ipr:
+        found = ipr.link_lookup(ifname=ifname)
+        if not found:
+            raise RuntimeError(f"no interface {ifname!r} in {netns_path}")
+        idx = found[0]
+        return idx, attach_tc(ipr, idx, prog_fd, "xm_tc_wire", TC_INGRESS_PARENT)
+
+
+def detach_wire(netns_path: str, ifindex: int, remove_clsact: bool) -> None:
+    """Undo attach_wire(); nothing to do once the namespace is gone (its switch stopped)."""
+    from pyroute2 import IPRoute
+
+    try:
+        with in_netns(netns_path):
+            ipr = IPRoute()
+    except OSError:
+        return  # the namespace is gone with its switch, and the filter with it
+    with ipr:
+        detach_tc(ipr, ifindex, remove_clsact, TC_INGRESS_PARENT)
 
 
 # ---- sock_ops -------------------------------------------------------------------------------

@@ -67,6 +67,8 @@ def program_specs() -> tuple[ProgramSpec, ...]:
         ProgramSpec("tc", "tc_egress.c", "xm_tc_egress", BPF.SCHED_CLS),
         ProgramSpec("xdp", "xdp_ingress.c", "xm_xdp_ingress", BPF.XDP),
         ProgramSpec("sockops", "sockops.c", "xm_sockops", BPF.SOCK_OPS),
+        # the far end of the wire under HTB (the emulation's veth peers; Agent.start)
+        ProgramSpec("wire", "tc_wire.c", "xm_tc_wire", BPF.SCHED_CLS),
         # the NIC rig's rate-law stand-in (never attached; testbed/emu/nicrig.py)
         ProgramSpec("rig_rate_write", "rig_rate_write.c", "xm_rig_rate_write", BPF.XDP),
     )

@@ -27,7 +27,13 @@ from controller.nic.ratelaw.params import (
     with_law,
 )
 from controller.nic.ratelaw.reference import ReferenceNic, parse_feedback
-from controller.nic.ratelaw.rtt import RTT_LAWS, RttProbe, take_rtt_sample, tc_rtt_probe
+from controller.nic.ratelaw.rtt import (
+    RTT_LAWS,
+    RttProbe,
+    take_rtt_sample,
+    tc_rtt_probe,
+    wire_stamp_rtt_probe,
+)
 from controller.nic.ratelaw.swift import swift_on_rtt
 from controller.nic.ratelaw.timely import timely_on_rtt
 from controller.nic.ratelaw.tita import HopSpeed, tita_on_ack
@@ -42,6 +48,7 @@ __all__ = [
     "swift_on_rtt",
     "take_rtt_sample",
     "tc_rtt_probe",
+    "wire_stamp_rtt_probe",
     "timely_on_rtt",
     "NO_TS",
     "UNIT",

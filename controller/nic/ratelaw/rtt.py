@@ -1,6 +1,8 @@
 """RTT samples for TIMELY and Swift: tc egress keeps one probe per flow (a data packet's PSN
 and departure time, `tc_rtt_probe`), XDP takes the sample from the first ACK that covers it
 (`take_rtt_sample`; xm_rtt_probe() in ebpf/tc_egress.c, xm_rtt_sample() in ebpf/xdp_ingress.c).
+Under HTB pacing the wire's far end stamps the probe's departure (`wire_stamp_rtt_probe`,
+ebpf/tc_wire.c); the twin's NIC runs tc at the departure itself.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ class RttProbe:
     seq: int = 0
     psn: int = 0
     sent_ns: int = 0
+    wire_seq: int = 0  # the probe whose departure the wire stamped
 
 
 RTT_LAWS = (Law.TIMELY, Law.SWIFT)  # the laws tc probes RTTs for
@@ -33,6 +36,17 @@ def tc_rtt_probe(probe: RttProbe, cc: CcState | None, psn: int, now_ns: int) -> 
         probe.seq = (probe.seq + 1) & ALL_ONES32
         probe.psn = psn
         probe.sent_ns = now_ns
+
+
+def wire_stamp_rtt_probe(probe: RttProbe, psn: int, now_ns: int) -> bool:
+    """xm_rtt_wire_stamp(): the probe's data packet left the NIC at `now_ns`, after its wait in
+    its HTB class (which tc egress, before the qdisc, does not see): its first departure
+    becomes the probe's send time. True when it did."""
+    if probe.wire_seq == probe.seq or probe.psn != psn:
+        return False
+    probe.sent_ns = now_ns
+    probe.wire_seq = probe.seq
+    return True
 
 
 def take_rtt_sample(cc: CcState, probe: RttProbe | None, ack_psn: int, now_ns: int) -> int | None:
