@@ -440,6 +440,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             suite.faults = args.fault_list
             records = suite.run()
             base_rtt, tita_t = suite.base_rtt_s, suite.tita_t_s
+            rto = suite.rto_s()
             cc_records = suite.cc_records
             telemetry = suite.telemetry
         s = tb.scaling
@@ -457,6 +458,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             "nic_bps": s.nic_bps,
             "base_rtt_s": base_rtt,
             "tita_base_rtt_s": tita_t,
+            "rto_s": rto,
             "suite": cfg.__dict__,
             "cc_profiles": cc_records,
             "telemetry": telemetry,

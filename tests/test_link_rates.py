@@ -239,3 +239,33 @@ def test_the_emulation_pushes_each_agent_its_own_parameters(
     assert same.dcqcn == nvidia.cc_params(385_000_000_000, 2000).dcqcn  # absolute values
     assert suite._set_policy("dcqcn", {"h1": same, "h2": same}) == 2
     assert [host for _, _, host in calls] == ["h1", "h2"]
+
+
+def test_the_rto_stays_above_the_deepest_queue_the_buffer_admits() -> None:
+    """A timer below a queue's delay resends (go-back-N: a window) packets that are only
+    waiting: the RTO is twice the longest any one queue of the fabric can take to drain, at
+    the rate of its port (a 100G host's downlink drains four times slower than a 400G one),
+    and never below the floor it had (1 s at the emulation's scale, 50 us at the model's)."""
+    from testbed.experiment.suite import RTO_QUEUES, deepest_queue_s, transport_settings
+    from testbed.model import model_with_buffer
+
+    # one switch of two ports, its 100G port the slower: the shared buffer's two ports'
+    # shares, of which alpha / (1 + alpha) = 1/2 to one queue, drain at 100G
+    spec = from_doc(DOC, "mixed")
+    s = Scaling(scale=1.0, max_hops=1)
+    share = s.model.buffer_per_port() * 2 * s.model.buffer_alpha / (1 + s.model.buffer_alpha)
+    assert deepest_queue_s(spec, s) == pytest.approx(share * 8 / 100e9)
+    rto = transport_settings(s, deepest_queue=deepest_queue_s(spec, s))["rto"]
+    assert rto == pytest.approx(RTO_QUEUES * share * 8 / 100e9) and rto > 50e-6
+    # the fat-tree of HPCC's paper: the ToR with the collector's port beside its 20 links,
+    # its 100G host ports
+    fat = parse_choice("fattree")
+    q = deepest_queue_s(fat, s)
+    assert q == pytest.approx(21 * s.model.buffer_per_port() / 2 * 8 / 100e9)
+    assert transport_settings(s, deepest_queue=q)["rto_max"] == 4 * RTO_QUEUES * q
+    # a static queue at the emulation's scale: the floor
+    static = Scaling(model=model_with_buffer("static"), scale=20_000.0, max_hops=3)
+    q = deepest_queue_s(leafspine(2, 2, 4), static)
+    assert q == pytest.approx(static.model.queue_bytes * 8 / static.link_bps)
+    assert transport_settings(static, deepest_queue=q)["rto"] == 1.0
+    assert transport_settings(s)["rto"] == pytest.approx(50e-6)

@@ -85,7 +85,7 @@ from testbed.experiment.schemes import scheme as scheme_info
 from testbed.faults import Fault
 from testbed.model import TRANSPORT_OVERHEAD, Scaling, fmt_rate
 from testbed.probes import Capture, PortCounters, RateEvent, counters_delta
-from testbed.topo import COLLECTOR_IP, FabricSpec
+from testbed.topo import COLLECTOR_IP, End, FabricSpec
 from testbed.traffic import generators as gen
 from testbed.traffic import metrics as m
 from testbed.traffic import workloads as wl
@@ -284,20 +284,48 @@ def tita_window(s: Scaling, tita_t_s: float, link_bps: float | None = None) -> i
     return max(2, math.ceil(b * tita_t_s / 8 / s.frame_bytes))
 
 
+# The RTO's margin over the deepest queue's drain (`deepest_queue_s`): a packet may wait
+# behind one full queue and its ACK behind another.
+RTO_QUEUES = 2
+
+
+def deepest_queue_s(spec: FabricSpec, s: Scaling) -> float:
+    """The longest one egress queue of the fabric can take to drain: the deepest queue a
+    switch's buffer admits, at its port's rate. Shared: the switch's share of the part's
+    buffer (its ports' shares), of which the dynamic threshold lets one queue take alpha / (1
+    + alpha) when it alone is busy; static: the queue's depth."""
+    m = s.model
+    worst = 0.0
+    for sw in spec.switches:
+        ports = spec.switch_ports(sw.name)
+        if m.shared:
+            depth = m.buffer_per_port() * len(ports) * m.buffer_alpha / (1 + m.buffer_alpha)
+        else:
+            depth = float(m.queue_bytes)
+        for port in ports:
+            lk = spec.link_at(End(sw.name, port))
+            worst = max(worst, depth * 8 / s.emulated_bps(None if lk is None else lk.gbps))
+    return worst
+
+
 def transport_settings(
     s: Scaling,
     window: int = DEFAULT_WINDOW,
     ack_every: int = 2,
     retransmit: str = "gbn",
     cnp_interval: float | None = None,
+    deepest_queue: float = 0.0,
 ) -> dict[str, Any]:
     """The transport's parameters for every run (testbed.traffic.transport.TransportConfig).
 
     - MTU 4096 (RoCE's), jumbo links;
     - a socket buffer of a few frames per queue pair: a real NIC fetches a message's data
       only as its rate allows, so retransmissions do not wait behind seconds of paced data;
-    - the RTO above the deepest queueing delay (a full 500 KB queue drains in 0.2 s at the
-      emulation's scale), dilated like every time of the model;
+    - the RTO above the deepest queueing delay: RTO_QUEUES times `deepest_queue` (s, the
+      fabric's `deepest_queue_s`), and at least 1 s at the emulation's scale dilated like
+      every time of the model (50 us at the model's own speed), which a full static 500 KB
+      queue (0.2 s at that scale) stays under; a timer below a queue's delay resends (go-back-N:
+      a window) what is only waiting;
     - an ACK every 2 packets (TiTa's feedback; every packet for TIMELY and Swift, which
       time packets);
     - `cnp_interval`: the least time between two CNPs of a flow (s), the notification
@@ -307,7 +335,8 @@ def transport_settings(
       bounds its in-flight bytes by B*T (`tita_window`); DCQCN and no-CC senders do not;
     - `retransmit`: go-back-N (`gbn`, RC's) or selective repeat (`sr`).
     """
-    dilation = min(1.0, s.scale / 20_000)  # the RTO was chosen at the emulation's scale
+    dilation = min(1.0, s.scale / 20_000)  # the RTO's floor was chosen at the emulation's scale
+    rto = max(1.0 * dilation, 50e-6, RTO_QUEUES * deepest_queue)
     if cnp_interval is None:
         np = load_profile(DEFAULT_PROFILES[Law.DCQCN]).np_values(int(s.nic_bps), 1, s.scale)
         cnp_interval = np["cnp_interval_ns"] / 1e9
@@ -315,8 +344,8 @@ def transport_settings(
         "mtu": s.transport_mtu,
         "window": window,
         "ack_every": ack_every,
-        "rto": max(1.0 * dilation, 50e-6),
-        "rto_max": max(4.0 * dilation, 200e-6),
+        "rto": rto,
+        "rto_max": 4 * rto,
         "sndbuf": 4 * s.frame_bytes,
         "cnp_interval": cnp_interval,
         "retransmit": retransmit,
@@ -544,6 +573,27 @@ class Suite:
         """The NIC line rate on hosts_link_bps: what those values are sized by."""
         return self.scaling.nic_rate(self.hosts_link_bps())
 
+    def rto_s(self) -> float:
+        """The transport's RTO on this fabric, under every scheme (transport_settings)."""
+        return float(self.transport("none", DEFAULT_WINDOW)["rto"])
+
+    def transport(self, scheme: str, window: int, ack_every: int | None = None) -> dict[str, Any]:
+        """The transport's settings under `scheme` (transport_settings): the RTO above this
+        fabric's deepest queue, the CNP spacing of the DCQCN profile in force, the receiving
+        NICs' INT sink."""
+        cfg = self.cfg
+        return {
+            **transport_settings(
+                self.scaling,
+                window,
+                self.ack_every(scheme) if ack_every is None else ack_every,
+                cfg.retransmit,
+                self.cnp_interval_s(scheme),
+                deepest_queue_s(self.spec, self.scaling),
+            ),
+            **report_settings(self.spec, self.scaling),
+        }
+
     def collective_fabric(
         self, scheme: str, window: int | None = None, fresh_runs: bool = True
     ) -> CollFabric:
@@ -566,16 +616,7 @@ class Suite:
             scaling=s,
             scheme=scheme,
             law=scheme_law(scheme),
-            transport={
-                **transport_settings(
-                    s,
-                    self.window(scheme) if window is None else window,
-                    self.ack_every(scheme),
-                    cfg.retransmit,
-                    self.cnp_interval_s(scheme),
-                ),
-                **report_settings(self.spec, s),
-            },
+            transport=self.transport(scheme, self.window(scheme) if window is None else window),
             line_rate=payload_line_rate(s, nic),
             time_scale=self.time_scale,
             seed=cfg.seed,
@@ -600,7 +641,9 @@ class Suite:
         self.say(
             f"base RTT {fmt_time(self.base_rtt_s)} ({self.scaling.transport_mtu} B, "
             f"{self.hosts[0].name} -> {self.hosts[-1].name}); the model's, dilated: "
-            f"{fmt_time(model_rtt)}; TiTa's T = {fmt_time(self.tita_t_s)}"
+            f"{fmt_time(model_rtt)}; TiTa's T = {fmt_time(self.tita_t_s)}; the transport's "
+            f"RTO {fmt_time(self.rto_s())} (the deepest queue drains in "
+            f"{fmt_time(deepest_queue_s(self.spec, self.scaling))})"
         )
         self._check_telemetry()
 
@@ -871,12 +914,7 @@ class Suite:
     def _workload(self, scenario: str, window: int, ack_every: int) -> dict[str, Any]:
         cfg, s = self.cfg, self.scaling
         nic = self.hosts_nic_bps()
-        tr = {
-            **transport_settings(
-                s, window, ack_every, cfg.retransmit, self.cnp_interval_s(self._scheme)
-            ),
-            **report_settings(self.spec, s),
-        }
+        tr = self.transport(self._scheme, window, ack_every)
         line = payload_line_rate(s, nic)
         k = self.time_scale
         if scenario == "incast":

@@ -134,6 +134,7 @@ def run_sim(args: argparse.Namespace, cfg: SuiteConfig) -> int:
         "base_rtt_s": suite.base_rtt_s,
         "tita_base_rtt_s": suite.tita_t_s,
         "link_delay_s": fab.delay_ns / 1e9,
+        "rto_s": suite.rto_s(),
         "suite": cfg.__dict__,
         # per scheme: its law's CC profile, the profile's source and the values the NICs ran
         "cc_profiles": suite.cc_records,
