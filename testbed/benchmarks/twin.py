@@ -33,7 +33,7 @@ FABRICS = {
 
 def _point(hosts: int, scale: float, per_host: int) -> dict[str, Any]:
     from controller.nic.ratelaw import Law
-    from testbed.experiment.suite import tita_window, transport_settings
+    from testbed.experiment.suite import deepest_queue_s, tita_window, transport_settings
     from testbed.model import Scaling
     from testbed.sim.fabric import SimFabric
     from testbed.topo import leafspine
@@ -52,7 +52,9 @@ def _point(hosts: int, scale: float, per_host: int) -> dict[str, Any]:
         "kind": "flows",
         "flows": [f.as_dict() for f in flows],
         "verify": False,
-        "transport": transport_settings(s, tita_window(s, t_rtt)),
+        "transport": transport_settings(
+            s, tita_window(s, t_rtt), deepest_queue=deepest_queue_s(spec, s)
+        ),
         "timeout": 1e4,
     }
     ev0, sim0 = fab.loop.events, fab.loop.now
@@ -99,7 +101,7 @@ def collective(
     bytes per rank over leafspine(*fabric) at 400G, TiTa, 1 MiB chunks; its figures against
     `goal_cpu_s` and `goal_rss_mib` of peak RSS (None: no goal)."""
     from controller.nic.ratelaw import Law
-    from testbed.experiment.suite import tita_window, transport_settings
+    from testbed.experiment.suite import deepest_queue_s, tita_window, transport_settings
     from testbed.model import Scaling
     from testbed.sim.fabric import SimFabric
     from testbed.topo import leafspine
@@ -117,7 +119,9 @@ def collective(
         collective=kind,
         chunk=1 << 20,
         timeout=10.0,
-        transport=transport_settings(s, tita_window(s, s.base_rtt_s)),
+        transport=transport_settings(
+            s, tita_window(s, s.base_rtt_s), deepest_queue=deepest_queue_s(spec, s)
+        ),
         runner=fab.run_job,
         payload=payload,
     )
