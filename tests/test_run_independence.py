@@ -63,3 +63,22 @@ def test_cells_alone_in_a_suite_and_in_another_order_are_identical() -> None:
         )
     # and the cells differ from each other: the comparison can fail
     assert suite[("tita", "incast")] != suite[("dcqcn", "incast")]
+
+
+def test_the_two_job_cell_measures_the_jobs_together_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The two-job cell runs each job alone afterwards, for its slowdown; its queues,
+    utilisation and counters are the together run's, so they do not change when the alone runs
+    are left out (nor with the RTO, whose last timer the twin waits out before them)."""
+    from testbed.collective.run import Together
+
+    def cell() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        fig = run(("none",), ("twojob",))[("none", "twojob")]
+        jobs = fig.pop("jobs")
+        return fig, jobs
+
+    with_alone, jobs = cell()
+    assert all("slowdown" in j for j in jobs)
+    monkeypatch.setattr(Together, "run_alone", lambda self: None)
+    without, jobs_without = cell()
+    assert all("slowdown" not in j for j in jobs_without)
+    assert with_alone == without

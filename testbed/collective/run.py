@@ -268,41 +268,62 @@ def _sub_spec(fab: CollFabric, d: JobDecl, slot: int) -> dict[str, Any]:
 def concurrent(fab: CollFabric, decls: list[JobDecl]) -> dict[str, Any]:
     """The jobs together, then each training job alone on the same hosts: per job its
     iteration time, busbw, slowdown together vs alone and communication share."""
-    slots, specs = 8, []
-    for d in decls:
-        specs.append(_sub_spec(fab, d, slots))
-        slots += int(specs[-1].get("channels", 0))
-    base = {
-        "kind": "jobs",
-        "transport": fab.transport,
-        "nic_ips": fab.nic_ips,
-        "timeout": 60.0 * fab.time_scale
-        + sum(_timeout(fab, int(sp.get("size", 0)), int(sp.get("iters", 1))) for sp in specs),
-    }
+    together = Together(fab, decls)
+    together.run_alone()
+    return together.summary()
 
-    def run(jobs: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
+
+class Together:
+    """Jobs run at once on `fab` (at construction), and each training job's run alone for its
+    slowdown (`run_alone`), a step of its own so that a measurement of the together run (the
+    suite's two-job cell: its queues, utilisation and counters) can end before it."""
+
+    def __init__(self, fab: CollFabric, decls: list[JobDecl]) -> None:
+        self.fab, self.decls = fab, decls
+        slots, self.specs = 8, []
+        for d in decls:
+            self.specs.append(_sub_spec(fab, d, slots))
+            slots += int(self.specs[-1].get("channels", 0))
+        self.base = {
+            "kind": "jobs",
+            "transport": fab.transport,
+            "nic_ips": fab.nic_ips,
+            "timeout": 60.0 * fab.time_scale
+            + sum(
+                _timeout(fab, int(sp.get("size", 0)), int(sp.get("iters", 1))) for sp in self.specs
+            ),
+        }
+        self.rows: list[dict[str, Any]] = []
+        self.figures = self._run(self.specs)
+        for d, fig in zip(decls, self.figures, strict=True):
+            row: dict[str, Any] = {"name": d.name, "kind": d.kind, "hosts": d.hosts}
+            if fig is not None:
+                row.update(fig)
+            self.rows.append(row)
+
+    def _run(self, jobs: list[dict[str, Any]]) -> list[dict[str, Any] | None]:
+        fab = self.fab
         fab.fresh()
-        out = fab.runner(fab.hosts, dict(base, jobs=jobs))
+        out = fab.runner(fab.hosts, dict(self.base, jobs=jobs))
         per_job: list[dict[str, Any] | None] = [None] * len(jobs)
         for i in range(len(jobs)):
             parts = [r["jobs"][i] for r in out.results if r["jobs"][i] is not None]
             per_job[i] = _job_figures(jobs[i], parts, fab) if parts else None
         return per_job
 
-    together = run(specs)
-    rows = []
-    for d, sp, fig in zip(decls, specs, together, strict=True):
-        row: dict[str, Any] = {"name": d.name, "kind": d.kind, "hosts": d.hosts}
-        if fig is not None:
-            row.update(fig)
-        if sp["kind"] == "collective":
-            alone = run([sp])[0]
+    def run_alone(self) -> None:
+        """Each training job alone on the same hosts: its slowdown together vs alone."""
+        for sp, fig, row in zip(self.specs, self.figures, self.rows, strict=True):
+            if sp["kind"] != "collective":
+                continue
+            alone = self._run([sp])[0]
             if alone is not None and fig is not None:
                 row["alone_iter_s"] = alone["iter_s"]
                 row["alone_busbw_Bps"] = alone["busbw_Bps"]
                 row["slowdown"] = fig["iter_s"] / alone["iter_s"]
-        rows.append(row)
-    return {"scheme": fab.scheme, "jobs": rows}
+
+    def summary(self) -> dict[str, Any]:
+        return {"scheme": self.fab.scheme, "jobs": self.rows}
 
 
 def _job_figures(

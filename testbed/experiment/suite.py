@@ -813,6 +813,13 @@ class Suite:
         self._summarise_drops(rec, drops_before, self._switch_drops())
         if scenario in PFC_SCENARIOS:
             self._summarise_victim(rec, cap, res)
+        alone = res.get("alone")
+        if alone is not None:  # the two jobs' slowdowns: each alone, outside the run's figures
+            try:
+                alone()
+            except RunError as exc:
+                rec.error = rec.error or f"a job alone, for its slowdown: {exc}"
+            rec.jobs = res["summary"]["jobs"]
         return rec
 
     def _summarise_drops(
@@ -1062,7 +1069,9 @@ class Suite:
                 },
             ),
         ]
-        return {"workload": "twojob", "summary": coll.concurrent(fab, decls)}
+        together = coll.Together(fab, decls)
+        # each job alone (its slowdown) runs after the cell's own figures are taken: run_one
+        return {"workload": "twojob", "summary": together.summary(), "alone": together.run_alone}
 
     # ---- summarising ----
 
