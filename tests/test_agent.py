@@ -195,7 +195,10 @@ def test_agent_api_and_clean_shutdown(_: int) -> None:
 @pytest.mark.root
 def test_sigkill_keeps_pacing_and_restart_adopts_pins() -> None:
     with NetnsPair.create() as pair:
-        first = AgentProcess(pair.a, pair.dev_a, 1_000_000_000, extra=("--no-int",)).start()
+        # with its wire's far end in the peer namespace: a restarted agent removes the clsact
+        # the killed one made there
+        extra = ("--no-int", "--wire-peer", f"{pair.dev_a}={pair.b}:{pair.dev_b}")
+        first = AgentProcess(pair.a, pair.dev_a, 1_000_000_000, extra=extra).start()
         name = first.name
         try:
             m = measure_udp_pacing(pair, first, 20_000_000, duration_s=2.0, sport=7000)
@@ -207,9 +210,7 @@ def test_sigkill_keeps_pacing_and_restart_adopts_pins() -> None:
             assert abs(m2 / 20_000_000 - 1) <= 0.05
             assert (first.pin_dir / "xm_rates").exists()
             # a new agent of the same name adopts the pins instead of resetting them
-            second = AgentProcess(
-                pair.a, pair.dev_a, 1_000_000_000, name=name, extra=("--no-int",)
-            ).start()
+            second = AgentProcess(pair.a, pair.dev_a, 1_000_000_000, name=name, extra=extra).start()
         except BaseException:
             first.cleanup_after_kill()
             raise
@@ -236,6 +237,7 @@ def test_sigkill_keeps_pacing_and_restart_adopts_pins() -> None:
             assert second.stop(signal.SIGTERM) == 0, second.log_tail()
         assert not second.pin_dir.exists()
         assert "htb" not in tc(pair.a, "qdisc", "show", "dev", pair.dev_a)
+        assert "clsact" not in tc(pair.b, "qdisc", "show", "dev", pair.dev_b)
 
 
 def measure_udp_pacing_without_agent(pair: NetnsPair, sport: int) -> float:

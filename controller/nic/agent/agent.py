@@ -195,8 +195,10 @@ class Agent:
         self.created_clsact: dict[str, bool] = {}
         self.tx_csum_restore: dict[str, bool] = {}
         self.xdp_mode: dict[str, str] = {}
-        # tc_wire.c where it is attached: (namespace path, ifindex there, clsact made)
+        # tc_wire.c where it is attached: (namespace path, ifindex there, clsact made), and
+        # by "namespace:peer" whether this agent (or a killed one before it) made the clsact
         self.wires: list[tuple[str, int, bool]] = []
+        self.wire_clsact: dict[str, bool] = {}
         self.sockops_cgroup: Path | None = None
         self.lock = threading.RLock()
         self.stop_event = threading.Event()
@@ -259,6 +261,9 @@ class Agent:
         if self.mode is PacingMode.HTB:  # EDT: tc egress knows each departure itself
             for _iface, netns_path, peer in o.wire_peers:
                 idx, created = netdev.attach_wire(netns_path, peer, self.bpf.fd("wire"))
+                # a killed agent's clsact there is this one's to remove
+                created = created or self.wire_clsact.get(f"{netns_path}:{peer}", False)
+                self.wire_clsact[f"{netns_path}:{peer}"] = created
                 self.wires.append((netns_path, idx, created))
         if o.sockops:
             cg = o.cgroup or netdev.cgroup2_root()
@@ -365,6 +370,7 @@ class Agent:
             return
         self.mounted_bpffs = bool(old.get("mounted_bpffs"))
         self.created_clsact = {k: bool(v) for k, v in old.get("created_clsact", {}).items()}
+        self.wire_clsact = {k: bool(v) for k, v in old.get("wire_clsact", {}).items()}
         self.tx_csum_restore = {k: bool(v) for k, v in old.get("tx_checksum_restore", {}).items()}
         log.info("found a previous agent's state", extra={"pid": old.get("pid")})
 
@@ -378,6 +384,7 @@ class Agent:
             "bpffs": str(self.opts.pin_dir),
             "mounted_bpffs": self.mounted_bpffs,
             "created_clsact": self.created_clsact,
+            "wire_clsact": self.wire_clsact,
             "tx_checksum_restore": self.tx_csum_restore,
             "sockops_cgroup": str(self.sockops_cgroup) if self.sockops_cgroup else None,
         }
