@@ -28,9 +28,9 @@ int xm_tc_wire(struct __sk_buff *skb)
 	xm_count(XM_CNT_WIRE_PACKETS);
 	if (!cfg)
 		return TC_ACT_OK;
-	/* what tc egress sent: its parse, uncounted (tc egress counted it), past the INT it
+	/* what tc egress sent: its parse (tc egress counted what it is not), past the INT it
 	 * inserted */
-	if (xm_tc_parse_frame(skb, &p, 0, cfg->int_enabled ? (int)cfg->int_dscp : -1) < 0 ||
+	if (xm_tc_parse_frame(skb, &p, cfg->int_enabled ? (int)cfg->int_dscp : -1) ||
 	    !p.roce || p.opcode > XM_OP_DATA_MAX)
 		return TC_ACT_OK;
 	struct xm_flow_stats *st = xm_flows.lookup(&p.key);

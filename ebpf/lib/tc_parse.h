@@ -21,51 +21,39 @@ struct xm_tc_pkt {
 };
 
 /* Parse Ethernet/IPv4/TCP|UDP(/BTH) with bounded loads. Returns 0 when the packet belongs to
- * an IPv4 TCP or UDP flow (key filled in), -1 otherwise (counted by reason when `count`).
+ * an IPv4 TCP or UDP flow (key filled in), else the counter of why not (XM_CNT_TC_*).
  * `int_dscp` >= 0: a packet marked with it carries the INT source's shim and MD header after
  * the UDP header (what tc egress inserted; the wire's far end sees it), the BTH after them. */
 static __always_inline int xm_tc_parse_frame(struct __sk_buff *skb, struct xm_tc_pkt *p,
-					     int count, int int_dscp)
+					     int int_dscp)
 {
 	struct ethhdr eth;
 	struct iphdr ip;
 	__u16 ports[2];
 
 	if (bpf_skb_load_bytes(skb, 0, &eth, sizeof(eth)) < 0) {
-		if (count)
-			xm_count(XM_CNT_TC_MALFORMED);
-		return -1;
+		return XM_CNT_TC_MALFORMED;
 	}
 	if (eth.h_proto != bpf_htons(ETH_P_IP)) {
-		if (count)
-			xm_count(XM_CNT_TC_NOT_IPV4);
-		return -1;
+		return XM_CNT_TC_NOT_IPV4;
 	}
 	if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)) < 0 || ip.version != 4 ||
 	    ip.ihl < 5) {
-		if (count)
-			xm_count(XM_CNT_TC_MALFORMED);
-		return -1;
+		return XM_CNT_TC_MALFORMED;
 	}
 	__u32 ihl = ip.ihl * 4;
 	__u32 tot_len = bpf_ntohs(ip.tot_len);
 	if (tot_len < ihl || ETH_HLEN + tot_len > skb->len) {
-		if (count)
-			xm_count(XM_CNT_TC_MALFORMED);
-		return -1;
+		return XM_CNT_TC_MALFORMED;
 	}
 	/* Non-first fragments carry no ports. */
 	if ((ip.protocol != IPPROTO_UDP && ip.protocol != IPPROTO_TCP) ||
 	    (bpf_ntohs(ip.frag_off) & 0x1fff)) {
-		if (count)
-			xm_count(XM_CNT_TC_OTHER_PROTO);
-		return -1;
+		return XM_CNT_TC_OTHER_PROTO;
 	}
 	__u32 l4 = ETH_HLEN + ihl;
 	if (l4 + 8 > ETH_HLEN + tot_len || bpf_skb_load_bytes(skb, l4, ports, sizeof(ports)) < 0) {
-		if (count)
-			xm_count(XM_CNT_TC_MALFORMED);
-		return -1;
+		return XM_CNT_TC_MALFORMED;
 	}
 	p->key.saddr = ip.saddr;
 	p->key.daddr = ip.daddr;
@@ -97,10 +85,15 @@ static __always_inline int xm_tc_parse_frame(struct __sk_buff *skb, struct xm_tc
 	return 0;
 }
 
-/* tc egress's parse: counted, before any INT. */
+/* tc egress's parse, before any INT: 0, or -1 with the reason counted. */
 static __always_inline int xm_tc_parse(struct __sk_buff *skb, struct xm_tc_pkt *p)
 {
-	return xm_tc_parse_frame(skb, p, 1, -1);
+	int why = xm_tc_parse_frame(skb, p, -1);
+	if (why) {
+		xm_count(why);
+		return -1;
+	}
+	return 0;
 }
 
 #endif /* XINGMAI_LIB_TC_PARSE_H */

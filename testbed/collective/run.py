@@ -279,7 +279,7 @@ class Together:
     suite's two-job cell: its queues, utilisation and counters) can end before it."""
 
     def __init__(self, fab: CollFabric, decls: list[JobDecl]) -> None:
-        self.fab, self.decls = fab, decls
+        self.fab = fab
         slots, self.specs = 8, []
         for d in decls:
             self.specs.append(_sub_spec(fab, d, slots))

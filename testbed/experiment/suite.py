@@ -62,6 +62,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -85,7 +86,7 @@ from testbed.experiment.schemes import scheme as scheme_info
 from testbed.faults import Fault
 from testbed.model import TRANSPORT_OVERHEAD, Scaling, fmt_rate
 from testbed.probes import Capture, PortCounters, RateEvent, counters_delta
-from testbed.topo import COLLECTOR_IP, End, FabricSpec
+from testbed.topo import COLLECTOR_IP, FabricSpec
 from testbed.traffic import generators as gen
 from testbed.traffic import metrics as m
 from testbed.traffic import workloads as wl
@@ -295,16 +296,20 @@ def deepest_queue_s(spec: FabricSpec, s: Scaling) -> float:
     buffer (its ports' shares), of which the dynamic threshold lets one queue take alpha / (1
     + alpha) when it alone is busy; static: the queue's depth."""
     m = s.model
+    ports = {sw.name: len(spec.switch_ports(sw.name)) for sw in spec.switches}
+    # every switch port with its rate: the links' ends, and the collector's at the model's
+    ends = [(e.node, s.emulated_bps(lk.gbps)) for lk in spec.links for e in (lk.a, lk.b)]
+    if spec.collector is not None:
+        ends.append((spec.collector.node, s.link_bps))
     worst = 0.0
-    for sw in spec.switches:
-        ports = spec.switch_ports(sw.name)
+    for node, bps in ends:
+        if node not in ports:
+            continue  # a host's end
         if m.shared:
-            depth = m.buffer_per_port() * len(ports) * m.buffer_alpha / (1 + m.buffer_alpha)
+            depth = m.buffer_per_port() * ports[node] * m.buffer_alpha / (1 + m.buffer_alpha)
         else:
             depth = float(m.queue_bytes)
-        for port in ports:
-            lk = spec.link_at(End(sw.name, port))
-            worst = max(worst, depth * 8 / s.emulated_bps(None if lk is None else lk.gbps))
+        worst = max(worst, depth * 8 / bps)
     return worst
 
 
@@ -573,9 +578,14 @@ class Suite:
         """The NIC line rate on hosts_link_bps: what those values are sized by."""
         return self.scaling.nic_rate(self.hosts_link_bps())
 
+    @cached_property
+    def deepest_queue_s(self) -> float:
+        """How long the fabric's deepest queue takes to drain (deepest_queue_s)."""
+        return deepest_queue_s(self.spec, self.scaling)
+
     def rto_s(self) -> float:
         """The transport's RTO on this fabric, under every scheme (transport_settings)."""
-        return float(self.transport("none", DEFAULT_WINDOW)["rto"])
+        return float(transport_settings(self.scaling, deepest_queue=self.deepest_queue_s)["rto"])
 
     def transport(self, scheme: str, window: int, ack_every: int | None = None) -> dict[str, Any]:
         """The transport's settings under `scheme` (transport_settings): the RTO above this
@@ -589,7 +599,7 @@ class Suite:
                 self.ack_every(scheme) if ack_every is None else ack_every,
                 cfg.retransmit,
                 self.cnp_interval_s(scheme),
-                deepest_queue_s(self.spec, self.scaling),
+                self.deepest_queue_s,
             ),
             **report_settings(self.spec, self.scaling),
         }
@@ -643,7 +653,7 @@ class Suite:
             f"{self.hosts[0].name} -> {self.hosts[-1].name}); the model's, dilated: "
             f"{fmt_time(model_rtt)}; TiTa's T = {fmt_time(self.tita_t_s)}; the transport's "
             f"RTO {fmt_time(self.rto_s())} (the deepest queue drains in "
-            f"{fmt_time(deepest_queue_s(self.spec, self.scaling))})"
+            f"{fmt_time(self.deepest_queue_s)})"
         )
         self._check_telemetry()
 
