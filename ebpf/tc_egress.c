@@ -55,8 +55,12 @@ int xm_tc_egress(struct __sk_buff *skb)
 	}
 
 	/* TCP is paced by its own socket (sockops.c sets SO_MAX_PACING_RATE): here it only
-	 * shares the default class. */
-	int own_pacing = p.key.proto != IPPROTO_TCP;
+	 * shares the default class. Feedback (ACK, NAK, CNP) is not paced either: a NIC's rate
+	 * limiter holds its queue pairs' data, and a responder's ACKs carry the 5-tuple of its
+	 * own data the other way, whose class would hold them behind that data at its rate
+	 * (the twin's NIC sends feedback in the default class too: testbed/sim/nic.py). */
+	int feedback = p.roce && !data;
+	int own_pacing = p.key.proto != IPPROTO_TCP && !feedback;
 	if (cfg->pacing_mode == XM_PACING_EDT) {
 		if (own_pacing && st)
 			xm_edt_pace(skb, &p.key, st, paced_len, now);

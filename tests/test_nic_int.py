@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 from pathlib import Path
 
@@ -143,3 +144,40 @@ def test_int_source_leaves_other_packets_alone(nic, frame, reason) -> None:  # t
     assert after["tc_int_inserted"] == before["tc_int_inserted"]
     if reason:
         assert after[reason] == before[reason] + 1
+
+
+# struct __sk_buff (192 bytes since Linux 5.16's hwtstamp; a test run's ctx out must hold it
+# whole): len, pkt_type, mark, queue_mapping, protocol, vlan_present, vlan_tci, vlan_proto,
+# priority (offset 32), ...
+_SKB_CTX = 192
+_SKB_PRIORITY = 32
+
+
+def _htb_class(nic, frame: bytes) -> int:  # type: ignore[no-untyped-def]
+    """The HTB class tc egress put `frame` in (skb->priority)."""
+    res = prog_test_run(nic.fd("tc"), frame, ctx=bytes(_SKB_CTX))
+    assert res.retval == TC_ACT_OK
+    return int.from_bytes(res.ctx_out[_SKB_PRIORITY : _SKB_PRIORITY + 4], "little")
+
+
+def test_feedback_leaves_in_the_default_class_not_its_flows(nic) -> None:  # type: ignore[no-untyped-def]
+    """A responder's ACKs, NAKs and CNPs carry the 5-tuple of its own data the other way; in
+    that flow's HTB class they waited behind its data at its rate (on the emulation, a flow
+    at R_min held its peer's last ACKs for seconds, until the peer's timer fired). Data goes
+    to its flow's class; feedback of the same 5-tuple to the default class, as the twin's NIC
+    sends it."""
+    key = FlowKey("10.0.1.1", "10.0.2.2", 17, 49123, 4791)
+    flow_class = 0x10005
+    nic.put("xm_class", key, ctypes.c_uint(flow_class))
+    head = Ether() / IP(src=key.src, dst=key.dst) / UDP(sport=key.sport, dport=4791)
+    try:
+        data = head / BTH(opcode=0x04, dqpn=7, psn=5) / Raw(b"x" * 200)
+        assert _htb_class(nic, bytes(data)) == flow_class
+        for fb in (
+            head / BTH(opcode=0x11, psn=5) / AETH(),  # ACK
+            head / BTH(opcode=0x11, psn=5) / AETH(syndrome=0x60),  # NAK (PSN sequence error)
+            head / BTH(opcode=0x81) / CNP(),
+        ):
+            assert _htb_class(nic, bytes(fb)) == nic.config().default_classid, fb.summary()
+    finally:
+        nic.delete("xm_class", key)

@@ -372,6 +372,33 @@ def test_cnps_are_paced_per_interval(lan: NetnsLan) -> None:
 
 
 @LOOPS
+def test_acks_leave_while_the_queue_pairs_own_data_fills_its_socket(
+    lan: NetnsLan, loop: str
+) -> None:
+    """A responder sends data of its own on the queue pair it ACKs on, and the NIC below
+    holds that data (a slow qdisc: a flow paced low) until the queue pair's socket is full.
+    Its ACK still leaves: feedback has a socket of its own. On the queue pair's socket it was
+    refused (EAGAIN) and lost, and the requester's timer resent what had arrived (the
+    emulation's Swift all-to-all waited out a 2.8 s RTO in most runs)."""
+    a, b = lan.hosts
+    slow = ["tc", "qdisc", "replace", "dev", b.ifname, "root", "tbf"]
+    subprocess.run(
+        b.command([*slow, "rate", "1mbit", "burst", "4k", "limit", "1m"]), check=True
+    )
+    try:
+        proc = start_responder(b, a, 1.0, loop, send=100_000, sndbuf=8192)
+        captured = _inject(a, b, [(0.1, _data(a, b, OP_SEND_ONLY, 0, b"q" * 100, ackreq=True))])
+        res = finish(proc)
+    finally:
+        subprocess.run(b.command(["tc", "qdisc", "del", "dev", b.ifname, "root"]), check=False)
+    assert res["qp"]["tx_blocked"] > 0  # its socket was full of its own data
+    assert res["messages"] == [{"len": 100, "sha": hashlib.sha256(b"q" * 100).hexdigest()}]
+    acks = _acks(captured[1:])
+    assert [p[BTH].psn for _, p in acks] == [0], res["counters"]
+    assert "feedback_not_sent" not in res["counters"]["drops"]
+
+
+@LOOPS
 def test_malformed_input_is_counted_and_dropped(lan: NetnsLan, loop: str) -> None:
     a, b = lan.hosts
     good = b"G" * 300

@@ -24,6 +24,8 @@ RESPONDER = textwrap.dedent(
     args = json.loads(sys.argv[1])
     with Transport(TransportConfig(**args["cfg"])) as t:
         qp = t.create_qp(args["qpn"], args["peer"], args["qpn"])
+        if args["send"]:  # a message of its own to the peer, on the same queue pair
+            qp.post_send(bytes(args["send"]), time.monotonic())
         print("ready", flush=True)
         if args["loop"] == "steps":
             assert t.native_loop()
@@ -42,14 +44,16 @@ RESPONDER = textwrap.dedent(
 
 
 def start_responder(
-    host: Host, peer: Host, seconds: float, loop: str = "until", **cfg: Any
+    host: Host, peer: Host, seconds: float, loop: str = "until", send: int = 0, **cfg: Any
 ) -> subprocess.Popen:
+    """The responder, ready; `send`: bytes of a message it sends its peer meanwhile."""
     args = {
         "cfg": {"local_ip": host.ip, "mtu": MTU, **cfg},
         "qpn": QPN,
         "peer": peer.ip,
         "seconds": seconds,
         "loop": loop,
+        "send": send,
     }
     proc = subprocess.Popen(
         host.command([sys.executable, "-c", RESPONDER, json.dumps(args)]),

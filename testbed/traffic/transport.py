@@ -6,10 +6,13 @@ protocol (queue pairs, go-back-N, ACK/NAK/CNP, INT echo) is testbed.traffic.tran
 shared with the simulated twin; this module only moves its packets through sockets and its
 timers through `time.monotonic()` and `select`.
 
-There is no pacing here: the NIC (tc eBPF) paces. Each queue pair has its own sending socket;
-the runner sends until the window or that socket's buffer is full and then waits for it to
-become writable; a packet the qdisc refuses (ENOBUFS) is sent again after a backoff, never
-skipped. Any other send error (e.g. ENETUNREACH while a route is being changed) is counted
+There is no pacing here: the NIC (tc eBPF) paces. Each queue pair has its own sending socket
+for its data; the runner sends until the window or that socket's buffer is full and then waits
+for it to become writable; a packet the qdisc refuses (ENOBUFS) is sent again after a backoff,
+never skipped. Feedback (ACK, NAK, CNP) has one socket of its own, which no queue pair's data
+fills: a responder whose own data towards its peer waits in the NIC still ACKs at once (on a
+queue pair's socket, full of that data paced at its rate, the ACKs were refused and lost, and
+the peer's timer resent what had arrived). Any other send error (e.g. ENETUNREACH while a route is being changed) is counted
 (`tx_errors`, `send_error_<errno>`) and the packet treated as lost on the wire: the
 retransmission timer recovers it, and the runner keeps going.
 
@@ -59,6 +62,9 @@ StartRateFn = Callable[[str, str, int, int], int]
 DeclareFn = Callable[[list[tuple[str, str, int]]], int]
 PAUSE_POLL_S = 0.001  # while paused, how often the hold is read again (a resume ends it)
 SEND_BURST = 32  # data packets a queue pair sends in a row before the others get a turn
+# The feedback socket's buffer: some 256 ACKs (about 1 KB of kernel memory each) waiting in the
+# NIC's default class at once, far more than a host's queue pairs answer in one step
+FEEDBACK_SNDBUF = 1 << 18
 
 
 class _Outcome:
@@ -96,6 +102,7 @@ class Transport:
             cfg, os.getpid() ^ time.time_ns() if seed is None else seed, pipeline
         )
         self.rx, self._rx_udp = open_rx_sockets(ROCE_UDP_PORT, cfg.rcvbuf)
+        self._fb_sock = open_tx_socket(FEEDBACK_SNDBUF)
         self.rx.setblocking(False)
         self._socks: dict[QueuePair, socket.socket] = {}
         self._blocked: set[QueuePair] = set()  # socket buffer full: waiting for writability
@@ -120,6 +127,7 @@ class Transport:
         if isinstance(self.core, NativeTransportCore):
             self._io = self.core._ffi.new("struct xm_tp_io *")
             self._io.rx_fd = self.rx.fileno()
+            self._io.fb_fd = self._fb_sock.fileno()
             self._io.send_burst = SEND_BURST
             self._io.nobufs_backoff = cfg.nobufs_backoff
             self._io.pause_poll_s = PAUSE_POLL_S
@@ -187,6 +195,7 @@ class Transport:
     def close(self) -> None:
         for s in self._socks.values():
             s.close()
+        self._fb_sock.close()
         if self._report_sock is not None:
             self._report_sock.close()
         self._sel.close()
@@ -335,10 +344,14 @@ class Transport:
         return until > now
 
     def _send_feedback(self) -> None:
+        """Each ACK/NAK/CNP once, in order, on the feedback's socket: one that cannot be sent
+        is counted, never retried (the requester's timer or a later ACK covers it)."""
         fb = self.core.feedback
         while fb:
             qp, pkt = fb.popleft()
-            if self._sendto(qp, pkt) != _Outcome.SENT:
+            try:
+                self._fb_sock.sendto(pkt, (qp.peer_ip, 0))
+            except OSError:
                 self.core.drops["feedback_not_sent"] += 1
 
     def _send_reports(self) -> None:

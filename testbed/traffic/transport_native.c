@@ -1481,7 +1481,7 @@ static int send_failed(struct xm_tp *tp, struct xm_tp_io *io, uint32_t index, in
 	return LOST;
 }
 
-/* Transport._send_feedback: each ACK/NAK/CNP once, in order, on its queue pair's socket */
+/* Transport._send_feedback: each ACK/NAK/CNP once, in order, on the feedback's socket */
 static void send_feedback(struct xm_tp *tp, struct xm_tp_io *io)
 {
 	for (uint32_t i = 0; i < tp->nfb; i++) {
@@ -1489,8 +1489,7 @@ static void send_feedback(struct xm_tp *tp, struct xm_tp_io *io)
 		struct sockaddr_in to = { 0 };
 		to.sin_family = AF_INET;
 		memcpy(&to.sin_addr, tp->qps[f->qp]->peer_addr, 4);
-		if (sendto(io->fd[f->qp], f->pkt, f->len, 0, (struct sockaddr *)&to, sizeof(to)) < 0 &&
-		    send_failed(tp, io, f->qp, errno ? errno : EIO) != SENT)
+		if (sendto(io->fb_fd, f->pkt, f->len, 0, (struct sockaddr *)&to, sizeof(to)) < 0)
 			io->feedback_not_sent++;
 	}
 	tp->nfb = 0;

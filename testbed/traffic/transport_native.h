@@ -127,7 +127,8 @@ struct xm_tp {
 struct xm_tp_io {
 	int32_t rx_fd;
 	uint32_t cap; /* the arrays' length: at least the queue pairs */
-	int32_t *fd; /* each queue pair's sending socket */
+	int32_t *fd; /* each queue pair's sending socket: its data */
+	int32_t fb_fd; /* the feedback's (ACK, NAK, CNP): never refused for a queue pair's data */
 	uint8_t *blocked; /* its socket buffer full: waiting for writability */
 	double *retry_at; /* the qdisc refused its packet: resent after this time (0: none) */
 	uint32_t *senders; /* xm_tp_senders' */
