@@ -121,6 +121,13 @@ METRICS: tuple[Metric, ...] = (
         "gaps in the receivers' PSNs whose missing packet came late (sent before the packet "
         "that showed the gap): reordered on the way, not lost",
     ),
+    Metric(
+        "feedback_not_sent",
+        "",
+        "packets",
+        "ACKs, NAKs and CNPs the receivers made and their sockets refused: lost before the "
+        "wire (the emulation's; the twin's NICs take every one)",
+    ),
     Metric("pauses", "pauses", "frames", "PFC pause (XOFF) frames sent by switches and NICs"),
     Metric("paused_s", "", "s", "time egress ports and NICs were held by pauses, summed"),
 )

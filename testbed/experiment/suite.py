@@ -213,6 +213,7 @@ class RunRecord:
     repetition: int = 0  # which of the suite's --repeat runs of this (scenario, scheme)
     seed: int = 1  # the run's seed (the suite's, plus the repetition on the twin)
     reordered: int = 0  # PSN gaps whose missing packet came late (the transports' `reordered`)
+    feedback_not_sent: int = 0  # ACKs, NAKs and CNPs the hosts' sockets refused (lost at home)
     load_avg_1m: float | None = None  # the machine's when the run started (emulation only)
     # the incast's, at the receiver's downlink, over the flows to it:
     # Jain's index of their received rates per window of 10 T while >= 2 are active (worst
@@ -1149,6 +1150,7 @@ class Suite:
             cnps=int(counters.get("cnps_received", 0)),
             out_of_order=int(counters.get("drops", {}).get("out_of_order", 0)),
             reordered=int(counters.get("reordered", 0)),
+            feedback_not_sent=int(counters.get("drops", {}).get("feedback_not_sent", 0)),
             sender_holds=int(counters.get("pfc_holds", 0)),
             start_hints=int(counters.get("rate_hints", 0)),
             sender_held_s=int(counters.get("pfc_held_us", 0)) / 1e6,
