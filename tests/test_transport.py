@@ -382,9 +382,7 @@ def test_acks_leave_while_the_queue_pairs_own_data_fills_its_socket(
     emulation's Swift all-to-all waited out a 2.8 s RTO in most runs)."""
     a, b = lan.hosts
     slow = ["tc", "qdisc", "replace", "dev", b.ifname, "root", "tbf"]
-    subprocess.run(
-        b.command([*slow, "rate", "1mbit", "burst", "4k", "limit", "1m"]), check=True
-    )
+    subprocess.run(b.command([*slow, "rate", "1mbit", "burst", "4k", "limit", "1m"]), check=True)
     try:
         proc = start_responder(b, a, 1.0, loop, send=100_000, sndbuf=8192)
         captured = _inject(a, b, [(0.1, _data(a, b, OP_SEND_ONLY, 0, b"q" * 100, ackreq=True))])

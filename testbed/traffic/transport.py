@@ -12,9 +12,9 @@ for it to become writable; a packet the qdisc refuses (ENOBUFS) is sent again af
 never skipped. Feedback (ACK, NAK, CNP) has one socket of its own, which no queue pair's data
 fills: a responder whose own data towards its peer waits in the NIC still ACKs at once (on a
 queue pair's socket, full of that data paced at its rate, the ACKs were refused and lost, and
-the peer's timer resent what had arrived). Any other send error (e.g. ENETUNREACH while a route is being changed) is counted
-(`tx_errors`, `send_error_<errno>`) and the packet treated as lost on the wire: the
-retransmission timer recovers it, and the runner keeps going.
+the peer's timer resent what had arrived). Any other send error (e.g. ENETUNREACH while a
+route is being changed) is counted (`tx_errors`, `send_error_<errno>`) and the packet treated
+as lost on the wire: the retransmission timer recovers it, and the runner keeps going.
 
 PFC: tc cannot hold a packet on this kernel (without `sch_fq` it can only drop it), so the
 hold of a paused NIC is here. With `hold` (the NIC's `xm_pfc` as XDP records the switch's
