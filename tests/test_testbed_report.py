@@ -29,7 +29,7 @@ from testbed.experiment.report import (
     write_csvs,
     write_results,
 )
-from testbed.experiment.suite import RunRecord
+from testbed.experiment.suite import RunRecord, one_line
 
 
 def rec(
@@ -322,3 +322,12 @@ def test_operations_notes_say_the_faults_what_was_named_and_the_probes() -> None
     assert lines[1] == "    0.45 link l0 lossy-link, first named at 1.10 s: probes: 0"
     assert lines[4] == "    and 2 more (results.json)"
     assert lines[5].startswith("websearch/tita: probes 10 sent") and lines[6] == "    nothing named"
+
+
+def test_the_run_line_names_feedback_the_hosts_refused() -> None:
+    """A loss before the wire (an ACK a host's socket refused) shows in the run's line."""
+    r = rec("tita", "alltoall", 100e3, 0, 0.6, busbw=10e6)
+    assert "refused" not in one_line(r)
+    assert "3 ACKs/NAKs/CNPs refused by the hosts' sockets" in one_line(
+        replace(r, feedback_not_sent=3)
+    )

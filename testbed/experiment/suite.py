@@ -1360,6 +1360,8 @@ def one_line(r: RunRecord) -> str:
         parts.append(f"{r.pauses} pauses, paused {fmt_time(r.paused_s)}")
     if r.drops_uncounted:
         parts.append(f"{r.drops_uncounted} of the drops not counted by the switches")
+    if r.feedback_not_sent:
+        parts.append(f"{r.feedback_not_sent} ACKs/NAKs/CNPs refused by the hosts' sockets")
     if r.sender_holds:
         parts.append(f"senders held {r.sender_holds} times, {fmt_time(r.sender_held_s)}")
     if r.pfc_storms:
