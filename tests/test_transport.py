@@ -118,6 +118,28 @@ _UNROUTABLE = textwrap.dedent(
 )
 
 
+# Runs in the sender's namespace: one message to the responder, the transport's loop (Python's
+# steps or the native loop's) until it is acknowledged; its counters.
+_SENDER = textwrap.dedent(
+    """
+    import json, sys, time
+    from testbed.traffic.transport import Transport, TransportConfig
+    args = json.loads(sys.argv[1])
+    with Transport(TransportConfig(**args["cfg"])) as t:
+        qp = t.create_qp(args["qpn"], args["peer"], args["qpn"])
+        op = qp.post_send(bytes(args["size"]), time.monotonic())
+        end = time.monotonic() + 20
+        if args["loop"] == "steps":
+            assert t.native_loop()
+            while not op.done and time.monotonic() < end:
+                t.run_steps(min(end, time.monotonic() + 0.05))
+        else:
+            t.run_until(lambda: op.done, timeout=20)
+        print(json.dumps({"done": op.done, "counters": t.counters()}), flush=True)
+    """
+)
+
+
 def _inject(
     host: Host, dst: Host, packets: list[tuple[float, bytes]], capture: float = 0.5
 ) -> list[tuple[float, IP]]:
@@ -394,6 +416,35 @@ def test_acks_leave_while_the_queue_pairs_own_data_fills_its_socket(
     acks = _acks(captured[1:])
     assert [p[BTH].psn for _, p in acks] == [0], res["counters"]
     assert "feedback_not_sent" not in res["counters"]["drops"]
+
+
+@LOOPS
+def test_a_timer_waits_for_packets_still_in_the_nic(lan: NetnsLan, loop: str) -> None:
+    """The sender's NIC holds its packets (a 1 Mbit/s qdisc: a flow paced low) longer than
+    the RTO between ACKs. A NIC's timer runs from a packet's transmission: while the queue
+    pair's socket still holds unsent packets, a due timer restarts, and nothing is resent
+    (before, go-back-N resent what had not left: every ACK every 4 packets came 35 ms
+    apart against a 20 ms RTO)."""
+    a, b = lan.hosts
+    slow = ["tc", "qdisc", "replace", "dev", a.ifname, "root", "tbf"]
+    subprocess.run(a.command([*slow, "rate", "1mbit", "burst", "4k", "limit", "1m"]), check=True)
+    try:
+        proc = start_responder(b, a, 3.0, loop)
+        cfg = {"local_ip": a.ip, "mtu": MTU, "rto": 0.02, "rto_max": 0.08, "sndbuf": 8192}
+        args = {"cfg": cfg, "qpn": QPN, "peer": b.ip, "size": 24 * MTU, "loop": loop}
+        out = subprocess.run(
+            a.command([sys.executable, "-c", _SENDER, json.dumps(args)]),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        res = finish(proc)
+    finally:
+        subprocess.run(a.command(["tc", "qdisc", "del", "dev", a.ifname, "root"]), check=False)
+    assert out.returncode == 0, out.stderr
+    sent = json.loads(out.stdout.strip().splitlines()[-1])
+    assert sent["done"] and res["messages"][0]["len"] == 24 * MTU
+    assert sent["counters"]["timeouts"] == 0 and sent["counters"]["retransmits"] == 0, sent
 
 
 @LOOPS

@@ -263,6 +263,9 @@ class _UnreachableSocket:
     def sendto(self, data: bytes, addr: object) -> int:
         raise OSError(errno.ENETUNREACH, "Network is unreachable")
 
+    def fileno(self) -> int:
+        raise OSError(errno.EBADF, "no descriptor")  # no queue to ask: nothing waits in it
+
     def close(self) -> None:
         pass
 

@@ -105,6 +105,7 @@ def test_batched_receive_is_the_receive_loop() -> None:
     rx, tx = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
     with rx, tx:
         rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)
+        tx.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 22)  # all of them, unread
         for p in pkts:
             tx.send(p)
         got = [batched.receive_from(rx.fileno(), 7, 1.0) for _ in range(-(-len(pkts) // 7) + 1)]

@@ -158,6 +158,7 @@ def drive(native: bool, seed: int, steps: int, **cfg: Any) -> list[Any]:
     # what each stores of a message (all, none, or its first bytes), from a stream of its own
     # so the sequences stay those the other tests were written on
     stores = random.Random(-seed)
+    holds = random.Random(seed ^ 0x5A5A)  # which due timers the I/O restarts (NIC still holds)
     watched: set[Any] = set()  # the queue pairs a completion or a message touched
     for core in cores:
         for qp in core.qps.values():
@@ -206,6 +207,11 @@ def drive(native: bool, seed: int, steps: int, **cfg: Any) -> list[Any]:
         else:  # time passes; the timers fire
             now += rng.choice([0.0, 1e-6, 3e-6, a.cfg.rto / 3, a.cfg.rto, 2 * a.cfg.rto])
             for core in cores:
+                for qp in sorted(core.qps.values(), key=lambda q: q.qpn):
+                    due = qp.deadline
+                    if due is not None and due <= now and holds.random() < 0.3:
+                        core.restart_timer(qp, now)
+                        log.append(("restart", qp.qpn))
                 core.expire(now)
         log.append(("watched", sorted(qp.qpn for qp in watched)))
         watched.clear()

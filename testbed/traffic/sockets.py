@@ -14,8 +14,11 @@ drop-all filter keeps it from queueing a second copy of every packet.
 
 from __future__ import annotations
 
+import array
 import errno
+import fcntl
 import socket
+import termios
 
 from controller.common.sockfilter import attach_filter, drain
 
@@ -66,6 +69,17 @@ def open_rx_sockets(port: int, rcvbuf: int) -> tuple[socket.socket, socket.socke
     )
     drain(raw)
     return raw, udp
+
+
+def unsent_bytes(sock: socket.socket) -> int:
+    """Bytes the socket has handed on and the NIC has not sent yet (SIOCOUTQ: what waits in
+    the qdisc, paced); 0 where it cannot tell."""
+    buf = array.array("i", [0])
+    try:
+        fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, buf, True)  # SIOCOUTQ is TIOCOUTQ
+    except OSError:
+        return 0
+    return buf[0]
 
 
 def is_would_block(exc: OSError) -> bool:

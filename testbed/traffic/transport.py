@@ -37,7 +37,12 @@ from typing import Any, cast
 
 from controller.wire.roce import ROCE_UDP_PORT
 from testbed.switch.native import DEFAULT_PIPELINE
-from testbed.traffic.sockets import is_would_block, open_rx_sockets, open_tx_socket
+from testbed.traffic.sockets import (
+    is_would_block,
+    open_rx_sockets,
+    open_tx_socket,
+    unsent_bytes,
+)
 from testbed.traffic.transport_core import (
     QpCounters,
     QueuePair,
@@ -298,11 +303,26 @@ class Transport:
         if not held:
             self._send_feedback()
             self._send_reports()
+        self._restart_waiting_timers(now)
         core.expire(now)
         if not held:
             busy |= self._send_round(now)
         if not busy:
             self._wait(now, max_wait)
+
+    def _restart_waiting_timers(self, now: float) -> None:
+        """Each due timer whose queue pair's packets still wait in the NIC (unsent bytes in
+        its socket: paced in its class) runs from now: a NIC's timer runs from a packet's
+        transmission, and go-back-N would resend what has not left. A flow paced at R_min
+        sends a packet every few seconds at the emulation's scale, and its socket's frames
+        waited longer than the RTO without a loss."""
+        d = self.core.next_deadline()
+        if d is None or d > now:
+            return
+        for qp, sock in self._socks.items():
+            due = qp.deadline
+            if due is not None and due <= now and unsent_bytes(sock) > 0:
+                self.core.restart_timer(qp, now)
 
     def apply_hints(self) -> None:
         """The application's start rates, to the NIC before the flows' first packets (the

@@ -842,6 +842,13 @@ class TransportCore:
                 best = d
         return best
 
+    def restart_timer(self, qp: QueuePair, now: float) -> None:
+        """`qp`'s packets have not left the NIC yet (the emulation's I/O sees them still in
+        its socket, paced): its retransmission timer runs from `now`, as a NIC's runs from a
+        packet's transmission. Nothing in flight: nothing to restart."""
+        if qp.una < qp.high:
+            qp.last_progress = now
+
     def expire(self, now: float) -> None:
         """Fire the retransmission timers due at `now`."""
         for qp in self.qps.values():

@@ -24,6 +24,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <linux/bpf.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -1003,6 +1005,17 @@ int xm_tp_next_deadline(struct xm_tp *tp, double *at)
 	return tp->dl_n > 0;
 }
 
+/* TransportCore.restart_timer: the queue pair's packets have not left the NIC yet: its timer
+ * runs from now */
+void xm_tp_restart_timer(struct xm_tp *tp, uint32_t index, double now)
+{
+	struct xm_tp_qp *qp = tp->qps[index];
+	if (qp->una < qp->high) {
+		qp->last_progress = now;
+		dl_update(tp, qp);
+	}
+}
+
 /* TransportCore.expire: each queue pair due, from the heap's top (what a timeout changes is
  * the queue pair's own: the order they are taken in changes nothing) */
 void xm_tp_expire(struct xm_tp *tp, double now)
@@ -1495,6 +1508,23 @@ static void send_feedback(struct xm_tp *tp, struct xm_tp_io *io)
 	tp->nfb = 0;
 }
 
+/* Transport._restart_waiting_timers: each due timer whose queue pair's packets still wait in
+ * the NIC (unsent bytes in its socket, SIOCOUTQ: paced in its class) runs from now */
+static void restart_waiting(struct xm_tp *tp, struct xm_tp_io *io, double now)
+{
+	if (!tp->dl_n || now < dl_key(tp, 0))
+		return;
+	uint32_t n = 0; /* io->senders as scratch: send_round fills it afresh */
+	for (uint32_t k = 0; k < tp->dl_n; k++) {
+		int unsent = 0;
+		uint32_t index = tp->dl_heap[k];
+		if (now >= dl_key(tp, k) && ioctl(io->fd[index], SIOCOUTQ, &unsent) == 0 && unsent > 0)
+			io->senders[n++] = index;
+	}
+	for (uint32_t i = 0; i < n; i++)
+		xm_tp_restart_timer(tp, io->senders[i], now);
+}
+
 /* Transport._send_native: a queue pair's burst, a failed send handled as _send_failed does */
 static uint32_t send_native(struct xm_tp *tp, struct xm_tp_io *io, uint32_t index, double now)
 {
@@ -1632,6 +1662,7 @@ static int64_t step(struct xm_tp *tp, struct xm_tp_io *io, double now, double ma
 		return held;
 	if (!held)
 		send_feedback(tp, io); /* reports: only after the sink's part, Python's */
+	restart_waiting(tp, io, now);
 	xm_tp_expire(tp, now);
 	if (!held)
 		busy |= send_round(tp, io, now);

@@ -160,6 +160,7 @@ int xm_tp_wants_to_send(struct xm_tp *tp, uint32_t index);
 uint32_t xm_tp_peek(struct xm_tp *tp, uint32_t index);
 void xm_tp_commit(struct xm_tp *tp, uint32_t index, double now);
 int xm_tp_next_deadline(struct xm_tp *tp, double *at);
+void xm_tp_restart_timer(struct xm_tp *tp, uint32_t index, double now);
 void xm_tp_expire(struct xm_tp *tp, double now);
 uint32_t xm_tp_senders(struct xm_tp *tp, uint32_t *out);
 int xm_tp_receive(struct xm_tp *tp, const uint8_t *pkt, uint32_t n, double now);

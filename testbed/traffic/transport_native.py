@@ -371,6 +371,9 @@ class NativeTransportCore(TransportCore):
         at = self._at
         return float(at[0]) if self._lib.xm_tp_next_deadline(self._tp, at) else None
 
+    def restart_timer(self, qp: QueuePair, now: float) -> None:
+        self._lib.xm_tp_restart_timer(self._tp, cast(NativeQueuePair, qp)._index, now)
+
     def expire(self, now: float) -> None:
         self._lib.xm_tp_expire(self._tp, now)
 
