@@ -31,30 +31,24 @@ static __always_inline int xm_tc_parse_frame(struct __sk_buff *skb, struct xm_tc
 	struct iphdr ip;
 	__u16 ports[2];
 
-	if (bpf_skb_load_bytes(skb, 0, &eth, sizeof(eth)) < 0) {
+	if (bpf_skb_load_bytes(skb, 0, &eth, sizeof(eth)) < 0)
 		return XM_CNT_TC_MALFORMED;
-	}
-	if (eth.h_proto != bpf_htons(ETH_P_IP)) {
+	if (eth.h_proto != bpf_htons(ETH_P_IP))
 		return XM_CNT_TC_NOT_IPV4;
-	}
 	if (bpf_skb_load_bytes(skb, ETH_HLEN, &ip, sizeof(ip)) < 0 || ip.version != 4 ||
-	    ip.ihl < 5) {
+	    ip.ihl < 5)
 		return XM_CNT_TC_MALFORMED;
-	}
 	__u32 ihl = ip.ihl * 4;
 	__u32 tot_len = bpf_ntohs(ip.tot_len);
-	if (tot_len < ihl || ETH_HLEN + tot_len > skb->len) {
+	if (tot_len < ihl || ETH_HLEN + tot_len > skb->len)
 		return XM_CNT_TC_MALFORMED;
-	}
 	/* Non-first fragments carry no ports. */
 	if ((ip.protocol != IPPROTO_UDP && ip.protocol != IPPROTO_TCP) ||
-	    (bpf_ntohs(ip.frag_off) & 0x1fff)) {
+	    (bpf_ntohs(ip.frag_off) & 0x1fff))
 		return XM_CNT_TC_OTHER_PROTO;
-	}
 	__u32 l4 = ETH_HLEN + ihl;
-	if (l4 + 8 > ETH_HLEN + tot_len || bpf_skb_load_bytes(skb, l4, ports, sizeof(ports)) < 0) {
+	if (l4 + 8 > ETH_HLEN + tot_len || bpf_skb_load_bytes(skb, l4, ports, sizeof(ports)) < 0)
 		return XM_CNT_TC_MALFORMED;
-	}
 	p->key.saddr = ip.saddr;
 	p->key.daddr = ip.daddr;
 	p->key.sport = ports[0];

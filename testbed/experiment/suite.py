@@ -827,10 +827,9 @@ class Suite:
         alone = res.get("alone")
         if alone is not None:  # the two jobs' slowdowns: each alone, outside the run's figures
             try:
-                alone()
+                alone()  # fills in the rows rec.jobs holds (the summary's)
             except RunError as exc:
                 rec.error = rec.error or f"a job alone, for its slowdown: {exc}"
-            rec.jobs = res["summary"]["jobs"]
         return rec
 
     def _summarise_drops(
