@@ -458,6 +458,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             "nic_bps": s.nic_bps,
             "base_rtt_s": base_rtt,
             "tita_base_rtt_s": tita_t,
+            "link_delay_s": tb.link_delay_s,
             "rto_s": rto,
             "suite": cfg.__dict__,
             "cc_profiles": cc_records,

@@ -95,8 +95,8 @@ class LinkSpec:
     # the link's own speed in the model, Gb/s (a 100G host under 400G uplinks, a scale-up
     # link inside a server); None: the switch model's port speed
     gbps: float | None = None
-    # its propagation delay in the model, ns (None: the engine's default; the twin's is
-    # about 16 m of fiber, testbed.sim.fabric.LINK_DELAY_MODEL_NS)
+    # its propagation delay in the model, ns (None: testbed.model.LINK_DELAY_MODEL_NS, about
+    # 16 m of fiber, on both engines)
     delay_ns: int | None = None
 
 

@@ -2,7 +2,9 @@
 EmuHop over testbed/switch/native/hop.py) against the Python one around the same native
 pipeline (`--io reference`): the same frames through a real switch process on veths (routed,
 dropped for no route, malformed, at sizes up to the MTU) come out the same, in the same
-order, with the same counters; GetStatus says which path ran."""
+order, with the same counters; GetStatus says which path ran. With `--wire` on both ports
+(a host's frames held coming in, and going out) each frame arrives no earlier than its
+two lines' serialization and delays, in order, on both paths."""
 
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ pytestmark = pytest.mark.root
 # frames from h1: UDP to h2 at sizes up to 1500 bytes of IP, TTLs down to 1, one to an
 # address with no route, truncated IPv4 headers
 SENDER = """
-import socket, struct, sys
+import socket, struct, sys, time
 s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
 s.bind((sys.argv[1], 0))
 eth = bytes.fromhex("00000000fe01") + bytes.fromhex(sys.argv[2].replace(":", "")) + b"\\x08\\x00"
@@ -40,6 +42,7 @@ def ip(dst, ttl, payload):
     return h + struct.pack("!HHHH", 4000, 5000, 8 + len(payload), 0) + payload
 for i, size in enumerate([18, 100, 500, 1000, 1472, 64, 1472, 3]):
     s.send(eth + ip(dst, 64 - i * 9 if i < 7 else 1, bytes([i]) * size))
+    print(time.monotonic_ns(), flush=True)
 s.send(eth + ip(socket.inet_aton("10.9.9.9"), 64, b"no route"))
 for n in (0, 10, 19):
     s.send(eth + ip(dst, 64, b"x")[:n])
@@ -58,7 +61,7 @@ while time.monotonic() < end:
     except socket.timeout:
         continue
     if addr[2] != socket.PACKET_OUTGOING and data[12:14] == b"\\x08\\x00":
-        print(data.hex(), flush=True)
+        print(data.hex(), time.monotonic_ns(), flush=True)
 """
 
 
@@ -66,9 +69,9 @@ def options() -> fy.SwitchOptions:
     return fy.SwitchOptions(p4info=P4INFO, p4blob=BMV2_JSON, device_id=1)
 
 
-def run(io: str) -> tuple[list[str], Any]:
+def run(io: str, wires: tuple[str, ...] = ()) -> tuple[list[str], Any]:
     with SwitchRig(2) as rig:
-        rig.start_switch(None, extra=["--io", io])
+        rig.start_switch(None, extra=["--io", io, *(a for w in wires for a in ("--wire", w))])
         h1, h2 = rig.hosts
 
         async def program() -> None:  # the project's program, as a leaf routes to h2
@@ -83,14 +86,23 @@ def run(io: str) -> tuple[list[str], Any]:
         )
         assert receiver.stdout is not None
         assert receiver.stdout.readline().strip() == "ready"
-        subprocess.run(
-            h1.cmd(sys.executable, "-c", SENDER, h1.ifname, h1.mac, h1.ip, h2.ip), check=True
-        )
+        sent = subprocess.run(
+            h1.cmd(sys.executable, "-c", SENDER, h1.ifname, h1.mac, h1.ip, h2.ip),
+            check=True,
+            stdout=subprocess.PIPE,
+            text=True,
+        ).stdout.split()
         out, _ = receiver.communicate(timeout=20)
         time.sleep(0.2)
         with grpc.insecure_channel(rig.grpc_addr) as ch:
             status = switch_pb2_grpc.SwitchAdminStub(ch).GetStatus(switch_pb2.GetStatusRequest())
-        return out.split(), status
+        frames = out.split()[0::2]
+        if wires:  # each frame's time from its send to its arrival, in the frames' order
+            arrived = [int(t) for t in out.split()[1::2]]
+            byte = [bytes.fromhex(f)[-1] for f in frames]  # the frame's index i: its payload
+            status.ClearField("ports")  # not compared: the frames are
+            return [f"{f} {arrived[k] - int(sent[byte[k]])}" for k, f in enumerate(frames)], status
+        return frames, status
 
 
 def test_the_native_packet_loop_forwards_what_the_python_one_does() -> None:
@@ -143,3 +155,22 @@ def test_the_packet_loop_stays_native_with_pfc() -> None:
 
         asyncio.run(program())
         assert seen == ["native"] * 3, seen
+
+
+def test_a_wire_holds_each_frame_for_its_serialization_and_delay_on_both_loops() -> None:
+    # h1's frames held coming in (1 Mb/s, 30 ms), and going out to h2 (8 Mb/s, 20 ms)
+    wires = ("1:1000000:30000000:in", "2:8000000:20000000")
+    native, st_n = run("native", wires)
+    python, st_p = run("reference", wires)
+    assert st_n.dataplane_io == "native" and st_p.dataplane_io.startswith("python")
+    for got in (native, python):
+        frames = [line.split()[0] for line in got]
+        assert frames == [line.split()[0] for line in native]  # the same frames, in order
+        assert len(frames) >= 7, frames
+        for line in got:
+            frame, took = line.split()
+            n = len(bytes.fromhex(frame))
+            # the frame h1 sent is as long as the one h2 gets (a routed frame keeps its size)
+            least = n * 8 * 1e9 / 1e6 + 30e6 + n * 8 * 1e9 / 8e6 + 20e6
+            assert least <= int(took) < least + 2e9, (n, took, least)
+    assert (st_n.rx_packets, st_n.tx_packets) == (st_p.rx_packets, st_p.tx_packets)

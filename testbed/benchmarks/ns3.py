@@ -228,8 +228,7 @@ def run(
     quick: bool, sizes: tuple[int, ...] | None = None, per_host: int | None = None
 ) -> dict[str, Any]:
     from testbed.benchmarks.twin import FABRICS
-    from testbed.model import DEFAULT_MODEL, Scaling
-    from testbed.sim.fabric import LINK_DELAY_MODEL_NS
+    from testbed.model import DEFAULT_MODEL, LINK_DELAY_MODEL_NS, Scaling
 
     python, version = find_python()
     if python is None:

@@ -59,7 +59,7 @@ from testbed.model import Scaling
 from testbed.p4files import BMV2_JSON, P4INFO
 from testbed.switch.pfc import PfcConfig, model_watchdog, pfc_request, pfc_thresholds
 from testbed.switch.v1model import DEFAULT_PIPELINE
-from testbed.topo import COLLECTOR_NODE, FabricSpec
+from testbed.topo import COLLECTOR_NODE, End, FabricSpec
 from testbed.traffic.netns import Host
 
 AGENT_RUN_ROOT = Path("/run/xingmai/agents")
@@ -151,18 +151,18 @@ class Testbed:
         if self.opts.rate_law not in RATE_LAWS:
             raise ValueError(f"rate law {self.opts.rate_law!r}: one of {', '.join(RATE_LAWS)}")
         self.scaling = self.opts.scaling
-        delayed = [f"{lk.a}-{lk.b}" for lk in spec.links if lk.delay_ns]
-        if delayed:
-            # a veth delays nothing, and this kernel has no netem to add it
-            raise TestbedError(
-                f"links {', '.join(delayed)} have a delay of their own: the "
-                "emulation has no per-link delay; the twin models it "
-                "(--engine sim)"
-            )
         self.prefix = f"xm{secrets.token_hex(2)}"
         self.run_dir = self.opts.run_dir or new_run_dir()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.switch_cls: type[P4Switch] = choose_switch(self.opts.switch)
+        delayed = [f"{lk.a}-{lk.b}" for lk in spec.links if lk.delay_ns]
+        if delayed and not self.wired:
+            # a veth delays nothing, this kernel has no netem, and bmv2 no delay line
+            raise TestbedError(
+                f"links {', '.join(delayed)} have a delay of their own: only the built-in "
+                "switch gives the emulation's links their time (--switch builtin); the twin "
+                "models it too (--engine sim)"
+            )
         self.net: Any = None
         self._slowed_nics: set[str] = set()  # hosts whose NIC port a fault slowed
         self.mgmt_links: list[str] = []  # root-side management veths
@@ -241,6 +241,34 @@ class Testbed:
     def switches(self) -> list[P4Switch]:
         return [s for s in self.net.switches if isinstance(s, P4Switch)]
 
+    @property
+    def wired(self) -> bool:
+        """Whether the links take the model's time (serialization and delay): the built-in
+        switches hold each frame on a delay line (their --wire); bmv2's send at once."""
+        return self.switch_cls.kind == "builtin"
+
+    @property
+    def link_delay_s(self) -> float:
+        """The links' propagation delay the switches add (those with none of their own)."""
+        return self.scaling.link_delay_ns() / 1e9 if self.wired else 0.0
+
+    def wires(self, switch: str) -> list[str]:
+        """The switch's --wire arguments: every port linked in the topology, at its link's
+        rate and delay, and frames coming in from a host held too (testbed/switch/dataplane.py's
+        Wire). None where the switch cannot hold them."""
+        if not self.wired:
+            return []
+        s, out = self.scaling, []
+        for port in self.spec.switch_ports(switch):
+            end = End(switch, port)
+            lk, peer = self.spec.link_at(end), self.spec.peer(end)
+            if lk is None or peer is None:
+                continue  # the collector's port: its reports are not the model's traffic
+            bps = s.emulated_bps(lk.gbps)
+            host = "" if self.spec.is_switch(peer.node) else ":in"
+            out.append(f"{port}:{bps!r}:{s.link_delay_ns(lk.delay_ns)}{host}")
+        return out
+
     def _add_management(self) -> None:
         """A veth per switch, root side 169.254.X.(4i+1)/30, switch side .(4i+2)/30."""
         LOCK_FILE.parent.mkdir(parents=True, exist_ok=True)
@@ -281,6 +309,7 @@ class Testbed:
                     nice=self.opts.switch_nice,
                     qdepth_unit=self.scaling.model.qdepth_unit,
                     pipeline=self.opts.pipeline,
+                    wires=tuple(self.wires(sw.name)),
                 )
 
     def _start_components(self) -> None:

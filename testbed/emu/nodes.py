@@ -89,6 +89,7 @@ class SwitchRuntime:
     nice: int = 0  # scheduling priority of the switch process
     qdepth_unit: str = "bytes"  # cells where a shared buffer's queues pass 19 bits of bytes
     pipeline: str = DEFAULT_PIPELINE  # the P4 pipeline: the Python reference or native code
+    wires: tuple[str, ...] = ()  # the built-in switch's --wire: its links' time
 
 
 class P4Switch(Switch):
@@ -185,6 +186,8 @@ class BuiltinSwitch(P4Switch):
         argv = [sys.executable, "-m", "testbed.switch.main"]
         for port, ifn in sorted(self.port_map().items()):
             argv += ["-i", f"{port}@{ifn}"]
+        for wire in rt.wires:
+            argv += ["--wire", wire]
         argv += [
             "--device-id",
             str(self.device_id),

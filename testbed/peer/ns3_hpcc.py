@@ -62,8 +62,7 @@ from testbed.experiment.schemes import (
     scheme,
 )
 from testbed.experiment.suite import flow_line_rate, host_nic_bps
-from testbed.model import Scaling
-from testbed.sim.fabric import LINK_DELAY_MODEL_NS
+from testbed.model import LINK_DELAY_MODEL_NS, Scaling
 from testbed.topo import FabricSpec, parse_choice
 from testbed.traffic import metrics as m
 from testbed.traffic.generators import Flow

@@ -72,10 +72,6 @@ from testbed.traffic.transport_core import TransportConfig, port_seed
 from testbed.traffic.transport_native import make_core
 
 CPU_PORT = 255  # testbed.emu.nodes.CPU_PORT (nodes imports Mininet)
-# Propagation delay of every link in the model (about 16 m of fiber), dilated by the scale
-# like every time of the model: with 4 KB frames at 400G it makes the leaf-spine's longest
-# path's base RTT about the model's 1 us.
-LINK_DELAY_MODEL_NS = 80
 
 
 class Wire:
@@ -390,11 +386,7 @@ class SimFabric:
         self.loop: EventLoop | NativeEventLoop = EventLoop()
         self.cfg = controller_cfg(spec, scaling, self.ecn)
         self.topo = Topology(self.cfg)
-        self.delay_ns = (
-            link_delay_ns
-            if link_delay_ns is not None
-            else round(LINK_DELAY_MODEL_NS * scaling.scale)
-        )
+        self.delay_ns = link_delay_ns if link_delay_ns is not None else scaling.link_delay_ns()
         unit = scaling.model.qdepth_unit
         self.switches = {
             s.name: SimSwitch(self.loop, s.name, s.device_id, unit, pipeline) for s in spec.switches
@@ -566,7 +558,7 @@ class SimFabric:
         lk = self.spec.link_at(end)
         if lk is None or lk.delay_ns is None:
             return self.delay_ns
-        return round(lk.delay_ns * self.scaling.scale)
+        return self.scaling.link_delay_ns(lk.delay_ns)
 
     def _wire(self, src: End, dst: End) -> Wire:
         """The direction src -> dst of their link, at the link's rate and delay."""

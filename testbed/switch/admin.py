@@ -191,6 +191,7 @@ class SwitchAdminService(switch_pb2_grpc.SwitchAdminServicer):  # type: ignore[m
                     rx_bytes=p.stats.rx_bytes,
                     tx_bytes=p.stats.tx_bytes,
                     tx_errors=p.stats.tx_errors,
+                    line_drops=p.stats.line_drops,
                     down=sw.tm.port_down(num),
                     rx_errors=sw.tm.ports[num].rx_errors if num in sw.tm.ports else 0,
                 )

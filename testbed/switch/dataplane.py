@@ -24,6 +24,7 @@ import socket
 import struct
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +32,7 @@ from typing import Any, BinaryIO
 
 from testbed.switch.hop import HopLoop, SwitchHop, native_path
 from testbed.switch.native.build import BuildError
-from testbed.switch.native.hop import RX_BATCH
+from testbed.switch.native.hop import LINE_MAX_BYTES, RX_BATCH
 from testbed.switch.native.lock import NativeLock
 from testbed.switch.v1model import V1Switch
 
@@ -45,6 +46,7 @@ _TIMESPEC = struct.Struct("@qq")
 MAX_FRAME = 65535
 IDLE_POLL_MS = 200.0  # the longest the loop sleeps: it also wakes for departures and inject()
 ERROR_LOG_INTERVAL_S = 1.0  # a loop error is logged with its traceback at most this often
+ETHERTYPE_MAC_CONTROL = b"\x88\x08"  # PFC's pauses: sent at once, as the native loop does
 
 
 class PcapWriter:
@@ -64,6 +66,76 @@ class PcapWriter:
         self.f.close()
 
 
+@dataclass(frozen=True)
+class Wire:
+    """A port's link in time, as the twin's wire has it (testbed/sim/fabric.py): a frame that
+    leaves at t arrives whole at t + its length at `bps` + `delay_ns`. A veth delivers at
+    once, so the switch holds each frame that long in a `DelayLine`: every frame it sends on
+    the port, and with `ingress` every frame it reads from it too (the far end, a host, has
+    no line of its own). MAC Control frames (PFC's pauses) are sent at once."""
+
+    bps: float
+    delay_ns: int
+    ingress: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.bps > 0 or self.delay_ns < 0:
+            raise ValueError(f"a wire needs a rate above 0 and a delay of at least 0: {self}")
+
+    @property
+    def ns_per_byte(self) -> float:
+        return 8e9 / self.bps
+
+
+def parse_wire(text: str) -> tuple[int, Wire]:
+    """`PORT:BPS:DELAY_NS[:in]` (the switch's --wire)."""
+    parts = text.split(":")
+    try:
+        if len(parts) not in (3, 4) or (len(parts) == 4 and parts[3] != "in"):
+            raise ValueError
+        return int(parts[0]), Wire(float(parts[1]), int(parts[2]), len(parts) == 4)
+    except ValueError:
+        raise ValueError(
+            f"--wire {text!r}: expected PORT:BPS:DELAY_NS or PORT:BPS:DELAY_NS:in, "
+            "with a rate above 0 and a delay of at least 0"
+        ) from None
+
+
+class DelayLine:
+    """One direction of a port's wire: the frames on it, in order, each with the time it
+    arrives whole (`Wire`); never before the frame ahead of it (a wire keeps its order).
+    What it holds is bounded (LINE_MAX_BYTES, its socket's buffer): a frame beyond is
+    dropped and counted. The reference of the native loop's xm_line (hop.py)."""
+
+    def __init__(self, wire: Wire) -> None:  # noqa: D107
+        self.ns_per_byte, self.delay_ns = wire.ns_per_byte, wire.delay_ns
+        self.frames: deque[tuple[int, bytes]] = deque()
+        self.bytes = 0
+        self.last_due = 0
+
+    def put(self, t_ns: int, data: bytes) -> bool:
+        """The frame leaves at `t_ns`; False: dropped, the line is full."""
+        if self.bytes + len(data) > LINE_MAX_BYTES:
+            return False
+        due = max(t_ns + int(len(data) * self.ns_per_byte) + self.delay_ns, self.last_due)
+        self.last_due = due
+        self.frames.append((due, data))
+        self.bytes += len(data)
+        return True
+
+    def next_due(self) -> int | None:
+        return self.frames[0][0] if self.frames else None
+
+    def take_due(self, now_ns: int) -> list[tuple[int, bytes]]:
+        """The frames that have arrived whole by `now_ns`, in order."""
+        out = []
+        while self.frames and self.frames[0][0] <= now_ns:
+            due, data = self.frames.popleft()
+            self.bytes -= len(data)
+            out.append((due, data))
+        return out
+
+
 @dataclass
 class PortStats:
     rx: int = 0
@@ -72,6 +144,7 @@ class PortStats:
     rx_down: int = 0  # reads that found the interface down (ENETDOWN: a teardown, ip link)
     rx_bytes: int = 0
     tx_bytes: int = 0
+    line_drops: int = 0  # frames the port's delay line could not hold (LINE_MAX_BYTES)
 
 
 def _port_counter(name: str) -> property:
@@ -91,7 +164,9 @@ class HopPortStats(PortStats):
     def __init__(self, hop: Any, port: int, old: PortStats) -> None:  # noqa: D107
         self._hop, self._port = hop, port
         hop.counted[port] = 1
-        super().__init__(old.rx, old.tx, old.tx_errors, old.rx_down, old.rx_bytes, old.tx_bytes)
+        super().__init__(
+            old.rx, old.tx, old.tx_errors, old.rx_down, old.rx_bytes, old.tx_bytes, old.line_drops
+        )
 
     rx = _port_counter("port_rx")  # type: ignore[assignment]
     tx = _port_counter("port_tx")  # type: ignore[assignment]
@@ -99,13 +174,20 @@ class HopPortStats(PortStats):
     rx_down = _port_counter("port_rx_down")  # type: ignore[assignment]
     rx_bytes = _port_counter("port_rx_bytes")  # type: ignore[assignment]
     tx_bytes = _port_counter("port_tx_bytes")  # type: ignore[assignment]
+    line_drops = _port_counter("port_line_drops")  # type: ignore[assignment]
 
 
 class Port:
-    def __init__(self, number: int, iface: str, pcap_dir: Path | None = None):
+    def __init__(
+        self, number: int, iface: str, pcap_dir: Path | None = None, wire: Wire | None = None
+    ):
         self.number = number
         self.iface = iface
         self.stats = PortStats()
+        self.wire = wire
+        # the reference loop's lines (out, in); the native loop keeps its own (EmuHop)
+        self.line_out = DelayLine(wire) if wire is not None else None
+        self.line_in = DelayLine(wire) if wire is not None and wire.ingress else None
         self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
         # Our own transmissions must not come back as input: the kernel filters them when it
         # can (Linux >= 4.20), else recv_batch looks at each packet's direction.
@@ -187,6 +269,35 @@ class EmuHop(SwitchHop):
             self.hop.fd[number] = port.sock.fileno()
             port.stats = HopPortStats(self.hop, number, port.stats)
         self.ports = loop.ffi.new("int64_t[]", list(dp.ports))  # in the order the loop polls
+        wired = [(n, p.wire) for n, p in dp.ports.items() if p.wire is not None]
+        self.lines = loop.ffi.new("xm_line[]", max(1, len(wired)))  # kept: the hop's
+        for i, (number, wire) in enumerate(wired):
+            line = self.lines[i]
+            line.ns_per_byte, line.delay_ns = wire.ns_per_byte, wire.delay_ns
+            line.ingress, line.port = int(wire.ingress), number
+            self.hop.line_of[number] = i + 1
+        self.hop.lines, self.hop.nlines = self.lines, len(wired)
+
+    def drop_lines(self) -> int:
+        """The frames its lines hold, dropped and counted (a new hop takes over)."""
+        return int(self.loop.lib.xm_emu_lines_drop(self.loop._c, 0))
+
+    def line_put(self, port: int, ingress: bool, t_ns: int, data: bytes) -> bool:
+        """A frame onto the port's line in C; False: dropped (counted there)."""
+        rc = self.loop.lib.xm_emu_line_put(
+            self.loop._c, 0, port, int(ingress), data, len(data), t_ns
+        )
+        if rc == -1:
+            raise MemoryError("the switch's delay line could not hold a frame")
+        return rc == 1
+
+    def next_due(self) -> int | None:
+        """The next departure or frame due on a line, on the switch's clock."""
+        due = self.sw.tm.next_departure_ns()
+        held = self.loop.ffi.new("int64_t *")
+        if self.loop.lib.xm_emu_next_due(self.loop._c, 0, held) and (due is None or held[0] < due):
+            return int(held[0])
+        return due
 
     def ready(self) -> bool:
         """Whether the next batch may run in C (`refresh` keeps it: the switch's program is
@@ -218,7 +329,13 @@ class Dataplane:
         interfaces: dict[int, str],
         pcap_dir: Path | None = None,
         io: str = "native",
+        wires: dict[int, Wire] | None = None,
     ):
+        wires = wires or {}
+        if set(wires) - set(interfaces):
+            raise ValueError(
+                f"wires on ports with no interface: {sorted(set(wires) - set(interfaces))}"
+            )
         self.switch = switch
         self.ports: dict[int, Port] = {}
         self.cpu_handler: Callable[[bytes], None] | None = None
@@ -236,7 +353,7 @@ class Dataplane:
             pcap_dir.mkdir(parents=True, exist_ok=True)
         try:
             for number, iface in interfaces.items():
-                self.ports[number] = Port(number, iface, pcap_dir)
+                self.ports[number] = Port(number, iface, pcap_dir, wires.get(number))
         except OSError:
             self.close()
             raise
@@ -275,6 +392,8 @@ class Dataplane:
         c = sw.compiled
         assert c is not None
         if self.hop is None or c.native is not self.hop.rt:
+            if self.hop is not None and self.hop.drop_lines():
+                log.warning("frames on the wires dropped: a new program's hop takes over")
             self.hop = EmuHop(self)
             log.info("the per-frame path runs in C")
 
@@ -296,12 +415,72 @@ class Dataplane:
 
     def _transmit(self, port: int, data: bytes) -> None:
         p = self.ports.get(port)
-        if p is not None:
+        if p is not None and p.wire is not None and data[12:14] != ETHERTYPE_MAC_CONTROL:
+            self._line_put(p, False, self.switch.clock.now_ns(), data)
+        elif p is not None:
             p.send(data)
         elif port == self.switch.cpu_port and self.cpu_handler is not None:
             self.cpu_handler(data)
         else:
             self.tx_unknown_port += 1
+
+    def _line_put(self, p: Port, ingress: bool, t_ns: int, data: bytes) -> None:
+        """A frame onto one of the port's lines: the native loop's when it has a hop (one
+        set of lines per process), else the port's own."""
+        if self.hop is not None:
+            with self.switch.lock:
+                self.hop.line_put(p.number, ingress, t_ns, data)
+            return
+        line = p.line_in if ingress else p.line_out
+        assert line is not None
+        if not line.put(t_ns, data):
+            p.stats.line_drops += 1
+
+    def _next_due(self) -> int | None:
+        """The next departure or frame due on a line, on the switch's clock."""
+        if self.hop is not None:
+            return self.hop.next_due()
+        due = self.switch.tm.next_departure_ns()
+        for p in self.ports.values():
+            for line in (p.line_out, p.line_in):
+                held = line.next_due() if line is not None else None
+                if held is not None and (due is None or held < due):
+                    due = held
+        return due
+
+    def _service(self) -> None:
+        """After each poll: the frames the lines bring in by now, each at its time (what
+        left before it first), every departure due by now, then the frames the lines deliver
+        by now. In C (xm_emu_service) with a hop."""
+        sw = self.switch
+        hop = self.hop
+        if hop is not None:
+            with sw.lock:
+                hop.loop.lib.xm_emu_service(hop.loop._c, 0, sw.clock.start_ns)
+            hop.loop.raise_failed()
+            return
+        now = sw.clock.now_ns()
+        for p in self.ports.values():
+            if p.line_in is not None:
+                for due, data in p.line_in.take_due(now):
+                    self._arrive(p, data, due)
+        sw.service(until_ns=now)
+        for p in self.ports.values():
+            if p.line_out is not None:
+                for _due, data in p.line_out.take_due(now):
+                    p.send(data)
+
+    def _arrive(self, p: Port, data: bytes, t: int | None) -> None:
+        """A frame at its arrival time: the departures due before it first."""
+        sw = self.switch
+        try:
+            if t is not None:
+                due = sw.tm.next_departure_ns()
+                if due is not None and due <= t:
+                    sw.service(until_ns=t)
+            sw.receive(p.number, data, t)
+        except Exception as exc:  # this packet is lost; the batch goes on
+            self._survive(exc)
 
     def inject(self, port: int, data: bytes) -> None:
         """Hand a packet to ingress from any thread (e.g. a P4Runtime packet-out)."""
@@ -380,7 +559,7 @@ class Dataplane:
                     self._survive(exc)
                 continue
             try:
-                nxt = sw.tm.next_departure_ns()
+                nxt = self._next_due()
                 timeout_ms = (
                     IDLE_POLL_MS
                     if nxt is None
@@ -404,13 +583,7 @@ class Dataplane:
                 except Exception as exc:
                     self._survive(exc)
             try:
-                hop = self.hop
-                if hop is not None and hop.ready():
-                    with sw.lock:
-                        hop.loop.lib.xm_emu_service(hop.loop._c, 0, clock.start_ns)
-                    hop.loop.raise_failed()
-                else:
-                    sw.service()
+                self._service()
             except Exception as exc:
                 self._survive(exc)
 
@@ -455,7 +628,7 @@ class Dataplane:
                 self._survive(exc)
 
     def _read_port(self, p: Port, offset: int) -> None:
-        sw, tm = self.switch, self.switch.tm
+        sw = self.switch
         hop = self.hop
         if hop is not None and hop.ready():
             with sw.lock:
@@ -472,13 +645,10 @@ class Dataplane:
             if p.pcap_in:
                 p.pcap_in.write(data)
             # A packet read late still arrived when the kernel says: first let the
-            # departures due before it happen, then enqueue it at its arrival time.
+            # departures due before it happen, then enqueue it at its arrival time (or
+            # put it on the port's wire, from that time).
             t = t_real - offset if t_real else None
-            try:
-                if t is not None:
-                    due = tm.next_departure_ns()
-                    if due is not None and due <= t:
-                        sw.service(until_ns=t)
-                sw.receive(p.number, data, t)
-            except Exception as exc:  # this packet is lost; the batch goes on
-                self._survive(exc)
+            if p.wire is not None and p.wire.ingress:
+                self._line_put(p, True, sw.clock.now_ns() if t is None else t, data)
+            else:
+                self._arrive(p, data, t)

@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from controller.common.logs import setup_logging
+from testbed.switch.dataplane import Wire, parse_wire
 from testbed.switch.program import LoadError
 from testbed.switch.traffic_manager import Clock
 from testbed.switch.v1model import CELL_BYTES, DEFAULT_PIPELINE, PIPELINES, QDEPTH_UNITS, V1Switch
@@ -33,6 +34,13 @@ def parse_interface(spec: str) -> tuple[int, str]:
     if not sep or not port.isdigit() or not iface:
         raise argparse.ArgumentTypeError(f"interface must be PORT@IFACE, got {spec!r}")
     return int(port), iface
+
+
+def _wire(spec: str) -> tuple[int, Wire]:
+    try:
+        return parse_wire(spec)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,6 +59,16 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="PORT@IFACE",
         help="attach an interface as a port (repeatable)",
+    )
+    ap.add_argument(
+        "--wire",
+        action="append",
+        type=_wire,
+        default=[],
+        metavar="PORT:BPS:DELAY_NS[:in]",
+        help="the port's link in time: each frame sent on it is held for its length at BPS "
+        "plus DELAY_NS before it leaves (a veth delivers at once); with :in, each frame read "
+        "from it too (the far end, a host, cannot); repeatable",
     )
     ap.add_argument("--device-id", type=int, default=0)
     ap.add_argument("--cpu-port", type=int, help="port whose packets go to/come from P4Runtime")
@@ -195,9 +213,13 @@ def main(argv: list[str] | None = None) -> int:
     if len(interfaces) != len(args.interface):
         log.error("a port number is given twice in -i")
         return 2
+    wires = dict(args.wire)
+    if len(wires) != len(args.wire) or set(wires) - set(interfaces):
+        log.error("--wire: a port given twice, or a port with no interface (-i)")
+        return 2
     try:
         io = args.io or args.pipeline
-        dp = Dataplane(sw, interfaces, Path(args.pcap) if args.pcap else None, io)
+        dp = Dataplane(sw, interfaces, Path(args.pcap) if args.pcap else None, io, wires)
     except OSError as exc:
         log.error("cannot open interfaces: %s", exc)
         return 1

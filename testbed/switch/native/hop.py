@@ -41,6 +41,9 @@ HOST_KICK, HOST_TIMER = 0, 1  # xm_loop_push_host's kinds
 
 _NPORTS = MAX_PORT + 1
 RX_BATCH = 64  # frames read from one port before looking at the others
+# what one direction of an emulated port's delay line holds (testbed/switch/dataplane.py's
+# DelayLine): its socket buffers' size; more is dropped and counted
+LINE_MAX_BYTES = 4 * 2**20
 
 # declared once: the C and cffi's cdef read these
 _STRUCTS = """
@@ -60,6 +63,17 @@ typedef struct {
     int64_t too_big;
     int64_t host; /* the C host it delivers to (loop.hosts), or -1 */
 } xm_wire;
+
+typedef struct { /* the emulation: a port's link in time (dataplane.py's Wire and DelayLine) */
+    double ns_per_byte;
+    int64_t delay_ns;
+    int64_t ingress; /* the frames coming in wait too (the far end, a host, cannot) */
+    int64_t port;
+    int64_t last_due[2]; /* per direction (0 out, 1 in): the line keeps its order */
+    int64_t bytes[2];
+    void *head[2]; /* the frames held, oldest first (xm_held) */
+    void *tail[2];
+} xm_line;
 
 typedef struct {
     uint64_t state; /* the switch's xm_state */
@@ -88,6 +102,10 @@ typedef struct {
     int64_t port_tx_bytes[NPORTS];
     int64_t port_tx_errors[NPORTS];
     int64_t port_rx_down[NPORTS];
+    int64_t port_line_drops[NPORTS]; /* frames over what the port's delay line holds */
+    int64_t line_of[NPORTS]; /* the emulation: 1 + the port's index in lines, or 0 */
+    xm_line *lines;
+    int64_t nlines;
 } xm_hop;
 
 typedef struct {
@@ -148,6 +166,10 @@ int64_t xm_emu_loop(xm_loop *L, int64_t node, uint64_t mutex, const int64_t *por
                     int64_t nports, int64_t wake_fd, int64_t start_ns, int64_t offset_ns,
                     int64_t until_ns);
 void xm_hop_free_packet(void *packet);
+int64_t xm_emu_line_put(xm_loop *L, int64_t node, int64_t port, int64_t in, const uint8_t *data,
+                        int64_t len, int64_t t);
+int64_t xm_emu_next_due(xm_loop *L, int64_t node, int64_t *due);
+int64_t xm_emu_lines_drop(xm_loop *L, int64_t node);
 """
 
 _C = r"""
@@ -159,6 +181,7 @@ _C = r"""
 #include <time.h>
 
 #define XM_RX_MAX 65536 /* the largest frame a packet socket gives (MAX_FRAME + 1) */
+#define XM_LINE_MAX_BYTES LINE_MAX_BYTES_VALUE /* what one direction of a delay line holds */
 #define XM_RX_BATCH RX_BATCH_VALUE /* frames read from one port before the others */
 #define XM_EV_PY 0 /* a Python event: run returns its handle */
 #define XM_EV_RX 1 /* a frame arrives at a switch's port */
@@ -391,6 +414,94 @@ static void hop_receive(xm_loop *L, int64_t node, int64_t port, xm_block *b)
     schedule(L, node);
 }
 
+/* ---- the emulation's delay lines (testbed/switch/dataplane.py's DelayLine) */
+
+typedef struct xm_held {
+    struct xm_held *next;
+    int64_t due;
+    int64_t len;
+    uint8_t data[];
+} xm_held;
+
+/* DelayLine.put: the frame that left (or came in) at t is due whole after its serialization
+ * at the link's rate and the link's delay, never before the frame ahead of it; 1 held, 0
+ * dropped (over XM_LINE_MAX_BYTES: counted), -1 out of memory */
+static int line_put(xm_hop *h, int64_t port, int64_t in, const uint8_t *data, int64_t len,
+                    int64_t t)
+{
+    xm_line *l = &h->lines[h->line_of[port] - 1];
+    if (l->bytes[in] + len > XM_LINE_MAX_BYTES) {
+        h->port_line_drops[port]++;
+        return 0;
+    }
+    xm_held *f = malloc(sizeof(xm_held) + (size_t)len);
+    if (!f) return -1;
+    int64_t due = t + (int64_t)((double)len * l->ns_per_byte) + l->delay_ns;
+    if (due < l->last_due[in]) due = l->last_due[in];
+    l->last_due[in] = due;
+    f->next = NULL;
+    f->due = due;
+    f->len = len;
+    memcpy(f->data, data, (size_t)len);
+    if (l->tail[in])
+        ((xm_held *)l->tail[in])->next = f;
+    else
+        l->head[in] = f;
+    l->tail[in] = f;
+    l->bytes[in] += len;
+    return 1;
+}
+
+static xm_held *line_take(xm_line *l, int64_t in)
+{
+    xm_held *f = l->head[in];
+    l->head[in] = f->next;
+    if (!l->head[in]) l->tail[in] = NULL;
+    l->bytes[in] -= f->len;
+    return f;
+}
+
+/* Dataplane's _line_put for what Python sends or reads (a port with a line): 1 held, 0
+ * dropped, -1 out of memory, -2 the port has no line */
+int64_t xm_emu_line_put(xm_loop *L, int64_t node, int64_t port, int64_t in, const uint8_t *data,
+                        int64_t len, int64_t t)
+{
+    xm_hop *h = &L->hops[node];
+    if (port < 0 || port >= NPORTS || !h->line_of[port]) return -2;
+    return line_put(h, port, in, data, len, t);
+}
+
+/* the earliest frame due on any line: 1 and *due, or 0 */
+int64_t xm_emu_next_due(xm_loop *L, int64_t node, int64_t *due)
+{
+    xm_hop *h = &L->hops[node];
+    int have = 0;
+    for (int64_t i = 0; i < h->nlines; i++)
+        for (int in = 0; in < 2; in++) {
+            xm_held *f = h->lines[i].head[in];
+            if (f && (!have || f->due < *due)) {
+                *due = f->due;
+                have = 1;
+            }
+        }
+    return have;
+}
+
+/* the frames the lines hold, dropped (the hop replaced): how many */
+int64_t xm_emu_lines_drop(xm_loop *L, int64_t node)
+{
+    xm_hop *h = &L->hops[node];
+    int64_t n = 0;
+    for (int64_t i = 0; i < h->nlines; i++)
+        for (int in = 0; in < 2; in++)
+            while (h->lines[i].head[in]) {
+                h->port_line_drops[h->lines[i].port]++;
+                free(line_take(&h->lines[i], in));
+                n++;
+            }
+    return n;
+}
+
 /* what SimSwitch._transmit does with a frame that left the pipeline */
 static void transmit(xm_loop *L, int64_t node, int64_t port, const uint8_t *data, int64_t len)
 {
@@ -398,6 +509,10 @@ static void transmit(xm_loop *L, int64_t node, int64_t port, const uint8_t *data
     int64_t w = port >= 0 && port < NPORTS ? h->wire[port] : -1;
     int64_t fd = w < 0 && port >= 0 && port < NPORTS ? h->fd[port] : -1;
     int control = mac_control(data, len);
+    if (fd >= 0 && !control && h->line_of[port]) { /* Dataplane._transmit: on its wire */
+        if (line_put(h, port, 0, data, len, L->now) < 0) L->failed = 1;
+        return;
+    }
     if (fd >= 0 && !control) { /* Port.send */
         if (send((int)fd, data, (size_t)len, 0) < 0) {
             h->port_tx_errors[port]++;
@@ -516,6 +631,32 @@ static int64_t clock_ns(int64_t start_ns)
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec - start_ns;
 }
 
+/* a frame at its time, as xm_emu_read takes one: the departures due by then first */
+static void emu_arrive(xm_loop *L, int64_t node, int64_t port, const uint8_t *data, int64_t len,
+                       int64_t t)
+{
+    xm_hop *h = &L->hops[node];
+    if (!h->fast || h->dirty) { /* the whole frame is Python's, from its time */
+        L->now = t;
+        L->receive(node, port, data, len);
+        return;
+    }
+    xm_block *b = malloc(sizeof(xm_block) + (size_t)len);
+    if (!b) {
+        L->failed = 1;
+        return;
+    }
+    b->len = len;
+    memcpy(b->data, data, (size_t)len);
+    int64_t due;
+    if (xm_tm_next_departure((xm_tm *)(uintptr_t)h->tm, &due) && due <= t) {
+        L->now = t;
+        service_round(L, node);
+    }
+    L->now = t;
+    hop_receive(L, node, port, b);
+}
+
 /* Dataplane._read_port: up to max frames waiting on the port's socket, each at its kernel
  * arrival time (offset_ns maps it onto the switch's clock, which started at start_ns of
  * CLOCK_MONOTONIC): the departures due by then first, then the frame's arrival. The frames
@@ -525,7 +666,6 @@ int64_t xm_emu_read(xm_loop *L, int64_t node, int64_t port, int64_t max, int64_t
 {
     uint8_t *frame = L->rx;
     xm_hop *h = &L->hops[node];
-    xm_tm *tm = (xm_tm *)(uintptr_t)h->tm;
     int64_t k;
     for (k = 0; k < max && !L->failed; k++) {
         union {
@@ -559,39 +699,49 @@ int64_t xm_emu_read(xm_loop *L, int64_t node, int64_t port, int64_t max, int64_t
         h->port_rx[port]++;
         h->port_rx_bytes[port] += n;
         if (real && real - offset_ns < now) t = real - offset_ns;
-        xm_block *b = malloc(sizeof(xm_block) + (size_t)n);
-        if (!b) {
-            L->failed = 1;
-            break;
-        }
-        b->len = n;
-        memcpy(b->data, frame, (size_t)n);
-        if (!h->fast || h->dirty) { /* the whole frame is Python's, from its time */
-            L->now = t;
-            L->receive(node, port, b->data, b->len);
-            free(b);
+        if (h->line_of[port] && h->lines[h->line_of[port] - 1].ingress) { /* on its wire yet */
+            if (line_put(h, port, 1, frame, n, t) < 0) L->failed = 1;
             continue;
         }
-        int64_t due;
-        if (xm_tm_next_departure(tm, &due) && due <= t) { /* read late: what left before it */
-            L->now = t;
-            service_round(L, node);
-        }
-        L->now = t;
-        hop_receive(L, node, port, b);
+        emu_arrive(L, node, port, frame, n, t); /* read late: what left before it first */
     }
     return k; /* the caller looks at failed */
 }
 
-/* Dataplane's service after each poll: every departure due by now */
+/* Dataplane's service after each poll: the frames the lines bring in by now (each at its
+ * time), every departure due by now, then the frames the lines deliver by now */
 int64_t xm_emu_service(xm_loop *L, int64_t node, int64_t start_ns)
 {
     xm_hop *h = &L->hops[node];
-    L->now = clock_ns(start_ns);
+    int64_t now = clock_ns(start_ns);
+    for (int64_t i = 0; i < h->nlines && !L->failed; i++) {
+        xm_line *l = &h->lines[i];
+        while (l->head[1] && ((xm_held *)l->head[1])->due <= now && !L->failed) {
+            xm_held *f = line_take(l, 1);
+            emu_arrive(L, node, l->port, f->data, f->len, f->due);
+            free(f);
+        }
+    }
+    if (L->failed) return 0;
+    L->now = now;
     if (!h->fast || h->dirty)
         L->service(node);
     else
         service_round(L, node);
+    for (int64_t i = 0; i < h->nlines; i++) {
+        xm_line *l = &h->lines[i];
+        int64_t port = l->port;
+        while (l->head[0] && ((xm_held *)l->head[0])->due <= now) {
+            xm_held *f = line_take(l, 0);
+            if (send((int)h->fd[port], f->data, (size_t)f->len, 0) < 0) { /* Port.send */
+                h->port_tx_errors[port]++;
+            } else {
+                h->port_tx[port]++;
+                h->port_tx_bytes[port] += f->len;
+            }
+            free(f);
+        }
+    }
     return 0; /* the caller looks at failed */
 }
 
@@ -621,6 +771,11 @@ int64_t xm_emu_loop(xm_loop *L, int64_t node, uint64_t mutex, const int64_t *por
         pthread_mutex_lock(m);
         int fast = (int)h->fast;
         int have = fast && xm_tm_next_departure((xm_tm *)(uintptr_t)h->tm, &due);
+        int64_t held;
+        if (fast && xm_emu_next_due(L, node, &held) && (!have || held < due)) {
+            due = held;
+            have = 1;
+        }
         int64_t now = clock_ns(start_ns);
         pthread_mutex_unlock(m);
         if (!fast) return 0;
@@ -722,7 +877,11 @@ int64_t xm_loop_run(xm_loop *L, int64_t until)
 
 
 def _fill(text: str) -> str:
-    return text.replace("NPORTS", str(_NPORTS)).replace("RX_BATCH_VALUE", str(RX_BATCH))
+    return (
+        text.replace("NPORTS", str(_NPORTS))
+        .replace("RX_BATCH_VALUE", str(RX_BATCH))
+        .replace("LINE_MAX_BYTES_VALUE", str(LINE_MAX_BYTES))
+    )
 
 
 def source() -> str:

@@ -1,0 +1,68 @@
+"""The emulation's links in time (testbed/switch/dataplane.py's Wire and DelayLine, the
+reference of the native loop's xm_line): a frame is due after its length at the link's rate
+and the link's delay, never before the one ahead of it; what a line holds is bounded; and
+the testbed gives every built-in switch's linked port its link's rate and the model's delay,
+dilated, holding frames from hosts coming in too."""
+
+from __future__ import annotations
+
+import pytest
+
+from testbed.emu.network import Testbed, TestbedOptions
+from testbed.model import LINK_DELAY_MODEL_NS, Scaling
+from testbed.switch.dataplane import DelayLine, Wire, parse_wire
+from testbed.switch.native.hop import LINE_MAX_BYTES
+from testbed.topo import leafspine
+
+
+def test_a_frame_is_due_after_its_serialization_and_the_delay() -> None:
+    line = DelayLine(Wire(8e6, 1_000_000))  # 1 us a byte
+    assert line.put(5_000, b"x" * 1000)
+    assert line.next_due() == 5_000 + 1_000_000 + 1_000_000
+    assert line.take_due(2_004_999) == []
+    assert line.take_due(2_005_000) == [(2_005_000, b"x" * 1000)]
+    assert line.next_due() is None and line.bytes == 0
+
+
+def test_a_line_keeps_its_order() -> None:
+    line = DelayLine(Wire(8e6, 0))
+    line.put(0, b"a" * 1000)  # due at 1 ms
+    line.put(10, b"b" * 10)  # due at 20 us alone: not before the frame ahead of it
+    line.put(2_000_000, b"c")  # due after both
+    assert [d for d, _ in line.take_due(10**9)] == [1_000_000, 1_000_000, 2_001_000]
+
+
+def test_what_a_line_holds_is_bounded() -> None:
+    line = DelayLine(Wire(1e9, 10**9))
+    frame = b"z" * 65_000
+    held = sum(line.put(0, frame) for _ in range(LINE_MAX_BYTES // len(frame) + 5))
+    assert held == LINE_MAX_BYTES // len(frame)
+    assert line.bytes <= LINE_MAX_BYTES
+    assert len(line.take_due(2 * 10**9)) == held and line.put(0, frame)
+
+
+def test_the_wire_argument() -> None:
+    assert parse_wire("3:20000000.0:1600000:in") == (3, Wire(2e7, 1_600_000, True))
+    assert parse_wire("4:2e7:0") == (4, Wire(2e7, 0, False))
+    for bad in ("3:2e7", "3:0:5", "3:2e7:-1", "3:2e7:5:out", "x:2e7:5"):
+        with pytest.raises(ValueError, match="--wire"):
+            parse_wire(bad)
+
+
+def test_the_testbed_gives_each_linked_port_its_wire(tmp_path) -> None:
+    spec = leafspine(2, 2, 2)
+    scaling = Scaling()
+    tb = Testbed(spec, TestbedOptions(switch="builtin", scaling=scaling, run_dir=tmp_path))
+    delay = round(LINK_DELAY_MODEL_NS * scaling.scale)
+    assert tb.link_delay_s == delay / 1e9
+    wires = dict(parse_wire(w) for w in tb.wires("leaf1"))
+    bps = scaling.link_bps
+    # hosts on ports 1-2 (their frames held coming in), spines on 3-4; the collector's
+    # port (5) has no link of the model's
+    assert wires == {
+        1: Wire(bps, delay, True),
+        2: Wire(bps, delay, True),
+        3: Wire(bps, delay, False),
+        4: Wire(bps, delay, False),
+    }
+    assert all(not w.ingress for _, w in map(parse_wire, tb.wires("spine1")))
