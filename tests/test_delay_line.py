@@ -1,6 +1,7 @@
 """The emulation's links in time (testbed/switch/dataplane.py's Wire and DelayLine, the
 reference of the native loop's xm_line): a frame is due after its length at the link's rate
-and the link's delay, never before the one ahead of it; what a line holds is bounded; and
+and the link's delay, going on the wire after the one ahead of it; what a line holds is
+bounded; and
 the testbed gives every built-in switch's linked port its link's rate and the model's delay,
 dilated, holding frames from hosts coming in too."""
 
@@ -24,12 +25,12 @@ def test_a_frame_is_due_after_its_serialization_and_the_delay() -> None:
     assert line.next_due() is None and line.bytes == 0
 
 
-def test_a_line_keeps_its_order() -> None:
-    line = DelayLine(Wire(8e6, 0))
-    line.put(0, b"a" * 1000)  # due at 1 ms
-    line.put(10, b"b" * 10)  # due at 20 us alone: not before the frame ahead of it
-    line.put(2_000_000, b"c")  # due after both
-    assert [d for d, _ in line.take_due(10**9)] == [1_000_000, 1_000_000, 2_001_000]
+def test_a_frame_goes_on_the_wire_after_the_one_ahead_of_it() -> None:
+    line = DelayLine(Wire(8e6, 500))
+    line.put(0, b"a" * 1000)  # on the wire 0-1 ms
+    line.put(10, b"b" * 10)  # handed over at 10 ns: on it after the first, 1 ms-1.01 ms
+    line.put(2_000_000, b"c")  # the wire idle again: at once
+    assert [d for d, _ in line.take_due(10**9)] == [1_000_500, 1_010_500, 2_001_500]
 
 
 def test_what_a_line_holds_is_bounded() -> None:

@@ -38,7 +38,6 @@ from testbed.traffic import workloads as wl
 from testbed.traffic.netns import Host
 from testbed.traffic.runner import RunOutput
 
-
 # the small pings' payload: their frames are about an ACK's (transport ACKs: 70 B)
 SMALL_PING_BYTES = 28
 

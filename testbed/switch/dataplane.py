@@ -15,6 +15,7 @@ the next packets; SwitchAdmin's GetStatus reports both and whether the loop runs
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import logging
 import os
@@ -47,6 +48,20 @@ MAX_FRAME = 65535
 IDLE_POLL_MS = 200.0  # the longest the loop sleeps: it also wakes for departures and inject()
 ERROR_LOG_INTERVAL_S = 1.0  # a loop error is logged with its traceback at most this often
 ETHERTYPE_MAC_CONTROL = b"\x88\x08"  # PFC's pauses: sent at once, as the native loop does
+
+
+PR_SET_TIMERSLACK = 29
+
+
+def _precise_timers() -> None:
+    """The calling thread's waits end when due, not up to the kernel's default timer slack
+    (50 us) later: a delay line's frame leaves on time, and each hop's lateness adds up."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_TIMERSLACK)")
+    except (OSError, AttributeError) as exc:
+        log.warning("the packet loop keeps the kernel's timer slack: %s", exc)
 
 
 class PcapWriter:
@@ -103,23 +118,24 @@ def parse_wire(text: str) -> tuple[int, Wire]:
 
 class DelayLine:
     """One direction of a port's wire: the frames on it, in order, each with the time it
-    arrives whole (`Wire`); never before the frame ahead of it (a wire keeps its order).
-    What it holds is bounded (LINE_MAX_BYTES, its socket's buffer): a frame beyond is
-    dropped and counted. The reference of the native loop's xm_line (hop.py)."""
+    arrives whole (`Wire`). A frame goes on the wire when it is handed over or when the one
+    ahead of it is all on it, whichever is later: a sender that bursts faster than the link
+    (a host's HTB) is spaced at the link's rate, as a NIC's port would. What it holds is
+    bounded (LINE_MAX_BYTES, its socket's buffer): a frame beyond is dropped and counted. The
+    reference of the native loop's xm_line (hop.py)."""
 
     def __init__(self, wire: Wire) -> None:  # noqa: D107
         self.ns_per_byte, self.delay_ns = wire.ns_per_byte, wire.delay_ns
         self.frames: deque[tuple[int, bytes]] = deque()
         self.bytes = 0
-        self.last_due = 0
+        self.free_at = 0  # when the last frame is all on the wire
 
     def put(self, t_ns: int, data: bytes) -> bool:
         """The frame leaves at `t_ns`; False: dropped, the line is full."""
         if self.bytes + len(data) > LINE_MAX_BYTES:
             return False
-        due = max(t_ns + int(len(data) * self.ns_per_byte) + self.delay_ns, self.last_due)
-        self.last_due = due
-        self.frames.append((due, data))
+        self.free_at = max(t_ns, self.free_at) + int(len(data) * self.ns_per_byte)
+        self.frames.append((self.free_at + self.delay_ns, data))
         self.bytes += len(data)
         return True
 
@@ -416,7 +432,8 @@ class Dataplane:
     def _transmit(self, port: int, data: bytes) -> None:
         p = self.ports.get(port)
         if p is not None and p.wire is not None and data[12:14] != ETHERTYPE_MAC_CONTROL:
-            self._line_put(p, False, self.switch.clock.now_ns(), data)
+            t = self.switch.departed_ns  # the departure's time: the loop's lateness aside
+            self._line_put(p, False, self.switch.clock.now_ns() if t is None else t, data)
         elif p is not None:
             p.send(data)
         elif port == self.switch.cpu_port and self.cpu_handler is not None:
@@ -499,6 +516,7 @@ class Dataplane:
         return self._thread is not None and self._thread.is_alive()
 
     def _run(self) -> None:
+        _precise_timers()
         try:
             self._loop()
         except BaseException as exc:  # only what the loop cannot survive: said loudly

@@ -206,6 +206,10 @@ class V1Switch:
         self.mcast_groups: dict[int, list[tuple[int, int]]] = {}  # mgid -> [(port, rid)]
         self.stats = Stats()
         self.transmit: TransmitFn = lambda port, data: None
+        # the time the frame being transmitted started to leave its port (None: a frame the
+        # switch makes, sent at once): for a driver whose wire takes it from then (the
+        # emulation's delay lines), however late its loop ran the departure
+        self.departed_ns: int | None = None
         self.drop_reports = DropReporter(self)  # the traffic manager's drops, reported
         self.on_digest: DigestFn = lambda list_id, name, values: None
         self.log_fn: Callable[[str], None] = lambda msg: log.info("log_msg: %s", msg)
@@ -463,6 +467,7 @@ class V1Switch:
 
     def _send_control(self, port: int, frame: bytes) -> None:
         self.pfc_frames_sent += 1
+        self.departed_ns = None
         self.transmit(port, frame)
 
     def _new(self, c: Compiled, length: int) -> Packet:
@@ -740,6 +745,7 @@ class V1Switch:
                     if len(out) != r.booked:
                         tm.ports[port].resize(r.booked, len(out))
                     self.stats.tx += 1
+                    self.departed_ns = deps[j].start
                     self.transmit(port, out)
                     continue
                 d = deps[j]
@@ -835,4 +841,5 @@ class V1Switch:
         if len(out) != booked:  # the port sends the frame as it left egress
             self.tm.ports[port].resize(booked, len(out))
         self.stats.tx += 1
+        self.departed_ns = p.t_ns
         self.transmit(port, out)

@@ -69,7 +69,7 @@ typedef struct { /* the emulation: a port's link in time (dataplane.py's Wire an
     int64_t delay_ns;
     int64_t ingress; /* the frames coming in wait too (the far end, a host, cannot) */
     int64_t port;
-    int64_t last_due[2]; /* per direction (0 out, 1 in): the line keeps its order */
+    int64_t free_at[2]; /* per direction (0 out, 1 in): when its last frame is all on it */
     int64_t bytes[2];
     void *head[2]; /* the frames held, oldest first (xm_held) */
     void *tail[2];
@@ -423,9 +423,9 @@ typedef struct xm_held {
     uint8_t data[];
 } xm_held;
 
-/* DelayLine.put: the frame that left (or came in) at t is due whole after its serialization
- * at the link's rate and the link's delay, never before the frame ahead of it; 1 held, 0
- * dropped (over XM_LINE_MAX_BYTES: counted), -1 out of memory */
+/* DelayLine.put: the frame handed over at t goes on the wire once the frame ahead of it is
+ * on it, and is due whole its serialization at the link's rate and the link's delay later;
+ * 1 held, 0 dropped (over XM_LINE_MAX_BYTES: counted), -1 out of memory */
 static int line_put(xm_hop *h, int64_t port, int64_t in, const uint8_t *data, int64_t len,
                     int64_t t)
 {
@@ -436,9 +436,9 @@ static int line_put(xm_hop *h, int64_t port, int64_t in, const uint8_t *data, in
     }
     xm_held *f = malloc(sizeof(xm_held) + (size_t)len);
     if (!f) return -1;
-    int64_t due = t + (int64_t)((double)len * l->ns_per_byte) + l->delay_ns;
-    if (due < l->last_due[in]) due = l->last_due[in];
-    l->last_due[in] = due;
+    int64_t start = t > l->free_at[in] ? t : l->free_at[in];
+    l->free_at[in] = start + (int64_t)((double)len * l->ns_per_byte);
+    int64_t due = l->free_at[in] + l->delay_ns;
     f->next = NULL;
     f->due = due;
     f->len = len;
@@ -502,15 +502,17 @@ int64_t xm_emu_lines_drop(xm_loop *L, int64_t node)
     return n;
 }
 
-/* what SimSwitch._transmit does with a frame that left the pipeline */
-static void transmit(xm_loop *L, int64_t node, int64_t port, const uint8_t *data, int64_t len)
+/* what SimSwitch._transmit does with a frame that left the pipeline (at `start`, its
+ * departure's time: the emulation's line takes it from then, whenever the loop woke) */
+static void transmit(xm_loop *L, int64_t node, int64_t port, const uint8_t *data, int64_t len,
+                     int64_t start)
 {
     xm_hop *h = &L->hops[node];
     int64_t w = port >= 0 && port < NPORTS ? h->wire[port] : -1;
     int64_t fd = w < 0 && port >= 0 && port < NPORTS ? h->fd[port] : -1;
     int control = mac_control(data, len);
     if (fd >= 0 && !control && h->line_of[port]) { /* Dataplane._transmit: on its wire */
-        if (line_put(h, port, 0, data, len, L->now) < 0) L->failed = 1;
+        if (line_put(h, port, 0, data, len, start) < 0) L->failed = 1;
         return;
     }
     if (fd >= 0 && !control) { /* Port.send */
@@ -591,7 +593,7 @@ static void service_round(xm_loop *L, int64_t node)
                 if (r->truncate >= 0 && r->truncate < len) len = r->truncate;
                 if (len != r->booked) xm_tm_resize(tm, d->port, r->booked, len);
                 h->tx++;
-                transmit(L, node, d->port, frame, len);
+                transmit(L, node, d->port, frame, len, d->start);
                 free(joined);
                 if (d->handle)
                     L->release(node, d->handle);
