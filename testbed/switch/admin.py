@@ -192,6 +192,7 @@ class SwitchAdminService(switch_pb2_grpc.SwitchAdminServicer):  # type: ignore[m
                     tx_bytes=p.stats.tx_bytes,
                     tx_errors=p.stats.tx_errors,
                     line_drops=p.stats.line_drops,
+                    line_late_ns=p.stats.line_late_ns,
                     down=sw.tm.port_down(num),
                     rx_errors=sw.tm.ports[num].rx_errors if num in sw.tm.ports else 0,
                 )

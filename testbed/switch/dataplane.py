@@ -161,6 +161,7 @@ class PortStats:
     rx_bytes: int = 0
     tx_bytes: int = 0
     line_drops: int = 0  # frames the port's delay line could not hold (LINE_MAX_BYTES)
+    line_late_ns: int = 0  # how much later than due its lines' frames left (the loop's)
 
 
 def _port_counter(name: str) -> property:
@@ -181,7 +182,14 @@ class HopPortStats(PortStats):
         self._hop, self._port = hop, port
         hop.counted[port] = 1
         super().__init__(
-            old.rx, old.tx, old.tx_errors, old.rx_down, old.rx_bytes, old.tx_bytes, old.line_drops
+            old.rx,
+            old.tx,
+            old.tx_errors,
+            old.rx_down,
+            old.rx_bytes,
+            old.tx_bytes,
+            old.line_drops,
+            old.line_late_ns,
         )
 
     rx = _port_counter("port_rx")  # type: ignore[assignment]
@@ -191,6 +199,7 @@ class HopPortStats(PortStats):
     rx_bytes = _port_counter("port_rx_bytes")  # type: ignore[assignment]
     tx_bytes = _port_counter("port_tx_bytes")  # type: ignore[assignment]
     line_drops = _port_counter("port_line_drops")  # type: ignore[assignment]
+    line_late_ns = _port_counter("port_line_late_ns")  # type: ignore[assignment]
 
 
 class Port:
@@ -480,11 +489,13 @@ class Dataplane:
         for p in self.ports.values():
             if p.line_in is not None:
                 for due, data in p.line_in.take_due(now):
+                    p.stats.line_late_ns += now - due
                     self._arrive(p, data, due)
         sw.service(until_ns=now)
         for p in self.ports.values():
             if p.line_out is not None:
-                for _due, data in p.line_out.take_due(now):
+                for due, data in p.line_out.take_due(now):
+                    p.stats.line_late_ns += now - due
                     p.send(data)
 
     def _arrive(self, p: Port, data: bytes, t: int | None) -> None:

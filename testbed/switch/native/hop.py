@@ -103,6 +103,7 @@ typedef struct {
     int64_t port_tx_errors[NPORTS];
     int64_t port_rx_down[NPORTS];
     int64_t port_line_drops[NPORTS]; /* frames over what the port's delay line holds */
+    int64_t port_line_late_ns[NPORTS]; /* how much later than due its lines' frames left */
     int64_t line_of[NPORTS]; /* the emulation: 1 + the port's index in lines, or 0 */
     xm_line *lines;
     int64_t nlines;
@@ -720,6 +721,7 @@ int64_t xm_emu_service(xm_loop *L, int64_t node, int64_t start_ns)
         xm_line *l = &h->lines[i];
         while (l->head[1] && ((xm_held *)l->head[1])->due <= now && !L->failed) {
             xm_held *f = line_take(l, 1);
+            h->port_line_late_ns[l->port] += now - f->due;
             emu_arrive(L, node, l->port, f->data, f->len, f->due);
             free(f);
         }
@@ -735,6 +737,7 @@ int64_t xm_emu_service(xm_loop *L, int64_t node, int64_t start_ns)
         int64_t port = l->port;
         while (l->head[0] && ((xm_held *)l->head[0])->due <= now) {
             xm_held *f = line_take(l, 0);
+            h->port_line_late_ns[port] += now - f->due;
             if (send((int)h->fd[port], f->data, (size_t)f->len, 0) < 0) { /* Port.send */
                 h->port_tx_errors[port]++;
             } else {
