@@ -27,7 +27,7 @@ from mininet.cli import CLI
 
 from testbed import faults
 from testbed.emu.network import Testbed, TestbedError
-from testbed.emu.suite import EmuSuite, measure_base_rtt
+from testbed.emu.suite import EmuSuite
 from testbed.experiment.suite import SCENARIOS, SuiteConfig, one_line
 from testbed.model import fmt_rate
 
@@ -205,7 +205,7 @@ class TestbedCLI(CLI):  # type: ignore[misc]
 
         law = self.tb.controller_stub().GetPolicy(pb.GetPolicyRequest(), timeout=3)
         if not self.suite.base_rtt_s:
-            self.suite.base_rtt_s = measure_base_rtt(self.tb)
+            self.suite.base_rtt_s = self.suite._measure_base_rtt()
             self.suite.tita_t_s = self.tb.scaling.base_rtt_s  # what the agents started with
         rec = self.suite.run_one(law.default.rate_law, name)
         print(f"{name} under {law.default.rate_law}: {one_line(rec)}")

@@ -10,12 +10,9 @@ a fresh fabric for every run; docs/fidelity.md).
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections.abc import Callable
 from typing import Any
-
-import numpy as np
 
 from controller.nic.ratelaw import CcParams
 from controller.nic.ratelaw.profiles import policy_params
@@ -38,29 +35,10 @@ from testbed.traffic import workloads as wl
 from testbed.traffic.netns import Host
 from testbed.traffic.runner import RunOutput
 
-# the small pings' payload: their frames are about an ACK's (transport ACKs: 70 B)
-SMALL_PING_BYTES = 28
-
-
-def measure_base_rtt(tb: Testbed) -> float:
-    """The round trip of an MTU-sized frame from the first host to the last (the longest path
-    of the standard topologies) and a small one back, as the twin measures it (a message and
-    its ACK), in seconds: the mean of the median RTTs of MTU-sized pings (full size both
-    ways) and of small ones (the links' serialization counts where the switches give them
-    their time: Testbed.wired)."""
-    hosts = tb.hosts()
-    src, dst = tb.node(hosts[0].name), hosts[-1]
-    medians = []
-    for size in (tb.scaling.transport_mtu, SMALL_PING_BYTES):
-        out = src.cmd(f"ping -c 11 -i 0.1 -s {size} -W 1 {dst.ip}")
-        rtts = [float(x) for x in re.findall(r"time=([0-9.]+) ms", out)]
-        if len(rtts) < 5:
-            raise RuntimeError(
-                f"the fabric does not carry pings of {size} B {hosts[0].name} -> {dst.name}:\n"
-                f"{out.strip()[-800:]}"
-            )
-        medians.append(float(np.median(rtts[1:] or rtts)) / 1e3)
-    return sum(medians) / 2
+# the base RTT: messages measured, and how long they may take (the model's RTT is 20 ms at the
+# default scale; its RTO 1 s or more)
+BASE_RTT_SAMPLES = 5
+BASE_RTT_TIMEOUT_S = 30.0
 
 
 class EmuSuite(Suite):
@@ -121,7 +99,16 @@ class EmuSuite(Suite):
         return False
 
     def _measure_base_rtt(self) -> float:
-        return measure_base_rtt(self.tb)
+        """As the twin measures it (testbed.traffic.workloads.base_rtt): the median of five
+        messages and their ACKs, the hosts' transports and NICs included."""
+        mtu = self.scaling.transport_mtu
+        rtt = wl.base_rtt(self.hosts, mtu, self.runner, BASE_RTT_TIMEOUT_S, BASE_RTT_SAMPLES)
+        if rtt is None:
+            raise RuntimeError(
+                f"the fabric does not carry a message {self.hosts[0].name} -> "
+                f"{self.hosts[-1].name} within {BASE_RTT_TIMEOUT_S:g} s"
+            )
+        return rtt
 
     def _set_policy(self, scheme: str, cc: dict[str, CcParams]) -> int:
         # every parameter of the law, as the profile resolved them for each agent's line

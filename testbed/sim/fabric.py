@@ -64,12 +64,12 @@ from testbed.switch.pfc import (
 from testbed.switch.traffic_manager import Clock
 from testbed.switch.v1model import DEFAULT_PIPELINE, PIPELINES, V1Switch
 from testbed.topo import End, FabricSpec
-from testbed.traffic.generators import Flow
 from testbed.traffic.jobs import JOBS
 from testbed.traffic.netns import Host
 from testbed.traffic.runner import RunError, RunOutput
 from testbed.traffic.transport_core import TransportConfig, port_seed
 from testbed.traffic.transport_native import make_core
+from testbed.traffic.workloads import base_rtt
 
 CPU_PORT = 255  # testbed.emu.nodes.CPU_PORT (nodes imports Mininet)
 
@@ -802,22 +802,11 @@ class SimFabric:
     def measure_base_rtt(self, size: int) -> float:
         """The round trip of one `size`-byte message from the first host to the last (the
         longest path of the standard topologies) and its ACK, on the idle fabric."""
-        hosts = self.traffic_hosts()
-        flow = Flow(id=0, src=0, dst=len(hosts) - 1, size=size, start=0.0)
-        out = self.run_job(
-            hosts,
-            {
-                "kind": "flows",
-                "flows": [flow.as_dict()],
-                "seed": 1,
-                "transport": {"mtu": self.scaling.transport_mtu},
-                "timeout": 10.0 + 1e-3 * self.scaling.scale,
-            },
-        )
-        fct = out.results[0]["sent"][0]["fct"]
+        timeout = 10.0 + 1e-3 * self.scaling.scale
+        fct = base_rtt(self.traffic_hosts(), size, self.run_job, timeout)
         if fct is None:
             raise RuntimeError("the twin's fabric does not carry a message first -> last host")
-        return float(fct)
+        return fct
 
     def traffic_hosts(self) -> list[Host]:
         return [Host(h.name, "", h.nics[0].ip, h.ifname(0)) for h in self.spec.hosts]

@@ -79,6 +79,26 @@ def run_flows(
     return _flows_metrics(name, hosts, runner(hosts, spec), line_rate, base_rtt)
 
 
+def base_rtt(
+    hosts: list[Host], mtu: int, runner: Runner, timeout: float, samples: int = 1
+) -> float | None:
+    """The round trip of an `mtu`-byte message from the first host to the last (the longest
+    path of the standard topologies) and its ACK, on the idle fabric: how both engines measure
+    their base RTT (the FCT slowdown's ideal; TiTa's T where it is above the model's). The
+    median FCT of `samples` such messages, a tenth of a second apart (one: the twin, which
+    has no noise); None if one did not complete."""
+    flows = [
+        gen.Flow(id=i, src=0, dst=len(hosts) - 1, size=mtu, start=0.1 * i).as_dict()
+        for i in range(samples)
+    ]
+    spec = {"kind": "flows", "flows": flows, "seed": 1, "transport": {"mtu": mtu}}
+    out = runner(hosts, {**spec, "timeout": timeout})
+    fcts = sorted(f["fct"] for r in out.results for f in r["sent"])
+    if len(fcts) != samples or None in fcts:
+        return None
+    return float(fcts[len(fcts) // 2])
+
+
 def incast(hosts: list[Host], size: int, *, receiver: int = 0, **kw: Any) -> dict[str, Any]:
     """N:1 incast of `size` bytes from every other host to `receiver`."""
     return run_flows(hosts, gen.incast(len(hosts), size, receiver=receiver), name="incast", **kw)
