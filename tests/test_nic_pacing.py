@@ -223,3 +223,34 @@ def test_a_declared_flow_keeps_its_order_when_its_rate_drops(declared: bool) -> 
             assert rx.reordered == 0
         else:
             assert rx.reordered > 0  # the rig shows what declaring prevents
+
+
+def test_the_default_class_borrows_the_port_before_the_flows() -> None:
+    """The default class, where the NIC's feedback (ACK, NAK, CNP) leaves, has the port's rate
+    before the flows' classes (HTB prio 0 against 1), as the twin's NIC sends its feedback
+    ahead of its queue pairs' data: an ACK does not wait for backlogged flows' turns."""
+    import re
+
+    from controller.nic.agent.pacer import DEFAULT_MINOR, DEFAULT_PRIO, FLOW_PRIO
+
+    line = 50_000_000
+    with (
+        NetnsPair.create() as pair,
+        AgentProcess(pair.a, pair.dev_a, line, extra=("--no-int",)) as agent,
+    ):
+        pb = agent.pb()
+        key = pair.udp_key(5900)
+        req = pb.DeclareFlowsRequest(flows=[agent.flow(key)])
+        assert agent.stub().DeclareFlows(req, timeout=10).declared == 1
+        out = subprocess.run(
+            ["ip", "netns", "exec", pair.a, "tc", "class", "show", "dev", pair.dev_a],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    # `class htb 1:10 parent 1:1 prio 1 rate ...` (this iproute2 prints no JSON for HTB)
+    prio = {h: int(n) for h, n in re.findall(r"class htb (\S+) parent \S+ prio (\d+)", out)}
+    default = f"1:{DEFAULT_MINOR:x}"
+    flows = [h for h in prio if h != default]
+    assert prio[default] == DEFAULT_PRIO < FLOW_PRIO, prio
+    assert flows and all(prio[h] == FLOW_PRIO for h in flows), prio

@@ -34,6 +34,12 @@ DEFAULT_MINOR = 0xFFFE
 FIRST_FLOW_MINOR = 0x10
 LAST_FLOW_MINOR = 0xFFF0
 MTU = 1600  # HTB rate-table cell sizing (bytes)
+# Who borrows the port's rate first (HTB's prio, lower first): the default class, where a
+# RoCE NIC's feedback (ACK, NAK, CNP) leaves, before the flows' classes, as the twin's NIC sends
+# its feedback ahead of its queue pairs' data (testbed/sim/nic.py's kick). Equal, an ACK waited
+# its turn behind a backlogged flow's frames.
+DEFAULT_PRIO = 0
+FLOW_PRIO = 1
 BURST_S = 0.002  # token bucket depth in time at the class rate: catches up timer lateness
 # The slowest an HTB class paces: its rate table and buffer are 32-bit counts of 1/64 us ticks,
 # which overflow for a full-size frame below ~100 b/s (netlink then refuses the class); a
@@ -120,7 +126,9 @@ class HtbPacer:
                     log.warning("replacing root qdisc %s on ifindex %d", root[0], idx)
                 self.ipr.tc("replace", "htb", idx, ROOT_HANDLE, default=DEFAULT_MINOR)
             self._write_port(idx, "replace-class", self.port_rate_bps)
-            self._write_leaf(idx, "replace-class", DEFAULT_MINOR, self.line_rate_bps, 1)
+            self._write_leaf(
+                idx, "replace-class", DEFAULT_MINOR, self.line_rate_bps, 1, DEFAULT_PRIO
+            )
         return adopted
 
     def set_port_rate(self, rate_bps: int) -> int:
@@ -134,18 +142,28 @@ class HtbPacer:
         return rate_bps
 
     def _write_port(self, idx: int, cmd: str, rate_bps: int) -> None:
-        self._write_class(idx, cmd, PORT_MINOR, ROOT_HANDLE, rate_bps, rate_bps, 1)
+        self._write_class(idx, cmd, PORT_MINOR, ROOT_HANDLE, rate_bps, rate_bps, 1, DEFAULT_PRIO)
 
-    def _write_leaf(self, idx: int, cmd: str, minor: int, ceil_bps: int, weight: int) -> None:
+    def _write_leaf(
+        self, idx: int, cmd: str, minor: int, ceil_bps: int, weight: int, prio: int = FLOW_PRIO
+    ) -> None:
         """A class under the port's: its token rate the least HTB paces, so that it borrows
-        the rest from the port (within the port's rate), up to `ceil_bps`."""
+        the rest from the port (within the port's rate), up to `ceil_bps`, in `prio`'s turn."""
         parent = classid(PORT_MINOR)
         self._write_class(
-            idx, cmd, minor, parent, MIN_RATE_BPS, max(MIN_RATE_BPS, ceil_bps), weight
+            idx, cmd, minor, parent, MIN_RATE_BPS, max(MIN_RATE_BPS, ceil_bps), weight, prio
         )
 
     def _write_class(
-        self, idx: int, cmd: str, minor: int, parent: int, rate_bps: int, ceil_bps: int, weight: int
+        self,
+        idx: int,
+        cmd: str,
+        minor: int,
+        parent: int,
+        rate_bps: int,
+        ceil_bps: int,
+        weight: int,
+        prio: int,
     ) -> None:
         rate, ceil = rate_bps // 8, ceil_bps // 8
         self.ipr.tc(
@@ -159,6 +177,7 @@ class HtbPacer:
             burst=_burst(rate),
             cburst=_burst(ceil),
             quantum=_quantum(weight),
+            prio=prio,
             mtu=MTU,
         )
 
