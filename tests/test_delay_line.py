@@ -1,11 +1,15 @@
 """The emulation's links in time (testbed/switch/dataplane.py's Wire and DelayLine, the
 reference of the native loop's xm_line): a frame is due after its length at the link's rate
 and the link's delay, going on the wire after the one ahead of it; what a line holds is
-bounded; and
-the testbed gives every built-in switch's linked port its link's rate and the model's delay,
-dilated, holding frames from hosts coming in too."""
+bounded; and the testbed gives every built-in switch's linked port its link's rate and delay
+(the model's 80 ns or the topology's own), dilated, holding frames from hosts coming in too,
+and refuses a link's own delay where the switches cannot hold frames (bmv2)."""
 
 from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,7 +17,7 @@ from testbed.emu.network import Testbed, TestbedOptions
 from testbed.model import LINK_DELAY_MODEL_NS, Scaling
 from testbed.switch.dataplane import DelayLine, Wire, parse_wire
 from testbed.switch.native.hop import LINE_MAX_BYTES
-from testbed.topo import leafspine
+from testbed.topo import End, FabricSpec, leafspine
 
 
 def test_a_frame_is_due_after_its_serialization_and_the_delay() -> None:
@@ -50,7 +54,7 @@ def test_the_wire_argument() -> None:
             parse_wire(bad)
 
 
-def test_the_testbed_gives_each_linked_port_its_wire(tmp_path) -> None:
+def test_the_testbed_gives_each_linked_port_its_wire(tmp_path: Path) -> None:
     spec = leafspine(2, 2, 2)
     scaling = Scaling()
     tb = Testbed(spec, TestbedOptions(switch="builtin", scaling=scaling, run_dir=tmp_path))
@@ -67,3 +71,28 @@ def test_the_testbed_gives_each_linked_port_its_wire(tmp_path) -> None:
         4: Wire(bps, delay, False),
     }
     assert all(not w.ingress for _, w in map(parse_wire, tb.wires("spine1")))
+
+
+def _with_own_link(spec: FabricSpec, end: End, **own: Any) -> FabricSpec:
+    links = tuple(replace(lk, **own) if end in (lk.a, lk.b) else lk for lk in spec.links)
+    return FabricSpec(spec.name, spec.switches, spec.hosts, links, spec.collector)
+
+
+def test_a_link_of_its_own_speed_and_delay_and_bmv2_refusing_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from testbed.emu import network
+    from testbed.emu.network import TestbedError
+    from testbed.emu.nodes import Bmv2Switch
+
+    spec = _with_own_link(leafspine(2, 2, 2), End("leaf1", 3), gbps=800.0, delay_ns=500)
+    scaling = Scaling()
+    tb = Testbed(spec, TestbedOptions(switch="builtin", scaling=scaling, run_dir=tmp_path))
+    wires = dict(parse_wire(w) for w in tb.wires("leaf1"))
+    assert wires[3] == Wire(800e9 / scaling.scale, round(500 * scaling.scale), False)
+    assert wires[4] == Wire(scaling.link_bps, round(LINK_DELAY_MODEL_NS * scaling.scale), False)
+    spine = dict(parse_wire(w) for w in tb.wires("spine1"))
+    assert spine[1] == wires[3]  # the link's other end
+    monkeypatch.setattr(network, "choose_switch", lambda _choice: Bmv2Switch)
+    with pytest.raises(TestbedError, match="--switch builtin"):
+        Testbed(spec, TestbedOptions(switch="bmv2", scaling=scaling, run_dir=tmp_path))
