@@ -115,6 +115,14 @@ def _common(ap: argparse.ArgumentParser) -> None:
         "as --pipeline; the native core runs go-back-N, the reference selective repeat): to "
         "bisect, as --nic-pipeline",
     )
+    ap.add_argument(
+        "--link-time",
+        choices=("model", "none"),
+        help="the emulation's links (default model): the built-in switches hold each frame "
+        "for its link's serialization and delay, as the twin's links take it (a base RTT of "
+        "the model's 20 ms at 1/20000); none: at once, as a veth (a fraction of a "
+        "millisecond, and fewer of the switches' wake-ups: more hosts on two cores)",
+    )
     ap.add_argument("--pcap", action="store_true", help="per-port pcap files in the run dir")
     ap.add_argument("--run-dir", type=Path, help="default: runs/<timestamp>")
     ap.add_argument(
@@ -292,6 +300,7 @@ def _testbed(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         switch=args.switch,
         pipeline=args.pipeline,
         transport_pipeline=getattr(args, "transport_pipeline", None) or args.pipeline,
+        link_time=getattr(args, "link_time", None) or "model",
         scaling=scaling,
         rate_law=args.rate_law,
         ecn=EcnConfig(),
@@ -328,6 +337,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(
             "--nic-pipeline is the twin's (the emulation's NICs run the XDP program in the "
             "kernel; the flow engine has no NIC)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.engine != "emu" and args.link_time is not None:
+        print(
+            "--link-time is the emulation's (the twin's links always take the model's time)",
             file=sys.stderr,
         )
         return 2
@@ -458,6 +473,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             "nic_bps": s.nic_bps,
             "base_rtt_s": base_rtt,
             "tita_base_rtt_s": tita_t,
+            "link_time": tb.opts.link_time,
             "link_delay_s": tb.link_delay_s,
             "rto_s": rto,
             "suite": cfg.__dict__,

@@ -96,3 +96,17 @@ def test_a_link_of_its_own_speed_and_delay_and_bmv2_refusing_it(
     monkeypatch.setattr(network, "choose_switch", lambda _choice: Bmv2Switch)
     with pytest.raises(TestbedError, match="--switch builtin"):
         Testbed(spec, TestbedOptions(switch="bmv2", scaling=scaling, run_dir=tmp_path))
+
+
+def test_the_links_at_once_on_request(tmp_path: Path) -> None:
+    """`--link-time none`: no line (a veth's time), and a link's own delay refused."""
+    from testbed.emu.network import TestbedError
+
+    opts = TestbedOptions(switch="builtin", link_time="none", run_dir=tmp_path)
+    tb = Testbed(leafspine(2, 2, 2), opts)
+    assert tb.wires("leaf1") == [] and tb.link_delay_s == 0.0
+    spec = _with_own_link(leafspine(2, 2, 2), End("leaf1", 3), delay_ns=500)
+    with pytest.raises(TestbedError, match="--link-time model"):
+        Testbed(spec, opts)
+    with pytest.raises(ValueError, match="link time"):
+        Testbed(spec, TestbedOptions(switch="builtin", link_time="fast", run_dir=tmp_path))

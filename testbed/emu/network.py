@@ -78,6 +78,9 @@ class TestbedError(UserError):
     pass
 
 
+LINK_TIMES = ("model", "none")  # TestbedOptions.link_time
+
+
 @dataclass
 class TestbedOptions:
     __test__ = False  # not a pytest test class
@@ -99,6 +102,10 @@ class TestbedOptions:
     pipeline: str = DEFAULT_PIPELINE  # the built-in switches' P4 pipeline: reference or native
     # the hosts' transports: the core's per-packet work in C, or the Python reference
     transport_pipeline: str = DEFAULT_PIPELINE
+    # the links' time: "model", the built-in switches hold each frame for its link's
+    # serialization and delay (Testbed.wires); "none", a veth's (at once: a base RTT of a
+    # fraction of a millisecond, and the switches' CPU of one wake-up a frame)
+    link_time: str = "model"
     boot_timeout_s: float = 180.0
     # a Prometheus server scraping every daemon, and the controller's fabric page (loopback)
     monitoring: bool = True
@@ -148,6 +155,8 @@ class Testbed:
     def __init__(self, spec: FabricSpec, opts: TestbedOptions | None = None):
         self.spec = spec
         self.opts = opts or TestbedOptions()
+        if self.opts.link_time not in LINK_TIMES:
+            raise ValueError(f"link time {self.opts.link_time!r}: one of {', '.join(LINK_TIMES)}")
         if self.opts.rate_law not in RATE_LAWS:
             raise ValueError(f"rate law {self.opts.rate_law!r}: one of {', '.join(RATE_LAWS)}")
         self.scaling = self.opts.scaling
@@ -160,8 +169,8 @@ class Testbed:
             # a veth delays nothing, this kernel has no netem, and bmv2 no delay line
             raise TestbedError(
                 f"links {', '.join(delayed)} have a delay of their own: only the built-in "
-                "switch gives the emulation's links their time (--switch builtin); the twin "
-                "models it too (--engine sim)"
+                "switch gives the emulation's links their time (--switch builtin, --link-time "
+                "model); the twin models it too (--engine sim)"
             )
         self.net: Any = None
         self._slowed_nics: set[str] = set()  # hosts whose NIC port a fault slowed
@@ -244,8 +253,9 @@ class Testbed:
     @property
     def wired(self) -> bool:
         """Whether the links take the model's time (serialization and delay): the built-in
-        switches hold each frame on a delay line (their --wire); bmv2's send at once."""
-        return self.switch_cls.kind == "builtin"
+        switches hold each frame on a delay line (their --wire) unless told not to
+        (`link_time` "none"); bmv2's send at once."""
+        return self.switch_cls.kind == "builtin" and self.opts.link_time == "model"
 
     @property
     def link_delay_s(self) -> float:
