@@ -5,6 +5,7 @@ the twin (its wires, its NICs' line rates, the switches' port rates)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 import pytest
@@ -171,7 +172,7 @@ def test_each_nic_runs_its_law_at_its_own_line_rate() -> None:
     assert by_rate[str(fab.hosts["h1"].line_rate_bps)]["t_low_ns"] == slow.t_low_ns
     # one window for all: the fastest host's B*T, so that none is held below its own
     assert suite.hosts_link_bps() == s.link_bps
-    assert suite.window("hpcc") == tita_window(s, suite.tita_t_s)
+    assert suite.window("hpcc") == tita_window(s, suite.tita_t_s, ack_every=2)
 
 
 def test_a_fabric_of_100g_hosts_resolves_everything_at_100g() -> None:
@@ -190,8 +191,8 @@ def test_a_fabric_of_100g_hosts_resolves_everything_at_100g() -> None:
     assert {p.hpcc for p in cc.values()} == {cc["h1"].hpcc}
     assert suite.cc_records["hpcc"]["nic_bps"] == int(nic)
     assert "values_by_nic_bps" not in suite.cc_records["hpcc"]
-    assert suite.window("hpcc") == tita_window(s, suite.tita_t_s, 100e9)
-    assert suite.window("hpcc") < tita_window(s, suite.tita_t_s)
+    assert suite.window("hpcc") == tita_window(s, suite.tita_t_s, 100e9, ack_every=2)
+    assert suite.window("hpcc") < tita_window(s, suite.tita_t_s, ack_every=2)
     assert suite.hosts_link_bps() == 100e9
     assert suite.cnp_interval_s("dcqcn") == pytest.approx(
         4 * transport_settings(s)["cnp_interval"], rel=1e-3
@@ -269,3 +270,15 @@ def test_the_rto_stays_above_the_deepest_queue_the_buffer_admits() -> None:
     assert q == pytest.approx(static.model.queue_bytes * 8 / static.link_bps)
     assert transport_settings(static, deepest_queue=q)["rto"] == 1.0
     assert transport_settings(s)["rto"] == pytest.approx(50e-6)
+
+
+def test_the_window_holds_the_frames_a_receiver_waits_for_before_it_acks() -> None:
+    """B*T and the ACK interval's frames but one: a packet's ACK leaves only with the
+    ACK interval's last packet (TiTa's every two; Swift's every one: B*T alone)."""
+    from testbed.experiment.suite import tita_window
+
+    s = Scaling()
+    bdp = tita_window(s, 0.02)
+    assert bdp == math.ceil(s.link_bps * 0.02 / 8 / s.frame_bytes)
+    assert tita_window(s, 0.02, ack_every=2) == bdp + 1
+    assert tita_window(s, 0.02, ack_every=4) == bdp + 3
