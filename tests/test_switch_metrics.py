@@ -32,3 +32,22 @@ def test_each_ports_waits_and_what_its_queue_explains_are_counters() -> None:
     assert m[f"xingmai_switch_port_wait_seconds_total{lv}"] == 0.006
     assert m[f"xingmai_switch_port_expected_wait_seconds_total{lv}"] == 0.0025
     assert m['xingmai_switch_port_departures_total{port="4",switch="leaf1"}'] == 0
+
+
+def test_the_delay_lines_lateness_and_drops_per_wired_port() -> None:
+    from types import SimpleNamespace
+
+    from testbed.switch.dataplane import PortStats, Wire
+
+    sw = V1Switch(Clock(virtual=True), device_id=1)
+    wired = SimpleNamespace(wire=Wire(2e7, 1_600_000), stats=PortStats(line_late_ns=2_500_000))
+    wired.stats.line_drops = 3
+    plain = SimpleNamespace(wire=None, stats=PortStats())
+    dp = SimpleNamespace(running=True, loop_errors=0, ports={1: wired, 2: plain})
+    reg = CollectorRegistry()
+    reg.register(SwitchCollector(sw, dp, "leaf1"))  # type: ignore[arg-type]
+    text = generate_latest(reg).decode()
+    lv = '{port="1",switch="leaf1"}'
+    assert f"xingmai_switch_line_late_seconds_total{lv} 0.0025" in text
+    assert f"xingmai_switch_line_drops_total{lv} 3.0" in text
+    assert 'xingmai_switch_line_late_seconds_total{port="2"' not in text

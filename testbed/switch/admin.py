@@ -297,6 +297,22 @@ class SwitchCollector:
             )
             errors.add_metric([self.name], self.dataplane.loop_errors)
             yield from (running, errors)
+            # the links' time (--wire): how late the delay lines' frames left, what they dropped
+            late = CounterMetricFamily(
+                "xingmai_switch_line_late_seconds",
+                "how much later than due the port's delay-line frames left, summed",
+                labels=pl,
+            )
+            ldrops = CounterMetricFamily(
+                "xingmai_switch_line_drops",
+                "frames the port's delay lines could not hold, dropped",
+                labels=pl,
+            )
+            for num, port in sorted(self.dataplane.ports.items()):
+                if port.wire is not None:
+                    late.add_metric([self.name, str(num)], port.stats.line_late_ns / 1e9)
+                    ldrops.add_metric([self.name, str(num)], port.stats.line_drops)
+            yield from (late, ldrops)
 
 
 def metrics_registry(switch: V1Switch, dataplane: Dataplane | None, name: str) -> CollectorRegistry:
