@@ -308,10 +308,10 @@ class SwitchCollector:
                 "frames the port's delay lines could not hold, dropped",
                 labels=pl,
             )
-            for num, port in sorted(self.dataplane.ports.items()):
-                if port.wire is not None:
-                    late.add_metric([self.name, str(num)], port.stats.line_late_ns / 1e9)
-                    ldrops.add_metric([self.name, str(num)], port.stats.line_drops)
+            for num, dport in sorted(self.dataplane.ports.items()):
+                if dport.wire is not None:
+                    late.add_metric([self.name, str(num)], dport.stats.line_late_ns / 1e9)
+                    ldrops.add_metric([self.name, str(num)], dport.stats.line_drops)
             yield from (late, ldrops)
 
 
