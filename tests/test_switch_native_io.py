@@ -175,3 +175,32 @@ def test_a_wire_holds_each_frame_for_its_serialization_and_delay_on_both_loops()
             least = on_wire + 30e6 + n * 8 * 1e9 / 8e6 + 20e6
             assert least <= int(took) < least + 2e9, (n, took, least)
     assert (st_n.rx_packets, st_n.tx_packets) == (st_p.rx_packets, st_p.tx_packets)
+
+
+def test_frames_on_a_wire_when_the_program_loads_are_dropped_and_counted() -> None:
+    """Before a program loads the switch's Python loop holds a host's frames on the port's
+    line; the native loop that takes over when one loads keeps lines of its own, so the
+    frames still on the old ones are dropped and counted (GetStatus's line_drops), not kept
+    for ever."""
+    with SwitchRig(2) as rig:
+        rig.start_switch(None, extra=["--wire", "1:1000000:5000000000:in"])
+        h1, h2 = rig.hosts
+        subprocess.run(
+            h1.cmd(sys.executable, "-c", SENDER, h1.ifname, h1.mac, h1.ip, h2.ip),
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        time.sleep(0.3)
+
+        async def program() -> None:
+            async with fy.Switch("s1", rig.grpc_addr, options()) as s:
+                await s.write(_writes("xingmai", h2.mac))
+
+        asyncio.run(program())
+        time.sleep(0.3)
+        with grpc.insecure_channel(rig.grpc_addr) as ch:
+            st = switch_pb2_grpc.SwitchAdminStub(ch).GetStatus(switch_pb2.GetStatusRequest())
+    [port1] = [p for p in st.ports if p.port == 1]
+    assert st.dataplane_io == "native", st.dataplane_io
+    assert port1.rx_packets == 12 and port1.line_drops == 12, port1
+    assert st.dataplane_errors == 0, st.dataplane_last_error

@@ -417,10 +417,23 @@ class Dataplane:
         c = sw.compiled
         assert c is not None
         if self.hop is None or c.native is not self.hop.rt:
-            if self.hop is not None and self.hop.drop_lines():
-                log.warning("frames on the wires dropped: a new program's hop takes over")
+            dropped = self.hop.drop_lines() if self.hop is not None else self._drop_lines()
+            if dropped:
+                log.warning("%d frames on the wires dropped: the native loop takes over", dropped)
             self.hop = EmuHop(self)
             log.info("the per-frame path runs in C")
+
+    def _drop_lines(self) -> int:
+        """The frames the ports' own lines hold, dropped and counted (the native loop, which
+        keeps its own, takes over when a program loads)."""
+        n = 0
+        for p in self.ports.values():
+            for line in (p.line_out, p.line_in):
+                if line is not None and line.frames:
+                    k = len(line.take_due(line.frames[-1][0]))
+                    p.stats.line_drops += k
+                    n += k
+        return n
 
     def io_path(self) -> str:
         """Where the per-frame part runs now: "native", or "python: " and why."""
