@@ -265,7 +265,7 @@ class Testbed:
     def wires(self, switch: str) -> list[str]:
         """The switch's --wire arguments: every port linked in the topology, at its link's
         rate and delay, and frames coming in from a host held too (testbed/switch/dataplane.py's
-        Wire). None where the switch cannot hold them."""
+        Wire); none where the switches cannot hold them or are told not to."""
         if not self.wired:
             return []
         s, out = self.scaling, []

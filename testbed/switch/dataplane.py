@@ -27,10 +27,11 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from controller.wire.pfc import is_mac_control
 from testbed.switch.hop import HopLoop, SwitchHop, native_path
 from testbed.switch.native.build import BuildError
 from testbed.switch.native.hop import LINE_MAX_BYTES, RX_BATCH
@@ -47,7 +48,6 @@ _TIMESPEC = struct.Struct("@qq")
 MAX_FRAME = 65535
 IDLE_POLL_MS = 200.0  # the longest the loop sleeps: it also wakes for departures and inject()
 ERROR_LOG_INTERVAL_S = 1.0  # a loop error is logged with its traceback at most this often
-ETHERTYPE_MAC_CONTROL = b"\x88\x08"  # PFC's pauses: sent at once, as the native loop does
 
 
 PR_SET_TIMERSLACK = 29
@@ -142,6 +142,13 @@ class DelayLine:
     def next_due(self) -> int | None:
         return self.frames[0][0] if self.frames else None
 
+    def drop_all(self) -> int:
+        """Every frame it holds, dropped: how many."""
+        n = len(self.frames)
+        self.frames.clear()
+        self.bytes = 0
+        return n
+
     def take_due(self, now_ns: int) -> list[tuple[int, bytes]]:
         """The frames that have arrived whole by `now_ns`, in order."""
         out = []
@@ -181,16 +188,7 @@ class HopPortStats(PortStats):
     def __init__(self, hop: Any, port: int, old: PortStats) -> None:  # noqa: D107
         self._hop, self._port = hop, port
         hop.counted[port] = 1
-        super().__init__(
-            old.rx,
-            old.tx,
-            old.tx_errors,
-            old.rx_down,
-            old.rx_bytes,
-            old.tx_bytes,
-            old.line_drops,
-            old.line_late_ns,
-        )
+        super().__init__(**{f.name: getattr(old, f.name) for f in fields(PortStats)})
 
     rx = _port_counter("port_rx")  # type: ignore[assignment]
     tx = _port_counter("port_tx")  # type: ignore[assignment]
@@ -359,7 +357,7 @@ class Dataplane:
         wires = wires or {}
         if set(wires) - set(interfaces):
             raise ValueError(
-                f"wires on ports with no interface: {sorted(set(wires) - set(interfaces))}"
+                f"--wire on ports with no interface (-i): {sorted(set(wires) - set(interfaces))}"
             )
         self.switch = switch
         self.ports: dict[int, Port] = {}
@@ -429,8 +427,8 @@ class Dataplane:
         n = 0
         for p in self.ports.values():
             for line in (p.line_out, p.line_in):
-                if line is not None and line.frames:
-                    k = len(line.take_due(line.frames[-1][0]))
+                if line is not None:
+                    k = line.drop_all()
                     p.stats.line_drops += k
                     n += k
         return n
@@ -453,7 +451,7 @@ class Dataplane:
 
     def _transmit(self, port: int, data: bytes) -> None:
         p = self.ports.get(port)
-        if p is not None and p.wire is not None and data[12:14] != ETHERTYPE_MAC_CONTROL:
+        if p is not None and p.wire is not None and not is_mac_control(data):  # pauses: at once
             t = self.switch.departed_ns  # the departure's time: the loop's lateness aside
             self._line_put(p, False, self.switch.clock.now_ns() if t is None else t, data)
         elif p is not None:

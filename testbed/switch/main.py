@@ -214,12 +214,15 @@ def main(argv: list[str] | None = None) -> int:
         log.error("a port number is given twice in -i")
         return 2
     wires = dict(args.wire)
-    if len(wires) != len(args.wire) or set(wires) - set(interfaces):
-        log.error("--wire: a port given twice, or a port with no interface (-i)")
+    if len(wires) != len(args.wire):
+        log.error("a port number is given twice in --wire")
         return 2
     try:
         io = args.io or args.pipeline
         dp = Dataplane(sw, interfaces, Path(args.pcap) if args.pcap else None, io, wires)
+    except ValueError as exc:  # a wire on a port with no interface
+        log.error("%s", exc)
+        return 2
     except OSError as exc:
         log.error("cannot open interfaces: %s", exc)
         return 1

@@ -503,6 +503,17 @@ int64_t xm_emu_lines_drop(xm_loop *L, int64_t node)
     return n;
 }
 
+/* Port.send: the frame out of the port's socket, counted */
+static void port_send(xm_hop *h, int64_t port, const uint8_t *data, int64_t len)
+{
+    if (send((int)h->fd[port], data, (size_t)len, 0) < 0) {
+        h->port_tx_errors[port]++;
+    } else {
+        h->port_tx[port]++;
+        h->port_tx_bytes[port] += len;
+    }
+}
+
 /* what SimSwitch._transmit does with a frame that left the pipeline (at `start`, its
  * departure's time: the emulation's line takes it from then, whenever the loop woke) */
 static void transmit(xm_loop *L, int64_t node, int64_t port, const uint8_t *data, int64_t len,
@@ -512,17 +523,11 @@ static void transmit(xm_loop *L, int64_t node, int64_t port, const uint8_t *data
     int64_t w = port >= 0 && port < NPORTS ? h->wire[port] : -1;
     int64_t fd = w < 0 && port >= 0 && port < NPORTS ? h->fd[port] : -1;
     int control = mac_control(data, len);
-    if (fd >= 0 && !control && h->line_of[port]) { /* Dataplane._transmit: on its wire */
-        if (line_put(h, port, 0, data, len, start) < 0) L->failed = 1;
-        return;
-    }
-    if (fd >= 0 && !control) { /* Port.send */
-        if (send((int)fd, data, (size_t)len, 0) < 0) {
-            h->port_tx_errors[port]++;
-        } else {
-            h->port_tx[port]++;
-            h->port_tx_bytes[port] += len;
-        }
+    if (fd >= 0 && !control) { /* Dataplane._transmit: on its wire, or out at once */
+        if (!h->line_of[port])
+            port_send(h, port, data, len);
+        else if (line_put(h, port, 0, data, len, start) < 0)
+            L->failed = 1;
         return;
     }
     if (w < 0 || control) {
@@ -738,12 +743,7 @@ int64_t xm_emu_service(xm_loop *L, int64_t node, int64_t start_ns)
         while (l->head[0] && ((xm_held *)l->head[0])->due <= now) {
             xm_held *f = line_take(l, 0);
             h->port_line_late_ns[port] += now - f->due;
-            if (send((int)h->fd[port], f->data, (size_t)f->len, 0) < 0) { /* Port.send */
-                h->port_tx_errors[port]++;
-            } else {
-                h->port_tx[port]++;
-                h->port_tx_bytes[port] += f->len;
-            }
+            port_send(h, port, f->data, f->len);
             free(f);
         }
     }
