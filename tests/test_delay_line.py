@@ -3,10 +3,13 @@ reference of the native loop's xm_line): a frame is due after its length at the 
 and the link's delay, going on the wire after the one ahead of it; what a line holds is
 bounded; and the testbed gives every built-in switch's linked port its link's rate and delay
 (the model's 80 ns or the topology's own), dilated, holding frames from hosts coming in too,
-and refuses a link's own delay where the switches cannot hold frames (bmv2)."""
+and refuses a link's own delay where the switches cannot hold frames (bmv2). The switch's loop
+wakes when a frame leaves a line and takes what arrives within its slack, the same in C and
+in Python."""
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -15,8 +18,11 @@ import pytest
 
 from testbed.emu.network import Testbed, TestbedOptions
 from testbed.model import LINK_DELAY_MODEL_NS, Scaling
-from testbed.switch.dataplane import DelayLine, Wire, parse_wire
+from testbed.p4files import BMV2_JSON
+from testbed.switch.dataplane import DelayLine, Wire, loop_slack_ns, parse_wire, wait_plan
 from testbed.switch.native.hop import LINE_MAX_BYTES
+from testbed.switch.traffic_manager import Clock
+from testbed.switch.v1model import V1Switch
 from testbed.topo import End, FabricSpec, leafspine
 
 
@@ -25,7 +31,7 @@ def test_a_frame_is_due_after_its_serialization_and_the_delay() -> None:
     assert line.put(5_000, b"x" * 1000)
     assert line.next_due() == 5_000 + 1_000_000 + 1_000_000
     assert line.take_due(2_004_999) == []
-    assert line.take_due(2_005_000) == [(2_005_000, b"x" * 1000)]
+    assert line.take_due(2_005_000) == [(2_005_000, 0, b"x" * 1000)]
     assert line.next_due() is None and line.bytes == 0
 
 
@@ -34,7 +40,7 @@ def test_a_frame_goes_on_the_wire_after_the_one_ahead_of_it() -> None:
     line.put(0, b"a" * 1000)  # on the wire 0-1 ms
     line.put(10, b"b" * 10)  # handed over at 10 ns: on it after the first, 1 ms-1.01 ms
     line.put(2_000_000, b"c")  # the wire idle again: at once
-    assert [d for d, _ in line.take_due(10**9)] == [1_000_500, 1_010_500, 2_001_500]
+    assert [d for d, _, _ in line.take_due(10**9)] == [1_000_500, 1_010_500, 2_001_500]
 
 
 def test_what_a_line_holds_is_bounded() -> None:
@@ -110,3 +116,35 @@ def test_the_links_at_once_on_request(tmp_path: Path) -> None:
         Testbed(spec, opts)
     with pytest.raises(ValueError, match="link time"):
         Testbed(spec, TestbedOptions(switch="builtin", link_time="fast", run_dir=tmp_path))
+
+
+def test_the_loop_wakes_when_a_frame_leaves_and_takes_the_rest_within_its_slack() -> None:
+    """`wait_plan` (the reference) and the native loop's xm_emu_plan: a frame leaving on a
+    line leaves when due; what arrives or departs is taken up to the slack (half the shortest
+    wire's delay) late, and a wait ending within the slack does not wake for the ports'
+    frames (it reads them all when it ends)."""
+    assert loop_slack_ns({}) == 0
+    assert loop_slack_ns({1: Wire(2e7, 1_600_000, True), 2: Wire(2e7, 800_000)}) == 400_000
+    assert wait_plan(None, None, 800, 0) == (None, True)
+    assert wait_plan(5_000, None, 800, 0) == (5_000, True)  # far: a frame wakes the loop
+    assert wait_plan(5_000, None, 800, 4_500) == (5_000, False)  # near: read when it ends
+    assert wait_plan(None, 1_000, 800, 0) == (1_800, True)  # a departure: up to 800 ns late
+    assert wait_plan(10_000, 1_000, 800, 1_000) == (1_800, False)
+    assert wait_plan(1_500, 1_000, 800, 1_000) == (1_500, False)  # the hard time first
+    assert wait_plan(10, 5, 0, 10) == (5, True)  # no slack: every frame and time wakes it
+    sw = V1Switch(clock=Clock(virtual=True), pipeline="native")
+    sw.load(BMV2_JSON.read_bytes())
+    assert sw.compiled is not None and sw.compiled.native is not None
+    lib, ffi = sw.compiled.native.lib, sw.compiled.native.ffi
+    wake = ffi.new("int64_t *")
+    rng = random.Random(5)
+    for _ in range(5_000):
+        hard = rng.choice([None, rng.randrange(0, 10**7)])
+        soft = rng.choice([None, rng.randrange(0, 10**7)])
+        slack, now = rng.choice([0, 1, 400_000, 800_000]), rng.randrange(0, 10**7)
+        got = lib.xm_emu_plan(
+            hard is not None, hard or 0, soft is not None, soft or 0, slack, now, wake
+        )
+        assert (int(wake[0]) if got & 1 else None, bool(got & 2)) == wait_plan(
+            hard, soft, slack, now
+        ), (hard, soft, slack, now)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import itertools
 import logging
 import os
 import queue
@@ -126,16 +127,17 @@ class DelayLine:
 
     def __init__(self, wire: Wire) -> None:  # noqa: D107
         self.ns_per_byte, self.delay_ns = wire.ns_per_byte, wire.delay_ns
-        self.frames: deque[tuple[int, bytes]] = deque()
+        self.frames: deque[tuple[int, int, bytes]] = deque()  # (due, seq, frame)
         self.bytes = 0
         self.free_at = 0  # when the last frame is all on the wire
 
-    def put(self, t_ns: int, data: bytes) -> bool:
-        """The frame leaves at `t_ns`; False: dropped, the line is full."""
+    def put(self, t_ns: int, data: bytes, seq: int = 0) -> bool:
+        """The frame leaves at `t_ns` (`seq`: the order it was held in, for ties in time
+        with other ports' frames); False: dropped, the line is full."""
         if self.bytes + len(data) > LINE_MAX_BYTES:
             return False
         self.free_at = max(t_ns, self.free_at) + int(len(data) * self.ns_per_byte)
-        self.frames.append((self.free_at + self.delay_ns, data))
+        self.frames.append((self.free_at + self.delay_ns, seq, data))
         self.bytes += len(data)
         return True
 
@@ -149,14 +151,41 @@ class DelayLine:
         self.bytes = 0
         return n
 
-    def take_due(self, now_ns: int) -> list[tuple[int, bytes]]:
-        """The frames that have arrived whole by `now_ns`, in order."""
+    def take_due(self, now_ns: int) -> list[tuple[int, int, bytes]]:
+        """The frames that have arrived whole by `now_ns`, in order: (due, seq, frame)."""
         out = []
         while self.frames and self.frames[0][0] <= now_ns:
-            due, data = self.frames.popleft()
-            self.bytes -= len(data)
-            out.append((due, data))
+            frame = self.frames.popleft()
+            self.bytes -= len(frame[2])
+            out.append(frame)
         return out
+
+
+def loop_slack_ns(wires: dict[int, Wire]) -> int:
+    """How late the loop may take what arrives (`wait_plan`): half the shortest wire's
+    delay, so what a frame leads to still goes on its line before it is due there; 0 (each
+    frame taken when it comes) without wires, or with a wire of no delay. A port without a
+    wire (the collector's) then sends up to this late."""
+    return min((w.delay_ns for w in wires.values()), default=0) // 2
+
+
+def wait_plan(
+    hard: int | None, soft: int | None, slack_ns: int, now: int
+) -> tuple[int | None, bool]:
+    """When the loop wakes next (None: nothing is due) and whether it polls the ports until
+    then. A frame leaving on a line must leave when due (`hard`); a frame a line brings in,
+    a departure (`soft`) and a frame read from a socket may be taken up to `slack_ns` late:
+    each leads at most to a frame on a line, due a link's delay or more after it. So the loop
+    wakes at the hard time or `slack_ns` after the soft one, whichever is first, and a wait
+    that ends within `slack_ns` does not wake for a socket's frame: it reads every port when
+    it ends (one wake for many frames: the switches' CPU is their wake-ups). The reference
+    of the native loop's xm_emu_plan (hop.py)."""
+    wake = None if soft is None else soft + slack_ns
+    if hard is not None and (wake is None or hard < wake):
+        wake = hard
+    if wake is None:
+        return None, True
+    return wake, not (slack_ns > 0 and wake - now <= slack_ns)
 
 
 @dataclass
@@ -168,7 +197,7 @@ class PortStats:
     rx_bytes: int = 0
     tx_bytes: int = 0
     line_drops: int = 0  # frames the port's delay line could not hold (LINE_MAX_BYTES)
-    line_late_ns: int = 0  # how much later than due its lines' frames left (the loop's)
+    line_late_ns: int = 0  # how much later than due its frames left their line out (the loop's)
 
 
 def _port_counter(name: str) -> property:
@@ -300,6 +329,7 @@ class EmuHop(SwitchHop):
             line.ingress, line.port = int(wire.ingress), number
             self.hop.line_of[number] = i + 1
         self.hop.lines, self.hop.nlines = self.lines, len(wired)
+        self.hop.slack_ns = dp.slack_ns
 
     def drop_lines(self) -> int:
         """The frames its lines hold, dropped and counted (a new hop takes over)."""
@@ -314,13 +344,17 @@ class EmuHop(SwitchHop):
             raise MemoryError("the switch's delay line could not hold a frame")
         return rc == 1
 
-    def next_due(self) -> int | None:
-        """The next departure or frame due on a line, on the switch's clock."""
-        due = self.sw.tm.next_departure_ns()
+    def dues(self) -> tuple[int | None, int | None]:
+        """`Dataplane._dues` from the C's lines."""
         held = self.loop.ffi.new("int64_t *")
-        if self.loop.lib.xm_emu_next_due(self.loop._c, 0, held) and (due is None or held[0] < due):
-            return int(held[0])
-        return due
+        due = [
+            int(held[0]) if self.loop.lib.xm_emu_next_due(self.loop._c, 0, way, held) else None
+            for way in (0, 1)
+        ]
+        soft = self.sw.tm.next_departure_ns()
+        if due[1] is not None and (soft is None or due[1] < soft):
+            soft = due[1]
+        return due[0], soft
 
     def ready(self) -> bool:
         """Whether the next batch may run in C (`refresh` keeps it: the switch's program is
@@ -372,6 +406,10 @@ class Dataplane:
         os.set_blocking(self._wake_w, False)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.slack_ns = loop_slack_ns(wires)
+        self._held = itertools.count()  # the order frames are held in (DelayLine's seq)
+        # the reference loop's frames read and not yet arrived: (time, seq, port, frame)
+        self._arrived: list[tuple[int, int, Port, bytes]] = []
         if pcap_dir is not None:
             pcap_dir.mkdir(parents=True, exist_ok=True)
         try:
@@ -470,25 +508,31 @@ class Dataplane:
             return
         line = p.line_in if ingress else p.line_out
         assert line is not None
-        if not line.put(t_ns, data):
+        if not line.put(t_ns, data, next(self._held)):
             p.stats.line_drops += 1
 
-    def _next_due(self) -> int | None:
-        """The next departure or frame due on a line, on the switch's clock."""
+    def _dues(self) -> tuple[int | None, int | None]:
+        """On the switch's clock: the next frame due to leave on a line (hard: it leaves
+        then), and the next departure or frame a line brings in (soft: `wait_plan`)."""
         if self.hop is not None:
-            return self.hop.next_due()
-        due = self.switch.tm.next_departure_ns()
+            return self.hop.dues()
+        hard, soft = None, self.switch.tm.next_departure_ns()
         for p in self.ports.values():
-            for line in (p.line_out, p.line_in):
+            for line, hold in ((p.line_out, False), (p.line_in, True)):
                 held = line.next_due() if line is not None else None
-                if held is not None and (due is None or held < due):
-                    due = held
-        return due
+                if held is None:
+                    continue
+                if hold and (soft is None or held < soft):
+                    soft = held
+                elif not hold and (hard is None or held < hard):
+                    hard = held
+        return hard, soft
 
     def _service(self) -> None:
-        """After each poll: the frames the lines bring in by now, each at its time (what
-        left before it first), every departure due by now, then the frames the lines deliver
-        by now. In C (xm_emu_service) with a hop."""
+        """After each poll: the frames read and those the lines bring in by now arrive, all
+        ports' in the order of their times (each after the departures due before it), then
+        every departure due by now, then the frames the lines deliver by now leave. In C
+        (xm_emu_service) with a hop."""
         sw = self.switch
         hop = self.hop
         if hop is not None:
@@ -497,26 +541,27 @@ class Dataplane:
             hop.loop.raise_failed()
             return
         now = sw.clock.now_ns()
+        batch, self._arrived = self._arrived, []
         for p in self.ports.values():
             if p.line_in is not None:
-                for due, data in p.line_in.take_due(now):
-                    p.stats.line_late_ns += now - due
-                    self._arrive(p, data, due)
+                batch.extend((due, seq, p, data) for due, seq, data in p.line_in.take_due(now))
+        batch.sort(key=lambda f: (f[0], f[1]))
+        for t, _seq, p, data in batch:
+            self._arrive(p, data, t)
         sw.service(until_ns=now)
         for p in self.ports.values():
             if p.line_out is not None:
-                for due, data in p.line_out.take_due(now):
+                for due, _seq, data in p.line_out.take_due(now):
                     p.stats.line_late_ns += now - due
                     p.send(data)
 
-    def _arrive(self, p: Port, data: bytes, t: int | None) -> None:
+    def _arrive(self, p: Port, data: bytes, t: int) -> None:
         """A frame at its arrival time: the departures due before it first."""
         sw = self.switch
         try:
-            if t is not None:
-                due = sw.tm.next_departure_ns()
-                if due is not None and due <= t:
-                    sw.service(until_ns=t)
+            due = sw.tm.next_departure_ns()
+            if due is not None and due <= t:
+                sw.service(until_ns=t)
             sw.receive(p.number, data, t)
         except Exception as exc:  # this packet is lost; the batch goes on
             self._survive(exc)
@@ -577,11 +622,13 @@ class Dataplane:
                 pass
 
     def _loop(self) -> None:
-        poller = select.poll()
+        poller = select.poll()  # the ports and the wake pipe
         by_fd = {p.sock.fileno(): p for p in self.ports.values()}
         for fd in by_fd:
             poller.register(fd, select.POLLIN)
         poller.register(self._wake_r, select.POLLIN)
+        waker = select.poll()  # the wake pipe alone: a wait that reads the ports when it ends
+        waker.register(self._wake_r, select.POLLIN)
         sw = self.switch
         clock = sw.clock
         # kernel timestamps are wall-clock time: map them onto the switch's clock
@@ -599,13 +646,14 @@ class Dataplane:
                     self._survive(exc)
                 continue
             try:
-                nxt = self._next_due()
+                now = clock.now_ns()
+                nxt, polled = wait_plan(*self._dues(), self.slack_ns, now)
                 timeout_ms = (
-                    IDLE_POLL_MS
-                    if nxt is None
-                    else min(IDLE_POLL_MS, max(0.0, (nxt - clock.now_ns()) / 1e6))
+                    IDLE_POLL_MS if nxt is None else min(IDLE_POLL_MS, max(0.0, (nxt - now) / 1e6))
                 )
-                events = poller.poll(timeout_ms)
+                events = (poller if polled else waker).poll(timeout_ms)
+                if not polled:
+                    events += [(fd, select.POLLIN) for fd in by_fd]
             except InterruptedError:
                 continue
             except Exception as exc:
@@ -684,11 +732,10 @@ class Dataplane:
             p.stats.rx_bytes += len(data)
             if p.pcap_in:
                 p.pcap_in.write(data)
-            # A packet read late still arrived when the kernel says: first let the
-            # departures due before it happen, then enqueue it at its arrival time (or
-            # put it on the port's wire, from that time).
-            t = t_real - offset if t_real else None
+            # A packet read late still arrived when the kernel says: it arrives at that
+            # time, after the departures due before it (or goes on the port's wire then).
+            t = t_real - offset if t_real else sw.clock.now_ns()
             if p.wire is not None and p.wire.ingress:
-                self._line_put(p, True, sw.clock.now_ns() if t is None else t, data)
-            else:
-                self._arrive(p, data, t)
+                self._line_put(p, True, t, data)
+            else:  # arrives in _service, in time order with the other ports' frames
+                self._arrived.append((t, next(self._held), p, data))

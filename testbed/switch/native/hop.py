@@ -103,10 +103,14 @@ typedef struct {
     int64_t port_tx_errors[NPORTS];
     int64_t port_rx_down[NPORTS];
     int64_t port_line_drops[NPORTS]; /* frames over what the port's delay line holds */
-    int64_t port_line_late_ns[NPORTS]; /* how much later than due its lines' frames left */
+    int64_t port_line_late_ns[NPORTS]; /* how much later than due its frames left its line out */
     int64_t line_of[NPORTS]; /* the emulation: 1 + the port's index in lines, or 0 */
     xm_line *lines;
     int64_t nlines;
+    int64_t slack_ns; /* the emulation: how late its loop may take what arrives (xm_emu_plan) */
+    void *rx_head; /* the frames read from sockets, not yet arrived (xm_held, read order) */
+    void *rx_tail;
+    int64_t rx_seq; /* the order frames were read and held in, for ties in time */
 } xm_hop;
 
 typedef struct {
@@ -127,6 +131,8 @@ typedef struct {
     int64_t failed; /* a callback raised */
     int64_t real_time; /* the emulation's switch: no heap, the caller services by the clock */
     uint8_t *rx; /* the emulation's receive buffer (XM_RX_MAX bytes) */
+    void **batch; /* xm_emu_service's frames arriving, in time order (xm_held *) */
+    int64_t batch_cap;
     int64_t py_handle; /* what run hands back */
     const uint8_t *py_data;
     int64_t py_len;
@@ -169,7 +175,9 @@ int64_t xm_emu_loop(xm_loop *L, int64_t node, uint64_t mutex, const int64_t *por
 void xm_hop_free_packet(void *packet);
 int64_t xm_emu_line_put(xm_loop *L, int64_t node, int64_t port, int64_t in, const uint8_t *data,
                         int64_t len, int64_t t);
-int64_t xm_emu_next_due(xm_loop *L, int64_t node, int64_t *due);
+int64_t xm_emu_next_due(xm_loop *L, int64_t node, int64_t in, int64_t *due);
+int64_t xm_emu_plan(int64_t have_hard, int64_t hard, int64_t have_soft, int64_t soft,
+                    int64_t slack_ns, int64_t now, int64_t *wake);
 int64_t xm_emu_lines_drop(xm_loop *L, int64_t node);
 """
 
@@ -222,6 +230,8 @@ int xm_loop_init(xm_loop *L)
     return L->heap && L->out && L->res && L->rx ? 0 : -1;
 }
 
+static int64_t rx_drop(xm_hop *h);
+
 void xm_loop_free(xm_loop *L)
 {
     xm_ev *h = L->heap;
@@ -232,7 +242,13 @@ void xm_loop_free(xm_loop *L)
     free(L->py_block);
     free(L->rx);
     L->rx = NULL;
-    for (int64_t i = 0; i < L->nhops; i++) free(L->hops[i].deps);
+    free(L->batch);
+    L->batch = NULL;
+    L->batch_cap = 0;
+    for (int64_t i = 0; i < L->nhops; i++) {
+        free(L->hops[i].deps);
+        rx_drop(&L->hops[i]);
+    }
     L->heap = NULL;
     L->out = NULL;
     L->res = NULL;
@@ -417,12 +433,42 @@ static void hop_receive(xm_loop *L, int64_t node, int64_t port, xm_block *b)
 
 /* ---- the emulation's delay lines (testbed/switch/dataplane.py's DelayLine) */
 
-typedef struct xm_held {
+typedef struct xm_held { /* a frame on a line, or read and not yet arrived */
     struct xm_held *next;
-    int64_t due;
+    int64_t due; /* when it arrives whole (on a line) or arrived (read from a socket) */
+    int64_t port;
+    int64_t seq; /* the hop's rx_seq when it was held: ties in time keep this order */
     int64_t len;
     uint8_t data[];
 } xm_held;
+
+static xm_held *held_new(xm_hop *h, int64_t port, const uint8_t *data, int64_t len, int64_t due)
+{
+    xm_held *f = malloc(sizeof(xm_held) + (size_t)len);
+    if (!f) return NULL;
+    f->next = NULL;
+    f->due = due;
+    f->port = port;
+    f->seq = h->rx_seq++;
+    f->len = len;
+    memcpy(f->data, data, (size_t)len);
+    return f;
+}
+
+/* the frames read and not yet arrived, dropped: how many (counted as the lines' drops) */
+static int64_t rx_drop(xm_hop *h)
+{
+    int64_t n = 0;
+    while (h->rx_head) {
+        xm_held *f = h->rx_head;
+        h->rx_head = f->next;
+        if (f->port >= 0 && f->port < NPORTS) h->port_line_drops[f->port]++;
+        free(f);
+        n++;
+    }
+    h->rx_tail = NULL;
+    return n;
+}
 
 /* DelayLine.put: the frame handed over at t goes on the wire once the frame ahead of it is
  * on it, and is due whole its serialization at the link's rate and the link's delay later;
@@ -435,15 +481,11 @@ static int line_put(xm_hop *h, int64_t port, int64_t in, const uint8_t *data, in
         h->port_line_drops[port]++;
         return 0;
     }
-    xm_held *f = malloc(sizeof(xm_held) + (size_t)len);
-    if (!f) return -1;
     int64_t start = t > l->free_at[in] ? t : l->free_at[in];
-    l->free_at[in] = start + (int64_t)((double)len * l->ns_per_byte);
-    int64_t due = l->free_at[in] + l->delay_ns;
-    f->next = NULL;
-    f->due = due;
-    f->len = len;
-    memcpy(f->data, data, (size_t)len);
+    int64_t free_at = start + (int64_t)((double)len * l->ns_per_byte);
+    xm_held *f = held_new(h, port, data, len, free_at + l->delay_ns);
+    if (!f) return -1;
+    l->free_at[in] = free_at;
     if (l->tail[in])
         ((xm_held *)l->tail[in])->next = f;
     else
@@ -472,27 +514,46 @@ int64_t xm_emu_line_put(xm_loop *L, int64_t node, int64_t port, int64_t in, cons
     return line_put(h, port, in, data, len, t);
 }
 
-/* the earliest frame due on any line: 1 and *due, or 0 */
-int64_t xm_emu_next_due(xm_loop *L, int64_t node, int64_t *due)
+/* the earliest frame due on the lines of one direction (0 out, 1 in): 1 and *due, or 0 */
+int64_t xm_emu_next_due(xm_loop *L, int64_t node, int64_t in, int64_t *due)
 {
     xm_hop *h = &L->hops[node];
     int have = 0;
-    for (int64_t i = 0; i < h->nlines; i++)
-        for (int in = 0; in < 2; in++) {
-            xm_held *f = h->lines[i].head[in];
-            if (f && (!have || f->due < *due)) {
-                *due = f->due;
-                have = 1;
-            }
+    for (int64_t i = 0; i < h->nlines; i++) {
+        xm_held *f = h->lines[i].head[in != 0];
+        if (f && (!have || f->due < *due)) {
+            *due = f->due;
+            have = 1;
         }
+    }
     return have;
 }
 
-/* the frames the lines hold, dropped (the hop replaced): how many */
+/* Dataplane.wait_plan: when the loop wakes next and whether it polls the ports until then.
+ * A frame leaving on a line must leave when due (hard); a frame a line brings in, a
+ * departure (soft) and a frame read from a socket may be taken up to slack_ns late, for
+ * each leads at most to a frame on a line, due a link's delay or more after it (slack_ns is
+ * half the shortest: Dataplane's). So the loop wakes at the hard time or slack_ns after the
+ * soft one, whichever is first, and a wait that ends within slack_ns does not wake for a
+ * socket's frame: it reads every port when it ends. slack_ns 0: a wait wakes for each
+ * frame, and for each soft time. Returns bit 0: *wake set (else no wake is due), bit 1:
+ * poll the ports. */
+int64_t xm_emu_plan(int64_t have_hard, int64_t hard, int64_t have_soft, int64_t soft,
+                    int64_t slack_ns, int64_t now, int64_t *wake)
+{
+    if (have_soft) soft += slack_ns;
+    if (have_hard && (!have_soft || hard < soft)) soft = hard;
+    if (!have_hard && !have_soft) return 2;
+    *wake = soft;
+    return 1 | (slack_ns > 0 && soft - now <= slack_ns ? 0 : 2);
+}
+
+/* the frames the lines hold and those read and not yet arrived, dropped (the hop
+ * replaced): how many */
 int64_t xm_emu_lines_drop(xm_loop *L, int64_t node)
 {
     xm_hop *h = &L->hops[node];
-    int64_t n = 0;
+    int64_t n = rx_drop(h);
     for (int64_t i = 0; i < h->nlines; i++)
         for (int in = 0; in < 2; in++)
             while (h->lines[i].head[in]) {
@@ -711,25 +772,57 @@ int64_t xm_emu_read(xm_loop *L, int64_t node, int64_t port, int64_t max, int64_t
             if (line_put(h, port, 1, frame, n, t) < 0) L->failed = 1;
             continue;
         }
-        emu_arrive(L, node, port, frame, n, t); /* read late: what left before it first */
+        xm_held *f = held_new(h, port, frame, n, t); /* arrives in xm_emu_service, in order */
+        if (!f) {
+            L->failed = 1;
+            break;
+        }
+        if (h->rx_tail)
+            ((xm_held *)h->rx_tail)->next = f;
+        else
+            h->rx_head = f;
+        h->rx_tail = f;
     }
     return k; /* the caller looks at failed */
 }
 
-/* Dataplane's service after each poll: the frames the lines bring in by now (each at its
- * time), every departure due by now, then the frames the lines deliver by now */
+static int held_before(const void *a, const void *b)
+{
+    const xm_held *x = *(xm_held *const *)a, *y = *(xm_held *const *)b;
+    if (x->due != y->due) return x->due < y->due ? -1 : 1;
+    return x->seq < y->seq ? -1 : x->seq > y->seq;
+}
+
+/* Dataplane._service after each poll: the frames read and those the lines bring in by now
+ * arrive, all ports' in the order of their times (each after the departures due before it),
+ * then every departure due by now, then the frames the lines deliver by now leave */
 int64_t xm_emu_service(xm_loop *L, int64_t node, int64_t start_ns)
 {
     xm_hop *h = &L->hops[node];
-    int64_t now = clock_ns(start_ns);
-    for (int64_t i = 0; i < h->nlines && !L->failed; i++) {
+    int64_t now = clock_ns(start_ns), n = 0;
+    for (xm_held *f = h->rx_head; f; f = f->next) n++;
+    for (int64_t i = 0; i < h->nlines; i++)
+        for (xm_held *f = h->lines[i].head[1]; f && f->due <= now; f = f->next) n++;
+    if (grow((void **)&L->batch, &L->batch_cap, n, sizeof(void *))) {
+        L->failed = 1;
+        return 0;
+    }
+    xm_held **batch = (xm_held **)L->batch;
+    int64_t k = 0;
+    while (h->rx_head) {
+        batch[k] = h->rx_head;
+        h->rx_head = batch[k++]->next;
+    }
+    h->rx_tail = NULL;
+    for (int64_t i = 0; i < h->nlines; i++) {
         xm_line *l = &h->lines[i];
-        while (l->head[1] && ((xm_held *)l->head[1])->due <= now && !L->failed) {
-            xm_held *f = line_take(l, 1);
-            h->port_line_late_ns[l->port] += now - f->due;
-            emu_arrive(L, node, l->port, f->data, f->len, f->due);
-            free(f);
-        }
+        while (l->head[1] && ((xm_held *)l->head[1])->due <= now) batch[k++] = line_take(l, 1);
+    }
+    qsort(batch, (size_t)k, sizeof *batch, held_before);
+    for (int64_t i = 0; i < k; i++) {
+        if (!L->failed) emu_arrive(L, node, batch[i]->port, batch[i]->data, batch[i]->len,
+                                   batch[i]->due);
+        free(batch[i]);
     }
     if (L->failed) return 0;
     L->now = now;
@@ -772,26 +865,29 @@ int64_t xm_emu_loop(xm_loop *L, int64_t node, uint64_t mutex, const int64_t *por
     fds[nports].fd = (int)wake_fd;
     fds[nports].events = POLLIN;
     for (;;) {
-        int64_t due = 0;
+        int64_t hard = 0, soft = 0, due = 0, held;
         pthread_mutex_lock(m);
         int fast = (int)h->fast;
-        int have = fast && xm_tm_next_departure((xm_tm *)(uintptr_t)h->tm, &due);
-        int64_t held;
-        if (fast && xm_emu_next_due(L, node, &held) && (!have || held < due)) {
-            due = held;
-            have = 1;
+        int have_hard = fast && xm_emu_next_due(L, node, 0, &hard);
+        int have_soft = fast && xm_tm_next_departure((xm_tm *)(uintptr_t)h->tm, &soft);
+        if (fast && xm_emu_next_due(L, node, 1, &held) && (!have_soft || held < soft)) {
+            soft = held;
+            have_soft = 1;
         }
         int64_t now = clock_ns(start_ns);
+        int64_t plan = xm_emu_plan(have_hard, hard, have_soft, soft, h->slack_ns, now, &due);
         pthread_mutex_unlock(m);
         if (!fast) return 0;
         int64_t wait = until_ns - clock_ns(0);
         if (wait <= 0) return 0;
-        if (have && due - now < wait) wait = due - now;
+        if ((plan & 1) && due - now < wait) wait = due - now;
         /* to the nanosecond: a departure due in 0.3 ms leaves then, not at the next whole
          * millisecond (Python's poll takes milliseconds, rounded up) */
         if (wait < 0) wait = 0;
         struct timespec ts = {(time_t)(wait / 1000000000), (long)(wait % 1000000000)};
-        int n = ppoll(fds, (nfds_t)(nports + 1), &ts, NULL);
+        int polled = (plan & 2) != 0; /* else the ports are read when the wait ends */
+        int n = polled ? ppoll(fds, (nfds_t)(nports + 1), &ts, NULL)
+                       : ppoll(&fds[nports], 1, &ts, NULL);
         if (n < 0) {
             if (errno == EINTR) continue;
             L->py_handle = -1; /* no port's: the poll's */
@@ -800,8 +896,8 @@ int64_t xm_emu_loop(xm_loop *L, int64_t node, uint64_t mutex, const int64_t *por
         pthread_mutex_lock(m);
         int64_t rc = 0;
         if (h->fast) {
-            for (int64_t i = 0; i < nports && n > 0 && !L->failed; i++) {
-                if (!fds[i].revents) continue;
+            for (int64_t i = 0; i < nports && (n > 0 || !polled) && !L->failed; i++) {
+                if (polled && !fds[i].revents) continue;
                 rc = xm_emu_read(L, node, ports[i], XM_RX_BATCH, start_ns, offset_ns);
                 if (rc < 0) {
                     L->py_handle = ports[i];
