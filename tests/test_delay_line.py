@@ -122,12 +122,12 @@ def test_the_loop_wakes_when_a_frame_leaves_and_takes_the_rest_within_its_slack(
     """`wait_plan` (the reference) and the native loop's xm_emu_plan: a frame leaving on a
     line leaves when due; what arrives or departs is taken up to the slack (half the shortest
     wire's delay) late, and a wait ending within the slack does not wake for the ports'
-    frames (it reads them all when it ends)."""
+    frames (it reads them when it ends)."""
     assert loop_slack_ns({}) == 0
     assert loop_slack_ns({1: Wire(2e7, 1_600_000, True), 2: Wire(2e7, 800_000)}) == 400_000
     assert wait_plan(None, None, 800, 0) == (None, True)
     assert wait_plan(5_000, None, 800, 0) == (5_000, True)  # far: a frame wakes the loop
-    assert wait_plan(5_000, None, 800, 4_500) == (5_000, False)  # near: read when it ends
+    assert wait_plan(5_000, None, 800, 4_500) == (5_000, False)  # near: read as it ends
     assert wait_plan(None, 1_000, 800, 0) == (1_800, True)  # a departure: up to 800 ns late
     assert wait_plan(10_000, 1_000, 800, 1_000) == (1_800, False)
     assert wait_plan(1_500, 1_000, 800, 1_000) == (1_500, False)  # the hard time first

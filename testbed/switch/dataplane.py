@@ -177,8 +177,8 @@ def wait_plan(
     a departure (`soft`) and a frame read from a socket may be taken up to `slack_ns` late:
     each leads at most to a frame on a line, due a link's delay or more after it. So the loop
     wakes at the hard time or `slack_ns` after the soft one, whichever is first, and a wait
-    that ends within `slack_ns` does not wake for a socket's frame: it reads every port when
-    it ends (one wake for many frames: the switches' CPU is their wake-ups). The reference
+    that ends within `slack_ns` does not wake for a socket's frame: it reads the ports' frames
+    when it ends (one wake for many frames: the switches' CPU is their wake-ups). The reference
     of the native loop's xm_emu_plan (hop.py)."""
     wake = None if soft is None else soft + slack_ns
     if hard is not None and (wake is None or hard < wake):
@@ -652,8 +652,8 @@ class Dataplane:
                     IDLE_POLL_MS if nxt is None else min(IDLE_POLL_MS, max(0.0, (nxt - now) / 1e6))
                 )
                 events = (poller if polled else waker).poll(timeout_ms)
-                if not polled:
-                    events += [(fd, select.POLLIN) for fd in by_fd]
+                if not polled:  # one look at every port says which to read
+                    events = poller.poll(0)
             except InterruptedError:
                 continue
             except Exception as exc:

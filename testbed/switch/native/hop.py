@@ -535,7 +535,7 @@ int64_t xm_emu_next_due(xm_loop *L, int64_t node, int64_t in, int64_t *due)
  * each leads at most to a frame on a line, due a link's delay or more after it (slack_ns is
  * half the shortest: Dataplane's). So the loop wakes at the hard time or slack_ns after the
  * soft one, whichever is first, and a wait that ends within slack_ns does not wake for a
- * socket's frame: it reads every port when it ends. slack_ns 0: a wait wakes for each
+ * socket's frame: it reads the ports' frames when it ends. slack_ns 0: a wait wakes for each
  * frame, and for each soft time. Returns bit 0: *wake set (else no wake is due), bit 1:
  * poll the ports. */
 int64_t xm_emu_plan(int64_t have_hard, int64_t hard, int64_t have_soft, int64_t soft,
@@ -885,9 +885,14 @@ int64_t xm_emu_loop(xm_loop *L, int64_t node, uint64_t mutex, const int64_t *por
          * millisecond (Python's poll takes milliseconds, rounded up) */
         if (wait < 0) wait = 0;
         struct timespec ts = {(time_t)(wait / 1000000000), (long)(wait % 1000000000)};
-        int polled = (plan & 2) != 0; /* else the ports are read when the wait ends */
-        int n = polled ? ppoll(fds, (nfds_t)(nports + 1), &ts, NULL)
-                       : ppoll(&fds[nports], 1, &ts, NULL);
+        /* a wait that ends within the slack wakes for the wake pipe alone; then one look
+         * at every port says which to read */
+        int n = (plan & 2) ? ppoll(fds, (nfds_t)(nports + 1), &ts, NULL)
+                           : ppoll(&fds[nports], 1, &ts, NULL);
+        if (n >= 0 && !(plan & 2)) {
+            struct timespec zero = {0, 0};
+            n = ppoll(fds, (nfds_t)(nports + 1), &zero, NULL);
+        }
         if (n < 0) {
             if (errno == EINTR) continue;
             L->py_handle = -1; /* no port's: the poll's */
@@ -896,8 +901,8 @@ int64_t xm_emu_loop(xm_loop *L, int64_t node, uint64_t mutex, const int64_t *por
         pthread_mutex_lock(m);
         int64_t rc = 0;
         if (h->fast) {
-            for (int64_t i = 0; i < nports && (n > 0 || !polled) && !L->failed; i++) {
-                if (polled && !fds[i].revents) continue;
+            for (int64_t i = 0; i < nports && n > 0 && !L->failed; i++) {
+                if (!fds[i].revents) continue;
                 rc = xm_emu_read(L, node, ports[i], XM_RX_BATCH, start_ns, offset_ns);
                 if (rc < 0) {
                     L->py_handle = ports[i];
