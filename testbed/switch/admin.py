@@ -300,7 +300,7 @@ class SwitchCollector:
             # the links' time (--wire): how late the delay lines' frames left, what they dropped
             late = CounterMetricFamily(
                 "xingmai_switch_line_late_seconds",
-                "how much later than due the port's delay-line frames left, summed",
+                "how much later than due the port's frames left its delay line, summed",
                 labels=pl,
             )
             ldrops = CounterMetricFamily(
