@@ -818,10 +818,12 @@ int64_t xm_emu_service(xm_loop *L, int64_t node, int64_t start_ns)
         xm_line *l = &h->lines[i];
         while (l->head[1] && ((xm_held *)l->head[1])->due <= now) batch[k++] = line_take(l, 1);
     }
-    qsort(batch, (size_t)k, sizeof *batch, held_before);
+    if (k > 1) qsort(batch, (size_t)k, sizeof *batch, held_before);
     for (int64_t i = 0; i < k; i++) {
-        if (!L->failed) emu_arrive(L, node, batch[i]->port, batch[i]->data, batch[i]->len,
-                                   batch[i]->due);
+        if (!L->failed)
+            emu_arrive(L, node, batch[i]->port, batch[i]->data, batch[i]->len, batch[i]->due);
+        else /* a callback raised: the batch's rest is dropped, counted as the lines' */
+            h->port_line_drops[batch[i]->port]++;
         free(batch[i]);
     }
     if (L->failed) return 0;
