@@ -108,6 +108,7 @@ def test_the_native_packet_loop_forwards_what_the_python_one_does() -> None:
     python, st_p = run("reference")
     assert st_n.dataplane_io == "native", st_n.dataplane_io
     assert st_p.dataplane_io.startswith("python"), st_p.dataplane_io
+    assert st_n.dataplane_slack_ns == st_p.dataplane_slack_ns == 0  # no wires: none
     assert len(native) >= 7, native  # the routed UDP frames arrived
     assert native == python
     for st in (st_n, st_p):
@@ -161,6 +162,7 @@ def test_a_wire_holds_each_frame_for_its_serialization_and_delay_on_both_loops()
     native, st_n = run("native", wires)
     python, st_p = run("reference", wires)
     assert st_n.dataplane_io == "native" and st_p.dataplane_io.startswith("python")
+    assert st_n.dataplane_slack_ns == st_p.dataplane_slack_ns == 10_000_000  # 20 ms / 2
     for got in (native, python):
         frames = [line.split()[0] for line in got]
         assert frames == [line.split()[0] for line in native]  # the same frames, in order

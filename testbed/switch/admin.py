@@ -182,6 +182,7 @@ class SwitchAdminService(switch_pb2_grpc.SwitchAdminServicer):  # type: ignore[m
             resp.dataplane_errors = dp.loop_errors
             resp.dataplane_last_error = dp.last_error
             resp.dataplane_io = dp.io_path()
+            resp.dataplane_slack_ns = dp.slack_ns
             for num, p in sorted(self.dataplane.ports.items()):
                 resp.ports.add(
                     port=num,
