@@ -19,7 +19,14 @@ import pytest
 from testbed.emu.network import Testbed, TestbedOptions
 from testbed.model import LINK_DELAY_MODEL_NS, Scaling
 from testbed.p4files import BMV2_JSON
-from testbed.switch.dataplane import DelayLine, Wire, loop_slack_ns, parse_wire, wait_plan
+from testbed.switch.dataplane import (
+    LOOP_SLACK_MAX_NS,
+    DelayLine,
+    Wire,
+    loop_slack_ns,
+    parse_wire,
+    wait_plan,
+)
 from testbed.switch.native.hop import LINE_MAX_BYTES
 from testbed.switch.traffic_manager import Clock
 from testbed.switch.v1model import V1Switch
@@ -125,6 +132,7 @@ def test_the_loop_wakes_when_a_frame_leaves_and_takes_the_rest_within_its_slack(
     frames (it reads them when it ends)."""
     assert loop_slack_ns({}) == 0
     assert loop_slack_ns({1: Wire(2e7, 1_600_000, True), 2: Wire(2e7, 800_000)}) == 400_000
+    assert loop_slack_ns({1: Wire(2e7, 5 * 10**9)}) == LOOP_SLACK_MAX_NS  # the sockets' bound
     assert wait_plan(None, None, 800, 0) == (None, True)
     assert wait_plan(5_000, None, 800, 0) == (5_000, True)  # far: a frame wakes the loop
     assert wait_plan(5_000, None, 800, 4_500) == (5_000, False)  # near: read as it ends

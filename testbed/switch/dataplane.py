@@ -49,6 +49,7 @@ _TIMESPEC = struct.Struct("@qq")
 MAX_FRAME = 65535
 IDLE_POLL_MS = 200.0  # the longest the loop sleeps: it also wakes for departures and inject()
 ERROR_LOG_INTERVAL_S = 1.0  # a loop error is logged with its traceback at most this often
+SOCKET_BUFFER_BYTES = 4 * 2**20  # each port's socket's, each way
 
 
 PR_SET_TIMERSLACK = 29
@@ -161,12 +162,18 @@ class DelayLine:
         return out
 
 
+# The longest the loop leaves frames in its ports' sockets: their buffers (SOCKET_BUFFER_BYTES)
+# fill in 3.4 ms at 10 Gb/s, and the kernel drops what comes after, where no counter of the
+# switch sees it.
+LOOP_SLACK_MAX_NS = 1_000_000
+
+
 def loop_slack_ns(wires: dict[int, Wire]) -> int:
     """How late the loop may take what arrives (`wait_plan`): half the shortest wire's
-    delay, so what a frame leads to still goes on its line before it is due there; 0 (each
-    frame taken when it comes) without wires, or with a wire of no delay. A port without a
-    wire (the collector's) then sends up to this late."""
-    return min((w.delay_ns for w in wires.values()), default=0) // 2
+    delay, so what a frame leads to still goes on its line before it is due there, and at
+    most LOOP_SLACK_MAX_NS; 0 (each frame taken when it comes) without wires, or with a wire
+    of no delay. A port without a wire (the collector's) then sends up to this late."""
+    return min(min((w.delay_ns for w in wires.values()), default=0) // 2, LOOP_SLACK_MAX_NS)
 
 
 def wait_plan(
@@ -251,8 +258,8 @@ class Port:
             log.warning("%s: kernel lacks PACKET_IGNORE_OUTGOING; filtering in user space", iface)
         self.sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
         self.sock.bind((iface, 0))
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * 2**20)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 * 2**20)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER_BYTES)
         self.pcap_in = self.pcap_out = None
         if pcap_dir is not None:
             self.pcap_in = PcapWriter(pcap_dir / f"port{number}_{iface}_in.pcap")

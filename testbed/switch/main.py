@@ -69,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="the port's link in time: each frame sent on it is held for its length at BPS "
         "plus DELAY_NS before it leaves (a veth delivers at once); with :in, each frame read "
         "from it too (the far end, a host, cannot); repeatable. The loop then takes what "
-        "arrives up to half the shortest DELAY_NS late (a port without a wire sends that late)",
+        "arrives up to half the shortest DELAY_NS (at most 1 ms) late (a port without a wire "
+        "sends that late)",
     )
     ap.add_argument("--device-id", type=int, default=0)
     ap.add_argument("--cpu-port", type=int, help="port whose packets go to/come from P4Runtime")
