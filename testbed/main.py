@@ -42,7 +42,14 @@ from testbed.experiment.schemes import (
     add_start_argument,
     check_ack_every,
 )
-from testbed.model import BUFFERS, DEFAULT_MODEL, DEFAULT_SCALE, Scaling, model_with_buffer
+from testbed.model import (
+    BUFFERS,
+    DEFAULT_MODEL,
+    DEFAULT_SCALE,
+    LINK_TIMES,
+    Scaling,
+    model_with_buffer,
+)
 from testbed.switch.v1model import DEFAULT_PIPELINE, PIPELINES
 
 # Mininet, bcc and the gRPC stubs are imported where a command needs them: `doctor` must run
@@ -117,7 +124,7 @@ def _common(ap: argparse.ArgumentParser) -> None:
     )
     ap.add_argument(
         "--link-time",
-        choices=("model", "none"),
+        choices=LINK_TIMES,
         help="the emulation's links (default model): the built-in switches hold each frame "
         "for its link's serialization and delay, as the twin's links take it (a base RTT of "
         "the model's 20 ms at 1/20000); none: at once, as a veth (a fraction of a "
@@ -300,7 +307,7 @@ def _testbed(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         switch=args.switch,
         pipeline=args.pipeline,
         transport_pipeline=getattr(args, "transport_pipeline", None) or args.pipeline,
-        link_time=getattr(args, "link_time", None) or "model",
+        link_time=getattr(args, "link_time", None) or LINK_TIMES[0],
         scaling=scaling,
         rate_law=args.rate_law,
         ecn=EcnConfig(),

@@ -33,6 +33,9 @@ BASE_RTT_PATH_SWITCHES = 3
 # the leaf-spine's longest path's base RTT about the model's 1 us. The twin's wires and the
 # emulation's delay lines (the built-in switch's --wire) both add it.
 LINK_DELAY_MODEL_NS = 80
+# The emulation's links: "model", the built-in switches hold each frame for its link's
+# serialization and delay; "none", a veth's (at once). The first is the default.
+LINK_TIMES = ("model", "none")
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,7 @@ from testbed.emu.topo import FabricTopo
 from testbed.errors import UserError
 from testbed.experiment.rundir import new_run_dir
 from testbed.experiment.schemes import RATE_LAWS
-from testbed.model import Scaling
+from testbed.model import LINK_TIMES, Scaling
 from testbed.p4files import BMV2_JSON, P4INFO
 from testbed.switch.pfc import PfcConfig, model_watchdog, pfc_request, pfc_thresholds
 from testbed.switch.v1model import DEFAULT_PIPELINE
@@ -76,9 +76,6 @@ LOCK_FILE = Path("/run/xingmai/testbed.lock")
 
 class TestbedError(UserError):
     pass
-
-
-LINK_TIMES = ("model", "none")  # TestbedOptions.link_time
 
 
 @dataclass
@@ -105,7 +102,7 @@ class TestbedOptions:
     # the links' time: "model", the built-in switches hold each frame for its link's
     # serialization and delay (Testbed.wires); "none", a veth's (at once: a base RTT of a
     # fraction of a millisecond, and the switches' CPU of one wake-up a frame)
-    link_time: str = "model"
+    link_time: str = LINK_TIMES[0]
     boot_timeout_s: float = 180.0
     # a Prometheus server scraping every daemon, and the controller's fabric page (loopback)
     monitoring: bool = True

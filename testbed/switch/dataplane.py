@@ -49,7 +49,7 @@ _TIMESPEC = struct.Struct("@qq")
 MAX_FRAME = 65535
 IDLE_POLL_MS = 200.0  # the longest the loop sleeps: it also wakes for departures and inject()
 ERROR_LOG_INTERVAL_S = 1.0  # a loop error is logged with its traceback at most this often
-SOCKET_BUFFER_BYTES = 4 * 2**20  # each port's socket's, each way
+SOCKET_BUFFER_BYTES = LINE_MAX_BYTES  # each port's socket's, each way: what a line holds
 
 
 PR_SET_TIMERSLACK = 29
