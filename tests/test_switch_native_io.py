@@ -9,9 +9,11 @@ two lines' serialization and delays, in order, on both paths."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import finsy as fy
@@ -69,23 +71,34 @@ def options() -> fy.SwitchOptions:
     return fy.SwitchOptions(p4info=P4INFO, p4blob=BMV2_JSON, device_id=1)
 
 
-def run(io: str, wires: tuple[str, ...] = ()) -> tuple[list[str], Any]:
-    with SwitchRig(2) as rig:
+@contextlib.contextmanager
+def listening(
+    n_hosts: int, io: str, wires: tuple[str, ...], seconds: str
+) -> Iterator[tuple[SwitchRig, subprocess.Popen[str]]]:
+    """A switch process on `io`'s loop with `wires`, the project's program routing to h2 (as
+    a leaf does), and RECEIVER on h2 for `seconds`, ready."""
+    with SwitchRig(n_hosts) as rig:
         rig.start_switch(None, extra=["--io", io, *(a for w in wires for a in ("--wire", w))])
-        h1, h2 = rig.hosts
+        h2 = rig.hosts[1]
 
-        async def program() -> None:  # the project's program, as a leaf routes to h2
+        async def program() -> None:
             async with fy.Switch("s1", rig.grpc_addr, options()) as s:
                 await s.write(_writes("xingmai", h2.mac))
 
         asyncio.run(program())
         receiver = subprocess.Popen(
-            h2.cmd(sys.executable, "-c", RECEIVER, h2.ifname, "3"),
+            h2.cmd(sys.executable, "-c", RECEIVER, h2.ifname, seconds),
             stdout=subprocess.PIPE,
             text=True,
         )
         assert receiver.stdout is not None
         assert receiver.stdout.readline().strip() == "ready"
+        yield rig, receiver
+
+
+def run(io: str, wires: tuple[str, ...] = ()) -> tuple[list[str], Any]:
+    with listening(2, io, wires, "3") as (rig, receiver):
+        h1, h2 = rig.hosts
         sent = subprocess.run(
             h1.cmd(sys.executable, "-c", SENDER, h1.ifname, h1.mac, h1.ip, h2.ip),
             check=True,
@@ -239,22 +252,8 @@ s1.send(frame(mac1, ip1, dst, 1))
 
 def two_senders(io: str, wires: tuple[str, ...]) -> list[int]:
     """TWO_SENDERS through a switch process on `io`'s loop: the frames' tags at h2, in order."""
-    with SwitchRig(3) as rig:
-        rig.start_switch(None, extra=["--io", io, *(a for w in wires for a in ("--wire", w))])
+    with listening(3, io, wires, "2") as (rig, receiver):
         h1, h2, h3 = rig.hosts
-
-        async def program() -> None:
-            async with fy.Switch("s1", rig.grpc_addr, options()) as s:
-                await s.write(_writes("xingmai", h2.mac))
-
-        asyncio.run(program())
-        receiver = subprocess.Popen(
-            h2.cmd(sys.executable, "-c", RECEIVER, h2.ifname, "2"),
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert receiver.stdout is not None
-        assert receiver.stdout.readline().strip() == "ready"
         argv = [h1.netns, h1.ifname, h1.mac, h1.ip, h3.netns, h3.ifname, h3.mac, h3.ip]
         subprocess.run([sys.executable, "-c", TWO_SENDERS, *argv, h2.ip], check=True)
         out, _ = receiver.communicate(timeout=20)
