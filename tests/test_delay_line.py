@@ -25,9 +25,11 @@ from testbed.switch.dataplane import (
     Wire,
     loop_slack_ns,
     parse_wire,
+    stamp,
+    unstamp,
     wait_plan,
 )
-from testbed.switch.native.hop import LINE_MAX_BYTES
+from testbed.switch.native.hop import LINE_MAX_BYTES, STAMP
 from testbed.switch.traffic_manager import Clock
 from testbed.switch.v1model import V1Switch
 from testbed.topo import End, FabricSpec, leafspine
@@ -60,11 +62,35 @@ def test_what_a_line_holds_is_bounded() -> None:
 
 
 def test_the_wire_argument() -> None:
-    assert parse_wire("3:20000000.0:1600000:in") == (3, Wire(2e7, 1_600_000, True))
-    assert parse_wire("4:2e7:0") == (4, Wire(2e7, 0, False))
-    for bad in ("3:2e7", "3:0:5", "3:2e7:-1", "3:2e7:5:out", "x:2e7:5"):
+    assert parse_wire("3:20000000.0:1600000:in") == (3, Wire(2e7, 1_600_000, ingress=True))
+    assert parse_wire("4:2e7:0") == (4, Wire(2e7, 0))
+    assert parse_wire("5:2e7:7:stamped") == (5, Wire(2e7, 7, stamped=True))
+    for bad in ("3:2e7", "3:0:5", "3:2e7:-1", "3:2e7:5:out", "x:2e7:5", "3:2e7:5:in:stamped"):
         with pytest.raises(ValueError, match="--wire"):
             parse_wire(bad)
+    with pytest.raises(ValueError, match="one far end"):
+        Wire(2e7, 5, ingress=True, stamped=True)
+
+
+def test_a_stamped_frame_carries_its_due_and_is_held_until_then() -> None:
+    """A stamped wire's sender keeps only when its line is free (`due_of`: the frame goes at
+    once, its due after its bytes); the far end holds what it reads until that due, in the
+    order the link brought them, within what a line holds."""
+    line = DelayLine(Wire(8e6, 1_000_000, stamped=True))  # 1 us a byte
+    assert line.due_of(5_000, 1000) == 2_005_000
+    assert line.due_of(10_000, 10) == 2_015_000  # after the first is all on the wire
+    frame = bytes(range(60))
+    sent = stamp(frame, 123_456_789)
+    assert len(sent) == len(frame) + STAMP.size and unstamp(sent) == (frame, 123_456_789)
+    assert unstamp(frame) is None  # no magic
+    assert unstamp(sent[: 14 + STAMP.size - 1]) is None  # too short to carry one
+    far = DelayLine(Wire(8e6, 1_000_000, stamped=True))
+    assert far.hold(3_000, b"a") and far.hold(2_000, b"b")  # never before the one ahead
+    assert far.take_due(2_999) == [] and [d for d, _, _ in far.take_due(3_000)] == [3_000, 3_000]
+    big = b"z" * 65_000
+    held = sum(far.hold(0, big) for _ in range(LINE_MAX_BYTES // len(big) + 3))
+    assert held == LINE_MAX_BYTES // len(big)
+    assert far.holds_no_later() == 1_000_000 + LINE_MAX_BYTES * 1000
 
 
 def test_the_testbed_gives_each_linked_port_its_wire(tmp_path: Path) -> None:
@@ -75,15 +101,15 @@ def test_the_testbed_gives_each_linked_port_its_wire(tmp_path: Path) -> None:
     assert tb.link_delay_s == delay / 1e9
     wires = dict(parse_wire(w) for w in tb.wires("leaf1"))
     bps = scaling.link_bps
-    # hosts on ports 1-2 (their frames held coming in), spines on 3-4; the collector's
-    # port (5) has no link of the model's
+    # hosts on ports 1-2 (their frames held coming in), spines on 3-4 (stamped: the
+    # receiving switch holds them); the collector's port (5) has no link of the model's
     assert wires == {
-        1: Wire(bps, delay, True),
-        2: Wire(bps, delay, True),
-        3: Wire(bps, delay, False),
-        4: Wire(bps, delay, False),
+        1: Wire(bps, delay, ingress=True),
+        2: Wire(bps, delay, ingress=True),
+        3: Wire(bps, delay, stamped=True),
+        4: Wire(bps, delay, stamped=True),
     }
-    assert all(not w.ingress for _, w in map(parse_wire, tb.wires("spine1")))
+    assert all(w.stamped for _, w in map(parse_wire, tb.wires("spine1")))
 
 
 def _with_own_link(spec: FabricSpec, end: End, **own: Any) -> FabricSpec:
@@ -102,8 +128,10 @@ def test_a_link_of_its_own_speed_and_delay_and_bmv2_refusing_it(
     scaling = Scaling()
     tb = Testbed(spec, TestbedOptions(switch="builtin", scaling=scaling, run_dir=tmp_path))
     wires = dict(parse_wire(w) for w in tb.wires("leaf1"))
-    assert wires[3] == Wire(800e9 / scaling.scale, round(500 * scaling.scale), False)
-    assert wires[4] == Wire(scaling.link_bps, round(LINK_DELAY_MODEL_NS * scaling.scale), False)
+    assert wires[3] == Wire(800e9 / scaling.scale, round(500 * scaling.scale), stamped=True)
+    assert wires[4] == Wire(
+        scaling.link_bps, round(LINK_DELAY_MODEL_NS * scaling.scale), stamped=True
+    )
     spine = dict(parse_wire(w) for w in tb.wires("spine1"))
     assert spine[1] == wires[3]  # the link's other end
     monkeypatch.setattr(network, "choose_switch", lambda _choice: Bmv2Switch)
@@ -156,3 +184,14 @@ def test_the_loop_wakes_when_a_frame_leaves_and_takes_the_rest_within_its_slack(
         assert (int(wake[0]) if got & 1 else None, bool(got & 2)) == wait_plan(
             hard, soft, slack, now
         ), (hard, soft, slack, now)
+
+
+def test_a_stamped_ports_counters_are_the_frames_own() -> None:
+    """The kernel counts a stamped wire's frames with the due each carries; the emulation's
+    link counters (utilization, the twin's comparison) take it out again."""
+    from testbed.emu.suite import without_stamps
+    from testbed.probes import PortCounters
+
+    # 10 frames in of 1,000 bytes each and 4 out of 100, as the veth counted them
+    kernel = PortCounters(10, 4, 10 * (1000 + STAMP.size), 4 * (100 + STAMP.size))
+    assert without_stamps(kernel) == PortCounters(10, 4, 10_000, 400)

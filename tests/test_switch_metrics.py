@@ -43,7 +43,9 @@ def test_the_delay_lines_lateness_and_drops_per_wired_port() -> None:
     wired = SimpleNamespace(wire=Wire(2e7, 1_600_000), stats=PortStats(line_late_ns=2_500_000))
     wired.stats.line_drops = 3
     plain = SimpleNamespace(wire=None, stats=PortStats())
-    dp = SimpleNamespace(running=True, loop_errors=0, ports={1: wired, 2: plain})
+    stamped = SimpleNamespace(wire=Wire(2e7, 1_600_000, stamped=True), stats=PortStats())
+    stamped.stats.line_unstamped = 7
+    dp = SimpleNamespace(running=True, loop_errors=0, ports={1: wired, 2: plain, 3: stamped})
     reg = CollectorRegistry()
     reg.register(SwitchCollector(sw, dp, "leaf1"))  # type: ignore[arg-type]
     text = generate_latest(reg).decode()
@@ -51,3 +53,6 @@ def test_the_delay_lines_lateness_and_drops_per_wired_port() -> None:
     assert f"xingmai_switch_line_late_seconds_total{lv} 0.0025" in text
     assert f"xingmai_switch_line_drops_total{lv} 3.0" in text
     assert 'xingmai_switch_line_late_seconds_total{port="2"' not in text
+    # a stamped wire's frames that came without their due: on its port alone
+    assert 'xingmai_switch_line_unstamped_total{port="3",switch="leaf1"} 7.0' in text
+    assert "xingmai_switch_line_unstamped_total" + lv not in text

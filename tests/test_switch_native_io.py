@@ -4,7 +4,8 @@ pipeline (`--io reference`): the same frames through a real switch process on ve
 dropped for no route, malformed, at sizes up to the MTU) come out the same, in the same
 order, with the same counters; GetStatus says which path ran. With `--wire` on both ports
 (a host's frames held coming in, and going out) each frame arrives no earlier than its
-two lines' serialization and delays, in order, on both paths."""
+two lines' serialization and delays, in order, on both paths; on stamped wires (between
+two switches) each frame is taken at the due it carries and sent on with its own."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import pytest
 from controller.proto import switch_pb2, switch_pb2_grpc
 from testbed.benchmarks.switch import _writes
 from testbed.p4files import BMV2_JSON, P4INFO
+from testbed.switch.native.hop import STAMP, STAMP_MAGIC
 from testbed.switch.rig import SwitchRig
 
 pytestmark = pytest.mark.root
@@ -268,3 +270,78 @@ def test_frames_from_two_ports_arrive_in_their_times_order_on_both_loops() -> No
     wires = ("1:1000000:30000000:in", "3:1000000:30000000:in", "2:1000000:20000000")
     for io in ("native", "reference"):
         assert two_senders(io, wires) == [3, 1], io
+
+
+# frames from h1 as a switch upstream sends them on a stamped wire: each to h2 with its due
+# after its bytes (h1's clock: CLOCK_MONOTONIC, as the switch's), due 40 ms on and 2 ms apart;
+# then one with no stamp and one due an hour on, which no switch's line could make
+STAMPED_SENDER = """
+import socket, struct, sys, time
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+s.bind((sys.argv[1], 0))
+eth = bytes.fromhex("00000000fe01") + bytes.fromhex(sys.argv[2].replace(":", "")) + b"\\x08\\x00"
+src, dst = socket.inet_aton(sys.argv[3]), socket.inet_aton(sys.argv[4])
+def ip(tag):
+    payload = bytes([tag]) * 200
+    h = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 228, 7, 0, 64, 17, 0, src, dst)
+    words = sum(struct.unpack("!10H", h))
+    words = (words & 0xFFFF) + (words >> 16)
+    h = h[:10] + struct.pack("!H", ~words & 0xFFFF) + h[12:]
+    return h + struct.pack("!HHHH", 4000, 5000, 208, 0) + payload
+stamp = struct.Struct("!QI")
+t0 = time.monotonic_ns() + 40_000_000
+for i in range(4):
+    s.send(eth + ip(i) + stamp.pack(t0 + i * 2_000_000, int(sys.argv[5])))
+    print(t0 + i * 2_000_000, flush=True)
+s.send(eth + ip(9))
+s.send(eth + ip(9) + stamp.pack(t0 + 3600 * 10**9, int(sys.argv[5])))
+"""
+
+
+def stamped(io: str) -> tuple[list[tuple[bytes, int, int]], list[int], Any]:
+    """STAMPED_SENDER through a switch process on `io`'s loop whose ports to h1 and h2 are
+    stamped wires (h1 and h2 stand for switches): what h2 read (the frame without its stamp,
+    the due it carries, when it came), the dues h1 sent, and GetStatus."""
+    wires = ("1:1000000:30000000:stamped", "2:8000000:20000000:stamped")
+    with listening(2, io, wires, "1.5") as (rig, receiver):
+        h1, h2 = rig.hosts
+        argv = [h1.ifname, h1.mac, h1.ip, h2.ip, str(STAMP_MAGIC)]
+        sent = subprocess.run(
+            h1.cmd(sys.executable, "-c", STAMPED_SENDER, *argv),
+            check=True,
+            stdout=subprocess.PIPE,
+            text=True,
+        ).stdout.split()
+        out, _ = receiver.communicate(timeout=20)
+        time.sleep(0.2)
+        with grpc.insecure_channel(rig.grpc_addr) as ch:
+            status = switch_pb2_grpc.SwitchAdminStub(ch).GetStatus(switch_pb2.GetStatusRequest())
+    got = []
+    for data, t in zip(out.split()[0::2], out.split()[1::2], strict=True):
+        frame = bytes.fromhex(data)
+        due, magic = STAMP.unpack_from(frame, len(frame) - STAMP.size)
+        assert magic == STAMP_MAGIC, frame.hex()
+        got.append((frame[: -STAMP.size], due, int(t)))
+    return got, [int(t) for t in sent], status
+
+
+def test_a_stamped_wire_takes_each_frame_at_the_due_it_carries_on_both_loops() -> None:
+    """Between two switches a frame leaves at once with its due, and the far end holds it
+    until then: the switch forwards each of h1's frames no earlier than the due it carries,
+    and the frame it sends h2 carries that due plus its serialization at port 2's rate and
+    port 2's delay, exactly: however late either loop woke, the frame's time is the model's.
+    It reaches h2 well before that due (h2's line would hold it). A frame with no due, or a
+    due no line could make, is dropped and counted."""
+    results = {io: stamped(io) for io in ("native", "reference")}
+    for io, (got, dues, st) in results.items():
+        assert st.dataplane_errors == 0, st.dataplane_last_error
+        assert [f[-1] for f, _, _ in got] == [0, 1, 2, 3], io  # in order, the bad two not
+        assert [f for f, _, _ in got] == [f for f, _, _ in results["native"][0]]
+        for (frame, due, came), due_in in zip(got, dues, strict=True):
+            assert due == due_in + round(len(frame) * 8e9 / 8e6) + 20_000_000, (io, due, due_in)
+            assert due_in <= came < due - 10_000_000, (io, came, due_in, due)
+        [p1] = [p for p in st.ports if p.port == 1]
+        [p2] = [p for p in st.ports if p.port == 2]
+        assert p1.line_unstamped == 2 and p1.rx_packets == 4, (io, p1)
+        assert p2.tx_packets == 4 and p2.tx_bytes == sum(len(f) for f, _, _ in got), (io, p2)
+        assert p2.line_late_ns == 0 and p1.line_late_ns == 0, io  # h1 sent them early

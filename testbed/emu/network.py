@@ -261,8 +261,10 @@ class Testbed:
 
     def wires(self, switch: str) -> list[str]:
         """The switch's --wire arguments: every port linked in the topology, at its link's
-        rate and delay, and frames coming in from a host held too (testbed/switch/dataplane.py's
-        Wire); none where the switches cannot hold them or are told not to."""
+        rate and delay, frames coming in from a host held too, and a link between two switches
+        stamped: its frames carry their due and the receiving switch holds them, so that a
+        sender's lateness does not move them (testbed/switch/dataplane.py's Wire); none where
+        the switches cannot hold them or are told not to."""
         if not self.wired:
             return []
         s, out = self.scaling, []
@@ -272,8 +274,8 @@ class Testbed:
             if lk is None or peer is None:
                 continue  # the collector's port: its reports are not the model's traffic
             bps = s.emulated_bps(lk.gbps)
-            host = "" if self.spec.is_switch(peer.node) else ":in"
-            out.append(f"{port}:{bps!r}:{s.link_delay_ns(lk.delay_ns)}{host}")
+            far = ":stamped" if self.spec.is_switch(peer.node) else ":in"
+            out.append(f"{port}:{bps!r}:{s.link_delay_ns(lk.delay_ns)}{far}")
         return out
 
     def _add_management(self) -> None:

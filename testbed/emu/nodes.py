@@ -21,6 +21,8 @@ from typing import Any
 from mininet.node import Host, Switch
 
 from testbed.emu.procs import Component
+from testbed.switch.dataplane import parse_wire
+from testbed.switch.native.hop import STAMP
 from testbed.switch.v1model import DEFAULT_PIPELINE
 
 REPO = Path(__file__).resolve().parents[2]
@@ -143,8 +145,10 @@ class P4Switch(Switch):
         rt = self.runtime
         if rt is None:
             raise RuntimeError(f"{self.name}: the testbed sets the switch's runtime first")
-        for ifn in self.port_map().values():
-            _quiet_intf(self, ifn, rt.mtu)
+        # a stamped wire's frames carry their due after their bytes (STAMP): room for it
+        stamped = {port for port, w in map(parse_wire, rt.wires) if w.stamped}
+        for port, ifn in self.port_map().items():
+            _quiet_intf(self, ifn, rt.mtu + (STAMP.size if port in stamped else 0))
         if rt.pcap:
             (rt.run_dir / "pcap" / self.name).mkdir(parents=True, exist_ok=True)
         self.component = Component(

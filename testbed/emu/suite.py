@@ -31,6 +31,8 @@ from testbed.probes import (
     port_counters,
     wait_quiet,
 )
+from testbed.switch.dataplane import parse_wire
+from testbed.switch.native.hop import STAMP
 from testbed.traffic import workloads as wl
 from testbed.traffic.netns import Host
 from testbed.traffic.runner import RunOutput
@@ -39,6 +41,17 @@ from testbed.traffic.runner import RunOutput
 # default scale; its RTO 1 s or more)
 BASE_RTT_SAMPLES = 5
 BASE_RTT_TIMEOUT_S = 30.0
+
+
+def without_stamps(k: PortCounters) -> PortCounters:
+    """A stamped wire's port counters (its MAC Control frames already out) without the due
+    each frame carried after its bytes: the link's traffic as the twin counts it."""
+    return PortCounters(
+        k.rx_packets,
+        k.tx_packets,
+        k.rx_bytes - k.rx_packets * STAMP.size,
+        k.tx_bytes - k.tx_packets * STAMP.size,
+    )
 
 
 class EmuSuite(Suite):
@@ -234,6 +247,15 @@ class EmuSuite(Suite):
                     k.rx_bytes - got * PFC_FRAME_BYTES,
                     k.tx_bytes - sent * PFC_FRAME_BYTES,
                 )
+        # between two switches every other frame carries its due (a stamped wire): the
+        # link's bytes are the frames' own, as the twin counts them
+        for sw in self.tb.switches():
+            for number, wire in map(parse_wire, self.tb.wires(sw.name)):
+                name = f"{sw.name}:{number}"
+                k = out.get(name)
+                if k is None or not wire.stamped:
+                    continue
+                out[name] = without_stamps(k)
         return out
 
     def _quiet_counters(self) -> dict[str, PortCounters]:

@@ -194,6 +194,7 @@ class SwitchAdminService(switch_pb2_grpc.SwitchAdminServicer):  # type: ignore[m
                     tx_errors=p.stats.tx_errors,
                     line_drops=p.stats.line_drops,
                     line_late_ns=p.stats.line_late_ns,
+                    line_unstamped=p.stats.line_unstamped,
                     down=sw.tm.port_down(num),
                     rx_errors=sw.tm.ports[num].rx_errors if num in sw.tm.ports else 0,
                 )
@@ -301,7 +302,8 @@ class SwitchCollector:
             # the links' time (--wire): how late the delay lines' frames left, what they dropped
             late = CounterMetricFamily(
                 "xingmai_switch_line_late_seconds",
-                "how much later than due the port's frames left its delay line, summed",
+                "how much later than due the port's frames left its delay line (on a stamped "
+                "wire: came in), summed",
                 labels=pl,
             )
             ldrops = CounterMetricFamily(
@@ -309,11 +311,18 @@ class SwitchCollector:
                 "frames the port's delay lines could not hold, dropped",
                 labels=pl,
             )
+            unstamped = CounterMetricFamily(
+                "xingmai_switch_line_unstamped",
+                "frames read on the port's stamped wire without their due, dropped",
+                labels=pl,
+            )
             for num, dport in sorted(self.dataplane.ports.items()):
                 if dport.wire is not None:
                     late.add_metric([self.name, str(num)], dport.stats.line_late_ns / 1e9)
                     ldrops.add_metric([self.name, str(num)], dport.stats.line_drops)
-            yield from (late, ldrops)
+                if dport.wire is not None and dport.wire.stamped:
+                    unstamped.add_metric([self.name, str(num)], dport.stats.line_unstamped)
+            yield from (late, ldrops, unstamped)
 
 
 def metrics_registry(switch: V1Switch, dataplane: Dataplane | None, name: str) -> CollectorRegistry:

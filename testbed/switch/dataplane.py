@@ -35,7 +35,7 @@ from typing import Any, BinaryIO
 from controller.wire.pfc import is_mac_control
 from testbed.switch.hop import HopLoop, SwitchHop, native_path
 from testbed.switch.native.build import BuildError
-from testbed.switch.native.hop import LINE_MAX_BYTES, RX_BATCH
+from testbed.switch.native.hop import LINE_MAX_BYTES, RX_BATCH, STAMP, STAMP_MAGIC
 from testbed.switch.native.lock import NativeLock
 from testbed.switch.v1model import V1Switch
 
@@ -89,33 +89,59 @@ class Wire:
     leaves at t arrives whole at t + its length at `bps` + `delay_ns`. A veth delivers at
     once, so the switch holds each frame that long in a `DelayLine`: every frame it sends on
     the port, and with `ingress` every frame it reads from it too (the far end, a host, has
-    no line of its own). MAC Control frames (PFC's pauses) are sent at once."""
+    no line of its own). `stamped`: the far end is a built-in switch of the fabric, and the
+    line is the receiver's: a frame leaves at once carrying the time it is due whole (STAMP,
+    after its bytes), and the far end holds it until then. So a sender's lateness (its loop
+    woke late) does not move the frame's time, and its loop does not wake to send it. MAC
+    Control frames (PFC's pauses) are sent at once, unstamped."""
 
     bps: float
     delay_ns: int
     ingress: bool = False
+    stamped: bool = False
 
     def __post_init__(self) -> None:
-        if not self.bps > 0 or self.delay_ns < 0:
-            raise ValueError(f"a wire needs a rate above 0 and a delay of at least 0: {self}")
+        if not self.bps > 0 or self.delay_ns < 0 or (self.ingress and self.stamped):
+            raise ValueError(
+                f"a wire needs a rate above 0, a delay of at least 0 and one far end: {self}"
+            )
 
     @property
     def ns_per_byte(self) -> float:
         return 8e9 / self.bps
 
 
+WIRE_ENDS = {"": {}, "in": {"ingress": True}, "stamped": {"stamped": True}}
+
+
 def parse_wire(text: str) -> tuple[int, Wire]:
-    """`PORT:BPS:DELAY_NS[:in]` (the switch's --wire)."""
+    """`PORT:BPS:DELAY_NS[:in|:stamped]` (the switch's --wire)."""
     parts = text.split(":")
     try:
-        if len(parts) not in (3, 4) or (len(parts) == 4 and parts[3] != "in"):
+        if len(parts) not in (3, 4) or (len(parts) == 4 and parts[3] not in ("in", "stamped")):
             raise ValueError
-        return int(parts[0]), Wire(float(parts[1]), int(parts[2]), len(parts) == 4)
+        end = WIRE_ENDS[parts[3] if len(parts) == 4 else ""]
+        return int(parts[0]), Wire(float(parts[1]), int(parts[2]), **end)
     except ValueError:
         raise ValueError(
-            f"--wire {text!r}: expected PORT:BPS:DELAY_NS or PORT:BPS:DELAY_NS:in, "
-            "with a rate above 0 and a delay of at least 0"
+            f"--wire {text!r}: expected PORT:BPS:DELAY_NS, PORT:BPS:DELAY_NS:in or "
+            "PORT:BPS:DELAY_NS:stamped, with a rate above 0 and a delay of at least 0"
         ) from None
+
+
+def stamp(frame: bytes, due_mono_ns: int) -> bytes:
+    """The frame as a stamped wire carries it: its due (CLOCK_MONOTONIC) after its bytes."""
+    return frame + STAMP.pack(due_mono_ns, STAMP_MAGIC)
+
+
+def unstamp(frame: bytes) -> tuple[bytes, int] | None:
+    """A stamped wire's frame: its bytes and the due it carries; None: it carries none."""
+    if len(frame) < 14 + STAMP.size:
+        return None
+    due, magic = STAMP.unpack_from(frame, len(frame) - STAMP.size)
+    if magic != STAMP_MAGIC:
+        return None
+    return frame[: -STAMP.size], due
 
 
 class DelayLine:
@@ -132,15 +158,39 @@ class DelayLine:
         self.bytes = 0
         self.free_at = 0  # when the last frame is all on the wire
 
+    def due_of(self, t_ns: int, size: int) -> int:
+        """When a frame of `size` bytes handed over at `t_ns` arrives whole: it goes on the
+        wire after the one ahead of it (a stamped line's sender keeps only this)."""
+        self.free_at = max(t_ns, self.free_at) + int(size * self.ns_per_byte)
+        return self.free_at + self.delay_ns
+
     def put(self, t_ns: int, data: bytes, seq: int = 0) -> bool:
         """The frame leaves at `t_ns` (`seq`: the order it was held in, for ties in time
         with other ports' frames); False: dropped, the line is full."""
         if self.bytes + len(data) > LINE_MAX_BYTES:
             return False
-        self.free_at = max(t_ns, self.free_at) + int(len(data) * self.ns_per_byte)
-        self.frames.append((self.free_at + self.delay_ns, seq, data))
-        self.bytes += len(data)
+        self._append(self.due_of(t_ns, len(data)), seq, data)
         return True
+
+    def hold(self, due: int, data: bytes, seq: int = 0) -> bool:
+        """A frame that carries its due (a stamped line's far end sent it), held until then,
+        and no earlier than the frame ahead of it (a link keeps their order); False: dropped,
+        the line is full."""
+        if self.bytes + len(data) > LINE_MAX_BYTES:
+            return False
+        if self.frames and self.frames[-1][0] > due:
+            due = self.frames[-1][0]
+        self._append(due, seq, data)
+        return True
+
+    def holds_no_later(self) -> int:
+        """The furthest ahead a frame on this line can be due: a full line's serialization
+        and the delay (a stamp due later is not one its far end made)."""
+        return self.delay_ns + int(LINE_MAX_BYTES * self.ns_per_byte)
+
+    def _append(self, due: int, seq: int, data: bytes) -> None:
+        self.frames.append((due, seq, data))
+        self.bytes += len(data)
 
     def next_due(self) -> int | None:
         return self.frames[0][0] if self.frames else None
@@ -204,7 +254,10 @@ class PortStats:
     rx_bytes: int = 0
     tx_bytes: int = 0
     line_drops: int = 0  # frames the port's delay line could not hold (LINE_MAX_BYTES)
-    line_late_ns: int = 0  # how much later than due its frames left their line out (the loop's)
+    # how much later than due its frames left their line out (the loop's); on a stamped
+    # line, how much later than due its frames came in (their sender's)
+    line_late_ns: int = 0
+    line_unstamped: int = 0  # frames read on a stamped line that carried no due, dropped
 
 
 def _port_counter(name: str) -> property:
@@ -234,6 +287,7 @@ class HopPortStats(PortStats):
     tx_bytes = _port_counter("port_tx_bytes")  # type: ignore[assignment]
     line_drops = _port_counter("port_line_drops")  # type: ignore[assignment]
     line_late_ns = _port_counter("port_line_late_ns")  # type: ignore[assignment]
+    line_unstamped = _port_counter("port_line_unstamped")  # type: ignore[assignment]
 
 
 class Port:
@@ -246,7 +300,9 @@ class Port:
         self.wire = wire
         # the reference loop's lines (out, in); the native loop keeps its own (EmuHop)
         self.line_out = DelayLine(wire) if wire is not None else None
-        self.line_in = DelayLine(wire) if wire is not None and wire.ingress else None
+        self.line_in = (
+            DelayLine(wire) if wire is not None and (wire.ingress or wire.stamped) else None
+        )
         self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
         # Our own transmissions must not come back as input: the kernel filters them when it
         # can (Linux >= 4.20), else recv_batch looks at each packet's direction.
@@ -294,9 +350,14 @@ class Port:
             out.append((data, t))
         return out
 
-    def send(self, data: bytes) -> None:
+    def send(self, data: bytes, due_mono_ns: int | None = None) -> None:
+        """The frame out of the port's socket, counted; with its due after it (`stamp`) on a
+        stamped wire."""
         try:
-            self.sock.send(data)
+            if due_mono_ns is None:
+                self.sock.send(data)
+            else:
+                self.sock.sendmsg([data, STAMP.pack(due_mono_ns, STAMP_MAGIC)])
             self.stats.tx += 1
             self.stats.tx_bytes += len(data)
             if self.pcap_out:
@@ -333,10 +394,11 @@ class EmuHop(SwitchHop):
         for i, (number, wire) in enumerate(wired):
             line = self.lines[i]
             line.ns_per_byte, line.delay_ns = wire.ns_per_byte, wire.delay_ns
-            line.ingress, line.port = int(wire.ingress), number
+            line.ingress, line.stamped, line.port = int(wire.ingress), int(wire.stamped), number
             self.hop.line_of[number] = i + 1
         self.hop.lines, self.hop.nlines = self.lines, len(wired)
         self.hop.slack_ns = dp.slack_ns
+        self.hop.start_ns = sw.clock.start_ns
 
     def drop_lines(self) -> int:
         """The frames its lines hold, dropped and counted (a new hop takes over)."""
@@ -514,8 +576,10 @@ class Dataplane:
                 self.hop.line_put(p.number, ingress, t_ns, data)
             return
         line = p.line_in if ingress else p.line_out
-        assert line is not None
-        if not line.put(t_ns, data, next(self._held)):
+        assert line is not None and p.wire is not None
+        if not ingress and p.wire.stamped:  # the far end holds it until its due
+            p.send(data, line.due_of(t_ns, len(data)) + self.switch.clock.start_ns)
+        elif not line.put(t_ns, data, next(self._held)):
             p.stats.line_drops += 1
 
     def _dues(self) -> tuple[int | None, int | None]:
@@ -735,14 +799,36 @@ class Dataplane:
                 raise OSError(-n, f"{p.iface}: receive: {os.strerror(-n)}")
             return
         for data, t_real in p.recv_batch():
+            # A packet read late still arrived when the kernel says: it arrives at that
+            # time, after the departures due before it (or goes on the port's wire then).
+            t = t_real - offset if t_real else sw.clock.now_ns()
+            if p.wire is not None and p.wire.stamped and not is_mac_control(data):
+                self._read_stamped(p, data, t)
+                continue
             p.stats.rx += 1
             p.stats.rx_bytes += len(data)
             if p.pcap_in:
                 p.pcap_in.write(data)
-            # A packet read late still arrived when the kernel says: it arrives at that
-            # time, after the departures due before it (or goes on the port's wire then).
-            t = t_real - offset if t_real else sw.clock.now_ns()
             if p.wire is not None and p.wire.ingress:
                 self._line_put(p, True, t, data)
             else:  # arrives in _service, in time order with the other ports' frames
                 self._arrived.append((t, next(self._held), p, data))
+
+    def _read_stamped(self, p: Port, data: bytes, t: int) -> None:
+        """A frame read at `t` on a stamped wire: held on the port's line until the due it
+        carries (xm_emu_read's, in C)."""
+        line = p.line_in
+        assert line is not None
+        got = unstamp(data)
+        if got is None or got[1] - self.switch.clock.start_ns - t > line.holds_no_later():
+            p.stats.line_unstamped += 1  # no due, or later than any its far end could make
+            return
+        frame, due = got[0], got[1] - self.switch.clock.start_ns
+        p.stats.rx += 1
+        p.stats.rx_bytes += len(frame)
+        if p.pcap_in:
+            p.pcap_in.write(frame)
+        if t > due:
+            p.stats.line_late_ns += t - due
+        if not line.hold(due, frame, next(self._held)):
+            p.stats.line_drops += 1

@@ -65,12 +65,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         type=_wire,
         default=[],
-        metavar="PORT:BPS:DELAY_NS[:in]",
+        metavar="PORT:BPS:DELAY_NS[:in|:stamped]",
         help="the port's link in time: each frame sent on it is held for its length at BPS "
         "plus DELAY_NS before it leaves (a veth delivers at once); with :in, each frame read "
-        "from it too (the far end, a host, cannot); repeatable. The loop then takes what "
-        "arrives up to half the shortest DELAY_NS (at most 1 ms) late (a port without a wire "
-        "sends that late)",
+        "from it too (the far end, a host, cannot); with :stamped (the far end a built-in "
+        "switch with :stamped too), each frame leaves at once with the time it is due "
+        "appended, and each frame read is held until the time it carries; repeatable. The "
+        "loop then takes what arrives up to half the shortest DELAY_NS (at most 1 ms) late "
+        "(a port without a wire sends that late)",
     )
     ap.add_argument("--device-id", type=int, default=0)
     ap.add_argument("--cpu-port", type=int, help="port whose packets go to/come from P4Runtime")

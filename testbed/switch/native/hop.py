@@ -26,6 +26,8 @@ A callback gets the C packet when there is one; Python then owns it.
 
 from __future__ import annotations
 
+import struct
+
 from testbed.switch.traffic_manager import MAX_PORT
 
 # what xm_loop_run hands back to Python
@@ -44,6 +46,11 @@ RX_BATCH = 64  # frames read from one port before looking at the others
 # what one direction of an emulated port's delay line holds (testbed/switch/dataplane.py's
 # DelayLine): its socket buffers' size; more is dropped and counted
 LINE_MAX_BYTES = 4 * 2**20
+# A frame between two built-in switches on a stamped wire (dataplane.py's Wire) carries after
+# its bytes the time it is due whole at the far end: CLOCK_MONOTONIC ns, then STAMP_MAGIC, both
+# big-endian. The far end takes the frame at that time however late its sender was.
+STAMP = struct.Struct("!QI")
+STAMP_MAGIC = 0x584D4454  # "XMDT"
 
 # declared once: the C and cffi's cdef read these
 _STRUCTS = """
@@ -68,6 +75,7 @@ typedef struct { /* the emulation: a port's link in time (dataplane.py's Wire an
     double ns_per_byte;
     int64_t delay_ns;
     int64_t ingress; /* the frames coming in wait too (the far end, a host, cannot) */
+    int64_t stamped; /* the far end is a switch: frames go at once with their due (STAMP) */
     int64_t port;
     int64_t free_at[2]; /* per direction (0 out, 1 in): when its last frame is all on it */
     int64_t bytes[2];
@@ -103,7 +111,9 @@ typedef struct {
     int64_t port_tx_errors[NPORTS];
     int64_t port_rx_down[NPORTS];
     int64_t port_line_drops[NPORTS]; /* frames over what the port's delay line holds */
-    int64_t port_line_late_ns[NPORTS]; /* how much later than due its frames left its line out */
+    int64_t port_line_late_ns[NPORTS]; /* how much later than due its frames left its line out
+                                        * (a stamped line: how late they came in) */
+    int64_t port_line_unstamped[NPORTS]; /* frames read on a stamped line without a stamp */
     int64_t line_of[NPORTS]; /* the emulation: 1 + the port's index in lines, or 0 */
     xm_line *lines;
     int64_t nlines;
@@ -111,6 +121,7 @@ typedef struct {
     void *rx_head; /* the frames read from sockets, not yet arrived (xm_held, read order) */
     void *rx_tail;
     int64_t rx_seq; /* the order frames were read and held in, for ties in time */
+    int64_t start_ns; /* the emulation: CLOCK_MONOTONIC at the switch's time zero */
 } xm_hop;
 
 typedef struct {
@@ -192,6 +203,8 @@ _C = r"""
 #define XM_RX_MAX 65536 /* the largest frame a packet socket gives (MAX_FRAME + 1) */
 #define XM_LINE_MAX_BYTES LINE_MAX_BYTES_VALUE /* what one direction of a delay line holds */
 #define XM_RX_BATCH RX_BATCH_VALUE /* frames read from one port before the others */
+#define XM_STAMP_BYTES STAMP_BYTES_VALUE /* a stamped line's frames' due and magic (STAMP) */
+#define XM_STAMP_MAGIC STAMP_MAGIC_VALUE
 #define XM_EV_PY 0 /* a Python event: run returns its handle */
 #define XM_EV_RX 1 /* a frame arrives at a switch's port */
 #define XM_EV_SERVICE 2 /* a switch's traffic manager may send */
@@ -470,28 +483,94 @@ static int64_t rx_drop(xm_hop *h)
     return n;
 }
 
-/* DelayLine.put: the frame handed over at t goes on the wire once the frame ahead of it is
- * on it, and is due whole its serialization at the link's rate and the link's delay later;
- * 1 held, 0 dropped (over XM_LINE_MAX_BYTES: counted), -1 out of memory */
-static int line_put(xm_hop *h, int64_t port, int64_t in, const uint8_t *data, int64_t len,
-                    int64_t t)
+/* a frame onto the line's direction `in`, due at `due` */
+static void line_append(xm_line *l, int64_t in, xm_held *f)
 {
-    xm_line *l = &h->lines[h->line_of[port] - 1];
-    if (l->bytes[in] + len > XM_LINE_MAX_BYTES) {
-        h->port_line_drops[port]++;
-        return 0;
-    }
-    int64_t start = t > l->free_at[in] ? t : l->free_at[in];
-    int64_t free_at = start + (int64_t)((double)len * l->ns_per_byte);
-    xm_held *f = held_new(h, port, data, len, free_at + l->delay_ns);
-    if (!f) return -1;
-    l->free_at[in] = free_at;
     if (l->tail[in])
         ((xm_held *)l->tail[in])->next = f;
     else
         l->head[in] = f;
     l->tail[in] = f;
-    l->bytes[in] += len;
+    l->bytes[in] += f->len;
+}
+
+/* DelayLine.due_of: a frame handed over at t goes on the wire once the frame ahead of it is
+ * on it, and is due whole its serialization at the link's rate and the link's delay later */
+static int64_t line_due(xm_line *l, int64_t in, int64_t len, int64_t t)
+{
+    int64_t start = t > l->free_at[in] ? t : l->free_at[in];
+    l->free_at[in] = start + (int64_t)((double)len * l->ns_per_byte);
+    return l->free_at[in] + l->delay_ns;
+}
+
+/* Port.send with a stamp: the frame and after it its due (CLOCK_MONOTONIC) and the magic */
+static void port_send_stamped(xm_hop *h, int64_t port, const uint8_t *data, int64_t len,
+                              int64_t due)
+{
+    uint8_t stamp[XM_STAMP_BYTES];
+    uint64_t at = (uint64_t)(due + h->start_ns);
+    for (int i = 0; i < 8; i++) stamp[i] = (uint8_t)(at >> (56 - 8 * i));
+    for (int i = 0; i < 4; i++) stamp[8 + i] = (uint8_t)((uint32_t)XM_STAMP_MAGIC >> (24 - 8 * i));
+    struct iovec iov[2] = {{(void *)data, (size_t)len}, {stamp, sizeof stamp}};
+    struct msghdr msg = {0};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = 2;
+    if (sendmsg((int)h->fd[port], &msg, 0) < 0) {
+        h->port_tx_errors[port]++;
+    } else {
+        h->port_tx[port]++;
+        h->port_tx_bytes[port] += len;
+    }
+}
+
+/* DelayLine.put, or on a stamped line's way out Dataplane's send at once with the frame's
+ * due: 1 held (sent), 0 dropped (over XM_LINE_MAX_BYTES: counted), -1 out of memory */
+static int line_put(xm_hop *h, int64_t port, int64_t in, const uint8_t *data, int64_t len,
+                    int64_t t)
+{
+    xm_line *l = &h->lines[h->line_of[port] - 1];
+    if (!in && l->stamped) {
+        port_send_stamped(h, port, data, len, line_due(l, 0, len, t));
+        return 1;
+    }
+    if (l->bytes[in] + len > XM_LINE_MAX_BYTES) {
+        h->port_line_drops[port]++;
+        return 0;
+    }
+    xm_held *f = held_new(h, port, data, len, line_due(l, in, len, t));
+    if (!f) return -1;
+    line_append(l, in, f);
+    return 1;
+}
+
+/* DelayLine.hold: a frame read on a stamped line, held until the due it carries (no earlier
+ * than the frame ahead of it: a link keeps their order); 1 held, 0 dropped (counted), -1 out
+ * of memory */
+static int line_hold(xm_hop *h, int64_t port, const uint8_t *data, int64_t len, int64_t due)
+{
+    xm_line *l = &h->lines[h->line_of[port] - 1];
+    if (l->bytes[1] + len > XM_LINE_MAX_BYTES) {
+        h->port_line_drops[port]++;
+        return 0;
+    }
+    if (l->tail[1] && ((xm_held *)l->tail[1])->due > due) due = ((xm_held *)l->tail[1])->due;
+    xm_held *f = held_new(h, port, data, len, due);
+    if (!f) return -1;
+    line_append(l, 1, f);
+    return 1;
+}
+
+/* the due a stamped frame of n bytes carries (CLOCK_MONOTONIC): 1 and *due, or 0 (none) */
+static int unstamp(const uint8_t *frame, int64_t n, int64_t *due)
+{
+    if (n < 14 + XM_STAMP_BYTES) return 0;
+    const uint8_t *s = frame + n - XM_STAMP_BYTES;
+    uint32_t magic = 0;
+    uint64_t at = 0;
+    for (int i = 0; i < 4; i++) magic = magic << 8 | s[8 + i];
+    if (magic != (uint32_t)XM_STAMP_MAGIC) return 0;
+    for (int i = 0; i < 8; i++) at = at << 8 | s[i];
+    *due = (int64_t)at;
     return 1;
 }
 
@@ -765,10 +844,29 @@ int64_t xm_emu_read(xm_loop *L, int64_t node, int64_t port, int64_t max, int64_t
                 real = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
             }
         }
+        if (real && real - offset_ns < now) t = real - offset_ns;
+        xm_line *l = h->line_of[port] ? &h->lines[h->line_of[port] - 1] : NULL;
+        if (l && l->stamped && !mac_control(frame, n)) { /* held until the due it carries */
+            int64_t due;
+            if (!unstamp(frame, n, &due)) {
+                h->port_line_unstamped[port]++;
+                continue;
+            }
+            due -= h->start_ns;
+            if (due - t > l->delay_ns + (int64_t)(XM_LINE_MAX_BYTES * l->ns_per_byte)) {
+                h->port_line_unstamped[port]++; /* later than any frame its line can hold */
+                continue;
+            }
+            n -= XM_STAMP_BYTES;
+            h->port_rx[port]++;
+            h->port_rx_bytes[port] += n;
+            if (t > due) h->port_line_late_ns[port] += t - due;
+            if (line_hold(h, port, frame, n, due) < 0) L->failed = 1;
+            continue;
+        }
         h->port_rx[port]++;
         h->port_rx_bytes[port] += n;
-        if (real && real - offset_ns < now) t = real - offset_ns;
-        if (h->line_of[port] && h->lines[h->line_of[port] - 1].ingress) { /* on its wire yet */
+        if (l && l->ingress) { /* on its wire yet */
             if (line_put(h, port, 1, frame, n, t) < 0) L->failed = 1;
             continue;
         }
@@ -989,6 +1087,8 @@ def _fill(text: str) -> str:
         text.replace("NPORTS", str(_NPORTS))
         .replace("RX_BATCH_VALUE", str(RX_BATCH))
         .replace("LINE_MAX_BYTES_VALUE", str(LINE_MAX_BYTES))
+        .replace("STAMP_BYTES_VALUE", str(STAMP.size))
+        .replace("STAMP_MAGIC_VALUE", hex(STAMP_MAGIC))
     )
 
 
