@@ -98,11 +98,16 @@ def listening(
         yield rig, receiver
 
 
-def run(io: str, wires: tuple[str, ...] = ()) -> tuple[list[str], Any]:
-    with listening(2, io, wires, "3") as (rig, receiver):
+def through_switch(
+    io: str, wires: tuple[str, ...], seconds: str, sender: str, *args: str
+) -> tuple[list[str], list[str], Any]:
+    """`sender` on h1 (given its interface, MAC and address, h2's address and `args`) through
+    a switch process on `io`'s loop with `wires`: what it printed, what RECEIVER on h2
+    printed, and the switch's GetStatus after."""
+    with listening(2, io, wires, seconds) as (rig, receiver):
         h1, h2 = rig.hosts
         sent = subprocess.run(
-            h1.cmd(sys.executable, "-c", SENDER, h1.ifname, h1.mac, h1.ip, h2.ip),
+            h1.cmd(sys.executable, "-c", sender, h1.ifname, h1.mac, h1.ip, h2.ip, *args),
             check=True,
             stdout=subprocess.PIPE,
             text=True,
@@ -111,11 +116,16 @@ def run(io: str, wires: tuple[str, ...] = ()) -> tuple[list[str], Any]:
         time.sleep(0.2)
         with grpc.insecure_channel(rig.grpc_addr) as ch:
             status = switch_pb2_grpc.SwitchAdminStub(ch).GetStatus(switch_pb2.GetStatusRequest())
-        frames = out.split()[0::2]
-        if wires:  # each frame's arrival from the first frame's send, in the frames' order
-            arrived = [int(t) for t in out.split()[1::2]]
-            return [f"{f} {arrived[k] - int(sent[0])}" for k, f in enumerate(frames)], status
-        return frames, status
+    return sent, out.split(), status
+
+
+def run(io: str, wires: tuple[str, ...] = ()) -> tuple[list[str], Any]:
+    sent, out, status = through_switch(io, wires, "3", SENDER)
+    frames = out[0::2]
+    if wires:  # each frame's arrival from the first frame's send, in the frames' order
+        arrived = [int(t) for t in out[1::2]]
+        return [f"{f} {arrived[k] - int(sent[0])}" for k, f in enumerate(frames)], status
+    return frames, status
 
 
 def test_the_native_packet_loop_forwards_what_the_python_one_does() -> None:
@@ -303,21 +313,9 @@ def stamped(io: str) -> tuple[list[tuple[bytes, int, int]], list[int], Any]:
     stamped wires (h1 and h2 stand for switches): what h2 read (the frame without its stamp,
     the due it carries, when it came), the dues h1 sent, and GetStatus."""
     wires = ("1:1000000:30000000:stamped", "2:8000000:20000000:stamped")
-    with listening(2, io, wires, "1.5") as (rig, receiver):
-        h1, h2 = rig.hosts
-        argv = [h1.ifname, h1.mac, h1.ip, h2.ip, str(STAMP_MAGIC)]
-        sent = subprocess.run(
-            h1.cmd(sys.executable, "-c", STAMPED_SENDER, *argv),
-            check=True,
-            stdout=subprocess.PIPE,
-            text=True,
-        ).stdout.split()
-        out, _ = receiver.communicate(timeout=20)
-        time.sleep(0.2)
-        with grpc.insecure_channel(rig.grpc_addr) as ch:
-            status = switch_pb2_grpc.SwitchAdminStub(ch).GetStatus(switch_pb2.GetStatusRequest())
+    sent, out, status = through_switch(io, wires, "1.5", STAMPED_SENDER, str(STAMP_MAGIC))
     got = []
-    for data, t in zip(out.split()[0::2], out.split()[1::2], strict=True):
+    for data, t in zip(out[0::2], out[1::2], strict=True):
         frame = bytes.fromhex(data)
         due, magic = STAMP.unpack_from(frame, len(frame) - STAMP.size)
         assert magic == STAMP_MAGIC, frame.hex()
