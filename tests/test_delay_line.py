@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from controller.wire.stamp import STAMP, stamp, unstamp
 from testbed.emu.network import Testbed, TestbedOptions
 from testbed.model import LINK_DELAY_MODEL_NS, Scaling
 from testbed.p4files import BMV2_JSON
@@ -25,11 +26,9 @@ from testbed.switch.dataplane import (
     Wire,
     loop_slack_ns,
     parse_wire,
-    stamp,
-    unstamp,
     wait_plan,
 )
-from testbed.switch.native.hop import LINE_MAX_BYTES, STAMP
+from testbed.switch.native.hop import LINE_MAX_BYTES
 from testbed.switch.traffic_manager import Clock
 from testbed.switch.v1model import V1Switch
 from testbed.topo import End, FabricSpec, leafspine

@@ -22,9 +22,9 @@ import grpc
 import pytest
 
 from controller.proto import switch_pb2, switch_pb2_grpc
+from controller.wire.stamp import STAMP, STAMP_MAGIC
 from testbed.benchmarks.switch import _writes
 from testbed.p4files import BMV2_JSON, P4INFO
-from testbed.switch.native.hop import STAMP, STAMP_MAGIC
 from testbed.switch.rig import SwitchRig
 
 pytestmark = pytest.mark.root

@@ -20,9 +20,9 @@ from typing import Any
 
 from mininet.node import Host, Switch
 
+from controller.wire.stamp import STAMP
 from testbed.emu.procs import Component
 from testbed.switch.dataplane import parse_wire
-from testbed.switch.native.hop import STAMP
 from testbed.switch.v1model import DEFAULT_PIPELINE
 
 REPO = Path(__file__).resolve().parents[2]

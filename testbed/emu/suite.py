@@ -17,6 +17,7 @@ from typing import Any
 from controller.nic.ratelaw import CcParams
 from controller.nic.ratelaw.profiles import policy_params
 from controller.wire.pfc import MIN_FRAME as PFC_FRAME_BYTES
+from controller.wire.stamp import STAMP
 from testbed.emu.network import Testbed
 from testbed.emu.operations import EmuOperations
 from testbed.experiment.schemes import scheme_law
@@ -32,7 +33,6 @@ from testbed.probes import (
     wait_quiet,
 )
 from testbed.switch.dataplane import parse_wire
-from testbed.switch.native.hop import STAMP
 from testbed.traffic import workloads as wl
 from testbed.traffic.netns import Host
 from testbed.traffic.runner import RunOutput

@@ -33,9 +33,10 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from controller.wire.pfc import is_mac_control
+from controller.wire.stamp import stamp, unstamp
 from testbed.switch.hop import HopLoop, SwitchHop, native_path
 from testbed.switch.native.build import BuildError
-from testbed.switch.native.hop import LINE_MAX_BYTES, RX_BATCH, STAMP, STAMP_MAGIC
+from testbed.switch.native.hop import LINE_MAX_BYTES, RX_BATCH
 from testbed.switch.native.lock import NativeLock
 from testbed.switch.v1model import V1Switch
 
@@ -127,21 +128,6 @@ def parse_wire(text: str) -> tuple[int, Wire]:
             f"--wire {text!r}: expected PORT:BPS:DELAY_NS, PORT:BPS:DELAY_NS:in or "
             "PORT:BPS:DELAY_NS:stamped, with a rate above 0 and a delay of at least 0"
         ) from None
-
-
-def stamp(frame: bytes, due_mono_ns: int) -> bytes:
-    """The frame as a stamped wire carries it: its due (CLOCK_MONOTONIC) after its bytes."""
-    return frame + STAMP.pack(due_mono_ns, STAMP_MAGIC)
-
-
-def unstamp(frame: bytes) -> tuple[bytes, int] | None:
-    """A stamped wire's frame: its bytes and the due it carries; None: it carries none."""
-    if len(frame) < 14 + STAMP.size:
-        return None
-    due, magic = STAMP.unpack_from(frame, len(frame) - STAMP.size)
-    if magic != STAMP_MAGIC:
-        return None
-    return frame[: -STAMP.size], due
 
 
 class DelayLine:
@@ -357,7 +343,7 @@ class Port:
             if due_mono_ns is None:
                 self.sock.send(data)
             else:
-                self.sock.sendmsg([data, STAMP.pack(due_mono_ns, STAMP_MAGIC)])
+                self.sock.send(stamp(data, due_mono_ns))
             self.stats.tx += 1
             self.stats.tx_bytes += len(data)
             if self.pcap_out:

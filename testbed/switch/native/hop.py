@@ -26,8 +26,7 @@ A callback gets the C packet when there is one; Python then owns it.
 
 from __future__ import annotations
 
-import struct
-
+from controller.wire.stamp import STAMP, STAMP_MAGIC
 from testbed.switch.traffic_manager import MAX_PORT
 
 # what xm_loop_run hands back to Python
@@ -46,11 +45,6 @@ RX_BATCH = 64  # frames read from one port before looking at the others
 # what one direction of an emulated port's delay line holds (testbed/switch/dataplane.py's
 # DelayLine): its socket buffers' size; more is dropped and counted
 LINE_MAX_BYTES = 4 * 2**20
-# A frame between two built-in switches on a stamped wire (dataplane.py's Wire) carries after
-# its bytes the time it is due whole at the far end: CLOCK_MONOTONIC ns, then STAMP_MAGIC, both
-# big-endian. The far end takes the frame at that time however late its sender was.
-STAMP = struct.Struct("!QI")
-STAMP_MAGIC = 0x584D4454  # "XMDT"
 
 # declared once: the C and cffi's cdef read these
 _STRUCTS = """
