@@ -3,13 +3,14 @@
 (the routes are re-computed without it and every live switch is reconciled: only the
 difference is written), and comes back when it is alive again.
 
-What one poll reads from a switch: SwitchAdmin GetStatus (it answers: the switch is alive;
-each port's link status) and GetQueues (each port's latency monitor), and the P4 port
-counters `port_tx`/`port_rx` of the configured ports over P4Runtime. bmv2 has no SwitchAdmin:
-its liveness is its P4Runtime channel and its counters; its ports' status is not read. Every
-`NIC_POLL_S` it also reads each host agent's NIC counters (GetNicCounters: the slow-NIC rule)
-and, with `controller.probe_interval_s` set, its prober's tallies (GetProbes: the probe rule);
-an agent that does not answer is skipped (counted in `nic_polls_failed`).
+What one poll reads from a switch: SwitchAdmin GetHealth, GetStatus's answer (the switch is
+alive; each port's link status) and GetQueues' (each port's latency monitor) in one call, and
+the P4 port counters `port_tx`/`port_rx` of the configured ports over P4Runtime. bmv2 has
+no SwitchAdmin: its liveness is its P4Runtime channel and its counters; its ports' status is
+not read. Every `NIC_POLL_S` it also reads each host agent's NIC counters (GetNicCounters:
+the slow-NIC rule) and, with `controller.probe_interval_s` set, its prober's tallies
+(GetProbes: the probe rule); an agent that does not answer is skipped (counted in
+`nic_polls_failed`).
 """
 
 from __future__ import annotations
@@ -263,13 +264,13 @@ class Operations:
         if s.sw.kind == "builtin" and self.d.cfg.controller.p4runtime_tls is None:
             stub = switch_pb2_grpc.SwitchAdminStub(self._channel(s))
             try:
-                st = await stub.GetStatus(switch_pb2.GetStatusRequest(), timeout=timeout)
-                qs = await stub.GetQueues(switch_pb2.GetQueuesRequest(), timeout=timeout)
+                got = await stub.GetHealth(switch_pb2.GetHealthRequest(), timeout=timeout)
             except grpc.RpcError as exc:
                 code = exc.code()
                 late = code == grpc.StatusCode.DEADLINE_EXCEEDED
                 return PollFailed(f"SwitchAdmin: {code.name}", refused=not late)
             answered = True
+            st, qs = got.status, got.queues
             for p in st.ports:
                 if p.port in ports:
                     ports[p.port].update(up=not p.down, rx_errors=p.rx_errors)

@@ -267,3 +267,18 @@ def test_nic_faults_set_the_switch_ports_its_links_reach() -> None:
     assert settings("nic h3 rate 50%") == []
     with pytest.raises(FaultError, match="a nic fault is one of rate, down, loss"):
         faults.parse_command(SPEC, "nic h3 delay 2ms")
+
+
+def test_get_health_answers_get_status_and_get_queues_in_one_call() -> None:
+    """The controller's poll reads both in one RPC (each call costs the switch's gRPC server
+    the same whatever it asks): the same answers as the two calls."""
+    sw = V1Switch(Clock(virtual=True), device_id=1)
+    admin = SwitchAdminService(sw, None, None)
+    admin.SetFault(switch_pb2.SetFaultRequest(port=3, loss=0.05, delay_ns=1000), _Context())
+    admin.SetFault(switch_pb2.SetFaultRequest(port=4, down=True), _Context())
+    got = admin.GetHealth(switch_pb2.GetHealthRequest(), None)
+    status = admin.GetStatus(switch_pb2.GetStatusRequest(), None)
+    got.status.uptime_us = status.uptime_us = 0  # the wall clock's, between the calls
+    assert got.status == status
+    assert got.queues == admin.GetQueues(switch_pb2.GetQueuesRequest(), None)
+    assert {q.port for q in got.queues.queues} >= {3, 4}

@@ -161,6 +161,12 @@ class SwitchAdminService(switch_pb2_grpc.SwitchAdminServicer):  # type: ignore[m
                 )
         return resp
 
+    def GetHealth(self, request: Any, context: Any) -> Any:
+        return switch_pb2.GetHealthResponse(
+            status=self.GetStatus(switch_pb2.GetStatusRequest(), context),
+            queues=self.GetQueues(switch_pb2.GetQueuesRequest(), context),
+        )
+
     def GetStatus(self, request: Any, context: Any) -> Any:
         sw = self.switch
         resp = switch_pb2.GetStatusResponse(
