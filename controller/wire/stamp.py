@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import struct
 
+from controller.wire.pfc import ETH_HEADER
+
 STAMP = struct.Struct("!QI")
 STAMP_MAGIC = 0x584D4454  # "XMDT"
-ETH_HEADER_LEN = 14  # a stamped frame is at least an Ethernet header and its stamp
 
 
 def stamp(frame: bytes, due_ns: int) -> bytes:
@@ -25,7 +26,7 @@ def stamp(frame: bytes, due_ns: int) -> bytes:
 
 def unstamp(frame: bytes) -> tuple[bytes, int] | None:
     """A stamped wire's frame: its bytes and the due it carries; None: it carries none."""
-    if len(frame) < ETH_HEADER_LEN + STAMP.size:
+    if len(frame) < ETH_HEADER + STAMP.size:  # an Ethernet header and its stamp at least
         return None
     due, magic = STAMP.unpack_from(frame, len(frame) - STAMP.size)
     if magic != STAMP_MAGIC:

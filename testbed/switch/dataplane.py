@@ -112,6 +112,7 @@ class Wire:
         return 8e9 / self.bps
 
 
+# what follows PORT:BPS:DELAY_NS: the far end (none: a port whose frames in are not held)
 WIRE_ENDS = {"": {}, "in": {"ingress": True}, "stamped": {"stamped": True}}
 
 
@@ -119,10 +120,10 @@ def parse_wire(text: str) -> tuple[int, Wire]:
     """`PORT:BPS:DELAY_NS[:in|:stamped]` (the switch's --wire)."""
     parts = text.split(":")
     try:
-        if len(parts) not in (3, 4) or (len(parts) == 4 and parts[3] not in ("in", "stamped")):
+        far = parts[3] if len(parts) == 4 else ""
+        if len(parts) not in (3, 4) or far not in WIRE_ENDS or (len(parts) == 4 and not far):
             raise ValueError
-        end = WIRE_ENDS[parts[3] if len(parts) == 4 else ""]
-        return int(parts[0]), Wire(float(parts[1]), int(parts[2]), **end)
+        return int(parts[0]), Wire(float(parts[1]), int(parts[2]), **WIRE_ENDS[far])
     except ValueError:
         raise ValueError(
             f"--wire {text!r}: expected PORT:BPS:DELAY_NS, PORT:BPS:DELAY_NS:in or "
@@ -806,10 +807,13 @@ class Dataplane:
         line = p.line_in
         assert line is not None
         got = unstamp(data)
-        if got is None or got[1] - self.switch.clock.start_ns - t > line.holds_no_later():
-            p.stats.line_unstamped += 1  # no due, or later than any its far end could make
+        if got is None:
+            p.stats.line_unstamped += 1
             return
         frame, due = got[0], got[1] - self.switch.clock.start_ns
+        if due - t > line.holds_no_later():  # not a due its far end could make
+            p.stats.line_unstamped += 1
+            return
         p.stats.rx += 1
         p.stats.rx_bytes += len(frame)
         if p.pcap_in:

@@ -26,6 +26,7 @@ A callback gets the C packet when there is one; Python then owns it.
 
 from __future__ import annotations
 
+from controller.wire.pfc import ETH_HEADER
 from controller.wire.stamp import STAMP, STAMP_MAGIC
 from testbed.switch.traffic_manager import MAX_PORT
 
@@ -199,6 +200,7 @@ _C = r"""
 #define XM_RX_BATCH RX_BATCH_VALUE /* frames read from one port before the others */
 #define XM_STAMP_BYTES STAMP_BYTES_VALUE /* a stamped line's frames' due and magic (STAMP) */
 #define XM_STAMP_MAGIC STAMP_MAGIC_VALUE
+#define XM_ETH_HEADER ETH_HEADER_VALUE /* an Ethernet header's bytes */
 #define XM_EV_PY 0 /* a Python event: run returns its handle */
 #define XM_EV_RX 1 /* a frame arrives at a switch's port */
 #define XM_EV_SERVICE 2 /* a switch's traffic manager may send */
@@ -381,7 +383,7 @@ static int grow(void **items, int64_t *cap, int64_t want, size_t size)
 /* a MAC Control frame (PFC's): consumed by the MAC, left to Python */
 static int mac_control(const uint8_t *data, int64_t len)
 {
-    return len >= 14 && data[12] == 0x88 && data[13] == 0x08;
+    return len >= XM_ETH_HEADER && data[12] == 0x88 && data[13] == 0x08;
 }
 
 /* v1model.py's _not_queued for a full queue when its drop report is held back (drop_reports.py:
@@ -554,10 +556,17 @@ static int line_hold(xm_hop *h, int64_t port, const uint8_t *data, int64_t len, 
     return 1;
 }
 
+/* DelayLine.holds_no_later: the furthest ahead a frame on the line can be due (a full
+ * line's serialization and the delay): a stamp due later is not one its far end made */
+static int64_t line_holds_no_later(const xm_line *l)
+{
+    return l->delay_ns + (int64_t)(XM_LINE_MAX_BYTES * l->ns_per_byte);
+}
+
 /* the due a stamped frame of n bytes carries (CLOCK_MONOTONIC): 1 and *due, or 0 (none) */
 static int unstamp(const uint8_t *frame, int64_t n, int64_t *due)
 {
-    if (n < 14 + XM_STAMP_BYTES) return 0;
+    if (n < XM_ETH_HEADER + XM_STAMP_BYTES) return 0;
     const uint8_t *s = frame + n - XM_STAMP_BYTES;
     uint32_t magic = 0;
     uint64_t at = 0;
@@ -847,8 +856,8 @@ int64_t xm_emu_read(xm_loop *L, int64_t node, int64_t port, int64_t max, int64_t
                 continue;
             }
             due -= h->start_ns;
-            if (due - t > l->delay_ns + (int64_t)(XM_LINE_MAX_BYTES * l->ns_per_byte)) {
-                h->port_line_unstamped[port]++; /* later than any frame its line can hold */
+            if (due - t > line_holds_no_later(l)) {
+                h->port_line_unstamped[port]++;
                 continue;
             }
             n -= XM_STAMP_BYTES;
@@ -1083,6 +1092,7 @@ def _fill(text: str) -> str:
         .replace("LINE_MAX_BYTES_VALUE", str(LINE_MAX_BYTES))
         .replace("STAMP_BYTES_VALUE", str(STAMP.size))
         .replace("STAMP_MAGIC_VALUE", hex(STAMP_MAGIC))
+        .replace("ETH_HEADER_VALUE", str(ETH_HEADER))
     )
 
 
