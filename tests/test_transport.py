@@ -118,6 +118,35 @@ _UNROUTABLE = textwrap.dedent(
 )
 
 
+# Runs in the sender's namespace: one message to a peer that never answers, sent; then the
+# process held off (a sleep: a transport off the CPU) past its RTO while its ACK, behind more
+# frames than a step reads, comes in; then its loop (Python's steps or the native loop's) until
+# the message is acknowledged. Its counters.
+_STALLED_SENDER = textwrap.dedent(
+    """
+    import json, sys, time
+    from testbed.traffic import transport
+    from testbed.traffic.transport import Transport, TransportConfig
+    args = json.loads(sys.argv[1])
+    transport.RX_DEFER_STEPS = args["defer_steps"]
+    with Transport(TransportConfig(**args["cfg"]), pipeline=args["pipeline"]) as t:
+        qp = t.create_qp(args["qpn"], args["peer"], args["qpn"])
+        op = qp.post_send(bytes(args["size"]), time.monotonic())
+        t.run_until(lambda: False, timeout=0.01)  # every packet out
+        print("sent", flush=True)
+        time.sleep(args["stall"])
+        end = time.monotonic() + 5
+        if args["loop"] == "steps":
+            assert t.native_loop()
+            while not op.done and time.monotonic() < end:
+                t.run_steps(min(end, time.monotonic() + 0.05))
+        else:
+            t.run_until(lambda: op.done, timeout=5)
+        print(json.dumps({"done": op.done, "counters": t.counters()}), flush=True)
+    """
+)
+
+
 # Runs in the sender's namespace: one message to the responder, the transport's loop (Python's
 # steps or the native loop's) until it is acknowledged; its counters.
 _SENDER = textwrap.dedent(
@@ -445,6 +474,73 @@ def test_a_timer_waits_for_packets_still_in_the_nic(lan: NetnsLan, loop: str) ->
     sent = json.loads(out.stdout.strip().splitlines()[-1])
     assert sent["done"] and res["messages"][0]["len"] == 24 * MTU
     assert sent["counters"]["timeouts"] == 0 and sent["counters"]["retransmits"] == 0, sent
+
+
+def _stalled_sender(lan: NetnsLan, loop: str, pipeline: str, defer_steps: int) -> dict:
+    """_STALLED_SENDER's counters: 8 packets sent, the process asleep 1 s past its 50 ms RTO
+    while 600 CNPs and then the ACK of all 8 come in (RX_DEFER_STEPS `defer_steps`)."""
+    a, b = lan.hosts
+    n = 8
+    cfg = {"local_ip": a.ip, "mtu": MTU, "rto": 0.05, "rto_max": 0.2}
+    args = {
+        "cfg": cfg,
+        "qpn": QPN,
+        "peer": b.ip,
+        "size": n * MTU,
+        "stall": 1.0,
+        "loop": loop,
+        "pipeline": pipeline,
+        "defer_steps": defer_steps,
+    }
+    proc = subprocess.Popen(
+        a.command([sys.executable, "-c", _STALLED_SENDER, json.dumps(args)]),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "sent"
+        head = IP(src=b.ip, dst=a.ip, flags="DF", id=0) / UDP(sport=SPORT, dport=4791, chksum=0)
+        cnp = raw(head / BTH(opcode=OP_CNP, dqpn=QPN, psn=0) / CNP())
+        ack = raw(head / BTH(opcode=OP_ACK, dqpn=QPN, psn=n - 1) / AETH(syndrome=0))
+        sent = _inject(b, a, [(0.0, cnp)] * 600 + [(0.0, ack)], capture=0.0)
+        assert sent[0][0] < 0.5  # all in before the sender wakes
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    res = json.loads(out.strip().splitlines()[-1])
+    assert res["done"], res
+    c = res["counters"]
+    assert c["cnps_received"] == 600 and c["acks_received"] == 1, c
+    return c
+
+
+@pytest.mark.parametrize(
+    ("loop", "pipeline"), [("until", "reference"), ("until", "native"), ("steps", "native")]
+)
+def test_a_due_timer_waits_for_the_acks_a_stalled_transport_has_not_read(
+    lan: NetnsLan, loop: str, pipeline: str
+) -> None:
+    """A transport held off the CPU past its RTO wakes to a socket holding more frames than
+    a step reads (RX_BUDGET), its ACK among the last. A NIC would have taken that ACK before
+    its timer fired: the timer waits for the frames left unread, and nothing is resent.
+    Before, the first step read RX_BUDGET frames, fired the timer and resent the window (the
+    emulation at 1 Gb/s per port resent whole windows with nothing lost)."""
+    c = _stalled_sender(lan, loop, pipeline, defer_steps=64)
+    assert c["timeouts"] == 0 and c["retransmits"] == 0, c
+    assert c["timers_deferred"] >= 1, c
+
+
+@pytest.mark.parametrize(("loop", "pipeline"), [("until", "reference"), ("steps", "native")])
+def test_a_due_timer_waits_a_bounded_number_of_full_reads(
+    lan: NetnsLan, loop: str, pipeline: str
+) -> None:
+    """The wait is bounded (RX_DEFER_STEPS): a socket that stays full is fed faster than it
+    is read, and no timer waits on it for ever. With one full read allowed, the second of the
+    three that the 601 frames take fires the timer before the ACK is read."""
+    c = _stalled_sender(lan, loop, pipeline, defer_steps=1)
+    assert c["timeouts"] == 1 and c["retransmits"] == 8 and c["timers_deferred"] == 1, c
 
 
 @LOOPS

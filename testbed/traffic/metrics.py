@@ -45,6 +45,7 @@ COUNTER_KEYS = (
     "rate_hints",  # start rates the application handed its NIC (the proactive start)
     "pfc_holds",  # the emulation's transports: pauses of their NIC they held for
     "pfc_held_us",  # ... and for how long, microseconds
+    "timers_deferred",  # the emulation's transports: steps a due timer waited for unread frames
 )
 
 

@@ -67,6 +67,14 @@ StartRateFn = Callable[[str, str, int, int], int]
 DeclareFn = Callable[[list[tuple[str, str, int]]], int]
 PAUSE_POLL_S = 0.001  # while paused, how often the hold is read again (a resume ends it)
 SEND_BURST = 32  # data packets a queue pair sends in a row before the others get a turn
+# Frames a step reads before it sends and runs the timers: the socket's fill is left to the
+# next step (each step sends its round, so neither direction starves the other).
+RX_BUDGET = 256
+# A due timer waits while a step's read found more frames than RX_BUDGET (some still unread:
+# a NIC would have taken their ACKs before its timer fired; a transport held off the CPU
+# wakes to a socket full of them), but for at most this many such steps in a row: a socket
+# that stays that full is fed faster than it is read, and its timers fire all the same.
+RX_DEFER_STEPS = 64
 # The feedback socket's buffer: some 256 ACKs (about 1 KB of kernel memory each) waiting in the
 # NIC's default class at once, far more than a host's queue pairs answer in one step
 FEEDBACK_SNDBUF = 1 << 18
@@ -103,6 +111,8 @@ class Transport:
         self._last_look = 0.0
         self.held_s = 0.0  # time spent paused (between steps that found the NIC held)
         self.holds = 0  # pauses found (steps that found it held after one that did not)
+        self.full_reads = 0  # steps in a row whose read met RX_BUDGET (frames left unread)
+        self.timers_deferred = 0  # steps in which a due timer waited for those frames
         self.core, self.native_reason = make_core(
             cfg, os.getpid() ^ time.time_ns() if seed is None else seed, pipeline
         )
@@ -134,6 +144,8 @@ class Transport:
             self._io.rx_fd = self.rx.fileno()
             self._io.fb_fd = self._fb_sock.fileno()
             self._io.send_burst = SEND_BURST
+            self._io.rx_budget = RX_BUDGET
+            self._io.rx_defer_steps = RX_DEFER_STEPS
             self._io.nobufs_backoff = cfg.nobufs_backoff
             self._io.pause_poll_s = PAUSE_POLL_S
             self._io.pfc_fd = -1
@@ -226,8 +238,8 @@ class Transport:
         return True
 
     def step(self, now: float, max_wait: float) -> None:
-        busy = self._receive(now, 256)
-        self._rest_of_step(now, busy, max_wait)
+        got = self._receive(now, RX_BUDGET)
+        self._rest_of_step(now, got > 0, max_wait, got >= RX_BUDGET)
 
     def native_loop(self) -> bool:
         """Whether `run_steps` runs the steps in C: the native core, and a PFC hold (if any)
@@ -255,9 +267,11 @@ class Transport:
             self.held_s,
             self.holds,
         )
+        io.full_reads, io.timers_deferred = self.full_reads, self.timers_deferred
         rc = core._lib.xm_tp_run(core._tp, io, until)
         self._held_until, self._last_look = float(io.held_until), float(io.last_look)
         self.held_s, self.holds = float(io.held_s), int(io.holds)
+        self.full_reads, self.timers_deferred = int(io.full_reads), int(io.timers_deferred)
         for qp in self.core.qps.values():  # and back
             i = cast(NativeQueuePair, qp)._index
             if io.blocked[i] and qp not in self._blocked:
@@ -276,7 +290,9 @@ class Transport:
         if rc < 0:
             raise OSError(-rc, os.strerror(-rc))
         if rc == IO_SINK:
-            self._rest_of_step(io.step_now, bool(io.step_busy), io.step_max_wait)
+            self._rest_of_step(
+                io.step_now, bool(io.step_busy), io.step_max_wait, bool(io.step_full)
+            )
         else:
             assert rc >= IO_UNTIL
 
@@ -296,19 +312,32 @@ class Transport:
                 drops[f"send_error_{errno.errorcode.get(err, err)}"] += n - seen[err]
                 seen[err] = n
 
-    def _rest_of_step(self, now: float, busy: bool, max_wait: float) -> None:
-        """`step` after its reads."""
+    def _rest_of_step(self, now: float, busy: bool, max_wait: float, full: bool) -> None:
+        """`step` after its reads (`full`: they met RX_BUDGET, frames may be left unread)."""
         core = self.core
         held = self._paused(now)
         if not held:
             self._send_feedback()
             self._send_reports()
-        self._restart_waiting_timers(now)
-        core.expire(now)
+        if self._timers_wait(now, full):
+            self.timers_deferred += 1
+        else:
+            self._restart_waiting_timers(now)
+            core.expire(now)
         if not held:
             busy |= self._send_round(now)
         if not busy:
             self._wait(now, max_wait)
+
+    def _timers_wait(self, now: float, full: bool) -> bool:
+        """Whether a due timer waits this step for the frames its read left unread (their
+        ACKs came before it fired: RX_BUDGET, RX_DEFER_STEPS)."""
+        self.full_reads = self.full_reads + 1 if full else 0
+        if not full or self.full_reads > RX_DEFER_STEPS:
+            self.full_reads = 0
+            return False
+        d = self.core.next_deadline()
+        return d is not None and d <= now
 
     def _restart_waiting_timers(self, now: float) -> None:
         """Each due timer whose queue pair's packets still wait in the NIC (unsent bytes in
@@ -469,9 +498,10 @@ class Transport:
 
     # ---- packets in ----
 
-    def _receive(self, now: float, budget: int) -> bool:
+    def _receive(self, now: float, budget: int) -> int:
+        """Frames read (at most `budget`)."""
         if isinstance(self.core, NativeTransportCore):  # the same loop in C, batched
-            return self.core.receive_from(self.rx.fileno(), budget, now) > 0
+            return self.core.receive_from(self.rx.fileno(), budget, now)
         got = 0
         buf = self._buf
         mv = memoryview(buf)
@@ -482,7 +512,7 @@ class Transport:
                 break
             got += 1
             self.core.receive(mv[:n], now)
-        return got > 0
+        return got
 
     # ---- reporting ----
 
@@ -490,6 +520,7 @@ class Transport:
         out = self.core.counters()
         if self._hold is not None:
             out["pfc_holds"], out["pfc_held_us"] = self.holds, round(self.held_s * 1e6)
+        out["timers_deferred"] = self.timers_deferred
         return out
 
 

@@ -1644,17 +1644,31 @@ static int paused(struct xm_tp_io *io, double now)
 	return until > now;
 }
 
+/* Transport._timers_wait: whether a due timer waits this step for the frames a full read
+ * left unread */
+static int timers_wait(struct xm_tp *tp, struct xm_tp_io *io, double now, int full)
+{
+	io->full_reads = full ? io->full_reads + 1 : 0;
+	if (!full || io->full_reads > io->rx_defer_steps) {
+		io->full_reads = 0;
+		return 0;
+	}
+	double d;
+	return xm_tp_next_deadline(tp, &d) && d <= now;
+}
+
 /* Transport.step, with the INT sink's part left to Python */
 static int64_t step(struct xm_tp *tp, struct xm_tp_io *io, double now, double max_wait)
 {
-	int32_t got = xm_tp_recv_batch(tp, io->rx_fd, 256, now);
+	int32_t got = xm_tp_recv_batch(tp, io->rx_fd, io->rx_budget, now);
 	if (got < 0)
 		return got;
-	int busy = got > 0;
+	int busy = got > 0, full = (uint32_t)got >= io->rx_budget;
 	if (tp->nsink) {
 		io->step_now = now;
 		io->step_busy = busy;
 		io->step_max_wait = max_wait;
+		io->step_full = full;
 		return XM_IO_SINK;
 	}
 	int held = paused(io, now);
@@ -1662,8 +1676,12 @@ static int64_t step(struct xm_tp *tp, struct xm_tp_io *io, double now, double ma
 		return held;
 	if (!held)
 		send_feedback(tp, io); /* reports: only after the sink's part, Python's */
-	restart_waiting(tp, io, now);
-	xm_tp_expire(tp, now);
+	if (timers_wait(tp, io, now, full)) {
+		io->timers_deferred++;
+	} else {
+		restart_waiting(tp, io, now);
+		xm_tp_expire(tp, now);
+	}
 	if (!held)
 		busy |= send_round(tp, io, now);
 	if (!busy)

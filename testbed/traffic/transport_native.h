@@ -143,9 +143,15 @@ struct xm_tp_io {
 	uint32_t pfc_value_size, pfc_until_off, pfc_active_off;
 	double held_until, last_look, held_s, pause_poll_s;
 	int64_t holds;
-	/* where a step stopped for Python (XM_IO_SINK): its time, whether it was busy, its wait */
+	/* Transport.step's read: frames it reads (RX_BUDGET); how many steps in a row a due
+	 * timer may wait while a read meets it (RX_DEFER_STEPS); the steps in a row it met it
+	 * and those in which a due timer waited (Transport.full_reads, .timers_deferred) */
+	uint32_t rx_budget, rx_defer_steps;
+	int64_t full_reads, timers_deferred;
+	/* where a step stopped for Python (XM_IO_SINK): its time, whether it was busy, its wait,
+	 * whether its read met the budget */
 	double step_now, step_max_wait;
-	int32_t step_busy;
+	int32_t step_busy, step_full;
 };
 
 struct xm_tp *xm_tp_new(const struct xm_tp_cfg *cfg);
