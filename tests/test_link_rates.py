@@ -272,6 +272,35 @@ def test_the_rto_stays_above_the_deepest_queue_the_buffer_admits() -> None:
     assert transport_settings(s)["rto"] == pytest.approx(50e-6)
 
 
+def test_the_emulations_rto_stays_above_what_its_cpus_hold_back() -> None:
+    """The emulation's transports wait for a CPU (up to 63 ms measured at 1 Gb/s per port),
+    and a peer's timer below that resent windows that were not lost: its RTO has a floor
+    of its own in wall time, which binds at 1 Gb/s per port, not at 100 or 20 Mb/s (the
+    deepest queue drains slower there); the twin has none."""
+    from testbed.emu.suite import EMU_RTO_FLOOR_S, EmuSuite
+    from testbed.experiment.suite import SuiteConfig, deepest_queue_s, transport_settings
+    from testbed.sim.suite import SimSuite
+
+    assert EmuSuite.rto_floor_s == EMU_RTO_FLOOR_S and SimSuite.rto_floor_s == 0.0
+    spec = leafspine(2, 2, 4)
+    for scale, binds in ((400.0, True), (4000.0, False), (20_000.0, False)):
+        s = Scaling(scale=scale, max_hops=3)
+        q = deepest_queue_s(spec, s)
+        plain = transport_settings(s, deepest_queue=q)["rto"]
+        floored = transport_settings(s, deepest_queue=q, rto_floor=EMU_RTO_FLOOR_S)
+        assert floored["rto"] == pytest.approx(EMU_RTO_FLOOR_S if binds else plain)
+        assert (plain < EMU_RTO_FLOOR_S) == binds
+        assert floored["rto_max"] == 4 * floored["rto"]
+    # the twin at the model's speed: untouched
+    assert transport_settings(Scaling(scale=1.0, max_hops=3))["rto"] == pytest.approx(50e-6)
+    # a suite's transports and its record take the engine's floor
+    s = Scaling(scale=400.0, max_hops=3)
+    suite = SimSuite(SimFabric(spec, s), SuiteConfig.quick())
+    suite.rto_floor_s = EMU_RTO_FLOOR_S
+    assert suite.rto_s() == EMU_RTO_FLOOR_S
+    assert suite.transport("none", 64)["rto"] == EMU_RTO_FLOOR_S
+
+
 def test_the_window_holds_the_frames_a_receiver_waits_for_before_it_acks() -> None:
     """B*T and the ACK interval's frames but one: a packet's ACK leaves only with the
     ACK interval's last packet (TiTa's every two; Swift's every one: B*T alone)."""

@@ -328,6 +328,7 @@ def transport_settings(
     retransmit: str = "gbn",
     cnp_interval: float | None = None,
     deepest_queue: float = 0.0,
+    rto_floor: float = 0.0,
 ) -> dict[str, Any]:
     """The transport's parameters for every run (testbed.traffic.transport.TransportConfig).
 
@@ -338,7 +339,7 @@ def transport_settings(
       fabric's `deepest_queue_s`), and at least 1 s at the emulation's scale dilated like
       every time of the model (50 us at the model's own speed), which a full static 500 KB
       queue (0.2 s at that scale) stays under; a timer below a queue's delay resends (go-back-N:
-      a window) what is only waiting;
+      a window) what is only waiting; and at least `rto_floor` (s: the engine's, Suite.rto_floor_s);
     - an ACK every 2 packets (TiTa's feedback; every packet for TIMELY and Swift, which
       time packets);
     - `cnp_interval`: the least time between two CNPs of a flow (s), the notification
@@ -350,7 +351,7 @@ def transport_settings(
     - `retransmit`: go-back-N (`gbn`, RC's) or selective repeat (`sr`).
     """
     dilation = min(1.0, s.scale / 20_000)  # the RTO's floor was chosen at the emulation's scale
-    rto = max(1.0 * dilation, 50e-6, RTO_QUEUES * deepest_queue)
+    rto = max(1.0 * dilation, 50e-6, RTO_QUEUES * deepest_queue, rto_floor)
     if cnp_interval is None:
         np = load_profile(DEFAULT_PROFILES[Law.DCQCN]).np_values(int(s.nic_bps), 1, s.scale)
         cnp_interval = np["cnp_interval_ns"] / 1e9
@@ -460,6 +461,9 @@ class Suite:
     # stamps) where the receivers' arrival times carry the switch processes' late wake-ups
     # (the emulation); by the arrivals where the clock is the engine's own (the twin)
     util_by_departures: bool = False
+    # the least RTO the engine's transports need, its seconds (transport_settings' rto_floor):
+    # where a transport waits for a CPU, its peer's ACK waits too, as a NIC's would not
+    rto_floor_s: float = 0.0
 
     def __init__(self, cfg: SuiteConfig, say: Callable[[str], None]):
         self.cfg = cfg
@@ -594,7 +598,10 @@ class Suite:
 
     def rto_s(self) -> float:
         """The transport's RTO on this fabric, under every scheme (transport_settings)."""
-        return float(transport_settings(self.scaling, deepest_queue=self.deepest_queue_s)["rto"])
+        settings = transport_settings(
+            self.scaling, deepest_queue=self.deepest_queue_s, rto_floor=self.rto_floor_s
+        )
+        return float(settings["rto"])
 
     def transport(self, scheme: str, window: int, ack_every: int | None = None) -> dict[str, Any]:
         """The transport's settings under `scheme` (transport_settings): the RTO above this
@@ -609,6 +616,7 @@ class Suite:
                 cfg.retransmit,
                 self.cnp_interval_s(scheme),
                 self.deepest_queue_s,
+                self.rto_floor_s,
             ),
             **report_settings(self.spec, self.scaling),
         }
