@@ -273,7 +273,7 @@ def test_the_rto_stays_above_the_deepest_queue_the_buffer_admits() -> None:
 
 
 def test_the_emulations_rto_stays_above_what_its_cpus_hold_back() -> None:
-    """The emulation's transports wait for a CPU (up to 63 ms measured at 1 Gb/s per port),
+    """The emulation's transports wait for a CPU (up to 91 ms measured at 1 Gb/s per port),
     and a peer's timer below that resent windows that were not lost: its RTO has a floor
     of its own in wall time, which binds at 1 Gb/s per port, not at 100 or 20 Mb/s (the
     deepest queue drains slower there); the twin has none."""

@@ -42,10 +42,10 @@ from testbed.traffic.runner import RunOutput
 BASE_RTT_SAMPLES = 5
 BASE_RTT_TIMEOUT_S = 30.0
 # The least RTO of the emulation's transports (Suite.rto_floor_s), wall time: they share the
-# box's cores with the switches and agents, and one waited up to 63 ms for a CPU (its run
-# queue) in the all-reduce at 1 Gb/s per port, its peer's timer of 56 ms firing meanwhile on
-# a window that was not lost (docs/main-job.md, the higher port rates). A NIC ACKs without a
-# CPU; this keeps the timers above what the CPU holds back, by 3 times. On the default
+# box's cores with the switches and agents, and in the all-reduce at 1 Gb/s per port one
+# stood still up to 91 ms (63 ms at once in the run queue), its peer's timer of 56 ms firing
+# meanwhile on a window that was not lost (docs/main-job.md, the higher port rates). A NIC
+# ACKs without a CPU; this keeps the timers above twice what the CPU held back. On the default
 # fabric it binds above about 280 Mb/s per port only (the deepest queue's term, 2.8 s at
 # 20 Mb/s, falls below it there).
 EMU_RTO_FLOOR_S = 0.2
