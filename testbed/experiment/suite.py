@@ -665,12 +665,15 @@ class Suite:
         self.base_rtt_s = self._measure_base_rtt()
         model_rtt = self.scaling.base_rtt_s
         self.tita_t_s = self.cfg.tita_base_rtt_s or max(self.base_rtt_s, model_rtt)
+        rto = self.rto_s()
+        why = f"the deepest queue drains in {fmt_time(self.deepest_queue_s)}"
+        if rto == self.rto_floor_s:
+            why += "; the engine's floor: its transports wait for a CPU"
         self.say(
             f"base RTT {fmt_time(self.base_rtt_s)} ({self.scaling.transport_mtu} B, "
             f"{self.hosts[0].name} -> {self.hosts[-1].name}); the model's, dilated: "
             f"{fmt_time(model_rtt)}; TiTa's T = {fmt_time(self.tita_t_s)}; the transport's "
-            f"RTO {fmt_time(self.rto_s())} (the deepest queue drains in "
-            f"{fmt_time(self.deepest_queue_s)})"
+            f"RTO {fmt_time(rto)} ({why})"
         )
         self._check_telemetry()
 
