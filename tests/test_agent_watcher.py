@@ -1,9 +1,10 @@
 """WatchRates' subscriber (controller/nic/agent/agent.py, no root): what `min_change` lets
-through is measured against the rate the watcher was last told."""
+through is measured against the rate the watcher was last told. And the histogram of the
+pacer's lag behind the rate laws."""
 
 from __future__ import annotations
 
-from controller.nic.agent.agent import RateEvent, Watcher
+from controller.nic.agent.agent import APPLY_LAG_BOUNDS_S, LagHistogram, RateEvent, Watcher
 from controller.nic.bpf.loader import FlowKey
 
 A = FlowKey("10.0.1.1", "10.0.2.2", 17, 50000, 4791)
@@ -64,3 +65,16 @@ def test_what_a_watcher_remembers_is_bounded() -> None:
         w.offer(RateEvent(A._replace(sport=port), 100, 0, "law", 0))
     assert len(w.told) <= 4
     assert len(_told(w)) == 10
+
+
+def test_the_pacers_lag_is_counted_in_prometheus_buckets() -> None:
+    """An observation at a bound counts in that bound's bucket (Prometheus's le), one above
+    every bound only in +Inf; the buckets are cumulative and the sum is the observations'."""
+    lag = LagHistogram()
+    for s in (0.0, 0.0005, 0.0007, 0.03, 3.0):
+        lag.observe(s)
+    got = dict(lag.cumulative())
+    assert list(got) == [*map(str, APPLY_LAG_BOUNDS_S), "+Inf"]
+    assert (got["0.0005"], got["0.001"], got["0.02"], got["0.05"], got["1.0"]) == (2, 3, 3, 4, 4)
+    assert got["+Inf"] == 5
+    assert lag.sum_s == 0.0 + 0.0005 + 0.0007 + 0.03 + 3.0

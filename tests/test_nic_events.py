@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import Raw
@@ -117,8 +118,25 @@ def test_agent_follows_a_datapath_rate_and_sleeps_while_idle() -> None:
             change = next(c for c in got if c.rate_bps == 123_000_000)
             assert change.flow.src_port == 5301 and change.origin == "agent"
             assert before <= change.time_ns <= time.monotonic_ns()  # the kernel's write time
+            seen = time.monotonic_ns()
             flows = {(f.flow.src_port, f.paced_rate_bps) for f in agent.flows()}
             assert (5301, 123_000_000) in flows  # its HTB class runs at the new rate
+            # the pacer's lag behind the write: one observation, under the time it took to
+            # see it
+            text = agent.stub().GetMetrics(pb.GetMetricsRequest(), timeout=10).text
+            lag = {
+                (s.name, s.labels.get("le")): s.value
+                for fam in text_string_to_metric_families(text)
+                for s in fam.samples
+                if fam.name == "xingmai_agent_rate_apply_lag_seconds"
+            }
+            assert lag[("xingmai_agent_rate_apply_lag_seconds_count", None)] == 1, lag
+            assert (
+                0
+                <= lag[("xingmai_agent_rate_apply_lag_seconds_sum", None)]
+                <= ((seen - before) / 1e9)
+            )
+            assert lag[("xingmai_agent_rate_apply_lag_seconds_bucket", "+Inf")] == 1
 
 
 def test_map_reads_go_in_chunks_and_miss_nothing() -> None:

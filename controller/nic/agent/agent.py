@@ -18,6 +18,7 @@ agent runs, flows stay paced at their last class rate.
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import json
 import logging
@@ -112,6 +113,39 @@ class AgentOptions:
     @property
     def run_dir(self) -> Path:
         return self.run_root / self.name
+
+
+# The pacer's lag behind the rate laws (HTB mode), seconds: the upper bounds of a histogram of
+# the time from the kernel's write of a rate to its flow's class re-rated. A NIC's rate limiter
+# takes its law's rate at once; the agent's rate thread waits for a CPU like any process, and
+# sync_interval_s between two batches.
+APPLY_LAG_BOUNDS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+
+
+@dataclass
+class LagHistogram:
+    """Observations counted by the least of `bounds` at or above them (the last bucket: above
+    them all), and summed."""
+
+    bounds: tuple[float, ...] = APPLY_LAG_BOUNDS_S
+    counts: list[int] = field(default_factory=list)
+    sum_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.counts:
+            self.counts = [0] * (len(self.bounds) + 1)
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, seconds)] += 1
+        self.sum_s += seconds
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        """Prometheus's buckets: (le, observations at most le), "+Inf" last."""
+        out, n = [], 0
+        for le, c in zip((*map(str, self.bounds), "+Inf"), self.counts, strict=True):
+            n += c
+            out.append((le, n))
+        return out
 
 
 @dataclass
@@ -214,6 +248,7 @@ class Agent:
         self.sync_seconds = 0.0
         self.sync_errors = 0
         self.flows_retired = 0
+        self.apply_lag = LagHistogram()  # rate writes to their classes (on_events)
         self.rpc_calls: dict[str, int] = {}
         self.healthy = False
         # what waited in the NIC (HTB mode), sampled by a thread of its own
@@ -492,8 +527,10 @@ class Agent:
                     continue
                 # the pacer first: a watcher told of a rate finds it applied (ListFlows)
                 now_rate = int(cur.rate_bps)
-                if prev is None or prev[0] != now_rate:
-                    self._apply_pacing(key, now_rate)
+                if (prev is None or prev[0] != now_rate) and self._apply_pacing(key, now_rate):
+                    written = [int(ev.rate.stamp_ns) for ev in evs if int(ev.kind) == EV_RATE]
+                    if written:  # since the oldest write this batch carried for the flow
+                        self.apply_lag.observe(max(0, time.monotonic_ns() - min(written)) / 1e9)
                 self.rates_seen[key] = (now_rate, int(cur.origin))
                 last = prev[0] if prev else 0
                 for ev in evs:
@@ -542,21 +579,22 @@ class Agent:
             if current and self.retire_at is None:
                 self.retire_at = time.monotonic() + self.opts.idle_timeout_s
 
-    def _apply_pacing(self, key: FlowKey, rate: int, own: bool = False) -> None:
+    def _apply_pacing(self, key: FlowKey, rate: int, own: bool = False) -> bool:
         """HTB mode: a non-TCP flow below the line rate (or declared: `own`) gets (or
-        re-rates) its own class."""
+        re-rates) its own class. Whether a class was written."""
         if not isinstance(self.pacer, HtbPacer) or key.proto == TCP:
-            return
+            return False
         assert self.bpf is not None
         fc = self.pacer.classes.get(key)
         if fc is None and rate >= self.opts.line_rate_bps and not own:
-            return  # the default class already runs at the line rate
+            return False  # the default class already runs at the line rate
         if fc is not None and abs(rate - fc.rate_bps) < self.opts.rerate_min_change * fc.rate_bps:
-            return
+            return False
         ctl = self.bpf.get("xm_ctl", key)
         weight = int(ctl.weight) if ctl is not None and int(ctl.weight) else 1
         fc, _ = self.pacer.apply(key, rate, weight)
         self.bpf.put("xm_class", key, ctypes.c_uint(classid(fc.minor)))
+        return True
 
     def _drop_pacing(self, key: FlowKey) -> None:
         if isinstance(self.pacer, HtbPacer) and key in self.pacer.classes:

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from controller.nic.agent.pacer import HtbPacer
 
@@ -110,6 +110,15 @@ class AgentMetrics:
             )
             rer_s.add_metric([], a.pacer.rerate_seconds)
             yield rer_s
+            with a.lock:  # the rate thread observes under it
+                buckets, lag_sum = a.apply_lag.cumulative(), a.apply_lag.sum_s
+            yield HistogramMetricFamily(
+                "xingmai_agent_rate_apply_lag_seconds",
+                "from a rate law's write of a flow's rate (the kernel's time) to its HTB class "
+                "re-rated: the pacer's lag behind the law",
+                buckets=buckets,
+                sum_value=lag_sum,
+            )
         if a.meter is not None:
             waits = CounterMetricFamily(
                 "xingmai_agent_waiting_samples",
