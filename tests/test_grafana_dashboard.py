@@ -16,7 +16,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _exported_names() -> set[str]:
-    """Metric family names declared by the exporters (with the _total of counters)."""
+    """Metric family names declared by the exporters (with the _total of counters, the
+    _bucket, _sum and _count of histograms)."""
     names = set()
     for src in (
         "controller/metrics.py",
@@ -24,8 +25,13 @@ def _exported_names() -> set[str]:
         "controller/nic/agent/metrics.py",
     ):
         text = (REPO / src).read_text()
-        for kind, name in re.findall(r'(Counter|Gauge)MetricFamily\(\s*"(xingmai_[a-z_]+)"', text):
-            names.add(name + ("_total" if kind == "Counter" else ""))
+        for kind, name in re.findall(
+            r'(Counter|Gauge|Histogram)MetricFamily\(\s*"(xingmai_[a-z_]+)"', text
+        ):
+            if kind == "Histogram":
+                names.update(name + end for end in ("_bucket", "_sum", "_count"))
+            else:
+                names.add(name + ("_total" if kind == "Counter" else ""))
     return names
 
 
