@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from controller.nic.agent.htb_netlink import HtbClassWriter
+
 log = logging.getLogger("xingmai.agent.pacer")
 
 HTB_MAJOR = 0x1
@@ -112,6 +114,7 @@ class HtbPacer:
         self.rerates = 0
         self.rerate_seconds = 0.0
         self.errors = 0
+        self._writer: HtbClassWriter | None = None  # class changes (made in the namespace)
 
     # ---- lifecycle ----
 
@@ -166,6 +169,22 @@ class HtbPacer:
         prio: int,
     ) -> None:
         rate, ceil = rate_bps // 8, ceil_bps // 8
+        if cmd == "change-class":  # a re-rate, the rate thread's hot path: encoded here
+            with self.lock:
+                if self._writer is None:
+                    self._writer = HtbClassWriter()
+                self._writer.change(
+                    idx,
+                    classid(minor),
+                    parent,
+                    rate,
+                    ceil,
+                    _burst(rate),
+                    _burst(ceil),
+                    _quantum(weight),
+                    prio,
+                )
+            return
         self.ipr.tc(
             cmd,
             "htb",
@@ -195,6 +214,9 @@ class HtbPacer:
 
     def teardown(self) -> None:
         """Remove the root qdisc (and with it every class) from each interface."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
         for idx in self.ifindexes:
             try:
                 self.ipr.tc("del", "htb", idx, ROOT_HANDLE)
