@@ -22,7 +22,7 @@ _DIFF = textwrap.dedent(
     """
     import json, sys
     from pyroute2 import IPRoute
-    from controller.nic.agent.htb_netlink import HtbClassWriter
+    from controller.nic.agent.htb_netlink import ClassChange, HtbClassWriter
     from controller.nic.agent.pacer import (
         MTU, PORT_MINOR, ROOT_HANDLE, HtbPacer, _burst, _quantum, classid,
     )
@@ -55,10 +55,10 @@ _DIFF = textwrap.dedent(
                burst=args[2], cburst=args[3], quantum=args[4], prio=prio, mtu=MTU)
         theirs = read(leaf)
         other()
-        w.change(idx, leaf, port, *args)
+        w.change(ClassChange(idx, leaf, port, *args))
         out["cases"].append([theirs, read(leaf)])
     try:
-        w.change(idx, classid(0x99), port, 1000, 1000, 3200, 3200, 1514, 1)
+        w.change(ClassChange(idx, classid(0x99), port, 1000, 1000, 3200, 3200, 1514, 1))
         out["missing"] = 0
     except OSError as exc:
         out["missing"] = exc.errno

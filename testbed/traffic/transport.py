@@ -70,7 +70,7 @@ SEND_BURST = 32  # data packets a queue pair sends in a row before the others ge
 # Frames a step reads before it sends and runs the timers: the socket's fill is left to the
 # next step (each step sends its round, so neither direction starves the other).
 RX_BUDGET = 256
-# A due timer waits while a step's read found more frames than RX_BUDGET (some still unread:
+# A due timer waits while a step's read met RX_BUDGET (frames may still be unread:
 # a NIC would have taken their ACKs before its timer fired; a transport held off the CPU
 # wakes to a socket full of them), but for at most this many such steps in a row: a socket
 # that stays that full is fed faster than it is read, and its timers fire all the same.
@@ -333,8 +333,9 @@ class Transport:
         """Whether a due timer waits this step for the frames its read left unread (their
         ACKs came before it fired: RX_BUDGET, RX_DEFER_STEPS)."""
         self.full_reads = self.full_reads + 1 if full else 0
-        if not full or self.full_reads > RX_DEFER_STEPS:
+        if self.full_reads > RX_DEFER_STEPS:
             self.full_reads = 0
+        if not self.full_reads:
             return False
         d = self.core.next_deadline()
         return d is not None and d <= now

@@ -1649,10 +1649,10 @@ static int paused(struct xm_tp_io *io, double now)
 static int timers_wait(struct xm_tp *tp, struct xm_tp_io *io, double now, int full)
 {
 	io->full_reads = full ? io->full_reads + 1 : 0;
-	if (!full || io->full_reads > io->rx_defer_steps) {
+	if (io->full_reads > io->rx_defer_steps)
 		io->full_reads = 0;
+	if (!io->full_reads)
 		return 0;
-	}
 	double d;
 	return xm_tp_next_deadline(tp, &d) && d <= now;
 }

@@ -8,7 +8,7 @@ TCA_HTB_PARMS, the 64-bit rates where they do not fit) but for the rate tables: 
 names its link layer (Ethernet) instead, which is all the kernel reads a rate table for
 (net/sched/sch_htb.c, htb_change_class: a ratespec whose link layer is unknown has it taken
 from the table), and what it records from pyroute2's tables too.
-tests/test_nic_pacing.py writes classes both ways and requires the kernel to read them back
+tests/test_htb_netlink.py writes classes both ways and requires the kernel to read them back
 identical.
 """
 
@@ -18,11 +18,11 @@ import errno
 import os
 import socket
 import struct
+from dataclasses import dataclass
 from typing import Final
 
-from pyroute2.netlink.rtnl.tcmsg.common import (
-    tick_in_usec,
-)  # /proc/net/psched's, as pyroute2 reads it
+# the kernel's psched tick in microseconds (/proc/net/psched), as pyroute2 reads it
+from pyroute2.netlink.rtnl.tcmsg.common import tick_in_usec
 
 RTM_NEWTCLASS: Final = 40
 NLMSG_ERROR: Final = 2
@@ -40,10 +40,26 @@ _NLMSGHDR = struct.Struct("=IHHII")  # len, type, flags, seq, pid
 _TCMSG = struct.Struct("=BBHiIII")  # family, pad, pad, ifindex, handle, parent, info
 _NLA = struct.Struct("=HH")  # len, type
 # struct tc_ratespec: cell_log, linklayer, overhead, cell_align, mpu, rate
-_RATESPEC = struct.Struct("=BBHhHI")
+_RATESPEC = "BBHhHI"
 # struct tc_htb_opt: rate, ceil (tc_ratespec), buffer, cbuffer, quantum, level, prio
-_HTB_OPT = struct.Struct("=" + "BBHhHI" * 2 + "IIIII")
+_HTB_OPT = struct.Struct("=" + _RATESPEC * 2 + "IIIII")
 U32_MAX: Final = (1 << 32) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class ClassChange:
+    """An existing HTB class's new parameters: its rate and ceiling (bytes/s), their bursts
+    (bytes), quantum and priority, under `parent` on the interface `ifindex`."""
+
+    ifindex: int
+    handle: int
+    parent: int
+    rate_Bps: int
+    ceil_Bps: int
+    burst: int
+    cburst: int
+    quantum: int
+    prio: int
 
 
 def xmit_ticks(rate_Bps: int, size: int) -> int:
@@ -57,55 +73,37 @@ def _nla(kind: int, payload: bytes) -> bytes:
     return _NLA.pack(n, kind) + payload + b"\0" * (-n % 4)
 
 
-def encode_change(
-    seq: int,
-    ifindex: int,
-    handle: int,
-    parent: int,
-    rate_Bps: int,
-    ceil_Bps: int,
-    burst: int,
-    cburst: int,
-    quantum: int,
-    prio: int,
-) -> bytes:
-    """RTM_NEWTCLASS changing an existing HTB class: its rate and ceiling (bytes/s), their
-    bursts (bytes), quantum and priority."""
-    if rate_Bps <= 0 or ceil_Bps <= 0:
-        raise ValueError(f"an HTB class needs rates above 0 (rate {rate_Bps}, ceil {ceil_Bps})")
+def _ratespec(rate_Bps: int) -> tuple[int, ...]:
+    """A tc_ratespec naming its link layer (no rate table), its rate capped at 32 bits (the
+    64-bit attribute carries the rest)."""
+    return (0, TC_LINKLAYER_ETHERNET, 0, -1, 0, min(rate_Bps, U32_MAX))
+
+
+def encode_change(seq: int, c: ClassChange) -> bytes:
+    """RTM_NEWTCLASS changing an existing HTB class."""
+    if c.rate_Bps <= 0 or c.ceil_Bps <= 0:
+        raise ValueError(f"an HTB class needs rates above 0 (rate {c.rate_Bps}, ceil {c.ceil_Bps})")
     opt = _HTB_OPT.pack(
+        *_ratespec(c.rate_Bps),
+        *_ratespec(c.ceil_Bps),
+        xmit_ticks(c.rate_Bps, c.burst),
+        xmit_ticks(c.ceil_Bps, c.cburst),
+        c.quantum,
         0,
-        TC_LINKLAYER_ETHERNET,
-        0,
-        -1,
-        0,
-        min(rate_Bps, U32_MAX),
-        0,
-        TC_LINKLAYER_ETHERNET,
-        0,
-        -1,
-        0,
-        min(ceil_Bps, U32_MAX),
-        xmit_ticks(rate_Bps, burst),
-        xmit_ticks(ceil_Bps, cburst),
-        quantum,
-        0,
-        prio,
+        c.prio,
     )
     options = _nla(TCA_HTB_PARMS, opt)
-    if rate_Bps >= U32_MAX:
-        options += _nla(TCA_HTB_RATE64, struct.pack("=Q", rate_Bps))
-    if ceil_Bps >= U32_MAX:
-        options += _nla(TCA_HTB_CEIL64, struct.pack("=Q", ceil_Bps))
+    if c.rate_Bps >= U32_MAX:
+        options += _nla(TCA_HTB_RATE64, struct.pack("=Q", c.rate_Bps))
+    if c.ceil_Bps >= U32_MAX:
+        options += _nla(TCA_HTB_CEIL64, struct.pack("=Q", c.ceil_Bps))
     body = (
-        _TCMSG.pack(socket.AF_UNSPEC, 0, 0, ifindex, handle, parent, 0)
+        _TCMSG.pack(socket.AF_UNSPEC, 0, 0, c.ifindex, c.handle, c.parent, 0)
         + _nla(TCA_KIND, b"htb\0")
         + _nla(TCA_OPTIONS, options)
     )
-    return (
-        _NLMSGHDR.pack(_NLMSGHDR.size + len(body), RTM_NEWTCLASS, NLM_F_REQUEST | NLM_F_ACK, seq, 0)
-        + body
-    )
+    flags = NLM_F_REQUEST | NLM_F_ACK
+    return _NLMSGHDR.pack(_NLMSGHDR.size + len(body), RTM_NEWTCLASS, flags, seq, 0) + body
 
 
 class HtbClassWriter:
@@ -117,23 +115,9 @@ class HtbClassWriter:
         self._sock.bind((0, 0))
         self._seq = 0
 
-    def change(
-        self,
-        ifindex: int,
-        handle: int,
-        parent: int,
-        rate_Bps: int,
-        ceil_Bps: int,
-        burst: int,
-        cburst: int,
-        quantum: int,
-        prio: int,
-    ) -> None:
+    def change(self, c: ClassChange) -> None:
         self._seq = (self._seq + 1) & U32_MAX
-        msg = encode_change(
-            self._seq, ifindex, handle, parent, rate_Bps, ceil_Bps, burst, cburst, quantum, prio
-        )
-        self._sock.send(msg)
+        self._sock.send(encode_change(self._seq, c))
         while True:  # the answer to this request (an earlier one's, timed out, is skipped)
             data = self._sock.recv(65536)
             off = 0

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from controller.nic.agent.htb_netlink import HtbClassWriter
+from controller.nic.agent.htb_netlink import ClassChange, HtbClassWriter
 
 log = logging.getLogger("xingmai.agent.pacer")
 
@@ -174,15 +174,17 @@ class HtbPacer:
                 if self._writer is None:
                     self._writer = HtbClassWriter()
                 self._writer.change(
-                    idx,
-                    classid(minor),
-                    parent,
-                    rate,
-                    ceil,
-                    _burst(rate),
-                    _burst(ceil),
-                    _quantum(weight),
-                    prio,
+                    ClassChange(
+                        idx,
+                        classid(minor),
+                        parent,
+                        rate,
+                        ceil,
+                        _burst(rate),
+                        _burst(ceil),
+                        _quantum(weight),
+                        prio,
+                    )
                 )
             return
         self.ipr.tc(
