@@ -488,6 +488,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             "telemetry": telemetry,
             "controller_caps": args.controller_caps,
             "faults_file": str(args.faults) if args.faults else None,
+            "faults": [f.to_dict() for f in args.fault_list],  # as run, whatever the file becomes
             "queue_source": "INT queue occupancy of every data packet arriving at a "
             "host (per departure from each hop)",
         }

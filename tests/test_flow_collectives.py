@@ -361,7 +361,7 @@ def test_run_on_the_flow_engine_with_a_spine_killed_and_a_link_down(tmp_path: An
     assert times["kill"]["allreduce"] == pytest.approx(times["whole"]["allreduce"])
     for bad in (
         "{at: 0.1, target: spine1, kind: kill}",
-        "{at: 0, target: leaf1:5, kind: loss, value: 1%}",
+        "{at: 0, target: leaf1:5, kind: delay, value: 2ms}",
         "{at: 0, target: h1, kind: down}",  # a NIC cut off: no re-route helps
     ):
         (tmp_path / "bad.yaml").write_text(f"- {bad}\n")

@@ -11,9 +11,11 @@ per-scheme efficiencies calibrated on the packet-level twin (docs/flow.md).
   the library's adaptive schedule as work-stealing per hop;
 - `calibration`: the per-scheme efficiencies (calibration.yaml), free and where the network
   holds the collective (congested), and how they are fitted;
+- `lossfit`: the goodput a scheme's transport keeps through a lossy link, fitted on the twin
+  (`fabric.lose` cuts the lossy directions to it);
 - `workload`: SimAI/AICB workload files, one pass of SimAI's loop on the fabric;
-- `suite`: `xingmai-testbed run --engine flow` (allreduce, alltoall; `--faults` down/kill at 0)
-  and `sweep --engine flow`;
+- `suite`: `xingmai-testbed run --engine flow` (allreduce, alltoall; `--faults` down, kill,
+  rate and loss at 0) and `sweep --engine flow`;
 - `report`, `plots`: `flow-iteration`'s table, link utilisation and plot, and the cost plot of
   `make bench`'s `flow_scale`;
 - `cli`: the commands `fabric`, `flow-iteration`, `flow-workload`, `calibrate-flow`.

@@ -30,6 +30,7 @@ import math
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -237,9 +238,11 @@ def run_twin(
     run_dir: Path,
     say: Any = print,
     params: dict[str, int] | None = None,
+    collectives: Sequence[str] = COLLECTIVES,
+    extra: Sequence[str] = (),
 ) -> Path:
-    """The twin's allreduce and alltoall (the quick suite's sizes, or `params`'s) on
-    `topology` at `twin_scale`, in a process of its own; returns its results.json."""
+    """The twin's `collectives` (the quick suite's sizes, or `params`'s) on `topology` at
+    `twin_scale`, with `extra` arguments, in a process of its own; returns its results.json."""
     cmd = [
         sys.executable,
         "-m",
@@ -256,7 +259,8 @@ def run_twin(
         "--schemes",
         scheme,
         "--scenarios",
-        ",".join(COLLECTIVES),
+        ",".join(collectives),
+        *extra,
         "--run-dir",
         str(run_dir),
     ]
@@ -284,9 +288,7 @@ def ideal_vs_twin(results: Path) -> dict[str, dict[str, Any]]:
         )
     k = float(setup["scale"])  # the twin's times in the model's
     saved = results.parent / "topology.yaml"  # the run's own fabric, as it ran
-    spec = (
-        load_topology(saved) if saved.exists() else parse_choice(_topology_arg(setup["topology"]))
-    )
+    spec = load_topology(saved) if saved.exists() else parse_choice(topology_arg(setup["topology"]))
     fab = from_spec(spec)
     lat = model_link_latency()  # as the flow engine runs (the twin's measured RTT recorded)
     out = {}
@@ -335,7 +337,7 @@ def _held_out(h: dict[str, Any], eff: float) -> dict[str, Any]:
     return {**h, "predicted_time_s": predicted, "error": round(predicted / h["twin_time_s"] - 1, 4)}
 
 
-def _topology_arg(name: str) -> str:
+def topology_arg(name: str) -> str:
     """`leafspine-2x2x4` (a results file's name) as the builder's argument."""
     kind, _, dims = name.partition("-")
     return f"{kind}:{dims.replace('x', ',')}" if dims else name
@@ -362,7 +364,7 @@ def fit(
         if "congested" in old.get(coll, {}):
             entry[coll]["congested"] = old[coll]["congested"]
     doc["schemes"][scheme] = entry
-    _write(doc, path)
+    write(doc, path)
     return entry
 
 
@@ -401,15 +403,16 @@ def fit_congested(
                 f"{scheme} {coll}: fit the free efficiency first ({calibrate_command(scheme)})"
             )
         entry["congested"] = out[coll] = cong
-    _write(doc, path)
+    write(doc, path)
     return out
 
 
-def _write(doc: dict[str, Any], path: Path) -> None:
+def write(doc: dict[str, Any], path: Path) -> None:
     doc["format"] = FORMAT
     header = (
         "# The flow engine's per-scheme efficiencies (ideal max-min time / the twin's "
         "time; `congested`: where the network holds the collective, by its ideal time),\n"
+        "# `loss`: the goodput through a lossy link (testbed/flow/lossfit.py),\n"
         "# written by `xingmai-testbed calibrate-flow`; see docs/flow.md.\n"
     )
     path.write_text(header + yaml.safe_dump(doc, sort_keys=False))

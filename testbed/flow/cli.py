@@ -15,7 +15,7 @@ import resource
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,7 @@ from testbed.collective.metrics import fmt_size
 from testbed.experiment.machine import provenance
 from testbed.experiment.rundir import new_run_dir
 from testbed.faults import parse_value
-from testbed.flow import calibration
+from testbed.flow import calibration, lossfit
 from testbed.flow.collectives import (
     CollResult,
     alltoall,
@@ -34,7 +34,7 @@ from testbed.flow.collectives import (
     rail_rings,
     ring_allreduce,
 )
-from testbed.flow.fabric import ClosParams, build_clos, describe, fail, slow, to_spec
+from testbed.flow.fabric import ClosParams, build_clos, describe, fail, lose, slow, to_spec
 from testbed.flow.report import LinkLoad, collective_rows, link_load, load_lines
 from testbed.topo import dump
 
@@ -169,6 +169,14 @@ def add_parsers(sub: Any) -> None:
         "cable between switches (p1l3-p1s2=0.25) or a GPU's NIC link (h5g2=0.5)",
     )
     it.add_argument(
+        "--loss",
+        default="",
+        metavar="ELEMENT=LOSS,...",
+        help="links losing a share of their frames (p1l3-p1s2=0.1%%, h5g2=1%%), at the goodput "
+        "the --scheme's transport keeps through them (fitted on the twin: calibrate-flow "
+        "--part loss)",
+    )
+    it.add_argument(
         "--spray",
         action="store_true",
         help="every flow split evenly over its equal-cost paths (packet spraying) instead "
@@ -224,11 +232,14 @@ def add_parsers(sub: Any) -> None:
     )
     cal.add_argument(
         "--part",
-        choices=["both", "free", "congested"],
+        choices=["both", "free", "congested", "loss"],
         default="both",
         help="free: the quick sizes on the suite's leaf-spine; congested: three sizes on "
-        f"{calibration.CONGESTED_TOPOLOGY}, held out on {calibration.CONGESTED_CHECK_TOPOLOGY} "
-        "(default both)",
+        f"{calibration.CONGESTED_TOPOLOGY}, held out on {calibration.CONGESTED_CHECK_TOPOLOGY}; "
+        "loss: the goodput through a lossy link (the all-reduce with one host's link losing "
+        f"{', '.join(f'{p:.1%}' for p in lossfit.LOSS_POINTS)}, seeds "
+        f"{','.join(map(str, lossfit.LOSS_SEEDS))}, held out at {lossfit.LOSS_CHECK:.1%}; "
+        "not part of both) (default both)",
     )
     cal.add_argument("--scheme", required=True)
     cal.add_argument("--hosts", type=int, default=8, help="hosts of the fitting run")
@@ -261,18 +272,19 @@ def cmd_fabric(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cuts(text: str) -> dict[str, float]:
-    """`--slow p1l3-p1s2=0.25,h5g2=50%`: element -> fraction of its rate."""
+def _cuts(text: str, option: str = "--slow", kind: str = "rate") -> dict[str, float]:
+    """`--slow p1l3-p1s2=0.25,h5g2=50%` (or `--loss`'s): element -> the fault's value, a
+    fraction."""
     out = {}
     for part in (p.strip() for p in text.split(",") if p.strip()):
         el, eq, val = part.partition("=")
         if not eq or not el:
-            raise ValueError(f"--slow {part}: ELEMENT=FRACTION (0.25 or 25%)")
-        try:  # the faults' rate: a percentage, or a fraction
-            frac = parse_value("rate", val if val.endswith("%") else float(val))
+            raise ValueError(f"{option} {part}: ELEMENT=FRACTION (0.25 or 25%)")
+        try:  # as the faults take a rate or a loss: a percentage, or a fraction
+            frac = parse_value(kind, val if val.endswith("%") else float(val))
         except ValueError as exc:
-            raise ValueError(f"--slow {part}: {exc}") from None
-        assert frac is not None  # a rate always has a value
+            raise ValueError(f"{option} {part}: {exc}") from None
+        assert frac is not None  # a rate or a loss always has a value
         out[el] = frac
     return out
 
@@ -288,6 +300,16 @@ def cmd_iteration(args: argparse.Namespace) -> int:
         fab = fail(fab, [e.strip() for e in args.fail.split(",") if e.strip()])
     if args.slow:
         fab = slow(fab, _cuts(args.slow))
+    lossy: dict[str, dict[str, float]] = {}
+    for el, p in _cuts(args.loss, "--loss", "loss").items():
+        if args.scheme is None or args.compare:
+            raise ValueError(
+                "--loss: what a lossy link keeps is its scheme's transport's (the twin's fit): "
+                "give one --scheme, without --compare"
+            )
+        lossy[el] = {"loss": p, "goodput": lossfit.goodput(args.scheme, p)}
+    if lossy:
+        fab = lose(fab, {el: lo["goodput"] for el, lo in lossy.items()})
     t_fab = time.perf_counter() - t0
     sym = not args.full
     lat = model_link_latency()
@@ -330,6 +352,7 @@ def cmd_iteration(args: argparse.Namespace) -> int:
         "scheme": args.scheme or "ideal",
         "failed": list(fab.failed),
         "slowed": dict(fab.slowed),
+        "lossy": lossy,
         "routing": "spray" if args.spray else "ecmp",
         "dp_algo": args.dp_algo,
         "adaptive": args.adaptive,
@@ -370,6 +393,9 @@ def cmd_iteration(args: argparse.Namespace) -> int:
         return 0
     down = f", {', '.join(fab.failed)} down" if fab.failed else ""
     down += "".join(f", {el} at {f:.0%}" for el, f in fab.slowed)
+    down += "".join(
+        f", {el} losing {lo['loss']:.2%} (goodput {lo['goodput']:.3f})" for el, lo in lossy.items()
+    )
     print(f"{fab.name}: one iteration ({out['scheme']}, {out['routing']}{down})")
     print(f"  DP all-reduce: {DP_ALGOS[args.dp_algo]}; EP all-to-all in groups of {args.ep_group}")
     print(collective_rows([(ring, t_ar), (a2a, t_aa)]))
@@ -475,6 +501,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             _calibrate_free(args, Path(tmp), say)
         if args.part in ("both", "congested"):
             _calibrate_congested(args, Path(tmp), say)
+        if args.part == "loss":
+            _calibrate_loss(args, Path(tmp), say)
     print(f"written: {calibration.CALIBRATION}")
     return 0
 
@@ -520,6 +548,35 @@ def _calibrate_congested(args: argparse.Namespace, tmp: Path, say: Callable[[str
             print(f"{args.scheme} {coll} congested: efficiency {_fit_line(p['efficiency'], p)}")
         if "held_out" in cong:
             print(f"  {_held_line(cong['held_out'])}")
+
+
+def _calibrate_loss(args: argparse.Namespace, tmp: Path, say: Callable[[str], None]) -> None:
+    def runs(hosts: int, losses: Sequence[float]) -> dict[tuple[float, int], Path]:
+        topo = calibration.topology_for(hosts)
+        return {
+            (p, s): lossfit.run_twin(args.scheme, topo, p, s, tmp / f"loss{hosts}-{p:g}-{s}", say)
+            for p in (0.0, *losses)
+            for s in lossfit.LOSS_SEEDS
+        }
+
+    check = runs(args.check_hosts, [lossfit.LOSS_CHECK]) if args.check_hosts else None
+    entry = lossfit.fit(args.scheme, runs(args.hosts, lossfit.LOSS_POINTS), check)
+    f = entry["fitted_on"]
+    print(
+        f"{args.scheme}: a lossy link ({f['link']} on {f['topology']}, the all-reduce of "
+        f"{fmt_size(f['bytes_per_rank'])} per rank, seeds {','.join(map(str, f['seeds']))})"
+    )
+    for p in entry["points"]:
+        print(
+            f"  loss {p['loss']:.2%}: the twin {p['twin_ratio']:.3f}x slower -> goodput "
+            f"{p['goodput']:.3f}"
+        )
+    h = entry.get("held_out")
+    if h:
+        print(
+            f"  held out {h['topology']} at {h['loss']:.2%}: predicted "
+            f"{h['predicted_ratio']:.3f}x, twin {h['twin_ratio']:.3f}x, error {h['error']:+.1%}"
+        )
 
 
 def _fit_line(eff: float, e: dict[str, Any]) -> str:

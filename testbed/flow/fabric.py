@@ -135,6 +135,7 @@ class Fabric:
     down: np.ndarray | None = None
     failed: tuple[str, ...] = ()  # what `fail` took down, as named
     slowed: tuple[tuple[str, float], ...] = ()  # what `slow` cut, as named, and to what
+    lossy: tuple[tuple[str, float], ...] = ()  # what `lose` cut, as named, to its goodput
 
     @property
     def n_links(self) -> int:
@@ -489,6 +490,25 @@ def slow(fab: Fabric, cuts: Mapping[str, float]) -> Fabric:
             hit &= np.arange(fab.n_links) == i if by_host[i] else ~by_host
         cap[hit] *= frac
     return replace(fab, link_cap=cap, slowed=fab.slowed + tuple(cuts.items()))
+
+
+def lose(fab: Fabric, goodput: Mapping[str, float]) -> Fabric:
+    """The fabric with lossy links carrying `{element: goodput}` of their rate as goodput (what
+    the transport keeps through a link that loses frames: `testbed.flow.lossfit`). An element
+    as `slow` names it; on a topology's fabric a link by one of its ends (`leaf1:3`, as
+    `--faults` names it) loses what its switch ends receive, as the packet engines' loss
+    fault does: a host's link what the NIC sends, a link between switches both directions."""
+    cap = fab.link_cap.copy()
+    for el, g in goodput.items():
+        if not 0 < g <= 1:
+            raise FabricError(f"--loss {el}: goodput {g:g}, a fraction of the rate in (0, 1]")
+        hit, kind = _element_links(fab, el, "--loss")
+        if kind in ("leaf", "switch"):
+            raise FabricError(f"--loss {el}: a switch; a cable or a NIC's link loses frames")
+        if ":" in el and fab.end_names is not None:
+            hit &= fab.link_dst >= fab.n_gpus  # what a switch port receives
+        cap[hit] *= g
+    return replace(fab, link_cap=cap, lossy=fab.lossy + tuple(goodput.items()))
 
 
 # ---- what it is -----------------------------------------------------------------------------

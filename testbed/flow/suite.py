@@ -27,9 +27,9 @@ from testbed.experiment.rundir import new_run_dir
 from testbed.experiment.schemes import cc_profile_name
 from testbed.experiment.suite import RunRecord, Suite, SuiteConfig
 from testbed.faults import Fault, target_class
-from testbed.flow import calibration
+from testbed.flow import calibration, lossfit
 from testbed.flow.collectives import model_link_latency, suite_collective
-from testbed.flow.fabric import Fabric, fail, from_spec, slow
+from testbed.flow.fabric import Fabric, fail, from_spec, lose, slow
 from testbed.model import Scaling
 from testbed.topo import FabricSpec, dump, parse_choice
 
@@ -65,11 +65,15 @@ class FlowSuite(Suite):
         self.scaling = Scaling(scale=1.0, max_hops=spec.longest_path_switches())
         self.hosts = []
         self.fab: Fabric = from_spec(spec, self.scaling.model.port_speed_gbps)
-        down, cuts = flow_faults(spec, faults)
+        down, cuts, self.losses = flow_faults(spec, faults)
         if down:
             self.fab = fail(self.fab, down)
         if cuts:
             self.fab = slow(self.fab, cuts)
+        for scheme in cfg.schemes if self.losses else ():  # each scheme's own goodput
+            lossfit.require(scheme, cc_profile_name(scheme, cfg.cc_profiles, cfg.cc_set))
+        # per scheme: the fabric with its lossy links at that scheme's goodput
+        self.lossy_fabs: dict[str, Fabric] = {}
 
     def _measure_base_rtt(self) -> float:
         return self.scaling.base_rtt_s  # the model's: a fluid model has no RTT to measure
@@ -78,6 +82,7 @@ class FlowSuite(Suite):
         self.base_rtt_s = self.tita_t_s = self._measure_base_rtt()
         down = f"; down: {', '.join(self.fab.failed)}" if self.fab.failed else ""
         down += "".join(f"; {el} at {f:.0%}" for el, f in self.fab.slowed)
+        down += "".join(f"; {el} losing {p:.2%}" for el, p in self.losses.items())
         self.say(
             f"flow engine: {self.spec.name}, {self.fab.n_links} directed links; no RTT "
             f"is measured (the model's, 1 us){down}"
@@ -86,10 +91,20 @@ class FlowSuite(Suite):
     def _set_policy(self, scheme: str, cc: dict[str, CcParams]) -> int:
         return 0  # no NICs: the scheme is its calibrated efficiency
 
+    def fabric_for(self, scheme: str) -> Fabric:
+        """The fabric as `scheme` runs it: its lossy links at the goodput its transport keeps
+        through them (the twin's loss fit of that scheme)."""
+        if not self.losses:
+            return self.fab
+        if scheme not in self.lossy_fabs:
+            goodput = {el: lossfit.goodput(scheme, p) for el, p in self.losses.items()}
+            self.lossy_fabs[scheme] = lose(self.fab, goodput)
+        return self.lossy_fabs[scheme]
+
     def run_one(self, scheme: str, scenario: str) -> RunRecord:
         size = self.cfg.allreduce_bytes if scenario == "allreduce" else self.cfg.alltoall_bytes
         ideal = suite_collective(
-            self.fab, scenario, size, model_link_latency(), self.spec, self.cfg.seed
+            self.fabric_for(scheme), scenario, size, model_link_latency(), self.spec, self.cfg.seed
         )
         got = calibration.applied(scheme, scenario, ideal)  # its note: under the table
         self.applied.setdefault(scheme, {})[scenario] = got
@@ -121,30 +136,37 @@ class FlowSuite(Suite):
         )
 
 
-def flow_faults(spec: FabricSpec, faults: Sequence[Fault]) -> tuple[list[str], dict[str, float]]:
+def flow_faults(
+    spec: FabricSpec, faults: Sequence[Fault]
+) -> tuple[list[str], dict[str, float], dict[str, float]]:
     """`--faults` as the flow engine takes them, for the whole run (at 0): links down and
-    switches killed (routed around as the controller's fail-over does), and links (by one
-    end) or hosts' NICs (each NIC's own end: what it sends) at a fraction of their rate.
-    Other kinds, a NIC down, and a fault that comes later have no meaning in a fluid model
-    of one collective and are refused."""
+    switches killed (routed around as the controller's fail-over does); links (by one end)
+    or hosts' NICs (each NIC's own end: what it sends) at a fraction of their rate; and links
+    or NICs losing a share of their frames, silently or not (`lossfit`: at the goodput the
+    scheme's transport keeps through them). Other kinds, a NIC down, and a fault that comes
+    later have no meaning in a fluid model of one collective and are refused. Returns what
+    is down, the rate cuts and the losses, by element."""
     down: list[str] = []
     cuts: dict[str, float] = {}
+    losses: dict[str, float] = {}
+    taken = ("down", "kill", "rate", "loss", "silent-loss")
     for f in faults:
         cls = target_class(spec, f.target)
-        if f.kind not in ("down", "kill", "rate") or f.at != 0 or (cls, f.kind) == ("nic", "down"):
+        if f.kind not in taken or f.at != 0 or (cls, f.kind) == ("nic", "down"):
             raise UserError(
                 f"--faults {f.describe()} at {f.at:g} s: the flow engine takes links down, "
-                "switches killed and rate cuts from the start (at: 0); loss, delay, flaps, "
-                "silent faults and a NIC's loss or down run on the packet engines"
+                "switches killed, rate cuts and losses from the start (at: 0); delay, "
+                "flaps, a silent rate cut and a NIC down run on the packet engines"
             )
-        if f.kind != "rate":
+        if f.kind in ("down", "kill"):
             down.append(f.target)
             continue
         assert f.value is not None
         nics = range(len(spec.host(f.target).nics)) if cls == "nic" else None
+        into = cuts if f.kind == "rate" else losses
         for end in [f.target] if nics is None else [f"{f.target}:{i}" for i in nics]:
-            cuts[end] = f.value
-    return down, cuts
+            into[end] = f.value
+    return down, cuts, losses
 
 
 def run_flow(args: argparse.Namespace, cfg: SuiteConfig) -> int:
@@ -185,6 +207,9 @@ def run_flow(args: argparse.Namespace, cfg: SuiteConfig) -> int:
         "calibration": str(calibration.CALIBRATION.name),
         "queue_source": "none: a fluid model has no queues (docs/flow.md)",
         "faults": [f.to_dict() for f in faults],
+        "loss_goodput": {
+            sc: dict(suite.fabric_for(sc).lossy) for sc in cfg.schemes if suite.losses
+        },
     }
     write_results(
         run_dir / "results.json",

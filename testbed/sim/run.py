@@ -141,6 +141,7 @@ def run_sim(args: argparse.Namespace, cfg: SuiteConfig) -> int:
         "telemetry": suite.telemetry,
         "flows_file": str(args.flows) if args.flows else None,
         "faults_file": str(args.faults) if getattr(args, "faults", None) else None,
+        "faults": [f.to_dict() for f in suite.faults],  # as run, whatever the file becomes
         "controller_caps": False,
         "events": suite.total_events,
         "simulated_s": suite.total_simulated_s,
