@@ -14,9 +14,8 @@ efficiency the scheme runs at is the calibration's, so a lossy link changes only
 cuts). A held-out check runs the 16-host leaf-spine at LOSS_CHECK, between the fitted points.
 
 The flow engine then runs a lossy link as one whose rate in the directions that lose is g(P)
-of its own (`fabric.lose`): g interpolated linearly in log P between the fitted points and
-linearly in P from (0, 1) to the first; a loss beyond the last fitted point is refused with
-the command that fits further. What this does not model: the goodput is the ring's (a flow
+of its own (`fabric.lose`): g linear in P between (0, 1) and the fitted points; a loss beyond
+the last fitted point is refused. What this does not model: the goodput is the ring's (a flow
 held elsewhere below g of the lossy link's rate loses nothing here, where its resends would
 cost it time on the twin), measured with go-back-N (the transport's default) and at one size.
 """
@@ -220,21 +219,16 @@ def fit(
 
 
 def interpolate(points: list[dict[str, Any]], loss: float) -> float:
-    """The goodput at `loss` between fitted points: linear in log P between them, linear in
-    P from (0, 1) to the first; beyond the last a UserError."""
-    pts = sorted((float(p["loss"]), float(p["goodput"])) for p in points)
-    if loss <= 0:
-        return 1.0
+    """The goodput at `loss`: linear in P between (0, 1) and the fitted points (each lost
+    frame costs its flow about the same resent window, so the time grows with the losses);
+    beyond the last point a UserError."""
+    pts = [(0.0, 1.0), *sorted((float(p["loss"]), float(p["goodput"])) for p in points)]
     if loss > pts[-1][0] * (1 + 1e-9):
         raise UserError(
             f"a loss of {_pct(loss)} is beyond the flow engine's loss fit (to "
             f"{_pct(pts[-1][0])}): run it on a packet engine"
         )
-    p0, g0 = pts[0]
-    if loss <= p0:
-        return 1 - (1 - g0) * loss / p0
-    xs = [math.log(p) for p, _ in pts]
-    return float(np.interp(math.log(loss), xs, [g for _, g in pts]))
+    return float(np.interp(max(loss, 0.0), [p for p, _ in pts], [g for _, g in pts]))
 
 
 def entry(scheme: str, path: Path = calibration.CALIBRATION) -> dict[str, Any]:
