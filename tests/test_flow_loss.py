@@ -54,6 +54,25 @@ def test_a_lossy_link_cuts_what_its_switch_ends_receive() -> None:
         lose(fab, {"leaf1:1": 0.0})
 
 
+def test_a_lossy_link_slows_its_flows_but_no_queue_holds_them() -> None:
+    """A slow link's switch port queues what its sender sends faster (the network holds
+    the ring: the congested fit); a lossy one's sender resends at its rate, and the
+    network holds nothing for it: the same goodput, a different regime."""
+    from testbed.flow.collectives import rail_rings, ring_allreduce
+    from testbed.flow.fabric import ClosParams, build_clos, slow
+
+    fab = build_clos(ClosParams(64, radix=16, switch_tbps=6.4))  # 8 rails, rings of 8
+    whole = ring_allreduce(fab, rail_rings(fab), 1 << 20)
+    lossy = ring_allreduce(lose(fab, {"h3g2": 0.5}), rail_rings(fab), 1 << 20)
+    cut = ring_allreduce(slow(fab, {"h3g2": 0.5}), rail_rings(fab), 1 << 20)
+    assert lossy.time_s == pytest.approx(cut.time_s) and lossy.time_s > 1.9 * whole.time_s
+    assert cut.held_by_network and not lossy.held_by_network and not whole.held_by_network
+    # a rate cut after the loss cuts what the queues see too
+    both = slow(lose(fab, {"h3g2": 0.5}), {"h3g2": 0.5})
+    assert both.queue_cap is not None
+    assert ring_allreduce(both, rail_rings(fab), 1 << 20).held_by_network
+
+
 def test_the_suites_faults_take_losses_by_the_packet_engines_ends() -> None:
     from testbed import faults
     from testbed.flow.suite import flow_faults

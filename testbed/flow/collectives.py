@@ -108,10 +108,12 @@ def held_by_network(fab: Fabric, r: Routes, end: np.ndarray) -> bool:
     together) are held by the network: at the first allocation their own NIC's uplink is
     not their bottleneck (it has room, or carries a faster flow of theirs), so a switch's
     egress further on, shared with other senders, sets their rate, and without congestion
-    control a queue would build there. Flows that stay in their server are not."""
+    control a queue would build there. Flows that stay in their server are not. At the rates
+    the queues see: a lossy link's flows are not held by a switch for it (`fabric.lose`)."""
     if r.n_flows == 0:
         return False
-    rate = maxmin.rates(r, fab.link_cap)
+    cap = fab.link_cap if fab.queue_cap is None else fab.queue_cap
+    rate = maxmin.rates(r, cap)
     flow = r.flow_of_entry()
     load = np.bincount(r.links, weights=r.coeff * rate[flow], minlength=fab.n_links)
     fastest = np.zeros(fab.n_links)
@@ -119,7 +121,7 @@ def held_by_network(fab: Fabric, r: Routes, end: np.ndarray) -> bool:
     nic = fab.link_kind[r.links] == NIC_UP
     lk, f = r.links[nic], flow[nic]
     held = np.zeros(r.n_flows, dtype=bool)
-    paced = (load[lk] >= fab.link_cap[lk] * (1 - 1e-6)) & (rate[f] >= fastest[lk] * (1 - 1e-6))
+    paced = (load[lk] >= cap[lk] * (1 - 1e-6)) & (rate[f] >= fastest[lk] * (1 - 1e-6))
     held[f] = ~paced
     last = end >= float(end.max()) * (1 - 1e-9)
     return bool(held[last].any())

@@ -136,6 +136,9 @@ class Fabric:
     failed: tuple[str, ...] = ()  # what `fail` took down, as named
     slowed: tuple[tuple[str, float], ...] = ()  # what `slow` cut, as named, and to what
     lossy: tuple[tuple[str, float], ...] = ()  # what `lose` cut, as named, to its goodput
+    # link_cap before `lose` cut it: what the queues see (a lossy link's resends leave its
+    # rate, so no switch's queue holds its flows); None: no loss
+    queue_cap: np.ndarray | None = None
 
     @property
     def n_links(self) -> int:
@@ -475,7 +478,7 @@ def slow(fab: Fabric, cuts: Mapping[str, float]) -> Fabric:
     faults name it (`leaf1:3`: what its switch ports send; `h3:0`: what that NIC sends); a
     gray failure the routes do not see (the controller routes around what is down, not what
     is slow)."""
-    cap = fab.link_cap.copy()
+    factor = np.ones(fab.n_links)
     for el, frac in cuts.items():
         if not 0 < frac <= 1:
             raise FabricError(f"--slow {el}={frac:g}: a fraction of the rate in (0, 1]")
@@ -488,8 +491,13 @@ def slow(fab: Fabric, cuts: Mapping[str, float]) -> Fabric:
             i = fab.end_names.index(el)
             by_host = fab.link_src < fab.n_gpus
             hit &= np.arange(fab.n_links) == i if by_host[i] else ~by_host
-        cap[hit] *= frac
-    return replace(fab, link_cap=cap, slowed=fab.slowed + tuple(cuts.items()))
+        factor[hit] *= frac
+    return replace(
+        fab,
+        link_cap=fab.link_cap * factor,
+        queue_cap=None if fab.queue_cap is None else fab.queue_cap * factor,
+        slowed=fab.slowed + tuple(cuts.items()),
+    )
 
 
 def lose(fab: Fabric, goodput: Mapping[str, float]) -> Fabric:
@@ -497,7 +505,9 @@ def lose(fab: Fabric, goodput: Mapping[str, float]) -> Fabric:
     the transport keeps through a link that loses frames: `testbed.flow.lossfit`). An element
     as `slow` names it; on a topology's fabric a link by one of its ends (`leaf1:3`, as
     `--faults` names it) loses what its switch ends receive, as the packet engines' loss
-    fault does: a host's link what the NIC sends, a link between switches both directions."""
+    fault does: a host's link what the NIC sends, a link between switches both directions.
+    The queues see the rates before the cut (`queue_cap`): a lossy link's sender keeps
+    sending at its rate, resends included, so no switch's queue holds its flows for it."""
     cap = fab.link_cap.copy()
     for el, g in goodput.items():
         if not 0 < g <= 1:
@@ -508,7 +518,8 @@ def lose(fab: Fabric, goodput: Mapping[str, float]) -> Fabric:
         if ":" in el and fab.end_names is not None:
             hit &= fab.link_dst >= fab.n_gpus  # what a switch port receives
         cap[hit] *= g
-    return replace(fab, link_cap=cap, lossy=fab.lossy + tuple(goodput.items()))
+    queue_cap = fab.link_cap.copy() if fab.queue_cap is None else fab.queue_cap
+    return replace(fab, link_cap=cap, queue_cap=queue_cap, lossy=fab.lossy + tuple(goodput.items()))
 
 
 # ---- what it is -----------------------------------------------------------------------------
