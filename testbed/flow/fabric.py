@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -471,6 +471,24 @@ def fail(fab: Fabric, elements: Sequence[str]) -> Fabric:
     return replace(fab, down=down, failed=fab.failed + tuple(elements))
 
 
+def _cut(
+    fab: Fabric, cuts: Mapping[str, float], option: str, ends: Callable[[str], np.ndarray]
+) -> np.ndarray:
+    """Per link, the product of the fractions `cuts` ({element: fraction}) put on it; a
+    topology's link named by one of its ends acts in the directions `ends(end)` selects."""
+    factor = np.ones(fab.n_links)
+    for el, frac in cuts.items():
+        if not 0 < frac <= 1:
+            raise FabricError(f"{option} {el}={frac:g}: a fraction of the rate in (0, 1]")
+        hit, kind = _element_links(fab, el, option)
+        if kind in ("leaf", "switch"):
+            raise FabricError(f"{option} {el}: a switch; name a cable or a NIC's link")
+        if ":" in el and fab.end_names is not None:
+            hit &= ends(el)
+        factor[hit] *= frac
+    return factor
+
+
 def slow(fab: Fabric, cuts: Mapping[str, float]) -> Fabric:
     """The fabric with links at a fraction of their rate: `{element: fraction}`, an element
     a cable between switches (`p1l3-p1s2`, both directions), a GPU's NIC link (`h5g2`, both
@@ -478,20 +496,15 @@ def slow(fab: Fabric, cuts: Mapping[str, float]) -> Fabric:
     faults name it (`leaf1:3`: what its switch ports send; `h3:0`: what that NIC sends); a
     gray failure the routes do not see (the controller routes around what is down, not what
     is slow)."""
-    factor = np.ones(fab.n_links)
-    for el, frac in cuts.items():
-        if not 0 < frac <= 1:
-            raise FabricError(f"--slow {el}={frac:g}: a fraction of the rate in (0, 1]")
-        hit, kind = _element_links(fab, el, "--slow")
-        if kind in ("leaf", "switch"):
-            raise FabricError(f"--slow {el}: a switch; slow a cable or a NIC's link")
-        if ":" in el and fab.end_names is not None:
-            # as the packet engines' faults act: a link's switch ports (a host's NIC has no
-            # traffic manager), or, named by a host's end, that NIC's sending
-            i = fab.end_names.index(el)
-            by_host = fab.link_src < fab.n_gpus
-            hit &= np.arange(fab.n_links) == i if by_host[i] else ~by_host
-        factor[hit] *= frac
+    by_host = fab.link_src < fab.n_gpus
+
+    def sending(el: str) -> np.ndarray:
+        # as the packet engines' faults act: a link's switch ports (a host's NIC has no
+        # traffic manager), or, named by a host's end, that NIC's sending
+        i = (fab.end_names or []).index(el)
+        return np.arange(fab.n_links) == i if by_host[i] else ~by_host
+
+    factor = _cut(fab, cuts, "--slow", sending)
     return replace(
         fab,
         link_cap=fab.link_cap * factor,
@@ -508,18 +521,14 @@ def lose(fab: Fabric, goodput: Mapping[str, float]) -> Fabric:
     fault does: a host's link what the NIC sends, a link between switches both directions.
     The queues see the rates before the cut (`queue_cap`): a lossy link's sender keeps
     sending at its rate, resends included, so no switch's queue holds its flows for it."""
-    cap = fab.link_cap.copy()
-    for el, g in goodput.items():
-        if not 0 < g <= 1:
-            raise FabricError(f"--loss {el}: goodput {g:g}, a fraction of the rate in (0, 1]")
-        hit, kind = _element_links(fab, el, "--loss")
-        if kind in ("leaf", "switch"):
-            raise FabricError(f"--loss {el}: a switch; a cable or a NIC's link loses frames")
-        if ":" in el and fab.end_names is not None:
-            hit &= fab.link_dst >= fab.n_gpus  # what a switch port receives
-        cap[hit] *= g
-    queue_cap = fab.link_cap.copy() if fab.queue_cap is None else fab.queue_cap
-    return replace(fab, link_cap=cap, queue_cap=queue_cap, lossy=fab.lossy + tuple(goodput.items()))
+    received = fab.link_dst >= fab.n_gpus  # what a switch port receives
+    factor = _cut(fab, goodput, "--loss", lambda el: received)
+    return replace(
+        fab,
+        link_cap=fab.link_cap * factor,
+        queue_cap=fab.link_cap if fab.queue_cap is None else fab.queue_cap,
+        lossy=fab.lossy + tuple(goodput.items()),
+    )
 
 
 # ---- what it is -----------------------------------------------------------------------------
