@@ -339,7 +339,11 @@ def write_csv(rows: list[dict[str, Any]], path: Path) -> Path:
 
 def add_arguments(ls: argparse.ArgumentParser) -> None:
     ls.set_defaults(scheme="dcqcn")  # RoCE as deployed: DCQCN, RC go-back-N
-    ls.add_argument("--losses", default=DEFAULT_LOSSES, help=f"per link (default {DEFAULT_LOSSES})")
+    ls.add_argument(
+        "--losses",
+        default=DEFAULT_LOSSES,
+        help=f"per link (default {DEFAULT_LOSSES.replace('%', '%%')})",  # argparse's % escaped
+    )
     ls.add_argument("--retransmits", default="gbn,sr", help="of gbn,sr (default both)")
     ls.add_argument("--workloads", default="allreduce,training", help="of allreduce,training")
     ls.add_argument("--seeds", default="1,2,3", help="twin: seeds; emulation: repeats")

@@ -237,8 +237,8 @@ def add_parsers(sub: Any) -> None:
         help="free: the quick sizes on the suite's leaf-spine; congested: three sizes on "
         f"{calibration.CONGESTED_TOPOLOGY}, held out on {calibration.CONGESTED_CHECK_TOPOLOGY}; "
         "loss: the goodput through a lossy link (the all-reduce with one host's link losing "
-        f"{', '.join(f'{p:.1%}' for p in lossfit.LOSS_POINTS)}, seeds "
-        f"{','.join(map(str, lossfit.LOSS_SEEDS))}, held out at {lossfit.LOSS_CHECK:.1%}; "
+        f"{', '.join(f'{p * 100:g}%%' for p in lossfit.LOSS_POINTS)}, seeds "
+        f"{','.join(map(str, lossfit.LOSS_SEEDS))}, held out at {lossfit.LOSS_CHECK * 100:g}%%; "
         "not part of both) (default both)",
     )
     cal.add_argument("--scheme", required=True)
