@@ -178,6 +178,7 @@ def ring_allreduce(
     progress: Callable[[str], None] | None = None,
     collective: str = "allreduce",
     adaptive: bool = False,
+    ports: Ports | None = None,
 ) -> CollResult:
     """`rings`: each an array of GPUs in ring order (all of one length n), each all-reducing
     `bytes_per_rank` per member. `rank_bytes`: the size per rank busbw is reported for
@@ -195,7 +196,8 @@ def ring_allreduce(
     step's end, and a step lasts as long as its slowest hop. The rates are the max-min
     allocation of every channel's flows at once (the static split's first): a channel
     behind an ECMP collision or a slow NIC carries less, the others more. The scale-up hops
-    that hand pieces between a server's GPUs are not counted."""
+    that hand pieces between a server's GPUs are not counted. `ports`: the flows' source
+    ports (default: the flow engine's own draw at `seed`)."""
     n = len(rings[0])
     if any(len(rg) != n for rg in rings) or n < 2:
         raise ValueError("rings of one length, at least 2")
@@ -205,7 +207,7 @@ def ring_allreduce(
     src = np.concatenate(rings)
     dst = np.concatenate([np.roll(rg, -1) for rg in rings])
     chan = np.repeat(np.arange(len(rings)), n)
-    sport = entropy_ports(src, dst, chan, seed)
+    sport = (ports or entropy_ports)(src, dst, chan, seed)
     seg = bytes_per_rank / n
     r_all = route(fab, src, dst, sport, spray)
     coll = collisions(r_all)
@@ -303,16 +305,19 @@ def plan_flows(
 Ports = Callable[[np.ndarray, np.ndarray, np.ndarray, int], np.ndarray]
 
 
-def job_ports(spec: FabricSpec, bytes_per_rank: int, seed: int, chunk: int) -> Ports:
-    """The source ports the packet engines' all-to-all job draws, as (source GPU, destination
-    GPU, channel) -> port: every host's rank made as the runner makes it (the collective job
-    on a transport seeded `port_seed(seed, host)`, the job creating its queue pairs in its
-    own order), so the flow engine routes each flow on the twin's path, not on a mix of its
-    own. For a packet engine's topology (hundreds of hosts at most: one job per host)."""
+def job_ports(
+    spec: FabricSpec, bytes_per_rank: int, seed: int, chunk: int, collective: str = "alltoall"
+) -> Ports:
+    """The source ports the packet engines' `collective` job (the all-to-all, or the ring
+    all-reduce) draws, as (source GPU, destination GPU, channel) -> port: every host's rank
+    made as the runner makes it (the collective job on a transport seeded
+    `port_seed(seed, host)`, the job creating its queue pairs in its own order), so the flow
+    engine routes each flow on the twin's path, not on a mix of its own. For a packet
+    engine's topology (hundreds of hosts at most: one job per host)."""
     g = len(spec.hosts[0].nics)
     job = {
         "kind": "collective",
-        "collective": "alltoall",
+        "collective": collective,
         "size": bytes_per_rank,
         "chunk": chunk,
         "channels": g,
@@ -321,6 +326,8 @@ def job_ports(spec: FabricSpec, bytes_per_rank: int, seed: int, chunk: int) -> P
         "payload": "size",  # the same queue pairs; no rank draws every rank's data
         "hosts": [{"name": h.name, "ip": h.nics[0].ip} for h in spec.hosts],
     }
+    if collective == "allreduce":  # as the suite's all-reduce runs (workloads.collective)
+        job.update(algorithm="ring", schedule=ALLREDUCE_SCHEDULE)
     table: dict[tuple[int, int, int], int] = {}
     for i, h in enumerate(spec.hosts):
         # a rank's job is a queue pair per peer, made at once (controller.common.gc_pause)
@@ -519,8 +526,8 @@ def suite_collective(
     it there: one rank per host, the host's buffer split over its K NICs (channel c is NIC
     c, a ring of NIC c of every host) by the suite's schedule (`ALLREDUCE_SCHEDULE`,
     adaptive: work-stealing between the channels), all hosts in one communicator; the all-to-all
-    with the suite's messages (`ALLTOALL_CHUNK`), on the job's own source ports when `spec`
-    (the topology `fab` was built from) is given (`job_ports`: the run's `seed`)."""
+    with the suite's messages (`ALLTOALL_CHUNK`); both on the job's own source ports when
+    `spec` (the topology `fab` was built from) is given (`job_ports`: the run's `seed`)."""
     k, hosts = fab.gpus_per_server, fab.servers
     per_channel = [np.arange(hosts) * k + c for c in range(k)]
     if collective == "allreduce":
@@ -531,6 +538,9 @@ def suite_collective(
             rank_bytes=bytes_per_rank,
             link_latency=link_latency,
             adaptive=ALLREDUCE_SCHEDULE == "adaptive",  # the suite's schedule
+            ports=None
+            if spec is None
+            else job_ports(spec, bytes_per_rank, seed, ALLTOALL_CHUNK, "allreduce"),
         )
     if collective == "alltoall":
         return alltoall(
