@@ -125,6 +125,10 @@ def test_a_lossy_link_on_the_flow_suite_at_its_schemes_goodput(tmp_path: Path) -
     spec = parse_choice("leafspine:2,2,4")
     assert ratio == pytest.approx(lossfit.flow_ratio(scheme, spec, g, 1 << 20, 1))
     assert g < 1 and ratio > 1
+    # a loss beyond the fit is refused before anything runs
+    (tmp_path / "far.yaml").write_text("- {at: 0, target: leaf1:1, kind: loss, value: 5%}\n")
+    far = [*argv, "--faults", str(tmp_path / "far.yaml"), "--run-dir", str(tmp_path / "far")]
+    assert main(far) == 1 and not (tmp_path / "far").exists()
     # a scheme without a loss fit is refused with the command that fits it
     unfit = tmp_path / "calibration.yaml"
     unfit.write_text(json.dumps({"format": calibration.FORMAT, "schemes": {}}))

@@ -70,10 +70,13 @@ class FlowSuite(Suite):
             self.fab = fail(self.fab, down)
         if cuts:
             self.fab = slow(self.fab, cuts)
-        for scheme in cfg.schemes if self.losses else ():  # each scheme's own goodput
-            lossfit.require(scheme, cc_profile_name(scheme, cfg.cc_profiles, cfg.cc_set))
-        # per scheme: the fabric with its lossy links at that scheme's goodput
+        # per scheme: the fabric with its lossy links at that scheme's goodput, made (or
+        # refused: no fit, another CC profile, a loss beyond the fit) before anything runs
         self.lossy_fabs: dict[str, Fabric] = {}
+        for scheme in cfg.schemes if self.losses else ():
+            lossfit.require(scheme, cc_profile_name(scheme, cfg.cc_profiles, cfg.cc_set))
+            goodput = {el: lossfit.goodput(scheme, p) for el, p in self.losses.items()}
+            self.lossy_fabs[scheme] = lose(self.fab, goodput)
 
     def _measure_base_rtt(self) -> float:
         return self.scaling.base_rtt_s  # the model's: a fluid model has no RTT to measure
@@ -94,12 +97,7 @@ class FlowSuite(Suite):
     def fabric_for(self, scheme: str) -> Fabric:
         """The fabric as `scheme` runs it: its lossy links at the goodput its transport keeps
         through them (the twin's loss fit of that scheme)."""
-        if not self.losses:
-            return self.fab
-        if scheme not in self.lossy_fabs:
-            goodput = {el: lossfit.goodput(scheme, p) for el, p in self.losses.items()}
-            self.lossy_fabs[scheme] = lose(self.fab, goodput)
-        return self.lossy_fabs[scheme]
+        return self.lossy_fabs.get(scheme, self.fab)
 
     def run_one(self, scheme: str, scenario: str) -> RunRecord:
         size = self.cfg.allreduce_bytes if scenario == "allreduce" else self.cfg.alltoall_bytes
