@@ -17,7 +17,9 @@ The flow engine then runs a lossy link as one whose rate in the directions that 
 of its own (`fabric.lose`): g linear in P between (0, 1) and the fitted points; a loss beyond
 the last fitted point is refused. What this does not model: the goodput is the ring's (a flow
 held elsewhere below g of the lossy link's rate loses nothing here, where its resends would
-cost it time on the twin), measured with go-back-N (the transport's default) and at one size.
+cost it time on the twin), measured with go-back-N (the transport's default), at one size
+and on a host's link: a link between switches, whose flows have twice the path in flight and
+lose both ways, cost the twin more than this predicts (docs/flow.md, "A lossy link").
 """
 
 from __future__ import annotations
