@@ -538,6 +538,7 @@ def suite_collective(
             rank_bytes=bytes_per_rank,
             link_latency=link_latency,
             adaptive=ALLREDUCE_SCHEDULE == "adaptive",  # the suite's schedule
+            # a ring's queue pairs, hence its ports, are the same whatever its chunk and size
             ports=None
             if spec is None
             else job_ports(spec, bytes_per_rank, seed, ALLTOALL_CHUNK, "allreduce"),

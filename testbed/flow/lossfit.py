@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -116,31 +117,41 @@ def twin_time(results: Path, scheme: str) -> dict[str, Any]:
     return f
 
 
-def flow_ratio(scheme: str, spec: FabricSpec, goodput: float, size: int, seed: int) -> float:
-    """The flow engine's all-reduce time with the first host's link at `goodput`, over its
-    time without the loss, under the scheme's calibrated efficiency."""
+def _slowdown(scheme: str, spec: FabricSpec, size: int, seed: int) -> Callable[[float], float]:
+    """g -> the flow engine's all-reduce time with the first host's link at goodput g, over
+    its time without the loss (computed once), under the scheme's calibrated efficiency."""
     lat = model_link_latency()
     fab = from_spec(spec)
+    end = lossy_end(spec)
 
     def time(g: float) -> float:
-        f = fab if g >= 1 else lose(fab, {lossy_end(spec): g})
+        f = fab if g >= 1 else lose(fab, {end: g})
         ideal = suite_collective(f, LOSS_COLLECTIVE, size, lat, spec, seed)
         return ideal.time_at(calibration.applied(scheme, LOSS_COLLECTIVE, ideal).efficiency)
 
-    return time(goodput) / time(1.0)
+    whole = time(1.0)
+    return lambda g: time(g) / whole
+
+
+def flow_ratio(scheme: str, spec: FabricSpec, goodput: float, size: int, seed: int) -> float:
+    """The flow engine's all-reduce time with the first host's link at `goodput`, over its
+    time without the loss, under the scheme's calibrated efficiency."""
+    return _slowdown(scheme, spec, size, seed)(goodput)
 
 
 def goodput_for(scheme: str, spec: FabricSpec, ratio: float, size: int, seed: int) -> float:
     """The goodput at which the flow engine's all-reduce slows by `ratio` (1: none, as a
-    twin run with the loss no slower than without it); bisection on the log of g."""
+    twin run with the loss no slower than without it); bisection on the log of g, to a
+    millionth (the fit keeps four digits)."""
     if ratio <= 1.0:
         return 1.0
+    slowdown = _slowdown(scheme, spec, size, seed)
     lo, hi = -12.0, 0.0  # log g: g from 6e-6 (a ratio far beyond any fit) to 1
-    if flow_ratio(scheme, spec, math.exp(lo), size, seed) < ratio:
+    if slowdown(math.exp(lo)) < ratio:
         raise UserError(f"a slow-down of {ratio:.3g}x is beyond what a lossy link can cost here")
-    for _ in range(50):
+    while hi - lo > 1e-6:
         mid = (lo + hi) / 2
-        if flow_ratio(scheme, spec, math.exp(mid), size, seed) > ratio:
+        if slowdown(math.exp(mid)) > ratio:
             lo = mid
         else:
             hi = mid
