@@ -15,7 +15,7 @@ from scapy.layers.inet import IP
 
 from controller.collector import Collector
 from controller.config import load
-from controller.nic.int_sink import IntSink, SinkConfig
+from controller.nic.int_sink import REPORT_BURST_BYTES, REPORT_HEADERS, IntSink, SinkConfig
 from controller.topology import Topology
 from controller.wire.int_md import INT_DSCP_DEFAULT
 from controller.wire.telemetry_report import (
@@ -146,6 +146,72 @@ def test_sink_counts_what_it_cannot_read() -> None:
     bad[28] = 0x20  # shim type 2: not INT-MD
     assert sink.observe(bytes(bad), 28, 0.0) is None
     assert sum(sink.errors.values()) == 2 and sink.seq == 0
+
+
+def test_the_report_budget_holds_back_all_but_loss_reports() -> None:
+    # 8,000 b/s: a report of a 3-hop path (and its 42 bytes of headers) every ~0.2 s; the
+    # bucket holds one
+    size = REPORT_HEADERS + len(
+        IntSink(H5, SinkConfig(), INT_DSCP_DEFAULT).observe(packet(PATH_SPINE1), 28, 0.0) or b""
+    )
+    sink = IntSink(
+        H5, SinkConfig(sample_s=1e-9, budget_bps=8_000, burst_bytes=size), INT_DSCP_DEFAULT
+    )
+    got = [sink.observe(packet(PATH_SPINE1), 28, 0.001 * i) for i in range(10)]
+    assert [r is not None for r in got] == [True] + [False] * 9  # the burst, then nothing
+    assert dict(sink.suppressed) == {"sample": 9} and sink.seq == 1  # no number taken
+    assert sink.loss(packet(PATH_SPINE1), 28, 0.011) is not None  # loss reports always go
+    refill = size * 8 / 8_000  # seconds to earn one report
+    assert sink.observe(packet(PATH_SPINE1), 28, 0.009 + refill * 0.9) is None
+    rep = sink.observe(packet(PATH_SPINE1), 28, 0.009 + refill * 1.05)
+    assert rep is not None and decode(rep).seq == 2  # numbered on from the ones sent
+    assert dict(sink.reports) == {"new": 1, "sample": 1, "loss": 1}
+    # seconds later the bucket is full again, not more: one report's worth
+    later = [sink.observe(packet(PATH_SPINE1), 28, 5.0 + 1e-6 * i) for i in range(3)]
+    assert [r is not None for r in later] == [True, False, False]
+    with pytest.raises(ValueError, match="budget_bps"):
+        SinkConfig(budget_bps=-1.0)
+
+
+def test_the_nics_reports_take_at_most_their_share_of_the_collectors_port(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # an all-to-all of 1 MiB per rank on 16 hosts: 240 flows, each reporting while it meets
+    # the uplinks' queues; without the budget the reports take more than a fifth of the
+    # collector's port (docs/operations.md: at 64 hosts the all-to-all waits on them)
+    from dataclasses import replace
+
+    from testbed.experiment import suite as experiment
+    from testbed.experiment.suite import SuiteConfig
+    from testbed.model import Scaling
+    from testbed.sim.fabric import SimFabric
+    from testbed.sim.suite import SimSuite
+    from testbed.topo import leafspine
+
+    spec = leafspine(4, 2, 4)
+    assert spec.collector is not None
+    cfg = replace(
+        SuiteConfig.quick(), schemes=("none",), scenarios=("alltoall",), alltoall_bytes=1 << 20
+    )
+
+    def run() -> tuple[float, float, dict[str, Any]]:  # the share, the time, the reports
+        s = Scaling(scale=20, max_hops=spec.longest_path_switches())
+        suite = SimSuite(SimFabric(spec, s), cfg)
+        [rec] = suite.run()
+        assert rec.correct
+        to_collector = suite.fab.port_counters()[str(spec.collector)].tx_bytes
+        return to_collector * 8 / (s.link_bps * rec.completion_s), rec.completion_s, rec.telemetry
+
+    bound = experiment.REPORT_SHARE
+    share, took, tel = run()
+    nics = len(spec.hosts)
+    burst = nics * REPORT_BURST_BYTES * 8 / (20e9 * took)  # every bucket full at the start
+    assert 0.8 * bound < share <= bound + burst
+    assert tel["lost"] == 0 and tel["received"] == sum(tel["sent"].values())
+    assert tel["suppressed"].get("queue", 0) > 0 and "loss" not in tel["suppressed"]
+    monkeypatch.setattr(experiment, "REPORT_SHARE", 0.0)  # no budget
+    unbounded, _, tel = run()
+    assert unbounded > 2 * bound and tel["suppressed"] == {}
 
 
 def nic_reports(n: int, skip: set[int], path: list[dict[str, Any]]) -> list[bytes]:

@@ -14,6 +14,16 @@ v2.0 (controller/wire/telemetry_report.py) to the collector: not one per packet,
   names and not a reordering (testbed/traffic/transport_core.py decides): what 007 votes
   with.
 
+Within a **budget**: the triggers fire per flow, so a NIC with a thousand congested flows (an
+all-to-all at 32 hosts) would send a report per flow every `event_gap_s`, and every NIC's
+reports converge on the collector's port: measured on the twin, a 64-host all-to-all took
+1.35-1.53 times as long with the reports as without, held by the spine's link towards the
+collector. A NIC's report path is therefore rate-limited, as a switch's report mirror
+session is: a token bucket of `budget_bps` (its depth `burst_bytes`) that every report but a
+loss report draws from; a report made beyond it is not sent and takes no sequence number (so
+the collector does not count it lost), counted in `suppressed` by trigger. Loss reports
+always go: they are rare and what localization votes with.
+
 Each datagram carries one report with this NIC's sequence number (22 bits, +1 per report,
 so the collector counts the reports lost on the way), the NIC's node id (its IPv4 address,
 `nic_node_id`), its own metadata (its receive time; the drop reason on a loss report) and the
@@ -43,6 +53,9 @@ INNER_PAYLOAD_BYTES = 16  # of the packet after its INT stack (p4src REPORT_INNE
 BIT_DROP = 15  # RepMdBits: drop queue id + reason
 REP_MD_SAMPLE = bitmap_bit(BIT_INGRESS_TS)
 REP_MD_DROP = bitmap_bit(BIT_INGRESS_TS) | bitmap_bit(BIT_DROP)
+# the report path's burst: about ten reports of a 3-hop path (about 210 bytes each, framed) at once
+REPORT_BURST_BYTES = 2048
+REPORT_HEADERS = 14 + 20 + 8  # Ethernet, IPv4 and UDP around a report: what the budget counts too
 
 Path = tuple[tuple[int | None, int | None, int | None], ...]
 # what makes a report, and what `observe` counts in `errors`, each once (the native transport
@@ -71,12 +84,16 @@ class SinkConfig:
     event_gap_s: float = 0.01
     hw_id: int = 0
     max_flows: int = 4096
+    budget_bps: float = 0.0  # the report path's rate limit (loss reports exempt); 0: none
+    burst_bytes: int = REPORT_BURST_BYTES  # its token bucket's depth
 
     def __post_init__(self) -> None:
         if self.sample_s <= 0 or self.event_gap_s < 0:
             raise ValueError("sample_s must be > 0 and event_gap_s >= 0")
         if self.queue_bytes < 0 or self.latency_ns < 0 or self.max_flows < 1:
             raise ValueError("queue_bytes and latency_ns must be >= 0, max_flows >= 1")
+        if not self.budget_bps >= 0 or self.burst_bytes < 0:
+            raise ValueError("budget_bps and burst_bytes must be >= 0")
 
 
 @dataclass
@@ -98,6 +115,9 @@ class IntSink:
         self.seq = 0
         self.flows: OrderedDict[tuple[bytes, int, int], _FlowState] = OrderedDict()
         self.reports: Counter[str] = Counter()  # by trigger
+        self.suppressed: Counter[str] = Counter()  # made beyond the budget, not sent
+        self._tokens = float(cfg.burst_bytes)  # the budget's bucket, bytes
+        self._tokens_t: float | None = None  # when it was last filled
         self.errors: Counter[str] = Counter()  # packets the sink could not read
         self.flows_evicted = 0
 
@@ -181,18 +201,19 @@ class IntSink:
             cfg.latency_ns > 0 and latency > cfg.latency_ns,
         )
 
-    def encode(self, why: str, inner: bytes, int_off: int, t: float, congested: bool) -> bytes:
+    def encode(
+        self, why: str, inner: bytes, int_off: int, t: float, congested: bool
+    ) -> bytes | None:
         """The report `why` (TRIGGERS) of `inner` (the packet as a report carries it, INT at
-        `int_off`) at `t`; `congested`: its Q flag. Counted, and the next sequence number."""
-        self.reports[why] += 1
+        `int_off`) at `t`; `congested`: its Q flag. Counted, and the next sequence number;
+        None (counted in `suppressed`) where the budget has no room for it."""
         md = {"ingress_ts": int(t * 1e9) & ((1 << 64) - 1)}
         bits = REP_MD_SAMPLE
         if why == "loss":
             bits = REP_MD_DROP
             md.update(drop_queue_id=0, drop_reason=DROP_REASON_PSN_GAP, drop_padding=0)
         seq = self.seq
-        self.seq = (seq + 1) % (1 << SEQ_BITS)
-        return encode_report(
+        rep = encode_report(
             hw_id=self.cfg.hw_id,
             seq=seq,
             node_id=self.node_id,
@@ -204,3 +225,25 @@ class IntSink:
             tracked=True,
             domain_id=int.from_bytes(inner[int_off + 10 : int_off + 12], "big"),
         )
+        if why != "loss" and not self._within_budget(REPORT_HEADERS + len(rep), t):
+            self.suppressed[why] += 1
+            return None
+        self.reports[why] += 1
+        self.seq = (seq + 1) % (1 << SEQ_BITS)
+        return rep
+
+    def _within_budget(self, size: int, t: float) -> bool:
+        """Whether the bucket, filled at `budget_bps` since it last was, holds `size` bytes
+        (then they are taken)."""
+        rate = self.cfg.budget_bps
+        if rate <= 0:
+            return True
+        if self._tokens_t is not None and t > self._tokens_t:
+            self._tokens = min(
+                float(self.cfg.burst_bytes), self._tokens + (t - self._tokens_t) * rate / 8
+            )
+        self._tokens_t = t if self._tokens_t is None else max(t, self._tokens_t)
+        if self._tokens < size:
+            return False
+        self._tokens -= size
+        return True

@@ -27,7 +27,7 @@ from testbed.topo import End, FabricSpec
 from testbed.traffic.collective_jobs import NVLINK_BPS, NVLINK_LATENCY_S, channel_estimate
 from testbed.traffic.collective_plans import SUPPORTED
 from testbed.traffic.generators import Flow
-from testbed.traffic.metrics import iteration_times
+from testbed.traffic.metrics import counter_totals, iteration_times
 from testbed.traffic.netns import Host
 from testbed.traffic.runner import RunOutput
 
@@ -138,9 +138,10 @@ def collective(
     s = fab.scaling
     res = summarize(out.results, fab.line_rate, fab.nics, s.scale, warmup)
     res["scheme"] = fab.scheme
+    total = counter_totals(out.counters)
     res["counters"] = {
-        k: sum(int(c.get(k, 0)) for c in out.counters)
-        for k in ("retransmits", "timeouts", "cnps_received")
+        k: total[k]
+        for k in ("retransmits", "timeouts", "cnps_received", "reports", "reports_suppressed")
     }
     res["rate_bps_per_channel"] = [
         max(r["channel_rate_bps"][c] for r in out.results) * s.scale

@@ -107,6 +107,8 @@ SERIES_POINTS = 2000  # per series kept in the results file
 # link rate (at its fair share behind the incast's flows it gets one every few)
 STALL_FRAMES = 16
 ALLTOALL_CHUNK = 64 << 10  # the alltoall scenario's messages (the collective library's chunk)
+# what the NICs' Telemetry Reports may take of the collector's port, all together
+REPORT_SHARE = 0.1
 
 
 @dataclass(frozen=True)
@@ -372,25 +374,33 @@ def report_settings(spec: FabricSpec, s: Scaling) -> dict[str, Any]:
     collector, when the fabric has one. A flow is sampled every 0.1 s of the emulation's time
     (dilated like every time of the model); a packet that met a queue above 5 frames (ECN's
     kmin) or hop latencies above 10 frame times at the link rate is reported at once, and
-    while that lasts at most every quarter of the sampling interval."""
+    while that lasts at most every quarter of the sampling interval. All the NICs' reports
+    together take at most REPORT_SHARE of the collector's port: each NIC's budget is its
+    share of that (controller/nic/int_sink.py says why)."""
     if spec.collector is None:
         return {}
     dilation = s.scale / 20_000
     sample = 0.1 * dilation
+    nics = sum(len(h.nics) for h in spec.hosts)
     return {
         "report_to": f"{COLLECTOR_IP}:{TELEMETRY_REPORT_PORT}",
         "report_sample_s": sample,
         "report_queue_bytes": 5 * s.frame_bytes,
         "report_latency_ns": round(10 * s.frame_bytes * 8e9 / s.link_bps),
         "report_event_gap_s": sample / 4,
+        "report_budget_bps": REPORT_SHARE * s.link_bps / max(1, nics),
     }
 
 
 def telemetry_summary(
-    sent: dict[str, int], before: dict[str, dict[str, int]], after: dict[str, dict[str, int]]
+    sent: dict[str, int],
+    before: dict[str, dict[str, int]],
+    after: dict[str, dict[str, int]],
+    suppressed: dict[str, int] | None = None,
 ) -> dict[str, Any]:
-    """A scenario's Telemetry Reports: sent by the NIC sinks (by trigger), received and lost
-    at the collector (the difference of its totals), per reporter."""
+    """A scenario's Telemetry Reports: sent by the NIC sinks (by trigger), made beyond their
+    budget and not sent (by trigger), received and lost at the collector (the difference of
+    its totals), per reporter."""
     per = {}
     for name, a in sorted(after.items()):
         b = before.get(name, {})
@@ -400,6 +410,7 @@ def telemetry_summary(
     return {
         "sent": dict(sorted(sent.items())),
         "sent_total": sum(sent.values()),
+        "suppressed": dict(sorted((suppressed or {}).items())),
         "received": sum(d["received"] for d in per.values()),
         "lost": sum(d["lost"] for d in per.values()),
         "reporters": per,
@@ -838,8 +849,12 @@ class Suite:
         )
         for k, v in self._operations().items():
             setattr(rec, k, v)
+        counts = workload_counters(res)
         rec.telemetry = telemetry_summary(
-            res.get("counters", {}).get("reports", {}), reports_before, self._report_totals()
+            counts.get("reports", {}),
+            reports_before,
+            self._report_totals(),
+            counts.get("reports_suppressed", {}),
         )
         self._summarise_pfc(rec, pfc_before, self._pfc_counters())
         self._summarise_drops(rec, drops_before, self._switch_drops())

@@ -139,6 +139,7 @@ def counter_totals(counters: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     total: dict[str, Any] = {k: 0 for k in COUNTER_KEYS}
     drops: dict[str, int] = {}
     reports: dict[str, int] = {}  # Telemetry Reports the NIC sinks sent, by trigger
+    suppressed: dict[str, int] = {}  # and made beyond their report budget, not sent
     transports: set[str] = set()  # the hosts' transport cores: native, reference
     for c in counters:
         if c.get("transport"):
@@ -149,8 +150,11 @@ def counter_totals(counters: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
             drops[reason] = drops.get(reason, 0) + int(n)
         for why, n in dict(c.get("reports", {})).items():
             reports[why] = reports.get(why, 0) + int(n)
+        for why, n in dict(c.get("reports_suppressed", {})).items():
+            suppressed[why] = suppressed.get(why, 0) + int(n)
     total["drops"] = drops
     total["reports"] = reports
+    total["reports_suppressed"] = suppressed
     total["transport"] = sorted(transports)
     return total
 

@@ -136,6 +136,7 @@ class TransportConfig:
     report_latency_ns: int = 0
     report_event_gap_s: float = 0.01
     report_max_flows: int = 4096  # flows the sink keeps a state of (the least recent go)
+    report_budget_bps: float = 0.0  # the NIC's report path's rate limit (SinkConfig; 0: none)
 
     def __post_init__(self) -> None:
         if not 1 <= self.mtu <= MTU_MAX:
@@ -771,6 +772,7 @@ class TransportCore:
                 latency_ns=cfg.report_latency_ns,
                 event_gap_s=cfg.report_event_gap_s,
                 max_flows=cfg.report_max_flows,
+                budget_bps=cfg.report_budget_bps,
             )
             self.sink = IntSink(cfg.local_ip, sink_cfg, cfg.int_dscp)
 
@@ -1038,6 +1040,7 @@ class TransportCore:
         return {
             "rx_packets": self.rx_packets,
             "reports": dict(sink.reports) if sink is not None else {},
+            "reports_suppressed": dict(sink.suppressed) if sink is not None else {},
             "report_errors": dict(sink.errors) if sink is not None else {},
             "drops": dict(self.drops),
             "qps": len(self.qps),
