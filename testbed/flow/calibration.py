@@ -140,9 +140,12 @@ def applied(scheme: str, collective: str, result: CollResult, path: Path = CALIB
     time on the network."""
     if not result.held_by_network:
         entry = _entry(scheme, collective, path)
+        _same_queues(scheme, collective, entry["fitted_on"], result)
         error = entry.get("held_out", {}).get("error")
         return Applied(float(entry["efficiency"]), "free", held_out_error=error)
     cong = _entry(scheme, collective, path, congested=True)["congested"]
+    for p in cong["points"]:
+        _same_queues(scheme, collective, p["fitted_on"], result)
     got = congested_efficiency(cong["points"], result.time_s - result.scaleup_s)
     held = cong.get("held_out", {})
     error = held.get("error")
@@ -158,6 +161,20 @@ def applied(scheme: str, collective: str, result: CollResult, path: Path = CALIB
         )
         got = replace(got, note="; ".join(n for n in (got.note, missed) if n), missed=True)
     return replace(got, held_out_error=error)
+
+
+def _same_queues(
+    scheme: str, collective: str, fitted_on: dict[str, Any], result: CollResult
+) -> None:
+    """The fit's ideal time was computed as `result`'s is (max-min rates, or the all-to-all
+    through FIFO queues: testbed/flow/fifo.py); fits made before the FIFOs record none."""
+    fitted = fitted_on.get("queues", "max-min")
+    if fitted != result.queues:
+        raise Uncalibrated(
+            f"the flow engine's {scheme} {collective} was fitted on an ideal time of "
+            f"{fitted} and computes it by {result.queues} now: fit it again on the twin "
+            f"({calibrate_command(scheme)})"
+        )
 
 
 def congested_efficiency(points: list[dict[str, Any]], ideal_s: float) -> Applied:
@@ -307,6 +324,7 @@ def ideal_vs_twin(results: Path) -> dict[str, dict[str, Any]]:
             "ideal_time_s": ideal.time_s,
             "ideal_latency_s": ideal.latency_s,
             "held_by_network": ideal.held_by_network,
+            "queues": ideal.queues,
             "twin_base_rtt_s": setup["base_rtt_s"] / k,
             "cc_profile": setup.get("cc_profiles", {}).get(run["scheme"], {}).get("profile"),
             "twin_commit": doc["source"]["commit"],
@@ -410,8 +428,9 @@ def fit_congested(
 def write(doc: dict[str, Any], path: Path) -> None:
     doc["format"] = FORMAT
     header = (
-        "# The flow engine's per-scheme efficiencies (ideal max-min time / the twin's "
-        "time; `congested`: where the network holds the collective, by its ideal time),\n"
+        "# The flow engine's per-scheme efficiencies (its ideal time, by max-min rates or "
+        "through FIFO queues as `queues` says, / the twin's time; `congested`: where the "
+        "network holds the collective, by its ideal time),\n"
         "# `loss`: the goodput through a lossy link (testbed/flow/lossfit.py),\n"
         "# written by `xingmai-testbed calibrate-flow`; see docs/flow.md.\n"
     )

@@ -11,7 +11,10 @@ step.
   (source, destination, channel) into flows, all started at once: the plan's transfers have
   no dependencies (`plan_flows` refuses a plan that has), and every rank posts them all at
   the start (its depth of messages in flight per queue pair does not bind: one queue pair
-  per peer and channel).
+  per peer and channel). Their times are not max-min's: started together, they cross the
+  switches' FIFO queues in the order their NICs send them (testbed/flow/fifo.py, which
+  measures why), the latency of each hop included; a sprayed all-to-all takes max-min's
+  rates.
 
 Latency (alpha-beta): a flow's last byte arrives its path's latency after the max-min
 model has it sent, `link_latency` per link (alpha: propagation and a frame's
@@ -43,7 +46,7 @@ import numpy as np
 
 from controller.common.gc_pause import gc_paused
 from testbed.experiment.suite import ALLTOALL_CHUNK
-from testbed.flow import maxmin
+from testbed.flow import fifo, maxmin
 from testbed.flow.fabric import LEAF_UP, NIC_UP, Fabric, leaf_of_gpu
 from testbed.flow.routing import Routes, collisions, entropy_ports, route
 from testbed.model import Scaling, link_latency_s
@@ -59,6 +62,7 @@ from testbed.traffic.transport_core import TransportConfig, TransportCore, port_
 from testbed.traffic.workloads import ALLREDUCE_SCHEDULE
 
 PROGRESS_S = 2.0  # how often a long computation says how far it is
+PACKET_BYTES = Scaling.transport_mtu  # the transport's payload per packet (fifo's pieces)
 
 
 @dataclass
@@ -84,6 +88,9 @@ class CollResult:
     # the flows that finish last are held by the network (a switch's egress, not their own
     # NIC, sets their rate): where congestion control acts (`calibration`'s congested fit)
     held_by_network: bool = False
+    # how the flows' times were computed: max-min rates (every step of a ring; a sprayed
+    # all-to-all), or an all-to-all's burst through FIFO queues (`fifo`)
+    queues: str = "max-min"
 
     def busbw_at(self, time_s: float) -> float:
         """The bus bandwidth (b/s) had the collective taken `time_s`."""
@@ -379,10 +386,17 @@ def alltoall(
     chan = np.concatenate([c for _ in todo])
     r = route(fab, src, dst, (ports or entropy_ports)(src, dst, chan, seed), spray)
     size = np.tile(nbytes, len(todo))
-    end, allocs = maxmin.complete(r, fab.link_cap, size)
-    t_bw = float(end.max())
+    if spray:  # split over paths: max-min's even load
+        end, allocs = maxmin.complete(r, fab.link_cap, size)
+        t_bw = float(end.max())
+        t = float((end + path_links(r) * link_latency).max())
+        queues = "max-min"
+    else:  # all started at once: through the switches' FIFOs (testbed/flow/fifo.py)
+        end, allocs = fifo.burst(fab, r, size, PACKET_BYTES, link_latency), 0
+        t = float(end.max())
+        t_bw = t - float(path_links(r).max(initial=0.0)) * link_latency
+        queues = "fifo"
     name, util = _bottleneck(fab, r, size, t_bw)
-    t = float((end + path_links(r) * link_latency).max())
     latency = t - t_bw
     return CollResult(
         "alltoall",
@@ -401,6 +415,7 @@ def alltoall(
         link_bits=link_bits(fab, r, size),
         replicas=len(groups) // len(todo),
         held_by_network=held_by_network(fab, r, end),
+        queues=queues,
     )
 
 

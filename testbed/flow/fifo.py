@@ -1,0 +1,121 @@
+"""Flows that all start together, through FIFO queues: when each one's last byte arrives.
+
+Max-min rates (testbed/flow/maxmin.py) keep busy, from the first instant, every link that
+bounds a flow. A packet network does not, when many flows start at once: each NIC sends its
+queue pairs' packets round robin (the twin's NIC, testbed/sim/nic.py: earliest departure
+first, ties by queue pair, so a flow's k-th packet leaves in the k-th round), every switch
+port is one FIFO, and a spine's port towards a leaf stays idle while the packets it will
+carry wait behind others in the leaves' uplinks. On the twin's all-to-all of 256 KiB per
+rank (2:1 leaf-spine, no congestion control) that made the all-to-all 1.02, 1.10, 1.30 and
+1.62 times max-min's time at 8, 16, 32 and 64 hosts (docs/flow.md, "Through FIFO queues").
+
+The model: each flow's bytes in pieces (packets of `mtu` bytes; a flow of more than
+`max_pieces` packets in that many equal pieces, the FIFOs' order at a coarser grain), put
+on its first link (its NIC) round robin in flow order, back to back from time 0; every link
+a FIFO at its capacity, a piece leaving when its last byte is sent (store and forward) and
+joining the next link's queue `link_latency` later. A link serves its pieces in the order
+they arrive (ties: the round, then the flow), so its departures are
+D_i = max(a_i, D_(i-1)) + s_i / C, that is D_i = S_i / C + max over j <= i of
+(a_j - S_(j-1) / C) with S the running sum of the sizes: a running maximum per link,
+vectorized over every link of a stage. A link's stage is the most links a path crosses
+before it (`link_levels`), so a piece's arrival at a link is known before the link serves.
+
+No transport (windows, ACKs, resends) and no congestion control: the scheme's efficiency,
+fitted on the twin (testbed/flow/calibration.py), carries those, as it did for max-min's
+time. Not for flows sprayed over several paths (their coefficients below 1): those take
+max-min's rates, which spraying's even load is what they model.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from testbed.flow.fabric import Fabric
+from testbed.flow.routing import Routes
+
+MAX_PIECES = 16  # per flow: beyond it the pieces grow (cost bounded by the flows' count)
+
+
+def pieces(nbytes: np.ndarray, mtu: int, max_pieces: int = MAX_PIECES) -> np.ndarray:
+    """Per flow, how many pieces its bytes are sent in (0 for an empty flow)."""
+    if mtu < 1 or max_pieces < 1:
+        raise ValueError("mtu and max_pieces must be >= 1")
+    return np.minimum(np.ceil(nbytes / mtu), max_pieces).astype(np.int64)
+
+
+def burst(
+    fab: Fabric,
+    r: Routes,
+    nbytes: np.ndarray,
+    mtu: int,
+    link_latency: float = 0.0,
+    max_pieces: int = MAX_PIECES,
+) -> np.ndarray:
+    """Seconds from the common start to each flow's last byte arriving (0 for an empty
+    flow)."""
+    n = r.n_flows
+    if len(nbytes) != n:
+        raise ValueError("one size per flow")
+    if n and not np.all(r.coeff == 1.0):
+        raise ValueError("flows on one path each (sprayed flows take max-min's rates)")
+    count = pieces(np.asarray(nbytes, dtype=float), mtu, max_pieces)
+    p = int(count.sum())
+    if p == 0:
+        return np.zeros(n)
+    # the pieces: their flow, round (k-th piece of its flow) and size (the last one the rest)
+    flow = np.repeat(np.arange(n), count)
+    first = np.cumsum(count) - count
+    k = np.arange(p) - first[flow]
+    size = nbytes[flow] / count[flow]
+    # the (piece, hop) entries, each piece's hops in path order
+    hops = np.diff(r.indptr)
+    e_piece = np.repeat(np.arange(p), hops[flow])
+    pos = np.arange(len(e_piece)) - np.repeat(np.cumsum(hops[flow]) - hops[flow], hops[flow])
+    link = r.links[r.indptr[flow[e_piece]] + pos]
+    stage = link_levels(fab, r)[link]
+    done = np.zeros(len(e_piece))  # when the piece's last byte left that hop's link
+    for s in np.unique(stage):
+        sel = np.flatnonzero(stage == s)
+        prev = sel - 1
+        arrive = np.where(pos[sel] == 0, 0.0, done[prev] + link_latency)
+        # FIFO per link: by arrival, ties by round then flow (the NICs' round robin)
+        order = np.lexsort((flow[e_piece[sel]], k[e_piece[sel]], arrive, link[sel]))
+        idx = sel[order]
+        a = arrive[order]
+        lk = link[idx]
+        serve = size[e_piece[idx]] / fab.link_cap[lk] * 8.0
+        starts = np.flatnonzero(np.r_[True, lk[1:] != lk[:-1]])
+        seg = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(lk)]))
+        cum = np.cumsum(serve)
+        s_incl = cum - np.repeat(cum[starts] - serve[starts], np.diff(np.r_[starts, len(lk)]))
+        slack = a - (s_incl - serve)
+        done[idx] = s_incl + _segment_cummax(slack, seg)
+    last = np.flatnonzero(np.r_[e_piece[1:] != e_piece[:-1], True])  # each piece's last hop
+    end = np.zeros(n)
+    np.maximum.at(end, flow[e_piece[last]], done[last] + link_latency)
+    return end
+
+
+def link_levels(fab: Fabric, r: Routes) -> np.ndarray:
+    """Each link's stage: the most links any path crosses before it (links no path uses:
+    -1), so that every link a piece crosses earlier is served at an earlier stage. Refuses
+    paths that loop (no such order exists)."""
+    level = np.full(fab.n_links, -1, dtype=np.int64)
+    level[r.links] = 0
+    same = np.diff(r.flow_of_entry()) == 0  # consecutive entries of one flow
+    a, b = r.links[:-1][same], r.links[1:][same]
+    for _ in range(fab.n_links + 1):
+        before = level.copy()
+        np.maximum.at(level, b, level[a] + 1)
+        if np.array_equal(level, before):
+            return level
+    raise ValueError("the flows' paths loop: no order to serve the links in")
+
+
+def _segment_cummax(x: np.ndarray, seg: np.ndarray) -> np.ndarray:
+    """The running maximum of x within each segment (seg: non-decreasing segment ids)."""
+    if not len(x):
+        return x
+    span = float(x.max() - x.min()) + 1.0
+    shifted = x + seg * span  # later segments lie above every earlier one
+    return np.maximum.accumulate(shifted) - seg * span

@@ -1,0 +1,98 @@
+"""The flow engine's burst through FIFO queues (testbed/flow/fifo.py): hand-computed cases,
+the pieces of a long flow, the order links are served in, and what it refuses."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from testbed.flow import fifo, maxmin
+from testbed.flow.collectives import plan_flows, suite_collective
+from testbed.flow.fabric import ClosParams, build_clos, from_spec
+from testbed.flow.routing import Routes, entropy_ports, route
+from testbed.topo import leafspine
+
+MTU = 4096
+PKT = MTU * 8 / 400e9  # a packet's time at 400G
+
+
+def test_two_senders_share_a_downlink_packet_by_packet() -> None:
+    # h1 and h2 send 3 packets each to h3: both NICs put a packet on their link every packet
+    # time, the downlink gets two per packet time and sends one: its FIFO serves them in
+    # arrival order (ties: h1's flow first), the last leaving after 7 packet times
+    fab = from_spec(leafspine(1, 1, 4))
+    r = route(fab, np.array([0, 1]), np.array([2, 2]), np.array([49152, 49153]))
+    end = fifo.burst(fab, r, np.array([3.0 * MTU, 3.0 * MTU]), MTU)
+    assert end == pytest.approx([6 * PKT, 7 * PKT])
+    lat = 100e-9  # each link's latency delays every arrival and the last byte's
+    end = fifo.burst(fab, r, np.array([3.0 * MTU, 3.0 * MTU]), MTU, link_latency=lat)
+    assert end == pytest.approx([6 * PKT + 2 * lat, 7 * PKT + 2 * lat])
+    # max-min has the downlink busy from the start: 6 packet times for both
+    done, _ = maxmin.complete(r, fab.link_cap, np.array([3.0 * MTU, 3.0 * MTU]))
+    assert done == pytest.approx([6 * PKT, 6 * PKT])
+
+
+def test_a_nic_sends_its_flows_round_robin() -> None:
+    # h1 sends 2 packets to each of h2, h3, h4: rounds of one packet per flow, in flow order;
+    # each downlink forwards a packet one packet time after it arrives
+    fab = from_spec(leafspine(1, 1, 4))
+    r = route(fab, np.zeros(3, dtype=np.int64), np.array([1, 2, 3]), np.arange(3) + 49152)
+    end = fifo.burst(fab, r, np.full(3, 2.0 * MTU), MTU)
+    assert end == pytest.approx([5 * PKT, 6 * PKT, 7 * PKT])
+
+
+def test_a_long_flow_goes_in_at_most_max_pieces() -> None:
+    fab = from_spec(leafspine(1, 1, 4))
+    r = route(fab, np.array([0]), np.array([1]), np.array([49152]))
+    size = 64.0 * MTU  # 16 pieces of 4 packets: the second link waits for the first piece
+    (end,) = fifo.burst(fab, r, np.array([size]), MTU)
+    assert end == pytest.approx(64 * PKT + 4 * PKT)
+    assert fifo.pieces(np.array([0.0, 1.0, MTU + 1.0, 1e9]), MTU).tolist() == [0, 1, 2, 16]
+    (exact,) = fifo.burst(fab, r, np.array([size]), MTU, max_pieces=64)
+    assert exact == pytest.approx(65 * PKT)
+
+
+def test_the_suite_all_to_all_through_fifos_is_never_faster_than_max_min() -> None:
+    # every link sends its bytes at its capacity at best: the FIFOs' time is at least the
+    # busiest link's, which is max-min's here (every flow held by one link); at 32 hosts
+    # the spines' links wait behind the uplinks' queues (docs/flow.md)
+    for leaves in (2, 8):
+        fab = from_spec(leafspine(leaves, 2, 4))
+        i, j, c, nbytes = plan_flows(leaves * 4, 1 << 18, 1, 64 << 10)
+        r = route(fab, i, j, entropy_ports(i, j, c, 1))
+        end = fifo.burst(fab, r, nbytes, MTU)
+        done, _ = maxmin.complete(r, fab.link_cap, nbytes)
+        assert end.max() >= done.max() * (1 - 1e-9)
+        res = suite_collective(fab, "alltoall", 1 << 18)
+        assert res.queues == "fifo" and res.time_s == pytest.approx(end.max())
+    assert end.max() > 1.1 * done.max()  # 32 hosts
+
+
+def test_links_are_served_in_the_order_paths_cross_them() -> None:
+    # on a rail fabric a GPU reaches another rail's GPU through its server's scale-up
+    # domain first: scale-up out, scale-up in, then the network
+    fab = build_clos(ClosParams(64, radix=8, switch_tbps=3.2))
+    r = route(fab, np.array([0]), np.array([9]), np.array([49152]))
+    levels = fifo.link_levels(fab, r)
+    assert levels[r.links].tolist() == list(range(len(r.links)))
+    assert len(r.links) == 4
+    # two flows crossing the same two links in opposite orders: no order serves both
+    loop = Routes(
+        indptr=np.array([0, 2, 4]),
+        links=np.array([0, 1, 1, 0]),
+        coeff=np.ones(4),
+        choice_group=np.zeros(0, dtype=np.int64),
+        choice_link=np.zeros(0, dtype=np.int64),
+        choice_size=np.zeros(0, dtype=np.int64),
+    )
+    with pytest.raises(ValueError, match="loop"):
+        fifo.link_levels(fab, loop)
+
+
+def test_sprayed_flows_are_refused() -> None:
+    fab = from_spec(leafspine(2, 2, 4))
+    r = route(fab, np.array([0]), np.array([4]), np.array([49152]), spray=True)
+    with pytest.raises(ValueError, match="sprayed"):
+        fifo.burst(fab, r, np.array([1e6]), MTU)
+    with pytest.raises(ValueError, match="one size per flow"):
+        fifo.burst(fab, r, np.array([1e6, 1e6]), MTU)
