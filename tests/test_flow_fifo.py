@@ -3,10 +3,12 @@ the pieces of a long flow, the order links are served in, and what it refuses.""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from testbed.flow import fifo, maxmin
+from testbed.flow import calibration, fifo, maxmin
 from testbed.flow.collectives import plan_flows, suite_collective
 from testbed.flow.fabric import ClosParams, build_clos, from_spec
 from testbed.flow.routing import Routes, entropy_ports, route
@@ -96,3 +98,18 @@ def test_sprayed_flows_are_refused() -> None:
         fifo.burst(fab, r, np.array([1e6]), MTU)
     with pytest.raises(ValueError, match="one size per flow"):
         fifo.burst(fab, r, np.array([1e6, 1e6]), MTU)
+
+
+def test_a_fit_made_on_max_mins_all_to_all_is_refused(tmp_path: Path) -> None:
+    # fits made before the FIFOs record no `queues`: their ideal was max-min's
+    doc = calibration.load()
+    entry = doc["schemes"]["none"]["alltoall"]
+    for fitted in [entry["fitted_on"], *(p["fitted_on"] for p in entry["congested"]["points"])]:
+        assert fitted["queues"] == "fifo"
+        del fitted["queues"]
+    path = tmp_path / "calibration.yaml"
+    calibration.write(doc, path)
+    res = suite_collective(from_spec(leafspine(4, 2, 4)), "alltoall", 1 << 18)
+    with pytest.raises(calibration.Uncalibrated, match="calibrate-flow --scheme none"):
+        calibration.applied("none", "alltoall", res, path)
+    assert calibration.applied("none", "alltoall", res).regime in ("free", "congested")

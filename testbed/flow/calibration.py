@@ -140,12 +140,12 @@ def applied(scheme: str, collective: str, result: CollResult, path: Path = CALIB
     time on the network."""
     if not result.held_by_network:
         entry = _entry(scheme, collective, path)
-        _same_queues(scheme, collective, entry["fitted_on"], result)
+        _same_queues(scheme, collective, entry.get("fitted_on", {}), result)
         error = entry.get("held_out", {}).get("error")
         return Applied(float(entry["efficiency"]), "free", held_out_error=error)
     cong = _entry(scheme, collective, path, congested=True)["congested"]
     for p in cong["points"]:
-        _same_queues(scheme, collective, p["fitted_on"], result)
+        _same_queues(scheme, collective, p.get("fitted_on", {}), result)
     got = congested_efficiency(cong["points"], result.time_s - result.scaleup_s)
     held = cong.get("held_out", {})
     error = held.get("error")
