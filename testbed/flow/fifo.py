@@ -75,12 +75,16 @@ def burst(
     first = np.cumsum(count) - count
     k = np.arange(p) - first[flow]
     size = nbytes[flow] / count[flow]
-    # the (piece, hop) entries, each piece's hops in path order
-    hops = np.diff(r.indptr)
-    e_piece = np.repeat(np.arange(p), hops[flow])
-    pos = np.arange(len(e_piece)) - np.repeat(np.cumsum(hops[flow]) - hops[flow], hops[flow])
-    link = r.links[r.indptr[flow[e_piece]] + pos]
-    stage = link_levels(fab, r)[link]
+    # the (piece, hop) entries, each piece's hops in path order (32-bit: a million flows'
+    # pieces and hops are tens of millions of entries)
+    hops = np.diff(r.indptr).astype(np.int32)
+    per_piece = hops[flow]
+    e_piece = np.repeat(np.arange(p, dtype=np.int32), per_piece)
+    starts = np.cumsum(per_piece, dtype=np.int64) - per_piece
+    pos = (np.arange(len(e_piece), dtype=np.int64) - np.repeat(starts, per_piece)).astype(np.int32)
+    del starts, per_piece
+    link = r.links[r.indptr[flow[e_piece]] + pos].astype(np.int32)
+    stage = link_levels(fab, r)[link].astype(np.int32)
     done = np.zeros(len(e_piece))  # when the piece's last byte left that hop's link
     piece_bytes = size[e_piece]
     for s in np.unique(stage):
