@@ -27,8 +27,9 @@ GOAL_CPU_S = {"allreduce": 15 * 60, "alltoall": None}
 
 
 def flow_prediction(fabric: tuple[int, int, int], size: int, kind: str) -> dict[str, Any]:
-    """The flow engine's time for the twin's run: its ideal (max-min rates and the latency
-    term; the all-to-all's flows on the job's own source ports, as the twin routes them) over
+    """The flow engine's time for the twin's run: its ideal (max-min rates, the all-to-all
+    through FIFO queues, and the latency term; the all-to-all's flows on the job's own source
+    ports, as the twin routes them) over
     TiTa's efficiency from testbed/flow/calibration.yaml."""
     from testbed.flow.calibration import applied
     from testbed.flow.collectives import model_link_latency, suite_collective
@@ -59,7 +60,7 @@ def run(quick: bool) -> dict[str, Any]:
             out[kind] = {"error": f"{type(exc).__name__}: {exc}"}
             continue
         # the all-to-all's prediction is a flow per pair of ranks, each on the job's ECMP
-        # path, allocated again at every completion: minutes at 1,024 hosts (a million flows)
+        # path, through the FIFOs in pieces: two minutes at 1,024 hosts (a million flows)
         try:
             flow = _in_child(flow_prediction, fabric, SIZE, kind)
         except Exception as exc:

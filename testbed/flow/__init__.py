@@ -1,5 +1,6 @@
 """The flow-level engine: fleet-scale fabrics (1k to 131k GPUs and more) as arrays, flows
-routed with the switches' ECMP hash, max-min fair rates, collectives step by step, and
+routed with the switches' ECMP hash, max-min fair rates (an all-to-all through FIFO
+queues), collectives step by step, and
 per-scheme efficiencies calibrated on the packet-level twin (docs/flow.md).
 
 - `fabric`: deployed Clos shapes from a few parameters, or a packet engine's topology;

@@ -1,7 +1,8 @@
 """Per-scheme efficiencies of the flow engine, fitted on the packet-level twin.
 
 A flow-level model cannot derive what congestion control does (it has no queues, packets or
-rate laws): it gives the ideal time of a collective (max-min rates, plus each step's latency
+rate laws): it gives the ideal time of a collective (max-min rates, an all-to-all through
+FIFO queues (`fifo`), plus each step's latency
 from the model's base RTT, which the twin's fabric is built to have and measures). The twin
 runs the project's own switch pipeline, NICs and transport; the ratio of the two, per
 (scheme, collective), is what `calibration.yaml` beside this module stores, with what it was

@@ -70,11 +70,11 @@ class CollResult:
     collective: str
     ranks: int  # per ring / group
     bytes_per_rank: float
-    time_s: float  # the ideal (max-min) time
+    time_s: float  # the ideal time (max-min rates, or through FIFOs: `queues`)
     busbw_bps: float
     steps: int
     flows_computed: int  # flows whose rates were computed (after the shortcuts)
-    allocations: int  # max-min allocations run
+    allocations: int  # max-min allocations run (0 through FIFOs)
     shortcut: str  # which symmetry was used
     collisions: dict[str, int] = field(default_factory=dict)
     bottleneck: str = ""  # the most loaded link of the computed flows

@@ -1,7 +1,8 @@
 """`xingmai-testbed run --engine flow`: the suite's collective scenarios (allreduce,
 alltoall) on the flow engine, with the same results.json and table as the packet engines.
 
-A run's time is the flow engine's ideal time (max-min rates, and each step's latency from
+A run's time is the flow engine's ideal time (max-min rates, the all-to-all through FIFO
+queues, and each step's latency from
 the model's base RTT, `collectives.model_link_latency`) divided by the scheme's efficiency
 fitted on the twin (testbed.flow.calibration); its bus bandwidth follows. What a fluid model
 cannot measure is left at nothing: no queue samples (the queue columns read 0 with
@@ -217,7 +218,8 @@ def run_flow(args: argparse.Namespace, cfg: SuiteConfig) -> int:
     )
     print()
     print(
-        f"{spec.name}, flow engine (max-min over ECMP paths, x the efficiency fitted on the "
+        f"{spec.name}, flow engine (max-min rates, the all-to-all through FIFO queues, over "
+        f"ECMP paths, x the efficiency fitted on the "
         f"twin); 400G links, scale 1"
     )
     print()

@@ -25,7 +25,8 @@ collective, waited for; then backwards from the last layer: input-gradient compu
 collective (waited for), weight-gradient computation, and its collective issued without
 waiting, the weight-gradient collectives run one after another (FIFO) beside the rest of
 the backward pass; the iteration ends when the last of them does. Every group of a kind
-runs its collective at once, on the flow engine (max-min rates over the fabric's routes,
+runs its collective at once, on the flow engine (max-min rates, an all-to-all through FIFO
+queues, over the fabric's routes,
 the latency term, a scheme's calibrated efficiency). Pipeline parallelism's bubble is
 given by SimAI's own formula, its point-to-point traffic (`pp_comm`) is not modelled.
 """
