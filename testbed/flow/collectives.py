@@ -37,6 +37,7 @@ Symmetry, where the routing allows it (`symmetric=True`):
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -321,6 +322,22 @@ def job_ports(
     `port_seed(seed, host)`, the job creating its queue pairs in its own order), so the flow
     engine routes each flow on the twin's path, not on a mix of its own. For a packet
     engine's topology (hundreds of hosts at most: one job per host)."""
+    table = _port_table(spec, bytes_per_rank, seed, chunk, collective)
+
+    def ports(src: np.ndarray, dst: np.ndarray, chan: np.ndarray, _seed: int) -> np.ndarray:
+        return np.array(
+            [table[(int(a), int(b), int(c))] for a, b, c in zip(src, dst, chan, strict=True)],
+            dtype=np.uint32,
+        )
+
+    return ports
+
+
+@functools.lru_cache(maxsize=8)  # a suite asks again for every scheme
+def _port_table(
+    spec: FabricSpec, bytes_per_rank: int, seed: int, chunk: int, collective: str
+) -> dict[tuple[int, int, int], int]:
+    """`job_ports`' (source GPU, destination GPU, channel) -> source port."""
     g = len(spec.hosts[0].nics)
     job = {
         "kind": "collective",
@@ -340,19 +357,12 @@ def job_ports(
         # a rank's job is a queue pair per peer, made at once (controller.common.gc_pause)
         with gc_paused():
             core = TransportCore(TransportConfig(local_ip=h.nics[0].ip), seed=port_seed(seed, i))
-            rank = CollectiveJob(core, job, i)
+            rank = CollectiveJob(core, job, i, expect_ahead=False)
         for peer, chans in rank.channels.items():
             for ch in chans:
                 k = ch.index % g
                 table[(i * g + k, peer * g + k, ch.index)] = ch.qp.sport
-
-    def ports(src: np.ndarray, dst: np.ndarray, chan: np.ndarray, _seed: int) -> np.ndarray:
-        return np.array(
-            [table[(int(a), int(b), int(c))] for a, b, c in zip(src, dst, chan, strict=True)],
-            dtype=np.uint32,
-        )
-
-    return ports
+    return table
 
 
 def alltoall(

@@ -296,7 +296,9 @@ class CollectiveConfig:
 class CollectiveJob:
     """This host's rank of the communicator, for `iters` iterations of one collective."""
 
-    def __init__(self, t: QpHost, spec: dict[str, Any], me: int) -> None:
+    def __init__(
+        self, t: QpHost, spec: dict[str, Any], me: int, *, expect_ahead: bool = True
+    ) -> None:
         self.cfg = cfg = CollectiveConfig.from_spec(spec)
         # the adaptive schedule reads its NIC's rates as it picks among channels, and traces
         # what it read (one channel and no trace: what it reads changes nothing)
@@ -390,8 +392,9 @@ class CollectiveJob:
         self.rate_trace: list[tuple[float, int, int, float, float]] = []
         # the first iteration's expected result, made before the clock starts (a check of
         # the sums is no part of the collective: drawing every rank's inputs for it took the
-        # emulation's ranks seconds of CPU inside the measured time)
-        self._expected_ahead = {0: self._expect(0)}
+        # emulation's ranks seconds of CPU inside the measured time); not for a job made for
+        # its queue pairs alone (`expect_ahead=False`: the flow engine's `job_ports`)
+        self._expected_ahead = {0: self._expect(0)} if expect_ahead else {}
 
     # ---- data ----
 
