@@ -205,3 +205,37 @@ def test_flow_iteration_compares_schemes_side_by_side(capsys: pytest.CaptureFixt
     assert cmp["none"]["allreduce_s"] < cmp["timely"]["allreduce_s"]
     assert main([*argv, "--compare", "none,bogus"]) == 1
     assert "unknown scheme 'bogus'" in capsys.readouterr().err
+
+
+def test_schemes_on_one_fabric_share_its_ideal(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the ideal is a function of the fabric, scenario, sizes and seed: computed once for the
+    # schemes on the same fabric, again for a scheme whose lossy link makes a fabric its own
+    from dataclasses import replace
+
+    from testbed.experiment.suite import SuiteConfig
+    from testbed.faults import Fault
+    from testbed.flow import suite as flow_suite
+    from testbed.topo import leafspine
+
+    calls: list[str] = []
+    real = flow_suite.suite_collective
+
+    def counted(*args: object, **kw: object) -> object:
+        calls.append(str(args[1]))
+        return real(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(flow_suite, "suite_collective", counted)
+    cfg = replace(
+        SuiteConfig.quick(), schemes=("none", "tita"), scenarios=("allreduce", "alltoall")
+    )
+    plain = flow_suite.FlowSuite(leafspine(2, 2, 4), cfg, lambda line: None)
+    records = plain.run()
+    assert sorted(calls) == ["allreduce", "alltoall"] and len(records) == 4
+    by = {(r.scheme, r.scenario): r for r in records}
+    assert by["none", "alltoall"].completion_s != by["tita", "alltoall"].completion_s
+    calls.clear()
+    lossy = flow_suite.FlowSuite(
+        leafspine(2, 2, 4), cfg, lambda line: None, [Fault("leaf1:1", "loss", 0.01, 0.0)]
+    )
+    lossy.run()
+    assert sorted(calls) == ["allreduce", "allreduce", "alltoall", "alltoall"]

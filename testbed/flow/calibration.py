@@ -27,6 +27,7 @@ beyond them, and said so.
 
 from __future__ import annotations
 
+import copy
 import math
 import subprocess
 import sys
@@ -78,14 +79,26 @@ def calibrate_command(scheme: str) -> str:
     return f"xingmai-testbed calibrate-flow --scheme {scheme}"
 
 
+# libyaml's parser where PyYAML was built with it (a run reads the file for every cell)
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_parsed: dict[Path, tuple[tuple[int, int], dict[str, Any]]] = {}  # path -> (mtime, size), doc
+
+
 def load(path: Path = CALIBRATION) -> dict[str, Any]:
+    """The calibration file (a copy the caller may change), parsed once while it is
+    unchanged on disk."""
     if not path.exists():
         return {"format": FORMAT, "schemes": {}}
-    doc = yaml.safe_load(path.read_text()) or {}
-    if doc.get("format") != FORMAT:
-        raise UserError(f"{path}: format {doc.get('format')!r}, this engine reads {FORMAT}")
-    doc.setdefault("schemes", {})
-    return doc
+    st = path.stat()
+    stamp = (st.st_mtime_ns, st.st_size)
+    seen = _parsed.get(path)
+    if seen is None or seen[0] != stamp:
+        doc = yaml.load(path.read_text(), Loader=_LOADER) or {}
+        if doc.get("format") != FORMAT:
+            raise UserError(f"{path}: format {doc.get('format')!r}, this engine reads {FORMAT}")
+        doc.setdefault("schemes", {})
+        seen = _parsed[path] = (stamp, doc)
+    return copy.deepcopy(seen[1])
 
 
 def _entry(scheme: str, collective: str, path: Path, congested: bool = False) -> dict[str, Any]:

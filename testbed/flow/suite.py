@@ -29,7 +29,7 @@ from testbed.experiment.schemes import cc_profile_name
 from testbed.experiment.suite import RunRecord, Suite, SuiteConfig
 from testbed.faults import Fault, target_class
 from testbed.flow import calibration, lossfit
-from testbed.flow.collectives import model_link_latency, suite_collective
+from testbed.flow.collectives import CollResult, model_link_latency, suite_collective
 from testbed.flow.fabric import Fabric, fail, from_spec, lose, slow
 from testbed.model import Scaling
 from testbed.topo import FabricSpec, dump, parse_choice
@@ -78,6 +78,7 @@ class FlowSuite(Suite):
             lossfit.require(scheme, cc_profile_name(scheme, cfg.cc_profiles, cfg.cc_set))
             goodput = {el: lossfit.goodput(scheme, p) for el, p in self.losses.items()}
             self.lossy_fabs[scheme] = lose(self.fab, goodput)
+        self._ideals: dict[tuple[int, str], CollResult] = {}  # `ideal`'s, per fabric
 
     def _measure_base_rtt(self) -> float:
         return self.scaling.base_rtt_s  # the model's: a fluid model has no RTT to measure
@@ -100,11 +101,21 @@ class FlowSuite(Suite):
         through them (the twin's loss fit of that scheme)."""
         return self.lossy_fabs.get(scheme, self.fab)
 
-    def run_one(self, scheme: str, scenario: str) -> RunRecord:
+    def ideal(self, scheme: str, scenario: str) -> CollResult:
+        """The scenario's ideal on the fabric as `scheme` runs it: a function of the fabric,
+        the scenario and the suite's sizes and seed alone, so computed once for the schemes
+        that share a fabric (all but those with lossy links of their own)."""
+        fab = self.fabric_for(scheme)
         size = self.cfg.allreduce_bytes if scenario == "allreduce" else self.cfg.alltoall_bytes
-        ideal = suite_collective(
-            self.fabric_for(scheme), scenario, size, model_link_latency(), self.spec, self.cfg.seed
-        )
+        key = (id(fab), scenario)
+        if key not in self._ideals:
+            self._ideals[key] = suite_collective(
+                fab, scenario, size, model_link_latency(), self.spec, self.cfg.seed
+            )
+        return self._ideals[key]
+
+    def run_one(self, scheme: str, scenario: str) -> RunRecord:
+        ideal = self.ideal(scheme, scenario)
         got = calibration.applied(scheme, scenario, ideal)  # its note: under the table
         self.applied.setdefault(scheme, {})[scenario] = got
         eff = got.efficiency
