@@ -50,7 +50,7 @@ from testbed.experiment.suite import ALLTOALL_CHUNK
 from testbed.flow import fifo, maxmin
 from testbed.flow.fabric import LEAF_UP, NIC_UP, Fabric, leaf_of_gpu
 from testbed.flow.routing import Routes, collisions, entropy_ports, route
-from testbed.model import Scaling, link_latency_s
+from testbed.model import DEFAULT_MODEL, Scaling, link_latency_s
 from testbed.topo import FabricSpec
 from testbed.traffic.collective_jobs import (
     NVLINK_BPS,
@@ -92,6 +92,10 @@ class CollResult:
     # how the flows' times were computed: max-min rates (every step of a ring; a sprayed
     # all-to-all), or an all-to-all's burst through FIFO queues (`fifo`)
     queues: str = "max-min"
+    # through FIFOs: the switch port whose queue, with no law acting, passes what the model's
+    # shared buffer admits (`fifo.overflow`: link, queue_bytes, its switch's queues and
+    # buffer, alpha); None: none does
+    overflow: dict[str, Any] | None = None
 
     def busbw_at(self, time_s: float) -> float:
         """The bus bandwidth (b/s) had the collective taken `time_s`."""
@@ -396,13 +400,26 @@ def alltoall(
     chan = np.concatenate([c for _ in todo])
     r = route(fab, src, dst, (ports or entropy_ports)(src, dst, chan, seed), spray)
     size = np.tile(nbytes, len(todo))
+    overflow: dict[str, Any] | None = None
     if spray:  # split over paths: max-min's even load
         end, allocs = maxmin.complete(r, fab.link_cap, size)
         t_bw = float(end.max())
         t = float((end + path_links(r) * link_latency).max())
         queues = "max-min"
     else:  # all started at once: through the switches' FIFOs (testbed/flow/fifo.py)
-        end, allocs = fifo.burst(fab, r, size, PACKET_BYTES, link_latency), 0
+        peak = np.zeros(fab.n_links)
+        end, allocs = fifo.burst(fab, r, size, PACKET_BYTES, link_latency, peak=peak), 0
+        m = DEFAULT_MODEL
+        over = fifo.overflow(fab, peak, m.buffer_per_port(), m.buffer_alpha)
+        if over is not None:
+            link, queue, held, buffer = over
+            overflow = {
+                "link": fab.link_name(link),
+                "queue_bytes": queue,
+                "switch_queues_bytes": held,
+                "switch_buffer_bytes": buffer,
+                "alpha": m.buffer_alpha,
+            }
         t = float(end.max())
         t_bw = t - float(path_links(r).max(initial=0.0)) * link_latency
         queues = "fifo"
@@ -426,6 +443,7 @@ def alltoall(
         replicas=len(groups) // len(todo),
         held_by_network=held_by_network(fab, r, end),
         queues=queues,
+        overflow=overflow,
     )
 
 

@@ -58,9 +58,12 @@ def burst(
     mtu: int,
     link_latency: float = 0.0,
     max_pieces: int = MAX_PIECES,
+    peak: np.ndarray | None = None,
 ) -> np.ndarray:
     """Seconds from the common start to each flow's last byte arriving (0 for an empty
-    flow)."""
+    flow). `peak` (one per link), if given, gets each link's largest queue in bytes: what
+    had arrived and not yet left, at an arrival (a piece's bytes whole from its first
+    packet's arrival)."""
     n = r.n_flows
     if len(nbytes) != n:
         raise ValueError("one size per flow")
@@ -112,10 +115,56 @@ def burst(
         cum = np.cumsum(serve)
         s_incl = cum - np.repeat(cum[starts] - serve[starts], np.diff(np.r_[starts, len(lk)]))
         done[idx] = s_incl + _segment_cummax(ready - s_incl, seg)
+        if peak is not None and s > 0:  # a NIC's own sending is no switch's queue
+            _peaks(peak, lk, starts, seg, arrive[order], done[idx], piece_bytes[idx])
     last = np.flatnonzero(np.r_[e_piece[1:] != e_piece[:-1], True])  # each piece's last hop
     end = np.zeros(n)
     np.maximum.at(end, flow[e_piece[last]], done[last] + link_latency)
     return end
+
+
+def _peaks(
+    peak: np.ndarray,
+    lk: np.ndarray,
+    starts: np.ndarray,
+    seg: np.ndarray,
+    arrive: np.ndarray,
+    leave: np.ndarray,
+    size: np.ndarray,
+) -> None:
+    """Into `peak`: per link (segments of `lk`, in arrival order, departures rising), the
+    bytes arrived and not yet left at each arrival, at most."""
+    lens = np.diff(np.r_[starts, len(lk)])
+    total = np.cumsum(size)
+    before = np.repeat(total[starts] - size[starts], lens)  # the segment's bytes before it
+    span = float(max(leave.max(), arrive.max()) - min(leave.min(), arrive.min())) + 1.0
+    # per arrival, the pieces of its link that left by then (departures rise in a FIFO)
+    gone = np.searchsorted(leave + seg * span, arrive + seg * span, side="right")
+    left = np.where(gone > starts[seg], total[np.maximum(gone - 1, 0)] - before, 0.0)
+    np.maximum.at(peak, lk, total - before - left)
+
+
+def overflow(
+    fab: Fabric, peak: np.ndarray, buffer_per_port: float, alpha: float
+) -> tuple[int, float, float, float] | None:
+    """The switch port whose queue (`peak`, bytes) most exceeds what a shared buffer admits
+    (Choudhury and Hahne's dynamic threshold, as the packet engines' switches run it: a
+    queue grows while it holds at most `alpha` times the buffer left free), with every
+    queue of its switch at its peak at once: (link, its peak, its switch's queues at their
+    peaks, the switch's buffer), or None. The switch's buffer is `buffer_per_port` times
+    its ports with a link. A NIC's own link is no switch's queue."""
+    from testbed.flow.fabric import NIC_UP, SCALEUP
+
+    switch_port = (fab.link_kind != NIC_UP) & (fab.link_kind != SCALEUP)
+    node = fab.link_src
+    buffer = np.bincount(node[switch_port], minlength=fab.n_nodes) * buffer_per_port
+    held = np.bincount(node[switch_port], weights=peak[switch_port], minlength=fab.n_nodes)
+    over = np.where(switch_port, peak - alpha * (buffer[node] - held[node]), -np.inf)
+    worst = int(np.argmax(over)) if len(over) else -1
+    if worst < 0 or over[worst] <= 0:
+        return None
+    sw = node[worst]
+    return worst, float(peak[worst]), float(held[sw]), float(buffer[sw])
 
 
 def link_levels(fab: Fabric, r: Routes) -> np.ndarray:

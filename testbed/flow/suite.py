@@ -20,6 +20,7 @@ import argparse
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from controller.nic.ratelaw import CcParams
 from testbed.errors import UserError
@@ -117,6 +118,8 @@ class FlowSuite(Suite):
     def run_one(self, scheme: str, scenario: str) -> RunRecord:
         ideal = self.ideal(scheme, scenario)
         got = calibration.applied(scheme, scenario, ideal)  # its note: under the table
+        if ideal.overflow is not None:
+            got = replace(got, note="; ".join(n for n in (got.note, overflow_note(ideal)) if n))
         self.applied.setdefault(scheme, {})[scenario] = got
         eff = got.efficiency
         n = self.fab.servers
@@ -144,6 +147,21 @@ class FlowSuite(Suite):
             window=0,
             correct=None,
         )
+
+
+def overflow_note(ideal: CollResult) -> str:
+    """What a collective whose FIFOs pass the buffer's admission is: no figure this engine
+    was fitted to give (docs/flow.md, "Side by side with the twin at 128 hosts")."""
+    o = ideal.overflow
+    assert o is not None
+    return (
+        f"with no law acting its queue at {o['link']} would reach {o['queue_bytes'] / 1e3:,.0f}"
+        f" KB and its switch's queues {o['switch_queues_bytes'] / 1e3:,.0f} KB of a "
+        f"{o['switch_buffer_bytes'] / 1e3:,.0f} KB shared buffer, past what it admits (a queue "
+        f"holds at most {o['alpha']:g} times what is free): where the flows are too short for "
+        "their law the packet engines drop there and wait out resends, which no fit here "
+        "covers (docs/flow.md): a figure to check on the twin"
+    )
 
 
 def flow_faults(
