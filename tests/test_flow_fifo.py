@@ -148,8 +148,10 @@ def test_the_fifos_queues_and_the_buffer_they_would_pass() -> None:
     # 16 KB leaves 8.6 KB free, and alpha 1 admits a queue to that: past it; with 10 KB a
     # port (33.6 KB free) it is not
     got = fifo.overflow(fab, peak, 5_000, 1.0)
-    assert got is not None and got[0] == down
-    assert got[1:] == pytest.approx((4 * MTU, 4 * MTU, 25_000))
+    assert got is not None and got["link"] == fab.link_name(int(down))
+    assert (got["queue_bytes"], got["switch_queues_bytes"], got["switch_buffer_bytes"]) == (
+        pytest.approx((4 * MTU, 4 * MTU, 25_000))
+    )
     assert fifo.overflow(fab, peak, 10_000, 1.0) is None
 
 

@@ -23,6 +23,7 @@ from controller.wire.telemetry_report import (
     decode,
     encode_report,
     nic_node_id,
+    report_size,
 )
 from testbed.packets import int_packet
 
@@ -78,6 +79,9 @@ def test_encoder_reproduces_the_golden_report() -> None:
         tracked=bool(r["F"]),
     )
     assert data.hex() == vec["hex"]
+    # its size, known before it is made (what the NICs' report budget checks)
+    assert report_size(len(bytes.fromhex(r["inner"])), r["rep_md_bits"]) == len(data)
+    assert report_size(40) == len(encode_report(hw_id=0, seq=0, node_id=1, inner=bytes(40)))
 
 
 def test_sink_reports_on_its_triggers_with_increasing_sequence_numbers() -> None:

@@ -47,6 +47,7 @@ from controller.wire.telemetry_report import (
     decode_inner,
     encode_report,
     nic_node_id,
+    report_size,
 )
 
 INNER_PAYLOAD_BYTES = 16  # of the packet after its INT stack (p4src REPORT_INNER_PAYLOAD_BYTES)
@@ -207,10 +208,13 @@ class IntSink:
         """The report `why` (TRIGGERS) of `inner` (the packet as a report carries it, INT at
         `int_off`) at `t`; `congested`: its Q flag. Counted, and the next sequence number;
         None (counted in `suppressed`) where the budget has no room for it."""
+        bits = REP_MD_DROP if why == "loss" else REP_MD_SAMPLE
+        size = REPORT_HEADERS + report_size(len(inner), bits)
+        if why != "loss" and not self._within_budget(size, t):  # checked before it is made
+            self.suppressed[why] += 1
+            return None
         md = {"ingress_ts": int(t * 1e9) & ((1 << 64) - 1)}
-        bits = REP_MD_SAMPLE
         if why == "loss":
-            bits = REP_MD_DROP
             md.update(drop_queue_id=0, drop_reason=DROP_REASON_PSN_GAP, drop_padding=0)
         seq = self.seq
         rep = encode_report(
@@ -225,9 +229,6 @@ class IntSink:
             tracked=True,
             domain_id=int.from_bytes(inner[int_off + 10 : int_off + 12], "big"),
         )
-        if why != "loss" and not self._within_budget(REPORT_HEADERS + len(rep), t):
-            self.suppressed[why] += 1
-            return None
         self.reports[why] += 1
         self.seq = (seq + 1) % (1 << SEQ_BITS)
         return rep

@@ -131,6 +131,13 @@ def encode_report(
     return group + indiv + md + inner
 
 
+def report_size(inner_len: int, rep_md_bits: int = 0) -> int:
+    """The bytes of the datagram `encode_report` makes of an inner packet of `inner_len`
+    bytes with `rep_md_bits`' metadata (known before making it)."""
+    md = report_md_plan(rep_md_bits)[1] if rep_md_bits else 0
+    return GROUP_LEN + INDIVIDUAL_LEN + md + inner_len
+
+
 def decode_report_metadata(rep_md_bits: int, metadata: bytes) -> dict[str, int | None]:
     """A Telemetry Report's own metadata words (per RepMdBits) as a dict."""
     return decode_units(metadata, rep_md_bits, REPORT_METADATA)

@@ -93,8 +93,7 @@ class CollResult:
     # all-to-all), or an all-to-all's burst through FIFO queues (`fifo`)
     queues: str = "max-min"
     # through FIFOs: the switch port whose queue, with no law acting, passes what the model's
-    # shared buffer admits (`fifo.overflow`: link, queue_bytes, its switch's queues and
-    # buffer, alpha); None: none does
+    # shared buffer admits (`fifo.overflow`'s record); None: none does
     overflow: dict[str, Any] | None = None
 
     def busbw_at(self, time_s: float) -> float:
@@ -337,7 +336,7 @@ def job_ports(
     return ports
 
 
-@functools.lru_cache(maxsize=8)  # a suite asks again for every scheme
+@functools.lru_cache(maxsize=2)  # a suite asks again for every scheme (both collectives)
 def _port_table(
     spec: FabricSpec, bytes_per_rank: int, seed: int, chunk: int, collective: str
 ) -> dict[tuple[int, int, int], int]:
@@ -400,7 +399,7 @@ def alltoall(
     chan = np.concatenate([c for _ in todo])
     r = route(fab, src, dst, (ports or entropy_ports)(src, dst, chan, seed), spray)
     size = np.tile(nbytes, len(todo))
-    overflow: dict[str, Any] | None = None
+    overflow = None
     if spray:  # split over paths: max-min's even load
         end, allocs = maxmin.complete(r, fab.link_cap, size)
         t_bw = float(end.max())
@@ -410,16 +409,7 @@ def alltoall(
         peak = np.zeros(fab.n_links)
         end, allocs = fifo.burst(fab, r, size, PACKET_BYTES, link_latency, peak=peak), 0
         m = DEFAULT_MODEL
-        over = fifo.overflow(fab, peak, m.buffer_per_port(), m.buffer_alpha)
-        if over is not None:
-            link, queue, held, buffer = over
-            overflow = {
-                "link": fab.link_name(link),
-                "queue_bytes": queue,
-                "switch_queues_bytes": held,
-                "switch_buffer_bytes": buffer,
-                "alpha": m.buffer_alpha,
-            }
+        overflow = fifo.overflow(fab, peak, m.buffer_per_port(), m.buffer_alpha)
         t = float(end.max())
         t_bw = t - float(path_links(r).max(initial=0.0)) * link_latency
         queues = "fifo"

@@ -30,9 +30,11 @@ max-min's rates, which spraying's even load is what they model.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
-from testbed.flow.fabric import Fabric
+from testbed.flow.fabric import NIC_UP, SCALEUP, Fabric
 from testbed.flow.routing import Routes
 
 # per flow: beyond it the pieces grow. The NICs' rounds are then coarser than packets and a
@@ -111,12 +113,13 @@ def burst(
         )
         # D_i = max(D_(i-1) + serve_i, ready_i) = S_i + max over j <= i of (ready_j - S_j)
         starts = np.flatnonzero(np.r_[True, lk[1:] != lk[:-1]])
-        seg = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(lk)]))
+        lens = np.diff(np.r_[starts, len(lk)])  # each link's pieces
+        seg = np.repeat(np.arange(len(starts)), lens)
         cum = np.cumsum(serve)
-        s_incl = cum - np.repeat(cum[starts] - serve[starts], np.diff(np.r_[starts, len(lk)]))
+        s_incl = cum - np.repeat(cum[starts] - serve[starts], lens)
         done[idx] = s_incl + _segment_cummax(ready - s_incl, seg)
         if peak is not None and s > 0:  # a NIC's own sending is no switch's queue
-            _peaks(peak, lk, starts, seg, arrive[order], done[idx], piece_bytes[idx])
+            _peaks(peak, lk, starts, lens, seg, arrive[order], done[idx], piece_bytes[idx])
     last = np.flatnonzero(np.r_[e_piece[1:] != e_piece[:-1], True])  # each piece's last hop
     end = np.zeros(n)
     np.maximum.at(end, flow[e_piece[last]], done[last] + link_latency)
@@ -127,14 +130,14 @@ def _peaks(
     peak: np.ndarray,
     lk: np.ndarray,
     starts: np.ndarray,
+    lens: np.ndarray,
     seg: np.ndarray,
     arrive: np.ndarray,
     leave: np.ndarray,
     size: np.ndarray,
 ) -> None:
-    """Into `peak`: per link (segments of `lk`, in arrival order, departures rising), the
-    bytes arrived and not yet left at each arrival, at most."""
-    lens = np.diff(np.r_[starts, len(lk)])
+    """Into `peak`: per link (segments of `lk`, each `lens` long from `starts`, in arrival
+    order, departures rising), the bytes arrived and not yet left at each arrival, at most."""
     total = np.cumsum(size)
     before = np.repeat(total[starts] - size[starts], lens)  # the segment's bytes before it
     span = float(max(leave.max(), arrive.max()) - min(leave.min(), arrive.min())) + 1.0
@@ -146,15 +149,14 @@ def _peaks(
 
 def overflow(
     fab: Fabric, peak: np.ndarray, buffer_per_port: float, alpha: float
-) -> tuple[int, float, float, float] | None:
+) -> dict[str, Any] | None:
     """The switch port whose queue (`peak`, bytes) most exceeds what a shared buffer admits
     (Choudhury and Hahne's dynamic threshold, as the packet engines' switches run it: a
     queue grows while it holds at most `alpha` times the buffer left free), with every
-    queue of its switch at its peak at once: (link, its peak, its switch's queues at their
-    peaks, the switch's buffer), or None. The switch's buffer is `buffer_per_port` times
-    its ports with a link. A NIC's own link is no switch's queue."""
-    from testbed.flow.fabric import NIC_UP, SCALEUP
-
+    queue of its switch at its peak at once: its link, its peak, its switch's queues at
+    their peaks and the switch's buffer (bytes), and alpha; None if no port passes. The
+    switch's buffer is `buffer_per_port` times its ports with a link. A NIC's own link is
+    no switch's queue."""
     switch_port = (fab.link_kind != NIC_UP) & (fab.link_kind != SCALEUP)
     node = fab.link_src
     buffer = np.bincount(node[switch_port], minlength=fab.n_nodes) * buffer_per_port
@@ -164,7 +166,13 @@ def overflow(
     if worst < 0 or over[worst] <= 0:
         return None
     sw = node[worst]
-    return worst, float(peak[worst]), float(held[sw]), float(buffer[sw])
+    return {
+        "link": fab.link_name(worst),
+        "queue_bytes": float(peak[worst]),
+        "switch_queues_bytes": float(held[sw]),
+        "switch_buffer_bytes": float(buffer[sw]),
+        "alpha": alpha,
+    }
 
 
 def link_levels(fab: Fabric, r: Routes) -> np.ndarray:
